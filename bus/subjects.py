@@ -1,0 +1,57 @@
+"""Subject and stream names: the one place that spells them.
+
+Tokens are lowercase a-z, 0-9, '-' and '_'; ids come last so wildcards select by kind.
+"""
+
+from __future__ import annotations
+
+import re
+
+EVENTS_STREAM = "POOL_EVENTS"
+EVENTS_PREFIX = "pool.evt"
+TRACKING_PREFIX = "pool.trk"
+AGENT_STREAM = "POOL_AGENT"
+TELEMETRY_STREAM = "POOL_TELEMETRY"
+SCHEDULE_STREAM = "POOL_SCHED"
+
+_TOKEN = re.compile(r"^[a-z0-9_-]{1,128}$")
+
+
+def token(value: str) -> str:
+    """`value` made safe as one subject token (lowercased; anything else becomes '_')."""
+    t = re.sub(r"[^a-z0-9_-]", "_", value.lower())
+    if not t:
+        raise ValueError("empty subject token")
+    return t
+
+
+def is_token(value: str) -> bool:
+    return bool(_TOKEN.match(value))
+
+
+def event_subject(aggregate_type: str, aggregate_id: str) -> str:
+    return f"{EVENTS_PREFIX}.{token(aggregate_type)}.{token(aggregate_id)}"
+
+
+def tracking_subject(application_name: str) -> str:
+    return f"{TRACKING_PREFIX}.{token(application_name)}"
+
+
+def command_subject(tenant: str, *rest: str) -> str:
+    return ".".join(["pool.cmd", token(tenant), *rest])
+
+
+def agent_subject(node_id: str, verb: str) -> str:
+    return f"pool.agent.{token(node_id)}.{verb}"
+
+
+def telemetry_subject(pool: str, node: str, lease: str, kind: str) -> str:
+    return f"pool.tel.{token(pool)}.{token(node)}.{token(lease)}.{kind}"
+
+
+def schedule_subject(lease_id: str) -> str:
+    return f"pool.sched.lease.{token(lease_id)}"
+
+
+def due_subject(lease_id: str) -> str:
+    return f"pool.due.lease.{token(lease_id)}"

@@ -1,0 +1,57 @@
+"""The embedded PostgreSQL (pgserver) and the check for an existing one.
+
+Used by `pool up` and the test fixtures when no database URL is given or reachable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+
+class DatabaseUnavailable(Exception):
+    """PostgreSQL could not be started or reached."""
+
+    code = "database_unavailable"
+
+
+def reachable_database_url(url: str, timeout: float = 2.0) -> str | None:
+    """`url` when a PostgreSQL answers there, else None."""
+    try:
+        with psycopg.connect(url, connect_timeout=max(1, int(timeout))) as conn:
+            conn.execute("select 1")
+        return url
+    except psycopg.Error:
+        return None
+
+
+@dataclass
+class EmbeddedPostgres:
+    """A pgserver-managed PostgreSQL whose data lives under one directory."""
+
+    data_dir: Path
+    handle: Any
+
+    @property
+    def url(self) -> str:
+        return str(self.handle.get_uri())
+
+    def stop(self) -> None:
+        try:
+            self.handle.cleanup()
+        except Exception:  # noqa: BLE001 - best effort at shutdown
+            pass
+
+
+def start_embedded_postgres(data_dir: Path) -> EmbeddedPostgres:
+    try:
+        import pgserver  # type: ignore[import-untyped]
+
+        data_dir.mkdir(parents=True, exist_ok=True)
+        handle = pgserver.get_server(str(data_dir), cleanup_mode="stop")
+    except Exception as e:  # pgserver raises plain exceptions
+        raise DatabaseUnavailable(f"embedded PostgreSQL failed to start: {e}") from e
+    return EmbeddedPostgres(data_dir=data_dir, handle=handle)

@@ -1,0 +1,60 @@
+"""Fixtures that chain store dir → real nats-server on a free port → connection URL.
+
+No fake NATS and no fake database: servers are real processes, cleaned up after each use.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bus.server import NatsServer
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    """One nats-server 2.15 (from the wheel) for the whole session, JetStream on file storage."""
+    server = NatsServer(store_dir=tmp_path_factory.mktemp("nats"), server_name="pool-test")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def fresh_nats(tmp_path: Path) -> Iterator[NatsServer]:
+    """A nats-server of its own for a test that must start from an empty log or kill it."""
+    server = NatsServer(store_dir=tmp_path / "nats", server_name="pool-fresh")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def nats_url(nats_server: NatsServer) -> str:
+    return nats_server.url
+
+
+@pytest.fixture()
+def unique() -> str:
+    """A short unique token for stream, subject and schema names within a shared server."""
+    return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture(scope="session")
+def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real PostgreSQL: $POOL_TEST_DATABASE_URL, else 127.0.0.1:5432/test, else pgserver."""
+    from projections.embedded import reachable_database_url, start_embedded_postgres
+
+    url = os.environ.get("POOL_TEST_DATABASE_URL") or reachable_database_url(
+        "postgresql://postgres@127.0.0.1:5432/test"
+    )
+    if url:
+        yield url
+        return
+    pg = start_embedded_postgres(tmp_path_factory.mktemp("pg"))
+    yield pg.url
+    pg.stop()
