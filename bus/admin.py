@@ -1,0 +1,61 @@
+"""Synchronous administration of the streams for the CLI: create them, describe them.
+
+Short-lived connections only; long-running processes use bus.runtime instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import nats
+from nats.errors import Error as NatsError
+
+from bus.errors import BusUnavailable
+from bus.subjects import EVENTS_STREAM
+
+
+async def _connect(url: str) -> Any:
+    try:
+        return await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
+    except (NatsError, OSError) as e:
+        raise BusUnavailable(f"cannot reach NATS at {url}: {e}") from e
+
+
+def ensure_all_streams(url: str, *, replicas: int = 1) -> None:
+    """Create or update every stream the control plane uses."""
+    from bus.streams import ensure_event_stream
+
+    async def go() -> None:
+        nc = await _connect(url)
+        try:
+            await ensure_event_stream(nc.jetstream(), replicas=replicas)
+        finally:
+            await nc.close()
+
+    asyncio.run(go())
+
+
+def describe_streams(url: str) -> list[dict[str, Any]]:
+    """Name, message count, last sequence and subjects of each stream on the server."""
+
+    async def go() -> list[dict[str, Any]]:
+        nc = await _connect(url)
+        try:
+            jsm = nc.jsm()
+            out = []
+            for info in await jsm.streams_info():
+                out.append(
+                    {
+                        "name": info.config.name,
+                        "messages": info.state.messages,
+                        "last_seq": info.state.last_seq,
+                        "subjects": ",".join(info.config.subjects or []),
+                        "replicas": info.config.num_replicas,
+                    }
+                )
+            return sorted(out, key=lambda s: (s["name"] != EVENTS_STREAM, s["name"]))
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())

@@ -1,0 +1,185 @@
+"""The sync/async bridge: one asyncio event-loop thread per process and server URL, owned by bus/.
+
+Sync callers hand coroutines to `BusRuntime.run`; nats-py errors are translated to bus.errors here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from bus.errors import BusError, BusTimeout, BusUnavailable, PublishRejected
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT = 10.0
+
+
+def translate(exc: BaseException) -> BaseException:
+    """The bus.errors equivalent of a nats-py (or asyncio) exception; others pass through."""
+    if isinstance(exc, BusError):
+        return exc
+    if isinstance(exc, (nats.errors.TimeoutError, asyncio.TimeoutError, TimeoutError)):
+        return BusTimeout(f"NATS did not answer in time: {exc!r}")
+    if isinstance(exc, nats.js.errors.ServiceUnavailableError):
+        return BusUnavailable(f"JetStream unavailable: {exc}")
+    if isinstance(exc, nats.js.errors.APIError):
+        err = PublishRejected(f"JetStream refused the request: {exc}")
+        err.err_code = exc.err_code  # type: ignore[attr-defined]
+        err.description = exc.description  # type: ignore[attr-defined]
+        return err
+    if isinstance(
+        exc,
+        (
+            nats.errors.NoServersError,
+            nats.errors.ConnectionClosedError,
+            nats.errors.StaleConnectionError,
+            nats.errors.OutboundBufferLimitError,
+            nats.errors.NoRespondersError,
+            nats.js.errors.NoStreamResponseError,
+            ConnectionError,
+            OSError,
+        ),
+    ):
+        return BusUnavailable(f"NATS unreachable: {exc!r}")
+    if isinstance(exc, nats.errors.Error):
+        return BusError(f"NATS error: {exc!r}")
+    return exc
+
+
+class BusRuntime:
+    """An event loop on a daemon thread holding one nats-py connection to `url`.
+
+    nats-py is not thread-safe, so every use of the connection happens on this loop; any number
+    of threads may call `run` concurrently (run_coroutine_threadsafe serialises onto the loop).
+    """
+
+    def __init__(self, url: str, *, connect_timeout: float = 5.0) -> None:
+        self.url = url
+        self._connect_timeout = connect_timeout
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name=f"bus-runtime[{url}]", daemon=True
+        )
+        self._thread.start()
+        self._nc: Client | None = None
+        self._js: JetStreamContext | None = None
+        self._closed = False
+        self._connect_lock = asyncio.Lock()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def connection(self) -> Client:
+        """The connection, opened on first use (only ever from the loop thread)."""
+        if self._nc is not None and not self._nc.is_closed:
+            return self._nc
+        async with self._connect_lock:
+            if self._nc is None or self._nc.is_closed:
+                self._nc = await nats.connect(
+                    self.url,
+                    connect_timeout=int(self._connect_timeout) or 1,
+                    # keep reconnecting across a server restart rather than failing every call
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.2,
+                    allow_reconnect=True,
+                    # a large outbound buffer absorbs 1000-message atomic batches
+                    pending_size=64 * 1024 * 1024,
+                )
+                self._js = self._nc.jetstream()
+        return self._nc
+
+    async def jetstream(self) -> JetStreamContext:
+        await self.connection()
+        assert self._js is not None
+        return self._js
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = DEFAULT_TIMEOUT) -> T:
+        """Run `coro` on the loop and wait; nats errors come back as bus.errors."""
+        if self._closed:
+            coro.close()
+            raise BusUnavailable("bus runtime is closed")
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("BusRuntime.run called from its own loop thread (would deadlock)")
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return fut.result(timeout)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise BusTimeout(f"bus call did not finish within {timeout}s") from None
+        except BaseException as e:
+            translated = translate(e)
+            if translated is e:
+                raise
+            raise translated from e
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._loop.call_soon_threadsafe(fn, *args)
+
+    def submit(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+
+        async def _close() -> None:
+            if self._nc is not None and not self._nc.is_closed:
+                try:
+                    await self._nc.drain()
+                except Exception:  # closing is best effort; the server may be gone
+                    await self._nc.close()
+
+        try:
+            asyncio.run_coroutine_threadsafe(_close(), self._loop).result(5)
+        except Exception:
+            pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+
+_runtimes: dict[str, BusRuntime] = {}
+_runtimes_lock = threading.Lock()
+
+
+def get_runtime(url: str) -> BusRuntime:
+    """The process-wide runtime for `url`, created on first use."""
+    with _runtimes_lock:
+        rt = _runtimes.get(url)
+        if rt is None or rt.closed:
+            rt = BusRuntime(url)
+            _runtimes[url] = rt
+        return rt
+
+
+def close_runtime(url: str) -> None:
+    with _runtimes_lock:
+        rt = _runtimes.pop(url, None)
+    if rt is not None:
+        rt.close()
+
+
+@atexit.register
+def _close_all() -> None:
+    with _runtimes_lock:
+        rts = list(_runtimes.values())
+        _runtimes.clear()
+    for rt in rts:
+        rt.close()

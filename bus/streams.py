@@ -1,0 +1,54 @@
+"""JetStream stream definitions: the event stream (events + tracking) and a generic ensure helper.
+
+Streams are created or updated idempotently, so every process may call these at start-up.
+"""
+
+from __future__ import annotations
+
+from nats.js import JetStreamContext
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import NotFoundError
+
+from bus.subjects import EVENTS_PREFIX, EVENTS_STREAM, TRACKING_PREFIX
+
+DUPLICATE_WINDOW_S = 120.0
+
+
+def event_stream_config(*, replicas: int = 1, name: str = EVENTS_STREAM) -> StreamConfig:
+    """The event log: never discards, atomic batches for multi-aggregate saves, direct gets."""
+    return StreamConfig(
+        name=name,
+        subjects=[f"{EVENTS_PREFIX}.>", f"{TRACKING_PREFIX}.>"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        num_replicas=replicas,
+        # an event log is the source of truth: no limits, so nothing is ever aged out
+        max_msgs=-1,
+        max_bytes=-1,
+        max_age=0,
+        max_msgs_per_subject=-1,
+        discard=DiscardPolicy.OLD,
+        duplicate_window=DUPLICATE_WINDOW_S,
+        allow_atomic=True,
+        allow_direct=True,
+        # history must be immutable once written
+        deny_delete=True,
+        deny_purge=False,
+    )
+
+
+async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    """Create `config.name`, or update it in place when it already exists."""
+    assert config.name
+    try:
+        await js.stream_info(config.name)
+    except NotFoundError:
+        await js.add_stream(config)
+        return
+    await js.update_stream(config)
+
+
+async def ensure_event_stream(
+    js: JetStreamContext, *, replicas: int = 1, name: str = EVENTS_STREAM
+) -> None:
+    await ensure_stream(js, event_stream_config(replicas=replicas, name=name))
