@@ -1,0 +1,152 @@
+"""Request/reply services on NATS subjects, and the synchronous client that calls them.
+
+A service runs on its own event-loop thread and hands every request to a plain synchronous
+handler in a worker thread (the domain and the eventsourcing Application are synchronous), so
+a slow command never stalls the connection. Nothing but this module answers NATS requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import nats
+from nats.errors import Error as NatsError
+from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+
+from bus.errors import BusTimeout, BusUnavailable
+
+T = TypeVar("T")
+
+# handler(subject, body, headers) -> reply body
+Handler = Callable[[str, bytes, dict[str, str]], bytes]
+
+INTERNAL_ERROR = json.dumps(
+    {"ok": False, "error": {"code": "internal_error", "message": "the service failed", "reasons": {}}}
+).encode()
+
+
+class _LoopThread:
+    """An asyncio loop on a daemon thread; `run` submits a coroutine and waits for it."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(timeout)
+        except concurrent.futures.TimeoutError as e:
+            fut.cancel()
+            raise BusTimeout("no answer in time") from e
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+async def _connect(url: str, **options: Any) -> Any:
+    try:
+        return await nats.connect(url, connect_timeout=5, **options)
+    except (NatsError, OSError) as e:
+        raise BusUnavailable(f"cannot reach NATS at {url}: {e}") from e
+
+
+class Service:
+    """Answers requests on `subjects` (queue group `queue`) with `handler`, until `stop()`."""
+
+    def __init__(
+        self,
+        url: str,
+        subjects: list[str],
+        handler: Handler,
+        *,
+        queue: str = "pool-commands",
+        threads: int = 8,
+        connect_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.url, self.subjects, self.handler, self.queue = url, subjects, handler, queue
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="pool-cmd")
+        self._loop = _LoopThread("pool-service")
+        self._nc: Any = None
+        self._options = connect_options or {}
+        self.handled = 0
+
+    def start(self) -> Service:
+        self._loop.run(self._start(), timeout=15)
+        return self
+
+    async def _start(self) -> None:
+        self._nc = await _connect(self.url, **self._options)
+        for subject in self.subjects:
+            await self._nc.subscribe(subject, queue=self.queue, cb=self._on_msg)
+        await self._nc.flush()
+
+    async def _on_msg(self, msg: Any) -> None:
+        if not msg.reply:
+            return  # a command without a reply subject cannot be answered; nothing is done
+        loop = asyncio.get_running_loop()
+        headers = dict(msg.headers or {})
+        try:
+            reply = await loop.run_in_executor(
+                self._pool, self.handler, msg.subject, msg.data, headers
+            )
+        except Exception:  # noqa: BLE001 - a handler bug must not stop the service
+            reply = INTERNAL_ERROR
+        self.handled += 1
+        try:
+            await self._nc.publish(msg.reply, reply)
+        except NatsError:
+            pass  # the requester is gone; the command's effect (if any) is already durable
+
+    def stop(self) -> None:
+        async def _close() -> None:
+            if self._nc is not None:
+                await self._nc.drain()
+
+        try:
+            self._loop.run(_close(), timeout=10)
+        finally:
+            self._loop.close()
+            self._pool.shutdown(wait=True)
+
+
+class Client:
+    """A synchronous NATS requester for the CLI and tests: one connection on its own loop."""
+
+    def __init__(self, url: str, **connect_options: Any) -> None:
+        self._loop = _LoopThread("pool-client")
+        self._nc: Any = self._loop.run(_connect(url, **connect_options), timeout=15)
+
+    def request(
+        self, subject: str, body: bytes, *, timeout: float = 10.0, headers: dict[str, str] | None = None
+    ) -> bytes:
+        async def go() -> bytes:
+            try:
+                msg = await self._nc.request(subject, body, timeout=timeout, headers=headers)
+            except NoRespondersError as e:
+                raise BusUnavailable(f"no service answers on {subject}") from e
+            except NatsTimeout as e:
+                raise BusTimeout(f"no reply on {subject} within {timeout}s") from e
+            return bytes(msg.data)
+
+        return self._loop.run(go(), timeout=timeout + 5)
+
+    def close(self) -> None:
+        try:
+            self._loop.run(self._nc.close(), timeout=5)
+        finally:
+            self._loop.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
