@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import logging
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -23,6 +24,13 @@ from bus.errors import BusError, BusTimeout, BusUnavailable, PublishRejected
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT = 10.0
+
+log = logging.getLogger(__name__)
+
+
+async def _on_error(exc: Exception) -> None:
+    # nats-py prints tracebacks by default; reconnect attempts are routine, so log them quietly
+    log.debug("nats connection error: %r", exc)
 
 
 def translate(exc: BaseException) -> BaseException:
@@ -100,6 +108,7 @@ class BusRuntime:
                     allow_reconnect=True,
                     # a large outbound buffer absorbs 1000-message atomic batches
                     pending_size=64 * 1024 * 1024,
+                    error_cb=_on_error,
                 )
                 self._js = self._nc.jetstream()
         return self._nc

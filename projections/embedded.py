@@ -5,6 +5,7 @@ Used by `pool up` and the test fixtures when no database URL is given or reachab
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,10 +49,13 @@ class EmbeddedPostgres:
 
 def start_embedded_postgres(data_dir: Path) -> EmbeddedPostgres:
     try:
-        import pgserver  # type: ignore[import-untyped]
-
         data_dir.mkdir(parents=True, exist_ok=True)
-        handle = pgserver.get_server(str(data_dir), cleanup_mode="stop")
+        with warnings.catch_warnings():
+            # platformdirs warns when XDG_RUNTIME_DIR is unset (CI, root shells); harmless here
+            warnings.simplefilter("ignore")
+            import pgserver  # type: ignore[import-untyped]
+
+            handle = pgserver.get_server(str(data_dir), cleanup_mode="stop")
     except Exception as e:  # pgserver raises plain exceptions
         raise DatabaseUnavailable(f"embedded PostgreSQL failed to start: {e}") from e
     return EmbeddedPostgres(data_dir=data_dir, handle=handle)

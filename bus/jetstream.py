@@ -1,0 +1,646 @@
+"""The eventsourcing persistence module on JetStream (`PERSISTENCE_MODULE=bus.jetstream`).
+
+Owns the recorders (one subject per aggregate, atomic batches per save, tracking in the same batch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import threading
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.persistence import (
+    AggregateRecorder,
+    ApplicationRecorder,
+    InfrastructureFactory,
+    IntegrityError,
+    ListenNotifySubscription,
+    Notification,
+    ProcessRecorder,
+    StoredEvent,
+    Subscription,
+    Tracking,
+    TrackingRecorder,
+    Transcoder,
+)
+from eventsourcing.utils import Environment, resolve_topic, strtobool
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription as NatsSubscription
+from nats.js.errors import NotFoundError
+
+from bus.errors import BatchTooLarge, BusError, BusUnavailable, PublishRejected
+from bus.runtime import BusRuntime, get_runtime
+from bus.streams import ensure_event_stream
+from bus.subjects import EVENTS_PREFIX, EVENTS_STREAM, event_subject, is_token, token, tracking_subject
+from bus.transcoder import MsgspecTranscoder
+
+# the server's atomic-batch limit (ADR-50 default max batch size); larger saves are refused, never split
+MAX_BATCH = 1000
+
+HDR_ORIGINATOR_ID = "Pool-Originator-Id"
+HDR_ID_KIND = "Pool-Originator-Id-Kind"
+HDR_VERSION = "Pool-Originator-Version"
+HDR_TOPIC = "Pool-Topic"
+HDR_TRACKING_ID = "Pool-Tracking-Id"
+HDR_UPSTREAM = "Pool-Upstream"
+HDR_EXPECTED_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+HDR_BATCH_ID = "Nats-Batch-Id"
+HDR_BATCH_SEQ = "Nats-Batch-Sequence"
+HDR_BATCH_COMMIT = "Nats-Batch-Commit"
+
+# JetStream's "wrong last sequence" answers: 10071 for a plain publish, 10164 inside a batch
+_WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
+
+DEFAULT_URL = "nats://127.0.0.1:4222"
+REQUEST_TIMEOUT = 10.0
+_DIRECT_BATCH = 1000
+
+
+@dataclass
+class _SubjectState:
+    """What this process last saw at the end of one subject."""
+
+    last_version: int | None
+    last_seq: int
+
+
+def originator_token(originator_id: UUID | str) -> str:
+    """The subject token for an id; ids that are not already tokens are hashed so they stay distinct."""
+    s = str(originator_id)
+    if is_token(s):
+        return s
+    return "h-" + hashlib.sha256(s.encode("utf8")).hexdigest()[:40]
+
+
+def _hdr(msg: Msg) -> dict[str, str]:
+    return dict(msg.headers or {})
+
+
+def _stored_event_from(headers: dict[str, str], data: bytes) -> StoredEvent:
+    oid: UUID | str = headers[HDR_ORIGINATOR_ID]
+    if headers.get(HDR_ID_KIND) == "uuid":
+        oid = UUID(oid)  # type: ignore[arg-type]
+    return StoredEvent(
+        originator_id=oid,
+        originator_version=int(headers[HDR_VERSION]),
+        topic=headers[HDR_TOPIC],
+        state=bytes(data or b""),
+    )
+
+
+class JetStreamRecorder:
+    """State shared by the recorders: runtime, stream and the subject space of one recorder."""
+
+    def __init__(
+        self,
+        runtime: BusRuntime,
+        *,
+        stream: str = EVENTS_STREAM,
+        kind: str = "default",
+        tracking_owner: str = "default",
+        timeout: float = REQUEST_TIMEOUT,
+    ) -> None:
+        self.runtime = runtime
+        self.stream = stream
+        # `kind` is the aggregate-type token: select_events gets only an id, so the type token must
+        # be fixed per recorder (application name, or name + "_snapshots" for snapshots)
+        self.kind = token(kind)
+        self.tracking_owner = token(tracking_owner)
+        self.timeout = timeout
+        # only touched on the runtime's loop thread, so it needs no lock
+        self._cache: dict[str, _SubjectState] = {}
+
+    # -- subjects ----------------------------------------------------------------------------
+
+    def subject_for(self, originator_id: UUID | str) -> str:
+        return event_subject(self.kind, originator_token(originator_id))
+
+    @property
+    def events_filter(self) -> str:
+        return f"{EVENTS_PREFIX}.{self.kind}.>"
+
+    def tracking_subject_for(self, upstream: str) -> str:
+        # per downstream owner and upstream name: processors sharing a stream never collide
+        return tracking_subject(f"{self.tracking_owner}--{token(upstream)}")
+
+    # -- low-level reads (loop thread) -------------------------------------------------------
+
+    async def _last_msg(self, subject: str) -> tuple[dict[str, str], bytes, int] | None:
+        js = await self.runtime.jetstream()
+        try:
+            raw = await js.get_last_msg(self.stream, subject, direct=True)
+        except NotFoundError:
+            return None
+        headers = dict(raw.headers or {})
+        assert raw.seq is not None
+        return headers, bytes(raw.data or b""), int(raw.seq)
+
+    async def _subject_state(self, subject: str) -> _SubjectState:
+        state = self._cache.get(subject)
+        if state is not None:
+            return state
+        last = await self._last_msg(subject)
+        if last is None:
+            state = _SubjectState(None, 0)
+        else:
+            headers, _, seq = last
+            v = headers.get(HDR_VERSION) or headers.get(HDR_TRACKING_ID)
+            state = _SubjectState(int(v) if v is not None else None, seq)
+        self._remember(subject, state)
+        return state
+
+    def _remember(self, subject: str, state: _SubjectState) -> None:
+        known = self._cache.get(subject)
+        # a slower concurrent call must not move the cache backwards
+        if known is None or state.last_seq >= known.last_seq:
+            self._cache[subject] = state
+
+    async def _direct_batch(
+        self, filter_subject: str, start_seq: int, batch: int
+    ) -> tuple[list[tuple[int, dict[str, str], bytes]], bool]:
+        """Messages with seq ≥ start_seq on `filter_subject`, in order, and whether that was the end."""
+        nc = await self.runtime.connection()
+        inbox = nc.new_inbox()
+        queue: asyncio.Queue[Msg] = asyncio.Queue()
+
+        async def on_msg(msg: Msg) -> None:
+            queue.put_nowait(msg)
+
+        sub: NatsSubscription = await nc.subscribe(inbox, cb=on_msg)
+        try:
+            req = {"seq": max(start_seq, 1), "next_by_subj": filter_subject, "batch": batch}
+            await nc.publish(
+                f"$JS.API.DIRECT.GET.{self.stream}", json.dumps(req).encode(), reply=inbox
+            )
+            out: list[tuple[int, dict[str, str], bytes]] = []
+            pending = 0
+            while True:
+                msg = await asyncio.wait_for(queue.get(), self.timeout)
+                headers = _hdr(msg)
+                status = headers.get("Status")
+                if status:
+                    if status == "404":
+                        return out, True
+                    if status == "204":  # end of batch
+                        pending = int(headers.get("Nats-Num-Pending", "0") or 0)
+                        return out, pending == 0
+                    if status == "503":  # no responders: stream missing or JetStream down
+                        raise BusUnavailable(f"stream {self.stream} not available for reads")
+                    raise PublishRejected(f"direct get failed: {status} {headers}")
+                out.append((int(headers["Nats-Sequence"]), headers, bytes(msg.data or b"")))
+        finally:
+            await sub.unsubscribe()
+
+    async def _scan(
+        self, filter_subject: str, start_seq: int, stop_seq: int | None = None
+    ) -> Any:
+        """Async generator over (seq, headers, data) from start_seq to the end (or stop_seq)."""
+        seq = start_seq
+        while True:
+            msgs, at_end = await self._direct_batch(filter_subject, seq, _DIRECT_BATCH)
+            for m in msgs:
+                if stop_seq is not None and m[0] > stop_seq:
+                    return
+                yield m
+            if at_end or not msgs:
+                return
+            seq = msgs[-1][0] + 1
+
+    # -- writes (loop thread) ----------------------------------------------------------------
+
+    async def _publish(
+        self, messages: list[tuple[str, bytes, dict[str, str]]], expects: dict[str, int]
+    ) -> int:
+        """Publish `messages` atomically; the sequence of the first one. Conflicts → IntegrityError."""
+        nc = await self.runtime.connection()
+        n = len(messages)
+        seen: set[str] = set()
+        for subject, _, headers in messages:
+            # only the first message per subject may carry the expectation (ADR-50)
+            if subject not in seen:
+                headers[HDR_EXPECTED_SUBJECT_SEQ] = str(expects[subject])
+                seen.add(subject)
+        if n == 1:
+            # fast path: a plain publish with an expectation is already atomic
+            subject, payload, headers = messages[0]
+            reply = await nc.request(subject, payload, headers=headers, timeout=self.timeout)
+        else:
+            batch_id = uuid.uuid4().hex
+            for i, (subject, payload, headers) in enumerate(messages[:-1], 1):
+                headers[HDR_BATCH_ID] = batch_id
+                headers[HDR_BATCH_SEQ] = str(i)
+                await nc.publish(subject, payload, headers=headers)
+            subject, payload, headers = messages[-1]
+            headers[HDR_BATCH_ID] = batch_id
+            headers[HDR_BATCH_SEQ] = str(n)
+            headers[HDR_BATCH_COMMIT] = "1"
+            reply = await nc.request(subject, payload, headers=headers, timeout=self.timeout)
+        ack = json.loads(reply.data or b"{}")
+        err = ack.get("error")
+        if err:
+            if err.get("err_code") in _WRONG_LAST_SEQUENCE:
+                for s in expects:
+                    self._cache.pop(s, None)
+                raise IntegrityError(f"concurrent write detected: {err.get('description')}")
+            raise PublishRejected(f"JetStream refused the save: {err}")
+        count = int(ack.get("count", 1) or 1)
+        if count != n:  # pragma: no cover - the server acks the whole batch or nothing
+            raise PublishRejected(f"batch ack counted {count} messages, sent {n}")
+        return int(ack["seq"]) - n + 1
+
+    async def _insert(
+        self, stored_events: Sequence[StoredEvent], tracking: Tracking | None
+    ) -> list[int]:
+        by_subject: dict[str, list[StoredEvent]] = {}
+        for e in stored_events:
+            by_subject.setdefault(self.subject_for(e.originator_id), []).append(e)
+        trk_subject = self.tracking_subject_for(tracking.application_name) if tracking else None
+        subjects = list(by_subject) + ([trk_subject] if trk_subject else [])
+        missing = [s for s in subjects if s not in self._cache]
+        if missing:
+            await asyncio.gather(*(self._subject_state(s) for s in missing))
+        expects: dict[str, int] = {}
+        for s, events in by_subject.items():
+            state = await self._subject_state(s)
+            if state.last_version is not None and events[0].originator_version <= state.last_version:
+                raise IntegrityError(
+                    f"version {events[0].originator_version} of {events[0].originator_id} "
+                    f"is not after the recorded version {state.last_version}"
+                )
+            expects[s] = state.last_seq
+        if tracking is not None and trk_subject is not None:
+            state = await self._subject_state(trk_subject)
+            if state.last_version is not None and tracking.notification_id <= state.last_version:
+                raise IntegrityError(
+                    f"Tracking notification ID {tracking.notification_id} not greater than "
+                    f"current max tracking ID {state.last_version}"
+                )
+            expects[trk_subject] = state.last_seq
+
+        messages: list[tuple[str, bytes, dict[str, str]]] = []
+        for e in stored_events:
+            messages.append(
+                (
+                    self.subject_for(e.originator_id),
+                    e.state,
+                    {
+                        HDR_ORIGINATOR_ID: str(e.originator_id),
+                        HDR_ID_KIND: "uuid" if isinstance(e.originator_id, UUID) else "str",
+                        HDR_VERSION: str(e.originator_version),
+                        HDR_TOPIC: e.topic,
+                    },
+                )
+            )
+        if tracking is not None and trk_subject is not None:
+            # last, so the events' notification ids stay contiguous from the first sequence
+            messages.append(
+                (
+                    trk_subject,
+                    str(tracking.notification_id).encode(),
+                    {
+                        HDR_TRACKING_ID: str(tracking.notification_id),
+                        HDR_UPSTREAM: tracking.application_name,
+                    },
+                )
+            )
+        first = await self._publish(messages, expects)
+        ids = list(range(first, first + len(stored_events)))
+        last_by_subject: dict[str, tuple[int, int]] = {}
+        for e, seq in zip(stored_events, ids, strict=True):
+            last_by_subject[self.subject_for(e.originator_id)] = (e.originator_version, seq)
+        for s, (version, seq) in last_by_subject.items():
+            self._remember(s, _SubjectState(version, seq))
+        if tracking is not None and trk_subject is not None:
+            self._remember(trk_subject, _SubjectState(tracking.notification_id, first + len(stored_events)))
+        return ids
+
+    def _insert_sync(
+        self, stored_events: Sequence[StoredEvent], tracking: Tracking | None = None
+    ) -> list[int]:
+        total = len(stored_events) + (1 if tracking is not None else 0)
+        if total > MAX_BATCH:
+            raise BatchTooLarge(
+                f"a save of {total} messages exceeds the atomic batch limit of {MAX_BATCH}; "
+                "it is refused rather than split (save fewer events at once)"
+            )
+        # versions of one originator must rise within the save (duplicates are a conflict)
+        last: dict[str, int] = {}
+        for e in stored_events:
+            key = str(e.originator_id)
+            if key in last and e.originator_version <= last[key]:
+                raise IntegrityError(f"Stored events are not unique or not in order: {e}")
+            last[key] = e.originator_version
+        if total == 0:
+            return []
+        return self.runtime.run(self._insert(stored_events, tracking), self.timeout + 5)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def _select_events(
+        self,
+        originator_id: UUID | str,
+        gt: int | None,
+        lte: int | None,
+        desc: bool,
+        limit: int | None,
+    ) -> list[StoredEvent]:
+        subject = self.subject_for(originator_id)
+        if desc and limit == 1 and lte is None:
+            # the last event (e.g. the latest snapshot) is one direct get
+            last = await self._last_msg(subject)
+            if last is None:
+                self._remember(subject, _SubjectState(None, 0))
+                return []
+            headers, data, seq = last
+            e = _stored_event_from(headers, data)
+            self._remember(subject, _SubjectState(e.originator_version, seq))
+            if gt is not None and e.originator_version <= gt:
+                return []
+            return [e]
+        events: list[StoredEvent] = []
+        last_seen: tuple[int, int] | None = None
+        async for seq, headers, data in self._scan(subject, 1):
+            e = _stored_event_from(headers, data)
+            last_seen = (e.originator_version, seq)
+            if gt is not None and e.originator_version <= gt:
+                continue
+            if lte is not None and e.originator_version > lte:
+                continue
+            events.append(e)
+        # the scan read to the end of the subject, so this is its true last message
+        self._remember(
+            subject, _SubjectState(*last_seen) if last_seen else _SubjectState(None, 0)
+        )
+        if desc:
+            events.reverse()
+        if limit is not None:
+            events = events[:limit]
+        return events
+
+    def _select_events_sync(
+        self,
+        originator_id: UUID | str,
+        gt: int | None = None,
+        lte: int | None = None,
+        desc: bool = False,
+        limit: int | None = None,
+    ) -> list[StoredEvent]:
+        return self.runtime.run(
+            self._select_events(originator_id, gt, lte, desc, limit), self.timeout + 5
+        )
+
+
+class JetStreamAggregateRecorder(JetStreamRecorder, AggregateRecorder):
+    def insert_events(
+        self, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        self._insert_sync(stored_events)
+        return None
+
+    def select_events(
+        self,
+        originator_id: UUID | str,
+        *,
+        gt: int | None = None,
+        lte: int | None = None,
+        desc: bool = False,
+        limit: int | None = None,
+    ) -> Sequence[StoredEvent]:
+        return self._select_events_sync(originator_id, gt, lte, desc, limit)
+
+
+class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecorder):
+    def insert_events(
+        self, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        return self._insert_sync(stored_events)
+
+    async def _select_notifications(
+        self,
+        start: int,
+        limit: int,
+        stop: int | None,
+        topics: Sequence[str],
+    ) -> list[Notification]:
+        out: list[Notification] = []
+        if limit <= 0:
+            return out
+        wanted = set(topics)
+        seq = start
+        while len(out) < limit:
+            # without a topic filter every message counts, so ask for exactly what is missing
+            batch = min(_DIRECT_BATCH, limit - len(out)) if not wanted else _DIRECT_BATCH
+            msgs, at_end = await self._direct_batch(self.events_filter, seq, batch)
+            for s, headers, data in msgs:
+                if stop is not None and s > stop:
+                    return out
+                if wanted and headers.get(HDR_TOPIC) not in wanted:
+                    continue
+                e = _stored_event_from(headers, data)
+                out.append(
+                    Notification(
+                        id=s,
+                        originator_id=e.originator_id,
+                        originator_version=e.originator_version,
+                        topic=e.topic,
+                        state=e.state,
+                    )
+                )
+                if len(out) == limit:
+                    return out
+            if at_end or not msgs:
+                return out
+            seq = msgs[-1][0] + 1
+        return out
+
+    def select_notifications(
+        self,
+        start: int | None,
+        limit: int,
+        stop: int | None = None,
+        topics: Sequence[str] = (),
+        *,
+        inclusive_of_start: bool = True,
+    ) -> Sequence[Notification]:
+        if start is None:
+            start, inclusive_of_start = 1, True
+        if not inclusive_of_start:
+            start += 1
+        start = max(start, 1)
+        if stop is not None and stop < start:
+            return []
+        return self.runtime.run(
+            self._select_notifications(start, limit, stop, topics), self.timeout + 5
+        )
+
+    async def _max_notification_id(self) -> int | None:
+        last = await self._last_msg(self.events_filter)
+        return None if last is None else last[2]
+
+    def max_notification_id(self) -> int | None:
+        return self.runtime.run(self._max_notification_id(), self.timeout + 5)
+
+    def subscribe(
+        self, gt: int | None = None, topics: Sequence[str] = ()
+    ) -> Subscription[ApplicationRecorder]:
+        return JetStreamSubscription(recorder=self, gt=gt, topics=topics)
+
+
+class JetStreamSubscription(ListenNotifySubscription[JetStreamApplicationRecorder]):
+    """Pulls with select_notifications; a core subscription on the event subjects wakes it up."""
+
+    def __init__(
+        self,
+        recorder: JetStreamApplicationRecorder,
+        gt: int | None = None,
+        topics: Sequence[str] = (),
+    ) -> None:
+        super().__init__(recorder=recorder, gt=gt, topics=topics)
+        self._runtime = recorder.runtime
+        self._sub: NatsSubscription | None = None
+        self._sub_lock = threading.Lock()
+        loop = self._runtime.loop
+
+        async def on_msg(_: Msg) -> None:
+            self._has_been_notified.set()
+            # the core copy of a message can overtake its storing in the stream; wake again shortly
+            loop.call_later(0.05, self._has_been_notified.set)
+
+        async def open_sub() -> NatsSubscription:
+            nc = await self._runtime.connection()
+            return await nc.subscribe(recorder.events_filter, cb=on_msg)
+
+        sub = self._runtime.run(open_sub(), recorder.timeout)
+        with self._sub_lock:
+            if self._has_been_stopped:
+                self._runtime.submit(sub.unsubscribe())
+            else:
+                self._sub = sub
+        # events recorded between the first pull and the subscription are picked up by this
+        self._has_been_notified.set()
+
+    def stop(self) -> None:
+        super().stop()
+        with self._sub_lock:
+            sub, self._sub = getattr(self, "_sub", None), None
+        if sub is not None:
+            try:
+                self._runtime.submit(sub.unsubscribe())
+            except BusError:  # pragma: no cover - runtime already closed
+                pass
+
+
+class JetStreamTrackingRecorder(JetStreamRecorder, TrackingRecorder):
+    def insert_tracking(self, tracking: Tracking) -> None:
+        self._insert_sync([], tracking)
+
+    async def _max_tracking_id(self, application_name: str) -> int | None:
+        subject = self.tracking_subject_for(application_name)
+        last = await self._last_msg(subject)
+        if last is None:
+            return None
+        headers, _, seq = last
+        tid = int(headers[HDR_TRACKING_ID])
+        self._remember(subject, _SubjectState(tid, seq))
+        return tid
+
+    def max_tracking_id(self, application_name: str) -> int | None:
+        # always asked of the server: another process may have advanced it
+        return self.runtime.run(self._max_tracking_id(application_name), self.timeout + 5)
+
+
+class JetStreamProcessRecorder(
+    JetStreamTrackingRecorder, JetStreamApplicationRecorder, ProcessRecorder
+):
+    def insert_events(
+        self, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        tracking: Tracking | None = kwargs.get("tracking")
+        return self._insert_sync(stored_events, tracking)
+
+
+class JetStreamFactory(InfrastructureFactory[JetStreamTrackingRecorder]):
+    """Builds JetStream recorders from NATS_URL / NATS_STREAM / NATS_REPLICAS in the environment."""
+
+    NATS_URL = "NATS_URL"
+    POOL_NATS_URL = "POOL_NATS_URL"
+    NATS_STREAM = "NATS_STREAM"
+    NATS_REPLICAS = "NATS_REPLICAS"
+    NATS_TIMEOUT = "NATS_TIMEOUT"
+    CREATE_TABLE = "CREATE_TABLE"
+
+    def __init__(self, env: Environment | Any | None) -> None:
+        super().__init__(env)
+        self.url = self.env.get(self.NATS_URL) or self.env.get(self.POOL_NATS_URL) or DEFAULT_URL
+        self.stream = self.env.get(self.NATS_STREAM) or EVENTS_STREAM
+        self.replicas = int(self.env.get(self.NATS_REPLICAS) or 1)
+        self.timeout = float(self.env.get(self.NATS_TIMEOUT) or REQUEST_TIMEOUT)
+        self.app_name = self.env.name or "default"
+        self.runtime = get_runtime(self.url)
+        self._stream_ensured = False
+
+    def _ensure_stream(self) -> None:
+        if self._stream_ensured or not strtobool(self.env.get(self.CREATE_TABLE) or "yes"):
+            return
+
+        async def go() -> None:
+            await ensure_event_stream(
+                await self.runtime.jetstream(), replicas=self.replicas, name=self.stream
+            )
+
+        self.runtime.run(go(), self.timeout + 5)
+        self._stream_ensured = True
+
+    def _kwargs(self, kind: str) -> dict[str, Any]:
+        self._ensure_stream()
+        return {
+            "stream": self.stream,
+            "kind": kind,
+            "tracking_owner": self.app_name,
+            "timeout": self.timeout,
+        }
+
+    def transcoder(self) -> Transcoder:
+        if self.env.get(self.TRANSCODER_TOPIC):
+            return super().transcoder()
+        return MsgspecTranscoder()
+
+    def aggregate_recorder(self, purpose: str = "events") -> AggregateRecorder:
+        kind = self.app_name if purpose == "events" else f"{self.app_name}_{purpose}"
+        return JetStreamAggregateRecorder(self.runtime, **self._kwargs(kind))
+
+    def application_recorder(self) -> ApplicationRecorder:
+        topic = self.env.get(self.APPLICATION_RECORDER_TOPIC)
+        cls: type[JetStreamApplicationRecorder] = (
+            resolve_topic(topic) if topic else JetStreamApplicationRecorder
+        )
+        return cls(self.runtime, **self._kwargs(self.app_name))
+
+    def tracking_recorder(
+        self, tracking_recorder_class: type[JetStreamTrackingRecorder] | None = None
+    ) -> JetStreamTrackingRecorder:
+        if tracking_recorder_class is None:
+            topic = self.env.get(self.TRACKING_RECORDER_TOPIC)
+            tracking_recorder_class = resolve_topic(topic) if topic else JetStreamTrackingRecorder
+        assert tracking_recorder_class is not None
+        return tracking_recorder_class(self.runtime, **self._kwargs(self.app_name))
+
+    def process_recorder(self) -> ProcessRecorder:
+        topic = self.env.get(self.PROCESS_RECORDER_TOPIC)
+        cls: type[JetStreamProcessRecorder] = (
+            resolve_topic(topic) if topic else JetStreamProcessRecorder
+        )
+        return cls(self.runtime, **self._kwargs(self.app_name))
+
+    def close(self) -> None:
+        # the runtime is shared by every factory in the process; it closes at exit
+        pass
+
+
+Factory = JetStreamFactory

@@ -1,0 +1,180 @@
+"""Every refusal the domain can make, one class per failure, each with a stable `code`.
+
+Command handlers turn these into reply envelopes (`error.code`, `error.message`,
+`error.reasons`) via `to_dict`; nothing else may cross the domain boundary as an exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
+
+
+class DomainError(Exception):
+    """A command the domain refused; nothing was recorded."""
+
+    code: ClassVar[str] = "domain_error"
+
+    def __init__(self, message: str, *, reasons: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.reasons: tuple[str, ...] = tuple(reasons)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "reasons": list(self.reasons)}
+
+
+# Lifecycle ------------------------------------------------------------------------------------
+
+
+class IllegalTransition(DomainError):
+    """The verb is not allowed from the aggregate's current state."""
+
+    code = "illegal_transition"
+
+    def __init__(
+        self, from_state: str, verb: str, *, reasons: Iterable[str] = (), detail: str = ""
+    ) -> None:
+        self.from_state = str(from_state)
+        self.verb = verb
+        message = f"cannot {verb} from state {self.from_state!r}"
+        super().__init__(f"{message}: {detail}" if detail else message, reasons=reasons)
+
+
+class NotDue(DomainError):
+    """A timer-driven transition was asked for before its deadline."""
+
+    code = "not_due"
+
+
+class LeaseExpired(DomainError):
+    """The lease (or its reservation) is past a deadline; it can only be wound down."""
+
+    code = "lease_expired"
+
+    def __init__(self, reason: str, *, message: str = "") -> None:
+        self.reason = reason
+        super().__init__(message or f"lease expired ({reason})", reasons=(reason,))
+
+
+class StaleEpoch(DomainError):
+    """A report from an earlier placement of the lease (its epoch is not the current one)."""
+
+    code = "stale_epoch"
+
+    def __init__(self, current: int, given: int) -> None:
+        self.current = current
+        self.given = given
+        super().__init__(f"epoch {given} is stale; the lease is at epoch {current}")
+
+
+class RuntimeLimitExceeded(DomainError):
+    """A renewal could not extend the lease: it already ends at its maximum runtime."""
+
+    code = "maximum_runtime_exceeded"
+
+
+# Capacity -------------------------------------------------------------------------------------
+
+
+class OverAllocation(DomainError):
+    """The allocation does not fit in the node's free capacity."""
+
+    code = "insufficient_capacity"
+
+    def __init__(self, dimensions: Sequence[str], *, message: str = "") -> None:
+        self.dimensions: tuple[str, ...] = tuple(dimensions)
+        super().__init__(
+            message or f"insufficient capacity in {', '.join(self.dimensions)}",
+            reasons=self.dimensions,
+        )
+
+
+class NodeNotSchedulable(DomainError):
+    """The node is not ready (cordoned, draining, in maintenance or lost)."""
+
+    code = "node_not_schedulable"
+
+    def __init__(self, state: str) -> None:
+        self.state = str(state)
+        super().__init__(f"node is {self.state}, not ready", reasons=(self.state,))
+
+
+class NodeNotEmpty(DomainError):
+    """The node still holds allocations, so it cannot enter maintenance."""
+
+    code = "node_not_empty"
+
+
+class AlreadyAllocated(DomainError):
+    """The lease already holds an allocation on this node."""
+
+    code = "already_allocated"
+
+
+class UnknownAllocation(DomainError):
+    """The node holds no allocation for that lease."""
+
+    code = "unknown_allocation"
+
+
+class QuotaExceeded(DomainError):
+    """The request would take the tenant past its quota in the named dimensions."""
+
+    code = "quota_exceeded"
+
+    def __init__(self, dimensions: Sequence[str]) -> None:
+        self.dimensions: tuple[str, ...] = tuple(dimensions)
+        super().__init__(
+            f"quota exceeded in {', '.join(self.dimensions)}", reasons=self.dimensions
+        )
+
+
+# Credits --------------------------------------------------------------------------------------
+
+
+class InsufficientCredits(DomainError):
+    """The account's available credits do not cover the hold."""
+
+    code = "insufficient_credits"
+
+    def __init__(self, available: int, requested: int) -> None:
+        self.available = available
+        self.requested = requested
+        super().__init__(
+            f"{requested} micro-credits requested, {available} available",
+            reasons=("insufficient_credits",),
+        )
+
+
+class InvalidAmount(DomainError):
+    """An amount is not a non-negative (or, where required, positive) integer."""
+
+    code = "invalid_amount"
+
+
+class UnknownHold(DomainError):
+    """The account holds nothing for that lease (never held, or already settled/released)."""
+
+    code = "unknown_hold"
+
+
+# Configuration --------------------------------------------------------------------------------
+
+
+class InvalidConfiguration(DomainError):
+    """Pool or tenant settings are inconsistent; `reasons` names each problem."""
+
+    code = "invalid_configuration"
+
+
+class UnknownPriorityClass(DomainError):
+    """The pool defines no priority class of that name."""
+
+    code = "unknown_priority_class"
+
+
+class PriceNotListed(DomainError):
+    """The price list has no price for a dimension the shape uses (and no "*" fallback)."""
+
+    code = "price_not_listed"

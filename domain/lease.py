@@ -1,0 +1,769 @@
+"""The lease lifecycle: a tenant's claim on pooled capacity, from request to release.
+
+One `Lease` aggregate per (tenant, idempotency key); its events are the only record of where
+the lease ran, under which epoch, and why it ended. The jobs it runs live inside it.
+
+States and the verbs that move between them (anything else raises a typed DomainError):
+
+    requested ─queue→ queued ─reserve→ reserved ─commit→ running ─release→ released
+    requested|queued ─reject→ rejected
+    requested|queued|reserved ─cancel→ cancelled
+    running|preempting ─cancel→ stopping ─confirm_stopped→ cancelled
+    reserved ─expire/void_reservation (commit timeout)→ voided
+    running|stopping|preempting ─expire→ expired ─begin_reconciliation→ reconciling
+    expired|reconciling ─confirm_stopped→ released
+    running ─notice_preemption→ preempting ─confirm_stopped→ preempted [─requeue→ queued]
+    preempting ─release→ released   (the job finished within its grace period)
+
+Capacity stays held (`holds_capacity`) from reservation until the workload is known to be gone,
+so a lost agent can never cause the node to be double-booked.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.domain import Aggregate, event
+
+from domain.errors import IllegalTransition, InvalidAmount, NotDue, RuntimeLimitExceeded
+from domain.errors import LeaseExpired as LeaseExpiredError
+from domain.errors import StaleEpoch
+from domain.resources import LeaseId, NodeId, PoolId, Resources, Shape, TenantId
+
+_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:lease")
+
+
+class LeaseState(StrEnum):
+    REQUESTED = "requested"
+    QUEUED = "queued"
+    RESERVED = "reserved"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    PREEMPTING = "preempting"
+    EXPIRED = "expired"
+    RECONCILING = "reconciling"
+    RELEASED = "released"
+    CANCELLED = "cancelled"
+    VOIDED = "voided"
+    PREEMPTED = "preempted"
+    REJECTED = "rejected"
+
+
+S = LeaseState
+TERMINAL_STATES: frozenset[LeaseState] = frozenset(
+    {S.RELEASED, S.CANCELLED, S.VOIDED, S.PREEMPTED, S.REJECTED}
+)
+# Capacity is kept until the workload is confirmed gone: an expired lease's container may
+# still be running on a partitioned-off node.
+CAPACITY_HOLDING_STATES: frozenset[LeaseState] = frozenset(
+    {S.RESERVED, S.RUNNING, S.STOPPING, S.PREEMPTING, S.EXPIRED, S.RECONCILING}
+)
+# States in which an agent may be running the workload and so may report on it.
+WORKLOAD_STATES: frozenset[LeaseState] = frozenset({S.RUNNING, S.STOPPING, S.PREEMPTING})
+
+EXPIRY_REASONS: tuple[str, ...] = ("commit_timeout", "heartbeat_lost", "deadline", "node_lost")
+
+
+class JobState(StrEnum):
+    STARTING = "starting"
+    RUNNING = "running"
+    EXITED = "exited"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What to run inside a lease: an image, its command and environment, how to checkpoint."""
+
+    image: str
+    command: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # sorted (name, value)
+    checkpoint_interval_seconds: int = 0  # 0: the job does not checkpoint
+    checkpoint_path: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "command", tuple(str(c) for c in self.command))
+        object.__setattr__(self, "env", tuple(sorted((str(k), str(v)) for k, v in self.env)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "image": self.image,
+            "command": list(self.command),
+            "env": {k: v for k, v in self.env},
+            "checkpoint_interval_seconds": self.checkpoint_interval_seconds,
+            "checkpoint_path": self.checkpoint_path,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> JobSpec:
+        return cls(
+            image=str(d["image"]),
+            command=tuple(d.get("command", ())),
+            env=tuple(dict(d.get("env", {})).items()),
+            checkpoint_interval_seconds=int(d.get("checkpoint_interval_seconds", 0)),
+            checkpoint_path=d.get("checkpoint_path"),
+        )
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job run by a lease: its spec and how far it got. `attempts` counts restarts of the
+    same job after the lease was preempted and requeued."""
+
+    number: int
+    spec: JobSpec
+    submitted_at: float
+    state: JobState = JobState.STARTING
+    attempts: int = 1
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    failure_reason: str | None = None
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in (JobState.STARTING, JobState.RUNNING)
+
+
+# Verbs a tenant or agent may use on a live lease; on an expired lease they are answered with
+# LeaseExpired (so the agent knows to stop) rather than a bare IllegalTransition.
+_EXPIRY_AWARE_VERBS = frozenset(
+    {"commit", "heartbeat", "renew", "release", "run_job", "job_started", "job_exited",
+     "job_failed", "cancel", "notice_preemption"}
+)
+
+
+class Lease(Aggregate):
+    """A tenant's claim on capacity; see the module docstring for the state machine."""
+
+    @staticmethod
+    def create_id(tenant_id: str, idempotency_key: str) -> UUID:  # type: ignore[override]
+        """The lease id for a tenant's idempotency key: a retried request finds the same lease."""
+        return uuid.uuid5(_NAMESPACE, json.dumps([str(tenant_id), str(idempotency_key)]))
+
+    @classmethod
+    def request(
+        cls,
+        *,
+        tenant_id: TenantId,
+        pool_id: PoolId,
+        idempotency_key: str,
+        shape: Shape,
+        maximum_runtime_seconds: int,
+        now: float,
+        lease_seconds: int | None = None,
+        heartbeat_timeout_seconds: int = 30,
+        priority_class: str = "default",
+        preemptible: bool = True,
+    ) -> Lease:
+        """Record a request. `lease_seconds` is the initial term and default renewal (defaults
+        to the maximum runtime); the id is `create_id(tenant_id, idempotency_key)`."""
+        term = maximum_runtime_seconds if lease_seconds is None else lease_seconds
+        for name, value in (
+            ("maximum_runtime_seconds", maximum_runtime_seconds),
+            ("lease_seconds", term),
+            ("heartbeat_timeout_seconds", heartbeat_timeout_seconds),
+        ):
+            _require_positive_int(name, value)
+        if not shape.resources.is_non_negative():
+            raise InvalidAmount("a shape cannot ask for negative resources")
+        return cls(
+            tenant_id=str(tenant_id),
+            idempotency_key=idempotency_key,
+            pool_id=str(pool_id),
+            shape=shape.to_dict(),
+            maximum_runtime_seconds=maximum_runtime_seconds,
+            lease_seconds=term,
+            heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+            priority_class=priority_class,
+            preemptible=bool(preemptible),
+            requested_at=float(now),
+        )
+
+    @event("LeaseRequested")
+    def __init__(
+        self,
+        tenant_id: str,
+        idempotency_key: str,
+        pool_id: str,
+        shape: dict[str, Any],
+        maximum_runtime_seconds: int,
+        lease_seconds: int,
+        heartbeat_timeout_seconds: int,
+        priority_class: str,
+        preemptible: bool,
+        requested_at: float,
+    ) -> None:
+        self.tenant_id = TenantId(tenant_id)
+        self.idempotency_key = idempotency_key
+        self.pool_id = PoolId(pool_id)
+        self.requested_shape = Shape.from_dict(shape)
+        self.shape = self.requested_shape  # the placed shape once reserved
+        self.maximum_runtime_seconds = maximum_runtime_seconds
+        self.lease_seconds = lease_seconds
+        self.heartbeat_timeout_seconds = heartbeat_timeout_seconds
+        self.priority_class = priority_class
+        self.preemptible = preemptible
+        self.requested_at = requested_at
+        self.state = LeaseState.REQUESTED
+        self.queued_at: float | None = None
+        self.attempts = 1
+        self.epoch = 0
+        # Per placement; reset on each reservation.
+        self.node_id: NodeId | None = None
+        self.reserved_at: float | None = None
+        self.reservation_deadline: float | None = None
+        self.hold_microcredits = 0
+        self.started_at: float | None = None
+        self.deadline: float | None = None
+        self.run_ended_at: float | None = None
+        self.last_heartbeat_at: float | None = None
+        self.grace_deadline: float | None = None
+        self.requeue_on_preemption = False
+        self.stop_reason: str | None = None
+        # Survive requeues: a checkpoint taken in one placement is resumed in the next.
+        self.last_checkpoint_at: float | None = None
+        self.job: Job | None = None
+        self.jobs_submitted = 0
+        # How it ended.
+        self.expiry_reason: str | None = None
+        self.end_reason: str | None = None
+        self.exit_code: int | None = None
+        self.ended_at: float | None = None
+        self.rejection_code: str | None = None
+
+    # Queries ----------------------------------------------------------------------------------
+
+    @property
+    def lease_id(self) -> LeaseId:
+        return LeaseId(str(self.id))
+
+    @property
+    def resources(self) -> Resources:
+        """What the lease occupies on its node (the placed shape's resources)."""
+        return self.shape.resources
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def is_live(self) -> bool:
+        return self.state not in TERMINAL_STATES
+
+    @property
+    def holds_capacity(self) -> bool:
+        return self.state in CAPACITY_HOLDING_STATES
+
+    @property
+    def runtime_limit_at(self) -> float | None:
+        """When the current placement reaches its maximum runtime; no renewal goes past it."""
+        if self.started_at is None:
+            return None
+        return self.started_at + self.maximum_runtime_seconds
+
+    def expiry_due(self, now: float) -> str | None:
+        """The expiry reason that applies at `now`, or None: what the deadline timer checks."""
+        if self.state is S.RESERVED:
+            assert self.reservation_deadline is not None
+            return "commit_timeout" if now >= self.reservation_deadline else None
+        if self.state in WORKLOAD_STATES:
+            assert self.deadline is not None
+            if now >= self.deadline:
+                return "deadline"
+            if now >= self._heartbeat_due_at():
+                return "heartbeat_lost"
+        return None
+
+    def next_due_at(self) -> float | None:
+        """The next instant at which `expiry_due` may become true: when to schedule the timer."""
+        if self.state is S.RESERVED:
+            return self.reservation_deadline
+        if self.state in WORKLOAD_STATES:
+            assert self.deadline is not None
+            return min(self.deadline, self._heartbeat_due_at())
+        return None
+
+    def work_at_risk_seconds(self, now: float) -> float:
+        """Seconds of work a preemption would lose: time since the last checkpoint this run."""
+        if self.started_at is None or self.state not in WORKLOAD_STATES:
+            return 0.0
+        since = max(self.started_at, self.last_checkpoint_at or self.started_at)
+        return max(0.0, now - since)
+
+    def runtime_seconds(self, now: float) -> float:
+        """Billable seconds of the current (or last) placement: from commit to when it ended."""
+        if self.started_at is None:
+            return 0.0
+        end = self.run_ended_at if self.run_ended_at is not None else now
+        return max(0.0, end - self.started_at)
+
+    # Admission --------------------------------------------------------------------------------
+
+    def queue(self, now: float) -> None:
+        """Admit the request to the scheduler's queue."""
+        self._require("queue", {S.REQUESTED})
+        self._queued(at=float(now))
+
+    def reject(self, now: float, code: str, reasons: list[str] | None = None) -> None:
+        """Refuse the request before placement (quota, credits, unschedulable shape)."""
+        self._require("reject", {S.REQUESTED, S.QUEUED})
+        self._rejected(at=float(now), code=code, reasons=list(reasons or []))
+
+    # Placement --------------------------------------------------------------------------------
+
+    def reserve(
+        self,
+        now: float,
+        *,
+        node_id: NodeId,
+        commit_timeout_seconds: int,
+        hold_microcredits: int,
+        shape: Shape | None = None,
+    ) -> int:
+        """Reserve capacity on a node until `now + commit_timeout_seconds`; returns the new
+        epoch. `shape` is the placed shape (e.g. with the node's GPU model filled in)."""
+        self._require("reserve", {S.QUEUED})
+        _require_positive_int("commit_timeout_seconds", commit_timeout_seconds)
+        _require_non_negative_int("hold_microcredits", hold_microcredits)
+        placed = self.requested_shape if shape is None else shape
+        if not placed.resources.is_non_negative():
+            raise InvalidAmount("a placed shape cannot hold negative resources")
+        self._reserved(
+            at=float(now),
+            node_id=str(node_id),
+            shape=placed.to_dict(),
+            epoch=self.epoch + 1,
+            reservation_deadline=float(now) + commit_timeout_seconds,
+            hold_microcredits=hold_microcredits,
+        )
+        return self.epoch
+
+    def commit(self, now: float, job: JobSpec | None = None) -> None:
+        """Confirm the reservation and start the lease's term, optionally with its first job.
+
+        Without a job, a job interrupted by preemption is restarted (attempts + 1)."""
+        self._require("commit", {S.RESERVED})
+        assert self.reservation_deadline is not None
+        if now >= self.reservation_deadline:
+            raise LeaseExpiredError("commit_timeout", message="the reservation was not committed in time")
+        term = min(self.lease_seconds, self.maximum_runtime_seconds)
+        number, attempt, spec = self.jobs_submitted + 1, 1, job
+        if job is None and self.job is not None and self.job.failure_reason == "preempted":
+            number, attempt, spec = self.job.number, self.job.attempts + 1, self.job.spec
+        self._committed(
+            at=float(now),
+            deadline=float(now) + term,
+            job_number=number if spec is not None else None,
+            job_attempt=attempt if spec is not None else None,
+            job_spec=spec.to_dict() if spec is not None else None,
+        )
+
+    # Jobs -------------------------------------------------------------------------------------
+
+    def run_job(self, now: float, job: JobSpec) -> int:
+        """Start another job in a running lease whose previous job has ended; returns its number."""
+        self._require("run_job", {S.RUNNING})
+        self._require_not_past_deadline(now)
+        if self.job is not None and self.job.is_active:
+            raise IllegalTransition(self.state, "run_job", reasons=("job_active",),
+                                    detail=f"job {self.job.number} is still {self.job.state}")
+        self._job_submitted(at=float(now), job_number=self.jobs_submitted + 1, spec=job.to_dict())
+        return self.jobs_submitted
+
+    def job_started(self, now: float, *, epoch: int) -> None:
+        """The agent reports that the current job's process is running."""
+        self._require("job_started", WORKLOAD_STATES)
+        self._check_epoch(epoch)
+        self._require_job("job_started", {JobState.STARTING})
+        self._job_started(at=float(now), epoch=epoch)
+
+    def job_exited(self, now: float, *, epoch: int, exit_code: int) -> None:
+        """The agent reports that the current job exited with `exit_code`."""
+        self._require("job_exited", WORKLOAD_STATES)
+        self._check_epoch(epoch)
+        self._require_job("job_exited", {JobState.STARTING, JobState.RUNNING})
+        self._job_exited(at=float(now), epoch=epoch, exit_code=int(exit_code))
+
+    def job_failed(self, now: float, *, epoch: int, reason: str) -> None:
+        """The agent reports that the current job could not run (image pull, OOM kill, ...)."""
+        self._require("job_failed", WORKLOAD_STATES)
+        self._check_epoch(epoch)
+        self._require_job("job_failed", {JobState.STARTING, JobState.RUNNING})
+        self._job_failed(at=float(now), epoch=epoch, reason=reason)
+
+    # Term -------------------------------------------------------------------------------------
+
+    def heartbeat(self, now: float, *, epoch: int, checkpoint_at: float | None = None) -> None:
+        """The agent is alive and the workload runs. A heartbeat from an earlier placement is
+        fenced (StaleEpoch); one after the hard deadline is refused (LeaseExpired). A late
+        heartbeat before the reconciler has acted is accepted: it proves the agent is alive."""
+        self._require("heartbeat", WORKLOAD_STATES)
+        self._check_epoch(epoch)
+        self._require_not_past_deadline(now)
+        self._heartbeat_recorded(
+            at=float(now),
+            epoch=epoch,
+            checkpoint_at=None if checkpoint_at is None else float(checkpoint_at),
+        )
+
+    def renew(self, now: float, extend_seconds: int | None = None) -> bool:
+        """Extend the deadline to `now + extend_seconds` (default: the lease term).
+
+        Clamp-with-flag: a renewal that would pass `started_at + maximum_runtime_seconds` is cut
+        to that limit and recorded with `clamped=True` (returned). Only when the deadline is
+        already at the limit does renewal raise RuntimeLimitExceeded. It never shortens."""
+        self._require("renew", {S.RUNNING})
+        self._require_not_past_deadline(now)
+        extend = self.lease_seconds if extend_seconds is None else extend_seconds
+        _require_positive_int("extend_seconds", extend)
+        limit = self.runtime_limit_at
+        assert limit is not None and self.deadline is not None
+        if self.deadline >= limit:
+            raise RuntimeLimitExceeded(
+                f"the lease already ends at its maximum runtime of "
+                f"{self.maximum_runtime_seconds}s",
+                reasons=("maximum_runtime_exceeded",),
+            )
+        wanted = float(now) + extend
+        self._renewed(
+            at=float(now),
+            deadline=max(self.deadline, min(wanted, limit)),
+            clamped=wanted > limit,
+        )
+        return wanted > limit
+
+    # Ending -----------------------------------------------------------------------------------
+
+    def release(self, now: float, exit_code: int | None = None, *, epoch: int | None = None) -> None:
+        """End the lease because its workload is over; capacity and hold can be returned.
+
+        With an active job, `exit_code` is required (the agent saw the process exit): without
+        it the workload may still be running, so use `cancel`, which stops it first."""
+        self._require("release", {S.RUNNING, S.PREEMPTING})
+        if epoch is not None:
+            self._check_epoch(epoch)
+        if self.job is not None and self.job.is_active and exit_code is None:
+            raise IllegalTransition(self.state, "release", reasons=("job_active",),
+                                    detail="the job is still active; cancel to stop it")
+        self._released(at=float(now), exit_code=exit_code, reason="completed")
+
+    def cancel(self, now: float, reason: str = "cancelled") -> bool:
+        """Cancel the lease. Before it runs this ends it at once; a running lease first goes to
+        `stopping` until the agent confirms. Repeating a cancel is a no-op (returns False)."""
+        if self.state in (S.STOPPING, S.CANCELLED):
+            return False
+        self._require("cancel", {S.REQUESTED, S.QUEUED, S.RESERVED, S.RUNNING, S.PREEMPTING})
+        if self.state in (S.RUNNING, S.PREEMPTING):
+            self._stop_requested(at=float(now), reason=reason)
+        else:
+            self._cancelled(at=float(now), reason=reason)
+        return True
+
+    def confirm_stopped(self, now: float, *, epoch: int | None = None) -> LeaseState:
+        """The workload is confirmed gone (by the agent, or the reconciler after a node loss).
+
+        stopping → cancelled; preempting → preempted (then queued again when the notice asked
+        for a requeue); expired | reconciling → released. Returns the new state."""
+        self._require("confirm_stopped", {S.STOPPING, S.PREEMPTING, S.EXPIRED, S.RECONCILING})
+        if epoch is not None:
+            self._check_epoch(epoch)
+        at = float(now)
+        if self.state is S.STOPPING:
+            self._cancelled(at=at, reason=self.stop_reason or "cancelled")
+        elif self.state is S.PREEMPTING:
+            self._preempted(at=at)
+            if self.requeue_on_preemption:
+                self._requeued(at=at, attempts=self.attempts + 1)
+        else:
+            self._released(at=at, exit_code=None, reason=self.expiry_reason or "expired")
+        return self.state
+
+    # Deadlines --------------------------------------------------------------------------------
+
+    def expire(self, now: float, reason: str | None = None) -> LeaseState:
+        """Apply a due deadline. Without `reason`, the one `expiry_due(now)` names (NotDue if
+        none). An uncommitted reservation is voided; a running lease becomes `expired` and
+        keeps its capacity until reconciliation confirms it stopped. "node_lost" is accepted
+        at any time; the timer reasons only when actually due. Returns the new state."""
+        due = self.expiry_due(now)
+        if self.state is S.RESERVED:
+            if reason not in (None, "commit_timeout"):
+                raise IllegalTransition(self.state, "expire", reasons=(str(reason),))
+            self.void_reservation(now)
+            return self.state
+        self._require("expire", WORKLOAD_STATES)
+        if reason is None:
+            reason = due
+        elif reason not in EXPIRY_REASONS or reason == "commit_timeout":
+            raise IllegalTransition(self.state, "expire", reasons=(reason,),
+                                    detail=f"unknown expiry reason {reason!r}")
+        elif reason != "node_lost" and reason != due:
+            raise NotDue(f"{reason} is not due at {now}", reasons=(reason,))
+        if reason is None:
+            raise NotDue(f"nothing is due at {now}; next at {self.next_due_at()}")
+        self._expired(at=float(now), reason=reason)
+        return self.state
+
+    def void_reservation(self, now: float) -> None:
+        """Return an uncommitted reservation's capacity and hold once its deadline has passed."""
+        self._require("void_reservation", {S.RESERVED})
+        assert self.reservation_deadline is not None
+        if now < self.reservation_deadline:
+            raise NotDue(f"the reservation is open until {self.reservation_deadline}")
+        self._voided(at=float(now), reason="commit_timeout")
+
+    def begin_reconciliation(self, now: float) -> None:
+        """The reconciler has asked the node to stop the expired workload and awaits proof."""
+        self._require("begin_reconciliation", {S.EXPIRED})
+        self._reconciliation_started(at=float(now))
+
+    # Preemption -------------------------------------------------------------------------------
+
+    def notice_preemption(
+        self,
+        now: float,
+        *,
+        grace_seconds: int,
+        requeue: bool = True,
+        reason: str = "preempted",
+        min_runtime_seconds: int = 0,
+    ) -> float:
+        """Tell a running lease it will be preempted; it has until the returned grace deadline
+        to checkpoint and stop. Refused for non-preemptible leases and before
+        `min_runtime_seconds` of this placement have passed."""
+        self._require("notice_preemption", {S.RUNNING})
+        _require_non_negative_int("grace_seconds", grace_seconds)
+        if not self.preemptible:
+            raise IllegalTransition(self.state, "notice_preemption", reasons=("not_preemptible",))
+        assert self.started_at is not None
+        if now - self.started_at < min_runtime_seconds:
+            raise IllegalTransition(self.state, "notice_preemption",
+                                    reasons=("min_runtime_not_reached",))
+        grace_deadline = float(now) + grace_seconds
+        self._preemption_noticed(
+            at=float(now), grace_deadline=grace_deadline, requeue=bool(requeue), reason=reason
+        )
+        return grace_deadline
+
+    def requeue(self, now: float) -> None:
+        """Put a preempted lease back in the queue (attempts + 1; the next reserve bumps the
+        epoch, fencing reports from the old placement)."""
+        self._require("requeue", {S.PREEMPTED})
+        self._requeued(at=float(now), attempts=self.attempts + 1)
+
+    def preemption_overdue(self, now: float) -> bool:
+        """True when a preempting lease is past its grace deadline (time for a hard stop)."""
+        return (
+            self.state is S.PREEMPTING
+            and self.grace_deadline is not None
+            and now >= self.grace_deadline
+        )
+
+    # Guards -----------------------------------------------------------------------------------
+
+    def _require(self, verb: str, allowed: set[LeaseState] | frozenset[LeaseState]) -> None:
+        if self.state in allowed:
+            return
+        if verb in _EXPIRY_AWARE_VERBS:
+            if self.state in (S.EXPIRED, S.RECONCILING):
+                raise LeaseExpiredError(self.expiry_reason or "expired")
+            if self.state is S.VOIDED:
+                raise LeaseExpiredError("commit_timeout")
+        raise IllegalTransition(self.state, verb)
+
+    def _require_job(self, verb: str, allowed: set[JobState]) -> None:
+        if self.job is None:
+            raise IllegalTransition("no_job", verb, reasons=("no_job",))
+        if self.job.state not in allowed:
+            raise IllegalTransition(f"job_{self.job.state}", verb)
+
+    def _check_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            raise StaleEpoch(current=self.epoch, given=epoch)
+
+    def _require_not_past_deadline(self, now: float) -> None:
+        if self.deadline is not None and now >= self.deadline:
+            raise LeaseExpiredError("deadline")
+
+    def _heartbeat_due_at(self) -> float:
+        assert self.started_at is not None
+        seen = self.last_heartbeat_at if self.last_heartbeat_at is not None else self.started_at
+        return seen + self.heartbeat_timeout_seconds
+
+    def _end_job(self, at: float, *, exit_code: int | None = None, failure: str = "") -> None:
+        """Close the active job, if any, as the lease stops running it."""
+        if self.job is None or not self.job.is_active:
+            return
+        if exit_code is not None:
+            self.job = replace(self.job, state=JobState.EXITED, exit_code=exit_code, ended_at=at)
+        else:
+            self.job = replace(self.job, state=JobState.FAILED, failure_reason=failure,
+                               ended_at=at)
+
+    def _end(self, at: float, state: LeaseState, reason: str) -> None:
+        self.state = state
+        self.end_reason = reason
+        self.ended_at = at
+
+    # Events: bodies run on record and on replay, so they only assign ---------------------------
+
+    @event("LeaseQueued")
+    def _queued(self, at: float) -> None:
+        self.state = S.QUEUED
+        self.queued_at = at
+
+    @event("LeaseRejected")
+    def _rejected(self, at: float, code: str, reasons: list[str]) -> None:
+        self.rejection_code = code
+        self._end(at, S.REJECTED, code)
+
+    @event("LeaseReserved")
+    def _reserved(
+        self,
+        at: float,
+        node_id: str,
+        shape: dict[str, Any],
+        epoch: int,
+        reservation_deadline: float,
+        hold_microcredits: int,
+    ) -> None:
+        self.state = S.RESERVED
+        self.node_id = NodeId(node_id)
+        self.shape = Shape.from_dict(shape)
+        self.epoch = epoch
+        self.reserved_at = at
+        self.reservation_deadline = reservation_deadline
+        self.hold_microcredits = hold_microcredits
+        self.started_at = None
+        self.deadline = None
+        self.run_ended_at = None
+        self.last_heartbeat_at = None
+        self.grace_deadline = None
+        self.requeue_on_preemption = False
+        self.stop_reason = None
+
+    @event("LeaseCommitted")
+    def _committed(
+        self,
+        at: float,
+        deadline: float,
+        job_number: int | None,
+        job_attempt: int | None,
+        job_spec: dict[str, Any] | None,
+    ) -> None:
+        self.state = S.RUNNING
+        self.started_at = at
+        self.deadline = deadline
+        if job_spec is not None and job_number is not None:
+            self.job = Job(number=job_number, spec=JobSpec.from_dict(job_spec), submitted_at=at,
+                           attempts=job_attempt or 1)
+            self.jobs_submitted = max(self.jobs_submitted, job_number)
+
+    @event("JobSubmitted")
+    def _job_submitted(self, at: float, job_number: int, spec: dict[str, Any]) -> None:
+        self.job = Job(number=job_number, spec=JobSpec.from_dict(spec), submitted_at=at)
+        self.jobs_submitted = job_number
+
+    @event("JobStarted")
+    def _job_started(self, at: float, epoch: int) -> None:
+        assert self.job is not None
+        self.job = replace(self.job, state=JobState.RUNNING, started_at=at)
+
+    @event("JobExited")
+    def _job_exited(self, at: float, epoch: int, exit_code: int) -> None:
+        self._end_job(at, exit_code=exit_code)
+
+    @event("JobFailed")
+    def _job_failed(self, at: float, epoch: int, reason: str) -> None:
+        self._end_job(at, failure=reason)
+
+    @event("HeartbeatRecorded")
+    def _heartbeat_recorded(self, at: float, epoch: int, checkpoint_at: float | None) -> None:
+        self.last_heartbeat_at = at
+        if checkpoint_at is not None:
+            self.last_checkpoint_at = max(checkpoint_at, self.last_checkpoint_at or checkpoint_at)
+
+    @event("LeaseRenewed")
+    def _renewed(self, at: float, deadline: float, clamped: bool) -> None:
+        self.deadline = deadline
+
+    @event("LeaseReleased")
+    def _released(self, at: float, exit_code: int | None, reason: str) -> None:
+        if self.state in WORKLOAD_STATES:
+            self.run_ended_at = at
+        self._end_job(at, exit_code=exit_code, failure=reason)
+        self.exit_code = exit_code
+        self._end(at, S.RELEASED, reason)
+
+    @event("StopRequested")
+    def _stop_requested(self, at: float, reason: str) -> None:
+        self.state = S.STOPPING
+        self.stop_reason = reason
+        self.requeue_on_preemption = False
+
+    @event("LeaseCancelled")
+    def _cancelled(self, at: float, reason: str) -> None:
+        if self.state in WORKLOAD_STATES:
+            self.run_ended_at = at
+        self._end_job(at, failure="cancelled")
+        self._end(at, S.CANCELLED, reason)
+
+    @event("LeaseExpired")
+    def _expired(self, at: float, reason: str) -> None:
+        assert self.deadline is not None
+        # Billing stops at the hard deadline even if the timer fired late.
+        self.run_ended_at = min(at, self.deadline)
+        self._end_job(at, failure="lease_expired")
+        self.state = S.EXPIRED
+        self.expiry_reason = reason
+
+    @event("ReconciliationStarted")
+    def _reconciliation_started(self, at: float) -> None:
+        self.state = S.RECONCILING
+
+    @event("ReservationVoided")
+    def _voided(self, at: float, reason: str) -> None:
+        self.expiry_reason = reason
+        self._end(at, S.VOIDED, reason)
+
+    @event("PreemptionNoticed")
+    def _preemption_noticed(
+        self, at: float, grace_deadline: float, requeue: bool, reason: str
+    ) -> None:
+        self.state = S.PREEMPTING
+        self.grace_deadline = grace_deadline
+        self.requeue_on_preemption = requeue
+        self.stop_reason = reason
+
+    @event("LeasePreempted")
+    def _preempted(self, at: float) -> None:
+        self.run_ended_at = at
+        self._end_job(at, failure="preempted")
+        self._end(at, S.PREEMPTED, self.stop_reason or "preempted")
+
+    @event("LeaseRequeued")
+    def _requeued(self, at: float, attempts: int) -> None:
+        self.state = S.QUEUED
+        self.attempts = attempts
+        self.queued_at = at
+        self.node_id = None  # the old placement is history; the next reserve picks anew
+        self.end_reason = None
+        self.ended_at = None
+
+
+def _require_positive_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise InvalidAmount(f"{name} must be a positive integer, got {value!r}", reasons=(name,))
+
+
+def _require_non_negative_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidAmount(
+            f"{name} must be a non-negative integer, got {value!r}", reasons=(name,)
+        )

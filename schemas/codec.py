@@ -1,0 +1,237 @@
+"""The one way bytes from the wire become typed commands: `decode_command(kind, data)`.
+
+Whatever the bytes, it returns a Struct or raises `SchemaError` with a stable code and a
+one-line message naming the field path; no other exception escapes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, TypeVar
+
+import msgspec
+from msgspec import Struct
+
+from schemas import v1
+
+MAX_PAYLOAD_BYTES: Final = 64 * 1024
+_MAX_MESSAGE_CHARS: Final = 300  # field names are attacker-chosen: keep messages short
+
+SchemaErrorCode = Literal[
+    "malformed_json",
+    "invalid_field",
+    "unknown_field",
+    "missing_field",
+    "payload_too_large",
+    "invalid_utf8",
+    "unsupported_schema_version",
+    "unknown_kind",
+]
+SCHEMA_ERROR_CODES: Final[tuple[str, ...]] = SchemaErrorCode.__args__  # type: ignore[attr-defined]
+
+
+class SchemaError(ValueError):
+    """A payload that is not a valid message of the expected kind and version."""
+
+    def __init__(self, code: SchemaErrorCode, message: str, path: str | None = None) -> None:
+        # One line, bounded: the message is echoed back to clients and into logs.
+        message = message.replace("\r", "\\r").replace("\n", "\\n")
+        if len(message) > _MAX_MESSAGE_CHARS:
+            message = message[: _MAX_MESSAGE_CHARS - 3] + "..."
+        super().__init__(message)
+        self.code: SchemaErrorCode = code
+        self.message = message
+        self.path = path  # JSONPath of the offending field ("$.shape.cpu_millis"), if known
+
+    def to_error_body(self) -> v1.ErrorBody:
+        reasons: dict[str, int | str] = {"path": self.path} if self.path else {}
+        return v1.ErrorBody(code=self.code, message=self.message, reasons=reasons)
+
+    def to_envelope(self) -> v1.Envelope:
+        return v1.Envelope(ok=False, error=self.to_error_body())
+
+    def __repr__(self) -> str:
+        return f"SchemaError({self.code!r}, {self.message!r})"
+
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    """How one kind decodes: its current Struct, version, and upcasters from older versions."""
+
+    type: type[Struct]
+    version: int = v1.CURRENT_SCHEMA_VERSION
+    # upcasters[n] turns a version-n body (a dict) into a version-(n+1) body.
+    upcasters: Mapping[int, Upcaster] = field(default_factory=dict)
+    decoder: msgspec.json.Decoder[Any] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "decoder", msgspec.json.Decoder(self.type))
+
+
+# Kinds are named after what follows the tenant/node in the subject.
+COMMANDS: Final[Mapping[str, CommandSpec]] = {
+    "lease.request": CommandSpec(v1.LeaseRequest),
+    "lease.commit": CommandSpec(v1.CommitLease),
+    "lease.heartbeat": CommandSpec(v1.HeartbeatLease),
+    "lease.renew": CommandSpec(v1.RenewLease),
+    "lease.release": CommandSpec(v1.ReleaseLease),
+    "lease.cancel": CommandSpec(v1.CancelLease),
+    "lease.get": CommandSpec(v1.GetLease),
+    "lease.why": CommandSpec(v1.WhyLease),
+    "query": CommandSpec(v1.Query),
+    "admin.pool": CommandSpec(v1.PoolConfig),
+    "admin.tenant": CommandSpec(v1.TenantConfig),
+    "agent.register": CommandSpec(v1.NodeRegistration),
+    "agent.heartbeat": CommandSpec(v1.NodeHeartbeat),
+    "agent.drain": CommandSpec(v1.NodeDrain),
+    "agent.assign": CommandSpec(v1.LeaseAssignment),
+    "agent.revoke": CommandSpec(v1.LeaseRevocation),
+    "telemetry": CommandSpec(v1.TelemetryEvent),
+    "reply": CommandSpec(v1.Envelope),
+}
+COMMAND_KINDS: Final[tuple[str, ...]] = tuple(COMMANDS)
+
+
+# msgspec ends messages with " - at `$.a.b`", or " - at `key` in `$.env`" for a dict key.
+_AT = re.compile(r" - at (?:`key` in )?`(?P<path>[^`]*)`$")
+_NAMED = re.compile(r"(unknown|missing required) field `(?P<name>.*)`")
+
+
+def decode_command(kind: str, data: bytes | bytearray | memoryview | str) -> Struct:
+    """Decode `data` as the current version of command `kind`, upcasting older versions."""
+    spec = COMMANDS.get(kind) if isinstance(kind, str) else None
+    if spec is None:
+        raise SchemaError("unknown_kind", f"unknown command kind {kind!r}")
+    return decode_with(spec, data)
+
+
+T = TypeVar("T", bound=Struct)
+
+
+def decode(type_: type[T], data: bytes | bytearray | memoryview | str) -> T:
+    """Decode `data` as `type_` (current version, no upcasting), with decode_command's errors."""
+    out: T = decode_with(CommandSpec(type_), data)  # type: ignore[assignment]
+    return out
+
+
+def decode_with(spec: CommandSpec, data: bytes | bytearray | memoryview | str) -> Struct:
+    """Decode per `spec`; the engine under decode_command, public so tests can supply specs."""
+    raw = _checked_bytes(data)
+    version = _probe_version(raw)
+    try:
+        if version is not None and version > spec.version:
+            raise SchemaError(
+                "unsupported_schema_version",
+                f"schema_version {version} is newer than the supported {spec.version}"
+                " - at `$.schema_version`",
+                "$.schema_version",
+            )
+        if version is not None and 1 <= version < spec.version:
+            return _upcast_and_convert(spec, raw, version)
+        return spec.decoder.decode(raw)  # type: ignore[no-any-return]
+    except msgspec.ValidationError as e:
+        raise _from_validation(str(e)) from None
+    except msgspec.DecodeError as e:
+        raise SchemaError("malformed_json", str(e)) from None
+    except RecursionError:
+        raise SchemaError("malformed_json", "JSON nested too deeply") from None
+
+
+def encode(message: Struct) -> bytes:
+    """The JSON bytes of a wire message (the inverse of decode_command)."""
+    return msgspec.json.encode(message)
+
+
+# -- internals ---------------------------------------------------------------------------------
+
+
+def _checked_bytes(data: object) -> bytes:
+    if isinstance(data, str):
+        try:
+            data = data.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates
+            raise SchemaError("invalid_utf8", "payload is not valid UTF-8") from None
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise SchemaError("malformed_json", f"payload must be bytes, not {type(data).__name__}")
+    raw = bytes(data)
+    if len(raw) > MAX_PAYLOAD_BYTES:
+        raise SchemaError(
+            "payload_too_large", f"payload is {len(raw)} bytes; the limit is {MAX_PAYLOAD_BYTES}"
+        )
+    try:
+        # Checked up front: msgspec only rejects bad UTF-8 inside strings it reads.
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SchemaError("invalid_utf8", f"payload is not valid UTF-8 (byte {e.start})") from None
+    # An empty body is an empty object: `nc.request(subject, b"")` for get/why is natural.
+    return raw if raw.strip() else b"{}"
+
+
+def _probe_version(raw: bytes) -> int | None:
+    """The body's schema_version when it is an int; None leaves the error to the full decode.
+
+    A full untyped parse first, so that broken JSON is always "malformed_json" (a typed decode
+    reports a type mismatch as soon as it sees the first byte of "[").
+    """
+    try:
+        obj = msgspec.json.decode(raw)
+    except msgspec.DecodeError as e:
+        raise SchemaError("malformed_json", str(e)) from None
+    except RecursionError:
+        raise SchemaError("malformed_json", "JSON nested too deeply") from None
+    if not isinstance(obj, dict):
+        got = _JSON_TYPE_NAMES.get(type(obj), type(obj).__name__)
+        raise SchemaError("invalid_field", f"Expected `object`, got `{got}` - at `$`", "$")
+    v = obj.get("schema_version", 1)
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+_JSON_TYPE_NAMES: Final[dict[type, str]] = {
+    list: "array",
+    str: "str",
+    int: "int",
+    float: "float",
+    bool: "bool",
+    type(None): "null",
+}
+
+
+def _upcast_and_convert(spec: CommandSpec, raw: bytes, version: int) -> Struct:
+    state: dict[str, Any] = msgspec.json.decode(raw)
+    while version < spec.version:
+        upcast = spec.upcasters.get(version)
+        if upcast is None:
+            raise SchemaError(
+                "unsupported_schema_version",
+                f"no upgrade from schema_version {version} - at `$.schema_version`",
+                "$.schema_version",
+            )
+        state = upcast(dict(state))
+        version += 1
+        state["schema_version"] = version
+    return msgspec.convert(state, spec.type)
+
+
+def _from_validation(text: str) -> SchemaError:
+    m = _AT.search(text)
+    base = m.group("path") if m else "$"
+    named = _NAMED.search(text[: m.start()] if m else text)
+    if text.startswith("Object contains unknown field") and named:
+        path = f"{base}.{named.group('name')}"
+        code: SchemaErrorCode = "unknown_field"
+    elif text.startswith("Object missing required field") and named:
+        path = f"{base}.{named.group('name')}"
+        code = "missing_field"
+    else:
+        path = base
+        # A nested part (the shape) from a newer writer: same answer as a newer top level.
+        newer = path.endswith(".schema_version") and "<=" in text
+        code = "unsupported_schema_version" if newer else "invalid_field"
+    if not m:
+        text = f"{text} - at `{path}`"  # always name the field, even at the top level
+    return SchemaError(code, text, path)

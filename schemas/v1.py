@@ -1,0 +1,533 @@
+"""Version 1 of the wire types: commands, admin bodies, agent messages, telemetry and replies.
+
+Every unit is in the field name, every bound is a msgspec.Meta constraint, and every command
+forbids unknown fields so a misspelt field is refused instead of silently defaulted.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+from domain.resources import (
+    CPU_ARCHS,
+    NETWORK_CLASSES,
+    RUNTIME_CLASSES,
+    TRUST_LEVELS,
+    NodeCapabilities,
+    Resources,
+    Shape,
+    partition_dimension,
+)
+
+# -- bounds ------------------------------------------------------------------------------------
+# Sane maxima: far above any real machine, low enough that arithmetic on sums never surprises.
+
+MAX_CPU_MILLIS = 1_024_000  # 1024 cores
+MAX_MEMORY_MIB = 16 * 1024 * 1024  # 16 TiB
+MAX_GPU_COUNT = 64
+MAX_GPU_MEMORY_GIB = 1024
+MAX_LOCAL_DISK_GIB = 1_000_000
+MAX_BANDWIDTH_MBPS = 1_000_000  # 1 Tbit/s
+MAX_RUNTIME_SECONDS = 30 * 24 * 3600  # 30 days
+MAX_PREFERENCES = 16
+
+CURRENT_SCHEMA_VERSION = 1
+
+# -- scalar vocabulary -------------------------------------------------------------------------
+# Patterns end in (?!\n)$ because msgspec matches with Python's re, where a bare $ also matches
+# before a trailing newline ("gpu\n" would pass as a subject token); ECMA readers of the exported
+# JSON Schema accept the lookahead too.
+
+# A reader accepts the versions it knows; a body from a newer writer is refused, not guessed at.
+SchemaVersion = Annotated[
+    int,
+    Meta(ge=1, le=CURRENT_SCHEMA_VERSION, description="Wire schema version of this message."),
+]
+
+# Ids that become NATS subject tokens: exactly bus.subjects' token alphabet, so that
+# `token(id) == id` and no two ids share a subject.
+SubjectToken = Annotated[
+    str, Meta(pattern=r"^[a-z0-9_-]{1,128}(?!\n)$", min_length=1, max_length=128)
+]
+# Names chosen by operators (priority classes, regions, zones): subject-safe as well.
+NameToken = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}(?!\n)$", max_length=63)]
+# Client-chosen keys that never become subjects: a wider but still printable alphabet.
+IdempotencyKey = Annotated[
+    str,
+    Meta(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}(?!\n)$",
+        min_length=1,
+        max_length=128,
+        description="Client-chosen key; a retry with the same key returns the same lease.",
+    ),
+]
+# NVML names contain spaces and parentheses ("NVIDIA H100 80GB HBM3"), so printable ASCII.
+GpuModel = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][ -~]{0,127}(?!\n)$", max_length=128)]
+ImageRef = Annotated[
+    str,
+    Meta(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}(?!\n)$",
+        max_length=512,
+        description="OCI image reference; a digest (`@sha256:...`) pins it immutably.",
+    ),
+]
+EnvName = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}(?!\n)$", max_length=128)]
+EnvValue = Annotated[str, Meta(max_length=4096)]
+Argument = Annotated[str, Meta(max_length=4096)]
+Command = Annotated[list[Argument], Meta(max_length=256)]
+Environment = Annotated[dict[EnvName, EnvValue], Meta(max_length=128)]
+Reason = Annotated[str, Meta(max_length=512)]
+ShortText = Annotated[str, Meta(max_length=256)]
+Count = Annotated[int, Meta(ge=0, le=2**53)]  # sequence numbers, epochs, quota amounts
+LabelKey = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,62}(?!\n)$", max_length=63)]
+LabelValue = Annotated[str, Meta(max_length=256)]
+UnixSeconds = Annotated[float, Meta(ge=0, le=1e11, description="Seconds since the Unix epoch.")]
+
+CpuMillis = Annotated[int, Meta(ge=0, le=MAX_CPU_MILLIS, description="1000 = one CPU core.")]
+MemoryMib = Annotated[int, Meta(ge=0, le=MAX_MEMORY_MIB)]
+GpuCount = Annotated[int, Meta(ge=0, le=MAX_GPU_COUNT)]
+GpuMemoryGib = Annotated[int, Meta(ge=0, le=MAX_GPU_MEMORY_GIB)]
+LocalDiskGib = Annotated[int, Meta(ge=0, le=MAX_LOCAL_DISK_GIB)]
+BandwidthMbps = Annotated[int, Meta(ge=0, le=MAX_BANDWIDTH_MBPS)]
+RuntimeSeconds = Annotated[int, Meta(ge=1, le=MAX_RUNTIME_SECONDS)]
+
+# A MIG profile ("1g.10gb", "7g.80gb") or "time-slice": each is its own extended dimension.
+MIG_PROFILE_PATTERN = r"[1-7]g\.[1-9][0-9]{0,3}gb"
+PartitionProfile = Annotated[
+    str, Meta(pattern=rf"^({MIG_PROFILE_PATTERN}|time-slice)(?!\n)$", max_length=16)
+]
+GpuPartition = Annotated[
+    str,
+    Meta(
+        pattern=rf"^(none|time-slice|{MIG_PROFILE_PATTERN})(?!\n)$",
+        max_length=16,
+        description='"none" (whole GPUs), a MIG profile such as "1g.10gb", or "time-slice".',
+    ),
+]
+
+CpuArch = Literal["amd64", "arm64"]
+NetworkEgress = Literal["none", "restricted", "open"]
+RuntimeClass = Literal["container", "sandboxed", "microvm", "dedicated-host"]
+TrustLevel = Literal["trusted", "marketplace"]
+PreferenceKind = Literal["zone", "region", "image_cached", "gpu_model", "node_label"]
+PackingPolicy = Literal["best-fit", "spread"]
+CheckpointMode = Literal["none", "on-preempt", "periodic"]
+TelemetryKind = Literal["queue", "startup", "execution", "utilization", "failure"]
+
+# The Literals above must spell exactly the domain's vocabularies.
+assert CpuArch.__args__ == CPU_ARCHS  # type: ignore[attr-defined]
+assert NetworkEgress.__args__ == NETWORK_CLASSES  # type: ignore[attr-defined]
+assert RuntimeClass.__args__ == RUNTIME_CLASSES  # type: ignore[attr-defined]
+assert TrustLevel.__args__ == TRUST_LEVELS  # type: ignore[attr-defined]
+
+
+class _Command(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Base of every command body: strict (unknown fields refused) and versioned."""
+
+    schema_version: SchemaVersion = 1
+
+
+class _Part(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Base of nested parts: versioned with the message that carries them."""
+
+
+class _Lenient(Struct, frozen=True, kw_only=True):
+    """Base of replies and telemetry: readers ignore fields added by newer writers."""
+
+    schema_version: SchemaVersion = 1
+
+
+# -- resource shape ----------------------------------------------------------------------------
+
+
+class NetworkSpec(_Part, kw_only=True):
+    """Network a workload needs: the egress class it may use and a bandwidth floor."""
+
+    egress: NetworkEgress = "none"
+    bandwidth_mbps_min: BandwidthMbps = 0
+
+
+class Preference(_Part, kw_only=True):
+    """A soft preference: it affects ranking among eligible nodes, never eligibility."""
+
+    kind: PreferenceKind
+    # node_label values are "key=value"; the others are a zone, region, image ref or model.
+    value: Annotated[str, Meta(min_length=1, max_length=512)]
+
+
+class ResourceShape(_Part, kw_only=True):
+    """What a lease asks for: amounts, exact pins (hard constraints) and ranked preferences."""
+
+    schema_version: SchemaVersion = 1
+    # Required, so nobody gets a hidden default amount of CPU or memory.
+    cpu_millis: CpuMillis
+    memory_mib: MemoryMib
+    gpu_count: Annotated[
+        int,
+        Meta(
+            ge=0,
+            le=MAX_GPU_COUNT,
+            description="Whole GPUs, or the number of partitions when gpu_partition is set.",
+        ),
+    ] = 0
+    gpu_memory_gib_min: GpuMemoryGib = 0
+    gpu_model: GpuModel | None = None
+    cpu_arch: CpuArch | None = None
+    gpu_partition: GpuPartition = "none"
+    local_disk_gib: LocalDiskGib = 0
+    network: NetworkSpec = msgspec.field(default_factory=NetworkSpec)
+    runtime: RuntimeClass = "container"
+    region: NameToken | None = None
+    zone: NameToken | None = None
+    preferences: Annotated[list[Preference], Meta(max_length=MAX_PREFERENCES)] = []
+
+    def __post_init__(self) -> None:
+        # Cross-field rules msgspec cannot express; the ValueError becomes a ValidationError.
+        if self.gpu_partition != "none" and self.gpu_count < 1:
+            raise ValueError("gpu_partition requires gpu_count >= 1 (the number of partitions)")
+        if self.gpu_count == 0 and (self.gpu_memory_gib_min or self.gpu_model is not None):
+            raise ValueError("gpu_memory_gib_min and gpu_model require gpu_count >= 1")
+
+    def to_domain(self) -> Shape:
+        return Shape.build(
+            cpu_millis=self.cpu_millis,
+            memory_mib=self.memory_mib,
+            gpu_count=self.gpu_count,
+            local_disk_gib=self.local_disk_gib,
+            gpu_partition=self.gpu_partition,
+            gpu_memory_gib_min=self.gpu_memory_gib_min,
+            gpu_model=self.gpu_model,
+            cpu_arch=self.cpu_arch,
+            network_egress=self.network.egress,
+            bandwidth_mbps_min=self.network.bandwidth_mbps_min,
+            runtime=self.runtime,
+            region=self.region,
+            zone=self.zone,
+            preferences=[(p.kind, p.value) for p in self.preferences],
+        )
+
+
+class ResourceAmounts(_Part, kw_only=True):
+    """An amount of capacity: scalar dimensions plus GPU partitions counted per profile."""
+
+    cpu_millis: CpuMillis = 0
+    memory_mib: MemoryMib = 0
+    gpu_count: GpuCount = 0
+    local_disk_gib: LocalDiskGib = 0
+    gpu_partitions: Annotated[
+        dict[PartitionProfile, Annotated[int, Meta(ge=0, le=1024)]], Meta(max_length=32)
+    ] = {}
+
+    def to_domain(self) -> Resources:
+        return Resources(
+            cpu_millis=self.cpu_millis,
+            memory_mib=self.memory_mib,
+            gpu_count=self.gpu_count,
+            local_disk_gib=self.local_disk_gib,
+            extended=tuple((partition_dimension(p), n) for p, n in self.gpu_partitions.items()),
+        )
+
+
+# -- lease commands ----------------------------------------------------------------------------
+
+
+class LeaseRequest(_Command, kw_only=True):
+    """Ask a pool for a time-bounded lease on capacity of the given shape."""
+
+    pool_id: SubjectToken
+    shape: ResourceShape
+    maximum_runtime_seconds: RuntimeSeconds
+    idempotency_key: IdempotencyKey
+    priority_class: NameToken = "standard"
+    image: ImageRef | None = None
+    command: Command = []
+    env: Environment = {}
+    checkpointable: bool = False
+    # When preempted, go back to the queue (True) instead of ending as preempted (False).
+    preemptible_requeue: bool = False
+
+
+class CheckpointPolicy(_Part, kw_only=True):
+    """When the workload checkpoints, so preemption can pick the cheapest victim."""
+
+    mode: CheckpointMode = "none"
+    interval_seconds: Annotated[int, Meta(ge=0, le=86_400)] = 0
+
+    def __post_init__(self) -> None:
+        if self.mode == "periodic" and self.interval_seconds == 0:
+            raise ValueError("mode 'periodic' requires interval_seconds >= 1")
+
+
+class JobSpec(_Part, kw_only=True):
+    """The workload that runs on a committed lease; unset fields fall back to the request's."""
+
+    image: ImageRef | None = None
+    command: Command = []
+    env: Environment = {}
+    checkpoint_policy: CheckpointPolicy = msgspec.field(default_factory=CheckpointPolicy)
+
+
+class CommitLease(_Command, kw_only=True):
+    """Confirm a reserved lease and attach the job to run; an uncommitted lease times out."""
+
+    job: JobSpec = msgspec.field(default_factory=JobSpec)
+
+
+class Utilization(_Part, kw_only=True):
+    """Point-in-time usage a heartbeat or telemetry sample reports; every field optional."""
+
+    cpu_millis_used: CpuMillis | None = None
+    memory_mib_used: MemoryMib | None = None
+    gpu_util_percent: Annotated[float, Meta(ge=0, le=100)] | None = None
+    gpu_memory_mib_used: MemoryMib | None = None
+
+
+class HeartbeatLease(_Command, kw_only=True):
+    """Prove the lease holder is alive; the epoch fences out a stale holder."""
+
+    epoch: Count
+    last_checkpoint_at: UnixSeconds | None = None
+    utilization: Utilization | None = None
+
+
+class RenewLease(_Command, kw_only=True):
+    """Extend a lease's deadline, within the pool's maximum runtime."""
+
+    extend_seconds: RuntimeSeconds
+
+
+class ReleaseLease(_Command, kw_only=True):
+    """Give capacity back: the holder is done with it."""
+
+    exit_code: Annotated[int, Meta(ge=-(2**31), le=2**31 - 1)] | None = None
+    reason: Reason | None = None
+
+
+class CancelLease(_Command, kw_only=True):
+    """Withdraw a request or stop a lease before it completes."""
+
+    reason: Reason | None = None
+
+
+class GetLease(_Command, kw_only=True):
+    """Read one lease's current state (the lease id is in the subject)."""
+
+
+class WhyLease(_Command, kw_only=True):
+    """Ask why a lease is pending: per-reason counts of nodes that cannot take it."""
+
+
+class Query(_Command, kw_only=True):
+    """Read a projection view (named in the subject), filtered and paged."""
+
+    filters: Annotated[dict[NameToken, ShortText], Meta(max_length=32)] = {}
+    limit: Annotated[int, Meta(ge=1, le=1000)] = 100
+    cursor: Annotated[str, Meta(max_length=256)] | None = None
+
+
+# -- admin bodies ------------------------------------------------------------------------------
+
+
+class PreemptionPolicy(_Part, kw_only=True):
+    """Whether higher priority work may evict lower, and how gently."""
+
+    enabled: bool = False
+    # A victim must have run this long, so preemption cannot thrash a job that just started.
+    min_runtime_seconds: Annotated[int, Meta(ge=0, le=MAX_RUNTIME_SECONDS)] = 0
+    grace_seconds: Annotated[int, Meta(ge=0, le=3600)] = 30
+
+
+class PoolConfig(_Command, kw_only=True):
+    """A pool's scheduling policy: packing, commit timeout, priority classes, preemption, aging."""
+
+    pool_id: SubjectToken
+    packing: PackingPolicy = "best-fit"
+    commit_timeout_seconds: Annotated[int, Meta(ge=1, le=3600)] = 30
+    # Name -> rank; a higher rank is served first and may preempt a lower one.
+    priority_classes: Annotated[
+        dict[NameToken, Annotated[int, Meta(ge=0, le=1000)]], Meta(min_length=1, max_length=32)
+    ] = msgspec.field(default_factory=lambda: {"standard": 0})
+    preemption: PreemptionPolicy = msgspec.field(default_factory=PreemptionPolicy)
+    # Waiting this long raises a request's effective rank by one; 0 disables aging.
+    aging_seconds_per_rank: Annotated[int, Meta(ge=0, le=MAX_RUNTIME_SECONDS)] = 0
+
+
+# Quota keys are domain dimension names: the four scalars or "gpu/<profile>".
+_SCALARS = "cpu_millis|memory_mib|gpu_count|local_disk_gib"
+QuotaDimension = Annotated[
+    str,
+    Meta(pattern=rf"^({_SCALARS}|gpu/({MIG_PROFILE_PATTERN}|time-slice))(?!\n)$", max_length=32),
+]
+
+
+class TenantConfig(_Command, kw_only=True):
+    """A tenant's share of a pool: fair-share weight and optional per-dimension quota."""
+
+    tenant: SubjectToken
+    pool_id: SubjectToken
+    weight: Annotated[float, Meta(gt=0, le=1_000_000)] = 1.0
+    # Dimensions absent from the quota are unlimited; None means no quota at all.
+    quota: Annotated[dict[QuotaDimension, Count], Meta(max_length=64)] | None = None
+
+
+class NodeCapabilitiesSpec(_Part, kw_only=True):
+    """What a node offers: allocatable capacity (after system reserve) and its traits."""
+
+    allocatable: ResourceAmounts
+    cpu_arch: CpuArch = "amd64"
+    gpu_model: GpuModel | None = None
+    gpu_memory_gib: GpuMemoryGib = 0
+    network_egress: NetworkEgress = "none"
+    bandwidth_mbps: BandwidthMbps = 0
+    runtimes: Annotated[list[RuntimeClass], Meta(min_length=1, max_length=4)] = msgspec.field(
+        default_factory=lambda: ["container"]
+    )
+    region: NameToken = "default"
+    zone: NameToken = "default"
+    failure_domain: NameToken = "default"
+    trust_level: TrustLevel = "trusted"
+    labels: Annotated[dict[LabelKey, LabelValue], Meta(max_length=64)] = {}
+    image_cache: Annotated[list[ImageRef], Meta(max_length=1024)] = []
+
+    def to_domain(self) -> NodeCapabilities:
+        return NodeCapabilities(
+            allocatable=self.allocatable.to_domain(),
+            cpu_arch=self.cpu_arch,
+            gpu_model=self.gpu_model,
+            gpu_memory_gib=self.gpu_memory_gib,
+            network_egress=self.network_egress,
+            bandwidth_mbps=self.bandwidth_mbps,
+            runtimes=tuple(dict.fromkeys(self.runtimes)),
+            region=self.region,
+            zone=self.zone,
+            failure_domain=self.failure_domain,
+            trust_level=self.trust_level,
+            labels=tuple(sorted(self.labels.items())),
+            image_cache=tuple(self.image_cache),
+        )
+
+
+# -- agent messages ----------------------------------------------------------------------------
+
+
+class NodeRegistration(_Command, kw_only=True):
+    """A node agent joins a pool and publishes its allocatable capacity and traits."""
+
+    node_id: SubjectToken
+    pool_id: SubjectToken
+    capabilities: NodeCapabilitiesSpec
+
+
+class NodeHeartbeat(_Command, kw_only=True):
+    """A node agent is alive; it lists the leases it is running so the pool can reconcile."""
+
+    node_id: SubjectToken
+    seq: Count
+    running_leases: Annotated[list[SubjectToken], Meta(max_length=4096)] = []
+    utilization: Utilization | None = None
+
+
+class NodeDrain(_Command, kw_only=True):
+    """A node asks to take no new leases (maintenance); running ones finish or are moved."""
+
+    reason: Reason | None = None
+
+
+class LeaseAssignment(_Command, kw_only=True):
+    """The pool tells a node agent to start a committed lease's job."""
+
+    lease_id: SubjectToken
+    epoch: Count
+    shape: ResourceShape
+    job: JobSpec
+    deadline_at: UnixSeconds
+
+
+class LeaseRevocation(_Command, kw_only=True):
+    """The pool tells a node agent to stop a lease (preempted, cancelled or expired)."""
+
+    lease_id: SubjectToken
+    epoch: Count
+    grace_seconds: Annotated[int, Meta(ge=0, le=3600)] = 30
+    reason: Reason | None = None
+
+
+# -- telemetry and replies ---------------------------------------------------------------------
+
+AttrName = Annotated[str, Meta(min_length=1, max_length=128)]
+AttrValue = Annotated[str, Meta(max_length=1024)] | int | float | bool
+
+
+class TelemetryEvent(_Lenient, kw_only=True):
+    """One queue, startup, execution, utilization or failure sample for a lease on a node."""
+
+    kind: TelemetryKind
+    at: UnixSeconds
+    seq: Count = 0
+    utilization: Utilization | None = None
+    attrs: Annotated[dict[AttrName, AttrValue], Meta(max_length=64)] = {}
+
+
+class ErrorBody(Struct, frozen=True, kw_only=True):
+    """A refusal: a stable code, a one-line message, and reason counts or details."""
+
+    code: Annotated[str, Meta(max_length=128)]
+    message: Annotated[str, Meta(max_length=4096)]
+    reasons: dict[str, int | str] = {}
+
+
+class Envelope(_Lenient, kw_only=True):
+    """Every reply: ok with a lease or result, or not ok with an error."""
+
+    ok: bool
+    lease: dict[str, Any] | None = None
+    result: dict[str, Any] | None = None
+    error: ErrorBody | None = None
+
+    @classmethod
+    def success(
+        cls, *, lease: dict[str, Any] | None = None, result: dict[str, Any] | None = None
+    ) -> Envelope:
+        return cls(ok=True, lease=lease, result=result)
+
+    @classmethod
+    def failure(
+        cls, code: str, message: str, reasons: dict[str, int | str] | None = None
+    ) -> Envelope:
+        return cls(ok=False, error=ErrorBody(code=code, message=message, reasons=reasons or {}))
+
+
+# Every public Struct, in export order: each gets its own JSON Schema file.
+PUBLIC_STRUCTS: tuple[type[Struct], ...] = (
+    ResourceShape,
+    NetworkSpec,
+    Preference,
+    ResourceAmounts,
+    LeaseRequest,
+    JobSpec,
+    CheckpointPolicy,
+    CommitLease,
+    HeartbeatLease,
+    Utilization,
+    RenewLease,
+    ReleaseLease,
+    CancelLease,
+    GetLease,
+    WhyLease,
+    Query,
+    PoolConfig,
+    PreemptionPolicy,
+    TenantConfig,
+    NodeCapabilitiesSpec,
+    NodeRegistration,
+    NodeHeartbeat,
+    NodeDrain,
+    LeaseAssignment,
+    LeaseRevocation,
+    TelemetryEvent,
+    ErrorBody,
+    Envelope,
+)

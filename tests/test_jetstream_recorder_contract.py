@@ -1,0 +1,244 @@
+"""The eventsourcing library's own recorder contract tests, run against a real nats-server.
+
+Owns wiring each contract TestCase to the JetStream recorders: one server per class, one stream per test.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any, ClassVar
+
+from eventsourcing.persistence import (
+    AggregateRecorder,
+    ApplicationRecorder,
+    ProcessRecorder,
+    TrackingRecorder,
+    Transcoder,
+    Transcoding,
+)
+from eventsourcing.tests import persistence as contract  # a module, so pytest skips the abstract bases
+from eventsourcing.utils import Environment
+
+from bus.jetstream import (
+    JetStreamAggregateRecorder,
+    JetStreamApplicationRecorder,
+    JetStreamFactory,
+    JetStreamProcessRecorder,
+    JetStreamTrackingRecorder,
+)
+from bus.runtime import close_runtime, get_runtime
+from bus.server import NatsServer
+from bus.transcoder import MsgspecTranscoder
+
+
+class _ServerMixin:
+    """A nats-server per test class; each test gets a stream of its own, deleted afterwards."""
+
+    server: ClassVar[NatsServer]
+    _tmp: ClassVar[tempfile.TemporaryDirectory[str]]
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()  # type: ignore[misc]
+        cls._tmp = tempfile.TemporaryDirectory()
+        cls.server = NatsServer(store_dir=Path(cls._tmp.name), server_name="contract").start()
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        close_runtime(cls.server.url)
+        cls.server.stop()
+        cls._tmp.cleanup()
+        super().tearDownClass()  # type: ignore[misc]
+
+    def make_env(self, name: str = "") -> Environment:
+        self.stream_name = "T_" + uuid.uuid4().hex[:12].upper()
+        return Environment(
+            name=name,
+            env={
+                "PERSISTENCE_MODULE": "bus.jetstream",
+                "NATS_URL": self.server.url,
+                "NATS_STREAM": self.stream_name,
+            },
+        )
+
+    def make_factory(self) -> JetStreamFactory:
+        self.factory_ = JetStreamFactory(self.make_env())
+        return self.factory_
+
+    def drop_stream(self) -> None:
+        name = getattr(self, "stream_name", None)
+        if not name:
+            return
+        rt = get_runtime(self.server.url)
+
+        async def go() -> None:
+            js = await rt.jetstream()
+            try:
+                await js.delete_stream(name)
+            except Exception:  # the test may never have created it
+                pass
+
+        rt.run(go())
+
+
+class _RecorderBase(_ServerMixin):
+    def setUp(self) -> None:
+        super().setUp()  # type: ignore[misc]
+        self.factory_ = self.make_factory()
+
+    def tearDown(self) -> None:
+        self.drop_stream()
+        super().tearDown()  # type: ignore[misc]
+
+
+class TestAggregateRecorder(_RecorderBase, contract.AggregateRecorderTestCase):
+    def create_recorder(self) -> AggregateRecorder:
+        return self.factory_.aggregate_recorder()
+
+    def test_snapshots_are_kept_apart(self) -> None:
+        events = self.factory_.aggregate_recorder()
+        snaps = self.factory_.aggregate_recorder("snapshots")
+        oid = uuid.uuid4()
+        from eventsourcing.persistence import StoredEvent
+
+        events.insert_events([StoredEvent(oid, 1, "t", b"e")])
+        snaps.insert_events([StoredEvent(oid, 1, "t", b"s")])
+        assert [e.state for e in events.select_events(oid)] == [b"e"]
+        assert [e.state for e in snaps.select_events(oid)] == [b"s"]
+
+
+class TestApplicationRecorder(_RecorderBase, contract.ApplicationRecorderTestCase):
+    def create_recorder(self) -> ApplicationRecorder:
+        return self.factory_.application_recorder()
+
+    def test_insert_subscribe(self) -> None:
+        self.optional_test_insert_subscribe()
+
+    def test_notification_ids_are_contiguous_within_a_batch(self) -> None:
+        from eventsourcing.persistence import StoredEvent
+
+        r = self.create_recorder()
+        a, b = uuid.uuid4(), uuid.uuid4()
+        ids = r.insert_events(
+            [StoredEvent(a, 1, "t", b"1"), StoredEvent(b, 1, "t", b"2"), StoredEvent(a, 2, "t", b"3")]
+        )
+        assert ids == [1, 2, 3]
+        got = r.select_notifications(None, 10)
+        assert [(n.id, n.state) for n in got] == [(1, b"1"), (2, b"2"), (3, b"3")]
+
+
+class TestProcessRecorder(_RecorderBase, contract.ProcessRecorderTestCase):
+    def create_recorder(self) -> ProcessRecorder:
+        return self.factory_.process_recorder()
+
+
+class TestTrackingRecorder(_RecorderBase, contract.TrackingRecorderTestCase):
+    def create_recorder(self) -> TrackingRecorder:
+        return self.factory_.tracking_recorder()
+
+
+class TestNonInterleavingNotificationIDs(
+    _RecorderBase, contract.NonInterleavingNotificationIDsBaseCase
+):
+    def create_recorder(self) -> ApplicationRecorder:
+        return self.factory_.application_recorder()
+
+
+class _TrackingSubclass(JetStreamTrackingRecorder):
+    pass
+
+
+class TestInfrastructureFactory(_ServerMixin, contract.InfrastructureFactoryTestCase[JetStreamFactory]):
+    def setUp(self) -> None:
+        self.env = self.make_env()
+        super().setUp()
+
+    def tearDown(self) -> None:
+        super().tearDown()
+        self.drop_stream()
+
+    def expected_factory_class(self) -> type[JetStreamFactory]:
+        return JetStreamFactory
+
+    def expected_aggregate_recorder_class(self) -> type[AggregateRecorder]:
+        return JetStreamAggregateRecorder
+
+    def expected_application_recorder_class(self) -> type[ApplicationRecorder]:
+        return JetStreamApplicationRecorder
+
+    def expected_tracking_recorder_class(self) -> type[TrackingRecorder]:
+        return JetStreamTrackingRecorder
+
+    def tracking_recorder_subclass(self) -> type[TrackingRecorder]:
+        return _TrackingSubclass
+
+    def expected_process_recorder_class(self) -> type[ProcessRecorder]:
+        return JetStreamProcessRecorder
+
+    def test_default_transcoder_is_msgspec(self) -> None:
+        assert isinstance(self.factory.transcoder(), MsgspecTranscoder)
+
+
+# -- transcoder ----------------------------------------------------------------------------------
+
+
+class _MyDictAsDict(Transcoding):
+    type = contract.Mydict
+    name = "mydict"
+
+    def encode(self, obj: Any) -> dict[str, Any]:
+        return dict(obj)
+
+    def decode(self, data: Any) -> Any:
+        return contract.Mydict(data)
+
+
+class _MyListAsList(Transcoding):
+    type = contract.MyList
+    name = "mylist"
+
+    def encode(self, obj: Any) -> list[Any]:
+        return list(obj)
+
+    def decode(self, data: Any) -> Any:
+        return contract.MyList(data)
+
+
+class _MyStrAsStr(Transcoding):
+    type = contract.MyStr
+    name = "mystr"
+
+    def encode(self, obj: Any) -> str:
+        return str(obj)
+
+    def decode(self, data: Any) -> Any:
+        return contract.MyStr(data)
+
+
+class _MyIntAsInt(Transcoding):
+    type = contract.MyInt
+    name = "myint"
+
+    def encode(self, obj: Any) -> int:
+        return int(obj)
+
+    def decode(self, data: Any) -> Any:
+        return contract.MyInt(data)
+
+
+class TestMsgspecTranscoder(contract.TranscoderTestCase):
+    def construct_transcoder(self) -> Transcoder:
+        t = MsgspecTranscoder()
+        for transcoding in (
+            contract.CustomType1AsDict(),
+            contract.CustomType2AsDict(),
+            _MyDictAsDict(),
+            _MyListAsList(),
+            _MyStrAsStr(),
+            _MyIntAsInt(),
+        ):
+            t.register(transcoding)
+        return t
+
