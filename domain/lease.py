@@ -30,9 +30,14 @@ from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
 
-from domain.errors import IllegalTransition, InvalidAmount, NotDue, RuntimeLimitExceeded
+from domain.errors import (
+    IllegalTransition,
+    InvalidAmount,
+    NotDue,
+    RuntimeLimitExceeded,
+    StaleEpoch,
+)
 from domain.errors import LeaseExpired as LeaseExpiredError
-from domain.errors import StaleEpoch
 from domain.resources import LeaseId, NodeId, PoolId, Resources, Shape, TenantId
 
 _NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:lease")
@@ -142,7 +147,7 @@ class Lease(Aggregate):
     """A tenant's claim on capacity; see the module docstring for the state machine."""
 
     @staticmethod
-    def create_id(tenant_id: str, idempotency_key: str) -> UUID:  # type: ignore[override]
+    def create_id(tenant_id: str, idempotency_key: str) -> UUID:
         """The lease id for a tenant's idempotency key: a retried request finds the same lease."""
         return uuid.uuid5(_NAMESPACE, json.dumps([str(tenant_id), str(idempotency_key)]))
 
@@ -351,7 +356,9 @@ class Lease(Aggregate):
         self._require("commit", {S.RESERVED})
         assert self.reservation_deadline is not None
         if now >= self.reservation_deadline:
-            raise LeaseExpiredError("commit_timeout", message="the reservation was not committed in time")
+            raise LeaseExpiredError(
+                "commit_timeout", message="the reservation was not committed in time"
+            )
         term = min(self.lease_seconds, self.maximum_runtime_seconds)
         number, attempt, spec = self.jobs_submitted + 1, 1, job
         if job is None and self.job is not None and self.job.failure_reason == "preempted":
@@ -440,7 +447,9 @@ class Lease(Aggregate):
 
     # Ending -----------------------------------------------------------------------------------
 
-    def release(self, now: float, exit_code: int | None = None, *, epoch: int | None = None) -> None:
+    def release(
+        self, now: float, exit_code: int | None = None, *, epoch: int | None = None
+    ) -> None:
         """End the lease because its workload is over; capacity and hold can be returned.
 
         With an active job, `exit_code` is required (the agent saw the process exit): without

@@ -37,13 +37,17 @@ class SchemaError(ValueError):
 
     def __init__(self, code: SchemaErrorCode, message: str, path: str | None = None) -> None:
         # One line, bounded: the message is echoed back to clients and into logs.
-        message = message.replace("\r", "\\r").replace("\n", "\\n")
+        # Non-printables (newlines, U+2028, NUL) in attacker-chosen names are escaped.
+        message = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in message)
         if len(message) > _MAX_MESSAGE_CHARS:
             message = message[: _MAX_MESSAGE_CHARS - 3] + "..."
         super().__init__(message)
         self.code: SchemaErrorCode = code
         self.message = message
-        self.path = path  # JSONPath of the offending field ("$.shape.cpu_millis"), if known
+        # JSONPath of the offending field ("$.shape.cpu_millis"), if known; bounded like message.
+        if path is not None and len(path) > _MAX_MESSAGE_CHARS:
+            path = path[: _MAX_MESSAGE_CHARS - 3] + "..."
+        self.path = path
 
     def to_error_body(self) -> v1.ErrorBody:
         reasons: dict[str, int | str] = {"path": self.path} if self.path else {}
@@ -99,7 +103,7 @@ COMMAND_KINDS: Final[tuple[str, ...]] = tuple(COMMANDS)
 
 # msgspec ends messages with " - at `$.a.b`", or " - at `key` in `$.env`" for a dict key.
 _AT = re.compile(r" - at (?:`key` in )?`(?P<path>[^`]*)`$")
-_NAMED = re.compile(r"(unknown|missing required) field `(?P<name>.*)`")
+_NAMED = re.compile(r"(unknown|missing required) field `(?P<name>.*)`", re.DOTALL)
 
 
 def decode_command(kind: str, data: bytes | bytearray | memoryview | str) -> Struct:
@@ -220,18 +224,18 @@ def _upcast_and_convert(spec: CommandSpec, raw: bytes, version: int) -> Struct:
 def _from_validation(text: str) -> SchemaError:
     m = _AT.search(text)
     base = m.group("path") if m else "$"
-    named = _NAMED.search(text[: m.start()] if m else text)
-    if text.startswith("Object contains unknown field") and named:
+    detail = text[: m.start()] if m else text
+    named = _NAMED.search(detail)
+    if detail.startswith("Object contains unknown field") and named:
         path = f"{base}.{named.group('name')}"
         code: SchemaErrorCode = "unknown_field"
-    elif text.startswith("Object missing required field") and named:
+    elif detail.startswith("Object missing required field") and named:
         path = f"{base}.{named.group('name')}"
         code = "missing_field"
     else:
         path = base
         # A nested part (the shape) from a newer writer: same answer as a newer top level.
-        newer = path.endswith(".schema_version") and "<=" in text
+        newer = path.endswith(".schema_version") and "<=" in detail
         code = "unsupported_schema_version" if newer else "invalid_field"
-    if not m:
-        text = f"{text} - at `{path}`"  # always name the field, even at the top level
-    return SchemaError(code, text, path)
+    # Every message ends with the full path of the offending field, even at the top level.
+    return SchemaError(code, f"{detail} - at `{path}`", path)

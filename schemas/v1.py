@@ -12,10 +12,6 @@ import msgspec
 from msgspec import Meta, Struct
 
 from domain.resources import (
-    CPU_ARCHS,
-    NETWORK_CLASSES,
-    RUNTIME_CLASSES,
-    TRUST_LEVELS,
     NodeCapabilities,
     Resources,
     Shape,
@@ -108,6 +104,7 @@ GpuPartition = Annotated[
     ),
 ]
 
+# These Literals spell the domain's vocabularies exactly (tests/test_schemas.py checks).
 CpuArch = Literal["amd64", "arm64"]
 NetworkEgress = Literal["none", "restricted", "open"]
 RuntimeClass = Literal["container", "sandboxed", "microvm", "dedicated-host"]
@@ -117,11 +114,8 @@ PackingPolicy = Literal["best-fit", "spread"]
 CheckpointMode = Literal["none", "on-preempt", "periodic"]
 TelemetryKind = Literal["queue", "startup", "execution", "utilization", "failure"]
 
-# The Literals above must spell exactly the domain's vocabularies.
-assert CpuArch.__args__ == CPU_ARCHS  # type: ignore[attr-defined]
-assert NetworkEgress.__args__ == NETWORK_CLASSES  # type: ignore[attr-defined]
-assert RuntimeClass.__args__ == RUNTIME_CLASSES  # type: ignore[attr-defined]
-assert TrustLevel.__args__ == TRUST_LEVELS  # type: ignore[attr-defined]
+# msgspec does not inherit kw_only, so every subclass below repeats it (fields after a
+# defaulted schema_version may then be required).
 
 
 class _Command(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -458,7 +452,12 @@ class LeaseRevocation(_Command, kw_only=True):
 # -- telemetry and replies ---------------------------------------------------------------------
 
 AttrName = Annotated[str, Meta(min_length=1, max_length=128)]
-AttrValue = Annotated[str, Meta(max_length=1024)] | int | float | bool
+AttrValue = (
+    Annotated[str, Meta(max_length=1024)]
+    | Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+    | float
+    | bool
+)
 
 
 class TelemetryEvent(_Lenient, kw_only=True):

@@ -39,6 +39,14 @@ _SCALAR_REASON: dict[str, str] = {
     "gpu_count": R.INSUFFICIENT_GPU,
     "local_disk_gib": R.INSUFFICIENT_DISK,
 }
+# Bit budget of the int64 rank key: preference bonus | packing terms | position (tie-break).
+_PREF_BITS = 12
+_POS_BITS = 17
+_POS_LIMIT = 1 << _POS_BITS
+_Q20 = float((1 << 20) - 1)
+_Q16 = float((1 << 16) - 1)
+_Q14 = float((1 << 14) - 1)
+_Q18 = np.int64((1 << 18) - 1)
 _NO_CODE = -1  # a node without the trait (gpu_model None)
 _UNKNOWN = -2  # a requested value no node has ever had: matches nothing
 
@@ -131,6 +139,9 @@ class NodeTable:
         # Fortran order: the filters read one dimension (a column) for all nodes at a time.
         self._alloc = np.zeros((cap, len(self._dims)), dtype=np.int64, order="F")
         self._used = np.zeros((cap, len(self._dims)), dtype=np.int64, order="F")
+        # 1/allocatable (0 where none) and 1/(dimensions the node has), for normalised shares.
+        self._inv = np.zeros((cap, len(self._dims)), dtype=np.float64, order="F")
+        self._inv_ndims = np.zeros(cap, dtype=np.float64)
         self._arch = np.zeros(cap, dtype=np.int32)
         self._gpu_model = np.zeros(cap, dtype=np.int32)
         self._zone = np.zeros(cap, dtype=np.int32)
@@ -198,7 +209,8 @@ class NodeTable:
 
         self._alloc = grow(self._alloc)  # type: ignore[assignment]
         self._used = grow(self._used)  # type: ignore[assignment]
-        for name in ("_arch", "_gpu_model", "_zone", "_region", "_fd", "_trust", "_gpu_mem",
+        self._inv = grow(self._inv)  # type: ignore[assignment]
+        for name in ("_inv_ndims", "_arch", "_gpu_model", "_zone", "_region", "_fd", "_trust", "_gpu_mem",
                      "_egress", "_bandwidth", "_runtimes", "_state"):
             setattr(self, name, grow(getattr(self, name)))
         for tag, col in self._tags.items():
@@ -215,6 +227,7 @@ class NodeTable:
         pad = np.zeros((self._alloc.shape[0], 1), dtype=np.int64)
         self._alloc = np.asfortranarray(np.hstack([self._alloc, pad]))
         self._used = np.asfortranarray(np.hstack([self._used, pad]))
+        self._inv = np.asfortranarray(np.hstack([self._inv, pad.astype(np.float64)]))
         for lease in self._leases.values():
             lease.vector = np.append(lease.vector, 0)
         return j
@@ -278,6 +291,9 @@ class NodeTable:
         for lease in moving:  # failure domain may change: re-count this node's leases
             self._count_fd(lease, -1)
         self._alloc[i, :] = vec
+        has = vec > 0
+        self._inv[i, :] = np.where(has, 1.0 / np.where(has, vec, 1), 0.0)
+        self._inv_ndims[i] = 1.0 / max(int(has.sum()), 1)
         self._arch[i] = self._codes["arch"].encode(caps.cpu_arch)
         self._gpu_model[i] = self._codes["gpu_model"].encode(caps.gpu_model)
         self._zone[i] = self._codes["zone"].encode(caps.zone)
@@ -341,10 +357,10 @@ class NodeTable:
         last = self._n - 1
         if i != last:
             # Move the last row into the gap so live rows stay dense.
-            for name in ("_alloc", "_used"):
+            for name in ("_alloc", "_used", "_inv"):
                 a = getattr(self, name)
                 a[i, :] = a[last, :]
-            for name in ("_arch", "_gpu_model", "_zone", "_region", "_fd", "_trust", "_gpu_mem",
+            for name in ("_inv_ndims", "_arch", "_gpu_model", "_zone", "_region", "_fd", "_trust", "_gpu_mem",
                          "_egress", "_bandwidth", "_runtimes", "_state"):
                 a = getattr(self, name)
                 a[i] = a[last]
@@ -363,6 +379,7 @@ class NodeTable:
         self._node_leases.pop()
         self._alloc[last, :] = 0
         self._used[last, :] = 0
+        self._inv[last, :] = 0.0
         self._n -= 1
         return dropped
 
@@ -557,15 +574,16 @@ class NodeTable:
 
     # ---------------------------------------------------------------- ranking
 
-    def _preference_score(self, shape: Shape, idx: IntArray) -> IntArray | None:
-        prefs = shape.preferences[:62]
+    def _preference_score(self, shape: Shape, idx: IntArray) -> tuple[IntArray, int] | None:
+        """Bonus per node for the ranked preferences, and the largest possible bonus."""
+        prefs = shape.preferences[:_PREF_BITS]
         if not prefs:
             return None
         score = np.zeros(idx.size, dtype=np.int64)
         k = len(prefs)
         for rank_pos, (kind, value) in enumerate(prefs):
             # Powers of two: one higher-ranked match outweighs all lower-ranked ones together.
-            bonus = np.int64(1) << np.int64(k - 1 - rank_pos)
+            bonus = np.int64(1 << (k - 1 - rank_pos))
             match: BoolArray | None
             if kind == "zone":
                 match = self._zone[idx] == self._codes["zone"].lookup(value)
@@ -580,7 +598,7 @@ class NodeTable:
                 match = None  # an unknown preference kind is ignored, not an error
             if match is not None:
                 score += match * bonus
-        return score
+        return score, (1 << k) - 1
 
     def rank(
         self,
@@ -591,49 +609,69 @@ class NodeTable:
         *,
         limit: int | None = None,
     ) -> IntArray:
-        """Order eligible node indices, best first.
+        """Order eligible node indices, best first (only the first `limit` when given).
 
-        Key, most significant first: preference bonus (descending); then packing:
-        best-fit = smallest dominant leftover share over the requested dimensions after placing,
-        then smallest mean leftover share over every dimension the node has (so CPU-only work
-        avoids stranding GPU nodes); spread = fewest allocations in the node's failure domain
-        (`spread_counts` by failure-domain code or name; default: all leases in the table),
-        then the emptiest node. Node index breaks remaining ties, so the order is deterministic.
+        Key, most significant first: preference bonus (descending; the first 12 preferences
+        count); then packing: best-fit = smallest dominant leftover share over the requested
+        dimensions after placing, then smallest mean leftover share over every dimension the
+        node has (so CPU-only work avoids stranding GPU nodes); spread = fewest allocations in
+        the node's failure domain (`spread_counts` by failure-domain code or name; default:
+        all leases in the table), then the emptiest node. Remaining ties go to the lower index.
+        Shares are quantised (2^-20 best-fit, 2^-16 spread) into one int64 sort key.
         """
         idx = np.asarray(eligible, dtype=np.int64)
-        if idx.size == 0:
+        k = idx.size
+        if k == 0:
             return idx
-        a = self._alloc[idx]
-        free = a - self._used[idx]
-        req = self._vector_readonly(shape.resources)
-        left = free - req
-        safe = np.where(a > 0, a, 1)
-        share = np.where(a > 0, left / safe, 0.0)
-        requested = req > 0
-        if requested.any():
-            req_share = share[:, requested]
-            dominant = req_share.max(axis=1)
-            emptiest = req_share.min(axis=1)
-        else:
-            dominant = np.zeros(idx.size)
-            emptiest = np.zeros(idx.size)
-        keys: list[npt.NDArray[np.generic]] = [idx]
-        if packing == "best-fit":
-            has = (a > 0).sum(axis=1)
-            mean = share.sum(axis=1) / np.maximum(has, 1)
-            keys += [mean, dominant]
-        elif packing == "spread":
-            counts = self._spread_counts(spread_counts)
-            keys += [-emptiest, counts[self._fd[idx]]]
-        else:
+        if packing not in ("best-fit", "spread"):
             raise ValueError(f"unknown packing {packing!r}")
+        req = self._vector_readonly(shape.resources)
+        best_fit = packing == "best-fit"
+        dominant: npt.NDArray[np.float64] | None = None  # max leftover share, requested dims
+        emptiest: npt.NDArray[np.float64] | None = None  # min leftover share, requested dims
+        total = np.zeros(k) if best_fit else None
+        # Column by column: each column is contiguous (Fortran order), so a 1-D take is cheap.
+        for j in range(len(self._dims)):
+            requested = req[j] > 0
+            if not (requested or best_fit):
+                continue
+            a = self._alloc[:, j].take(idx)
+            if not requested and not a.any():
+                continue
+            left = (a - self._used[:, j].take(idx) - req[j]) * self._inv[:, j].take(idx)
+            np.clip(left, 0.0, 1.0, out=left)
+            if total is not None:
+                total += left
+            if requested:
+                dominant = left if dominant is None else np.maximum(dominant, left)
+                emptiest = left if emptiest is None else np.minimum(emptiest, left)
+        if dominant is None or emptiest is None:
+            dominant = emptiest = np.zeros(k)
+        pos = np.arange(k, dtype=np.int64)
         pref = self._preference_score(shape, idx)
+        key = np.zeros(k, dtype=np.int64)
         if pref is not None:
-            keys.append(-pref)
-        order = np.lexsort(keys)
-        if limit is not None:
-            order = order[:limit]
-        return idx[order]
+            key |= (pref[1] - pref[0]) << np.int64(63 - _PREF_BITS)
+        if best_fit:
+            assert total is not None
+            mean = total * self._inv_ndims.take(idx)
+            key |= (dominant * _Q20).astype(np.int64) << np.int64(_POS_BITS + 14)
+            key |= (mean * _Q14).astype(np.int64) << np.int64(_POS_BITS)
+        else:
+            counts = self._spread_counts(spread_counts)
+            fd_count = np.minimum(counts.take(self._fd.take(idx)), _Q18)
+            key |= fd_count << np.int64(_POS_BITS + 16)
+            key |= ((1.0 - emptiest) * _Q16).astype(np.int64) << np.int64(_POS_BITS)
+        if k <= _POS_LIMIT:
+            key |= pos  # the position makes every key unique: ties go to the lower index
+            if limit is not None and limit < k:
+                if limit <= 0:
+                    return idx[:0]
+                part = np.argpartition(key, limit - 1)[:limit]
+                return idx[part[np.argsort(key[part])]]
+            return idx[np.argsort(key)]
+        order = np.argsort(key, kind="stable")  # huge pools: stable sort keeps index order
+        return idx[order if limit is None else order[: max(limit, 0)]]
 
     def _vector_readonly(self, res: Resources) -> IntArray:
         # Like _vector but never grows the table: an unseen dimension was filtered out already.

@@ -1,0 +1,167 @@
+"""A tenant's credits: grants in, holds against leases, settlements out, in micro-credits.
+
+One `Account` aggregate per tenant. Every movement names a `transfer_id`; a transfer id seen
+before is a no-op that records nothing, so retried commands can never move credits twice.
+
+    available = granted - held - spent   (never negative: holds check it, settlements only
+                                          move credits from held to spent and back)
+"""
+
+from __future__ import annotations
+
+import uuid
+from uuid import UUID
+
+from eventsourcing.domain import Aggregate, event
+
+from domain.errors import InsufficientCredits, InvalidAmount, UnknownHold
+from domain.resources import LeaseId, TenantId
+
+_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:account")
+
+
+class Account(Aggregate):
+    """Credit ledger for one tenant; integer micro-credits throughout, never floats."""
+
+    @staticmethod
+    def create_id(tenant_id: str) -> UUID:
+        """One account per tenant, found without a lookup table."""
+        return uuid.uuid5(_NAMESPACE, str(tenant_id))
+
+    @classmethod
+    def open(cls, *, tenant_id: TenantId, now: float) -> Account:
+        return cls(tenant_id=str(tenant_id), opened_at=float(now))
+
+    @event("AccountOpened")
+    def __init__(self, tenant_id: str, opened_at: float) -> None:
+        self.tenant_id = TenantId(tenant_id)
+        self.opened_at = opened_at
+        self.granted = 0
+        self.held = 0
+        self.spent = 0
+        self.shortfall = 0  # charged usage that no hold covered (see settle)
+        self.holds: dict[LeaseId, int] = {}
+        self.transfer_ids: set[str] = set()
+
+    # Queries ----------------------------------------------------------------------------------
+
+    @property
+    def available(self) -> int:
+        return self.granted - self.held - self.spent
+
+    @property
+    def balance(self) -> int:
+        """Credits not yet spent (available plus held)."""
+        return self.granted - self.spent
+
+    def hold_for(self, lease_id: LeaseId) -> int:
+        """The amount currently held for a lease (0 when none)."""
+        return self.holds.get(lease_id, 0)
+
+    def has_hold(self, lease_id: LeaseId) -> bool:
+        return lease_id in self.holds
+
+    def has_seen(self, transfer_id: str) -> bool:
+        return transfer_id in self.transfer_ids
+
+    # Movements: each returns True when recorded, False for a repeated transfer id -------------
+
+    def grant(self, transfer_id: str, amount: int, now: float, reason: str = "") -> bool:
+        """Add credits (a purchase, a top-up, a refund)."""
+        if transfer_id in self.transfer_ids:
+            return False
+        _require_amount(amount, positive=True)
+        self._granted(transfer_id=transfer_id, amount=amount, at=float(now), reason=reason)
+        return True
+
+    def hold(self, transfer_id: str, lease_id: LeaseId, amount: int, now: float) -> bool:
+        """Set credits aside for a lease; a second hold for the same lease adds to it.
+        Raises InsufficientCredits when `available < amount`."""
+        if transfer_id in self.transfer_ids:
+            return False
+        _require_amount(amount, positive=False)
+        if amount > self.available:
+            raise InsufficientCredits(available=self.available, requested=amount)
+        self._held(transfer_id=transfer_id, lease_id=str(lease_id), amount=amount, at=float(now))
+        return True
+
+    def settle(self, transfer_id: str, lease_id: LeaseId, amount_charged: int, now: float) -> bool:
+        """Charge a lease's actual cost and release the rest of its hold, in one event.
+
+        Clamp, don't raise: the charge is `min(amount_charged, hold)` and the uncovered part is
+        recorded as `shortfall` (event field and running total) for the operator to reconcile;
+        failing here would leave the hold stuck after the work was already done."""
+        if transfer_id in self.transfer_ids:
+            return False
+        _require_amount(amount_charged, positive=False)
+        held = self._require_hold(lease_id)
+        charged = min(amount_charged, held)
+        self._settled(
+            transfer_id=transfer_id,
+            lease_id=str(lease_id),
+            charged=charged,
+            released=held - charged,
+            shortfall=amount_charged - charged,
+            at=float(now),
+        )
+        return True
+
+    def release_hold(self, transfer_id: str, lease_id: LeaseId, now: float) -> bool:
+        """Return a lease's whole hold uncharged (voided reservation, cancel before running)."""
+        if transfer_id in self.transfer_ids:
+            return False
+        held = self._require_hold(lease_id)
+        self._hold_released(transfer_id=transfer_id, lease_id=str(lease_id), amount=held,
+                            at=float(now))
+        return True
+
+    def _require_hold(self, lease_id: LeaseId) -> int:
+        try:
+            return self.holds[lease_id]
+        except KeyError:
+            raise UnknownHold(
+                f"no credits are held for lease {lease_id}", reasons=(str(lease_id),)
+            ) from None
+
+    # Events -----------------------------------------------------------------------------------
+
+    @event("CreditsGranted")
+    def _granted(self, transfer_id: str, amount: int, at: float, reason: str) -> None:
+        self.transfer_ids.add(transfer_id)
+        self.granted += amount
+
+    @event("CreditsHeld")
+    def _held(self, transfer_id: str, lease_id: str, amount: int, at: float) -> None:
+        self.transfer_ids.add(transfer_id)
+        key = LeaseId(lease_id)
+        self.holds[key] = self.holds.get(key, 0) + amount
+        self.held += amount
+
+    @event("CreditsSettled")
+    def _settled(
+        self,
+        transfer_id: str,
+        lease_id: str,
+        charged: int,
+        released: int,
+        shortfall: int,
+        at: float,
+    ) -> None:
+        self.transfer_ids.add(transfer_id)
+        held = self.holds.pop(LeaseId(lease_id))
+        self.held -= held
+        self.spent += charged
+        self.shortfall += shortfall
+
+    @event("HoldReleased")
+    def _hold_released(self, transfer_id: str, lease_id: str, amount: int, at: float) -> None:
+        self.transfer_ids.add(transfer_id)
+        self.held -= self.holds.pop(LeaseId(lease_id))
+
+
+def _require_amount(amount: object, *, positive: bool) -> None:
+    if not isinstance(amount, int) or isinstance(amount, bool):
+        raise InvalidAmount(f"amounts are integer micro-credits, got {amount!r}")
+    if amount < 0 or (positive and amount == 0):
+        kind = "positive" if positive else "non-negative"
+        raise InvalidAmount(f"amount must be {kind}, got {amount}")

@@ -1,0 +1,264 @@
+"""A node's capacity ledger: what it can offer, what is allocated to which lease, its state.
+
+One `Node` aggregate per agent-reported node id. It is the single writer of that node's
+allocations, so optimistic concurrency on it is what stops two leases taking the same capacity.
+
+States:  ready ─cordon→ cordoned ─uncordon→ ready;  ready|cordoned ─drain→ draining ─uncordon→
+ready;  ready|cordoned|draining ─enter_maintenance (empty only)→ maintenance ─end_maintenance→
+ready;  any ─mark_lost→ lost ─reregister→ ready.  Only a ready node accepts allocations.
+"""
+
+from __future__ import annotations
+
+import uuid
+from enum import StrEnum
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.domain import Aggregate, event
+
+from domain.errors import (
+    AlreadyAllocated,
+    IllegalTransition,
+    InvalidAmount,
+    NodeNotEmpty,
+    NodeNotSchedulable,
+    OverAllocation,
+    UnknownAllocation,
+)
+from domain.resources import ZERO, LeaseId, NodeCapabilities, NodeId, PoolId, Resources
+
+_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:node")
+
+
+class NodeState(StrEnum):
+    READY = "ready"
+    CORDONED = "cordoned"
+    DRAINING = "draining"
+    MAINTENANCE = "maintenance"
+    LOST = "lost"
+
+
+N = NodeState
+
+
+class Node(Aggregate):
+    """Capacity bookkeeping for one node; see the module docstring for the state machine."""
+
+    @staticmethod
+    def create_id(node_id: str) -> UUID:
+        """The aggregate id for an agent's node id: re-registration finds the same ledger."""
+        return uuid.uuid5(_NAMESPACE, str(node_id))
+
+    @classmethod
+    def register(
+        cls, *, node_id: NodeId, pool_id: PoolId, capabilities: NodeCapabilities, now: float
+    ) -> Node:
+        """First registration. `capabilities.allocatable` is what leases may use (totals minus
+        the system reserve), never the raw hardware totals."""
+        _require_non_negative(capabilities.allocatable, "allocatable")
+        return cls(
+            node_id=str(node_id),
+            pool_id=str(pool_id),
+            capabilities=capabilities.to_dict(),
+            registered_at=float(now),
+        )
+
+    @event("NodeRegistered")
+    def __init__(
+        self, node_id: str, pool_id: str, capabilities: dict[str, Any], registered_at: float
+    ) -> None:
+        self.node_id = NodeId(node_id)
+        self.pool_id = PoolId(pool_id)
+        self.capabilities = NodeCapabilities.from_dict(capabilities)
+        self.registered_at = registered_at
+        self.last_heartbeat_at = registered_at
+        self.state = NodeState.READY
+        self.state_reason: str | None = None
+        self._allocations: dict[LeaseId, Resources] = {}
+        self._allocated = ZERO  # kept in step with _allocations so reads are O(1)
+
+    # Queries ----------------------------------------------------------------------------------
+
+    @property
+    def allocatable(self) -> Resources:
+        return self.capabilities.allocatable
+
+    @property
+    def allocated(self) -> Resources:
+        """The sum of all allocations on this node."""
+        return self._allocated
+
+    @property
+    def free_capacity(self) -> Resources:
+        """Allocatable minus allocated, floored at zero per dimension (a shrunken node that is
+        overcommitted offers nothing in that dimension, rather than a negative amount)."""
+        free = self.allocatable - self._allocated
+        return Resources.from_dict(
+            {
+                "cpu_millis": max(0, free.cpu_millis),
+                "memory_mib": max(0, free.memory_mib),
+                "gpu_count": max(0, free.gpu_count),
+                "local_disk_gib": max(0, free.local_disk_gib),
+                "extended": {k: max(0, v) for k, v in free.extended},
+            }
+        )
+
+    @property
+    def overcommitted_dimensions(self) -> list[str]:
+        """Dimensions where allocations exceed allocatable: only after a re-registration
+        reported less capacity than was already in use."""
+        return self._allocated.exceeded_dimensions(self.allocatable)
+
+    @property
+    def allocations(self) -> dict[LeaseId, Resources]:
+        return dict(self._allocations)
+
+    @property
+    def is_schedulable(self) -> bool:
+        return self.state is N.READY
+
+    def allocation_of(self, lease_id: LeaseId) -> Resources:
+        try:
+            return self._allocations[lease_id]
+        except KeyError:
+            raise UnknownAllocation(f"no allocation for lease {lease_id}") from None
+
+    def has_allocation(self, lease_id: LeaseId) -> bool:
+        return lease_id in self._allocations
+
+    def can_fit(self, resources: Resources) -> bool:
+        return self.is_schedulable and resources.fits_in(self.free_capacity)
+
+    def heartbeat_stale(self, now: float, timeout_seconds: float) -> bool:
+        return now - self.last_heartbeat_at >= timeout_seconds
+
+    # Capacity ---------------------------------------------------------------------------------
+
+    def allocate(self, lease_id: LeaseId, resources: Resources, now: float) -> None:
+        """Allocate capacity to a lease. Refused on a node that is not ready, for a lease that
+        already has an allocation here, and when any dimension would exceed allocatable."""
+        _require_non_negative(resources, "resources")
+        if self.state is not N.READY:
+            raise NodeNotSchedulable(self.state)
+        if lease_id in self._allocations:
+            raise AlreadyAllocated(f"lease {lease_id} already holds capacity on {self.node_id}")
+        short = (self._allocated + resources).exceeded_dimensions(self.allocatable)
+        if short:
+            raise OverAllocation(short)
+        self._capacity_allocated(lease_id=str(lease_id), resources=resources.to_dict(),
+                                 at=float(now))
+
+    def free(self, lease_id: LeaseId, now: float) -> bool:
+        """Return a lease's allocation. Freeing a lease with no allocation here is a no-op
+        (returns False, records nothing): release paths retry, and a second free must not fail
+        the batch it is in. Works in every state, including lost."""
+        if lease_id not in self._allocations:
+            return False
+        self._capacity_freed(lease_id=str(lease_id), at=float(now))
+        return True
+
+    # Lifecycle --------------------------------------------------------------------------------
+
+    def reregister(self, capabilities: NodeCapabilities, now: float) -> None:
+        """The agent (re)started and reported its capabilities. Allocations are kept — their
+        workloads may still be running — even if the node now offers less; a lost node comes
+        back ready, an operator's cordon, drain or maintenance stays."""
+        _require_non_negative(capabilities.allocatable, "allocatable")
+        self._reregistered(capabilities=capabilities.to_dict(), at=float(now))
+
+    def heartbeat(self, now: float) -> None:
+        """The agent is alive. A lost node must re-register instead (its view may be stale)."""
+        self._require("heartbeat", {N.READY, N.CORDONED, N.DRAINING, N.MAINTENANCE})
+        self._heartbeat_recorded(at=float(now))
+
+    def cordon(self, now: float, reason: str = "") -> None:
+        """Stop new allocations; running leases are untouched."""
+        self._require("cordon", {N.READY})
+        self._cordoned(at=float(now), reason=reason)
+
+    def drain(self, now: float, reason: str = "") -> None:
+        """Stop new allocations and ask for the node's leases to be wound down."""
+        self._require("drain", {N.READY, N.CORDONED})
+        self._drain_started(at=float(now), reason=reason)
+
+    def uncordon(self, now: float) -> None:
+        self._require("uncordon", {N.CORDONED, N.DRAINING})
+        self._uncordoned(at=float(now))
+
+    def enter_maintenance(self, now: float, reason: str = "") -> None:
+        """Take an empty node out of service."""
+        self._require("enter_maintenance", {N.READY, N.CORDONED, N.DRAINING})
+        if self._allocations:
+            raise NodeNotEmpty(
+                f"{len(self._allocations)} lease(s) still hold capacity on {self.node_id}",
+                reasons=tuple(sorted(self._allocations)),
+            )
+        self._maintenance_started(at=float(now), reason=reason)
+
+    def end_maintenance(self, now: float) -> None:
+        self._require("end_maintenance", {N.MAINTENANCE})
+        self._maintenance_ended(at=float(now))
+
+    def mark_lost(self, now: float, reason: str = "heartbeat_lost") -> None:
+        """The node stopped answering. Allocations stay until each lease is reconciled."""
+        self._require("mark_lost", {N.READY, N.CORDONED, N.DRAINING, N.MAINTENANCE})
+        self._lost(at=float(now), reason=reason)
+
+    def _require(self, verb: str, allowed: set[NodeState]) -> None:
+        if self.state not in allowed:
+            raise IllegalTransition(self.state, verb)
+
+    # Events -----------------------------------------------------------------------------------
+
+    @event("CapacityAllocated")
+    def _capacity_allocated(self, lease_id: str, resources: dict[str, Any], at: float) -> None:
+        amount = Resources.from_dict(resources)
+        self._allocations[LeaseId(lease_id)] = amount
+        self._allocated = self._allocated + amount
+
+    @event("CapacityFreed")
+    def _capacity_freed(self, lease_id: str, at: float) -> None:
+        amount = self._allocations.pop(LeaseId(lease_id))
+        self._allocated = self._allocated - amount
+
+    @event("NodeReregistered")
+    def _reregistered(self, capabilities: dict[str, Any], at: float) -> None:
+        self.capabilities = NodeCapabilities.from_dict(capabilities)
+        self.last_heartbeat_at = at
+        if self.state is N.LOST:
+            self.state = N.READY
+            self.state_reason = None
+
+    @event("NodeHeartbeatRecorded")
+    def _heartbeat_recorded(self, at: float) -> None:
+        self.last_heartbeat_at = at
+
+    @event("NodeCordoned")
+    def _cordoned(self, at: float, reason: str) -> None:
+        self.state, self.state_reason = N.CORDONED, reason
+
+    @event("DrainStarted")
+    def _drain_started(self, at: float, reason: str) -> None:
+        self.state, self.state_reason = N.DRAINING, reason
+
+    @event("NodeUncordoned")
+    def _uncordoned(self, at: float) -> None:
+        self.state, self.state_reason = N.READY, None
+
+    @event("MaintenanceStarted")
+    def _maintenance_started(self, at: float, reason: str) -> None:
+        self.state, self.state_reason = N.MAINTENANCE, reason
+
+    @event("MaintenanceEnded")
+    def _maintenance_ended(self, at: float) -> None:
+        self.state, self.state_reason = N.READY, None
+
+    @event("NodeLost")
+    def _lost(self, at: float, reason: str) -> None:
+        self.state, self.state_reason = N.LOST, reason
+
+
+def _require_non_negative(resources: Resources, what: str) -> None:
+    if not resources.is_non_negative():
+        raise InvalidAmount(f"{what} cannot be negative in any dimension", reasons=(what,))

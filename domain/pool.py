@@ -1,0 +1,380 @@
+"""Pool-wide policy and per-tenant settings: packing, timeouts, priority classes, preemption,
+aging, prices (`Pool`), and each tenant's weight and quota in a pool (`TenantPolicy`).
+
+Config is versioned by events (PoolCreated, PoolConfigured, PriceListSet); a lease records the
+values it was admitted under, so a later change never rewrites history. Prices are integer
+micro-credits and every price function rounds up, so a hold always covers its charge.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.domain import Aggregate, event
+
+from domain.errors import InvalidConfiguration, PriceNotListed, QuotaExceeded, UnknownPriorityClass
+from domain.resources import PoolId, Resources, Shape, TenantId
+
+_POOL_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:pool")
+_TENANT_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:tenant-policy")
+
+PACKING_POLICIES: tuple[str, ...] = ("best-fit", "spread")
+FALLBACK = "*"  # price-table key used for a GPU model or partition profile not listed
+
+
+# Value objects --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PreemptionSettings:
+    enabled: bool = False
+    min_runtime_seconds: int = 0  # a victim must have run this long in its placement
+    grace_seconds: int = 30  # time a victim gets to checkpoint and stop
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "enabled": self.enabled,
+            "min_runtime_seconds": self.min_runtime_seconds,
+            "grace_seconds": self.grace_seconds,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PreemptionSettings:
+        return cls(
+            enabled=bool(d.get("enabled", False)),
+            min_runtime_seconds=int(d.get("min_runtime_seconds", 0)),
+            grace_seconds=int(d.get("grace_seconds", 30)),
+        )
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """A pool's scheduling and lifecycle settings. Higher priority rank = more important."""
+
+    packing: str = "best-fit"
+    commit_timeout_seconds: int = 30
+    heartbeat_timeout_seconds: int = 30
+    default_lease_seconds: int = 300
+    maximum_runtime_seconds: int = 86_400  # the longest runtime a request may ask for
+    priority_classes: tuple[tuple[str, int], ...] = (("default", 0),)  # sorted (name, rank)
+    default_priority_class: str = "default"
+    preemption: PreemptionSettings = field(default_factory=PreemptionSettings)
+    aging_seconds_per_rank: int = 0  # waiting this long raises effective rank by 1; 0: none
+
+    def __post_init__(self) -> None:
+        classes = tuple(sorted((str(k), int(v)) for k, v in dict(self.priority_classes).items()))
+        object.__setattr__(self, "priority_classes", classes)
+
+    def problems(self) -> list[str]:
+        """Every inconsistency, as reason strings; empty when the config is valid."""
+        found = []
+        if self.packing not in PACKING_POLICIES:
+            found.append(f"packing must be one of {', '.join(PACKING_POLICIES)}")
+        for name in ("commit_timeout_seconds", "heartbeat_timeout_seconds",
+                     "default_lease_seconds", "maximum_runtime_seconds"):
+            if getattr(self, name) <= 0:
+                found.append(f"{name} must be positive")
+        if self.aging_seconds_per_rank < 0:
+            found.append("aging_seconds_per_rank must not be negative")
+        if not self.priority_classes:
+            found.append("at least one priority class is required")
+        if self.default_priority_class not in dict(self.priority_classes):
+            found.append(f"default priority class {self.default_priority_class!r} is not defined")
+        if self.preemption.min_runtime_seconds < 0 or self.preemption.grace_seconds < 0:
+            found.append("preemption times must not be negative")
+        return found
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "packing": self.packing,
+            "commit_timeout_seconds": self.commit_timeout_seconds,
+            "heartbeat_timeout_seconds": self.heartbeat_timeout_seconds,
+            "default_lease_seconds": self.default_lease_seconds,
+            "maximum_runtime_seconds": self.maximum_runtime_seconds,
+            "priority_classes": {k: v for k, v in self.priority_classes},
+            "default_priority_class": self.default_priority_class,
+            "preemption": self.preemption.to_dict(),
+            "aging_seconds_per_rank": self.aging_seconds_per_rank,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PoolConfig:
+        default = cls()
+        return cls(
+            packing=str(d.get("packing", default.packing)),
+            commit_timeout_seconds=int(d.get("commit_timeout_seconds", 30)),
+            heartbeat_timeout_seconds=int(d.get("heartbeat_timeout_seconds", 30)),
+            default_lease_seconds=int(d.get("default_lease_seconds", 300)),
+            maximum_runtime_seconds=int(d.get("maximum_runtime_seconds", 86_400)),
+            priority_classes=tuple(dict(d.get("priority_classes", {"default": 0})).items()),
+            default_priority_class=str(d.get("default_priority_class", "default")),
+            preemption=PreemptionSettings.from_dict(dict(d.get("preemption", {}))),
+            aging_seconds_per_rank=int(d.get("aging_seconds_per_rank", 0)),
+        )
+
+
+# Prices are per second of one unit; resources come in millis / MiB, so the sum is kept over a
+# common denominator and divided (rounding up) once, never per term.
+_CPU_UNIT = 1000  # millis per core
+_MEMORY_UNIT = 1024  # MiB per GiB
+_DENOMINATOR = _CPU_UNIT * _MEMORY_UNIT
+
+
+@dataclass(frozen=True)
+class PriceList:
+    """Micro-credits per second: per core (1000 cpu_millis), per GiB of memory, per GiB of local
+    disk, per whole GPU by model and per GPU partition by profile ("*" prices any unlisted)."""
+
+    cpu_core_second: int = 0
+    memory_gib_second: int = 0
+    local_disk_gib_second: int = 0
+    gpu_second: tuple[tuple[str, int], ...] = ((FALLBACK, 0),)  # sorted (model, price)
+    gpu_partition_second: tuple[tuple[str, int], ...] = ((FALLBACK, 0),)  # (profile, price)
+
+    def __post_init__(self) -> None:
+        for name in ("gpu_second", "gpu_partition_second"):
+            table = tuple(sorted((str(k), int(v)) for k, v in dict(getattr(self, name)).items()))
+            object.__setattr__(self, name, table)
+
+    def problems(self) -> list[str]:
+        prices = [self.cpu_core_second, self.memory_gib_second, self.local_disk_gib_second]
+        prices += [v for _, v in self.gpu_second] + [v for _, v in self.gpu_partition_second]
+        if any(not isinstance(p, int) or isinstance(p, bool) or p < 0 for p in prices):
+            return ["prices must be non-negative integers"]
+        return []
+
+    def gpu_price(self, model: str | None) -> int:
+        """Price of one GPU-second. An unknown model (None: "any") is priced at the dearest
+        listed model, so a hold made before placement still covers the charge."""
+        table = dict(self.gpu_second)
+        if model is None:
+            if not table:
+                raise PriceNotListed("no GPU prices are listed", reasons=("gpu_count",))
+            return max(table.values())
+        return _lookup(table, model, "gpu_count")
+
+    def partition_price(self, profile: str) -> int:
+        return _lookup(dict(self.gpu_partition_second), profile, f"gpu/{profile}")
+
+    def charge(self, resources: Resources, seconds: float, *, gpu_model: str | None) -> int:
+        """What `resources` cost for `seconds`, billed per started second, rounded up."""
+        whole_seconds = max(0, math.ceil(seconds))
+        numerator = (
+            resources.cpu_millis * self.cpu_core_second * _MEMORY_UNIT
+            + resources.memory_mib * self.memory_gib_second * _CPU_UNIT
+            + resources.local_disk_gib * self.local_disk_gib_second * _DENOMINATOR
+        )
+        if resources.gpu_count:
+            numerator += resources.gpu_count * self.gpu_price(gpu_model) * _DENOMINATOR
+        for dimension, amount in resources.extended:
+            if not dimension.startswith("gpu/"):
+                raise PriceNotListed(f"no price for dimension {dimension}", reasons=(dimension,))
+            numerator += amount * self.partition_price(dimension[4:]) * _DENOMINATOR
+        return -(-numerator * whole_seconds // _DENOMINATOR)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cpu_core_second": self.cpu_core_second,
+            "memory_gib_second": self.memory_gib_second,
+            "local_disk_gib_second": self.local_disk_gib_second,
+            "gpu_second": {k: v for k, v in self.gpu_second},
+            "gpu_partition_second": {k: v for k, v in self.gpu_partition_second},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PriceList:
+        return cls(
+            cpu_core_second=int(d.get("cpu_core_second", 0)),
+            memory_gib_second=int(d.get("memory_gib_second", 0)),
+            local_disk_gib_second=int(d.get("local_disk_gib_second", 0)),
+            gpu_second=tuple(dict(d.get("gpu_second", {FALLBACK: 0})).items()),
+            gpu_partition_second=tuple(dict(d.get("gpu_partition_second", {FALLBACK: 0})).items()),
+        )
+
+
+def _lookup(table: dict[str, int], key: str, dimension: str) -> int:
+    if key in table:
+        return table[key]
+    if FALLBACK in table:
+        return table[FALLBACK]
+    raise PriceNotListed(f"no price for {dimension} {key!r}", reasons=(dimension,))
+
+
+# Pool -----------------------------------------------------------------------------------------
+
+
+class Pool(Aggregate):
+    """A pool's settings and price list, each change an event."""
+
+    @staticmethod
+    def create_id(pool_id: str) -> UUID:
+        return uuid.uuid5(_POOL_NAMESPACE, str(pool_id))
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        pool_id: PoolId,
+        now: float,
+        config: PoolConfig | None = None,
+        price_list: PriceList | None = None,
+    ) -> Pool:
+        """A new pool; without a price list it is free (every price 0)."""
+        config = config or PoolConfig()
+        price_list = price_list or PriceList()
+        _require_valid(config.problems() + price_list.problems())
+        return cls(
+            pool_id=str(pool_id),
+            config=config.to_dict(),
+            price_list=price_list.to_dict(),
+            created_at=float(now),
+        )
+
+    @event("PoolCreated")
+    def __init__(
+        self, pool_id: str, config: dict[str, Any], price_list: dict[str, Any], created_at: float
+    ) -> None:
+        self.pool_id = PoolId(pool_id)
+        self.created_at = created_at
+        self.config = PoolConfig.from_dict(config)
+        self.config_version = 1
+        self.price_list = PriceList.from_dict(price_list)
+        self.price_list_version = 1
+
+    def configure(self, config: PoolConfig, now: float) -> None:
+        """Replace the pool's settings as a whole (the event carries the full config)."""
+        _require_valid(config.problems())
+        self._configured(config=config.to_dict(), version=self.config_version + 1, at=float(now))
+
+    def set_price_list(self, price_list: PriceList, now: float) -> int:
+        """Publish new prices; returns the price list version that holds should cite."""
+        _require_valid(price_list.problems())
+        self._price_list_set(
+            price_list=price_list.to_dict(), version=self.price_list_version + 1, at=float(now)
+        )
+        return self.price_list_version
+
+    # Policy queries ---------------------------------------------------------------------------
+
+    def rank_of(self, priority_class: str) -> int:
+        try:
+            return dict(self.config.priority_classes)[priority_class]
+        except KeyError:
+            raise UnknownPriorityClass(
+                f"pool {self.pool_id} has no priority class {priority_class!r}",
+                reasons=(priority_class,),
+            ) from None
+
+    def effective_rank(self, priority_class: str, waited_seconds: float) -> int:
+        """Rank plus one per `aging_seconds_per_rank` waited, so nothing starves forever."""
+        rank = self.rank_of(priority_class)
+        per_rank = self.config.aging_seconds_per_rank
+        if per_rank <= 0 or waited_seconds <= 0:
+            return rank
+        return rank + int(waited_seconds // per_rank)
+
+    def hold_for(self, shape: Shape, max_runtime_seconds: int) -> int:
+        """Credits to hold for a lease: its shape for its whole maximum runtime, at the dearest
+        GPU model when the shape does not pin one."""
+        return self.price_list.charge(shape.resources, max_runtime_seconds,
+                                      gpu_model=shape.gpu_model)
+
+    def charge_for(self, shape: Shape, seconds: float, *, gpu_model: str | None = None) -> int:
+        """The charge for running `shape` for `seconds` (per started second, rounded up).
+        `gpu_model` is the placed node's model; without it the shape's, else the dearest."""
+        return self.price_list.charge(shape.resources, seconds,
+                                      gpu_model=gpu_model or shape.gpu_model)
+
+    # Events -----------------------------------------------------------------------------------
+
+    @event("PoolConfigured")
+    def _configured(self, config: dict[str, Any], version: int, at: float) -> None:
+        self.config = PoolConfig.from_dict(config)
+        self.config_version = version
+
+    @event("PriceListSet")
+    def _price_list_set(self, price_list: dict[str, Any], version: int, at: float) -> None:
+        self.price_list = PriceList.from_dict(price_list)
+        self.price_list_version = version
+
+
+# Tenant policy --------------------------------------------------------------------------------
+
+
+class TenantPolicy(Aggregate):
+    """A tenant's fair-share weight and quota in one pool. `quota` None means unlimited."""
+
+    @staticmethod
+    def create_id(pool_id: str, tenant_id: str) -> UUID:
+        return uuid.uuid5(_TENANT_NAMESPACE, json.dumps([str(pool_id), str(tenant_id)]))
+
+    @classmethod
+    def set(
+        cls,
+        *,
+        pool_id: PoolId,
+        tenant_id: TenantId,
+        now: float,
+        weight: int = 1,
+        quota: Resources | None = None,
+    ) -> TenantPolicy:
+        _require_valid(_tenant_problems(weight, quota))
+        return cls(
+            pool_id=str(pool_id),
+            tenant_id=str(tenant_id),
+            weight=weight,
+            quota=None if quota is None else quota.to_dict(),
+            set_at=float(now),
+        )
+
+    @event("TenantPolicySet")
+    def __init__(
+        self,
+        pool_id: str,
+        tenant_id: str,
+        weight: int,
+        quota: dict[str, Any] | None,
+        set_at: float,
+    ) -> None:
+        self.pool_id = PoolId(pool_id)
+        self.tenant_id = TenantId(tenant_id)
+        self.weight = weight
+        self.quota = None if quota is None else Resources.from_dict(quota)
+
+    def update(self, *, weight: int, quota: Resources | None, now: float) -> None:
+        """Replace weight and quota together (None quota: unlimited)."""
+        _require_valid(_tenant_problems(weight, quota))
+        self._updated(weight=weight, quota=None if quota is None else quota.to_dict(),
+                      at=float(now))
+
+    def check_quota(self, in_use: Resources, requested: Resources) -> None:
+        """Raise QuotaExceeded, naming the dimensions, when `in_use + requested` passes quota."""
+        if self.quota is None:
+            return
+        over = (in_use + requested).exceeded_dimensions(self.quota)
+        if over:
+            raise QuotaExceeded(over)
+
+    @event("TenantPolicyUpdated")
+    def _updated(self, weight: int, quota: dict[str, Any] | None, at: float) -> None:
+        self.weight = weight
+        self.quota = None if quota is None else Resources.from_dict(quota)
+
+
+def _tenant_problems(weight: object, quota: Resources | None) -> list[str]:
+    found = []
+    if not isinstance(weight, int) or isinstance(weight, bool) or weight <= 0:
+        found.append("weight must be a positive integer")
+    if quota is not None and not quota.is_non_negative():
+        found.append("quota cannot be negative")
+    return found
+
+
+def _require_valid(problems: list[str]) -> None:
+    if problems:
+        raise InvalidConfiguration("; ".join(problems), reasons=problems)

@@ -1,0 +1,67 @@
+"""Errors of the control-plane services, above the domain: lookups, ownership, conflicts.
+
+Each has a stable `code` and travels to clients as `error.code` in the reply envelope.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class ServiceError(Exception):
+    """Base class of every refusal made by a worker rather than by the domain."""
+
+    code: ClassVar[str] = "service_error"
+
+    def __init__(self, message: str, reasons: dict[str, int | str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.reasons = reasons or {}
+
+
+# -- lookups ---------------------------------------------------------------------------------
+
+
+class UnknownPool(ServiceError):
+    """No pool of that id has been created."""
+
+    code = "unknown_pool"
+
+
+class UnknownLease(ServiceError):
+    """No lease of that id exists for this tenant (another tenant's lease reads the same)."""
+
+    code = "lease_not_found"
+
+
+class UnknownNode(ServiceError):
+    """No node of that id has registered."""
+
+    code = "unknown_node"
+
+
+class UnknownSubject(ServiceError):
+    """The subject names no command this service answers."""
+
+    code = "unknown_command"
+
+
+# -- requests --------------------------------------------------------------------------------
+
+
+class IdempotencyConflict(ServiceError):
+    """The idempotency key was used before for a different request."""
+
+    code = "idempotency_conflict"
+
+
+class Unschedulable(ServiceError):
+    """No node in the pool could ever satisfy the shape; the counts say which filters failed."""
+
+    code = "unschedulable"
+
+
+class WriteConflict(ServiceError):
+    """Concurrent writers kept changing the same aggregates; the command was not applied."""
+
+    code = "write_conflict"
