@@ -404,6 +404,27 @@ class NodeCapabilitiesSpec(_Part, kw_only=True):
         )
 
 
+class PoolShow(_Command, kw_only=True):
+    """Ask for every setting in force for a pool."""
+
+    pool_id: SubjectToken
+
+
+class CreditGrant(_Command, kw_only=True):
+    """Add credits to a tenant's account; a repeated transfer id changes nothing."""
+
+    tenant: SubjectToken
+    amount_microcredits: Annotated[int, Meta(gt=0, le=10**15)]
+    transfer_id: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.:-]{1,128}(?!\n)$")]
+    reason: Reason | None = None
+
+
+class NodeStateChange(_Command, kw_only=True):
+    """Cordon, drain, put in maintenance or return a node (the verb is in the subject)."""
+
+    reason: Reason | None = None
+
+
 # -- agent messages ----------------------------------------------------------------------------
 
 
@@ -520,6 +541,9 @@ PUBLIC_STRUCTS: tuple[type[Struct], ...] = (
     PoolConfig,
     PreemptionPolicy,
     TenantConfig,
+    PoolShow,
+    CreditGrant,
+    NodeStateChange,
     NodeCapabilitiesSpec,
     NodeRegistration,
     NodeHeartbeat,

@@ -47,6 +47,11 @@ _Q20 = float((1 << 20) - 1)
 _Q16 = float((1 << 16) - 1)
 _Q14 = float((1 << 14) - 1)
 _Q18 = np.int64((1 << 18) - 1)
+# Per-node 1-D columns, moved together on growth and on remove_node.
+_ROW_COLUMNS: tuple[str, ...] = (
+    "_inv_ndims", "_arch", "_gpu_model", "_zone", "_region", "_fd", "_trust", "_gpu_mem",
+    "_egress", "_bandwidth", "_runtimes", "_state",
+)
 _NO_CODE = -1  # a node without the trait (gpu_model None)
 _UNKNOWN = -2  # a requested value no node has ever had: matches nothing
 
@@ -210,8 +215,7 @@ class NodeTable:
         self._alloc = grow(self._alloc)  # type: ignore[assignment]
         self._used = grow(self._used)  # type: ignore[assignment]
         self._inv = grow(self._inv)  # type: ignore[assignment]
-        for name in ("_inv_ndims", "_arch", "_gpu_model", "_zone", "_region", "_fd", "_trust", "_gpu_mem",
-                     "_egress", "_bandwidth", "_runtimes", "_state"):
+        for name in _ROW_COLUMNS:
             setattr(self, name, grow(getattr(self, name)))
         for tag, col in self._tags.items():
             self._tags[tag] = grow(col)  # type: ignore[assignment]
@@ -360,8 +364,7 @@ class NodeTable:
             for name in ("_alloc", "_used", "_inv"):
                 a = getattr(self, name)
                 a[i, :] = a[last, :]
-            for name in ("_inv_ndims", "_arch", "_gpu_model", "_zone", "_region", "_fd", "_trust", "_gpu_mem",
-                         "_egress", "_bandwidth", "_runtimes", "_state"):
+            for name in _ROW_COLUMNS:
                 a = getattr(self, name)
                 a[i] = a[last]
             for col in self._tags.values():
@@ -532,7 +535,8 @@ class NodeTable:
             )
             static(R.NETWORK_UNAVAILABLE, net_fail)
         if shape.region is not None:
-            static(R.REGION_MISMATCH, self._region[:n] != self._codes["region"].lookup(shape.region))
+            region = self._codes["region"].lookup(shape.region)
+            static(R.REGION_MISMATCH, self._region[:n] != region)
         if shape.zone is not None:
             static(R.ZONE_MISMATCH, self._zone[:n] != self._codes["zone"].lookup(shape.zone))
 

@@ -83,7 +83,9 @@ def is_preemptible(
 def _plan_for_node(
     request: Resources, node: NodeCandidate, victims: list[RunningLease], now: float
 ) -> PreemptionPlan | None:
-    dims = sorted(set(request.dimensions()) | {d for v in victims for d in v.resources.dimensions()})
+    dims = sorted(
+        set(request.dimensions()) | {d for v in victims for d in v.resources.dimensions()}
+    )
     need = np.array([request.get(d) - node.free.get(d) for d in dims], dtype=np.int64)
     if (need <= 0).all():
         return PreemptionPlan(node.node_id, (), 0.0)
@@ -95,7 +97,8 @@ def _plan_for_node(
     short = need > 0
     useful = (np.minimum(raw[:, short], need[short]) / need[short]).sum(axis=1)
     order = sorted(
-        range(len(victims)), key=lambda j: (victims[j].work_lost(now), -useful[j], victims[j].lease_id)
+        range(len(victims)),
+        key=lambda j: (victims[j].work_lost(now), -useful[j], victims[j].lease_id),
     )
     victims = [victims[j] for j in order]
     amounts = raw[order]

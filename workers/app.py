@@ -1,0 +1,364 @@
+"""The control plane's eventsourcing Application: each command loads, decides and saves.
+
+Handlers are thin: wire bodies (schemas/) in, domain calls, one `save()` out — one atomic
+JetStream batch however many aggregates the decision touched. `now` is read here, at the edge.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+from uuid import UUID
+
+from eventsourcing.application import AggregateNotFoundError, Application
+from eventsourcing.domain import Aggregate
+from eventsourcing.persistence import IntegrityError
+
+from domain.account import Account
+from domain.lease import JobSpec, Lease, LeaseState
+from domain.node import Node
+from domain.pool import Pool, PoolConfig, PreemptionSettings, TenantPolicy
+from domain.resources import LeaseId, NodeId, PoolId, Resources, TenantId
+from schemas import v1
+from workers.errors import (
+    IdempotencyConflict,
+    UnknownLease,
+    UnknownNode,
+    UnknownPool,
+    WriteConflict,
+)
+
+A = TypeVar("A", bound=Aggregate)
+R = TypeVar("R")
+
+APPLICATION_NAME = "pool"
+WEIGHT_SCALE = 1000  # tenant weights travel as floats and are kept as integer thousandths
+
+
+def lease_view(lease: Lease) -> dict[str, Any]:
+    """The lease as a reply shows it."""
+    return {
+        "lease_id": str(lease.id),
+        "tenant": lease.tenant_id,
+        "pool_id": lease.pool_id,
+        "state": str(lease.state),
+        "epoch": lease.epoch,
+        "node_id": lease.node_id,
+        "priority_class": lease.priority_class,
+        "shape": lease.requested_shape.to_dict(),
+        "maximum_runtime_seconds": lease.maximum_runtime_seconds,
+        "requested_at": lease.requested_at,
+        "reserved_at": lease.reserved_at,
+        "reservation_deadline": lease.reservation_deadline,
+        "started_at": lease.started_at,
+        "deadline": lease.deadline,
+        "last_heartbeat_at": lease.last_heartbeat_at,
+        "last_checkpoint_at": lease.last_checkpoint_at,
+        "hold_microcredits": lease.hold_microcredits,
+        "attempts": lease.attempts,
+        "exit_code": lease.exit_code,
+        "end_reason": lease.end_reason,
+        "rejection_code": lease.rejection_code,
+        "version": lease.version,
+    }
+
+
+def pool_config_from_wire(cfg: v1.PoolConfig) -> PoolConfig:
+    classes = dict(cfg.priority_classes)
+    default_class = "standard" if "standard" in classes else min(classes, key=classes.__getitem__)
+    return PoolConfig(
+        packing=cfg.packing,
+        commit_timeout_seconds=cfg.commit_timeout_seconds,
+        priority_classes=tuple(classes.items()),
+        default_priority_class=default_class,
+        preemption=PreemptionSettings(
+            enabled=cfg.preemption.enabled,
+            min_runtime_seconds=cfg.preemption.min_runtime_seconds,
+            grace_seconds=cfg.preemption.grace_seconds,
+        ),
+        aging_seconds_per_rank=cfg.aging_seconds_per_rank,
+    )
+
+
+class PoolApp(Application):
+    """Every write the control plane makes goes through one of these methods."""
+
+    name = APPLICATION_NAME
+    is_snapshotting_enabled = False
+
+    def __init__(self, env: dict[str, str] | None = None, clock: Callable[[], float] = time.time):
+        super().__init__(env)
+        self.clock = clock
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def find(self, cls: type[A], aggregate_id: UUID) -> A | None:
+        try:
+            agg = self.repository.get(aggregate_id)
+        except AggregateNotFoundError:
+            return None
+        if not isinstance(agg, cls):
+            return None
+        return agg
+
+    def retrying(self, decide: Callable[[], R], attempts: int = 5) -> R:
+        """Run load-decide-save again when a concurrent writer got there first (OCC)."""
+        for _ in range(attempts):
+            try:
+                return decide()
+            except IntegrityError:
+                continue
+        raise WriteConflict("the lease kept changing under this command; try again")
+
+    def _pool(self, pool_id: str) -> Pool:
+        pool = self.find(Pool, Pool.create_id(pool_id))
+        if pool is None:
+            raise UnknownPool(f"no pool named {pool_id!r}")
+        return pool
+
+    def _lease(self, tenant: str, lease_id: str) -> Lease:
+        try:
+            uid = UUID(lease_id)
+        except ValueError:
+            raise UnknownLease(f"no lease {lease_id!r}") from None
+        lease = self.find(Lease, uid)
+        if lease is None or lease.tenant_id != tenant:
+            # another tenant's lease reads as missing: ids are not secrets, ownership is
+            raise UnknownLease(f"no lease {lease_id!r} for tenant {tenant!r}")
+        return lease
+
+    def _account(self, tenant: str, now: float) -> Account:
+        acc = self.find(Account, Account.create_id(tenant))
+        return acc if acc is not None else Account.open(tenant_id=TenantId(tenant), now=now)
+
+    # -- admin -----------------------------------------------------------------------------
+
+    def configure_pool(self, cfg: v1.PoolConfig) -> Pool:
+        now = self.clock()
+
+        def go() -> Pool:
+            config = pool_config_from_wire(cfg)
+            pool = self.find(Pool, Pool.create_id(cfg.pool_id))
+            if pool is None:
+                pool = Pool.create(pool_id=PoolId(cfg.pool_id), now=now, config=config)
+            elif pool.config != config:
+                pool.configure(config, now)
+            self.save(pool)
+            return pool
+
+        return self.retrying(go)
+
+    def set_tenant(self, cfg: v1.TenantConfig) -> TenantPolicy:
+        now = self.clock()
+        self._pool(cfg.pool_id)
+        quota = None
+        if cfg.quota is not None:
+            scalars = {k: v for k, v in cfg.quota.items() if "/" not in k}
+            ext = tuple((k, v) for k, v in cfg.quota.items() if "/" in k)
+            quota = Resources(**scalars, extended=ext)
+        weight = max(1, round(cfg.weight * WEIGHT_SCALE))
+
+        def go() -> TenantPolicy:
+            pol = self.find(TenantPolicy, TenantPolicy.create_id(cfg.pool_id, cfg.tenant))
+            if pol is None:
+                pol = TenantPolicy.set(
+                    pool_id=PoolId(cfg.pool_id), tenant_id=TenantId(cfg.tenant), now=now,
+                    weight=weight, quota=quota,
+                )
+            else:
+                pol.update(weight=weight, quota=quota, now=now)
+            self.save(pol)
+            return pol
+
+        return self.retrying(go)
+
+    def register_node(self, reg: v1.NodeRegistration) -> Node:
+        now = self.clock()
+        self._pool(reg.pool_id)
+        caps = reg.capabilities.to_domain()
+
+        def go() -> Node:
+            node = self.find(Node, Node.create_id(reg.node_id))
+            if node is None:
+                node = Node.register(
+                    node_id=NodeId(reg.node_id), pool_id=PoolId(reg.pool_id),
+                    capabilities=caps, now=now,
+                )
+            elif node.capabilities != caps:
+                node.reregister(caps, now)
+            self.save(node)
+            return node
+
+        return self.retrying(go)
+
+    def node_state(self, node_id: str, verb: str, reason: str = "") -> Node:
+        now = self.clock()
+
+        def go() -> Node:
+            node = self.find(Node, Node.create_id(node_id))
+            if node is None:
+                raise UnknownNode(f"no node {node_id!r}")
+            actions: dict[str, Callable[[], None]] = {
+                "cordon": lambda: node.cordon(now, reason),
+                "drain": lambda: node.drain(now, reason),
+                "maintenance": lambda: node.enter_maintenance(now, reason),
+                "uncordon": lambda: node.uncordon(now),
+                "end-maintenance": lambda: node.end_maintenance(now),
+                "lost": lambda: node.mark_lost(now, reason or "declared_lost"),
+            }
+            actions[verb]()
+            self.save(node)
+            return node
+
+        return self.retrying(go)
+
+    def grant(self, tenant: str, amount: int, transfer_id: str, reason: str = "") -> Account:
+        now = self.clock()
+
+        def go() -> Account:
+            acc = self._account(tenant, now)
+            acc.grant(transfer_id, amount, now, reason)
+            self.save(acc)
+            return acc
+
+        return self.retrying(go)
+
+    # -- tenant commands -------------------------------------------------------------------
+
+    def request_lease(self, tenant: str, req: v1.LeaseRequest) -> Lease:
+        now = self.clock()
+        lease_id = Lease.create_id(tenant, req.idempotency_key)
+        existing = self.find(Lease, lease_id)
+        if existing is not None:
+            if existing.pool_id != req.pool_id or existing.requested_shape != req.shape.to_domain():
+                raise IdempotencyConflict(
+                    f"idempotency key {req.idempotency_key!r} was used for a different request"
+                )
+            return existing  # a retry: same lease, nothing appended
+        pool = self._pool(req.pool_id)
+        pool.rank_of(req.priority_class)  # an unknown class is refused before anything is written
+        lease = Lease.request(
+            tenant_id=TenantId(tenant),
+            pool_id=PoolId(req.pool_id),
+            idempotency_key=req.idempotency_key,
+            shape=req.shape.to_domain(),
+            maximum_runtime_seconds=req.maximum_runtime_seconds,
+            now=now,
+            lease_seconds=min(pool.config.default_lease_seconds, req.maximum_runtime_seconds),
+            heartbeat_timeout_seconds=pool.config.heartbeat_timeout_seconds,
+            priority_class=req.priority_class,
+            preemptible=True,
+        )
+        lease.queue(now)
+        try:
+            self.save(lease)
+        except IntegrityError:
+            # a concurrent retry of the same key created it first: answer with that one
+            again = self.find(Lease, lease_id)
+            if again is None:
+                raise
+            return again
+        return lease
+
+    def commit(self, tenant: str, lease_id: str, body: v1.CommitLease) -> Lease:
+        def go() -> Lease:
+            now = self.clock()
+            lease = self._lease(tenant, lease_id)
+            job = body.job
+            spec = JobSpec(
+                image=job.image or "",
+                command=tuple(job.command),
+                env=tuple(sorted(job.env.items())),
+                checkpoint_interval_seconds=job.checkpoint_policy.interval_seconds,
+            )
+            lease.commit(now, spec)
+            self.save(lease)
+            return lease
+
+        return self.retrying(go)
+
+    def heartbeat(self, tenant: str, lease_id: str, body: v1.HeartbeatLease) -> Lease:
+        def go() -> Lease:
+            now = self.clock()
+            lease = self._lease(tenant, lease_id)
+            lease.heartbeat(now, epoch=body.epoch, checkpoint_at=body.last_checkpoint_at)
+            self.save(lease)
+            return lease
+
+        return self.retrying(go)
+
+    def renew(self, tenant: str, lease_id: str, body: v1.RenewLease) -> Lease:
+        def go() -> Lease:
+            now = self.clock()
+            lease = self._lease(tenant, lease_id)
+            lease.renew(now, body.extend_seconds)
+            self.save(lease)
+            return lease
+
+        return self.retrying(go)
+
+    def _settle(self, lease: Lease, now: float) -> list[Aggregate]:
+        """Free the node and settle the hold for a lease that no longer needs its capacity."""
+        out: list[Aggregate] = []
+        if lease.node_id is not None:
+            node = self.find(Node, Node.create_id(lease.node_id))
+            if node is not None and node.free(LeaseId(str(lease.id)), now):
+                out.append(node)
+        acc = self.find(Account, Account.create_id(lease.tenant_id))
+        lid = LeaseId(str(lease.id))
+        if acc is not None and acc.has_hold(lid):
+            pool = self._pool(lease.pool_id)
+            node_model = None
+            if lease.node_id is not None:
+                node = next((a for a in out if isinstance(a, Node)), None) or self.find(
+                    Node, Node.create_id(lease.node_id)
+                )
+                node_model = node.capabilities.gpu_model if node is not None else None
+            seconds = lease.runtime_seconds(now)
+            charge = pool.charge_for(lease.shape, seconds, gpu_model=node_model) if seconds else 0
+            acc.settle(f"settle-{lease.id}-{lease.epoch}", lid, charge, now)
+            out.append(acc)
+        return out
+
+    def release(self, tenant: str, lease_id: str, body: v1.ReleaseLease) -> Lease:
+        def go() -> Lease:
+            now = self.clock()
+            lease = self._lease(tenant, lease_id)
+            lease.release(now, body.exit_code)
+            self.save(lease, *self._settle(lease, now))
+            return lease
+
+        return self.retrying(go)
+
+    def cancel(self, tenant: str, lease_id: str, body: v1.CancelLease) -> Lease:
+        def go() -> Lease:
+            now = self.clock()
+            lease = self._lease(tenant, lease_id)
+            lease.cancel(now, body.reason or "cancelled")
+            others = self._settle(lease, now) if not lease.holds_capacity else []
+            self.save(lease, *others)
+            return lease
+
+        return self.retrying(go)
+
+    def get(self, tenant: str, lease_id: str) -> Lease:
+        return self._lease(tenant, lease_id)
+
+    def pool_settings(self, pool_id: str) -> dict[str, Any]:
+        pool = self._pool(pool_id)
+        return {
+            "pool_id": pool.pool_id,
+            "config": pool.config.to_dict(),
+            "config_version": pool.config_version,
+            "price_list": pool.price_list.to_dict(),
+            "price_list_version": pool.price_list_version,
+        }
+
+
+def new_transfer_id() -> str:
+    return uuid.uuid4().hex
+
+
+__all__ = ["PoolApp", "lease_view", "LeaseState"]

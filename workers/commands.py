@@ -1,0 +1,128 @@
+"""The command worker: routes `pool.cmd.<tenant>.…` and `pool.admin.…` requests to PoolApp.
+
+Every reply is one Envelope. Bad input, unknown pools and leases, illegal transitions and
+infrastructure failures each leave as a typed error code; nothing is appended on a refusal.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from bus.errors import BusError
+from bus.subjects import is_token
+from domain.errors import DomainError
+from schemas import v1
+from schemas.codec import SchemaError, decode_command, encode
+from workers.app import PoolApp, lease_view
+from workers.errors import ServiceError, UnknownSubject
+
+log = logging.getLogger(__name__)
+
+LEASE_VERBS = ("commit", "heartbeat", "renew", "release", "cancel", "get")
+NODE_VERBS = ("cordon", "drain", "maintenance", "uncordon", "end-maintenance", "lost")
+COMMAND_SUBJECTS = ["pool.cmd.*.lease.request", "pool.cmd.*.lease.*.*"]
+ADMIN_SUBJECTS = ["pool.admin.>"]
+
+
+def ok(*, lease: dict[str, Any] | None = None, result: dict[str, Any] | None = None) -> bytes:
+    return encode(v1.Envelope.success(lease=lease, result=result))
+
+
+def failure(code: str, message: str, reasons: dict[str, int | str] | None = None) -> bytes:
+    return encode(v1.Envelope.failure(code, message, reasons))
+
+
+def _domain_reasons(e: DomainError) -> dict[str, int | str]:
+    out: dict[str, int | str] = {}
+    for r in getattr(e, "reasons", ()) or ():
+        out[str(r)] = 1
+    return out
+
+
+class CommandHandler:
+    """Turns (subject, body) into a reply; `why` is answered by the scheduler, which knows."""
+
+    def __init__(self, app: PoolApp) -> None:
+        self.app = app
+
+    def __call__(self, subject: str, body: bytes, headers: dict[str, str]) -> bytes:
+        try:
+            return self.route(subject, body)
+        except SchemaError as e:
+            return encode(e.to_envelope())
+        except DomainError as e:
+            return failure(e.code, str(e), _domain_reasons(e))
+        except ServiceError as e:
+            return failure(e.code, e.message, e.reasons)
+        except BusError as e:
+            return failure(e.code, str(e))
+        except Exception:  # a bug: logged, answered, and the service keeps serving
+            log.exception("command on %s failed", subject)
+            return failure("internal_error", "the command failed inside the service")
+
+    def route(self, subject: str, body: bytes) -> bytes:
+        parts = subject.split(".")
+        if parts[:2] == ["pool", "cmd"] and len(parts) >= 5 and parts[3] == "lease":
+            tenant = parts[2]
+            if len(parts) == 5 and parts[4] == "request":
+                req = decode_command("lease.request", body)
+                assert isinstance(req, v1.LeaseRequest)
+                lease = self.app.request_lease(tenant, req)
+                return ok(lease=lease_view(lease))
+            if len(parts) == 6 and parts[5] in LEASE_VERBS:
+                return self.lease_verb(tenant, parts[4], parts[5], body)
+        if parts[:2] == ["pool", "admin"]:
+            return self.admin(parts[2:], body)
+        raise UnknownSubject(f"no command is answered on {subject}")
+
+    def lease_verb(self, tenant: str, lease_id: str, verb: str, body: bytes) -> bytes:
+        cmd = decode_command(f"lease.{verb}", body)
+        app = self.app
+        calls: dict[str, Callable[[], Any]] = {
+            "commit": lambda: app.commit(tenant, lease_id, cmd),  # type: ignore[arg-type]
+            "heartbeat": lambda: app.heartbeat(tenant, lease_id, cmd),  # type: ignore[arg-type]
+            "renew": lambda: app.renew(tenant, lease_id, cmd),  # type: ignore[arg-type]
+            "release": lambda: app.release(tenant, lease_id, cmd),  # type: ignore[arg-type]
+            "cancel": lambda: app.cancel(tenant, lease_id, cmd),  # type: ignore[arg-type]
+            "get": lambda: app.get(tenant, lease_id),
+        }
+        return ok(lease=lease_view(calls[verb]()))
+
+    def admin(self, path: list[str], body: bytes) -> bytes:
+        app = self.app
+        match path:
+            case ["pool", "set"]:
+                cfg = decode_command("admin.pool", body)
+                assert isinstance(cfg, v1.PoolConfig)
+                app.configure_pool(cfg)
+                return ok(result=app.pool_settings(cfg.pool_id))
+            case ["pool", "show"]:
+                show = decode_command("admin.pool.show", body)
+                assert isinstance(show, v1.PoolShow)
+                return ok(result=app.pool_settings(show.pool_id))
+            case ["tenant", "set"]:
+                tc = decode_command("admin.tenant", body)
+                assert isinstance(tc, v1.TenantConfig)
+                pol = app.set_tenant(tc)
+                return ok(result={"tenant": pol.tenant_id, "pool_id": pol.pool_id,
+                                  "weight": pol.weight / 1000,
+                                  "quota": None if pol.quota is None else pol.quota.to_dict()})
+            case ["node", "register"]:
+                reg = decode_command("agent.register", body)
+                assert isinstance(reg, v1.NodeRegistration)
+                node = app.register_node(reg)
+                return ok(result={"node_id": node.node_id, "state": str(node.state)})
+            case ["node", node_id, verb] if verb in NODE_VERBS and is_token(node_id):
+                ch = decode_command("admin.node.state", body)
+                assert isinstance(ch, v1.NodeStateChange)
+                node = app.node_state(node_id, verb, ch.reason or "")
+                return ok(result={"node_id": node.node_id, "state": str(node.state)})
+            case ["credits", "grant"]:
+                g = decode_command("admin.credits.grant", body)
+                assert isinstance(g, v1.CreditGrant)
+                acc = app.grant(g.tenant, g.amount_microcredits, g.transfer_id, g.reason or "")
+                return ok(result={"tenant": g.tenant, "available_microcredits": acc.available,
+                                  "granted_microcredits": acc.granted})
+        raise UnknownSubject(f"no admin command {'.'.join(path)!r}")
