@@ -443,6 +443,11 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
                 if wanted and headers.get(HDR_TOPIC) not in wanted:
                     continue
                 e = _stored_event_from(headers, data)
+                # a follower that reads the log learns each subject's end as it goes, so its
+                # next write carries the right expectation instead of a guaranteed conflict
+                self._remember(
+                    self.subject_for(e.originator_id), _SubjectState(e.originator_version, s)
+                )
                 out.append(
                     Notification(
                         id=s,

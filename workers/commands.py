@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 
 LEASE_VERBS = ("commit", "heartbeat", "renew", "release", "cancel", "get")
 NODE_VERBS = ("cordon", "drain", "maintenance", "uncordon", "end-maintenance", "lost")
-COMMAND_SUBJECTS = ["pool.cmd.*.lease.request", "pool.cmd.*.lease.*.*"]
+# one subscription per verb: `why` is answered by the scheduler, which holds the reasons
+COMMAND_SUBJECTS = ["pool.cmd.*.lease.request"] + [f"pool.cmd.*.lease.*.{v}" for v in LEASE_VERBS]
 ADMIN_SUBJECTS = ["pool.admin.>"]
 
 

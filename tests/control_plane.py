@@ -1,0 +1,63 @@
+"""Shared set-up for the control-plane tests: a real server, the real workers, a fake clock."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from workers.client import PoolClient
+from workers.serve import ControlPlane
+
+
+@dataclass
+class FakeClock:
+    now: float = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def node_body(node_id: str, pool: str = "p1", *, cpu_millis: int = 8000, memory_mib: int = 32768,
+              gpu_count: int = 0, gpu_model: str | None = None, gpu_memory_gib: int = 0,
+              zone: str = "z1", **traits: Any) -> dict[str, Any]:
+    caps: dict[str, Any] = {
+        "allocatable": {"cpu_millis": cpu_millis, "memory_mib": memory_mib,
+                        "gpu_count": gpu_count, "local_disk_gib": 100},
+        "zone": zone, "failure_domain": zone, "gpu_memory_gib": gpu_memory_gib,
+        **traits,
+    }
+    if gpu_model:
+        caps["gpu_model"] = gpu_model
+    return {"node_id": node_id, "pool_id": pool, "capabilities": caps}
+
+
+def lease_body(key: str, pool: str = "p1", *, cpu_millis: int = 1000, memory_mib: int = 1024,
+               max_runtime: int = 600, priority: str = "standard", **shape: Any) -> dict[str, Any]:
+    return {
+        "pool_id": pool,
+        "shape": {"cpu_millis": cpu_millis, "memory_mib": memory_mib, **shape},
+        "maximum_runtime_seconds": max_runtime,
+        "idempotency_key": key,
+        "priority_class": priority,
+    }
+
+
+def setup_pool(admin: PoolClient, pool: str = "p1", *, tenants: dict[str, float] | None = None,
+               credits: int = 10**12, **config: Any) -> None:
+    r = admin.admin("pool.set", {"pool_id": pool,
+                                 "priority_classes": {"preemptible": 0, "standard": 10,
+                                                      "high": 20},
+                                 **config})
+    assert r["ok"], r
+    for tenant, weight in (tenants or {"alpha": 1.0}).items():
+        assert admin.admin("tenant.set", {"tenant": tenant, "pool_id": pool,
+                                          "weight": weight})["ok"]
+        assert admin.admin("credits.grant", {"tenant": tenant, "amount_microcredits": credits,
+                                             "transfer_id": f"initial-{tenant}"})["ok"]
+
+
+def start(nats_url: str, clock: FakeClock) -> ControlPlane:
+    return ControlPlane(nats_url, clock=clock, run_scheduler=False).start()

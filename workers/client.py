@@ -1,0 +1,52 @@
+"""A small Python client for the command subjects; the CLI is built on it.
+
+Each call sends one request and returns the reply envelope as a dict (`ok`, `lease`/`result`,
+`error`); it raises only for transport failures (bus.errors).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from bus.service import Client
+
+
+class PoolClient:
+    """Speaks for one tenant (`pool.cmd.<tenant>.…`) and, with service credentials, for admin."""
+
+    def __init__(self, nats_url: str, tenant: str = "", *, timeout: float = 10.0,
+                 **connect_options: Any) -> None:
+        self.tenant = tenant
+        self.timeout = timeout
+        self._client = Client(nats_url, **connect_options)
+
+    def raw(self, subject: str, body: bytes) -> dict[str, Any]:
+        reply = self._client.request(subject, body, timeout=self.timeout)
+        out: dict[str, Any] = json.loads(reply)
+        return out
+
+    def call(self, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.raw(subject, json.dumps(body or {}).encode())
+
+    # -- tenant ------------------------------------------------------------------------------
+
+    def request_lease(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.call(f"pool.cmd.{self.tenant}.lease.request", body)
+
+    def lease(self, lease_id: str, verb: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.call(f"pool.cmd.{self.tenant}.lease.{lease_id}.{verb}", body)
+
+    # -- admin -------------------------------------------------------------------------------
+
+    def admin(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.call(f"pool.admin.{path}", body)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> PoolClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

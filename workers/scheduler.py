@@ -1,0 +1,398 @@
+"""The scheduler: folds the event log into memory and places queued leases in cycles.
+
+State is rebuilt by replaying the log from the first event; each cycle's placements (lease
+reserved + node allocated + credits held, for every placement) are saved as ONE atomic batch,
+so two schedulers can race and optimistic concurrency still refuses any double placement.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.domain import Aggregate
+from eventsourcing.persistence import IntegrityError
+
+from domain.account import Account
+from domain.errors import DomainError
+from domain.lease import Lease, LeaseState
+from domain.node import Node
+from domain.policy import reasons as R
+from domain.policy.fairness import FairQueue, PendingRequest, quota_check
+from domain.policy.placement import NodeTable
+from domain.pool import Pool, TenantPolicy
+from domain.resources import LeaseId, NodeId, Resources
+
+log = logging.getLogger(__name__)
+
+MAX_PLACEMENTS_PER_BATCH = 300  # 3 messages each, under JetStream's 1000-message batch limit
+NOTIFICATION_PAGE = 1000
+
+
+@dataclass
+class PoolState:
+    """One pool as the scheduler holds it: nodes in arrays, the fair queue, tenant policies."""
+
+    pool: Pool
+    table: NodeTable = field(default_factory=NodeTable)
+    queue: FairQueue | None = None
+    weights: dict[str, float] = field(default_factory=dict)
+    quotas: dict[str, Resources | None] = field(default_factory=dict)
+
+    def rebuild_queue(self) -> None:
+        old = self.queue
+        cfg = self.pool.config
+        self.queue = FairQueue(
+            totals=self.table.totals(ready_only=True),
+            weights=self.weights,
+            priority_ranks=dict(cfg.priority_classes),
+            aging_seconds_per_rank=float(cfg.aging_seconds_per_rank),
+        )
+        if old is not None:
+            for tenant in list(old._usage):  # noqa: SLF001 - carry usage across a rebuild
+                self.queue.set_usage(tenant, old.usage(tenant))
+            self.queue.extend(old._requests.values())  # noqa: SLF001
+
+
+@dataclass
+class CycleReport:
+    placed: int = 0
+    rejected: int = 0
+    waiting: int = 0
+    voided: int = 0
+    expired: int = 0
+    conflicts: int = 0
+    batches: int = 0
+
+
+class Scheduler:
+    """Follows the log through `app`, decides placements, saves them through `app`."""
+
+    def __init__(self, app: Any, *, clock: Callable[[], float] = time.time) -> None:
+        self.app = app
+        self.clock = clock
+        self.position = 0
+        self.aggregates: dict[UUID, Aggregate] = {}
+        self.pools: dict[str, PoolState] = {}
+        self.reasons: dict[str, dict[str, Any]] = {}
+        self._seq = 0
+        # (due_at, lease_id) for reservations and running leases: the deadline sweep
+        self._deadlines: list[tuple[float, str]] = []
+        self._usage: dict[str, tuple[str, Resources]] = {}  # lease -> (tenant, resources)
+        self.max_examined_per_cycle = 5000
+        self._lock = threading.RLock()
+
+    # -- folding the log --------------------------------------------------------------------
+
+    def catch_up(self) -> int:
+        """Apply every event after `position`; returns how many were read."""
+        n = 0
+        while True:
+            page = self.app.recorder.select_notifications(
+                start=self.position + 1, limit=NOTIFICATION_PAGE
+            )
+            if not page:
+                return n
+            for notification in page:
+                event = self.app.mapper.to_domain_event(notification)
+                self.apply(event)
+                self.position = notification.id
+            n += len(page)
+            if len(page) < NOTIFICATION_PAGE:
+                return n
+
+    def apply(self, event: Any) -> None:
+        agg = self.aggregates.get(event.originator_id)
+        if agg is None:
+            if event.originator_version != 1:
+                return  # history we cannot fold (never happens with a log read from 1)
+            agg = event.mutate(None)
+        elif event.originator_version == agg.version + 1:
+            agg = event.mutate(agg)
+        else:
+            return  # our own write coming back, already applied in memory
+        assert agg is not None
+        self.aggregates[agg.id] = agg
+        self._index(agg)
+
+    def _index(self, agg: Aggregate) -> None:
+        if isinstance(agg, Pool):
+            ps = self.pools.get(agg.pool_id)
+            if ps is None:
+                ps = self.pools[agg.pool_id] = PoolState(pool=agg)
+            ps.pool = agg
+            ps.rebuild_queue()
+        elif isinstance(agg, TenantPolicy):
+            ps = self.pools.get(agg.pool_id)
+            if ps is not None:
+                ps.weights[agg.tenant_id] = float(agg.weight)
+                ps.quotas[agg.tenant_id] = agg.quota
+                assert ps.queue is not None
+                ps.queue.set_weight(agg.tenant_id, float(agg.weight))
+        elif isinstance(agg, Node):
+            self._index_node(agg)
+        elif isinstance(agg, Lease):
+            self._index_lease(agg)
+
+    def _index_node(self, node: Node) -> None:
+        ps = self.pools.get(node.pool_id)
+        if ps is None:
+            return
+        first = node.node_id not in ps.table
+        ps.table.add_or_update_node(node.node_id, node.capabilities, str(node.state))
+        ps.table.set_state(node.node_id, str(node.state))
+        have = set(ps.table.leases_on(node.node_id))
+        want = node.allocations
+        for lid in have - set(want):
+            ps.table.free(lid)
+        for lid in set(want) - have:
+            lease = self.aggregates.get(UUID(lid))
+            tenant = lease.tenant_id if isinstance(lease, Lease) else None
+            ps.table.allocate(node.node_id, lid, want[lid], tenant=tenant)
+        if first:
+            assert ps.queue is not None
+            ps.queue.set_totals(ps.table.totals(ready_only=True))
+
+    def _index_lease(self, lease: Lease) -> None:
+        ps = self.pools.get(lease.pool_id)
+        if ps is None or ps.queue is None:
+            return
+        lid = str(lease.id)
+        self._track(ps, lease)
+        if lease.state is LeaseState.QUEUED:
+            if lid not in ps.queue:
+                self._seq += 1
+                ps.queue.push(
+                    PendingRequest(
+                        lease_id=lid,
+                        tenant=lease.tenant_id,
+                        priority_class=lease.priority_class,
+                        shape=lease.requested_shape,
+                        enqueued_at=lease.queued_at or lease.requested_at,
+                        seq=self._seq,
+                    )
+                )
+            return
+        if lid in ps.queue:
+            ps.queue.remove(lid)
+        self.reasons.pop(lid, None)
+        due = lease.next_due_at()
+        if due is not None:
+            heapq.heappush(self._deadlines, (due, lid))
+
+    def _track(self, ps: PoolState, lease: Lease) -> None:
+        """Keep each tenant's usage (the DRF numerator) = its capacity-holding leases."""
+        lid = str(lease.id)
+        tracked = self._usage.get(lid)
+        holds = lease.holds_capacity
+        assert ps.queue is not None
+        if holds and tracked is None:
+            self._usage[lid] = (lease.tenant_id, lease.resources)
+            ps.queue.add_usage(lease.tenant_id, lease.resources)
+        elif not holds and tracked is not None:
+            del self._usage[lid]
+            ps.queue.released(tracked[0], tracked[1])
+
+    # -- deciding ---------------------------------------------------------------------------
+
+    def cycle(self) -> CycleReport:
+        """Catch up, sweep deadlines, place what fits; one atomic batch per ≤300 placements."""
+        with self._lock:
+            self.catch_up()
+            report = CycleReport()
+            now = self.clock()
+            self._sweep(now, report)
+            for ps in self.pools.values():
+                self._place_pool(ps, now, report)
+            return report
+
+    def _save(self, aggs: list[Aggregate], report: CycleReport) -> bool:
+        unique = list({a.id: a for a in aggs}.values())
+        if not unique:
+            return True
+        try:
+            self.app.save(*unique)
+            report.batches += 1
+            return True
+        except IntegrityError:
+            # someone else wrote one of these first: forget our in-memory view of them and
+            # re-read the log; the requests are still queued and the next cycle retries
+            report.conflicts += 1
+            for a in unique:
+                self.aggregates.pop(a.id, None)
+            self._reload(unique)
+            return False
+
+    def _reload(self, aggs: list[Aggregate]) -> None:
+        for a in aggs:
+            fresh = self.app.repository.get(a.id)
+            self.aggregates[fresh.id] = fresh
+        for a in aggs:
+            self._index(self.aggregates[a.id])
+
+    def _sweep(self, now: float, report: CycleReport) -> None:
+        """Void uncommitted reservations and expire silent leases whose time has come."""
+        batch: list[Aggregate] = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _due, lid = heapq.heappop(self._deadlines)
+            lease = self.aggregates.get(UUID(lid))
+            if not isinstance(lease, Lease):
+                continue
+            reason = lease.expiry_due(now)
+            if reason is None:
+                continue
+            try:
+                if lease.state is LeaseState.RESERVED:
+                    lease.void_reservation(now)
+                    batch += self._return_capacity(lease, now, charge=False)
+                    report.voided += 1
+                else:
+                    # never recycled silently: capacity stays held until the agent confirms
+                    lease.expire(now, reason)
+                    lease.begin_reconciliation(now)
+                    report.expired += 1
+            except DomainError:
+                continue
+            batch.append(lease)
+            if len(batch) >= 900:
+                self._save(batch, report)
+                batch = []
+        self._save(batch, report)
+
+    def _return_capacity(self, lease: Lease, now: float, *, charge: bool) -> list[Aggregate]:
+        out: list[Aggregate] = []
+        if lease.node_id is not None:
+            node = self.aggregates.get(Node.create_id(lease.node_id))
+            if isinstance(node, Node) and node.free(LeaseId(str(lease.id)), now):
+                out.append(node)
+        acc = self.aggregates.get(Account.create_id(lease.tenant_id))
+        lid = LeaseId(str(lease.id))
+        if isinstance(acc, Account) and acc.has_hold(lid):
+            acc.release_hold(f"void-{lease.id}-{lease.epoch}", lid, now)
+            out.append(acc)
+        ps = self.pools.get(lease.pool_id)
+        if ps is not None:
+            ps.table.free(str(lease.id))
+            self._track(ps, lease)
+        return out
+
+    def _place_pool(self, ps: PoolState, now: float, report: CycleReport) -> None:
+        queue = ps.queue
+        if queue is None or not len(queue):
+            return
+        pool = ps.pool
+        cfg = pool.config
+        batch: list[Aggregate] = []
+        in_batch = 0
+        unplaced: list[PendingRequest] = []
+        examined = 0
+        # one pop at a time: each placement changes its tenant's share before the next pick
+        while examined < self.max_examined_per_cycle and (req := queue.pop(now)) is not None:
+            examined += 1
+            lease = self.aggregates.get(UUID(req.lease_id))
+            if not isinstance(lease, Lease) or lease.state is not LeaseState.QUEUED:
+                continue
+            shape = lease.requested_shape
+            res = shape.resources
+            quota = ps.quotas.get(req.tenant)
+            if quota is not None and quota_check(queue.usage(req.tenant), res, quota):
+                self._wait(req, {"tenant": [R.QUOTA_EXCEEDED]}, unplaced)
+                continue
+            node_id, fr = ps.table.place(shape, packing=cfg.packing)  # type: ignore[arg-type]
+            if node_id is None:
+                if fr.never_satisfiable:
+                    lease.reject(now, "unschedulable", sorted(fr.failures))
+                    self.reasons[req.lease_id] = fr.wait_reasons().to_dict()
+                    batch.append(lease)
+                    report.rejected += 1
+                else:
+                    self._wait(req, fr.wait_reasons([R.WAITING_FOR_CAPACITY]).to_dict(), unplaced)
+                continue
+            hold = pool.hold_for(shape, lease.maximum_runtime_seconds)
+            acc = self.aggregates.get(Account.create_id(req.tenant))
+            available = acc.available if isinstance(acc, Account) else 0
+            if hold > available:
+                self._wait(req, {"tenant": [R.INSUFFICIENT_CREDITS],
+                                 "hold_microcredits": hold, "available_microcredits": available},
+                           unplaced)
+                continue
+            node = self.aggregates[Node.create_id(node_id)]
+            assert isinstance(node, Node)
+            epoch = lease.reserve(
+                now,
+                node_id=NodeId(node_id),
+                commit_timeout_seconds=cfg.commit_timeout_seconds,
+                hold_microcredits=hold,
+            )
+            lid = LeaseId(req.lease_id)
+            node.allocate(lid, res, now)
+            batch += [lease, node]
+            if hold:
+                assert isinstance(acc, Account)
+                acc.hold(f"hold-{lid}-{epoch}", lid, hold, now)
+                batch.append(acc)
+            ps.table.allocate(node_id, req.lease_id, res, tenant=req.tenant)
+            self._track(ps, lease)
+            self.reasons.pop(req.lease_id, None)
+            heapq.heappush(self._deadlines, (lease.reservation_deadline or now, req.lease_id))
+            report.placed += 1
+            in_batch += 1
+            if in_batch >= MAX_PLACEMENTS_PER_BATCH:
+                self._commit_batch(batch, report)
+                batch, in_batch = [], 0
+        self._commit_batch(batch, report)
+        for req in unplaced:
+            lease = self.aggregates.get(UUID(req.lease_id))
+            if isinstance(lease, Lease) and lease.state is LeaseState.QUEUED:
+                queue.requeue(req)
+        report.waiting += len(unplaced)
+
+    def _commit_batch(self, batch: list[Aggregate], report: CycleReport) -> None:
+        if not self._save(batch, report):
+            # the batch did not land: placements counted in it are void; re-index from truth
+            report.placed = max(0, report.placed - sum(isinstance(a, Lease) for a in batch))
+
+    def _wait(self, req: PendingRequest, reasons: dict[str, Any], unplaced: list[PendingRequest]) -> None:
+        self.reasons[req.lease_id] = reasons
+        unplaced.append(req)
+
+    # -- answering why ----------------------------------------------------------------------
+
+    def why(self, tenant: str, lease_id: str) -> dict[str, Any] | None:
+        """Why a lease waits (or was rejected); None if this tenant has no such lease."""
+        with self._lock:
+            try:
+                lease = self.aggregates.get(UUID(lease_id))
+            except ValueError:
+                return None
+            if not isinstance(lease, Lease) or lease.tenant_id != tenant:
+                return None
+            out: dict[str, Any] = {"lease_id": lease_id, "state": str(lease.state)}
+            reasons = self.reasons.get(lease_id)
+            if reasons is not None:
+                out["reasons"] = reasons
+            elif lease.state is LeaseState.REJECTED:
+                out["reasons"] = {"rejection_code": lease.rejection_code}
+            else:
+                out["reasons"] = {}
+            return out
+
+    # -- running ----------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event, *, interval: float = 0.05) -> None:
+        """Cycle until `stop` is set; sleeps `interval` when a cycle found nothing to do."""
+        while not stop.is_set():
+            try:
+                report = self.cycle()
+            except Exception:  # noqa: BLE001 - keep scheduling; the log is the truth
+                log.exception("scheduler cycle failed")
+                stop.wait(1.0)
+                continue
+            if not (report.placed or report.rejected or report.voided or report.expired):
+                stop.wait(interval)
