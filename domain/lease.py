@@ -512,7 +512,7 @@ class Lease(Aggregate):
         elif reason not in EXPIRY_REASONS or reason == "commit_timeout":
             raise IllegalTransition(self.state, "expire", reasons=(reason,),
                                     detail=f"unknown expiry reason {reason!r}")
-        elif reason != "node_lost" and reason != due:
+        elif not self._is_due(reason, now):
             raise NotDue(f"{reason} is not due at {now}", reasons=(reason,))
         if reason is None:
             raise NotDue(f"nothing is due at {now}; next at {self.next_due_at()}")
@@ -599,6 +599,14 @@ class Lease(Aggregate):
     def _require_not_past_deadline(self, now: float) -> None:
         if self.deadline is not None and now >= self.deadline:
             raise LeaseExpiredError("deadline")
+
+    def _is_due(self, reason: str, now: float) -> bool:
+        assert self.deadline is not None
+        if reason == "deadline":
+            return now >= self.deadline
+        if reason == "heartbeat_lost":
+            return now >= self._heartbeat_due_at()
+        return reason == "node_lost"  # the reconciler's verdict; no timer to check
 
     def _heartbeat_due_at(self) -> float:
         assert self.started_at is not None

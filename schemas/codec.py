@@ -91,6 +91,7 @@ COMMANDS: Final[Mapping[str, CommandSpec]] = {
     "admin.pool": CommandSpec(v1.PoolConfig),
     "admin.tenant": CommandSpec(v1.TenantConfig),
     "admin.pool.show": CommandSpec(v1.PoolShow),
+    "admin.pool.prices": CommandSpec(v1.PriceListConfig),
     "admin.credits.grant": CommandSpec(v1.CreditGrant),
     "admin.node.state": CommandSpec(v1.NodeStateChange),
     "agent.register": CommandSpec(v1.NodeRegistration),

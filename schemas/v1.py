@@ -404,6 +404,21 @@ class NodeCapabilitiesSpec(_Part, kw_only=True):
         )
 
 
+MicroCredits = Annotated[int, Meta(ge=0, le=10**12)]
+
+
+class PriceListConfig(_Command, kw_only=True):
+    """A pool's prices in micro-credits per second; each change is a new price-list version."""
+
+    pool_id: SubjectToken
+    cpu_core_second: MicroCredits = 0
+    memory_gib_second: MicroCredits = 0
+    local_disk_gib_second: MicroCredits = 0
+    # by GPU model, and by partition profile; "*" prices anything unlisted
+    gpu_second: Annotated[dict[ShortText, MicroCredits], Meta(max_length=64)] = {}
+    gpu_partition_second: Annotated[dict[ShortText, MicroCredits], Meta(max_length=64)] = {}
+
+
 class PoolShow(_Command, kw_only=True):
     """Ask for every setting in force for a pool."""
 
@@ -542,6 +557,7 @@ PUBLIC_STRUCTS: tuple[type[Struct], ...] = (
     PreemptionPolicy,
     TenantConfig,
     PoolShow,
+    PriceListConfig,
     CreditGrant,
     NodeStateChange,
     NodeCapabilitiesSpec,

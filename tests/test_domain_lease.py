@@ -34,11 +34,11 @@ JOB = JobSpec(image="registry.example/train:1", command=("python", "train.py"),
 
 
 def new_lease(**overrides: Any) -> Lease:
-    args: dict[str, Any] = dict(
-        tenant_id=TenantId("acme"), pool_id=PoolId("gpu"), idempotency_key="req-1",
-        shape=SHAPE, maximum_runtime_seconds=3600, lease_seconds=600,
-        heartbeat_timeout_seconds=30, now=0.0,
-    )
+    args: dict[str, Any] = {
+        "tenant_id": TenantId("acme"), "pool_id": PoolId("gpu"), "idempotency_key": "req-1",
+        "shape": SHAPE, "maximum_runtime_seconds": 3600, "lease_seconds": 600,
+        "heartbeat_timeout_seconds": 30, "now": 0.0,
+    }
     args.update(overrides)
     return Lease.request(**args)
 
@@ -249,9 +249,9 @@ def test_an_expired_lease_keeps_its_capacity_until_reconciled() -> None:
     lease = running_lease()
     assert lease.expiry_due(610) == "deadline"
     lease.expire(615)
-    assert lease.state is LeaseState.EXPIRED and lease.holds_capacity
+    assert (lease.state, lease.holds_capacity) == (LeaseState.EXPIRED, True)
     lease.begin_reconciliation(616)
-    assert lease.state is LeaseState.RECONCILING and lease.holds_capacity
+    assert (lease.state, lease.holds_capacity) == (LeaseState.RECONCILING, True)
     assert lease.confirm_stopped(620) is LeaseState.RELEASED
     assert not lease.holds_capacity
     assert lease.end_reason == "deadline"
@@ -488,3 +488,9 @@ def test_a_rejected_request_ends_without_ever_holding_capacity() -> None:
     assert lease.state is LeaseState.REJECTED and lease.rejection_code == "quota_exceeded"
     with pytest.raises(IllegalTransition):
         lease.queue(3)
+
+
+def test_a_lease_past_both_deadlines_may_expire_for_either_reason() -> None:
+    lease = running_lease()
+    assert lease.expiry_due(700) == "deadline"  # the hard deadline is named first
+    assert lease.expire(700, reason="heartbeat_lost") is LeaseState.EXPIRED

@@ -203,11 +203,11 @@ def test_cordon_drain_and_uncordon_move_between_states() -> None:
     node = new_node()
     node.cordon(1)
     node.drain(2)
-    assert node.state is NodeState.DRAINING
+    assert node.state == NodeState.DRAINING
     with pytest.raises(IllegalTransition):
         node.cordon(3)
     node.uncordon(4)
-    assert node.state is NodeState.READY and node.is_schedulable
+    assert (node.state, node.is_schedulable) == (NodeState.READY, True)
     with pytest.raises(IllegalTransition) as raised:
         node.uncordon(5)
     assert (raised.value.from_state, raised.value.verb) == ("ready", "uncordon")

@@ -19,7 +19,7 @@ from eventsourcing.persistence import IntegrityError
 from domain.account import Account
 from domain.lease import JobSpec, Lease, LeaseState
 from domain.node import Node
-from domain.pool import Pool, PoolConfig, PreemptionSettings, TenantPolicy
+from domain.pool import Pool, PoolConfig, PreemptionSettings, PriceList, TenantPolicy
 from domain.resources import LeaseId, NodeId, PoolId, Resources, TenantId
 from schemas import v1
 from workers.errors import (
@@ -150,6 +150,24 @@ class PoolApp(Application):
 
         return self.retrying(go)
 
+    def set_prices(self, pl: v1.PriceListConfig) -> Pool:
+        now = self.clock()
+        prices = PriceList(
+            cpu_core_second=pl.cpu_core_second,
+            memory_gib_second=pl.memory_gib_second,
+            local_disk_gib_second=pl.local_disk_gib_second,
+            gpu_second=tuple({"*": 0, **pl.gpu_second}.items()),
+            gpu_partition_second=tuple({"*": 0, **pl.gpu_partition_second}.items()),
+        )
+
+        def go() -> Pool:
+            pool = self._pool(pl.pool_id)
+            pool.set_price_list(prices, now)
+            self.save(pool)
+            return pool
+
+        return self.retrying(go)
+
     def set_tenant(self, cfg: v1.TenantConfig) -> TenantPolicy:
         now = self.clock()
         self._pool(cfg.pool_id)
@@ -267,12 +285,14 @@ class PoolApp(Application):
             now = self.clock()
             lease = self._lease(tenant, lease_id)
             job = body.job
-            spec = JobSpec(
-                image=job.image or "",
-                command=tuple(job.command),
-                env=tuple(sorted(job.env.items())),
-                checkpoint_interval_seconds=job.checkpoint_policy.interval_seconds,
-            )
+            spec = None
+            if job.image or job.command:  # a commit may claim capacity before naming its job
+                spec = JobSpec(
+                    image=job.image or "",
+                    command=tuple(job.command),
+                    env=tuple(sorted(job.env.items())),
+                    checkpoint_interval_seconds=job.checkpoint_policy.interval_seconds,
+                )
             lease.commit(now, spec)
             self.save(lease)
             return lease

@@ -103,6 +103,11 @@ class CommandHandler:
                 show = decode_command("admin.pool.show", body)
                 assert isinstance(show, v1.PoolShow)
                 return ok(result=app.pool_settings(show.pool_id))
+            case ["pool", "prices"]:
+                pl = decode_command("admin.pool.prices", body)
+                assert isinstance(pl, v1.PriceListConfig)
+                app.set_prices(pl)
+                return ok(result=app.pool_settings(pl.pool_id))
             case ["tenant", "set"]:
                 tc = decode_command("admin.tenant", body)
                 assert isinstance(tc, v1.TenantConfig)
