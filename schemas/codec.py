@@ -99,6 +99,7 @@ COMMANDS: Final[Mapping[str, CommandSpec]] = {
     "agent.drain": CommandSpec(v1.NodeDrain),
     "agent.assign": CommandSpec(v1.LeaseAssignment),
     "agent.revoke": CommandSpec(v1.LeaseRevocation),
+    "node.stopped": CommandSpec(v1.LeaseStopped),
     "telemetry": CommandSpec(v1.TelemetryEvent),
     "reply": CommandSpec(v1.Envelope),
 }

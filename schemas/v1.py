@@ -485,6 +485,13 @@ class LeaseRevocation(_Command, kw_only=True):
     reason: Reason | None = None
 
 
+class LeaseStopped(_Command, kw_only=True):
+    """A node agent confirms a lease's workload is gone (after a preemption, cancel or expiry);
+    only then is its capacity returned. The epoch fences a report from an older placement."""
+
+    epoch: Count
+
+
 # -- telemetry and replies ---------------------------------------------------------------------
 
 AttrName = Annotated[str, Meta(min_length=1, max_length=128)]
@@ -566,6 +573,7 @@ PUBLIC_STRUCTS: tuple[type[Struct], ...] = (
     NodeDrain,
     LeaseAssignment,
     LeaseRevocation,
+    LeaseStopped,
     TelemetryEvent,
     ErrorBody,
     Envelope,

@@ -42,8 +42,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
     emb = embedded.start(home, with_postgres=not args.no_postgres)
+    plane = None
     try:
         ensure_all_streams(emb.nats_url, replicas=args.replicas)
+        if not args.no_workers:
+            from workers.serve import ControlPlane
+
+            plane = ControlPlane(emb.nats_url).start()
         streams = describe_streams(emb.nats_url)
         info = {
             "home": str(home),
@@ -59,6 +64,9 @@ def cmd_up(args: argparse.Namespace) -> int:
             for s in streams:
                 print(f"stream: {s['name']} ({s['messages']} messages, {s['subjects']})")
             print(f"endpoints: {home / 'endpoints.json'}")
+            if plane is not None:
+                print("control plane: commands on pool.cmd.<tenant>.lease.…, admin on "
+                      "pool.admin.…, scheduler running (try `pool lease --help`)")
             print("ready: Ctrl-C to stop (data is kept for the next start)", flush=True)
         if args.exit_when_ready:
             return EXIT_OK
@@ -67,6 +75,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         print("stopping…", file=sys.stderr)
         return EXIT_OK
     finally:
+        if plane is not None:
+            plane.stop()
         emb.stop()
         if not args.json:
             print(f"stopped; data kept in {home}", file=sys.stderr)
@@ -267,6 +277,18 @@ def _credits_grant(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
                              "transfer_id": args.transfer_id or uuid.uuid4().hex}
 
 
+def cmd_bench_schedule(args: argparse.Namespace) -> int:
+    from workers.bench_schedule import run_schedule_bench
+
+    result = run_schedule_bench(
+        nodes=args.nodes, requests=args.requests, quick=args.quick,
+        progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)),
+    )
+    print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json
+          else result["table"])
+    return EXIT_OK
+
+
 # -- wiring --------------------------------------------------------------------------------
 
 
@@ -288,6 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--home", help="data directory (default: $POOL_HOME or ./.pool)")
     up.add_argument("--replicas", type=int, default=1, help="stream replicas (1 embedded)")
     up.add_argument("--no-postgres", action="store_true", help="start NATS only")
+    up.add_argument("--no-workers", action="store_true",
+                    help="servers only: no command service or scheduler")
     up.add_argument("--exit-when-ready", action="store_true", help="start, report, stop")
     up.add_argument("--json", action="store_true", help="print endpoints as JSON")
     up.set_defaults(func=cmd_up)
@@ -313,6 +337,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--quick", action="store_true", help="a small size for CI")
     ev.add_argument("--json", action="store_true")
     ev.set_defaults(func=cmd_bench_eventlog)
+    sb = bench.add_parser("schedule", help="placements/s, latency and RSS of the scheduler")
+    sb.add_argument("--nodes", type=int, default=10000)
+    sb.add_argument("--requests", type=int, default=100000)
+    sb.add_argument("--quick", action="store_true", help="500 nodes, 3,000 requests")
+    sb.add_argument("--json", action="store_true")
+    sb.set_defaults(func=cmd_bench_schedule)
 
     def client_opts(sp: argparse.ArgumentParser, tenant: bool = False) -> None:
         sp.add_argument("--nats-url", help="NATS server (default: POOL_NATS_URL or `pool up`)")

@@ -1,0 +1,327 @@
+"""Leader election on JetStream KV: one active holder (e.g. scheduler) per name (e.g. pool id).
+
+Each election is one key `<name>` in a KV bucket (default `pool_leaders`, history 1). Its value is
+JSON naming the holder; its KV revision is the lease's identity.
+
+* Acquire: `kv.create` -- succeeds only if the key is absent (or a delete tombstone), so of any
+  number of concurrent candidates exactly one wins.
+* Renew: `kv.update(last=<our last revision>)` -- a compare-and-set; if anyone else wrote the key
+  since (took over after our lease lapsed), the update fails and we step down. Two candidates can
+  never both hold a revision that the server accepted as the latest.
+* Release: `kv.delete(last=<our revision>)` -- deletes only if the key is still ours.
+* `epoch`: the revision at acquisition. Revisions are stream sequences, so epochs only grow; other
+  code can record the epoch in events as a fencing token.
+
+How a dead leader's lease ends (TTL approach)
+---------------------------------------------
+Two mechanisms, both clock-skew free (no wall-clock timestamps are compared across machines):
+
+1. Server-side expiry: the bucket is created with `max_age = ttl` (the KV's per-bucket TTL). With
+   history 1, every renewal replaces the message, so the key disappears `ttl` after the holder's
+   last successful write, after which `create` succeeds for a standby. Measured on nats-server
+   2.15.1: a 1 s key vanishes after ~1.25 s (the server's age check runs at ~250 ms granularity).
+   We do not use per-message TTLs (`Nats-TTL`): nats-py 2.16 truncates them to whole seconds.
+2. Observed staleness (as in Kubernetes lease clients): a standby remembers the revision it saw and
+   when (its own monotonic clock). If the same revision is still there `ttl` later, the holder
+   failed to renew within its TTL, and the standby takes over with `update(last=that revision)` --
+   again a CAS, so only one standby wins. This also covers a pre-existing bucket whose `max_age`
+   is longer than this election's TTL (or unlimited); a bucket whose `max_age` is *shorter* than
+   the TTL is refused, since the key could vanish between renewals.
+
+The holder's own safety rule: a lease is valid until `t_sent + ttl`, where `t_sent` is when the
+last *successful* write was sent (monotonic clock). The server stored it no earlier, so it cannot
+expire and no standby can have observed it stale before that instant. `is_leader` turns False at
+that deadline even when the keeper is stuck on an unreachable server; the keeper fires
+`on_change(False)` at the same moment. A renewal whose CAS fails steps down at once.
+
+Everything NATS happens on the process's BusRuntime loop; the public API is synchronous. The
+keeper is a daemon thread (so `on_change` may call back into sync bus APIs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import nats.js.errors
+from nats.js import api
+from nats.js.kv import KeyValue
+
+from bus.errors import BusError
+from bus.runtime import BusRuntime, get_runtime
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUCKET = "pool_leaders"
+
+
+class LeaderBucketMismatch(BusError):
+    """The leader bucket exists with a TTL (max_age) shorter than this election's TTL."""
+
+    code = "leader_bucket_mismatch"
+
+
+class LeaderElection:
+    """One candidate (`holder_id`) in the election for `name`."""
+
+    def __init__(
+        self,
+        runtime_or_url: BusRuntime | str,
+        *,
+        name: str,
+        holder_id: str,
+        ttl_seconds: float = 3.0,
+        bucket: str = DEFAULT_BUCKET,
+    ) -> None:
+        if ttl_seconds <= 0:
+            raise ValueError("ttl_seconds must be positive")
+        self._rt = get_runtime(runtime_or_url) if isinstance(runtime_or_url, str) else runtime_or_url
+        self.name = name
+        self.holder_id = holder_id
+        self.ttl = float(ttl_seconds)
+        self.bucket = bucket
+        self._kv: KeyValue | None = None
+        self._alock: asyncio.Lock | None = None  # created on the loop; serialises KV operations
+        # lease state (mutated only on the loop, under _alock)
+        self._revision: int | None = None  # our latest accepted revision while leading
+        self._epoch: int | None = None  # revision at acquisition
+        self._deadline = 0.0  # monotonic; the lease is ours until then
+        # standby's view of the current holder: (revision, first seen at monotonic)
+        self._seen: tuple[int, float] | None = None
+        # keeper
+        self._keeper: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._on_change: Callable[[bool], None] | None = None
+        self._reported = False  # what on_change last said
+
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def renew_interval(self) -> float:
+        return self.ttl / 3.0
+
+    @property
+    def is_leader(self) -> bool:
+        return self._revision is not None and time.monotonic() < self._deadline
+
+    @property
+    def epoch(self) -> int | None:
+        """The fencing token (KV revision at acquisition) while leading, else None."""
+        return self._epoch if self.is_leader else None
+
+    # -- sync API ----------------------------------------------------------------------------
+
+    def try_acquire(self, timeout: float | None = None) -> bool:
+        """Become leader if there is no live leader, or renew if we lead. True if we lead now.
+
+        Raises BusUnavailable / BusTimeout if the server cannot be reached (our lease, if any,
+        still runs out at its deadline).
+        """
+        return self._rt.run(self._try_acquire(), timeout if timeout is not None else self._call_timeout())
+
+    def release(self, timeout: float | None = None) -> bool:
+        """Give the lease up (delete the key only if it is still ours). True if we deleted it."""
+        return self._rt.run(self._release(), timeout if timeout is not None else self._call_timeout())
+
+    def current_leader(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """The stored holder record ({'holder', 'epoch', 'revision', ...}) or None if vacant."""
+        return self._rt.run(self._current(), timeout if timeout is not None else self._call_timeout())
+
+    def start(self, on_change: Callable[[bool], None] | None = None) -> None:
+        """Run the keeper: acquire when vacant, renew every ttl/3 while leading, step down on
+        failure. `on_change(bool)` is called from the keeper thread on every transition."""
+        if self._keeper is not None and self._keeper.is_alive():
+            return
+        self._on_change = on_change
+        self._stop.clear()
+        self._keeper = threading.Thread(
+            target=self._keep, name=f"leader-keeper[{self.name}:{self.holder_id}]", daemon=True
+        )
+        self._keeper.start()
+
+    def stop(self, release: bool = False) -> None:
+        """Stop the keeper. Without `release`, the lease is simply left to expire (as on a crash);
+        this process still stops claiming leadership at once."""
+        self._stop.set()
+        if self._keeper is not None:
+            self._keeper.join(self.ttl + 5.0)
+            self._keeper = None
+        if release:
+            try:
+                self.release()
+            except BusError as e:
+                log.warning("leader release of %s failed: %s", self.name, e)
+        else:
+            self._revision = None
+            self._epoch = None
+        self._notify(False)
+
+    # -- keeper ------------------------------------------------------------------------------
+
+    def _call_timeout(self) -> float:
+        # a call that outlives our lease is useless; give it until the deadline (with a floor)
+        if self._revision is not None:
+            return max(0.2, min(self.ttl, self._deadline - time.monotonic()))
+        return max(0.5, self.ttl)
+
+    def _keep(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.try_acquire()
+            except BusError as e:
+                log.debug("leader keeper %s/%s: %s", self.name, self.holder_id, e)
+            except Exception:  # noqa: BLE001 - the keeper must not die
+                log.exception("leader keeper %s/%s failed", self.name, self.holder_id)
+            if self._stop.is_set():
+                break
+            leading = self.is_leader
+            self._notify(leading)
+            wait = self.renew_interval
+            if leading:  # wake at the deadline at the latest, to step down on time
+                wait = min(wait, max(0.0, self._deadline - time.monotonic()))
+            self._stop.wait(wait)
+
+    def _notify(self, leading: bool) -> None:
+        if leading == self._reported:
+            return
+        self._reported = leading
+        cb = self._on_change
+        if cb is not None:
+            try:
+                cb(leading)
+            except Exception:  # noqa: BLE001
+                log.exception("leader on_change callback failed")
+
+    # -- loop side ---------------------------------------------------------------------------
+
+    async def _bucket(self) -> KeyValue:
+        if self._kv is not None:
+            return self._kv
+        js = await self._rt.jetstream()
+        try:
+            kv = await js.key_value(self.bucket)
+        except nats.js.errors.BucketNotFoundError:
+            try:
+                kv = await js.create_key_value(
+                    api.KeyValueConfig(bucket=self.bucket, history=1, ttl=self.ttl)
+                )
+            except nats.js.errors.BadRequestError:
+                # created concurrently (possibly with another TTL): use what is there
+                kv = await js.key_value(self.bucket)
+        si = await js.stream_info(f"KV_{self.bucket}")
+        max_age = si.config.max_age or 0.0
+        if max_age and max_age + 1e-6 < self.ttl:
+            raise LeaderBucketMismatch(
+                f"bucket {self.bucket!r} expires keys after {max_age}s, shorter than ttl {self.ttl}s"
+            )
+        self._kv = kv
+        return kv
+
+    def _lock(self) -> asyncio.Lock:
+        if self._alock is None:
+            self._alock = asyncio.Lock()
+        return self._alock
+
+    def _value(self) -> bytes:
+        return json.dumps(
+            {"holder": self.holder_id, "epoch": self._epoch, "ttl": self.ttl}, sort_keys=True
+        ).encode()
+
+    async def _try_acquire(self) -> bool:
+        async with self._lock():
+            kv = await self._bucket()
+            if self._revision is not None:
+                if time.monotonic() < self._deadline:
+                    return await self._renew(kv)
+                # lease lapsed locally (unreachable server): step down, compete afresh
+                self._step_down("lease deadline passed")
+            return await self._acquire(kv)
+
+    async def _renew(self, kv: KeyValue) -> bool:
+        assert self._revision is not None
+        sent = time.monotonic()
+        try:
+            rev = await kv.update(self.name, self._value(), last=self._revision)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            self._step_down("renewal CAS lost")
+            return False
+        self._revision = rev
+        self._deadline = sent + self.ttl
+        return True
+
+    async def _acquire(self, kv: KeyValue) -> bool:
+        sent = time.monotonic()
+        try:
+            rev = await kv.create(self.name, b"")  # placeholder value replaced below
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return await self._maybe_take_stale(kv)
+        return await self._won(kv, rev, sent)
+
+    async def _maybe_take_stale(self, kv: KeyValue) -> bool:
+        """Key exists: take it over only if its revision has not changed for a whole TTL."""
+        try:
+            entry = await kv.get(self.name)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            self._seen = None  # vanished meanwhile; the next attempt will create it
+            return False
+        rev = entry.revision or 0
+        now = time.monotonic()
+        if self._seen is None or self._seen[0] != rev:
+            self._seen = (rev, now)
+            return False
+        if now - self._seen[1] < self.ttl:
+            return False
+        sent = time.monotonic()
+        try:
+            new_rev = await kv.update(self.name, b"", last=rev)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            self._seen = None  # someone else moved first
+            return False
+        log.info("leader %s: took over stale lease rev %s as %s", self.name, rev, self.holder_id)
+        return await self._won(kv, new_rev, sent)
+
+    async def _won(self, kv: KeyValue, rev: int, sent: float) -> bool:
+        self._revision = rev
+        self._epoch = rev
+        self._deadline = sent + self.ttl
+        self._seen = None
+        # record who holds it (and the epoch) in the value; a CAS like any renewal
+        return await self._renew(kv)
+
+    async def _release(self) -> bool:
+        async with self._lock():
+            rev = self._revision
+            self._revision = None
+            self._epoch = None
+            if rev is None:
+                return False
+            kv = await self._bucket()
+            try:
+                await kv.delete(self.name, last=rev)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                return False
+            return True
+
+    async def _current(self) -> dict[str, Any] | None:
+        kv = await self._bucket()
+        try:
+            entry = await kv.get(self.name)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return None
+        try:
+            rec = json.loads(entry.value or b"{}")
+        except ValueError:
+            rec = {}
+        rec["revision"] = entry.revision
+        return rec
+
+    def _step_down(self, why: str) -> None:
+        if self._revision is not None:
+            log.warning("leader %s: %s steps down (%s)", self.name, self.holder_id, why)
+        self._revision = None
+        self._epoch = None

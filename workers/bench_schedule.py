@@ -1,0 +1,208 @@
+"""`pool bench schedule`: placements/s from accepted request to durable reservation, one run.
+
+A fresh embedded nats-server, N nodes and R requests from three tenants; a producer submits
+requests in atomic batches while the real Scheduler places them. The raw 999-message atomic
+batch ingest of the same server is measured first, so the result is also given as a ratio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import resource
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bus.server import NatsServer
+from domain.account import Account
+from domain.lease import Lease, LeaseState
+from domain.node import Node
+from domain.pool import Pool, PoolConfig, TenantPolicy
+from domain.resources import NodeCapabilities, NodeId, PoolId, Resources, Shape, TenantId
+from workers.app import PoolApp
+from workers.scheduler import Scheduler
+from workers.serve import app_env
+
+TENANTS = (("alpha", 3), ("beta", 2), ("gamma", 1))
+SUBMIT_BATCH = 499  # leases per save: 2 events each, under the 1000-message batch limit
+
+
+def _raw_atomic_rate(url: str) -> float:
+    import nats
+
+    from bus.bench import atomic_batch
+
+    async def go() -> float:
+        nc = await nats.connect(url)
+        try:
+            rates = []
+            for r in range(3):
+                msgs = [(f"pool.evt.rawbench.r{r}x{i}", b"x" * 200) for i in range(999)]
+                t0 = time.perf_counter()
+                for _ in range(5):
+                    await atomic_batch(nc, msgs)
+                rates.append(5 * 999 / (time.perf_counter() - t0))
+            return statistics.median(rates)
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
+def _node(i: int, now: float) -> Node:
+    zone = f"z{i % 3}"
+    caps = NodeCapabilities(
+        allocatable=Resources(cpu_millis=32000, memory_mib=131072, local_disk_gib=500),
+        zone=zone, failure_domain=f"{zone}-r{i % 20}",
+    )
+    return Node.register(node_id=NodeId(f"n{i:05d}"), pool_id=PoolId("bench"),
+                         capabilities=caps, now=now)
+
+
+def run_schedule_bench(
+    *, nodes: int = 10000, requests: int = 100000, quick: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    if quick:
+        nodes, requests = min(nodes, 500), min(requests, 3000)
+    say = progress or (lambda _s: None)
+    with tempfile.TemporaryDirectory(prefix="pool-bench-sched-") as tmp:
+        server = NatsServer(store_dir=Path(tmp), server_name="pool-bench-sched").start()
+        try:
+            return _run(server.url, nodes, requests, say)
+        finally:
+            server.stop()
+
+
+def _run(url: str, nodes: int, requests: int, say: Callable[[str], None]) -> dict[str, Any]:
+    from bus.admin import ensure_all_streams
+
+    ensure_all_streams(url)
+    say("bench schedule: raw JetStream atomic-batch ingest (999 messages per batch)")
+    raw = _raw_atomic_rate(url)
+    producer = PoolApp(env=app_env(url))
+    now = time.time()
+    cfg = PoolConfig(priority_classes=(("standard", 10),), default_priority_class="standard",
+                     commit_timeout_seconds=3600)
+    producer.save(Pool.create(pool_id=PoolId("bench"), now=now, config=cfg))
+    setup: list[Any] = []
+    for tenant, weight in TENANTS:
+        setup.append(TenantPolicy.set(pool_id=PoolId("bench"), tenant_id=TenantId(tenant),
+                                      now=now, weight=weight))
+        acc = Account.open(tenant_id=TenantId(tenant), now=now)
+        acc.grant("bench-grant", 10**15, now)
+        setup.append(acc)
+    producer.save(*setup)
+    say(f"bench schedule: registering {nodes} nodes")
+    for start in range(0, nodes, 999):
+        producer.save(*[_node(i, now) for i in range(start, min(nodes, start + 999))])
+
+    sched_app = PoolApp(env=app_env(url))
+    scheduler = Scheduler(sched_app)
+    reserved_at: dict[str, float] = {}
+    real_save = sched_app.save
+
+    def timed_save(*aggs: Any, **kw: Any) -> Any:
+        out = real_save(*aggs, **kw)
+        t = time.perf_counter()
+        for a in aggs:
+            if isinstance(a, Lease) and a.state is LeaseState.RESERVED:
+                reserved_at.setdefault(str(a.id), t)
+        return out
+
+    sched_app.save = timed_save  # type: ignore[method-assign]
+    t_replay = time.perf_counter()
+    scheduler.catch_up()
+    replay_s = time.perf_counter() - t_replay
+
+    accepted_at: dict[str, float] = {}
+    shape = Shape.build(cpu_millis=1000, memory_mib=2048)
+    done = threading.Event()
+
+    def produce(first: int = 0) -> None:
+        for start in range(first, first + requests, SUBMIT_BATCH):
+            batch = []
+            for i in range(start, min(first + requests, start + SUBMIT_BATCH)):
+                tenant = TENANTS[i % 3][0]
+                lease = Lease.request(tenant_id=TenantId(tenant), pool_id=PoolId("bench"),
+                                      idempotency_key=f"r{i}", shape=shape,
+                                      maximum_runtime_seconds=3600, now=time.time(),
+                                      priority_class="standard")
+                lease.queue(time.time())
+                batch.append(lease)
+            producer.save(*batch)
+            t = time.perf_counter()
+            for lease in batch:
+                accepted_at[str(lease.id)] = t
+        done.set()
+
+    gc.collect()
+    say(f"bench schedule: {requests} requests while the scheduler places them")
+    t0 = time.perf_counter()
+    thread = threading.Thread(target=produce, daemon=True)
+    thread.start()
+    idle_since: float | None = None
+    while True:
+        report = scheduler.cycle()
+        if len(reserved_at) >= requests:
+            break
+        if done.is_set() and not report.placed:
+            idle_since = idle_since or time.perf_counter()
+            if time.perf_counter() - idle_since > 3:
+                break
+        else:
+            idle_since = None
+        if not report.placed:
+            time.sleep(0.005)
+    elapsed = max(reserved_at.values(), default=t0) - t0
+    thread.join(10)
+    latencies = sorted(reserved_at[k] - accepted_at[k] for k in reserved_at if k in accepted_at)
+    placed = len(reserved_at)
+
+    # backlog: the same number again, all queued first, then the scheduler alone is timed
+    say(f"bench schedule: a backlog of {requests} queued requests, scheduler timed alone")
+    produce(first=requests)
+    scheduler.catch_up()
+    reserved_at.clear()
+    t1 = time.perf_counter()
+    while len(reserved_at) < requests:
+        if not scheduler.cycle().placed:
+            break
+    backlog_s = max(reserved_at.values(), default=t1) - t1
+    backlog_rate = len(reserved_at) / backlog_s if backlog_s > 0 else 0.0
+    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rate = placed / elapsed if elapsed > 0 else 0.0
+    # every placement writes 3 messages (lease, node, account hold): compare like with like
+    ratio = backlog_rate * 3 / raw if raw else 0.0
+
+    def pct(p: float) -> float:
+        return latencies[min(len(latencies) - 1, int(p * len(latencies)))] if latencies else 0.0
+
+    producer.close()
+    sched_app.close()
+    lines = [
+        f"{'figure':46} {'value':>12}",
+        "-" * 60,
+        f"{'nodes':46} {nodes:12,}",
+        f"{'requests':46} {requests:12,}",
+        f"{'placed':46} {placed:12,}",
+        f"{'placements/s, producer running alongside':46} {rate:12,.0f}",
+        f"{'placements/s, backlog (scheduler alone)':46} {backlog_rate:12,.0f}",
+        f"{'latency p50, request accepted → reserved (s)':46} {pct(0.50):12.3f}",
+        f"{'latency p99 (s)':46} {pct(0.99):12.3f}",
+        f"{'scheduler replay of the setup log (s)':46} {replay_s:12.3f}",
+        f"{'process max RSS (MiB, producer + scheduler)':46} {rss_mib:12,.0f}",
+        f"{'raw atomic-batch ingest (msgs/s)':46} {raw:12,.0f}",
+        f"{'backlog placement messages/s ÷ raw ingest':46} {ratio:12.2f}",
+        f"machine: {os.cpu_count()} cores; nats-server 2.15 file storage, sync_interval always",
+    ]
+    return {"nodes": nodes, "requests": requests, "placed": placed, "placements_per_s": rate, "backlog_placements_per_s": backlog_rate,
+            "latency_p50_s": pct(0.5), "latency_p99_s": pct(0.99), "rss_mib": rss_mib,
+            "raw_atomic_msgs_per_s": raw, "ratio_to_raw": ratio, "replay_s": replay_s,
+            "table": "\n".join(lines)}
