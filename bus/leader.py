@@ -98,6 +98,7 @@ class LeaderElection:
         self._stop = threading.Event()
         self._on_change: Callable[[bool], None] | None = None
         self._reported = False  # what on_change last said
+        self._reported_epoch: int | None = None
 
     # -- state -------------------------------------------------------------------------------
 
@@ -179,8 +180,12 @@ class LeaderElection:
                 log.exception("leader keeper %s/%s failed", self.name, self.holder_id)
             if self._stop.is_set():
                 break
-            leading = self.is_leader
-            self._notify(leading)
+            epoch = self.epoch
+            if epoch is not None and self._reported and epoch != self._reported_epoch:
+                self._notify(False)  # lost and re-won between two keeper rounds
+            self._notify(epoch is not None)
+            self._reported_epoch = epoch
+            leading = epoch is not None
             wait = self.renew_interval
             if leading:  # wake at the deadline at the latest, to step down on time
                 wait = min(wait, max(0.0, self._deadline - time.monotonic()))
@@ -227,9 +232,9 @@ class LeaderElection:
             self._alock = asyncio.Lock()
         return self._alock
 
-    def _value(self) -> bytes:
+    def _value(self, epoch: int | None) -> bytes:
         return json.dumps(
-            {"holder": self.holder_id, "epoch": self._epoch, "ttl": self.ttl}, sort_keys=True
+            {"holder": self.holder_id, "epoch": epoch, "ttl": self.ttl}, sort_keys=True
         ).encode()
 
     async def _try_acquire(self) -> bool:
@@ -246,7 +251,7 @@ class LeaderElection:
         assert self._revision is not None
         sent = time.monotonic()
         try:
-            rev = await kv.update(self.name, self._value(), last=self._revision)
+            rev = await kv.update(self.name, self._value(self._epoch), last=self._revision)
         except nats.js.errors.KeyWrongLastSequenceError:
             self._step_down("renewal CAS lost")
             return False
@@ -257,9 +262,11 @@ class LeaderElection:
     async def _acquire(self, kv: KeyValue) -> bool:
         sent = time.monotonic()
         try:
-            rev = await kv.create(self.name, b"")  # placeholder value replaced below
+            rev = await kv.create(self.name, self._value(None))
         except nats.js.errors.KeyWrongLastSequenceError:
             return await self._maybe_take_stale(kv)
+        except nats.js.errors.KeyNotFoundError:
+            return False  # a tombstone expired while create looked at it; retry next time
         return await self._won(kv, rev, sent)
 
     async def _maybe_take_stale(self, kv: KeyValue) -> bool:
@@ -278,7 +285,7 @@ class LeaderElection:
             return False
         sent = time.monotonic()
         try:
-            new_rev = await kv.update(self.name, b"", last=rev)
+            new_rev = await kv.update(self.name, self._value(None), last=rev)
         except nats.js.errors.KeyWrongLastSequenceError:
             self._seen = None  # someone else moved first
             return False
@@ -290,7 +297,7 @@ class LeaderElection:
         self._epoch = rev
         self._deadline = sent + self.ttl
         self._seen = None
-        # record who holds it (and the epoch) in the value; a CAS like any renewal
+        # record the epoch in the value too; a CAS like any renewal
         return await self._renew(kv)
 
     async def _release(self) -> bool:

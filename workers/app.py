@@ -319,11 +319,15 @@ class PoolApp(Application):
 
         return self.retrying(go)
 
-    def _settle(self, lease: Lease, now: float) -> list[Aggregate]:
-        """Free the node and settle the hold for a lease that no longer needs its capacity."""
+    def _settle(self, lease: Lease, now: float, node_id: str | None = None) -> list[Aggregate]:
+        """Free the node and settle the hold for a lease that no longer needs its capacity.
+
+        `node_id` names the node it held when the lease no longer does (a preempted lease
+        that was requeued has already forgotten its placement)."""
         out: list[Aggregate] = []
-        if lease.node_id is not None:
-            node = self.find(Node, Node.create_id(lease.node_id))
+        where = lease.node_id if node_id is None else node_id
+        if where is not None:
+            node = self.find(Node, Node.create_id(where))
             if node is not None and node.free(LeaseId(str(lease.id)), now):
                 out.append(node)
         acc = self.find(Account, Account.create_id(lease.tenant_id))
@@ -331,9 +335,9 @@ class PoolApp(Application):
         if acc is not None and acc.has_hold(lid):
             pool = self._pool(lease.pool_id)
             node_model = None
-            if lease.node_id is not None:
+            if where is not None:
                 node = next((a for a in out if isinstance(a, Node)), None) or self.find(
-                    Node, Node.create_id(lease.node_id)
+                    Node, Node.create_id(where)
                 )
                 node_model = node.capabilities.gpu_model if node is not None else None
             seconds = lease.runtime_seconds(now)
@@ -358,6 +362,36 @@ class PoolApp(Application):
             lease = self._lease(tenant, lease_id)
             lease.cancel(now, body.reason or "cancelled")
             others = self._settle(lease, now) if not lease.holds_capacity else []
+            self.save(lease, *others)
+            return lease
+
+        return self.retrying(go)
+
+    # -- node agent reports -----------------------------------------------------------------
+
+    def _node_lease(self, node_id: str, lease_id: str) -> Lease:
+        try:
+            uid = UUID(lease_id)
+        except ValueError:
+            raise UnknownLease(f"no lease {lease_id!r}") from None
+        lease = self.find(Lease, uid)
+        if lease is None or lease.node_id != node_id:
+            # an agent speaks only for leases placed on its own node
+            raise UnknownLease(f"no lease {lease_id!r} on node {node_id!r}")
+        return lease
+
+    def confirm_stopped(self, node_id: str, lease_id: str, body: v1.LeaseStopped) -> Lease:
+        """The agent on `node_id` confirms the lease's workload is gone.
+
+        preempting → preempted (or queued again), stopping → cancelled, expired|reconciling →
+        released. Only now is the capacity returned: the node is freed and the hold settled in
+        the same save, so the log never shows a freed node for a workload still running."""
+
+        def go() -> Lease:
+            now = self.clock()
+            lease = self._node_lease(node_id, lease_id)
+            lease.confirm_stopped(now, epoch=body.epoch)
+            others = [] if lease.holds_capacity else self._settle(lease, now, node_id)
             self.save(lease, *others)
             return lease
 

@@ -1,4 +1,5 @@
-"""The command worker: routes `pool.cmd.<tenant>.…` and `pool.admin.…` requests to PoolApp.
+"""The command worker: routes `pool.cmd.<tenant>.…`, `pool.node.<node>.…` (agent reports) and
+`pool.admin.…` requests to PoolApp.
 
 Every reply is one Envelope. Bad input, unknown pools and leases, illegal transitions and
 infrastructure failures each leave as a typed error code; nothing is appended on a refusal.
@@ -23,7 +24,15 @@ log = logging.getLogger(__name__)
 LEASE_VERBS = ("commit", "heartbeat", "renew", "release", "cancel", "get")
 NODE_VERBS = ("cordon", "drain", "maintenance", "uncordon", "end-maintenance", "lost")
 # one subscription per verb: `why` is answered by the scheduler, which holds the reasons
-COMMAND_SUBJECTS = ["pool.cmd.*.lease.request"] + [f"pool.cmd.*.lease.*.{v}" for v in LEASE_VERBS]
+NODE_LEASE_VERBS = ("stopped",)
+# node agents report on `pool.node.<node>.lease.<lease>.<verb>` (their credentials allow
+# publishing only under their own node); the same command worker answers them
+NODE_SUBJECTS = [f"pool.node.*.lease.*.{v}" for v in NODE_LEASE_VERBS]
+COMMAND_SUBJECTS = (
+    ["pool.cmd.*.lease.request"]
+    + [f"pool.cmd.*.lease.*.{v}" for v in LEASE_VERBS]
+    + NODE_SUBJECTS
+)
 ADMIN_SUBJECTS = ["pool.admin.>"]
 
 
@@ -74,6 +83,9 @@ class CommandHandler:
                 return ok(lease=lease_view(lease))
             if len(parts) == 6 and parts[5] in LEASE_VERBS:
                 return self.lease_verb(tenant, parts[4], parts[5], body)
+        if (parts[:2] == ["pool", "node"] and len(parts) == 6 and parts[3] == "lease"
+                and parts[5] in NODE_LEASE_VERBS):
+            return self.node_lease_verb(parts[2], parts[4], parts[5], body)
         if parts[:2] == ["pool", "admin"]:
             return self.admin(parts[2:], body)
         raise UnknownSubject(f"no command is answered on {subject}")
@@ -90,6 +102,11 @@ class CommandHandler:
             "get": lambda: app.get(tenant, lease_id),
         }
         return ok(lease=lease_view(calls[verb]()))
+
+    def node_lease_verb(self, node_id: str, lease_id: str, verb: str, body: bytes) -> bytes:
+        cmd = decode_command(f"node.{verb}", body)
+        assert isinstance(cmd, v1.LeaseStopped)
+        return ok(lease=lease_view(self.app.confirm_stopped(node_id, lease_id, cmd)))
 
     def admin(self, path: list[str], body: bytes) -> bytes:
         app = self.app

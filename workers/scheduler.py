@@ -3,6 +3,11 @@
 State is rebuilt by replaying the log from the first event; each cycle's placements (lease
 reserved + node allocated + credits held, for every placement) are saved as ONE atomic batch,
 so two schedulers can race and optimistic concurrency still refuses any double placement.
+
+Preemption (when the pool enables it): a request that fits no node now, but would fit on a busy
+one, has the running leases that lose the least work since their last checkpoint noticed
+(`preempting`). Their capacity stays held until the agent confirms the workload stopped
+(`pool.node.<node>.lease.<lease>.stopped`); the waiting request is placed once it is freed.
 """
 
 from __future__ import annotations
@@ -24,8 +29,14 @@ from domain.errors import DomainError
 from domain.lease import Lease, LeaseState
 from domain.node import Node
 from domain.policy import reasons as R
-from domain.policy.fairness import FairQueue, PendingRequest, quota_check
-from domain.policy.placement import NodeTable
+from domain.policy.fairness import (
+    FairQueue,
+    PendingRequest,
+    quota_check,
+    weighted_dominant_share,
+)
+from domain.policy.placement import FilterResult, NodeTable
+from domain.policy.preemption import NodeCandidate, PreemptionPlan, RunningLease, choose_victims
 from domain.pool import Pool, TenantPolicy
 from domain.resources import LeaseId, NodeId, Resources
 
@@ -69,6 +80,16 @@ class CycleReport:
     expired: int = 0
     conflicts: int = 0
     batches: int = 0
+    preempted: int = 0  # victims noticed this cycle
+    overdue: int = 0  # victims whose grace ran out unconfirmed (still holding capacity)
+
+
+@dataclass(frozen=True)
+class PendingPreemption:
+    """A waiting request's claim on a node whose victims were noticed on its behalf."""
+
+    node_id: str
+    victims: tuple[str, ...]
 
 
 class Scheduler:
@@ -85,6 +106,8 @@ class Scheduler:
         # (due_at, lease_id) for reservations and running leases: the deadline sweep
         self._deadlines: list[tuple[float, str]] = []
         self._usage: dict[str, tuple[str, Resources]] = {}  # lease -> (tenant, resources)
+        # requester lease -> the preemption started for it; one at a time per request
+        self._preempting_for: dict[str, PendingPreemption] = {}
         self.max_examined_per_cycle = 5000
         self._lock = threading.RLock()
 
@@ -182,6 +205,7 @@ class Scheduler:
         if lid in ps.queue:
             ps.queue.remove(lid)
         self.reasons.pop(lid, None)
+        self._preempting_for.pop(lid, None)
         due = lease.next_due_at()
         if due is not None:
             heapq.heappush(self._deadlines, (due, lid))
@@ -246,6 +270,7 @@ class Scheduler:
                 continue
             reason = lease.expiry_due(now)
             if reason is None:
+                self._note_overdue(lease, now, report)
                 continue
             try:
                 if lease.state is LeaseState.RESERVED:
@@ -264,6 +289,15 @@ class Scheduler:
                 self._save(batch, report)
                 batch = []
         self._save(batch, report)
+
+    def _note_overdue(self, lease: Lease, now: float, report: CycleReport) -> None:
+        """A victim past its grace without a stop confirmation keeps its capacity: no expiry
+        reason covers it (only its lease deadline or lost heartbeats do, and the sweep applies
+        those), so the requester keeps waiting and `why` names the overdue victim."""
+        if lease.preemption_overdue(now):
+            report.overdue += 1
+            log.warning("lease %s is past its preemption grace and not confirmed stopped",
+                        lease.id)
 
     def _return_capacity(self, lease: Lease, now: float, *, charge: bool) -> list[Aggregate]:
         out: list[Aggregate] = []
@@ -312,7 +346,8 @@ class Scheduler:
                     batch.append(lease)
                     report.rejected += 1
                 else:
-                    self._wait(req, fr.wait_reasons([R.WAITING_FOR_CAPACITY]).to_dict(), unplaced)
+                    why = self._capacity_wait(ps, req, lease, fr, now, batch, report)
+                    self._wait(req, why, unplaced)
                 continue
             hold = pool.hold_for(shape, lease.maximum_runtime_seconds)
             acc = self.aggregates.get(Account.create_id(req.tenant))
@@ -356,11 +391,147 @@ class Scheduler:
     def _commit_batch(self, batch: list[Aggregate], report: CycleReport) -> None:
         if not self._save(batch, report):
             # the batch did not land: placements counted in it are void; re-index from truth
-            report.placed = max(0, report.placed - sum(isinstance(a, Lease) for a in batch))
+            lost = sum(isinstance(a, Lease) and a.state is LeaseState.RESERVED for a in batch)
+            report.placed = max(0, report.placed - lost)
 
     def _wait(self, req: PendingRequest, reasons: dict[str, Any], unplaced: list[PendingRequest]) -> None:
         self.reasons[req.lease_id] = reasons
         unplaced.append(req)
+
+    # -- preempting -------------------------------------------------------------------------
+
+    def _capacity_wait(
+        self,
+        ps: PoolState,
+        req: PendingRequest,
+        lease: Lease,
+        fr: FilterResult,
+        now: float,
+        batch: list[Aggregate],
+        report: CycleReport,
+    ) -> dict[str, Any]:
+        """Why a request that fits no node now waits; may notice victims on its behalf (added
+        to `batch`, so they land with the cycle's placements)."""
+        if not ps.pool.config.preemption.enabled:
+            return fr.wait_reasons([R.WAITING_FOR_CAPACITY]).to_dict()
+        pending = self._pending_preemption(req.lease_id)
+        if pending is None:
+            plan = self._plan_preemption(ps, req, lease, fr, now)
+            if plan is not None:
+                batch += self._notice_victims(ps, plan, now, report)
+                pending = PendingPreemption(plan.node_id, plan.victim_ids)
+                self._preempting_for[req.lease_id] = pending
+        if pending is None:
+            return fr.wait_reasons([R.WAITING_FOR_CAPACITY]).to_dict()
+        overdue = [v for v in pending.victims
+                   if isinstance(vl := self.aggregates.get(UUID(v)), Lease)
+                   and vl.preemption_overdue(now)]
+        out = fr.wait_reasons([R.WAITING_FOR_PREEMPTION]).to_dict()
+        out["preemption"] = {"node_id": pending.node_id, "victims": list(pending.victims),
+                             "overdue": overdue}
+        return out
+
+    def _pending_preemption(self, lease_id: str) -> PendingPreemption | None:
+        """The request's earlier preemption while any of its victims still holds capacity on
+        that node; preempting again meanwhile would stop more work than the request needs."""
+        pending = self._preempting_for.get(lease_id)
+        if pending is None:
+            return None
+        for vid in pending.victims:
+            victim = self.aggregates.get(UUID(vid))
+            if (isinstance(victim, Lease) and victim.holds_capacity
+                    and victim.node_id == pending.node_id):
+                return pending
+        del self._preempting_for[lease_id]  # all freed: placement (or a new plan) takes over
+        return None
+
+    def _plan_preemption(
+        self, ps: PoolState, req: PendingRequest, lease: Lease, fr: FilterResult, now: float
+    ) -> PreemptionPlan | None:
+        if not fr.busy.size:
+            return None
+        candidates = [
+            c for i in fr.busy if (c := self._candidate(ps, ps.table.node_id_at(int(i)))).leases
+        ]
+        if not candidates:
+            return None
+        plan = choose_victims(
+            lease.requested_shape,
+            candidates,
+            _rank(ps.pool, req.priority_class),
+            self._tenants_over_share(ps, req, candidates),
+            ps.pool.config.preemption.min_runtime_seconds,
+            now,
+            requester_tenant=req.tenant,
+        )
+        return plan if plan is not None and plan.victims else None
+
+    def _candidate(self, ps: PoolState, node_id: str) -> NodeCandidate:
+        """A busy node as the preemption policy sees it: only running, preemptible leases
+        can be victims (reserved ones have no work to lose yet, preempting ones are going)."""
+        victims: list[RunningLease] = []
+        for lid in ps.table.leases_on(node_id):
+            lease = self.aggregates.get(UUID(lid))
+            if (not isinstance(lease, Lease) or lease.state is not LeaseState.RUNNING
+                    or not lease.preemptible or lease.started_at is None):
+                continue
+            victims.append(RunningLease(
+                lease_id=lid,
+                tenant=lease.tenant_id,
+                priority_rank=_rank(ps.pool, lease.priority_class),
+                resources=lease.resources,
+                started_at=lease.started_at,
+                last_checkpoint_at=lease.last_checkpoint_at,
+                # a lease that reported a checkpoint can resume from it; one that never did
+                # loses everything since it started
+                checkpointable=lease.last_checkpoint_at is not None,
+            ))
+        return NodeCandidate(node_id, ps.table.free_resources(node_id), tuple(victims))
+
+    def _tenants_over_share(
+        self, ps: PoolState, req: PendingRequest, candidates: list[NodeCandidate]
+    ) -> set[str]:
+        """Tenants whose weighted dominant share exceeds the requester's once this request is
+        placed: the strict comparison after placement keeps two equal tenants from evicting
+        each other back and forth."""
+        queue = ps.queue
+        assert queue is not None
+        totals = ps.table.totals(ready_only=True)
+
+        def share(tenant: str, extra: Resources = Resources()) -> float:
+            return weighted_dominant_share(queue.usage(tenant) + extra, totals,
+                                           ps.weights.get(tenant, 1.0))
+
+        mine = share(req.tenant, req.shape.resources)
+        tenants = {v.tenant for c in candidates for v in c.leases} - {req.tenant}
+        return {t for t in tenants if share(t) > mine}
+
+    def _notice_victims(
+        self, ps: PoolState, plan: PreemptionPlan, now: float, report: CycleReport
+    ) -> list[Aggregate]:
+        prem = ps.pool.config.preemption
+        out: list[Aggregate] = []
+        for vid in plan.victim_ids:
+            victim = self.aggregates.get(UUID(vid))
+            if not isinstance(victim, Lease):
+                continue
+            try:
+                grace_deadline = victim.notice_preemption(
+                    now,
+                    grace_seconds=prem.grace_seconds,
+                    # the lease records no wish of its own: preempted work goes back in line
+                    requeue=True,
+                    reason="preempted",
+                    min_runtime_seconds=prem.min_runtime_seconds,
+                )
+            except DomainError:
+                log.exception("could not notice preemption of lease %s", vid)
+                continue
+            out.append(victim)
+            # our own write is not re-indexed on catch-up: wake the sweep at the grace deadline
+            heapq.heappush(self._deadlines, (grace_deadline, vid))
+            report.preempted += 1
+        return out
 
     # -- answering why ----------------------------------------------------------------------
 
@@ -394,5 +565,14 @@ class Scheduler:
                 log.exception("scheduler cycle failed")
                 stop.wait(1.0)
                 continue
-            if not (report.placed or report.rejected or report.voided or report.expired):
+            if not (report.placed or report.rejected or report.voided or report.expired
+                    or report.preempted):
                 stop.wait(interval)
+
+
+def _rank(pool: Pool, priority_class: str) -> int:
+    """The class's rank; a class since removed from the pool counts as the lowest one."""
+    try:
+        return pool.rank_of(priority_class)
+    except DomainError:
+        return min(dict(pool.config.priority_classes).values(), default=0)
