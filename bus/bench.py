@@ -152,6 +152,9 @@ def run_eventlog_bench(
         app = _app_rates(nats_url, saves)
     finally:
         if server is not None:
+            from bus.runtime import close_runtime
+
+            close_runtime(nats_url)
             server.stop()
         if tmp is not None:
             tmp.cleanup()

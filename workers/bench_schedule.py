@@ -77,6 +77,9 @@ def run_schedule_bench(
         try:
             return _run(server.url, nodes, requests, say)
         finally:
+            from bus.runtime import close_runtime
+
+            close_runtime(server.url)  # else the shared connection retries a stopped server
             server.stop()
 
 

@@ -1,0 +1,15 @@
+"""The benchmark commands run at their --quick size and report complete, sane results.
+
+They print figures; these tests check behaviour only (everything placed, nothing lost).
+"""
+
+from __future__ import annotations
+
+from workers.bench_schedule import run_schedule_bench
+
+
+def test_the_schedule_bench_places_every_request_it_submits() -> None:
+    result = run_schedule_bench(quick=True)
+    assert result["placed"] == result["requests"] == 3000
+    assert result["placements_per_s"] > 0 and result["backlog_placements_per_s"] > 0
+    assert 0 < result["latency_p50_s"] <= result["latency_p99_s"]
