@@ -71,6 +71,9 @@ class ControlPlane:
         self.why.stop()
         self.app.close()
         self.scheduler.app.close()
+        from bus.runtime import close_runtime
+
+        close_runtime(self.nats_url)  # the recorders' shared connection goes with them
 
     def __enter__(self) -> ControlPlane:
         return self.start()
