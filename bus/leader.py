@@ -23,10 +23,13 @@ Two mechanisms, both clock-skew free (no wall-clock timestamps are compared acro
    We do not use per-message TTLs (`Nats-TTL`): nats-py 2.16 truncates them to whole seconds.
 2. Observed staleness (as in Kubernetes lease clients): a standby remembers the revision it saw and
    when (its own monotonic clock). If the same revision is still there `ttl` later, the holder
-   failed to renew within its TTL, and the standby takes over with `update(last=that revision)` --
-   again a CAS, so only one standby wins. This also covers a pre-existing bucket whose `max_age`
-   is longer than this election's TTL (or unlimited); a bucket whose `max_age` is *shorter* than
-   the TTL is refused, since the key could vanish between renewals.
+   failed to renew within its TTL (the larger of the standby's TTL and the one the holder wrote
+   into its record, so mixed TTLs stay safe), and the standby takes over with
+   `update(last=that revision)` -- again a CAS, so only one standby wins. This also covers a
+   pre-existing bucket whose `max_age` is longer than this election's TTL (or unlimited); a
+   bucket whose `max_age` is *shorter* than the TTL is refused (LeaderBucketMismatch), since the
+   key could vanish between renewals. The bucket is created idempotently (a concurrent creator
+   with another TTL just means we use its bucket, subject to that check).
 
 The holder's own safety rule: a lease is valid until `t_sent + ttl`, where `t_sent` is when the
 last *successful* write was sent (monotonic clock). The server stored it no earlier, so it cannot
@@ -66,6 +69,15 @@ class LeaderBucketMismatch(BusError):
     code = "leader_bucket_mismatch"
 
 
+def _record_ttl(value: bytes | None) -> float:
+    """The TTL the holder declared in its record (it may be longer than ours); 0 if unreadable."""
+    try:
+        ttl = json.loads(value or b"{}").get("ttl")
+        return float(ttl) if ttl else 0.0
+    except (ValueError, TypeError, AttributeError):
+        return 0.0
+
+
 class LeaderElection:
     """One candidate (`holder_id`) in the election for `name`."""
 
@@ -80,7 +92,9 @@ class LeaderElection:
     ) -> None:
         if ttl_seconds <= 0:
             raise ValueError("ttl_seconds must be positive")
-        self._rt = get_runtime(runtime_or_url) if isinstance(runtime_or_url, str) else runtime_or_url
+        self._rt = (
+            get_runtime(runtime_or_url) if isinstance(runtime_or_url, str) else runtime_or_url
+        )
         self.name = name
         self.holder_id = holder_id
         self.ttl = float(ttl_seconds)
@@ -123,15 +137,15 @@ class LeaderElection:
         Raises BusUnavailable / BusTimeout if the server cannot be reached (our lease, if any,
         still runs out at its deadline).
         """
-        return self._rt.run(self._try_acquire(), timeout if timeout is not None else self._call_timeout())
+        return self._rt.run(self._try_acquire(), self._timeout(timeout))
 
     def release(self, timeout: float | None = None) -> bool:
         """Give the lease up (delete the key only if it is still ours). True if we deleted it."""
-        return self._rt.run(self._release(), timeout if timeout is not None else self._call_timeout())
+        return self._rt.run(self._release(), self._timeout(timeout))
 
     def current_leader(self, timeout: float | None = None) -> dict[str, Any] | None:
         """The stored holder record ({'holder', 'epoch', 'revision', ...}) or None if vacant."""
-        return self._rt.run(self._current(), timeout if timeout is not None else self._call_timeout())
+        return self._rt.run(self._current(), self._timeout(timeout))
 
     def start(self, on_change: Callable[[bool], None] | None = None) -> None:
         """Run the keeper: acquire when vacant, renew every ttl/3 while leading, step down on
@@ -164,16 +178,21 @@ class LeaderElection:
 
     # -- keeper ------------------------------------------------------------------------------
 
+    def _timeout(self, timeout: float | None) -> float:
+        return timeout if timeout is not None else self._call_timeout()
+
     def _call_timeout(self) -> float:
         # a call that outlives our lease is useless; give it until the deadline (with a floor)
         if self._revision is not None:
-            return max(0.2, min(self.ttl, self._deadline - time.monotonic()))
-        return max(0.5, self.ttl)
+            return max(0.1, min(self.ttl, self._deadline - time.monotonic()))
+        return max(5.0, self.ttl)  # a candidate may wait longer (first connect, bucket creation)
 
     def _keep(self) -> None:
         while not self._stop.is_set():
             try:
                 self.try_acquire()
+            except LeaderBucketMismatch as e:
+                log.warning("leader keeper %s/%s: %s", self.name, self.holder_id, e)
             except BusError as e:
                 log.debug("leader keeper %s/%s: %s", self.name, self.holder_id, e)
             except Exception:  # noqa: BLE001 - the keeper must not die
@@ -222,7 +241,8 @@ class LeaderElection:
         max_age = si.config.max_age or 0.0
         if max_age and max_age + 1e-6 < self.ttl:
             raise LeaderBucketMismatch(
-                f"bucket {self.bucket!r} expires keys after {max_age}s, shorter than ttl {self.ttl}s"
+                f"bucket {self.bucket!r} expires keys after {max_age}s,"
+                f" shorter than ttl {self.ttl}s"
             )
         self._kv = kv
         return kv
@@ -281,7 +301,7 @@ class LeaderElection:
         if self._seen is None or self._seen[0] != rev:
             self._seen = (rev, now)
             return False
-        if now - self._seen[1] < self.ttl:
+        if now - self._seen[1] < max(self.ttl, _record_ttl(entry.value)):
             return False
         sent = time.monotonic()
         try:
@@ -310,8 +330,14 @@ class LeaderElection:
             kv = await self._bucket()
             try:
                 await kv.delete(self.name, last=rev)
-            except nats.js.errors.KeyWrongLastSequenceError:
-                return False
+            except nats.js.errors.APIError as e:
+                # kv.delete does not map a failed revision check to KeyWrongLastSequenceError
+                if isinstance(e, nats.js.errors.KeyWrongLastSequenceError) or e.err_code in (
+                    10071,
+                    10164,
+                ):
+                    return False  # no longer ours: leave the new holder's key alone
+                raise
             return True
 
     async def _current(self) -> dict[str, Any] | None:

@@ -42,6 +42,10 @@ from domain.resources import LeaseId, NodeId, Resources
 
 log = logging.getLogger(__name__)
 
+# States of a victim on its way out that still hold its node's capacity.
+_LEAVING = frozenset(
+    {LeaseState.PREEMPTING, LeaseState.STOPPING, LeaseState.EXPIRED, LeaseState.RECONCILING}
+)
 MAX_PLACEMENTS_PER_BATCH = 300  # 3 messages each, under JetStream's 1000-message batch limit
 NOTIFICATION_PAGE = 1000
 
@@ -109,6 +113,9 @@ class Scheduler:
         # requester lease -> the preemption started for it; one at a time per request
         self._preempting_for: dict[str, PendingPreemption] = {}
         self.max_examined_per_cycle = 5000
+        # planning a preemption walks every busy node's leases: bound that work per cycle
+        self.max_preemption_plans_per_cycle = 32
+        self._plans_left = 0
         self._lock = threading.RLock()
 
     # -- folding the log --------------------------------------------------------------------
@@ -231,6 +238,7 @@ class Scheduler:
             self.catch_up()
             report = CycleReport()
             now = self.clock()
+            self._plans_left = self.max_preemption_plans_per_cycle
             self._sweep(now, report)
             for ps in self.pools.values():
                 self._place_pool(ps, now, report)
@@ -415,11 +423,13 @@ class Scheduler:
         if not ps.pool.config.preemption.enabled:
             return fr.wait_reasons([R.WAITING_FOR_CAPACITY]).to_dict()
         pending = self._pending_preemption(req.lease_id)
-        if pending is None:
+        if pending is None and self._plans_left > 0:
+            self._plans_left -= 1
             plan = self._plan_preemption(ps, req, lease, fr, now)
-            if plan is not None:
-                batch += self._notice_victims(ps, plan, now, report)
-                pending = PendingPreemption(plan.node_id, plan.victim_ids)
+            noticed = [] if plan is None else self._notice_victims(ps, plan, now, report)
+            if plan is not None and noticed:
+                batch += noticed
+                pending = PendingPreemption(plan.node_id, tuple(str(v.id) for v in noticed))
                 self._preempting_for[req.lease_id] = pending
         if pending is None:
             return fr.wait_reasons([R.WAITING_FOR_CAPACITY]).to_dict()
@@ -439,7 +449,8 @@ class Scheduler:
             return None
         for vid in pending.victims:
             victim = self.aggregates.get(UUID(vid))
-            if (isinstance(victim, Lease) and victim.holds_capacity
+            # a victim back in `running` means the notice never landed (a lost save): replan
+            if (isinstance(victim, Lease) and victim.state in _LEAVING
                     and victim.node_id == pending.node_id):
                 return pending
         del self._preempting_for[lease_id]  # all freed: placement (or a new plan) takes over
@@ -508,9 +519,10 @@ class Scheduler:
 
     def _notice_victims(
         self, ps: PoolState, plan: PreemptionPlan, now: float, report: CycleReport
-    ) -> list[Aggregate]:
+    ) -> list[Lease]:
+        """Notice each victim (the ones the domain accepted are returned, to be saved)."""
         prem = ps.pool.config.preemption
-        out: list[Aggregate] = []
+        out: list[Lease] = []
         for vid in plan.victim_ids:
             victim = self.aggregates.get(UUID(vid))
             if not isinstance(victim, Lease):
