@@ -125,6 +125,41 @@ def _channels() -> list[tuple[str, str, type[Struct], str, str, str, bool]]:
         )
     rows.append(
         (
+            "nodeLeaseStopped",
+            "pool.node.{node}.lease.{lease_id}.stopped",
+            v1.LeaseStopped,
+            "confirmLeaseStopped",
+            "receive",
+            "A node agent confirms a lease's workload is gone, so its capacity can be freed.",
+            True,
+        )
+    )
+    for path, payload, summary in (
+        ("pool.set", v1.PoolConfig, "Create or reconfigure a pool."),
+        ("pool.show", v1.PoolShow, "Every setting in force for a pool."),
+        ("pool.prices", v1.PriceListConfig, "Publish a new price list version."),
+        ("tenant.set", v1.TenantConfig, "Set a tenant's weight and quota in a pool."),
+        ("node.register", v1.NodeRegistration, "Register or re-register a node."),
+        ("credits.grant", v1.CreditGrant, "Grant micro-credits, idempotent by transfer id."),
+    ):
+        name = "".join(part.capitalize() for part in path.split("."))
+        rows.append(
+            (f"admin{name}", f"pool.admin.{path}", payload, f"admin{name}", "receive", summary,
+             True)
+        )
+    rows.append(
+        (
+            "adminNodeState",
+            "pool.admin.node.{node}.{verb}",
+            v1.NodeStateChange,
+            "adminNodeState",
+            "receive",
+            "Cordon, drain, put in maintenance or return a node.",
+            True,
+        )
+    )
+    rows.append(
+        (
             "telemetry",
             "pool.tel.{pool}.{node}.{lease}.{kind}",
             v1.TelemetryEvent,
