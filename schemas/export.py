@@ -50,6 +50,10 @@ _PARAMETERS: dict[str, dict[str, Any]] = {
     "node": {"description": "Node id (a subject token)."},
     "pool": {"description": "Pool id (a subject token)."},
     "lease": {"description": "Lease id (a subject token)."},
+    "verb": {
+        "description": "Node maintenance verb.",
+        "enum": ["cordon", "drain", "maintenance", "uncordon", "end-maintenance", "lost"],
+    },
     "kind": {
         "description": "Telemetry kind.",
         "enum": list(v1.TelemetryKind.__args__),  # type: ignore[attr-defined]
