@@ -124,6 +124,7 @@ def test_standby_takes_over_when_leader_dies(runtimes: Callable[[], BusRuntime])
     print(f"\ntakeover after leader death: {took:.3f}s (ttl {TTL}s)")
     assert took < 2 * TTL
     assert b.epoch is not None and b.epoch > old_epoch
+    wait_for(lambda: bool(rb.states), 0.5)  # the keeper reports just after is_leader flips
     assert rb.states == [True] and rb.events[0][1] - t_dead < 2 * TTL
     b.stop(release=True)
 

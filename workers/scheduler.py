@@ -568,9 +568,11 @@ class Scheduler:
 
     # -- running ----------------------------------------------------------------------------
 
-    def run(self, stop: threading.Event, *, interval: float = 0.05) -> None:
-        """Cycle until `stop` is set; sleeps `interval` when a cycle found nothing to do."""
-        while not stop.is_set():
+    def run(self, stop: threading.Event, *, interval: float = 0.05,
+            until: Callable[[], bool] = lambda: False) -> None:
+        """Cycle until `stop` is set or `until()` (e.g. leadership lost); sleeps `interval`
+        when a cycle found nothing to do."""
+        while not stop.is_set() and not until():
             try:
                 report = self.cycle()
             except Exception:  # noqa: BLE001 - keep scheduling; the log is the truth

@@ -5,11 +5,14 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
+from bus.leader import LeaderElection
 from bus.service import Service
 from schemas.codec import SchemaError, decode_command, encode
 from workers.app import PoolApp
@@ -42,24 +45,54 @@ class ControlPlane:
     """Commands + scheduler on one NATS server; `start()` serves, `stop()` drains."""
 
     def __init__(self, nats_url: str, *, clock: Callable[[], float] = time.time,
-                 run_scheduler: bool = True) -> None:
+                 run_scheduler: bool = True, leader_ttl_seconds: float = 3.0) -> None:
         self.nats_url = nats_url
         self.app = PoolApp(env=app_env(nats_url), clock=clock)
         self.scheduler = Scheduler(PoolApp(env=app_env(nats_url), clock=clock), clock=clock)
         self.commands = Service(nats_url, COMMAND_SUBJECTS + ADMIN_SUBJECTS,
                                 CommandHandler(self.app), queue="pool-commands")
-        self.why = Service(nats_url, [WHY_SUBJECT], why_handler(self.scheduler),
-                           queue="pool-scheduler", threads=2)
         self.run_scheduler = run_scheduler
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._why_lock = threading.Lock()
+        self.why: Service | None = None
+        self.election: LeaderElection | None = None
+        if run_scheduler:
+            # one active scheduler at a time; a standby folds the log and takes over on death
+            self.election = LeaderElection(nats_url, name="scheduler",
+                                           holder_id=f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}",
+                                           ttl_seconds=leader_ttl_seconds)
+
+    def _serve_why(self, leading: bool) -> None:
+        # only the active scheduler knows current reasons, so only it answers `why`
+        with self._why_lock:
+            if leading and self.why is None:
+                self.why = Service(self.nats_url, [WHY_SUBJECT], why_handler(self.scheduler),
+                                   queue="pool-scheduler", threads=2).start()
+            elif not leading and self.why is not None:
+                self.why.stop()
+                self.why = None
+
+    def _schedule(self) -> None:
+        assert self.election is not None
+        while not self._stop.is_set():
+            if self.election.is_leader:
+                self.scheduler.run(self._stop, until=lambda: not self.election.is_leader)  # type: ignore[union-attr]
+            else:
+                try:
+                    self.scheduler.catch_up()  # stay warm for a fast takeover
+                except Exception:  # noqa: BLE001 - the bus may be down; keep standing by
+                    pass
+                self._stop.wait(0.2)
 
     def start(self) -> ControlPlane:
         self.commands.start()
-        self.why.start()
-        if self.run_scheduler:
-            self._thread = threading.Thread(target=self.scheduler.run, args=(self._stop,),
-                                            name="pool-scheduler", daemon=True)
+        if self.election is None:
+            self._serve_why(True)
+        else:
+            self.election.start(on_change=self._serve_why)
+            self._thread = threading.Thread(target=self._schedule, name="pool-scheduler",
+                                            daemon=True)
             self._thread.start()
         return self
 
@@ -67,8 +100,10 @@ class ControlPlane:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)
+        if self.election is not None:
+            self.election.stop(release=True)
         self.commands.stop()
-        self.why.stop()
+        self._serve_why(False)
         self.app.close()
         self.scheduler.app.close()
         from bus.runtime import close_runtime
