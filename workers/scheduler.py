@@ -346,7 +346,7 @@ class Scheduler:
             if quota is not None and quota_check(queue.usage(req.tenant), res, quota):
                 self._wait(req, {"tenant": [R.QUOTA_EXCEEDED]}, unplaced)
                 continue
-            node_id, fr = ps.table.place(shape, packing=cfg.packing)  # type: ignore[arg-type]
+            node_id, fr = ps.table.place_fast(shape, packing=cfg.packing)  # type: ignore[arg-type]
             if node_id is None:
                 if fr.never_satisfiable:
                     lease.reject(now, "unschedulable", sorted(fr.failures))

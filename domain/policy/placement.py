@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -168,6 +168,9 @@ class NodeTable:
         self._index: dict[str, int] = {}
         self._leases: dict[str, _Lease] = {}
         self._node_leases: list[set[str]] = []
+        # place_fast's memory: per shape, each node's key; rows touched since are re-scored
+        self._memo: dict[Any, _Memo] = {}
+        self._dirty: list[int] = []
         self._fd_counts = np.zeros(0, dtype=np.int64)
         self._fd_tenant_counts: dict[str, IntArray] = {}
 
@@ -225,6 +228,7 @@ class NodeTable:
         j = self._dim_index.get(name)
         if j is not None:
             return j
+        self._invalidate()
         j = len(self._dims)
         self._dims.append(name)
         self._dim_index[name] = j
@@ -278,6 +282,7 @@ class NodeTable:
         A node whose allocatable shrank below what is allocated simply fits nothing until
         leases end (its free capacity is negative), which is what a resize should mean.
         """
+        self._invalidate()
         if state not in NODE_STATES:
             raise ValueError(f"unknown node state {state!r}")
         vec = self._vector(caps.allocatable)
@@ -342,6 +347,7 @@ class NodeTable:
 
     def set_image_cache(self, node_id: str, images: Iterable[str]) -> None:
         """Replace a node's cached image set (reported far more often than capabilities)."""
+        self._invalidate()
         i = self._index[node_id]
         keep = tuple(t for t in self._node_tags[i] if not t.startswith("image:"))
         self._set_tags(i, keep + tuple(f"image:{ref}" for ref in images))
@@ -349,10 +355,14 @@ class NodeTable:
     def set_state(self, node_id: str, state: str) -> None:
         if state not in NODE_STATES:
             raise ValueError(f"unknown node state {state!r}")
-        self._state[self._index[node_id]] = NODE_STATES.index(state)
+        i = self._index[node_id]
+        if self._state[i] != NODE_STATES.index(state):
+            self._invalidate()
+            self._state[i] = NODE_STATES.index(state)
 
     def remove_node(self, node_id: str) -> list[str]:
         """Drop a node; returns the lease ids that were allocated on it (now forgotten)."""
+        self._invalidate()
         i = self._index.pop(node_id)
         dropped = sorted(self._node_leases[i])
         for lid in dropped:
@@ -406,6 +416,7 @@ class NodeTable:
             dims = [self._dims[j] for j in np.flatnonzero(over)]
             raise CapacityError(f"{lease_id} does not fit on {node_id}: {', '.join(dims)}")
         self._used[i, :] += v
+        self._touched(i)
         lease = _Lease(i, v, tenant)
         self._leases[lease_id] = lease
         self._node_leases[i].add(lease_id)
@@ -417,6 +428,7 @@ class NodeTable:
         if lease is None:
             return False
         self._used[lease.node, : lease.vector.size] -= lease.vector
+        self._touched(lease.node)
         self._node_leases[lease.node].discard(lease_id)
         self._count_fd(lease, -1)
         return True
@@ -627,6 +639,28 @@ class NodeTable:
         k = idx.size
         if k == 0:
             return idx
+        key = self._rank_keys(shape, idx, packing, spread_counts)
+        pos = np.arange(k, dtype=np.int64)
+        if k <= _POS_LIMIT:
+            key |= pos  # the position makes every key unique: ties go to the lower index
+            if limit is not None and limit < k:
+                if limit <= 0:
+                    return idx[:0]
+                part = np.argpartition(key, limit - 1)[:limit]
+                return idx[part[np.argsort(key[part])]]
+            return idx[np.argsort(key)]
+        order = np.argsort(key, kind="stable")  # huge pools: stable sort keeps index order
+        return idx[order if limit is None else order[: max(limit, 0)]]
+
+    def _rank_keys(
+        self,
+        shape: Shape,
+        idx: IntArray,
+        packing: Packing,
+        spread_counts: IntArray | Mapping[str, int] | None,
+    ) -> IntArray:
+        """The sort key of each node in `idx` (smaller is better), low _POS_BITS left zero."""
+        k = idx.size
         if packing not in ("best-fit", "spread"):
             raise ValueError(f"unknown packing {packing!r}")
         req = self._vector_readonly(shape.resources)
@@ -651,7 +685,6 @@ class NodeTable:
                 emptiest = left if emptiest is None else np.minimum(emptiest, left)
         if dominant is None or emptiest is None:
             dominant = emptiest = np.zeros(k)
-        pos = np.arange(k, dtype=np.int64)
         pref = self._preference_score(shape, idx)
         key = np.zeros(k, dtype=np.int64)
         if pref is not None:
@@ -666,16 +699,7 @@ class NodeTable:
             fd_count = np.minimum(counts.take(self._fd.take(idx)), _Q18)
             key |= fd_count << np.int64(_POS_BITS + 16)
             key |= ((1.0 - emptiest) * _Q16).astype(np.int64) << np.int64(_POS_BITS)
-        if k <= _POS_LIMIT:
-            key |= pos  # the position makes every key unique: ties go to the lower index
-            if limit is not None and limit < k:
-                if limit <= 0:
-                    return idx[:0]
-                part = np.argpartition(key, limit - 1)[:limit]
-                return idx[part[np.argsort(key[part])]]
-            return idx[np.argsort(key)]
-        order = np.argsort(key, kind="stable")  # huge pools: stable sort keeps index order
-        return idx[order if limit is None else order[: max(limit, 0)]]
+        return key
 
     def _vector_readonly(self, res: Resources) -> IntArray:
         # Like _vector but never grows the table: an unseen dimension was filtered out already.
@@ -717,6 +741,76 @@ class NodeTable:
             return None, result
         best = self.rank(shape, result.eligible, packing, spread_counts, limit=1)
         return self._ids[int(best[0])], result
+
+
+    def place_fast(
+        self,
+        shape: Shape,
+        packing: Packing = "best-fit",
+        *,
+        allowed_trust_levels: Iterable[str] | None = None,
+    ) -> tuple[str | None, FilterResult]:
+        """`place`, remembering per shape the key of every node: after the first call only the
+        rows allocated or freed since are re-scored, so a cycle of many requests of few shapes
+        costs one full filter per shape. Same choice as `place` (a test holds it to that).
+
+        When a node is found the FilterResult may date from an earlier call (its counts are
+        for reporting only); when none is, the result is computed afresh.
+        """
+        if packing != "best-fit":  # spread keys move with every allocation in a domain
+            return self.place(shape, packing, allowed_trust_levels=allowed_trust_levels)
+        trust = None if allowed_trust_levels is None else tuple(sorted(allowed_trust_levels))
+        memo_key = (shape, trust)
+        memo = self._memo.get(memo_key)
+        if memo is None:
+            result = self.filter(shape, allowed_trust_levels=allowed_trust_levels)
+            keys = np.full(self._n, _NO_KEY, dtype=np.int64)
+            if result.eligible.size:
+                keys[result.eligible] = self._rank_keys(shape, result.eligible, packing, None)
+            candidates = np.zeros(self._n, dtype=np.bool_)
+            candidates[result.eligible] = True
+            candidates[result.busy] = True
+            memo = _Memo(keys, candidates, len(self._dirty), result)
+            self._memo[memo_key] = memo
+        elif memo.seen < len(self._dirty):
+            rows = np.unique(np.asarray(self._dirty[memo.seen:], dtype=np.int64))
+            memo.seen = len(self._dirty)
+            memo.keys[rows] = _NO_KEY
+            cand = rows[memo.candidates[rows]]
+            if cand.size:
+                req = self._vector_readonly(shape.resources)
+                free = self._alloc[cand, :] - self._used[cand, :]
+                fits = ((free >= req) | (req == 0)).all(axis=1)
+                ok = cand[fits]
+                if ok.size:
+                    memo.keys[ok] = self._rank_keys(shape, ok, packing, None)
+        best = int(np.argmin(memo.keys)) if memo.keys.size else -1
+        if best < 0 or memo.keys[best] == _NO_KEY:
+            del self._memo[memo_key]
+            return None, self.filter(shape, allowed_trust_levels=allowed_trust_levels)
+        return self._ids[best], memo.result
+
+    def _touched(self, row: int) -> None:
+        if self._memo:  # nobody remembers anything: nothing to re-score later
+            self._dirty.append(row)
+            if len(self._dirty) > 100_000:
+                self._invalidate()
+
+    def _invalidate(self) -> None:
+        # anything but an allocation change (nodes, states, dimensions, tags) re-plans from scratch
+        self._memo.clear()
+        self._dirty.clear()
+
+
+@dataclass
+class _Memo:
+    keys: IntArray  # per node; _NO_KEY where the node cannot take the shape now
+    candidates: BoolArray  # ready and statically fit: only these can become eligible
+    seen: int  # how much of the dirty-row log is folded in
+    result: FilterResult
+
+
+_NO_KEY = np.iinfo(np.int64).max
 
 
 def _node_egress_rank(name: str) -> int:

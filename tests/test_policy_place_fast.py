@@ -1,0 +1,62 @@
+"""place_fast remembers per-shape node keys between calls; it must choose exactly as place."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from domain.policy.placement import NodeTable
+from domain.resources import NodeCapabilities, Resources, Shape
+
+SHAPES = [
+    Shape.build(cpu_millis=1000, memory_mib=1024),
+    Shape.build(cpu_millis=4000, memory_mib=512),
+    Shape.build(cpu_millis=500, memory_mib=8192, gpu_count=1),
+    Shape.build(cpu_millis=2000, memory_mib=2048, zone="z1"),
+]
+
+
+def _table(n: int) -> NodeTable:
+    t = NodeTable()
+    for i in range(n):
+        caps = NodeCapabilities(
+            allocatable=Resources(cpu_millis=2000 * (1 + i % 4), memory_mib=4096 * (1 + i % 3),
+                                  gpu_count=i % 2),
+            zone=f"z{i % 2}", failure_domain=f"fd{i % 3}",
+        )
+        t.add_or_update_node(f"n{i}", caps)
+    return t
+
+
+ops = st.lists(
+    st.tuples(st.sampled_from(["place", "free", "cordon", "uncordon"]),
+              st.integers(0, len(SHAPES) - 1), st.integers(0, 40)),
+    min_size=1, max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 12), ops)
+def test_place_fast_chooses_the_same_node_as_place_after_any_history(n: int, history: list[tuple[str, int, int]]) -> None:
+    fast, slow = _table(n), _table(n)
+    placed: list[str] = []
+    for step, (op, shape_i, k) in enumerate(history):
+        shape = SHAPES[shape_i]
+        if op == "place":
+            a, _ = fast.place_fast(shape)
+            b, _ = slow.place(shape)
+            assert a == b, (step, op)
+            if a is not None:
+                lid = f"l{step}"
+                fast.allocate(a, lid, shape.resources)
+                slow.allocate(b, lid, shape.resources)
+                placed.append(lid)
+        elif op == "free" and placed:
+            lid = placed.pop(k % len(placed))
+            fast.free(lid)
+            slow.free(lid)
+        elif op in ("cordon", "uncordon"):
+            node = f"n{k % n}"
+            state = "cordoned" if op == "cordon" else "ready"
+            fast.set_state(node, state)
+            slow.set_state(node, state)
