@@ -7,8 +7,11 @@ tenant can neither act as another nor read its replies; the server enforces it, 
 from __future__ import annotations
 
 import json
+import os
 import secrets
 from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from bus.subjects import token
 
@@ -84,3 +87,87 @@ class AuthConfig:
             )
         # the server's config format accepts JSON values
         return "authorization { users: " + json.dumps(users, indent=1) + " }"
+
+
+# -- persistence: $POOL_HOME/auth.json (mode 0600) and the server's included auth.conf ---------
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `text` to `path` readable by its owner only, replacing it atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def to_dict(auth: AuthConfig) -> dict[str, object]:
+    def c(x: Credentials) -> dict[str, str]:
+        return {"user": x.user, "password": x.password}
+
+    return {
+        "service": c(auth.service),
+        "tenants": {k: c(v) for k, v in sorted(auth.tenants.items())},
+        "nodes": {k: c(v) for k, v in sorted(auth.nodes.items())},
+    }
+
+
+def from_dict(data: dict[str, object]) -> AuthConfig:
+    def c(x: object) -> Credentials:
+        assert isinstance(x, dict)
+        return Credentials(str(x["user"]), str(x["password"]))
+
+    tenants = data.get("tenants") or {}
+    nodes = data.get("nodes") or {}
+    assert isinstance(tenants, dict) and isinstance(nodes, dict)
+    return AuthConfig(
+        service=c(data["service"]),
+        tenants={str(k): c(v) for k, v in tenants.items()},
+        nodes={str(k): c(v) for k, v in nodes.items()},
+    )
+
+
+def load(path: Path) -> AuthConfig | None:
+    """The deployment's users from `path`, or None when there is none yet."""
+    if not path.exists():
+        return None
+    return from_dict(json.loads(path.read_text()))
+
+
+def save(auth: AuthConfig, path: Path) -> None:
+    write_private(path, json.dumps(to_dict(auth), indent=2) + "\n")
+
+
+def load_or_create(path: Path) -> AuthConfig:
+    """The users in `path`; on first use, new service credentials are generated and saved."""
+    auth = load(path)
+    if auth is None:
+        auth = AuthConfig()
+        save(auth, path)
+    return auth
+
+
+def write_server_include(auth: AuthConfig, path: Path) -> None:
+    """The authorization block as its own file, `include`d by the server's configuration."""
+    write_private(path, auth.render() + "\n")
+
+
+def url_with_credentials(url: str, creds: Credentials) -> str:
+    """`nats://user:password@host:port` (nats-py takes credentials from the URL)."""
+    parts = urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    netloc = f"{quote(creds.user, safe='')}:{quote(creds.password, safe='')}@{host}"
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme or "nats", netloc, parts.path, "", ""))
+
+
+def redact(url: str) -> str:
+    """`url` without its password, for printing."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))

@@ -29,6 +29,11 @@ def _start(home: Path) -> tuple[subprocess.Popen[str], dict[str, object]]:
     return proc, json.loads(line)
 
 
+def _service_url(home: Path) -> str:
+    # the embedded server requires a user: the service's credentials are in endpoints.json
+    return str(json.loads((home / "endpoints.json").read_text())["service_url"])
+
+
 def _interrupt(proc: subprocess.Popen[str]) -> int:
     proc.send_signal(signal.SIGINT)
     return proc.wait(30)
@@ -52,7 +57,7 @@ def test_pool_up_keeps_its_events_across_a_restart(tmp_path: Path) -> None:
     try:
         assert str(info["nats_url"]).startswith("nats://127.0.0.1:")
         assert str(info["database_url"]).startswith("postgresql://")
-        assert asyncio.run(_publish_and_count(str(info["nats_url"]), publish=True)) == 1
+        assert asyncio.run(_publish_and_count(_service_url(home), publish=True)) == 1
     finally:
         assert _interrupt(proc) == 0
     assert (home / "nats").is_dir() and (home / "pg").is_dir()
@@ -60,7 +65,7 @@ def test_pool_up_keeps_its_events_across_a_restart(tmp_path: Path) -> None:
 
     proc, info = _start(home)
     try:
-        assert asyncio.run(_publish_and_count(str(info["nats_url"]), publish=False)) == 1
+        assert asyncio.run(_publish_and_count(_service_url(home), publish=False)) == 1
     finally:
         assert _interrupt(proc) == 0
 

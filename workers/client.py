@@ -9,16 +9,24 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from bus.auth import inbox_prefix
 from bus.service import Client
 
 
 class PoolClient:
-    """Speaks for one tenant (`pool.cmd.<tenant>.…`) and, with service credentials, for admin."""
+    """Speaks for one tenant (`pool.cmd.<tenant>.…`) and, with service credentials, for admin.
+
+    Credentials go in `connect_options` (`user=`, `password=`) or in the URL
+    (`nats://user:password@host:port`); a tenant's inbox prefix is set for it.
+    """
 
     def __init__(self, nats_url: str, tenant: str = "", *, timeout: float = 10.0,
                  **connect_options: Any) -> None:
         self.tenant = tenant
         self.timeout = timeout
+        if tenant:
+            # replies come back under the tenant's own prefix, the only inbox its user may read
+            connect_options.setdefault("inbox_prefix", inbox_prefix(tenant).encode())
         self._client = Client(nats_url, **connect_options)
 
     def raw(self, subject: str, body: bytes) -> dict[str, Any]:
