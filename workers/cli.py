@@ -44,16 +44,20 @@ def cmd_up(args: argparse.Namespace) -> int:
     emb = embedded.start(home, with_postgres=not args.no_postgres)
     plane = None
     try:
-        ensure_all_streams(emb.nats_url, replicas=args.replicas)
+        # the control plane in this process connects as the service user (credentials in the URL)
+        service_url = emb.service_url or emb.nats_url
+        ensure_all_streams(service_url, replicas=args.replicas)
         if not args.no_workers:
             from workers.serve import ControlPlane
 
-            plane = ControlPlane(emb.nats_url).start()
-        streams = describe_streams(emb.nats_url)
+            plane = ControlPlane(service_url).start()
+        streams = describe_streams(service_url)
         info = {
             "home": str(home),
             "nats_url": emb.nats_url,
             "database_url": emb.database_url,
+            "auth": emb.secured,
+            "endpoints": str(home / "endpoints.json"),
             "streams": streams,
         }
         if args.json:
@@ -71,7 +75,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         if args.exit_when_ready:
             return EXIT_OK
         while not stop.wait(0.5):
-            pass
+            emb.reload_if_changed()  # auth.json edited (new tenant or node user): SIGHUP the server
         print("stopping…", file=sys.stderr)
         return EXIT_OK
     finally:
@@ -125,7 +129,8 @@ def cmd_bench_eventlog(args: argparse.Namespace) -> int:
 def _nats_url(args: argparse.Namespace) -> str:
     from workers import embedded
 
-    url = getattr(args, "nats_url", None) or embedded.endpoints()[0]
+    # the service user's URL of a local `pool up` (admin commands need it), or POOL_NATS_URL as given
+    url = getattr(args, "nats_url", None) or embedded.service_url()
     if not url:
         raise _Usage("no NATS server: run `pool up` first, or set POOL_NATS_URL / --nats-url")
     return str(url)
@@ -143,7 +148,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     cp = ControlPlane(url).start()
-    print(f"serving commands and scheduling on {url}: Ctrl-C to stop", flush=True)
+    from bus.auth import redact
+
+    print(f"serving commands and scheduling on {redact(url)}: Ctrl-C to stop", flush=True)
     try:
         while not stop.wait(0.5):
             pass
@@ -173,9 +180,28 @@ def _print_envelope(reply: dict[str, Any], as_json: bool) -> int:
 
 
 def _client(args: argparse.Namespace, tenant: str = "") -> Any:
+    from bus.auth import inbox_prefix
+    from workers import embedded
     from workers.client import PoolClient
 
-    return PoolClient(_nats_url(args), tenant, timeout=args.timeout)
+    if not tenant:
+        return PoolClient(_nats_url(args), tenant, timeout=args.timeout)
+    # a tenant speaks as its own user, so the server itself pins it to pool.cmd.<tenant>.> and
+    # its replies to _INBOX_<tenant>.>; an explicit --nats-url / POOL_NATS_URL is used as given
+    options: dict[str, Any] = {"inbox_prefix": inbox_prefix(tenant).encode()}
+    url = getattr(args, "nats_url", None)
+    auth = None if url else embedded.local_auth()
+    if auth is None:
+        return PoolClient(url or _nats_url(args), tenant, timeout=args.timeout, **options)
+    creds = embedded.tenant_credentials(tenant)
+    if creds is None:
+        raise _Usage(f"no credentials for tenant {tenant!r} in this pool: run "
+                     f"`pool admin tenant creds {tenant}` (or `pool admin tenant set`) first")
+    plain = embedded.endpoints()[0]
+    if not plain:
+        raise _Usage("no NATS server: run `pool up` first, or set POOL_NATS_URL / --nats-url")
+    return PoolClient(plain, tenant, timeout=args.timeout, user=creds.user,
+                      password=creds.password, **options)
 
 
 def _tenant(args: argparse.Namespace) -> str:
@@ -244,7 +270,44 @@ def _kv(text: str | None, cast: Callable[[str], Any] = int) -> dict[str, Any]:
 def cmd_admin(args: argparse.Namespace) -> int:
     path, body = args.build(args)
     with _client(args) as c:
-        return _print_envelope(c.admin(path, body), args.json)
+        reply = c.admin(path, body)
+    after = getattr(args, "after", None)
+    if after is not None and reply.get("ok"):
+        after(args)
+    return _print_envelope(reply, args.json)
+
+
+def _tenant_user_after_set(args: argparse.Namespace) -> None:
+    """`pool admin tenant set` against this machine's `pool up` also gives the tenant a user."""
+    from workers import embedded
+
+    if not args.nats_url and embedded.local_auth() is not None:
+        creds = embedded.add_tenant(args.tenant_id)
+        if not args.json:
+            print(f"tenant user: {creds.user} (see `pool admin tenant creds {args.tenant_id}`)",
+                  file=sys.stderr)
+
+
+def cmd_creds(args: argparse.Namespace) -> int:
+    """`pool admin tenant|node creds NAME`: the user of a tenant or node agent, created if new."""
+    from bus.auth import inbox_prefix
+    from workers import embedded
+
+    name = args.name
+    if args.kind == "tenant":
+        creds = embedded.add_tenant(name, rotate=args.rotate)
+        prefix = inbox_prefix(name)
+    else:
+        creds = embedded.add_node(name, rotate=args.rotate)
+        prefix = f"_INBOX_{creds.user.removeprefix('node-')}"
+    result = {args.kind: name, "user": creds.user, "password": creds.password,
+              "nats_url": embedded.endpoints()[0], "inbox_prefix": prefix}
+    if args.json:
+        print(json.dumps({"ok": True, "result": result}))
+    else:
+        for k, v in result.items():
+            print(f"{k:<12}  {v}")
+    return EXIT_OK
 
 
 def _pool_set(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
@@ -290,6 +353,143 @@ def cmd_bench_schedule(args: argparse.Namespace) -> int:
 
 
 # -- wiring --------------------------------------------------------------------------------
+
+
+# -- views, projections and the credit audit -----------------------------------------------------
+
+
+def _database_url(args: argparse.Namespace) -> str:
+    from workers import embedded
+
+    url = getattr(args, "database_url", None) or embedded.endpoints()[1]
+    if not url:
+        raise _Usage("no database: run `pool up` first, or set POOL_DATABASE_URL / "
+                     "--database-url")
+    return str(url)
+
+
+def _views_schema(args: argparse.Namespace) -> str:
+    import os
+
+    from projections.views import DEFAULT_SCHEMA
+
+    return str(getattr(args, "schema", None) or os.environ.get("POOL_VIEWS_SCHEMA")
+               or DEFAULT_SCHEMA)
+
+
+def _log_app(args: argparse.Namespace) -> Any:
+    from workers.app import PoolApp
+    from workers.serve import app_env
+
+    return PoolApp(env=app_env(_nats_url(args)))
+
+
+def _close_app(app: Any, args: argparse.Namespace) -> None:
+    app.close()  # the shared NATS connection closes at exit (bus.runtime's atexit hook)
+
+
+def _table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
+    def cell(v: Any) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, dict):
+            return ",".join(f"{k}={x}" for k, x in v.items()
+                            if x not in (None, 0, {}, [], "")) or "-"
+        if isinstance(v, float):
+            return f"{v:.3f}"
+        return str(v)
+
+    grid = [list(columns)] + [[cell(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(row[i]) for row in grid) for i in range(len(columns))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in grid)
+
+
+VIEW_TABLE_COLUMNS = {
+    "queue": ("lease_id", "tenant", "pool", "priority_class", "state", "attempts", "queued_at"),
+    "balance": ("tenant", "granted", "held", "spent", "available", "shortfall", "holds"),
+    "capacity": ("node_id", "pool", "state", "zone", "failure_domain", "cpu_millis_allocated",
+                 "cpu_millis_allocatable", "memory_mib_allocated", "memory_mib_allocatable",
+                 "gpu_count_allocated", "gpu_count_allocatable", "last_heartbeat_at"),
+    "leases": ("lease_id", "tenant", "pool", "state", "node_id", "started_at", "ended_at",
+               "credits_held", "credits_charged"),
+}
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    import psycopg
+
+    from projections.queries import query
+
+    filters = dict(f.split("=", 1) for f in args.filter or [])
+    with psycopg.connect(_database_url(args)) as conn:
+        page = query(conn, args.view, tenant=args.tenant or None, filters=filters,
+                     limit=args.limit, cursor=args.cursor, schema=_views_schema(args))
+    if args.json:
+        print(json.dumps(page, default=str))
+    else:
+        print(_table(page["rows"], VIEW_TABLE_COLUMNS[args.view]))
+        if page["next_cursor"]:
+            print(f"more: --cursor {page['next_cursor']}")
+    return EXIT_OK
+
+
+def cmd_projections_status(args: argparse.Namespace) -> int:
+    from projections.views import status
+
+    app = _log_app(args)
+    try:
+        top = app.recorder.max_notification_id() or 0
+    finally:
+        _close_app(app, args)
+    rows = status(_database_url(args), top, schema=_views_schema(args))
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        print(_table(rows, ("view", "position", "max_notification_id", "lag", "events_applied",
+                            "exists")))
+    return EXIT_OK
+
+
+def cmd_projections_rebuild(args: argparse.Namespace) -> int:
+    from projections.views import VIEWS, rebuild
+
+    names = [args.name] if args.name else list(VIEWS)
+    app = _log_app(args)
+    try:
+        n = rebuild(app, _database_url(args), schema=_views_schema(args), views=names,
+                    batch_size=args.batch_size)
+        top = app.recorder.max_notification_id() or 0
+    finally:
+        _close_app(app, args)
+    msg = {"rebuilt": names, "events_applied": n, "position": top}
+    print(json.dumps(msg) if args.json else
+          f"rebuilt {', '.join(names)} from the first event: {n} events, position {top}")
+    return EXIT_OK
+
+
+def cmd_projections_run(args: argparse.Namespace) -> int:
+    from workers.projector import run
+
+    run(_nats_url(args), _database_url(args), _views_schema(args), args.batch_size,
+        announce=lambda s: print(s, flush=True))
+    return EXIT_OK
+
+
+def cmd_audit_credits(args: argparse.Namespace) -> int:
+    from projections.audit import audit_credits
+
+    db = None if args.no_views else _database_url(args)
+    app = _log_app(args)
+    try:
+        report = audit_credits(app, tenant=args.tenant or None, database_url=db,
+                               schema=_views_schema(args))
+    finally:
+        _close_app(app, args)
+    if args.json:
+        print(json.dumps(report.to_dict()))
+    else:
+        print("\n".join(report.lines()))
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -427,13 +627,25 @@ def build_parser() -> argparse.ArgumentParser:
     ts.add_argument("--pool", required=True)
     ts.add_argument("--weight", type=float, default=1.0)
     ts.add_argument("--quota", help="dimension=amount,… e.g. cpu_millis=64000,gpu_count=4")
-    ts.set_defaults(func=cmd_admin, build=_tenant_set)
+    ts.set_defaults(func=cmd_admin, build=_tenant_set, after=_tenant_user_after_set)
+    tc = aten.add_parser("creds", help="the tenant's NATS user on this machine's `pool up` "
+                         "(created and loaded into the running server if new)")
+    tc.add_argument("name", metavar="tenant_id")
+    tc.add_argument("--rotate", action="store_true", help="replace the password")
+    tc.add_argument("--json", action="store_true")
+    tc.set_defaults(func=cmd_creds, kind="tenant")
     anode = adm.add_parser("node", help="nodes").add_subparsers(dest="verb", metavar="VERB")
     anode.required = True
     nr = anode.add_parser("register", help="register a node from a NodeRegistration JSON file")
     client_opts(nr)
     nr.add_argument("--file", required=True)
     nr.set_defaults(func=cmd_admin, build=_node_register)
+    nc_ = anode.add_parser("creds", help="a node agent's NATS user on this machine's `pool up` "
+                           "(limited to that node's subjects)")
+    nc_.add_argument("name", metavar="node_id")
+    nc_.add_argument("--rotate", action="store_true", help="replace the password")
+    nc_.add_argument("--json", action="store_true")
+    nc_.set_defaults(func=cmd_creds, kind="node")
 
     node = sub.add_parser("node", help="node maintenance").add_subparsers(dest="verb", metavar="VERB")
     node.required = True
@@ -453,6 +665,46 @@ def build_parser() -> argparse.ArgumentParser:
     cg.add_argument("amount", type=int, help="micro-credits")
     cg.add_argument("--transfer-id", help="idempotency id (default: a new random one)")
     cg.set_defaults(func=cmd_admin, build=_credits_grant)
+
+    def db_opts(sp: argparse.ArgumentParser, nats: bool = True) -> None:
+        if nats:
+            sp.add_argument("--nats-url", help="default: $POOL_NATS_URL or the `pool up` endpoints")
+        sp.add_argument("--database-url",
+                        help="default: $POOL_DATABASE_URL or the `pool up` endpoints")
+        sp.add_argument("--schema", help="the views' schema (default $POOL_VIEWS_SCHEMA or "
+                        "pool_views)")
+        sp.add_argument("--json", action="store_true")
+
+    for view, help_text in (("queue", "waiting requests"), ("balance", "tenant credits"),
+                            ("capacity", "node capacity"), ("leases", "every lease")):
+        vp = sub.add_parser(view, help=f"{help_text}, from the PostgreSQL views")
+        db_opts(vp, nats=False)
+        vp.add_argument("--tenant", help="only this tenant's rows")
+        vp.add_argument("--filter", action="append", metavar="COLUMN=VALUE")
+        vp.add_argument("--limit", type=int, default=100)
+        vp.add_argument("--cursor")
+        vp.set_defaults(func=cmd_view, view=view)
+    prj = sub.add_parser("projections", help="the PostgreSQL views").add_subparsers(
+        dest="verb", metavar="VERB", required=True)
+    pst = prj.add_parser("status", help="each view's position and lag behind the log")
+    db_opts(pst)
+    pst.set_defaults(func=cmd_projections_status)
+    prb = prj.add_parser("rebuild", help="drop a view (or all) and fold it again from event 1")
+    prb.add_argument("name", nargs="?", choices=("queue", "balance", "capacity", "leases"))
+    prb.add_argument("--batch-size", type=int, default=1000)
+    db_opts(prb)
+    prb.set_defaults(func=cmd_projections_rebuild)
+    prr = prj.add_parser("run", help="run the projector until Ctrl-C")
+    prr.add_argument("--batch-size", type=int, default=1000)
+    db_opts(prr)
+    prr.set_defaults(func=cmd_projections_run)
+    aud = sub.add_parser("audit", help="check the books against the log").add_subparsers(
+        dest="verb", metavar="VERB", required=True)
+    ac = aud.add_parser("credits", help="replay credit events; check charges and the balance view")
+    ac.add_argument("--tenant")
+    ac.add_argument("--no-views", action="store_true", help="skip the balance view cross-check")
+    db_opts(ac)
+    ac.set_defaults(func=cmd_audit_credits)
     return p
 
 

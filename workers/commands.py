@@ -34,6 +34,10 @@ COMMAND_SUBJECTS = (
     + NODE_SUBJECTS
 )
 ADMIN_SUBJECTS = ["pool.admin.>"]
+# `pool.cmd.<tenant>.query.<view>`: answered from the PostgreSQL views by a CommandHandler given
+# a database URL; kept apart from COMMAND_SUBJECTS so a plane without a database never answers
+QUERY_SUBJECTS = ["pool.cmd.*.query.*"]
+QUERY_VIEWS = ("queue", "balance", "leases")
 
 
 def ok(*, lease: dict[str, Any] | None = None, result: dict[str, Any] | None = None) -> bytes:
@@ -54,8 +58,12 @@ def _domain_reasons(e: DomainError) -> dict[str, int | str]:
 class CommandHandler:
     """Turns (subject, body) into a reply; `why` is answered by the scheduler, which knows."""
 
-    def __init__(self, app: PoolApp) -> None:
+    def __init__(self, app: PoolApp, database_url: str | None = None, *,
+                 views_schema: str | None = None) -> None:
         self.app = app
+        self.database_url = database_url
+        self.views_schema = views_schema
+        self._reader: Any = None
 
     def __call__(self, subject: str, body: bytes, headers: dict[str, str]) -> bytes:
         try:
@@ -88,6 +96,8 @@ class CommandHandler:
             return self.node_lease_verb(parts[2], parts[4], parts[5], body)
         if parts[:2] == ["pool", "admin"]:
             return self.admin(parts[2:], body)
+        if parts[:2] == ["pool", "cmd"] and len(parts) == 5 and parts[3] == "query":
+            return self.query(parts[2], parts[4], body)
         raise UnknownSubject(f"no command is answered on {subject}")
 
     def lease_verb(self, tenant: str, lease_id: str, verb: str, body: bytes) -> bytes:
@@ -102,6 +112,32 @@ class CommandHandler:
             "get": lambda: app.get(tenant, lease_id),
         }
         return ok(lease=lease_view(calls[verb]()))
+
+    def query(self, tenant: str, view: str, body: bytes) -> bytes:
+        """A page of one of the tenant's views, read from PostgreSQL: only its own rows."""
+        q = decode_command("query", body)
+        assert isinstance(q, v1.Query)
+        if view not in QUERY_VIEWS:
+            raise UnknownSubject(f"no view {view!r}; tenants may query {', '.join(QUERY_VIEWS)}")
+        if not self.database_url:
+            return failure("views_unavailable", "this service has no database for the views")
+        if self._reader is None:
+            from projections.queries import ViewReader
+            from projections.views import DEFAULT_SCHEMA
+
+            self._reader = ViewReader(self.database_url, self.views_schema or DEFAULT_SCHEMA)
+        from projections.queries import BadQuery, ViewsUnavailable
+
+        try:
+            page = self._reader.query(view, tenant=tenant, filters=dict(q.filters),
+                                      limit=q.limit, cursor=q.cursor)
+        except (BadQuery, ViewsUnavailable) as e:
+            return failure(e.code, str(e))
+        return ok(result=page)
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
 
     def node_lease_verb(self, node_id: str, lease_id: str, verb: str, body: bytes) -> bytes:
         cmd = decode_command(f"node.{verb}", body)

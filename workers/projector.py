@@ -1,0 +1,119 @@
+"""The projector process: keeps the PostgreSQL views (projections/views.py) up with the log.
+
+`pool projections run` runs `Projector.run_forever`; a ControlPlane (or anything else) can run
+one in a thread with `Projector(...).start()` / `.stop()`. Kill it at any point: each batch and
+its position commit together, so a restart resumes exactly where the last commit left off.
+
+    python -m workers.projector --nats-url URL --database-url URL [--schema S] [--batch-size N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from projections.views import DEFAULT_BATCH, DEFAULT_SCHEMA, VIEWS, PoolViews
+from workers.app import PoolApp
+
+log = logging.getLogger(__name__)
+
+
+class Projector:
+    """Folds the "pool" log into the views, batch by batch, until stopped."""
+
+    def __init__(self, nats_url: str, database_url: str, *, schema: str = DEFAULT_SCHEMA,
+                 batch_size: int = DEFAULT_BATCH, views: Sequence[str] = VIEWS,
+                 poll_seconds: float = 0.1) -> None:
+        from workers.serve import app_env
+
+        self.nats_url = nats_url
+        self.app = PoolApp(env=app_env(nats_url))
+        self.views = PoolViews(self.app, database_url, schema=schema, views=views)
+        self.batch_size = batch_size
+        self.poll_seconds = poll_seconds
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.position = 0
+
+    def step(self) -> int:
+        """Apply at most one batch; returns the number of notifications fetched."""
+        start = self.views.position() + 1
+        batch = self.app.recorder.select_notifications(start, self.batch_size)
+        if batch:
+            self.views.process(batch)
+            self.position = batch[-1].id
+        else:
+            self.position = start - 1
+        return len(batch)
+
+    def run_forever(self, stop: threading.Event | None = None) -> None:
+        stop = stop or self._stop
+        self.views.setup()
+        while not stop.is_set():
+            try:
+                if self.step() == 0:
+                    stop.wait(self.poll_seconds)
+            except Exception:  # noqa: BLE001 - the bus or the database may be away; retry
+                log.exception("projector batch failed; retrying")
+                self.views.close()
+                stop.wait(1.0)
+
+    def wait_until(self, notification_id: int, timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.position >= notification_id:
+                return True
+            time.sleep(0.02)
+        return False
+
+    def start(self) -> Projector:
+        self._thread = threading.Thread(target=self.run_forever, name="pool-projector",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        self.views.close()
+        self.app.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="pool-projector")
+    p.add_argument("--nats-url", required=True)
+    p.add_argument("--database-url", required=True)
+    p.add_argument("--schema", default=DEFAULT_SCHEMA)
+    p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH)
+    args = p.parse_args(argv)
+    run(args.nats_url, args.database_url, args.schema, args.batch_size)
+    return 0
+
+
+def run(nats_url: str, database_url: str, schema: str, batch_size: int,
+        announce: Any = None) -> None:
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    proj = Projector(nats_url, database_url, schema=schema, batch_size=batch_size)
+    if announce:
+        announce(f"projecting {nats_url} into schema {schema}: Ctrl-C to stop")
+    try:
+        proj.run_forever(stop)
+    finally:
+        proj.stop()
+        from bus.runtime import close_runtime
+
+        close_runtime(nats_url)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    sys.exit(main())
