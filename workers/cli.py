@@ -50,7 +50,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         if not args.no_workers:
             from workers.serve import ControlPlane
 
-            plane = ControlPlane(service_url).start()
+            plane = ControlPlane(service_url, database_url=emb.database_url or None).start()
         streams = describe_streams(service_url)
         info = {
             "home": str(home),
@@ -147,7 +147,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    cp = ControlPlane(url).start()
+    from workers import embedded
+
+    db_url = getattr(args, "database_url", None) or embedded.endpoints()[1] or None
+    cp = ControlPlane(url, database_url=db_url).start()
     from bus.auth import redact
 
     print(f"serving commands and scheduling on {redact(url)}: Ctrl-C to stop", flush=True)
@@ -553,6 +556,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     srv = sub.add_parser("serve", help="run the command service and the scheduler")
     srv.add_argument("--nats-url", help="NATS server (default: POOL_NATS_URL or `pool up`)")
+    srv.add_argument("--database-url",
+                     help="PostgreSQL for the views (default: POOL_DATABASE_URL or `pool up`)")
     srv.set_defaults(func=cmd_serve)
 
     lease = sub.add_parser("lease", help="request and manage leases").add_subparsers(

@@ -16,7 +16,15 @@ from bus.leader import LeaderElection
 from bus.service import Service
 from schemas.codec import SchemaError, decode_command, encode
 from workers.app import PoolApp
-from workers.commands import ADMIN_SUBJECTS, COMMAND_SUBJECTS, CommandHandler, failure, ok
+from workers.commands import (
+    ADMIN_SUBJECTS,
+    COMMAND_SUBJECTS,
+    QUERY_SUBJECTS,
+    CommandHandler,
+    failure,
+    ok,
+)
+from workers.projector import Projector
 from workers.scheduler import Scheduler
 
 WHY_SUBJECT = "pool.cmd.*.lease.*.why"
@@ -45,12 +53,17 @@ class ControlPlane:
     """Commands + scheduler on one NATS server; `start()` serves, `stop()` drains."""
 
     def __init__(self, nats_url: str, *, clock: Callable[[], float] = time.time,
-                 run_scheduler: bool = True, leader_ttl_seconds: float = 3.0) -> None:
+                 run_scheduler: bool = True, leader_ttl_seconds: float = 3.0,
+                 database_url: str | None = None) -> None:
         self.nats_url = nats_url
         self.app = PoolApp(env=app_env(nats_url), clock=clock)
         self.scheduler = Scheduler(PoolApp(env=app_env(nats_url), clock=clock), clock=clock)
-        self.commands = Service(nats_url, COMMAND_SUBJECTS + ADMIN_SUBJECTS,
-                                CommandHandler(self.app), queue="pool-commands")
+        # with a database: the views' projector, and queries answered from those views
+        subjects = COMMAND_SUBJECTS + ADMIN_SUBJECTS + (QUERY_SUBJECTS if database_url else [])
+        self.commands = Service(nats_url, subjects,
+                                CommandHandler(self.app, database_url=database_url),
+                                queue="pool-commands")
+        self.projector = Projector(nats_url, database_url) if database_url else None
         self.run_scheduler = run_scheduler
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -86,6 +99,8 @@ class ControlPlane:
                 self._stop.wait(0.2)
 
     def start(self) -> ControlPlane:
+        if self.projector is not None:
+            self.projector.start()
         self.commands.start()
         if self.election is None:
             self._serve_why(True)
@@ -104,6 +119,8 @@ class ControlPlane:
             self.election.stop(release=True)
         self.commands.stop()
         self._serve_why(False)
+        if self.projector is not None:
+            self.projector.stop()
         self.app.close()
         self.scheduler.app.close()
         from bus.runtime import close_runtime
