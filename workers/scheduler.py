@@ -130,8 +130,10 @@ class Scheduler:
             if not page:
                 return n
             for notification in page:
-                event = self.app.mapper.to_domain_event(notification)
-                self.apply(event)
+                known = self.aggregates.get(notification.originator_id)
+                # our own writes come back through the log: skip them before paying to decode
+                if known is None or notification.originator_version > known.version:
+                    self.apply(self.app.mapper.to_domain_event(notification))
                 self.position = notification.id
             n += len(page)
             if len(page) < NOTIFICATION_PAGE:
