@@ -355,6 +355,24 @@ def cmd_bench_schedule(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_bench_projections(args: argparse.Namespace) -> int:
+    from projections.embedded import reachable_database_url
+    from workers import embedded
+    from workers.bench_projections import run_projections_bench
+
+    # a reachable PostgreSQL as given (or `pool up`'s), else the bench starts an embedded one
+    db = args.database_url or embedded.endpoints()[1] or None
+    if db and not reachable_database_url(db):
+        raise _Usage(f"no PostgreSQL answers at {db}")
+    result = run_projections_bench(
+        database_url=db, events=args.events, quick=args.quick,
+        progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)),
+    )
+    print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json
+          else result["table"])
+    return EXIT_OK
+
+
 # -- wiring --------------------------------------------------------------------------------
 
 
@@ -546,6 +564,17 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("--quick", action="store_true", help="500 nodes, 3,000 requests")
     sb.add_argument("--json", action="store_true")
     sb.set_defaults(func=cmd_bench_schedule)
+    bp = bench.add_parser("projections", help="events/s into the PostgreSQL views, lag, "
+                          "rebuild time and credit-audit replay rate")
+    bp.add_argument("--events", type=int, default=None,
+                    help="events pre-written for the catch-up (default 200,000; --quick 5,000)")
+    bp.add_argument("--quick", action="store_true",
+                    help="5,000 events; lag at 1,000 events/s for 3 s")
+    bp.add_argument("--database-url",
+                    help="PostgreSQL to use (a fresh schema, dropped after; default: "
+                    "POOL_DATABASE_URL or `pool up`, else an embedded one)")
+    bp.add_argument("--json", action="store_true")
+    bp.set_defaults(func=cmd_bench_projections)
 
     def client_opts(sp: argparse.ArgumentParser, tenant: bool = False) -> None:
         sp.add_argument("--nats-url", help="NATS server (default: POOL_NATS_URL or `pool up`)")
