@@ -25,6 +25,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+from eventsourcing.domain import CanInitAggregate
 from psycopg import sql
 
 from domain.account import Account
@@ -167,6 +168,13 @@ class Folder:
                 agg = event.mutate(agg)
             except Exception:  # noqa: BLE001 - fall back to the log's own fold
                 agg = None
+        elif isinstance(event, CanInitAggregate):
+            # a creation event starts the aggregate: exactly what the log's own fold of its
+            # first version does, without a round trip to read that version back
+            try:
+                agg = event.mutate(None)
+            except Exception:  # noqa: BLE001 - fall back to the log's own fold
+                agg = None
         else:
             agg = None
         if agg is None:
@@ -191,118 +199,165 @@ def _credit_event(event: Any) -> tuple[str, str, int, int, int] | None:
 
 
 # -- writing rows ------------------------------------------------------------------------------
+#
+# One batch's changes are coalesced per row first (a dict keyed by the view's primary key holding
+# the row's final state, plus the summed credit deltas of each lease), then each view is written
+# with ONE statement: INSERT … SELECT FROM unnest(<one array per column>) ON CONFLICT … DO UPDATE,
+# and the queue's deletes with one DELETE … WHERE lease_id = ANY(%s). Keys are unique within each
+# statement, so every row is affected at most once, exactly as the per-row upserts it replaces.
 
 
 def _j(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-def _write_lease(conn: psycopg.Connection[Any], schema: str, views: set[str], lease: Lease,
-                 seq: int) -> None:
-    lid = str(lease.id)
-    state = str(lease.state)
-    if "leases" in views:
-        cols = {
-            "tenant": lease.tenant_id, "pool": lease.pool_id, "state": state,
-            "node_id": lease.node_id, "priority_class": lease.priority_class,
-            "shape": _j(lease.shape.to_dict()), "epoch": lease.epoch, "attempts": lease.attempts,
-            "maximum_runtime_seconds": lease.maximum_runtime_seconds,
-            "requested_at": lease.requested_at, "queued_at": lease.queued_at,
-            "reserved_at": lease.reserved_at, "started_at": lease.started_at,
-            "run_ended_at": lease.run_ended_at, "ended_at": lease.ended_at,
-            "deadline": lease.deadline, "last_heartbeat_at": lease.last_heartbeat_at,
-            "hold_microcredits": lease.hold_microcredits, "end_reason": lease.end_reason,
-            "exit_code": lease.exit_code, "version": lease.version, "last_seq": seq,
-        }
-        names = list(cols)
-        stmt = sql.SQL(
-            "INSERT INTO {t} (lease_id, {cols}) VALUES (%s, {vals}) "
-            "ON CONFLICT (lease_id) DO UPDATE SET {sets}"
-        ).format(
-            t=sql.Identifier(schema, "leases"),
-            cols=sql.SQL(", ").join(map(sql.Identifier, names)),
-            vals=sql.SQL(", ").join(sql.Placeholder() * len(names)),
-            sets=sql.SQL(", ").join(
-                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n)) for n in names[:-1])
-            + sql.SQL(", last_seq = GREATEST({t}.last_seq, EXCLUDED.last_seq)").format(
-                t=sql.Identifier(schema, "leases")),
-        )
-        conn.execute(stmt, [lid, *cols.values()])
-    if "queue" in views:
-        if state in WAITING_STATES:
-            conn.execute(
-                _fmt("INSERT INTO {s}.queue (lease_id, pool, tenant, priority_class, state, "
-                     "shape, attempts, requested_at, queued_at, last_seq) "
-                     "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (lease_id) DO UPDATE SET "
-                     "pool=EXCLUDED.pool, tenant=EXCLUDED.tenant, "
-                     "priority_class=EXCLUDED.priority_class, state=EXCLUDED.state, "
-                     "shape=EXCLUDED.shape, attempts=EXCLUDED.attempts, "
-                     "requested_at=EXCLUDED.requested_at, queued_at=EXCLUDED.queued_at, "
-                     "last_seq=EXCLUDED.last_seq", schema),
-                (lid, lease.pool_id, lease.tenant_id, lease.priority_class, state,
-                 _j(lease.requested_shape.to_dict()), lease.attempts, lease.requested_at,
-                 lease.queued_at, seq),
-            )
-        else:
-            conn.execute(_fmt("DELETE FROM {s}.queue WHERE lease_id = %s", schema), (lid,))
+def _f(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
-def _write_account(conn: psycopg.Connection[Any], schema: str, acc: Account, seq: int) -> None:
-    conn.execute(
-        _fmt("INSERT INTO {s}.balance (tenant, granted, held, spent, available, shortfall, holds, "
-             "version, last_seq) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (tenant) DO "
-             "UPDATE SET granted=EXCLUDED.granted, held=EXCLUDED.held, spent=EXCLUDED.spent, "
-             "available=EXCLUDED.available, shortfall=EXCLUDED.shortfall, holds=EXCLUDED.holds, "
-             "version=EXCLUDED.version, last_seq=EXCLUDED.last_seq", schema),
-        (acc.tenant_id, acc.granted, acc.held, acc.spent, acc.available, acc.shortfall,
-         len(acc.holds), acc.version, seq),
+_LEASE_STATE_COLS: tuple[tuple[str, str], ...] = (
+    ("lease_id", "text"), ("tenant", "text"), ("pool", "text"), ("state", "text"),
+    ("node_id", "text"), ("priority_class", "text"), ("shape", "jsonb"), ("epoch", "integer"),
+    ("attempts", "integer"), ("maximum_runtime_seconds", "integer"),
+    ("requested_at", "float8"), ("queued_at", "float8"), ("reserved_at", "float8"),
+    ("started_at", "float8"), ("run_ended_at", "float8"), ("ended_at", "float8"),
+    ("deadline", "float8"), ("last_heartbeat_at", "float8"), ("hold_microcredits", "bigint"),
+    ("end_reason", "text"), ("exit_code", "integer"), ("version", "integer"),
+)
+_CREDIT_COLS: tuple[tuple[str, str], ...] = (
+    ("credits_held", "bigint"), ("credits_charged", "bigint"), ("credits_released", "bigint"),
+    ("credits_shortfall", "bigint"), ("last_seq", "bigint"),
+)
+_QUEUE_COLS: tuple[tuple[str, str], ...] = (
+    ("lease_id", "text"), ("pool", "text"), ("tenant", "text"), ("priority_class", "text"),
+    ("state", "text"), ("shape", "jsonb"), ("attempts", "integer"),
+    ("requested_at", "float8"), ("queued_at", "float8"), ("last_seq", "bigint"),
+)
+_BALANCE_COLS: tuple[tuple[str, str], ...] = (
+    ("tenant", "text"), ("granted", "bigint"), ("held", "bigint"), ("spent", "bigint"),
+    ("available", "bigint"), ("shortfall", "bigint"), ("holds", "integer"),
+    ("version", "integer"), ("last_seq", "bigint"),
+)
+_CAPACITY_COLS: tuple[tuple[str, str], ...] = (
+    ("node_id", "text"), ("pool", "text"), ("state", "text"), ("state_reason", "text"),
+    ("zone", "text"), ("failure_domain", "text"), ("gpu_model", "text"),
+    *((f"{d}_{k}", "bigint") for d in DIMENSIONS for k in ("allocatable", "allocated")),
+    ("extended_allocatable", "jsonb"), ("extended_allocated", "jsonb"),
+    ("allocations", "integer"), ("last_heartbeat_at", "float8"), ("version", "integer"),
+    ("last_seq", "bigint"),
+)
+
+
+def _upsert_sql(schema: str, table: str, cols: Sequence[tuple[str, str]],
+                sets: Sequence[str]) -> sql.Composed:
+    """INSERT INTO schema.table (cols) SELECT * FROM unnest(%s::type[], …) ON CONFLICT (first
+    col) DO UPDATE SET <sets>, where each of `sets` is raw SQL with {t} for the table."""
+    t = sql.Identifier(schema, table)
+    return sql.SQL(
+        "INSERT INTO {t} ({cols}) SELECT * FROM unnest({arrays}) "
+        "ON CONFLICT ({key}) DO UPDATE SET {sets}"
+    ).format(
+        t=t,
+        cols=sql.SQL(", ").join(sql.Identifier(c) for c, _ in cols),
+        arrays=sql.SQL(", ").join(sql.SQL("%s::" + typ + "[]") for _, typ in cols),
+        key=sql.Identifier(cols[0][0]),
+        sets=sql.SQL(", ").join(sql.SQL(s).format(t=t) for s in sets),
     )
 
 
-def _write_node(conn: psycopg.Connection[Any], schema: str, node: Node, seq: int) -> None:
+def _set_excluded(names: Iterable[str]) -> list[str]:
+    return [f'"{n}" = EXCLUDED."{n}"' for n in names]
+
+
+_CREDIT_SETS = [f'{c} = {{t}}.{c} + EXCLUDED.{c}' for c, _ in _CREDIT_COLS[:-1]] + [
+    "last_seq = GREATEST({t}.last_seq, EXCLUDED.last_seq)"]
+
+_SQL_CACHE: dict[tuple[str, str], sql.Composed] = {}
+
+
+def _stmt(schema: str, kind: str) -> sql.Composed:
+    got = _SQL_CACHE.get((schema, kind))
+    if got is None:
+        if kind == "leases":  # lease state (replaced) + credit deltas (added)
+            got = _upsert_sql(schema, "leases", _LEASE_STATE_COLS + _CREDIT_COLS,
+                              _set_excluded(c for c, _ in _LEASE_STATE_COLS[1:]) + _CREDIT_SETS)
+        elif kind == "credits":  # credit deltas only, for leases with no state in the batch
+            got = _upsert_sql(schema, "leases", (("lease_id", "text"), ("tenant", "text"),
+                                                 *_CREDIT_COLS), _CREDIT_SETS)
+        elif kind == "queue":
+            got = _upsert_sql(schema, "queue", _QUEUE_COLS,
+                              _set_excluded(c for c, _ in _QUEUE_COLS[1:]))
+        elif kind == "queue_delete":
+            got = _fmt("DELETE FROM {s}.queue WHERE lease_id = ANY(%s::text[])", schema)
+        elif kind == "balance":
+            got = _upsert_sql(schema, "balance", _BALANCE_COLS,
+                              _set_excluded(c for c, _ in _BALANCE_COLS[1:]))
+        elif kind == "capacity":
+            got = _upsert_sql(schema, "capacity", _CAPACITY_COLS,
+                              _set_excluded(c for c, _ in _CAPACITY_COLS[1:]))
+        else:  # pragma: no cover
+            raise KeyError(kind)
+        if len(_SQL_CACHE) > 1000:
+            _SQL_CACHE.clear()
+        _SQL_CACHE[(schema, kind)] = got
+    return got
+
+
+def _columns(rows: Sequence[Sequence[Any]], width: int) -> list[list[Any]]:
+    """Row tuples → one list per column (the unnest arrays)."""
+    if not rows:
+        return [[] for _ in range(width)]
+    return [list(c) for c in zip(*rows)]
+
+
+def _write_rows(conn: psycopg.Connection[Any], schema: str, kind: str,
+                rows: Sequence[Sequence[Any]], width: int) -> None:
+    if rows:
+        conn.execute(_stmt(schema, kind), _columns(rows, width))
+
+
+def _lease_state_row(lease: Lease) -> tuple[Any, ...]:
+    return (
+        str(lease.id), lease.tenant_id, lease.pool_id, str(lease.state), lease.node_id,
+        lease.priority_class, _j(lease.shape.to_dict()), lease.epoch, lease.attempts,
+        lease.maximum_runtime_seconds, _f(lease.requested_at), _f(lease.queued_at),
+        _f(lease.reserved_at), _f(lease.started_at), _f(lease.run_ended_at),
+        _f(lease.ended_at), _f(lease.deadline), _f(lease.last_heartbeat_at),
+        lease.hold_microcredits, lease.end_reason, lease.exit_code, lease.version,
+    )
+
+
+def _queue_row(lease: Lease, state: str, seq: int) -> tuple[Any, ...]:
+    return (str(lease.id), lease.pool_id, lease.tenant_id, lease.priority_class, state,
+            _j(lease.requested_shape.to_dict()), lease.attempts, _f(lease.requested_at),
+            _f(lease.queued_at), seq)
+
+
+def _account_row(acc: Account, seq: int) -> tuple[Any, ...]:
+    return (acc.tenant_id, acc.granted, acc.held, acc.spent, acc.available, acc.shortfall,
+            len(acc.holds), acc.version, seq)
+
+
+def _node_row(node: Node, seq: int) -> tuple[Any, ...]:
     caps = node.capabilities
     alloc = node.allocated
+    allocatable = node.allocatable
     dims: list[Any] = []
     for d in DIMENSIONS:
-        dims += [getattr(node.allocatable, d), getattr(alloc, d)]
-    names = [f"{d}_{k}" for d in DIMENSIONS for k in ("allocatable", "allocated")]
-    cols = ["pool", "state", "state_reason", "zone", "failure_domain", "gpu_model", *names,
-            "extended_allocatable", "extended_allocated", "allocations", "last_heartbeat_at",
-            "version", "last_seq"]
-    vals = [node.pool_id, str(node.state), node.state_reason, caps.zone, caps.failure_domain,
-            caps.gpu_model, *dims, _j(dict(node.allocatable.extended)), _j(dict(alloc.extended)),
-            len(node.allocations), node.last_heartbeat_at, node.version, seq]
-    stmt = sql.SQL(
-        "INSERT INTO {t} (node_id, {cols}) VALUES (%s, {vals}) "
-        "ON CONFLICT (node_id) DO UPDATE SET {sets}"
-    ).format(
-        t=sql.Identifier(schema, "capacity"),
-        cols=sql.SQL(", ").join(map(sql.Identifier, cols)),
-        vals=sql.SQL(", ").join(sql.Placeholder() * len(cols)),
-        sets=sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n))
-                                for n in cols),
-    )
-    conn.execute(stmt, [node.node_id, *vals])
+        dims += [getattr(allocatable, d), getattr(alloc, d)]
+    return (node.node_id, node.pool_id, str(node.state), node.state_reason, caps.zone,
+            caps.failure_domain, caps.gpu_model, *dims, _j(dict(allocatable.extended)),
+            _j(dict(alloc.extended)), len(node.allocations), _f(node.last_heartbeat_at),
+            node.version, seq)
 
 
-def _write_credits(conn: psycopg.Connection[Any], schema: str, tenant: str, lease_id: str,
-                   kind: str, a: int, b: int, c: int, seq: int) -> None:
-    held, charged, released, shortfall = {
-        "held": (a, 0, 0, 0),
-        "settled": (-(a + b), a, b, c),
-        "released": (-a, 0, a, 0),
-    }[kind]
-    conn.execute(
-        _fmt("INSERT INTO {s}.leases (lease_id, tenant, credits_held, credits_charged, "
-             "credits_released, credits_shortfall, last_seq) VALUES (%s,%s,%s,%s,%s,%s,%s) "
-             "ON CONFLICT (lease_id) DO UPDATE SET "
-             "credits_held = {s}.leases.credits_held + EXCLUDED.credits_held, "
-             "credits_charged = {s}.leases.credits_charged + EXCLUDED.credits_charged, "
-             "credits_released = {s}.leases.credits_released + EXCLUDED.credits_released, "
-             "credits_shortfall = {s}.leases.credits_shortfall + EXCLUDED.credits_shortfall, "
-             "last_seq = GREATEST({s}.leases.last_seq, EXCLUDED.last_seq)", schema),
-        (lease_id, tenant, held, charged, released, shortfall, seq),
-    )
+def _credit_deltas(kind: str, a: int, b: int, c: int) -> tuple[int, int, int, int]:
+    """(held, charged, released, shortfall) deltas of one credit event on its lease's row."""
+    if kind == "held":
+        return (a, 0, 0, 0)
+    if kind == "settled":
+        return (-(a + b), a, b, c)
+    return (-a, 0, a, 0)  # released
 
 
 # -- the projection ----------------------------------------------------------------------------
@@ -360,17 +415,32 @@ class PoolViews:
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(self.schema),))
                 pos = positions(conn, self.schema, lock=True)
                 taken = 0
+                tracked: list[tuple[str, int, int]] = []
+                # views at the same position share one slice of the batch and one coalescing
+                shared: dict[int, tuple[list[tuple[int, Any, Any]], dict[UUID, tuple[int, Any]]]]
+                shared = {}
                 for view in self.views:
                     at, applied = pos.get(view, (0, 0))
-                    fresh = [(s, e, a) for s, e, a in folded if s > at]
+                    got = shared.get(at)
+                    if got is None:
+                        fresh = folded if folded[0][0] > at else [f for f in folded if f[0] > at]
+                        last: dict[UUID, tuple[int, Any]] = {}
+                        for seq, _ev, agg in fresh:
+                            last[agg.id] = (seq, agg)
+                        got = shared[at] = (fresh, last)
+                    fresh, last = got
                     if not fresh:
                         continue
                     taken = max(taken, len(fresh))
-                    self._apply_view(view, fresh)
+                    self._apply_view(view, fresh, last)
+                    tracked.append((view, fresh[-1][0], applied + len(fresh)))
+                if tracked:
                     conn.execute(
-                        _fmt("UPDATE {s}.tracking SET notification_id = %s, events_applied = %s, "
-                             "updated_at = now() WHERE view_name = %s", self.schema),
-                        (fresh[-1][0], applied + len(fresh), view),
+                        _fmt("UPDATE {s}.tracking AS t SET notification_id = u.n, "
+                             "events_applied = u.a, updated_at = now() FROM unnest("
+                             "%s::text[], %s::bigint[], %s::bigint[]) AS u(v, n, a) "
+                             "WHERE t.view_name = u.v", self.schema),
+                        _columns(tracked, 3),
                     )
             return taken
         except Exception:
@@ -378,30 +448,64 @@ class PoolViews:
             self.folder.clear()
             raise
 
-    def _apply_view(self, view: str, fresh: list[tuple[int, Any, Any]]) -> None:
+    def _apply_view(self, view: str, fresh: list[tuple[int, Any, Any]],
+                    last: dict[UUID, tuple[int, Any]]) -> None:
+        """Coalesce the batch's changes per row of `view`, then write them in one statement."""
         conn, schema = self.conn, self.schema
-        last: dict[UUID, tuple[int, Any]] = {}
-        for seq, _ev, agg in fresh:
-            last[agg.id] = (seq, agg)
-        if view in ("queue", "leases"):
+        if view == "leases":
+            rows: dict[str, list[Any]] = {}
             for seq, agg in last.values():
                 if isinstance(agg, Lease):
-                    _write_lease(conn, schema, {view}, agg, seq)
-            if view == "leases":
-                for seq, ev, agg in fresh:
-                    if isinstance(agg, Account):
-                        c = _credit_event(ev)
-                        if c is not None:
-                            _write_credits(conn, schema, agg.tenant_id, c[1], c[0], c[2], c[3],
-                                           c[4], seq)
+                    rows[str(agg.id)] = [*_lease_state_row(agg), 0, 0, 0, 0, seq]
+            credit_only: dict[str, list[Any]] = {}
+            for seq, ev, agg in fresh:
+                if not isinstance(agg, Account):
+                    continue
+                c = _credit_event(ev)
+                if c is None:
+                    continue
+                kind, lid, a, b, cc = c
+                h, ch, rel, sh = _credit_deltas(kind, a, b, cc)
+                row = rows.get(lid)
+                if row is None:
+                    row = credit_only.get(lid)
+                    if row is None:
+                        credit_only[lid] = [lid, agg.tenant_id, h, ch, rel, sh, seq]
+                        continue
+                row[-5] += h
+                row[-4] += ch
+                row[-3] += rel
+                row[-2] += sh
+                if seq > row[-1]:
+                    row[-1] = seq
+            width = len(_LEASE_STATE_COLS) + len(_CREDIT_COLS)
+            _write_rows(conn, schema, "leases", list(rows.values()), width)
+            _write_rows(conn, schema, "credits", list(credit_only.values()), 7)
+        elif view == "queue":
+            waiting: list[tuple[Any, ...]] = []
+            gone: list[str] = []
+            for seq, agg in last.values():
+                if isinstance(agg, Lease):
+                    state = str(agg.state)
+                    if state in WAITING_STATES:
+                        waiting.append(_queue_row(agg, state, seq))
+                    else:
+                        gone.append(str(agg.id))
+            _write_rows(conn, schema, "queue", waiting, len(_QUEUE_COLS))
+            if gone:
+                conn.execute(_stmt(schema, "queue_delete"), (gone,))
         elif view == "balance":
+            accounts: dict[str, tuple[Any, ...]] = {}
             for seq, agg in last.values():
                 if isinstance(agg, Account):
-                    _write_account(conn, schema, agg, seq)
+                    accounts[agg.tenant_id] = _account_row(agg, seq)
+            _write_rows(conn, schema, "balance", list(accounts.values()), len(_BALANCE_COLS))
         elif view == "capacity":
+            nodes: dict[str, tuple[Any, ...]] = {}
             for seq, agg in last.values():
                 if isinstance(agg, Node):
-                    _write_node(conn, schema, agg, seq)
+                    nodes[agg.node_id] = _node_row(agg, seq)
+            _write_rows(conn, schema, "capacity", list(nodes.values()), len(_CAPACITY_COLS))
 
     def catch_up(self, *, batch_size: int = DEFAULT_BATCH, stop: int | None = None) -> int:
         """Apply every batch up to the log's end (or `stop`); returns the events applied."""
