@@ -155,6 +155,12 @@ class BusRuntime:
                     await self._nc.drain()
                 except Exception:  # closing is best effort; the server may be gone
                     await self._nc.close()
+            # nats-py may leave reconnect or flusher tasks behind: finish them before the loop
+            # stops, or they are destroyed pending when the loop is collected
+            leftovers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in leftovers:
+                t.cancel()
+            await asyncio.gather(*leftovers, return_exceptions=True)
 
         try:
             asyncio.run_coroutine_threadsafe(_close(), self._loop).result(5)
