@@ -59,3 +59,24 @@ def describe_streams(url: str) -> list[dict[str, Any]]:
             await nc.close()
 
     return asyncio.run(go())
+
+
+async def _quiet(_exc: Exception) -> None:
+    pass  # nats-py reports every connection error; a refused probe is an answer, not news
+
+
+def can_connect(url: str, *, user: str, password: str, timeout: float = 2.0) -> bool:
+    """Whether `user` can log in at `url` right now (e.g. after a configuration reload)."""
+
+    async def go() -> bool:
+        try:
+            nc = await nats.connect(url, user=user, password=password,
+                                    connect_timeout=max(1, int(timeout)),
+                                    max_reconnect_attempts=0, allow_reconnect=False,
+                                    error_cb=_quiet)
+        except Exception:  # noqa: BLE001 - refused or not reloaded yet: both mean "not now"
+            return False
+        await nc.close()
+        return True
+
+    return asyncio.run(go())

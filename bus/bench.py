@@ -87,6 +87,31 @@ async def atomic_batch(nc: Any, messages: list[tuple[str, bytes]]) -> None:
             await nc.publish(subject, data, headers=headers)
 
 
+def raw_atomic_rate(url: str, *, rounds: int = ROUNDS, batches: int = 5, size: int = 999) -> float:
+    """Median msgs/s of `size`-message atomic batches into a stream of its own (not the log)."""
+
+    async def go() -> float:
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        stream = f"RAW_{uuid.uuid4().hex[:8].upper()}"
+        await js.add_stream(StreamConfig(name=stream, subjects=[f"raw.{stream}.>"],
+                                         storage=StorageType.FILE, allow_atomic=True))
+        try:
+            rates = []
+            for r in range(rounds):
+                msgs = [(f"raw.{stream}.r{r}.{i}", b"x" * 200) for i in range(size)]
+                t0 = time.perf_counter()
+                for _ in range(batches):
+                    await atomic_batch(nc, msgs)
+                rates.append(batches * size / (time.perf_counter() - t0))
+            return statistics.median(rates)
+        finally:
+            await js.delete_stream(stream)
+            await nc.close()
+
+    return asyncio.run(go())
+
+
 def _app_rates(url: str, saves: int) -> dict[str, float]:
     """Saves/s through an eventsourcing Application on bus.jetstream: 1 and 3 aggregates."""
     from eventsourcing.application import Application

@@ -123,3 +123,9 @@ class ViewReader:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+def query_url(database_url: str, view: str, **kwargs: Any) -> dict[str, Any]:
+    """`query` for callers outside projections/ (the CLI), which hold a URL, not a connection."""
+    with psycopg.connect(database_url) as conn:
+        return query(conn, view, **kwargs)

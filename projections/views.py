@@ -523,6 +523,18 @@ class PoolViews:
 # -- status and rebuild --------------------------------------------------------------------------
 
 
+def positions_at(database_url: str, schema: str = DEFAULT_SCHEMA) -> dict[str, tuple[int, int]]:
+    """`positions` for callers outside projections/, which hold a URL, not a connection."""
+    with psycopg.connect(database_url) as conn:
+        return positions(conn, schema)
+
+
+def drop_schema(database_url: str, schema: str) -> None:
+    """Drop a whole views schema (benchmarks and tests use throwaway ones)."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
 def status(database_url: str, max_id: int, *, schema: str = DEFAULT_SCHEMA) -> list[dict[str, Any]]:
     with psycopg.connect(database_url) as conn:
         pos = positions(conn, schema)

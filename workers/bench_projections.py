@@ -18,20 +18,16 @@ lease requests, queueings and cancels and node heartbeats, so every view gets wo
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import os
-import statistics
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
+from bus.bench import raw_atomic_rate
 from bus.server import NatsServer
 from domain.account import Account
 from domain.lease import Lease, LeaseState
@@ -45,35 +41,6 @@ GOALS = {"applied_per_s": 20_000, "lag_p99_s": 0.250, "rebuild_1m_s": 60.0,
          "audit_per_s": 100_000}
 FULL = {"events": 200_000, "rate": 5000, "seconds": 10.0, "tenants": 200, "nodes": 50}
 QUICK = {"events": 5000, "rate": 1000, "seconds": 3.0, "tenants": 40, "nodes": 10}
-
-
-def _raw_atomic_rate(url: str, rounds: int = 3, batches: int = 5) -> float:
-    """999-message atomic batches/s × 999 into a stream of its own (not the pool log)."""
-    import nats
-    from nats.js.api import StorageType, StreamConfig
-
-    from bus.bench import atomic_batch
-
-    async def go() -> float:
-        nc = await nats.connect(url)
-        js = nc.jetstream()
-        stream = f"RAWPROJ_{uuid.uuid4().hex[:8].upper()}"
-        await js.add_stream(StreamConfig(name=stream, subjects=[f"rawproj.{stream}.>"],
-                                         storage=StorageType.FILE, allow_atomic=True))
-        try:
-            rates = []
-            for r in range(rounds):
-                msgs = [(f"rawproj.{stream}.r{r}.{i}", b"x" * 200) for i in range(SAVE_LIMIT)]
-                t0 = time.perf_counter()
-                for _ in range(batches):
-                    await atomic_batch(nc, msgs)
-                rates.append(batches * SAVE_LIMIT / (time.perf_counter() - t0))
-            return statistics.median(rates)
-        finally:
-            await js.delete_stream(stream)
-            await nc.close()
-
-    return asyncio.run(go())
 
 
 class Workload:
@@ -206,12 +173,12 @@ def run_projections_bench(
             return _run(server.url, database_url, schema, size, say)
         finally:
             from bus.runtime import close_runtime
+            from projections.views import drop_schema
 
             close_runtime(server.url)
             server.stop()
             try:
-                with psycopg.connect(database_url, autocommit=True) as conn:
-                    conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+                drop_schema(database_url, schema)
             finally:
                 if pg is not None:
                     pg.stop()
@@ -221,14 +188,14 @@ def _run(url: str, db: str, schema: str, size: dict[str, Any],
          say: Callable[[str], None]) -> dict[str, Any]:
     from bus.admin import ensure_all_streams
     from projections.audit import audit_credits
-    from projections.views import VIEWS, positions, rebuild
+    from projections.views import VIEWS, positions_at, rebuild
     from workers.app import PoolApp
     from workers.projector import Projector
     from workers.serve import app_env
 
     ensure_all_streams(url)
     say("bench projections: raw JetStream atomic-batch ingest (999 messages per batch)")
-    raw = _raw_atomic_rate(url)
+    raw = raw_atomic_rate(url)
 
     producer = PoolApp(env=app_env(url))
     work = Workload(size["tenants"], size["nodes"])
@@ -301,8 +268,7 @@ def _run(url: str, db: str, schema: str, size: dict[str, Any],
     rebuild(producer, db, schema=schema, views=["balance"], batch_size=1000)
     rebuild_s = time.perf_counter() - t3
     rebuild_1m_s = rebuild_s * 1_000_000 / top if top else 0.0
-    with psycopg.connect(db) as conn:
-        pos = positions(conn, schema)
+    pos = positions_at(db, schema)
     view_positions = {v: pos.get(v, (0, 0))[0] for v in VIEWS}
 
     # for reading the figures: the log read alone, and read + decoded, without any folding

@@ -7,11 +7,9 @@ batch ingest of the same server is measured first, so the result is also given a
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import os
 import resource
-import statistics
 import tempfile
 import threading
 import time
@@ -19,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bus.bench import raw_atomic_rate
 from bus.server import NatsServer
 from domain.account import Account
 from domain.lease import Lease, LeaseState
@@ -31,28 +30,6 @@ from workers.serve import app_env
 
 TENANTS = (("alpha", 3), ("beta", 2), ("gamma", 1))
 SUBMIT_BATCH = 499  # leases per save: 2 events each, under the 1000-message batch limit
-
-
-def _raw_atomic_rate(url: str) -> float:
-    import nats
-
-    from bus.bench import atomic_batch
-
-    async def go() -> float:
-        nc = await nats.connect(url)
-        try:
-            rates = []
-            for r in range(3):
-                msgs = [(f"pool.evt.rawbench.r{r}x{i}", b"x" * 200) for i in range(999)]
-                t0 = time.perf_counter()
-                for _ in range(5):
-                    await atomic_batch(nc, msgs)
-                rates.append(5 * 999 / (time.perf_counter() - t0))
-            return statistics.median(rates)
-        finally:
-            await nc.close()
-
-    return asyncio.run(go())
 
 
 def _node(i: int, now: float) -> Node:
@@ -88,7 +65,7 @@ def _run(url: str, nodes: int, requests: int, say: Callable[[str], None]) -> dic
 
     ensure_all_streams(url)
     say("bench schedule: raw JetStream atomic-batch ingest (999 messages per batch)")
-    raw = _raw_atomic_rate(url)
+    raw = raw_atomic_rate(url)
     producer = PoolApp(env=app_env(url))
     now = time.time()
     cfg = PoolConfig(priority_classes=(("standard", 10),), default_priority_class="standard",

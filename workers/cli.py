@@ -437,14 +437,12 @@ VIEW_TABLE_COLUMNS = {
 
 
 def cmd_view(args: argparse.Namespace) -> int:
-    import psycopg
-
-    from projections.queries import query
+    from projections.queries import query_url
 
     filters = dict(f.split("=", 1) for f in args.filter or [])
-    with psycopg.connect(_database_url(args)) as conn:
-        page = query(conn, args.view, tenant=args.tenant or None, filters=filters,
-                     limit=args.limit, cursor=args.cursor, schema=_views_schema(args))
+    page = query_url(_database_url(args), args.view, tenant=args.tenant or None,
+                     filters=filters, limit=args.limit, cursor=args.cursor,
+                     schema=_views_schema(args))
     if args.json:
         print(json.dumps(page, default=str))
     else:

@@ -13,7 +13,6 @@ admin commands on this machine. A server named by POOL_NATS_URL is used as given
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import fcntl
 import json
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bus import auth as bus_auth
+from bus.admin import can_connect
 from bus.auth import AuthConfig, Credentials
 from bus.server import NatsServer, free_port
 from projections.embedded import EmbeddedPostgres, reachable_database_url, start_embedded_postgres
@@ -237,30 +237,13 @@ def _reload_running_server(home: Path) -> int | None:
     return pid
 
 
-async def _quiet(_exc: Exception) -> None:
-    pass  # nats-py prints every connection error; a refused try here is expected
-
-
-async def _can_connect(url: str, creds: Credentials) -> bool:
-    import nats
-
-    try:
-        nc = await nats.connect(url, user=creds.user, password=creds.password, connect_timeout=2,
-                                max_reconnect_attempts=0, allow_reconnect=False,
-                                error_cb=_quiet)
-    except Exception:  # noqa: BLE001 - not yet reloaded (or not running)
-        return False
-    await nc.close()
-    return True
-
-
 def _wait_usable(home: Path, creds: Credentials, timeout: float = 10.0) -> None:
     url = str(_read_endpoints(home).get("nats_url") or "")
     if not url:
         return
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if asyncio.run(_can_connect(url, creds)):
+        if can_connect(url, user=creds.user, password=creds.password):
             return
         time.sleep(0.1)
     raise RuntimeError(f"the embedded nats-server did not accept user {creds.user!r} after reload")
