@@ -44,15 +44,17 @@ def _node(i: int, now: float) -> Node:
 
 def run_schedule_bench(
     *, nodes: int = 10000, requests: int = 100000, quick: bool = False,
+    rate: float = 1000.0, steady_seconds: float = 10.0,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     if quick:
         nodes, requests = min(nodes, 500), min(requests, 3000)
+        rate, steady_seconds = min(rate, 500.0), min(steady_seconds, 3.0)
     say = progress or (lambda _s: None)
     with tempfile.TemporaryDirectory(prefix="pool-bench-sched-") as tmp:
         server = NatsServer(store_dir=Path(tmp), server_name="pool-bench-sched").start()
         try:
-            return _run(server.url, nodes, requests, say)
+            return _run(server.url, nodes, requests, rate, steady_seconds, say)
         finally:
             from bus.runtime import close_runtime
 
@@ -60,7 +62,8 @@ def run_schedule_bench(
             server.stop()
 
 
-def _run(url: str, nodes: int, requests: int, say: Callable[[str], None]) -> dict[str, Any]:
+def _run(url: str, nodes: int, requests: int, rate: float, steady_seconds: float,
+         say: Callable[[str], None]) -> dict[str, Any]:
     from bus.admin import ensure_all_streams
 
     ensure_all_streams(url)
@@ -105,10 +108,15 @@ def _run(url: str, nodes: int, requests: int, say: Callable[[str], None]) -> dic
     shape = Shape.build(cpu_millis=1000, memory_mib=2048)
     done = threading.Event()
 
-    def produce(first: int = 0) -> None:
-        for start in range(first, first + requests, SUBMIT_BATCH):
+    def produce(first: int = 0, count: int = requests, per_second: float = 0.0) -> None:
+        step = max(1, int(per_second / 10)) if per_second else SUBMIT_BATCH
+        next_at = time.perf_counter()
+        for start in range(first, first + count, step):
+            if per_second:  # a steady offered load: one batch every 0.1 s
+                next_at += step / per_second
+                time.sleep(max(0.0, next_at - time.perf_counter()))
             batch = []
-            for i in range(start, min(first + requests, start + SUBMIT_BATCH)):
+            for i in range(start, min(first + count, start + step)):
                 tenant = TENANTS[i % 3][0]
                 lease = Lease.request(tenant_id=TenantId(tenant), pool_id=PoolId("bench"),
                                       idempotency_key=f"r{i}", shape=shape,
@@ -123,14 +131,16 @@ def _run(url: str, nodes: int, requests: int, say: Callable[[str], None]) -> dic
         done.set()
 
     gc.collect()
-    say(f"bench schedule: {requests} requests while the scheduler places them")
+    steady = int(rate * steady_seconds)
+    say(f"bench schedule: a steady {rate:,.0f} requests/s for {steady_seconds:g} s")
     t0 = time.perf_counter()
-    thread = threading.Thread(target=produce, daemon=True)
+    thread = threading.Thread(target=produce, kwargs={"first": 2 * requests, "count": steady,
+                                                      "per_second": rate}, daemon=True)
     thread.start()
     idle_since: float | None = None
     while True:
         report = scheduler.cycle()
-        if len(reserved_at) >= requests:
+        if len(reserved_at) >= steady:
             break
         if done.is_set() and not report.placed:
             idle_since = idle_since or time.perf_counter()
@@ -143,7 +153,7 @@ def _run(url: str, nodes: int, requests: int, say: Callable[[str], None]) -> dic
     elapsed = max(reserved_at.values(), default=t0) - t0
     thread.join(10)
     latencies = sorted(reserved_at[k] - accepted_at[k] for k in reserved_at if k in accepted_at)
-    placed = len(reserved_at)
+    steady_placed = len(reserved_at)
 
     # backlog: the same number again, all queued first, then the scheduler alone is timed
     say(f"bench schedule: a backlog of {requests} queued requests, scheduler timed alone")
@@ -155,9 +165,10 @@ def _run(url: str, nodes: int, requests: int, say: Callable[[str], None]) -> dic
         if not scheduler.cycle().placed:
             break
     backlog_s = max(reserved_at.values(), default=t1) - t1
-    backlog_rate = len(reserved_at) / backlog_s if backlog_s > 0 else 0.0
+    placed = len(reserved_at)
+    backlog_rate = placed / backlog_s if backlog_s > 0 else 0.0
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    rate = placed / elapsed if elapsed > 0 else 0.0
+    steady_rate = steady_placed / elapsed if elapsed > 0 else 0.0
     # every placement writes 3 messages (lease, node, account hold): compare like with like
     ratio = backlog_rate * 3 / raw if raw else 0.0
 
@@ -171,18 +182,21 @@ def _run(url: str, nodes: int, requests: int, say: Callable[[str], None]) -> dic
         "-" * 60,
         f"{'nodes':46} {nodes:12,}",
         f"{'requests':46} {requests:12,}",
-        f"{'placed':46} {placed:12,}",
-        f"{'placements/s, producer running alongside':46} {rate:12,.0f}",
+        f"{'backlog requests placed':46} {placed:12,}",
         f"{'placements/s, backlog (scheduler alone)':46} {backlog_rate:12,.0f}",
-        f"{'latency p50, request accepted → reserved (s)':46} {pct(0.50):12.3f}",
-        f"{'latency p99 (s)':46} {pct(0.99):12.3f}",
+        f"{'steady offered load (requests/s)':46} {rate:12,.0f}",
+        f"{'  placed of them':46} {steady_placed:12,}",
+        f"{'  latency p50, accepted → durably reserved (s)':46} {pct(0.50):12.3f}",
+        f"{'  latency p99 (s)':46} {pct(0.99):12.3f}",
         f"{'scheduler replay of the setup log (s)':46} {replay_s:12.3f}",
         f"{'process max RSS (MiB, producer + scheduler)':46} {rss_mib:12,.0f}",
         f"{'raw atomic-batch ingest (msgs/s)':46} {raw:12,.0f}",
         f"{'backlog placement messages/s ÷ raw ingest':46} {ratio:12.2f}",
         f"machine: {os.cpu_count()} cores; nats-server 2.15 file storage, sync_interval always",
     ]
-    return {"nodes": nodes, "requests": requests, "placed": placed, "placements_per_s": rate, "backlog_placements_per_s": backlog_rate,
+    return {"nodes": nodes, "requests": requests, "placed": placed,
+            "steady_rate": rate, "steady_placed": steady_placed,
+            "steady_placements_per_s": steady_rate, "backlog_placements_per_s": backlog_rate,
             "latency_p50_s": pct(0.5), "latency_p99_s": pct(0.99), "rss_mib": rss_mib,
             "raw_atomic_msgs_per_s": raw, "ratio_to_raw": ratio, "replay_s": replay_s,
             "table": "\n".join(lines)}

@@ -347,7 +347,8 @@ def cmd_bench_schedule(args: argparse.Namespace) -> int:
     from workers.bench_schedule import run_schedule_bench
 
     result = run_schedule_bench(
-        nodes=args.nodes, requests=args.requests, quick=args.quick,
+        nodes=args.nodes, requests=args.requests, quick=args.quick, rate=args.rate,
+        steady_seconds=args.steady_seconds,
         progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)),
     )
     print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json
@@ -559,7 +560,11 @@ def build_parser() -> argparse.ArgumentParser:
     sb = bench.add_parser("schedule", help="placements/s, latency and RSS of the scheduler")
     sb.add_argument("--nodes", type=int, default=10000)
     sb.add_argument("--requests", type=int, default=100000)
-    sb.add_argument("--quick", action="store_true", help="500 nodes, 3,000 requests")
+    sb.add_argument("--rate", type=float, default=1000.0,
+                    help="steady offered load for the latency figures (requests/s)")
+    sb.add_argument("--steady-seconds", type=float, default=10.0)
+    sb.add_argument("--quick", action="store_true",
+                    help="500 nodes, 3,000 backlog requests, 500/s for 3 s")
     sb.add_argument("--json", action="store_true")
     sb.set_defaults(func=cmd_bench_schedule)
     bp = bench.add_parser("projections", help="events/s into the PostgreSQL views, lag, "
