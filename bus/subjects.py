@@ -45,8 +45,18 @@ def agent_subject(node_id: str, verb: str) -> str:
     return f"pool.agent.{token(node_id)}.{verb}"
 
 
-def telemetry_subject(pool: str, node: str, lease: str, kind: str) -> str:
-    return f"pool.tel.{token(pool)}.{token(node)}.{token(lease)}.{kind}"
+TELEMETRY_PREFIX = "pool.tel"
+
+
+def telemetry_subject(pool: str, node: str, tenant: str, lease: str, kind: str) -> str:
+    """`pool.tel.<pool>.<node>.<tenant>.<lease>.<kind>`.
+
+    The tenant is its own token (the design note had none): NATS wildcards match whole tokens,
+    so this is what lets a tenant's permission `pool.tel.*.*.<tenant>.>` select its leases.
+    """
+    return (
+        f"{TELEMETRY_PREFIX}.{token(pool)}.{token(node)}.{token(tenant)}.{token(lease)}.{token(kind)}"
+    )
 
 
 def schedule_subject(lease_id: str) -> str:
