@@ -25,11 +25,13 @@ async def _connect(url: str) -> Any:
 def ensure_all_streams(url: str, *, replicas: int = 1) -> None:
     """Create or update every stream the control plane uses."""
     from bus.streams import ensure_event_stream
+    from bus.telemetry import ensure_telemetry_stream
 
     async def go() -> None:
         nc = await _connect(url)
         try:
             await ensure_event_stream(nc.jetstream(), replicas=replicas)
+            await ensure_telemetry_stream(nc.jetstream(), replicas=replicas)
         finally:
             await nc.close()
 

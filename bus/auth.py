@@ -61,7 +61,9 @@ class AuthConfig:
                     "permissions": {
                         "publish": {"allow": [f"pool.cmd.{tenant}.>"]},
                         "subscribe": {
-                            "allow": [f"{inbox_prefix(tenant)}.>", f"pool.tel.*.*.{tenant}-*.>"]
+                            # telemetry subjects carry the tenant as a whole token, so this
+                            # selects exactly its own leases (wildcards cannot match a prefix)
+                            "allow": [f"{inbox_prefix(tenant)}.>", f"pool.tel.*.*.{tenant}.>"]
                         },
                     },
                 }

@@ -165,11 +165,12 @@ def _channels() -> list[tuple[str, str, type[Struct], str, str, str, bool]]:
     rows.append(
         (
             "telemetry",
-            "pool.tel.{pool}.{node}.{lease}.{kind}",
+            "pool.tel.{pool}.{node}.{tenant}.{lease}.{kind}",
             v1.TelemetryEvent,
             "receiveTelemetry",
             "receive",
-            "Queue, startup, execution, utilization and failure events from node agents.",
+            "Queue, startup, execution, utilization and failure events from node agents"
+            " (the tenant token lets NATS permissions give each tenant only its own leases).",
             False,
         )
     )

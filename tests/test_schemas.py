@@ -367,7 +367,7 @@ def test_asyncapi_describes_every_subject() -> None:
         f"pool.cmd.{{tenant}}.lease.{{lease_id}}.{verb}"
         for verb in ("commit", "heartbeat", "renew", "release", "cancel", "get", "why")
     }
-    expected |= {"pool.tel.{pool}.{node}.{lease}.{kind}"}
+    expected |= {"pool.tel.{pool}.{node}.{tenant}.{lease}.{kind}"}
     assert expected <= addresses
     assert any(a and a.startswith("pool.agent.{node}.") for a in addresses)
     request = doc["operations"]["requestLease"]
