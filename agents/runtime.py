@@ -52,6 +52,7 @@ class WorkloadSpec:
     isolation: str = "sandboxed"  # the runtime class the lease needs
     checkpoint_dir: str | None = None  # told to the workload through POOL_CHECKPOINT_DIR
     labels: tuple[tuple[str, str], ...] = ()
+    max_image_size_bytes: int | None = None  # the pool's image size limit, checked after pull
 
     @property
     def key(self) -> str:
