@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from bus.subjects import token
+from bus.subjects import TELEMETRY_STREAM, token
 
 SERVICE_USER = "pool-service"
 
@@ -21,6 +21,17 @@ SERVICE_USER = "pool-service"
 def inbox_prefix(tenant: str) -> str:
     """The reply-subject prefix a tenant's client must use (`Client(..., inbox_prefix=...)`)."""
     return f"_INBOX_{token(tenant)}"
+
+
+def telemetry_replay_grant(tenant: str) -> str:
+    """The one JetStream API subject a tenant may publish: create a consumer on POOL_TELEMETRY
+    whose filter is named in the subject and lies under its own tenant token.
+
+    The server refuses a create whose config filter differs from the subject's (err 10131) and
+    a subject-based create with several filters (10137), so the filter is pinned. The deliver
+    subject is not checked by the server (see README, "Telemetry and tracing").
+    """
+    return f"$JS.API.CONSUMER.CREATE.{TELEMETRY_STREAM}.*.pool.tel.*.*.{token(tenant)}.>"
 
 
 @dataclass
@@ -59,7 +70,9 @@ class AuthConfig:
                     "user": c.user,
                     "password": c.password,
                     "permissions": {
-                        "publish": {"allow": [f"pool.cmd.{tenant}.>"]},
+                        "publish": {
+                            "allow": [f"pool.cmd.{tenant}.>", telemetry_replay_grant(tenant)]
+                        },
                         "subscribe": {
                             # telemetry subjects carry the tenant as a whole token, so this
                             # selects exactly its own leases (wildcards cannot match a prefix)

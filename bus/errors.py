@@ -27,6 +27,12 @@ class BusTimeout(BusError):
     code = "bus_timeout"
 
 
+class PermissionDenied(BusError):
+    """The server refused a publish or subscription: this user may not use that subject."""
+
+    code = "permission_denied"
+
+
 # -- writes ----------------------------------------------------------------------------------
 
 

@@ -1,22 +1,43 @@
-"""The telemetry stream and its publisher: samples on `pool.tel.<pool>.<node>.<tenant>.<lease>.<kind>`.
+"""The telemetry stream, its publisher and its follower: `pool.tel.<pool>.<node>.<tenant>.<lease>.<kind>`.
 
 Telemetry is lossy by design: limits retention, core publishes (the stream captures them), and a
-publisher that logs a bus hiccup instead of raising it into the agent.
+publisher that logs a bus hiccup instead of raising it into the agent. Followers read live with a
+core subscription, or replay from a start time with an ordered push consumer, then keep following.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import datetime as dt
 import logging
 import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
+import nats
+import nats.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.nuid import NUID
 
-from bus.runtime import BusRuntime
+from bus.errors import BusUnavailable, PermissionDenied
+from bus.runtime import BusRuntime, translate
 from bus.streams import ensure_stream
-from bus.subjects import TELEMETRY_PREFIX, TELEMETRY_STREAM, telemetry_subject
+from bus.subjects import TELEMETRY_PREFIX, TELEMETRY_STREAM, telemetry_subject, token
 from schemas import v1
 
 TELEMETRY_KINDS: tuple[str, ...] = ("queue", "startup", "execution", "utilization", "failure")
@@ -120,9 +141,316 @@ class TelemetryPublisher:
         self._rt.close()
 
 
+
+# -- following -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TelemetrySample:
+    """One received sample: where it came from (the subject's tokens) and what it says."""
+
+    subject: str
+    pool: str
+    node: str
+    tenant: str
+    lease: str
+    kind: str
+    event: v1.TelemetryEvent | None  # None when the payload did not decode (see `error`)
+    headers: dict[str, str] = field(default_factory=dict)
+    stream_seq: int | None = None  # set when the sample came from the stream (a replay)
+    error: str | None = None
+
+    @classmethod
+    def from_message(
+        cls, subject: str, data: bytes, headers: dict[str, str] | None, stream_seq: int | None
+    ) -> TelemetrySample:
+        parts = subject.split(".")
+        pool, node, tenant, lease, kind = (parts[2:7] + [""] * 5)[:5]
+        event: v1.TelemetryEvent | None = None
+        error = None
+        try:
+            event = msgspec.json.decode(data, type=v1.TelemetryEvent)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            error = str(e)
+        return cls(subject, pool, node, tenant, lease, kind, event, dict(headers or {}),
+                   stream_seq, error)
+
+
+def telemetry_filter(
+    *,
+    pool: str | None = None,
+    node: str | None = None,
+    tenant: str | None = None,
+    lease: str | None = None,
+    kind: str | None = None,
+) -> str:
+    """The subject filter selecting those samples: `*` where a token is not given."""
+    if kind is not None and kind not in TELEMETRY_KINDS:
+        raise ValueError(f"unknown telemetry kind {kind!r}; one of {', '.join(TELEMETRY_KINDS)}")
+    tokens = [token(t) if t else "*" for t in (pool, node, tenant, lease, kind)]
+    return ".".join([TELEMETRY_PREFIX, *tokens])
+
+
+OnSample = Callable[[TelemetrySample], Awaitable[None] | None]
+
+IDLE_HEARTBEAT_S = 2.0
+INACTIVE_THRESHOLD_S = 10.0  # an abandoned replay consumer goes away on its own
+
+
+class _OrderedReplay:
+    """An ordered push consumer: ephemeral, no acks, recreated from the next stream sequence
+    whenever a delivery is missed (a gap in consumer sequence or lost heartbeats).
+
+    Created with the filter in the API subject (`$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`)
+    so a tenant's permission can pin the filter to its own tenant token.
+    """
+
+    def __init__(
+        self,
+        nc: Client,
+        filter_subject: str,
+        start_time: dt.datetime | None,
+        queue: asyncio.Queue[TelemetrySample],
+    ) -> None:
+        self._nc = nc
+        self._filter = filter_subject
+        self._start_time = start_time
+        self._queue = queue
+        self._sub: Subscription | None = None
+        self._consumer_seq = 0
+        self._stream_seq = 0
+        self._last_activity = 0.0
+        self._resetting = False
+        self._watchdog: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self._create()
+        self._watchdog = asyncio.create_task(self._watch())
+
+    async def _create(self) -> None:
+        name = "tel_" + NUID().next().decode()
+        deliver = self._nc.new_inbox()
+        if self._stream_seq:
+            policy = {"deliver_policy": DeliverPolicy.BY_START_SEQUENCE,
+                      "opt_start_seq": self._stream_seq + 1}
+        elif self._start_time is not None:
+            policy = {"deliver_policy": DeliverPolicy.BY_START_TIME,
+                      "opt_start_time": self._start_time}
+        else:
+            policy = {"deliver_policy": DeliverPolicy.NEW}
+        config = ConsumerConfig(
+            name=name,
+            filter_subject=self._filter,
+            deliver_subject=deliver,
+            ack_policy=AckPolicy.NONE,
+            max_deliver=1,
+            mem_storage=True,
+            num_replicas=1,
+            idle_heartbeat=IDLE_HEARTBEAT_S,
+            inactive_threshold=INACTIVE_THRESHOLD_S,
+            **policy,  # type: ignore[arg-type]
+        )
+        self._consumer_seq = 0
+        self._sub = await self._nc.subscribe(deliver, cb=self._on_message)
+        self._last_activity = asyncio.get_running_loop().time()
+        # nats-py puts the filter in the create subject when the consumer has a name
+        await self._nc.jsm().add_consumer(TELEMETRY_STREAM, config=config)
+
+    async def _on_message(self, msg: Msg) -> None:
+        self._last_activity = asyncio.get_running_loop().time()
+        headers = msg.headers or {}
+        if headers.get("Status"):  # idle heartbeat: it says the last consumer sequence sent
+            last = headers.get("Nats-Last-Consumer")
+            if last is not None and int(last) != self._consumer_seq:
+                await self._reset()
+            return
+        meta = msg.metadata
+        if meta.sequence.consumer != self._consumer_seq + 1:
+            await self._reset()
+            return
+        self._consumer_seq = meta.sequence.consumer
+        self._stream_seq = meta.sequence.stream
+        await self._queue.put(
+            TelemetrySample.from_message(msg.subject, msg.data, headers, meta.sequence.stream)
+        )
+
+    async def _reset(self) -> None:
+        if self._resetting:
+            return
+        self._resetting = True
+        try:
+            if self._sub is not None:
+                try:
+                    await self._sub.unsubscribe()
+                except nats.errors.Error:
+                    pass
+            await self._create()
+        except Exception as e:  # noqa: BLE001 - retried by the watchdog
+            log.debug("telemetry replay: recreating the consumer failed: %r", e)
+        finally:
+            self._resetting = False
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(IDLE_HEARTBEAT_S)
+            if loop.time() - self._last_activity > 3 * IDLE_HEARTBEAT_S and self._nc.is_connected:
+                await self._reset()
+
+    async def stop(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            await asyncio.gather(self._watchdog, return_exceptions=True)
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except nats.errors.Error:
+                pass
+
+
+async def follow_telemetry(
+    nc: Client,
+    on_sample: OnSample,
+    *,
+    filter_subject: str,
+    since: dt.datetime | None = None,
+    max_samples: int | None = None,
+    duration_s: float | None = None,
+    refused: asyncio.Future[str] | None = None,
+    on_ready: Callable[[], None] | None = None,
+) -> int:
+    """Call `on_sample` for each sample under `filter_subject` until cancelled, `max_samples`
+    arrived or `duration_s` passed; return how many arrived.
+
+    Without `since`: a core subscription (live only). With `since`: the stream from that time
+    on, then live, without a gap (one ordered consumer does both). `refused` is a future the
+    connection's error callback completes on a permission violation; it is raised here as
+    PermissionDenied.
+    """
+    queue: asyncio.Queue[TelemetrySample] = asyncio.Queue()
+    replay: _OrderedReplay | None = None
+    sub: Subscription | None = None
+    loop = asyncio.get_running_loop()
+    refused = refused if refused is not None else loop.create_future()
+
+    async def on_core(msg: Msg) -> None:
+        await queue.put(TelemetrySample.from_message(msg.subject, msg.data, msg.headers, None))
+
+    def check_refused() -> None:
+        if refused.done():
+            raise PermissionDenied(refused.result())
+
+    try:
+        if since is None:
+            sub = await nc.subscribe(filter_subject, cb=on_core)
+            # a refused subscription is answered with -ERR before the PONG of this flush
+            await nc.flush(timeout=5)
+        else:
+            replay = _OrderedReplay(nc, filter_subject, since, queue)
+            create = asyncio.ensure_future(replay.start())
+            await asyncio.wait({create, refused}, return_when=asyncio.FIRST_COMPLETED)
+            check_refused()
+            await create
+        check_refused()
+        if on_ready is not None:
+            on_ready()
+        count = 0
+        deadline = None if duration_s is None else loop.time() + duration_s
+        while max_samples is None or count < max_samples:
+            timeout = 0.5 if deadline is None else min(0.5, deadline - loop.time())
+            if timeout <= 0:
+                break
+            try:
+                sample = await asyncio.wait_for(queue.get(), timeout)
+            except asyncio.TimeoutError:
+                check_refused()
+                continue
+            count += 1
+            result = on_sample(sample)
+            if result is not None:
+                await result
+        return count
+    except PermissionDenied:
+        raise
+    except Exception as e:
+        if refused.done():
+            raise PermissionDenied(refused.result()) from e
+        translated = translate(e)
+        if translated is e:
+            raise
+        raise translated from e
+    finally:
+        if replay is not None:
+            await replay.stop()
+        if sub is not None:
+            try:
+                await sub.unsubscribe()
+            except nats.errors.Error:
+                pass
+
+
+def follow(
+    url: str,
+    on_sample: OnSample,
+    *,
+    pool: str | None = None,
+    node: str | None = None,
+    tenant: str | None = None,
+    lease: str | None = None,
+    kind: str | None = None,
+    since: dt.datetime | None = None,
+    user: str | None = None,
+    password: str | None = None,
+    inbox_prefix: str | None = None,
+    max_samples: int | None = None,
+    duration_s: float | None = None,
+    on_ready: Callable[[], None] | None = None,
+) -> int:
+    """The synchronous follower for the CLI: connect (as a tenant when given its user and inbox
+    prefix), follow until Ctrl-C (KeyboardInterrupt reaches the caller), `max_samples` or
+    `duration_s`, close. Raises BusUnavailable or PermissionDenied."""
+    filter_subject = telemetry_filter(pool=pool, node=node, tenant=tenant, lease=lease, kind=kind)
+
+    async def go() -> int:
+        loop = asyncio.get_running_loop()
+        refused: asyncio.Future[str] = loop.create_future()
+
+        async def on_error(e: Exception) -> None:
+            if "permissions violation" in str(e).lower() and not refused.done():
+                refused.set_result(str(e).removeprefix("nats: "))
+            else:
+                log.debug("telemetry follow: %r", e)
+
+        options: dict[str, Any] = {"user": user, "password": password} if user else {}
+        if inbox_prefix:
+            options["inbox_prefix"] = inbox_prefix.encode()
+        try:
+            nc = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=-1,
+                                    reconnect_time_wait=0.5, error_cb=on_error, **options)
+        except (nats.errors.Error, OSError) as e:
+            raise BusUnavailable(f"cannot reach NATS: {e}") from e
+        try:
+            return await follow_telemetry(
+                nc, on_sample, filter_subject=filter_subject, since=since,
+                max_samples=max_samples, duration_s=duration_s, refused=refused,
+                on_ready=on_ready,
+            )
+        finally:
+            try:
+                await nc.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+
+    return asyncio.run(go())
+
+
 __all__ = [
     "TELEMETRY_KINDS",
     "TelemetryPublisher",
+    "TelemetrySample",
     "ensure_telemetry_stream",
+    "follow",
+    "follow_telemetry",
+    "telemetry_filter",
     "telemetry_stream_config",
 ]
