@@ -417,14 +417,16 @@ def time_plain_docker_run(image: str) -> float:
     cli = shutil.which("docker")
     if cli is None:
         raise RuntimeUnavailable("the docker command line is not installed")
-    present = subprocess.run([cli, "image", "inspect", image], capture_output=True)
+    present = subprocess.run([cli, "image", "inspect", image], capture_output=True, check=False)
     if present.returncode != 0:
-        pulled = subprocess.run([cli, "pull", "-q", image], capture_output=True, text=True)
+        pulled = subprocess.run([cli, "pull", "-q", image], capture_output=True, text=True,
+                                check=False)
         if pulled.returncode != 0:
             raise WorkloadError(f"docker pull {image} failed: {pulled.stderr.strip()}",
                                 code="image_pull_failed")
     t0 = time.perf_counter()
-    run = subprocess.run([cli, "run", "--rm", image, "true"], capture_output=True, text=True)
+    run = subprocess.run([cli, "run", "--rm", image, "true"], capture_output=True, text=True,
+                         check=False)
     elapsed = time.perf_counter() - t0
     if run.returncode != 0:
         raise WorkloadError(f"docker run {image} true failed: {run.stderr.strip()}")

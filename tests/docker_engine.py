@@ -20,6 +20,7 @@ from pathlib import Path
 
 import docker
 import docker.errors
+import requests.exceptions
 
 BUSYBOX = Path("/bin/busybox")
 HINT = ".ci/runtimes installs docker.io, busybox-static and docker-registry and starts dockerd"
@@ -30,7 +31,7 @@ def engine_unavailable() -> str | None:
     try:
         client = docker.from_env(timeout=30)
         client.ping()
-    except Exception as e:  # any failure here only means: no engine to test against
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         return f"no Docker engine answers ({first[:160]}); {HINT}"
     client.close()
@@ -123,10 +124,9 @@ class LocalRegistry:
             f"storage:\n  filesystem:\n    rootdirectory: {self.root / 'data'}\n"
             f"http:\n  addr: {self.host}\n"
         )
-        log = open(self.root / "registry.log", "ab")
-        self._proc = subprocess.Popen([self.binary, "serve", str(config)], stdout=log,
-                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        log.close()
+        with open(self.root / "registry.log", "ab") as log:
+            self._proc = subprocess.Popen([self.binary, "serve", str(config)], stdout=log,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

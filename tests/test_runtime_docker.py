@@ -1,8 +1,8 @@
 """The docker runtime against the real engine: a busybox image pushed to a local registry and
 run by digest, under runc and (where registered) gVisor's runsc.
 
-Without an engine every engine test is skipped with one reason line (see `-ra`); the policy
-tests at the top need no engine and always run.
+Without an engine (or busybox-static, or docker-registry) the whole module is skipped with one
+reason line (shown by `-ra`); tests/test_runtime_docker_options.py runs without one.
 """
 
 from __future__ import annotations
@@ -16,16 +16,9 @@ from pathlib import Path
 import docker
 import docker.errors
 import pytest
-from docker.types import DeviceRequest
 
 from agents.runtime import ImageRejected, WorkloadError, WorkloadHandle, WorkloadSpec
-from agents.runtime_docker import (
-    LABEL_NODE,
-    DockerRuntime,
-    container_options,
-    digest_pinned,
-    time_plain_docker_run,
-)
+from agents.runtime_docker import LABEL_NODE, DockerRuntime, time_plain_docker_run
 from tests.docker_engine import (
     LocalRegistry,
     busybox_unavailable,
@@ -33,7 +26,9 @@ from tests.docker_engine import (
     import_busybox,
 )
 
-DIGEST = "sha256:" + "ab" * 32
+_unavailable = engine_unavailable() or busybox_unavailable() or LocalRegistry.unavailable()
+if _unavailable is not None:
+    pytest.skip(_unavailable, allow_module_level=True)
 
 
 def spec(command: str = "true", **kw: object) -> WorkloadSpec:
@@ -44,80 +39,10 @@ def spec(command: str = "true", **kw: object) -> WorkloadSpec:
     return WorkloadSpec(**fields)  # type: ignore[arg-type]
 
 
-# -- the policy, without an engine ----------------------------------------------------------
-
-def test_only_digest_pinned_references_count_as_pinned() -> None:
-    assert digest_pinned(f"127.0.0.1:5000/repo@{DIGEST}")
-    assert digest_pinned(f"reg.example/team/train:v1@{DIGEST}")
-    assert not digest_pinned("reg.example/train:v1")
-    assert not digest_pinned("reg.example/train")
-    assert not digest_pinned("reg.example/train@sha256:abc")
-
-
-def test_a_tag_only_reference_is_refused_before_the_engine_is_asked() -> None:
-    dead = docker.DockerClient(base_url="unix:///nonexistent.sock", version="1.41")
-    runtime = DockerRuntime(client=dead)  # any call to the engine would fail
-    for image, code in (("127.0.0.1:5000/repo:latest", "image_not_digest_pinned"),
-                        ("busybox", "image_not_digest_pinned"), (None, "image_missing")):
-        with pytest.raises(ImageRejected) as refused:
-            runtime.start(spec(image=image))
-        assert refused.value.code == code
-
-
-def test_the_container_options_carry_the_whole_isolation_policy(tmp_path: Path) -> None:
-    s = spec(cpu_millis=1500, memory_mib=512, pids_limit=64, checkpoint_dir=str(tmp_path),
-             labels=(("team", "ml"), ("computepool.lease", "forged")), env=(("A", "1"),))
-    o = container_options(s, oci_runtime="runc", node_id="n1")
-    assert o["user"] == "65534:65534" and o["read_only"] is True
-    assert o["cap_drop"] == ["ALL"] and o["security_opt"] == ["no-new-privileges"]
-    assert o["network_mode"] == "none" and "/tmp" in o["tmpfs"]
-    assert o["nano_cpus"] == 1_500_000_000 and o["mem_limit"] == 512 << 20
-    assert o["pids_limit"] == 64 and o["runtime"] == "runc" and o["device_requests"] is None
-    assert o["labels"]["computepool.lease"] == s.lease_id  # a tenant label cannot forge it
-    assert o["labels"]["team"] == "ml" and o["labels"][LABEL_NODE] == "n1"
-    assert o["labels"]["computepool.epoch"] == "1" and o["labels"]["computepool.job"] == "0"
-    assert o["volumes"] == {str(tmp_path): {"bind": "/checkpoint", "mode": "rw"}}
-    assert o["environment"]["POOL_CHECKPOINT_DIR"] == "/checkpoint"
-    assert o["environment"]["A"] == "1"
-
-
-def test_gpus_are_requested_by_uuid_and_egress_gets_a_network() -> None:
-    o = container_options(spec(gpu_count=2, gpu_uuids=("GPU-a", "GPU-b"), network_egress="any"),
-                          oci_runtime="runc")
-    assert o["device_requests"] == [DeviceRequest(device_ids=["GPU-a", "GPU-b"],
-                                                  capabilities=[["gpu"]])]
-    assert o["network_mode"] == "bridge"
-    by_count = container_options(spec(gpu_count=1), oci_runtime="runc")["device_requests"]
-    assert by_count == [DeviceRequest(count=1, capabilities=[["gpu"]])]
-
-
-class _EngineWithoutRunsc:
-    """A stand-in for the engine's API with only runc registered: the probe logic alone."""
-
-    api = type("Api", (), {"base_url": "http+docker://localhost"})()
-
-    def ping(self) -> bool:
-        return True
-
-    def info(self) -> dict[str, object]:
-        return {"Runtimes": {"runc": {"path": "runc"}}}
-
-
-def test_sandboxed_is_not_offered_when_the_engine_has_no_runsc() -> None:
-    runtime = DockerRuntime(client=_EngineWithoutRunsc())  # type: ignore[arg-type]
-    assert runtime.isolation_classes() == ("container",)
-    with pytest.raises(WorkloadError) as refused:
-        runtime.start(spec(image=f"127.0.0.1:5000/repo@{DIGEST}", isolation="sandboxed"))
-    assert refused.value.code == "isolation_unavailable"
-
-
 # -- the real engine ------------------------------------------------------------------------
 
 @pytest.fixture(scope="session")
 def engine() -> Iterator[docker.DockerClient]:
-    reason = engine_unavailable() or busybox_unavailable() or LocalRegistry.unavailable()
-    if reason is not None:
-        pytest.skip(reason)
     client = docker.from_env(timeout=120)
     yield client
     client.close()
