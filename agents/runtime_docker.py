@@ -14,6 +14,7 @@ import subprocess
 import threading
 import time
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -36,6 +37,7 @@ LABEL_EPOCH = "computepool.epoch"
 LABEL_JOB = "computepool.job"
 LABEL_NODE = "computepool.node"
 LABEL_CHECKPOINT = "computepool.checkpoint_dir"
+_RESERVED_LABELS = {LABEL_LEASE, LABEL_EPOCH, LABEL_JOB, LABEL_NODE, LABEL_CHECKPOINT}
 
 WORKLOAD_USER = "65534:65534"
 CHECKPOINT_MOUNT = "/checkpoint"  # where the workload sees its checkpoint dir, as in `process`
@@ -61,7 +63,8 @@ def container_name(spec: WorkloadSpec, node_id: str | None) -> str:
 def container_options(spec: WorkloadSpec, *, oci_runtime: str,
                       node_id: str | None = None) -> dict[str, Any]:
     """The keyword arguments for `containers.create`: the whole isolation policy, in one place."""
-    labels = {k: v for k, v in spec.labels if not k.startswith("computepool.")}
+    # the runtime's own labels are what adoption trusts: a spec label cannot set them
+    labels = {k: v for k, v in spec.labels if k not in _RESERVED_LABELS}
     labels.update({LABEL_LEASE: spec.lease_id, LABEL_EPOCH: str(spec.epoch),
                    LABEL_JOB: str(spec.job_number)})
     if node_id:
@@ -129,8 +132,11 @@ class DockerRuntime:
 
     name = "docker"
 
-    def __init__(self, *, node_id: str | None = None,
+    def __init__(self, state_dir: Path | str | None = None, *, node_id: str | None = None,
                  client: docker.DockerClient | None = None, timeout_seconds: int = 120) -> None:
+        # the engine keeps all state on its containers' labels; `state_dir` is accepted so that
+        # both runtimes are built alike, and unused
+        self.state_dir = Path(state_dir) if state_dir is not None else None
         self.node_id = node_id
         self._client = client
         self._timeout = timeout_seconds

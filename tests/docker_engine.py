@@ -16,6 +16,9 @@ import tarfile
 import time
 import urllib.error
 import urllib.request
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import docker
@@ -160,3 +163,27 @@ class LocalRegistry:
         if digest is None:
             raise RuntimeError(f"push to {name} reported no digest")
         return f"{name}@{digest}"
+
+
+@contextmanager
+def busybox_by_digest(client: docker.DockerClient, root: Path) -> Iterator[str]:
+    """`127.0.0.1:PORT/computepool-test/busybox-…@sha256:…`: imported, pushed to a registry of
+    its own under `root` and removed locally, so the first start pulls it by digest. Any test
+    that needs a real image (the runtime contract, the agent) can use it."""
+    registry = LocalRegistry(root)
+    registry.start()
+    repo, tag = f"computepool-test/busybox-{uuid.uuid4().hex[:8]}", "t"
+    image_id = None
+    try:
+        image_id = import_busybox(client, repo, tag)
+        ref = registry.push(client, image_id, repo, tag)
+        client.images.remove(f"{repo}:{tag}")
+        client.images.remove(f"{registry.host}/{repo}:{tag}")
+        yield ref
+    finally:
+        if image_id is not None:
+            try:
+                client.images.remove(image_id, force=True)
+            except docker.errors.DockerException:
+                pass
+        registry.stop()

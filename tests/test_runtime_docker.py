@@ -21,9 +21,9 @@ from agents.runtime import ImageRejected, WorkloadError, WorkloadHandle, Workloa
 from agents.runtime_docker import LABEL_NODE, DockerRuntime, time_plain_docker_run
 from tests.docker_engine import (
     LocalRegistry,
+    busybox_by_digest,
     busybox_unavailable,
     engine_unavailable,
-    import_busybox,
 )
 
 _unavailable = engine_unavailable() or busybox_unavailable() or LocalRegistry.unavailable()
@@ -50,23 +50,9 @@ def engine() -> Iterator[docker.DockerClient]:
 
 @pytest.fixture(scope="session")
 def image(engine: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`127.0.0.1:PORT/computepool-test/busybox-…@sha256:…`, pushed to a registry of our own and
-    removed locally, so the first start pulls it by digest."""
-    registry = LocalRegistry(tmp_path_factory.mktemp("registry"))
-    registry.start()
-    repo, tag = f"computepool-test/busybox-{uuid.uuid4().hex[:8]}", "t"
-    image_id = import_busybox(engine, repo, tag)
-    try:
-        ref = registry.push(engine, image_id, repo, tag)
-        engine.images.remove(f"{repo}:{tag}")
-        engine.images.remove(f"{registry.host}/{repo}:{tag}")
+    """The busybox image, run by digest from a local registry (pulled on first start)."""
+    with busybox_by_digest(engine, tmp_path_factory.mktemp("registry")) as ref:
         yield ref
-    finally:
-        try:
-            engine.images.remove(image_id, force=True)
-        except docker.errors.DockerException:
-            pass
-        registry.stop()
 
 
 @pytest.fixture()

@@ -45,7 +45,9 @@ def test_a_tag_only_reference_is_refused_before_the_engine_is_asked() -> None:
 
 def test_the_container_options_carry_the_whole_isolation_policy(tmp_path: Path) -> None:
     s = spec(cpu_millis=1500, memory_mib=512, pids_limit=64, checkpoint_dir=str(tmp_path),
-             labels=(("team", "ml"), ("computepool.lease", "forged")), env=(("A", "1"),))
+             labels=(("team", "ml"), ("computepool.tenant", "acme"),
+                     ("computepool.lease", "forged"), ("computepool.checkpoint_dir", "/etc")),
+             env=(("A", "1"),))
     o = container_options(s, oci_runtime="runc", node_id="n1")
     assert o["user"] == "65534:65534" and o["read_only"] is True
     assert o["cap_drop"] == ["ALL"] and o["security_opt"] == ["no-new-privileges"]
@@ -53,7 +55,9 @@ def test_the_container_options_carry_the_whole_isolation_policy(tmp_path: Path) 
     assert o["nano_cpus"] == 1_500_000_000 and o["mem_limit"] == 512 << 20
     assert o["pids_limit"] == 64 and o["runtime"] == "runc" and o["device_requests"] is None
     assert o["labels"]["computepool.lease"] == s.lease_id  # a tenant label cannot forge it
-    assert o["labels"]["team"] == "ml" and o["labels"][LABEL_NODE] == "n1"
+    assert o["labels"]["computepool.checkpoint_dir"] == str(tmp_path)
+    assert o["labels"]["team"] == "ml" and o["labels"]["computepool.tenant"] == "acme"
+    assert o["labels"][LABEL_NODE] == "n1"
     assert o["labels"]["computepool.epoch"] == "1" and o["labels"]["computepool.job"] == "0"
     assert o["volumes"] == {str(tmp_path): {"bind": "/checkpoint", "mode": "rw"}}
     assert o["environment"]["POOL_CHECKPOINT_DIR"] == "/checkpoint"
