@@ -1,0 +1,402 @@
+"""The node agent: registers what the node has, runs the leases placed on it, and reports.
+
+One loop: take commands from the node's work queue (start / stop / preempt; each acked only
+after it took effect), watch the workloads for exits, and every interval send ONE heartbeat
+for the node and all of its leases. The control plane's answer says which leases are no longer
+live here; their workloads are stopped. A restarted agent re-adopts what it had started and
+never starts the same (lease, epoch, job) twice: it records each start before making it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from agents.probe import NodeProbe, Reserve
+from agents.runtime import Runtime, WorkloadError, WorkloadHandle, WorkloadSpec
+from bus.agentbus import AgentCommand, AgentLink
+from bus.errors import BusError
+from bus.subjects import telemetry_subject
+from schemas import v1
+from schemas.codec import SchemaError, decode_command, encode
+
+log = logging.getLogger(__name__)
+
+# isolation classes, weakest first: a runtime that gives a stronger one may serve a weaker ask
+_STRENGTH = ("container", "sandboxed", "microvm", "dedicated-host")
+
+
+def _stronger_or_equal(have: str, want: str) -> bool:
+    try:
+        return _STRENGTH.index(have) >= _STRENGTH.index(want)
+    except ValueError:
+        return False
+
+
+@dataclass
+class Running:
+    """A workload this agent is responsible for, and what it knows about its lease."""
+
+    handle: WorkloadHandle
+    pool_id: str
+    tenant: str
+    checkpoint_dir: Path | None = None
+    last_checkpoint_at: float | None = None
+    stopping: bool = False
+
+
+@dataclass
+class AgentStats:
+    started: int = 0
+    duplicates_ignored: int = 0
+    exits_reported: int = 0
+    stops: int = 0
+    refused: int = 0
+    heartbeats: int = 0
+    startup_seconds: list[float] = field(default_factory=list)
+
+
+class Agent:
+    """One node's agent. `run(stop)` until the event is set; `step()` for tests."""
+
+    def __init__(self, link: AgentLink, runtime: Runtime, *, node_id: str, pool_id: str,
+                 probe: NodeProbe, state_dir: Path, labels: dict[str, str] | None = None,
+                 reserve: Reserve = Reserve(), trust_level: str = "trusted",
+                 heartbeat_interval: float = 2.0, utilization_every: int = 5,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.link = link
+        self.runtime = runtime
+        self.node_id = node_id
+        self.pool_id = pool_id
+        self.probe = probe
+        self.labels = labels or {}
+        self.reserve = reserve
+        self.trust_level = trust_level
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.heartbeat_interval = heartbeat_interval
+        self.utilization_every = utilization_every
+        self.clock = clock
+        self.running: dict[str, Running] = {}  # by lease id
+        self.stats = AgentStats()
+        self._started_file = self.state_dir / "started.json"
+        self._started: set[str] = set(self._load_started())
+        self._meta_dir = self.state_dir / "leases"
+        self._meta_dir.mkdir(exist_ok=True)
+        self._seq = 0
+        self._next_beat = 0.0
+        self._stopping: list[threading.Thread] = []
+        self._lock = threading.RLock()
+
+    # -- identity and capabilities ------------------------------------------------------------
+
+    def capabilities(self) -> dict[str, Any]:
+        return self.probe.capabilities(reserve=self.reserve,
+                                       runtimes=self.runtime.isolation_classes(),
+                                       labels=self.labels, trust_level=self.trust_level)
+
+    def register(self) -> dict[str, Any]:
+        body = v1.NodeRegistration(
+            node_id=self.node_id, pool_id=self.pool_id,
+            capabilities=msgspec.convert(self.capabilities(), v1.NodeCapabilitiesSpec))
+        return self._call("register", encode(body))
+
+    def _call(self, suffix: str, body: bytes, headers: dict[str, str] | None = None
+              ) -> dict[str, Any]:
+        reply = json.loads(self.link.request(suffix, body, headers=headers))
+        return reply  # type: ignore[no-any-return]
+
+    # -- restart safety -------------------------------------------------------------------------
+
+    def _load_started(self) -> list[str]:
+        try:
+            return list(json.loads(self._started_file.read_text()))
+        except (OSError, ValueError):
+            return []
+
+    def _record_started(self, key: str) -> None:
+        """Written BEFORE the start: a crash in between loses a start, never doubles one."""
+        self._started.add(key)
+        tmp = self._started_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(sorted(self._started)))
+        tmp.replace(self._started_file)
+
+    def adopt(self) -> int:
+        """Take back the workloads a previous run of this agent started."""
+        n = 0
+        for handle in self.runtime.adopt():
+            meta = self._read_meta(handle.lease_id)
+            self.running[handle.lease_id] = Running(
+                handle=handle, pool_id=meta.get("pool_id", self.pool_id),
+                tenant=meta.get("tenant", "unknown"),
+                checkpoint_dir=Path(meta["checkpoint_dir"]) if meta.get("checkpoint_dir")
+                else None)
+            self._started.add(handle.key)
+            n += 1
+        return n
+
+    def _write_meta(self, lease_id: str, meta: dict[str, Any]) -> None:
+        (self._meta_dir / f"{lease_id}.json").write_text(json.dumps(meta))
+
+    def _read_meta(self, lease_id: str) -> dict[str, Any]:
+        try:
+            return json.loads((self._meta_dir / f"{lease_id}.json").read_text())  # type: ignore[no-any-return]
+        except (OSError, ValueError):
+            return {}
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        self.adopt()
+        self._register_until_ok(stop)
+        while not stop.is_set():
+            try:
+                self.step(wait=min(0.5, max(0.05, self._next_beat - self.clock())))
+            except BusError as e:
+                log.warning("bus unavailable, retrying: %s", e)
+                stop.wait(0.5)
+        for t in self._stopping:
+            t.join(10)
+
+    def _register_until_ok(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                r = self.register()
+                if r.get("ok"):
+                    return
+                log.error("registration refused: %s", r.get("error"))
+            except BusError as e:
+                log.warning("cannot register yet: %s", e)
+            stop.wait(1.0)
+
+    def step(self, wait: float = 0.2) -> None:
+        for cmd in self.link.fetch(timeout=wait):
+            self.handle(cmd)
+        self.watch()
+        if self.clock() >= self._next_beat:
+            self.heartbeat()
+
+    def handle(self, cmd: AgentCommand) -> None:
+        received = time.monotonic()
+        try:
+            if cmd.verb == "start":
+                body = decode_command("agent.assign", cmd.body)
+                assert isinstance(body, v1.LeaseAssignment)
+                self.start(body, received, cmd.headers)
+            elif cmd.verb in ("stop", "preempt"):
+                rev = decode_command("agent.revoke", cmd.body)
+                assert isinstance(rev, v1.LeaseRevocation)
+                self.stop(rev, preempt=cmd.verb == "preempt")
+            else:
+                log.warning("unknown agent command %r dropped", cmd.verb)
+        except SchemaError as e:
+            log.error("malformed %s command dropped: %s", cmd.verb, e)
+        except BusError:
+            cmd.nak(1.0)  # could not report: take it again shortly
+            return
+        cmd.ack()
+
+    # -- start --------------------------------------------------------------------------------
+
+    def _refusals(self, a: v1.LeaseAssignment) -> list[str]:
+        reasons: list[str] = []
+        want = a.shape.runtime
+        if not any(_stronger_or_equal(have, want) for have in self.runtime.isolation_classes()):
+            reasons.append("isolation_unavailable")
+        if a.image_policy is not None:
+            try:
+                from domain.policy.images import verify_for_start
+            except ImportError:
+                verify_for_start = None  # type: ignore[assignment]
+            if verify_for_start is not None:
+                reasons += verify_for_start(
+                    a.image_policy, a.job.image, getattr(a.job, "image_signature", None),
+                    getattr(a.job, "image_size_bytes", None), self.trust_level, want)
+        return reasons
+
+    def start(self, a: v1.LeaseAssignment, received: float,
+              headers: dict[str, str] | None = None) -> None:
+        spec = WorkloadSpec(
+            lease_id=a.lease_id, epoch=a.epoch, job_number=a.job_number,
+            command=tuple(a.job.command), image=a.job.image, env=tuple(a.job.env.items()),
+            cpu_millis=a.shape.cpu_millis, memory_mib=max(16, a.shape.memory_mib),
+            gpu_count=a.shape.gpu_count, network_egress=a.shape.network.egress,
+            isolation=a.shape.runtime,
+            checkpoint_dir=str(self.state_dir / "checkpoints" / a.lease_id),
+            labels=(("computepool.tenant", a.tenant), ("computepool.pool", a.pool_id)),
+        )
+        if spec.key in self._started:
+            self.stats.duplicates_ignored += 1  # a redelivery: never start the same job twice
+            return
+        refused = self._refusals(a)
+        if refused:
+            self.stats.refused += 1
+            self._report_end(a.lease_id, a.epoch, failure="refused:" + ",".join(refused))
+            self._telemetry(a.pool_id, a.tenant, a.lease_id, "failure",
+                            {"reason": ",".join(refused), "phase": "admission"})
+            return
+        current = self.running.get(a.lease_id)
+        if current is not None and not current.stopping:
+            # an older job or placement of this lease still runs here: it must go first
+            self._stop_now(current, grace=5.0)
+        self._record_started(spec.key)
+        self._write_meta(a.lease_id, {"pool_id": a.pool_id, "tenant": a.tenant,
+                                      "checkpoint_dir": spec.checkpoint_dir})
+        try:
+            handle = self.runtime.start(spec)
+        except WorkloadError as e:
+            self._report_end(a.lease_id, a.epoch, failure=f"{e.code}: {e}")
+            self._telemetry(a.pool_id, a.tenant, a.lease_id, "failure",
+                            {"reason": e.code, "phase": "start", "message": str(e)[:500]})
+            return
+        startup = time.monotonic() - received
+        self.stats.started += 1
+        self.stats.startup_seconds.append(startup)
+        self.running[a.lease_id] = Running(handle=handle, pool_id=a.pool_id, tenant=a.tenant,
+                                           checkpoint_dir=Path(spec.checkpoint_dir or "."))
+        self._telemetry(a.pool_id, a.tenant, a.lease_id, "startup",
+                        {"startup_seconds": round(startup, 6), "runtime": self.runtime.name,
+                         "job": a.job_number, "epoch": a.epoch}, headers)
+        try:
+            r = self._call(f"lease.{a.lease_id}.started",
+                           encode(v1.JobStarted(epoch=a.epoch, job_number=a.job_number,
+                                                startup_seconds=round(startup, 6))), headers)
+        except BusError:
+            return  # the heartbeat will keep the lease alive; the start itself stands
+        if not r.get("ok") and r.get("error", {}).get("code") in (
+                "lease_expired", "stale_epoch", "illegal_transition", "lease_not_found"):
+            # the lease ended or moved while its command waited: fenced, the work must not run
+            self._stop_now(self.running[a.lease_id], grace=0.0)
+
+    # -- stop ---------------------------------------------------------------------------------
+
+    def stop(self, rev: v1.LeaseRevocation, *, preempt: bool) -> None:
+        run = self.running.get(rev.lease_id)
+        if run is None or run.handle.epoch > rev.epoch:
+            # nothing of this placement runs here: say so, so its capacity can be returned
+            self._report_end(rev.lease_id, rev.epoch, exit_code=None)
+            return
+        if run.stopping:
+            return
+        if preempt and run.checkpoint_dir is not None:
+            # the notice: checkpoint now; SIGTERM follows, SIGKILL after the grace period
+            try:
+                (run.checkpoint_dir / "PREEMPT").write_text(str(self.clock()))
+            except OSError:
+                pass
+        self._stop_now(run, grace=float(rev.grace_seconds))
+
+    def _stop_now(self, run: Running, grace: float) -> None:
+        run.stopping = True
+        self.stats.stops += 1
+
+        def go() -> None:
+            try:
+                self.runtime.stop(run.handle, grace)
+            except Exception:  # noqa: BLE001 - the watch loop reports the exit either way
+                log.exception("stopping %s failed", run.handle.key)
+
+        t = threading.Thread(target=go, name=f"stop-{run.handle.lease_id[:8]}", daemon=True)
+        t.start()
+        self._stopping.append(t)
+
+    # -- watching -----------------------------------------------------------------------------
+
+    def watch(self) -> None:
+        """Report every workload that has exited; keep checkpoint times current."""
+        for lid, run in list(self.running.items()):
+            if run.checkpoint_dir is not None:
+                run.last_checkpoint_at = _latest_mtime(run.checkpoint_dir, run.last_checkpoint_at)
+            code = self.runtime.poll(run.handle)
+            if code is None:
+                continue
+            kind = "execution" if code == 0 or run.stopping else "failure"
+            self._telemetry(run.pool_id, run.tenant, lid, kind,
+                            {"exit_code": code, "stopped": run.stopping,
+                             "runtime_seconds": round(self.clock() - run.handle.started_at, 3)})
+            if self._report_end(lid, run.handle.epoch, exit_code=code):
+                self.runtime.forget(run.handle)
+                del self.running[lid]
+
+    def _report_end(self, lease_id: str, epoch: int, *, exit_code: int | None = None,
+                    failure: str | None = None) -> bool:
+        """Tell the control plane the job is gone; True once the report needs no retry."""
+        if failure is not None:
+            body = encode(v1.JobFailed(epoch=epoch, reason=failure[:500]))
+            verb = "failed"
+        elif exit_code is None:
+            body, verb = encode(v1.LeaseStopped(epoch=epoch)), "stopped"
+        else:
+            body, verb = encode(v1.JobExited(epoch=epoch, exit_code=exit_code)), "exited"
+        try:
+            r = self._call(f"lease.{lease_id}.{verb}", body)
+        except BusError:
+            return False
+        self.stats.exits_reported += 1
+        if not r.get("ok"):
+            code = r.get("error", {}).get("code")
+            if code in ("write_conflict", "internal_error", "bus_unavailable"):
+                return False
+            log.info("report %s for %s refused: %s", verb, lease_id, r.get("error"))
+        return True
+
+    # -- heartbeats and telemetry ------------------------------------------------------------
+
+    def heartbeat(self) -> dict[str, Any]:
+        self._seq += 1
+        self._next_beat = self.clock() + self.heartbeat_interval
+        beats = [v1.LeaseBeat(lease_id=lid, epoch=r.handle.epoch,
+                              last_checkpoint_at=r.last_checkpoint_at)
+                 for lid, r in self.running.items() if not r.stopping]
+        body = v1.NodeHeartbeat(node_id=self.node_id, seq=self._seq, leases=beats)
+        r = self._call("heartbeat", encode(body))
+        self.stats.heartbeats += 1
+        if not r.get("ok"):
+            if r.get("error", {}).get("code") == "unknown_node":
+                self.register()
+            return r
+        result = r.get("result") or {}
+        if result.get("register"):
+            self.register()  # we were declared lost: come back with what we have
+            return r
+        for lid, verdict in (result.get("leases") or {}).items():
+            run = self.running.get(lid)
+            if run is not None and not verdict.get("live", True) and not run.stopping:
+                self._stop_now(run, grace=2.0)
+        if self._seq % self.utilization_every == 0:
+            for lid, run in list(self.running.items()):
+                u = self.runtime.usage(run.handle)
+                self._telemetry(run.pool_id, run.tenant, lid, "utilization",
+                                utilization=v1.Utilization(cpu_millis_used=u.cpu_millis_used,
+                                                           memory_mib_used=u.memory_mib_used))
+        return r
+
+    def _telemetry(self, pool: str, tenant: str, lease: str, kind: str,
+                   attrs: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
+                   utilization: v1.Utilization | None = None) -> None:
+        event = v1.TelemetryEvent(kind=kind, at=self.clock(), seq=self._seq,  # type: ignore[arg-type]
+                                  utilization=utilization, attrs=attrs or {})
+        self.link.publish(telemetry_subject(pool, self.node_id, tenant, lease, kind),
+                          encode(event), headers)
+
+
+def _latest_mtime(d: Path, known: float | None) -> float | None:
+    latest = known
+    try:
+        for f in d.iterdir():
+            if f.name == "PREEMPT":
+                continue
+            m = f.stat().st_mtime
+            if latest is None or m > latest:
+                latest = m
+    except OSError:
+        pass
+    return latest

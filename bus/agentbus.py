@@ -1,0 +1,346 @@
+"""The data plane's subjects: agent commands (a work queue), deadline timers, the agent's link.
+
+- `POOL_AGENT` — work-queue stream on `pool.agent.<node>.<verb>`; one durable pull consumer per
+  node (`agent-<node>`), so commands published while an agent is down wait for it, and each is
+  acknowledged only after it took effect. `Nats-Msg-Id` makes a re-dispatch within the dedupe
+  window a no-op; the agent's own record of what it started covers the rest.
+- `POOL_SCHED` — durable timers: a message on `pool.sched.<kind>.<id>` carrying
+  `Nats-Schedule: @at <time>` is fired by the server onto `pool.due.<kind>.<id>` at that time;
+  re-publishing replaces the timer (one schedule per subject). The reconciler consumes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import nats
+from nats.errors import Error as NatsError
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BadRequestError, NotFoundError
+
+from bus.errors import BusTimeout, BusUnavailable
+from bus.runtime import BusRuntime, get_runtime
+from bus.service import _LoopThread
+from bus.subjects import AGENT_STREAM, SCHEDULE_STREAM, token
+from bus.streams import DUPLICATE_WINDOW_S, ensure_stream
+
+log = logging.getLogger(__name__)
+
+AGENT_VERBS = ("start", "stop", "preempt")
+RECONCILER_CONSUMER = "reconciler"
+
+
+def agent_stream_config(*, replicas: int = 1) -> StreamConfig:
+    return StreamConfig(
+        name=AGENT_STREAM,
+        subjects=["pool.agent.>"],
+        retention=RetentionPolicy.WORK_QUEUE,
+        storage=StorageType.FILE,
+        num_replicas=replicas,
+        discard=DiscardPolicy.OLD,
+        duplicate_window=DUPLICATE_WINDOW_S,
+    )
+
+
+def schedule_stream_config(*, replicas: int = 1) -> StreamConfig:
+    return StreamConfig(
+        name=SCHEDULE_STREAM,
+        subjects=["pool.sched.>", "pool.due.>"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        num_replicas=replicas,
+        # one live timer and one fired message per lease or node is all that matters
+        max_msgs_per_subject=1,
+        discard=DiscardPolicy.OLD,
+        allow_msg_schedules=True,
+    )
+
+
+async def ensure_data_plane_streams(js: Any, *, replicas: int = 1) -> None:
+    await ensure_stream(js, agent_stream_config(replicas=replicas))
+    await ensure_stream(js, schedule_stream_config(replicas=replicas))
+    try:
+        await js.add_consumer(
+            SCHEDULE_STREAM,
+            ConsumerConfig(durable_name=RECONCILER_CONSUMER, filter_subject="pool.due.>",
+                           ack_policy=AckPolicy.EXPLICIT, ack_wait=30,
+                           deliver_policy=DeliverPolicy.ALL, max_ack_pending=10_000),
+        )
+    except BadRequestError:
+        pass  # exists with this config already
+
+
+def agent_consumer_name(node_id: str) -> str:
+    return f"agent-{token(node_id)}"
+
+
+def _rfc3339(at: float) -> str:
+    t = dt.datetime.fromtimestamp(at, tz=dt.timezone.utc)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+
+
+@dataclass(frozen=True)
+class Due:
+    """A fired timer: which lease or node, and how to acknowledge it."""
+
+    kind: str  # "lease" | "node"
+    id: str
+    ack: Callable[[], None]
+
+
+class ControlLink:
+    """The control plane's side: send agent commands, set timers, take fired timers."""
+
+    def __init__(self, url: str, *, runtime: BusRuntime | None = None) -> None:
+        self.rt = runtime or get_runtime(url)
+        self._consumers: set[str] = set()
+        self._due_sub: Any = None
+        self._kv: Any = None
+
+    def ensure_streams(self, replicas: int = 1) -> None:
+        async def go() -> None:
+            await ensure_data_plane_streams(await self.rt.jetstream(), replicas=replicas)
+
+        self.rt.run(go())
+
+    def ensure_agent_consumer(self, node_id: str) -> None:
+        """The durable consumer node `node_id`'s agent reads its commands from."""
+        name = agent_consumer_name(node_id)
+        if name in self._consumers:
+            return
+
+        async def go() -> None:
+            js = await self.rt.jetstream()
+            try:
+                await js.add_consumer(AGENT_STREAM, ConsumerConfig(
+                    durable_name=name, filter_subject=f"pool.agent.{token(node_id)}.>",
+                    ack_policy=AckPolicy.EXPLICIT, ack_wait=60, max_deliver=-1,
+                ))
+            except BadRequestError:
+                pass
+
+        self.rt.run(go())
+        self._consumers.add(name)
+
+    def send(self, node_id: str, verb: str, body: bytes, *, msg_id: str,
+             headers: dict[str, str] | None = None) -> None:
+        """Publish one agent command durably (awaited ack); a repeated msg_id is a no-op."""
+        self.ensure_agent_consumer(node_id)
+        hdrs = {"Nats-Msg-Id": msg_id, **(headers or {})}
+
+        async def go() -> None:
+            js = await self.rt.jetstream()
+            await js.publish(f"pool.agent.{token(node_id)}.{verb}", body, headers=hdrs,
+                             timeout=5)
+
+        self.rt.run(go())
+
+    def schedule(self, kind: str, ident: str, at: float, body: bytes = b"") -> None:
+        """(Re)arm the timer for `kind`/`ident` to fire at unix time `at`."""
+        subject = f"pool.sched.{kind}.{token(ident)}"
+        hdrs = {"Nats-Schedule": f"@at {_rfc3339(at)}",
+                "Nats-Schedule-Target": f"pool.due.{kind}.{token(ident)}"}
+
+        async def go() -> None:
+            js = await self.rt.jetstream()
+            await js.publish(subject, body or b"{}", headers=hdrs, timeout=5)
+
+        self.rt.run(go())
+
+    def fetch_due(self, batch: int = 100, timeout: float = 1.0) -> list[Due]:
+        """Fired timers, waiting up to `timeout` for the first; each must be acked."""
+
+        async def go() -> list[Due]:
+            js = await self.rt.jetstream()
+            if self._due_sub is None:
+                self._due_sub = await js.pull_subscribe_bind(RECONCILER_CONSUMER, SCHEDULE_STREAM)
+            try:
+                msgs = await self._due_sub.fetch(batch, timeout=timeout)
+            except NatsTimeout:
+                return []
+            out = []
+            for m in msgs:
+                parts = m.subject.split(".")
+                out.append(Due(kind=parts[2], id=parts[3], ack=self._acker(m)))
+            return out
+
+        try:
+            return self.rt.run(go(), timeout=timeout + 5)
+        except BusTimeout:
+            return []
+
+    def _acker(self, msg: Any) -> Callable[[], None]:
+        def ack() -> None:
+            self.rt.run(msg.ack())
+
+        return ack
+
+    # -- a small durable position for followers of the log (the dispatcher) ------------------
+
+    def load_position(self, name: str) -> int:
+        async def go() -> int:
+            kv = await self._bucket()
+            try:
+                entry = await kv.get(name)
+            except Exception:  # noqa: BLE001 - absent key: start from the beginning
+                return 0
+            return int(entry.value or b"0")
+
+        return self.rt.run(go())
+
+    def save_position(self, name: str, position: int) -> None:
+        async def go() -> None:
+            kv = await self._bucket()
+            await kv.put(name, str(position).encode())
+
+        self.rt.run(go())
+
+    async def _bucket(self) -> Any:
+        if self._kv is None:
+            js = await self.rt.jetstream()
+            try:
+                self._kv = await js.key_value("pool_positions")
+            except Exception:  # noqa: BLE001 - not created yet
+                self._kv = await js.create_key_value(bucket="pool_positions", history=1)
+        return self._kv
+
+
+@dataclass(frozen=True)
+class AgentCommand:
+    """One command taken from the node's work queue; `ack()` once it took effect."""
+
+    verb: str
+    body: bytes
+    headers: dict[str, str]
+    delivered: int
+    ack: Callable[[], None]
+    nak: Callable[[float], None]
+
+
+class AgentLink:
+    """The node agent's side, connected as the node's own NATS user (its inbox prefix is
+    `_INBOX_<node>`, the only inbox its permissions allow)."""
+
+    def __init__(self, url: str, node_id: str) -> None:
+        self.url = url
+        self.node = token(node_id)
+        self._loop = _LoopThread(f"pool-agent-{self.node}")
+        self._nc: Any = None
+        self._sub: Any = None
+
+    def _run(self, coro: Any, timeout: float = 30.0) -> Any:
+        try:
+            return self._loop.run(coro, timeout)
+        except (NatsError, OSError) as e:
+            raise BusUnavailable(f"NATS: {e!r}") from e
+
+    def connect(self) -> AgentLink:
+        async def go() -> None:
+            self._nc = await nats.connect(
+                self.url, connect_timeout=5, inbox_prefix=f"_INBOX_{self.node}",
+                max_reconnect_attempts=-1, reconnect_time_wait=0.5, error_cb=_quiet,
+            )
+
+        try:
+            self._run(go())
+        except NatsError as e:
+            raise BusUnavailable(f"cannot reach NATS at {self.url}: {e}") from e
+        return self
+
+    def request(self, suffix: str, body: bytes, *, timeout: float = 5.0,
+                headers: dict[str, str] | None = None) -> bytes:
+        """Request/reply on `pool.node.<node>.<suffix>` (register, heartbeat, lease reports)."""
+
+        async def go() -> bytes:
+            msg = await self._nc.request(f"pool.node.{self.node}.{suffix}", body,
+                                         timeout=timeout, headers=headers)
+            return bytes(msg.data)
+
+        try:
+            return self._run(go(), timeout + 5)  # type: ignore[no-any-return]
+        except NatsTimeout as e:
+            raise BusTimeout(f"no answer on pool.node.{self.node}.{suffix}") from e
+        except nats.errors.NoRespondersError as e:
+            raise BusUnavailable("no control plane answers node reports") from e
+
+    def fetch(self, batch: int = 16, timeout: float = 1.0) -> list[AgentCommand]:
+        """Commands waiting for this node, blocking up to `timeout` for the first one."""
+
+        async def go() -> list[AgentCommand]:
+            if self._sub is None:
+                self._sub = await self._nc.jetstream().pull_subscribe_bind(
+                    agent_consumer_name(self.node), AGENT_STREAM,
+                    inbox_prefix=f"_INBOX_{self.node}.pull".encode())
+            try:
+                msgs = await self._sub.fetch(batch, timeout=timeout)
+            except NatsTimeout:
+                return []
+            except NotFoundError:
+                return []
+            out = []
+            for m in msgs:
+                verb = m.subject.rsplit(".", 1)[-1]
+                out.append(AgentCommand(
+                    verb=verb, body=bytes(m.data), headers=dict(m.headers or {}),
+                    delivered=int(m.metadata.num_delivered), ack=self._acker(m),
+                    nak=self._naker(m)))
+            return out
+
+        try:
+            return self._run(go(), timeout + 10)  # type: ignore[no-any-return]
+        except BusTimeout:
+            return []
+
+    def _acker(self, m: Any) -> Callable[[], None]:
+        return lambda: self._run(m.ack_sync(timeout=5))
+
+    def _naker(self, m: Any) -> Callable[[float], None]:
+        return lambda delay: self._run(m.nak(delay=delay))
+
+    def publish(self, subject: str, body: bytes, headers: dict[str, str] | None = None) -> None:
+        """A fire-and-forget core publish (telemetry); a bus hiccup is logged, not raised."""
+
+        async def go() -> None:
+            await self._nc.publish(subject, body, headers=headers)
+
+        try:
+            self._run(go(), 5)
+        except Exception as e:  # noqa: BLE001 - telemetry must never stop the agent
+            log.warning("telemetry publish failed: %r", e)
+
+    def close(self) -> None:
+        async def go() -> None:
+            if self._nc is not None and not self._nc.is_closed:
+                try:
+                    await asyncio.wait_for(self._nc.close(), 3)
+                except Exception:  # noqa: BLE001
+                    pass
+            # nats-py leaves reader/flusher tasks behind: finish them before the loop stops
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in rest:
+                t.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
+        try:
+            self._run(go(), 10)
+        except Exception:  # noqa: BLE001 - closing is best effort
+            pass
+        self._loop.close()
+
+
+async def _quiet(_exc: Exception) -> None:
+    return None

@@ -1,0 +1,246 @@
+"""The dispatcher and the reconciler: the control plane's two hands on the data plane.
+
+The dispatcher follows the event log and turns lease facts into agent commands on the node's
+work queue — a committed job → `start`, a cancel → `stop`, a preemption notice → `preempt`,
+an expiry under reconciliation → `stop` — and keeps one durable JetStream timer per lease and
+per node armed at its next deadline. The reconciler consumes fired timers and applies what is
+due through PoolApp (void, expire → reconciling, node lost, lost node released).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.domain import Aggregate
+
+from bus.agentbus import ControlLink
+from domain.lease import Lease, LeaseState
+from domain.node import Node, NodeState
+from domain.pool import Pool
+from domain.resources import Shape
+from schemas import v1
+from schemas.codec import encode
+
+log = logging.getLogger(__name__)
+
+POSITION_KEY = "dispatcher"
+PAGE = 1000
+# Only these aggregates matter here; their topics name their module.
+_TOPICS = ("domain.lease", "domain.node", "domain.pool")
+
+
+@dataclass(frozen=True)
+class AgentOrder:
+    """One command for one node's agent, with the id that makes a re-send a no-op."""
+
+    node_id: str
+    verb: str  # start | stop | preempt
+    body: bytes
+    msg_id: str
+    traceparent: str | None = None
+
+
+def wire_shape(shape: Shape) -> v1.ResourceShape:
+    """The domain shape as the agent reads it (amounts, egress, runtime class)."""
+    r = shape.resources
+    partitions = sum(n for _, n in r.extended)
+    return v1.ResourceShape(
+        cpu_millis=r.cpu_millis, memory_mib=r.memory_mib,
+        gpu_count=r.gpu_count or partitions, gpu_memory_gib_min=shape.gpu_memory_gib_min,
+        gpu_model=shape.gpu_model, gpu_partition=shape.gpu_partition,  # type: ignore[arg-type]
+        local_disk_gib=r.local_disk_gib,
+        network=v1.NetworkSpec(egress=shape.network_egress),  # type: ignore[arg-type]
+        runtime=shape.runtime,  # type: ignore[arg-type]
+    )
+
+
+def orders_for(event_name: str, lease: Lease, pool: Pool | None) -> list[AgentOrder]:
+    """What the node's agent must be told after `event_name` was applied to `lease`."""
+    node = lease.node_id
+    if node is None:
+        return []
+    lid = str(lease.id)
+    grace = pool.config.preemption.grace_seconds if pool is not None else 30
+    trace = getattr(lease, "trace_parent", None)
+    if event_name in ("LeaseCommitted", "JobSubmitted") and lease.job is not None \
+            and lease.state is LeaseState.RUNNING:
+        job = lease.job
+        spec = job.spec
+        policy = getattr(pool, "image_policy", None) if pool is not None else None
+        body = v1.LeaseAssignment(
+            lease_id=lid, epoch=lease.epoch, shape=wire_shape(lease.requested_shape),
+            job=v1.JobSpec(
+                image=spec.image or None, command=list(spec.command), env=dict(spec.env),
+                checkpoint_policy=v1.CheckpointPolicy(
+                    mode="periodic" if spec.checkpoint_interval_seconds else "none",
+                    interval_seconds=spec.checkpoint_interval_seconds),
+            ),
+            deadline_at=lease.deadline or 0.0, tenant=lease.tenant_id, pool_id=lease.pool_id,
+            job_number=job.number,
+            image_policy=policy.to_dict() if hasattr(policy, "to_dict") else None,
+        )
+        return [AgentOrder(node, "start", encode(body),
+                           f"start-{lid}-{lease.epoch}-{job.number}-{job.attempts}", trace)]
+    if event_name == "StopRequested":
+        body = v1.LeaseRevocation(lease_id=lid, epoch=lease.epoch, grace_seconds=grace,
+                                  reason=lease.stop_reason or "cancelled")
+        return [AgentOrder(node, "stop", encode(body), f"stop-{lid}-{lease.epoch}", trace)]
+    if event_name == "PreemptionNoticed":
+        at = lease.preemption_noticed_at if hasattr(lease, "preemption_noticed_at") else None
+        left = grace
+        if lease.grace_deadline is not None and at is not None:
+            left = max(0, int(round(lease.grace_deadline - at)))
+        body = v1.LeaseRevocation(lease_id=lid, epoch=lease.epoch, grace_seconds=min(left, 3600),
+                                  reason="preempted")
+        return [AgentOrder(node, "preempt", encode(body), f"preempt-{lid}-{lease.epoch}", trace)]
+    if event_name == "ReconciliationStarted":
+        body = v1.LeaseRevocation(lease_id=lid, epoch=lease.epoch, grace_seconds=grace,
+                                  reason=f"expired:{lease.expiry_reason or 'expired'}")
+        return [AgentOrder(node, "stop", encode(body), f"reconcile-{lid}-{lease.epoch}", trace)]
+    return []
+
+
+class Dispatcher:
+    """Follows the log through `app`'s recorder; sends agent orders and arms timers."""
+
+    def __init__(self, app: Any, link: ControlLink) -> None:
+        self.app = app
+        self.link = link
+        self.position = 0
+        self.sent_upto = 0  # orders for events at or below this were sent in an earlier life
+        self.aggregates: dict[UUID, Aggregate] = {}
+        self.pools: dict[str, Pool] = {}
+        self._armed: dict[str, float] = {}
+        self._started = False
+        self.orders_sent = 0
+        self.timers_armed = 0
+
+    def start(self) -> None:
+        self.sent_upto = self.link.load_position(POSITION_KEY)
+        self._started = True
+
+    def step(self) -> int:
+        """Read what is new; returns the number of notifications read."""
+        if not self._started:
+            self.start()
+        n = 0
+        while True:
+            page = self.app.recorder.select_notifications(start=self.position + 1, limit=PAGE)
+            if not page:
+                break
+            touched: dict[UUID, str] = {}
+            orders: list[AgentOrder] = []
+            for note in page:
+                self.position = note.id
+                if not note.topic.startswith(_TOPICS):
+                    continue
+                event = self.app.mapper.to_domain_event(note)
+                agg = self._apply(event)
+                if agg is None:
+                    continue
+                touched[agg.id] = type(event).__name__
+                if isinstance(agg, Lease) and note.id > self.sent_upto:
+                    orders += orders_for(type(event).__name__, agg,
+                                         self.pools.get(agg.pool_id))
+            for order in orders:
+                hdrs = {"traceparent": order.traceparent} if order.traceparent else None
+                self.link.send(order.node_id, order.verb, order.body, msg_id=order.msg_id,
+                               headers=hdrs)
+                self.orders_sent += 1
+            for uid in touched:
+                self._arm(self.aggregates[uid])
+            n += len(page)
+            if self.position > self.sent_upto:
+                self.sent_upto = self.position
+                self.link.save_position(POSITION_KEY, self.position)
+            if len(page) < PAGE:
+                break
+        return n
+
+    def _apply(self, event: Any) -> Aggregate | None:
+        agg = self.aggregates.get(event.originator_id)
+        if agg is None:
+            if event.originator_version != 1:
+                return None
+            agg = event.mutate(None)
+        elif event.originator_version == agg.version + 1:
+            agg = event.mutate(agg)
+        else:
+            return None
+        assert agg is not None
+        if isinstance(agg, Lease) and agg.is_terminal:
+            self.aggregates.pop(agg.id, None)  # nothing more will be sent for it
+            self._armed.pop(str(agg.id), None)
+            return None
+        self.aggregates[agg.id] = agg
+        if isinstance(agg, Pool):
+            self.pools[agg.pool_id] = agg
+        return agg
+
+    def _arm(self, agg: Aggregate) -> None:
+        due: float | None = None
+        key = ""
+        if isinstance(agg, Lease):
+            due, key = agg.next_due_at(), f"lease:{agg.id}"
+        elif isinstance(agg, Node):
+            pool = self.pools.get(agg.pool_id)
+            if pool is None:
+                return
+            cfg = pool.config
+            key = f"node:{agg.node_id}"
+            if agg.state is NodeState.LOST:
+                lost_at = getattr(agg, "lost_at", None)
+                due = None if lost_at is None else lost_at + cfg.lost_node_release_seconds
+            else:
+                due = agg.last_heartbeat_at + cfg.node_timeout_seconds
+        if due is None or self._armed.get(key) == due:
+            return
+        kind, ident = key.split(":", 1)
+        self.link.schedule(kind, ident, due)
+        self._armed[key] = due
+        self.timers_armed += 1
+
+
+class Reconciler:
+    """Applies fired timers: each is acknowledged only after its decision was saved."""
+
+    def __init__(self, app: Any, link: ControlLink) -> None:
+        self.app = app
+        self.link = link
+        self.applied: list[str] = []
+
+    def step(self, timeout: float = 0.5) -> int:
+        dues = self.link.fetch_due(timeout=timeout)
+        for due in dues:
+            try:
+                if due.kind == "lease":
+                    done = self.app.reconcile_due(due.id)
+                    if done:
+                        self.applied.append(f"{due.id}:{done}")
+                elif due.kind == "node":
+                    self.applied += self.app.node_due(due.id)
+            except Exception:  # noqa: BLE001 - leave it unacked: redelivered after ack_wait
+                log.exception("timer %s.%s failed", due.kind, due.id)
+                continue
+            due.ack()
+        return len(dues)
+
+
+def run_loop(step: Callable[[], int], stop: threading.Event, *, idle: float = 0.05,
+             name: str = "loop", until: Callable[[], bool] = lambda: False) -> None:
+    """Call `step` until `stop` (or `until()`); sleep `idle` when it found nothing; survive
+    failures."""
+    while not stop.is_set() and not until():
+        try:
+            n = step()
+        except Exception:  # noqa: BLE001 - the bus may be down for a moment; the log is truth
+            log.exception("%s step failed", name)
+            stop.wait(1.0)
+            continue
+        if not n:
+            stop.wait(idle)
