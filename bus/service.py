@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import nats
 from nats.errors import Error as NatsError
+from opentelemetry import propagate
 from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
 
 from bus.errors import BusTimeout, BusUnavailable
@@ -128,9 +129,14 @@ class Client:
     def request(
         self, subject: str, body: bytes, *, timeout: float = 10.0, headers: dict[str, str] | None = None
     ) -> bytes:
+        # W3C trace context of the caller's current span (if any) travels in the headers
+        carrier = dict(headers or {})
+        propagate.inject(carrier)
+        sent = carrier or None
+
         async def go() -> bytes:
             try:
-                msg = await self._nc.request(subject, body, timeout=timeout, headers=headers)
+                msg = await self._nc.request(subject, body, timeout=timeout, headers=sent)
             except NoRespondersError as e:
                 raise BusUnavailable(f"no service answers on {subject}") from e
             except NatsTimeout as e:

@@ -1,4 +1,5 @@
-"""The telemetry stream, its publisher and its follower: `pool.tel.<pool>.<node>.<tenant>.<lease>.<kind>`.
+"""The telemetry stream, its publisher and its follower, on subjects
+`pool.tel.<pool>.<node>.<tenant>.<lease>.<kind>`.
 
 Telemetry is lossy by design: limits retention, core publishes (the stream captures them), and a
 publisher that logs a bus hiccup instead of raising it into the agent. Followers read live with a

@@ -165,6 +165,7 @@ class Lease(Aggregate):
         heartbeat_timeout_seconds: int = 30,
         priority_class: str = "default",
         preemptible: bool = True,
+        trace_parent: str | None = None,
     ) -> Lease:
         """Record a request. `lease_seconds` is the initial term and default renewal (defaults
         to the maximum runtime); the id is `create_id(tenant_id, idempotency_key)`."""
@@ -188,6 +189,7 @@ class Lease(Aggregate):
             priority_class=priority_class,
             preemptible=bool(preemptible),
             requested_at=float(now),
+            trace_parent=trace_parent,
         )
 
     @event("LeaseRequested")
@@ -203,6 +205,7 @@ class Lease(Aggregate):
         priority_class: str,
         preemptible: bool,
         requested_at: float,
+        trace_parent: str | None = None,  # W3C traceparent of the request; absent in old events
     ) -> None:
         self.tenant_id = TenantId(tenant_id)
         self.idempotency_key = idempotency_key
@@ -215,6 +218,7 @@ class Lease(Aggregate):
         self.priority_class = priority_class
         self.preemptible = preemptible
         self.requested_at = requested_at
+        self.trace_parent = trace_parent
         self.state = LeaseState.REQUESTED
         self.queued_at: float | None = None
         self.attempts = 1

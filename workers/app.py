@@ -245,7 +245,8 @@ class PoolApp(Application):
 
     # -- tenant commands -------------------------------------------------------------------
 
-    def request_lease(self, tenant: str, req: v1.LeaseRequest) -> Lease:
+    def request_lease(self, tenant: str, req: v1.LeaseRequest, *,
+                      trace_parent: str | None = None) -> Lease:
         now = self.clock()
         lease_id = Lease.create_id(tenant, req.idempotency_key)
         existing = self.find(Lease, lease_id)
@@ -268,6 +269,7 @@ class PoolApp(Application):
             heartbeat_timeout_seconds=pool.config.heartbeat_timeout_seconds,
             priority_class=req.priority_class,
             preemptible=True,
+            trace_parent=trace_parent,
         )
         lease.queue(now)
         try:

@@ -863,6 +863,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
+    from workers import observability
+
+    observability.setup()  # POOL_OTEL_EXPORTER=none|console|otlp; none by default
     try:
         return func(args)
     except _Usage as e:
@@ -874,6 +877,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # the edge: every failure leaves as one clear line
         code = getattr(e, "code", type(e).__name__)
         return _fail(str(e) or type(e).__name__, str(code), as_json=getattr(args, "json", False))
+    finally:
+        observability.shutdown()  # export what is still queued
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from typing import Any
 
 from bus.auth import inbox_prefix
 from bus.service import Client
+from workers import observability
 
 
 class PoolClient:
@@ -30,7 +31,12 @@ class PoolClient:
         self._client = Client(nats_url, **connect_options)
 
     def raw(self, subject: str, body: bytes) -> dict[str, Any]:
-        reply = self._client.request(subject, body, timeout=self.timeout)
+        # the request's span: its context goes out in the `traceparent` header
+        with observability.tracer().start_as_current_span(
+            "request", kind=observability.SpanKind.CLIENT,
+            attributes={"messaging.system": "nats", "messaging.destination.name": subject},
+        ):
+            reply = self._client.request(subject, body, timeout=self.timeout)
         out: dict[str, Any] = json.loads(reply)
         return out
 

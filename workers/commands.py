@@ -16,6 +16,7 @@ from bus.subjects import is_token
 from domain.errors import DomainError
 from schemas import v1
 from schemas.codec import SchemaError, decode_command, encode
+from workers import observability
 from workers.app import PoolApp, lease_view
 from workers.errors import ServiceError, UnknownSubject
 
@@ -48,6 +49,22 @@ def failure(code: str, message: str, reasons: dict[str, int | str] | None = None
     return encode(v1.Envelope.failure(code, message, reasons))
 
 
+def _span_name(subject: str) -> str:
+    """`lease.request`, `lease.commit`, `node.heartbeat`, `admin.pool.set`: ids left out."""
+    parts = subject.split(".")
+    if parts[:2] == ["pool", "cmd"] and len(parts) >= 5:
+        return f"{parts[3]}.{parts[-1]}"
+    if parts[:2] == ["pool", "node"]:
+        return f"node.{parts[-1]}"
+    if parts[:2] == ["pool", "admin"]:
+        return "admin." + ".".join(p for p in parts[2:] if p in _ADMIN_WORDS)
+    return "command"
+
+
+_ADMIN_WORDS = frozenset({"pool", "tenant", "node", "credits", "set", "show", "prices", "images",
+                          "register", "grant", *NODE_VERBS})
+
+
 def _domain_reasons(e: DomainError) -> dict[str, int | str]:
     out: dict[str, int | str] = {}
     for r in getattr(e, "reasons", ()) or ():
@@ -66,19 +83,33 @@ class CommandHandler:
         self._reader: Any = None
 
     def __call__(self, subject: str, body: bytes, headers: dict[str, str]) -> bytes:
+        # a span per command, child of the requester's `traceparent` header when it sent one
+        with observability.tracer().start_as_current_span(
+            _span_name(subject), context=observability.extract(headers),
+            kind=observability.SpanKind.SERVER,
+            attributes={"messaging.system": "nats", "messaging.destination.name": subject},
+        ) as span:
+            code, reply = self._answer(subject, body)
+            if code:
+                span.set_attribute("pool.error.code", code)
+            return reply
+
+    def _answer(self, subject: str, body: bytes) -> tuple[str | None, bytes]:
+        """The reply, and the error code when it is a refusal."""
         try:
-            return self.route(subject, body)
+            return None, self.route(subject, body)
         except SchemaError as e:
-            return encode(e.to_envelope())
+            return e.code, encode(e.to_envelope())
         except DomainError as e:
-            return failure(e.code, str(e), _domain_reasons(e))
+            return e.code, failure(e.code, str(e), _domain_reasons(e))
         except ServiceError as e:
-            return failure(e.code, e.message, e.reasons)
+            return e.code, failure(e.code, e.message, e.reasons)
         except BusError as e:
-            return failure(e.code, str(e))
+            return e.code, failure(e.code, str(e))
         except Exception:  # a bug: logged, answered, and the service keeps serving
             log.exception("command on %s failed", subject)
-            return failure("internal_error", "the command failed inside the service")
+            return "internal_error", failure("internal_error",
+                                             "the command failed inside the service")
 
     def route(self, subject: str, body: bytes) -> bytes:
         parts = subject.split(".")
@@ -87,7 +118,9 @@ class CommandHandler:
             if len(parts) == 5 and parts[4] == "request":
                 req = decode_command("lease.request", body)
                 assert isinstance(req, v1.LeaseRequest)
-                lease = self.app.request_lease(tenant, req)
+                # the lease keeps this command's trace, so placing and starting it join it
+                lease = self.app.request_lease(tenant, req,
+                                               trace_parent=observability.traceparent())
                 return ok(lease=lease_view(lease))
             if len(parts) == 6 and parts[5] in LEASE_VERBS:
                 return self.lease_verb(tenant, parts[4], parts[5], body)

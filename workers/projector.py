@@ -53,8 +53,11 @@ class Projector:
         return len(batch)
 
     def run_forever(self, stop: threading.Event | None = None) -> None:
+        from workers import observability
+
         stop = stop or self._stop
         self.views.setup()
+        observability.watch_projector(self)  # its lag behind the log, as a metric
         while not stop.is_set():
             try:
                 if self.step() == 0:

@@ -39,6 +39,7 @@ from domain.policy.placement import FilterResult, NodeTable
 from domain.policy.preemption import NodeCandidate, PreemptionPlan, RunningLease, choose_victims
 from domain.pool import Pool, TenantPolicy
 from domain.resources import LeaseId, NodeId, Resources
+from workers import observability
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,8 @@ class Scheduler:
         self.max_preemption_plans_per_cycle = 32
         self._plans_left = 0
         self._lock = threading.RLock()
+        # placements of the batch being built: (lease, reserved at, ns) for their `place` spans
+        self._placing: list[tuple[Lease, int]] = []
 
     # -- folding the log --------------------------------------------------------------------
 
@@ -244,6 +247,7 @@ class Scheduler:
             self._sweep(now, report)
             for ps in self.pools.values():
                 self._place_pool(ps, now, report)
+            observability.record_cycle(report)
             return report
 
     def _save(self, aggs: list[Aggregate], report: CycleReport) -> bool:
@@ -386,6 +390,8 @@ class Scheduler:
             self._track(ps, lease)
             self.reasons.pop(req.lease_id, None)
             heapq.heappush(self._deadlines, (lease.reservation_deadline or now, req.lease_id))
+            if getattr(lease, "trace_parent", None) is not None:  # older snapshots: none
+                self._placing.append((lease, time.time_ns()))
             report.placed += 1
             in_batch += 1
             if in_batch >= MAX_PLACEMENTS_PER_BATCH:
@@ -399,7 +405,17 @@ class Scheduler:
         report.waiting += len(unplaced)
 
     def _commit_batch(self, batch: list[Aggregate], report: CycleReport) -> None:
-        if not self._save(batch, report):
+        placing, self._placing = self._placing, []
+        saved = self._save(batch, report)
+        for lease, started_ns in placing:
+            # one `place` span per placement, in the trace of the request that asked for it
+            span = observability.child_span("place", lease.trace_parent, start_time=started_ns,
+                                            attributes={"pool.lease_id": str(lease.id),
+                                                        "pool.node_id": str(lease.node_id),
+                                                        "pool.pool_id": str(lease.pool_id),
+                                                        "pool.saved": saved})
+            span.end()
+        if not saved:
             # the batch did not land: placements counted in it are void; re-index from truth
             lost = sum(isinstance(a, Lease) and a.state is LeaseState.RESERVED for a in batch)
             report.placed = max(0, report.placed - lost)
@@ -574,16 +590,20 @@ class Scheduler:
             until: Callable[[], bool] = lambda: False) -> None:
         """Cycle until `stop` is set or `until()` (e.g. leadership lost); sleeps `interval`
         when a cycle found nothing to do."""
-        while not stop.is_set() and not until():
-            try:
-                report = self.cycle()
-            except Exception:  # noqa: BLE001 - keep scheduling; the log is the truth
-                log.exception("scheduler cycle failed")
-                stop.wait(1.0)
-                continue
-            if not (report.placed or report.rejected or report.voided or report.expired
-                    or report.preempted):
-                stop.wait(interval)
+        observability.watch_scheduler(self)  # the active scheduler reports queue and leases
+        try:
+            while not stop.is_set() and not until():
+                try:
+                    report = self.cycle()
+                except Exception:  # noqa: BLE001 - keep scheduling; the log is the truth
+                    log.exception("scheduler cycle failed")
+                    stop.wait(1.0)
+                    continue
+                if not (report.placed or report.rejected or report.voided or report.expired
+                        or report.preempted):
+                    stop.wait(interval)
+        finally:
+            observability.unwatch_scheduler(self)
 
 
 def _rank(pool: Pool, priority_class: str) -> int:
