@@ -2,6 +2,8 @@
 
 Tenants may publish only on `pool.cmd.<tenant>.>` and read only their own inbox prefix, so one
 tenant can neither act as another nor read its replies; the server enforces it, not our code.
+Telemetry likewise: a tenant reads `pool.tel.*.*.<tenant>.>` (and may create replay consumers
+filtered to it), a node publishes under `pool.tel.*.<node>.>`.
 """
 
 from __future__ import annotations
