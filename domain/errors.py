@@ -178,3 +178,18 @@ class PriceNotListed(DomainError):
     """The price list has no price for a dimension the shape uses (and no "*" fallback)."""
 
     code = "price_not_listed"
+
+
+# Images ---------------------------------------------------------------------------------------
+
+
+class ImageNotAllowed(DomainError):
+    """The pool's image policy refuses the job; `reasons` lists each image_* / runtime code."""
+
+    code = "image_not_allowed"
+
+    def __init__(self, reasons: Sequence[str], *, image: str = "") -> None:
+        self.codes: tuple[str, ...] = tuple(reasons)
+        what = f"image {image!r}" if image else "the job"
+        super().__init__(f"{what} is refused by the pool's image policy: "
+                         f"{', '.join(self.codes)}", reasons=self.codes)

@@ -90,6 +90,8 @@ class JobSpec:
     env: tuple[tuple[str, str], ...] = ()  # sorted (name, value)
     checkpoint_interval_seconds: int = 0  # 0: the job does not checkpoint
     checkpoint_path: str | None = None
+    image_signature: str | None = None  # base64, over the image's simple-signing payload
+    image_size_bytes: int | None = None  # as declared by the job; the agent re-checks it
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", tuple(str(c) for c in self.command))
@@ -102,6 +104,8 @@ class JobSpec:
             "env": {k: v for k, v in self.env},
             "checkpoint_interval_seconds": self.checkpoint_interval_seconds,
             "checkpoint_path": self.checkpoint_path,
+            "image_signature": self.image_signature,
+            "image_size_bytes": self.image_size_bytes,
         }
 
     @classmethod
@@ -112,6 +116,9 @@ class JobSpec:
             env=tuple(dict(d.get("env", {})).items()),
             checkpoint_interval_seconds=int(d.get("checkpoint_interval_seconds", 0)),
             checkpoint_path=d.get("checkpoint_path"),
+            image_signature=d.get("image_signature"),
+            image_size_bytes=None if d.get("image_size_bytes") is None
+            else int(d["image_size_bytes"]),
         )
 
 

@@ -1,7 +1,8 @@
 """Pool-wide policy and per-tenant settings: packing, timeouts, priority classes, preemption,
-aging, prices (`Pool`), and each tenant's weight and quota in a pool (`TenantPolicy`).
+aging, prices, the image policy (`Pool`), and each tenant's weight and quota in a pool
+(`TenantPolicy`).
 
-Config is versioned by events (PoolCreated, PoolConfigured, PriceListSet); a lease records the
+Config is versioned by events (PoolCreated, PoolConfigured, PriceListSet, ImagePolicySet); a lease records the
 values it was admitted under, so a later change never rewrites history. Prices are integer
 micro-credits and every price function rounds up, so a hold always covers its charge.
 """
@@ -17,7 +18,14 @@ from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
 
-from domain.errors import InvalidConfiguration, PriceNotListed, QuotaExceeded, UnknownPriorityClass
+from domain.errors import (
+    ImageNotAllowed,
+    InvalidConfiguration,
+    PriceNotListed,
+    QuotaExceeded,
+    UnknownPriorityClass,
+)
+from domain.policy.images import ImagePolicy, check_image, check_runtime
 from domain.resources import PoolId, Resources, Shape, TenantId
 
 _POOL_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:pool")
@@ -245,6 +253,9 @@ class Pool(Aggregate):
         self.config_version = 1
         self.price_list = PriceList.from_dict(price_list)
         self.price_list_version = 1
+        # every pool starts under the default image policy (shown by `pool admin pool show`)
+        self.image_policy = ImagePolicy()
+        self.image_policy_version = 1
 
     def configure(self, config: PoolConfig, now: float) -> None:
         """Replace the pool's settings as a whole (the event carries the full config)."""
@@ -259,7 +270,39 @@ class Pool(Aggregate):
         )
         return self.price_list_version
 
+    def set_image_policy(self, policy: ImagePolicy, now: float) -> int:
+        """Replace the image policy as a whole; returns its new version."""
+        _require_valid(policy.problems())
+        self._image_policy_set(
+            policy=policy.to_dict(), version=self.image_policy_version + 1, at=float(now)
+        )
+        return self.image_policy_version
+
     # Policy queries ---------------------------------------------------------------------------
+
+    def admit_image(
+        self,
+        image: str | None,
+        *,
+        signature: str | None = None,
+        size_bytes: int | None = None,
+        tenant: str | None = None,
+        node_trust: str | None = None,
+        isolation: str | None = None,
+    ) -> None:
+        """Raise ImageNotAllowed, with every reason code, when the image policy refuses the job
+        (no image: only the isolation check; no node yet: only the tenant's requirement)."""
+        policy = self.image_policy
+        if image:
+            reasons = check_image(policy, image, signature, size_bytes, tenant,
+                                  node_trust=node_trust, isolation=isolation)
+        elif isolation is not None:
+            reasons = check_runtime(policy, isolation=isolation, node_trust=node_trust,
+                                    tenant=tenant)
+        else:
+            reasons = []
+        if reasons:
+            raise ImageNotAllowed(reasons, image=image or "")
 
     def rank_of(self, priority_class: str) -> int:
         try:
@@ -304,6 +347,11 @@ class Pool(Aggregate):
 
 
 # Tenant policy --------------------------------------------------------------------------------
+
+    @event("ImagePolicySet")
+    def _image_policy_set(self, policy: dict[str, Any], version: int, at: float) -> None:
+        self.image_policy = ImagePolicy.from_dict(policy)
+        self.image_policy_version = version
 
 
 class TenantPolicy(Aggregate):

@@ -92,6 +92,7 @@ COMMANDS: Final[Mapping[str, CommandSpec]] = {
     "admin.tenant": CommandSpec(v1.TenantConfig),
     "admin.pool.show": CommandSpec(v1.PoolShow),
     "admin.pool.prices": CommandSpec(v1.PriceListConfig),
+    "admin.pool.images": CommandSpec(v1.ImagePolicyConfig),
     "admin.credits.grant": CommandSpec(v1.CreditGrant),
     "admin.node.state": CommandSpec(v1.NodeStateChange),
     "agent.register": CommandSpec(v1.NodeRegistration),

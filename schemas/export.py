@@ -142,6 +142,7 @@ def _channels() -> list[tuple[str, str, type[Struct], str, str, str, bool]]:
         ("pool.set", v1.PoolConfig, "Create or reconfigure a pool."),
         ("pool.show", v1.PoolShow, "Every setting in force for a pool."),
         ("pool.prices", v1.PriceListConfig, "Publish a new price list version."),
+        ("pool.images", v1.ImagePolicyConfig, "Replace a pool's image policy (a new version)."),
         ("tenant.set", v1.TenantConfig, "Set a tenant's weight and quota in a pool."),
         ("node.register", v1.NodeRegistration, "Register or re-register a node."),
         ("credits.grant", v1.CreditGrant, "Grant micro-credits, idempotent by transfer id."),

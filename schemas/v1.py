@@ -29,6 +29,7 @@ MAX_LOCAL_DISK_GIB = 1_000_000
 MAX_BANDWIDTH_MBPS = 1_000_000  # 1 Tbit/s
 MAX_RUNTIME_SECONDS = 30 * 24 * 3600  # 30 days
 MAX_PREFERENCES = 16
+MAX_IMAGE_SIZE_BYTES = 1 << 40  # 1 TiB
 
 CURRENT_SCHEMA_VERSION = 1
 
@@ -68,6 +69,37 @@ ImageRef = Annotated[
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}(?!\n)$",
         max_length=512,
         description="OCI image reference; a digest (`@sha256:...`) pins it immutably.",
+    ),
+]
+ImageSignature = Annotated[
+    str,
+    Meta(
+        pattern=r"^[A-Za-z0-9+/]{4,2048}={0,2}(?!\n)$",
+        max_length=2050,
+        description="Base64 signature over the image's cosign simple-signing payload "
+        "(DER ECDSA P-256/SHA-256, or raw Ed25519).",
+    ),
+]
+ImageSizeBytes = Annotated[
+    int,
+    Meta(ge=0, le=MAX_IMAGE_SIZE_BYTES, description="Image size in bytes, as declared by the job."),
+]
+# `*`, a registry `host[:port]`, or `host[:port]/repository-prefix`.
+RegistryPattern = Annotated[
+    str,
+    Meta(
+        pattern=r"^(\*|[a-z0-9]([a-z0-9.-]{0,252}[a-z0-9])?(:[0-9]{1,5})?"
+        r"(/[a-z0-9._-]{1,128}){0,16})(?!\n)$",
+        max_length=512,
+    ),
+]
+PublicKeyPem = Annotated[
+    str,
+    Meta(
+        pattern=r"^-----BEGIN PUBLIC KEY-----\r?\n([A-Za-z0-9+/=]{1,80}\r?\n){1,64}"
+        r"-----END PUBLIC KEY-----(\r?\n)?(?!\n)$",
+        max_length=8192,
+        description="PEM SubjectPublicKeyInfo: an ECDSA P-256 or Ed25519 public key.",
     ),
 ]
 EnvName = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}(?!\n)$", max_length=128)]
@@ -237,6 +269,8 @@ class LeaseRequest(_Command, kw_only=True):
     idempotency_key: IdempotencyKey
     priority_class: NameToken = "standard"
     image: ImageRef | None = None
+    image_signature: ImageSignature | None = None
+    image_size_bytes: ImageSizeBytes | None = None
     command: Command = []
     env: Environment = {}
     checkpointable: bool = False
@@ -259,6 +293,8 @@ class JobSpec(_Part, kw_only=True):
     """The workload that runs on a committed lease; unset fields fall back to the request's."""
 
     image: ImageRef | None = None
+    image_signature: ImageSignature | None = None
+    image_size_bytes: ImageSizeBytes | None = None
     command: Command = []
     env: Environment = {}
     checkpoint_policy: CheckpointPolicy = msgspec.field(default_factory=CheckpointPolicy)
@@ -419,6 +455,42 @@ class PriceListConfig(_Command, kw_only=True):
     gpu_partition_second: Annotated[dict[ShortText, MicroCredits], Meta(max_length=64)] = {}
 
 
+class TrustedKey(_Part, kw_only=True):
+    """A public key image signatures may verify under, named by a key id."""
+
+    key_id: NameToken
+    public_key_pem: PublicKeyPem
+
+
+RegistryList = Annotated[list[RegistryPattern], Meta(max_length=64)]
+
+
+class ImagePolicyConfig(_Command, kw_only=True):
+    """A pool's image policy, replaced as a whole: approved registries (per tenant where
+    set), trusted signing keys, the size limit and the isolation each trust level requires."""
+
+    pool_id: SubjectToken
+    approved_registries: RegistryList = msgspec.field(default_factory=lambda: ["*"])
+    # A tenant listed here uses its own list instead of the pool's.
+    tenant_registries: Annotated[dict[SubjectToken, RegistryList], Meta(max_length=256)] = {}
+    trusted_keys: Annotated[list[TrustedKey], Meta(max_length=16)] = []
+    require_signature: bool = False
+    max_image_size_bytes: Annotated[int, Meta(ge=1, le=MAX_IMAGE_SIZE_BYTES)] | None = None
+    # The weakest isolation class allowed on nodes of each trust level; levels left out keep
+    # the default (trusted: container, marketplace: sandboxed).
+    isolation_by_trust: Annotated[dict[TrustLevel, RuntimeClass], Meta(max_length=8)] = (
+        msgspec.field(default_factory=lambda: {"trusted": "container",
+                                               "marketplace": "sandboxed"})
+    )
+    untrusted_tenants: Annotated[list[SubjectToken], Meta(max_length=1024)] = []
+    untrusted_tenant_isolation: RuntimeClass = "sandboxed"
+
+    def __post_init__(self) -> None:
+        ids = [k.key_id for k in self.trusted_keys]
+        if len(ids) != len(set(ids)):
+            raise ValueError("trusted key ids must be unique")
+
+
 class PoolShow(_Command, kw_only=True):
     """Ask for every setting in force for a pool."""
 
@@ -565,6 +637,8 @@ PUBLIC_STRUCTS: tuple[type[Struct], ...] = (
     TenantConfig,
     PoolShow,
     PriceListConfig,
+    ImagePolicyConfig,
+    TrustedKey,
     CreditGrant,
     NodeStateChange,
     NodeCapabilitiesSpec,

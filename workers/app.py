@@ -19,6 +19,7 @@ from eventsourcing.persistence import IntegrityError
 from domain.account import Account
 from domain.lease import JobSpec, Lease, LeaseState
 from domain.node import Node
+from domain.policy.images import DEFAULT_ISOLATION_BY_TRUST, ImagePolicy
 from domain.pool import Pool, PoolConfig, PreemptionSettings, PriceList, TenantPolicy
 from domain.resources import LeaseId, NodeId, PoolId, Resources, TenantId
 from schemas import v1
@@ -79,6 +80,20 @@ def pool_config_from_wire(cfg: v1.PoolConfig) -> PoolConfig:
             grace_seconds=cfg.preemption.grace_seconds,
         ),
         aging_seconds_per_rank=cfg.aging_seconds_per_rank,
+    )
+
+
+def image_policy_from_wire(cfg: v1.ImagePolicyConfig) -> ImagePolicy:
+    return ImagePolicy(
+        approved_registries=tuple(cfg.approved_registries),
+        tenant_registries=tuple((t, tuple(rs)) for t, rs in cfg.tenant_registries.items()),
+        trusted_keys=tuple((k.key_id, k.public_key_pem) for k in cfg.trusted_keys),
+        require_signature=cfg.require_signature,
+        max_image_size_bytes=cfg.max_image_size_bytes,
+        isolation_by_trust=tuple({**dict(DEFAULT_ISOLATION_BY_TRUST),
+                                  **cfg.isolation_by_trust}.items()),
+        untrusted_tenants=tuple(cfg.untrusted_tenants),
+        untrusted_tenant_isolation=cfg.untrusted_tenant_isolation,
     )
 
 
@@ -163,6 +178,18 @@ class PoolApp(Application):
         def go() -> Pool:
             pool = self._pool(pl.pool_id)
             pool.set_price_list(prices, now)
+            self.save(pool)
+            return pool
+
+        return self.retrying(go)
+
+    def set_image_policy(self, cfg: v1.ImagePolicyConfig) -> Pool:
+        now = self.clock()
+        policy = image_policy_from_wire(cfg)
+
+        def go() -> Pool:
+            pool = self._pool(cfg.pool_id)
+            pool.set_image_policy(policy, now)
             self.save(pool)
             return pool
 
@@ -258,6 +285,10 @@ class PoolApp(Application):
             return existing  # a retry: same lease, nothing appended
         pool = self._pool(req.pool_id)
         pool.rank_of(req.priority_class)  # an unknown class is refused before anything is written
+        if req.image:  # no node yet: the image, and the isolation the tenant's standing needs
+            pool.admit_image(req.image, signature=req.image_signature,
+                             size_bytes=req.image_size_bytes, tenant=tenant,
+                             isolation=req.shape.runtime)
         lease = Lease.request(
             tenant_id=TenantId(tenant),
             pool_id=PoolId(req.pool_id),
@@ -294,12 +325,29 @@ class PoolApp(Application):
                     command=tuple(job.command),
                     env=tuple(sorted(job.env.items())),
                     checkpoint_interval_seconds=job.checkpoint_policy.interval_seconds,
+                    image_signature=job.image_signature,
+                    image_size_bytes=job.image_size_bytes,
                 )
+            self._admit_job(lease, spec)
             lease.commit(now, spec)
             self.save(lease)
             return lease
 
         return self.retrying(go)
+
+    def _admit_job(self, lease: Lease, spec: JobSpec | None) -> None:
+        """The pool's image policy, checked against the node the lease holds: raises
+        ImageNotAllowed before anything is recorded."""
+        pool = self._pool(lease.pool_id)
+        node = None if lease.node_id is None else self.find(Node, Node.create_id(lease.node_id))
+        pool.admit_image(
+            spec.image if spec is not None else None,
+            signature=spec.image_signature if spec is not None else None,
+            size_bytes=spec.image_size_bytes if spec is not None else None,
+            tenant=lease.tenant_id,
+            node_trust=node.capabilities.trust_level if node is not None else None,
+            isolation=lease.shape.runtime,
+        )
 
     def heartbeat(self, tenant: str, lease_id: str, body: v1.HeartbeatLease) -> Lease:
         def go() -> Lease:
@@ -410,6 +458,8 @@ class PoolApp(Application):
             "config_version": pool.config_version,
             "price_list": pool.price_list.to_dict(),
             "price_list_version": pool.price_list_version,
+            "image_policy": pool.image_policy.to_dict(),
+            "image_policy_version": pool.image_policy_version,
         }
 
 

@@ -241,6 +241,10 @@ def cmd_lease_request(args: argparse.Namespace) -> int:
     }
     if args.image:
         body["image"] = args.image
+    if args.image_signature:
+        body["image_signature"] = args.image_signature
+    if args.image_size is not None:
+        body["image_size_bytes"] = args.image_size
     with _client(args, _tenant(args)) as c:
         return _print_envelope(c.request_lease(body), args.json)
 
@@ -248,7 +252,10 @@ def cmd_lease_request(args: argparse.Namespace) -> int:
 def cmd_lease_verb(args: argparse.Namespace) -> int:
     body: dict[str, Any] = {}
     if args.verb == "commit" and (args.image or args.cmd):
-        body["job"] = {k: v for k, v in (("image", args.image), ("command", args.cmd)) if v}
+        body["job"] = {k: v for k, v in (("image", args.image), ("command", args.cmd),
+                                         ("image_signature", args.image_signature)) if v}
+        if args.image_size is not None:
+            body["job"]["image_size_bytes"] = args.image_size
     if args.verb == "heartbeat":
         body["epoch"] = args.epoch
     if args.verb == "renew":
@@ -341,6 +348,74 @@ def _credits_grant(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
 
     return "credits.grant", {"tenant": args.tenant_id, "amount_microcredits": args.amount,
                              "transfer_id": args.transfer_id or uuid.uuid4().hex}
+
+
+def _pool_images(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """`pool admin pool images`: the whole image policy from flags (keys from PEM files)."""
+    keys = []
+    for spec in args.key_file or ():
+        key_id, sep, path = spec.partition("=")
+        if not sep:
+            key_id, path = Path(spec).stem.lower(), spec
+        try:
+            pem = Path(path).read_text()
+        except OSError as e:
+            raise _Usage(f"cannot read key file {path}: {e.strerror}") from None
+        keys.append({"key_id": key_id, "public_key_pem": pem})
+    tenant_registries: dict[str, list[str]] = {}
+    for spec in args.tenant_registry or ():
+        tenant, sep, registry = spec.partition("=")
+        if not sep:
+            raise _Usage(f"--tenant-registry wants TENANT=REGISTRY, not {spec!r}")
+        tenant_registries.setdefault(tenant, []).append(registry)
+    body: dict[str, Any] = {
+        "pool_id": args.pool_id,
+        "approved_registries": args.registry or ["*"],
+        "tenant_registries": tenant_registries,
+        "trusted_keys": keys,
+        "require_signature": args.require_signature,
+        "untrusted_tenants": args.untrusted_tenant or [],
+        "untrusted_tenant_isolation": args.untrusted_isolation,
+    }
+    if args.max_image_size is not None:
+        body["max_image_size_bytes"] = args.max_image_size
+    if args.isolation:
+        body["isolation_by_trust"] = _kv(args.isolation, str)
+    return "pool.images", body
+
+
+def cmd_image_keygen(args: argparse.Namespace) -> int:
+    """`pool image keygen PREFIX`: PREFIX.key (private, 0600) and PREFIX.pub (public)."""
+    import os
+
+    from domain.policy.images import generate_key_pair
+
+    private_pem, public_pem = generate_key_pair(args.kind)
+    private_path, public_path = Path(f"{args.prefix}.key"), Path(f"{args.prefix}.pub")
+    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(private_pem)
+    public_path.write_text(public_pem)
+    result = {"private_key": str(private_path), "public_key": str(public_path), "kind": args.kind}
+    print(json.dumps({"ok": True, "result": result}) if args.json
+          else f"{private_path}  (private)\n{public_path}  (public: pool admin pool images "
+               f"--key-file {public_path})")
+    return EXIT_OK
+
+
+def cmd_image_sign(args: argparse.Namespace) -> int:
+    """`pool image sign IMAGE --key K.key`: the base64 simple-signing signature."""
+    from domain.policy.images import InvalidReference, sign_image
+
+    try:
+        signature = sign_image(Path(args.key).read_bytes(), args.image)
+    except OSError as e:
+        raise _Usage(f"cannot read key file {args.key}: {e.strerror}") from None
+    except InvalidReference as e:
+        raise _Usage(f"{args.image}: {e}") from None
+    print(json.dumps({"ok": True, "result": {"image": args.image, "signature": signature}})
+          if args.json else signature)
+    return EXIT_OK
 
 
 def cmd_bench_schedule(args: argparse.Namespace) -> int:
@@ -712,6 +787,8 @@ def build_parser() -> argparse.ArgumentParser:
     rq.add_argument("--priority", default="standard", help="priority class")
     rq.add_argument("--key", help="idempotency key (default: a new random one)")
     rq.add_argument("--image", help="image reference, pinned by digest")
+    rq.add_argument("--image-signature", help="base64 signature (`pool image sign`)")
+    rq.add_argument("--image-size", type=int, help="image size in bytes")
     rq.add_argument("--checkpointable", action="store_true")
     rq.set_defaults(func=cmd_lease_request)
     for verb, help_text in (("commit", "confirm a reservation and start its job"),
@@ -727,6 +804,8 @@ def build_parser() -> argparse.ArgumentParser:
         vp.set_defaults(func=cmd_lease_verb, verb=verb)
         if verb == "commit":
             vp.add_argument("--image")
+            vp.add_argument("--image-signature", help="base64 signature (`pool image sign`)")
+            vp.add_argument("--image-size", type=int, help="image size in bytes")
             vp.add_argument("--cmd", nargs="+", help="the job's command")
         vp.add_argument("--epoch", type=int, default=1, help=argparse.SUPPRESS if verb != "heartbeat" else "placement epoch")
         vp.add_argument("--extend-seconds", type=int, default=300, help=argparse.SUPPRESS if verb != "renew" else "seconds")
@@ -754,6 +833,29 @@ def build_parser() -> argparse.ArgumentParser:
     client_opts(show)
     show.add_argument("pool_id")
     show.set_defaults(func=cmd_admin, build=lambda a: ("pool.show", {"pool_id": a.pool_id}))
+    pim = apool.add_parser("images", help="replace the pool's image policy (registries, signing "
+                           "keys, size limit, isolation by trust level)")
+    client_opts(pim)
+    pim.add_argument("pool_id")
+    pim.add_argument("--registry", action="append", metavar="R",
+                     help="approved registry: host[:port], host/repo-prefix or * (repeatable; "
+                     "default *)")
+    pim.add_argument("--tenant-registry", action="append", metavar="TENANT=R",
+                     help="a tenant's own approved registry, instead of the pool's (repeatable)")
+    pim.add_argument("--key-file", action="append", metavar="[ID=]PEM",
+                     help="trusted public key, ECDSA P-256 or Ed25519 (repeatable; id defaults "
+                     "to the file's stem)")
+    pim.add_argument("--require-signature", action="store_true",
+                     help="refuse images without a signature from a trusted key")
+    pim.add_argument("--max-image-size", type=int, metavar="BYTES")
+    pim.add_argument("--isolation", metavar="TRUST=CLASS,…",
+                     help="weakest isolation per node trust level (default "
+                     "trusted=container,marketplace=sandboxed)")
+    pim.add_argument("--untrusted-tenant", action="append", metavar="TENANT",
+                     help="a tenant that needs --untrusted-isolation everywhere (repeatable)")
+    pim.add_argument("--untrusted-isolation", default="sandboxed",
+                     choices=["container", "sandboxed", "microvm", "dedicated-host"])
+    pim.set_defaults(func=cmd_admin, build=_pool_images)
     aten = adm.add_parser("tenant", help="tenant settings").add_subparsers(dest="verb", metavar="VERB")
     aten.required = True
     ts = aten.add_parser("set", help="a tenant's weight and quota in a pool")
@@ -781,6 +883,19 @@ def build_parser() -> argparse.ArgumentParser:
     nc_.add_argument("--rotate", action="store_true", help="replace the password")
     nc_.add_argument("--json", action="store_true")
     nc_.set_defaults(func=cmd_creds, kind="node")
+
+    img = sub.add_parser("image", help="image signing keys and signatures").add_subparsers(
+        dest="verb", metavar="VERB", required=True)
+    ik = img.add_parser("keygen", help="a new signing key pair: PREFIX.key and PREFIX.pub")
+    ik.add_argument("prefix")
+    ik.add_argument("--kind", choices=["ecdsa-p256", "ed25519"], default="ecdsa-p256")
+    ik.add_argument("--json", action="store_true")
+    ik.set_defaults(func=cmd_image_keygen)
+    isg = img.add_parser("sign", help="sign a digest-pinned image (cosign simple signing)")
+    isg.add_argument("image")
+    isg.add_argument("--key", required=True, help="private key PEM (`pool image keygen`)")
+    isg.add_argument("--json", action="store_true")
+    isg.set_defaults(func=cmd_image_sign)
 
     node = sub.add_parser("node", help="node maintenance").add_subparsers(dest="verb", metavar="VERB")
     node.required = True

@@ -194,6 +194,11 @@ class CommandHandler:
                 assert isinstance(pl, v1.PriceListConfig)
                 app.set_prices(pl)
                 return ok(result=app.pool_settings(pl.pool_id))
+            case ["pool", "images"]:
+                ip = decode_command("admin.pool.images", body)
+                assert isinstance(ip, v1.ImagePolicyConfig)
+                app.set_image_policy(ip)
+                return ok(result=app.pool_settings(ip.pool_id))
             case ["tenant", "set"]:
                 tc = decode_command("admin.tenant", body)
                 assert isinstance(tc, v1.TenantConfig)
