@@ -219,7 +219,8 @@ class Agent:
             if verify_for_start is not None:
                 reasons += verify_for_start(
                     a.image_policy, a.job.image, getattr(a.job, "image_signature", None),
-                    getattr(a.job, "image_size_bytes", None), self.trust_level, want)
+                    getattr(a.job, "image_size_bytes", None), self.trust_level, want,
+                    tenant=a.tenant)
         return reasons
 
     def start(self, a: v1.LeaseAssignment, received: float,

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from bus.server import NatsServer
 from domain.errors import ImageNotAllowed, InvalidConfiguration
-from domain.lease import JobSpec
+from domain.lease import JobSpec, Lease
 from domain.policy.images import (
     ImagePolicy,
     InvalidReference,
@@ -30,7 +30,7 @@ from domain.policy.images import (
     verify_for_start,
 )
 from domain.pool import Pool
-from domain.resources import PoolId
+from domain.resources import NodeId, PoolId, Shape, TenantId
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
 from workers.cli import main
 from workers.client import PoolClient
@@ -264,6 +264,9 @@ def test_the_agent_checks_the_shipped_policy_dict() -> None:
     assert verify_for_start(shipped, IMAGE, None, None, "marketplace", "container") == [
         "image_signature_invalid", "runtime_not_allowed"]
     assert ImagePolicy.from_dict(shipped) == signed_policy()
+    assert verify_for_start(shipped, None, None, None, "trusted", "container") == []  # no image
+    assert verify_for_start(shipped, "", None, None, "marketplace", "container") == [
+        "runtime_not_allowed"]
 
 
 @pytest.mark.parametrize("broken", [{"trusted_keys": 5}, {"max_image_size_bytes": "big"},
@@ -314,6 +317,33 @@ def test_a_job_spec_stored_before_signatures_still_loads() -> None:
     spec = JobSpec.from_dict(old)
     assert spec.image_signature is None and spec.image_size_bytes is None
     assert JobSpec.from_dict(spec.to_dict()) == spec
+
+
+def test_the_start_command_carries_the_policy_and_signature_the_agent_checks() -> None:
+    from schemas import v1
+    from schemas.codec import decode
+    from workers.dispatcher import orders_for
+
+    pool = Pool.create(pool_id=PoolId("p"), now=1.0)
+    pool.set_image_policy(signed_policy(untrusted_tenants=("acme",)), 2.0)
+    lease = Lease.request(tenant_id=TenantId("acme"), pool_id=PoolId("p"), idempotency_key="k",
+                          shape=Shape.build(cpu_millis=1000, memory_mib=512, runtime="sandboxed"),
+                          maximum_runtime_seconds=600, now=3.0)
+    lease.queue(4.0)
+    lease.reserve(5.0, node_id=NodeId("n1"), commit_timeout_seconds=30, hold_microcredits=0)
+    lease.commit(6.0, JobSpec(image=IMAGE, command=("true",), image_size_bytes=2**20,
+                              image_signature=sign_image(ED_PRIVATE, IMAGE)))
+    (order,) = orders_for("LeaseCommitted", lease, pool)
+    start = decode(v1.LeaseAssignment, order.body)
+    assert start.image_policy == pool.image_policy.to_dict()
+    assert start.job.image_signature is not None and start.job.image_size_bytes == 2**20
+    verdict = verify_for_start(start.image_policy, start.job.image or "", start.job.image_signature,
+                               start.job.image_size_bytes, "trusted", start.shape.runtime,
+                               tenant=start.tenant)
+    assert verdict == []
+    assert verify_for_start(start.image_policy, start.job.image or "", None, None, "trusted",
+                            "container", tenant=start.tenant) == [
+        "image_signature_invalid", "runtime_not_allowed"]
 
 
 # -- admission through the command service ----------------------------------------------------------

@@ -76,6 +76,7 @@ def orders_for(event_name: str, lease: Lease, pool: Pool | None) -> list[AgentOr
             lease_id=lid, epoch=lease.epoch, shape=wire_shape(lease.requested_shape),
             job=v1.JobSpec(
                 image=spec.image or None, command=list(spec.command), env=dict(spec.env),
+                image_signature=spec.image_signature, image_size_bytes=spec.image_size_bytes,
                 checkpoint_policy=v1.CheckpointPolicy(
                     mode="periodic" if spec.checkpoint_interval_seconds else "none",
                     interval_seconds=spec.checkpoint_interval_seconds),

@@ -26,10 +26,12 @@ SubjectPublicKeyInfo ("-----BEGIN PUBLIC KEY-----"), each under a key id.
 The node agent calls, before it starts a workload (defence in depth; the control plane ships
 the pool's `ImagePolicy.to_dict()` inside the start command):
 
-    verify_for_start(policy: dict, image: str, signature: str | None, size_bytes: int | None,
-                     node_trust: str, isolation: str, tenant: str | None = None) -> list[str]
+    verify_for_start(policy: dict, image: str | None, signature: str | None,
+                     size_bytes: int | None, node_trust: str, isolation: str,
+                     tenant: str | None = None) -> list[str]
 
-`image` and `signature` are the job's, `size_bytes` the size the agent measured after the
+`image` and `signature` are the job's (no image, as for a bare command under the process
+runtime: only the isolation check), `size_bytes` the size the agent measured after the
 pull (None: not known, not checked), `node_trust` the node's trust level ("trusted" or
 "marketplace"), `isolation` the class it is about to run the workload with ("container" <
 "sandboxed" < "microvm" < "dedicated-host"), `tenant` the lease's tenant. An empty list means
@@ -464,7 +466,7 @@ def check_image(
 
 def verify_for_start(
     policy: Mapping[str, Any],
-    image: str,
+    image: str | None,
     signature: str | None,
     size_bytes: int | None,
     node_trust: str,
@@ -479,6 +481,8 @@ def verify_for_start(
         return [IMAGE_POLICY_INVALID]
     if loaded.problems():
         return [IMAGE_POLICY_INVALID]
+    if not image:
+        return check_runtime(loaded, isolation=isolation, node_trust=node_trust, tenant=tenant)
     return check_image(loaded, image, signature, size_bytes, tenant,
                        node_trust=node_trust, isolation=isolation)
 
