@@ -144,6 +144,24 @@ def test_a_node_publishes_telemetry_only_under_its_own_node(
     assert _stored_subjects(service) == [telemetry_subject("p1", "n1", "alpha", "own", "startup")]
 
 
+def test_publishing_with_no_server_neither_raises_nor_blocks() -> None:
+    from bus.server import free_port
+
+    pub = TelemetryPublisher(f"nats://127.0.0.1:{free_port()}")
+    try:
+        started = time.monotonic()
+        for i in range(100):
+            pub.publish(pool="p1", node="n1", tenant="alpha", lease=f"l{i}", kind="utilization",
+                        event=_sample("utilization"))
+        assert time.monotonic() - started < 1.0
+        pub.flush(timeout=1)  # logs, does not raise
+        with pytest.raises(ValueError):  # a programming error is still an error
+            pub.publish(pool="p", node="n", tenant="t", lease="l", kind="bogus",
+                        event=_sample())
+    finally:
+        pub.close()
+
+
 # -- the stream and replay -----------------------------------------------------------------------
 
 
