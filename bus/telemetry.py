@@ -222,7 +222,9 @@ class _OrderedReplay:
         self._stream_seq = 0
         self._last_activity = 0.0
         self._resetting = False
+        self._generation = 0
         self._watchdog: asyncio.Task[None] | None = None
+        self._reset_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self._create()
@@ -252,7 +254,14 @@ class _OrderedReplay:
             **policy,  # type: ignore[arg-type]
         )
         self._consumer_seq = 0
-        self._sub = await self._nc.subscribe(deliver, cb=self._on_message)
+        self._generation += 1
+        generation = self._generation
+
+        async def on_message(msg: Msg) -> None:
+            if generation == self._generation:
+                await self._on_message(msg)  # else: a late delivery of a replaced consumer
+
+        self._sub = await self._nc.subscribe(deliver, cb=on_message)
         self._last_activity = asyncio.get_running_loop().time()
         # nats-py puts the filter in the create subject when the consumer has a name
         await self._nc.jsm().add_consumer(TELEMETRY_STREAM, config=config)
@@ -263,11 +272,11 @@ class _OrderedReplay:
         if headers.get("Status"):  # idle heartbeat: it says the last consumer sequence sent
             last = headers.get("Nats-Last-Consumer")
             if last is not None and int(last) != self._consumer_seq:
-                await self._reset()
+                self._reset_soon()
             return
         meta = msg.metadata
         if meta.sequence.consumer != self._consumer_seq + 1:
-            await self._reset()
+            self._reset_soon()
             return
         self._consumer_seq = meta.sequence.consumer
         self._stream_seq = meta.sequence.stream
@@ -275,8 +284,14 @@ class _OrderedReplay:
             TelemetrySample.from_message(msg.subject, msg.data, headers, meta.sequence.stream)
         )
 
-    async def _reset(self) -> None:
-        if self._resetting:
+    def _reset_soon(self) -> None:
+        # not inline: unsubscribing from inside the subscription's own callback cancels it
+        if not self._resetting:
+            self._resetting = True
+            self._reset_task = asyncio.ensure_future(self._reset(claimed=True))
+
+    async def _reset(self, *, claimed: bool = False) -> None:
+        if self._resetting and not claimed:
             return
         self._resetting = True
         try:
@@ -299,9 +314,10 @@ class _OrderedReplay:
                 await self._reset()
 
     async def stop(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            await asyncio.gather(self._watchdog, return_exceptions=True)
+        for task in (self._watchdog, self._reset_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self._sub is not None:
             try:
                 await self._sub.unsubscribe()
