@@ -288,3 +288,36 @@ def test_pool_telemetry_follow_replays_a_sample_and_ctrl_c_exits_cleanly(tmp_pat
     finally:
         up.send_signal(signal.SIGINT)
         up.wait(30)
+
+
+def test_a_replay_that_misses_a_delivery_recreates_its_consumer_and_loses_nothing(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ordered replay: a gap in consumer sequence (a lost push delivery, simulated by dropping
+    two) recreates the consumer from the next stream sequence; every sample arrives once."""
+    import bus.telemetry as tel
+
+    ensure_all_streams(nats_url)
+    pool = f"gap{time.time_ns()}"  # the session's server is shared: a pool of this test's own
+    pub = TelemetryPublisher(nats_url)
+    for i in range(10):
+        pub.publish(pool=pool, node="n1", tenant="alpha", lease=f"l{i}",
+                    kind="startup", event=_sample())
+    pub.flush()
+    pub.close()
+    original = tel._OrderedReplay._on_message
+    dropped: list[int] = []
+
+    async def lossy(self: Any, msg: Any) -> None:
+        if not (msg.headers or {}).get("Status") and msg.metadata.sequence.consumer in (3, 6) \
+                and len(dropped) < 2:
+            dropped.append(msg.metadata.sequence.stream)
+            return
+        await original(self, msg)
+
+    monkeypatch.setattr(tel._OrderedReplay, "_on_message", lossy)
+    got: list[TelemetrySample] = []
+    follow(nats_url, got.append, since=dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1),
+           max_samples=10, duration_s=20, pool=pool)
+    assert len(dropped) == 2
+    assert [s.lease for s in got] == [f"l{i}" for i in range(10)]
