@@ -212,15 +212,11 @@ class Agent:
         if not any(_stronger_or_equal(have, want) for have in self.runtime.isolation_classes()):
             reasons.append("isolation_unavailable")
         if a.image_policy is not None:
-            try:
-                from domain.policy.images import verify_for_start
-            except ImportError:
-                verify_for_start = None  # type: ignore[assignment]
-            if verify_for_start is not None:
-                reasons += verify_for_start(
-                    a.image_policy, a.job.image, getattr(a.job, "image_signature", None),
-                    getattr(a.job, "image_size_bytes", None), self.trust_level, want,
-                    tenant=a.tenant)
+            from domain.policy.images import verify_for_start
+
+            reasons += verify_for_start(
+                a.image_policy, a.job.image, a.job.image_signature, a.job.image_size_bytes,
+                self.trust_level, want, tenant=a.tenant)
         return reasons
 
     def start(self, a: v1.LeaseAssignment, received: float,
@@ -229,6 +225,7 @@ class Agent:
             lease_id=a.lease_id, epoch=a.epoch, job_number=a.job_number,
             command=tuple(a.job.command), image=a.job.image, env=tuple(a.job.env.items()),
             cpu_millis=a.shape.cpu_millis, memory_mib=max(16, a.shape.memory_mib),
+            max_image_size_bytes=(a.image_policy or {}).get("max_image_size_bytes"),
             gpu_count=a.shape.gpu_count, network_egress=a.shape.network.egress,
             isolation=a.shape.runtime,
             checkpoint_dir=str(self.state_dir / "checkpoints" / a.lease_id),
@@ -354,9 +351,11 @@ class Agent:
     def heartbeat(self) -> dict[str, Any]:
         self._seq += 1
         self._next_beat = self.clock() + self.heartbeat_interval
+        # every workload still present is listed, stopping ones too: an unlisted lease under
+        # reconciliation is taken as gone, so listing one that still runs keeps it held
         beats = [v1.LeaseBeat(lease_id=lid, epoch=r.handle.epoch,
                               last_checkpoint_at=r.last_checkpoint_at)
-                 for lid, r in self.running.items() if not r.stopping]
+                 for lid, r in self.running.items()]
         body = v1.NodeHeartbeat(node_id=self.node_id, seq=self._seq, leases=beats)
         r = self._call("heartbeat", encode(body))
         self.stats.heartbeats += 1

@@ -74,6 +74,7 @@ class ProcessRuntime:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.bwrap = bwrap or shutil.which("bwrap")
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._classes: tuple[str, ...] | None = None
 
     # -- capabilities -----------------------------------------------------------------------
 
@@ -91,7 +92,9 @@ class ProcessRuntime:
         return None
 
     def isolation_classes(self) -> tuple[str, ...]:
-        return ("sandboxed",) if self.available() is None else ()
+        if self._classes is None:  # probed once: starting a sandbox costs a few milliseconds
+            self._classes = ("sandboxed",) if self.available() is None else ()
+        return self._classes
 
     # -- lifecycle --------------------------------------------------------------------------
 

@@ -189,6 +189,16 @@ class ControlLink:
 
         return ack
 
+    def close(self) -> None:
+        """Drop the timer subscription, so the shared connection can drain promptly."""
+        sub, self._due_sub = self._due_sub, None
+        if sub is None or self.rt.closed:
+            return
+        try:
+            self.rt.run(sub.unsubscribe(), timeout=5)
+        except Exception:  # noqa: BLE001 - closing is best effort
+            pass
+
     # -- a small durable position for followers of the log (the dispatcher) ------------------
 
     def load_position(self, name: str) -> int:

@@ -75,6 +75,7 @@ class Node(Aggregate):
         self.last_heartbeat_at = registered_at
         self.state = NodeState.READY
         self.state_reason: str | None = None
+        self.lost_at: float | None = None
         self._allocations: dict[LeaseId, Resources] = {}
         self._allocated = ZERO  # kept in step with _allocations so reads are O(1)
 
@@ -229,6 +230,7 @@ class Node(Aggregate):
         if self.state is N.LOST:
             self.state = N.READY
             self.state_reason = None
+            self.lost_at = None
 
     @event("NodeHeartbeatRecorded")
     def _heartbeat_recorded(self, at: float) -> None:
@@ -257,6 +259,7 @@ class Node(Aggregate):
     @event("NodeLost")
     def _lost(self, at: float, reason: str) -> None:
         self.state, self.state_reason = N.LOST, reason
+        self.lost_at = at
 
 
 def _require_non_negative(resources: Resources, what: str) -> None:

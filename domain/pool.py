@@ -73,6 +73,9 @@ class PoolConfig:
     default_priority_class: str = "default"
     preemption: PreemptionSettings = field(default_factory=PreemptionSettings)
     aging_seconds_per_rank: int = 0  # waiting this long raises effective rank by 1; 0: none
+    node_timeout_seconds: int = 30  # a node silent this long is lost: no new placements
+    # a lost node's leases are released without the agent's word only after this long
+    lost_node_release_seconds: int = 300
 
     def __post_init__(self) -> None:
         classes = tuple(sorted((str(k), int(v)) for k, v in dict(self.priority_classes).items()))
@@ -84,7 +87,8 @@ class PoolConfig:
         if self.packing not in PACKING_POLICIES:
             found.append(f"packing must be one of {', '.join(PACKING_POLICIES)}")
         for name in ("commit_timeout_seconds", "heartbeat_timeout_seconds",
-                     "default_lease_seconds", "maximum_runtime_seconds"):
+                     "default_lease_seconds", "maximum_runtime_seconds",
+                     "node_timeout_seconds", "lost_node_release_seconds"):
             if getattr(self, name) <= 0:
                 found.append(f"{name} must be positive")
         if self.aging_seconds_per_rank < 0:
@@ -108,6 +112,8 @@ class PoolConfig:
             "default_priority_class": self.default_priority_class,
             "preemption": self.preemption.to_dict(),
             "aging_seconds_per_rank": self.aging_seconds_per_rank,
+            "node_timeout_seconds": self.node_timeout_seconds,
+            "lost_node_release_seconds": self.lost_node_release_seconds,
         }
 
     @classmethod
@@ -123,6 +129,8 @@ class PoolConfig:
             default_priority_class=str(d.get("default_priority_class", "default")),
             preemption=PreemptionSettings.from_dict(dict(d.get("preemption", {}))),
             aging_seconds_per_rank=int(d.get("aging_seconds_per_rank", 0)),
+            node_timeout_seconds=int(d.get("node_timeout_seconds", 30)),
+            lost_node_release_seconds=int(d.get("lost_node_release_seconds", 300)),
         )
 
 
@@ -345,13 +353,13 @@ class Pool(Aggregate):
         self.price_list = PriceList.from_dict(price_list)
         self.price_list_version = version
 
-
-# Tenant policy --------------------------------------------------------------------------------
-
     @event("ImagePolicySet")
     def _image_policy_set(self, policy: dict[str, Any], version: int, at: float) -> None:
         self.image_policy = ImagePolicy.from_dict(policy)
         self.image_policy_version = version
+
+
+# Tenant policy --------------------------------------------------------------------------------
 
 
 class TenantPolicy(Aggregate):

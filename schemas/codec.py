@@ -101,6 +101,9 @@ COMMANDS: Final[Mapping[str, CommandSpec]] = {
     "agent.assign": CommandSpec(v1.LeaseAssignment),
     "agent.revoke": CommandSpec(v1.LeaseRevocation),
     "node.stopped": CommandSpec(v1.LeaseStopped),
+    "node.started": CommandSpec(v1.JobStarted),
+    "node.exited": CommandSpec(v1.JobExited),
+    "node.failed": CommandSpec(v1.JobFailed),
     "telemetry": CommandSpec(v1.TelemetryEvent),
     "reply": CommandSpec(v1.Envelope),
 }

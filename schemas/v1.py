@@ -383,6 +383,14 @@ class PoolConfig(_Command, kw_only=True):
     preemption: PreemptionPolicy = msgspec.field(default_factory=PreemptionPolicy)
     # Waiting this long raises a request's effective rank by one; 0 disables aging.
     aging_seconds_per_rank: Annotated[int, Meta(ge=0, le=MAX_RUNTIME_SECONDS)] = 0
+    # A running lease whose agent is silent this long expires (then is reconciled).
+    heartbeat_timeout_seconds: Annotated[int, Meta(ge=1, le=86_400)] = 30
+    # The term a commit grants and a renewal extends by default.
+    default_lease_seconds: Annotated[int, Meta(ge=1, le=MAX_RUNTIME_SECONDS)] = 300
+    # A node whose agent is silent this long is lost: no new placements, leases reconciled.
+    node_timeout_seconds: Annotated[int, Meta(ge=1, le=86_400)] = 30
+    # A lost node's leases are released without the agent's confirmation after this long.
+    lost_node_release_seconds: Annotated[int, Meta(ge=1, le=MAX_RUNTIME_SECONDS)] = 300
 
 
 # Quota keys are domain dimension names: the four scalars or "gpu/<profile>".
@@ -523,12 +531,21 @@ class NodeRegistration(_Command, kw_only=True):
     capabilities: NodeCapabilitiesSpec
 
 
+class LeaseBeat(_Part, kw_only=True):
+    """One lease the agent is running, in its node heartbeat; the epoch fences old placements."""
+
+    lease_id: SubjectToken
+    epoch: Count
+    last_checkpoint_at: UnixSeconds | None = None
+
+
 class NodeHeartbeat(_Command, kw_only=True):
-    """A node agent is alive; it lists the leases it is running so the pool can reconcile."""
+    """A node agent is alive; it lists the leases it runs so the pool can keep each alive, and
+    reconcile the ones it no longer runs. One heartbeat is one atomic save for all of them."""
 
     node_id: SubjectToken
     seq: Count
-    running_leases: Annotated[list[SubjectToken], Meta(max_length=4096)] = []
+    leases: Annotated[list[LeaseBeat], Meta(max_length=4096)] = []
     utilization: Utilization | None = None
 
 
@@ -546,6 +563,11 @@ class LeaseAssignment(_Command, kw_only=True):
     shape: ResourceShape
     job: JobSpec
     deadline_at: UnixSeconds
+    tenant: SubjectToken = "unknown"
+    pool_id: SubjectToken = "unknown"
+    job_number: Annotated[int, Meta(ge=1, le=2**31)] = 1
+    # the pool's image policy in force, so the agent checks the image again before start
+    image_policy: Annotated[dict[str, Any], Meta(max_length=64)] | None = None
 
 
 class LeaseRevocation(_Command, kw_only=True):
@@ -562,6 +584,28 @@ class LeaseStopped(_Command, kw_only=True):
     only then is its capacity returned. The epoch fences a report from an older placement."""
 
     epoch: Count
+
+
+class JobStarted(_Command, kw_only=True):
+    """A node agent reports the lease's current job is running (its process started)."""
+
+    epoch: Count
+    job_number: Annotated[int, Meta(ge=1, le=2**31)] = 1
+    startup_seconds: Annotated[float, Meta(ge=0, le=86_400)] | None = None
+
+
+class JobExited(_Command, kw_only=True):
+    """A node agent reports the lease's current job exited; the lease is released with it."""
+
+    epoch: Count
+    exit_code: Annotated[int, Meta(ge=-(2**31), le=2**31 - 1)]
+
+
+class JobFailed(_Command, kw_only=True):
+    """A node agent reports the job could not run (image refused, start failed, killed)."""
+
+    epoch: Count
+    reason: Reason
 
 
 # -- telemetry and replies ---------------------------------------------------------------------
@@ -647,6 +691,10 @@ PUBLIC_STRUCTS: tuple[type[Struct], ...] = (
     NodeDrain,
     LeaseAssignment,
     LeaseRevocation,
+    LeaseBeat,
+    JobStarted,
+    JobExited,
+    JobFailed,
     LeaseStopped,
     TelemetryEvent,
     ErrorBody,

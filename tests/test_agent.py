@@ -186,6 +186,6 @@ def test_a_node_whose_agent_is_silent_is_lost_and_its_lease_reconciled(
         # and confirms; only then is the lease released and the capacity freed
         wait_for(lambda: state_of(alpha, lid) == "released", timeout=20)
         assert back.agent.stats.started == 0
-        assert not back.agent.running
+        wait_for(lambda: not back.agent.running)
     finally:
         back.stop()

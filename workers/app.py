@@ -17,8 +17,9 @@ from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import IntegrityError
 
 from domain.account import Account
-from domain.lease import JobSpec, Lease, LeaseState
-from domain.node import Node
+from domain.errors import DomainError
+from domain.lease import WORKLOAD_STATES, JobSpec, Lease, LeaseState
+from domain.node import Node, NodeState
 from domain.policy.images import DEFAULT_ISOLATION_BY_TRUST, ImagePolicy
 from domain.pool import Pool, PoolConfig, PreemptionSettings, PriceList, TenantPolicy
 from domain.resources import LeaseId, NodeId, PoolId, Resources, TenantId
@@ -80,6 +81,10 @@ def pool_config_from_wire(cfg: v1.PoolConfig) -> PoolConfig:
             grace_seconds=cfg.preemption.grace_seconds,
         ),
         aging_seconds_per_rank=cfg.aging_seconds_per_rank,
+        heartbeat_timeout_seconds=cfg.heartbeat_timeout_seconds,
+        default_lease_seconds=cfg.default_lease_seconds,
+        node_timeout_seconds=cfg.node_timeout_seconds,
+        lost_node_release_seconds=cfg.lost_node_release_seconds,
     )
 
 
@@ -254,10 +259,30 @@ class PoolApp(Application):
                 "lost": lambda: node.mark_lost(now, reason or "declared_lost"),
             }
             actions[verb]()
-            self.save(node)
+            leases = self._drain_leases(node, now, reason) if verb == "drain" else []
+            self.save(node, *leases)
             return node
 
         return self.retrying(go)
+
+    def _drain_leases(self, node: Node, now: float, reason: str) -> list[Lease]:
+        """A drain winds the node down: each running lease gets a preemption notice with the
+        pool's grace (its deadline) and goes back in the queue to run elsewhere; the agent
+        stops it and the capacity is freed on its confirmation. A lease that may not be
+        preempted is left to finish."""
+        grace = self._pool(node.pool_id).config.preemption.grace_seconds
+        out: list[Lease] = []
+        for lid in node.allocations:
+            lease = self.find(Lease, UUID(lid))
+            if lease is None or lease.state is not LeaseState.RUNNING:
+                continue
+            try:
+                lease.notice_preemption(now, grace_seconds=grace, requeue=True,
+                                        reason=f"drain:{reason}" if reason else "drain")
+            except DomainError:
+                continue
+            out.append(lease)
+        return out
 
     def grant(self, tenant: str, amount: int, transfer_id: str, reason: str = "") -> Account:
         now = self.clock()
@@ -369,18 +394,31 @@ class PoolApp(Application):
 
         return self.retrying(go)
 
-    def _settle(self, lease: Lease, now: float, node_id: str | None = None) -> list[Aggregate]:
+    def _settle(self, lease: Lease, now: float, node_id: str | None = None,
+                cache: dict[UUID, Aggregate] | None = None) -> list[Aggregate]:
         """Free the node and settle the hold for a lease that no longer needs its capacity.
 
         `node_id` names the node it held when the lease no longer does (a preempted lease
-        that was requeued has already forgotten its placement)."""
+        that was requeued has already forgotten its placement). With `cache`, aggregates
+        loaded once are reused, so settling several leases touches one node / account object."""
         out: list[Aggregate] = []
+        cache = {} if cache is None else cache
+
+        def find(cls: type[A], uid: UUID) -> A | None:
+            if uid not in cache:
+                found = self.find(cls, uid)
+                if found is None:
+                    return None
+                cache[uid] = found
+            got = cache[uid]
+            return got if isinstance(got, cls) else None
+
         where = lease.node_id if node_id is None else node_id
         if where is not None:
-            node = self.find(Node, Node.create_id(where))
+            node = find(Node, Node.create_id(where))
             if node is not None and node.free(LeaseId(str(lease.id)), now):
                 out.append(node)
-        acc = self.find(Account, Account.create_id(lease.tenant_id))
+        acc = find(Account, Account.create_id(lease.tenant_id))
         lid = LeaseId(str(lease.id))
         if acc is not None and acc.has_hold(lid):
             pool = self._pool(lease.pool_id)
@@ -444,6 +482,171 @@ class PoolApp(Application):
             others = [] if lease.holds_capacity else self._settle(lease, now, node_id)
             self.save(lease, *others)
             return lease
+
+        return self.retrying(go)
+
+    def register_own_node(self, node_id: str, reg: v1.NodeRegistration) -> Node:
+        """An agent (re)registers; it may speak only for the node its subject names."""
+        if reg.node_id != node_id:
+            raise UnknownNode(f"agent of node {node_id!r} cannot register {reg.node_id!r}")
+        return self.register_node(reg)
+
+    def node_heartbeat(self, node_id: str, hb: v1.NodeHeartbeat) -> dict[str, Any]:
+        """The node and every lease it runs are alive: ONE save for all of them. Returns, per
+        lease, whether it is still live here, so the agent stops what must not run."""
+
+        def go() -> dict[str, Any]:
+            now = self.clock()
+            node = self.find(Node, Node.create_id(node_id))
+            if node is None or hb.node_id != node_id:
+                raise UnknownNode(f"no node {node_id!r}; register first")
+            changed: list[Aggregate] = []
+            if node.state is NodeState.LOST:
+                return {"node_state": str(node.state), "register": True, "leases": {}}
+            node.heartbeat(now)
+            changed.append(node)
+            leases: dict[str, dict[str, Any]] = {}
+            for beat in hb.leases:
+                leases[beat.lease_id] = self._beat(node_id, beat, now, changed)
+            # a lease being reconciled that the agent no longer runs is confirmed stopped: the
+            # heartbeat lists every workload the agent has, adopted ones included
+            cache: dict[UUID, Aggregate] = {node.id: node}
+            for lid in list(node.allocations):
+                if lid in leases:
+                    continue
+                lease = self.find(Lease, UUID(lid))
+                if lease is not None and lease.state in (LeaseState.EXPIRED,
+                                                         LeaseState.RECONCILING):
+                    lease.confirm_stopped(now)
+                    changed += [lease, *self._settle(lease, now, node_id, cache)]
+                    leases[lid] = {"live": False, "state": str(lease.state),
+                                   "code": "reconciled"}
+            self.save(*list({a.id: a for a in changed}.values()))
+            return {"node_state": str(node.state), "leases": leases}
+
+        return self.retrying(go)
+
+    def _beat(self, node_id: str, beat: v1.LeaseBeat, now: float,
+              changed: list[Aggregate]) -> dict[str, Any]:
+        try:
+            lease = self._node_lease(node_id, beat.lease_id)
+        except UnknownLease:
+            return {"live": False, "code": "lease_not_found"}
+        if lease.epoch != beat.epoch or lease.state not in WORKLOAD_STATES:
+            # an older placement, or a lease that ended or expired: fenced, the work must stop
+            return {"live": False, "state": str(lease.state), "epoch": lease.epoch,
+                    "code": "stale_epoch" if lease.epoch != beat.epoch else "lease_not_live"}
+        try:
+            lease.heartbeat(now, epoch=beat.epoch, checkpoint_at=beat.last_checkpoint_at)
+        except DomainError as e:
+            return {"live": False, "state": str(lease.state), "code": e.code}
+        changed.append(lease)
+        return {"live": True, "state": str(lease.state), "deadline": lease.deadline}
+
+    def job_started(self, node_id: str, lease_id: str, body: v1.JobStarted) -> Lease:
+        def go() -> Lease:
+            lease = self._node_lease(node_id, lease_id)
+            lease.job_started(self.clock(), epoch=body.epoch)
+            self.save(lease)
+            return lease
+
+        return self.retrying(go)
+
+    def job_ended(self, node_id: str, lease_id: str, *, epoch: int,
+                  exit_code: int | None = None, failure: str | None = None) -> Lease:
+        """The job's process is gone. A running lease is released with its exit code; a lease
+        on its way out (stopping, preempting, expired, reconciling) is confirmed stopped. Node
+        freed and hold settled in the same save."""
+
+        def go() -> Lease:
+            now = self.clock()
+            lease = self._node_lease(node_id, lease_id)
+            if (lease.job is not None and lease.job.is_active
+                    and lease.state in WORKLOAD_STATES):
+                if failure is not None:
+                    lease.job_failed(now, epoch=epoch, reason=failure)
+                else:
+                    assert exit_code is not None
+                    lease.job_exited(now, epoch=epoch, exit_code=exit_code)
+            if lease.state is LeaseState.RUNNING:
+                lease.release(now, exit_code, epoch=epoch)
+            else:
+                lease.confirm_stopped(now, epoch=epoch)
+            others = [] if lease.holds_capacity else self._settle(lease, now, node_id)
+            self.save(lease, *others)
+            return lease
+
+        return self.retrying(go)
+
+    def reconcile_due(self, lease_id: str) -> str | None:
+        """A lease's deadline timer fired: void an uncommitted reservation (capacity and hold
+        returned) or expire a silent lease into `reconciling` (capacity kept until the agent
+        confirms). Returns what was done, or None when nothing was due (a renewed lease)."""
+
+        def go() -> str | None:
+            now = self.clock()
+            try:
+                lease = self.find(Lease, UUID(lease_id))
+            except ValueError:
+                return None
+            if lease is None:
+                return None
+            reason = lease.expiry_due(now)
+            if reason is None:
+                return None
+            if lease.state is LeaseState.RESERVED:
+                lease.void_reservation(now)
+                self.save(lease, *self._settle(lease, now))
+                return "voided"
+            lease.expire(now, reason)
+            lease.begin_reconciliation(now)
+            self.save(lease)
+            return f"expired:{reason}"
+
+        return self.retrying(go)
+
+    def node_due(self, node_id: str) -> list[str]:
+        """A node's liveness timer fired: a node silent past the pool's node timeout is lost and
+        its leases expire into reconciliation; once lost past `lost_node_release_seconds`, its
+        reconciling leases are released without the agent's word. Returns what changed."""
+
+        def go() -> list[str]:
+            now = self.clock()
+            node = self.find(Node, Node.create_id(node_id))
+            if node is None:
+                return []
+            cfg = self._pool(node.pool_id).config
+            done: list[str] = []
+            changed: list[Aggregate] = []
+            if node.state is not NodeState.LOST:
+                if not node.heartbeat_stale(now, cfg.node_timeout_seconds):
+                    return []
+                node.mark_lost(now, "heartbeat_lost")
+                changed.append(node)
+                done.append("node_lost")
+                for lid in list(node.allocations):
+                    lease = self.find(Lease, UUID(lid))
+                    if lease is not None and lease.state in WORKLOAD_STATES:
+                        lease.expire(now, "node_lost")
+                        lease.begin_reconciliation(now)
+                        changed.append(lease)
+                        done.append(f"reconciling:{lid}")
+                    elif lease is not None and lease.state is LeaseState.EXPIRED:
+                        lease.begin_reconciliation(now)
+                        changed.append(lease)
+            elif now - (node.lost_at or now) >= cfg.lost_node_release_seconds:
+                cache: dict[UUID, Aggregate] = {node.id: node}
+                for lid in list(node.allocations):
+                    lease = self.find(Lease, UUID(lid))
+                    if lease is None or lease.state not in (LeaseState.RECONCILING,
+                                                            LeaseState.EXPIRED):
+                        continue
+                    lease.confirm_stopped(now)
+                    changed += [lease, *self._settle(lease, now, node_id, cache)]
+                    done.append(f"released:{lid}")
+            if changed:
+                self.save(*list({a.id: a for a in changed}.values()))
+            return done
 
         return self.retrying(go)
 

@@ -324,6 +324,10 @@ def _pool_set(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     body: dict[str, Any] = {"pool_id": args.pool_id, "packing": args.packing,
                             "commit_timeout_seconds": args.commit_timeout,
                             "aging_seconds_per_rank": args.aging,
+                            "heartbeat_timeout_seconds": args.heartbeat_timeout,
+                            "default_lease_seconds": args.lease_term,
+                            "node_timeout_seconds": args.node_timeout,
+                            "lost_node_release_seconds": args.lost_node_release,
                             "preemption": {"enabled": args.preemption,
                                            "min_runtime_seconds": args.min_runtime,
                                            "grace_seconds": args.grace}}
@@ -627,6 +631,91 @@ def _format_sample(sample: Any) -> str:
             f"{sample.tenant}/{sample.lease}  {' '.join(details)}").rstrip()
 
 
+def cmd_agent_run(args: argparse.Namespace) -> int:
+    """`pool agent run`: this machine as a node of a pool, until Ctrl-C."""
+    import logging
+    import os
+
+    from agents.agent import Agent
+    from agents.probe import Reserve, probe_node
+    from bus.agentbus import AgentLink
+    from bus.auth import url_with_credentials
+    from bus.errors import BusError
+    from workers import embedded
+
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    labels = dict(kv.split("=", 1) for kv in args.labels.split(",") if "=" in kv) \
+        if args.labels else {}
+    state = Path(args.state_dir or os.path.join(os.environ.get("POOL_HOME", ".pool"),
+                                                "agents", args.node_id))
+    if args.runtime == "docker":
+        from agents.runtime_docker import DockerRuntime
+
+        runtime: Any = DockerRuntime(state, node_id=args.node_id)
+        why = runtime.available()
+        if why is not None:
+            return _fail(why, "runtime_unavailable", as_json=args.json)
+    else:
+        from agents.runtime_process import ProcessRuntime
+
+        runtime = ProcessRuntime(state)
+        why = runtime.available()
+        if why is not None:
+            return _fail(why, "runtime_unavailable", as_json=args.json)
+    url = getattr(args, "nats_url", None)
+    if not url:
+        plain = embedded.endpoints()[0]
+        if not plain:
+            return _fail("no NATS server: run `pool up` first, or set POOL_NATS_URL / "
+                         "--nats-url", "bus_unavailable", as_json=args.json)
+        auth = embedded.local_auth()
+        url = plain if auth is None else url_with_credentials(
+            plain, embedded.add_node(args.node_id))
+    probe = probe_node(state if state.exists() else Path("."))
+    if probe.gpus.note:
+        print(f"pool agent: {probe.gpus.note}", file=sys.stderr)
+    try:
+        link = AgentLink(url, args.node_id).connect()
+    except BusError as e:
+        return _fail(str(e), e.code, as_json=args.json)
+    agent = Agent(link, runtime, node_id=args.node_id, pool_id=args.pool, probe=probe,
+                  state_dir=state, labels=labels, trust_level=args.trust,
+                  reserve=Reserve(cpu_millis=args.reserve_cpu_millis,
+                                  memory_mib=args.reserve_memory_mib),
+                  heartbeat_interval=args.heartbeat_interval)
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    caps = agent.capabilities()
+    if args.json:
+        print(json.dumps({"ok": True, "result": {"node_id": args.node_id, "pool_id": args.pool,
+                                                 "capabilities": caps,
+                                                 "gpus": probe.gpus.to_dict()}}), flush=True)
+    else:
+        print(f"agent {args.node_id} in pool {args.pool}: runtime {runtime.name} "
+              f"({', '.join(runtime.isolation_classes()) or 'no isolation class'}), "
+              f"allocatable {json.dumps(caps['allocatable'])}; Ctrl-C to stop", flush=True)
+    try:
+        agent.run(stop)
+    finally:
+        link.close()
+    print(f"agent stopped: {agent.stats.started} started, {len(agent.running)} still running "
+          "(re-adopted on the next start)", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_agent_probe(args: argparse.Namespace) -> int:
+    """`pool agent probe`: what this node would offer, without joining a pool."""
+    from agents.probe import Reserve, probe_node
+
+    probe = probe_node(".")
+    caps = probe.capabilities(reserve=Reserve(), runtimes=(), labels={})
+    out = {"capabilities": caps, "gpus": probe.gpus.to_dict()}
+    print(json.dumps(out, indent=None if args.json else 2))
+    return EXIT_OK
+
+
 def cmd_telemetry_follow(args: argparse.Namespace) -> int:
     import os
 
@@ -828,6 +917,14 @@ def build_parser() -> argparse.ArgumentParser:
         ps.add_argument("--preemption", action="store_true", help="allow preemption")
         ps.add_argument("--min-runtime", type=int, default=0, help="victims' minimum runtime")
         ps.add_argument("--grace", type=int, default=30, help="preemption grace seconds")
+        ps.add_argument("--heartbeat-timeout", type=int, default=30,
+                        help="seconds a running lease may go without a heartbeat")
+        ps.add_argument("--lease-term", type=int, default=300,
+                        help="seconds a commit or renewal grants by default")
+        ps.add_argument("--node-timeout", type=int, default=30,
+                        help="seconds of agent silence before a node is lost")
+        ps.add_argument("--lost-node-release", type=int, default=300,
+                        help="seconds after which a lost node's leases are released")
         ps.set_defaults(func=cmd_admin, build=_pool_set)
     show = apool.add_parser("show", help="every setting in force")
     client_opts(show)
@@ -955,6 +1052,31 @@ def build_parser() -> argparse.ArgumentParser:
     ac.add_argument("--no-views", action="store_true", help="skip the balance view cross-check")
     db_opts(ac)
     ac.set_defaults(func=cmd_audit_credits)
+    agp = sub.add_parser("agent", help="run this machine as a node").add_subparsers(
+        dest="verb", metavar="VERB")
+    agp.required = True
+    ar = agp.add_parser("run", help="join a pool and run the leases placed on this node",
+                        description="Probe this machine (CPU, memory, disk, GPUs via NVML), "
+                        "register it, run committed leases' jobs in the chosen runtime, "
+                        "heartbeat them, and report exits; re-adopts its workloads on restart.")
+    ar.add_argument("--node-id", required=True, help="this node's stable id")
+    ar.add_argument("--pool", default="default", help="pool to join (default: default)")
+    ar.add_argument("--runtime", choices=["process", "docker"], default="process",
+                    help="process: bubblewrap sandbox (default); docker: the Docker engine")
+    ar.add_argument("--labels", help="k=v,… (zone, region and failure_domain are traits)")
+    ar.add_argument("--trust", choices=["trusted", "marketplace"], default="trusted")
+    ar.add_argument("--state-dir", help="pid files and checkpoints "
+                    "(default $POOL_HOME/agents/NODE)")
+    ar.add_argument("--heartbeat-interval", type=float, default=2.0, help="seconds")
+    ar.add_argument("--reserve-cpu-millis", type=int, default=500)
+    ar.add_argument("--reserve-memory-mib", type=int, default=1024)
+    ar.add_argument("--nats-url", help="NATS URL (default: this machine's `pool up`)")
+    ar.add_argument("--verbose", "-v", action="store_true")
+    ar.add_argument("--json", action="store_true", help="print the capabilities as JSON")
+    ar.set_defaults(func=cmd_agent_run)
+    apr = agp.add_parser("probe", help="print what this node would offer, and its GPUs")
+    apr.add_argument("--json", action="store_true")
+    apr.set_defaults(func=cmd_agent_probe)
     tel = sub.add_parser("telemetry", help="samples from node agents").add_subparsers(
         dest="verb", metavar="VERB", required=True)
     tf = tel.add_parser("follow", help="print telemetry live; with --since, replay it first")

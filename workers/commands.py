@@ -25,10 +25,12 @@ log = logging.getLogger(__name__)
 LEASE_VERBS = ("commit", "heartbeat", "renew", "release", "cancel", "get")
 NODE_VERBS = ("cordon", "drain", "maintenance", "uncordon", "end-maintenance", "lost")
 # one subscription per verb: `why` is answered by the scheduler, which holds the reasons
-NODE_LEASE_VERBS = ("stopped",)
-# node agents report on `pool.node.<node>.lease.<lease>.<verb>` (their credentials allow
-# publishing only under their own node); the same command worker answers them
-NODE_SUBJECTS = [f"pool.node.*.lease.*.{v}" for v in NODE_LEASE_VERBS]
+NODE_LEASE_VERBS = ("stopped", "started", "exited", "failed")
+NODE_REPORTS = ("register", "heartbeat")
+# node agents report on `pool.node.<node>.lease.<lease>.<verb>` and `pool.node.<node>.<report>`
+# (their credentials allow publishing only under their own node); the command worker answers
+NODE_SUBJECTS = ([f"pool.node.*.lease.*.{v}" for v in NODE_LEASE_VERBS]
+                 + [f"pool.node.*.{r}" for r in NODE_REPORTS])
 COMMAND_SUBJECTS = (
     ["pool.cmd.*.lease.request"]
     + [f"pool.cmd.*.lease.*.{v}" for v in LEASE_VERBS]
@@ -127,6 +129,8 @@ class CommandHandler:
         if (parts[:2] == ["pool", "node"] and len(parts) == 6 and parts[3] == "lease"
                 and parts[5] in NODE_LEASE_VERBS):
             return self.node_lease_verb(parts[2], parts[4], parts[5], body)
+        if parts[:2] == ["pool", "node"] and len(parts) == 4 and parts[3] in NODE_REPORTS:
+            return self.node_report(parts[2], parts[3], body)
         if parts[:2] == ["pool", "admin"]:
             return self.admin(parts[2:], body)
         if parts[:2] == ["pool", "cmd"] and len(parts) == 5 and parts[3] == "query":
@@ -174,8 +178,28 @@ class CommandHandler:
 
     def node_lease_verb(self, node_id: str, lease_id: str, verb: str, body: bytes) -> bytes:
         cmd = decode_command(f"node.{verb}", body)
-        assert isinstance(cmd, v1.LeaseStopped)
-        return ok(lease=lease_view(self.app.confirm_stopped(node_id, lease_id, cmd)))
+        app = self.app
+        if isinstance(cmd, v1.LeaseStopped):
+            lease = app.confirm_stopped(node_id, lease_id, cmd)
+        elif isinstance(cmd, v1.JobStarted):
+            lease = app.job_started(node_id, lease_id, cmd)
+        elif isinstance(cmd, v1.JobExited):
+            lease = app.job_ended(node_id, lease_id, epoch=cmd.epoch, exit_code=cmd.exit_code)
+        else:
+            assert isinstance(cmd, v1.JobFailed)
+            lease = app.job_ended(node_id, lease_id, epoch=cmd.epoch, failure=cmd.reason)
+        return ok(lease=lease_view(lease))
+
+    def node_report(self, node_id: str, report: str, body: bytes) -> bytes:
+        """An agent's registration or heartbeat, for the node its subject names only."""
+        if report == "register":
+            reg = decode_command("agent.register", body)
+            assert isinstance(reg, v1.NodeRegistration)
+            node = self.app.register_own_node(node_id, reg)
+            return ok(result={"node_id": node.node_id, "state": str(node.state)})
+        hb = decode_command("agent.heartbeat", body)
+        assert isinstance(hb, v1.NodeHeartbeat)
+        return ok(result=self.app.node_heartbeat(node_id, hb))
 
     def admin(self, path: list[str], body: bytes) -> bytes:
         app = self.app

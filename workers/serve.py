@@ -24,6 +24,8 @@ from workers.commands import (
     failure,
     ok,
 )
+from bus.agentbus import ControlLink
+from workers.dispatcher import Dispatcher, Reconciler, run_loop
 from workers.projector import Projector
 from workers.scheduler import Scheduler
 
@@ -54,7 +56,7 @@ class ControlPlane:
 
     def __init__(self, nats_url: str, *, clock: Callable[[], float] = time.time,
                  run_scheduler: bool = True, leader_ttl_seconds: float = 3.0,
-                 database_url: str | None = None) -> None:
+                 database_url: str | None = None, data_plane: bool = True) -> None:
         self.nats_url = nats_url
         self.app = PoolApp(env=app_env(nats_url), clock=clock)
         self.scheduler = Scheduler(PoolApp(env=app_env(nats_url), clock=clock), clock=clock)
@@ -65,6 +67,13 @@ class ControlPlane:
                                 queue="pool-commands")
         self.projector = Projector(nats_url, database_url) if database_url else None
         self.run_scheduler = run_scheduler
+        # the data plane's side: agent orders and durable deadline timers
+        self.data_plane = data_plane
+        self.link = ControlLink(nats_url) if data_plane else None
+        self.dispatcher = (Dispatcher(PoolApp(env=app_env(nats_url), clock=clock), self.link)
+                           if self.link is not None else None)
+        self.reconciler = (Reconciler(self.app, self.link) if self.link is not None else None)
+        self._workers: list[threading.Thread] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._why_lock = threading.Lock()
@@ -98,9 +107,29 @@ class ControlPlane:
                     pass
                 self._stop.wait(0.2)
 
+    def _dispatch(self) -> None:
+        assert self.dispatcher is not None
+        while not self._stop.is_set():
+            if self.election is not None and not self.election.is_leader:
+                self._stop.wait(0.2)  # only the active scheduler's plane sends orders
+                continue
+            run_loop(self.dispatcher.step, self._stop, name="dispatcher",
+                     until=(lambda: self.election is not None and not self.election.is_leader))
+
     def start(self) -> ControlPlane:
         if self.projector is not None:
             self.projector.start()
+        if self.link is not None:
+            self.link.ensure_streams()
+            assert self.reconciler is not None
+            self._workers = [
+                threading.Thread(target=self._dispatch, name="pool-dispatcher", daemon=True),
+                threading.Thread(target=run_loop, name="pool-reconciler", daemon=True,
+                                 args=(self.reconciler.step, self._stop),
+                                 kwargs={"idle": 0.0, "name": "reconciler"}),
+            ]
+            for t in self._workers:
+                t.start()
         self.commands.start()
         if self.election is None:
             self._serve_why(True)
@@ -115,6 +144,10 @@ class ControlPlane:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)
+        for t in self._workers:
+            t.join(10)
+        if self.link is not None:
+            self.link.close()
         if self.election is not None:
             self.election.stop(release=True)
         self.commands.stop()
