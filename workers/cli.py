@@ -435,6 +435,17 @@ def cmd_bench_schedule(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_bench_agent(args: argparse.Namespace) -> int:
+    from workers.bench_agent import run_agent_bench
+
+    result = run_agent_bench(
+        starts=args.starts, quick=args.quick,
+        progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)))
+    print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json
+          else result["table"])
+    return EXIT_OK
+
+
 def cmd_bench_projections(args: argparse.Namespace) -> int:
     from projections.embedded import reachable_database_url
     from workers import embedded
@@ -829,6 +840,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="500 nodes, 3,000 backlog requests, 500/s for 3 s")
     sb.add_argument("--json", action="store_true")
     sb.set_defaults(func=cmd_bench_schedule)
+    ba = bench.add_parser("agent", help="start overhead: start command → workload running, "
+                          "process and docker runtimes, next to a plain docker run")
+    ba.add_argument("--starts", type=int, default=30, help="starts per runtime")
+    ba.add_argument("--quick", action="store_true", help="5 starts per runtime")
+    ba.add_argument("--json", action="store_true")
+    ba.set_defaults(func=cmd_bench_agent)
     bp = bench.add_parser("projections", help="events/s into the PostgreSQL views, lag, "
                           "rebuild time and credit-audit replay rate")
     bp.add_argument("--events", type=int, default=None,
