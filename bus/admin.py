@@ -12,26 +12,34 @@ import nats
 from nats.errors import Error as NatsError
 
 from bus.errors import BusUnavailable
+from bus.runtime import servers
 from bus.subjects import EVENTS_STREAM
 
 
 async def _connect(url: str) -> Any:
     try:
-        return await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
+        return await nats.connect(servers(url), connect_timeout=5, max_reconnect_attempts=0)
     except (NatsError, OSError) as e:
         raise BusUnavailable(f"cannot reach NATS at {url}: {e}") from e
 
 
 def ensure_all_streams(url: str, *, replicas: int = 1) -> None:
-    """Create or update every stream the control plane uses."""
+    """Create or update every stream the system uses at `replicas`: the event log, the agent
+    work queue, the timers with the reconciler's durable consumer, telemetry and the leader
+    bucket. An existing stream with more replicas keeps them (no implicit scale-down)."""
+    from bus.agentbus import ensure_data_plane_streams
+    from bus.leader import ensure_leader_bucket
     from bus.streams import ensure_event_stream
     from bus.telemetry import ensure_telemetry_stream
 
     async def go() -> None:
         nc = await _connect(url)
         try:
-            await ensure_event_stream(nc.jetstream(), replicas=replicas)
-            await ensure_telemetry_stream(nc.jetstream(), replicas=replicas)
+            js = nc.jetstream()
+            await ensure_event_stream(js, replicas=replicas)
+            await ensure_data_plane_streams(js, replicas=replicas)
+            await ensure_telemetry_stream(js, replicas=replicas)
+            await ensure_leader_bucket(js, replicas=replicas)
         finally:
             await nc.close()
 
@@ -72,7 +80,7 @@ def can_connect(url: str, *, user: str, password: str, timeout: float = 2.0) -> 
 
     async def go() -> bool:
         try:
-            nc = await nats.connect(url, user=user, password=password,
+            nc = await nats.connect(servers(url), user=user, password=password,
                                     connect_timeout=max(1, int(timeout)),
                                     max_reconnect_attempts=0, allow_reconnect=False,
                                     error_cb=_quiet)

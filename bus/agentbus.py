@@ -33,7 +33,7 @@ from nats.js.api import (
 from nats.js.errors import BadRequestError, NotFoundError
 
 from bus.errors import BusTimeout, BusUnavailable
-from bus.runtime import BusRuntime, get_runtime
+from bus.runtime import BusRuntime, get_runtime, servers
 from bus.service import _LoopThread
 from bus.subjects import AGENT_STREAM, SCHEDULE_STREAM, token
 from bus.streams import DUPLICATE_WINDOW_S, ensure_stream
@@ -261,7 +261,7 @@ class AgentLink:
     def connect(self) -> AgentLink:
         async def go() -> None:
             self._nc = await nats.connect(
-                self.url, connect_timeout=5, inbox_prefix=f"_INBOX_{self.node}",
+                servers(self.url), connect_timeout=5, inbox_prefix=f"_INBOX_{self.node}",
                 max_reconnect_attempts=-1, reconnect_time_wait=0.5, error_cb=_quiet,
             )
 

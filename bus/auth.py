@@ -172,7 +172,10 @@ def write_server_include(auth: AuthConfig, path: Path) -> None:
 
 
 def url_with_credentials(url: str, creds: Credentials) -> str:
-    """`nats://user:password@host:port` (nats-py takes credentials from the URL)."""
+    """`nats://user:password@host:port` (nats-py takes credentials from the URL); a
+    comma-separated URL (the servers of a cluster) gets them on every server."""
+    if "," in url:
+        return ",".join(url_with_credentials(u.strip(), creds) for u in url.split(",") if u.strip())
     parts = urlsplit(url)
     host = parts.hostname or "127.0.0.1"
     netloc = f"{quote(creds.user, safe='')}:{quote(creds.password, safe='')}@{host}"
@@ -183,6 +186,8 @@ def url_with_credentials(url: str, creds: Credentials) -> str:
 
 def redact(url: str) -> str:
     """`url` without its password, for printing."""
+    if "," in url:
+        return ",".join(redact(u.strip()) for u in url.split(",") if u.strip())
     parts = urlsplit(url)
     if parts.password is None:
         return url

@@ -19,13 +19,14 @@ from typing import Any
 import nats
 from nats.js.api import StorageType, StreamConfig
 
+from bus.runtime import servers
 from bus.server import NatsServer
 
 ROUNDS = 3
 
 
 async def _raw_rates(url: str, messages: int, batch_sizes: tuple[int, ...]) -> dict[str, float]:
-    nc = await nats.connect(url)
+    nc = await nats.connect(servers(url))
     js = nc.jetstream()
     stream = f"BENCH_{uuid.uuid4().hex[:8].upper()}"
     await js.add_stream(
@@ -91,7 +92,7 @@ def raw_atomic_rate(url: str, *, rounds: int = ROUNDS, batches: int = 5, size: i
     """Median msgs/s of `size`-message atomic batches into a stream of its own (not the log)."""
 
     async def go() -> float:
-        nc = await nats.connect(url)
+        nc = await nats.connect(servers(url))
         js = nc.jetstream()
         stream = f"RAW_{uuid.uuid4().hex[:8].upper()}"
         await js.add_stream(StreamConfig(name=stream, subjects=[f"raw.{stream}.>"],

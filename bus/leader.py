@@ -44,6 +44,7 @@ keeper is a daemon thread (so `on_change` may call back into sync bus APIs).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import threading
@@ -61,6 +62,24 @@ from bus.runtime import BusRuntime, get_runtime
 log = logging.getLogger(__name__)
 
 DEFAULT_BUCKET = "pool_leaders"
+DEFAULT_TTL_SECONDS = 3.0  # the control plane's election TTL (ControlPlane's leader_ttl_seconds)
+
+
+async def ensure_leader_bucket(js: Any, *, replicas: int = 1, bucket: str = DEFAULT_BUCKET,
+                               ttl_seconds: float = DEFAULT_TTL_SECONDS) -> None:
+    """Create the leader bucket ahead of any election, at `replicas` (a cluster's R3), or raise
+    an existing one's replica count to `replicas`; its TTL is left as it is."""
+    try:
+        si = await js.stream_info(f"KV_{bucket}")
+    except nats.js.errors.NotFoundError:
+        try:
+            await js.create_key_value(api.KeyValueConfig(bucket=bucket, history=1,
+                                                         ttl=ttl_seconds, replicas=replicas))
+        except nats.js.errors.BadRequestError:
+            pass  # created concurrently: an election got there first
+        return
+    if (si.config.num_replicas or 1) < replicas:
+        await js.update_stream(dataclasses.replace(si.config, num_replicas=replicas))
 
 
 class LeaderBucketMismatch(BusError):

@@ -65,6 +65,11 @@ def translate(exc: BaseException) -> BaseException:
     return exc
 
 
+def servers(url: str) -> list[str]:
+    """`url` as nats-py's server list: a comma-separated URL names the servers of one cluster."""
+    return [u.strip() for u in url.split(",") if u.strip()]
+
+
 class BusRuntime:
     """An event loop on a daemon thread holding one nats-py connection to `url`.
 
@@ -100,7 +105,7 @@ class BusRuntime:
         async with self._connect_lock:
             if self._nc is None or self._nc.is_closed:
                 self._nc = await nats.connect(
-                    self.url,
+                    servers(self.url),
                     connect_timeout=int(self._connect_timeout) or 1,
                     # keep reconnecting across a server restart rather than failing every call
                     max_reconnect_attempts=-1,

@@ -20,6 +20,7 @@ from opentelemetry import propagate
 from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
 
 from bus.errors import BusTimeout, BusUnavailable
+from bus.runtime import servers
 
 T = TypeVar("T")
 
@@ -55,7 +56,7 @@ class _LoopThread:
 
 async def _connect(url: str, **options: Any) -> Any:
     try:
-        return await nats.connect(url, connect_timeout=5, **options)
+        return await nats.connect(servers(url), connect_timeout=5, **options)
     except (NatsError, OSError) as e:
         raise BusUnavailable(f"cannot reach NATS at {url}: {e}") from e
 

@@ -5,6 +5,8 @@ Streams are created or updated idempotently, so every process may call these at 
 
 from __future__ import annotations
 
+import dataclasses
+
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
@@ -38,13 +40,19 @@ def event_stream_config(*, replicas: int = 1, name: str = EVENTS_STREAM) -> Stre
 
 
 async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
-    """Create `config.name`, or update it in place when it already exists."""
+    """Create `config.name`, or update it in place when it already exists.
+
+    An update never lowers the replica count: every process ensures its streams at start-up
+    with its own default (1), and must not shrink the cluster's R3 streams to one copy."""
     assert config.name
     try:
-        await js.stream_info(config.name)
+        info = await js.stream_info(config.name)
     except NotFoundError:
         await js.add_stream(config)
         return
+    existing = info.config.num_replicas or 1
+    if (config.num_replicas or 1) < existing:
+        config = dataclasses.replace(config, num_replicas=existing)
     await js.update_stream(config)
 
 

@@ -36,7 +36,7 @@ from nats.js.api import (
 from nats.nuid import NUID
 
 from bus.errors import BusUnavailable, PermissionDenied
-from bus.runtime import BusRuntime, translate
+from bus.runtime import BusRuntime, servers, translate
 from bus.streams import ensure_stream
 from bus.subjects import TELEMETRY_PREFIX, TELEMETRY_STREAM, telemetry_subject, token
 from schemas import v1
@@ -442,7 +442,7 @@ def follow(
         if inbox_prefix:
             options["inbox_prefix"] = inbox_prefix.encode()
         try:
-            nc = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=-1,
+            nc = await nats.connect(servers(url), connect_timeout=5, max_reconnect_attempts=-1,
                                     reconnect_time_wait=0.5, error_cb=on_error, **options)
         except (nats.errors.Error, OSError) as e:
             raise BusUnavailable(f"cannot reach NATS: {e}") from e
