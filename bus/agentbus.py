@@ -36,12 +36,13 @@ from bus.errors import BusTimeout, BusUnavailable
 from bus.runtime import BusRuntime, get_runtime, servers
 from bus.service import _LoopThread
 from bus.subjects import AGENT_STREAM, SCHEDULE_STREAM, token
-from bus.streams import DUPLICATE_WINDOW_S, ensure_stream
+from bus.streams import DUPLICATE_WINDOW_S, ensure_kv_bucket, ensure_stream
 
 log = logging.getLogger(__name__)
 
 AGENT_VERBS = ("start", "stop", "preempt")
 RECONCILER_CONSUMER = "reconciler"
+POSITIONS_BUCKET = "pool_positions"
 
 
 def agent_stream_config(*, replicas: int = 1) -> StreamConfig:
@@ -73,6 +74,7 @@ def schedule_stream_config(*, replicas: int = 1) -> StreamConfig:
 async def ensure_data_plane_streams(js: Any, *, replicas: int = 1) -> None:
     await ensure_stream(js, agent_stream_config(replicas=replicas))
     await ensure_stream(js, schedule_stream_config(replicas=replicas))
+    await ensure_kv_bucket(js, POSITIONS_BUCKET, replicas=replicas)  # the dispatcher's position
     try:
         await js.add_consumer(
             SCHEDULE_STREAM,
@@ -223,9 +225,9 @@ class ControlLink:
         if self._kv is None:
             js = await self.rt.jetstream()
             try:
-                self._kv = await js.key_value("pool_positions")
+                self._kv = await js.key_value(POSITIONS_BUCKET)
             except Exception:  # noqa: BLE001 - not created yet
-                self._kv = await js.create_key_value(bucket="pool_positions", history=1)
+                self._kv = await js.create_key_value(bucket=POSITIONS_BUCKET, history=1)
         return self._kv
 
 

@@ -44,7 +44,6 @@ keeper is a daemon thread (so `on_change` may call back into sync bus APIs).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import threading
@@ -67,19 +66,11 @@ DEFAULT_TTL_SECONDS = 3.0  # the control plane's election TTL (ControlPlane's le
 
 async def ensure_leader_bucket(js: Any, *, replicas: int = 1, bucket: str = DEFAULT_BUCKET,
                                ttl_seconds: float = DEFAULT_TTL_SECONDS) -> None:
-    """Create the leader bucket ahead of any election, at `replicas` (a cluster's R3), or raise
-    an existing one's replica count to `replicas`; its TTL is left as it is."""
-    try:
-        si = await js.stream_info(f"KV_{bucket}")
-    except nats.js.errors.NotFoundError:
-        try:
-            await js.create_key_value(api.KeyValueConfig(bucket=bucket, history=1,
-                                                         ttl=ttl_seconds, replicas=replicas))
-        except nats.js.errors.BadRequestError:
-            pass  # created concurrently: an election got there first
-        return
-    if (si.config.num_replicas or 1) < replicas:
-        await js.update_stream(dataclasses.replace(si.config, num_replicas=replicas))
+    """Create the leader bucket ahead of any election at `replicas` (a cluster's R3), with the
+    control plane's TTL as its max_age (a longer election TTL would be refused: see above)."""
+    from bus.streams import ensure_kv_bucket
+
+    await ensure_kv_bucket(js, bucket, replicas=replicas, history=1, ttl_seconds=ttl_seconds)
 
 
 class LeaderBucketMismatch(BusError):

@@ -8,8 +8,14 @@ from __future__ import annotations
 import dataclasses
 
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import NotFoundError
+from nats.js.api import (
+    DiscardPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BadRequestError, NotFoundError
 
 from bus.subjects import EVENTS_PREFIX, EVENTS_STREAM, TRACKING_PREFIX
 
@@ -60,3 +66,20 @@ async def ensure_event_stream(
     js: JetStreamContext, *, replicas: int = 1, name: str = EVENTS_STREAM
 ) -> None:
     await ensure_stream(js, event_stream_config(replicas=replicas, name=name))
+
+
+async def ensure_kv_bucket(js: JetStreamContext, bucket: str, *, replicas: int = 1,
+                           history: int = 1, ttl_seconds: float | None = None) -> None:
+    """Create KV `bucket` at `replicas`, or raise an existing one's replicas to `replicas`;
+    its other settings (TTL, history) are left as they are."""
+    try:
+        info = await js.stream_info(f"KV_{bucket}")
+    except NotFoundError:
+        try:
+            await js.create_key_value(KeyValueConfig(bucket=bucket, history=history,
+                                                     ttl=ttl_seconds, replicas=replicas))
+        except BadRequestError:
+            pass  # created concurrently by its first user
+        return
+    if (info.config.num_replicas or 1) < replicas:
+        await js.update_stream(dataclasses.replace(info.config, num_replicas=replicas))
