@@ -42,6 +42,12 @@ class BatchTooLarge(BusError):
     code = "batch_too_large"
 
 
+class PayloadTooLarge(BusError):
+    """The message is bigger than the server's max_payload; it was not sent."""
+
+    code = "payload_too_large"
+
+
 class PublishRejected(BusError):
     """JetStream refused a publish for a reason other than a concurrency conflict."""
 

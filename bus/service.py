@@ -17,9 +17,10 @@ from typing import Any, TypeVar
 import nats
 from nats.errors import Error as NatsError
 from opentelemetry import propagate
-from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+from nats.errors import MaxPayloadError, NoRespondersError, TimeoutError as NatsTimeout
 
-from bus.errors import BusTimeout, BusUnavailable
+from bus.errors import BusTimeout, BusUnavailable, PayloadTooLarge
+from bus.runtime import translate
 from bus.runtime import servers
 
 T = TypeVar("T")
@@ -142,6 +143,11 @@ class Client:
                 raise BusUnavailable(f"no service answers on {subject}") from e
             except NatsTimeout as e:
                 raise BusTimeout(f"no reply on {subject} within {timeout}s") from e
+            except MaxPayloadError as e:
+                raise PayloadTooLarge(f"a {len(body)}-byte request is over the server's "
+                                      "max_payload") from e
+            except NatsError as e:  # nothing nats-shaped leaves bus/
+                raise translate(e) from e
             return bytes(msg.data)
 
         return self._loop.run(go(), timeout=timeout + 5)

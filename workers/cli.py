@@ -150,7 +150,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from workers import embedded
 
     db_url = getattr(args, "database_url", None) or embedded.endpoints()[1] or None
-    cp = ControlPlane(url, database_url=db_url).start()
+    cp = ControlPlane(url, database_url=db_url, leader_ttl_seconds=args.leader_ttl).start()
     from bus.auth import redact
 
     print(f"serving commands and scheduling on {redact(url)}: Ctrl-C to stop", flush=True)
@@ -462,6 +462,31 @@ def cmd_bench_projections(args: argparse.Namespace) -> int:
     print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json
           else result["table"])
     return EXIT_OK
+
+
+# -- pool chaos ----------------------------------------------------------------------------
+
+
+def cmd_chaos(args: argparse.Namespace) -> int:
+    from workers.chaos import NAMES, run_suite, summary
+
+    try:
+        only = sorted({int(x) for x in args.only.split(",") if x.strip()}) if args.only else None
+    except ValueError:
+        raise _Usage(f"--only takes scenario numbers like 1,3 (got {args.only!r})") from None
+    if only and not set(only) <= set(NAMES):
+        raise _Usage(f"--only: scenarios are {min(NAMES)}..{max(NAMES)}")
+    results = run_suite(
+        quick=args.quick, only=only, keep=args.keep,
+        progress=lambda s: print(s, file=sys.stderr, flush=True),
+        on_result=None if args.json else (lambda o: print(o.line(), flush=True)),
+    )
+    if args.json:
+        print(json.dumps({"quick": args.quick, "results": [o.to_dict() for o in results],
+                          "summary": summary(results)}))
+    else:
+        print(summary(results))
+    return EXIT_OK if all(o.passed or o.skipped for o in results) else EXIT_FAILED
 
 
 # -- wiring --------------------------------------------------------------------------------
@@ -858,6 +883,21 @@ def build_parser() -> argparse.ArgumentParser:
     bp.add_argument("--json", action="store_true")
     bp.set_defaults(func=cmd_bench_projections)
 
+    chaos = sub.add_parser(
+        "chaos", help="the fault suite: kill, stop and garble a pool, check the log",
+        description="Runs each fault scenario against real processes on loopback ports and "
+        "prints one line of figures per scenario, then `faults: N passed, M failed`; exit 1 "
+        "if any failed. 1 NATS node kills (R3), 2 quorum loss, 3 scheduler failover, "
+        "4 projector kills, 5 idempotent retries, 6 agent stopped past grace, 7 PostgreSQL "
+        "restart, 8 bad input.")
+    chaos.add_argument("--quick", action="store_true", help="CI sizes (a few minutes in all)")
+    chaos.add_argument("--only", metavar="N,…", help="run only these scenarios")
+    chaos.add_argument("--keep", action="store_true",
+                       help="keep every scenario's directory (logs, stores); failed ones are "
+                       "always kept")
+    chaos.add_argument("--json", action="store_true")
+    chaos.set_defaults(func=cmd_chaos)
+
     def client_opts(sp: argparse.ArgumentParser, tenant: bool = False) -> None:
         sp.add_argument("--nats-url", help="NATS server (default: POOL_NATS_URL or `pool up`)")
         sp.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a reply")
@@ -869,6 +909,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--nats-url", help="NATS server (default: POOL_NATS_URL or `pool up`)")
     srv.add_argument("--database-url",
                      help="PostgreSQL for the views (default: POOL_DATABASE_URL or `pool up`)")
+    srv.add_argument("--leader-ttl", type=float, default=3.0, metavar="SECONDS",
+                     help="the scheduler's leader lease: a standby takes over this long after "
+                     "the active one dies (default 3)")
     srv.set_defaults(func=cmd_serve)
 
     lease = sub.add_parser("lease", help="request and manage leases").add_subparsers(

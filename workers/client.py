@@ -30,18 +30,19 @@ class PoolClient:
             connect_options.setdefault("inbox_prefix", inbox_prefix(tenant).encode())
         self._client = Client(nats_url, **connect_options)
 
-    def raw(self, subject: str, body: bytes) -> dict[str, Any]:
+    def raw(self, subject: str, body: bytes, *, timeout: float | None = None) -> dict[str, Any]:
         # the request's span: its context goes out in the `traceparent` header
         with observability.tracer().start_as_current_span(
             "request", kind=observability.SpanKind.CLIENT,
             attributes={"messaging.system": "nats", "messaging.destination.name": subject},
         ):
-            reply = self._client.request(subject, body, timeout=self.timeout)
+            reply = self._client.request(subject, body, timeout=timeout or self.timeout)
         out: dict[str, Any] = json.loads(reply)
         return out
 
-    def call(self, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self.raw(subject, json.dumps(body or {}).encode())
+    def call(self, subject: str, body: dict[str, Any] | None = None, *,
+             timeout: float | None = None) -> dict[str, Any]:
+        return self.raw(subject, json.dumps(body or {}).encode(), timeout=timeout)
 
     # -- tenant ------------------------------------------------------------------------------
 

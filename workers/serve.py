@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -30,6 +31,11 @@ from workers.projector import Projector
 from workers.scheduler import Scheduler
 
 WHY_SUBJECT = "pool.cmd.*.lease.*.why"
+
+
+def holder_id() -> str:
+    """This process's name in leader elections: host and pid say which process leads."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 def app_env(nats_url: str, **extra: str) -> dict[str, str]:
@@ -82,7 +88,7 @@ class ControlPlane:
         if run_scheduler:
             # one active scheduler at a time; a standby folds the log and takes over on death
             self.election = LeaderElection(nats_url, name="scheduler",
-                                           holder_id=f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}",
+                                           holder_id=holder_id(),
                                            ttl_seconds=leader_ttl_seconds)
 
     def _serve_why(self, leading: bool) -> None:
