@@ -184,14 +184,15 @@ class NatsCluster:
             ok, why = self.healthy()
             if ok:
                 return
-            time.sleep(0.1)
+            time.sleep(0.25)  # each failed healthz is a warning in the server's log
         raise BusUnavailable(f"NATS cluster not ready within {timeout}s: {why}")
 
     # -- streams -----------------------------------------------------------------------------
 
     def ensure_streams(self, replicas: int = 3, timeout: float = 30.0) -> None:
         """Every stream the system uses (events, agent work queue, schedules, telemetry) at
-        `replicas`, retried while a new stream leader is being elected."""
+        `replicas`, retried while a new stream leader is being elected; returns once every
+        replica is current (healthz checks streams and consumers too)."""
         from bus.admin import ensure_all_streams
 
         replicas = min(replicas, len(self.servers))
@@ -199,11 +200,12 @@ class NatsCluster:
         while True:
             try:
                 ensure_all_streams(self.url, replicas=replicas)
-                return
+                break
             except Exception:
                 if time.monotonic() >= deadline:
                     raise
                 time.sleep(0.5)
+        self.wait_ready(max(1.0, deadline - time.monotonic()))
 
     def __enter__(self) -> NatsCluster:
         return self.start()

@@ -5,8 +5,11 @@ Owns the harness's promise: what the recorder acknowledged survives losing a ser
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from uuid import UUID
 
@@ -19,6 +22,9 @@ from bus.cluster import NatsCluster
 from bus.errors import BusError
 from bus.runtime import close_runtime, servers
 from bus.subjects import EVENTS_STREAM
+from tests.control_plane import lease_body, node_body, setup_pool
+from workers.client import PoolClient
+from workers.serve import ROLES, ControlPlane, parse_roles
 
 pytestmark = pytest.mark.slow
 
@@ -108,3 +114,86 @@ def test_nothing_acknowledged_is_lost_when_the_event_stream_leader_is_sigkilled(
     for entry_id, value in list(acked.items())[::25]:
         assert reader.repository.get(entry_id).n == value
     assert len(acked) >= 250
+
+
+def test_roles_are_repeatable_comma_lists_and_all_means_every_role() -> None:
+    assert parse_roles(None) == frozenset(ROLES)
+    assert parse_roles(["all"]) == frozenset(ROLES)
+    assert parse_roles(["commands,reconciler", "scheduler"]) == {"commands", "reconciler",
+                                                                  "scheduler"}
+    with pytest.raises(ValueError, match="unknown role 'shceduler'"):
+        parse_roles(["shceduler"])
+
+
+def test_an_unknown_role_is_a_usage_error_in_one_line() -> None:
+    r = subprocess.run([sys.executable, "-m", "workers.cli", "serve", "--role", "bogus",
+                        "--nats-url", "nats://127.0.0.1:1"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "pool: unknown role 'bogus': choose from commands, scheduler, reconciler, projector or all"]
+
+
+def _wait(pred: Callable[[], bool], timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if pred():
+                return True
+        except BusError:
+            pass  # a new stream leader is being elected: ask again
+        time.sleep(0.1)
+    return False
+
+
+def test_the_split_deployment_serves_through_the_loss_of_a_nats_server(
+    cluster: NatsCluster,
+) -> None:
+    # compose's topology as threads: two command handlers, two schedulers, one reconciler
+    planes = [ControlPlane(cluster.url, roles=[role], leader_ttl_seconds=1.0)
+              for role in ("commands", "commands", "scheduler", "scheduler", "reconciler")]
+    try:
+        for cp in planes:
+            cp.start()
+        schedulers = [cp for cp in planes if cp.election is not None]
+        assert len(schedulers) == 2 and all(cp.commands is None for cp in schedulers)
+        assert all(cp.dispatcher is None and cp.election is None for cp in planes[:2])
+        assert _wait(lambda: sum(cp.election.is_leader for cp in schedulers) == 1)  # type: ignore[union-attr]
+        with PoolClient(cluster.url) as admin, PoolClient(cluster.url, "alpha") as alpha:
+            setup_pool(admin)
+            assert admin.admin("node.register", node_body("n1"))["ok"]
+            a = alpha.request_lease(lease_body("before"))["lease"]["lease_id"]
+            assert _wait(lambda: alpha.lease(a, "get")["lease"]["state"] == "reserved")
+
+            cluster.kill(cluster.stream_leader(EVENTS_STREAM) or 0)
+            b: list[str] = []
+
+            def requested() -> bool:
+                reply = alpha.request_lease(lease_body("during"))
+                if reply["ok"]:
+                    b.append(reply["lease"]["lease_id"])
+                return bool(reply["ok"])
+
+            assert _wait(requested, timeout=30), "no command answered with a server down"
+            assert _wait(lambda: alpha.lease(b[0], "get")["lease"]["state"] == "reserved",
+                         timeout=30)
+            assert sum(cp.election.is_leader for cp in schedulers) <= 1  # type: ignore[union-attr]
+    finally:
+        for cp in planes:
+            try:
+                cp.stop()
+            except Exception:  # noqa: BLE001 - the shared connection may be closed already
+                pass
+
+
+def test_pool_cluster_up_prints_three_urls_and_every_stream_at_r3(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "workers.cli", "cluster", "up", "--home",
+                        str(tmp_path), "--no-postgres", "--exit-when-ready", "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert len(info["nats_urls"]) == 3 and info["nats_url"] == ",".join(info["nats_urls"])
+    assert info["control_plane"] and info["auth"] is False
+    assert {s["name"]: s["replicas"] for s in info["streams"]}[EVENTS_STREAM] == 3
+    assert all(s["replicas"] == 3 for s in info["streams"])
+    assert (tmp_path / "cluster" / "n3" / "jetstream").is_dir()  # data kept for the next start

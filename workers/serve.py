@@ -1,6 +1,9 @@
 """One control-plane process: the command service, the scheduler and its `why` answers.
 
 `pool serve` runs this; tests build the same `ControlPlane` and drive the scheduler by hand.
+Roles split it across processes (compose runs each as its own service): `commands` (queue
+group, any number), `scheduler` (with the dispatcher; leader election keeps one active),
+`reconciler` (a shared durable consumer of fired timers, any number), `projector` (the views).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from bus.leader import LeaderElection
@@ -31,6 +34,25 @@ from workers.projector import Projector
 from workers.scheduler import Scheduler
 
 WHY_SUBJECT = "pool.cmd.*.lease.*.why"
+ROLES = ("commands", "scheduler", "reconciler", "projector")
+
+
+def parse_roles(values: Iterable[str] | None) -> frozenset[str]:
+    """`--role` values (repeated, comma-separated, or `all`) as a set of ROLES; None is all."""
+    if values is None:
+        return frozenset(ROLES)
+    roles: set[str] = set()
+    for value in values:
+        for role in (r.strip() for r in value.split(",")):
+            if role == "all":
+                roles.update(ROLES)
+            elif role in ROLES:
+                roles.add(role)
+            elif role:
+                raise ValueError(f"unknown role {role!r}: choose from {', '.join(ROLES)} or all")
+    if not roles:
+        raise ValueError(f"no role given: choose from {', '.join(ROLES)} or all")
+    return frozenset(roles)
 
 
 def holder_id() -> str:
@@ -58,27 +80,38 @@ def why_handler(scheduler: Scheduler) -> Callable[[str, bytes, dict[str, str]], 
 
 
 class ControlPlane:
-    """Commands + scheduler on one NATS server; `start()` serves, `stop()` drains."""
+    """Commands + scheduler on one NATS server (or cluster); `start()` serves, `stop()` drains.
+
+    `roles` (default: all of ROLES) picks what this process runs; see parse_roles."""
 
     def __init__(self, nats_url: str, *, clock: Callable[[], float] = time.time,
                  run_scheduler: bool = True, leader_ttl_seconds: float = 3.0,
-                 database_url: str | None = None, data_plane: bool = True) -> None:
+                 database_url: str | None = None, data_plane: bool = True,
+                 roles: Iterable[str] | None = None,
+                 projector_views: Iterable[str] | None = None) -> None:
+        self.roles = parse_roles(roles)
+        run_scheduler = run_scheduler and "scheduler" in self.roles
         self.nats_url = nats_url
         self.app = PoolApp(env=app_env(nats_url), clock=clock)
         self.scheduler = Scheduler(PoolApp(env=app_env(nats_url), clock=clock), clock=clock)
         # with a database: the views' projector, and queries answered from those views
         subjects = COMMAND_SUBJECTS + ADMIN_SUBJECTS + (QUERY_SUBJECTS if database_url else [])
-        self.commands = Service(nats_url, subjects,
-                                CommandHandler(self.app, database_url=database_url),
-                                queue="pool-commands")
-        self.projector = Projector(nats_url, database_url) if database_url else None
+        self.commands = (Service(nats_url, subjects,
+                                 CommandHandler(self.app, database_url=database_url),
+                                 queue="pool-commands")
+                         if "commands" in self.roles else None)
+        self.projector = (Projector(nats_url, database_url,
+                                    **({"views": tuple(projector_views)} if projector_views else {}))
+                          if database_url and "projector" in self.roles else None)
         self.run_scheduler = run_scheduler
-        # the data plane's side: agent orders and durable deadline timers
+        # the data plane's side: agent orders (with the scheduler) and durable deadline timers
         self.data_plane = data_plane
-        self.link = ControlLink(nats_url) if data_plane else None
+        self.link = (ControlLink(nats_url)
+                     if data_plane and self.roles & {"scheduler", "reconciler"} else None)
         self.dispatcher = (Dispatcher(PoolApp(env=app_env(nats_url), clock=clock), self.link)
-                           if self.link is not None else None)
-        self.reconciler = (Reconciler(self.app, self.link) if self.link is not None else None)
+                           if self.link is not None and "scheduler" in self.roles else None)
+        self.reconciler = (Reconciler(self.app, self.link)
+                           if self.link is not None and "reconciler" in self.roles else None)
         self._workers: list[threading.Thread] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -127,17 +160,21 @@ class ControlPlane:
             self.projector.start()
         if self.link is not None:
             self.link.ensure_streams()
-            assert self.reconciler is not None
-            self._workers = [
-                threading.Thread(target=self._dispatch, name="pool-dispatcher", daemon=True),
-                threading.Thread(target=run_loop, name="pool-reconciler", daemon=True,
-                                 args=(self.reconciler.step, self._stop),
-                                 kwargs={"idle": 0.0, "name": "reconciler"}),
-            ]
+            if self.dispatcher is not None:
+                self._workers.append(threading.Thread(target=self._dispatch,
+                                                      name="pool-dispatcher", daemon=True))
+            if self.reconciler is not None:
+                self._workers.append(threading.Thread(
+                    target=run_loop, name="pool-reconciler", daemon=True,
+                    args=(self.reconciler.step, self._stop),
+                    kwargs={"idle": 0.0, "name": "reconciler"}))
             for t in self._workers:
                 t.start()
-        self.commands.start()
-        if self.election is None:
+        if self.commands is not None:
+            self.commands.start()
+        if "scheduler" not in self.roles:
+            pass  # `why` is answered by whichever process runs the active scheduler
+        elif self.election is None:
             self._serve_why(True)
         else:
             self.election.start(on_change=self._serve_why)
@@ -156,7 +193,8 @@ class ControlPlane:
             self.link.close()
         if self.election is not None:
             self.election.stop(release=True)
-        self.commands.stop()
+        if self.commands is not None:
+            self.commands.stop()
         self._serve_why(False)
         if self.projector is not None:
             self.projector.stop()
