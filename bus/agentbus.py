@@ -172,7 +172,7 @@ class ControlLink:
                 self._due_sub = await js.pull_subscribe_bind(RECONCILER_CONSUMER, SCHEDULE_STREAM)
             try:
                 msgs = await self._due_sub.fetch(batch, timeout=timeout)
-            except NatsTimeout:
+            except asyncio.TimeoutError:  # nats' TimeoutError is one too
                 return []
             out = []
             for m in msgs:
@@ -299,7 +299,7 @@ class AgentLink:
                     inbox_prefix=f"_INBOX_{self.node}.pull".encode())
             try:
                 msgs = await self._sub.fetch(batch, timeout=timeout)
-            except NatsTimeout:
+            except asyncio.TimeoutError:  # nats' TimeoutError is one too
                 return []
             except NotFoundError:
                 return []
@@ -356,3 +356,132 @@ class AgentLink:
 
 async def _quiet(_exc: Exception) -> None:
     return None
+
+
+class FleetLink:
+    """Many simulated nodes over ONE connection (the service user): each node still reads its
+    own durable consumer and reports on its own `pool.node.<node>.…` subjects, exactly as a
+    real agent does; only the connection is shared. For `pool agent simulate` and the demo."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._loop = _LoopThread("pool-fleet")
+        self._nc: Any = None
+        self._js: Any = None
+        self._subs: dict[str, Any] = {}
+
+    def _run(self, coro: Any, timeout: float = 60.0) -> Any:
+        try:
+            return self._loop.run(coro, timeout)
+        except (NatsError, OSError) as e:
+            raise BusUnavailable(f"NATS: {e!r}") from e
+
+    def connect(self, nodes: list[str]) -> FleetLink:
+        async def go() -> None:
+            self._nc = await nats.connect(self.url, connect_timeout=5, error_cb=_quiet,
+                                          max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+            self._js = self._nc.jetstream()
+            await ensure_data_plane_streams(self._js)
+            for node in nodes:
+                name = agent_consumer_name(node)
+                try:
+                    await self._js.add_consumer(AGENT_STREAM, ConsumerConfig(
+                        durable_name=name, filter_subject=f"pool.agent.{token(node)}.>",
+                        ack_policy=AckPolicy.EXPLICIT, ack_wait=60, max_deliver=-1))
+                except BadRequestError:
+                    pass
+                self._subs[node] = await self._js.pull_subscribe_bind(name, AGENT_STREAM)
+
+        self._run(go(), 120)
+        return self
+
+    def fetch_many(self, nodes: list[str], timeout: float = 0.2) -> dict[str, list[AgentCommand]]:
+        """Every listed node's waiting commands, all pulled at once (one round of `timeout`)."""
+
+        async def one(node: str) -> tuple[str, list[Any]]:
+            try:
+                return node, await self._subs[node].fetch(16, timeout=timeout)
+            except (asyncio.TimeoutError, NotFoundError):  # nats' TimeoutError is one too
+                return node, []
+
+        async def go() -> list[tuple[str, list[Any]]]:
+            return await asyncio.gather(*(one(n) for n in nodes if n in self._subs))
+
+        out: dict[str, list[AgentCommand]] = {}
+        for node, msgs in self._run(go(), timeout + 30):
+            out[node] = [AgentCommand(
+                verb=m.subject.rsplit(".", 1)[-1], body=bytes(m.data),
+                headers=dict(m.headers or {}), delivered=int(m.metadata.num_delivered),
+                ack=self._acker(m), nak=self._naker(m)) for m in msgs]
+        return out
+
+    def _acker(self, m: Any) -> Callable[[], None]:
+        return lambda: self._run(m.ack())
+
+    def _naker(self, m: Any) -> Callable[[float], None]:
+        return lambda delay: self._run(m.nak(delay=delay))
+
+    def request(self, node: str, suffix: str, body: bytes, *, timeout: float = 5.0,
+                headers: dict[str, str] | None = None) -> bytes:
+        async def go() -> bytes:
+            msg = await self._nc.request(f"pool.node.{token(node)}.{suffix}", body,
+                                         timeout=timeout, headers=headers)
+            return bytes(msg.data)
+
+        try:
+            return self._run(go(), timeout + 5)  # type: ignore[no-any-return]
+        except NatsTimeout as e:
+            raise BusTimeout(f"no answer on pool.node.{node}.{suffix}") from e
+        except nats.errors.NoRespondersError as e:
+            raise BusUnavailable("no control plane answers node reports") from e
+
+    def publish(self, subject: str, body: bytes, headers: dict[str, str] | None = None) -> None:
+        async def go() -> None:
+            await self._nc.publish(subject, body, headers=headers)
+
+        try:
+            self._run(go(), 5)
+        except Exception as e:  # noqa: BLE001 - telemetry must never stop the fleet
+            log.warning("telemetry publish failed: %r", e)
+
+    def node(self, node_id: str) -> NodeLink:
+        return NodeLink(self, node_id)
+
+    def close(self) -> None:
+        async def go() -> None:
+            if self._nc is not None and not self._nc.is_closed:
+                try:
+                    await asyncio.wait_for(self._nc.close(), 3)
+                except Exception:  # noqa: BLE001
+                    pass
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in rest:
+                t.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
+        try:
+            self._run(go(), 10)
+        except Exception:  # noqa: BLE001
+            pass
+        self._loop.close()
+
+
+class NodeLink:
+    """One simulated node's view of a FleetLink, shaped like AgentLink for the Agent class;
+    its commands are handed to it by the fleet's round (`fetch` returns what was given)."""
+
+    def __init__(self, fleet: FleetLink, node_id: str) -> None:
+        self.fleet = fleet
+        self.node = token(node_id)
+        self.inbox: list[AgentCommand] = []
+
+    def fetch(self, batch: int = 16, timeout: float = 0.0) -> list[AgentCommand]:
+        got, self.inbox = self.inbox, []
+        return got
+
+    def request(self, suffix: str, body: bytes, *, timeout: float = 5.0,
+                headers: dict[str, str] | None = None) -> bytes:
+        return self.fleet.request(self.node, suffix, body, timeout=timeout, headers=headers)
+
+    def publish(self, subject: str, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.fleet.publish(subject, body, headers)

@@ -882,6 +882,38 @@ def cmd_agent_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_agent_simulate(args: argparse.Namespace) -> int:
+    """`pool agent simulate`: a fleet of simulated nodes whose workloads are timed sleeps."""
+    from agents.simulate import SimulatedFleet, fleet
+
+    url = _nats_url(args)
+    nodes = fleet(args.nodes, args.profile, prefix=args.prefix)
+    sim = SimulatedFleet(url, nodes, pool_id=args.pool,
+                         heartbeat_interval=args.heartbeat_interval).start()
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    kinds: dict[str, int] = {}
+    for n in nodes:
+        kinds[n.labels["kind"]] = kinds.get(n.labels["kind"], 0) + 1
+    if args.json:
+        print(json.dumps({"ok": True, "result": {"nodes": len(nodes), "kinds": kinds}}),
+              flush=True)
+    else:
+        print(f"{len(nodes)} simulated nodes in pool {args.pool} "
+              f"({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))}); Ctrl-C to stop",
+              flush=True)
+    try:
+        while not stop.wait(args.report_every or 3600):
+            if args.report_every:
+                print(json.dumps(sim.stats()), flush=True)
+    finally:
+        sim.stop()
+    print(json.dumps(sim.stats()) if args.json else f"fleet stopped: {sim.stats()}",
+          file=sys.stderr)
+    return EXIT_OK
+
+
 def cmd_agent_probe(args: argparse.Namespace) -> int:
     """`pool agent probe`: what this node would offer, without joining a pool."""
     from agents.probe import Reserve, probe_node
@@ -1321,6 +1353,18 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--verbose", "-v", action="store_true")
     ar.add_argument("--json", action="store_true", help="print the capabilities as JSON")
     ar.set_defaults(func=cmd_agent_run)
+    asim = agp.add_parser("simulate", help="a fleet of simulated nodes (timed sleeps) through "
+                          "the same subjects a real agent uses")
+    client_opts(asim)
+    asim.add_argument("--nodes", type=int, default=200)
+    asim.add_argument("--profile", choices=["mixed", "cpu", "gpu"], default="mixed",
+                      help="mixed: 60%% CPU, 30%% L4 ×4, 10%% A100 ×8 (half in MIG mode)")
+    asim.add_argument("--pool", default="default")
+    asim.add_argument("--prefix", default="sim", help="node id prefix")
+    asim.add_argument("--heartbeat-interval", type=float, default=3.0)
+    asim.add_argument("--report-every", type=float, default=0,
+                      help="print the fleet's counters every N seconds")
+    asim.set_defaults(func=cmd_agent_simulate)
     apr = agp.add_parser("probe", help="print what this node would offer, and its GPUs")
     apr.add_argument("--json", action="store_true")
     apr.set_defaults(func=cmd_agent_probe)

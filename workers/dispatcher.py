@@ -117,6 +117,8 @@ class Dispatcher:
         self.aggregates: dict[UUID, Aggregate] = {}
         self.pools: dict[str, Pool] = {}
         self._armed: dict[str, float] = {}
+        self._outbox: list[AgentOrder] = []
+        self._timers: list[Aggregate] = []
         self._started = False
         self.orders_sent = 0
         self.timers_armed = 0
@@ -126,16 +128,17 @@ class Dispatcher:
         self._started = True
 
     def step(self) -> int:
-        """Read what is new; returns the number of notifications read."""
+        """Read what is new; returns the number of notifications read. Orders decided from a
+        page are kept in an outbox until sent, so a bus failure delays them, never drops them."""
         if not self._started:
             self.start()
+        self._flush()
         n = 0
         while True:
             page = self.app.recorder.select_notifications(start=self.position + 1, limit=PAGE)
             if not page:
                 break
-            touched: dict[UUID, str] = {}
-            orders: list[AgentOrder] = []
+            touched: dict[UUID, Aggregate] = {}
             for note in page:
                 self.position = note.id
                 if not note.topic.startswith(_TOPICS):
@@ -144,24 +147,31 @@ class Dispatcher:
                 agg = self._apply(event)
                 if agg is None:
                     continue
-                touched[agg.id] = type(event).__name__
+                touched[agg.id] = agg
                 if isinstance(agg, Lease) and note.id > self.sent_upto:
-                    orders += orders_for(type(event).__name__, agg,
-                                         self.pools.get(agg.pool_id))
-            for order in orders:
-                hdrs = {"traceparent": order.traceparent} if order.traceparent else None
-                self.link.send(order.node_id, order.verb, order.body, msg_id=order.msg_id,
-                               headers=hdrs)
-                self.orders_sent += 1
-            for uid in touched:
-                self._arm(self.aggregates[uid])
+                    self._outbox += orders_for(type(event).__name__, agg,
+                                               self.pools.get(agg.pool_id))
+            self._timers += [a for a in touched.values() if a.id in self.aggregates]
             n += len(page)
+            self._flush()
             if self.position > self.sent_upto:
                 self.sent_upto = self.position
                 self.link.save_position(POSITION_KEY, self.position)
             if len(page) < PAGE:
                 break
         return n
+
+    def _flush(self) -> None:
+        while self._outbox:
+            order = self._outbox[0]
+            hdrs = {"traceparent": order.traceparent} if order.traceparent else None
+            self.link.send(order.node_id, order.verb, order.body, msg_id=order.msg_id,
+                           headers=hdrs)
+            self._outbox.pop(0)
+            self.orders_sent += 1
+        while self._timers:
+            self._arm(self._timers[0])
+            self._timers.pop(0)
 
     def _apply(self, event: Any) -> Aggregate | None:
         agg = self.aggregates.get(event.originator_id)

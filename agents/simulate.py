@@ -1,0 +1,205 @@
+"""A simulated fleet: many node agents in one process whose workloads are timed sleeps.
+
+Each simulated node is the real `Agent` — the same registration, work-queue commands, batched
+heartbeats, exit reports and telemetry subjects as `pool agent run` — with `SleepRuntime` in
+place of a sandbox and one shared connection (`bus.agentbus.FleetLink`). Profiles describe the
+fleet: CPU-only nodes and GPU nodes of two models (one with MIG partitions), across zones.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agents.agent import Agent
+from agents.probe import Gpu, GpuProbe, NodeProbe, Reserve
+from agents.runtime import Usage, WorkloadHandle, WorkloadSpec
+from bus.agentbus import FleetLink, NodeLink
+from bus.errors import BusError
+
+log = logging.getLogger(__name__)
+
+_SLEEP = re.compile(r"\bsleep\s+(\d+(?:\.\d+)?)")
+
+
+class SleepRuntime:
+    """A stand-in runtime for simulated nodes: a job 'runs' for the seconds of its `sleep N`
+    (or POOL_SIM_SECONDS), exits with POOL_SIM_EXIT (default 0), and stops at once."""
+
+    name = "simulated"
+
+    def __init__(self, classes: tuple[str, ...] = ("container", "sandboxed"),
+                 clock: Callable[[], float] = time.time) -> None:
+        self.classes = classes
+        self.clock = clock
+        self._ends: dict[str, tuple[float, int]] = {}
+
+    def isolation_classes(self) -> tuple[str, ...]:
+        return self.classes
+
+    def start(self, spec: WorkloadSpec) -> WorkloadHandle:
+        env = dict(spec.env)
+        seconds = float(env.get("POOL_SIM_SECONDS", "0") or 0)
+        if not seconds:
+            m = _SLEEP.search(" ".join(spec.command))
+            seconds = float(m.group(1)) if m else 1.0
+        now = self.clock()
+        self._ends[spec.key] = (now + seconds, int(env.get("POOL_SIM_EXIT", "0") or 0))
+        return WorkloadHandle(lease_id=spec.lease_id, epoch=spec.epoch,
+                              job_number=spec.job_number, runtime=self.name, ref=spec.key,
+                              started_at=now)
+
+    def poll(self, handle: WorkloadHandle) -> int | None:
+        end, code = self._ends.get(handle.key, (0.0, 0))
+        return code if self.clock() >= end else None
+
+    def stop(self, handle: WorkloadHandle, grace_seconds: float) -> int | None:
+        if self.poll(handle) is None:
+            self._ends[handle.key] = (self.clock(), 143)
+        return self.poll(handle)
+
+    def adopt(self) -> list[WorkloadHandle]:
+        return []
+
+    def forget(self, handle: WorkloadHandle) -> None:
+        self._ends.pop(handle.key, None)
+
+    def usage(self, handle: WorkloadHandle) -> Usage:
+        return Usage(cpu_millis_used=random.randint(100, 900), memory_mib_used=256)
+
+
+@dataclass(frozen=True)
+class SimNode:
+    node_id: str
+    probe: NodeProbe
+    zone: str
+    classes: tuple[str, ...] = ("container", "sandboxed")
+    trust: str = "trusted"
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def _gpus(model: str, n: int, memory_gib: int, mig: tuple[str, ...] = ()) -> GpuProbe:
+    gpus = []
+    for i in range(n):
+        profiles = tuple((p, f"MIG-sim-{i}-{j}") for j, p in enumerate(mig)) if mig else ()
+        gpus.append(Gpu(index=i, uuid=f"GPU-sim-{i}", model=model, memory_mib=memory_gib * 1024,
+                        mig_enabled=bool(mig), mig_profiles=profiles))
+    return GpuProbe(gpus=tuple(gpus), driver="simulated")
+
+
+def fleet(n: int, profile: str = "mixed", *, prefix: str = "sim") -> list[SimNode]:
+    """`n` simulated nodes over three zones. mixed: 60% CPU (16 cores, 64 GiB), 30% L4 (4 GPUs,
+    24 GiB), 10% A100 80 GB of which half in MIG mode (1× 3g.40gb + 2× 1g.10gb per GPU)."""
+    out = []
+    for i in range(n):
+        zone = f"z{i % 3 + 1}"
+        kind = {"cpu": "cpu", "gpu": "l4"}.get(profile)
+        if kind is None:
+            r = i % 10
+            kind = "cpu" if r < 6 else "l4" if r < 9 else ("a100-mig" if i % 20 == 9 else "a100")
+        if kind == "cpu":
+            probe = NodeProbe(16000, "amd64", 65536, 500)
+        elif kind == "l4":
+            probe = NodeProbe(32000, "amd64", 131072, 1000, _gpus("NVIDIA L4", 4, 24))
+        elif kind == "a100":
+            probe = NodeProbe(64000, "amd64", 262144, 2000, _gpus("NVIDIA A100 80GB", 8, 80))
+        else:
+            probe = NodeProbe(64000, "amd64", 262144, 2000,
+                              _gpus("NVIDIA A100 80GB", 2, 80, ("3g.40gb", "1g.10gb", "1g.10gb")))
+        out.append(SimNode(node_id=f"{prefix}-{i:04d}", probe=probe, zone=zone,
+                           labels={"zone": zone, "failure_domain": f"{zone}-rack{i % 8}",
+                                   "kind": kind}))
+    return out
+
+
+class SimulatedFleet:
+    """Runs every simulated node's Agent from one thread over one connection."""
+
+    def __init__(self, url: str, nodes: list[SimNode], *, pool_id: str,
+                 heartbeat_interval: float = 3.0, state_dir: Path | None = None) -> None:
+        self.url = url
+        self.nodes = nodes
+        self.pool_id = pool_id
+        self.heartbeat_interval = heartbeat_interval
+        self._tmp = None if state_dir is not None else tempfile.TemporaryDirectory(
+            prefix="pool-fleet-")
+        self.state_dir = Path(state_dir or self._tmp.name)  # type: ignore[union-attr]
+        self.link = FleetLink(url)
+        self.agents: dict[str, Agent] = {}
+        self.links: dict[str, NodeLink] = {}
+        self.silent: set[str] = set()  # nodes whose agent went quiet (no heartbeats, no work)
+        self.errors = 0
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def start(self) -> SimulatedFleet:
+        ids = [n.node_id for n in self.nodes]
+        self.link.connect(ids)
+        for n in self.nodes:
+            link = self.link.node(n.node_id)
+            agent = Agent(link, SleepRuntime(n.classes), node_id=n.node_id,  # type: ignore[arg-type]
+                          pool_id=self.pool_id, probe=n.probe,
+                          state_dir=self.state_dir / n.node_id, labels=n.labels,
+                          reserve=Reserve(0, 0, 0), trust_level=n.trust,
+                          heartbeat_interval=self.heartbeat_interval, utilization_every=3)
+            # spread the heartbeats over the interval rather than all at once
+            agent._next_beat = time.time() + random.uniform(0, self.heartbeat_interval)
+            self.agents[n.node_id] = agent
+            self.links[n.node_id] = link
+        for agent in self.agents.values():
+            agent.register()
+        self._thread = threading.Thread(target=self._run, name="pool-fleet", daemon=True)
+        self._thread.start()
+        return self
+
+    def go_silent(self, node_id: str) -> None:
+        """That node's agent stops answering: no heartbeats, no commands, no reports."""
+        self.silent.add(node_id)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            live = [n for n in self.agents if n not in self.silent]
+            try:
+                got = self.link.fetch_many(live, timeout=0.15)
+            except BusError as e:
+                self.errors += 1
+                log.warning("fleet fetch failed: %s", e)
+                self._stop.wait(0.5)
+                continue
+            for node_id in live:
+                agent = self.agents[node_id]
+                self.links[node_id].inbox.extend(got.get(node_id, []))
+                try:
+                    agent.step(wait=0.0)
+                except BusError as e:
+                    self.errors += 1
+                    log.warning("simulated node %s: %s", node_id, e)
+                except Exception:  # noqa: BLE001 - one node's trouble must not stop the fleet
+                    self.errors += 1
+                    log.exception("simulated node %s failed a step", node_id)
+
+    def running(self) -> int:
+        return sum(len(a.running) for n, a in self.agents.items() if n not in self.silent)
+
+    def stats(self) -> dict[str, Any]:
+        return {"nodes": len(self.agents), "silent": sorted(self.silent),
+                "started": sum(a.stats.started for a in self.agents.values()),
+                "stops": sum(a.stats.stops for a in self.agents.values()),
+                "exits_reported": sum(a.stats.exits_reported for a in self.agents.values()),
+                "running": self.running(), "errors": self.errors}
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(15)
+        self.link.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
