@@ -259,7 +259,7 @@ def _upsert_sql(schema: str, table: str, cols: Sequence[tuple[str, str]],
     ).format(
         t=t,
         cols=sql.SQL(", ").join(sql.Identifier(c) for c, _ in cols),
-        arrays=sql.SQL(", ").join(sql.SQL("%s::" + typ + "[]") for _, typ in cols),
+        arrays=sql.SQL(", ").join(sql.SQL("%b::" + typ + "[]") for _, typ in cols),
         key=sql.Identifier(cols[0][0]),
         sets=sql.SQL(", ").join(sql.SQL(s).format(t=t) for s in sets),
     )
@@ -288,7 +288,7 @@ def _stmt(schema: str, kind: str) -> sql.Composed:
             got = _upsert_sql(schema, "queue", _QUEUE_COLS,
                               _set_excluded(c for c, _ in _QUEUE_COLS[1:]))
         elif kind == "queue_delete":
-            got = _fmt("DELETE FROM {s}.queue WHERE lease_id = ANY(%s::text[])", schema)
+            got = _fmt("DELETE FROM {s}.queue WHERE lease_id = ANY(%b::text[])", schema)
         elif kind == "balance":
             got = _upsert_sql(schema, "balance", _BALANCE_COLS,
                               _set_excluded(c for c, _ in _BALANCE_COLS[1:]))
