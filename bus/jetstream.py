@@ -6,11 +6,12 @@ Owns the recorders (one subject per aggregate, atomic batches per save, tracking
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import json
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -36,7 +37,7 @@ from nats.aio.subscription import Subscription as NatsSubscription
 from nats.js.errors import NotFoundError
 
 from bus.errors import BatchTooLarge, BusError, BusUnavailable, PublishRejected
-from bus.runtime import BusRuntime, get_runtime
+from bus.runtime import BusRuntime, get_runtime, translate
 from bus.streams import ensure_event_stream
 from bus.subjects import EVENTS_PREFIX, EVENTS_STREAM, event_subject, is_token, token, tracking_subject
 from bus.transcoder import MsgspecTranscoder
@@ -192,6 +193,17 @@ class _RawRouter:
             router = cls(nc)
             nc._pool_raw_router = router  # noqa: SLF001
         return router
+
+
+async def _translated(coro: Any) -> Any:
+    """`coro`'s result, its nats-py errors raised as bus.errors (as BusRuntime.run does)."""
+    try:
+        return await coro
+    except BaseException as e:
+        err = translate(e)
+        if err is e:
+            raise
+        raise err from e
 
 
 class JetStreamRecorder:
@@ -610,6 +622,60 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
         return self.runtime.run(
             self._select_notifications(start, limit, stop, topics), self.timeout + 5
         )
+
+    def prefetch(
+        self, start: int, limit: int, stop: int | None = None
+    ) -> concurrent.futures.Future[list[Notification]]:
+        """Start reading what `select_notifications(start, limit, stop)` returns, without waiting:
+        a reader overlaps its next read with its work on the current batch (`.result()`)."""
+        start = max(start, 1)
+        if stop is not None and stop < start:
+            done: concurrent.futures.Future[list[Notification]] = concurrent.futures.Future()
+            done.set_result([])
+            return done
+        return self.runtime.submit(_translated(self._select_notifications(start, limit, stop, ())))
+
+    def watch(self, callback: Callable[[], None], *, again_after: float = 0.02) -> Callable[[], None]:
+        """Call `callback` (on the bus thread; keep it short) when messages are appended under
+        this recorder's subjects, and once more `again_after` seconds later, since the core copy
+        of a message can overtake its storing (an atomic batch is seen before its commit).
+        Returns a function that stops watching. A reader that waits on this instead of polling
+        picks new events up within milliseconds."""
+        loop = self.runtime.loop
+        pending = False
+
+        def again() -> None:
+            nonlocal pending
+            pending = False
+            callback()
+
+        def on_raw(_data: bytes, _headers: bytes | None) -> None:
+            nonlocal pending
+            callback()
+            if not pending:
+                pending = True
+                loop.call_later(again_after, again)
+
+        async def open_sub() -> NatsSubscription:
+            nc = await self.runtime.connection()
+            sub = await nc.subscribe(self.events_filter, cb=_never_called)
+            _RawRouter.of(nc).handlers[sub._id] = on_raw  # noqa: SLF001
+            return sub
+
+        sub = self.runtime.run(open_sub(), self.timeout)
+
+        async def close_sub() -> None:
+            nc = await self.runtime.connection()
+            _RawRouter.of(nc).handlers.pop(sub._id, None)  # noqa: SLF001
+            await sub.unsubscribe()
+
+        def unwatch() -> None:
+            try:
+                self.runtime.submit(close_sub())
+            except BusError:  # pragma: no cover - runtime already closed
+                pass
+
+        return unwatch
 
     async def _max_notification_id(self) -> int | None:
         last = await self._last_msg(self.events_filter)

@@ -17,9 +17,10 @@ Micro-credits are BIGINT throughout; times are epoch seconds (double precision),
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -39,6 +40,12 @@ DIMENSIONS: tuple[str, ...] = ("cpu_millis", "memory_mib", "gpu_count", "local_d
 WAITING_STATES = frozenset({"requested", "queued"})
 DEFAULT_BATCH = 1000
 _CACHE_LIMIT = 100_000
+
+
+class PositionMoved(Exception):
+    """A view's position went back (a rebuild) after a batch was read for it: read again."""
+
+    code = "position_moved"
 
 
 class UnknownView(Exception):
@@ -398,8 +405,12 @@ class PoolViews:
         self.conn.commit()
         return min((pos.get(v, (0, 0))[0] for v in self.views), default=0)
 
-    def process(self, notifications: Sequence[Any]) -> int:
-        """Apply one batch; returns how many events some view took (0: all already applied)."""
+    def process(self, notifications: Sequence[Any], *, read_from: int | None = None) -> int:
+        """Apply one batch; returns how many events some view took (0: all already applied).
+
+        `read_from`: where the batch was read from, after the views' position then. A view now
+        behind that was rebuilt meanwhile: nothing is written, and PositionMoved is raised so
+        the caller reads again from the view's position instead of leaving a gap."""
         if not notifications:
             return 0
         mapper = self.app.mapper
@@ -414,6 +425,9 @@ class PoolViews:
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(self.schema),))
                 pos = positions(conn, self.schema, lock=True)
+                if read_from is not None and any(
+                        pos.get(v, (0, 0))[0] < read_from - 1 for v in self.views):
+                    raise PositionMoved(f"a view moved back before position {read_from - 1}")
                 taken = 0
                 tracked: list[tuple[str, int, int]] = []
                 # views at the same position share one slice of the batch and one coalescing
@@ -508,16 +522,46 @@ class PoolViews:
             _write_rows(conn, schema, "capacity", list(nodes.values()), len(_CAPACITY_COLS))
 
     def catch_up(self, *, batch_size: int = DEFAULT_BATCH, stop: int | None = None) -> int:
-        """Apply every batch up to the log's end (or `stop`); returns the events applied."""
+        """Apply every batch up to the log's end (or `stop`); returns the events applied. The
+        next batch is read while the current one is applied."""
         total = 0
         while True:
             start = self.position() + 1
             if stop is not None and start > stop:
                 return total
-            batch = self.app.recorder.select_notifications(start, batch_size, stop=stop)
-            if not batch:
+            try:
+                for page in read_pages(self.app.recorder, start, batch_size, stop=stop):
+                    total += self.process(page, read_from=start)
+                    start = page[-1].id + 1
                 return total
-            total += self.process(batch)
+            except PositionMoved:
+                continue
+
+
+def read_pages(recorder: Any, start: int, batch_size: int,
+               stop: int | None = None) -> Iterator[Sequence[Any]]:
+    """Pages of notifications from `start` up to the end of the log (or `stop`); while the
+    caller works on one page the next is already being read, when the recorder can read ahead
+    (bus.jetstream's `prefetch`), else pages are read one after the other."""
+    prefetch = getattr(recorder, "prefetch", None)
+
+    def fetch(at: int) -> Any:
+        if prefetch is not None:
+            return prefetch(at, batch_size, stop)
+        done: concurrent.futures.Future[Sequence[Any]] = concurrent.futures.Future()
+        done.set_result(recorder.select_notifications(at, batch_size, stop=stop))
+        return done
+
+    ahead = fetch(start)
+    while True:
+        page = ahead.result()
+        if not page:
+            return
+        if stop is not None and page[-1].id >= stop:
+            yield page
+            return
+        ahead = fetch(page[-1].id + 1)
+        yield page
 
 
 # -- status and rebuild --------------------------------------------------------------------------

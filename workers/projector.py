@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from projections.views import DEFAULT_BATCH, DEFAULT_SCHEMA, VIEWS, PoolViews
+from projections.views import DEFAULT_BATCH, DEFAULT_SCHEMA, VIEWS, PoolViews, PositionMoved
 from workers.app import PoolApp
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,7 @@ class Projector:
         self.batch_size = batch_size
         self.poll_seconds = poll_seconds
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self.position = 0
 
@@ -46,26 +47,51 @@ class Projector:
         start = self.views.position() + 1
         batch = self.app.recorder.select_notifications(start, self.batch_size)
         if batch:
-            self.views.process(batch)
+            self.views.process(batch, read_from=start)
             self.position = batch[-1].id
         else:
             self.position = start - 1
         return len(batch)
 
     def run_forever(self, stop: threading.Event | None = None) -> None:
-        from workers import observability
-
+        """Apply batches until `stop`. The next batch is read while the current one is written,
+        and an idle projector wakes when events are appended (polling only as a fallback)."""
         stop = stop or self._stop
         self.views.setup()
-        observability.watch_projector(self)  # its lag behind the log, as a metric
-        while not stop.is_set():
-            try:
-                if self.step() == 0:
-                    stop.wait(self.poll_seconds)
-            except Exception:  # noqa: BLE001 - the bus or the database may be away; retry
-                log.exception("projector batch failed; retrying")
-                self.views.close()
-                stop.wait(1.0)
+        recorder = self.app.recorder
+        watch = getattr(recorder, "watch", None)
+        unwatch = watch(self._wake.set) if watch is not None else None
+        prefetch = getattr(recorder, "prefetch", None)
+        ahead: tuple[int, Any] | None = None  # (start, the read of the batch from there)
+        try:
+            while not stop.is_set():
+                # cleared before reading: an append from now on wakes the wait below
+                self._wake.clear()
+                try:
+                    start = self.views.position() + 1
+                    if ahead is not None and ahead[0] == start:
+                        batch = ahead[1].result()
+                    else:
+                        batch = recorder.select_notifications(start, self.batch_size)
+                    ahead = None
+                    if not batch:
+                        self.position = start - 1
+                        self._wake.wait(self.poll_seconds)
+                        continue
+                    if prefetch is not None and len(batch) >= self.batch_size:
+                        ahead = (batch[-1].id + 1, prefetch(batch[-1].id + 1, self.batch_size))
+                    self.views.process(batch, read_from=start)
+                    self.position = batch[-1].id
+                except PositionMoved:
+                    ahead = None
+                except Exception:  # noqa: BLE001 - the bus or the database may be away; retry
+                    ahead = None
+                    log.exception("projector batch failed; retrying")
+                    self.views.close()
+                    stop.wait(1.0)
+        finally:
+            if unwatch is not None:
+                unwatch()
 
     def wait_until(self, notification_id: int, timeout: float = 10.0) -> bool:
         deadline = time.monotonic() + timeout
@@ -83,6 +109,7 @@ class Projector:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(10)
         self.views.close()
