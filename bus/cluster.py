@@ -1,4 +1,4 @@
-"""The clustered topology on one machine: N nats-server processes from the wheel as one JetStream cluster.
+"""The clustered topology on one machine: N nats-servers from the wheel as one JetStream cluster.
 
 Owns ports, per-server store dirs, routes and readiness (a meta leader, every peer current);
 `pool cluster up` and the fault suite start clusters through here. No auth: loopback only.
@@ -22,7 +22,7 @@ DEFAULT_CLUSTER_NAME = "pool-cluster"
 def _get_json(url: str, timeout: float = 1.0) -> tuple[int, dict[str, Any]]:
     """Status and JSON body of a monitoring endpoint (healthz answers 503 with a body)."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback only
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # loopback monitoring only
             return r.status, json.loads(r.read() or b"{}")
     except urllib.error.HTTPError as e:
         try:

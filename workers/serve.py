@@ -18,6 +18,7 @@ from typing import Any
 
 from bus.leader import LeaderElection
 from bus.service import Service
+from projections.views import VIEWS
 from schemas.codec import SchemaError, decode_command, encode
 from workers.app import PoolApp
 from workers.commands import (
@@ -101,7 +102,7 @@ class ControlPlane:
                                  queue="pool-commands")
                          if "commands" in self.roles else None)
         self.projector = (Projector(nats_url, database_url,
-                                    **({"views": tuple(projector_views)} if projector_views else {}))
+                                    views=tuple(projector_views or VIEWS))
                           if database_url and "projector" in self.roles else None)
         self.run_scheduler = run_scheduler
         # the data plane's side: agent orders (with the scheduler) and durable deadline timers
