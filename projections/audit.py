@@ -19,7 +19,7 @@ import psycopg
 from domain.lease import Lease
 from domain.node import Node
 from domain.pool import Pool
-from projections.views import DEFAULT_SCHEMA, Folder, positions
+from projections.views import DEFAULT_SCHEMA, Folder, positions, read_pages
 
 BATCH = 1000
 
@@ -131,16 +131,13 @@ class CreditAudit:
         top = self.app.recorder.max_notification_id() or 0
         self.report.position = top
         self.report.view_position = view_position
-        start = 1
-        while start <= top:
-            batch = self.app.recorder.select_notifications(start, BATCH, stop=top)
-            if not batch:
-                break
+        to_domain_event = self.app.mapper.to_domain_event
+        # the next page is read while this one is folded
+        for batch in read_pages(self.app.recorder, 1, BATCH, stop=top) if top else ():
             for n in batch:
                 if view_position is not None and self._snapshot is None and n.id > view_position:
                     self._snapshot = self._figures()
-                self._apply(n.id, self.app.mapper.to_domain_event(n))
-            start = batch[-1].id + 1
+                self._apply(n.id, to_domain_event(n))
         if self._snapshot is None:
             self._snapshot = self._figures()
         return self.report
