@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import logging
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -24,6 +25,7 @@ from bus.runtime import translate
 from bus.runtime import servers
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 # handler(subject, body, headers) -> reply body
 Handler = Callable[[str, bytes, dict[str, str]], bytes]
@@ -55,7 +57,13 @@ class _LoopThread:
         self.loop.close()
 
 
+async def _quiet(exc: Exception) -> None:
+    # nats-py prints a traceback for every failed reconnect by default; they are routine
+    log.debug("nats connection error: %r", exc)
+
+
 async def _connect(url: str, **options: Any) -> Any:
+    options.setdefault("error_cb", _quiet)
     try:
         return await nats.connect(servers(url), connect_timeout=5, **options)
     except (NatsError, OSError) as e:
