@@ -6,19 +6,35 @@ Short-lived connections only; long-running processes use bus.runtime instead.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import nats
 from nats.errors import Error as NatsError
 
 from bus.errors import BusUnavailable
-from bus.runtime import servers
+from bus.runtime import servers, translate
 from bus.subjects import EVENTS_STREAM
+
+T = TypeVar("T")
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run, with nats errors (a timeout while a cluster elects a leader) as bus.errors."""
+    try:
+        return asyncio.run(coro)
+    except Exception as e:
+        translated = translate(e)
+        if translated is e:
+            raise
+        raise translated from e
 
 
 async def _connect(url: str) -> Any:
     try:
-        return await nats.connect(servers(url), connect_timeout=5, max_reconnect_attempts=0)
+        # a cluster's URL list may name a server that is down: the next one is tried, quietly
+        return await nats.connect(servers(url), connect_timeout=5, max_reconnect_attempts=0,
+                                  error_cb=_quiet)
     except (NatsError, OSError) as e:
         raise BusUnavailable(f"cannot reach NATS at {url}: {e}") from e
 
@@ -43,7 +59,7 @@ def ensure_all_streams(url: str, *, replicas: int = 1) -> None:
         finally:
             await nc.close()
 
-    asyncio.run(go())
+    _run(go())
 
 
 def describe_streams(url: str) -> list[dict[str, Any]]:
@@ -68,7 +84,7 @@ def describe_streams(url: str) -> list[dict[str, Any]]:
         finally:
             await nc.close()
 
-    return asyncio.run(go())
+    return _run(go())
 
 
 async def _quiet(_exc: Exception) -> None:
