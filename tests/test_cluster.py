@@ -17,7 +17,7 @@ import pytest
 from eventsourcing.application import Application
 from eventsourcing.domain import Aggregate, event
 
-from bus.admin import describe_streams
+from bus.admin import describe_streams, ensure_all_streams
 from bus.cluster import NatsCluster
 from bus.errors import BusError
 from bus.runtime import close_runtime, servers
@@ -61,6 +61,10 @@ def test_the_cluster_has_a_meta_leader_and_every_stream_at_three_replicas(
     for name in (EVENTS_STREAM, "POOL_AGENT", "POOL_SCHED", "POOL_TELEMETRY", "KV_pool_leaders",
                  "KV_pool_positions"):
         assert streams.get(name) == 3, (name, streams)
+    # every process ensures its streams at start-up with its own default of one replica
+    ensure_all_streams(cluster.url, replicas=1)
+    after = {s["name"]: s["replicas"] for s in describe_streams(cluster.url)}
+    assert after == streams, "an ensure lowered a stream's replicas"
 
 
 def _append(app: Ledger, n: int, acked: dict[UUID, int], failures: list[str]) -> None:
