@@ -500,7 +500,13 @@ class JetStreamRecorder:
             return [e]
         events: list[StoredEvent] = []
         last_seen: tuple[int, int] | None = None
-        async for seq, headers, data in self._scan(subject, 1):
+        start = 1
+        known = self._cache.get(subject)
+        if gt is not None and known is not None and known.last_version == gt and known.last_seq:
+            # a fast-forward from the version we last saw: read only what came after it
+            start = known.last_seq + 1
+            last_seen = (gt, known.last_seq)
+        async for seq, headers, data in self._scan(subject, start):
             e = _stored_event_from(headers, data)
             last_seen = (e.originator_version, seq)
             if gt is not None and e.originator_version <= gt:

@@ -492,39 +492,59 @@ class PoolApp(Application):
         return self.register_node(reg)
 
     def node_heartbeat(self, node_id: str, hb: v1.NodeHeartbeat) -> dict[str, Any]:
-        """The node and every lease it runs are alive: ONE save for all of them. Returns, per
-        lease, whether it is still live here, so the agent stops what must not run."""
+        """The node and every lease it runs are alive. The leases' heartbeats are ONE atomic
+        save; the node's own heartbeat is a second one, so the scheduler allocating on a busy
+        node (a write to the node) never makes the leases' heartbeats fail. Returns, per lease,
+        whether it is still live here, so the agent stops what must not run."""
+        node = self.find(Node, Node.create_id(node_id))
+        if node is None or hb.node_id != node_id:
+            raise UnknownNode(f"no node {node_id!r}; register first")
+        if node.state is NodeState.LOST:
+            return {"node_state": str(node.state), "register": True, "leases": {}}
 
-        def go() -> dict[str, Any]:
+        def beat_leases() -> dict[str, dict[str, Any]]:
             now = self.clock()
-            node = self.find(Node, Node.create_id(node_id))
-            if node is None or hb.node_id != node_id:
-                raise UnknownNode(f"no node {node_id!r}; register first")
             changed: list[Aggregate] = []
-            if node.state is NodeState.LOST:
-                return {"node_state": str(node.state), "register": True, "leases": {}}
-            node.heartbeat(now)
-            changed.append(node)
-            leases: dict[str, dict[str, Any]] = {}
-            for beat in hb.leases:
-                leases[beat.lease_id] = self._beat(node_id, beat, now, changed)
-            # a lease being reconciled that the agent no longer runs is confirmed stopped: the
-            # heartbeat lists every workload the agent has, adopted ones included
-            cache: dict[UUID, Aggregate] = {node.id: node}
-            for lid in list(node.allocations):
-                if lid in leases:
-                    continue
-                lease = self.find(Lease, UUID(lid))
-                if lease is not None and lease.state in (LeaseState.EXPIRED,
-                                                         LeaseState.RECONCILING):
-                    lease.confirm_stopped(now)
-                    changed += [lease, *self._settle(lease, now, node_id, cache)]
-                    leases[lid] = {"live": False, "state": str(lease.state),
-                                   "code": "reconciled"}
-            self.save(*list({a.id: a for a in changed}.values()))
-            return {"node_state": str(node.state), "leases": leases}
+            out = {b.lease_id: self._beat(node_id, b, now, changed) for b in hb.leases}
+            self.save(*changed)
+            return out
 
-        return self.retrying(go)
+        def beat_node() -> Node:
+            fresh = self.find(Node, Node.create_id(node_id))
+            assert fresh is not None
+            if fresh.state is not NodeState.LOST:
+                fresh.heartbeat(self.clock())
+                self.save(fresh)
+            return fresh
+
+        leases = self.retrying(beat_leases) if hb.leases else {}
+        node = self.retrying(beat_node)
+        if node.state is NodeState.LOST:
+            return {"node_state": str(node.state), "register": True, "leases": leases}
+        leases.update(self.retrying(lambda: self._reconcile_unlisted(node_id, set(leases))))
+        return {"node_state": str(node.state), "leases": leases}
+
+    def _reconcile_unlisted(self, node_id: str, listed: set[str]) -> dict[str, dict[str, Any]]:
+        """A lease being reconciled that the agent no longer runs is confirmed stopped: the
+        heartbeat lists every workload the agent has, adopted and stopping ones included."""
+        now = self.clock()
+        node = self.find(Node, Node.create_id(node_id))
+        if node is None:
+            return {}
+        cache: dict[UUID, Aggregate] = {node.id: node}
+        changed: list[Aggregate] = []
+        out: dict[str, dict[str, Any]] = {}
+        for lid in list(node.allocations):
+            if lid in listed:
+                continue
+            lease = self.find(Lease, UUID(lid))
+            if lease is not None and lease.state in (LeaseState.EXPIRED, LeaseState.RECONCILING):
+                lease.confirm_stopped(now)
+                changed += [lease, *self._settle(lease, now, node_id, cache)]
+                out[lid] = {"live": False, "state": str(lease.state), "code": "reconciled"}
+        if changed:
+            self.save(*list({a.id: a for a in changed}.values()))
+        return out
 
     def _beat(self, node_id: str, beat: v1.LeaseBeat, now: float,
               changed: list[Aggregate]) -> dict[str, Any]:
@@ -604,6 +624,30 @@ class PoolApp(Application):
             return f"expired:{reason}"
 
         return self.retrying(go)
+
+    def lease_next_due(self, lease_id: str) -> float | None:
+        """When the lease's deadline timer should next fire (None: nothing pending)."""
+        try:
+            lease = self.find(Lease, UUID(lease_id))
+        except ValueError:
+            return None
+        due = None if lease is None else lease.next_due_at()
+        return due if due is not None and due > self.clock() else None
+
+    def node_next_due(self, node_id: str) -> float | None:
+        """When the node's liveness timer should next fire: its heartbeat going stale, or,
+        once lost, the release of its leases."""
+        node = self.find(Node, Node.create_id(node_id))
+        if node is None:
+            return None
+        cfg = self._pool(node.pool_id).config
+        if node.state is NodeState.LOST:
+            due = None if not node.allocations or node.lost_at is None else (
+                node.lost_at + cfg.lost_node_release_seconds)
+        else:
+            due = node.last_heartbeat_at + cfg.node_timeout_seconds
+        # a deadline already past was just handled: nothing to fire again until a new event
+        return due if due is not None and due > self.clock() else None
 
     def node_due(self, node_id: str) -> list[str]:
         """A node's liveness timer fired: a node silent past the pool's node timeout is lost and

@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 
 POSITION_KEY = "dispatcher"
 PAGE = 1000
+# Events that only move a deadline later: no timer is re-armed for them. The armed timer fires
+# early, finds nothing due, and the reconciler re-arms it at the new deadline — one publish per
+# deadline instead of one per heartbeat.
+LATER_ONLY = frozenset({"HeartbeatRecorded", "LeaseRenewed", "NodeHeartbeatRecorded"})
 # Only these aggregates matter here; their topics name their module.
 _TOPICS = ("domain.lease", "domain.node", "domain.pool")
 
@@ -119,6 +123,7 @@ class Dispatcher:
         self._armed: dict[str, float] = {}
         self._outbox: list[AgentOrder] = []
         self._timers: list[Aggregate] = []
+        self._consumers: set[str] = set()
         self._started = False
         self.orders_sent = 0
         self.timers_armed = 0
@@ -147,7 +152,11 @@ class Dispatcher:
                 agg = self._apply(event)
                 if agg is None:
                     continue
-                touched[agg.id] = agg
+                name = type(event).__name__
+                if name not in LATER_ONLY:
+                    touched[agg.id] = agg
+                if isinstance(agg, Node) and name in ("NodeRegistered", "NodeReregistered"):
+                    self._consumers.add(agg.node_id)  # its agent's queue exists from the start
                 if isinstance(agg, Lease) and note.id > self.sent_upto:
                     self._outbox += orders_for(type(event).__name__, agg,
                                                self.pools.get(agg.pool_id))
@@ -162,6 +171,9 @@ class Dispatcher:
         return n
 
     def _flush(self) -> None:
+        while self._consumers:
+            self.link.ensure_agent_consumer(next(iter(self._consumers)))
+            self._consumers.pop()
         while self._outbox:
             order = self._outbox[0]
             hdrs = {"traceparent": order.traceparent} if order.traceparent else None
@@ -224,6 +236,7 @@ class Reconciler:
         self.app = app
         self.link = link
         self.applied: list[str] = []
+        self.rearmed = 0
 
     def step(self, timeout: float = 0.5) -> int:
         dues = self.link.fetch_due(timeout=timeout)
@@ -233,13 +246,23 @@ class Reconciler:
                     done = self.app.reconcile_due(due.id)
                     if done:
                         self.applied.append(f"{due.id}:{done}")
+                    else:
+                        self._rearm("lease", due.id, self.app.lease_next_due(due.id))
                 elif due.kind == "node":
-                    self.applied += self.app.node_due(due.id)
+                    done_node = self.app.node_due(due.id)
+                    self.applied += done_node
+                    self._rearm("node", due.id, self.app.node_next_due(due.id))
             except Exception:  # noqa: BLE001 - leave it unacked: redelivered after ack_wait
                 log.exception("timer %s.%s failed", due.kind, due.id)
                 continue
             due.ack()
         return len(dues)
+
+    def _rearm(self, kind: str, ident: str, at: float | None) -> None:
+        """A timer that fired early (its deadline moved later) is set again for the new one."""
+        if at is not None:
+            self.link.schedule(kind, ident, at)
+            self.rearmed += 1
 
 
 def run_loop(step: Callable[[], int], stop: threading.Event, *, idle: float = 0.05,

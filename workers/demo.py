@@ -1,0 +1,468 @@
+"""`pool demo`: the whole mission in one command, on the embedded default.
+
+Starts NATS and PostgreSQL, the control plane (commands, scheduler, dispatcher, reconciler,
+projector), a simulated fleet of 200 nodes plus one real local agent running sandboxed
+processes, and three tenants who submit work: a flood of whole-node jobs under weighted fair
+share, a preemption, a cancellation, a request no node can hold, a silent agent whose lease is
+reconciled, and a tenant that runs out of credit. A live dashboard reads the PostgreSQL views;
+the end prints the credit audit, the fair-share outcome and where to look next.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agents.probe import Gpu, GpuProbe, NodeProbe
+from agents.simulate import SimNode, SimulatedFleet, fleet
+
+POOL = "demo"  # the big simulated fleet: fair share under a flood, credits
+HPC = "hpc"  # one 8-GPU node: preemptible batch work and an urgent job that preempts it
+EDGE = "edge"  # the real sandboxed agent and a node whose agent goes silent; short timeouts
+TENANTS = {"acme": 3.0, "globex": 2.0, "initech": 1.0}
+IMAGE = "registry.demo/jobs/sleeper@sha256:" + "5" * 64
+# whole-node jobs pinned to zone z1 (a third of the fleet), so the flood is contended
+FLOOD_SHAPE = {"cpu_millis": 16000, "memory_mib": 32768, "zone": "z1"}
+MAX_RUNTIME = 120
+# a 16-core, 32 GiB lease for 120 s holds 16×10×120 + 32×2×120 = 26,880 micro-credits
+PRICES = {"cpu_core_second": 10, "memory_gib_second": 2,
+          "gpu_second": {"NVIDIA L4": 400, "NVIDIA A100 80GB": 1500, "*": 800},
+          "gpu_partition_second": {"*": 250}}
+# initech can hold one lease at a time and soon not even that: it runs out of credit
+CREDITS = {"acme": 10**11, "globex": 10**11, "initech": 30_000}
+FLOOD = 180
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool = False
+    detail: str = ""
+
+
+@dataclass
+class Tracked:
+    lease_id: str
+    tenant: str
+    job: dict[str, Any] | None
+    kind: str = "flood"
+    state: str = "queued"
+    final: dict[str, Any] = field(default_factory=dict)
+
+
+class Demo:
+    """One run of the demo; `run()` returns the process exit code."""
+
+    def __init__(self, home: Path, *, nodes: int = 200, flood: int = 180, keep: bool = False,
+                 say: Callable[[str], None] = print, live: bool | None = None) -> None:
+        self.home = home
+        self.nodes = nodes
+        self.flood = flood
+        self.keep = keep
+        self.say = say
+        self.live = live
+        self.checks: dict[str, Check] = {k: Check(k) for k in (
+            "fair_share", "preemption", "cancellation", "unsatisfiable", "silent_agent",
+            "out_of_credit", "real_sandbox", "audit")}
+        self.tracked: dict[str, Tracked] = {}
+        self.samples: list[dict[str, float]] = []
+        self.initech_dry_at: float | None = None
+        self.t0 = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def _ok(self, r: dict[str, Any], what: str) -> dict[str, Any]:
+        if not r.get("ok"):
+            raise RuntimeError(f"{what}: {r.get('error')}")
+        return r
+
+    def submit(self, tenant: str, key: str, shape: dict[str, Any], job: dict[str, Any] | None,
+               *, kind: str = "flood", priority: str = "standard",
+               pool: str = POOL) -> Tracked | None:
+        r = self.clients[tenant].request_lease({
+            "pool_id": pool, "shape": shape, "maximum_runtime_seconds": MAX_RUNTIME,
+            "idempotency_key": key, "priority_class": priority})
+        if not r.get("ok"):
+            return None
+        t = Tracked(r["lease"]["lease_id"], tenant, job, kind, r["lease"]["state"])
+        with self._lock:
+            self.tracked[t.lease_id] = t
+        return t
+
+    def get(self, t: Tracked) -> dict[str, Any]:
+        return dict(self.clients[t.tenant].lease(t.lease_id, "get").get("lease") or {})
+
+    # -- set-up ------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        from bus.admin import ensure_all_streams
+        from workers import embedded
+        from workers.client import PoolClient
+        from workers.serve import ControlPlane
+
+        if self.home.exists():
+            shutil.rmtree(self.home)  # every demo starts from an empty log
+        os.environ.setdefault("POOL_NATS_PORT", "0")
+        self.say(f"starting the embedded NATS and PostgreSQL in {self.home} …")
+        self.emb = embedded.start(self.home, with_postgres=True)
+        url = self.url = self.emb.service_url or self.emb.nats_url
+        ensure_all_streams(url)
+        self.plane = ControlPlane(url, database_url=self.emb.database_url,
+                                  leader_ttl_seconds=1.0).start()
+        self.admin = PoolClient(url, timeout=20)
+        self.clients = {t: PoolClient(url, t, timeout=20) for t in TENANTS}
+        classes = {"preemptible": 0, "standard": 10, "high": 20}
+        pools = {
+            # fair share orders the flood; no preemption here, so short jobs never thrash
+            POOL: {"heartbeat_timeout_seconds": 15, "node_timeout_seconds": 20,
+                   "lost_node_release_seconds": 10},
+            HPC: {"preemption": {"enabled": True, "grace_seconds": 2, "min_runtime_seconds": 0},
+                  "heartbeat_timeout_seconds": 8, "node_timeout_seconds": 10},
+            EDGE: {"heartbeat_timeout_seconds": 3, "node_timeout_seconds": 4,
+                   "lost_node_release_seconds": 3},
+        }
+        for pool, cfg in pools.items():
+            self._ok(self.admin.admin("pool.set", {"pool_id": pool, "priority_classes": classes,
+                                                   "commit_timeout_seconds": 15, **cfg}), "pool")
+            self._ok(self.admin.admin("pool.prices", {"pool_id": pool, **PRICES}), "prices")
+            for tenant, weight in TENANTS.items():
+                self._ok(self.admin.admin("tenant.set", {"tenant": tenant, "pool_id": pool,
+                                                         "weight": weight}), "tenant")
+        for tenant in TENANTS:
+            self._ok(self.admin.admin("credits.grant", {
+                "tenant": tenant, "amount_microcredits": CREDITS[tenant],
+                "transfer_id": f"demo-grant-{tenant}"}), "grant")
+        nodes = fleet(self.nodes, "mixed")
+        a100 = GpuProbe(gpus=tuple(Gpu(i, f"GPU-hpc-{i}", "NVIDIA A100 80GB", 81920)
+                                   for i in range(8)), driver="simulated")
+        hpc = [SimNode("hpc-0", NodeProbe(64000, "amd64", 262144, 2000, a100), "z1",
+                       labels={"zone": "z1", "kind": "a100"})]
+        edge = [SimNode("quiet-0", NodeProbe(8000, "amd64", 16384, 100), "z2",
+                        labels={"zone": "z2", "kind": "cpu"})]
+        self.say(f"registering {len(nodes) + len(hpc) + len(edge)} simulated nodes …")
+        self.fleet = SimulatedFleet(url, nodes, pool_id=POOL, heartbeat_interval=4.0).start()
+        self.fleets = [self.fleet,
+                       SimulatedFleet(url, hpc, pool_id=HPC, heartbeat_interval=1.0).start(),
+                       SimulatedFleet(url, edge, pool_id=EDGE, heartbeat_interval=1.0).start()]
+        for n in ("sim-0003", "sim-0007", "sim-0011"):
+            self.admin.admin(f"node.{n}.cordon", {"reason": "demo: cordoned"})
+        self.local = self._start_local_agent()
+
+    def _start_local_agent(self) -> Any:
+        from agents.agent import Agent
+        from agents.probe import Reserve, probe_node
+        from agents.runtime_process import ProcessRuntime
+        from bus.agentbus import AgentLink
+
+        state = self.home / "agents" / "local-1"
+        runtime = ProcessRuntime(state)
+        why = runtime.available()
+        if why is not None:
+            self.checks["real_sandbox"].detail = f"skipped: {why}"
+            self.checks["real_sandbox"].ok = True
+            return None
+        link = AgentLink(self.url, "local-1").connect()
+        agent = Agent(link, runtime, node_id="local-1", pool_id=EDGE, probe=probe_node(state),
+                      state_dir=state, labels={"zone": "z3", "region": "local"},
+                      reserve=Reserve(0, 512, 0), heartbeat_interval=1.0)
+        stop = threading.Event()
+        thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+        thread.start()
+        return {"agent": agent, "link": link, "stop": stop, "thread": thread}
+
+    # -- the tenants -------------------------------------------------------------------------
+
+    def committer(self) -> None:
+        """Each tenant commits its leases once the leases view shows them reserved (a requeued
+        one again); one query a round, not a request per lease."""
+        from projections.summary import Summary
+
+        summary = Summary(self.emb.database_url)
+        try:
+            while not self._stop.is_set():
+                with self._lock:
+                    pending = {t.lease_id: t for t in self.tracked.values()
+                               if t.state not in ("released", "cancelled", "rejected")}
+                for lid, state in summary.states(list(pending)).items():
+                    t = pending[lid]
+                    t.state = state
+                    if state == "reserved":
+                        r = self.clients[t.tenant].lease(lid, "commit",
+                                                         {"job": t.job} if t.job else {})
+                        if r.get("ok"):
+                            t.state = r["lease"]["state"]
+                self._stop.wait(0.3)
+        finally:
+            summary.close()
+
+    def sampler(self) -> None:
+        """While the flood is contended: cores running per tenant, once a second."""
+        from projections.summary import Summary
+
+        summary = Summary(self.emb.database_url)
+        try:
+            while not self._stop.is_set():
+                snap = summary.snapshot()
+                self.last_snapshot = snap
+                queued = {q["tenant"] for q in snap.get("queue", [])}
+                running = summary.running_cores(POOL)
+                if {"acme", "globex"} <= queued:  # both still waiting: contention
+                    self.samples.append({**running, "_initech_waiting": float(
+                        "initech" in queued)})
+                self._stop.wait(1.0)
+        finally:
+            summary.close()
+
+    def scenario(self) -> None:
+        """The story: the special cases first, then the flood, then the twists."""
+        # a request no node in the pool could ever hold: rejected at once, with reasons
+        self.impossible = self.submit("globex", "impossible", {
+            "cpu_millis": 1000, "memory_mib": 1024, "gpu_count": 16}, None, kind="impossible")
+        # preemptible batch work that fills the HPC node (an urgent job will want it)
+        victims = [self.submit("globex", f"batch-{i}", {"cpu_millis": 8000, "memory_mib": 8192,
+                                                        "gpu_count": 8},
+                               {"image": IMAGE, "command": ["sleep", "40"]},
+                               kind="victim", priority="preemptible", pool=HPC)
+                   for i in range(1)]
+        self.victims = [v for v in victims if v is not None]
+        # on the edge pool: real sandboxed jobs (one to cancel), and a job on a node whose
+        # agent will go silent
+        local = {"cpu_millis": 200, "memory_mib": 128, "region": "local", "runtime": "sandboxed"}
+        self.to_cancel = (self.submit("acme", "long-job", local, {"image": IMAGE, "command": [
+            "sleep", "60"]}, kind="cancel", pool=EDGE) if self.local is not None else None)
+        self.quiet = self.submit("acme", "on-quiet-node", {"cpu_millis": 1000, "memory_mib": 1024},
+                                 {"image": IMAGE, "command": ["sleep", "60"]}, kind="quiet",
+                                 pool=EDGE)
+        self.sandboxed: list[Tracked] = []
+        if self.local is not None:
+            for i in range(3):
+                t = self.submit("acme", f"sandboxed-{i}", local, {"image": IMAGE, "command": [
+                    "sh", "-c", f"echo job {i} as $(id -u) in a sandbox; sleep 2"]},
+                    kind="sandboxed", pool=EDGE)
+                if t is not None:
+                    self.sandboxed.append(t)
+
+        # a flood of whole-node jobs from all three tenants: fair share decides who runs
+        def flood(tenant: str, offset: int) -> None:
+            rnd = random.Random(offset)
+            for i in range(offset, self.flood, 3):
+                self.submit(tenant, f"flood-{i}", FLOOD_SHAPE,
+                            {"image": IMAGE, "command": ["sleep", str(rnd.choice((3, 4, 5)))]})
+
+        floods = [threading.Thread(target=flood, args=(t, k), daemon=True)
+                  for k, t in enumerate(TENANTS)]
+        for th in floods:
+            th.start()
+        self._wait_running(self.victims + [x for x in (self.to_cancel, self.quiet) if x], 20)
+        # the twists: an urgent job preempts the batch work, a cancel, an agent goes quiet
+        self.high = self.submit("acme", "urgent", {"cpu_millis": 8000, "memory_mib": 8192,
+                                                   "gpu_count": 8},
+                                {"image": IMAGE, "command": ["sleep", "3"]}, kind="high",
+                                priority="high", pool=HPC)
+        if self.to_cancel is not None:
+            self.clients["acme"].lease(self.to_cancel.lease_id, "cancel", {"reason": "demo"})
+        if self.quiet is not None:
+            self.fleets[2].go_silent("quiet-0")
+        for th in floods:
+            th.join()
+
+    def _wait_running(self, ts: list[Tracked], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not all(
+                self.get(t).get("state") == "running" for t in ts):
+            time.sleep(0.3)
+
+    # -- the end -----------------------------------------------------------------------------
+
+    def settle(self, timeout: float) -> None:
+        """Wait for the story to finish; then cancel whatever still waits (out of credit)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            open_ = [t for t in self.tracked.values() if t.kind != "victim"
+                     and t.state not in ("released", "cancelled", "rejected", "preempted")
+                     and not (t.tenant == "initech" and t.state == "queued")]
+            if not open_ and self.elapsed() > 8:
+                break
+            self._refresh()
+            time.sleep(0.5)
+        self._refresh()
+        for t in self.tracked.values():
+            if t.state in ("queued", "reserved", "running", "preempting"):
+                if t.tenant == "initech" and t.state == "queued":
+                    why = self.plane.scheduler.why("initech", t.lease_id) or {}
+                    self.credit_why = why
+                self.clients[t.tenant].lease(t.lease_id, "cancel", {"reason": "demo over"})
+
+    def _refresh(self) -> None:
+        for t in list(self.tracked.values()):
+            if t.state not in ("released", "cancelled", "rejected", "preempted"):
+                lease = self.get(t)
+                t.state = lease.get("state", t.state)
+                t.final = lease
+
+    def judge(self) -> None:
+        c = self.checks
+        if self.impossible is not None:
+            why = self.plane.scheduler.why("globex", self.impossible.lease_id) or {}
+            lease = self.get(self.impossible)
+            c["unsatisfiable"].ok = lease.get("state") == "rejected"
+            c["unsatisfiable"].detail = (f"{lease.get('rejection_code')}: "
+                                         f"{why.get('reasons', {})}")[:200]
+        if self.to_cancel is not None:
+            st = self.get(self.to_cancel).get("state")
+            c["cancellation"].ok = st == "cancelled"
+            c["cancellation"].detail = (f"running → stopping → {st} "
+                                        f"({self.get(self.to_cancel).get('end_reason')})")
+        if self.quiet is not None:
+            lease = self.get(self.quiet)
+            c["silent_agent"].ok = (lease.get("state") == "released"
+                                    and lease.get("end_reason") in ("heartbeat_lost",
+                                                                    "node_lost"))
+            c["silent_agent"].detail = (f"expired ({lease.get('end_reason')}) → reconciling "
+                                        f"→ {lease.get('state')}, capacity held until then")
+        preempted = [v for v in self.victims if (self.get(v).get("attempts") or 1) > 1]
+        self.victim_detail = [(self.get(v).get("state"), self.get(v).get("attempts"),
+                               self.get(v).get("end_reason")) for v in self.victims]
+        high = self.get(self.high) if getattr(self, "high", None) else {}
+        c["preemption"].ok = bool(preempted) and high.get("end_reason") == "completed"
+        c["preemption"].detail = (f"{len(preempted)} preemptible lease(s) noticed, given 2 s "
+                                  f"grace and requeued; the high-priority lease "
+                                  f"{high.get('state')} ({high.get('end_reason')}) "
+                                  f"{getattr(self, 'victim_detail', '')}")
+        why = getattr(self, "credit_why", {}) or {}
+        reasons = why.get("reasons", {})
+        c["out_of_credit"].ok = "insufficient_credits" in str(reasons)
+        c["out_of_credit"].detail = f"initech waits: {reasons}"[:200]
+        if self.sandboxed:
+            done = [self.get(t) for t in self.sandboxed]
+            c["real_sandbox"].ok = all(d.get("state") == "released" and d.get("exit_code") == 0
+                                       for d in done)
+            c["real_sandbox"].detail = (f"{len(done)} jobs ran under bubblewrap as uid 65534 on "
+                                        f"local-1, exit codes {[d.get('exit_code') for d in done]}")
+        # fair share: mean cores running per tenant while acme and globex both waited
+        contended = [s for s in self.samples if s.get("acme") and s.get("globex")]
+        if contended:
+            mean = {t: sum(s.get(t, 0.0) for s in contended) / len(contended) for t in TENANTS}
+            ratio = mean["acme"] / max(1e-9, mean["globex"])
+            self.fair = {"samples": len(contended), "mean_cores": mean, "acme_to_globex": ratio}
+            c["fair_share"].ok = 1.2 <= ratio <= 1.8  # weights 3:2 → 1.5
+            c["fair_share"].detail = (f"acme:globex cores {ratio:.2f} (weights 3:2 = 1.50) over "
+                                      f"{len(contended)} contended samples")
+        else:
+            self.fair = {}
+            c["fair_share"].detail = "no contended sample was taken"
+
+    def audit(self) -> None:
+        from projections.audit import audit_credits
+        from workers.app import PoolApp
+        from workers.serve import app_env
+
+        from projections.summary import Summary
+
+        app = PoolApp(env=app_env(self.url))
+        summary = Summary(self.emb.database_url)
+        try:
+            last = app.recorder.max_notification_id() or 0
+            deadline = time.monotonic() + 20  # let the views catch up before cross-checking
+            while time.monotonic() < deadline and summary.position() < last:
+                time.sleep(0.3)
+            report = audit_credits(app, database_url=self.emb.database_url)
+        finally:
+            summary.close()
+            app.close()
+        self.audit_lines = report.lines()
+        self.checks["audit"].ok = report.ok
+        self.checks["audit"].detail = self.audit_lines[-1] if self.audit_lines else ""
+
+    # -- run ---------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.t0 = time.monotonic()
+        self.setup()
+        threads = [threading.Thread(target=f, daemon=True) for f in (self.committer,
+                                                                     self.sampler)]
+        for th in threads:
+            th.start()
+        try:
+            story = threading.Thread(target=self.scenario, daemon=True)
+            story.start()
+            from workers.demo_view import Dashboard
+
+            with Dashboard(self, live=self.live):
+                story.join()
+                self.settle(timeout=max(10.0, 42 - self.elapsed()))
+            self.judge()
+            self._stop.set()
+            for th in threads:
+                th.join(5)
+            self.audit()
+            self.report()
+            if self.keep:
+                self.say("still running (--keep): Ctrl-C to stop")
+                try:
+                    while True:
+                        time.sleep(1)
+                except KeyboardInterrupt:
+                    pass
+        finally:
+            self._stop.set()
+            self.teardown()
+        return 0 if all(c.ok for c in self.checks.values()) else 1
+
+    def report(self) -> None:
+        say = self.say
+        say("")
+        say("credit audit (replayed from the JetStream log, cross-checked with the views):")
+        for line in self.audit_lines[-3:]:
+            say(f"  {line}")
+        say("")
+        say("fair share under contention (whole-node jobs, all tenants flooding):")
+        total_w = sum(TENANTS.values())
+        mean = self.fair.get("mean_cores", {})
+        total_c = sum(mean.values()) or 1.0
+        say(f"  {'tenant':<8} {'weight':>6} {'weight share':>12} {'mean cores':>10} "
+            f"{'core share':>10}")
+        for t, w in TENANTS.items():
+            say(f"  {t:<8} {w:>6.0f} {w / total_w:>12.2f} {mean.get(t, 0.0):>10.0f} "
+                f"{mean.get(t, 0.0) / total_c:>10.2f}")
+        say("  (initech's share is capped by its credits: it ran out, see below)")
+        say("")
+        say("what happened:")
+        for c in self.checks.values():
+            say(f"  {'✓' if c.ok else '✗'} {c.name:<14} {c.detail}")
+        say("")
+        imp = self.impossible.lease_id if self.impossible else "ID"
+        say("where to look next:")
+        say(f"  pool demo --keep, then in another terminal (POOL_HOME={self.home}):")
+        say(f"    pool lease why {imp} --tenant globex     # why it was rejected")
+        say("    pool telemetry follow --since 5m           # startup, utilization, exits")
+        say("    pool queue; pool capacity; pool balance; pool audit credits")
+
+    def teardown(self) -> None:
+        for f in getattr(self, "fleets", []):
+            f.stop()
+        if getattr(self, "local", None):
+            self.local["stop"].set()
+            self.local["thread"].join(10)
+            for run in list(self.local["agent"].running.values()):
+                self.local["agent"].runtime.stop(run.handle, 0.5)
+            self.local["link"].close()
+        for c in list(getattr(self, "clients", {}).values()) + [getattr(self, "admin", None)]:
+            if c is not None:
+                c.close()
+        if getattr(self, "plane", None) is not None:
+            self.plane.stop()
+        if getattr(self, "emb", None) is not None:
+            self.emb.stop()
