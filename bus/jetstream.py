@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+import nats.errors
 from eventsourcing.persistence import (
     AggregateRecorder,
     ApplicationRecorder,
@@ -31,7 +32,6 @@ from eventsourcing.persistence import (
     Transcoder,
 )
 from eventsourcing.utils import Environment, resolve_topic, strtobool
-import nats.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
 from nats.js.errors import NotFoundError
@@ -39,7 +39,14 @@ from nats.js.errors import NotFoundError
 from bus.errors import BatchTooLarge, BusError, BusUnavailable, PublishRejected
 from bus.runtime import BusRuntime, get_runtime, translate
 from bus.streams import ensure_event_stream
-from bus.subjects import EVENTS_PREFIX, EVENTS_STREAM, event_subject, is_token, token, tracking_subject
+from bus.subjects import (
+    EVENTS_PREFIX,
+    EVENTS_STREAM,
+    event_subject,
+    is_token,
+    token,
+    tracking_subject,
+)
 from bus.transcoder import MsgspecTranscoder
 
 # the server's atomic-batch limit (ADR-50 default max batch size); larger saves are refused, never split
@@ -78,10 +85,6 @@ def originator_token(originator_id: UUID | str) -> str:
     if is_token(s):
         return s
     return "h-" + hashlib.sha256(s.encode("utf8")).hexdigest()[:40]
-
-
-def _hdr(msg: Msg) -> dict[str, str]:
-    return dict(msg.headers or {})
 
 
 def _stored_event_from(headers: dict[str, str], data: bytes) -> StoredEvent:
@@ -128,11 +131,11 @@ def _send_frames(nc: Any, frames: bytes, count: int) -> None:
         raise nats.errors.ConnectionClosedError
     if nc.is_draining_pubs:
         raise nats.errors.ConnectionDrainingError
-    pending = nc._pending_data_size  # noqa: SLF001 - nats-py has no public raw-write call
-    if not nc.is_connected and pending + len(frames) > nc._max_pending_size:  # noqa: SLF001
+    pending = nc._pending_data_size  # nats-py has no public raw-write call
+    if not nc.is_connected and pending + len(frames) > nc._max_pending_size:
         raise nats.errors.OutboundBufferLimitError
-    nc._pending.append(frames)  # noqa: SLF001
-    nc._pending_data_size = pending + len(frames)  # noqa: SLF001
+    nc._pending.append(frames)
+    nc._pending_data_size = pending + len(frames)
     nc.stats["out_msgs"] += count
     nc.stats["out_bytes"] += len(frames)
 
@@ -172,7 +175,7 @@ class _RawRouter:
 
     def __init__(self, nc: Any) -> None:
         self.handlers: dict[int, Any] = {}
-        original = nc._process_msg  # noqa: SLF001 - the parser's one entry point for messages
+        original = nc._process_msg  # the parser's one entry point for messages
         handlers = self.handlers
 
         async def process_msg(
@@ -184,14 +187,14 @@ class _RawRouter:
                 return
             handler(data, headers)
 
-        nc._process_msg = process_msg  # noqa: SLF001
+        nc._process_msg = process_msg
 
     @classmethod
     def of(cls, nc: Any) -> _RawRouter:
         router: _RawRouter | None = getattr(nc, "_pool_raw_router", None)
         if router is None:
             router = cls(nc)
-            nc._pool_raw_router = router  # noqa: SLF001
+            nc._pool_raw_router = router
         return router
 
 
@@ -304,7 +307,7 @@ class JetStreamRecorder:
             out.append((int(headers["Nats-Sequence"]), headers, data))
 
         sub: NatsSubscription = await nc.subscribe(inbox, cb=_never_called)
-        router.handlers[sub._id] = on_raw  # noqa: SLF001 - the sid is how nats-py routes
+        router.handlers[sub._id] = on_raw  # the sid is how nats-py routes
         try:
             req = {"seq": max(start_seq, 1), "next_by_subj": filter_subject, "batch": batch}
             await nc.publish(
@@ -312,7 +315,7 @@ class JetStreamRecorder:
             )
             at_end, status = await asyncio.wait_for(done, self.timeout)
         finally:
-            router.handlers.pop(sub._id, None)  # noqa: SLF001
+            router.handlers.pop(sub._id, None)
             await sub.unsubscribe()
         if status == "503":  # no responders: stream missing or JetStream down
             raise BusUnavailable(f"stream {self.stream} not available for reads")
@@ -639,9 +642,13 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
             done: concurrent.futures.Future[list[Notification]] = concurrent.futures.Future()
             done.set_result([])
             return done
-        return self.runtime.submit(_translated(self._select_notifications(start, limit, stop, ())))
+        return self.runtime.submit(
+            _translated(self._select_notifications(start, limit, stop, ()))
+        )
 
-    def watch(self, callback: Callable[[], None], *, again_after: float = 0.02) -> Callable[[], None]:
+    def watch(
+        self, callback: Callable[[], None], *, again_after: float = 0.02
+    ) -> Callable[[], None]:
         """Call `callback` (on the bus thread; keep it short) when messages are appended under
         this recorder's subjects, and once more `again_after` seconds later, since the core copy
         of a message can overtake its storing (an atomic batch is seen before its commit).
@@ -665,14 +672,14 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
         async def open_sub() -> NatsSubscription:
             nc = await self.runtime.connection()
             sub = await nc.subscribe(self.events_filter, cb=_never_called)
-            _RawRouter.of(nc).handlers[sub._id] = on_raw  # noqa: SLF001
+            _RawRouter.of(nc).handlers[sub._id] = on_raw
             return sub
 
         sub = self.runtime.run(open_sub(), self.timeout)
 
         async def close_sub() -> None:
             nc = await self.runtime.connection()
-            _RawRouter.of(nc).handlers.pop(sub._id, None)  # noqa: SLF001
+            _RawRouter.of(nc).handlers.pop(sub._id, None)
             await sub.unsubscribe()
 
         def unwatch() -> None:
