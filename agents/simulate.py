@@ -98,11 +98,12 @@ def _gpus(model: str, n: int, memory_gib: int, mig: tuple[str, ...] = ()) -> Gpu
 
 def fleet(n: int, profile: str = "mixed", *, prefix: str = "sim") -> list[SimNode]:
     """`n` simulated nodes over three zones. mixed: 60% CPU (16 cores, 64 GiB), 30% L4 (4 GPUs,
-    24 GiB), 10% A100 80 GB of which half in MIG mode (1× 3g.40gb + 2× 1g.10gb per GPU)."""
+    24 GiB), 10% A100 80 GB of which half in MIG mode (1× 3g.40gb + 2× 1g.10gb per GPU).
+    cpu, gpu (L4) and a100 (8× A100 80 GB) give nodes of one kind only."""
     out = []
     for i in range(n):
         zone = f"z{i % 3 + 1}"
-        kind = {"cpu": "cpu", "gpu": "l4"}.get(profile)
+        kind = {"cpu": "cpu", "gpu": "l4", "a100": "a100"}.get(profile)
         if kind is None:
             r = i % 10
             kind = "cpu" if r < 6 else "l4" if r < 9 else ("a100-mig" if i % 20 == 9 else "a100")

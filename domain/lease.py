@@ -430,6 +430,17 @@ class Lease(Aggregate):
             checkpoint_at=None if checkpoint_at is None else float(checkpoint_at),
         )
 
+    def heartbeat_is_news(self, now: float, checkpoint_at: float | None = None) -> bool:
+        """Whether a heartbeat at `now` is worth an event: the first of this placement, a new
+        checkpoint, or a quarter of the heartbeat timeout since the last one recorded. Between
+        those, a heartbeat changes no deadline that matters (the lease expires `timeout` after
+        the last recorded one, so recording every quarter keeps it alive with margin)."""
+        if self.last_heartbeat_at is None:
+            return True
+        if checkpoint_at is not None and checkpoint_at != self.last_checkpoint_at:
+            return True
+        return now - self.last_heartbeat_at >= self.heartbeat_timeout_seconds / 4
+
     def renew(self, now: float, extend_seconds: int | None = None) -> bool:
         """Extend the deadline to `now + extend_seconds` (default: the lease term).
 

@@ -168,6 +168,11 @@ class Node(Aggregate):
         _require_non_negative(capabilities.allocatable, "allocatable")
         self._reregistered(capabilities=capabilities.to_dict(), at=float(now))
 
+    def heartbeat_is_news(self, now: float, timeout_seconds: float) -> bool:
+        """Whether the agent's heartbeat at `now` is worth an event: a quarter of the node
+        timeout has passed since the last one recorded (liveness needs no more)."""
+        return now - self.last_heartbeat_at >= timeout_seconds / 4
+
     def heartbeat(self, now: float) -> None:
         """The agent is alive. A lost node must re-register instead (its view may be stale)."""
         self._require("heartbeat", {N.READY, N.CORDONED, N.DRAINING, N.MAINTENANCE})

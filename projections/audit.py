@@ -241,6 +241,9 @@ def audit_credits(app: Any, *, tenant: str | None = None, database_url: str | No
     view_position = None
     if database_url:
         with psycopg.connect(database_url) as conn:
+            # one snapshot for the position and the rows: under READ COMMITTED a projector
+            # commit between the two reads would pair rows with an older position
+            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             pos = positions(conn, schema)
             if "balance" in pos:
                 view_position = pos["balance"][0]

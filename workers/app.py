@@ -506,13 +506,16 @@ class PoolApp(Application):
             now = self.clock()
             changed: list[Aggregate] = []
             out = {b.lease_id: self._beat(node_id, b, now, changed) for b in hb.leases}
-            self.save(*changed)
+            if changed:
+                self.save(*changed)
             return out
 
         def beat_node() -> Node:
             fresh = self.find(Node, Node.create_id(node_id))
             assert fresh is not None
-            if fresh.state is not NodeState.LOST:
+            timeout = self._pool(fresh.pool_id).config.node_timeout_seconds
+            if fresh.state is not NodeState.LOST and fresh.heartbeat_is_news(self.clock(),
+                                                                            timeout):
                 fresh.heartbeat(self.clock())
                 self.save(fresh)
             return fresh
@@ -521,7 +524,10 @@ class PoolApp(Application):
         node = self.retrying(beat_node)
         if node.state is NodeState.LOST:
             return {"node_state": str(node.state), "register": True, "leases": leases}
-        leases.update(self.retrying(lambda: self._reconcile_unlisted(node_id, set(leases))))
+        if any(lid not in leases for lid in node.allocations):
+            # only then can a lease under reconciliation be one the agent no longer runs
+            leases.update(self.retrying(
+                lambda: self._reconcile_unlisted(node_id, set(leases))))
         return {"node_state": str(node.state), "leases": leases}
 
     def _reconcile_unlisted(self, node_id: str, listed: set[str]) -> dict[str, dict[str, Any]]:
@@ -556,6 +562,8 @@ class PoolApp(Application):
             # an older placement, or a lease that ended or expired: fenced, the work must stop
             return {"live": False, "state": str(lease.state), "epoch": lease.epoch,
                     "code": "stale_epoch" if lease.epoch != beat.epoch else "lease_not_live"}
+        if not lease.heartbeat_is_news(now, beat.last_checkpoint_at):
+            return {"live": True, "state": str(lease.state), "deadline": lease.deadline}
         try:
             lease.heartbeat(now, epoch=beat.epoch, checkpoint_at=beat.last_checkpoint_at)
         except DomainError as e:

@@ -227,7 +227,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     home = Path(args.home or os.path.join(os.environ.get("POOL_HOME", ".pool"), "demo"))
     demo = Demo(home.resolve(), nodes=args.nodes, flood=args.flood, keep=args.keep,
                 live=False if args.plain else None)
-    demo.debug = args.verbose
     started = __import__("time").monotonic()
     try:
         rc = demo.run()
@@ -1071,7 +1070,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "a silent agent, a tenant out of credit); end with the credit audit. "
                         "Data under $POOL_HOME/demo, wiped at each start.")
     dm.add_argument("--nodes", type=int, default=200, help="simulated nodes (default 200)")
-    dm.add_argument("--flood", type=int, default=180,
+    dm.add_argument("--flood", type=int, default=150,
                     help="whole-node jobs submitted at once by the three tenants")
     dm.add_argument("--home", help="data directory (default $POOL_HOME/demo)")
     dm.add_argument("--keep", action="store_true", help="keep running after the summary")
@@ -1395,7 +1394,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "the same subjects a real agent uses")
     client_opts(asim)
     asim.add_argument("--nodes", type=int, default=200)
-    asim.add_argument("--profile", choices=["mixed", "cpu", "gpu"], default="mixed",
+    asim.add_argument("--profile", choices=["mixed", "cpu", "gpu", "a100"], default="mixed",
                       help="mixed: 60%% CPU, 30%% L4 ×4, 10%% A100 ×8 (half in MIG mode)")
     asim.add_argument("--pool", default="default")
     asim.add_argument("--prefix", default="sim", help="node id prefix")

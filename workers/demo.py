@@ -13,6 +13,9 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -20,24 +23,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.probe import Gpu, GpuProbe, NodeProbe
-from agents.simulate import SimNode, SimulatedFleet, fleet
 
 POOL = "demo"  # the big simulated fleet: fair share under a flood, credits
 HPC = "hpc"  # one 8-GPU node: preemptible batch work and an urgent job that preempts it
 EDGE = "edge"  # the real sandboxed agent and a node whose agent goes silent; short timeouts
 TENANTS = {"acme": 3.0, "globex": 2.0, "initech": 1.0}
 IMAGE = "registry.demo/jobs/sleeper@sha256:" + "5" * 64
-# whole-node jobs pinned to zone z1 (a third of the fleet), so the flood is contended
-FLOOD_SHAPE = {"cpu_millis": 16000, "memory_mib": 32768, "zone": "z1"}
+# big jobs pinned to zone z1: only its GPU nodes can hold one (CPU nodes are too small), so
+# the flood far exceeds what fits and fair share decides who runs
+FLOOD_SHAPE = {"cpu_millis": 32000, "memory_mib": 65536, "zone": "z1"}
 MAX_RUNTIME = 120
-# a 16-core, 32 GiB lease for 120 s holds 16×10×120 + 32×2×120 = 26,880 micro-credits
+# a 32-core, 64 GiB lease for 120 s holds 32×10×120 + 64×2×120 = 53,760 micro-credits
 PRICES = {"cpu_core_second": 10, "memory_gib_second": 2,
           "gpu_second": {"NVIDIA L4": 400, "NVIDIA A100 80GB": 1500, "*": 800},
           "gpu_partition_second": {"*": 250}}
 # initech can hold one lease at a time and soon not even that: it runs out of credit
-CREDITS = {"acme": 10**11, "globex": 10**11, "initech": 30_000}
-FLOOD = 180
+CREDITS = {"acme": 10**11, "globex": 10**11, "initech": 60_000}
 
 
 @dataclass
@@ -60,7 +61,7 @@ class Tracked:
 class Demo:
     """One run of the demo; `run()` returns the process exit code."""
 
-    def __init__(self, home: Path, *, nodes: int = 200, flood: int = 180, keep: bool = False,
+    def __init__(self, home: Path, *, nodes: int = 200, flood: int = 150, keep: bool = False,
                  say: Callable[[str], None] = print, live: bool | None = None) -> None:
         self.home = home
         self.nodes = nodes
@@ -77,6 +78,8 @@ class Demo:
         self.t0 = 0.0
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.local = False
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -106,11 +109,25 @@ class Demo:
 
     # -- set-up ------------------------------------------------------------------------------
 
+    def spawn(self, name: str, *argv: str) -> subprocess.Popen[bytes]:
+        """A `pool …` process of the demo's own (one interpreter each: its own GIL), logging
+        under $home/logs."""
+        logs = self.home / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if k not in ("POOL_NATS_URL",
+                                                                  "POOL_DATABASE_URL")}
+        env["POOL_HOME"] = str(self.home)
+        out = open(logs / f"{name}.log", "ab")
+        proc = subprocess.Popen([sys.executable, "-m", "workers.cli", *argv], env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        out.close()
+        self.procs[name] = proc
+        return proc
+
     def setup(self) -> None:
         from bus.admin import ensure_all_streams
         from workers import embedded
         from workers.client import PoolClient
-        from workers.serve import ControlPlane
 
         if self.home.exists():
             shutil.rmtree(self.home)  # every demo starts from an empty log
@@ -119,10 +136,25 @@ class Demo:
         self.emb = embedded.start(self.home, with_postgres=True)
         url = self.url = self.emb.service_url or self.emb.nats_url
         ensure_all_streams(url)
-        self.plane = ControlPlane(url, database_url=self.emb.database_url,
-                                  leader_ttl_seconds=1.0).start()
+        # the control plane: commands, scheduler, dispatcher, reconciler and projector
+        self.spawn("control-plane", "serve", "--nats-url", url)
         self.admin = PoolClient(url, timeout=20)
         self.clients = {t: PoolClient(url, t, timeout=20) for t in TENANTS}
+        from bus.errors import BusError
+
+        def answers() -> bool:
+            try:
+                r = self.admin.call("pool.admin.pool.show", {"pool_id": POOL}, timeout=2.0)
+            except BusError:
+                return False
+            return r.get("error", {}).get("code") == "unknown_pool"
+
+        deadline = time.monotonic() + 30
+        while not answers():
+            if time.monotonic() > deadline:
+                raise RuntimeError("the control plane did not start: see "
+                                   f"{self.home / 'logs' / 'control-plane.log'}")
+            time.sleep(0.2)
         classes = {"preemptible": 0, "standard": 10, "high": 20}
         pools = {
             # fair share orders the flood; no preemption here, so short jobs never thrash
@@ -144,43 +176,41 @@ class Demo:
             self._ok(self.admin.admin("credits.grant", {
                 "tenant": tenant, "amount_microcredits": CREDITS[tenant],
                 "transfer_id": f"demo-grant-{tenant}"}), "grant")
-        nodes = fleet(self.nodes, "mixed")
-        a100 = GpuProbe(gpus=tuple(Gpu(i, f"GPU-hpc-{i}", "NVIDIA A100 80GB", 81920)
-                                   for i in range(8)), driver="simulated")
-        hpc = [SimNode("hpc-0", NodeProbe(64000, "amd64", 262144, 2000, a100), "z1",
-                       labels={"zone": "z1", "kind": "a100"})]
-        edge = [SimNode("quiet-0", NodeProbe(8000, "amd64", 16384, 100), "z2",
-                        labels={"zone": "z2", "kind": "cpu"})]
-        self.say(f"registering {len(nodes) + len(hpc) + len(edge)} simulated nodes …")
-        self.fleet = SimulatedFleet(url, nodes, pool_id=POOL, heartbeat_interval=4.0).start()
-        self.fleets = [self.fleet,
-                       SimulatedFleet(url, hpc, pool_id=HPC, heartbeat_interval=1.0).start(),
-                       SimulatedFleet(url, edge, pool_id=EDGE, heartbeat_interval=1.0).start()]
+        total = self.nodes + 2
+        self.say(f"starting {total} simulated nodes and a real sandboxed agent …")
+        self.spawn("fleet", "agent", "simulate", "--nodes", str(self.nodes), "--pool", POOL,
+                   "--heartbeat-interval", "4", "--nats-url", url, "--report-every", "5")
+        self.spawn("fleet-hpc", "agent", "simulate", "--nodes", "1", "--profile", "a100",
+                   "--prefix", "hpc", "--pool", HPC, "--heartbeat-interval", "1",
+                   "--nats-url", url)
+        self.spawn("fleet-quiet", "agent", "simulate", "--nodes", "1", "--profile", "cpu",
+                   "--prefix", "quiet", "--pool", EDGE, "--heartbeat-interval", "1",
+                   "--nats-url", url)
+        from agents.runtime_process import ProcessRuntime
+
+        why = ProcessRuntime(self.home / "probe").available()
+        self.local = why is None
+        if self.local:
+            # as the node's own NATS user, like any real agent
+            self.spawn("agent-local-1", "agent", "run", "--node-id", "local-1", "--pool", EDGE,
+                       "--labels", "zone=z3,region=local", "--heartbeat-interval", "1",
+                       "--reserve-memory-mib", "512")
+            total += 1
+        else:
+            self.checks["real_sandbox"].ok = True
+            self.checks["real_sandbox"].detail = f"skipped: {why}"
+        from projections.summary import Summary
+
+        summary = Summary(self.emb.database_url)
+        deadline = time.monotonic() + 60
+        while sum(c["nodes"] for c in summary.snapshot().get("capacity", [])) < total:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the simulated fleet did not register: see "
+                                   f"{self.home / 'logs'}")
+            time.sleep(0.3)
+        summary.close()
         for n in ("sim-0003", "sim-0007", "sim-0011"):
             self.admin.admin(f"node.{n}.cordon", {"reason": "demo: cordoned"})
-        self.local = self._start_local_agent()
-
-    def _start_local_agent(self) -> Any:
-        from agents.agent import Agent
-        from agents.probe import Reserve, probe_node
-        from agents.runtime_process import ProcessRuntime
-        from bus.agentbus import AgentLink
-
-        state = self.home / "agents" / "local-1"
-        runtime = ProcessRuntime(state)
-        why = runtime.available()
-        if why is not None:
-            self.checks["real_sandbox"].detail = f"skipped: {why}"
-            self.checks["real_sandbox"].ok = True
-            return None
-        link = AgentLink(self.url, "local-1").connect()
-        agent = Agent(link, runtime, node_id="local-1", pool_id=EDGE, probe=probe_node(state),
-                      state_dir=state, labels={"zone": "z3", "region": "local"},
-                      reserve=Reserve(0, 512, 0), heartbeat_interval=1.0)
-        stop = threading.Event()
-        thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
-        thread.start()
-        return {"agent": agent, "link": link, "stop": stop, "thread": thread}
 
     # -- the tenants -------------------------------------------------------------------------
 
@@ -241,12 +271,12 @@ class Demo:
         # agent will go silent
         local = {"cpu_millis": 200, "memory_mib": 128, "region": "local", "runtime": "sandboxed"}
         self.to_cancel = (self.submit("acme", "long-job", local, {"image": IMAGE, "command": [
-            "sleep", "60"]}, kind="cancel", pool=EDGE) if self.local is not None else None)
+            "sleep", "60"]}, kind="cancel", pool=EDGE) if self.local else None)
         self.quiet = self.submit("acme", "on-quiet-node", {"cpu_millis": 1000, "memory_mib": 1024},
                                  {"image": IMAGE, "command": ["sleep", "60"]}, kind="quiet",
                                  pool=EDGE)
         self.sandboxed: list[Tracked] = []
-        if self.local is not None:
+        if self.local:
             for i in range(3):
                 t = self.submit("acme", f"sandboxed-{i}", local, {"image": IMAGE, "command": [
                     "sh", "-c", f"echo job {i} as $(id -u) in a sandbox; sleep 2"]},
@@ -259,7 +289,7 @@ class Demo:
             rnd = random.Random(offset)
             for i in range(offset, self.flood, 3):
                 self.submit(tenant, f"flood-{i}", FLOOD_SHAPE,
-                            {"image": IMAGE, "command": ["sleep", str(rnd.choice((3, 4, 5)))]})
+                            {"image": IMAGE, "command": ["sleep", str(rnd.choice((2, 3, 4)))]})
 
         floods = [threading.Thread(target=flood, args=(t, k), daemon=True)
                   for k, t in enumerate(TENANTS)]
@@ -274,7 +304,8 @@ class Demo:
         if self.to_cancel is not None:
             self.clients["acme"].lease(self.to_cancel.lease_id, "cancel", {"reason": "demo"})
         if self.quiet is not None:
-            self.fleets[2].go_silent("quiet-0")
+            # the node's agent stops answering (as a hung or partitioned host would)
+            self.procs["fleet-quiet"].send_signal(signal.SIGSTOP)
         for th in floods:
             th.join()
 
@@ -301,7 +332,7 @@ class Demo:
         for t in self.tracked.values():
             if t.state in ("queued", "reserved", "running", "preempting"):
                 if t.tenant == "initech" and t.state == "queued":
-                    why = self.plane.scheduler.why("initech", t.lease_id) or {}
+                    why = self.clients["initech"].lease(t.lease_id, "why").get("result") or {}
                     self.credit_why = why
                 self.clients[t.tenant].lease(t.lease_id, "cancel", {"reason": "demo over"})
 
@@ -315,7 +346,8 @@ class Demo:
     def judge(self) -> None:
         c = self.checks
         if self.impossible is not None:
-            why = self.plane.scheduler.why("globex", self.impossible.lease_id) or {}
+            why = self.clients["globex"].lease(self.impossible.lease_id, "why").get(
+                "result") or {}
             lease = self.get(self.impossible)
             c["unsatisfiable"].ok = lease.get("state") == "rejected"
             c["unsatisfiable"].detail = (f"{lease.get('rejection_code')}: "
@@ -353,13 +385,16 @@ class Demo:
                                         f"local-1, exit codes {[d.get('exit_code') for d in done]}")
         # fair share: mean cores running per tenant while acme and globex both waited
         contended = [s for s in self.samples if s.get("acme") and s.get("globex")]
+        # the first half is the fill, placed in arrival order; fair share shows once jobs turn
+        # over and each freed slot goes to the tenant furthest below its weighted share
+        contended = contended[len(contended) // 2:]
         if contended:
             mean = {t: sum(s.get(t, 0.0) for s in contended) / len(contended) for t in TENANTS}
             ratio = mean["acme"] / max(1e-9, mean["globex"])
             self.fair = {"samples": len(contended), "mean_cores": mean, "acme_to_globex": ratio}
             c["fair_share"].ok = 1.2 <= ratio <= 1.8  # weights 3:2 → 1.5
             c["fair_share"].detail = (f"acme:globex cores {ratio:.2f} (weights 3:2 = 1.50) over "
-                                      f"{len(contended)} contended samples")
+                                      f"the last {len(contended)} contended samples")
         else:
             self.fair = {}
             c["fair_share"].detail = "no contended sample was taken"
@@ -428,7 +463,7 @@ class Demo:
         for line in self.audit_lines[-3:]:
             say(f"  {line}")
         say("")
-        say("fair share under contention (whole-node jobs, all tenants flooding):")
+        say("fair share under contention (32-core jobs flooding zone z1, after the fill):")
         total_w = sum(TENANTS.values())
         mean = self.fair.get("mean_cores", {})
         total_c = sum(mean.values()) or 1.0
@@ -451,18 +486,25 @@ class Demo:
         say("    pool queue; pool capacity; pool balance; pool audit credits")
 
     def teardown(self) -> None:
-        for f in getattr(self, "fleets", []):
-            f.stop()
-        if getattr(self, "local", None):
-            self.local["stop"].set()
-            self.local["thread"].join(10)
-            for run in list(self.local["agent"].running.values()):
-                self.local["agent"].runtime.stop(run.handle, 0.5)
-            self.local["link"].close()
         for c in list(getattr(self, "clients", {}).values()) + [getattr(self, "admin", None)]:
             if c is not None:
                 c.close()
-        if getattr(self, "plane", None) is not None:
-            self.plane.stop()
+        # agents first, then the control plane they report to
+        order = [n for n in self.procs if n != "control-plane"] + ["control-plane"]
+        for group in (order[:-1], order[-1:]):
+            for name in group:
+                proc = self.procs.get(name)
+                if proc is not None and proc.poll() is None:
+                    proc.send_signal(signal.SIGCONT)
+                    proc.send_signal(signal.SIGINT)
+            for name in group:
+                proc = self.procs.get(name)
+                if proc is None:
+                    continue
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
         if getattr(self, "emb", None) is not None:
             self.emb.stop()

@@ -58,9 +58,8 @@ class Dashboard:
         for b in snap.get("balance", []):
             bal.add_row(b["tenant"], f"{b['granted']:,}", f"{b['held']:,}", f"{b['spent']:,}",
                         f"{b['available']:,}")
-        fleet = getattr(self.demo, "fleet", None)
-        line = (f"fleet: {fleet.stats()['running']} simulated workloads running, "
-                f"{len(fleet.silent)} silent node(s)" if fleet is not None else "")
+        running = sum(x["n"] for x in snap.get("leases", []) if x["state"] == "running")
+        line = f"{running} leases running"
         return Group(self.progress, line, queue, cap, bal)
 
     def _plain(self) -> None:
@@ -69,13 +68,8 @@ class Dashboard:
             snap = getattr(self.demo, "last_snapshot", {}) or {}
             waiting = sum(q["waiting"] for q in snap.get("queue", []))
             extra = ""
-            if getattr(self.demo, "debug", False):
-                plane = self.demo.plane
-                head = plane.app.recorder.max_notification_id() or 0
-                d = plane.dispatcher
-                extra = (f" | log {head} dispatcher lag {head - d.position} "
-                         f"sched lag {head - plane.scheduler.position} "
-                         f"fleet {self.demo.fleet.stats()}")
+            running = sum(x["n"] for x in snap.get("leases", []) if x["state"] == "running")
+            extra = f", {running} running"
             print(f"[{self.demo.elapsed():5.1f}s] {done}/{total} leases ended, "
                   f"{waiting} waiting{extra}", flush=True)
 
