@@ -30,7 +30,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
 from bus.errors import BusTimeout, BusUnavailable
 from bus.runtime import BusRuntime, get_runtime, servers
@@ -301,7 +301,9 @@ class AgentLink:
                 msgs = await self._sub.fetch(batch, timeout=timeout)
             except asyncio.TimeoutError:  # nats' TimeoutError is one too
                 return []
-            except NotFoundError:
+            except (NotFoundError, ServiceUnavailableError):
+                # the node's queue is created when it registers: until then, nothing to take
+                await asyncio.sleep(min(timeout, 0.5))
                 return []
             out = []
             for m in msgs:

@@ -414,6 +414,8 @@ def cmd_lease_request(args: argparse.Namespace) -> int:
 
 def cmd_lease_verb(args: argparse.Namespace) -> int:
     body: dict[str, Any] = {}
+    if args.verb == "commit" and not args.cmd and getattr(args, "job_command", None):
+        args.cmd = args.job_command
     if args.verb == "commit" and (args.image or args.cmd):
         body["job"] = {k: v for k, v in (("image", args.image), ("command", args.cmd),
                                          ("image_signature", args.image_signature)) if v}
@@ -1211,7 +1213,10 @@ def build_parser() -> argparse.ArgumentParser:
             vp.add_argument("--image")
             vp.add_argument("--image-signature", help="base64 signature (`pool image sign`)")
             vp.add_argument("--image-size", type=int, help="image size in bytes")
-            vp.add_argument("--cmd", nargs="+", help="the job's command")
+            vp.add_argument("--cmd", nargs="+", help="the job's command (words that start "
+                            "with '-' need the form: -- COMMAND …)")
+            vp.set_defaults(job_command=[])  # the words after `--`: -- sh -c 'echo hi'
+            vp.epilog = "The job's command may also follow `--`: … -- sh -c 'echo hi'"
         vp.add_argument("--epoch", type=int, default=1, help=argparse.SUPPRESS if verb != "heartbeat" else "placement epoch")
         vp.add_argument("--extend-seconds", type=int, default=300, help=argparse.SUPPRESS if verb != "renew" else "seconds")
         vp.add_argument("--exit-code", type=int, help=argparse.SUPPRESS if verb != "release" else "the workload's exit code")
@@ -1426,7 +1431,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    # `pool lease commit ID … -- sh -c '…'`: argparse (3.11) mishandles `--` under
+    # subcommands, so the job's command after it is split off here
+    tail: list[str] | None = None
+    if "--" in words:
+        cut = words.index("--")
+        words, tail = words[:cut], words[cut + 1:]
+    args = parser.parse_args(words)
+    if tail is not None:
+        if not hasattr(args, "job_command"):
+            parser.error("`-- COMMAND` is only taken by `pool lease commit`")
+        args.job_command = tail
     func: Callable[[argparse.Namespace], int] = args.func
     from workers import observability
 
