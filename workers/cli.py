@@ -611,6 +611,22 @@ def cmd_bench_agent(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_bench_all(args: argparse.Namespace) -> int:
+    from projections.embedded import reachable_database_url
+    from workers import embedded
+    from workers.bench_all import run_all
+
+    db = args.database_url or embedded.endpoints()[1] or None
+    if db and not reachable_database_url(db):
+        raise _Usage(f"no PostgreSQL answers at {db}")
+    result = run_all(quick=args.quick, database_url=db,
+                     progress=None if args.json else (lambda s: print(s, file=sys.stderr,
+                                                                        flush=True)))
+    print(json.dumps({k: v for k, v in result.items() if k != "table"}, default=str)
+          if args.json else result["table"])
+    return EXIT_OK
+
+
 def cmd_bench_projections(args: argparse.Namespace) -> int:
     from projections.embedded import reachable_database_url
     from workers import embedded
@@ -1111,6 +1127,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="500 nodes, 3,000 backlog requests, 500/s for 3 s")
     sb.add_argument("--json", action="store_true")
     sb.set_defaults(func=cmd_bench_schedule)
+    bal = bench.add_parser("all", help="every benchmark in one run: one table of figures, "
+                           "goals and ratios to the raw JetStream rate")
+    bal.add_argument("--quick", action="store_true", help="the CI sizes")
+    bal.add_argument("--database-url", help="PostgreSQL for the projections bench "
+                     "(default: pool up's, else an embedded one)")
+    bal.add_argument("--json", action="store_true")
+    bal.set_defaults(func=cmd_bench_all)
     ba = bench.add_parser("agent", help="start overhead: start command → workload running, "
                           "process and docker runtimes, next to a plain docker run")
     ba.add_argument("--starts", type=int, default=30, help="starts per runtime")

@@ -39,7 +39,7 @@ from domain.policy.fairness import (
 from domain.policy.placement import FilterResult, NodeTable
 from domain.policy.preemption import NodeCandidate, PreemptionPlan, RunningLease, choose_victims
 from domain.pool import Pool, TenantPolicy
-from domain.resources import LeaseId, NodeId, Resources
+from domain.resources import TRUST_LEVELS, LeaseId, NodeId, Resources
 from workers import observability
 
 log = logging.getLogger(__name__)
@@ -353,7 +353,12 @@ class Scheduler:
             if quota is not None and quota_check(queue.usage(req.tenant), res, quota):
                 self._wait(req, {"tenant": [R.QUOTA_EXCEEDED]}, unplaced)
                 continue
-            node_id, fr = ps.table.place_fast(shape, packing=cfg.packing)  # type: ignore[arg-type]
+            # the pool's image policy decides which node trust levels this isolation may use
+            trust = pool.image_policy.allowed_trust_levels(isolation=shape.runtime,
+                                                           tenant=req.tenant)
+            node_id, fr = ps.table.place_fast(
+                shape, packing=cfg.packing,  # type: ignore[arg-type]
+                allowed_trust_levels=None if len(trust) == len(TRUST_LEVELS) else trust)
             if node_id is None:
                 if fr.never_satisfiable:
                     lease.reject(now, "unschedulable", sorted(fr.failures))
