@@ -473,8 +473,13 @@ def test_a_container_on_a_marketplace_node_is_refused_at_commit(plane: Plane) ->
     assert admin.admin("node.n1.cordon", {})["ok"]
     assert admin.admin("node.register", node_body(
         "m1", trust_level="marketplace", runtimes=["container", "sandboxed"]))["ok"]
+    # the scheduler itself keeps containers off marketplace nodes under the default policy, so
+    # place one while the policy allows it, then tighten the policy before the commit
+    assert admin.admin("pool.images", {"pool_id": "p1", "isolation_by_trust": {
+        "marketplace": "container", "trusted": "container"}})["ok"]
     lid = _reserved(cp, alpha, "on-marketplace")
     assert alpha.lease(lid, "get")["lease"]["node_id"] == "m1"
+    assert admin.admin("pool.images", {"pool_id": "p1"})["ok"]  # marketplace: sandboxed
     before = _events(cp)
     r = alpha.lease(lid, "commit", {"job": {"image": IMAGE, "command": ["true"]}})
     assert not r["ok"] and r["error"]["code"] == "image_not_allowed", r
