@@ -29,7 +29,7 @@ def postgres_bin() -> Path:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR unset; harmless
-            import pgserver  # type: ignore[import-untyped]
+            import pgserver
 
         d = Path(pgserver.__file__).parent / "pginstall" / "bin"
         if (d / "pg_ctl").exists():
@@ -85,11 +85,14 @@ class PrivatePostgres:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def _pg(self, tool: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        kw: dict[str, object] = {}
-        if self.user is not None:
-            kw = {"user": self.user.pw_uid, "group": self.user.pw_gid, "extra_groups": []}
+        uid: int | None = None
+        gid: int | None = None
+        groups: list[int] | None = None
+        if self.user is not None:  # drop root for the tool and the server it starts
+            uid, gid, groups = self.user.pw_uid, self.user.pw_gid, []
         return subprocess.run([str(postgres_bin() / tool), *args], capture_output=True,
-                              text=True, timeout=timeout, cwd="/", **kw)  # type: ignore[call-overload]
+                              text=True, timeout=timeout, cwd="/", check=False,
+                              user=uid, group=gid, extra_groups=groups)
 
     def init(self) -> PrivatePostgres:
         if (self.data_dir / "PG_VERSION").exists():
@@ -164,7 +167,7 @@ class PrivatePostgres:
         if self._owns_base and self.base is not None:
             shutil.rmtree(self.base, ignore_errors=True)
 
-    def __enter__(self) -> PrivatePostgres:
+    def __enter__(self) -> PrivatePostgres:  # noqa: PYI034 - as NatsServer does
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

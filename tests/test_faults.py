@@ -13,6 +13,7 @@ import pytest
 from workers.chaos import NAMES, percentile, run_scenario
 from workers.replay import check_placements
 
+
 @pytest.mark.faults
 @pytest.mark.parametrize("number", sorted(NAMES), ids=[f"{n}-{NAMES[n]}" for n in sorted(NAMES)])
 def test_the_quick_fault_scenario_holds(number: int) -> None:
