@@ -269,6 +269,10 @@ class Agent:
                                                 startup_seconds=round(startup, 6))), headers)
         except BusError:
             return  # the heartbeat will keep the lease alive; the start itself stands
+        if not r.get("ok"):
+            log.warning("start of %s reported, refused: %s", spec.key, r.get("error"))
+        if not r.get("ok"):
+            log.warning("start of %s reported, refused: %s", spec.key, r.get("error"))
         if not r.get("ok") and r.get("error", {}).get("code") in (
                 "lease_expired", "stale_epoch", "illegal_transition", "lease_not_found"):
             # the lease ended or moved while its command waited: fenced, the work must not run

@@ -189,3 +189,45 @@ def test_a_node_whose_agent_is_silent_is_lost_and_its_lease_reconciled(
         wait_for(lambda: not back.agent.running)
     finally:
         back.stop()
+
+
+def test_a_preempted_lease_requeued_on_the_same_node_runs_again_and_stays_alive(
+        fresh_nats: NatsServer, tmp_path: Path) -> None:
+    """Preemption notice → SIGTERM → preempted → requeued → placed again (epoch 2) on the
+    same node: the agent starts the job again and its heartbeats keep the new placement alive
+    (the demo once saw the second placement expire with heartbeat_lost)."""
+    cp = ControlPlane(fresh_nats.url, leader_ttl_seconds=1.0).start()
+    admin, alpha = PoolClient(fresh_nats.url), PoolClient(fresh_nats.url, "alpha")
+    setup_pool(admin, tenants={"alpha": 1.0}, heartbeat_timeout_seconds=2,
+               node_timeout_seconds=3, lost_node_release_seconds=30,
+               preemption={"enabled": True, "grace_seconds": 1, "min_runtime_seconds": 0})
+    agent = AgentThread(fresh_nats.url, "n1", tmp_path / "n1").start()
+    try:
+        victim = alpha.request_lease(lease_body("victim", runtime="sandboxed", memory_mib=256,
+                                                cpu_millis=4000, priority="preemptible",
+                                                max_runtime=600) | {"preemptible_requeue": True})
+        assert victim["ok"], victim
+        vid = victim["lease"]["lease_id"]
+        wait_for(lambda: state_of(alpha, vid) == "reserved")
+        assert alpha.lease(vid, "commit", {"job": {"image": "local/job@sha256:" + "a" * 64,
+                                                   "command": ["sleep", "30"]}})["ok"]
+        wait_for(lambda: agent.agent.running.get(vid) is not None)
+        urgent = request_running(alpha, "urgent", ["sleep", "1"], cpu_millis=4000,
+                                 priority="high")
+        wait_for(lambda: state_of(alpha, urgent) == "released", timeout=20)
+        # requeued, placed again (a new epoch), and committed again by its holder
+        wait_for(lambda: alpha.lease(vid, "get")["lease"].get("epoch") == 2
+                 and state_of(alpha, vid) == "reserved", timeout=20)
+        assert alpha.lease(vid, "commit", {"job": {"image": "local/job@sha256:" + "a" * 64,
+                                                   "command": ["sleep", "30"]}})["ok"]
+        wait_for(lambda: (agent.agent.running.get(vid) is not None
+                          and agent.agent.running[vid].handle.epoch == 2))
+        time.sleep(4)  # two heartbeat timeouts
+        lease = alpha.lease(vid, "get")["lease"]
+        assert lease["state"] == "running", lease
+        assert lease["epoch"] == 2 and lease["last_heartbeat_at"] is not None, lease
+    finally:
+        agent.stop()
+        alpha.close()
+        admin.close()
+        cp.stop()

@@ -364,15 +364,19 @@ class Demo:
                                                                     "node_lost"))
             c["silent_agent"].detail = (f"expired ({lease.get('end_reason')}) → reconciling "
                                         f"→ {lease.get('state')}, capacity held until then")
-        preempted = [v for v in self.victims if (self.get(v).get("attempts") or 1) > 1]
-        self.victim_detail = [(self.get(v).get("state"), self.get(v).get("attempts"),
-                               self.get(v).get("end_reason")) for v in self.victims]
+        # a victim counts once it was requeued and its next placement really ran: started
+        # again and not lost (its heartbeats kept the new epoch alive)
+        again = [self.get(v) for v in self.victims]
+        preempted = [v for v in again if (v.get("attempts") or 1) > 1
+                     and v.get("epoch", 1) > 1 and v.get("started_at")
+                     and v.get("end_reason") not in ("heartbeat_lost", "node_lost")]
         high = self.get(self.high) if getattr(self, "high", None) else {}
         c["preemption"].ok = bool(preempted) and high.get("end_reason") == "completed"
         c["preemption"].detail = (f"{len(preempted)} preemptible lease(s) noticed, given 2 s "
-                                  f"grace and requeued; the high-priority lease "
-                                  f"{high.get('state')} ({high.get('end_reason')}) "
-                                  f"{getattr(self, 'victim_detail', '')}")
+                                  f"grace, requeued and running again (attempt "
+                                  f"{max([v.get('attempts') or 1 for v in again] or [1])}); "
+                                  f"the high-priority lease {high.get('state')} "
+                                  f"({high.get('end_reason')})")
         why = getattr(self, "credit_why", {}) or {}
         reasons = why.get("reasons", {})
         c["out_of_credit"].ok = "insufficient_credits" in str(reasons)

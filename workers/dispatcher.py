@@ -196,8 +196,10 @@ class Dispatcher:
         else:
             return None
         assert agg is not None
-        if isinstance(agg, Lease) and agg.is_terminal:
-            self.aggregates.pop(agg.id, None)  # nothing more will be sent for it
+        if isinstance(agg, Lease) and agg.is_terminal and agg.state is not LeaseState.PREEMPTED:
+            # nothing more will be sent for it. A preempted lease is kept: it may be requeued
+            # (in the same save or later) and placed again, and that placement needs its orders
+            self.aggregates.pop(agg.id, None)
             self._armed.pop(str(agg.id), None)
             return None
         self.aggregates[agg.id] = agg
