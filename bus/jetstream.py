@@ -231,6 +231,8 @@ class JetStreamRecorder:
         self.timeout = timeout
         # only touched on the runtime's loop thread, so it needs no lock
         self._cache: dict[str, _SubjectState] = {}
+        # the stream's replica count, asked once; see `_replicated`
+        self._replicas: int | None = None
 
     # -- subjects ----------------------------------------------------------------------------
 
@@ -250,15 +252,53 @@ class JetStreamRecorder:
 
     # -- low-level reads (loop thread) -------------------------------------------------------
 
+    async def _replicated(self) -> bool:
+        """Whether the stream has replicas. Then a direct get may be answered by any replica,
+        and a follower can lag the leader (ADR-31): a read of an aggregate must not miss a
+        write another process already had acknowledged, so reads ask the leader where it
+        matters (`_last_msg`, `_select_events`). Single-replica streams keep pure direct gets."""
+        if self._replicas is None:
+            js = await self.runtime.jetstream()
+            try:
+                info = await js.stream_info(self.stream)
+                self._replicas = int(info.config.num_replicas or 1)
+            except NotFoundError:
+                return False  # not created yet: ask again next time
+        return self._replicas > 1
+
     async def _last_msg(self, subject: str) -> tuple[dict[str, str], bytes, int] | None:
         js = await self.runtime.jetstream()
+        # on a replicated stream the last message comes from the leader (STREAM.MSG.GET): a
+        # lagging follower's answer to a direct get could be older, or "not found" for a subject
+        # whose first event another process wrote a moment ago
+        direct = not await self._replicated()
         try:
-            raw = await js.get_last_msg(self.stream, subject, direct=True)
+            raw = await js.get_last_msg(self.stream, subject, direct=direct)
         except NotFoundError:
             return None
         headers = dict(raw.headers or {})
         assert raw.seq is not None
         return headers, bytes(raw.data or b""), int(raw.seq)
+
+    async def _leader_tail(
+        self, subject: str, after_seq: int, upto_seq: int
+    ) -> list[tuple[int, dict[str, str], bytes]]:
+        """The messages on `subject` after `after_seq` up to `upto_seq`, from the leader, one
+        get each: only used when a follower's direct batch fell short of the leader's last."""
+        js = await self.runtime.jetstream()
+        out: list[tuple[int, dict[str, str], bytes]] = []
+        seq = after_seq + 1
+        while seq <= upto_seq:
+            try:
+                raw = await js.get_msg(self.stream, seq=seq, subject=subject, next=True)
+            except NotFoundError:
+                break
+            assert raw.seq is not None
+            if raw.seq > upto_seq:
+                break
+            out.append((int(raw.seq), dict(raw.headers or {}), bytes(raw.data or b"")))
+            seq = int(raw.seq) + 1
+        return out
 
     async def _subject_state(self, subject: str) -> _SubjectState:
         state = self._cache.get(subject)
@@ -509,7 +549,24 @@ class JetStreamRecorder:
             # a fast-forward from the version we last saw: read only what came after it
             start = known.last_seq + 1
             last_seen = (gt, known.last_seq)
-        async for seq, headers, data in self._scan(subject, start):
+        # on a replicated stream, the leader says where the subject ends; the direct batches
+        # (served by any replica) must reach that far, or the rest is read from the leader
+        leader_last = 0
+        if await self._replicated():
+            last = await self._last_msg(subject)
+            leader_last = last[2] if last is not None else 0
+            if leader_last < start:
+                self._remember(
+                    subject, _SubjectState(*last_seen) if last_seen else _SubjectState(None, 0)
+                )
+                return []
+        scanned: list[tuple[int, dict[str, str], bytes]] = []
+        async for m in self._scan(subject, start, leader_last or None):
+            scanned.append(m)
+        reached = scanned[-1][0] if scanned else start - 1
+        if leader_last > reached:
+            scanned += await self._leader_tail(subject, reached, leader_last)
+        for seq, headers, data in scanned:
             e = _stored_event_from(headers, data)
             last_seen = (e.originator_version, seq)
             if gt is not None and e.originator_version <= gt:
