@@ -118,8 +118,11 @@ class Demo:
                                                                   "POOL_DATABASE_URL")}
         env["POOL_HOME"] = str(self.home)
         out = open(logs / f"{name}.log", "ab")
+        # its own session (Ctrl-C reaches the demo, which stops the rest in order), and a
+        # SIGTERM from the kernel should the demo itself die without its teardown
         proc = subprocess.Popen([sys.executable, "-m", "workers.cli", *argv], env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_die_with_parent)
         out.close()
         self.procs[name] = proc
         return proc
@@ -429,6 +432,10 @@ class Demo:
 
     def run(self) -> int:
         self.t0 = time.monotonic()
+        if threading.current_thread() is threading.main_thread():
+            # `kill`/`timeout` stop the demo as Ctrl-C does: through the teardown below, so no
+            # server, agent or fleet is left running
+            signal.signal(signal.SIGTERM, _interrupt)
         self.setup()
         threads = [threading.Thread(target=f, daemon=True) for f in (self.committer,
                                                                      self.sampler)]
@@ -512,3 +519,18 @@ class Demo:
                     proc.wait()
         if getattr(self, "emb", None) is not None:
             self.emb.stop()
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux for SIGTERM when the demo's process dies."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the teardown is the only cleanup
