@@ -174,18 +174,24 @@ class _RawRouter:
     itself does. Subscriptions registered here bypass it; all others go through unchanged."""
 
     def __init__(self, nc: Any) -> None:
-        self.handlers: dict[int, Any] = {}
+        self.handlers: dict[int, Any] = {}  # sid → handler(data, headers)
+        self.msg_handlers: dict[int, Any] = {}  # sid → handler(subject, reply, data, headers)
         original = nc._process_msg  # the parser's one entry point for messages
         handlers = self.handlers
+        msg_handlers = self.msg_handlers
 
         async def process_msg(
             sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None
         ) -> None:
             handler = handlers.get(sid)
-            if handler is None:
-                await original(sid, subject, reply, data, headers)
+            if handler is not None:
+                handler(data, headers)
                 return
-            handler(data, headers)
+            handler = msg_handlers.get(sid)
+            if handler is not None:
+                handler(subject, reply, data, headers)
+                return
+            await original(sid, subject, reply, data, headers)
 
         nc._process_msg = process_msg
 
@@ -196,6 +202,135 @@ class _RawRouter:
             router = cls(nc)
             nc._pool_raw_router = router
         return router
+
+
+_LOG_READER_IDLE_NS = 30_000_000_000  # a bulk reader's consumer goes away 30 s after its last read
+
+
+class _LogReader:
+    """Sequential bulk reads of one recorder's events through a pull consumer of its own.
+
+    A direct get costs the server about three times what delivering the same message to a
+    consumer does (measured: ~13 µs against ~4 µs of server CPU per message), and on a shared
+    machine that CPU is taken from the reader. So reads that walk the log page after page
+    (catch-up, rebuild, the audit) ask an ephemeral pull consumer (no acks, in memory, filtered
+    to the recorder's subjects, deleted by the server when idle) for the next page, with
+    `no_wait`: the server sends what is stored now and says when there is no more.
+
+    Only used where a read may return fewer events than exist (read-ahead); anything unusual
+    (a gap in the consumer's sequence, a status, a timeout, a refused consumer) returns None
+    and the caller reads with direct gets instead. Loop thread only."""
+
+    def __init__(self, recorder: JetStreamRecorder, filter_subject: str) -> None:
+        self.recorder = recorder
+        self.filter_subject = filter_subject
+        self.lock = asyncio.Lock()
+        self.nc: Any = None
+        self.sid: int | None = None
+        self.inbox = ""
+        self.consumer: str | None = None
+        self.next_seq = 0  # where the consumer's next delivery starts
+        self.dseq = 0  # the consumer sequence of its last delivery
+        self.disabled_until = 0.0
+        self.got: list[tuple[bytes, bytes, bytes, bytes | None]] = []
+        self.want = 0
+        self.done: asyncio.Future[str | None] | None = None
+
+    def _on_msg(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        done = self.done
+        if done is None or done.done():
+            return
+        if not reply:  # a status: 404 no messages, 408 / 409 the request ended
+            status = headers[9:12].decode("ascii", "replace") if headers else "?"
+            done.set_result(None if status in ("404", "408") else status)
+            return
+        self.got.append((subject, reply, data, headers))
+        if len(self.got) >= self.want:
+            done.set_result(None)
+
+    async def _reset(self) -> None:
+        nc, consumer = self.nc, self.consumer
+        self.consumer = None
+        if consumer is not None and nc is not None and not nc.is_closed:
+            try:
+                await nc.publish(f"$JS.API.CONSUMER.DELETE.{self.recorder.stream}.{consumer}", b"")
+            except Exception:  # noqa: BLE001 - the server deletes idle consumers anyway
+                pass
+
+    async def _open(self, start: int) -> None:
+        await self._reset()
+        nc = await self.recorder.runtime.connection()
+        if nc is not self.nc or self.sid is None:
+            self.nc = nc
+            self.inbox = nc.new_inbox()
+            sub: NatsSubscription = await nc.subscribe(self.inbox, cb=_never_called)
+            self.sid = sub._id
+            _RawRouter.of(nc).msg_handlers[sub._id] = self._on_msg
+        stream = self.recorder.stream
+        config = {
+            "deliver_policy": "by_start_sequence", "opt_start_seq": start,
+            "ack_policy": "none", "filter_subject": self.filter_subject,
+            "inactive_threshold": _LOG_READER_IDLE_NS, "mem_storage": True,
+            "num_replicas": 1, "max_waiting": 4,
+        }
+        reply = await nc.request(
+            f"$JS.API.CONSUMER.CREATE.{stream}",
+            json.dumps({"stream_name": stream, "config": config}).encode(),
+            timeout=self.recorder.timeout,
+        )
+        info = json.loads(reply.data or b"{}")
+        if "error" in info or not info.get("name"):
+            raise PublishRejected(f"bulk reader consumer refused: {info.get('error')}")
+        self.consumer = info["name"]
+        self.next_seq = start
+        self.dseq = 0
+
+    async def read(self, start: int, limit: int) -> list[tuple[int, str, bytes, bytes]] | None:
+        """Up to `limit` (seq, subject, data, raw headers) from `start` on, in order, as the
+        stream holds them now; None: read some other way."""
+        loop = asyncio.get_running_loop()
+        if loop.time() < self.disabled_until:
+            return None
+        async with self.lock:
+            try:
+                if self.consumer is None or self.next_seq != start:
+                    await self._open(start)
+                self.got = []
+                self.want = limit
+                self.done = loop.create_future()
+                await self.nc.publish(
+                    f"$JS.API.CONSUMER.MSG.NEXT.{self.recorder.stream}.{self.consumer}",
+                    json.dumps({"batch": limit, "no_wait": True}).encode(), reply=self.inbox)
+                status = await asyncio.wait_for(self.done, self.recorder.timeout)
+                if status is not None:
+                    raise PublishRejected(f"bulk read ended with status {status}")
+                out: list[tuple[int, str, bytes, bytes]] = []
+                dseq = self.dseq
+                for subject, reply, data, headers in self.got:
+                    # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>, or
+                    # with <domain>.<account hash> after ACK and a token at the end
+                    tokens = reply.split(b".")
+                    base = 2 if len(tokens) == 9 else 4
+                    seq, d = int(tokens[base + 3]), int(tokens[base + 4])
+                    if d != dseq + 1:
+                        raise PublishRejected(f"bulk read gap: consumer sequence {d} after {dseq}")
+                    dseq = d
+                    out.append((seq, subject.decode(), data, headers or b""))
+                self.dseq = dseq
+                if out:
+                    self.next_seq = out[-1][0] + 1
+                return out
+            except asyncio.CancelledError:
+                await self._reset()
+                raise
+            except Exception:  # noqa: BLE001 - any trouble: the caller reads with direct gets
+                await self._reset()
+                # not again for a while if the consumer itself is refused (permissions, limits)
+                self.disabled_until = loop.time() + 5.0
+                return None
+            finally:
+                self.done = None
+                self.got = []
 
 
 async def _translated(coro: Any) -> Any:
@@ -689,19 +824,68 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
             self._select_notifications(start, limit, stop, topics), self.timeout + 5
         )
 
+    async def _read_ahead(self, start: int, limit: int, stop: int | None) -> list[Notification]:
+        """The next page of a sequential read: from the bulk reader's consumer when it can,
+        else (or when the consumer has nothing now) with direct gets, which are exact."""
+        reader: _LogReader | None = self.__dict__.get("_log_reader")
+        if reader is None:
+            # the whole stream, filtered here: a wildcard filter costs the server ~9x more per
+            # message than delivering everything (measured: ~44 µs against ~5 µs)
+            reader = self.__dict__["_log_reader"] = _LogReader(self, ">")
+        out: list[Notification] = []
+        remember = self._remember
+        prefix = self._subject_prefix
+        at = start
+        while len(out) < limit and (stop is None or at <= stop):
+            want = limit - len(out) if stop is None else min(limit - len(out), stop - at + 1)
+            msgs = await reader.read(at, want)
+            if not msgs:
+                break
+            at = msgs[-1][0] + 1
+            self._notifications_from(msgs, stop, prefix, remember, out)
+            if len(msgs) < want:  # the stream held no more just now
+                break
+        if not out:
+            return await self._select_notifications(start, limit, stop, ())
+        return out
+
+    @staticmethod
+    def _notifications_from(msgs: list[tuple[int, str, bytes, bytes]], stop: int | None,
+                            prefix: str, remember: Callable[[str, _SubjectState], None],
+                            out: list[Notification]) -> None:
+        for seq, subject, data, raw_headers in msgs:
+            if stop is not None and seq > stop:
+                return
+            if not subject.startswith(prefix):
+                continue
+            headers = _parse_headers(raw_headers)
+            oid: UUID | str = headers[HDR_ORIGINATOR_ID]
+            if headers.get(HDR_ID_KIND) == "uuid":
+                oid = UUID(oid)  # type: ignore[arg-type]
+            version = int(headers[HDR_VERSION])
+            remember(subject, _SubjectState(version, seq))
+            # a frozen dataclass's __init__ sets each field through object.__setattr__; this
+            # builds the same object in one step (the mapper builds domain events this way)
+            n = object.__new__(Notification)
+            object.__setattr__(n, "__dict__", {
+                "originator_id": oid, "originator_version": version,
+                "topic": headers[HDR_TOPIC], "state": data, "id": seq})
+            out.append(n)
+
     def prefetch(
         self, start: int, limit: int, stop: int | None = None
     ) -> concurrent.futures.Future[list[Notification]]:
         """Start reading what `select_notifications(start, limit, stop)` returns, without waiting:
-        a reader overlaps its next read with its work on the current batch (`.result()`)."""
+        a reader overlaps its next read with its work on the current batch (`.result()`).
+
+        For reads that walk the log, so a page may hold fewer events than exist at that moment
+        (never none while some exist): the rest come in the next page."""
         start = max(start, 1)
         if stop is not None and stop < start:
             done: concurrent.futures.Future[list[Notification]] = concurrent.futures.Future()
             done.set_result([])
             return done
-        return self.runtime.submit(
-            _translated(self._select_notifications(start, limit, stop, ()))
-        )
+        return self.runtime.submit(_translated(self._read_ahead(start, limit, stop)))
 
     def watch(
         self, callback: Callable[[], None], *, again_after: float = 0.02
