@@ -60,3 +60,43 @@ def test_place_fast_chooses_the_same_node_as_place_after_any_history(n: int, his
             state = "cordoned" if op == "cordon" else "ready"
             fast.set_state(node, state)
             slow.set_state(node, state)
+
+
+PREFERRING = [
+    Shape.build(cpu_millis=1000, memory_mib=1024, preferences=[("zone", "z1")]),
+    Shape.build(cpu_millis=500, memory_mib=2048,
+                preferences=[("node_label", "disk=ssd"), ("zone", "z0"), ("region", "r9")]),
+    Shape.build(cpu_millis=500, gpu_partition="1g.10gb"),
+    Shape.build(),
+]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 10), st.lists(st.tuples(st.integers(0, 7), st.integers(0, 9)), max_size=40))
+def test_a_single_row_is_scored_exactly_as_the_vectorised_ranking_scores_it(
+    n: int, allocations: list[tuple[int, int]]
+) -> None:
+    t = NodeTable()
+    for i in range(n):
+        ext = (("gpu/1g.10gb", 1 + i % 3),) if i % 2 else ()
+        caps = NodeCapabilities(
+            allocatable=Resources(cpu_millis=2000 * (1 + i % 4), memory_mib=4096 * (1 + i % 3),
+                                  gpu_count=i % 2, extended=ext),
+            zone=f"z{i % 2}", failure_domain=f"fd{i % 3}",
+            labels=(("disk", "ssd"),) if i % 3 == 0 else (),
+        )
+        t.add_or_update_node(f"n{i}", caps)
+    for step, (shape_i, node_i) in enumerate(allocations):
+        shape = (SHAPES + PREFERRING)[shape_i]
+        node = f"n{node_i % n}"
+        try:
+            t.allocate(node, f"l{step}", shape.resources)
+        except ValueError:
+            pass  # does not fit there: the table stays as it was
+        for s in SHAPES + PREFERRING:
+            eligible = t.filter(s).eligible
+            if not eligible.size:
+                continue
+            keys = t._rank_keys(s, eligible, "best-fit", None)
+            for row, key in zip(eligible.tolist(), keys.tolist(), strict=True):
+                assert t._row_key(s, row) == key

@@ -6,16 +6,18 @@ JetStream batch however many aggregates the decision touched. `now` is read here
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 from uuid import UUID
 
-from eventsourcing.application import AggregateNotFoundError, Application
-from eventsourcing.domain import Aggregate
-from eventsourcing.persistence import IntegrityError
+from eventsourcing.application import AggregateNotFoundError, Application, ProcessingEvent
+from eventsourcing.domain import Aggregate, BaseAggregate
+from eventsourcing.persistence import IntegrityError, Notification, Recording, StoredEvent
 
+from bus.errors import BusTimeout
 from domain.account import Account
 from domain.errors import DomainError
 from domain.lease import WORKLOAD_STATES, JobSpec, Lease, LeaseState
@@ -113,6 +115,53 @@ class PoolApp(Application):
         self.clock = clock
 
     # -- plumbing --------------------------------------------------------------------------
+
+    def save(self, *objs: Any, **kwargs: Any) -> list[Recording[UUID]]:
+        """The library's `save`, without its runtime-checkable Protocol `isinstance` checks
+        (~20 µs an aggregate on Python 3.11): aggregates are known by their class; events and
+        keyword arguments go the library's way."""
+        if kwargs:
+            return super().save(*objs, **kwargs)
+        pe = self._collect(objs)
+        recordings = self._record(pe)
+        self._recorded(pe, recordings)
+        return recordings
+
+    def save_nowait(self, *aggs: Aggregate) -> PendingSave:
+        """`save` whose atomic batch is under way when this returns: the events are taken
+        from the aggregates and encoded here; `PendingSave.result()` waits for the
+        acknowledgement (IntegrityError on a conflict, as `save`). A later save that shares
+        a subject must wait for this one's result first, else its expectation is stale."""
+        pe = self._collect(aggs)
+        stored = [self.mapper.to_stored_event(e) for e in pe.events]
+        submit = getattr(self.recorder, "insert_events_nowait", None)
+        if submit is None:  # another persistence module: save now, answer later
+            future: concurrent.futures.Future[list[int]] = concurrent.futures.Future()
+            try:
+                future.set_result(list(self.recorder.insert_events(stored) or []))
+            except Exception as e:  # noqa: BLE001 - handed to whoever asks for the result
+                future.set_exception(e)
+        else:
+            future = submit(stored)
+        return PendingSave(self, pe, stored, future)
+
+    def _collect(self, objs: tuple[Any, ...]) -> ProcessingEvent[UUID]:
+        pe: ProcessingEvent[UUID] = ProcessingEvent()
+        for obj in objs:
+            if obj is None:
+                continue
+            if isinstance(obj, BaseAggregate):
+                pe.events.extend(obj.collect_events())
+                pe.aggregates[obj.id] = obj
+            else:
+                pe.collect_events(obj)
+        return pe
+
+    def _recorded(self, pe: ProcessingEvent[UUID], recordings: list[Recording[UUID]]) -> None:
+        """What the library's `save` does once the events are recorded."""
+        self._take_snapshots(pe)
+        self._notify(recordings)
+        self.notify(pe.events)  # deprecated in the library, still called by its save
 
     def find(self, cls: type[A], aggregate_id: UUID) -> A | None:
         try:
@@ -723,3 +772,48 @@ def new_transfer_id() -> str:
 
 
 __all__ = ["PoolApp", "lease_view", "LeaseState"]
+
+
+class PendingSave:
+    """A save in flight (`PoolApp.save_nowait`)."""
+
+    def __init__(self, app: PoolApp, pe: ProcessingEvent[UUID], stored: list[StoredEvent],
+                 future: concurrent.futures.Future[list[int]]) -> None:
+        self.app = app
+        self.aggregates = list(pe.aggregates.values())
+        self.messages = len(stored)
+        self._pe = pe
+        self._stored = stored
+        self._future = future
+        self._recordings: list[Recording[UUID]] | None = None
+
+    def add_done_callback(self, fn: Callable[[bool], None]) -> None:
+        """`fn(acknowledged)` once the server has answered or the save failed (on the bus's
+        loop thread: keep it short)."""
+        self._future.add_done_callback(
+            lambda f: fn(not f.cancelled() and f.exception() is None))
+
+    def result(self) -> list[Recording[UUID]]:
+        """Wait for the acknowledgement; the recordings, or the save's error."""
+        if self._recordings is not None:
+            return self._recordings
+        timeout = float(getattr(self.app.recorder, "timeout", 10.0)) + 5
+        try:
+            ids = self._future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            self._future.cancel()
+            raise BusTimeout(f"save not acknowledged within {timeout}s") from None
+        pe, app = self._pe, self.app
+        recordings = [
+            Recording(d, Notification(originator_id=s.originator_id,
+                                      originator_version=s.originator_version,
+                                      topic=s.topic, state=s.state, id=n))
+            for d, s, n in zip(pe.events, self._stored, ids, strict=True)
+        ]
+        cache = app.repository.cache
+        if cache and not app.repository.fastforward:
+            for aggregate_id, aggregate in pe.aggregates.items():
+                cache.put(aggregate_id, aggregate)
+        app._recorded(pe, recordings)  # the app's own after-save steps
+        self._recordings = recordings
+        return recordings

@@ -135,7 +135,27 @@ def _run(url: str, nodes: int, requests: int, rate: float, steady_seconds: float
                 reserved_at.setdefault(str(a.id), t)
         return out
 
+    real_save_nowait = sched_app.save_nowait
+
+    def timed_save_nowait(*aggs: Any) -> Any:
+        # a placement is durable when the server acknowledges its batch: stamped then, on the
+        # bus thread, not when the scheduler next looks (it is planning the next batch)
+        pending = real_save_nowait(*aggs)
+        leases = [str(a.id) for a in aggs
+                  if isinstance(a, Lease) and a.state is LeaseState.RESERVED]
+
+        def acked(ok: bool) -> None:
+            if ok:
+                t = time.perf_counter()
+                written[0] += pending.messages
+                for lid in leases:
+                    reserved_at.setdefault(lid, t)
+
+        pending.add_done_callback(acked)
+        return pending
+
     sched_app.save = timed_save  # type: ignore[method-assign]
+    sched_app.save_nowait = timed_save_nowait  # type: ignore[method-assign]
     t_replay = time.perf_counter()
     scheduler.catch_up()
     replay_s = time.perf_counter() - t_replay

@@ -48,7 +48,10 @@ log = logging.getLogger(__name__)
 _LEAVING = frozenset(
     {LeaseState.PREEMPTING, LeaseState.STOPPING, LeaseState.EXPIRED, LeaseState.RECONCILING}
 )
-MAX_PLACEMENTS_PER_BATCH = 300  # 3 messages each, under JetStream's 1000-message batch limit
+# a batch goes out once it holds this many messages (lease + node [+ account] per placement,
+# one per rejection or noticed victim): under JetStream's 1000-message atomic batch limit with
+# room for the step that crossed it
+MAX_MESSAGES_PER_BATCH = 900
 NOTIFICATION_PAGE = 1000
 
 
@@ -91,6 +94,15 @@ class CycleReport:
 
 
 @dataclass(frozen=True)
+class _InFlight:
+    """A cycle's batch sent and not yet acknowledged, with what to undo if it is refused."""
+
+    pending: Any  # workers.app.PendingSave
+    aggregates: list[Aggregate]
+    placing: list[tuple[Lease, int]]
+
+
+@dataclass(frozen=True)
 class PendingPreemption:
     """A waiting request's claim on a node whose victims were noticed on its behalf."""
 
@@ -121,6 +133,8 @@ class Scheduler:
         self._lock = threading.RLock()
         # placements of the batch being built: (lease, reserved at, ns) for their `place` spans
         self._placing: list[tuple[Lease, int]] = []
+        # the batch whose acknowledgement is awaited while the next one is planned
+        self._inflight: _InFlight | None = None
 
     # -- folding the log --------------------------------------------------------------------
 
@@ -188,6 +202,10 @@ class Scheduler:
         for lid in have - set(want):
             ps.table.free(lid)
         for lid in set(want) - have:
+            if ps.table.node_of(lid) is not None:
+                # the log puts it here now (a node re-read after a refused batch can be newer
+                # than the rest of our memory): drop the older whereabouts we hold for it
+                ps.table.free(lid)
             lease = self.aggregates.get(UUID(lid))
             tenant = lease.tenant_id if isinstance(lease, Lease) else None
             ps.table.allocate(node.node_id, lid, want[lid], tenant=tenant)
@@ -338,7 +356,6 @@ class Scheduler:
         pool = ps.pool
         cfg = pool.config
         batch: list[Aggregate] = []
-        in_batch = 0
         unplaced: list[PendingRequest] = []
         examined = 0
         # one pop at a time: each placement changes its tenant's share before the next pick
@@ -346,6 +363,10 @@ class Scheduler:
             examined += 1
             lease = self.aggregates.get(UUID(req.lease_id))
             if not isinstance(lease, Lease) or lease.state is not LeaseState.QUEUED:
+                continue
+            if ps.table.node_of(req.lease_id) is not None:
+                # a node re-read from the log after a refused batch holds it: another scheduler
+                # placed it and our copy of the lease is older; catch-up brings its events
                 continue
             shape = lease.requested_shape
             res = shape.resources
@@ -368,6 +389,9 @@ class Scheduler:
                 else:
                     why = self._capacity_wait(ps, req, lease, fr, now, batch, report)
                     self._wait(req, why, unplaced)
+                if len(batch) >= MAX_MESSAGES_PER_BATCH:
+                    self._commit_batch(batch, report)
+                    batch = []
                 continue
             hold = pool.hold_for(shape, lease.maximum_runtime_seconds)
             acc = self.aggregates.get(_account_uuid(req.tenant))
@@ -399,11 +423,12 @@ class Scheduler:
             if getattr(lease, "trace_parent", None) is not None:  # older snapshots: none
                 self._placing.append((lease, time.time_ns()))
             report.placed += 1
-            in_batch += 1
-            if in_batch >= MAX_PLACEMENTS_PER_BATCH:
+            # one entry per event: a node allocated twice appears twice, as it has two events
+            if len(batch) >= MAX_MESSAGES_PER_BATCH:
                 self._commit_batch(batch, report)
-                batch, in_batch = [], 0
+                batch = []
         self._commit_batch(batch, report)
+        self._settle(report)
         for req in unplaced:
             lease = self.aggregates.get(UUID(req.lease_id))
             if isinstance(lease, Lease) and lease.state is LeaseState.QUEUED:
@@ -411,8 +436,65 @@ class Scheduler:
         report.waiting += len(unplaced)
 
     def _commit_batch(self, batch: list[Aggregate], report: CycleReport) -> None:
+        """Send `batch` as one atomic save and return while it is in flight, so the next batch
+        is planned during the round trip. The batch before it is settled first: a save that
+        shares a subject with one not yet acknowledged would carry a stale expectation, and a
+        batch planned on top of a refused one is void — it is dropped unsent and everything
+        both touched is re-read from the log, so its requests are planned again, never lost."""
         placing, self._placing = self._placing, []
-        saved = self._save(batch, report)
+        unique = list({a.id: a for a in batch}.values())
+        if not self._settle(report):
+            self._void(unique, placing, report)
+            return
+        if not unique:
+            return
+        try:
+            pending = self.app.save_nowait(*unique)
+        except IntegrityError:  # refused before sending (e.g. a version the recorder knows)
+            report.conflicts += 1
+            self._void(unique, placing, report)
+            return
+        self._inflight = _InFlight(pending, unique, placing)
+
+    def _settle(self, report: CycleReport) -> bool:
+        """Wait for the batch in flight, if any; False if it was refused (then its aggregates
+        have been re-read from the log and its placements no longer count)."""
+        flight, self._inflight = self._inflight, None
+        if flight is None:
+            return True
+        try:
+            flight.pending.result()
+        except IntegrityError:
+            # someone else wrote one of these first: forget our in-memory view of them and
+            # re-read the log; the requests are still queued and the next cycle retries
+            report.conflicts += 1
+            self._void(flight.aggregates, flight.placing, report)
+            return False
+        except Exception:
+            # not known whether it landed (a timeout, the bus gone): the log says; re-read
+            # what it touched, as far as the bus allows, and let the cycle fail
+            self._void(flight.aggregates, flight.placing, report, quiet=True)
+            raise
+        report.batches += 1
+        self._end_spans(flight.placing, saved=True)
+        return True
+
+    def _void(self, aggs: list[Aggregate], placing: list[tuple[Lease, int]],
+              report: CycleReport, *, quiet: bool = False) -> None:
+        """The placements in `aggs` did not land: uncount them and re-index from the log."""
+        self._end_spans(placing, saved=False)
+        lost = sum(isinstance(a, Lease) and a.state is LeaseState.RESERVED for a in aggs)
+        report.placed = max(0, report.placed - lost)
+        for a in aggs:
+            self.aggregates.pop(a.id, None)
+        try:
+            self._reload(aggs)
+        except Exception:
+            if not quiet:
+                raise
+            log.exception("could not re-read %d aggregates after a failed save", len(aggs))
+
+    def _end_spans(self, placing: list[tuple[Lease, int]], *, saved: bool) -> None:
         for lease, started_ns in placing:
             # one `place` span per placement, in the trace of the request that asked for it
             span = observability.child_span("place", lease.trace_parent, start_time=started_ns,
@@ -421,10 +503,6 @@ class Scheduler:
                                                         "pool.pool_id": str(lease.pool_id),
                                                         "pool.saved": saved})
             span.end()
-        if not saved:
-            # the batch did not land: placements counted in it are void; re-index from truth
-            lost = sum(isinstance(a, Lease) and a.state is LeaseState.RESERVED for a in batch)
-            report.placed = max(0, report.placed - lost)
 
     def _wait(self, req: PendingRequest, reasons: dict[str, Any], unplaced: list[PendingRequest]) -> None:
         self.reasons[req.lease_id] = reasons

@@ -772,6 +772,13 @@ class NodeTable:
             candidates[result.busy] = True
             memo = _Memo(keys, candidates, len(self._dirty), result)
             self._memo[memo_key] = memo
+        elif len(self._dirty) - memo.seen <= _SCALAR_ROWS:
+            # the common case (a placement or two since the last call): re-score those rows
+            # with Python scalars; numpy's per-call overhead dwarfs the work on one row
+            for row in set(self._dirty[memo.seen:]):
+                memo.keys[row] = (self._row_key(shape, row) if memo.candidates[row]
+                                  else _NO_KEY)
+            memo.seen = len(self._dirty)
         elif memo.seen < len(self._dirty):
             rows = np.unique(np.asarray(self._dirty[memo.seen:], dtype=np.int64))
             memo.seen = len(self._dirty)
@@ -789,6 +796,65 @@ class NodeTable:
             del self._memo[memo_key]
             return None, self.filter(shape, allowed_trust_levels=allowed_trust_levels)
         return self._ids[best], memo.result
+
+    def _row_key(self, shape: Shape, i: int) -> int:
+        """One row's best-fit key exactly as `_rank_keys` computes it (same float operations
+        in the same order), or _NO_KEY when the shape does not fit the row's free capacity."""
+        res = shape.resources
+        req = [res.cpu_millis, res.memory_mib, res.gpu_count, res.local_disk_gib]
+        ndims = len(self._dims)
+        if ndims > 4:
+            req += [0] * (ndims - 4)
+            for name, amount in res.extended:
+                col = self._dim_index.get(name)
+                if col is not None:
+                    req[col] = amount
+        alloc = self._alloc[i].tolist()
+        used = self._used[i].tolist()
+        inv = self._inv[i].tolist()
+        total = 0.0
+        dominant = emptiest = -1.0  # shares are ≥ 0: negative means no requested dimension
+        for j in range(ndims):
+            r = req[j]
+            a = alloc[j]
+            free = a - used[j]
+            if r > 0:
+                if free < r:
+                    return _NO_KEY
+            elif not a:
+                continue
+            left = (free - r) * inv[j]
+            left = min(max(left, 0.0), 1.0)
+            total += left
+            if r > 0:
+                dominant = left if dominant < 0.0 else max(dominant, left)
+                emptiest = left if emptiest < 0.0 else min(emptiest, left)
+        dominant = max(dominant, 0.0)
+        key = 0
+        prefs = shape.preferences[:_PREF_BITS]
+        if prefs:
+            score = 0
+            k = len(prefs)
+            for rank_pos, (kind, value) in enumerate(prefs):
+                if kind == "zone":
+                    match = int(self._zone[i]) == self._codes["zone"].lookup(value)
+                elif kind == "region":
+                    match = int(self._region[i]) == self._codes["region"].lookup(value)
+                elif kind == "gpu_model":
+                    match = int(self._gpu_model[i]) == self._codes["gpu_model"].lookup(value)
+                elif kind in ("image_cached", "node_label"):
+                    tag = self._tags.get(("image:" if kind == "image_cached" else "label:")
+                                         + value)
+                    match = tag is not None and bool(tag[i])
+                else:
+                    match = False
+                if match:
+                    score += 1 << (k - 1 - rank_pos)
+            key |= (((1 << k) - 1) - score) << (63 - _PREF_BITS)
+        mean = total * float(self._inv_ndims[i])
+        key |= int(dominant * _Q20) << (_POS_BITS + 14)
+        key |= int(mean * _Q14) << _POS_BITS
+        return key
 
     def _touched(self, row: int) -> None:
         if self._memo:  # nobody remembers anything: nothing to re-score later
@@ -810,7 +876,8 @@ class _Memo:
     result: FilterResult
 
 
-_NO_KEY = np.iinfo(np.int64).max
+_NO_KEY = int(np.iinfo(np.int64).max)
+_SCALAR_ROWS = 8  # re-scored one by one in Python up to this many touched rows
 
 
 def _node_egress_rank(name: str) -> int:
