@@ -194,3 +194,32 @@ def test_quota_check_lists_exceeded_dimensions() -> None:
                                                 memory_mib=1)) == ["cpu_millis"]
     assert quota_check(usage, request, {"gpu_count": 1}) == ["gpu_count"]
     assert quota_check(usage, request, {"cpu_millis": 5000}) == []
+
+
+def test_the_scalar_pick_of_the_next_slot_agrees_with_the_vectorised_one() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    step = st.tuples(st.sampled_from(["push", "pop", "use", "free"]), st.integers(0, 5),
+                     st.sampled_from(["low", "normal", "high"]), st.integers(0, 600))
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.sampled_from([0.0, 60.0, 120.0]), st.lists(step, min_size=1, max_size=60))
+    def check(aging: float, steps: list[tuple[str, int, str, int]]) -> None:
+        queue = FairQueue(Resources(cpu_millis=10_000, memory_mib=10_000),
+                          {"t1": 2.0, "t3": 0.5}, RANKS, aging)
+        shape = Shape.build(cpu_millis=100, memory_mib=50)
+        for i, (op, tenant_i, cls, at) in enumerate(steps):
+            tenant = f"t{tenant_i}"
+            if op == "push":
+                queue.push(req(f"r{i}", tenant, shape, i, cls, at=float(at)))
+            elif op == "pop":
+                queue.pop(float(at) + 300)
+            elif op == "use":
+                queue.add_usage(tenant, Resources(cpu_millis=at, memory_mib=at // 2))
+            else:
+                queue.set_usage(tenant, Resources())
+            for now in (0.0, float(at), float(at) + 500):
+                assert queue._best_slot(now) == queue._best_slot_vectorised(now)
+
+    check()

@@ -167,7 +167,7 @@ def test_a_batch_planned_on_a_refused_one_is_dropped_unsent_and_planned_again(
     sent: list[int] = []
 
     class Refused:
-        def result(self) -> None:
+        def wait(self) -> None:
             raise IntegrityError("a rival wrote first")
 
     def save_nowait(*aggs: object) -> object:

@@ -785,6 +785,7 @@ class PendingSave:
         self._pe = pe
         self._stored = stored
         self._future = future
+        self._ids: list[int] | None = None
         self._recordings: list[Recording[UUID]] | None = None
 
     def add_done_callback(self, fn: Callable[[bool], None]) -> None:
@@ -793,27 +794,37 @@ class PendingSave:
         self._future.add_done_callback(
             lambda f: fn(not f.cancelled() and f.exception() is None))
 
-    def result(self) -> list[Recording[UUID]]:
-        """Wait for the acknowledgement; the recordings, or the save's error."""
-        if self._recordings is not None:
-            return self._recordings
+    def wait(self) -> None:
+        """Wait for the acknowledgement (or raise the save's error) and finish the save as
+        `save` would; the recordings are only built if the app listens for them."""
+        if self._ids is not None:
+            return
         timeout = float(getattr(self.app.recorder, "timeout", 10.0)) + 5
         try:
             ids = self._future.result(timeout)
         except concurrent.futures.TimeoutError:
             self._future.cancel()
             raise BusTimeout(f"save not acknowledged within {timeout}s") from None
+        self._ids = ids
         pe, app = self._pe, self.app
-        recordings = [
-            Recording(d, Notification(originator_id=s.originator_id,
-                                      originator_version=s.originator_version,
-                                      topic=s.topic, state=s.state, id=n))
-            for d, s, n in zip(pe.events, self._stored, ids, strict=True)
-        ]
         cache = app.repository.cache
         if cache and not app.repository.fastforward:
             for aggregate_id, aggregate in pe.aggregates.items():
                 cache.put(aggregate_id, aggregate)
-        app._recorded(pe, recordings)  # the app's own after-save steps
-        self._recordings = recordings
-        return recordings
+        # Application._notify does nothing: a Notification per event is only worth building
+        # (frozen dataclasses, a few µs each) for an app that overrides it
+        listening = type(app)._notify is not Application._notify
+        app._recorded(pe, self.result() if listening else [])  # the app's after-save steps
+
+    def result(self) -> list[Recording[UUID]]:
+        """Wait for the acknowledgement; the recordings, or the save's error."""
+        self.wait()
+        if self._recordings is None:
+            assert self._ids is not None
+            self._recordings = [
+                Recording(d, Notification(originator_id=s.originator_id,
+                                          originator_version=s.originator_version,
+                                          topic=s.topic, state=s.state, id=n))
+                for d, s, n in zip(self._pe.events, self._stored, self._ids, strict=True)
+            ]
+        return self._recordings

@@ -358,6 +358,9 @@ class Scheduler:
         batch: list[Aggregate] = []
         unplaced: list[PendingRequest] = []
         examined = 0
+        # (isolation, tenant) → the node trust levels the pool's image policy allows it
+        # (None: any), asked once per cycle rather than at every placement
+        trust_of: dict[tuple[str, str], tuple[str, ...] | None] = {}
         # one pop at a time: each placement changes its tenant's share before the next pick
         while examined < self.max_examined_per_cycle and (req := queue.pop(now)) is not None:
             examined += 1
@@ -375,11 +378,17 @@ class Scheduler:
                 self._wait(req, {"tenant": [R.QUOTA_EXCEEDED]}, unplaced)
                 continue
             # the pool's image policy decides which node trust levels this isolation may use
-            trust = pool.image_policy.allowed_trust_levels(isolation=shape.runtime,
-                                                           tenant=req.tenant)
+            trust_key = (shape.runtime, req.tenant)
+            if trust_key in trust_of:
+                allowed = trust_of[trust_key]
+            else:
+                trust = pool.image_policy.allowed_trust_levels(isolation=shape.runtime,
+                                                               tenant=req.tenant)
+                allowed = trust_of[trust_key] = (
+                    None if len(trust) == len(TRUST_LEVELS) else tuple(sorted(trust)))
             node_id, fr = ps.table.place_fast(
                 shape, packing=cfg.packing,  # type: ignore[arg-type]
-                allowed_trust_levels=None if len(trust) == len(TRUST_LEVELS) else trust)
+                allowed_trust_levels=allowed)
             if node_id is None:
                 if fr.never_satisfiable:
                     lease.reject(now, "unschedulable", sorted(fr.failures))
@@ -463,7 +472,7 @@ class Scheduler:
         if flight is None:
             return True
         try:
-            flight.pending.result()
+            flight.pending.wait()
         except IntegrityError:
             # someone else wrote one of these first: forget our in-memory view of them and
             # re-read the log; the requests are still queued and the next cycle retries

@@ -28,11 +28,21 @@ class PendingRequest:
 
 def dominant_share(usage: Resources, totals: Resources) -> float:
     """max over dimensions of usage / total; dimensions the pool has none of are ignored."""
+    # the four scalar dimensions by attribute (this runs at every placement), then any
+    # extended ones the usage has
     best = 0.0
-    for dim in usage.dimensions():
-        total = totals.get(dim)
+    for amount, total in ((usage.cpu_millis, totals.cpu_millis),
+                          (usage.memory_mib, totals.memory_mib),
+                          (usage.gpu_count, totals.gpu_count),
+                          (usage.local_disk_gib, totals.local_disk_gib)):
         if total > 0:
-            best = max(best, usage.get(dim) / total)
+            best = max(best, int(amount) / total)
+    if usage.extended:
+        extended_totals = dict(totals.extended)
+        for dim, amount in usage.extended:
+            total = extended_totals.get(dim, 0)
+            if total > 0:
+                best = max(best, amount / total)
     return best
 
 
@@ -119,6 +129,7 @@ def quota_check(
     return sorted(d for d, limit in quota.items() if after.get(d) > limit)
 
 
+_SCALAR_SLOTS = 64  # up to this many (tenant, class) slots, the next one is found in Python
 _Entry = tuple[float, int, str]  # (enqueued_at, seq, lease_id): a per-slot heap entry
 
 
@@ -263,6 +274,32 @@ class FairQueue:
         return request
 
     def _best_slot(self, now: float) -> int | None:
+        n = len(self._slot_key)
+        if n > _SCALAR_SLOTS:
+            return self._best_slot_vectorised(now)
+        # a few (tenant, class) slots: plain Python beats numpy's per-call overhead; the same
+        # order as the lexsort below (rank desc, share, enqueued, seq; ties to the lower slot)
+        active = self._active[:n].tolist()
+        ranks = self._rank[:n].tolist()
+        shares = self._share[:n].tolist()
+        enqs = self._head_enq[:n].tolist()
+        seqs = self._head_seq[:n].tolist()
+        aging, top = self._aging, self._top
+        best: int | None = None
+        best_key: tuple[int, float, float, int] | None = None
+        for slot in range(n):
+            if not active[slot]:
+                continue
+            rank = ranks[slot]
+            if aging > 0 and rank < top:
+                waited = max(now - enqs[slot], 0.0)
+                rank = min(rank + math.floor(waited / aging), top)
+            key = (-rank, shares[slot], enqs[slot], seqs[slot])
+            if best_key is None or key < best_key:
+                best, best_key = slot, key
+        return best
+
+    def _best_slot_vectorised(self, now: float) -> int | None:
         active = np.flatnonzero(self._active[: len(self._slot_key)])
         if active.size == 0:
             return None

@@ -170,6 +170,7 @@ class NodeTable:
         self._node_leases: list[set[str]] = []
         # place_fast's memory: per shape, each node's key; rows touched since are re-scored
         self._memo: dict[Any, _Memo] = {}
+        self._lease_vectors: dict[tuple[Resources, int], tuple[IntArray, list[int]]] = {}
         self._dirty: list[int] = []
         self._fd_counts = np.zeros(0, dtype=np.int64)
         self._fd_tenant_counts: dict[str, IntArray] = {}
@@ -248,6 +249,21 @@ class NodeTable:
         for k, amount in res.extended:
             v[self._dim_index[k]] = amount
         return v
+
+    def _lease_vector(self, res: Resources) -> tuple[IntArray, list[int]]:
+        """`_vector(res)` (read-only, shared by the leases of one shape) and its amounts;
+        remembered per shape until a dimension is added."""
+        key = (res, len(self._dims))
+        got = self._lease_vectors.get(key)
+        if got is None:
+            v = self._vector(res)
+            if (v < 0).any():
+                raise ValueError("negative allocation")
+            v.flags.writeable = False
+            if len(self._lease_vectors) > 4096:
+                self._lease_vectors.clear()
+            got = self._lease_vectors[(res, len(self._dims))] = (v, v.tolist())
+        return got
 
     def _resources(self, v: IntArray) -> Resources:
         ext = tuple((d, int(v[j])) for j, d in enumerate(self._dims) if j >= 4 and v[j])
@@ -408,12 +424,12 @@ class NodeTable:
         if lease_id in self._leases:
             raise ValueError(f"lease {lease_id!r} already allocated")
         i = self._index[node_id]
-        v = self._vector(resources)
-        if (v < 0).any():
-            raise ValueError("negative allocation")
-        over = v > self._alloc[i, :] - self._used[i, :]
-        if over.any():
-            dims = [self._dims[j] for j in np.flatnonzero(over)]
+        v, amounts = self._lease_vector(resources)
+        # one row: Python over its few dimensions, not numpy calls on 1×d slices
+        alloc, used = self._alloc[i].tolist(), self._used[i].tolist()
+        over = [j for j, x in enumerate(amounts) if x > alloc[j] - used[j]]
+        if over:
+            dims = [self._dims[j] for j in over]
             raise CapacityError(f"{lease_id} does not fit on {node_id}: {', '.join(dims)}")
         self._used[i, :] += v
         self._touched(i)
@@ -791,7 +807,7 @@ class NodeTable:
                 ok = cand[fits]
                 if ok.size:
                     memo.keys[ok] = self._rank_keys(shape, ok, packing, None)
-        best = int(np.argmin(memo.keys)) if memo.keys.size else -1
+        best = int(memo.keys.argmin()) if memo.keys.size else -1
         if best < 0 or memo.keys[best] == _NO_KEY:
             del self._memo[memo_key]
             return None, self.filter(shape, allowed_trust_levels=allowed_trust_levels)
