@@ -439,6 +439,7 @@ class PoolViews:
         self.database_url = database_url
         self.schema = schema
         self.views = tuple(check_view(v) for v in views)
+        self._write_order = sorted(self.views, key=lambda v: v != "leases")
         self.folder = Folder(app)
         self.decode = EventDecoder(app.mapper)
         self._conn: psycopg.Connection[Any] | None = None
@@ -492,29 +493,33 @@ class PoolViews:
                 # views at the same position share one slice of the batch and one coalescing
                 shared: dict[int, tuple[list[tuple[int, Any, Any]], dict[UUID, tuple[int, Any]]]]
                 shared = {}
-                for view in self.views:
-                    at, applied = pos.get(view, (0, 0))
-                    got = shared.get(at)
-                    if got is None:
-                        fresh = folded if folded[0][0] > at else [f for f in folded if f[0] > at]
-                        last: dict[UUID, tuple[int, Any]] = {}
-                        for seq, _ev, agg in fresh:
-                            last[agg.id] = (seq, agg)
-                        got = shared[at] = (fresh, last)
-                    fresh, last = got
-                    if not fresh:
-                        continue
-                    taken = max(taken, len(fresh))
-                    self._apply_view(view, fresh, last)
-                    tracked.append((view, fresh[-1][0], applied + len(fresh)))
-                if tracked:
-                    conn.execute(
-                        _fmt("UPDATE {s}.tracking AS t SET notification_id = u.n, "
-                             "events_applied = u.a, updated_at = now() FROM unnest("
-                             "%s::text[], %s::bigint[], %s::bigint[]) AS u(v, n, a) "
-                             "WHERE t.view_name = u.v", self.schema),
-                        _columns(tracked, 3),
-                    )
+                # the writes go out in pipeline mode: PostgreSQL works on one view's statement
+                # while the next one's rows are built here, and nothing waits on a reply until
+                # the pipeline's end; the heaviest view (leases) goes first
+                with conn.pipeline():  # its end waits for every statement's result
+                    for view in self._write_order:
+                        at, applied = pos.get(view, (0, 0))
+                        got = shared.get(at)
+                        if got is None:
+                            fresh = folded if folded[0][0] > at else [f for f in folded if f[0] > at]
+                            last: dict[UUID, tuple[int, Any]] = {}
+                            for seq, _ev, agg in fresh:
+                                last[agg.id] = (seq, agg)
+                            got = shared[at] = (fresh, last)
+                        fresh, last = got
+                        if not fresh:
+                            continue
+                        taken = max(taken, len(fresh))
+                        self._apply_view(view, fresh, last)
+                        tracked.append((view, fresh[-1][0], applied + len(fresh)))
+                    if tracked:
+                        conn.execute(
+                            _fmt("UPDATE {s}.tracking AS t SET notification_id = u.n, "
+                                 "events_applied = u.a, updated_at = now() FROM unnest("
+                                 "%s::text[], %s::bigint[], %s::bigint[]) AS u(v, n, a) "
+                                 "WHERE t.view_name = u.v", self.schema),
+                            _columns(tracked, 3),
+                        )
             return taken
         except Exception:
             # the view rolled back; the in-memory fold is ahead of nothing useful now

@@ -162,23 +162,45 @@ def test_views_are_exactly_once_when_the_projector_is_killed_mid_stream(
     clock = FakeClock()
     app = PoolApp(env=app_env(fresh_nats.url), clock=clock)
     grants = 400
+    parts = 5
+    kills = 0
 
     def append() -> None:
+        # in parts, each after one more kill: however long a projector takes to start (its
+        # imports alone can outlast a kill interval on a loaded machine), kills land while the
+        # log is still growing, not only after the last append
         for i in range(grants):
+            part = i * parts // grants
+            deadline = time.monotonic() + 60
+            while kills < part and time.monotonic() < deadline:
+                time.sleep(0.01)
             app.grant(f"t{i % 5}", 1000 + i, f"grant-{i}")
             time.sleep(0.005)
+
+    def position() -> int:
+        return min((p for p, _ in _tracking(database_url, schema).values()), default=0)
+
+    def wait_until_applying(since: int) -> None:
+        """Until the projector just started has committed a batch (or has nothing to do):
+        a kill before that would only test an interrupted import."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            at = position()
+            if at > since or (not writer.is_alive()
+                              and at >= (app.recorder.max_notification_id() or 0)):
+                return
+            time.sleep(0.02)
 
     try:
         writer = threading.Thread(target=append)
         proc = _spawn(fresh_nats.url, database_url, schema)
         writer.start()
-        kills = 0
         at_kill: list[int] = []
         rng = random.Random(4)
         while writer.is_alive() or kills < 5:
-            time.sleep(rng.uniform(0.4, 0.9))  # lands mid-batch, mid-stream, or while idle
-            at_kill.append(min((p for p, _ in _tracking(database_url, schema).values()),
-                               default=0))
+            wait_until_applying(at_kill[-1] if at_kill else 0)
+            time.sleep(rng.uniform(0.0, 0.5))  # lands mid-batch, mid-stream, or while idle
+            at_kill.append(position())
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             kills += 1
