@@ -2,8 +2,9 @@
 
 Tenants may publish only on `pool.cmd.<tenant>.>` and read only their own inbox prefix, so one
 tenant can neither act as another nor read its replies; the server enforces it, not our code.
-Telemetry likewise: a tenant reads `pool.tel.*.*.<tenant>.>` (and may create replay consumers
-filtered to it), a node publishes under `pool.tel.*.<node>.>`.
+Telemetry likewise: a tenant reads `pool.tel.*.*.<tenant>.>` live and replays the stream through
+the service (`pool.cmd.<tenant>.telemetry.replay`), never with a consumer of its own; a node
+publishes under `pool.tel.*.<node>.>`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from bus.subjects import TELEMETRY_STREAM, token
+from bus.subjects import token
 
 SERVICE_USER = "pool-service"
 
@@ -23,17 +24,6 @@ SERVICE_USER = "pool-service"
 def inbox_prefix(tenant: str) -> str:
     """The reply-subject prefix a tenant's client must use (`Client(..., inbox_prefix=...)`)."""
     return f"_INBOX_{token(tenant)}"
-
-
-def telemetry_replay_grant(tenant: str) -> str:
-    """The one JetStream API subject a tenant may publish: create a consumer on POOL_TELEMETRY
-    whose filter is named in the subject and lies under its own tenant token.
-
-    The server refuses a create whose config filter differs from the subject's (err 10131) and
-    a subject-based create with several filters (10137), so the filter is pinned. The deliver
-    subject is not checked by the server (see README, "Telemetry and tracing").
-    """
-    return f"$JS.API.CONSUMER.CREATE.{TELEMETRY_STREAM}.*.pool.tel.*.*.{token(tenant)}.>"
 
 
 @dataclass
@@ -73,7 +63,9 @@ class AuthConfig:
                     "password": c.password,
                     "permissions": {
                         "publish": {
-                            "allow": [f"pool.cmd.{tenant}.>", telemetry_replay_grant(tenant)]
+                            # replay goes through pool.cmd.<tenant>.telemetry.replay: no
+                            # JetStream API at all, so no consumer (and no deliver subject)
+                            "allow": [f"pool.cmd.{tenant}.>"]
                         },
                         "subscribe": {
                             # telemetry subjects carry the tenant as a whole token, so this

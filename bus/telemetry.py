@@ -3,7 +3,9 @@
 
 Telemetry is lossy by design: limits retention, core publishes (the stream captures them), and a
 publisher that logs a bus hiccup instead of raising it into the agent. Followers read live with a
-core subscription, or replay from a start time with an ordered push consumer, then keep following.
+core subscription, or replay from a start time and keep following: an operator with an ordered
+push consumer, a tenant through the control plane (`pool.cmd.<tenant>.telemetry.replay`, pages
+read here by `read_page`), since a tenant is given no right to create consumers.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from nats.js.api import (
 )
 from nats.nuid import NUID
 
-from bus.errors import BusUnavailable, PermissionDenied
+from bus.errors import BusError, BusUnavailable, PermissionDenied
 from bus.runtime import BusRuntime, servers, translate
 from bus.streams import ensure_stream
 from bus.subjects import TELEMETRY_PREFIX, TELEMETRY_STREAM, telemetry_subject, token
@@ -325,6 +327,127 @@ class _OrderedReplay:
                 pass
 
 
+class ReplayRefused(BusError):
+    """The control plane refused a tenant's telemetry replay (its code is in the message)."""
+
+    code = "replay_refused"
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"telemetry replay refused [{code}]: {message}")
+        self.refusal_code = code
+
+
+REPLAY_PAGE_MAX_BYTES = 512 * 1024  # a page stays well under NATS's 1 MiB max_payload
+REPLAY_POLL_S = 0.5  # a tenant's follower asks for the next page this often once caught up
+
+
+@dataclass(frozen=True)
+class TelemetryPage:
+    """Stored samples in stream order: (stream sequence, subject, payload); `at_end` when no
+    more matched when the page was read."""
+
+    samples: list[tuple[int, str, bytes]]
+    at_end: bool
+
+
+async def read_page_async(
+    nc: Client,
+    filter_subject: str,
+    *,
+    after_seq: int = 0,
+    since: float | None = None,
+    limit: int = 500,
+    timeout: float = 5.0,
+) -> TelemetryPage:
+    """One batched direct get on POOL_TELEMETRY: the samples under `filter_subject` after
+    stream sequence `after_seq` (or, when that is 0, from the time `since`), at most `limit`."""
+    req: dict[str, Any] = {"batch": int(limit), "next_by_subj": filter_subject,
+                           "max_bytes": REPLAY_PAGE_MAX_BYTES}
+    if after_seq > 0 or since is None:
+        req["seq"] = int(after_seq) + 1
+    else:
+        req["start_time"] = dt.datetime.fromtimestamp(since, dt.timezone.utc).isoformat()
+    out: list[tuple[int, str, bytes]] = []
+    done: asyncio.Future[tuple[bool, str | None]] = asyncio.get_running_loop().create_future()
+
+    async def on_msg(msg: Msg) -> None:
+        if done.done():
+            return
+        headers = msg.headers or {}
+        status = headers.get("Status")
+        if status:
+            if status == "404":
+                done.set_result((True, None))
+            elif status == "204":  # end of this batch
+                done.set_result((int(headers.get("Nats-Num-Pending", "0") or 0) == 0, None))
+            else:
+                done.set_result((True, f"{status} {headers.get('Description', '')}".strip()))
+            return
+        out.append((int(headers["Nats-Sequence"]), headers.get("Nats-Subject", msg.subject),
+                    msg.data))
+
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox, cb=on_msg)
+    try:
+        await nc.publish(f"$JS.API.DIRECT.GET.{TELEMETRY_STREAM}",
+                         msgspec.json.encode(req), reply=inbox)
+        at_end, error = await asyncio.wait_for(done, timeout)
+    finally:
+        await sub.unsubscribe()
+    if error == "503":
+        raise BusUnavailable("the telemetry stream is not available for reads")
+    if error is not None:
+        raise BusUnavailable(f"telemetry read failed: {error}")
+    return TelemetryPage(out, at_end)
+
+
+def read_page(runtime: BusRuntime, filter_subject: str, **kw: Any) -> TelemetryPage:
+    """`read_page_async` from a synchronous caller (the command service)."""
+    async def go() -> TelemetryPage:
+        return await read_page_async(await runtime.connection(), filter_subject, **kw)
+
+    return runtime.run(go())
+
+
+async def _replay_via_service(
+    nc: Client,
+    tenant: str,
+    fields: dict[str, str],
+    since: dt.datetime,
+    queue: asyncio.Queue[TelemetrySample],
+) -> None:
+    """A tenant's replay: pages from the control plane, then the next pages as they come, in
+    stream order, none skipped or repeated (each page continues after the last sequence).
+    Raises BusUnavailable when no control plane answers, ReplayRefused on a refusal."""
+    after = 0
+    subject = f"pool.cmd.{token(tenant)}.telemetry.replay"
+    while True:
+        body: dict[str, Any] = {**fields, "limit": 500}
+        if after:
+            body["after_seq"] = after
+        else:
+            body["since"] = since.timestamp()
+        try:
+            reply = await nc.request(subject, msgspec.json.encode(body), timeout=10)
+        except nats.errors.NoRespondersError:
+            raise BusUnavailable(f"no control plane answers telemetry replay on {subject}") \
+                from None
+        except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            await asyncio.sleep(REPLAY_POLL_S)
+            continue
+        env = msgspec.json.decode(reply.data)
+        if not env.get("ok"):
+            err = env.get("error") or {}
+            raise ReplayRefused(str(err.get("code")), str(err.get("message")))
+        result = env.get("result") or {}
+        for s in result.get("samples", []):
+            after = max(after, int(s["seq"]))
+            await queue.put(TelemetrySample.from_message(
+                s["subject"], msgspec.json.encode(s.get("event")), {}, int(s["seq"])))
+        if result.get("at_end", True):
+            await asyncio.sleep(REPLAY_POLL_S)
+
+
 async def follow_telemetry(
     nc: Client,
     on_sample: OnSample,
@@ -335,17 +458,21 @@ async def follow_telemetry(
     duration_s: float | None = None,
     refused: asyncio.Future[str] | None = None,
     on_ready: Callable[[], None] | None = None,
+    as_tenant: str | None = None,
+    fields: dict[str, str] | None = None,
 ) -> int:
     """Call `on_sample` for each sample under `filter_subject` until cancelled, `max_samples`
     arrived or `duration_s` passed; return how many arrived.
 
     Without `since`: a core subscription (live only). With `since`: the stream from that time
-    on, then live, without a gap (one ordered consumer does both). `refused` is a future the
+    on, then live, without a gap — one ordered consumer does both, or, `as_tenant`, pages from
+    the control plane (`fields`: the pool/node/lease/kind filter). `refused` is a future the
     connection's error callback completes on a permission violation; it is raised here as
     PermissionDenied.
     """
     queue: asyncio.Queue[TelemetrySample] = asyncio.Queue()
     replay: _OrderedReplay | None = None
+    paging: asyncio.Task[None] | None = None
     sub: Subscription | None = None
     loop = asyncio.get_running_loop()
     refused = refused if refused is not None else loop.create_future()
@@ -356,12 +483,17 @@ async def follow_telemetry(
     def check_refused() -> None:
         if refused.done():
             raise PermissionDenied(refused.result())
+        if paging is not None and paging.done() and not paging.cancelled():
+            paging.result()  # raises what stopped the tenant's replay
 
     try:
         if since is None:
             sub = await nc.subscribe(filter_subject, cb=on_core)
             # a refused subscription is answered with -ERR before the PONG of this flush
             await nc.flush(timeout=5)
+        elif as_tenant is not None:
+            paging = asyncio.ensure_future(
+                _replay_via_service(nc, as_tenant, fields or {}, since, queue))
         else:
             replay = _OrderedReplay(nc, filter_subject, since, queue)
             create = asyncio.ensure_future(replay.start())
@@ -397,6 +529,9 @@ async def follow_telemetry(
             raise
         raise translated from e
     finally:
+        if paging is not None:
+            paging.cancel()
+            await asyncio.gather(paging, return_exceptions=True)
         if replay is not None:
             await replay.stop()
         if sub is not None:
@@ -424,9 +559,13 @@ def follow(
     on_ready: Callable[[], None] | None = None,
 ) -> int:
     """The synchronous follower for the CLI: connect (as a tenant when given its user and inbox
-    prefix), follow until Ctrl-C (KeyboardInterrupt reaches the caller), `max_samples` or
-    `duration_s`, close. Raises BusUnavailable or PermissionDenied."""
+    prefix: then `--since` replays through the control plane), follow until Ctrl-C
+    (KeyboardInterrupt reaches the caller), `max_samples` or `duration_s`, close. Raises
+    BusUnavailable or PermissionDenied."""
     filter_subject = telemetry_filter(pool=pool, node=node, tenant=tenant, lease=lease, kind=kind)
+    as_tenant = tenant if (user and tenant and inbox_prefix) else None
+    fields = {k: v for k, v in (("pool", pool), ("node", node), ("lease", lease),
+                                ("kind", kind)) if v}
 
     async def go() -> int:
         loop = asyncio.get_running_loop()
@@ -450,7 +589,7 @@ def follow(
             return await follow_telemetry(
                 nc, on_sample, filter_subject=filter_subject, since=since,
                 max_samples=max_samples, duration_s=duration_s, refused=refused,
-                on_ready=on_ready,
+                on_ready=on_ready, as_tenant=as_tenant, fields=fields,
             )
         finally:
             try:
@@ -464,10 +603,13 @@ def follow(
 __all__ = [
     "TELEMETRY_KINDS",
     "TelemetryPublisher",
+    "TelemetryPage",
     "TelemetrySample",
     "ensure_telemetry_stream",
     "follow",
     "follow_telemetry",
+    "read_page",
+    "read_page_async",
     "telemetry_filter",
     "telemetry_stream_config",
 ]

@@ -88,6 +88,7 @@ COMMANDS: Final[Mapping[str, CommandSpec]] = {
     "lease.get": CommandSpec(v1.GetLease),
     "lease.why": CommandSpec(v1.WhyLease),
     "query": CommandSpec(v1.Query),
+    "telemetry.replay": CommandSpec(v1.TelemetryReplay),
     "admin.pool": CommandSpec(v1.PoolConfig),
     "admin.tenant": CommandSpec(v1.TenantConfig),
     "admin.pool.show": CommandSpec(v1.PoolShow),

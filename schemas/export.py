@@ -115,6 +115,17 @@ def _channels() -> list[tuple[str, str, type[Struct], str, str, str, bool]]:
             True,
         )
     )
+    rows.append(
+        (
+            "telemetryReplay",
+            "pool.cmd.{tenant}.telemetry.replay",
+            v1.TelemetryReplay,
+            "replayTelemetry",
+            "receive",
+            "A page of the tenant's own telemetry from the stream (replay without consumers).",
+            True,
+        )
+    )
     for verb, payload, action, summary in _AGENT_VERBS:
         rows.append(
             (

@@ -358,6 +358,21 @@ class Query(_Command, kw_only=True):
     cursor: Annotated[str, Meta(max_length=256)] | None = None
 
 
+class TelemetryReplay(_Command, kw_only=True):
+    """A page of the tenant's own telemetry from the stream, read by the service on its behalf
+    (`pool.cmd.<tenant>.telemetry.replay`): from `since`, or after the stream sequence
+    `after_seq` the previous page ended on. The tenant token comes from the subject, so a
+    tenant never needs, and is never given, the right to create stream consumers."""
+
+    since: Annotated[float, Meta(ge=0)] | None = None
+    after_seq: Annotated[int, Meta(ge=0)] = 0
+    pool: SubjectToken | None = None
+    node: SubjectToken | None = None
+    lease: SubjectToken | None = None
+    kind: TelemetryKind | None = None
+    limit: Annotated[int, Meta(ge=1, le=1000)] = 500
+
+
 # -- admin bodies ------------------------------------------------------------------------------
 
 
@@ -676,6 +691,7 @@ PUBLIC_STRUCTS: tuple[type[Struct], ...] = (
     GetLease,
     WhyLease,
     Query,
+    TelemetryReplay,
     PoolConfig,
     PreemptionPolicy,
     TenantConfig,

@@ -28,6 +28,7 @@ from bus.server import NatsServer
 from bus.subjects import TELEMETRY_STREAM, telemetry_subject
 from bus.telemetry import TelemetryPublisher, TelemetrySample, follow, telemetry_stream_config
 from schemas import v1
+from workers.serve import ControlPlane
 
 
 @pytest.fixture()
@@ -190,44 +191,110 @@ def test_the_stream_keeps_samples_and_since_replays_them_then_follows(
     seqs = [s.stream_seq for s in replayed]
     assert all(seqs) and seqs == sorted(seqs)
 
-    # a tenant replays its own leases, then keeps following live samples without a gap
-    got = _follow_live_while(lambda: _publish(server.url, auth, "n1", "alpha", "l4"),
-                             server.url, tenant="alpha", since=since,
-                             **_as_tenant(auth, "alpha"))
-    assert [s.lease for s in got] == ["l1"]
-    later: list[TelemetrySample] = []
-    follow(server.url, later.append, tenant="alpha", since=since, max_samples=3, duration_s=10,
-           **_as_tenant(auth, "alpha"))
-    assert [s.lease for s in later] == ["l1", "l2", "l4"]
+    # a tenant replays its own leases through the control plane (it may not create consumers),
+    # then keeps following new samples without a gap
+    cp = ControlPlane(url_with_credentials(server.url, auth.service), roles=["commands"],
+                      data_plane=False).start()
+    try:
+        got = _follow_live_while(lambda: _publish(server.url, auth, "n1", "alpha", "l4"),
+                                 server.url, tenant="alpha", since=since,
+                                 **_as_tenant(auth, "alpha"))
+        assert [s.lease for s in got] == ["l1"]
+        later: list[TelemetrySample] = []
+        follow(server.url, later.append, tenant="alpha", since=since, max_samples=3,
+               duration_s=10, **_as_tenant(auth, "alpha"))
+        assert [s.lease for s in later] == ["l1", "l2", "l4"]
+        assert [s.stream_seq for s in later] == sorted(s.stream_seq or 0 for s in later)
+        # and one published after the replay caught up arrives too, once
+        more: list[TelemetrySample] = []
+        _publish_later = threading.Timer(1.5, lambda: _publish(server.url, auth, "n1", "alpha",
+                                                               "l5"))
+        _publish_later.start()
+        follow(server.url, more.append, tenant="alpha", since=since, max_samples=4,
+               duration_s=15, **_as_tenant(auth, "alpha"))
+        assert [s.lease for s in more] == ["l1", "l2", "l4", "l5"]
 
-    # replaying another tenant's samples is refused: the consumer filter is pinned by the server
-    with pytest.raises(PermissionDenied, match="consumer.create"):
-        follow(server.url, lambda s: None, tenant="beta", since=since, duration_s=5,
-               **_as_tenant(auth, "alpha"))
+        # replaying another tenant's samples is refused by the server: alpha may not publish
+        # on beta's command subjects
+        with pytest.raises(PermissionDenied, match="pool.cmd.beta"):
+            follow(server.url, lambda s: None, tenant="beta", since=since, duration_s=5,
+                   **_as_tenant(auth, "alpha"))
+    finally:
+        cp.stop()
 
 
-def test_a_tenant_cannot_widen_a_replay_consumer_beyond_its_tenant_token(
+def test_a_tenant_may_not_create_a_stream_consumer_at_all(
     secured: tuple[NatsServer, AuthConfig],
 ) -> None:
-    """The create subject names its own filter; a config asking for more is refused (10131)."""
+    """No JetStream API for tenants: a consumer could name any deliver subject (the server does
+    not check it against the creator's permissions), so replay is the service's job."""
     server, auth = secured
-    _publish(server.url, auth, "n2", "beta", "secret")
+    _publish(server.url, auth, "n1", "alpha", "mine")
 
-    async def scenario() -> dict[str, Any]:
+    async def scenario() -> list[str]:
+        errors: list[str] = []
+
+        async def on_error(e: Exception) -> None:
+            errors.append(str(e))
+
+        a = auth.tenants["alpha"]
+        alpha = await nats.connect(server.url, user=a.user, password=a.password,
+                                   inbox_prefix=inbox_prefix("alpha").encode(),
+                                   error_cb=on_error)
+        config = {"name": "c1", "filter_subject": "pool.tel.*.*.alpha.>",
+                  "deliver_subject": "pool.cmd.beta.lease.request", "ack_policy": "none"}
+        with pytest.raises(nats.errors.TimeoutError):
+            await alpha.request(
+                f"$JS.API.CONSUMER.CREATE.{TELEMETRY_STREAM}.c1.pool.tel.*.*.alpha.>",
+                json.dumps({"stream_name": TELEMETRY_STREAM, "config": config}).encode(),
+                timeout=2)
+        await alpha.close()
+        return errors
+
+    errors = asyncio.run(scenario())
+    assert any("permissions violation" in e.lower() and "consumer.create" in e.lower()
+               for e in errors), errors
+
+
+def test_the_replay_service_narrows_only_within_the_tenants_own_samples(
+    secured: tuple[NatsServer, AuthConfig],
+) -> None:
+    server, auth = secured
+    _publish(server.url, auth, "n1", "alpha", "mine")
+    _publish(server.url, auth, "n2", "beta", "secret")
+    cp = ControlPlane(url_with_credentials(server.url, auth.service), roles=["commands"],
+                      data_plane=False).start()
+
+    async def ask(body: dict[str, Any]) -> dict[str, Any]:
         a = auth.tenants["alpha"]
         alpha = await nats.connect(server.url, user=a.user, password=a.password,
                                    inbox_prefix=inbox_prefix("alpha").encode())
-        config = {"name": "c1", "filter_subject": "pool.tel.*.*.beta.>",
-                  "deliver_subject": alpha.new_inbox(), "ack_policy": "none"}
-        reply = await alpha.request(
-            f"$JS.API.CONSUMER.CREATE.{TELEMETRY_STREAM}.c1.pool.tel.*.*.alpha.>",
-            json.dumps({"stream_name": TELEMETRY_STREAM, "config": config}).encode(), timeout=5)
-        await alpha.close()
-        out: dict[str, Any] = json.loads(reply.data)
-        return out
+        try:
+            reply = await alpha.request("pool.cmd.alpha.telemetry.replay",
+                                        json.dumps(body).encode(), timeout=5)
+            out: dict[str, Any] = json.loads(reply.data)
+            return out
+        finally:
+            await alpha.close()
 
-    reply = asyncio.run(scenario())
-    assert reply["error"]["err_code"] == 10131, reply
+    try:
+        everything = asyncio.run(ask({"since": 0}))
+        assert everything["ok"], everything
+        assert [s["subject"].split(".")[4] for s in everything["result"]["samples"]] == ["alpha"]
+        assert everything["result"]["at_end"] is True
+        # naming beta's lease or node finds nothing: the tenant token is the subject's
+        assert asyncio.run(ask({"since": 0, "lease": "secret"}))["result"]["samples"] == []
+        assert asyncio.run(ask({"since": 0, "node": "n2"}))["result"]["samples"] == []
+        # paging: after the last sequence there is nothing more
+        seq = everything["result"]["samples"][-1]["seq"]
+        assert asyncio.run(ask({"after_seq": seq}))["result"]["samples"] == []
+        # bad input is a typed refusal
+        bad = asyncio.run(ask({"since": 0, "limit": 5000}))
+        assert not bad["ok"] and bad["error"]["code"] == "invalid_field", bad
+        unknown = asyncio.run(ask({"tenant": "beta"}))
+        assert not unknown["ok"] and unknown["error"]["code"] == "unknown_field", unknown
+    finally:
+        cp.stop()
 
 
 # -- the CLI -------------------------------------------------------------------------------------
@@ -246,8 +313,9 @@ def _pool(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedPr
 
 def test_pool_telemetry_follow_replays_a_sample_and_ctrl_c_exits_cleanly(tmp_path: Path) -> None:
     home = tmp_path / "home"
+    # with its control plane: a tenant's --since replays through it
     up = subprocess.Popen(
-        [sys.executable, "-m", "workers.cli", "up", "--no-postgres", "--no-workers", "--json"],
+        [sys.executable, "-m", "workers.cli", "up", "--no-postgres", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(home),
     )
     try:

@@ -11,6 +11,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from bus.errors import BusError
 from bus.subjects import is_token
 from domain.errors import DomainError
@@ -31,10 +33,14 @@ NODE_REPORTS = ("register", "heartbeat")
 # (their credentials allow publishing only under their own node); the command worker answers
 NODE_SUBJECTS = ([f"pool.node.*.lease.*.{v}" for v in NODE_LEASE_VERBS]
                  + [f"pool.node.*.{r}" for r in NODE_REPORTS])
+# `pool.cmd.<tenant>.telemetry.replay`: a page of the tenant's own samples from the telemetry
+# stream, so tenants replay without the right to create consumers
+TELEMETRY_SUBJECTS = ["pool.cmd.*.telemetry.replay"]
 COMMAND_SUBJECTS = (
     ["pool.cmd.*.lease.request"]
     + [f"pool.cmd.*.lease.*.{v}" for v in LEASE_VERBS]
     + NODE_SUBJECTS
+    + TELEMETRY_SUBJECTS
 )
 ADMIN_SUBJECTS = ["pool.admin.>"]
 # `pool.cmd.<tenant>.query.<view>`: answered from the PostgreSQL views by a CommandHandler given
@@ -78,11 +84,14 @@ class CommandHandler:
     """Turns (subject, body) into a reply; `why` is answered by the scheduler, which knows."""
 
     def __init__(self, app: PoolApp, database_url: str | None = None, *,
-                 views_schema: str | None = None) -> None:
+                 views_schema: str | None = None,
+                 telemetry_pages: Callable[..., Any] | None = None) -> None:
         self.app = app
         self.database_url = database_url
         self.views_schema = views_schema
         self._reader: Any = None
+        # (filter subject, after_seq=, since=, limit=) → bus.telemetry.TelemetryPage
+        self.telemetry_pages = telemetry_pages
 
     def __call__(self, subject: str, body: bytes, headers: dict[str, str]) -> bytes:
         # a span per command, child of the requester's `traceparent` header when it sent one
@@ -135,6 +144,8 @@ class CommandHandler:
             return self.admin(parts[2:], body)
         if parts[:2] == ["pool", "cmd"] and len(parts) == 5 and parts[3] == "query":
             return self.query(parts[2], parts[4], body)
+        if parts[:2] == ["pool", "cmd"] and parts[3:] == ["telemetry", "replay"]:
+            return self.telemetry_replay(parts[2], body)
         raise UnknownSubject(f"no command is answered on {subject}")
 
     def lease_verb(self, tenant: str, lease_id: str, verb: str, body: bytes) -> bytes:
@@ -171,6 +182,27 @@ class CommandHandler:
         except (BadQuery, ViewsUnavailable) as e:
             return failure(e.code, str(e))
         return ok(result=page)
+
+    def telemetry_replay(self, tenant: str, body: bytes) -> bytes:
+        """A page of the tenant's own telemetry: the tenant token is the subject's, so the
+        filter can only narrow within it."""
+        q = decode_command("telemetry.replay", body)
+        assert isinstance(q, v1.TelemetryReplay)
+        if self.telemetry_pages is None:
+            return failure("telemetry_unavailable", "this service does not read telemetry")
+        from bus.telemetry import telemetry_filter
+
+        filt = telemetry_filter(pool=q.pool, node=q.node, tenant=tenant, lease=q.lease,
+                                kind=q.kind)
+        page = self.telemetry_pages(filt, after_seq=q.after_seq, since=q.since, limit=q.limit)
+        samples = []
+        for seq, subject, data in page.samples:
+            try:
+                event = msgspec.json.decode(data)
+            except msgspec.DecodeError:
+                event = None  # an agent's garbled sample: its place in the stream still shows
+            samples.append({"seq": seq, "subject": subject, "event": event})
+        return ok(result={"samples": samples, "at_end": page.at_end})
 
     def close(self) -> None:
         if self._reader is not None:

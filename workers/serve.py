@@ -83,6 +83,17 @@ def why_handler(scheduler: Scheduler) -> Callable[[str, bytes, dict[str, str]], 
     return handle
 
 
+def _telemetry_pages(nats_url: str) -> Callable[..., Any]:
+    """Pages of the telemetry stream for tenants' replays, over the process's bus runtime."""
+    from bus.runtime import get_runtime
+    from bus.telemetry import read_page
+
+    def pages(filter_subject: str, **kw: Any) -> Any:
+        return read_page(get_runtime(nats_url), filter_subject, **kw)
+
+    return pages
+
+
 class ControlPlane:
     """Commands + scheduler on one NATS server (or cluster); `start()` serves, `stop()` drains.
 
@@ -101,7 +112,8 @@ class ControlPlane:
         # with a database: the views' projector, and queries answered from those views
         subjects = COMMAND_SUBJECTS + ADMIN_SUBJECTS + (QUERY_SUBJECTS if database_url else [])
         self.commands = (Service(nats_url, subjects,
-                                 CommandHandler(self.app, database_url=database_url),
+                                 CommandHandler(self.app, database_url=database_url,
+                                                telemetry_pages=_telemetry_pages(nats_url)),
                                  queue="pool-commands")
                          if "commands" in self.roles else None)
         self.projector = (Projector(nats_url, database_url,
