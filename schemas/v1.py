@@ -364,8 +364,8 @@ class TelemetryReplay(_Command, kw_only=True):
     `after_seq` the previous page ended on. The tenant token comes from the subject, so a
     tenant never needs, and is never given, the right to create stream consumers."""
 
-    since: Annotated[float, Meta(ge=0)] | None = None
-    after_seq: Annotated[int, Meta(ge=0)] = 0
+    since: UnixSeconds | None = None
+    after_seq: Annotated[int, Meta(ge=0, le=2**63 - 1)] = 0
     pool: SubjectToken | None = None
     node: SubjectToken | None = None
     lease: SubjectToken | None = None

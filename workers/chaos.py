@@ -952,7 +952,7 @@ def fuzz_subjects(lease_id: str) -> dict[str, dict[str, Any]]:
         "release": {"exit_code": 0}, "cancel": {"reason": "fuzz"}, "get": {}, "why": {},
         "stopped": {"epoch": 1}, "started": {"epoch": 1, "job_number": 1},
         "exited": {"epoch": 1, "exit_code": 0}, "failed": {"epoch": 1, "reason": "oom"},
-        "register": node_body("n1"),
+        "register": node_body("n1"), "replay": {"since": 0, "limit": 10},
         "heartbeat-node": {"node_id": "n1", "seq": 1,
                            "leases": [{"lease_id": lease_id, "epoch": 1}]},
     }
