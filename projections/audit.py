@@ -21,7 +21,7 @@ from eventsourcing.utils import resolve_topic
 from domain.lease import Lease
 from domain.node import Node
 from domain.pool import Pool
-from projections.views import DEFAULT_SCHEMA, Folder, positions, read_pages
+from projections.views import DEFAULT_SCHEMA, Folder, gc_paused, positions, read_pages
 
 BATCH = 1000
 # non-credit notifications held for folding on demand; past this many, all are folded
@@ -187,6 +187,10 @@ class CreditAudit:
             mapper, "compressor", None)
 
     def run(self, *, view_position: int | None = None) -> AuditReport:
+        with gc_paused():
+            return self._run(view_position)
+
+    def _run(self, view_position: int | None) -> AuditReport:
         top = self.app.recorder.max_notification_id() or 0
         self.report.position = top
         self.report.view_position = view_position
