@@ -11,6 +11,8 @@ lease requests, queueings and cancels and node heartbeats, so every view gets wo
    its save's append ack to the commit of the projector transaction covering it;
 3. rebuild of the balance view from the first event (projections.views.rebuild), and that time
    extrapolated linearly to 1,000,000 events (extrapolated, not measured, unless the log has 1M);
+   for reading the figures, the log read alone: direct gets (select_notifications), the same
+   with decoding, and the read-ahead pages the projector, the rebuild and the audit use;
 4. the credit audit (projections/audit.py) replaying the log: credit events/s;
 5. the raw JetStream 999-message atomic-batch ingest of the same server (its own stream), and
    applied events/s as a ratio to it.
@@ -227,7 +229,7 @@ def _run(url: str, db: str, schema: str, size: dict[str, Any],
          say: Callable[[str], None]) -> dict[str, Any]:
     from bus.admin import ensure_all_streams
     from projections.audit import audit_credits
-    from projections.views import VIEWS, positions_at, rebuild
+    from projections.views import VIEWS, positions_at, read_pages, rebuild
     from workers.app import PoolApp
     from workers.projector import Projector
     from workers.serve import app_env
@@ -327,6 +329,13 @@ def _run(url: str, db: str, schema: str, size: dict[str, Any],
     decode_s = time.perf_counter() - t5
     read_rate = top / read_s if read_s else 0.0
     decode_rate = top / decode_s if decode_s else 0.0
+    # the projector's, the rebuild's and the audit's way: pages read ahead (bus.jetstream's
+    # prefetch, a pull consumer)
+    t5 = time.perf_counter()
+    for _page in read_pages(producer.recorder, 1, 1000, stop=top):
+        pass
+    ahead_s = time.perf_counter() - t5
+    ahead_rate = top / ahead_s if ahead_s else 0.0
 
     # 4. the credit audit replaying the log (and cross-checking the rebuilt balance view)
     say("bench projections: credit audit replaying the log")
@@ -369,6 +378,7 @@ def _run(url: str, db: str, schema: str, size: dict[str, Any],
         f"{'  audit replay, all events/s':{w}} {top / audit_s if audit_s else 0:12,.0f}",
         f"{'  audit result':{w}} {'ok' if report.ok else 'FAILED':>12}",
         f"{'log read alone, select_notifications (events/s)':{w}} {read_rate:12,.0f}",
+        f"{'log read alone, read-ahead pages (events/s)':{w}} {ahead_rate:12,.0f}",
         f"{'log read + decode to domain events (events/s)':{w}} {decode_rate:12,.0f}",
         f"{'raw atomic-batch ingest, 999 msgs (msgs/s)':{w}} {raw:12,.0f}",
         f"{'applied events/s ÷ raw ingest':{w}} {ratio:12.2f}",
@@ -390,6 +400,7 @@ def _run(url: str, db: str, schema: str, size: dict[str, Any],
         "audit_s": audit_s, "audit_credit_events_per_s": audit_rate, "audit_ok": report.ok,
         "audit_discrepancies": len(report.discrepancies), "audit_position": report.position,
         "log_read_events_per_s": read_rate, "log_read_decode_events_per_s": decode_rate,
+        "log_read_ahead_events_per_s": ahead_rate,
         "raw_atomic_msgs_per_s": raw, "ratio_to_raw": ratio,
         "view_positions": view_positions, "max_notification_id": top, "goals": GOALS,
         "schema": schema,
