@@ -230,3 +230,36 @@ def test_racing_schedulers_sending_batches_ahead_never_double_place_nor_lose_wor
     assert report.placements == 24  # 6 nodes × 4 cores, 1 core each: the pool is full
     for s in rivals:
         s.app.close()
+
+
+def test_the_scheduler_steps_over_its_own_batches_and_still_reads_everyone_elses(
+    plane: Plane,
+) -> None:
+    from workers.replay import notifications
+
+    cp, admin, clock = plane
+    setup_pool(admin, tenants={"alpha": 1.0})
+    for i in range(4):
+        admin.admin("node.register", node_body(f"n{i}", cpu_millis=4000, memory_mib=8192))
+    s = Scheduler(PoolApp(env=app_env(cp.nats_url), clock=clock), clock=clock)
+    with PoolClient(cp.nats_url, "alpha") as a:
+        for i in range(6):
+            assert a.request_lease(lease_body(f"a{i}"))["ok"]
+        s.catch_up()
+        before = s.position
+        assert s.cycle().placed == 6
+        for i in range(6, 9):  # others write after our batch
+            assert a.request_lease(lease_body(f"a{i}"))["ok"]
+    log = list(notifications(s.app, before + 1))
+    ours = sum(n.topic.endswith(("LeaseReserved", "CapacityAllocated", "CreditsHeld"))
+               for n in log)
+    assert ours >= 12
+    assert s.catch_up() == len(log) - ours  # only the others' events were read
+    assert s.position == log[-1].id
+    fresh = Scheduler(PoolApp(env=app_env(cp.nats_url), clock=clock), clock=clock)
+    fresh.catch_up()
+    assert {k: (type(v).__name__, v.version) for k, v in s.aggregates.items()} == {
+        k: (type(v).__name__, v.version) for k, v in fresh.aggregates.items()}
+    assert s.cycle().placed == 3
+    for x in (s, fresh):
+        x.app.close()

@@ -816,6 +816,13 @@ class PendingSave:
         listening = type(app)._notify is not Application._notify
         app._recorded(pe, self.result() if listening else [])  # the app's after-save steps
 
+    @property
+    def ids(self) -> list[int]:
+        """The notification ids of the saved events, in order (after `wait`)."""
+        self.wait()
+        assert self._ids is not None
+        return self._ids
+
     def result(self) -> list[Recording[UUID]]:
         """Wait for the acknowledgement; the recordings, or the save's error."""
         self.wait()

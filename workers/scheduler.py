@@ -12,6 +12,7 @@ one, has the running leases that lose the least work since their last checkpoint
 
 from __future__ import annotations
 
+import collections
 import functools
 import heapq
 import logging
@@ -135,16 +136,24 @@ class Scheduler:
         self._placing: list[tuple[Lease, int]] = []
         # the batch whose acknowledgement is awaited while the next one is planned
         self._inflight: _InFlight | None = None
+        # (first, last) notification ids of our acknowledged batches not yet passed by
+        # catch_up, in log order: catch_up steps over them instead of reading them back
+        self._own: collections.deque[tuple[int, int]] = collections.deque()
 
     # -- folding the log --------------------------------------------------------------------
 
     def catch_up(self) -> int:
-        """Apply every event after `position`; returns how many were read."""
+        """Apply every event after `position`; returns how many were read. The ranges our own
+        acknowledged batches occupy are stepped over unread: their events are in memory."""
         n = 0
+        own = self._own
         while True:
-            page = self.app.recorder.select_notifications(
-                start=self.position + 1, limit=NOTIFICATION_PAGE
-            )
+            while own and own[0][0] <= self.position + 1:
+                self.position = max(self.position, own.popleft()[1])
+            limit = NOTIFICATION_PAGE
+            if own:  # read what others wrote before our next batch, no further
+                limit = min(limit, own[0][0] - self.position - 1)
+            page = self.app.recorder.select_notifications(start=self.position + 1, limit=limit)
             if not page:
                 return n
             for notification in page:
@@ -154,7 +163,7 @@ class Scheduler:
                     self.apply(self.app.mapper.to_domain_event(notification))
                 self.position = notification.id
             n += len(page)
-            if len(page) < NOTIFICATION_PAGE:
+            if len(page) < limit:
                 return n
 
     def apply(self, event: Any) -> None:
@@ -274,8 +283,9 @@ class Scheduler:
         if not unique:
             return True
         try:
-            self.app.save(*unique)
+            recordings = self.app.save(*unique)
             report.batches += 1
+            self._saved([r.notification.id for r in recordings or ()])
             return True
         except IntegrityError:
             # someone else wrote one of these first: forget our in-memory view of them and
@@ -485,8 +495,16 @@ class Scheduler:
             self._void(flight.aggregates, flight.placing, report, quiet=True)
             raise
         report.batches += 1
+        self._saved(flight.pending.ids)
         self._end_spans(flight.placing, saved=True)
         return True
+
+    def _saved(self, ids: list[int]) -> None:
+        """Remember where an acknowledged batch of ours sits in the log (an atomic batch is
+        contiguous; anything else is simply read back as before)."""
+        if (ids and ids[-1] - ids[0] + 1 == len(ids) and ids[0] > self.position
+                and (not self._own or self._own[-1][1] < ids[0])):
+            self._own.append((ids[0], ids[-1]))
 
     def _void(self, aggs: list[Aggregate], placing: list[tuple[Lease, int]],
               report: CycleReport, *, quiet: bool = False) -> None:
