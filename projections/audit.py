@@ -180,6 +180,7 @@ class CreditAudit:
         # folding later gives the same state as folding as they come, for far less work
         self._pending: dict[UUID | str, list[Any]] = {}
         self._pending_count = 0
+        self._ids: dict[tuple[str, str], UUID] = {}  # pool / node id → aggregate id (a uuid5)
         # topic → (event name, decoder, class version) for credit events; None for the others
         self._topics: dict[str, tuple[str, msgspec.json.Decoder[Any], int] | None] = {}
         mapper = app.mapper
@@ -264,24 +265,31 @@ class CreditAudit:
         return {t: c.figures() for t, c in self.report.tenants.items()}
 
     def _credit(self, seq: int, name: str, ev: Any, tenant: str) -> None:
+        # get, then create only when missing: a setdefault would build its default every time
         r = self.report
         if self.tenant is not None and tenant != self.tenant:
             return
-        c = r.tenants.setdefault(tenant, TenantCredits())
+        c = r.tenants.get(tenant)
+        if c is None:
+            c = r.tenants[tenant] = TenantCredits()
         if name == "AccountOpened":
             return
         c.seqs.append(seq)
-        holds = self.holds.setdefault(tenant, {})
+        holds = self.holds.get(tenant)
+        if holds is None:
+            holds = self.holds[tenant] = {}
         if name == "CreditsGranted":
             c.granted += int(ev.amount)
             return
         lid = str(ev.lease_id)
-        spend = r.leases.setdefault(lid, LeaseSpend(tenant=tenant))
+        spend = r.leases.get(lid)
+        if spend is None:
+            spend = r.leases[lid] = LeaseSpend(tenant=tenant)
         spend.seqs.append(seq)
         if name == "CreditsHeld":
             amount = int(ev.amount)
-            prev, seqs = holds.get(lid, (0, []))
-            holds[lid] = (prev + amount, [*seqs, seq])
+            held = holds.get(lid)
+            holds[lid] = (amount, [seq]) if held is None else (held[0] + amount, [*held[1], seq])
             c.held += amount
             spend.held += amount
             return
@@ -313,27 +321,41 @@ class CreditAudit:
             spend.price_list_versions.append(version)
         if charged + shortfall != expected:
             r.discrepancies.append(Discrepancy(
-                "charge", tenant, expected, charged + shortfall, [*hold_seqs, seq], lid, why))
+                "charge", tenant, expected, charged + shortfall, [*hold_seqs, seq], lid,
+                why if isinstance(why, str) else _why(*why)))
 
-    def _expected_charge(self, lease_id: str, at: float) -> tuple[int, int | None, str]:
+    def _expected_charge(
+        self, lease_id: str, at: float
+    ) -> tuple[int, int | None, str | tuple[Any, ...]]:
+        """(expected charge, price list version, why): `why` is text, or the figures that
+        _why words, for a discrepancy only (most settlements have none)."""
         lease = self._fold(UUID(lease_id))
         if not isinstance(lease, Lease):
             return 0, None, "no lease in the log"
-        pool = self._fold(Pool.create_id(lease.pool_id))
+        pool_id = self._ids.get(("pool", lease.pool_id))
+        if pool_id is None:
+            pool_id = self._ids[("pool", lease.pool_id)] = Pool.create_id(lease.pool_id)
+        pool = self._fold(pool_id)
         if not isinstance(pool, Pool):
             return 0, None, f"no pool {lease.pool_id}"
         node_id = lease.node_id or self.last_node.get(lease_id)
         model = None
         if node_id is not None:
-            node = self._fold(Node.create_id(node_id))
+            node_uuid = self._ids.get(("node", node_id))
+            if node_uuid is None:
+                node_uuid = self._ids[("node", node_id)] = Node.create_id(node_id)
+            node = self._fold(node_uuid)
             if isinstance(node, Node):
                 model = node.capabilities.gpu_model
         seconds = lease.runtime_seconds(at)
         expected = pool.charge_for(lease.shape, seconds, gpu_model=model) if seconds else 0
         end = lease.run_ended_at if lease.run_ended_at is not None else at
         return expected, pool.price_list_version, (
-            f"price list v{pool.price_list_version}, started {lease.started_at}, ended {end}, "
-            f"{seconds:g} s")
+            pool.price_list_version, lease.started_at, end, seconds)
+
+
+def _why(version: int, started_at: float | None, end: float, seconds: float) -> str:
+    return f"price list v{version}, started {started_at}, ended {end}, {seconds:g} s"
 
 
 def audit_credits(app: Any, *, tenant: str | None = None, database_url: str | None = None,
