@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import gc
 import heapq
 import logging
 import threading
@@ -54,6 +55,7 @@ _LEAVING = frozenset(
 # room for the step that crossed it
 MAX_MESSAGES_PER_BATCH = 900
 NOTIFICATION_PAGE = 1000
+LONG_LIVED_FOLD = 20_000  # a catch-up of at least this many events was a replay (see catch_up)
 
 
 @dataclass
@@ -145,6 +147,17 @@ class Scheduler:
     def catch_up(self) -> int:
         """Apply every event after `position`; returns how many were read. The ranges our own
         acknowledged batches occupy are stepped over unread: their events are in memory."""
+        n = self._catch_up()
+        if n >= LONG_LIVED_FOLD:
+            # a replay (start-up, or a long absence) built state that lives as long as the
+            # scheduler: move it out of the cyclic collector's sight, or every full collection
+            # re-walks millions of objects (measured: ~15-20% of a backlog's wall time).
+            # Freed objects are still freed by reference counting; only reference cycles
+            # that exist now and die later would stay (the fold's aggregates hold none)
+            gc.freeze()
+        return n
+
+    def _catch_up(self) -> int:
         n = 0
         own = self._own
         while True:
