@@ -111,19 +111,15 @@ def _header_value(v: str) -> str:
     return v
 
 
-def _hpub(
-    out: bytearray, subject: str, headers: dict[str, str], payload: bytes, limit: int
-) -> None:
-    """Append one HPUB frame (no reply subject) to `out`. Header values must already be safe
-    (`_header_value`); keys are this module's constants."""
-    if len(payload) > limit:
-        raise PublishRejected(f"a message of {len(payload)} bytes exceeds max_payload {limit}")
-    hdr = ("NATS/1.0\r\n" + "".join([f"{k}: {v}\r\n" for k, v in headers.items()])
-           + "\r\n").encode()
-    out += f"HPUB {subject} {len(hdr)} {len(hdr) + len(payload)}\r\n".encode()
-    out += hdr
-    out += payload
-    out += b"\r\n"
+def _header_dict(lines: str) -> dict[str, str]:
+    """Header lines as `_publish` renders them ("Key: value\\r\\n"…) back as a dict, for the
+    one message that goes through nats-py's request. Keys never hold ": "; values may."""
+    out: dict[str, str] = {}
+    for line in lines.split("\r\n"):
+        if line:
+            k, _, v = line.partition(": ")
+            out[k] = v
+    return out
 
 
 def _send_frames(nc: Any, frames: bytes, count: int) -> None:
@@ -607,34 +603,48 @@ class JetStreamRecorder:
     # -- writes (loop thread) ----------------------------------------------------------------
 
     async def _publish(
-        self, messages: list[tuple[str, bytes, dict[str, str]]], expects: dict[str, int]
+        self, messages: list[tuple[str, bytes, str]], expects: dict[str, int]
     ) -> int:
-        """Publish `messages` atomically; the sequence of the first one. Conflicts → IntegrityError."""
+        """Publish `messages` atomically; the sequence of the first one. Conflicts → IntegrityError.
+
+        Each message is (subject, payload, its own header lines, rendered as `_header_lines`);
+        the expectation and the batch headers are added here."""
         nc = await self.runtime.connection()
         n = len(messages)
         seen: set[str] = set()
-        for subject, _, headers in messages:
+        rendered: list[tuple[str, bytes, str]] = []
+        for subject, payload, lines in messages:
             # only the first message per subject may carry the expectation (ADR-50)
             if subject not in seen:
-                headers[HDR_EXPECTED_SUBJECT_SEQ] = str(expects[subject])
                 seen.add(subject)
+                lines = f"{lines}{HDR_EXPECTED_SUBJECT_SEQ}: {expects[subject]}\r\n"
+            rendered.append((subject, payload, lines))
         if n == 1:
             # fast path: a plain publish with an expectation is already atomic
-            subject, payload, headers = messages[0]
-            reply = await nc.request(subject, payload, headers=headers, timeout=self.timeout)
+            subject, payload, lines = rendered[0]
+            reply = await nc.request(subject, payload, headers=_header_dict(lines),
+                                     timeout=self.timeout)
         else:
             batch_id = uuid.uuid4().hex
             # every message but the commit goes out as ONE write of pre-framed HPUBs: nats-py's
             # per-message publish (validation, header building, a flush kick) costs about as
-            # much as the server's whole batch; the commit is a request, flushed behind them
-            frames = bytearray()
+            # much as the server's whole batch; the commit is a request, flushed behind them.
+            # Header blocks are rendered once per message from text (no dict per message)
+            batch_lines = f"{HDR_BATCH_ID}: {batch_id}\r\n{HDR_BATCH_SEQ}: "
             limit = nc.max_payload
-            for i, (subject, payload, headers) in enumerate(messages[:-1], 1):
-                headers[HDR_BATCH_ID] = batch_id
-                headers[HDR_BATCH_SEQ] = str(i)
-                _hpub(frames, subject, headers, payload, limit)
-            _send_frames(nc, bytes(frames), n - 1)
-            subject, payload, headers = messages[-1]
+            chunks: list[bytes] = []
+            for i, (subject, payload, lines) in enumerate(rendered[:-1], 1):
+                if len(payload) > limit:
+                    raise PublishRejected(
+                        f"a message of {len(payload)} bytes exceeds max_payload {limit}")
+                hdr = f"NATS/1.0\r\n{lines}{batch_lines}{i}\r\n\r\n".encode()
+                chunks.append(f"HPUB {subject} {len(hdr)} {len(hdr) + len(payload)}\r\n".encode())
+                chunks.append(hdr)
+                chunks.append(payload)
+                chunks.append(b"\r\n")
+            _send_frames(nc, b"".join(chunks), n - 1)
+            subject, payload, lines = rendered[-1]
+            headers = _header_dict(lines)
             headers[HDR_BATCH_ID] = batch_id
             headers[HDR_BATCH_SEQ] = str(n)
             headers[HDR_BATCH_COMMIT] = "1"
@@ -655,8 +665,32 @@ class JetStreamRecorder:
     async def _insert(
         self, stored_events: Sequence[StoredEvent], tracking: Tracking | None
     ) -> list[int]:
-        # one subject per event, computed once (saves of 900 events make this add up)
-        subjects_of = [self.subject_for(e.originator_id) for e in stored_events]
+        # per originator (a node appears once per placement on it) its subject and id header
+        # lines, and per topic its header line, computed once: saves of 900 events add up
+        per_originator: dict[UUID | str, tuple[str, str]] = {}
+        topic_lines: dict[str, str] = {}
+        subjects_of: list[str] = []
+        messages: list[tuple[str, bytes, str]] = []
+        for e in stored_events:
+            oid = e.originator_id
+            known = per_originator.get(oid)
+            if known is None:
+                if type(oid) is UUID:
+                    text = str(oid)
+                    known = (f"{self._subject_prefix}{text}",
+                             f"{HDR_ORIGINATOR_ID}: {text}\r\n{HDR_ID_KIND}: uuid\r\n")
+                else:
+                    kind = "uuid" if isinstance(oid, UUID) else "str"
+                    known = (self.subject_for(oid),
+                             (f"{HDR_ORIGINATOR_ID}: {_header_value(str(oid))}\r\n"
+                              f"{HDR_ID_KIND}: {kind}\r\n"))
+                per_originator[oid] = known
+            topic = topic_lines.get(e.topic)
+            if topic is None:
+                topic = topic_lines[e.topic] = f"{HDR_TOPIC}: {_header_value(e.topic)}\r\n"
+            subjects_of.append(known[0])
+            messages.append((known[0], e.state,
+                             f"{known[1]}{HDR_VERSION}: {e.originator_version}\r\n{topic}"))
         by_subject: dict[str, StoredEvent] = {}  # subject → its first event in this save
         for s, e in zip(subjects_of, stored_events, strict=True):
             by_subject.setdefault(s, e)
@@ -684,33 +718,13 @@ class JetStreamRecorder:
                     f"current max tracking ID {state.last_version}"
                 )
             expects[trk_subject] = state.last_seq
-
-        messages: list[tuple[str, bytes, dict[str, str]]] = []
-        for s, e in zip(subjects_of, stored_events, strict=True):
-            oid = e.originator_id
-            messages.append(
-                (
-                    s,
-                    e.state,
-                    {
-                        HDR_ORIGINATOR_ID: str(oid) if type(oid) is UUID
-                        else _header_value(str(oid)),
-                        HDR_ID_KIND: "uuid" if isinstance(oid, UUID) else "str",
-                        HDR_VERSION: str(e.originator_version),
-                        HDR_TOPIC: _header_value(e.topic),
-                    },
-                )
-            )
-        if tracking is not None and trk_subject is not None:
             # last, so the events' notification ids stay contiguous from the first sequence
             messages.append(
                 (
                     trk_subject,
                     str(tracking.notification_id).encode(),
-                    {
-                        HDR_TRACKING_ID: str(tracking.notification_id),
-                        HDR_UPSTREAM: _header_value(tracking.application_name),
-                    },
+                    (f"{HDR_TRACKING_ID}: {tracking.notification_id}\r\n"
+                     f"{HDR_UPSTREAM}: {_header_value(tracking.application_name)}\r\n"),
                 )
             )
         first = await self._publish(messages, expects)
