@@ -263,3 +263,50 @@ def test_the_scheduler_steps_over_its_own_batches_and_still_reads_everyone_elses
     assert s.cycle().placed == 3
     for x in (s, fresh):
         x.app.close()
+
+
+def test_a_save_with_no_answer_fails_the_cycle_and_leaves_no_unsaved_event_behind(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import workers.scheduler as sched
+    from bus.errors import BusTimeout
+    from domain.node import Node
+
+    cp, admin, clock = plane
+    setup_pool(admin, tenants={"alpha": 1.0})
+    for i in range(4):
+        admin.admin("node.register", node_body(f"n{i}", cpu_millis=4000, memory_mib=8192))
+    with PoolClient(cp.nats_url, "alpha") as a:
+        for i in range(12):
+            assert a.request_lease(lease_body(f"a{i}"))["ok"]
+    monkeypatch.setattr(sched, "MAX_MESSAGES_PER_BATCH", 6)  # two placements a batch
+    s = Scheduler(PoolApp(env=app_env(cp.nats_url), clock=clock), clock=clock)
+    real = s.app.save_nowait
+
+    class Unanswered:
+        def wait(self) -> None:
+            raise BusTimeout("save not acknowledged")
+
+    calls: list[int] = []
+
+    def save_nowait(*aggs: object) -> object:
+        calls.append(len(aggs))
+        return Unanswered() if len(calls) == 1 else real(*aggs)
+
+    s.app.save_nowait = save_nowait  # type: ignore[method-assign]
+    with pytest.raises(BusTimeout):
+        s.cycle()
+    # the batch planned on the unanswered one was never sent, and its events were dropped
+    assert len(calls) == 1
+    assert not any(agg._pending_events for agg in s.aggregates.values())  # type: ignore[attr-defined]
+    while s.cycle().placed:
+        pass
+    report = check_placements(s.app)
+    assert report.double_placements == 0, report.over_allocations + report.double_holds
+    assert report.placements == 12
+    fresh = PoolApp(env=app_env(cp.nats_url), clock=clock)
+    for i in range(4):
+        node = fresh.repository.get(Node.create_id(f"n{i}"))
+        assert node.allocations.keys() == s.aggregates[node.id].allocations.keys()
+    fresh.close()
+    s.app.close()

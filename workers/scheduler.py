@@ -475,7 +475,12 @@ class Scheduler:
         both touched is re-read from the log, so its requests are planned again, never lost."""
         placing, self._placing = self._placing, []
         unique = list({a.id: a for a in batch}.values())
-        if not self._settle(report):
+        try:
+            settled = self._settle(report)
+        except Exception:
+            self._void(unique, placing, report, quiet=True)  # planned on an unknown outcome
+            raise
+        if not settled:
             self._void(unique, placing, report)
             return
         if not unique:
@@ -521,12 +526,14 @@ class Scheduler:
 
     def _void(self, aggs: list[Aggregate], placing: list[tuple[Lease, int]],
               report: CycleReport, *, quiet: bool = False) -> None:
-        """The placements in `aggs` did not land: uncount them and re-index from the log."""
+        """The placements in `aggs` did not land: uncount them and re-index from the log.
+        Their unsaved events are dropped first, so no later save can carry them; should the
+        log not answer, the in-memory objects stay until it does (as after a failed save)."""
         self._end_spans(placing, saved=False)
         lost = sum(isinstance(a, Lease) and a.state is LeaseState.RESERVED for a in aggs)
         report.placed = max(0, report.placed - lost)
         for a in aggs:
-            self.aggregates.pop(a.id, None)
+            a.collect_events()
         try:
             self._reload(aggs)
         except Exception:
