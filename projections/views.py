@@ -174,7 +174,7 @@ class EventDecoder:
 
     def __call__(self, n: Any) -> Any:
         state = n.state
-        if not self.fast or state.count(self._MARK) != 1:
+        if not self.fast or type(state) is not bytes or state.count(self._MARK) != 1:
             return self.mapper.to_domain_event(n)
         try:
             event_state = self.decode_json(state)
@@ -183,7 +183,8 @@ class EventDecoder:
         stamp = event_state.get("timestamp") if type(event_state) is dict else None
         if type(stamp) is not dict or len(stamp) != 2 or "_data_" not in stamp:
             return self.mapper.to_domain_event(n)
-        transcoding = self.names.get(stamp.get("_type_"))  # type: ignore[arg-type]
+        name = stamp.get("_type_")
+        transcoding = self.names.get(name) if type(name) is str else None
         data = stamp["_data_"]
         if transcoding is None or type(data) in (dict, list):
             return self.mapper.to_domain_event(n)

@@ -1,0 +1,116 @@
+"""The projections' fast paths give what the plain ones give: read-ahead pages (a pull consumer)
+hold the notifications direct gets return, the views' event decoder builds the mapper's events,
+and the audit's credit decoding and on-demand folding reach the mapper's report."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from bus.server import NatsServer
+from projections import audit
+from projections import views as pv
+from projections.audit import CreditAudit
+from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
+from workers.app import PoolApp
+from workers.bench_projections import Workload
+from workers.client import PoolClient
+from workers.serve import ControlPlane
+
+JOB = {"job": {"image": "busybox@sha256:" + "a" * 64, "command": ["true"]}}
+
+
+@pytest.fixture()
+def plane(fresh_nats: NatsServer) -> Iterator[ControlPlane]:
+    """A log with every kind of event: pools and price changes, nodes, leases placed, run and
+    released (holds, settlements with charges), plus a bench workload (cancels, releases)."""
+    clock = FakeClock()
+    cp = start(fresh_nats.url, clock)
+    with PoolClient(fresh_nats.url) as admin:
+        setup_pool(admin, tenants={"alpha": 1.0, "beta": 1.0}, credits=10**9)
+        assert admin.admin("pool.prices", {"pool_id": "p1", "cpu_core_second": 5,
+                                           "memory_gib_second": 2})["ok"]
+        assert admin.admin("node.register", node_body("n1"))["ok"]
+    for tenant in ("alpha", "beta"):
+        with PoolClient(cp.nats_url, tenant) as c:
+            for i in range(3):
+                lid = c.request_lease(lease_body(f"{tenant}-{i}", cpu_millis=1500))["lease"][
+                    "lease_id"]
+                assert cp.scheduler.cycle().placed == 1
+                assert c.lease(lid, "commit", JOB)["ok"]
+                clock.advance(2.5 + i)
+                assert c.lease(lid, "release", {"exit_code": 0})["ok"]
+    work = Workload(4, 2, prefix="w-")
+    app: PoolApp = cp.app
+    app.save(*work.setup()[1:])
+    for _ in range(4):
+        aggs, _n = work.batch(600)
+        app.save(*aggs)
+    yield cp
+    cp.stop()
+
+
+def _direct(recorder: Any, start: int, stop: int) -> list[Any]:
+    out: list[Any] = []
+    while start <= stop:
+        page = recorder.select_notifications(start, 100, stop=stop)
+        if not page:
+            break
+        out += page
+        start = page[-1].id + 1
+    return out
+
+
+def test_read_ahead_pages_hold_what_direct_gets_return(plane: ControlPlane) -> None:
+    recorder = plane.app.recorder
+    top = recorder.max_notification_id() or 0
+    assert top > 2000
+    for first, stop in ((1, top), (7, top // 2), (top // 3, top)):
+        direct = _direct(recorder, first, stop)
+        ahead = [n for page in pv.read_pages(recorder, first, 250, stop=stop) for n in page]
+        assert ahead == direct
+        assert [n.id for n in ahead] == sorted({n.id for n in ahead})
+    # the pages came from the bulk reader, which never had to fall back to direct gets
+    reader = recorder.__dict__["_log_reader"]
+    assert reader.disabled_until == 0.0 and reader.dseq > 0
+    # past the end: nothing
+    assert recorder.prefetch(top + 1, 100).result() == []
+
+
+def test_the_views_decoder_builds_the_mappers_events(plane: ControlPlane) -> None:
+    app = plane.app
+    decode = pv.EventDecoder(app.mapper)
+    fallbacks: list[Any] = []
+
+    class Counting:
+        def to_domain_event(self, n: Any) -> Any:
+            fallbacks.append(n)
+            return app.mapper.to_domain_event(n)
+
+    decode.mapper = Counting()
+    notifications = _direct(app.recorder, 1, app.recorder.max_notification_id() or 0)
+    kinds = set()
+    for n in notifications:
+        fast, plain = decode(n), app.mapper.to_domain_event(n)
+        kinds.add(type(plain).__qualname__)
+        assert type(fast) is type(plain)
+        assert fast.__dict__ == plain.__dict__
+        assert [type(v) for v in fast.__dict__.values()] == [
+            type(v) for v in plain.__dict__.values()]
+    assert len(kinds) >= 10 and "Account.CreditsSettled" in kinds, kinds
+    assert len(fallbacks) < len(notifications) // 10  # the usual event takes the fast way
+
+
+def test_the_audit_reports_the_same_without_its_fast_paths(
+    plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fast_report = CreditAudit(plane.app).run()
+    plain = CreditAudit(plane.app)
+    plain._fast = False  # every credit event through the mapper
+    monkeypatch.setattr(audit, "_PENDING_LIMIT", 0)  # every other event folded as it comes
+    plain_report = plain.run()
+    assert fast_report.ok, fast_report.lines()
+    assert fast_report.to_dict() == plain_report.to_dict()
+    assert any(s.charged > 0 for s in fast_report.leases.values())
