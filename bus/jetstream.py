@@ -192,7 +192,7 @@ def _event_headers(raw: bytes) -> tuple[UUID | str, int, str]:
     if _header(text, _KEY_KIND) == "uuid":
         got = _UUIDS.get(oid_text)
         if got is None:
-            if len(_UUIDS) >= 200_000:
+            if len(_UUIDS) >= 20_000:  # small: every entry is one more object for the GC
                 _UUIDS.clear()
             got = _UUIDS[oid_text] = UUID(oid_text)
         oid = got

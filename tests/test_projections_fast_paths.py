@@ -7,17 +7,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 
 from bus.server import NatsServer
+from domain.lease import LeaseState
 from projections import audit
 from projections import views as pv
 from projections.audit import CreditAudit
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
+from tests.test_domain_lease import running_lease
+from tests.test_projections import assert_equal_to_rebuild, rows
 from workers.app import PoolApp
 from workers.bench_projections import Workload
 from workers.client import PoolClient
-from workers.serve import ControlPlane
+from workers.serve import ControlPlane, app_env
 
 JOB = {"job": {"image": "busybox@sha256:" + "a" * 64, "command": ["true"]}}
 
@@ -114,3 +118,38 @@ def test_the_audit_reports_the_same_without_its_fast_paths(
     assert fast_report.ok, fast_report.lines()
     assert fast_report.to_dict() == plain_report.to_dict()
     assert any(s.charged > 0 for s in fast_report.leases.values())
+
+
+@pytest.fixture()
+def schema(database_url: str, unique: str) -> Iterator[str]:
+    name = f"views_{unique}"
+    yield name
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}_rebuilt" CASCADE')
+
+
+def test_an_ended_lease_forgotten_by_the_views_is_read_back_when_it_comes_back(
+    fresh_nats: NatsServer, database_url: str, schema: str
+) -> None:
+    app = PoolApp(env=app_env(fresh_nats.url))
+    views = pv.PoolViews(app, database_url, schema=schema)
+    try:
+        views.setup()
+        lease = running_lease()
+        lease.notice_preemption(20, grace_seconds=15, requeue=False)
+        assert lease.confirm_stopped(30) is LeaseState.PREEMPTED  # ended, for now
+        app.save(lease)
+        views.catch_up()
+        assert lease.id not in views.folder.aggregates  # dropped once it ended
+        lease.requeue(40)  # the scheduler may still bring a preempted lease back
+        app.save(lease)
+        views.catch_up()
+        (state,), = rows(database_url, schema, "SELECT state FROM {s}.leases")
+        assert state == "queued"
+        assert [r[0] for r in rows(database_url, schema, "SELECT lease_id FROM {s}.queue")] == [
+            str(lease.id)]
+        assert_equal_to_rebuild(app, database_url, schema)
+    finally:
+        views.close()
+        app.close()
