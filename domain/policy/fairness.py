@@ -53,6 +53,17 @@ def weighted_dominant_share(usage: Resources, totals: Resources, weight: float) 
     return dominant_share(usage, totals) / weight
 
 
+def _combined(usage: Resources, delta: Resources, sign: int) -> Resources:
+    """usage ± delta: `Resources.__add__`/`__sub__`, without their merge of extended
+    dimensions when neither side has any (the case at nearly every placement)."""
+    if usage.extended or delta.extended:
+        return usage + delta if sign > 0 else usage - delta
+    return Resources(usage.cpu_millis + sign * delta.cpu_millis,
+                     usage.memory_mib + sign * delta.memory_mib,
+                     usage.gpu_count + sign * delta.gpu_count,
+                     usage.local_disk_gib + sign * delta.local_disk_gib)
+
+
 def _rank_of(priority_class: str, priority_ranks: Mapping[str, int]) -> int:
     # An unknown class is treated as the lowest one rather than failing the whole cycle.
     if priority_class in priority_ranks:
@@ -203,10 +214,10 @@ class FairQueue:
         self.add_usage(request.tenant, request.shape.resources if resources is None else resources)
 
     def add_usage(self, tenant: str, delta: Resources) -> None:
-        self.set_usage(tenant, self.usage(tenant) + delta)
+        self.set_usage(tenant, _combined(self.usage(tenant), delta, 1))
 
     def released(self, tenant: str, resources: Resources) -> None:
-        self.set_usage(tenant, self.usage(tenant) - resources)
+        self.set_usage(tenant, _combined(self.usage(tenant), resources, -1))
 
     def set_weight(self, tenant: str, weight: float) -> None:
         self._weights[tenant] = weight
