@@ -42,6 +42,10 @@ class Resources:
     extended: tuple[tuple[str, int], ...] = ()  # sorted (name, amount), amounts > 0
 
     def __post_init__(self) -> None:
+        if not self.extended:  # the common case (no GPU partitions): nothing to normalise
+            if self.extended != ():
+                object.__setattr__(self, "extended", ())
+            return
         ext = tuple(sorted((k, int(v)) for k, v in dict(self.extended).items() if v))
         object.__setattr__(self, "extended", ext)
 
@@ -54,6 +58,13 @@ class Resources:
         return SCALAR_DIMENSIONS + tuple(k for k, _ in self.extended)
 
     def _combine(self, other: Resources, sign: int) -> Resources:
+        if not self.extended and not other.extended:
+            return Resources(
+                cpu_millis=self.cpu_millis + sign * other.cpu_millis,
+                memory_mib=self.memory_mib + sign * other.memory_mib,
+                gpu_count=self.gpu_count + sign * other.gpu_count,
+                local_disk_gib=self.local_disk_gib + sign * other.local_disk_gib,
+            )
         ext = dict(self.extended)
         for k, v in other.extended:
             ext[k] = ext.get(k, 0) + sign * v
@@ -77,9 +88,20 @@ class Resources:
         return all(self.get(d) <= other.get(d) for d in dims)
 
     def is_non_negative(self) -> bool:
+        if not self.extended:
+            return (self.cpu_millis >= 0 and self.memory_mib >= 0 and self.gpu_count >= 0
+                    and self.local_disk_gib >= 0)
         return all(self.get(d) >= 0 for d in self.dimensions())
 
     def exceeded_dimensions(self, limit: Resources) -> list[str]:
+        if not self.extended and not limit.extended:
+            # the scalar dimensions only, in the same (sorted) order as the general case
+            return [d for d, mine, lim in (
+                ("cpu_millis", self.cpu_millis, limit.cpu_millis),
+                ("gpu_count", self.gpu_count, limit.gpu_count),
+                ("local_disk_gib", self.local_disk_gib, limit.local_disk_gib),
+                ("memory_mib", self.memory_mib, limit.memory_mib),
+            ) if mine > lim]
         dims = sorted(set(self.dimensions()) | set(limit.dimensions()))
         return [d for d in dims if self.get(d) > limit.get(d)]
 
@@ -99,7 +121,7 @@ class Resources:
             memory_mib=int(d.get("memory_mib", 0)),
             gpu_count=int(d.get("gpu_count", 0)),
             local_disk_gib=int(d.get("local_disk_gib", 0)),
-            extended=tuple(dict(d.get("extended", {})).items()),
+            extended=tuple(dict(ext).items()) if (ext := d.get("extended")) else (),
         )
 
 

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from domain import (
     AlreadyAllocated,
@@ -232,3 +234,24 @@ def test_negative_resources_are_refused() -> None:
     with pytest.raises(InvalidAmount):
         Node.register(node_id=NodeId("x"), pool_id=PoolId("p"),
                       capabilities=NodeCapabilities(allocatable=Resources(memory_mib=-1)), now=0)
+
+
+_amount = st.integers(min_value=-5, max_value=5)
+_extended = st.one_of(st.just(()), st.lists(
+    st.tuples(st.sampled_from(["gpu/1g.10gb", "gpu/3g.40gb"]), _amount), max_size=2))
+
+
+@given(st.tuples(_amount, _amount, _amount, _amount, _extended),
+       st.tuples(_amount, _amount, _amount, _amount, _extended))
+def test_resources_fast_paths_agree_with_the_general_rules(a: tuple, b: tuple) -> None:
+    """The scalar-only shortcuts (no GPU partitions) give what the per-dimension rules give."""
+    x = Resources(*a[:4], extended=tuple(a[4]))
+    y = Resources(*b[:4], extended=tuple(b[4]))
+    dims = sorted(set(x.dimensions()) | set(y.dimensions()))
+    assert x.exceeded_dimensions(y) == [d for d in dims if x.get(d) > y.get(d)]
+    assert x.is_non_negative() == all(x.get(d) >= 0 for d in x.dimensions())
+    for total, sign in ((x + y, 1), (x - y, -1)):
+        for d in dims:
+            assert total.get(d) == x.get(d) + sign * y.get(d)
+        assert all(v != 0 for _, v in total.extended)
+    assert Resources.from_dict(x.to_dict()) == x
