@@ -88,9 +88,13 @@ _hosts = st.sampled_from(["ghcr.io", "127.0.0.1:5000", "localhost:8080", "regist
                           "quay.io", None])
 
 
+def _sha256_of(b: bytes) -> str:  # named: Hypothesis parses a lambda's source
+    return "sha256:" + b.hex()
+
+
 @given(host=_hosts, path=st.lists(_component, min_size=1, max_size=4),
        tag=st.none() | st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,20}", fullmatch=True),
-       digest=st.none() | st.binary(min_size=32, max_size=32).map(lambda b: "sha256:" + b.hex()))
+       digest=st.none() | st.binary(min_size=32, max_size=32).map(_sha256_of))
 def test_references_parse_to_their_parts_and_print_back(
     host: str | None, path: list[str], tag: str | None, digest: str | None
 ) -> None:

@@ -993,9 +993,13 @@ def _bodies(st: Any, base: dict[str, Any]) -> Any:
         st.text(max_size=40), st.sampled_from(["", " ", "\u0000", "\u2028", "../..", "*", ">",
                                                "a.b", "x" * 300, "\U0001f600"]),
     )
-    values = st.recursive(scalars, lambda kids: st.one_of(
-        st.lists(kids, max_size=4), st.dictionaries(st.text(max_size=12), kids, max_size=4)),
-        max_leaves=12)
+    def nested(kids: Any) -> Any:
+        # named, not a lambda: Hypothesis describes a lambda by parsing its source, which
+        # CPython 3.11.7 can fail ("AST constructor recursion depth mismatch")
+        return st.one_of(st.lists(kids, max_size=4),
+                         st.dictionaries(st.text(max_size=12), kids, max_size=4))
+
+    values = st.recursive(scalars, nested, max_leaves=12)
 
     def paths(d: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         out = [prefix] if prefix else []
@@ -1031,22 +1035,34 @@ def _bodies(st: Any, base: dict[str, Any]) -> Any:
     edges = st.one_of(st.sampled_from([0, 1, -1, 2**31 - 1, 2**31, 2**53, 2**63 - 1, 10**15,
                                        10**15 + 1, 86_400, 31_536_000, 0.5, 1e-9, 1e15]),
                       st.integers(min_value=0, max_value=2**64))
-    edge_numbers = st.tuples(st.sampled_from(numeric), edges).map(
-        lambda pv: dumps(put(base, pv[0], pv[1])))
-    mutated = st.tuples(st.sampled_from(all_paths), values).map(
-        lambda pv: dumps(put(base, pv[0], pv[1])))
+    # named functions rather than lambdas throughout: Hypothesis describes a lambda by parsing
+    # its source, which CPython 3.11.7 can fail ("AST constructor recursion depth mismatch")
+    def put_pair(pv: tuple[Any, Any]) -> bytes:
+        return dumps(put(base, pv[0], pv[1]))
+
+    def with_extra(extra: dict[str, Any]) -> bytes:
+        return dumps({**base, **extra})
+
+    def nest_deep(d: tuple[int, str]) -> bytes:
+        return (d[1] * d[0]).encode() + (b"]" if d[1] == "[" else b"}") * d[0]
+
+    def splice(ib: tuple[int, bytes]) -> bytes:
+        return dumps(base)[:ib[0]] + ib[1] + dumps(base)[ib[0]:]
+
+    edge_numbers = st.tuples(st.sampled_from(numeric), edges).map(put_pair)
+    mutated = st.tuples(st.sampled_from(all_paths), values).map(put_pair)
     unknown = st.dictionaries(st.text(min_size=1, max_size=20), values, min_size=1,
-                              max_size=3).map(lambda extra: dumps({**base, **extra}))
+                              max_size=3).map(with_extra)
     wrong_top = values.map(dumps)
-    deep = st.tuples(st.integers(10, 160_000), st.sampled_from(["[", '{"a":'])).map(
-        lambda d: (d[1] * d[0]).encode() + (b"]" if d[1] == "[" else b"}") * d[0])
+    deep = st.tuples(st.integers(10, 160_000), st.sampled_from(["[", '{"a":'])).map(nest_deep)
     bad_utf8 = st.tuples(st.integers(0, max(0, len(dumps(base)) - 1)),
                          st.sampled_from([b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\x80",
-                                          b"\xf8\x88\x80\x80\x80"])).map(
-        lambda ib: dumps(base)[:ib[0]] + ib[1] + dumps(base)[ib[0]:])
+                                          b"\xf8\x88\x80\x80\x80"])).map(splice)
     # up to the server's max_payload, and past it (the client must refuse that, typed)
-    oversized = st.integers(60_000, 1_100_000).map(
-        lambda n: dumps({**base, "padding": "x" * n}))
+    def padded(n: int) -> bytes:
+        return dumps({**base, "padding": "x" * n})
+
+    oversized = st.integers(60_000, 1_100_000).map(padded)
     raw = st.binary(max_size=200)
     weird_json = st.sampled_from([b"", b"null", b"NaN", b"Infinity", b"-Infinity", b"1e999",
                                   b'{"pool_id": NaN}', b"{", b"}", b'{"a":1,"a":2}',
