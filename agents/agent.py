@@ -271,10 +271,14 @@ class Agent:
             return  # the heartbeat will keep the lease alive; the start itself stands
         if not r.get("ok"):
             log.warning("start of %s reported, refused: %s", spec.key, r.get("error"))
+        fenced = ("lease_expired", "stale_epoch", "illegal_transition", "lease_not_found")
         if not r.get("ok"):
-            log.warning("start of %s reported, refused: %s", spec.key, r.get("error"))
-        if not r.get("ok") and r.get("error", {}).get("code") in (
-                "lease_expired", "stale_epoch", "illegal_transition", "lease_not_found"):
+            # fenced: the lease moved on while its order waited (expected, and handled below);
+            # anything else is worth an operator's eye
+            code = r.get("error", {}).get("code")
+            (log.info if code in fenced else log.warning)(
+                "start of %s reported, refused: %s", spec.key, r.get("error"))
+        if not r.get("ok") and r.get("error", {}).get("code") in fenced:
             # the lease ended or moved while its command waited: fenced, the work must not run
             self._stop_now(self.running[a.lease_id], grace=0.0)
 
