@@ -61,10 +61,7 @@ class _Settled(msgspec.Struct):
     class_version: int = 1
 
 
-class _Released(msgspec.Struct):
-    lease_id: str
-    amount: int
-    class_version: int = 1
+_Released = _Held  # HoldReleased carries what CreditsHeld carries: the lease and an amount
 
 
 _CREDIT_STRUCTS: dict[str, type[msgspec.Struct]] = {

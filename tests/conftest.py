@@ -58,3 +58,14 @@ def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     pg = start_embedded_postgres(tmp_path_factory.mktemp("pg"))
     yield pg.url
     pg.stop()
+
+
+@pytest.fixture()
+def schema(database_url: str, unique: str) -> Iterator[str]:
+    """A views schema of this test's own, dropped after it (and the `_rebuilt` one beside it)."""
+    from projections.views import drop_schema
+
+    name = f"views_{unique}"
+    yield name
+    for s in (name, f"{name}_rebuilt"):
+        drop_schema(database_url, s)

@@ -21,14 +21,6 @@ JOB = {"job": {"image": "busybox@sha256:" + "a" * 64, "command": ["true"]}}
 
 
 @pytest.fixture()
-def schema(database_url: str, unique: str) -> Iterator[str]:
-    name = f"audit_{unique}"
-    yield name
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-
-
-@pytest.fixture()
 def plane(fresh_nats: NatsServer) -> Iterator[tuple[ControlPlane, FakeClock]]:
     clock = FakeClock()
     cp = start(fresh_nats.url, clock)

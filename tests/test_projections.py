@@ -31,15 +31,6 @@ PRICES = {"pool_id": "p1", "cpu_core_second": 7, "memory_gib_second": 3}
 
 
 @pytest.fixture()
-def schema(database_url: str, unique: str) -> Iterator[str]:
-    name = f"views_{unique}"
-    yield name
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-        conn.execute(f'DROP SCHEMA IF EXISTS "{name}_rebuilt" CASCADE')
-
-
-@pytest.fixture()
 def plane(fresh_nats: NatsServer) -> Iterator[tuple[ControlPlane, PoolClient, FakeClock]]:
     clock = FakeClock()
     cp = start(fresh_nats.url, clock)

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import pytest
 
 from bus.server import NatsServer
@@ -118,15 +117,6 @@ def test_the_audit_reports_the_same_without_its_fast_paths(
     assert fast_report.ok, fast_report.lines()
     assert fast_report.to_dict() == plain_report.to_dict()
     assert any(s.charged > 0 for s in fast_report.leases.values())
-
-
-@pytest.fixture()
-def schema(database_url: str, unique: str) -> Iterator[str]:
-    name = f"views_{unique}"
-    yield name
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-        conn.execute(f'DROP SCHEMA IF EXISTS "{name}_rebuilt" CASCADE')
 
 
 def test_an_ended_lease_forgotten_by_the_views_is_read_back_when_it_comes_back(

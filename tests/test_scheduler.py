@@ -146,13 +146,10 @@ def test_concurrent_schedulers_never_double_place(plane: Plane) -> None:
         s.app.close()
 
 
-def test_a_batch_planned_on_a_refused_one_is_dropped_unsent_and_planned_again(
-    plane: Plane, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from eventsourcing.persistence import IntegrityError
-
+def _twelve_queued_in_small_batches(plane: Plane, monkeypatch: pytest.MonkeyPatch) -> Scheduler:
+    """4 nodes of 4 cores, 12 one-core requests queued, and batches of two placements: a fresh
+    scheduler that will send several batches per cycle."""
     import workers.scheduler as sched
-    from domain.node import Node
 
     cp, admin, clock = plane
     setup_pool(admin, tenants={"alpha": 1.0})
@@ -162,7 +159,18 @@ def test_a_batch_planned_on_a_refused_one_is_dropped_unsent_and_planned_again(
         for i in range(12):
             assert a.request_lease(lease_body(f"a{i}"))["ok"]
     monkeypatch.setattr(sched, "MAX_MESSAGES_PER_BATCH", 6)  # two placements a batch
-    s = Scheduler(PoolApp(env=app_env(cp.nats_url), clock=clock), clock=clock)
+    return Scheduler(PoolApp(env=app_env(cp.nats_url), clock=clock), clock=clock)
+
+
+def test_a_batch_planned_on_a_refused_one_is_dropped_unsent_and_planned_again(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from eventsourcing.persistence import IntegrityError
+
+    from domain.node import Node
+
+    cp, _admin, clock = plane
+    s = _twelve_queued_in_small_batches(plane, monkeypatch)
     real = s.app.save_nowait
     sent: list[int] = []
 
@@ -268,19 +276,11 @@ def test_the_scheduler_steps_over_its_own_batches_and_still_reads_everyone_elses
 def test_a_save_with_no_answer_fails_the_cycle_and_leaves_no_unsaved_event_behind(
     plane: Plane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import workers.scheduler as sched
     from bus.errors import BusTimeout
     from domain.node import Node
 
-    cp, admin, clock = plane
-    setup_pool(admin, tenants={"alpha": 1.0})
-    for i in range(4):
-        admin.admin("node.register", node_body(f"n{i}", cpu_millis=4000, memory_mib=8192))
-    with PoolClient(cp.nats_url, "alpha") as a:
-        for i in range(12):
-            assert a.request_lease(lease_body(f"a{i}"))["ok"]
-    monkeypatch.setattr(sched, "MAX_MESSAGES_PER_BATCH", 6)  # two placements a batch
-    s = Scheduler(PoolApp(env=app_env(cp.nats_url), clock=clock), clock=clock)
+    cp, _admin, clock = plane
+    s = _twelve_queued_in_small_batches(plane, monkeypatch)
     real = s.app.save_nowait
 
     class Unanswered:
