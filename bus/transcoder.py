@@ -63,9 +63,13 @@ class MsgspecTranscoder(Transcoder):
         if t in _NATIVE_SCALARS:
             return obj
         if t is dict:
-            return {k: self._to_plain(v) for k, v in obj.items()}
+            # scalars inline: most values of an event's state are, and a call per value
+            # was most of this walk's cost
+            native, plain = _NATIVE_SCALARS, self._to_plain
+            return {k: v if type(v) in native else plain(v) for k, v in obj.items()}
         if t is list:
-            return [self._to_plain(v) for v in obj]
+            native, plain = _NATIVE_SCALARS, self._to_plain
+            return [v if type(v) in native else plain(v) for v in obj]
         transcoding = self.types.get(t)
         if transcoding is None:
             msg = (

@@ -15,6 +15,7 @@ from uuid import UUID
 from eventsourcing.domain import Aggregate, event
 
 from domain.errors import InsufficientCredits, InvalidAmount, UnknownHold
+from domain.events import trigger
 from domain.resources import LeaseId, TenantId
 
 _NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:account")
@@ -82,7 +83,8 @@ class Account(Aggregate):
         _require_amount(amount, positive=False)
         if amount > self.available:
             raise InsufficientCredits(available=self.available, requested=amount)
-        self._held(transfer_id=transfer_id, lease_id=str(lease_id), amount=amount, at=float(now))
+        trigger(self, "_held", transfer_id=transfer_id, lease_id=str(lease_id), amount=amount,
+                at=float(now))  # one per placement in a priced pool: the lean trigger
         return True
 
     def settle(self, transfer_id: str, lease_id: LeaseId, amount_charged: int, now: float) -> bool:

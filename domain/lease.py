@@ -38,6 +38,7 @@ from domain.errors import (
     StaleEpoch,
 )
 from domain.errors import LeaseExpired as LeaseExpiredError
+from domain.events import trigger
 from domain.resources import LeaseId, NodeId, PoolId, Resources, Shape, TenantId
 
 _NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:lease")
@@ -350,7 +351,8 @@ class Lease(Aggregate):
         placed = self.requested_shape if shape is None else shape
         if not placed.resources.is_non_negative():
             raise InvalidAmount("a placed shape cannot hold negative resources")
-        self._reserved(
+        trigger(  # the scheduler's hot path: domain.events' lean trigger, same event
+            self, "_reserved",
             at=float(now),
             node_id=str(node_id),
             shape=placed.to_dict(),
@@ -674,7 +676,9 @@ class Lease(Aggregate):
     ) -> None:
         self.state = S.RESERVED
         self.node_id = NodeId(node_id)
-        self.shape = Shape.from_dict(shape)
+        # most placements take the shape as requested: reuse it rather than parse it again
+        requested = self.requested_shape
+        self.shape = requested if shape == requested.to_dict() else Shape.from_dict(shape)
         self.epoch = epoch
         self.reserved_at = at
         self.reservation_deadline = reservation_deadline

@@ -26,6 +26,7 @@ from domain.errors import (
     OverAllocation,
     UnknownAllocation,
 )
+from domain.events import trigger
 from domain.resources import ZERO, LeaseId, NodeCapabilities, NodeId, PoolId, Resources
 
 _NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:node")
@@ -150,6 +151,32 @@ class Node(Aggregate):
         self._capacity_allocated(lease_id=str(lease_id), resources=resources.to_dict(),
                                  at=float(now))
 
+    def allocate_many(self, allocations: list[tuple[LeaseId, Resources]], now: float) -> None:
+        """Allocate capacity to several leases as ONE event (`CapacityAllocatedBatch`), checked
+        as `allocate` checks each in turn: all or nothing. A scheduler that places many leases
+        on one node in a cycle records one event for them, not one per lease."""
+        if not allocations:
+            return
+        if len(allocations) == 1:
+            self.allocate(allocations[0][0], allocations[0][1], now)
+            return
+        if self.state is not N.READY:
+            raise NodeNotSchedulable(self.state)
+        total = self._allocated
+        seen: set[LeaseId] = set()
+        for lease_id, resources in allocations:
+            _require_non_negative(resources, "resources")
+            if lease_id in self._allocations or lease_id in seen:
+                raise AlreadyAllocated(
+                    f"lease {lease_id} already holds capacity on {self.node_id}")
+            seen.add(lease_id)
+            total = total + resources
+        short = total.exceeded_dimensions(self.allocatable)
+        if short:
+            raise OverAllocation(short)
+        trigger(self, "_capacity_allocated_batch",
+                allocations=[[str(lid), res.to_dict()] for lid, res in allocations], at=float(now))
+
     def free(self, lease_id: LeaseId, now: float) -> bool:
         """Return a lease's allocation. Freeing a lease with no allocation here is a no-op
         (returns False, records nothing): release paths retry, and a second free must not fail
@@ -222,6 +249,15 @@ class Node(Aggregate):
         amount = Resources.from_dict(resources)
         self._allocations[LeaseId(lease_id)] = amount
         self._allocated = self._allocated + amount
+
+    @event("CapacityAllocatedBatch")
+    def _capacity_allocated_batch(self, allocations: list[list[Any]], at: float) -> None:
+        total = self._allocated
+        for lease_id, resources in allocations:
+            amount = Resources.from_dict(resources)
+            self._allocations[LeaseId(lease_id)] = amount
+            total = total + amount
+        self._allocated = total
 
     @event("CapacityFreed")
     def _capacity_freed(self, lease_id: str, at: float) -> None:

@@ -85,6 +85,46 @@ def test_allocation_never_exceeds_allocatable_and_names_the_dimensions() -> None
     assert node.free_capacity == Resources()
 
 
+def test_many_allocations_are_one_event_and_fold_like_single_ones() -> None:
+    node, single = new_node(), new_node()
+    node.allocate(LeaseId("a"), SMALL, now=1)
+    node.allocate_many([(LeaseId("b"), SMALL), (LeaseId("c"), Resources(cpu_millis=100))], now=2)
+    single.allocate(LeaseId("a"), SMALL, now=1)
+    single.allocate(LeaseId("b"), SMALL, now=2)
+    single.allocate(LeaseId("c"), Resources(cpu_millis=100), now=2)
+    assert [type(e).__name__ for e in node.pending_events] == [
+        "NodeRegistered", "CapacityAllocated", "CapacityAllocatedBatch"]
+    assert node.allocations == single.allocations
+    assert node.allocated == single.allocated
+    assert state_of(replay(node)) == state_of(node)
+    node.free(LeaseId("b"), now=3)
+    assert node.allocations == {"a": SMALL, "c": Resources(cpu_millis=100)}
+
+
+def test_many_allocations_are_all_or_nothing() -> None:
+    node = new_node()
+    node.allocate(LeaseId("a"), SMALL, now=1)
+    before = len(node.pending_events)
+    # each fits alone; together they pass allocatable in gpu_count
+    with pytest.raises(OverAllocation) as raised:
+        node.allocate_many([(LeaseId("b"), SMALL), (LeaseId("c"), SMALL)], now=2)
+    assert raised.value.dimensions == ("gpu_count",)
+    with pytest.raises(AlreadyAllocated):
+        node.allocate_many([(LeaseId("b"), Resources(cpu_millis=1)), (LeaseId("a"), SMALL)], now=2)
+    with pytest.raises(AlreadyAllocated):
+        node.allocate_many([(LeaseId("d"), Resources(cpu_millis=1))] * 2, now=2)
+    with pytest.raises(InvalidAmount):
+        node.allocate_many([(LeaseId("e"), Resources(cpu_millis=-1)),
+                            (LeaseId("f"), Resources(cpu_millis=1))], now=2)
+    assert len(node.pending_events) == before
+    node.cordon(now=2)
+    with pytest.raises(NodeNotSchedulable):
+        node.allocate_many([(LeaseId("g"), Resources(cpu_millis=1))] * 2, now=3)
+    node.allocate_many([], now=4)  # nothing to record
+    assert len(node.pending_events) == before + 1  # the cordon only
+    assert node.allocations == {"a": SMALL}
+
+
 def test_a_gpu_partition_is_counted_in_its_own_dimension() -> None:
     slices = Resources(cpu_millis=8000, memory_mib=32768,
                        extended=((partition_dimension("1g.10gb"), 7),))

@@ -61,3 +61,19 @@ def test_the_replay_finds_a_node_over_its_allocatable_and_a_lease_held_twice() -
     assert len(report.over_allocations) == 1 and "n1" in report.over_allocations[0]
     assert len(report.double_holds) == 1 and "lease b" in report.double_holds[0]
     assert report.double_placements == 2
+
+
+def test_the_replay_checks_each_lease_of_a_batched_node_allocation() -> None:
+    cpu = {"cpu_millis": 4000, "memory_mib": 4096}
+    one = {"cpu_millis": 1500, "memory_mib": 1024}
+    log = _FakeLog([
+        ("NodeRegistered", {"node": "n1", "capabilities": {"allocatable": cpu}}),
+        ("NodeRegistered", {"node": "n2", "capabilities": {"allocatable": cpu}}),
+        ("CapacityAllocatedBatch", {"node": "n1", "allocations": [["a", one], ["b", one]]}),
+        ("CapacityAllocatedBatch", {"node": "n2", "allocations": [["c", one], ["a", one]]}),
+        ("CapacityAllocatedBatch", {"node": "n1", "allocations": [["d", one]]}),  # 4500 > 4000
+    ])
+    report = check_placements(log)
+    assert report.placements == 5
+    assert len(report.double_holds) == 1 and "lease a" in report.double_holds[0]
+    assert len(report.over_allocations) == 1 and "n1" in report.over_allocations[0]

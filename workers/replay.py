@@ -64,19 +64,24 @@ def check_placements(app: Any) -> PlacementReport:
         if name in ("NodeRegistered", "NodeReregistered"):
             ev = app.mapper.to_domain_event(n)
             allocatable[ev.originator_id] = Resources.from_dict(ev.capabilities["allocatable"])
-        elif name == "CapacityAllocated":
+        elif name in ("CapacityAllocated", "CapacityAllocatedBatch"):
             ev = app.mapper.to_domain_event(n)
-            node, lease = ev.originator_id, str(ev.lease_id)
-            report.placements += 1
-            if lease in holder:
-                report.double_holds.append(
-                    f"lease {lease} allocated on node {node} at {n.id} while held on "
-                    f"node {holder[lease]}")
-            holder[lease] = node
-            held[node][lease] = Resources.from_dict(ev.resources)
-            total = sum(held[node].values(), Resources())
-            if node not in allocatable or not total.fits_in(allocatable[node]):
-                report.over_allocations.append(f"node {node} over-allocated at {n.id}")
+            node = ev.originator_id
+            # one lease, or several placed on the node in one scheduler batch: each in turn
+            items = ([(ev.lease_id, ev.resources)] if name == "CapacityAllocated"
+                     else ev.allocations)
+            for lease_id, resources in items:
+                lease = str(lease_id)
+                report.placements += 1
+                if lease in holder:
+                    report.double_holds.append(
+                        f"lease {lease} allocated on node {node} at {n.id} while held on "
+                        f"node {holder[lease]}")
+                holder[lease] = node
+                held[node][lease] = Resources.from_dict(resources)
+                total = sum(held[node].values(), Resources())
+                if node not in allocatable or not total.fits_in(allocatable[node]):
+                    report.over_allocations.append(f"node {node} over-allocated at {n.id}")
         elif name == "CapacityFreed":
             ev = app.mapper.to_domain_event(n)
             lease = str(ev.lease_id)

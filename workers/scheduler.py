@@ -379,6 +379,9 @@ class Scheduler:
         pool = ps.pool
         cfg = pool.config
         batch: list[Aggregate] = []
+        # node id → the placements on it not yet recorded: one node event per node per batch
+        # (`Node.allocate_many`), written when the batch closes, not one event per placement
+        allocs: dict[str, list[tuple[LeaseId, Resources]]] = {}
         unplaced: list[PendingRequest] = []
         examined = 0
         # (isolation, tenant) → the node trust levels the pool's image policy allows it
@@ -421,8 +424,8 @@ class Scheduler:
                 else:
                     why = self._capacity_wait(ps, req, lease, fr, now, batch, report)
                     self._wait(req, why, unplaced)
-                if len(batch) >= MAX_MESSAGES_PER_BATCH:
-                    self._commit_batch(batch, report)
+                if len(batch) + len(allocs) >= MAX_MESSAGES_PER_BATCH:
+                    self._close_batch(batch, allocs, now, report)
                     batch = []
                 continue
             hold = pool.hold_for(shape, lease.maximum_runtime_seconds)
@@ -433,8 +436,6 @@ class Scheduler:
                                  "hold_microcredits": hold, "available_microcredits": available},
                            unplaced)
                 continue
-            node = self.aggregates[_node_uuid(node_id)]
-            assert isinstance(node, Node)
             epoch = lease.reserve(
                 now,
                 node_id=NodeId(node_id),
@@ -442,8 +443,12 @@ class Scheduler:
                 hold_microcredits=hold,
             )
             lid = LeaseId(req.lease_id)
-            node.allocate(lid, res, now)
-            batch += [lease, node]
+            on_node = allocs.get(node_id)
+            if on_node is None:
+                allocs[node_id] = [(lid, res)]
+            else:
+                on_node.append((lid, res))
+            batch.append(lease)
             if hold:
                 assert isinstance(acc, Account)
                 acc.hold(f"hold-{lid}-{epoch}", lid, hold, now)
@@ -455,17 +460,29 @@ class Scheduler:
             if getattr(lease, "trace_parent", None) is not None:  # older snapshots: none
                 self._placing.append((lease, time.time_ns()))
             report.placed += 1
-            # one entry per event: a node allocated twice appears twice, as it has two events
-            if len(batch) >= MAX_MESSAGES_PER_BATCH:
-                self._commit_batch(batch, report)
+            # one entry of `batch` per event, plus one event per node placed on
+            if len(batch) + len(allocs) >= MAX_MESSAGES_PER_BATCH:
+                self._close_batch(batch, allocs, now, report)
                 batch = []
-        self._commit_batch(batch, report)
+        self._close_batch(batch, allocs, now, report)
         self._settle(report)
         for req in unplaced:
             lease = self.aggregates.get(UUID(req.lease_id))
             if isinstance(lease, Lease) and lease.state is LeaseState.QUEUED:
                 queue.requeue(req)
         report.waiting += len(unplaced)
+
+    def _close_batch(self, batch: list[Aggregate], allocs: dict[str, list[tuple[LeaseId, Resources]]],
+                     now: float, report: CycleReport) -> None:
+        """Record each node's placements of this batch as one event on the node, then send
+        the batch (`_commit_batch`); `allocs` is emptied."""
+        for node_id, placed in allocs.items():
+            node = self.aggregates[_node_uuid(node_id)]
+            assert isinstance(node, Node)
+            node.allocate_many(placed, now)
+            batch.append(node)
+        allocs.clear()
+        self._commit_batch(batch, report)
 
     def _commit_batch(self, batch: list[Aggregate], report: CycleReport) -> None:
         """Send `batch` as one atomic save and return while it is in flight, so the next batch
