@@ -24,6 +24,7 @@ import inspect
 import types
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -78,7 +79,8 @@ def _ddl(view: str) -> str:
         "balance": """CREATE TABLE IF NOT EXISTS {s}.balance (
             tenant TEXT PRIMARY KEY, granted BIGINT NOT NULL, held BIGINT NOT NULL,
             spent BIGINT NOT NULL, available BIGINT NOT NULL, shortfall BIGINT NOT NULL,
-            holds INTEGER NOT NULL, version INTEGER NOT NULL, last_seq BIGINT NOT NULL)""",
+            holds INTEGER NOT NULL, version INTEGER NOT NULL, last_seq BIGINT NOT NULL)
+            WITH (fillfactor = 50)""",
         "capacity": f"""CREATE TABLE IF NOT EXISTS {{s}}.capacity (
             node_id TEXT PRIMARY KEY, pool TEXT NOT NULL, state TEXT NOT NULL,
             state_reason TEXT, zone TEXT NOT NULL, failure_domain TEXT NOT NULL,
@@ -98,7 +100,7 @@ def _ddl(view: str) -> str:
             credits_held BIGINT NOT NULL DEFAULT 0, credits_charged BIGINT NOT NULL DEFAULT 0,
             credits_released BIGINT NOT NULL DEFAULT 0,
             credits_shortfall BIGINT NOT NULL DEFAULT 0,
-            version INTEGER, last_seq BIGINT NOT NULL);
+            version INTEGER, last_seq BIGINT NOT NULL) WITH (fillfactor = 80);
             CREATE INDEX IF NOT EXISTS leases_tenant ON {s}.leases (tenant, lease_id)""",
     }[view]
 
@@ -449,6 +451,14 @@ def _stmt(schema: str, kind: str) -> sql.Composed:
         elif kind == "queue":
             got = _upsert_sql(schema, "queue", _QUEUE_COLS,
                               _set_excluded(c for c, _ in _QUEUE_COLS[1:]))
+        elif kind == "positions":
+            got = _fmt("SELECT view_name, notification_id, events_applied FROM {s}.tracking "
+                       "FOR UPDATE", schema)
+        elif kind == "tracking":
+            got = _fmt("UPDATE {s}.tracking AS t SET notification_id = u.n, "
+                       "events_applied = u.a, updated_at = now() FROM unnest("
+                       "%s::text[], %s::bigint[], %s::bigint[]) AS u(v, n, a) "
+                       "WHERE t.view_name = u.v", schema)
         elif kind == "queue_delete":
             got = _fmt("DELETE FROM {s}.queue WHERE lease_id = ANY(%b::text[])", schema)
         elif kind == "balance":
@@ -472,10 +482,9 @@ def _columns(rows: Sequence[Sequence[Any]], width: int) -> list[list[Any]]:
     return [list(c) for c in zip(*rows)]
 
 
-def _write_rows(conn: psycopg.Connection[Any], schema: str, kind: str,
-                rows: Sequence[Sequence[Any]], width: int) -> None:
+def _emit_rows(emit: Any, kind: str, rows: Sequence[Sequence[Any]]) -> None:
     if rows:
-        conn.execute(_stmt(schema, kind), (_encode_json(rows).decode(),))
+        emit(kind, (_encode_json(rows).decode(),))
 
 
 def _lease_state_row(lease: Lease) -> tuple[Any, ...]:
@@ -527,6 +536,18 @@ def _credit_deltas(kind: str, a: int, b: int, c: int) -> tuple[int, int, int, in
 _OTHER, _LEASE, _ACCOUNT, _NODE = 0, 1, 2, 3
 
 
+@dataclass
+class Prepared:
+    """A folded batch's statements for views at `expected` (see PoolViews.prepare)."""
+
+    expected: dict[str, tuple[int, int]]  # view → (position, events applied) it was built for
+    after: dict[str, tuple[int, int]]  # the same once it is written
+    statements: list[tuple[str, Any]]  # (statement kind, parameters), in write order
+    tracked: list[tuple[str, int, int]]  # (view, new position, events applied)
+    taken: int  # what process() returns for it
+    last_id: int  # the batch's last notification id
+
+
 class _Slice:
     """What one batch (from one position on) changed, as `PoolViews._slice` coalesced it."""
 
@@ -576,24 +597,31 @@ class PoolViews:
 
     def position(self) -> int:
         """The lowest position among this projection's views: where the next batch starts."""
+        return min((at for at, _ in self.view_positions().values()), default=0)
+
+    def view_positions(self) -> dict[str, tuple[int, int]]:
+        """view → (notification_id, events_applied) of this projection's views, as committed
+        now (0, 0 for a view not created yet)."""
         pos = positions(self.conn, self.schema)
         self.conn.commit()
-        return min((pos.get(v, (0, 0))[0] for v in self.views), default=0)
+        return {v: pos.get(v, (0, 0)) for v in self.views}
 
-    def process(self, notifications: Sequence[Any], *, read_from: int | None = None) -> int:
+    def process(self, notifications: Sequence[Any], *, read_from: int | None = None,
+                prepared: Prepared | None = None) -> int:
         """Apply one batch; returns how many events some view took (0: all already applied).
 
         `read_from`: where the batch was read from, after the views' position then. A view now
         behind that was rebuilt meanwhile: nothing is written, and PositionMoved is raised so
-        the caller reads again from the view's position instead of leaving a gap."""
+        the caller reads again from the view's position instead of leaving a gap.
+
+        `prepared`: the batch as `prepare` folded it and built its rows, for the positions it
+        names; it is written only if the views are exactly there (else PositionMoved), and the
+        in-memory fold is left alone (the caller clears it on any error: see `prepare`)."""
+        if prepared is not None:
+            return self._write_prepared(prepared)
         if not notifications:
             return 0
-        decode, apply = self.decode, self.folder.apply
-        try:
-            folded = [(n.id, ev, apply(ev)) for n in notifications for ev in (decode(n),)]
-        except Exception:
-            self.folder.clear()
-            raise
+        folded = self._fold(notifications)
         conn = self.conn
         try:
             with conn.transaction():
@@ -602,39 +630,92 @@ class PoolViews:
                 if read_from is not None and any(
                         pos.get(v, (0, 0))[0] < read_from - 1 for v in self.views):
                     raise PositionMoved(f"a view moved back before position {read_from - 1}")
-                taken = 0
-                tracked: list[tuple[str, int, int]] = []
-                # views at the same position share one slice of the batch and one coalescing
-                shared: dict[int, _Slice] = {}
                 # the writes go out in pipeline mode: PostgreSQL works on one view's statement
                 # while the next one's rows are built here, and nothing waits on a reply until
                 # the pipeline's end; the heaviest view (leases) goes first
                 with conn.pipeline():  # its end waits for every statement's result
-                    for view in self._write_order:
-                        at, applied = pos.get(view, (0, 0))
-                        got = shared.get(at)
-                        if got is None:
-                            fresh = folded if folded[0][0] > at else [f for f in folded if f[0] > at]
-                            got = shared[at] = self._slice(fresh)
-                        if not got.count:
-                            continue
-                        taken = max(taken, got.count)
-                        self._apply_view(view, got)
-                        tracked.append((view, got.last_seq, applied + got.count))
+                    schema = self.schema
+                    tracked, taken = self._plan(
+                        folded, pos, lambda kind, params: conn.execute(_stmt(schema, kind), params))
                     if tracked:
-                        conn.execute(
-                            _fmt("UPDATE {s}.tracking AS t SET notification_id = u.n, "
-                                 "events_applied = u.a, updated_at = now() FROM unnest("
-                                 "%s::text[], %s::bigint[], %s::bigint[]) AS u(v, n, a) "
-                                 "WHERE t.view_name = u.v", self.schema),
-                            _columns(tracked, 3),
-                        )
+                        conn.execute(_stmt(schema, "tracking"), _columns(tracked, 3))
             self.folder.forget_finished(folded)
             return taken
         except Exception:
             # the view rolled back; the in-memory fold is ahead of nothing useful now
             self.folder.clear()
             raise
+
+    def prepare(self, notifications: Sequence[Any],
+                pos: dict[str, tuple[int, int]]) -> Prepared:
+        """Fold a batch and build its rows for views at positions `pos` (view → (position,
+        events applied)), without touching the database: `process(..., prepared=)` writes them
+        later, in one transaction, if the views are still there. The rows are final when this
+        returns, so the next batch may be folded (and its aggregates mutated) meanwhile; should
+        a write then fail, the caller must `folder.clear()`, the fold being ahead of the views."""
+        if not notifications:
+            raise ValueError("nothing to prepare")
+        folded = self._fold(notifications)
+        statements: list[tuple[str, Any]] = []
+        try:
+            tracked, taken = self._plan(folded, pos, lambda kind, params: statements.append(
+                (kind, params)))
+            self.folder.forget_finished(folded)
+        except Exception:
+            self.folder.clear()
+            raise
+        expected = {v: pos.get(v, (0, 0)) for v in self.views}
+        after = dict(expected)
+        for view, at, applied in tracked:
+            after[view] = (at, applied)
+        return Prepared(expected, after, statements, tracked, taken, folded[-1][0])
+
+    def _write_prepared(self, prepared: Prepared) -> int:
+        """One transaction, pipelined: two round trips (the positions under the lock, then the
+        rows, the positions and the commit)."""
+        conn, schema = self.conn, self.schema
+        with conn.pipeline() as pipe:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(schema),))
+                cur = conn.execute(_stmt(schema, "positions"))
+                pipe.sync()
+                pos = {r[0]: (int(r[1]), int(r[2])) for r in cur.fetchall()}
+                if any(pos.get(v, (0, 0)) != at for v, at in prepared.expected.items()):
+                    raise PositionMoved("a view moved after the batch was prepared")
+                for kind, params in prepared.statements:
+                    conn.execute(_stmt(schema, kind), params)
+                if prepared.tracked:
+                    conn.execute(_stmt(schema, "tracking"), _columns(prepared.tracked, 3))
+        return prepared.taken
+
+    def _fold(self, notifications: Sequence[Any]) -> list[tuple[int, Any, Any]]:
+        decode, apply = self.decode, self.folder.apply
+        try:
+            return [(n.id, ev, apply(ev)) for n in notifications for ev in (decode(n),)]
+        except Exception:
+            self.folder.clear()
+            raise
+
+    def _plan(self, folded: list[tuple[int, Any, Any]], pos: dict[str, tuple[int, int]],
+              emit: Any) -> tuple[list[tuple[str, int, int]], int]:
+        """Each view's statements for a folded batch, given the views' positions, passed to
+        `emit(kind, params)` as they are built; returns the new positions and the count taken."""
+        taken = 0
+        tracked: list[tuple[str, int, int]] = []
+        # views at the same position share one slice of the batch and one coalescing
+        shared: dict[int, _Slice] = {}
+        for view in self._write_order:
+            at, applied = pos.get(view, (0, 0))
+            got = shared.get(at)
+            if got is None:
+                fresh = folded if folded[0][0] > at else [f for f in folded if f[0] > at]
+                got = shared[at] = self._slice(fresh)
+            if not got.count:
+                continue
+            taken = max(taken, got.count)
+            self._statements(view, got, emit)
+            tracked.append((view, got.last_seq, applied + got.count))
+        return tracked, taken
 
     def _kind(self, cls: type) -> int:
         kinds = self._kinds
@@ -674,9 +755,8 @@ class PoolViews:
                 rows.append((seq, agg))
         return out
 
-    def _apply_view(self, view: str, got: _Slice) -> None:
-        """Write a slice's changes to `view`: one row per key, in one statement."""
-        conn, schema = self.conn, self.schema
+    def _statements(self, view: str, got: _Slice, emit: Any) -> None:
+        """A slice's changes to `view`, one row per key, as statements: `emit(kind, params)`."""
         if view == "leases":
             rows: dict[str, list[Any]] = {}
             for seq, agg in got.leases:
@@ -696,9 +776,8 @@ class PoolViews:
                 row[-2] += sh
                 if seq > row[-1]:
                     row[-1] = seq
-            width = len(_LEASE_STATE_COLS) + len(_CREDIT_COLS)
-            _write_rows(conn, schema, "leases", list(rows.values()), width)
-            _write_rows(conn, schema, "credits", list(credit_only.values()), 7)
+            _emit_rows(emit, "leases", list(rows.values()))
+            _emit_rows(emit, "credits", list(credit_only.values()))
         elif view == "queue":
             waiting: dict[str, tuple[Any, ...]] = {}
             gone: dict[str, None] = {}
@@ -711,19 +790,19 @@ class PoolViews:
                 else:
                     waiting.pop(key, None)
                     gone[key] = None
-            _write_rows(conn, schema, "queue", list(waiting.values()), len(_QUEUE_COLS))
+            _emit_rows(emit, "queue", list(waiting.values()))
             if gone:
-                conn.execute(_stmt(schema, "queue_delete"), (list(gone),))
+                emit("queue_delete", (list(gone),))
         elif view == "balance":
             accounts: dict[str, tuple[Any, ...]] = {}
             for seq, agg in got.accounts:
                 accounts[agg.tenant_id] = _account_row(agg, seq)
-            _write_rows(conn, schema, "balance", list(accounts.values()), len(_BALANCE_COLS))
+            _emit_rows(emit, "balance", list(accounts.values()))
         elif view == "capacity":
             nodes: dict[str, tuple[Any, ...]] = {}
             for seq, agg in got.nodes:
                 nodes[agg.node_id] = _node_row(agg, seq)
-            _write_rows(conn, schema, "capacity", list(nodes.values()), len(_CAPACITY_COLS))
+            _emit_rows(emit, "capacity", list(nodes.values()))
 
     def catch_up(self, *, batch_size: int = DEFAULT_BATCH, stop: int | None = None) -> int:
         """Apply every batch up to the log's end (or `stop`); returns the events applied. The

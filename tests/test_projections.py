@@ -275,3 +275,42 @@ def test_tenants_see_only_their_own_rows_through_the_query_subject(
     finally:
         queries.stop()
         cp.stop()
+
+
+def test_two_projectors_and_a_rebuild_at_once_apply_every_event_exactly_once(
+    fresh_nats: NatsServer, database_url: str, schema: str
+) -> None:
+    """Projectors fold a batch while the previous one is written, each batch sent only if the
+    views are still where it was built for: two of them on one schema while the log grows, and
+    a rebuild of one view in the middle (its position goes back), still end exactly at the
+    log's fold, every event counted once per view."""
+    from workers.bench_projections import Workload
+
+    app = PoolApp(env=app_env(fresh_nats.url))
+    work = Workload(6, 3, prefix="x-")
+    app.save(*work.setup())
+    projectors = [Projector(fresh_nats.url, database_url, schema=schema, batch_size=size)
+                  for size in (40, 170)]
+    try:
+        projectors[0].views.setup()
+        for p in projectors:
+            p.start()
+        for i in range(12):
+            aggs, _n = work.batch(300)
+            app.save(*aggs)
+            if i == 6:
+                pv.rebuild(app, database_url, schema=schema, views=["balance"], batch_size=90)
+            time.sleep(0.05)
+        top = app.recorder.max_notification_id() or 0
+        assert all(p.wait_until(top, timeout=60) for p in projectors)
+    finally:
+        for p in projectors:
+            p.stop()
+        app.close()
+    tracked = _tracking(database_url, schema)
+    assert all(at == top and applied == top for at, applied in tracked.values()), tracked
+    app = PoolApp(env=app_env(fresh_nats.url))
+    try:
+        assert_equal_to_rebuild(app, database_url, schema)
+    finally:
+        app.close()

@@ -10,6 +10,7 @@ its position commit together, so a restart resumes exactly where the last commit
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import gc
 import logging
 import signal
@@ -59,7 +60,14 @@ class Projector:
 
     def run_forever(self, stop: threading.Event | None = None) -> None:
         """Apply batches until `stop`. The next batch is read while the current one is written,
-        and an idle projector wakes when events are appended (polling only as a fallback)."""
+        and an idle projector wakes when events are appended (polling only as a fallback).
+
+        Two stages overlap: this thread folds a batch and builds its rows (PoolViews.prepare)
+        while a writer thread writes the previous batch in its own transaction (which waits on
+        PostgreSQL, not on the interpreter). A batch's transaction is sent only after the
+        previous one committed, and only if the views are where the batch was built for, so
+        each batch and its position still commit together, in log order; on any failure the
+        in-memory fold is dropped and the loop starts again from the committed positions."""
         stop = stop or self._stop
         self.views.setup()
         recorder = self.app.recorder
@@ -68,18 +76,47 @@ class Projector:
         prefetch = getattr(recorder, "prefetch", None)
         ahead: tuple[int, Any] | None = None  # (start, the read of the batch from there)
         folded = 0  # events applied since the last catch-up ended
+        writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pool-projector-w")
+        # the write in flight and the last id of its batch; the views' positions once it commits
+        inflight: tuple[concurrent.futures.Future[int], int] | None = None
+        pos: dict[str, tuple[int, int]] | None = None
+
+        def settle() -> None:
+            """Wait for the write in flight (its error raises here)."""
+            nonlocal inflight
+            if inflight is not None:
+                fut, last = inflight
+                inflight = None
+                fut.result()
+                self.position = last
+
+        def reset() -> None:
+            """After a failure: nothing in flight, no fold ahead of the committed views."""
+            nonlocal ahead, pos
+            try:
+                settle()
+            except Exception:  # noqa: BLE001 - its batch is read again from the positions
+                log.debug("projector write failed", exc_info=True)
+            ahead = None
+            pos = None
+            self.views.folder.clear()
+
         try:
             while not stop.is_set():
                 # cleared before reading: an append from now on wakes the wait below
                 self._wake.clear()
                 try:
-                    start = self.views.position() + 1
+                    if pos is None:
+                        settle()
+                        pos = self.views.view_positions()
+                    start = min((at for at, _ in pos.values()), default=0) + 1
                     if ahead is not None and ahead[0] == start:
                         batch = ahead[1].result()
                     else:
                         batch = recorder.select_notifications(start, self.batch_size)
                     ahead = None
                     if not batch:
+                        settle()
                         self.position = start - 1
                         if folded >= FREEZE_AFTER_EVENTS:
                             # caught up after a long fold: what the views keep in memory lives
@@ -92,17 +129,25 @@ class Projector:
                         continue
                     if prefetch is not None and len(batch) >= self.batch_size:
                         ahead = (batch[-1].id + 1, prefetch(batch[-1].id + 1, self.batch_size))
-                    self.views.process(batch, read_from=start)
-                    self.position = batch[-1].id
+                    prepared = self.views.prepare(batch, pos)  # while the previous one writes
+                    settle()
+                    inflight = (writer.submit(self.views.process, batch, read_from=start,
+                                              prepared=prepared), batch[-1].id)
+                    pos = prepared.after
                     folded += len(batch)
                 except PositionMoved:
-                    ahead = None
+                    reset()
                 except Exception:  # noqa: BLE001 - the bus or the database may be away; retry
-                    ahead = None
                     log.exception("projector batch failed; retrying")
+                    reset()
                     self.views.close()
                     stop.wait(1.0)
+            try:
+                settle()
+            except Exception:  # noqa: BLE001 - stopping: the next run resumes from the views
+                log.warning("projector's last write failed", exc_info=True)
         finally:
+            writer.shutdown(wait=True)
             if unwatch is not None:
                 unwatch()
 
