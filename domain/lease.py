@@ -355,7 +355,8 @@ class Lease(Aggregate):
             self, "_reserved",
             at=float(now),
             node_id=str(node_id),
-            shape=placed.to_dict(),
+            # recorded only when it differs from the requested shape (which the log has)
+            shape=None if placed == self.requested_shape else placed.to_dict(),
             epoch=self.epoch + 1,
             reservation_deadline=float(now) + commit_timeout_seconds,
             hold_microcredits=hold_microcredits,
@@ -669,16 +670,15 @@ class Lease(Aggregate):
         self,
         at: float,
         node_id: str,
-        shape: dict[str, Any],
+        shape: dict[str, Any] | None,
         epoch: int,
         reservation_deadline: float,
         hold_microcredits: int,
     ) -> None:
         self.state = S.RESERVED
         self.node_id = NodeId(node_id)
-        # most placements take the shape as requested: reuse it rather than parse it again
-        requested = self.requested_shape
-        self.shape = requested if shape == requested.to_dict() else Shape.from_dict(shape)
+        # None: placed as requested (older events always carry the shape)
+        self.shape = self.requested_shape if shape is None else Shape.from_dict(shape)
         self.epoch = epoch
         self.reserved_at = at
         self.reservation_deadline = reservation_deadline

@@ -125,6 +125,30 @@ def test_replaying_stored_events_rebuilds_the_same_lease() -> None:
     assert [e.originator_version for e in events] == list(range(1, len(events) + 1))
 
 
+def test_a_reservation_records_the_shape_only_when_it_differs_from_the_request() -> None:
+    same, other = new_lease(), new_lease()
+    for lease in (same, other):
+        lease.queue(1)
+    same.reserve(2, node_id=NodeId("n1"), commit_timeout_seconds=30, hold_microcredits=5)
+    gpu = Shape.build(cpu_millis=2000, memory_mib=4096, gpu_count=1, gpu_model="H100")
+    other.reserve(2, node_id=NodeId("n1"), commit_timeout_seconds=30, hold_microcredits=5,
+                  shape=gpu)
+    assert same.pending_events[-1].shape is None and same.shape == same.requested_shape
+    assert other.pending_events[-1].shape == gpu.to_dict() and other.shape == gpu
+    for lease in (same, other):
+        assert state_of(replay(through_json(list(lease.pending_events)))) == state_of(lease)
+
+
+def test_an_older_reservation_event_that_carries_the_requested_shape_still_folds() -> None:
+    lease = new_lease()
+    lease.queue(1)
+    # as written before the shape was left out when unchanged: the dict, always
+    lease._reserved(at=2.0, node_id="n1", shape=lease.requested_shape.to_dict(), epoch=1,
+                    reservation_deadline=32.0, hold_microcredits=0)
+    rebuilt = replay(through_json(list(lease.pending_events)))
+    assert rebuilt.shape == lease.requested_shape and state_of(rebuilt) == state_of(lease)
+
+
 def test_reserve_records_the_placement_and_a_new_epoch() -> None:
     lease = new_lease()
     lease.queue(1)

@@ -25,7 +25,7 @@ from domain.node import Node
 from domain.pool import Pool, PoolConfig, TenantPolicy
 from domain.resources import NodeCapabilities, NodeId, PoolId, Resources, Shape, TenantId
 from workers.app import PoolApp
-from workers.scheduler import Scheduler
+from workers.scheduler import Scheduler, tune_gc
 from workers.serve import app_env
 
 TENANTS = (("alpha", 3), ("beta", 2), ("gamma", 1))
@@ -122,6 +122,7 @@ def _run(url: str, nodes: int, requests: int, rate: float, steady_seconds: float
 
     sched_app = PoolApp(env=app_env(url))
     scheduler = Scheduler(sched_app)
+    tune_gc()  # as `pool serve` does in a process that runs the scheduler
     reserved_at: dict[str, float] = {}
     written = [0]  # messages the scheduler's saves recorded
     real_save = sched_app.save

@@ -32,7 +32,7 @@ from workers.commands import (
 from bus.agentbus import ControlLink
 from workers.dispatcher import Dispatcher, Reconciler, run_loop
 from workers.projector import Projector
-from workers.scheduler import Scheduler
+from workers.scheduler import Scheduler, tune_gc
 
 WHY_SUBJECT = "pool.cmd.*.lease.*.why"
 ROLES = ("commands", "scheduler", "reconciler", "projector")
@@ -120,6 +120,8 @@ class ControlPlane:
                                     views=tuple(projector_views or VIEWS))
                           if database_url and "projector" in self.roles else None)
         self.run_scheduler = run_scheduler
+        if run_scheduler:
+            tune_gc()
         # the data plane's side: agent orders (with the scheduler) and durable deadline timers
         self.data_plane = data_plane
         self.link = (ControlLink(nats_url)

@@ -7,7 +7,8 @@ numpy operations over whole columns (see tests/bench_policy_quick.py for the mea
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+import heapq
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -787,13 +788,16 @@ class NodeTable:
             candidates[result.eligible] = True
             candidates[result.busy] = True
             memo = _Memo(keys, candidates, len(self._dirty), result)
+            memo.rebuild_heap()
             self._memo[memo_key] = memo
         elif len(self._dirty) - memo.seen <= _SCALAR_ROWS:
             # the common case (a placement or two since the last call): re-score those rows
             # with Python scalars; numpy's per-call overhead dwarfs the work on one row
             for row in set(self._dirty[memo.seen:]):
-                memo.keys[row] = (self._row_key(shape, row) if memo.candidates[row]
-                                  else _NO_KEY)
+                key = self._row_key(shape, row) if memo.candidates[row] else _NO_KEY
+                memo.keys[row] = key
+                if key != _NO_KEY:
+                    heapq.heappush(memo.heap, (key, row))
             memo.seen = len(self._dirty)
         elif memo.seen < len(self._dirty):
             rows = np.unique(np.asarray(self._dirty[memo.seen:], dtype=np.int64))
@@ -807,8 +811,9 @@ class NodeTable:
                 ok = cand[fits]
                 if ok.size:
                     memo.keys[ok] = self._rank_keys(shape, ok, packing, None)
-        best = int(memo.keys.argmin()) if memo.keys.size else -1
-        if best < 0 or memo.keys[best] == _NO_KEY:
+            memo.rebuild_heap()
+        best = memo.best()
+        if best < 0:
             del self._memo[memo_key]
             return None, self.filter(shape, allowed_trust_levels=allowed_trust_levels)
         return self._ids[best], memo.result
@@ -890,6 +895,25 @@ class _Memo:
     candidates: BoolArray  # ready and statically fit: only these can become eligible
     seen: int  # how much of the dirty-row log is folded in
     result: FilterResult
+    # (key, row) of every row with a key, smallest first; an entry whose key is no longer the
+    # row's is stale and skipped when it comes to the top. Ties go to the lower row, as argmin's
+    heap: list[tuple[int, int]] = field(default_factory=list)
+
+    def rebuild_heap(self) -> None:
+        rows = np.flatnonzero(self.keys != _NO_KEY)
+        self.heap = list(zip(self.keys[rows].tolist(), rows.tolist(), strict=True))
+        heapq.heapify(self.heap)
+
+    def best(self) -> int:
+        """The row with the smallest key (the lowest such row), or -1 when none has one: the
+        same row `keys.argmin()` names, without a pass over every node."""
+        heap, keys = self.heap, self.keys
+        while heap:
+            key, row = heap[0]
+            if keys[row] == key:
+                return row
+            heapq.heappop(heap)
+        return -1
 
 
 _NO_KEY = int(np.iinfo(np.int64).max)
