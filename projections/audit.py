@@ -10,18 +10,28 @@ Then it cross-checks the balance view, as of the view's own tracked position.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 from uuid import UUID
 
 import msgspec
 import psycopg
+from eventsourcing.persistence import Notification
 from eventsourcing.utils import resolve_topic
 
 from domain.lease import Lease
 from domain.node import Node
 from domain.pool import Pool
-from projections.views import DEFAULT_SCHEMA, Folder, gc_paused, positions, read_pages
+from projections.views import (
+    DEFAULT_SCHEMA,
+    EventDecoder,
+    Folder,
+    gc_paused,
+    positions,
+    read_pages,
+)
 
 BATCH = 1000
 # non-credit notifications held for folding on demand; past this many, all are folded
@@ -162,24 +172,49 @@ def _seqs(seqs: list[int]) -> str:
         map(str, seqs[-10:]))
 
 
+_OPENED, _GRANTED, _HELD, _SETTLED, _RELEASED = range(5)
+_CODES = {"AccountOpened": _OPENED, "CreditsGranted": _GRANTED, "CreditsHeld": _HELD,
+          "CreditsSettled": _SETTLED, "HoldReleased": _RELEASED}
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+# a log record (bus.jetstream.LogRecord): seq, originator id text, uuid?, version, topic, state
+Record = tuple[int, str, bool, int, str, bytes]
+
+
+def _records(recorder: Any, top: int) -> Iterator[Sequence[Record]]:
+    """The log from its first event up to `top`, page by page, as log records: the recorder's
+    bulk record read when it has one (bus.jetstream), else its notifications, as records."""
+    read_records = getattr(recorder, "read_records", None)
+    if read_records is not None:
+        yield from read_records(1, top)
+        return
+    for page in read_pages(recorder, 1, BATCH, stop=top):
+        yield [(n.id, str(n.originator_id), isinstance(n.originator_id, UUID),
+                n.originator_version, n.topic, n.state) for n in page]
+
+
 class CreditAudit:
     def __init__(self, app: Any, *, tenant: str | None = None) -> None:
         self.app = app
         self.tenant = tenant
         self.folder = Folder(app)
+        self.decode_event = EventDecoder(app.mapper)
         self.report = AuditReport()
-        self.holds: dict[str, dict[str, tuple[int, list[int]]]] = {}  # tenant → lease → hold
+        self.holds: dict[str, dict[str, tuple[int, Any]]] = {}  # tenant → lease → hold
         self.last_node: dict[str, str] = {}
         self._snapshot: dict[str, dict[str, int]] | None = None
-        self._accounts: dict[UUID, str] = {}  # account id → tenant, from AccountOpened
-        # other aggregates' notifications, folded only when a settlement needs the aggregate
-        # (its lease, pool, node): each aggregate's fold is its own events in log order, so
-        # folding later gives the same state as folding as they come, for far less work
-        self._pending: dict[UUID | str, list[Any]] = {}
+        # account id (text) → (its tenant's credits, that tenant's holds), or () for an
+        # account of a tenant this audit leaves out; from AccountOpened
+        self._accounts: dict[str, tuple[Any, ...]] = {}
+        # other aggregates' records, folded only when a settlement needs the aggregate (its
+        # lease, pool, node): each aggregate's fold is its own events in log order, so folding
+        # later gives the same state as folding as they come, for far less work. Keyed by the
+        # id's text, as is what they fold into
+        self._pending: dict[str, list[Record]] = {}
         self._pending_count = 0
-        self._ids: dict[tuple[str, str], UUID] = {}  # pool / node id → aggregate id (a uuid5)
-        # topic → (event name, decoder, class version) for credit events; None for the others
-        self._topics: dict[str, tuple[str, msgspec.json.Decoder[Any], int] | None] = {}
+        self._folded: dict[str, Any] = {}
+        self._ids: dict[tuple[str, str], str] = {}  # pool / node id → aggregate id (a uuid5) text
+        # topic → (code, decoder, class version) for credit events; None for the others
+        self._topics: dict[str, tuple[int, Any, int] | None] = {}
         mapper = app.mapper
         self._fast = not getattr(mapper, "cipher", None) and not getattr(
             mapper, "compressor", None)
@@ -192,156 +227,196 @@ class CreditAudit:
         top = self.app.recorder.max_notification_id() or 0
         self.report.position = top
         self.report.view_position = view_position
-        to_domain_event = self.app.mapper.to_domain_event
-        topics = self._topics
-        pending = self._pending
         # the next page is read while this one is folded
-        for batch in read_pages(self.app.recorder, 1, BATCH, stop=top) if top else ():
-            for n in batch:
-                if view_position is not None and self._snapshot is None and n.id > view_position:
-                    self._snapshot = self._figures()
-                topic = n.topic
-                if topic in topics:
-                    kind = topics[topic]
-                else:
-                    kind = topics[topic] = self._credit_kind(topic)
-                if kind is None:
-                    got = pending.get(n.originator_id)
-                    if got is None:
-                        pending[n.originator_id] = [n]
-                    else:
-                        got.append(n)
-                    self._pending_count += 1
-                    if self._pending_count > _PENDING_LIMIT:
-                        self._fold_all()
-                    continue
-                name, decoder, version = kind
-                ev: Any = None
-                if self._fast:
-                    try:
-                        ev = decoder.decode(n.state)
-                    except msgspec.ValidationError:
-                        ev = None
-                    if ev is not None and ev.class_version != version:
-                        ev = None  # an older version: the mapper upcasts it
-                if ev is None:
-                    ev = to_domain_event(n)
-                if name == "AccountOpened":
-                    self._accounts[n.originator_id] = ev.tenant_id
-                tenant = self._accounts.get(n.originator_id, "?")
-                self._credit(n.id, name, ev, tenant)
+        for page in _records(self.app.recorder, top) if top else ():
+            if (view_position is not None and self._snapshot is None
+                    and page[-1][0] > view_position):
+                # the figures as of the view's position, then the rest of the page
+                k = 0
+                while page[k][0] <= view_position:
+                    k += 1
+                self._fold_records(page[:k])
+                self._snapshot = self._figures()
+                self._fold_records(page[k:])
+            else:
+                self._fold_records(page)
         if self._snapshot is None:
             self._snapshot = self._figures()
         return self.report
 
-    def _credit_kind(self, topic: str) -> tuple[str, msgspec.json.Decoder[Any], int] | None:
+    def _fold_records(self, records: Sequence[Record]) -> None:
+        """Fold a run of the log: credit events into the report as they come, the others kept
+        for on-demand folding. One loop with everything it touches in locals: this runs once
+        per event of the whole log."""
+        topics = self._topics
+        pending = self._pending
+        accounts = self._accounts
+        leases = self.report.leases
+        fast = self._fast
+        limit = _PENDING_LIMIT
+        count = self._pending_count
+        for rec in records:
+            seq, oid, _u, _v, topic, data = rec
+            kind = topics.get(topic, _UNSEEN)
+            if kind is _UNSEEN:
+                kind = topics[topic] = self._credit_kind(topic)
+            if kind is None:
+                got = pending.get(oid)
+                if got is None:
+                    pending[oid] = [rec]
+                else:
+                    got.append(rec)
+                count += 1
+                if count > limit:
+                    self._fold_all()
+                    count = 0
+                continue
+            code, decode, version = kind
+            ev: Any = None
+            if fast:
+                try:
+                    ev = decode(data)
+                except msgspec.ValidationError:
+                    ev = None
+                if ev is not None and ev.class_version != version:
+                    ev = None  # an older version: the mapper upcasts it
+            if ev is None:
+                ev = _as_struct(code, self.app.mapper.to_domain_event(_notification(rec)))
+            if code == _OPENED:
+                accounts[oid] = self._account(ev.tenant_id)
+                continue
+            acct = accounts.get(oid)
+            if acct is None:
+                acct = accounts[oid] = self._account("?")
+            if not acct:
+                continue  # another tenant's
+            c, holds, tenant = acct
+            c.seqs.append(seq)
+            if code == _GRANTED:
+                c.granted += ev.amount
+                continue
+            lid = ev.lease_id
+            spend = leases.get(lid)
+            if spend is None:
+                spend = leases[lid] = LeaseSpend(tenant)
+            spend.seqs.append(seq)
+            if code == _HELD:
+                amount = ev.amount
+                held = holds.get(lid)
+                if held is None:
+                    holds[lid] = (amount, seq)
+                else:
+                    holds[lid] = (held[0] + amount, [*_seq_list(held[1]), seq])
+                c.held += amount
+                spend.held += amount
+                continue
+            held = holds.pop(lid, None)
+            if held is None:
+                self.report.discrepancies.append(Discrepancy(
+                    "unknown_hold", tenant, "a hold", "none", [seq], lid,
+                    f"{_NAMES[code]} without a hold"))
+                continue
+            hold = held[0]
+            c.held -= hold
+            if code == _RELEASED:
+                amount = ev.amount
+                spend.released += amount
+                if amount != hold:
+                    self.report.discrepancies.append(Discrepancy(
+                        "release_split", tenant, hold, amount, [*_seq_list(held[1]), seq], lid))
+                continue
+            charged, released, shortfall = ev.charged, ev.released, ev.shortfall
+            c.spent += charged
+            c.shortfall += shortfall
+            spend.charged += charged
+            spend.released += released
+            spend.shortfall += shortfall
+            if charged + released != hold:
+                self.report.discrepancies.append(Discrepancy(
+                    "settle_split", tenant, hold, charged + released,
+                    [*_seq_list(held[1]), seq], lid, "charged + released must equal the hold"))
+            self._pending_count = count  # folding on demand takes from what is pending
+            lease = self._fold(lid)
+            if lease is None and not _CANONICAL_UUID.fullmatch(lid):
+                lease = self._fold(_uuid_text(lid))
+            why: str | tuple[Any, ...] = "no lease in the log"
+            expected = 0
+            if isinstance(lease, Lease):
+                expected, plv, why = self._expected_charge(lease, lid, ev.at)
+                spend.expected += expected
+                if plv is not None:
+                    spend.price_list_versions.append(plv)
+            count = self._pending_count
+            if charged + shortfall != expected:
+                self.report.discrepancies.append(Discrepancy(
+                    "charge", tenant, expected, charged + shortfall,
+                    [*_seq_list(held[1]), seq], lid,
+                    why if isinstance(why, str) else _why(*why)))
+        self._pending_count = count
+
+    def _account(self, tenant: str) -> tuple[Any, ...]:
+        """What an account's credit events fold into: its tenant's credits and holds."""
+        if self.tenant is not None and tenant != self.tenant:
+            return ()
+        c = self.report.tenants.get(tenant)
+        if c is None:
+            c = self.report.tenants[tenant] = TenantCredits()
+        holds = self.holds.get(tenant)
+        if holds is None:
+            holds = self.holds[tenant] = {}
+        return c, holds, tenant
+
+    def _credit_kind(self, topic: str) -> tuple[int, Any, int] | None:
         cls = resolve_topic(topic)
         name = cls.__name__
         struct = _CREDIT_STRUCTS.get(name)
         if struct is None or not cls.__qualname__.startswith("Account."):
             return None
-        return name, msgspec.json.Decoder(struct), int(getattr(cls, "class_version", 1))
+        return (_CODES[name], msgspec.json.Decoder(struct).decode,
+                int(getattr(cls, "class_version", 1)))
 
-    def _fold(self, oid: UUID | str) -> Any:
-        """The aggregate `oid` as the log stands at the current point of the replay."""
-        waiting = self._pending.pop(oid, None)
+    def _fold(self, key: str) -> Any:
+        """The aggregate whose id's text is `key` as the log stands at the current point of the
+        replay; None if the log has none so far."""
+        waiting = self._pending.pop(key, None)
         if waiting:
-            self._pending_count -= len(waiting)
-            to_domain_event = self.app.mapper.to_domain_event
-            for n in waiting:
-                agg = self.folder.apply(to_domain_event(n))
+            self._pending_count = max(0, self._pending_count - len(waiting))
+            decode, apply = self.decode_event, self.folder.apply
+            agg = None
+            for rec in waiting:
+                agg = apply(decode(_notification(rec)))
                 if isinstance(agg, Lease) and agg.node_id is not None:
-                    self.last_node[str(agg.id)] = agg.node_id
-        return self.folder.aggregates.get(oid)  # type: ignore[arg-type]
+                    self.last_node[key] = agg.node_id
+            self._folded[key] = agg
+            return agg
+        return self._folded.get(key)
 
     def _fold_all(self) -> None:
         for oid in list(self._pending):
             self._fold(oid)
+        self._pending_count = 0
 
     def _figures(self) -> dict[str, dict[str, int]]:
         return {t: c.figures() for t, c in self.report.tenants.items()}
 
-    def _credit(self, seq: int, name: str, ev: Any, tenant: str) -> None:
-        # get, then create only when missing: a setdefault would build its default every time
-        r = self.report
-        if self.tenant is not None and tenant != self.tenant:
-            return
-        c = r.tenants.get(tenant)
-        if c is None:
-            c = r.tenants[tenant] = TenantCredits()
-        if name == "AccountOpened":
-            return
-        c.seqs.append(seq)
-        holds = self.holds.get(tenant)
-        if holds is None:
-            holds = self.holds[tenant] = {}
-        if name == "CreditsGranted":
-            c.granted += int(ev.amount)
-            return
-        lid = str(ev.lease_id)
-        spend = r.leases.get(lid)
-        if spend is None:
-            spend = r.leases[lid] = LeaseSpend(tenant=tenant)
-        spend.seqs.append(seq)
-        if name == "CreditsHeld":
-            amount = int(ev.amount)
-            held = holds.get(lid)
-            holds[lid] = (amount, [seq]) if held is None else (held[0] + amount, [*held[1], seq])
-            c.held += amount
-            spend.held += amount
-            return
-        if lid not in holds:
-            r.discrepancies.append(Discrepancy("unknown_hold", tenant, "a hold", "none", [seq],
-                                               lid, f"{name} without a hold"))
-            return
-        hold, hold_seqs = holds.pop(lid)
-        c.held -= hold
-        if name == "HoldReleased":
-            spend.released += int(ev.amount)
-            if int(ev.amount) != hold:
-                r.discrepancies.append(Discrepancy("release_split", tenant, hold,
-                                                   int(ev.amount), [*hold_seqs, seq], lid))
-            return
-        charged, released, shortfall = int(ev.charged), int(ev.released), int(ev.shortfall)
-        c.spent += charged
-        c.shortfall += shortfall
-        spend.charged += charged
-        spend.released += released
-        spend.shortfall += shortfall
-        if charged + released != hold:
-            r.discrepancies.append(Discrepancy(
-                "settle_split", tenant, hold, charged + released, [*hold_seqs, seq], lid,
-                "charged + released must equal the hold"))
-        expected, version, why = self._expected_charge(lid, float(ev.at))
-        spend.expected += expected
-        if version is not None:
-            spend.price_list_versions.append(version)
-        if charged + shortfall != expected:
-            r.discrepancies.append(Discrepancy(
-                "charge", tenant, expected, charged + shortfall, [*hold_seqs, seq], lid,
-                why if isinstance(why, str) else _why(*why)))
-
     def _expected_charge(
-        self, lease_id: str, at: float
+        self, lease: Lease, lease_id: str, at: float
     ) -> tuple[int, int | None, str | tuple[Any, ...]]:
         """(expected charge, price list version, why): `why` is text, or the figures that
         _why words, for a discrepancy only (most settlements have none)."""
-        lease = self._fold(UUID(lease_id))
-        if not isinstance(lease, Lease):
-            return 0, None, "no lease in the log"
         pool_id = self._ids.get(("pool", lease.pool_id))
         if pool_id is None:
-            pool_id = self._ids[("pool", lease.pool_id)] = Pool.create_id(lease.pool_id)
+            pool_id = self._ids[("pool", lease.pool_id)] = str(Pool.create_id(lease.pool_id))
         pool = self._fold(pool_id)
         if not isinstance(pool, Pool):
             return 0, None, f"no pool {lease.pool_id}"
         node_id = lease.node_id or self.last_node.get(lease_id)
         model = None
         if node_id is not None:
-            node_uuid = self._ids.get(("node", node_id))
-            if node_uuid is None:
-                node_uuid = self._ids[("node", node_id)] = Node.create_id(node_id)
-            node = self._fold(node_uuid)
+            node_key = self._ids.get(("node", node_id))
+            if node_key is None:
+                node_key = self._ids[("node", node_id)] = str(Node.create_id(node_id))
+            node = self._fold(node_key)
             if isinstance(node, Node):
                 model = node.capabilities.gpu_model
         seconds = lease.runtime_seconds(at)
@@ -349,6 +424,41 @@ class CreditAudit:
         end = lease.run_ended_at if lease.run_ended_at is not None else at
         return expected, pool.price_list_version, (
             pool.price_list_version, lease.started_at, end, seconds)
+
+
+_UNSEEN: Any = object()
+_NAMES = {code: name for name, code in _CODES.items()}
+
+
+def _seq_list(seqs: int | list[int]) -> list[int]:
+    return [seqs] if type(seqs) is int else seqs  # type: ignore[return-value]
+
+
+def _uuid_text(text: str) -> str:
+    try:
+        return str(UUID(text))
+    except ValueError:
+        return text
+
+
+def _notification(rec: Record) -> Notification:
+    seq, oid, is_uuid, version, topic, data = rec
+    return Notification(id=seq, originator_id=UUID(oid) if is_uuid else oid,
+                        originator_version=version, topic=topic, state=data)
+
+
+def _as_struct(code: int, ev: Any) -> Any:
+    """A domain credit event (from the mapper) as the struct the fast path decodes."""
+    if code == _OPENED:
+        return _Opened(tenant_id=str(ev.tenant_id))
+    if code == _GRANTED:
+        return _Granted(amount=int(ev.amount))
+    if code == _HELD:
+        return _Held(lease_id=str(ev.lease_id), amount=int(ev.amount))
+    if code == _RELEASED:
+        return _Released(lease_id=str(ev.lease_id), amount=int(ev.amount))
+    return _Settled(lease_id=str(ev.lease_id), charged=int(ev.charged),
+                    released=int(ev.released), shortfall=int(ev.shortfall), at=float(ev.at))
 
 
 def _why(version: int, started_at: float | None, end: float, seconds: float) -> str:

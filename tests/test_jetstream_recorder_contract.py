@@ -242,3 +242,90 @@ class TestMsgspecTranscoder(contract.TranscoderTestCase):
             t.register(transcoding)
         return t
 
+
+
+# -- bulk record reads ----------------------------------------------------------------------------
+
+
+def _direct_records(recorder: Any, start: int = 1) -> list[Any]:
+    """Every notification of `recorder` from `start`, by direct gets, as log records."""
+    out: list[Any] = []
+    while True:
+        page = recorder.select_notifications(start, 500)
+        if not page:
+            return out
+        out += [(n.id, str(n.originator_id), isinstance(n.originator_id, uuid.UUID),
+                 n.originator_version, n.topic, n.state) for n in page]
+        start = page[-1].id + 1
+
+
+def test_read_records_hold_what_direct_gets_return(tmp_path: Path) -> None:
+    """A log of one recorder's events (UUID and string ids, small and 70 kB states) with its
+    tracking messages and another recorder's events in between: the bulk record pages hold
+    exactly the direct gets' notifications, for any start, stop (mid-page too) and page size,
+    from the consumer; and the same when the consumer path is refused (direct gets)."""
+    import json
+    from collections import defaultdict
+
+    from eventsourcing.persistence import StoredEvent, Tracking
+
+    server = NatsServer(store_dir=tmp_path / "nats", server_name="records").start()
+    try:
+        def env(name: str) -> Environment:
+            return Environment(name=name, env={"PERSISTENCE_MODULE": "bus.jetstream",
+                                               "NATS_URL": server.url,
+                                               "NATS_STREAM": "T_RECORDS"})
+
+        main = JetStreamFactory(env("main")).process_recorder()
+        other = JetStreamFactory(env("other")).application_recorder()
+        ids: list[Any] = [uuid.uuid4() for _ in range(30)] + ["acct-1", "Weird Id/2"]
+        versions: dict[Any, int] = defaultdict(int)
+        for i in range(50):
+            batch = []
+            for j in range(40):
+                oid = ids[(i * 7 + j) % len(ids)]
+                versions[oid] += 1
+                state = (b'{"big":"' + b"y" * 70_000 + b'"}' if (i, j) in ((20, 7), (21, 39))
+                         else json.dumps({"i": i, "j": j, "pad": "x" * (j * 9)}).encode())
+                batch.append(StoredEvent(oid, versions[oid], f"tests.topic:E{j % 5}", state))
+            main.insert_events(batch, tracking=Tracking("upstream", i + 1))  # type: ignore[call-arg]
+            if i % 3 == 0:
+                other.insert_events([StoredEvent(uuid.uuid4(), 1, "tests.other:E", b"{}")])
+        expected = _direct_records(main)
+        top = expected[-1][0]
+        assert len(expected) == 2000 and top > 2050  # tracking and the other recorder between
+        for first, stop, size in ((1, None, 2000), (1, None, 97), (17, top // 2, 333),
+                                  (top // 3, top - 5, 1000), (5, 5, 10), (top + 1, None, 50)):
+            pages = list(main.read_records(first, stop, page_size=size))
+            got = [r for page in pages for r in page]
+            assert got == [r for r in expected
+                           if r[0] >= first and (stop is None or r[0] <= stop)]
+            assert all(0 < len(page) <= size for page in pages)
+        # the records came from the bulk reader, its usual frames by its compiled pattern: only
+        # the string ids' events (125), the tracking (50) and the other recorder's (17) messages
+        # and a new consumer's first frame were taken field by field
+        reader = main.__dict__["_log_reader"]
+        assert reader.disabled_until == 0.0 and reader.dseq > 0 and reader.fast is not None
+        reader.odd_frames = 0
+        assert [r for page in main.read_records(1) for r in page] == expected
+        assert reader.odd_frames <= 125 + 50 + 17 + 1
+        # the notifications of read-ahead pages are the direct gets' too
+        notes, at = [], 1
+        while True:
+            page = main.prefetch(at, 250).result()
+            if not page:
+                break
+            notes += page
+            at = page[-1].id + 1
+        assert notes == main.select_notifications(1, 10_000)
+        # a reader that stops early leaves the next read whole
+        for _page in main.read_records(1, page_size=100):
+            break
+        assert [r for page in main.read_records(1) for r in page] == expected
+        # the consumer refused: the same records, by direct gets
+        reader.disabled_until = float("inf")
+        assert [r for page in main.read_records(3, top - 2, page_size=700)
+                for r in page] == [r for r in expected if 3 <= r[0] <= top - 2]
+    finally:
+        close_runtime(server.url)
+        server.stop()
