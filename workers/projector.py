@@ -28,6 +28,11 @@ log = logging.getLogger(__name__)
 
 # a catch-up at least this long ends with gc.freeze() (see run_forever)
 FREEZE_AFTER_EVENTS = 20_000
+# while behind (the last read came back full), batches of up to this many times batch_size:
+# fewer rows per event to write (an account, node or lease touched again within the batch is
+# written once) and fewer transactions; measured at 200k events, batches of 4000 against 1000:
+# PostgreSQL ~15 against ~18.5 us of CPU per event, the writer thread ~1.5 against ~4
+CATCH_UP_FACTOR = 4
 
 class Projector:
     """Folds the "pool" log into the views, batch by batch, until stopped."""
@@ -75,6 +80,7 @@ class Projector:
         unwatch = watch(self._wake.set) if watch is not None else None
         prefetch = getattr(recorder, "prefetch", None)
         ahead: tuple[int, Any] | None = None  # (start, the read of the batch from there)
+        size = self.batch_size  # of the next read: larger while behind (CATCH_UP_FACTOR)
         folded = 0  # events applied since the last catch-up ended
         writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pool-projector-w")
         # the write in flight and the last id of its batch; the views' positions once it commits
@@ -113,8 +119,11 @@ class Projector:
                     if ahead is not None and ahead[0] == start:
                         batch = ahead[1].result()
                     else:
-                        batch = recorder.select_notifications(start, self.batch_size)
+                        size = self.batch_size
+                        batch = recorder.select_notifications(start, size)
                     ahead = None
+                    behind = len(batch) >= size
+                    size = self.batch_size * CATCH_UP_FACTOR if behind else self.batch_size
                     if not batch:
                         settle()
                         self.position = start - 1
@@ -127,8 +136,8 @@ class Projector:
                         folded = 0
                         self._wake.wait(self.poll_seconds)
                         continue
-                    if prefetch is not None and len(batch) >= self.batch_size:
-                        ahead = (batch[-1].id + 1, prefetch(batch[-1].id + 1, self.batch_size))
+                    if prefetch is not None and behind:
+                        ahead = (batch[-1].id + 1, prefetch(batch[-1].id + 1, size))
                     prepared = self.views.prepare(batch, pos)  # while the previous one writes
                     settle()
                     inflight = (writer.submit(self.views.process, batch, read_from=start,
