@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+import nats.aio.client
 import nats.errors
 from eventsourcing.persistence import (
     AggregateRecorder,
@@ -290,6 +291,7 @@ class _RawRouter:
         return router
 
 
+_READ_SIZE = 262_144  # bytes per read from the socket while bulk reads run
 _LOG_READER_IDLE_NS = 30_000_000_000  # a bulk reader's consumer goes away 30 s after its last read
 
 
@@ -300,7 +302,7 @@ LogRecord = tuple[int, str, bool, int, str, bytes]
 
 RECORD_PAGE = 2000  # records per page of read_records
 _RECORD_IDS_LIMIT = 100_000  # subject token → id text, per reader; cleared when it grows past this
-_UUID_TEXT = rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+_UUID_TEXT = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def _record_of(n: Notification) -> LogRecord:
@@ -414,11 +416,12 @@ class _LogReader:
         """Compile the usual frame of this consumer: `head` is its ack reply up to the delivery
         count ($JS.ACK.[<domain>.<account>.]<stream>.<consumer>.<delivered>)."""
         ack = head.rpartition(b".")[0] + b"."
-        tail = rb"\.[^ \r\n]+" if self.cut == 5 else b""
+        # (the subject's token is checked to be a UUID's canonical text where it is first seen;
+        # after the stream and consumer sequences: the timestamp, pending count, any token)
         self.fast = re.compile(
-            b"HMSG " + re.escape(self.prefix) + b"(" + _UUID_TEXT + b") "
+            b"HMSG " + re.escape(self.prefix) + rb"([^ \r\n]+) "
             + str(self.sid).encode() + b" " + re.escape(ack)
-            + rb"\d+\.(\d+)\.(\d+)\.\d+\.\d+" + tail + rb" (\d+) (\d+)\r\n"
+            + rb"\d+\.(\d+)\.(\d+)\.[^ \r\n]+ (\d+) (\d+)\r\n"
             + b"NATS/1\\.0\r\n"
             + re.escape(f"{HDR_ORIGINATOR_ID}: ".encode()) + rb"\1\r\n"
             + re.escape(f"{HDR_ID_KIND}: uuid\r\n{HDR_VERSION}: ".encode()) + rb"(\d+)\r\n"
@@ -476,6 +479,8 @@ class _LogReader:
                         first = False
                     text = ids.get(token)
                     if text is None:
+                        if not _UUID_TEXT.fullmatch(token):
+                            break  # not a UUID's canonical text: field by field
                         if len(ids) >= _RECORD_IDS_LIMIT:
                             ids.clear()
                         text = ids[token] = token.decode()
@@ -535,6 +540,15 @@ class _LogReader:
     async def _open(self, start: int) -> None:
         await self._reset()
         nc = await self.recorder.runtime.connection()
+        # nats-py's read loop asks the socket's stream for 32 kB at a time (and the stream
+        # stops reading the socket past 64 kB): one turn of the event loop and one parse per
+        # ~50 events of a page. Up to 256 kB (what asyncio takes from the socket at once) cuts
+        # those turns by up to 8 (measured: ~1 µs less per event read). Both only bound a read:
+        # smaller traffic is read as before
+        nats.aio.client.DEFAULT_BUFFER_SIZE = max(nats.aio.client.DEFAULT_BUFFER_SIZE, _READ_SIZE)
+        stream_reader = getattr(getattr(nc, "_transport", None), "_io_reader", None)
+        if isinstance(getattr(stream_reader, "_limit", None), int):
+            stream_reader._limit = max(stream_reader._limit, _READ_SIZE)  # type: ignore[union-attr]
         if nc is not self.nc or self.sid is None:
             self.nc = nc
             self.inbox = nc.new_inbox()

@@ -250,11 +250,13 @@ class CreditAudit:
         per event of the whole log."""
         topics = self._topics
         pending = self._pending
+        folded = self._folded
         accounts = self._accounts
         leases = self.report.leases
         fast = self._fast
         limit = _PENDING_LIMIT
         count = self._pending_count
+        new = object.__new__
         for rec in records:
             seq, oid, _u, _v, topic, data = rec
             kind = topics.get(topic, _UNSEEN)
@@ -290,16 +292,21 @@ class CreditAudit:
                 acct = accounts[oid] = self._account("?")
             if not acct:
                 continue  # another tenant's
-            c, holds, tenant = acct
-            c.seqs.append(seq)
+            c, holds, tenant, seqs_append = acct
+            seqs_append(seq)
             if code == _GRANTED:
                 c.granted += ev.amount
                 continue
             lid = ev.lease_id
             spend = leases.get(lid)
             if spend is None:
-                spend = leases[lid] = LeaseSpend(tenant)
-            spend.seqs.append(seq)
+                # LeaseSpend(tenant) with this event's seq, built in one step (once per lease)
+                spend = leases[lid] = new(LeaseSpend)
+                spend.__dict__ = {"tenant": tenant, "held": 0, "charged": 0, "released": 0,
+                                  "shortfall": 0, "expected": 0, "price_list_versions": [],
+                                  "seqs": [seq]}
+            else:
+                spend.seqs.append(seq)
             if code == _HELD:
                 amount = ev.amount
                 held = holds.get(lid)
@@ -336,8 +343,11 @@ class CreditAudit:
                     "settle_split", tenant, hold, charged + released,
                     [*_seq_list(held[1]), seq], lid, "charged + released must equal the hold"))
             self._pending_count = count  # folding on demand takes from what is pending
-            lease = self._fold(lid)
-            if lease is None and not _CANONICAL_UUID.fullmatch(lid):
+            if lid in pending or lid in folded:
+                lease = self._fold(lid)
+            elif _CANONICAL_UUID.fullmatch(lid):
+                lease = None  # no event of this lease so far
+            else:  # another spelling of a UUID: the lease's own
                 lease = self._fold(_uuid_text(lid))
             why: str | tuple[Any, ...] = "no lease in the log"
             expected = 0
@@ -364,7 +374,7 @@ class CreditAudit:
         holds = self.holds.get(tenant)
         if holds is None:
             holds = self.holds[tenant] = {}
-        return c, holds, tenant
+        return c, holds, tenant, c.seqs.append
 
     def _credit_kind(self, topic: str) -> tuple[int, Any, int] | None:
         cls = resolve_topic(topic)
