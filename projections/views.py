@@ -285,6 +285,7 @@ class Folder:
         self.app = app
         self.aggregates: dict[UUID, Any] = {}
         self._lean: dict[type, _Lean] = {}
+        self._is_lease: dict[type, bool] = {}
 
     def clear(self) -> None:
         self.aggregates.clear()
@@ -296,8 +297,13 @@ class Folder:
         long log's heap, which every full pass of the cycle collector walks (seconds-long
         pauses at a million events)."""
         aggregates = self.aggregates
+        is_lease = self._is_lease
         for _seq, _ev, agg in folded:
-            if isinstance(agg, Lease) and agg.state in TERMINAL_STATES:
+            cls = type(agg)
+            lease = is_lease.get(cls)
+            if lease is None:
+                lease = is_lease[cls] = issubclass(cls, Lease)
+            if lease and agg.state in TERMINAL_STATES:
                 aggregates.pop(agg.id, None)
 
     def apply(self, event: Any) -> Any:
@@ -343,16 +349,25 @@ class Folder:
 _CREDIT_KINDS = {"CreditsHeld": "held", "CreditsSettled": "settled", "HoldReleased": "released"}
 
 
-def _credit_event(event: Any) -> tuple[str, str, int, int, int] | None:
-    """(kind, lease_id, a, b, c) from an Account event: held (amount), settled (charged,
-    released, shortfall) or released (amount); None for any other event."""
-    kind = _CREDIT_KINDS.get(type(event).__name__)
+_UNSEEN: Any = object()
+
+
+def _credit_extractor(cls: type) -> Any:
+    """For an Account's credit events of class `cls` (CreditsHeld, CreditsSettled, HoldReleased,
+    by name), a function of the event giving (lease id, and the deltas on its lease's row:
+    held, charged, released, shortfall); None for any other class."""
+    kind = _CREDIT_KINDS.get(cls.__name__)
     if kind is None:
         return None
-    if kind == "settled":
-        return (kind, event.lease_id, int(event.charged), int(event.released),
-                int(event.shortfall))
-    return (kind, event.lease_id, int(event.amount), 0, 0)
+    if kind == "held":
+        return lambda ev: (ev.lease_id, int(ev.amount), 0, 0, 0)
+    if kind == "released":
+        return lambda ev: (ev.lease_id, -int(ev.amount), 0, int(ev.amount), 0)
+
+    def settled(ev: Any) -> tuple[str, int, int, int, int]:
+        charged, released = int(ev.charged), int(ev.released)
+        return (ev.lease_id, -(charged + released), charged, released, int(ev.shortfall))
+    return settled
 
 
 # -- writing rows ------------------------------------------------------------------------------
@@ -522,18 +537,9 @@ def _node_row(node: Node, seq: int) -> tuple[Any, ...]:
             node.version, seq)
 
 
-def _credit_deltas(kind: str, a: int, b: int, c: int) -> tuple[int, int, int, int]:
-    """(held, charged, released, shortfall) deltas of one credit event on its lease's row."""
-    if kind == "held":
-        return (a, 0, 0, 0)
-    if kind == "settled":
-        return (-(a + b), a, b, c)
-    return (-a, 0, a, 0)  # released
-
-
 # -- the projection ----------------------------------------------------------------------------
 
-_OTHER, _LEASE, _ACCOUNT, _NODE = 0, 1, 2, 3
+_LEASE, _ACCOUNT, _NODE, _OTHER = 1, 2, 3, 4
 
 
 @dataclass
@@ -559,8 +565,9 @@ class _Slice:
         self.leases: list[tuple[int, Lease]] = []  # (seq of its last event, final lease)
         self.accounts: list[tuple[int, Account]] = []
         self.nodes: list[tuple[int, Node]] = []
-        # (seq, tenant, kind, lease id, a, b, c) per credit event of an account, in log order
-        self.credits: list[tuple[int, str, str, str, int, int, int]] = []
+        # (seq, tenant, lease id, held, charged, released, shortfall deltas) per credit event of
+        # an account, in log order
+        self.credits: list[tuple[int, str, str, int, int, int, int]] = []
 
 
 class PoolViews:
@@ -577,6 +584,7 @@ class PoolViews:
         self.folder = Folder(app)
         self.decode = EventDecoder(app.mapper)
         self._kinds: dict[type, int] = {}
+        self._credit_extractors: dict[type, Any] = {}
         self._conn: psycopg.Connection[Any] | None = None
 
     @property
@@ -734,23 +742,25 @@ class PoolViews:
         # keyed by object: a folded aggregate is one object for as long as it is cached, and a
         # reload (a cache miss) makes a new object whose first event comes after the old one's
         # last, so per key, in first-seen order, the later object's row is written last
-        last: dict[int, tuple[int, Any]] = {}
+        last = {id(agg): (seq, agg) for seq, _ev, agg in fresh}
         kinds = self._kinds
-        credit_of = _credit_event
+        extractors = self._credit_extractors
         credits = out.credits
         for seq, ev, agg in fresh:
-            last[id(agg)] = (seq, agg)
-            cls = type(agg)
-            kind = kinds.get(cls)
-            if kind is None:
-                kind = self._kind(cls)
-            if kind == _ACCOUNT:
-                c = credit_of(ev)
-                if c is not None:
-                    credits.append((seq, agg.tenant_id, *c))
+            cls = type(ev)
+            extract = extractors.get(cls, _UNSEEN)
+            if extract is None:
+                continue
+            if extract is _UNSEEN:
+                extract = extractors[cls] = _credit_extractor(cls)
+                if extract is None:
+                    continue
+            if (kinds.get(type(agg)) or self._kind(type(agg))) == _ACCOUNT:
+                credits.append((seq, agg.tenant_id, *extract(ev)))
         by_kind = {_LEASE: out.leases, _ACCOUNT: out.accounts, _NODE: out.nodes}
         for seq, agg in last.values():
-            rows = by_kind.get(kinds[type(agg)])
+            cls = type(agg)
+            rows = by_kind.get(kinds.get(cls) or self._kind(cls))
             if rows is not None:
                 rows.append((seq, agg))
         return out
@@ -762,8 +772,7 @@ class PoolViews:
             for seq, agg in got.leases:
                 rows[str(agg.id)] = [*_lease_state_row(agg), 0, 0, 0, 0, seq]
             credit_only: dict[str, list[Any]] = {}
-            for seq, tenant, kind, lid, a, b, cc in got.credits:
-                h, ch, rel, sh = _credit_deltas(kind, a, b, cc)
+            for seq, tenant, lid, h, ch, rel, sh in got.credits:
                 row = rows.get(lid)
                 if row is None:
                     row = credit_only.get(lid)

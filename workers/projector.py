@@ -72,7 +72,14 @@ class Projector:
         PostgreSQL, not on the interpreter). A batch's transaction is sent only after the
         previous one committed, and only if the views are where the batch was built for, so
         each batch and its position still commit together, in log order; on any failure the
-        in-memory fold is dropped and the loop starts again from the committed positions."""
+        in-memory fold is dropped and the loop starts again from the committed positions.
+
+        While behind (a read came back full) the cyclic garbage collector is paused, as the
+        rebuild and the audit pause it: the fold makes no reference cycles, and its collections
+        cost ~8 us per event at 200k events (each batch's events and rows survive the young
+        generations, and full passes re-walk the heap); once caught up it runs again, one
+        collection clears what other threads left meanwhile, and a long catch-up's state is
+        frozen out of its sight."""
         stop = stop or self._stop
         self.views.setup()
         recorder = self.app.recorder
@@ -86,6 +93,20 @@ class Projector:
         # the write in flight and the last id of its batch; the views' positions once it commits
         inflight: tuple[concurrent.futures.Future[int], int] | None = None
         pos: dict[str, tuple[int, int]] | None = None
+        gc_was: bool | None = None  # whether the collector ran before this catch-up paused it
+
+        def pause_gc() -> None:
+            nonlocal gc_was
+            if gc_was is None:
+                gc_was = gc.isenabled()
+                gc.disable()
+
+        def resume_gc() -> None:
+            nonlocal gc_was
+            if gc_was is not None:
+                if gc_was:
+                    gc.enable()
+                gc_was = None
 
         def settle() -> None:
             """Wait for the write in flight (its error raises here)."""
@@ -124,6 +145,10 @@ class Projector:
                     ahead = None
                     behind = len(batch) >= size
                     size = self.batch_size * CATCH_UP_FACTOR if behind else self.batch_size
+                    if behind:
+                        pause_gc()
+                    else:
+                        resume_gc()
                     if not batch:
                         settle()
                         self.position = start - 1
@@ -131,7 +156,9 @@ class Projector:
                             # caught up after a long fold: what the views keep in memory lives
                             # on; move it out of the cyclic collector's sight, as the scheduler
                             # does, or every full collection re-walks it (measured: a third of
-                            # the GC time of a 500k-event catch-up)
+                            # the GC time of a 500k-event catch-up) — after one collection, so
+                            # no garbage is frozen with it
+                            gc.collect()
                             gc.freeze()
                         folded = 0
                         self._wake.wait(self.poll_seconds)
@@ -157,6 +184,7 @@ class Projector:
                 log.warning("projector's last write failed", exc_info=True)
         finally:
             writer.shutdown(wait=True)
+            resume_gc()
             if unwatch is not None:
                 unwatch()
 
