@@ -293,7 +293,7 @@ class Scheduler:
     # -- deciding ---------------------------------------------------------------------------
 
     def cycle(self) -> CycleReport:
-        """Catch up, sweep deadlines, place what fits; one atomic batch per ≤300 placements."""
+        """Catch up, sweep deadlines, place what fits; one atomic batch per ≤900 messages."""
         with self._lock:
             self.catch_up()
             report = CycleReport()
