@@ -815,19 +815,35 @@ class PoolViews:
 
     def catch_up(self, *, batch_size: int = DEFAULT_BATCH, stop: int | None = None) -> int:
         """Apply every batch up to the log's end (or `stop`); returns the events applied. The
-        next batch is read while the current one is applied."""
+        next batch is read while the current one is applied, and folded (`prepare`) while the
+        previous one is written by a writer thread, each sent after the previous one committed
+        (as the projector does)."""
         total = 0
-        while True:
-            start = self.position() + 1
-            if stop is not None and start > stop:
-                return total
-            try:
-                for page in read_pages(self.app.recorder, start, batch_size, stop=stop):
-                    total += self.process(page, read_from=start)
-                    start = page[-1].id + 1
-                return total
-            except PositionMoved:
-                continue
+        with concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="pool-views-writer") as writer:
+            while True:
+                pos = self.view_positions()
+                start = min((at for at, _ in pos.values()), default=0) + 1
+                if stop is not None and start > stop:
+                    return total
+                inflight: concurrent.futures.Future[int] | None = None
+                try:
+                    for page in read_pages(self.app.recorder, start, batch_size, stop=stop):
+                        prepared = self.prepare(page, pos)
+                        if inflight is not None:
+                            total += inflight.result()
+                        inflight = writer.submit(self.process, page, prepared=prepared)
+                        pos = prepared.after
+                    if inflight is not None:
+                        total += inflight.result()
+                    return total
+                except BaseException as exc:
+                    if inflight is not None:  # wait for it: the connection is its until then
+                        with contextlib.suppress(Exception):
+                            total += inflight.result()
+                    self.folder.clear()  # the fold may be ahead of what was written
+                    if not isinstance(exc, PositionMoved):
+                        raise
 
 
 @contextlib.contextmanager

@@ -77,9 +77,10 @@ class Projector:
         While behind (a read came back full) the cyclic garbage collector is paused, as the
         rebuild and the audit pause it: the fold makes no reference cycles, and its collections
         cost ~8 us per event at 200k events (each batch's events and rows survive the young
-        generations, and full passes re-walk the heap); once caught up it runs again, one
-        collection clears what other threads left meanwhile, and a long catch-up's state is
-        frozen out of its sight."""
+        generations, and full passes re-walk the heap); once caught up it runs again, a long
+        catch-up's state first frozen out of its sight (with it what cyclic garbage other
+        threads left meanwhile: ~300 objects over a 200k-event catch-up here), so no
+        collection pauses the projector for the whole heap right after."""
         stop = stop or self._stop
         self.views.setup()
         recorder = self.app.recorder
@@ -101,9 +102,13 @@ class Projector:
                 gc_was = gc.isenabled()
                 gc.disable()
 
-        def resume_gc() -> None:
+        def resume_gc(freeze: bool = False) -> None:
             nonlocal gc_was
             if gc_was is not None:
+                if freeze:
+                    # what the catch-up built sits in the youngest generation, unscanned: moved
+                    # out of the collector's sight first, or its next pass walks all of it
+                    gc.freeze()
                 if gc_was:
                     gc.enable()
                 gc_was = None
@@ -148,7 +153,7 @@ class Projector:
                     if behind:
                         pause_gc()
                     else:
-                        resume_gc()
+                        resume_gc(freeze=folded >= FREEZE_AFTER_EVENTS)
                     if not batch:
                         settle()
                         self.position = start - 1
@@ -156,9 +161,7 @@ class Projector:
                             # caught up after a long fold: what the views keep in memory lives
                             # on; move it out of the cyclic collector's sight, as the scheduler
                             # does, or every full collection re-walks it (measured: a third of
-                            # the GC time of a 500k-event catch-up) — after one collection, so
-                            # no garbage is frozen with it
-                            gc.collect()
+                            # the GC time of a 500k-event catch-up)
                             gc.freeze()
                         folded = 0
                         self._wake.wait(self.poll_seconds)
