@@ -8,7 +8,8 @@ makes the same event object (same class, same fields in the same order, the libr
 timestamp), applies it with the same method body, and updates version, modified_on and the
 pending events as the library's `mutate` does, in a few µs. It takes exactly the event's fields
 as keywords; anything it cannot prove equivalent (another apply or mutate in the event class,
-other field names) goes the library's way. A test holds both ways equal, event for event.
+an aggregate with its own trigger_event, other field names) goes the library's way. A test
+holds both ways equal, event for event.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def _resolve(agg_type: type, method: str) -> _Resolved:
             decorator = vars(klass)[method]
             break
     event_cls = decorated_func_callers.get(decorator) if decorator is not None else None
-    if event_cls is None:
+    if event_cls is None or agg_type.trigger_event is not Aggregate.trigger_event:
         return None
     # the library's mutate and apply, nothing of ours in between
     if event_cls.mutate is not CanMutateAggregate.mutate:
