@@ -178,7 +178,7 @@ class EventDecoder:
                      and isinstance(names, dict))
         self.names: dict[str, Any] = names if isinstance(names, dict) else {}
         self.decode_json = msgspec.json.Decoder().decode
-        self.classes: dict[tuple[str, type], tuple[type, Any, int]] = {}
+        self.classes: dict[str, tuple[type, type, Any, int]] = {}
         self._stamp_decoders: dict[str, Any] = {}
 
     def __call__(self, n: Any) -> Any:
@@ -192,7 +192,10 @@ class EventDecoder:
         stamp = event_state.get("timestamp") if type(event_state) is dict else None
         if type(stamp) is not dict or len(stamp) != 2:
             return self.mapper.to_domain_event(n)
-        decode_stamp = self._stamp_decoder(stamp.get("_type_"))
+        name = stamp.get("_type_")
+        decode_stamp = self._stamp_decoders.get(name) if type(name) is str else None
+        if decode_stamp is None:
+            decode_stamp = self._stamp_decoder(name)
         data = stamp.get("_data_")
         if decode_stamp is None or type(data) is not str:
             # (the one built-in transcoding, datetime_iso, takes only a string: the mapper
@@ -200,11 +203,10 @@ class EventDecoder:
             return self.mapper.to_domain_event(n)
         event_state["timestamp"] = decode_stamp(data)
         oid = n.originator_id
-        topic = n.topic
-        got = self.classes.get((topic, type(oid)))
-        if got is None:
-            got = self._event_class(topic, oid)
-        cls, id_convertor, class_version = got
+        got = self.classes.get(n.topic)
+        if got is None or got[0] is not type(oid):
+            got = self._event_class(n.topic, oid)
+        _, cls, id_convertor, class_version = got
         event_state["originator_id"] = oid if id_convertor is None else id_convertor(oid)
         event_state["originator_version"] = n.originator_version
         from_version = event_state.pop("class_version", 1)
@@ -231,11 +233,13 @@ class EventDecoder:
             self._stamp_decoders[name] = got
         return got
 
-    def _event_class(self, topic: str, oid: Any) -> tuple[type, Any, int]:
+    def _event_class(self, topic: str, oid: Any) -> tuple[type, type, Any, int]:
+        """(the originator id's type, the event class, its id convertor unless pass-through,
+        its class version) for `topic`, kept for the id type last seen with it."""
         cls = resolve_topic(topic)
         convertor = find_id_convertor(cls, type(oid))  # type: ignore[arg-type]
-        got = self.classes[(topic, type(oid))] = (
-            cls, None if convertor is pass_through_convertor else convertor,
+        got = self.classes[topic] = (
+            type(oid), cls, None if convertor is pass_through_convertor else convertor,
             getattr(cls, "class_version", 1))
         return got
 
