@@ -10,7 +10,10 @@ import concurrent.futures
 import contextlib
 import hashlib
 import json
+import os
+import pickle
 import re
+import signal
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -1180,6 +1183,69 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
             return [_record_of(n) for n in direct], (direct[-1].id + 1 if direct else start)
         return out, at
 
+    def _read_records_forked(
+        self, start: int, stop: int | None, page_size: int
+    ) -> Iterator[list[LogRecord]]:
+        try:
+            r, w = os.pipe()
+        except OSError:
+            yield from self.read_records(start, stop, page_size=page_size)
+            return
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(r)
+            os.close(w)
+            yield from self.read_records(start, stop, page_size=page_size)
+            return
+        if pid == 0:  # the child: its own loop thread and connection, nothing of the parent's
+            code = 1
+            try:
+                os.close(r)
+                runtime = BusRuntime(self.runtime.url)
+                reader = JetStreamApplicationRecorder(
+                    runtime, stream=self.stream, kind=self.kind,
+                    tracking_owner=self.tracking_owner, timeout=self.timeout)
+                with os.fdopen(w, "wb", buffering=1 << 20) as out:
+                    for page in reader.read_records(start, stop, page_size=page_size):
+                        data = pickle.dumps(page, protocol=pickle.HIGHEST_PROTOCOL)
+                        out.write(len(data).to_bytes(8, "little"))
+                        out.write(data)
+                        out.flush()
+                    out.write(bytes(8))  # the end: a page of no bytes
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        self.__dict__["_reader_child"] = pid  # for the tests
+        at = start
+        finished = False
+        try:
+            with os.fdopen(r, "rb", buffering=1 << 20) as got:
+                while True:
+                    head = got.read(8)
+                    if len(head) != 8:
+                        break  # the child ended without the end mark
+                    size = int.from_bytes(head, "little")
+                    if not size:
+                        finished = True
+                        break
+                    data = got.read(size)
+                    if len(data) != size:
+                        break
+                    page = pickle.loads(data)
+                    at = page[-1][0] + 1
+                    yield page
+        finally:
+            # the child ends once its pipe is closed (a write to it fails) or it is done
+            if not finished:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, 0)
+        if not finished and (stop is None or at <= stop):
+            yield from self.read_records(at, stop, page_size=page_size)
+
     async def _read_ahead(self, start: int, limit: int, stop: int | None) -> list[Notification]:
         """The next page of a sequential read (`_read_records`), as notifications."""
         return self._notifications_from((await self._read_records(start, limit, stop))[0])
@@ -1224,14 +1290,25 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
         return self.runtime.submit(_translated(self._read_ahead(start, limit, stop)))
 
     def read_records(
-        self, start: int, stop: int | None = None, *, page_size: int = RECORD_PAGE
+        self, start: int, stop: int | None = None, *, page_size: int = RECORD_PAGE,
+        reader_process: bool = False,
     ) -> Iterator[list[LogRecord]]:
         """Pages of this recorder's events from `start` up to `stop` (or to the end of the log
         as the pages reach it), as bare log records (`LogRecord`): what `select_notifications`
         gives, without a Notification object or a UUID per event, for readers that walk the
         whole log and look at most events only briefly (the credit audit). While the caller
-        works on one page the next is already being read."""
+        works on one page the next is already being read.
+
+        `reader_process`: read and cut the pages in a forked child process with a connection of
+        its own, which hands them over pickled through a pipe, so that work runs beside the
+        caller's instead of taking turns with it under one GIL (Linux, 2+ cores; not while
+        this recorder tracks subjects it writes, which reads here would keep up to date).
+        Should the child fail, the rest is read here."""
         start = max(start, 1)
+        if reader_process and not self._cache and hasattr(os, "fork") and (
+                os.cpu_count() or 1) > 1:
+            yield from self._read_records_forked(start, stop, page_size)
+            return
 
         def fetch(at: int) -> concurrent.futures.Future[tuple[list[LogRecord], int]]:
             if stop is not None and stop < at:

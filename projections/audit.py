@@ -34,6 +34,8 @@ from projections.views import (
 )
 
 BATCH = 1000
+# the log's pages read and cut in a child process, beside the fold (see read_records)
+READER_PROCESS = True
 # non-credit notifications held for folding on demand; past this many, all are folded
 _PENDING_LIMIT = 200_000
 
@@ -185,7 +187,7 @@ def _records(recorder: Any, top: int) -> Iterator[Sequence[Record]]:
     bulk record read when it has one (bus.jetstream), else its notifications, as records."""
     read_records = getattr(recorder, "read_records", None)
     if read_records is not None:
-        yield from read_records(1, top)
+        yield from read_records(1, top, reader_process=READER_PROCESS)
         return
     for page in read_pages(recorder, 1, BATCH, stop=top):
         yield [(n.id, str(n.originator_id), isinstance(n.originator_id, UUID),

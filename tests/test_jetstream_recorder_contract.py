@@ -5,6 +5,8 @@ Owns wiring each contract TestCase to the JetStream recorders: one server per cl
 
 from __future__ import annotations
 
+import os
+import signal
 import tempfile
 import uuid
 from pathlib import Path
@@ -278,6 +280,7 @@ def test_read_records_hold_what_direct_gets_return(tmp_path: Path) -> None:
 
         main = JetStreamFactory(env("main")).process_recorder()
         other = JetStreamFactory(env("other")).application_recorder()
+        assert isinstance(main, JetStreamProcessRecorder)
         ids: list[Any] = [uuid.uuid4() for _ in range(30)] + ["acct-1", "Weird Id/2"]
         versions: dict[Any, int] = defaultdict(int)
         for i in range(50):
@@ -288,7 +291,7 @@ def test_read_records_hold_what_direct_gets_return(tmp_path: Path) -> None:
                 state = (b'{"big":"' + b"y" * 70_000 + b'"}' if (i, j) in ((20, 7), (21, 39))
                          else json.dumps({"i": i, "j": j, "pad": "x" * (j * 9)}).encode())
                 batch.append(StoredEvent(oid, versions[oid], f"tests.topic:E{j % 5}", state))
-            main.insert_events(batch, tracking=Tracking("upstream", i + 1))  # type: ignore[call-arg]
+            main.insert_events(batch, tracking=Tracking("upstream", i + 1))
             if i % 3 == 0:
                 other.insert_events([StoredEvent(uuid.uuid4(), 1, "tests.other:E", b"{}")])
         expected = _direct_records(main)
@@ -322,6 +325,21 @@ def test_read_records_hold_what_direct_gets_return(tmp_path: Path) -> None:
         for _page in main.read_records(1, page_size=100):
             break
         assert [r for page in main.read_records(1) for r in page] == expected
+        # read and cut in a child process (by a recorder that has written nothing, so has no
+        # subjects to keep up to date): the same pages; should the child die, the rest is read
+        # here
+        reading = JetStreamFactory(env("main")).application_recorder()
+        assert isinstance(reading, JetStreamApplicationRecorder)
+        for first, stop, size in ((1, None, 2000), (17, top // 2, 333)):
+            assert [r for page in reading.read_records(
+                first, stop, page_size=size, reader_process=True) for r in page] == [
+                r for r in expected if r[0] >= first and (stop is None or r[0] <= stop)]
+        assert reading.__dict__["_reader_child"] > 0
+        forked = reading.read_records(1, page_size=150, reader_process=True)
+        got = list(next(forked))
+        os.kill(reading.__dict__["_reader_child"], signal.SIGKILL)
+        got += [r for page in forked for r in page]
+        assert got == expected
         # the consumer refused: the same records, by direct gets
         reader.disabled_until = float("inf")
         assert [r for page in main.read_records(3, top - 2, page_size=700)
