@@ -34,8 +34,10 @@ from projections.views import (
 )
 
 BATCH = 1000
-# the log's pages read and cut in a child process, beside the fold (see read_records)
+# the log's pages read and cut in a child process, beside the fold (see read_records), for
+# logs of at least this many events (below, starting the child costs more than it saves)
 READER_PROCESS = True
+READER_PROCESS_MIN = 50_000
 # non-credit notifications held for folding on demand; past this many, all are folded
 _PENDING_LIMIT = 200_000
 
@@ -187,7 +189,8 @@ def _records(recorder: Any, top: int) -> Iterator[Sequence[Record]]:
     bulk record read when it has one (bus.jetstream), else its notifications, as records."""
     read_records = getattr(recorder, "read_records", None)
     if read_records is not None:
-        yield from read_records(1, top, reader_process=READER_PROCESS)
+        yield from read_records(
+            1, top, reader_process=READER_PROCESS and top >= READER_PROCESS_MIN)
         return
     for page in read_pages(recorder, 1, BATCH, stop=top):
         yield [(n.id, str(n.originator_id), isinstance(n.originator_id, UUID),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import types
 from collections.abc import Iterator
 
 import psycopg
@@ -11,11 +12,13 @@ import pytest
 from bus.server import NatsServer
 from domain.account import Account
 from domain.resources import LeaseId
+from projections import audit
 from projections import views as pv
-from projections.audit import audit_credits
+from projections.audit import CreditAudit, audit_credits
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
+from workers.app import PoolApp
 from workers.client import PoolClient
-from workers.serve import ControlPlane
+from workers.serve import ControlPlane, app_env
 
 JOB = {"job": {"image": "busybox@sha256:" + "a" * 64, "command": ["true"]}}
 
@@ -150,3 +153,45 @@ def test_pool_audit_credits_cli_exits_1_and_prints_json(
     assert main(["leases", "--tenant", "alpha", "--database-url", database_url,
                  "--schema", schema]) == 0
     assert "released" in capsys.readouterr().out
+
+
+def test_the_audit_reports_the_same_from_records_read_in_a_child_in_process_and_notifications(
+    plane: tuple[ControlPlane, FakeClock], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The audit folds the log's records read by a forked child, by the process itself, and
+    (a recorder without bulk record reads) notifications: one report, discrepancies included,
+    with the balance snapshot taken mid-page."""
+    cp, clock = plane
+    run_leases(cp, clock, "alpha", 2)
+    run_leases(cp, clock, "beta", 1)
+    acc = cp.app.repository.get(Account.create_id("beta"))
+    assert isinstance(acc, Account)
+    acc.hold("forged-hold", LeaseId("not-a-uuid"), 5, clock.now)
+    acc.settle("forged", LeaseId("not-a-uuid"), 3, clock.now)
+    cp.app.save(acc)
+    top = cp.app.recorder.max_notification_id() or 0
+
+    class NoRecords:  # the recorder's reads, less read_records
+        def __init__(self, recorder: object) -> None:
+            self.recorder = recorder
+
+        def __getattr__(self, name: str) -> object:
+            if name == "read_records":
+                raise AttributeError(name)
+            return getattr(self.recorder, name)
+
+    app = PoolApp(env=app_env(cp.nats_url))  # a reader that has written nothing (as the CLI's)
+    plain = types.SimpleNamespace(recorder=NoRecords(app.recorder), mapper=app.mapper,
+                                  repository=app.repository)
+    reports = []
+    for reader_process, target in ((True, app), (False, app), (False, plain)):
+        monkeypatch.setattr(audit, "READER_PROCESS", reader_process)
+        monkeypatch.setattr(audit, "READER_PROCESS_MIN", 0)
+        run = CreditAudit(target)
+        reports.append((run.run(view_position=top // 2).to_dict(), run._snapshot))
+    app.close()
+    assert reports[0] == reports[1] == reports[2]
+    assert app.recorder.__dict__.get("_reader_child")  # the first came from a child
+    charges = [d for d in reports[0][0]["discrepancies"] if d["kind"] == "charge"]
+    assert [(d["lease_id"], d["found"], d["detail"]) for d in charges] == [
+        ("not-a-uuid", 3, "no lease in the log")]
