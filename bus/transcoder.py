@@ -20,6 +20,7 @@ from eventsourcing.persistence import (
 # exact types msgspec writes as themselves; anything else (subclasses included) needs a transcoding,
 # so a MyStr or a tuple comes back as what went in rather than as a plain str / list
 _NATIVE_SCALARS: frozenset[type] = frozenset({str, int, float, bool, type(None)})
+_CONTAINERS: frozenset[type] = frozenset({list, dict})
 
 
 class TupleAsList(Transcoding):
@@ -83,7 +84,8 @@ class MsgspecTranscoder(Transcoder):
     def _from_plain(self, obj: Any) -> Any:
         t = type(obj)
         if t is list:
-            return [self._from_plain(v) for v in obj]
+            plain = self._from_plain
+            return [plain(v) if type(v) in _CONTAINERS else v for v in obj]
         if t is not dict:
             return obj
         if len(obj) == 2 and "_type_" in obj and "_data_" in obj:
@@ -97,4 +99,6 @@ class MsgspecTranscoder(Transcoder):
                 raise TranscodingNotRegisteredError(msg)
             # inner first: a transcoding's decode receives already-decoded values
             return transcoding.decode(self._from_plain(obj["_data_"]))
-        return {k: self._from_plain(v) for k, v in obj.items()}
+        # decoded JSON: only a list or an object can hold anything to transcode
+        plain = self._from_plain
+        return {k: plain(v) if type(v) in _CONTAINERS else v for k, v in obj.items()}
