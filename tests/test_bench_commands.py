@@ -5,15 +5,22 @@ They print figures; these tests check behaviour only (everything placed, nothing
 
 from __future__ import annotations
 
+import pytest
+
 from workers.bench_schedule import run_schedule_bench
 
 
-def test_the_schedule_bench_places_every_request_it_submits() -> None:
-    result = run_schedule_bench(quick=True)
+@pytest.mark.parametrize("priced", [False, True], ids=["free", "priced"])
+def test_the_schedule_bench_places_every_request_it_submits(priced: bool) -> None:
+    result = run_schedule_bench(quick=True, priced=priced)
     assert result["placed"] == result["requests"] == 3000
     assert result["steady_placed"] == int(result["steady_rate"] * 3)  # every steady request too
     assert result["steady_placements_per_s"] > 0 and result["backlog_placements_per_s"] > 0
     assert 0 < result["latency_p50_s"] <= result["latency_p99_s"]
+    # messages per placement: a LeaseReserved each, one node event per node per batch, and a
+    # CreditsHeld each when the pool has prices
+    per_placement = result["backlog_msgs_per_s"] / result["backlog_placements_per_s"]
+    assert (2.0 < per_placement < 2.2) if priced else (1.0 < per_placement < 1.2)
 
 
 def test_the_agent_bench_starts_every_workload_it_sends() -> None:
@@ -22,8 +29,6 @@ def test_the_agent_bench_starts_every_workload_it_sends() -> None:
     result = run_agent_bench(quick=True)
     process = result["process"]
     if "unavailable" in process:
-        import pytest
-
         pytest.skip(process["unavailable"])
     assert process["published"]["n"] == process["delivered"]["n"] == result["starts"] == 5
     assert 0 < process["delivered"]["p50_ms"] <= process["delivered"]["p90_ms"]

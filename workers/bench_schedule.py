@@ -22,7 +22,7 @@ from bus.server import NatsServer
 from domain.account import Account
 from domain.lease import Lease, LeaseState
 from domain.node import Node
-from domain.pool import Pool, PoolConfig, TenantPolicy
+from domain.pool import Pool, PoolConfig, PriceList, TenantPolicy
 from domain.resources import NodeCapabilities, NodeId, PoolId, Resources, Shape, TenantId
 from workers.app import PoolApp
 from workers.scheduler import Scheduler, tune_gc
@@ -78,7 +78,7 @@ def _produce_steady(url: str, first: int, count: int, per_second: float, out: An
 
 def run_schedule_bench(
     *, nodes: int = 10000, requests: int = 100000, quick: bool = False,
-    rate: float = 1000.0, steady_seconds: float = 10.0,
+    rate: float = 1000.0, steady_seconds: float = 10.0, priced: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     if quick:
@@ -88,7 +88,7 @@ def run_schedule_bench(
     with tempfile.TemporaryDirectory(prefix="pool-bench-sched-") as tmp:
         server = NatsServer(store_dir=Path(tmp), server_name="pool-bench-sched").start()
         try:
-            return _run(server.url, nodes, requests, rate, steady_seconds, say)
+            return _run(server.url, nodes, requests, rate, steady_seconds, say, priced=priced)
         finally:
             from bus.runtime import close_runtime
 
@@ -97,7 +97,7 @@ def run_schedule_bench(
 
 
 def _run(url: str, nodes: int, requests: int, rate: float, steady_seconds: float,
-         say: Callable[[str], None]) -> dict[str, Any]:
+         say: Callable[[str], None], *, priced: bool = False) -> dict[str, Any]:
     from bus.admin import ensure_all_streams
 
     ensure_all_streams(url)
@@ -107,7 +107,9 @@ def _run(url: str, nodes: int, requests: int, rate: float, steady_seconds: float
     now = time.time()
     cfg = PoolConfig(priority_classes=(("standard", 10),), default_priority_class="standard",
                      commit_timeout_seconds=3600)
-    producer.save(Pool.create(pool_id=PoolId("bench"), now=now, config=cfg))
+    # priced: every placement also holds credits on its tenant's account (one more event)
+    prices = PriceList(cpu_core_second=10, memory_gib_second=1) if priced else None
+    producer.save(Pool.create(pool_id=PoolId("bench"), now=now, config=cfg, price_list=prices))
     setup: list[Any] = []
     for tenant, weight in TENANTS:
         setup.append(TenantPolicy.set(pool_id=PoolId("bench"), tenant_id=TenantId(tenant),
@@ -232,6 +234,7 @@ def _run(url: str, nodes: int, requests: int, rate: float, steady_seconds: float
         f"{'figure':46} {'value':>12}",
         "-" * 60,
         f"{'nodes':46} {nodes:12,}",
+        f"{'pool prices (each placement holds credits)':46} {'yes' if priced else 'none':>12}",
         f"{'requests':46} {requests:12,}",
         f"{'backlog requests placed':46} {placed:12,}",
         f"{'placements/s, backlog (scheduler alone)':46} {backlog_rate:12,.0f}",
@@ -246,7 +249,7 @@ def _run(url: str, nodes: int, requests: int, rate: float, steady_seconds: float
         f"{'backlog placement messages/s ÷ raw ingest':46} {ratio:12.2f}",
         f"machine: {os.cpu_count()} cores; nats-server 2.15 file storage, sync_interval always",
     ]
-    return {"nodes": nodes, "requests": requests, "placed": placed,
+    return {"nodes": nodes, "requests": requests, "placed": placed, "priced": priced,
             "steady_rate": rate, "steady_placed": steady_placed,
             "steady_placements_per_s": steady_rate, "backlog_placements_per_s": backlog_rate,
             "latency_p50_s": pct(0.5), "latency_p99_s": pct(0.99), "rss_mib": rss_mib,

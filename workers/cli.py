@@ -592,7 +592,7 @@ def cmd_bench_schedule(args: argparse.Namespace) -> int:
 
     result = run_schedule_bench(
         nodes=args.nodes, requests=args.requests, quick=args.quick, rate=args.rate,
-        steady_seconds=args.steady_seconds,
+        steady_seconds=args.steady_seconds, priced=args.priced,
         progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)),
     )
     print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json
@@ -1125,6 +1125,9 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("--steady-seconds", type=float, default=10.0)
     sb.add_argument("--quick", action="store_true",
                     help="500 nodes, 3,000 backlog requests, 500/s for 3 s")
+    sb.add_argument("--priced", action="store_true",
+                    help="give the pool a price list, so every placement also holds credits "
+                         "(one more event each)")
     sb.add_argument("--json", action="store_true")
     sb.set_defaults(func=cmd_bench_schedule)
     bal = bench.add_parser("all", help="every benchmark in one run: one table of figures, "
