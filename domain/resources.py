@@ -194,6 +194,33 @@ class Shape:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Shape:
+        # Every lease's request is parsed again by each fold of the log (scheduler, views,
+        # audit), and most requests share a few shapes: those without extended dimensions or
+        # preferences are remembered by their plain field values (equal values build equal
+        # shapes, so the cache returns what building would)
+        r = d["resources"]
+        key = None
+        if not r.get("extended") and not d.get("preferences"):
+            key = (r.get("cpu_millis", 0), r.get("memory_mib", 0), r.get("gpu_count", 0),
+                   r.get("local_disk_gib", 0), d.get("gpu_memory_gib_min", 0), d.get("gpu_model"),
+                   d.get("cpu_arch"), d.get("gpu_partition", "none"),
+                   d.get("network_egress", "none"), d.get("bandwidth_mbps_min", 0),
+                   d.get("runtime", "container"), d.get("region"), d.get("zone"))
+            try:
+                got = _SHAPES.get(key)
+            except TypeError:  # an unhashable value: build it, and let building judge it
+                key = got = None
+            if got is not None:
+                return got
+        shape = cls._from_dict(d)
+        if key is not None:
+            if len(_SHAPES) >= _SHAPES_LIMIT:
+                _SHAPES.clear()
+            _SHAPES[key] = shape
+        return shape
+
+    @classmethod
+    def _from_dict(cls, d: dict[str, Any]) -> Shape:
         return cls(
             resources=Resources.from_dict(d["resources"]),
             gpu_memory_gib_min=int(d.get("gpu_memory_gib_min", 0)),
@@ -207,6 +234,10 @@ class Shape:
             zone=d.get("zone"),
             preferences=tuple((str(k), str(v)) for k, v in d.get("preferences", [])),
         )
+
+
+_SHAPES: dict[tuple[Any, ...], Shape] = {}  # see Shape.from_dict
+_SHAPES_LIMIT = 4096
 
 
 @dataclass(frozen=True)

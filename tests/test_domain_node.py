@@ -295,3 +295,23 @@ def test_resources_fast_paths_agree_with_the_general_rules(a: tuple, b: tuple) -
             assert total.get(d) == x.get(d) + sign * y.get(d)
         assert all(v != 0 for _, v in total.extended)
     assert Resources.from_dict(x.to_dict()) == x
+
+
+@given(st.integers(0, 4), st.integers(0, 64_000), st.sampled_from([None, "H100", "A100"]),
+       st.sampled_from(["none", "1g.10gb"]), st.sampled_from([(), (("zone", "z1"),)]),
+       st.booleans())
+def test_a_remembered_shape_is_the_shape_building_gives(
+    gpus: int, cpu: int, model: str | None, partition: str, prefs: tuple, as_float: bool
+) -> None:
+    """Shape.from_dict remembers plain shapes: what it returns equals a fresh build of the
+    same dict, the first time and after, whatever numeric types the JSON carried."""
+    shape = Shape.build(cpu_millis=cpu, memory_mib=2048, gpu_count=gpus, gpu_model=model,
+                        gpu_partition=partition, preferences=prefs)
+    d = shape.to_dict()
+    if as_float:  # a writer that sent 1000.0 for 1000
+        d["resources"] = {k: float(v) if isinstance(v, int) else v
+                          for k, v in d["resources"].items()}
+    fresh = Shape._from_dict(d)
+    assert fresh == shape
+    assert Shape.from_dict(d) == fresh and Shape.from_dict(d) == fresh
+    assert Shape.from_dict(shape.to_dict()) == shape
