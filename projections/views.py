@@ -555,7 +555,6 @@ class Prepared:
     statements: list[tuple[str, Any]]  # (statement kind, parameters), in write order
     tracked: list[tuple[str, int, int]]  # (view, new position, events applied)
     taken: int  # what process() returns for it
-    last_id: int  # the batch's last notification id
 
 
 class _Slice:
@@ -680,7 +679,7 @@ class PoolViews:
         after = dict(expected)
         for view, at, applied in tracked:
             after[view] = (at, applied)
-        return Prepared(expected, after, statements, tracked, taken, folded[-1][0])
+        return Prepared(expected, after, statements, tracked, taken)
 
     def _write_prepared(self, prepared: Prepared) -> int:
         """One transaction, pipelined: two round trips (the positions under the lock, then the
