@@ -35,11 +35,14 @@ from projections.views import (
 )
 
 BATCH = 1000
-# the log's pages read and cut in a child process, beside the fold (see read_records), for
-# logs of at least this many events (below, starting the child costs more than it saves).
-# It takes the reading off the fold's core where a core is free; on a machine whose cores are
-# all busy it costs ~10% more CPU in all: POOL_AUDIT_READER_PROCESS=0 reads in-process
-READER_PROCESS = os.environ.get("POOL_AUDIT_READER_PROCESS", "1") != "0"
+# POOL_AUDIT_READER_PROCESS=1: the log's pages read and cut in a child process, beside the
+# fold (see read_records), for logs of at least READER_PROCESS_MIN events (below, starting the
+# child costs more than it saves). It halves the audit process's own CPU per event (~20 ->
+# ~11 us, the child ~10) but costs ~10% more CPU in all; on the shared 2-core development
+# machine, all cores busy (load 4-5), it was no faster (alternating runs: medians 6.45 s
+# forked, 6.13 s in-process), so it is off unless asked for; it can only pay where a core is
+# free for it (not measured here: the machine was never idle)
+READER_PROCESS = os.environ.get("POOL_AUDIT_READER_PROCESS", "0") == "1"
 READER_PROCESS_MIN = 50_000
 # non-credit notifications held for folding on demand; past this many, all are folded
 _PENDING_LIMIT = 200_000
