@@ -88,6 +88,24 @@ def test_a_high_priority_request_preempts_the_lease_that_loses_least_work(plane:
         assert reasons["preemption"]["node_id"] == fresh_node
 
 
+def test_a_request_that_cannot_pay_preempts_no_one_and_says_both_reasons(plane: Plane) -> None:
+    cp, admin, _clock = plane
+    _pool(admin, PREEMPTION)
+    with PoolClient(cp.nats_url, "alpha") as a, PoolClient(cp.nats_url, "gamma") as g:
+        running = [_running(cp, a, f"r{i}")[0] for i in range(2)]
+        # prices now: a whole node for 10**6 s holds 8 * 10**12, past gamma's 10**12
+        assert admin.admin("pool.prices", {"pool_id": "p1", "cpu_core_second": 1_000_000})["ok"]
+        poor = g.request_lease(lease_body("urgent-but-poor", cpu_millis=WHOLE_NODE,
+                                          priority="high", max_runtime=10**6))["lease"]["lease_id"]
+        report = cp.scheduler.cycle()
+        assert report.preempted == 0 and report.placed == 0
+        assert [_state(a, lid) for lid in running] == ["running", "running"]
+        reasons = _why(g, poor)
+        assert reasons["tenant"] == ["insufficient_credits"]
+        assert reasons["filters"] == {"insufficient_cpu": 2}  # and why no node fits now
+        assert reasons["hold_microcredits"] > reasons["available_microcredits"]
+
+
 def test_a_victim_keeps_its_capacity_through_its_grace_until_the_agent_confirms(plane: Plane) -> None:
     cp, admin, clock = plane
     _pool(admin, PREEMPTION)

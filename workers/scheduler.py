@@ -436,15 +436,20 @@ class Scheduler:
                     batch.append(lease)
                     report.rejected += 1
                 else:
-                    why = self._capacity_wait(ps, req, lease, fr, now, batch, report)
+                    hold, available = self._hold_and_available(pool, req.tenant, lease)
+                    if hold > available:
+                        # it could not pay even once capacity is free: say both, and preempt
+                        # no one on behalf of a request that would still wait
+                        why = fr.wait_reasons([R.INSUFFICIENT_CREDITS]).to_dict()
+                        why.update(hold_microcredits=hold, available_microcredits=available)
+                    else:
+                        why = self._capacity_wait(ps, req, lease, fr, now, batch, report)
                     self._wait(req, why, unplaced)
                 if len(batch) + len(allocs) >= MAX_MESSAGES_PER_BATCH:
                     self._close_batch(batch, allocs, now, report)
                     batch = []
                 continue
-            hold = pool.hold_for(shape, lease.maximum_runtime_seconds)
-            acc = self.aggregates.get(_account_uuid(req.tenant))
-            available = acc.available if isinstance(acc, Account) else 0
+            hold, available = self._hold_and_available(pool, req.tenant, lease)
             if hold > available:
                 self._wait(req, {"tenant": [R.INSUFFICIENT_CREDITS],
                                  "hold_microcredits": hold, "available_microcredits": available},
@@ -464,6 +469,7 @@ class Scheduler:
                 on_node.append((lid, res))
             batch.append(lease)
             if hold:
+                acc = self.aggregates[_account_uuid(req.tenant)]
                 assert isinstance(acc, Account)
                 acc.hold(f"hold-{lid}-{epoch}", lid, hold, now)
                 batch.append(acc)
@@ -581,6 +587,12 @@ class Scheduler:
                                                         "pool.pool_id": str(lease.pool_id),
                                                         "pool.saved": saved})
             span.end()
+
+    def _hold_and_available(self, pool: Pool, tenant: str, lease: Lease) -> tuple[int, int]:
+        """The credit hold the lease needs in this pool, and what its tenant has available."""
+        hold = pool.hold_for(lease.requested_shape, lease.maximum_runtime_seconds)
+        acc = self.aggregates.get(_account_uuid(tenant))
+        return hold, acc.available if isinstance(acc, Account) else 0
 
     def _wait(self, req: PendingRequest, reasons: dict[str, Any], unplaced: list[PendingRequest]) -> None:
         self.reasons[req.lease_id] = reasons
