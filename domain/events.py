@@ -1,4 +1,5 @@
-"""A lean trigger for the few `@event` methods on the scheduler's hot path.
+"""Lean paths through the eventsourcing library's @event machinery: `trigger` for the few
+`@event` methods on the scheduler's hot path, `mutate` (and `lean_mutator`) for the folds.
 
 Calling an `@event`-decorated method makes the eventsourcing library coerce the arguments to
 keywords against the method's signature, filter them for the event class, build the event
@@ -14,6 +15,8 @@ holds both ways equal, event for event.
 
 from __future__ import annotations
 
+import inspect
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -21,12 +24,78 @@ from eventsourcing.domain import (
     Aggregate,
     CanMutateAggregate,
     DecoratedFuncCaller,
+    OriginatorIDError,
+    OriginatorVersionError,
     decorated_func_callers,
+    decorated_funcs,
 )
 
+Lean = tuple[Callable[..., None], tuple[str, ...]] | None
+_LEAN: dict[type, Lean] = {}
 _Resolved = tuple[type, Callable[..., None], tuple[str, ...], frozenset[str]] | None
 _RESOLVED: dict[tuple[type, str], _Resolved] = {}
 _BASE_FIELDS = ("originator_id", "originator_version", "timestamp")
+
+
+def lean_mutator(cls: type) -> Lean:
+    """(the @event method's function, its keyword names) when `cls.mutate(agg)` on a valid next
+    event is exactly: call that function with the event's attributes it names, then set the
+    aggregate's version and modified_on — the library's CanMutateAggregate.mutate with
+    DecoratedFuncCaller.apply and nothing of ours in between; else None (the library's way)."""
+    try:
+        return _LEAN[cls]
+    except KeyError:
+        got = _LEAN[cls] = _lean_mutator(cls)
+        return got
+
+
+def _lean_mutator(cls: type) -> Lean:
+    if not issubclass(cls, DecoratedFuncCaller) or cls.mutate is not CanMutateAggregate.mutate:
+        return None
+    seen_caller = False
+    for klass in cls.__mro__:
+        if "apply" not in vars(klass):
+            continue
+        if not seen_caller:
+            if klass is not DecoratedFuncCaller:
+                return None
+            seen_caller = True
+        else:  # what DecoratedFuncCaller.apply's super().apply() reaches: must be the no-op
+            if klass is not CanMutateAggregate:
+                return None
+            break
+    func = decorated_funcs.get(cls)
+    if type(func) is not types.FunctionType:
+        return None
+    params = list(inspect.signature(func).parameters.values())
+    if not params or params[0].kind not in (inspect.Parameter.POSITIONAL_ONLY,
+                                             inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        return None
+    names = []
+    for p in params[1:]:
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL):
+            return None
+        if p.kind is not inspect.Parameter.VAR_KEYWORD:  # the library passes named ones only
+            names.append(p.name)
+    return func, tuple(names)
+
+
+def mutate(event: Any, agg: Aggregate) -> Aggregate:
+    """`event.mutate(agg)` for the next event of an existing aggregate, through the lean path
+    when `lean_mutator` allows it (same checks of id and version, same result)."""
+    lean = lean_mutator(type(event))
+    if lean is None:
+        return event.mutate(agg)  # type: ignore[no-any-return]
+    if event.originator_id != agg.id:
+        raise OriginatorIDError(event.originator_id, agg.id)
+    if event.originator_version != agg.version + 1:
+        raise OriginatorVersionError(event.originator_version, agg.version + 1)
+    func, names = lean
+    state = event.__dict__
+    func(agg, **{k: state[k] for k in names if k in state})
+    agg.version = event.originator_version
+    agg.modified_on = event.timestamp
+    return agg
 
 
 def _resolve(agg_type: type, method: str) -> _Resolved:
@@ -38,14 +107,8 @@ def _resolve(agg_type: type, method: str) -> _Resolved:
     event_cls = decorated_func_callers.get(decorator) if decorator is not None else None
     if event_cls is None or agg_type.trigger_event is not Aggregate.trigger_event:
         return None
-    # the library's mutate and apply, nothing of ours in between
-    if event_cls.mutate is not CanMutateAggregate.mutate:
+    if lean_mutator(event_cls) is None:  # the library's mutate and apply, nothing in between
         return None
-    for klass in event_cls.__mro__:
-        if "apply" in vars(klass):
-            if klass is not DecoratedFuncCaller:
-                return None
-            break
     names = tuple(getattr(event_cls, "__dataclass_fields__", {}))
     if names[:3] != _BASE_FIELDS:
         return None

@@ -20,8 +20,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import gc
-import inspect
-import types
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -33,15 +31,13 @@ import msgspec
 import psycopg
 from eventsourcing.domain import (
     CanInitAggregate,
-    CanMutateAggregate,
-    DecoratedFuncCaller,
-    decorated_funcs,
 )
 from eventsourcing.persistence import DatetimeAsISO, find_id_convertor, pass_through_convertor
 from eventsourcing.utils import resolve_topic
 from psycopg import sql
 
 from domain.account import Account
+from domain.events import lean_mutator
 from domain.lease import TERMINAL_STATES, Lease
 from domain.node import Node
 
@@ -244,51 +240,12 @@ class EventDecoder:
         return got
 
 
-_Lean = tuple[Any, tuple[str, ...]] | None
-
-
-def _lean_mutator(cls: type) -> _Lean:
-    """(the @event method's function, its keyword names) when `cls.mutate(agg)` on a valid next
-    event is exactly: call that function with the event's attributes it names, then set the
-    aggregate's version and modified_on — the library's CanMutateAggregate.mutate with
-    DecoratedFuncCaller.apply and nothing of ours in between; else None (the library's way)."""
-    if not issubclass(cls, DecoratedFuncCaller) or cls.mutate is not CanMutateAggregate.mutate:
-        return None
-    seen_caller = False
-    for klass in cls.__mro__:
-        if "apply" not in vars(klass):
-            continue
-        if not seen_caller:
-            if klass is not DecoratedFuncCaller:
-                return None
-            seen_caller = True
-        else:  # what DecoratedFuncCaller.apply's super().apply() reaches: must be the no-op
-            if klass is not CanMutateAggregate:
-                return None
-            break
-    func = decorated_funcs.get(cls)
-    if type(func) is not types.FunctionType:
-        return None
-    params = list(inspect.signature(func).parameters.values())
-    if not params or params[0].kind not in (inspect.Parameter.POSITIONAL_ONLY,
-                                             inspect.Parameter.POSITIONAL_OR_KEYWORD):
-        return None
-    names = []
-    for p in params[1:]:
-        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL):
-            return None
-        if p.kind is not inspect.Parameter.VAR_KEYWORD:  # the library passes named ones only
-            names.append(p.name)
-    return func, tuple(names)
-
-
 class Folder:
     """Folds notifications into aggregates, in memory, loading from the log on a cache miss."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
         self.aggregates: dict[UUID, Any] = {}
-        self._lean: dict[type, _Lean] = {}
         self._is_lease: dict[type, bool] = {}
 
     def clear(self) -> None:
@@ -315,11 +272,7 @@ class Folder:
         aggregates = self.aggregates
         agg = aggregates.get(oid)
         if agg is not None and agg.version + 1 == event.originator_version:
-            cls = type(event)
-            try:
-                lean = self._lean[cls]
-            except KeyError:
-                lean = self._lean[cls] = _lean_mutator(cls)
+            lean = lean_mutator(type(event))
             try:
                 if lean is not None:
                     # the library's mutate, minus its layers (the id check holds: agg was
