@@ -1368,6 +1368,11 @@ def scenario_quorum_loss(ws: Workspace, size: dict[str, Any], o: Outcome) -> Non
         cluster.restart(i, wait=False)
     cluster.wait_ready(90)
     t1 = time.monotonic()
+    # healthz can pass a few seconds before every stream (and the service's own connection)
+    # serves again: once in a CI run on a loaded machine, one command used up 8 attempts
+    # (~7 s of back-off) there; a careful client keeps retrying the same key a while longer
+    driver.attempts = 12
+    errors_before = Counter(driver.errors)
     driver.run([f"a{i}" for i in range(int(size["after"]))], 4)
     recovery_s = time.monotonic() - t1
     time.sleep(1.0)
@@ -1386,7 +1391,11 @@ def scenario_quorum_loss(ws: Workspace, size: dict[str, Any], o: Outcome) -> Non
     o.figures.update(acked_after=len(driver.acked) - acked_before,
                      after_restore_s=round(recovery_s, 1))
     o.expect(outage.attempts_sent > 0, "no command was tried during the outage")
-    o.expect(driver.failed == 0, f"{driver.failed} commands failed after the quorum returned")
+    after_errors = dict(Counter(driver.errors) - errors_before)
+    if after_errors:
+        o.figures["errors_after_restore"] = after_errors
+    o.expect(driver.failed == 0, f"{driver.failed} commands failed after the quorum returned "
+                                 f"(errors {after_errors})")
 
 
 # -- the suite -----------------------------------------------------------------------------------------
