@@ -273,8 +273,12 @@ class Demo:
         # on the edge pool: real sandboxed jobs (one to cancel), and a job on a node whose
         # agent will go silent
         local = {"cpu_millis": 200, "memory_mib": 128, "region": "local", "runtime": "sandboxed"}
-        self.to_cancel = (self.submit("acme", "long-job", local, {"image": IMAGE, "command": [
-            "sleep", "60"]}, kind="cancel", pool=EDGE) if self.local else None)
+        # without a sandbox here, the lease to cancel runs on a simulated node of the main pool
+        # (its agent stops the simulated workload and confirms, as a real one would)
+        self.to_cancel = self.submit(
+            "acme", "long-job", local if self.local else {"cpu_millis": 1000, "memory_mib": 1024},
+            {"image": IMAGE, "command": ["sleep", "60"]}, kind="cancel",
+            pool=EDGE if self.local else POOL)
         self.quiet = self.submit("acme", "on-quiet-node", {"cpu_millis": 1000, "memory_mib": 1024},
                                  {"image": IMAGE, "command": ["sleep", "60"]}, kind="quiet",
                                  pool=EDGE)
