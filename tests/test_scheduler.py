@@ -310,3 +310,32 @@ def test_a_save_with_no_answer_fails_the_cycle_and_leaves_no_unsaved_event_behin
         assert node.allocations.keys() == s.aggregates[node.id].allocations.keys()
     fresh.close()
     s.app.close()
+
+
+def test_fair_share_counts_the_ready_capacity_as_nodes_come_and_go(plane: Plane) -> None:
+    """The DRF denominator is the allocatable capacity of the pool's ready nodes: a node that
+    registers, is cordoned or returns changes the shares of the next cycle."""
+    cp, admin, _clock = plane
+    setup_pool(admin)
+    for i in range(2):
+        admin.admin("node.register", node_body(f"n{i}", cpu_millis=4000, memory_mib=4096))
+    with PoolClient(cp.nats_url, "alpha") as a:
+        assert a.request_lease(lease_body("one", cpu_millis=1000, memory_mib=512))["ok"]
+        cp.scheduler.cycle()
+        queue = cp.scheduler.pools["p1"].queue
+        assert queue is not None
+        first = queue.share("alpha")  # 1 of 8 cores, over alpha's weight
+        assert first > 0
+        admin.admin("node.n1.cordon", {"reason": "disk"})
+        assert a.request_lease(lease_body("two", cpu_millis=1000, memory_mib=512))["ok"]
+        cp.scheduler.cycle()
+        queue = cp.scheduler.pools["p1"].queue
+        assert queue is not None
+        # 2 of 4 cores: n1 no longer counts
+        assert queue.share("alpha") == pytest.approx(first * (2000 / 4000) / (1000 / 8000))
+        admin.admin("node.register", node_body("n2", cpu_millis=12000, memory_mib=16384))
+        assert a.request_lease(lease_body("three", cpu_millis=1000, memory_mib=512))["ok"]
+        cp.scheduler.cycle()
+        queue = cp.scheduler.pools["p1"].queue
+        assert queue is not None
+        assert queue.share("alpha") == pytest.approx(first * (3000 / 16000) / (1000 / 8000))

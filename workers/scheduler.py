@@ -82,10 +82,23 @@ class PoolState:
     queue: FairQueue | None = None
     weights: dict[str, float] = field(default_factory=dict)
     quotas: dict[str, Resources | None] = field(default_factory=dict)
+    # node id → (state, allocatable) as the DRF denominator last counted it; the denominator
+    # (allocatable of the ready nodes) is summed again before the next placement only when a
+    # node came, left readiness or changed size: summing it per node event made a replay of N
+    # node registrations O(N²) (10,000 nodes: ~2.4 s of a 4.3 s start-up)
+    counted: dict[str, tuple[str, Resources]] = field(default_factory=dict)
+    totals_stale: bool = False
+
+    def refresh_totals(self) -> None:
+        """The fair queue's denominator brought up to date, if a node changed it."""
+        if self.totals_stale and self.queue is not None:
+            self.totals_stale = False
+            self.queue.set_totals(self.table.totals(ready_only=True))
 
     def rebuild_queue(self) -> None:
         old = self.queue
         cfg = self.pool.config
+        self.totals_stale = False
         self.queue = FairQueue(
             totals=self.table.totals(ready_only=True),
             weights=self.weights,
@@ -231,9 +244,13 @@ class Scheduler:
         ps = self.pools.get(node.pool_id)
         if ps is None:
             return
-        first = node.node_id not in ps.table
-        ps.table.add_or_update_node(node.node_id, node.capabilities, str(node.state))
-        ps.table.set_state(node.node_id, str(node.state))
+        state = str(node.state)
+        seen = (state, node.capabilities.allocatable)
+        if ps.counted.get(node.node_id) != seen:
+            ps.counted[node.node_id] = seen
+            ps.totals_stale = True
+        ps.table.add_or_update_node(node.node_id, node.capabilities, state)
+        ps.table.set_state(node.node_id, state)
         have = set(ps.table.leases_on(node.node_id))
         want = node.allocations
         for lid in have - set(want):
@@ -246,9 +263,6 @@ class Scheduler:
             lease = self.aggregates.get(UUID(lid))
             tenant = lease.tenant_id if isinstance(lease, Lease) else None
             ps.table.allocate(node.node_id, lid, want[lid], tenant=tenant)
-        if first:
-            assert ps.queue is not None
-            ps.queue.set_totals(ps.table.totals(ready_only=True))
 
     def _index_lease(self, lease: Lease) -> None:
         ps = self.pools.get(lease.pool_id)
@@ -391,6 +405,7 @@ class Scheduler:
         queue = ps.queue
         if queue is None or not len(queue):
             return
+        ps.refresh_totals()
         pool = ps.pool
         cfg = pool.config
         batch: list[Aggregate] = []
