@@ -308,6 +308,9 @@ _RECORD_IDS_LIMIT = 100_000  # subject token → id text, per reader; cleared wh
 _UUID_TEXT = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
+_UNWRITTEN = _SubjectState(None, 0)  # a subject with no message, as a save expects it
+
+
 def _record_of(n: Notification) -> LogRecord:
     oid = n.originator_id
     is_uuid = isinstance(oid, UUID)
@@ -902,12 +905,19 @@ class JetStreamRecorder:
         trk_subject = self.tracking_subject_for(tracking.application_name) if tracking else None
         subjects = list(by_subject) + ([trk_subject] if trk_subject else [])
         cache = self._cache
-        missing = [s for s in subjects if s not in cache]
+        # an aggregate's first event (version 1) needs no look-up: it expects its subject to
+        # hold nothing yet (last sequence 0), and the server refuses the save otherwise, as a
+        # conflict. Every new lease, node or account is saved without that round trip
+        missing = [s for s in subjects if s not in cache and not (
+            s in by_subject and by_subject[s].originator_version == 1)]
         if missing:
             await asyncio.gather(*(self._subject_state(s) for s in missing))
         expects: dict[str, int] = {}
         for s, first_event in by_subject.items():
-            state = cache.get(s) or await self._subject_state(s)
+            state = cache.get(s)
+            if state is None:
+                state = (_UNWRITTEN if first_event.originator_version == 1
+                         else await self._subject_state(s))
             if (state.last_version is not None
                     and first_event.originator_version <= state.last_version):
                 raise IntegrityError(

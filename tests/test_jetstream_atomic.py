@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from typing import Any
-from uuid import UUID
+from uuid import NAMESPACE_URL, UUID, uuid5
 
 import pytest
 from eventsourcing.application import AggregateNotFoundError, Application
@@ -105,6 +105,40 @@ def test_a_stale_writer_in_another_process_is_refused(server: NatsServer) -> Non
     again.increment()
     app2.save(again)
     assert app1.repository.get(c.id).count == 2
+
+
+class Named(Aggregate):
+    """An aggregate whose id comes from its name (as accounts and nodes are found)."""
+
+    @staticmethod
+    def create_id(name: str) -> UUID:
+        return uuid5(NAMESPACE_URL, f"urn:test:named:{name}")
+
+    @event("Created")
+    def __init__(self, name: str, by: str) -> None:
+        self.name = name
+        self.by = by
+
+
+def test_a_second_creation_of_the_same_aggregate_is_refused_alone_and_in_a_batch(
+    server: NatsServer,
+) -> None:
+    """A first event (version 1) is saved expecting its subject empty, without looking first:
+    when another process created the same aggregate, this save is refused as a conflict,
+    alone or inside a batch, and nothing of the refused batch lands."""
+    app1, app2 = make_app(server), make_app(server)
+    app1.save(Named("x", by="app1"))
+    with pytest.raises(IntegrityError):
+        app2.save(Named("x", by="app2"))
+    bystander = Counter("bystander")
+    with pytest.raises(IntegrityError):
+        app2.save(bystander, Named("x", by="app2 again"))
+    assert app1.repository.get(Named.create_id("x")).by == "app1"
+    with pytest.raises(AggregateNotFoundError):
+        app1.repository.get(bystander.id)
+    # and a new one goes through, from either
+    app2.save(Named("y", by="app2"))
+    assert app1.repository.get(Named.create_id("y")).by == "app2"
 
 
 def test_a_1001_event_save_raises_batch_too_large(server: NatsServer) -> None:
