@@ -98,7 +98,7 @@ def mutate(event: Any, agg: Aggregate) -> Aggregate:
     return agg
 
 
-def _resolve(agg_type: type, method: str) -> _Resolved:
+def _resolve(agg_type: type[Aggregate], method: str) -> _Resolved:
     decorator = None
     for klass in agg_type.__mro__:
         if method in vars(klass):
@@ -130,7 +130,7 @@ def trigger(agg: Aggregate, method: str, **fields: Any) -> None:
     event_cls, func, names, _ = resolved
     version = agg.version + 1
     timestamp = event_cls.create_timestamp()  # type: ignore[attr-defined]
-    event = object.__new__(event_cls)
+    event: Any = object.__new__(event_cls)
     # a frozen dataclass's __init__ sets each field with object.__setattr__, in field order
     state = {"originator_id": agg.id, "originator_version": version, "timestamp": timestamp}
     for name in names:
@@ -139,4 +139,4 @@ def trigger(agg: Aggregate, method: str, **fields: Any) -> None:
     func(agg, **fields)  # the method body: it may refuse, and then nothing is recorded
     agg.version = version
     agg.modified_on = timestamp
-    agg._pending_events.append(event)  # type: ignore[arg-type]
+    agg._pending_events.append(event)

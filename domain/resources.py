@@ -173,7 +173,7 @@ class Shape:
         return cls(
             resources=res,
             gpu_partition=gpu_partition,
-            preferences=tuple(tuple(p) for p in prefs),  # type: ignore[misc]
+            preferences=tuple(tuple(p) for p in prefs),
             **constraints,
         )
 

@@ -181,8 +181,8 @@ def _channels() -> list[tuple[str, str, type[Struct], str, str, str, bool]]:
             v1.TelemetryEvent,
             "receiveTelemetry",
             "receive",
-            "Queue, startup, execution, utilization and failure events from node agents"
-            " (the tenant token lets NATS permissions give each tenant only its own leases).",
+            ("Queue, startup, execution, utilization and failure events from node agents"
+            " (the tenant token lets NATS permissions give each tenant only its own leases)."),
             False,
         )
     )

@@ -169,14 +169,14 @@ class _Lenient(Struct, frozen=True, kw_only=True):
 # -- resource shape ----------------------------------------------------------------------------
 
 
-class NetworkSpec(_Part, kw_only=True):
+class NetworkSpec(_Part, frozen=True, kw_only=True):
     """Network a workload needs: the egress class it may use and a bandwidth floor."""
 
     egress: NetworkEgress = "none"
     bandwidth_mbps_min: BandwidthMbps = 0
 
 
-class Preference(_Part, kw_only=True):
+class Preference(_Part, frozen=True, kw_only=True):
     """A soft preference: it affects ranking among eligible nodes, never eligibility."""
 
     kind: PreferenceKind
@@ -184,7 +184,7 @@ class Preference(_Part, kw_only=True):
     value: Annotated[str, Meta(min_length=1, max_length=512)]
 
 
-class ResourceShape(_Part, kw_only=True):
+class ResourceShape(_Part, frozen=True, kw_only=True):
     """What a lease asks for: amounts, exact pins (hard constraints) and ranked preferences."""
 
     schema_version: SchemaVersion = 1
@@ -236,7 +236,7 @@ class ResourceShape(_Part, kw_only=True):
         )
 
 
-class ResourceAmounts(_Part, kw_only=True):
+class ResourceAmounts(_Part, frozen=True, kw_only=True):
     """An amount of capacity: scalar dimensions plus GPU partitions counted per profile."""
 
     cpu_millis: CpuMillis = 0
@@ -260,7 +260,7 @@ class ResourceAmounts(_Part, kw_only=True):
 # -- lease commands ----------------------------------------------------------------------------
 
 
-class LeaseRequest(_Command, kw_only=True):
+class LeaseRequest(_Command, frozen=True, kw_only=True):
     """Ask a pool for a time-bounded lease on capacity of the given shape."""
 
     pool_id: SubjectToken
@@ -278,7 +278,7 @@ class LeaseRequest(_Command, kw_only=True):
     preemptible_requeue: bool = False
 
 
-class CheckpointPolicy(_Part, kw_only=True):
+class CheckpointPolicy(_Part, frozen=True, kw_only=True):
     """When the workload checkpoints, so preemption can pick the cheapest victim."""
 
     mode: CheckpointMode = "none"
@@ -289,7 +289,7 @@ class CheckpointPolicy(_Part, kw_only=True):
             raise ValueError("mode 'periodic' requires interval_seconds >= 1")
 
 
-class JobSpec(_Part, kw_only=True):
+class JobSpec(_Part, frozen=True, kw_only=True):
     """The workload that runs on a committed lease; unset fields fall back to the request's."""
 
     image: ImageRef | None = None
@@ -300,13 +300,13 @@ class JobSpec(_Part, kw_only=True):
     checkpoint_policy: CheckpointPolicy = msgspec.field(default_factory=CheckpointPolicy)
 
 
-class CommitLease(_Command, kw_only=True):
+class CommitLease(_Command, frozen=True, kw_only=True):
     """Confirm a reserved lease and attach the job to run; an uncommitted lease times out."""
 
     job: JobSpec = msgspec.field(default_factory=JobSpec)
 
 
-class Utilization(_Part, kw_only=True):
+class Utilization(_Part, frozen=True, kw_only=True):
     """Point-in-time usage a heartbeat or telemetry sample reports; every field optional."""
 
     cpu_millis_used: CpuMillis | None = None
@@ -315,7 +315,7 @@ class Utilization(_Part, kw_only=True):
     gpu_memory_mib_used: MemoryMib | None = None
 
 
-class HeartbeatLease(_Command, kw_only=True):
+class HeartbeatLease(_Command, frozen=True, kw_only=True):
     """Prove the lease holder is alive; the epoch fences out a stale holder."""
 
     epoch: Count
@@ -323,34 +323,34 @@ class HeartbeatLease(_Command, kw_only=True):
     utilization: Utilization | None = None
 
 
-class RenewLease(_Command, kw_only=True):
+class RenewLease(_Command, frozen=True, kw_only=True):
     """Extend a lease's deadline, within the pool's maximum runtime."""
 
     extend_seconds: RuntimeSeconds
 
 
-class ReleaseLease(_Command, kw_only=True):
+class ReleaseLease(_Command, frozen=True, kw_only=True):
     """Give capacity back: the holder is done with it."""
 
     exit_code: Annotated[int, Meta(ge=-(2**31), le=2**31 - 1)] | None = None
     reason: Reason | None = None
 
 
-class CancelLease(_Command, kw_only=True):
+class CancelLease(_Command, frozen=True, kw_only=True):
     """Withdraw a request or stop a lease before it completes."""
 
     reason: Reason | None = None
 
 
-class GetLease(_Command, kw_only=True):
+class GetLease(_Command, frozen=True, kw_only=True):
     """Read one lease's current state (the lease id is in the subject)."""
 
 
-class WhyLease(_Command, kw_only=True):
+class WhyLease(_Command, frozen=True, kw_only=True):
     """Ask why a lease is pending: per-reason counts of nodes that cannot take it."""
 
 
-class Query(_Command, kw_only=True):
+class Query(_Command, frozen=True, kw_only=True):
     """Read a projection view (named in the subject), filtered and paged."""
 
     filters: Annotated[dict[NameToken, ShortText], Meta(max_length=32)] = {}
@@ -358,7 +358,7 @@ class Query(_Command, kw_only=True):
     cursor: Annotated[str, Meta(max_length=256)] | None = None
 
 
-class TelemetryReplay(_Command, kw_only=True):
+class TelemetryReplay(_Command, frozen=True, kw_only=True):
     """A page of the tenant's own telemetry from the stream, read by the service on its behalf
     (`pool.cmd.<tenant>.telemetry.replay`): from `since`, or after the stream sequence
     `after_seq` the previous page ended on. The tenant token comes from the subject, so a
@@ -376,7 +376,7 @@ class TelemetryReplay(_Command, kw_only=True):
 # -- admin bodies ------------------------------------------------------------------------------
 
 
-class PreemptionPolicy(_Part, kw_only=True):
+class PreemptionPolicy(_Part, frozen=True, kw_only=True):
     """Whether higher priority work may evict lower, and how gently."""
 
     enabled: bool = False
@@ -385,7 +385,7 @@ class PreemptionPolicy(_Part, kw_only=True):
     grace_seconds: Annotated[int, Meta(ge=0, le=3600)] = 30
 
 
-class PoolConfig(_Command, kw_only=True):
+class PoolConfig(_Command, frozen=True, kw_only=True):
     """A pool's scheduling policy: packing, commit timeout, priority classes, preemption, aging."""
 
     pool_id: SubjectToken
@@ -416,7 +416,7 @@ QuotaDimension = Annotated[
 ]
 
 
-class TenantConfig(_Command, kw_only=True):
+class TenantConfig(_Command, frozen=True, kw_only=True):
     """A tenant's share of a pool: fair-share weight and optional per-dimension quota."""
 
     tenant: SubjectToken
@@ -426,7 +426,7 @@ class TenantConfig(_Command, kw_only=True):
     quota: Annotated[dict[QuotaDimension, Count], Meta(max_length=64)] | None = None
 
 
-class NodeCapabilitiesSpec(_Part, kw_only=True):
+class NodeCapabilitiesSpec(_Part, frozen=True, kw_only=True):
     """What a node offers: allocatable capacity (after system reserve) and its traits."""
 
     allocatable: ResourceAmounts
@@ -466,7 +466,7 @@ class NodeCapabilitiesSpec(_Part, kw_only=True):
 MicroCredits = Annotated[int, Meta(ge=0, le=10**12)]
 
 
-class PriceListConfig(_Command, kw_only=True):
+class PriceListConfig(_Command, frozen=True, kw_only=True):
     """A pool's prices in micro-credits per second; each change is a new price-list version."""
 
     pool_id: SubjectToken
@@ -478,7 +478,7 @@ class PriceListConfig(_Command, kw_only=True):
     gpu_partition_second: Annotated[dict[ShortText, MicroCredits], Meta(max_length=64)] = {}
 
 
-class TrustedKey(_Part, kw_only=True):
+class TrustedKey(_Part, frozen=True, kw_only=True):
     """A public key image signatures may verify under, named by a key id."""
 
     key_id: NameToken
@@ -488,7 +488,7 @@ class TrustedKey(_Part, kw_only=True):
 RegistryList = Annotated[list[RegistryPattern], Meta(max_length=64)]
 
 
-class ImagePolicyConfig(_Command, kw_only=True):
+class ImagePolicyConfig(_Command, frozen=True, kw_only=True):
     """A pool's image policy, replaced as a whole: approved registries (per tenant where
     set), trusted signing keys, the size limit and the isolation each trust level requires."""
 
@@ -514,13 +514,13 @@ class ImagePolicyConfig(_Command, kw_only=True):
             raise ValueError("trusted key ids must be unique")
 
 
-class PoolShow(_Command, kw_only=True):
+class PoolShow(_Command, frozen=True, kw_only=True):
     """Ask for every setting in force for a pool."""
 
     pool_id: SubjectToken
 
 
-class CreditGrant(_Command, kw_only=True):
+class CreditGrant(_Command, frozen=True, kw_only=True):
     """Add credits to a tenant's account; a repeated transfer id changes nothing."""
 
     tenant: SubjectToken
@@ -529,7 +529,7 @@ class CreditGrant(_Command, kw_only=True):
     reason: Reason | None = None
 
 
-class NodeStateChange(_Command, kw_only=True):
+class NodeStateChange(_Command, frozen=True, kw_only=True):
     """Cordon, drain, put in maintenance or return a node (the verb is in the subject)."""
 
     reason: Reason | None = None
@@ -538,7 +538,7 @@ class NodeStateChange(_Command, kw_only=True):
 # -- agent messages ----------------------------------------------------------------------------
 
 
-class NodeRegistration(_Command, kw_only=True):
+class NodeRegistration(_Command, frozen=True, kw_only=True):
     """A node agent joins a pool and publishes its allocatable capacity and traits."""
 
     node_id: SubjectToken
@@ -546,7 +546,7 @@ class NodeRegistration(_Command, kw_only=True):
     capabilities: NodeCapabilitiesSpec
 
 
-class LeaseBeat(_Part, kw_only=True):
+class LeaseBeat(_Part, frozen=True, kw_only=True):
     """One lease the agent is running, in its node heartbeat; the epoch fences old placements."""
 
     lease_id: SubjectToken
@@ -554,7 +554,7 @@ class LeaseBeat(_Part, kw_only=True):
     last_checkpoint_at: UnixSeconds | None = None
 
 
-class NodeHeartbeat(_Command, kw_only=True):
+class NodeHeartbeat(_Command, frozen=True, kw_only=True):
     """A node agent is alive; it lists the leases it runs so the pool can keep each alive, and
     reconcile the ones it no longer runs. One heartbeat is one atomic save for all of them."""
 
@@ -564,13 +564,13 @@ class NodeHeartbeat(_Command, kw_only=True):
     utilization: Utilization | None = None
 
 
-class NodeDrain(_Command, kw_only=True):
+class NodeDrain(_Command, frozen=True, kw_only=True):
     """A node asks to take no new leases (maintenance); running ones finish or are moved."""
 
     reason: Reason | None = None
 
 
-class LeaseAssignment(_Command, kw_only=True):
+class LeaseAssignment(_Command, frozen=True, kw_only=True):
     """The pool tells a node agent to start a committed lease's job."""
 
     lease_id: SubjectToken
@@ -585,7 +585,7 @@ class LeaseAssignment(_Command, kw_only=True):
     image_policy: Annotated[dict[str, Any], Meta(max_length=64)] | None = None
 
 
-class LeaseRevocation(_Command, kw_only=True):
+class LeaseRevocation(_Command, frozen=True, kw_only=True):
     """The pool tells a node agent to stop a lease (preempted, cancelled or expired)."""
 
     lease_id: SubjectToken
@@ -594,14 +594,14 @@ class LeaseRevocation(_Command, kw_only=True):
     reason: Reason | None = None
 
 
-class LeaseStopped(_Command, kw_only=True):
+class LeaseStopped(_Command, frozen=True, kw_only=True):
     """A node agent confirms a lease's workload is gone (after a preemption, cancel or expiry);
     only then is its capacity returned. The epoch fences a report from an older placement."""
 
     epoch: Count
 
 
-class JobStarted(_Command, kw_only=True):
+class JobStarted(_Command, frozen=True, kw_only=True):
     """A node agent reports the lease's current job is running (its process started)."""
 
     epoch: Count
@@ -609,14 +609,14 @@ class JobStarted(_Command, kw_only=True):
     startup_seconds: Annotated[float, Meta(ge=0, le=86_400)] | None = None
 
 
-class JobExited(_Command, kw_only=True):
+class JobExited(_Command, frozen=True, kw_only=True):
     """A node agent reports the lease's current job exited; the lease is released with it."""
 
     epoch: Count
     exit_code: Annotated[int, Meta(ge=-(2**31), le=2**31 - 1)]
 
 
-class JobFailed(_Command, kw_only=True):
+class JobFailed(_Command, frozen=True, kw_only=True):
     """A node agent reports the job could not run (image refused, start failed, killed)."""
 
     epoch: Count
@@ -634,7 +634,7 @@ AttrValue = (
 )
 
 
-class TelemetryEvent(_Lenient, kw_only=True):
+class TelemetryEvent(_Lenient, frozen=True, kw_only=True):
     """One queue, startup, execution, utilization or failure sample for a lease on a node."""
 
     kind: TelemetryKind
@@ -652,7 +652,7 @@ class ErrorBody(Struct, frozen=True, kw_only=True):
     reasons: dict[str, int | str] = {}
 
 
-class Envelope(_Lenient, kw_only=True):
+class Envelope(_Lenient, frozen=True, kw_only=True):
     """Every reply: ok with a lease or result, or not ok with an error."""
 
     ok: bool

@@ -6,8 +6,8 @@ numpy operations over whole columns (see tests/bench_policy_quick.py for the mea
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
 import heapq
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -538,8 +538,8 @@ class NodeTable:
         if shape.cpu_arch is not None:
             static(R.ARCH_MISMATCH, self._arch[:n] != self._codes["arch"].lookup(shape.cpu_arch))
         if shape.gpu_model is not None:
-            code = self._codes["gpu_model"].lookup(shape.gpu_model)
-            static(R.GPU_MODEL_MISMATCH, self._gpu_model[:n] != code)
+            model_code = self._codes["gpu_model"].lookup(shape.gpu_model)
+            static(R.GPU_MODEL_MISMATCH, self._gpu_model[:n] != model_code)
         if shape.gpu_memory_gib_min > 0:
             static(R.INSUFFICIENT_GPU_MEMORY, self._gpu_mem[:n] < shape.gpu_memory_gib_min)
         if shape.gpu_partition != "none":
