@@ -339,3 +339,48 @@ def test_fair_share_counts_the_ready_capacity_as_nodes_come_and_go(plane: Plane)
         queue = cp.scheduler.pools["p1"].queue
         assert queue is not None
         assert queue.share("alpha") == pytest.approx(first * (3000 / 16000) / (1000 / 8000))
+
+
+def test_a_catch_up_read_ahead_over_small_pages_and_own_batches_folds_what_a_fresh_one_does(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Catch-up asks for the next page while it folds one; with pages of 3 events the reads
+    ahead cross the ranges of the scheduler's own batches, which it steps over unread."""
+    import workers.scheduler as sched_mod
+    from workers.replay import notifications
+
+    monkeypatch.setattr(sched_mod, "NOTIFICATION_PAGE", 3)
+    cp, admin, clock = plane
+    setup_pool(admin, tenants={"alpha": 1.0, "beta": 1.0})
+    for i in range(3):
+        admin.admin("node.register", node_body(f"n{i}", cpu_millis=8000, memory_mib=32768))
+    s = Scheduler(PoolApp(env=app_env(cp.nats_url), clock=clock), clock=clock)
+    with PoolClient(cp.nats_url, "alpha") as a, PoolClient(cp.nats_url, "beta") as b:
+        for round_ in range(3):
+            for i in range(4):  # others write between our batches
+                assert a.request_lease(lease_body(f"a{round_}-{i}", cpu_millis=500))["ok"]
+                assert b.request_lease(lease_body(f"b{round_}-{i}", cpu_millis=500))["ok"]
+            report = s.cycle()
+            assert report.placed == 8 and report.conflicts == 0
+        before = s.position
+        for i in range(5):
+            assert a.request_lease(lease_body(f"late{i}", cpu_millis=500))["ok"]
+    log = list(notifications(s.app, before + 1))
+    ours = sum(n.topic.endswith(("LeaseReserved", "CapacityAllocated",
+                                 "CapacityAllocatedBatch", "CreditsHeld")) for n in log)
+    assert s.catch_up() == len(log) - ours == 10  # only the others' events were read
+    assert s.pages_read_ahead > 0 and s.pages_read_ahead_unused == 0
+    # where the next read starts and ends around our own batches (events 10-15 and 20-22)
+    s._own.extend([(10, 15), (20, 22)])  # noqa: SLF001
+    assert [s._next_read(p) for p in (5, 6, 9, 16, 18, 19, 22)] == [  # noqa: SLF001
+        (6, 3), (7, 3), (16, 3), (17, 3), (19, 1), (23, 3), (23, 3)]
+    s._own.clear()  # noqa: SLF001
+    assert s.position == log[-1].id
+    fresh = Scheduler(PoolApp(env=app_env(cp.nats_url), clock=clock), clock=clock)
+    fresh.catch_up()
+    assert {k: (type(v).__name__, v.version) for k, v in s.aggregates.items()} == {
+        k: (type(v).__name__, v.version) for k, v in fresh.aggregates.items()}
+    assert s.cycle().placed == 5
+    for x in (s, fresh):
+        x.close()
+        x.app.close()

@@ -13,6 +13,7 @@ one, has the running leases that lose the least work since their last checkpoint
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import functools
 import gc
 import heapq
@@ -43,6 +44,7 @@ from domain.policy.placement import FilterResult, NodeTable
 from domain.policy.preemption import NodeCandidate, PreemptionPlan, RunningLease, choose_victims
 from domain.pool import Pool, TenantPolicy
 from domain.resources import TRUST_LEVELS, LeaseId, NodeId, Resources
+from projections.views import EventDecoder
 from workers import observability
 
 log = logging.getLogger(__name__)
@@ -169,6 +171,13 @@ class Scheduler:
         # (first, last) notification ids of our acknowledged batches not yet passed by
         # catch_up, in log order: catch_up steps over them instead of reading them back
         self._own: collections.deque[tuple[int, int]] = collections.deque()
+        # the mapper's to_domain_event, without its walk over the whole decoded state where
+        # the stored event holds just one transcoded value (its timestamp): ~10 → ~5 µs an
+        # event; anything else goes through the mapper
+        self._decode = EventDecoder(app.mapper)
+        self._read_ahead: concurrent.futures.ThreadPoolExecutor | None = None
+        self.pages_read_ahead = 0  # pages catch-up took from a read ahead
+        self.pages_read_ahead_unused = 0  # reads ahead it could not use (asked for the wrong range)
 
     # -- folding the log --------------------------------------------------------------------
 
@@ -188,24 +197,64 @@ class Scheduler:
     def _catch_up(self) -> int:
         n = 0
         own = self._own
-        while True:
-            while own and own[0][0] <= self.position + 1:
-                self.position = max(self.position, own.popleft()[1])
-            limit = NOTIFICATION_PAGE
-            if own:  # read what others wrote before our next batch, no further
-                limit = min(limit, own[0][0] - self.position - 1)
-            page = self.app.recorder.select_notifications(start=self.position + 1, limit=limit)
-            if not page:
-                return n
-            for notification in page:
-                known = self.aggregates.get(notification.originator_id)
-                # our own writes come back through the log: skip them before paying to decode
-                if known is None or notification.originator_version > known.version:
-                    self.apply(self.app.mapper.to_domain_event(notification))
-                self.position = notification.id
-            n += len(page)
-            if len(page) < limit:
-                return n
+        select = self.app.recorder.select_notifications
+        decode = self._decode
+        # the next page, asked for while this one is folded: the server and the bus thread
+        # read it in the meantime (a catch-up spent a third of its time waiting for reads)
+        ahead: tuple[int, int, concurrent.futures.Future[Any]] | None = None
+        try:
+            while True:
+                while own and own[0][0] <= self.position + 1:
+                    self.position = max(self.position, own.popleft()[1])
+                start, limit = self._next_read(self.position)
+                if ahead is not None and ahead[:2] == (start, limit):
+                    page = ahead[2].result()
+                    self.pages_read_ahead += 1
+                else:
+                    if ahead is not None:
+                        concurrent.futures.wait([ahead[2]])
+                        self.pages_read_ahead_unused += 1
+                    page = select(start=start, limit=limit)
+                ahead = None
+                if not page:
+                    return n
+                if len(page) == limit:  # there may be more
+                    at, size = self._next_read(page[-1].id)
+                    ahead = (at, size, self._reader().submit(select, start=at, limit=size))
+                for notification in page:
+                    known = self.aggregates.get(notification.originator_id)
+                    # our own writes come back through the log: skip them before decoding
+                    if known is None or notification.originator_version > known.version:
+                        self.apply(decode(notification))
+                    self.position = notification.id
+                n += len(page)
+                if len(page) < limit:
+                    return n
+        finally:
+            if ahead is not None:  # left by a fold that raised: let it finish, unread
+                concurrent.futures.wait([ahead[2]])
+
+    def _next_read(self, position: int) -> tuple[int, int]:
+        """(start, limit) of the read after `position`: past our own acknowledged batches
+        that begin there, and no further than the next one (its events are in memory)."""
+        for first, last in self._own:
+            if first > position + 1:
+                return position + 1, min(NOTIFICATION_PAGE, first - position - 1)
+            position = max(position, last)
+        return position + 1, NOTIFICATION_PAGE
+
+    def close(self) -> None:
+        """Stop the read-ahead thread (after the read in flight, if any)."""
+        with self._lock:
+            if self._read_ahead is not None:
+                self._read_ahead.shutdown(wait=True, cancel_futures=True)
+                self._read_ahead = None
+
+    def _reader(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._read_ahead is None:
+            self._read_ahead = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="scheduler-read-ahead")
+        return self._read_ahead
 
     def apply(self, event: Any) -> None:
         agg = self.aggregates.get(event.originator_id)

@@ -217,6 +217,7 @@ class ControlPlane:
         if self.projector is not None:
             self.projector.stop()
         self.app.close()
+        self.scheduler.close()
         self.scheduler.app.close()
         from bus.runtime import close_runtime
 
