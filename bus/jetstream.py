@@ -176,6 +176,17 @@ _KEY_TOPIC = "\r\n" + HDR_TOPIC + ":"
 _UUIDS: dict[str, UUID] = {}  # ids seen in log reads: one parse per aggregate, not per event
 
 
+def _uuid_of(text: str) -> UUID:
+    """UUID(text), one object per id while few ids are seen (every entry of the table is one
+    more object for the cyclic collector to walk, so it is emptied once it grows)."""
+    got = _UUIDS.get(text)
+    if got is None:
+        if len(_UUIDS) >= 20_000:
+            _UUIDS.clear()
+        got = _UUIDS[text] = UUID(text)
+    return got
+
+
 def _header(text: str, key: str) -> str | None:
     """The value of `key` ("\r\nName:") in a header block's text, as _parse_headers gives it."""
     i = text.find(key)
@@ -1109,6 +1120,7 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
             return out
         wanted = set(topics)
         prefix = self._subject_prefix
+        new, setattr_ = object.__new__, object.__setattr__
         seq = start
         while len(out) < limit:
             # without a topic filter every message of ours counts, so ask for what is missing
@@ -1122,21 +1134,23 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
                 subject = headers.get("Nats-Subject", "")
                 if not subject.startswith(prefix):
                     continue
-                if wanted and headers.get(HDR_TOPIC) not in wanted:
+                topic = headers[HDR_TOPIC]
+                if wanted and topic not in wanted:
                     continue
-                e = _stored_event_from(headers, data)
+                oid: UUID | str = headers[HDR_ORIGINATOR_ID]
+                if headers.get(HDR_ID_KIND) == "uuid":
+                    oid = _uuid_of(oid)
+                version = int(headers[HDR_VERSION])
                 # a follower that reads the log learns each subject's end as it goes, so its
                 # next write carries the right expectation instead of a guaranteed conflict
-                self._remember(subject, _SubjectState(e.originator_version, s))
-                out.append(
-                    Notification(
-                        id=s,
-                        originator_id=e.originator_id,
-                        originator_version=e.originator_version,
-                        topic=e.topic,
-                        state=e.state,
-                    )
-                )
+                self._remember(subject, _SubjectState(version, s))
+                # the Notification a frozen dataclass's __init__ makes, built in one step, with
+                # one UUID per aggregate rather than one parse per event
+                n = new(Notification)
+                setattr_(n, "__dict__", {
+                    "originator_id": oid, "originator_version": version, "topic": topic,
+                    "state": data if type(data) is bytes else bytes(data or b""), "id": s})
+                out.append(n)
                 if len(out) == limit:
                     return out
             if at_end or not msgs:
