@@ -10,6 +10,8 @@ Then it cross-checks the balance view, as of the view's own tracked position.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -231,7 +233,7 @@ class CreditAudit:
             mapper, "compressor", None)
 
     def run(self, *, view_position: int | None = None) -> AuditReport:
-        with gc_paused():
+        with _gc_paused_and_aged():
             return self._run(view_position)
 
     def _run(self, view_position: int | None) -> AuditReport:
@@ -294,7 +296,8 @@ class CreditAudit:
                 if ev is not None and ev.class_version != version:
                     ev = None  # an older version: the mapper upcasts it
             if ev is None:
-                ev = _as_struct(code, self.app.mapper.to_domain_event(_notification(rec)))
+                ev = _as_struct(code, self.app.mapper.to_domain_event(
+                    _notification(rec, UUID(rec[1]) if rec[2] else rec[1])))
             if code == _OPENED:
                 accounts[oid] = self._account(ev.tenant_id)
                 continue
@@ -404,8 +407,15 @@ class CreditAudit:
             self._pending_count = max(0, self._pending_count - len(waiting))
             decode, apply = self.decode_event, self.folder.apply
             agg = None
+            uid = None  # one aggregate: one UUID for all its events
             for rec in waiting:
-                agg = apply(decode(_notification(rec)))
+                if rec[2]:
+                    if uid is None:
+                        uid = UUID(rec[1])
+                    oid: Any = uid
+                else:
+                    oid = rec[1]
+                agg = apply(decode(_notification(rec, oid)))
                 if isinstance(agg, Lease) and agg.node_id is not None:
                     self.last_node[key] = agg.node_id
             self._folded[key] = agg
@@ -462,10 +472,41 @@ def _uuid_text(text: str) -> str:
         return text
 
 
-def _notification(rec: Record) -> Notification:
-    seq, oid, is_uuid, version, topic, data = rec
-    return Notification(id=seq, originator_id=UUID(oid) if is_uuid else oid,
-                        originator_version=version, topic=topic, state=data)
+def _notification(rec: Record, oid: Any) -> Notification:
+    """The Notification a frozen dataclass's __init__ makes, built in one step, with the
+    originator id `oid` given (one UUID per aggregate folded, not one parse per event)."""
+    n = _new(Notification)
+    _setattr(n, "__dict__", {"originator_id": oid, "originator_version": rec[3],
+                             "topic": rec[4], "state": rec[5], "id": rec[0]})
+    return n
+
+
+_new, _setattr = object.__new__, object.__setattr__
+
+
+@contextlib.contextmanager
+def _gc_paused_and_aged() -> Iterator[None]:
+    """views.gc_paused, and at its end the fold's survivors (the report, the folded
+    aggregates: ~450,000 objects at 200,000 events) put in the oldest generation without a
+    scan: with the collector back on, the first allocation would otherwise start a collection
+    of the youngest generation that walks every one of them (~90 ms, ~0.45 us per event of
+    the replay), and a later one of the middle generation walks them again.
+
+    freeze() then unfreeze() moves every tracked object to the oldest generation in O(1); the
+    oldest generation's full collections still walk them, as any long-lived object. Where
+    the process has frozen objects of its own (a projector's state), unfreezing would hand
+    those back to the collector, so the fold's objects are only frozen with them (the fold
+    makes no reference cycles; frozen objects are still freed when no longer referenced)."""
+    enabled = gc.isenabled()  # (a caller's own pause: its end is its business)
+    with gc_paused():
+        try:
+            yield
+        finally:
+            if enabled:
+                frozen = gc.get_freeze_count()
+                gc.freeze()
+                if not frozen:
+                    gc.unfreeze()
 
 
 def _as_struct(code: int, ev: Any) -> Any:

@@ -195,3 +195,38 @@ def test_the_audit_reports_the_same_from_records_read_in_a_child_in_process_and_
     charges = [d for d in reports[0][0]["discrepancies"] if d["kind"] == "charge"]
     assert [(d["lease_id"], d["found"], d["detail"]) for d in charges] == [
         ("not-a-uuid", 3, "no lease in the log")]
+
+
+def test_the_audit_leaves_its_objects_aged_not_frozen_and_a_callers_frozen_state_frozen(
+    plane: tuple[ControlPlane, FakeClock],
+) -> None:
+    """At the end of the replay the collector is not left a young generation holding the whole
+    report (its first collection would walk all of it): the survivors go to the oldest
+    generation unscanned, and nothing stays frozen; where the process froze state of its own
+    (a projector's), that stays frozen."""
+    import gc
+
+    cp, clock = plane
+    run_leases(cp, clock, "alpha", 2)
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    report = CreditAudit(cp.app).run()
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    # the report's objects are in the oldest generation (a first collection since would have
+    # left them in the middle one)
+    spend = next(iter(report.leases.values()))
+    assert any(o is spend.seqs for o in gc.get_objects(generation=2))
+    expected = report.to_dict()
+    held = [object() for _ in range(10)]  # "a projector's state", frozen by its owner
+    gc.freeze()
+    try:
+        assert CreditAudit(cp.app).run().to_dict() == expected
+        assert gc.isenabled() and not any(o is held for o in gc.get_objects())  # still frozen
+    finally:
+        gc.unfreeze()
+    del held
+    gc.disable()  # a caller's own pause is left as it is
+    try:
+        assert CreditAudit(cp.app).run().to_dict() == expected
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
