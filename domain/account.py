@@ -10,6 +10,8 @@ before is a no-op that records nothing, so retried commands can never move credi
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
+from typing import Any
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
@@ -87,6 +89,34 @@ class Account(Aggregate):
                 at=float(now))  # one per placement in a priced pool: the lean trigger
         return True
 
+    def hold_many(self, holds: Sequence[tuple[str, LeaseId, int]], now: float) -> int:
+        """Several holds as ONE event (`CreditsHeldBatch`), each taken as `hold` takes it, all or
+        nothing: a transfer id seen before (or twice here) is skipped, the rest must fit what is
+        available together (else InsufficientCredits, and nothing is recorded). A scheduler that
+        places many of a tenant's leases in one cycle records one event for their holds, not one
+        per lease. A single fresh hold is recorded as `CreditsHeld`. Returns how many holds were
+        recorded."""
+        fresh: list[list[Any]] = []
+        seen: set[str] = set()
+        total = 0
+        for transfer_id, lease_id, amount in holds:
+            if transfer_id in self.transfer_ids or transfer_id in seen:
+                continue
+            _require_amount(amount, positive=False)
+            seen.add(transfer_id)
+            fresh.append([transfer_id, str(lease_id), amount])
+            total += amount
+        if not fresh:
+            return 0
+        if total > self.available:
+            raise InsufficientCredits(available=self.available, requested=total)
+        if len(fresh) == 1:
+            transfer_id, lease_id, amount = fresh[0]
+            self.hold(transfer_id, LeaseId(lease_id), amount, now)
+            return 1
+        trigger(self, "_held_batch", holds=fresh, at=float(now))
+        return len(fresh)
+
     def settle(self, transfer_id: str, lease_id: LeaseId, amount_charged: int, now: float) -> bool:
         """Charge a lease's actual cost and release the rest of its hold, in one event.
 
@@ -138,6 +168,15 @@ class Account(Aggregate):
         key = LeaseId(lease_id)
         self.holds[key] = self.holds.get(key, 0) + amount
         self.held += amount
+
+    @event("CreditsHeldBatch")
+    def _held_batch(self, holds: list[list[Any]], at: float) -> None:
+        """`holds`: [transfer id, lease id, amount] each, applied as CreditsHeld applies one."""
+        for transfer_id, lease_id, amount in holds:
+            self.transfer_ids.add(transfer_id)
+            key = LeaseId(lease_id)
+            self.holds[key] = self.holds.get(key, 0) + amount
+            self.held += amount
 
     @event("CreditsSettled")
     def _settled(

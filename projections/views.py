@@ -303,27 +303,31 @@ class Folder:
         return agg
 
 
-_CREDIT_KINDS = {"CreditsHeld": "held", "CreditsSettled": "settled", "HoldReleased": "released"}
+_CREDIT_KINDS = {"CreditsHeld": "held", "CreditsSettled": "settled", "HoldReleased": "released",
+                 "CreditsHeldBatch": "held_batch"}
 
 
 _UNSEEN: Any = object()
 
 
 def _credit_extractor(cls: type) -> Any:
-    """For an Account's credit events of class `cls` (CreditsHeld, CreditsSettled, HoldReleased,
-    by name), a function of the event giving (lease id, and the deltas on its lease's row:
-    held, charged, released, shortfall); None for any other class."""
+    """For an Account's credit events of class `cls` (CreditsHeld, CreditsHeldBatch,
+    CreditsSettled, HoldReleased, by name), a function of the event giving a list of (lease id,
+    and the deltas on its lease's row: held, charged, released, shortfall) — one per lease the
+    event moves credits of; None for any other class."""
     kind = _CREDIT_KINDS.get(cls.__name__)
     if kind is None:
         return None
     if kind == "held":
-        return lambda ev: (ev.lease_id, int(ev.amount), 0, 0, 0)
+        return lambda ev: ((ev.lease_id, int(ev.amount), 0, 0, 0),)
+    if kind == "held_batch":
+        return lambda ev: [(str(lid), int(amount), 0, 0, 0) for _tid, lid, amount in ev.holds]
     if kind == "released":
-        return lambda ev: (ev.lease_id, -int(ev.amount), 0, int(ev.amount), 0)
+        return lambda ev: ((ev.lease_id, -int(ev.amount), 0, int(ev.amount), 0),)
 
-    def settled(ev: Any) -> tuple[str, int, int, int, int]:
+    def settled(ev: Any) -> tuple[tuple[str, int, int, int, int]]:
         charged, released = int(ev.charged), int(ev.released)
-        return (ev.lease_id, -(charged + released), charged, released, int(ev.shortfall))
+        return ((ev.lease_id, -(charged + released), charged, released, int(ev.shortfall)),)
     return settled
 
 
@@ -712,7 +716,9 @@ class PoolViews:
                 if extract is None:
                     continue
             if (kinds.get(type(agg)) or self._kind(type(agg))) == _ACCOUNT:
-                credits.append((seq, agg.tenant_id, *extract(ev)))
+                tenant = agg.tenant_id
+                for moved in extract(ev):
+                    credits.append((seq, tenant, *moved))
         by_kind = {_LEASE: out.leases, _ACCOUNT: out.accounts, _NODE: out.nodes}
         for seq, agg in last.values():
             cls = type(agg)

@@ -76,6 +76,42 @@ def test_a_hold_beyond_available_credits_is_refused() -> None:
     assert account.available == 0
 
 
+def test_many_holds_are_one_event_that_folds_as_the_holds_one_by_one() -> None:
+    many, one_by_one = funded(), funded()
+    holds = [("hold-1", LEASE, 300), ("hold-2", LeaseId("lease-2"), 200),
+             ("hold-3", LEASE, 100)]  # a second hold for a lease adds to it, as `hold` does
+    assert many.hold_many(holds, now=2) == 3
+    for transfer_id, lease_id, amount in holds:
+        one_by_one.hold(transfer_id, lease_id, amount, now=2)
+    events = [type(e).__name__ for e in many.pending_events]
+    assert events == ["AccountOpened", "CreditsGranted", "CreditsHeldBatch"]
+    assert (many.held, many.available, many.hold_for(LEASE), many.hold_for(LeaseId("lease-2"))) \
+        == (one_by_one.held, one_by_one.available, 400, 200) == (600, 400, 400, 200)
+    assert many.transfer_ids == one_by_one.transfer_ids
+    assert state_of(replay(many)) == state_of(many)  # the library's own fold gives the same
+    # every hold of the batch can be settled or released on its own afterwards
+    many.settle("settle-1", LEASE, 150, now=3)
+    many.release_hold("release-2", LeaseId("lease-2"), now=3)
+    assert (many.held, many.spent, many.available) == (0, 150, 850)
+
+
+def test_many_holds_are_all_or_nothing_and_skip_transfer_ids_seen_before() -> None:
+    account = funded()
+    account.hold("hold-1", LEASE, 300, now=2)
+    with pytest.raises(InsufficientCredits):  # 300 + 500 + 300 > 1000: none is taken
+        account.hold_many([("hold-2", LeaseId("l2"), 500), ("hold-3", LeaseId("l3"), 300)], now=3)
+    assert account.held == 300 and not account.has_seen("hold-2")
+    # seen before, or twice in the list: skipped; one fresh hold is a plain CreditsHeld
+    assert account.hold_many([("hold-1", LEASE, 300), ("hold-2", LeaseId("l2"), 500),
+                              ("hold-2", LeaseId("l2"), 500)], now=4) == 1
+    assert type(account.pending_events[-1]).__name__ == "CreditsHeld"
+    assert account.held == 800
+    assert account.hold_many([("hold-1", LEASE, 1), ("hold-2", LeaseId("l2"), 1)], now=5) == 0
+    with pytest.raises(InvalidAmount):
+        account.hold_many([("hold-4", LeaseId("l4"), -1), ("hold-5", LeaseId("l5"), 1)], now=6)
+    assert account.held == 800 and state_of(replay(account)) == state_of(account)
+
+
 def test_settle_charges_the_actual_amount_and_releases_the_rest_in_one_event() -> None:
     account = funded()
     account.hold("hold-1", LEASE, 300, now=2)
