@@ -83,12 +83,17 @@ class _Settled(msgspec.Struct):
     class_version: int = 1
 
 
+class _HeldBatch(msgspec.Struct):
+    holds: list[tuple[str, str, int]]  # (transfer id, lease id, amount) each
+    class_version: int = 1
+
+
 _Released = _Held  # HoldReleased carries what CreditsHeld carries: the lease and an amount
 
 
 _CREDIT_STRUCTS: dict[str, type[msgspec.Struct]] = {
     "AccountOpened": _Opened, "CreditsGranted": _Granted, "CreditsHeld": _Held,
-    "CreditsSettled": _Settled, "HoldReleased": _Released,
+    "CreditsSettled": _Settled, "HoldReleased": _Released, "CreditsHeldBatch": _HeldBatch,
 }
 
 
@@ -184,9 +189,9 @@ def _seqs(seqs: list[int]) -> str:
         map(str, seqs[-10:]))
 
 
-_OPENED, _GRANTED, _HELD, _SETTLED, _RELEASED = range(5)
+_OPENED, _GRANTED, _HELD, _SETTLED, _RELEASED, _HELD_BATCH = range(6)
 _CODES = {"AccountOpened": _OPENED, "CreditsGranted": _GRANTED, "CreditsHeld": _HELD,
-          "CreditsSettled": _SETTLED, "HoldReleased": _RELEASED}
+          "CreditsSettled": _SETTLED, "HoldReleased": _RELEASED, "CreditsHeldBatch": _HELD_BATCH}
 _CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 # a log record (bus.jetstream.LogRecord): seq, originator id text, uuid?, version, topic, state
 Record = tuple[int, str, bool, int, str, bytes]
@@ -311,6 +316,9 @@ class CreditAudit:
             if code == _GRANTED:
                 c.granted += ev.amount
                 continue
+            if code == _HELD_BATCH:
+                self._held_batch(ev, seq, c, holds, tenant)
+                continue
             lid = ev.lease_id
             spend = leases.get(lid)
             if spend is None:
@@ -377,6 +385,24 @@ class CreditAudit:
                     [*_seq_list(held[1]), seq], lid,
                     why if isinstance(why, str) else _why(*why)))
         self._pending_count = count
+
+    def _held_batch(self, ev: Any, seq: int, c: TenantCredits,
+                    holds: dict[str, tuple[int, Any]], tenant: str) -> None:
+        """A CreditsHeldBatch: each of its holds as a CreditsHeld at the same sequence."""
+        leases = self.report.leases
+        for _transfer_id, lid, amount in ev.holds:
+            spend = leases.get(lid)
+            if spend is None:
+                spend = leases[lid] = LeaseSpend(tenant, seqs=[seq])
+            elif not spend.seqs or spend.seqs[-1] != seq:
+                spend.seqs.append(seq)
+            held = holds.get(lid)
+            if held is None:
+                holds[lid] = (amount, seq)
+            else:
+                holds[lid] = (held[0] + amount, [*_seq_list(held[1]), seq])
+            c.held += amount
+            spend.held += amount
 
     def _account(self, tenant: str) -> tuple[Any, ...]:
         """What an account's credit events fold into: its tenant's credits and holds."""
@@ -519,6 +545,8 @@ def _as_struct(code: int, ev: Any) -> Any:
         return _Held(lease_id=str(ev.lease_id), amount=int(ev.amount))
     if code == _RELEASED:
         return _Released(lease_id=str(ev.lease_id), amount=int(ev.amount))
+    if code == _HELD_BATCH:
+        return _HeldBatch(holds=[(str(t), str(lid), int(a)) for t, lid, a in ev.holds])
     return _Settled(lease_id=str(ev.lease_id), charged=int(ev.charged),
                     released=int(ev.released), shortfall=int(ev.shortfall), at=float(ev.at))
 

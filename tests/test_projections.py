@@ -125,6 +125,43 @@ def test_views_follow_request_reserve_commit_release_with_credits(
     assert_equal_to_rebuild(cp.app, database_url, schema)
 
 
+def test_holds_of_one_cycle_recorded_as_one_event_reach_every_leases_row(
+    plane: tuple[ControlPlane, PoolClient, FakeClock], database_url: str, schema: str
+) -> None:
+    """The scheduler records a tenant's holds of one batch as one CreditsHeldBatch: the
+    leases view credits each lease its own hold, the balance view the sum."""
+    cp, _admin, clock = plane
+    with PoolClient(cp.nats_url, "alpha") as alpha:
+        ids = [alpha.request_lease(lease_body(f"b{i}", cpu_millis=1000 * (i + 1)))["lease"][
+            "lease_id"] for i in range(3)]
+        assert cp.scheduler.cycle().placed == 3
+        topics = [n.topic for n in cp.app.recorder.select_notifications(start=1, limit=10_000)]
+        assert sum(t.endswith(".CreditsHeldBatch") for t in topics) == 1
+        assert not any(t.endswith(".CreditsHeld") for t in topics)
+        catch_up(cp, database_url, schema)
+        held = dict(rows(database_url, schema,
+                         "SELECT lease_id, credits_held FROM {s}.leases WHERE tenant = 'alpha'"))
+        hold_each = {lid: alpha.lease(lid, "get")["lease"]["hold_microcredits"] for lid in ids}
+        assert held == hold_each and len(set(held.values())) == 3  # each its own amount
+        (bal_held,), = rows(database_url, schema,
+                            "SELECT held FROM {s}.balance WHERE tenant = 'alpha'")
+        assert bal_held == sum(hold_each.values())
+        assert alpha.lease(ids[0], "commit", JOB)["ok"]
+        clock.advance(3.2)
+        assert alpha.lease(ids[0], "release", {"exit_code": 0})["ok"]
+        assert alpha.lease(ids[1], "cancel", {"reason": "test"})["ok"]
+    catch_up(cp, database_url, schema)
+    charge = (1 * 7 + 1 * 3) * 4  # 1 core, 1 GiB, 3.2 s billed as 4
+    (state, charged, held_now), = rows(
+        database_url, schema, "SELECT state, credits_charged, credits_held FROM {s}.leases "
+        "WHERE lease_id = %s", ids[0])
+    assert (state, charged, held_now) == ("released", charge, 0)
+    (bal_held, spent), = rows(database_url, schema,
+                              "SELECT held, spent FROM {s}.balance WHERE tenant = 'alpha'")
+    assert (bal_held, spent) == (hold_each[ids[2]], charge)
+    assert_equal_to_rebuild(cp.app, database_url, schema)
+
+
 def test_a_projector_thread_keeps_up_and_small_batches_equal_a_rebuild(
     plane: tuple[ControlPlane, PoolClient, FakeClock], database_url: str, schema: str
 ) -> None:

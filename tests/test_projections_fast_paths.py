@@ -29,7 +29,8 @@ JOB = {"job": {"image": "busybox@sha256:" + "a" * 64, "command": ["true"]}}
 @pytest.fixture()
 def plane(fresh_nats: NatsServer) -> Iterator[ControlPlane]:
     """A log with every kind of event: pools and price changes, nodes, leases placed, run and
-    released (holds, settlements with charges), plus a bench workload (cancels, releases)."""
+    released (holds one by one and in a batch, settlements with charges), plus a bench workload
+    (cancels, releases)."""
     clock = FakeClock()
     cp = start(fresh_nats.url, clock)
     with PoolClient(fresh_nats.url) as admin:
@@ -39,10 +40,11 @@ def plane(fresh_nats: NatsServer) -> Iterator[ControlPlane]:
         assert admin.admin("node.register", node_body("n1"))["ok"]
     for tenant in ("alpha", "beta"):
         with PoolClient(cp.nats_url, tenant) as c:
-            for i in range(3):
-                lid = c.request_lease(lease_body(f"{tenant}-{i}", cpu_millis=1500))["lease"][
-                    "lease_id"]
-                assert cp.scheduler.cycle().placed == 1
+            # three placed in one cycle: their holds are one CreditsHeldBatch
+            lids = [c.request_lease(lease_body(f"{tenant}-{i}", cpu_millis=1500))["lease"][
+                "lease_id"] for i in range(3)]
+            assert cp.scheduler.cycle().placed == 3
+            for i, lid in enumerate(lids):
                 assert c.lease(lid, "commit", JOB)["ok"]
                 clock.advance(2.5 + i)
                 assert c.lease(lid, "release", {"exit_code": 0})["ok"]
@@ -118,6 +120,13 @@ def test_the_audit_reports_the_same_without_its_fast_paths(
     assert fast_report.ok, fast_report.lines()
     assert fast_report.to_dict() == plain_report.to_dict()
     assert any(s.charged > 0 for s in fast_report.leases.values())
+    # the holds recorded as one CreditsHeldBatch: each lease's spend names that event
+    batches = [n.id for n in plane.app.recorder.select_notifications(start=1, limit=100_000)
+               if n.topic.endswith(".CreditsHeldBatch")]
+    assert len(batches) == 2
+    from_batch = [s for s in fast_report.leases.values() if s.seqs[0] in batches]
+    assert len(from_batch) == 6 and all(s.held > 0 and s.charged > 0 for s in from_batch)
+    assert all(s.charged == s.expected for s in from_batch)
 
 
 def test_an_ended_lease_forgotten_by_the_views_is_read_back_when_it_comes_back(

@@ -384,3 +384,36 @@ def test_a_catch_up_read_ahead_over_small_pages_and_own_batches_folds_what_a_fre
     for x in (s, fresh):
         x.close()
         x.app.close()
+
+
+def test_a_cycle_holds_a_tenants_credits_in_one_event_and_never_past_its_balance(
+    plane: Plane,
+) -> None:
+    """In a priced pool the holds of one tenant's placements in a batch are one
+    CreditsHeldBatch on its account; each placement counts the holds before it, so a tenant
+    whose credits cover two of three requests gets two placed and the third waits."""
+    from workers.replay import notifications
+
+    cp, admin, _clock = plane
+    setup_pool(admin, credits=1300)
+    # 1 micro-credit per core-second: a 1-core, 600 s lease holds 600
+    assert admin.admin("pool.prices", {"pool_id": "p1", "cpu_core_second": 1})["ok"]
+    admin.admin("node.register", node_body("n1"))
+    with PoolClient(cp.nats_url, "alpha") as a:
+        ids = [a.request_lease(lease_body(f"c{i}"))["lease"]["lease_id"] for i in range(3)]
+        before = cp.scheduler.position
+        assert cp.scheduler.cycle().placed == 2
+        states = [a.lease(lid, "get")["lease"]["state"] for lid in ids]
+        assert sorted(states) == ["queued", "reserved", "reserved"]
+        waiting = ids[states.index("queued")]
+        why = a.lease(waiting, "why")["result"]["reasons"]
+        assert why["tenant"] == ["insufficient_credits"]
+        assert (why["hold_microcredits"], why["available_microcredits"]) == (600, 100)
+    held = [n for n in notifications(cp.scheduler.app, before + 1)
+            if n.topic.endswith(("CreditsHeld", "CreditsHeldBatch"))]
+    assert [n.topic.rpartition(".")[2] for n in held] == ["CreditsHeldBatch"]
+    from domain.account import Account
+
+    acc = cp.scheduler.app.repository.get(Account.create_id("alpha"))
+    assert (acc.held, acc.available) == (1200, 100)
+    assert {str(lid) for lid in acc.holds} == {lid for lid, s in zip(ids, states) if s == "reserved"}

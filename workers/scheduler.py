@@ -176,6 +176,10 @@ class Scheduler:
         # event; anything else goes through the mapper
         self._decode = EventDecoder(app.mapper)
         self._read_ahead: concurrent.futures.ThreadPoolExecutor | None = None
+        # the credit holds of the batch being built, per tenant, recorded when it closes:
+        # (transfer id, lease, amount) each, and their sum
+        self._holds: dict[str, list[tuple[str, LeaseId, int]]] = {}
+        self._held: dict[str, int] = {}
         self.pages_read_ahead = 0  # pages catch-up took from a read ahead
         self.pages_read_ahead_unused = 0  # reads ahead it could not use (asked for the wrong range)
 
@@ -455,6 +459,8 @@ class Scheduler:
         if queue is None or not len(queue):
             return
         ps.refresh_totals()
+        self._holds.clear()  # as `allocs` below: nothing of a batch that never closed
+        self._held.clear()
         pool = ps.pool
         cfg = pool.config
         batch: list[Aggregate] = []
@@ -510,7 +516,7 @@ class Scheduler:
                     else:
                         why = self._capacity_wait(ps, req, lease, fr, now, batch, report)
                     self._wait(req, why, unplaced)
-                if len(batch) + len(allocs) >= MAX_MESSAGES_PER_BATCH:
+                if len(batch) + len(allocs) + len(self._holds) >= MAX_MESSAGES_PER_BATCH:
                     self._close_batch(batch, allocs, now, report)
                     batch = []
                 continue
@@ -534,10 +540,13 @@ class Scheduler:
                 on_node.append((lid, res))
             batch.append(lease)
             if hold:
-                acc = self.aggregates[_account_uuid(req.tenant)]
-                assert isinstance(acc, Account)
-                acc.hold(f"hold-{lid}-{epoch}", lid, hold, now)
-                batch.append(acc)
+                # recorded when the batch closes, with the tenant's other holds of the batch,
+                # as ONE event on its account (`Account.hold_many`)
+                holds = self._holds.get(req.tenant)
+                if holds is None:
+                    holds = self._holds[req.tenant] = []
+                holds.append((f"hold-{lid}-{epoch}", lid, hold))
+                self._held[req.tenant] = self._held.get(req.tenant, 0) + hold
             ps.table.allocate(node_id, req.lease_id, res, tenant=req.tenant)
             self._track(ps, lease)
             self.reasons.pop(req.lease_id, None)
@@ -545,8 +554,9 @@ class Scheduler:
             if getattr(lease, "trace_parent", None) is not None:  # older snapshots: none
                 self._placing.append((lease, time.time_ns()))
             report.placed += 1
-            # one entry of `batch` per event, plus one event per node placed on
-            if len(batch) + len(allocs) >= MAX_MESSAGES_PER_BATCH:
+            # one entry of `batch` per event, plus one event per node placed on and one per
+            # account holding credits
+            if len(batch) + len(allocs) + len(self._holds) >= MAX_MESSAGES_PER_BATCH:
                 self._close_batch(batch, allocs, now, report)
                 batch = []
         self._close_batch(batch, allocs, now, report)
@@ -559,14 +569,22 @@ class Scheduler:
 
     def _close_batch(self, batch: list[Aggregate], allocs: dict[str, list[tuple[LeaseId, Resources]]],
                      now: float, report: CycleReport) -> None:
-        """Record each node's placements of this batch as one event on the node, then send
-        the batch (`_commit_batch`); `allocs` is emptied."""
+        """Record each node's placements of this batch as one event on the node, and each
+        tenant's credit holds as one event on its account, then send the batch
+        (`_commit_batch`); `allocs` and the holds are emptied."""
         for node_id, placed in allocs.items():
             node = self.aggregates[_node_uuid(node_id)]
             assert isinstance(node, Node)
             node.allocate_many(placed, now)
             batch.append(node)
         allocs.clear()
+        for tenant, holds in self._holds.items():
+            acc = self.aggregates[_account_uuid(tenant)]
+            assert isinstance(acc, Account)
+            acc.hold_many(holds, now)
+            batch.append(acc)
+        self._holds.clear()
+        self._held.clear()
         self._commit_batch(batch, report)
 
     def _commit_batch(self, batch: list[Aggregate], report: CycleReport) -> None:
@@ -657,7 +675,9 @@ class Scheduler:
         """The credit hold the lease needs in this pool, and what its tenant has available."""
         hold = pool.hold_for(lease.requested_shape, lease.maximum_runtime_seconds)
         acc = self.aggregates.get(_account_uuid(tenant))
-        return hold, acc.available if isinstance(acc, Account) else 0
+        if not isinstance(acc, Account):
+            return hold, 0
+        return hold, acc.available - self._held.get(tenant, 0)  # less this batch's holds
 
     def _wait(self, req: PendingRequest, reasons: dict[str, Any], unplaced: list[PendingRequest]) -> None:
         self.reasons[req.lease_id] = reasons
