@@ -64,12 +64,15 @@ class AgentStats:
     startup_seconds: list[float] = field(default_factory=list)
 
 
+_DEFAULT_RESERVE = Reserve()  # frozen: one shared default is safe
+
+
 class Agent:
     """One node's agent. `run(stop)` until the event is set; `step()` for tests."""
 
     def __init__(self, link: AgentLink, runtime: Runtime, *, node_id: str, pool_id: str,
                  probe: NodeProbe, state_dir: Path, labels: dict[str, str] | None = None,
-                 reserve: Reserve = Reserve(), trust_level: str = "trusted",
+                 reserve: Reserve = _DEFAULT_RESERVE, trust_level: str = "trusted",
                  heartbeat_interval: float = 2.0, utilization_every: int = 5,
                  clock: Callable[[], float] = time.time) -> None:
         self.link = link
@@ -307,7 +310,7 @@ class Agent:
         def go() -> None:
             try:
                 self.runtime.stop(run.handle, grace)
-            except Exception:  # noqa: BLE001 - the watch loop reports the exit either way
+            except Exception:  # the watch loop reports the exit either way
                 log.exception("stopping %s failed", run.handle.key)
 
         t = threading.Thread(target=go, name=f"stop-{run.handle.lease_id[:8]}", daemon=True)

@@ -8,6 +8,7 @@ machine the node reports zero GPUs and says why once; nothing fails.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import platform
@@ -67,9 +68,10 @@ def probe_gpus(nvml: ModuleType | Any | None = None) -> GpuProbe:
     """Ask NVML; `nvml` defaults to the real `pynvml` (tests pass a named stand-in)."""
     if nvml is None:
         try:
-            import pynvml as nvml  # type: ignore[import-untyped,no-redef]
+            import pynvml  # type: ignore[import-untyped]
         except ImportError:
             return GpuProbe(note="nvidia-ml-py is not installed: no GPUs offered")
+        nvml = pynvml
     try:
         nvml.nvmlInit()
     except Exception as e:  # noqa: BLE001 - NVMLError_LibraryNotFound and friends
@@ -92,7 +94,7 @@ def probe_gpus(nvml: ModuleType | Any | None = None) -> GpuProbe:
                 for j in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(h))):
                     try:
                         mh = nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
-                    except Exception:  # noqa: BLE001 - an empty MIG slot
+                    except Exception:  # noqa: BLE001, S112 - an empty MIG slot
                         continue
                     m = _MIG_PROFILE.search(_text(nvml.nvmlDeviceGetName(mh)))
                     if m:
@@ -103,10 +105,8 @@ def probe_gpus(nvml: ModuleType | Any | None = None) -> GpuProbe:
                             mig_profiles=tuple(profiles)))
         return GpuProbe(gpus=tuple(gpus), driver=driver)
     finally:
-        try:
+        with contextlib.suppress(Exception):  # best effort: the probe's answer stands
             nvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 import docker
 import docker.errors
@@ -224,7 +224,7 @@ class DockerRuntime:
             raise RuntimeUnavailable(f"the Docker engine failed while pulling {image}: {e}") from e
         size = int(found.attrs.get("Size") or 0)
         if max_size_bytes is not None and size > max_size_bytes:
-            if pulled:  # do not keep what the node may not run
+            if pulled and found.id is not None:  # do not keep what the node may not run
                 try:
                     self.client.images.remove(found.id, force=False, noprune=False)
                 except docker.errors.DockerException:
@@ -388,7 +388,8 @@ class DockerRuntime:
         if container.status != "running":
             return Usage()
         try:
-            stats = container.stats(stream=False, one_shot=True)
+            # stream=False: one dict (the stubs answer "an iterator or a dict" whatever it is)
+            stats = cast("dict[str, Any]", container.stats(stream=False, one_shot=True))
         except (docker.errors.DockerException, requests.exceptions.RequestException):
             return Usage()
         cpu_ns = ((stats.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage")
@@ -411,7 +412,7 @@ class DockerRuntime:
             memory_mib = max(0, int(memory["usage"]) - int(cache)) // (1 << 20)
         return Usage(cpu_millis_used=cpu_millis, memory_mib_used=memory_mib)
 
-    def logs(self, handle: WorkloadHandle, *, tail: int | str = "all") -> str:
+    def logs(self, handle: WorkloadHandle, *, tail: int | Literal["all"] = "all") -> str:
         """The workload's stdout and stderr (the last `tail` lines), for failure reports."""
         data = self._container(handle).logs(stdout=True, stderr=True, tail=tail)
         return data.decode(errors="replace") if isinstance(data, bytes) else str(data)

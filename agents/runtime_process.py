@@ -84,7 +84,7 @@ class ProcessRuntime:
             return "bubblewrap (bwrap) is not installed; apt-get install bubblewrap"
         try:
             r = subprocess.run([self.bwrap, *self._sandbox_args(None, "none"), "--", "/bin/true"],
-                               capture_output=True, timeout=10)
+                               capture_output=True, timeout=10, check=False)
         except (OSError, subprocess.TimeoutExpired) as e:
             return f"bwrap failed to start: {e}"
         if r.returncode != 0:
@@ -145,18 +145,18 @@ class ProcessRuntime:
             resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
-        log_file = open(self.state_dir / f"{spec.key}.log", "ab")  # the job's stdout and stderr
-        try:
-            proc = subprocess.Popen(
-                ["/bin/sh", "-c", _SUPERVISOR, "pool-supervisor", *argv],
-                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=limits,
-                env={"POOL_EXIT_FILE": str(exit_file), "PATH": "/usr/bin:/bin"},
-            )
-        except OSError as e:
-            raise WorkloadError(f"could not start the sandbox: {e}") from e
-        finally:
-            log_file.close()
+        # the job's stdout and stderr
+        with open(self.state_dir / f"{spec.key}.log", "ab") as log_file:
+            try:
+                proc = subprocess.Popen(
+                    ["/bin/sh", "-c", _SUPERVISOR, "pool-supervisor", *argv],
+                    stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                    # the child only calls setrlimit before exec
+                    start_new_session=True, preexec_fn=limits,  # noqa: PLW1509
+                    env={"POOL_EXIT_FILE": str(exit_file), "PATH": "/usr/bin:/bin"},
+                )
+            except OSError as e:
+                raise WorkloadError(f"could not start the sandbox: {e}") from e
         started = time.time()
         handle = WorkloadHandle(
             lease_id=spec.lease_id, epoch=spec.epoch, job_number=spec.job_number,

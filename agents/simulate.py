@@ -13,9 +13,9 @@ import random
 import re
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -195,7 +195,7 @@ class SimulatedFleet:
         except BusError as e:
             self.errors += 1
             log.warning("simulated node %s: %s", node_id, e)
-        except Exception:  # noqa: BLE001 - one node's trouble must not stop the fleet
+        except Exception:  # one node's trouble must not stop the fleet
             self.errors += 1
             log.exception("simulated node %s failed a step", node_id)
 

@@ -91,20 +91,21 @@ def pool_config_from_wire(cfg: v1.PoolConfig) -> PoolConfig:
 
 
 def image_policy_from_wire(cfg: v1.ImagePolicyConfig) -> ImagePolicy:
+    by_trust = dict(DEFAULT_ISOLATION_BY_TRUST)
+    by_trust.update(cfg.isolation_by_trust.items())
     return ImagePolicy(
         approved_registries=tuple(cfg.approved_registries),
         tenant_registries=tuple((t, tuple(rs)) for t, rs in cfg.tenant_registries.items()),
         trusted_keys=tuple((k.key_id, k.public_key_pem) for k in cfg.trusted_keys),
         require_signature=cfg.require_signature,
         max_image_size_bytes=cfg.max_image_size_bytes,
-        isolation_by_trust=tuple({**dict(DEFAULT_ISOLATION_BY_TRUST),
-                                  **cfg.isolation_by_trust}.items()),
+        isolation_by_trust=tuple(by_trust.items()),
         untrusted_tenants=tuple(cfg.untrusted_tenants),
         untrusted_tenant_isolation=cfg.untrusted_tenant_isolation,
     )
 
 
-class PoolApp(Application):
+class PoolApp(Application[UUID]):
     """Every write the control plane makes goes through one of these methods."""
 
     name = APPLICATION_NAME
@@ -165,7 +166,7 @@ class PoolApp(Application):
 
     def find(self, cls: type[A], aggregate_id: UUID) -> A | None:
         try:
-            agg = self.repository.get(aggregate_id)
+            agg: object = self.repository.get(aggregate_id)
         except AggregateNotFoundError:
             return None
         if not isinstance(agg, cls):
@@ -771,7 +772,7 @@ def new_transfer_id() -> str:
     return uuid.uuid4().hex
 
 
-__all__ = ["PoolApp", "lease_view", "LeaseState"]
+__all__ = ["LeaseState", "PoolApp", "lease_view"]
 
 
 class PendingSave:

@@ -818,7 +818,7 @@ def _since(text: str | None) -> Any:
 
     if not text:
         return None
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     parts = re.findall(r"(\d+(?:\.\d+)?)([smhd])", text.strip().lower())
     if parts and "".join(n + u for n, u in parts) == text.strip().lower():
         unit = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -827,7 +827,7 @@ def _since(text: str | None) -> Any:
         when = dt.datetime.fromisoformat(text.strip())
     except ValueError:
         raise _Usage(f"--since {text!r}: not a duration (10m, 2h, 1d) nor an ISO time") from None
-    return when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)
+    return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
 
 
 def _format_sample(sample: Any) -> str:
@@ -837,7 +837,7 @@ def _format_sample(sample: Any) -> str:
     if ev is None:
         return f"{'?':<12}  {sample.kind:<11}  {sample.node}  {sample.tenant}/{sample.lease}  " \
                f"undecodable: {sample.error}"
-    at = dt.datetime.fromtimestamp(ev.at, dt.timezone.utc).strftime("%H:%M:%S.%f")[:-3]
+    at = dt.datetime.fromtimestamp(ev.at, dt.UTC).strftime("%H:%M:%S.%f")[:-3]
     details = []
     if ev.utilization is not None:
         details += [f"{k}={v}" for k, v in
@@ -1481,7 +1481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("pool: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except Exception as e:  # the edge: every failure leaves as one clear line
+    except Exception as e:  # noqa: BLE001 - the edge: every failure leaves as one clear line
         code = getattr(e, "code", type(e).__name__)
         return _fail(str(e) or type(e).__name__, str(code), as_json=getattr(args, "json", False))
     finally:

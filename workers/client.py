@@ -7,7 +7,9 @@ Each call sends one request and returns the reply envelope as a dict (`ok`, `lea
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Self
+
+from opentelemetry.trace import SpanKind
 
 from bus.auth import inbox_prefix
 from bus.service import Client
@@ -33,7 +35,7 @@ class PoolClient:
     def raw(self, subject: str, body: bytes, *, timeout: float | None = None) -> dict[str, Any]:
         # the request's span: its context goes out in the `traceparent` header
         with observability.tracer().start_as_current_span(
-            "request", kind=observability.SpanKind.CLIENT,
+            "request", kind=SpanKind.CLIENT,
             attributes={"messaging.system": "nats", "messaging.destination.name": subject},
         ):
             reply = self._client.request(subject, body, timeout=timeout or self.timeout)
@@ -60,7 +62,7 @@ class PoolClient:
     def close(self) -> None:
         self._client.close()
 
-    def __enter__(self) -> PoolClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+from opentelemetry.trace import SpanKind
 
 from bus.errors import BusError
 from bus.subjects import is_token
@@ -97,7 +98,7 @@ class CommandHandler:
         # a span per command, child of the requester's `traceparent` header when it sent one
         with observability.tracer().start_as_current_span(
             _span_name(subject), context=observability.extract(headers),
-            kind=observability.SpanKind.SERVER,
+            kind=SpanKind.SERVER,
             attributes={"messaging.system": "nats", "messaging.destination.name": subject},
         ) as span:
             code, reply = self._answer(subject, body)

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 POOL = "demo"  # the big simulated fleet: fair share under a flood, credits
 HPC = "hpc"  # one 8-GPU node: preemptible batch work and an urgent job that preempts it
 EDGE = "edge"  # the real sandboxed agent and a node whose agent goes silent; short timeouts
@@ -117,13 +116,13 @@ class Demo:
         env = {k: v for k, v in os.environ.items() if k not in ("POOL_NATS_URL",
                                                                   "POOL_DATABASE_URL")}
         env["POOL_HOME"] = str(self.home)
-        out = open(logs / f"{name}.log", "ab")
         # its own session (Ctrl-C reaches the demo, which stops the rest in order), and a
         # SIGTERM from the kernel should the demo itself die without its teardown
-        proc = subprocess.Popen([sys.executable, "-m", "workers.cli", *argv], env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_die_with_parent)
-        out.close()
+        with open(logs / f"{name}.log", "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "workers.cli", *argv], env=env, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_die_with_parent)  # noqa: PLW1509 - the child only calls prctl
         self.procs[name] = proc
         return proc
 
@@ -150,7 +149,8 @@ class Demo:
                 r = self.admin.call("pool.admin.pool.show", {"pool_id": POOL}, timeout=2.0)
             except BusError:
                 return False
-            return r.get("error", {}).get("code") == "unknown_pool"
+            code: object = r.get("error", {}).get("code")
+            return code == "unknown_pool"
 
         deadline = time.monotonic() + 30
         while not answers():
@@ -159,7 +159,7 @@ class Demo:
                                    f"{self.home / 'logs' / 'control-plane.log'}")
             time.sleep(0.2)
         classes = {"preemptible": 0, "standard": 10, "high": 20}
-        pools = {
+        pools: dict[str, dict[str, Any]] = {
             # fair share orders the flood; no preemption here, so short jobs never thrash
             POOL: {"heartbeat_timeout_seconds": 15, "node_timeout_seconds": 20,
                    "lost_node_release_seconds": 10},
@@ -377,7 +377,8 @@ class Demo:
         preempted = [v for v in again if (v.get("attempts") or 1) > 1
                      and v.get("epoch", 1) > 1 and v.get("started_at")
                      and v.get("end_reason") not in ("heartbeat_lost", "node_lost")]
-        high = self.get(self.high) if getattr(self, "high", None) else {}
+        urgent: Tracked | None = getattr(self, "high", None)
+        high = self.get(urgent) if urgent else {}
         c["preemption"].ok = bool(preempted) and high.get("end_reason") == "completed"
         c["preemption"].detail = (f"{len(preempted)} preemptible lease(s) noticed, given 2 s "
                                   f"grace, requeued and running again (attempt "
@@ -402,7 +403,8 @@ class Demo:
         if contended:
             mean = {t: sum(s.get(t, 0.0) for s in contended) / len(contended) for t in TENANTS}
             ratio = mean["acme"] / max(1e-9, mean["globex"])
-            self.fair = {"samples": len(contended), "mean_cores": mean, "acme_to_globex": ratio}
+            self.fair: dict[str, Any] = {"samples": len(contended), "mean_cores": mean,
+                                         "acme_to_globex": ratio}
             c["fair_share"].ok = 1.2 <= ratio <= 1.8  # weights 3:2 → 1.5
             c["fair_share"].detail = (f"acme:globex cores {ratio:.2f} (weights 3:2 = 1.50) over "
                                       f"the last {len(contended)} contended samples")
@@ -412,10 +414,9 @@ class Demo:
 
     def audit(self) -> None:
         from projections.audit import audit_credits
+        from projections.summary import Summary
         from workers.app import PoolApp
         from workers.serve import app_env
-
-        from projections.summary import Summary
 
         app = PoolApp(env=app_env(self.url))
         summary = Summary(self.emb.database_url)

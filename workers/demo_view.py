@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Self
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -80,7 +80,7 @@ class Dashboard:
                 live.update(self.render())
             live.update(self.render())
 
-    def __enter__(self) -> Dashboard:
+    def __enter__(self) -> Self:
         self._thread = threading.Thread(target=self._live if self.live else self._plain,
                                         daemon=True)
         self._thread.start()

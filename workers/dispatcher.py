@@ -56,7 +56,7 @@ def wire_shape(shape: Shape) -> v1.ResourceShape:
     return v1.ResourceShape(
         cpu_millis=r.cpu_millis, memory_mib=r.memory_mib,
         gpu_count=r.gpu_count or partitions, gpu_memory_gib_min=shape.gpu_memory_gib_min,
-        gpu_model=shape.gpu_model, gpu_partition=shape.gpu_partition,  # type: ignore[arg-type]
+        gpu_model=shape.gpu_model, gpu_partition=shape.gpu_partition,
         local_disk_gib=r.local_disk_gib,
         network=v1.NetworkSpec(egress=shape.network_egress),  # type: ignore[arg-type]
         runtime=shape.runtime,  # type: ignore[arg-type]
@@ -75,8 +75,8 @@ def orders_for(event_name: str, lease: Lease, pool: Pool | None) -> list[AgentOr
             and lease.state is LeaseState.RUNNING:
         job = lease.job
         spec = job.spec
-        policy = getattr(pool, "image_policy", None) if pool is not None else None
-        body = v1.LeaseAssignment(
+        policy: Any = getattr(pool, "image_policy", None) if pool is not None else None
+        assignment = v1.LeaseAssignment(
             lease_id=lid, epoch=lease.epoch, shape=wire_shape(lease.requested_shape),
             job=v1.JobSpec(
                 image=spec.image or None, command=list(spec.command), env=dict(spec.env),
@@ -89,7 +89,7 @@ def orders_for(event_name: str, lease: Lease, pool: Pool | None) -> list[AgentOr
             job_number=job.number,
             image_policy=policy.to_dict() if hasattr(policy, "to_dict") else None,
         )
-        return [AgentOrder(node, "start", encode(body),
+        return [AgentOrder(node, "start", encode(assignment),
                            f"start-{lid}-{lease.epoch}-{job.number}-{job.attempts}", trace)]
     if event_name == "StopRequested":
         body = v1.LeaseRevocation(lease_id=lid, epoch=lease.epoch, grace_seconds=grace,
@@ -99,7 +99,7 @@ def orders_for(event_name: str, lease: Lease, pool: Pool | None) -> list[AgentOr
         at = lease.preemption_noticed_at if hasattr(lease, "preemption_noticed_at") else None
         left = grace
         if lease.grace_deadline is not None and at is not None:
-            left = max(0, int(round(lease.grace_deadline - at)))
+            left = max(0, round(lease.grace_deadline - at))
         body = v1.LeaseRevocation(lease_id=lid, epoch=lease.epoch, grace_seconds=min(left, 3600),
                                   reason="preempted")
         return [AgentOrder(node, "preempt", encode(body), f"preempt-{lid}-{lease.epoch}", trace)]
@@ -186,7 +186,7 @@ class Dispatcher:
             self._timers.pop(0)
 
     def _apply(self, event: Any) -> Aggregate | None:
-        agg = self.aggregates.get(event.originator_id)
+        agg: Aggregate | None = self.aggregates.get(event.originator_id)
         if agg is None:
             if event.originator_version != 1:
                 return None
@@ -254,7 +254,7 @@ class Reconciler:
                     done_node = self.app.node_due(due.id)
                     self.applied += done_node
                     self._rearm("node", due.id, self.app.node_next_due(due.id))
-            except Exception:  # noqa: BLE001 - leave it unacked: redelivered after ack_wait
+            except Exception:  # leave it unacked: redelivered after ack_wait
                 log.exception("timer %s.%s failed", due.kind, due.id)
                 continue
             due.ack()
@@ -274,7 +274,7 @@ def run_loop(step: Callable[[], int], stop: threading.Event, *, idle: float = 0.
     while not stop.is_set() and not until():
         try:
             n = step()
-        except Exception:  # noqa: BLE001 - the bus may be down for a moment; the log is truth
+        except Exception:  # the bus may be down for a moment; the log is truth
             log.exception("%s step failed", name)
             stop.wait(1.0)
             continue

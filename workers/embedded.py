@@ -27,6 +27,7 @@ from bus import auth as bus_auth
 from bus.admin import can_connect
 from bus.auth import AuthConfig, Credentials
 from bus.server import NatsServer, free_port
+from bus.subjects import token
 from projections.embedded import EmbeddedPostgres, reachable_database_url, start_embedded_postgres
 
 DEFAULT_NATS_PORT = 14222
@@ -116,7 +117,7 @@ def start(home: Path | None = None, *, with_postgres: bool = True) -> Embedded:
             server = NatsServer(store_dir=home / "nats", port=port, server_name="pool-embedded",
                                 extra_config=include)
             server.start()
-        except Exception:
+        except Exception:  # noqa: BLE001 - whatever failed there, a free port is tried next
             # the preferred port is taken by something that is not ours: take a free one
             server = NatsServer(store_dir=home / "nats", port=free_port(), server_name="pool-embedded",
                                 extra_config=include)
@@ -198,7 +199,7 @@ def local_auth(home: Path | None = None) -> AuthConfig | None:
 
 def tenant_credentials(tenant: str, home: Path | None = None) -> Credentials | None:
     auth = local_auth(home)
-    return None if auth is None else auth.tenants.get(bus_auth.token(tenant))
+    return None if auth is None else auth.tenants.get(token(tenant))
 
 
 @contextlib.contextmanager
@@ -262,7 +263,7 @@ def _add_user(kind: str, name: str, home: Path | None, rotate: bool) -> Credenti
         if auth is None:
             raise RuntimeError(f"no {path}: run `pool up` first (it creates the service user)")
         users = auth.tenants if kind == "tenant" else auth.nodes
-        creds = users.get(bus_auth.token(name))
+        creds = users.get(token(name))
         changed = creds is None or rotate
         if changed:
             creds = auth.add_tenant(name) if kind == "tenant" else auth.add_node(name)

@@ -25,7 +25,7 @@ from typing import Any
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import Span
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ def shutdown() -> None:
         if provider is not None:
             try:
                 provider.shutdown()
-            except Exception:  # noqa: BLE001 - exporting at exit is best effort
+            except Exception:  # exporting at exit is best effort
                 log.debug("otel %s shutdown failed", key, exc_info=True)
 
 
@@ -241,7 +241,7 @@ def _projection_lag(_options: CallbackOptions) -> Iterable[Observation]:
     for p in list(_projectors):
         try:
             head = p.app.recorder.max_notification_id() or 0
-        except Exception:  # noqa: BLE001 - the bus may be away; report nothing this time
+        except Exception:  # noqa: BLE001, S112 - the bus may be away; report nothing this time
             continue
         yield Observation(max(0, head - p.position), {"projector": "views"})
 

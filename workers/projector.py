@@ -127,7 +127,7 @@ class Projector:
             nonlocal ahead, pos
             try:
                 settle()
-            except Exception:  # noqa: BLE001 - its batch is read again from the positions
+            except Exception:  # its batch is read again from the positions
                 log.debug("projector write failed", exc_info=True)
             ahead = None
             pos = None
@@ -176,14 +176,14 @@ class Projector:
                     folded += len(batch)
                 except PositionMoved:
                     reset()
-                except Exception:  # noqa: BLE001 - the bus or the database may be away; retry
+                except Exception:  # the bus or the database may be away; retry
                     log.exception("projector batch failed; retrying")
                     reset()
                     self.views.close()
                     stop.wait(1.0)
             try:
                 settle()
-            except Exception:  # noqa: BLE001 - stopping: the next run resumes from the views
+            except Exception:  # stopping: the next run resumes from the views
                 log.warning("projector's last write failed", exc_info=True)
         finally:
             writer.shutdown(wait=True)

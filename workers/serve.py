@@ -8,14 +8,16 @@ group, any number), `scheduler` (with the dispatcher; leader election keeps one 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Self
 
+from bus.agentbus import ControlLink
 from bus.leader import LeaderElection
 from bus.service import Service
 from projections.views import VIEWS
@@ -29,7 +31,6 @@ from workers.commands import (
     failure,
     ok,
 )
-from bus.agentbus import ControlLink
 from workers.dispatcher import Dispatcher, Reconciler, run_loop
 from workers.projector import Projector
 from workers.scheduler import Scheduler, tune_gc
@@ -158,10 +159,8 @@ class ControlPlane:
             if self.election.is_leader:
                 self.scheduler.run(self._stop, until=lambda: not self.election.is_leader)  # type: ignore[union-attr]
             else:
-                try:
+                with contextlib.suppress(Exception):  # the bus may be down; keep standing by
                     self.scheduler.catch_up()  # stay warm for a fast takeover
-                except Exception:  # noqa: BLE001 - the bus may be down; keep standing by
-                    pass
                 self._stop.wait(0.2)
 
     def _dispatch(self) -> None:
@@ -173,7 +172,7 @@ class ControlPlane:
             run_loop(self.dispatcher.step, self._stop, name="dispatcher",
                      until=(lambda: self.election is not None and not self.election.is_leader))
 
-    def start(self) -> ControlPlane:
+    def start(self) -> Self:
         if self.projector is not None:
             self.projector.start()
         if self.link is not None:
@@ -223,8 +222,8 @@ class ControlPlane:
 
         close_runtime(self.nats_url)  # the recorders' shared connection goes with them
 
-    def __enter__(self) -> ControlPlane:
+    def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
