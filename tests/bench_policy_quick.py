@@ -93,16 +93,18 @@ def main() -> None:
     for name, shape in SHAPES.items():
         res = table.filter(shape)
         elig = res.eligible
-        f_us = timeit(lambda: table.filter(shape), 200)
+        f_us = timeit(lambda shape=shape: table.filter(shape), 200)
         packing: Packing
         for packing in ("best-fit", "spread"):
-            r_us = timeit(lambda: table.rank(shape, elig, packing), 200)
-            both = timeit(lambda: table.rank(shape, table.filter(shape).eligible, packing), 200)
+            r_us = timeit(lambda shape=shape, elig=elig, packing=packing:
+                          table.rank(shape, elig, packing), 200)
+            both = timeit(lambda shape=shape, packing=packing:
+                          table.rank(shape, table.filter(shape).eligible, packing), 200)
             print(
                 f"{name:16s} {packing:8s} eligible={elig.size:5d}  filter={f_us:7.1f}µs  "
                 f"rank={r_us:7.1f}µs  filter+rank={both:7.1f}µs"
             )
-        place_us = timeit(lambda: table.place(shape), 200)
+        place_us = timeit(lambda shape=shape: table.place(shape), 200)
         print(f"{name:16s} place(filter+rank limit=1) = {place_us:7.1f}µs")
 
     q = FairQueue(table.totals(), priority_ranks={"low": 0, "normal": 1, "high": 2},

@@ -24,7 +24,7 @@ class _Device:
     uuid: str
     memory: int
     mig: bool = False
-    children: tuple["_Device", ...] = ()
+    children: tuple[_Device, ...] = ()
 
 
 GIB = 1 << 30

@@ -172,7 +172,7 @@ def test_a_redelivered_start_command_is_acked_without_a_second_start(
 
 def test_a_node_whose_agent_is_silent_is_lost_and_its_lease_reconciled(
         plane: tuple[str, PoolClient, PoolClient], tmp_path: Path) -> None:
-    url, admin, alpha = plane
+    url, _admin, alpha = plane
     state = tmp_path / "n1"
     agent = AgentThread(url, "n1", state).start()
     lid = request_running(alpha, "orphan", ["sh", "-c", "sleep 60"])

@@ -5,6 +5,7 @@ Owns the harness's promise: what the recorder acknowledged survives losing a ser
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -230,10 +231,8 @@ def test_the_split_deployment_serves_through_the_loss_of_a_nats_server(
             assert sum(cp.election.is_leader for cp in schedulers) <= 1  # type: ignore[union-attr]
     finally:
         for cp in planes:
-            try:
+            with contextlib.suppress(Exception):  # the shared connection may be closed already
                 cp.stop()
-            except Exception:  # noqa: BLE001 - the shared connection may be closed already
-                pass
 
 
 def test_pool_cluster_up_prints_three_urls_and_every_stream_at_r3(tmp_path: Path) -> None:

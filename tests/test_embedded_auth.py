@@ -43,7 +43,8 @@ def _down(proc: subprocess.Popen[str]) -> None:
 
 def _pool(home: Path, *args: str) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-m", "workers.cli", *args, "--json"],
-                         capture_output=True, text=True, env=_env(home), timeout=60)
+                         capture_output=True, text=True, env=_env(home), timeout=60,
+                         check=False)
     reply: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1]) if out.stdout else {}
     reply["_rc"] = out.returncode
     reply["_stderr"] = out.stderr

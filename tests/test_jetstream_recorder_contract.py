@@ -5,6 +5,7 @@ Owns wiring each contract TestCase to the JetStream recorders: one server per cl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import tempfile
@@ -20,7 +21,7 @@ from eventsourcing.persistence import (
     Transcoder,
     Transcoding,
 )
-from eventsourcing.tests import persistence as contract  # a module, so pytest skips the abstract bases
+from eventsourcing.tests import persistence as contract  # a module: pytest skips its bases
 from eventsourcing.utils import Environment
 
 from bus.jetstream import (
@@ -77,10 +78,8 @@ class _ServerMixin:
 
         async def go() -> None:
             js = await rt.jetstream()
-            try:
+            with contextlib.suppress(Exception):  # the test may never have created it
                 await js.delete_stream(name)
-            except Exception:  # the test may never have created it
-                pass
 
         rt.run(go())
 

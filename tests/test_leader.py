@@ -251,11 +251,11 @@ def test_concurrent_candidates_yield_exactly_one_leader(runtimes: Callable[[], B
         barrier = threading.Barrier(len(cands))
         results: dict[str, bool] = {}
 
-        def race(c: LeaderElection) -> None:
+        def race(c: LeaderElection, barrier: threading.Barrier, results: dict[str, bool]) -> None:
             barrier.wait()
             results[c.holder_id] = c.try_acquire()
 
-        threads = [threading.Thread(target=race, args=(c,)) for c in cands]
+        threads = [threading.Thread(target=race, args=(c, barrier, results)) for c in cands]
         for t in threads:
             t.start()
         for t in threads:

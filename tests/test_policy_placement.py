@@ -12,12 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.policy import CapacityError, NodeTable, reasons as R
+from domain.policy import CapacityError, NodeTable
+from domain.policy import reasons as R
 from domain.resources import NodeCapabilities, Resources, Shape
 
 
 def caps(**kw: Any) -> NodeCapabilities:
-    res = dict(cpu_millis=8000, memory_mib=16384, gpu_count=0, local_disk_gib=100)
+    res = {"cpu_millis": 8000, "memory_mib": 16384, "gpu_count": 0, "local_disk_gib": 100}
     for k in list(res):
         if k in kw:
             res[k] = kw.pop(k)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from bus.server import NatsServer
@@ -32,7 +33,7 @@ def test_a_standby_scheduler_takes_over_when_the_leader_dies(fresh_nats: NatsSer
             a = alpha.request_lease(lease_body("before"))["lease"]["lease_id"]
             assert _wait(lambda: alpha.lease(a, "get")["lease"]["state"] == "reserved")
             # the leader dies without releasing: its keeper stops renewing, its loop stops
-            leader._stop.set()  # noqa: SLF001
+            leader._stop.set()
             leader.election.stop(release=False)  # type: ignore[union-attr]
             started = time.monotonic()
             assert _wait(lambda: standby.election.is_leader, timeout=5)  # type: ignore[union-attr]
@@ -43,7 +44,5 @@ def test_a_standby_scheduler_takes_over_when_the_leader_dies(fresh_nats: NatsSer
         assert takeover < 3.0
     finally:
         for cp in (first, second):
-            try:
+            with contextlib.suppress(Exception):  # the killed one is half stopped already
                 cp.stop()
-            except Exception:  # noqa: BLE001 - the killed one is half stopped already
-                pass

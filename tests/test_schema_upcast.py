@@ -64,7 +64,7 @@ def test_v1_stored_event_decodes_as_v2_with_the_upcast_default(mapper: Mapper[An
 def test_v2_events_store_their_class_version_and_round_trip(mapper: Mapper[Any]) -> None:
     policy = PoolPolicy("gpu-global")
     policy.set_policy(PoolConfig(pool_id="gpu-global", packing="spread", aging_seconds_per_rank=60))
-    created, policy_set = policy.collect_events()
+    _created, policy_set = policy.collect_events()
     stored = mapper.to_stored_event(policy_set)
     assert json.loads(stored.state)["class_version"] == 2
     again = mapper.to_domain_event(stored)

@@ -69,7 +69,7 @@ def test_a_simulated_fleet_runs_every_committed_lease_to_completion(
 
 def test_a_silent_simulated_node_is_lost_and_its_lease_released_after_the_timeout(
         plane: tuple[str, PoolClient, PoolClient]) -> None:
-    url, admin, acme = plane
+    url, _admin, acme = plane
     sim = SimulatedFleet(url, fleet(1, "cpu"), pool_id="sim", heartbeat_interval=0.5).start()
     try:
         lid = acme.request_lease({"pool_id": "sim", "maximum_runtime_seconds": 60,

@@ -68,7 +68,7 @@ def _as_tenant(auth: AuthConfig, tenant: str) -> dict[str, Any]:
 
 def _stored_subjects(url: str) -> list[str]:
     got: list[TelemetrySample] = []
-    follow(url, got.append, since=dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1),
+    follow(url, got.append, since=dt.datetime.now(dt.UTC) - dt.timedelta(hours=1),
            duration_s=1.0)
     return [s.subject for s in got]
 
@@ -181,7 +181,7 @@ def test_the_stream_keeps_samples_and_since_replays_them_then_follows(
     for lease in ("l1", "l2"):
         _publish(server.url, auth, "n1", "alpha", lease)
     _publish(server.url, auth, "n2", "beta", "l3", "failure")
-    since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=10)
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=10)
 
     # the operator replays everything, in stream order
     replayed: list[TelemetrySample] = []
@@ -308,7 +308,7 @@ def _env(home: Path) -> dict[str, str]:
 
 def _pool(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "workers.cli", *args], capture_output=True,
-                          text=True, env=_env(home), timeout=timeout)
+                          text=True, env=_env(home), timeout=timeout, check=False)
 
 
 def test_pool_telemetry_follow_replays_a_sample_and_ctrl_c_exits_cleanly(tmp_path: Path) -> None:
@@ -385,7 +385,7 @@ def test_a_replay_that_misses_a_delivery_recreates_its_consumer_and_loses_nothin
 
     monkeypatch.setattr(tel._OrderedReplay, "_on_message", lossy)
     got: list[TelemetrySample] = []
-    follow(nats_url, got.append, since=dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1),
+    follow(nats_url, got.append, since=dt.datetime.now(dt.UTC) - dt.timedelta(hours=1),
            max_samples=10, duration_s=20, pool=pool)
     assert len(dropped) == 2
     assert [s.lease for s in got] == [f"l{i}" for i in range(10)]
