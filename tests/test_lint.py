@@ -1,5 +1,6 @@
 """STYLE.md: `ruff` and `mypy --strict` on domain/ and schemas/ at least. Both run here, so the
-README's one test command is also the lint gate."""
+README's one test command is also the lint gate: ruff on domain/, schemas/, agents/, workers/
+and tests/; mypy --strict on domain/, schemas/, agents/ and workers/."""
 
 from __future__ import annotations
 
@@ -10,7 +11,30 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CHECKED = ("domain", "schemas")
+
+# Left out for now, by name, with findings of their own that are not fixed yet: these files are
+# being changed in other work. Put each back here once it is clean.
+RUFF_SKIPPED = frozenset({
+    "workers/scheduler.py",  # unused noqa (RUF100), a call in a default argument (B008)
+    "workers/bench_projections.py",  # implicit string concatenation in lists (ISC004)
+    "tests/test_scheduler.py",  # unused noqa (RUF100)
+})
+MYPY_SKIPPED = frozenset({
+    "workers/bench_projections.py",  # a method patched with another signature, a reused name
+})
+
+
+def _files(*dirs: str, skipped: frozenset[str]) -> list[str]:
+    """The Python files under `dirs`, less `skipped`: explicit paths, so nothing is left out
+    by a tool's own exclusion settings."""
+    found = sorted(p.relative_to(ROOT).as_posix() for d in dirs for p in (ROOT / d).rglob("*.py"))
+    return [f for f in found if f not in skipped]
+
+
+RUFF_CHECKED = ("domain", "schemas", *_files("agents", "workers", "tests", skipped=RUFF_SKIPPED))
+# domain/ and schemas/ whole; agents/ and workers/ file by file. Imports are followed (their
+# types count) but silently: what mypy finds inside bus/ and projections/ is not gated yet.
+MYPY_CHECKED = ("domain", "schemas", *_files("agents", "workers", skipped=MYPY_SKIPPED))
 
 
 def _run(tool: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -21,13 +45,20 @@ def _run(tool: str, *args: str) -> subprocess.CompletedProcess[str]:
                           timeout=240, check=False)
 
 
-def test_ruff_finds_nothing_in_domain_and_schemas() -> None:
-    done = _run("ruff", "check", "--no-cache", *CHECKED)
+def test_the_skipped_files_exist() -> None:
+    # a renamed or deleted file must not keep a stale exemption (or hide its successor)
+    missing = sorted(f for f in RUFF_SKIPPED | MYPY_SKIPPED if not (ROOT / f).is_file())
+    assert not missing, missing
+
+
+def test_ruff_finds_nothing() -> None:
+    done = _run("ruff", "check", "--no-cache", *RUFF_CHECKED)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_mypy_strict_finds_nothing_in_domain_and_schemas() -> None:
+def test_mypy_strict_finds_nothing() -> None:
     # strict comes from pyproject.toml ([tool.mypy] strict = true); said again so that a
     # change there cannot quietly loosen this gate
-    done = _run("mypy", "--strict", "--no-incremental", *CHECKED)
+    done = _run("mypy", "--strict", "--no-incremental", "--follow-imports=silent",
+                *MYPY_CHECKED)
     assert done.returncode == 0, done.stdout + done.stderr
