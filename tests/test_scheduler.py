@@ -203,13 +203,16 @@ def test_a_batch_planned_on_a_refused_one_is_dropped_unsent_and_planned_again(
     s.app.close()
 
 
+@pytest.mark.parametrize("priced", [False, True], ids=["free", "priced"])
 def test_racing_schedulers_sending_batches_ahead_never_double_place_nor_lose_work(
-    plane: Plane, monkeypatch: pytest.MonkeyPatch
+    plane: Plane, monkeypatch: pytest.MonkeyPatch, priced: bool
 ) -> None:
     import workers.scheduler as sched
 
     cp, admin, clock = plane
     setup_pool(admin, tenants={"alpha": 1.0, "beta": 1.0})
+    if priced:  # every batch also holds credits on the tenants' accounts: more to conflict on
+        assert admin.admin("pool.prices", {"pool_id": "p1", "cpu_core_second": 3})["ok"]
     for i in range(6):
         admin.admin("node.register", node_body(f"n{i}", cpu_millis=4000, memory_mib=8192))
     with PoolClient(cp.nats_url, "alpha") as a, PoolClient(cp.nats_url, "beta") as b:
@@ -236,6 +239,25 @@ def test_racing_schedulers_sending_batches_ahead_never_double_place_nor_lose_wor
     report = check_placements(cp.app)
     assert report.double_placements == 0, report.over_allocations + report.double_holds
     assert report.placements == 24  # 6 nodes × 4 cores, 1 core each: the pool is full
+    if priced:
+        # every reserved lease holds its credits exactly once, and nothing else is held
+        from domain.account import Account
+        from domain.lease import Lease
+        from projections.audit import CreditAudit
+
+        fresh = PoolApp(env=app_env(cp.nats_url), clock=clock)
+        reserved = {str(a.id): a.hold_microcredits for a in rivals[0].aggregates.values()
+                    if isinstance(a, Lease) and a.state.value == "reserved"}
+        assert len(reserved) == 24 and all(h == 600 * 3 for h in reserved.values())
+        holds: dict[str, int] = {}
+        for tenant in ("alpha", "beta"):
+            acc = fresh.repository.get(Account.create_id(tenant))
+            holds.update({str(k): v for k, v in acc.holds.items()})
+            assert acc.held == sum(acc.holds.values())
+        assert holds == reserved
+        audit_report = CreditAudit(fresh).run()
+        assert audit_report.ok, audit_report.lines()
+        fresh.close()
     for s in rivals:
         s.app.close()
 
