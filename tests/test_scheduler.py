@@ -393,10 +393,10 @@ def test_a_catch_up_read_ahead_over_small_pages_and_own_batches_folds_what_a_fre
     assert s.catch_up() == len(log) - ours == 10  # only the others' events were read
     assert s.pages_read_ahead > 0 and s.pages_read_ahead_unused == 0
     # where the next read starts and ends around our own batches (events 10-15 and 20-22)
-    s._own.extend([(10, 15), (20, 22)])  # noqa: SLF001
-    assert [s._next_read(p) for p in (5, 6, 9, 16, 18, 19, 22)] == [  # noqa: SLF001
+    s._own.extend([(10, 15), (20, 22)])
+    assert [s._next_read(p) for p in (5, 6, 9, 16, 18, 19, 22)] == [
         (6, 3), (7, 3), (16, 3), (17, 3), (19, 1), (23, 3), (23, 3)]
-    s._own.clear()  # noqa: SLF001
+    s._own.clear()
     assert s.position == log[-1].id
     fresh = Scheduler(PoolApp(env=app_env(cp.nats_url), clock=clock), clock=clock)
     fresh.catch_up()

@@ -43,7 +43,7 @@ from domain.policy.fairness import (
 from domain.policy.placement import FilterResult, NodeTable
 from domain.policy.preemption import NodeCandidate, PreemptionPlan, RunningLease, choose_victims
 from domain.pool import Pool, TenantPolicy
-from domain.resources import TRUST_LEVELS, LeaseId, NodeId, Resources
+from domain.resources import TRUST_LEVELS, ZERO, LeaseId, NodeId, Resources
 from projections.views import EventDecoder
 from workers import observability
 
@@ -108,9 +108,9 @@ class PoolState:
             aging_seconds_per_rank=float(cfg.aging_seconds_per_rank),
         )
         if old is not None:
-            for tenant in list(old._usage):  # noqa: SLF001 - carry usage across a rebuild
+            for tenant in list(old._usage):
                 self.queue.set_usage(tenant, old.usage(tenant))
-            self.queue.extend(old._requests.values())  # noqa: SLF001
+            self.queue.extend(old._requests.values())
 
 
 @dataclass
@@ -786,7 +786,7 @@ class Scheduler:
         assert queue is not None
         totals = ps.table.totals(ready_only=True)
 
-        def share(tenant: str, extra: Resources = Resources()) -> float:
+        def share(tenant: str, extra: Resources = ZERO) -> float:
             return weighted_dominant_share(queue.usage(tenant) + extra, totals,
                                            ps.weights.get(tenant, 1.0))
 
@@ -854,7 +854,7 @@ class Scheduler:
             while not stop.is_set() and not until():
                 try:
                     report = self.cycle()
-                except Exception:  # noqa: BLE001 - keep scheduling; the log is the truth
+                except Exception:
                     log.exception("scheduler cycle failed")
                     stop.wait(1.0)
                     continue
