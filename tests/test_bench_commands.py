@@ -17,10 +17,11 @@ def test_the_schedule_bench_places_every_request_it_submits(priced: bool) -> Non
     assert result["steady_placed"] == int(result["steady_rate"] * 3)  # every steady request too
     assert result["steady_placements_per_s"] > 0 and result["backlog_placements_per_s"] > 0
     assert 0 < result["latency_p50_s"] <= result["latency_p99_s"]
-    # messages per placement: a LeaseReserved each, one node event per node per batch, and a
-    # CreditsHeld each when the pool has prices
+    # messages per placement: a LeaseReserved each, one node event per node per batch, and
+    # when the pool has prices one CreditsHeldBatch per tenant per batch (a CreditsHeld per
+    # placement would make it over 2)
     per_placement = result["backlog_msgs_per_s"] / result["backlog_placements_per_s"]
-    assert (2.0 < per_placement < 2.2) if priced else (1.0 < per_placement < 1.2)
+    assert 1.0 < per_placement < 1.2
 
 
 def test_the_agent_bench_starts_every_workload_it_sends() -> None:
