@@ -530,12 +530,22 @@ def _interrupt(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: ask Linux for SIGTERM when the demo's process dies."""
+def _prctl() -> Any:
+    """libc's prctl, looked up in the parent: a child between fork and exec must not import
+    or load anything (another thread of the parent may have held the import lock at the
+    fork). None where there is no such call (not Linux)."""
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass  # not Linux: the teardown is the only cleanup
+        return None
+
+
+_PRCTL = _prctl()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux for SIGTERM when the demo's process dies."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG; elsewhere the teardown is the only cleanup
