@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 from collections.abc import Callable
@@ -35,8 +36,8 @@ from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableErr
 from bus.errors import BusTimeout, BusUnavailable
 from bus.runtime import BusRuntime, get_runtime, servers
 from bus.service import _LoopThread
-from bus.subjects import AGENT_STREAM, SCHEDULE_STREAM, token
 from bus.streams import DUPLICATE_WINDOW_S, ensure_kv_bucket, ensure_stream
+from bus.subjects import AGENT_STREAM, SCHEDULE_STREAM, token
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ def agent_consumer_name(node_id: str) -> str:
 
 
 def _rfc3339(at: float) -> str:
-    t = dt.datetime.fromtimestamp(at, tz=dt.timezone.utc)
+    t = dt.datetime.fromtimestamp(at, tz=dt.UTC)
     return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
 
 
@@ -172,7 +173,7 @@ class ControlLink:
                 self._due_sub = await js.pull_subscribe_bind(RECONCILER_CONSUMER, SCHEDULE_STREAM)
             try:
                 msgs = await self._due_sub.fetch(batch, timeout=timeout)
-            except asyncio.TimeoutError:  # nats' TimeoutError is one too
+            except TimeoutError:  # nats' TimeoutError is one too
                 return []
             out = []
             for m in msgs:
@@ -196,10 +197,8 @@ class ControlLink:
         sub, self._due_sub = self._due_sub, None
         if sub is None or self.rt.closed:
             return
-        try:
+        with contextlib.suppress(Exception):  # closing is best effort
             self.rt.run(sub.unsubscribe(), timeout=5)
-        except Exception:  # noqa: BLE001 - closing is best effort
-            pass
 
     # -- a small durable position for followers of the log (the dispatcher) ------------------
 
@@ -299,7 +298,7 @@ class AgentLink:
                     inbox_prefix=f"_INBOX_{self.node}.pull".encode())
             try:
                 msgs = await self._sub.fetch(batch, timeout=timeout)
-            except asyncio.TimeoutError:  # nats' TimeoutError is one too
+            except TimeoutError:  # nats' TimeoutError is one too
                 return []
             except (NotFoundError, ServiceUnavailableError):
                 # the node's queue is created when it registers: until then, nothing to take
@@ -339,20 +338,16 @@ class AgentLink:
     def close(self) -> None:
         async def go() -> None:
             if self._nc is not None and not self._nc.is_closed:
-                try:
+                with contextlib.suppress(Exception):  # best effort
                     await asyncio.wait_for(self._nc.close(), 3)
-                except Exception:  # noqa: BLE001
-                    pass
             # nats-py leaves reader/flusher tasks behind: finish them before the loop stops
             rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             for t in rest:
                 t.cancel()
             await asyncio.gather(*rest, return_exceptions=True)
 
-        try:
+        with contextlib.suppress(Exception):  # closing is best effort
             self._run(go(), 10)
-        except Exception:  # noqa: BLE001 - closing is best effort
-            pass
         self._loop.close()
 
 
@@ -403,7 +398,7 @@ class FleetLink:
         async def one(node: str) -> tuple[str, list[Any]]:
             try:
                 return node, await self._subs[node].fetch(16, timeout=timeout)
-            except (asyncio.TimeoutError, NotFoundError):  # nats' TimeoutError is one too
+            except (TimeoutError, NotFoundError):  # nats' TimeoutError is one too
                 return node, []
 
         async def go() -> list[tuple[str, list[Any]]]:
@@ -452,19 +447,15 @@ class FleetLink:
     def close(self) -> None:
         async def go() -> None:
             if self._nc is not None and not self._nc.is_closed:
-                try:
+                with contextlib.suppress(Exception):  # best effort
                     await asyncio.wait_for(self._nc.close(), 3)
-                except Exception:  # noqa: BLE001
-                    pass
             rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             for t in rest:
                 t.cancel()
             await asyncio.gather(*rest, return_exceptions=True)
 
-        try:
+        with contextlib.suppress(Exception):  # best effort
             self._run(go(), 10)
-        except Exception:  # noqa: BLE001
-            pass
         self._loop.close()
 
 

@@ -130,7 +130,7 @@ def _app_rates(url: str, saves: int) -> dict[str, float]:
 
     stream = f"BENCHAPP_{uuid.uuid4().hex[:8].upper()}"
     env = {"PERSISTENCE_MODULE": "bus.jetstream", "NATS_URL": url, "NATS_STREAM": stream}
-    app: Application = Application(env=env)
+    app: Application[uuid.UUID] = Application(env=env)
     out: dict[str, list[float]] = {"save_1": [], "save_3": []}
     try:
         for _ in range(ROUNDS):

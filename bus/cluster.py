@@ -11,7 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from bus.errors import BusUnavailable
 from bus.server import NatsServer, free_port
@@ -83,7 +83,7 @@ class NatsCluster:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self, timeout: float = 30.0) -> NatsCluster:
+    def start(self, timeout: float = 30.0) -> Self:
         """Start every server, then wait for a meta leader with all peers current."""
         try:
             for s in self.servers:
@@ -207,7 +207,7 @@ class NatsCluster:
                 time.sleep(0.5)
         self.wait_ready(max(1.0, deadline - time.monotonic()))
 
-    def __enter__(self) -> NatsCluster:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -1137,9 +1137,8 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
                 topic = headers[HDR_TOPIC]
                 if wanted and topic not in wanted:
                     continue
-                oid: UUID | str = headers[HDR_ORIGINATOR_ID]
-                if headers.get(HDR_ID_KIND) == "uuid":
-                    oid = _uuid_of(oid)
+                text = headers[HDR_ORIGINATOR_ID]
+                oid: UUID | str = _uuid_of(text) if headers.get(HDR_ID_KIND) == "uuid" else text
                 version = int(headers[HDR_VERSION])
                 # a follower that reads the log learns each subject's end as it goes, so its
                 # next write carries the right expectation instead of a guaranteed conflict

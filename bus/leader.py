@@ -205,7 +205,7 @@ class LeaderElection:
                 log.warning("leader keeper %s/%s: %s", self.name, self.holder_id, e)
             except BusError as e:
                 log.debug("leader keeper %s/%s: %s", self.name, self.holder_id, e)
-            except Exception:  # noqa: BLE001 - the keeper must not die
+            except Exception:
                 log.exception("leader keeper %s/%s failed", self.name, self.holder_id)
             if self._stop.is_set():
                 break
@@ -228,7 +228,7 @@ class LeaderElection:
         if cb is not None:
             try:
                 cb(leading)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("leader on_change callback failed")
 
     # -- loop side ---------------------------------------------------------------------------
@@ -357,7 +357,7 @@ class LeaderElection:
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
             return None
         try:
-            rec = json.loads(entry.value or b"{}")
+            rec: dict[str, Any] = json.loads(entry.value or b"{}")
         except ValueError:
             rec = {}
         rec["revision"] = entry.revision

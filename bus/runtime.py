@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
@@ -158,7 +159,7 @@ class BusRuntime:
             if self._nc is not None and not self._nc.is_closed:
                 try:
                     await self._nc.drain()
-                except Exception:  # closing is best effort; the server may be gone
+                except Exception:  # noqa: BLE001 - closing is best effort; the server may be gone
                     await self._nc.close()
             # nats-py may leave reconnect or flusher tasks behind: finish them before the loop
             # stops, or they are destroyed pending when the loop is collected
@@ -167,10 +168,8 @@ class BusRuntime:
                 t.cancel()
             await asyncio.gather(*leftovers, return_exceptions=True)
 
-        try:
+        with contextlib.suppress(Exception):  # best effort
             asyncio.run_coroutine_threadsafe(_close(), self._loop).result(5)
-        except Exception:
-            pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
 

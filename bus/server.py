@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 from bus.errors import BusUnavailable
 
@@ -113,21 +114,20 @@ class NatsServer:
             lines.append(self.extra_config)
         return "\n".join(line for line in lines if line) + "\n"
 
-    def start(self, timeout: float = 15.0) -> NatsServer:
+    def start(self, timeout: float = 15.0) -> Self:
         if self.proc is not None and self.proc.poll() is None:
             return self
         self.store_dir.mkdir(parents=True, exist_ok=True)
         if not self.port:
             self.port = free_port(self.host)
         self.config_path.write_text(self.render_config())
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [nats_server_binary(), "-c", str(self.config_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
+        with open(self.log_path, "ab") as log:  # the child keeps its own copy of the handle
+            self.proc = subprocess.Popen(
+                [nats_server_binary(), "-c", str(self.config_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         try:
             _wait_for_port(self.host, self.port, self.proc, timeout)
         except BusUnavailable:
@@ -154,7 +154,7 @@ class NatsServer:
             self.proc.wait()
         self.proc = None
 
-    def __enter__(self) -> NatsServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -13,16 +13,16 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import nats
 from nats.errors import Error as NatsError
+from nats.errors import MaxPayloadError, NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
 from opentelemetry import propagate
-from nats.errors import MaxPayloadError, NoRespondersError, TimeoutError as NatsTimeout
 
 from bus.errors import BusTimeout, BusUnavailable, PayloadTooLarge
-from bus.runtime import translate
-from bus.runtime import servers
+from bus.runtime import servers, translate
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -166,7 +166,7 @@ class Client:
         finally:
             self._loop.close()
 
-    def __enter__(self) -> Client:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import datetime as dt
 import logging
 import threading
@@ -366,7 +367,7 @@ async def read_page_async(
     if after_seq > 0 or since is None:
         req["seq"] = int(after_seq) + 1
     else:
-        req["start_time"] = dt.datetime.fromtimestamp(since, dt.timezone.utc).isoformat()
+        req["start_time"] = dt.datetime.fromtimestamp(since, dt.UTC).isoformat()
     out: list[tuple[int, str, bytes]] = []
     done: asyncio.Future[tuple[bool, str | None]] = asyncio.get_running_loop().create_future()
 
@@ -432,7 +433,7 @@ async def _replay_via_service(
         except nats.errors.NoRespondersError:
             raise BusUnavailable(f"no control plane answers telemetry replay on {subject}") \
                 from None
-        except (nats.errors.TimeoutError, asyncio.TimeoutError):
+        except (TimeoutError, nats.errors.TimeoutError):
             await asyncio.sleep(REPLAY_POLL_S)
             continue
         env = msgspec.json.decode(reply.data)
@@ -497,7 +498,8 @@ async def follow_telemetry(
         else:
             replay = _OrderedReplay(nc, filter_subject, since, queue)
             create = asyncio.ensure_future(replay.start())
-            await asyncio.wait({create, refused}, return_when=asyncio.FIRST_COMPLETED)
+            first: set[asyncio.Future[Any]] = {create, refused}
+            await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
             check_refused()
             await create
         check_refused()
@@ -511,7 +513,7 @@ async def follow_telemetry(
                 break
             try:
                 sample = await asyncio.wait_for(queue.get(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 check_refused()
                 continue
             count += 1
@@ -592,18 +594,16 @@ def follow(
                 on_ready=on_ready, as_tenant=as_tenant, fields=fields,
             )
         finally:
-            try:
+            with contextlib.suppress(Exception):  # closing is best effort
                 await nc.close()
-            except Exception:  # noqa: BLE001 - closing is best effort
-                pass
 
     return asyncio.run(go())
 
 
 __all__ = [
     "TELEMETRY_KINDS",
-    "TelemetryPublisher",
     "TelemetryPage",
+    "TelemetryPublisher",
     "TelemetrySample",
     "ensure_telemetry_stream",
     "follow",

@@ -5,6 +5,7 @@ Used by `pool up` and the test fixtures when no database URL is given or reachab
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,10 +42,8 @@ class EmbeddedPostgres:
         return str(self.handle.get_uri())
 
     def stop(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # best effort at shutdown
             self.handle.cleanup()
-        except Exception:  # noqa: BLE001 - best effort at shutdown
-            pass
 
 
 def start_embedded_postgres(data_dir: Path) -> EmbeddedPostgres:
@@ -53,9 +52,10 @@ def start_embedded_postgres(data_dir: Path) -> EmbeddedPostgres:
         with warnings.catch_warnings():
             # platformdirs warns when XDG_RUNTIME_DIR is unset (CI, root shells); harmless here
             warnings.simplefilter("ignore")
-            import pgserver  # type: ignore[import-untyped]
+            import pgserver
 
-            handle = pgserver.get_server(str(data_dir), cleanup_mode="stop")
+            handle = pgserver.get_server(  # type: ignore[attr-defined]
+                str(data_dir), cleanup_mode="stop")
     except Exception as e:  # pgserver raises plain exceptions
         raise DatabaseUnavailable(f"embedded PostgreSQL failed to start: {e}") from e
     return EmbeddedPostgres(data_dir=data_dir, handle=handle)

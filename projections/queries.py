@@ -60,7 +60,7 @@ def query(conn: psycopg.Connection[Any], view: str, *, tenant: str | None,
     """One page of a view: {"view", "rows", "next_cursor"}; `tenant` None reads every tenant."""
     check_view(view)
     key = KEYS[view]
-    where = []
+    where: list[sql.Composable] = []
     params: list[Any] = []
     if tenant is not None:
         where.append(sql.SQL("tenant = %s"))

@@ -114,7 +114,7 @@ def check_view(name: str) -> str:
 
 
 def _fmt(text: str, schema: str) -> sql.Composed:
-    return sql.SQL(text).format(s=sql.Identifier(schema))  # type: ignore[arg-type]
+    return sql.SQL(text).format(s=sql.Identifier(schema))
 
 
 def lock_key(schema: str) -> int:
@@ -517,7 +517,7 @@ class Prepared:
 class _Slice:
     """What one batch (from one position on) changed, as `PoolViews._slice` coalesced it."""
 
-    __slots__ = ("count", "last_seq", "leases", "accounts", "nodes", "credits")
+    __slots__ = ("accounts", "count", "credits", "last_seq", "leases", "nodes")
 
     def __init__(self, count: int, last_seq: int) -> None:
         self.count = count  # events in the slice
@@ -642,18 +642,17 @@ class PoolViews:
         """One transaction, pipelined: two round trips (the positions under the lock, then the
         rows, the positions and the commit)."""
         conn, schema = self.conn, self.schema
-        with conn.pipeline() as pipe:
-            with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(schema),))
-                cur = conn.execute(_stmt(schema, "positions"))
-                pipe.sync()
-                pos = {r[0]: (int(r[1]), int(r[2])) for r in cur.fetchall()}
-                if any(pos.get(v, (0, 0)) != at for v, at in prepared.expected.items()):
-                    raise PositionMoved("a view moved after the batch was prepared")
-                for kind, params in prepared.statements:
-                    conn.execute(_stmt(schema, kind), params)
-                if prepared.tracked:
-                    conn.execute(_stmt(schema, "tracking"), _columns(prepared.tracked, 3))
+        with conn.pipeline() as pipe, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(schema),))
+            cur = conn.execute(_stmt(schema, "positions"))
+            pipe.sync()
+            pos = {r[0]: (int(r[1]), int(r[2])) for r in cur.fetchall()}
+            if any(pos.get(v, (0, 0)) != at for v, at in prepared.expected.items()):
+                raise PositionMoved("a view moved after the batch was prepared")
+            for kind, params in prepared.statements:
+                conn.execute(_stmt(schema, kind), params)
+            if prepared.tracked:
+                conn.execute(_stmt(schema, "tracking"), _columns(prepared.tracked, 3))
         return prepared.taken
 
     def _fold(self, notifications: Sequence[Any]) -> list[tuple[int, Any, Any]]:
@@ -719,7 +718,8 @@ class PoolViews:
                 tenant = agg.tenant_id
                 for moved in extract(ev):
                     credits.append((seq, tenant, *moved))
-        by_kind = {_LEASE: out.leases, _ACCOUNT: out.accounts, _NODE: out.nodes}
+        by_kind: dict[int, list[Any]] = {_LEASE: out.leases, _ACCOUNT: out.accounts,
+                                         _NODE: out.nodes}
         for seq, agg in last.values():
             cls = type(agg)
             rows = by_kind.get(kinds.get(cls) or self._kind(cls))
@@ -745,8 +745,7 @@ class PoolViews:
                 row[-4] += ch
                 row[-3] += rel
                 row[-2] += sh
-                if seq > row[-1]:
-                    row[-1] = seq
+                row[-1] = max(row[-1], seq)
             _emit_rows(emit, "leases", list(rows.values()))
             _emit_rows(emit, "credits", list(credit_only.values()))
         elif view == "queue":
@@ -766,13 +765,13 @@ class PoolViews:
                 emit("queue_delete", (list(gone),))
         elif view == "balance":
             accounts: dict[str, tuple[Any, ...]] = {}
-            for seq, agg in got.accounts:
-                accounts[agg.tenant_id] = _account_row(agg, seq)
+            for seq, acc in got.accounts:
+                accounts[acc.tenant_id] = _account_row(acc, seq)
             _emit_rows(emit, "balance", list(accounts.values()))
         elif view == "capacity":
             nodes: dict[str, tuple[Any, ...]] = {}
-            for seq, agg in got.nodes:
-                nodes[agg.node_id] = _node_row(agg, seq)
+            for seq, node in got.nodes:
+                nodes[node.node_id] = _node_row(node, seq)
             _emit_rows(emit, "capacity", list(nodes.values()))
 
     def catch_up(self, *, batch_size: int = DEFAULT_BATCH, stop: int | None = None) -> int:
@@ -885,14 +884,13 @@ def rebuild(app: Any, database_url: str, *, schema: str = DEFAULT_SCHEMA,
     Dropping and re-creating happen in one transaction under the projector's lock, so a live
     projector never sees a half-dropped view; it then waits on the lock between batches."""
     names = tuple(check_view(v) for v in views)
-    with psycopg.connect(database_url) as conn:
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(schema),))
-            conn.execute(_fmt("CREATE SCHEMA IF NOT EXISTS {s}", schema))
-            conn.execute(_fmt(TRACKING_DDL, schema))
-            for v in names:
-                drop_view(conn, schema, v)
-            create_schema(conn, schema, names)
+    with psycopg.connect(database_url) as conn, conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(schema),))
+        conn.execute(_fmt("CREATE SCHEMA IF NOT EXISTS {s}", schema))
+        conn.execute(_fmt(TRACKING_DDL, schema))
+        for v in names:
+            drop_view(conn, schema, v)
+        create_schema(conn, schema, names)
     proj = PoolViews(app, database_url, schema=schema, views=names)
     try:
         with gc_paused():
