@@ -447,10 +447,14 @@ class _LogReader:
     def _learned(self, subject: str, version: int, seq: int) -> None:
         # a subject this recorder tracks learns its new end, as in _select_notifications
         # (a stale entry would make its next write conflict); one it does not track is
-        # looked up by that write anyway, so it costs nothing to leave it out here
+        # looked up by that write anyway, so it is left out here, unless the recorder asked
+        # to remember every subject it reads
         cache = self.recorder._cache
         known = cache.get(subject)
-        if known is not None and seq >= known.last_seq:
+        if known is None:
+            if self.recorder.remember_subjects_read:
+                cache[subject] = _SubjectState(version, seq)
+        elif seq >= known.last_seq:
             cache[subject] = _SubjectState(version, seq)
 
     def _cut(self, view: bytes, pos: int) -> int:
@@ -475,7 +479,7 @@ class _LogReader:
                 match = fast.match
                 ids, topics = self.ids, self.topics
                 append = self.records.append
-                cache = self.recorder._cache
+                learn = bool(self.recorder._cache) or self.recorder.remember_subjects_read
                 n = self.frames
                 first = n == 0
                 last = self.last_d
@@ -505,7 +509,7 @@ class _LogReader:
                     if t is None:
                         t = topics[topic] = topic.decode().strip()
                     s = int(seq)
-                    if cache:
+                    if learn:
                         self._learned(self.recorder._subject_prefix + text, int(version), s)
                     append((s, text, True, int(version), t, view[body + int(hlen):end]))
                     pos = end + 2
@@ -672,6 +676,10 @@ class JetStreamRecorder:
         self.timeout = timeout
         # only touched on the runtime's loop thread, so it needs no lock
         self._cache: dict[str, _SubjectState] = {}
+        # a writer that follows the whole log (the scheduler) sets this: read-ahead pages then
+        # record every subject's end they pass, as direct gets do, so its next write to an
+        # aggregate it only read carries the right expectation without a look-up first
+        self.remember_subjects_read = False
         # the stream's replica count, asked once; see `_replicated`
         self._replicas: int | None = None
 

@@ -148,6 +148,14 @@ class BusRuntime:
         self._loop.call_soon_threadsafe(fn, *args)
 
     def submit(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
+        """Start `coro` on the loop; its future. On a closed runtime it raises BusUnavailable
+        at once, as `run` does (the stopped loop would never finish the future; whatever is
+        in flight when the runtime closes is cancelled by the close)."""
+        if self._closed:
+            close = getattr(coro, "close", None)
+            if close is not None:
+                close()
+            raise BusUnavailable("bus runtime is closed")
         return asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
 
     def close(self) -> None:

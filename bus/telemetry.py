@@ -109,7 +109,7 @@ class TelemetryPublisher:
             self._in_flight += 1
         try:
             fut = self._rt.submit(self._publish(subject, data, dict(headers) if headers else None))
-        except RuntimeError as e:  # the loop is closed
+        except (RuntimeError, BusError) as e:  # the runtime or its loop is closed
             with self._lock:
                 self._in_flight -= 1
             log.warning("telemetry not published on %s: %s", subject, e)

@@ -176,6 +176,13 @@ class Scheduler:
         # event; anything else goes through the mapper
         self._decode = EventDecoder(app.mapper)
         self._read_ahead: concurrent.futures.ThreadPoolExecutor | None = None
+        # bus.jetstream's read-ahead pages, told to remember every subject they pass (as
+        # direct gets do), so that writing to an aggregate only read needs no look-up first
+        self._prefetch = getattr(app.recorder, "prefetch", None)
+        if self._prefetch is not None:
+            app.recorder.remember_subjects_read = True
+        # a read that does not finish fails the cycle (the run loop logs it and goes on)
+        self._read_timeout = float(getattr(app.recorder, "timeout", 10.0)) + 20.0
         # the credit holds of the batch being built, per tenant, recorded when it closes:
         # (transfer id, lease, amount) each, and their sum
         self._holds: dict[str, list[tuple[str, LeaseId, int]]] = {}
@@ -201,7 +208,6 @@ class Scheduler:
     def _catch_up(self) -> int:
         n = 0
         own = self._own
-        select = self.app.recorder.select_notifications
         decode = self._decode
         # the next page, asked for while this one is folded: the server and the bus thread
         # read it in the meantime (a catch-up spent a third of its time waiting for reads)
@@ -212,19 +218,22 @@ class Scheduler:
                     self.position = max(self.position, own.popleft()[1])
                 start, limit = self._next_read(self.position)
                 if ahead is not None and ahead[:2] == (start, limit):
-                    page = ahead[2].result()
+                    page = ahead[2].result(self._read_timeout)
                     self.pages_read_ahead += 1
                 else:
                     if ahead is not None:
-                        concurrent.futures.wait([ahead[2]])
+                        concurrent.futures.wait([ahead[2]], self._read_timeout)
                         self.pages_read_ahead_unused += 1
-                    page = select(start=start, limit=limit)
+                    page = self._read(start, limit).result(self._read_timeout)
                 ahead = None
                 if not page:
                     return n
-                if len(page) == limit:  # there may be more
+                # a full page may have more behind it; so may any page of a read-ahead
+                # (`prefetch` returns what is stored now, perhaps less): read until one is empty
+                more = len(page) == limit or self._prefetch is not None
+                if more:
                     at, size = self._next_read(page[-1].id)
-                    ahead = (at, size, self._reader().submit(select, start=at, limit=size))
+                    ahead = (at, size, self._read(at, size))
                 for notification in page:
                     known = self.aggregates.get(notification.originator_id)
                     # our own writes come back through the log: skip them before decoding
@@ -232,11 +241,11 @@ class Scheduler:
                         self.apply(decode(notification))
                     self.position = notification.id
                 n += len(page)
-                if len(page) < limit:
+                if not more:
                     return n
         finally:
             if ahead is not None:  # left by a fold that raised: let it finish, unread
-                concurrent.futures.wait([ahead[2]])
+                concurrent.futures.wait([ahead[2]], self._read_timeout)
 
     def _next_read(self, position: int) -> tuple[int, int]:
         """(start, limit) of the read after `position`: past our own acknowledged batches
@@ -248,11 +257,21 @@ class Scheduler:
         return position + 1, NOTIFICATION_PAGE
 
     def close(self) -> None:
-        """Stop the read-ahead thread (after the read in flight, if any)."""
-        with self._lock:
-            if self._read_ahead is not None:
-                self._read_ahead.shutdown(wait=True, cancel_futures=True)
-                self._read_ahead = None
+        """Stop the read-ahead thread, if any (not waiting for a cycle in progress: that ends
+        on its own, its reads failing once the bus is closed)."""
+        pool, self._read_ahead = self._read_ahead, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _read(self, start: int, limit: int) -> concurrent.futures.Future[Any]:
+        """The events [start, start + limit) as they are stored now, read in the background:
+        through the recorder's read-ahead (a pull consumer: a third of a direct get's cost to
+        the server and far less to this process) when it has one, else `select_notifications`
+        on a thread of ours."""
+        if self._prefetch is not None:
+            return self._prefetch(start, limit, start + limit - 1)  # type: ignore[no-any-return]
+        return self._reader().submit(
+            self.app.recorder.select_notifications, start=start, limit=limit)
 
     def _reader(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._read_ahead is None:
