@@ -190,3 +190,21 @@ def test_events_survive_a_server_restart(server: NatsServer) -> None:
     got.increment()
     _retry(lambda: app2.save(got))
     assert app.repository.get(c.id).count == 3
+
+
+def test_a_closed_runtime_refuses_new_work_at_once(server: NatsServer) -> None:
+    """`submit` on a closed runtime raises as `run` does, instead of a future that a stopped
+    loop would never finish (a reader waiting on it would wait forever)."""
+    from bus.runtime import BusRuntime
+
+    rt = BusRuntime(server.url)
+
+    async def nothing() -> int:
+        return 1
+
+    assert rt.submit(nothing()).result(5) == 1
+    rt.close()
+    with pytest.raises(BusError):
+        rt.submit(nothing())
+    with pytest.raises(BusError):
+        rt.run(nothing())

@@ -400,6 +400,16 @@ def test_a_catch_up_read_ahead_over_small_pages_and_own_batches_folds_what_a_fre
     assert s.position == log[-1].id
     fresh = Scheduler(PoolApp(env=app_env(cp.nats_url), clock=clock), clock=clock)
     fresh.catch_up()
+    # read through read-ahead pages, every subject read is remembered with its end: a write
+    # to any of these aggregates needs no look-up first
+    from domain.lease import Lease
+
+    rec = fresh.app.recorder
+    leases = [a for a in fresh.aggregates.values() if isinstance(a, Lease)]
+    assert len(leases) == 29 and fresh.pages_read_ahead > 0
+    for lease in leases:
+        state = rec._cache.get(rec.subject_for(lease.id))
+        assert state is not None and state.last_version == lease.version
     assert {k: (type(v).__name__, v.version) for k, v in s.aggregates.items()} == {
         k: (type(v).__name__, v.version) for k, v in fresh.aggregates.items()}
     assert s.cycle().placed == 5
