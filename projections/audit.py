@@ -388,7 +388,9 @@ class CreditAudit:
 
     def _held_batch(self, ev: Any, seq: int, c: TenantCredits,
                     holds: dict[str, tuple[int, Any]], tenant: str) -> None:
-        """A CreditsHeldBatch: each of its holds as a CreditsHeld at the same sequence."""
+        """A CreditsHeldBatch: each of its holds as a CreditsHeld at the same sequence. The
+        lines below repeat the CreditsHeld branch of `_fold_records` on purpose: that one stays
+        inline in the loop that runs once per event of the log; change both together."""
         leases = self.report.leases
         for _transfer_id, lid, amount in ev.holds:
             spend = leases.get(lid)
