@@ -11,7 +11,12 @@ COPY pyproject.toml README.md ./
 COPY domain ./domain
 COPY schemas ./schemas
 COPY bus ./bus
-COPY workers ./workers
+COPY control ./control
+COPY client ./client
+COPY cli ./cli
+COPY local ./local
+COPY bench ./bench
+COPY chaos ./chaos
 COPY projections ./projections
 COPY agents ./agents
 RUN pip install --no-cache-dir . && rm -rf /src/build

@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from agents.probe import NodeProbe, Reserve
-from agents.runtime import Runtime, WorkloadError, WorkloadHandle, WorkloadSpec
+from agents.runtimes.contract import Runtime, WorkloadError, WorkloadHandle, WorkloadSpec
 from bus.agentbus import AgentCommand, AgentLink
 from bus.errors import BusError
 from bus.subjects import telemetry_subject

@@ -22,7 +22,7 @@ from typing import Any
 
 from agents.agent import Agent
 from agents.probe import Gpu, GpuProbe, NodeProbe, Reserve
-from agents.runtime import Usage, WorkloadHandle, WorkloadSpec
+from agents.runtimes.contract import Usage, WorkloadHandle, WorkloadSpec
 from bus.agentbus import FleetLink, NodeLink
 from bus.errors import BusError
 

@@ -19,8 +19,8 @@ from typing import Any
 import nats
 from nats.js.api import StorageType, StreamConfig
 
+from bus.local.server import NatsServer
 from bus.runtime import servers
-from bus.server import NatsServer
 
 ROUNDS = 3
 

@@ -17,7 +17,7 @@ from uuid import UUID
 from eventsourcing.domain import Aggregate, event
 
 from domain.errors import InsufficientCredits, InvalidAmount, UnknownHold
-from domain.events import trigger
+from domain.fold import trigger
 from domain.resources import LeaseId, TenantId
 
 _NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:account")

@@ -38,7 +38,7 @@ from domain.errors import (
     StaleEpoch,
 )
 from domain.errors import LeaseExpired as LeaseExpiredError
-from domain.events import trigger
+from domain.fold import trigger
 from domain.resources import LeaseId, NodeId, PoolId, Resources, Shape, TenantId
 
 _NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:lease")
@@ -351,7 +351,7 @@ class Lease(Aggregate):
         placed = self.requested_shape if shape is None else shape
         if not placed.resources.is_non_negative():
             raise InvalidAmount("a placed shape cannot hold negative resources")
-        trigger(  # the scheduler's hot path: domain.events' lean trigger, same event
+        trigger(  # the scheduler's hot path: domain.fold' lean trigger, same event
             self, "_reserved",
             at=float(now),
             node_id=str(node_id),

@@ -26,7 +26,7 @@ from domain.errors import (
     OverAllocation,
     UnknownAllocation,
 )
-from domain.events import trigger
+from domain.fold import trigger
 from domain.resources import ZERO, LeaseId, NodeCapabilities, NodeId, PoolId, Resources
 
 _NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:node")

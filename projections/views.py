@@ -37,7 +37,7 @@ from eventsourcing.utils import resolve_topic
 from psycopg import sql
 
 from domain.account import Account
-from domain.events import lean_mutator
+from domain.fold import lean_mutator
 from domain.lease import TERMINAL_STATES, Lease
 from domain.node import Node
 

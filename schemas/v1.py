@@ -136,7 +136,7 @@ GpuPartition = Annotated[
     ),
 ]
 
-# These Literals spell the domain's vocabularies exactly (tests/test_schemas.py checks).
+# These Literals spell the domain's vocabularies exactly (tests/unit/test_schemas.py checks).
 CpuArch = Literal["amd64", "arm64"]
 NetworkEgress = Literal["none", "restricted", "open"]
 RuntimeClass = Literal["container", "sandboxed", "microvm", "dedicated-host"]

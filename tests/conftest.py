@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bus.server import NatsServer
+from bus.local.server import NatsServer
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +47,7 @@ def unique() -> str:
 @pytest.fixture(scope="session")
 def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real PostgreSQL: $POOL_TEST_DATABASE_URL, else 127.0.0.1:5432/test, else pgserver."""
-    from projections.embedded import reachable_database_url, start_embedded_postgres
+    from projections.postgres.embedded import reachable_database_url, start_embedded_postgres
 
     url = os.environ.get("POOL_TEST_DATABASE_URL") or reachable_database_url(
         "postgresql://postgres@127.0.0.1:5432/test"

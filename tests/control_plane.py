@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from workers.client import PoolClient
-from workers.serve import ControlPlane
+from client.api import PoolClient
+from control.plane import ControlPlane
 
 
 @dataclass

@@ -1,0 +1,119 @@
+"""The runtime contract: how a node agent starts, watches, stops and re-adopts a workload.
+
+Each runtime (`process` under bubblewrap, `docker`) implements `Runtime`; one contract test
+suite (tests/contract/test_runtime_contract.py) runs against every runtime that can start here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class WorkloadError(Exception):
+    """A runtime could not do what it was asked; `code` is stable."""
+
+    code = "runtime_failed"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class RuntimeUnavailable(WorkloadError):
+    """The runtime's engine or binary is not usable on this machine."""
+
+    code = "runtime_unavailable"
+
+
+class ImageRejected(WorkloadError):
+    """The agent's own image check (defence in depth) refused the image."""
+
+    code = "image_rejected"
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """Everything a runtime needs to start one job of one lease, in the shape's own units."""
+
+    lease_id: str
+    epoch: int
+    job_number: int
+    command: tuple[str, ...]
+    image: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    cpu_millis: int = 1000
+    memory_mib: int = 256
+    pids_limit: int = 256
+    gpu_count: int = 0
+    gpu_uuids: tuple[str, ...] = ()
+    network_egress: str = "none"  # "none" unless the shape asks for egress
+    isolation: str = "sandboxed"  # the runtime class the lease needs
+    checkpoint_dir: str | None = None  # told to the workload through POOL_CHECKPOINT_DIR
+    labels: tuple[tuple[str, str], ...] = ()
+    max_image_size_bytes: int | None = None  # the pool's image size limit, checked after pull
+
+    @property
+    def key(self) -> str:
+        """One workload per (lease, epoch, job): the agent never starts the same key twice."""
+        return f"{self.lease_id}.{self.epoch}.{self.job_number}"
+
+
+@dataclass
+class WorkloadHandle:
+    """A started workload: enough to poll, stop and re-adopt it after an agent restart."""
+
+    lease_id: str
+    epoch: int
+    job_number: int
+    runtime: str
+    ref: str  # a pid (process) or a container id (docker)
+    started_at: float
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.lease_id}.{self.epoch}.{self.job_number}"
+
+
+@dataclass(frozen=True)
+class Usage:
+    """A point-in-time sample of a workload's use; None where the runtime cannot tell."""
+
+    cpu_millis_used: int | None = None
+    memory_mib_used: int | None = None
+
+
+class Runtime(Protocol):
+    """A way to run workloads on this node inside a given isolation boundary."""
+
+    name: str
+
+    def isolation_classes(self) -> tuple[str, ...]:
+        """The runtime classes this runtime really provides here (probed, not assumed)."""
+        ...
+
+    def start(self, spec: WorkloadSpec) -> WorkloadHandle:
+        """Start the workload; return once its process is running (or raise WorkloadError)."""
+        ...
+
+    def poll(self, handle: WorkloadHandle) -> int | None:
+        """The exit code once the workload has exited, else None."""
+        ...
+
+    def stop(self, handle: WorkloadHandle, grace_seconds: float) -> int | None:
+        """SIGTERM, wait up to `grace_seconds`, then SIGKILL; return the exit code if known."""
+        ...
+
+    def adopt(self) -> list[WorkloadHandle]:
+        """Workloads this runtime started before an agent restart that are still present."""
+        ...
+
+    def forget(self, handle: WorkloadHandle) -> None:
+        """Remove what the runtime keeps for an ended workload (pid file, container)."""
+        ...
+
+    def usage(self, handle: WorkloadHandle) -> Usage:
+        """A utilization sample for the running workload."""
+        ...

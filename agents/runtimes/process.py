@@ -1,0 +1,264 @@
+"""The `process` runtime: the job's command inside a bubblewrap sandbox, no engine needed.
+
+Every namespace unshared (no network unless the shape asks for egress), uid/gid 65534, the
+host's /usr read-only and nothing else of it, a private /tmp, rlimits from the shape. Each
+workload runs under a tiny `sh` supervisor in its own session that writes the exit code to a
+file, so a restarted agent can re-adopt it by its pid file and still learn how it ended.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from agents.runtimes.contract import (
+    RuntimeUnavailable,
+    Usage,
+    WorkloadError,
+    WorkloadHandle,
+    WorkloadSpec,
+)
+
+# `trap :` installs a handler (reset on exec), so the supervisor outlives a SIGTERM sent to the
+# group and still records how the sandboxed command ended.
+_SUPERVISOR = 'trap : TERM INT HUP; "$@"; rc=$?; echo $rc > "$POOL_EXIT_FILE.tmp"; ' \
+              'mv "$POOL_EXIT_FILE.tmp" "$POOL_EXIT_FILE"'
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _proc_start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot: with the pid, a unique identity."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _proc_state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def _group_pids(pgid: int, *, workload_only: bool = False) -> list[int]:
+    """Live pids of the process group; `workload_only` leaves out the supervisor and bwrap,
+    whose death would tear the sandbox down at once instead of letting the job handle TERM."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1: stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[2]) != pgid or fields[0] == "Z":
+            continue
+        if workload_only and (int(d.name) == pgid or comm == "bwrap"):
+            continue
+        out.append(int(d.name))
+    return out
+
+
+class ProcessRuntime:
+    """Runs workloads as sandboxed processes; state (pid and exit files) under `state_dir`."""
+
+    name = "process"
+
+    def __init__(self, state_dir: Path, *, bwrap: str | None = None) -> None:
+        self.state_dir = Path(state_dir) / "process"
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.bwrap = bwrap or shutil.which("bwrap")
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._classes: tuple[str, ...] | None = None
+
+    # -- capabilities -----------------------------------------------------------------------
+
+    def available(self) -> str | None:
+        """None when a sandbox can be started here, else why not."""
+        if self.bwrap is None:
+            return "bubblewrap (bwrap) is not installed; apt-get install bubblewrap"
+        try:
+            r = subprocess.run([self.bwrap, *self._sandbox_args(None, "none"), "--", "/bin/true"],
+                               capture_output=True, timeout=10, check=False)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"bwrap failed to start: {e}"
+        if r.returncode != 0:
+            return f"bwrap cannot create a sandbox here: {r.stderr.decode(errors='replace').strip()}"
+        return None
+
+    def isolation_classes(self) -> tuple[str, ...]:
+        if self._classes is None:  # probed once: starting a sandbox costs a few milliseconds
+            self._classes = ("sandboxed",) if self.available() is None else ()
+        return self._classes
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def _sandbox_args(self, checkpoint_dir: str | None, egress: str) -> list[str]:
+        args = ["--unshare-all", "--uid", "65534", "--gid", "65534",
+                "--ro-bind", "/usr", "/usr"]
+        for link in ("bin", "lib", "lib64", "sbin"):
+            target = Path("/") / link
+            if target.is_symlink():
+                args += ["--symlink", os.readlink(target), f"/{link}"]
+            elif target.is_dir():
+                args += ["--ro-bind", str(target), f"/{link}"]
+        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--chdir", "/tmp",
+                 "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin",
+                 "--setenv", "HOME", "/tmp"]
+        if egress != "none":
+            args.append("--share-net")
+        if checkpoint_dir is not None:
+            args += ["--bind", checkpoint_dir, "/checkpoint",
+                     "--setenv", "POOL_CHECKPOINT_DIR", "/checkpoint"]
+        return args
+
+    def _files(self, key: str) -> tuple[Path, Path]:
+        return self.state_dir / f"{key}.json", self.state_dir / f"{key}.exit"
+
+    def start(self, spec: WorkloadSpec) -> WorkloadHandle:
+        if self.bwrap is None:
+            raise RuntimeUnavailable("bubblewrap (bwrap) is not installed")
+        if not spec.command:
+            raise WorkloadError("the job has no command to run", code="job_has_no_command")
+        pid_file, exit_file = self._files(spec.key)
+        if pid_file.exists():
+            raise WorkloadError(f"workload {spec.key} was already started here",
+                                code="already_started")
+        exit_file.unlink(missing_ok=True)
+        if spec.checkpoint_dir is not None:
+            Path(spec.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+            os.chmod(spec.checkpoint_dir, 0o777)  # the sandbox's uid 65534 writes there
+        argv = [self.bwrap, *self._sandbox_args(spec.checkpoint_dir, spec.network_egress)]
+        for k, v in spec.env:
+            argv += ["--setenv", k, v]
+        argv += ["--setenv", "POOL_LEASE_ID", spec.lease_id, "--", *spec.command]
+        memory = spec.memory_mib * 1024 * 1024
+
+        def limits() -> None:  # in the child, before exec: inherited by bwrap and the job
+            # address space gets headroom over the shape: it counts mappings, not residency
+            resource.setrlimit(resource.RLIMIT_AS, (memory * 4, memory * 4))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+        # the job's stdout and stderr
+        with open(self.state_dir / f"{spec.key}.log", "ab") as log_file:
+            try:
+                proc = subprocess.Popen(
+                    ["/bin/sh", "-c", _SUPERVISOR, "pool-supervisor", *argv],
+                    stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                    # the child only calls setrlimit before exec
+                    start_new_session=True, preexec_fn=limits,  # noqa: PLW1509
+                    env={"POOL_EXIT_FILE": str(exit_file), "PATH": "/usr/bin:/bin"},
+                )
+            except OSError as e:
+                raise WorkloadError(f"could not start the sandbox: {e}") from e
+        started = time.time()
+        handle = WorkloadHandle(
+            lease_id=spec.lease_id, epoch=spec.epoch, job_number=spec.job_number,
+            runtime=self.name, ref=str(proc.pid), started_at=started,
+            extra={"start_ticks": str(_proc_start_ticks(proc.pid) or 0)},
+        )
+        tmp = pid_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**handle.__dict__}))
+        tmp.replace(pid_file)
+        self._children[handle.key] = proc
+        return handle
+
+    def _alive(self, handle: WorkloadHandle) -> bool:
+        pid = int(handle.ref)
+        child = self._children.get(handle.key)
+        if child is not None:
+            return child.poll() is None
+        ticks = _proc_start_ticks(pid)
+        if ticks is None or _proc_state(pid) == "Z":
+            return False
+        # a pid reused by another process is not ours
+        return str(ticks) == handle.extra.get("start_ticks", str(ticks))
+
+    def poll(self, handle: WorkloadHandle) -> int | None:
+        if self._alive(handle):
+            return None
+        _, exit_file = self._files(handle.key)
+        try:
+            return int(exit_file.read_text().strip())
+        except (OSError, ValueError):
+            # the supervisor itself was killed: the workload's end is unknown, call it killed
+            return 128 + signal.SIGKILL
+
+    def stop(self, handle: WorkloadHandle, grace_seconds: float) -> int | None:
+        pgid = int(handle.ref)
+        if self._alive(handle):
+            for pid in _group_pids(pgid, workload_only=True):
+                self._signal_pid(pid, signal.SIGTERM)
+            deadline = time.monotonic() + max(0.0, grace_seconds)
+            while time.monotonic() < deadline and self._alive(handle):
+                time.sleep(0.05)
+            if self._alive(handle):
+                self._signal(pgid, signal.SIGKILL)
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline and self._alive(handle):
+                    time.sleep(0.02)
+        # nothing of the group may outlive the stop (the job may have forked)
+        for pid in _group_pids(pgid):
+            self._signal_pid(pid, signal.SIGKILL)
+        return self.poll(handle)
+
+    @staticmethod
+    def _signal(pgid: int, sig: int) -> None:
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            pass
+
+    @staticmethod
+    def _signal_pid(pid: int, sig: int) -> None:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def adopt(self) -> list[WorkloadHandle]:
+        out = []
+        for f in sorted(self.state_dir.glob("*.json")):
+            try:
+                d = json.loads(f.read_text())
+                out.append(WorkloadHandle(**d))
+            except (OSError, ValueError, TypeError):
+                continue
+        return out
+
+    def forget(self, handle: WorkloadHandle) -> None:
+        pid_file, exit_file = self._files(handle.key)
+        child = self._children.pop(handle.key, None)
+        if child is not None and child.poll() is None:
+            return  # still running: keep its files so it can be adopted
+        if child is not None:
+            child.wait()
+        pid_file.unlink(missing_ok=True)
+        exit_file.unlink(missing_ok=True)
+
+    def usage(self, handle: WorkloadHandle) -> Usage:
+        pgid = int(handle.ref)
+        ticks = 0
+        rss_pages = 0
+        for pid in _group_pids(pgid):
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            ticks += int(fields[11]) + int(fields[12])  # utime + stime
+            rss_pages += int(fields[21])
+        elapsed = max(1e-3, time.time() - handle.started_at)
+        cpu_millis = int(ticks / _CLOCK_TICKS / elapsed * 1000)
+        return Usage(cpu_millis_used=cpu_millis, memory_mib_used=rss_pages * _PAGE // (1 << 20))

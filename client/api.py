@@ -1,0 +1,69 @@
+"""A small Python client for the command subjects; the CLI is built on it.
+
+Each call sends one request and returns the reply envelope as a dict (`ok`, `lease`/`result`,
+`error`); it raises only for transport failures (bus.errors).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Self
+
+from opentelemetry.trace import SpanKind
+
+from bus import observability
+from bus.local.auth import inbox_prefix
+from bus.service import Client
+
+
+class PoolClient:
+    """Speaks for one tenant (`pool.cmd.<tenant>.…`) and, with service credentials, for admin.
+
+    Credentials go in `connect_options` (`user=`, `password=`) or in the URL
+    (`nats://user:password@host:port`); a tenant's inbox prefix is set for it.
+    """
+
+    def __init__(self, nats_url: str, tenant: str = "", *, timeout: float = 10.0,
+                 **connect_options: Any) -> None:
+        self.tenant = tenant
+        self.timeout = timeout
+        if tenant:
+            # replies come back under the tenant's own prefix, the only inbox its user may read
+            connect_options.setdefault("inbox_prefix", inbox_prefix(tenant).encode())
+        self._client = Client(nats_url, **connect_options)
+
+    def raw(self, subject: str, body: bytes, *, timeout: float | None = None) -> dict[str, Any]:
+        # the request's span: its context goes out in the `traceparent` header
+        with observability.tracer().start_as_current_span(
+            "request", kind=SpanKind.CLIENT,
+            attributes={"messaging.system": "nats", "messaging.destination.name": subject},
+        ):
+            reply = self._client.request(subject, body, timeout=timeout or self.timeout)
+        out: dict[str, Any] = json.loads(reply)
+        return out
+
+    def call(self, subject: str, body: dict[str, Any] | None = None, *,
+             timeout: float | None = None) -> dict[str, Any]:
+        return self.raw(subject, json.dumps(body or {}).encode(), timeout=timeout)
+
+    # -- tenant ------------------------------------------------------------------------------
+
+    def request_lease(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.call(f"pool.cmd.{self.tenant}.lease.request", body)
+
+    def lease(self, lease_id: str, verb: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.call(f"pool.cmd.{self.tenant}.lease.{lease_id}.{verb}", body)
+
+    # -- admin -------------------------------------------------------------------------------
+
+    def admin(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.call(f"pool.admin.{path}", body)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

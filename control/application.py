@@ -1,0 +1,838 @@
+"""The control plane's eventsourcing Application: each command loads, decides and saves.
+
+Handlers are thin: wire bodies (schemas/) in, domain calls, one `save()` out — one atomic
+JetStream batch however many aggregates the decision touched. `now` is read here, at the edge.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+from uuid import UUID
+
+from eventsourcing.application import AggregateNotFoundError, Application, ProcessingEvent
+from eventsourcing.domain import Aggregate, BaseAggregate
+from eventsourcing.persistence import IntegrityError, Notification, Recording, StoredEvent
+
+from bus.errors import BusTimeout
+from control.errors import (
+    IdempotencyConflict,
+    UnknownLease,
+    UnknownNode,
+    UnknownPool,
+    WriteConflict,
+)
+from domain.account import Account
+from domain.errors import DomainError
+from domain.lease import WORKLOAD_STATES, JobSpec, Lease, LeaseState
+from domain.node import Node, NodeState
+from domain.policy.images import DEFAULT_ISOLATION_BY_TRUST, ImagePolicy
+from domain.pool import Pool, PoolConfig, PreemptionSettings, PriceList, TenantPolicy
+from domain.resources import LeaseId, NodeId, PoolId, Resources, TenantId
+from schemas import v1
+
+A = TypeVar("A", bound=Aggregate)
+R = TypeVar("R")
+
+APPLICATION_NAME = "pool"
+WEIGHT_SCALE = 1000  # tenant weights travel as floats and are kept as integer thousandths
+
+
+def lease_view(lease: Lease) -> dict[str, Any]:
+    """The lease as a reply shows it."""
+    return {
+        "lease_id": str(lease.id),
+        "tenant": lease.tenant_id,
+        "pool_id": lease.pool_id,
+        "state": str(lease.state),
+        "epoch": lease.epoch,
+        "node_id": lease.node_id,
+        "priority_class": lease.priority_class,
+        "shape": lease.requested_shape.to_dict(),
+        "maximum_runtime_seconds": lease.maximum_runtime_seconds,
+        "requested_at": lease.requested_at,
+        "reserved_at": lease.reserved_at,
+        "reservation_deadline": lease.reservation_deadline,
+        "started_at": lease.started_at,
+        "deadline": lease.deadline,
+        "last_heartbeat_at": lease.last_heartbeat_at,
+        "last_checkpoint_at": lease.last_checkpoint_at,
+        "hold_microcredits": lease.hold_microcredits,
+        "attempts": lease.attempts,
+        "exit_code": lease.exit_code,
+        "end_reason": lease.end_reason,
+        "rejection_code": lease.rejection_code,
+        "version": lease.version,
+    }
+
+
+def pool_config_from_wire(cfg: v1.PoolConfig) -> PoolConfig:
+    classes = dict(cfg.priority_classes)
+    default_class = "standard" if "standard" in classes else min(classes, key=classes.__getitem__)
+    return PoolConfig(
+        packing=cfg.packing,
+        commit_timeout_seconds=cfg.commit_timeout_seconds,
+        priority_classes=tuple(classes.items()),
+        default_priority_class=default_class,
+        preemption=PreemptionSettings(
+            enabled=cfg.preemption.enabled,
+            min_runtime_seconds=cfg.preemption.min_runtime_seconds,
+            grace_seconds=cfg.preemption.grace_seconds,
+        ),
+        aging_seconds_per_rank=cfg.aging_seconds_per_rank,
+        heartbeat_timeout_seconds=cfg.heartbeat_timeout_seconds,
+        default_lease_seconds=cfg.default_lease_seconds,
+        node_timeout_seconds=cfg.node_timeout_seconds,
+        lost_node_release_seconds=cfg.lost_node_release_seconds,
+    )
+
+
+def image_policy_from_wire(cfg: v1.ImagePolicyConfig) -> ImagePolicy:
+    by_trust = dict(DEFAULT_ISOLATION_BY_TRUST)
+    by_trust.update(cfg.isolation_by_trust.items())
+    return ImagePolicy(
+        approved_registries=tuple(cfg.approved_registries),
+        tenant_registries=tuple((t, tuple(rs)) for t, rs in cfg.tenant_registries.items()),
+        trusted_keys=tuple((k.key_id, k.public_key_pem) for k in cfg.trusted_keys),
+        require_signature=cfg.require_signature,
+        max_image_size_bytes=cfg.max_image_size_bytes,
+        isolation_by_trust=tuple(by_trust.items()),
+        untrusted_tenants=tuple(cfg.untrusted_tenants),
+        untrusted_tenant_isolation=cfg.untrusted_tenant_isolation,
+    )
+
+
+class PoolApp(Application[UUID]):
+    """Every write the control plane makes goes through one of these methods."""
+
+    name = APPLICATION_NAME
+    is_snapshotting_enabled = False
+
+    def __init__(self, env: dict[str, str] | None = None, clock: Callable[[], float] = time.time):
+        super().__init__(env)
+        self.clock = clock
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def save(self, *objs: Any, **kwargs: Any) -> list[Recording[UUID]]:
+        """The library's `save`, without its runtime-checkable Protocol `isinstance` checks
+        (~20 µs an aggregate on Python 3.11): aggregates are known by their class; events and
+        keyword arguments go the library's way."""
+        if kwargs:
+            return super().save(*objs, **kwargs)
+        pe = self._collect(objs)
+        recordings = self._record(pe)
+        self._recorded(pe, recordings)
+        return recordings
+
+    def save_nowait(self, *aggs: Aggregate) -> PendingSave:
+        """`save` whose atomic batch is under way when this returns: the events are taken
+        from the aggregates and encoded here; `PendingSave.result()` waits for the
+        acknowledgement (IntegrityError on a conflict, as `save`). A later save that shares
+        a subject must wait for this one's result first, else its expectation is stale."""
+        pe = self._collect(aggs)
+        stored = [self.mapper.to_stored_event(e) for e in pe.events]
+        submit = getattr(self.recorder, "insert_events_nowait", None)
+        if submit is None:  # another persistence module: save now, answer later
+            future: concurrent.futures.Future[list[int]] = concurrent.futures.Future()
+            try:
+                future.set_result(list(self.recorder.insert_events(stored) or []))
+            except Exception as e:  # noqa: BLE001 - handed to whoever asks for the result
+                future.set_exception(e)
+        else:
+            future = submit(stored)
+        return PendingSave(self, pe, stored, future)
+
+    def _collect(self, objs: tuple[Any, ...]) -> ProcessingEvent[UUID]:
+        pe: ProcessingEvent[UUID] = ProcessingEvent()
+        for obj in objs:
+            if obj is None:
+                continue
+            if isinstance(obj, BaseAggregate):
+                pe.events.extend(obj.collect_events())
+                pe.aggregates[obj.id] = obj
+            else:
+                pe.collect_events(obj)
+        return pe
+
+    def _recorded(self, pe: ProcessingEvent[UUID], recordings: list[Recording[UUID]]) -> None:
+        """What the library's `save` does once the events are recorded."""
+        self._take_snapshots(pe)
+        self._notify(recordings)
+        self.notify(pe.events)  # deprecated in the library, still called by its save
+
+    def find(self, cls: type[A], aggregate_id: UUID) -> A | None:
+        try:
+            agg: object = self.repository.get(aggregate_id)
+        except AggregateNotFoundError:
+            return None
+        if not isinstance(agg, cls):
+            return None
+        return agg
+
+    def retrying(self, decide: Callable[[], R], attempts: int = 5) -> R:
+        """Run load-decide-save again when a concurrent writer got there first (OCC)."""
+        for _ in range(attempts):
+            try:
+                return decide()
+            except IntegrityError:
+                continue
+        raise WriteConflict("the lease kept changing under this command; try again")
+
+    def _pool(self, pool_id: str) -> Pool:
+        pool = self.find(Pool, Pool.create_id(pool_id))
+        if pool is None:
+            raise UnknownPool(f"no pool named {pool_id!r}")
+        return pool
+
+    def _lease(self, tenant: str, lease_id: str) -> Lease:
+        try:
+            uid = UUID(lease_id)
+        except ValueError:
+            raise UnknownLease(f"no lease {lease_id!r}") from None
+        lease = self.find(Lease, uid)
+        if lease is None or lease.tenant_id != tenant:
+            # another tenant's lease reads as missing: ids are not secrets, ownership is
+            raise UnknownLease(f"no lease {lease_id!r} for tenant {tenant!r}")
+        return lease
+
+    def _account(self, tenant: str, now: float) -> Account:
+        acc = self.find(Account, Account.create_id(tenant))
+        return acc if acc is not None else Account.open(tenant_id=TenantId(tenant), now=now)
+
+    # -- admin -----------------------------------------------------------------------------
+
+    def configure_pool(self, cfg: v1.PoolConfig) -> Pool:
+        now = self.clock()
+
+        def go() -> Pool:
+            config = pool_config_from_wire(cfg)
+            pool = self.find(Pool, Pool.create_id(cfg.pool_id))
+            if pool is None:
+                pool = Pool.create(pool_id=PoolId(cfg.pool_id), now=now, config=config)
+            elif pool.config != config:
+                pool.configure(config, now)
+            self.save(pool)
+            return pool
+
+        return self.retrying(go)
+
+    def set_prices(self, pl: v1.PriceListConfig) -> Pool:
+        now = self.clock()
+        prices = PriceList(
+            cpu_core_second=pl.cpu_core_second,
+            memory_gib_second=pl.memory_gib_second,
+            local_disk_gib_second=pl.local_disk_gib_second,
+            gpu_second=tuple({"*": 0, **pl.gpu_second}.items()),
+            gpu_partition_second=tuple({"*": 0, **pl.gpu_partition_second}.items()),
+        )
+
+        def go() -> Pool:
+            pool = self._pool(pl.pool_id)
+            pool.set_price_list(prices, now)
+            self.save(pool)
+            return pool
+
+        return self.retrying(go)
+
+    def set_image_policy(self, cfg: v1.ImagePolicyConfig) -> Pool:
+        now = self.clock()
+        policy = image_policy_from_wire(cfg)
+
+        def go() -> Pool:
+            pool = self._pool(cfg.pool_id)
+            pool.set_image_policy(policy, now)
+            self.save(pool)
+            return pool
+
+        return self.retrying(go)
+
+    def set_tenant(self, cfg: v1.TenantConfig) -> TenantPolicy:
+        now = self.clock()
+        self._pool(cfg.pool_id)
+        quota = None
+        if cfg.quota is not None:
+            scalars = {k: v for k, v in cfg.quota.items() if "/" not in k}
+            ext = tuple((k, v) for k, v in cfg.quota.items() if "/" in k)
+            quota = Resources(**scalars, extended=ext)
+        weight = max(1, round(cfg.weight * WEIGHT_SCALE))
+
+        def go() -> TenantPolicy:
+            pol = self.find(TenantPolicy, TenantPolicy.create_id(cfg.pool_id, cfg.tenant))
+            if pol is None:
+                pol = TenantPolicy.set(
+                    pool_id=PoolId(cfg.pool_id), tenant_id=TenantId(cfg.tenant), now=now,
+                    weight=weight, quota=quota,
+                )
+            else:
+                pol.update(weight=weight, quota=quota, now=now)
+            self.save(pol)
+            return pol
+
+        return self.retrying(go)
+
+    def register_node(self, reg: v1.NodeRegistration) -> Node:
+        now = self.clock()
+        self._pool(reg.pool_id)
+        caps = reg.capabilities.to_domain()
+
+        def go() -> Node:
+            node = self.find(Node, Node.create_id(reg.node_id))
+            if node is None:
+                node = Node.register(
+                    node_id=NodeId(reg.node_id), pool_id=PoolId(reg.pool_id),
+                    capabilities=caps, now=now,
+                )
+            elif node.capabilities != caps:
+                node.reregister(caps, now)
+            self.save(node)
+            return node
+
+        return self.retrying(go)
+
+    def node_state(self, node_id: str, verb: str, reason: str = "") -> Node:
+        now = self.clock()
+
+        def go() -> Node:
+            node = self.find(Node, Node.create_id(node_id))
+            if node is None:
+                raise UnknownNode(f"no node {node_id!r}")
+            actions: dict[str, Callable[[], None]] = {
+                "cordon": lambda: node.cordon(now, reason),
+                "drain": lambda: node.drain(now, reason),
+                "maintenance": lambda: node.enter_maintenance(now, reason),
+                "uncordon": lambda: node.uncordon(now),
+                "end-maintenance": lambda: node.end_maintenance(now),
+                "lost": lambda: node.mark_lost(now, reason or "declared_lost"),
+            }
+            actions[verb]()
+            leases = self._drain_leases(node, now, reason) if verb == "drain" else []
+            self.save(node, *leases)
+            return node
+
+        return self.retrying(go)
+
+    def _drain_leases(self, node: Node, now: float, reason: str) -> list[Lease]:
+        """A drain winds the node down: each running lease gets a preemption notice with the
+        pool's grace (its deadline) and goes back in the queue to run elsewhere; the agent
+        stops it and the capacity is freed on its confirmation. A lease that may not be
+        preempted is left to finish."""
+        grace = self._pool(node.pool_id).config.preemption.grace_seconds
+        out: list[Lease] = []
+        for lid in node.allocations:
+            lease = self.find(Lease, UUID(lid))
+            if lease is None or lease.state is not LeaseState.RUNNING:
+                continue
+            try:
+                lease.notice_preemption(now, grace_seconds=grace, requeue=True,
+                                        reason=f"drain:{reason}" if reason else "drain")
+            except DomainError:
+                continue
+            out.append(lease)
+        return out
+
+    def grant(self, tenant: str, amount: int, transfer_id: str, reason: str = "") -> Account:
+        now = self.clock()
+
+        def go() -> Account:
+            acc = self._account(tenant, now)
+            acc.grant(transfer_id, amount, now, reason)
+            self.save(acc)
+            return acc
+
+        return self.retrying(go)
+
+    # -- tenant commands -------------------------------------------------------------------
+
+    def request_lease(self, tenant: str, req: v1.LeaseRequest, *,
+                      trace_parent: str | None = None) -> Lease:
+        now = self.clock()
+        lease_id = Lease.create_id(tenant, req.idempotency_key)
+        existing = self.find(Lease, lease_id)
+        if existing is not None:
+            if existing.pool_id != req.pool_id or existing.requested_shape != req.shape.to_domain():
+                raise IdempotencyConflict(
+                    f"idempotency key {req.idempotency_key!r} was used for a different request"
+                )
+            return existing  # a retry: same lease, nothing appended
+        pool = self._pool(req.pool_id)
+        pool.rank_of(req.priority_class)  # an unknown class is refused before anything is written
+        if req.image:  # no node yet: the image, and the isolation the tenant's standing needs
+            pool.admit_image(req.image, signature=req.image_signature,
+                             size_bytes=req.image_size_bytes, tenant=tenant,
+                             isolation=req.shape.runtime)
+        lease = Lease.request(
+            tenant_id=TenantId(tenant),
+            pool_id=PoolId(req.pool_id),
+            idempotency_key=req.idempotency_key,
+            shape=req.shape.to_domain(),
+            maximum_runtime_seconds=req.maximum_runtime_seconds,
+            now=now,
+            lease_seconds=min(pool.config.default_lease_seconds, req.maximum_runtime_seconds),
+            heartbeat_timeout_seconds=pool.config.heartbeat_timeout_seconds,
+            priority_class=req.priority_class,
+            preemptible=True,
+            trace_parent=trace_parent,
+        )
+        lease.queue(now)
+        try:
+            self.save(lease)
+        except IntegrityError:
+            # a concurrent retry of the same key created it first: answer with that one
+            again = self.find(Lease, lease_id)
+            if again is None:
+                raise
+            return again
+        return lease
+
+    def commit(self, tenant: str, lease_id: str, body: v1.CommitLease) -> Lease:
+        def go() -> Lease:
+            now = self.clock()
+            lease = self._lease(tenant, lease_id)
+            job = body.job
+            spec = None
+            if job.image or job.command:  # a commit may claim capacity before naming its job
+                spec = JobSpec(
+                    image=job.image or "",
+                    command=tuple(job.command),
+                    env=tuple(sorted(job.env.items())),
+                    checkpoint_interval_seconds=job.checkpoint_policy.interval_seconds,
+                    image_signature=job.image_signature,
+                    image_size_bytes=job.image_size_bytes,
+                )
+            self._admit_job(lease, spec)
+            lease.commit(now, spec)
+            self.save(lease)
+            return lease
+
+        return self.retrying(go)
+
+    def _admit_job(self, lease: Lease, spec: JobSpec | None) -> None:
+        """The pool's image policy, checked against the node the lease holds: raises
+        ImageNotAllowed before anything is recorded."""
+        pool = self._pool(lease.pool_id)
+        node = None if lease.node_id is None else self.find(Node, Node.create_id(lease.node_id))
+        pool.admit_image(
+            spec.image if spec is not None else None,
+            signature=spec.image_signature if spec is not None else None,
+            size_bytes=spec.image_size_bytes if spec is not None else None,
+            tenant=lease.tenant_id,
+            node_trust=node.capabilities.trust_level if node is not None else None,
+            isolation=lease.shape.runtime,
+        )
+
+    def heartbeat(self, tenant: str, lease_id: str, body: v1.HeartbeatLease) -> Lease:
+        def go() -> Lease:
+            now = self.clock()
+            lease = self._lease(tenant, lease_id)
+            lease.heartbeat(now, epoch=body.epoch, checkpoint_at=body.last_checkpoint_at)
+            self.save(lease)
+            return lease
+
+        return self.retrying(go)
+
+    def renew(self, tenant: str, lease_id: str, body: v1.RenewLease) -> Lease:
+        def go() -> Lease:
+            now = self.clock()
+            lease = self._lease(tenant, lease_id)
+            lease.renew(now, body.extend_seconds)
+            self.save(lease)
+            return lease
+
+        return self.retrying(go)
+
+    def _settle(self, lease: Lease, now: float, node_id: str | None = None,
+                cache: dict[UUID, Aggregate] | None = None) -> list[Aggregate]:
+        """Free the node and settle the hold for a lease that no longer needs its capacity.
+
+        `node_id` names the node it held when the lease no longer does (a preempted lease
+        that was requeued has already forgotten its placement). With `cache`, aggregates
+        loaded once are reused, so settling several leases touches one node / account object."""
+        out: list[Aggregate] = []
+        cache = {} if cache is None else cache
+
+        def find(cls: type[A], uid: UUID) -> A | None:
+            if uid not in cache:
+                found = self.find(cls, uid)
+                if found is None:
+                    return None
+                cache[uid] = found
+            got = cache[uid]
+            return got if isinstance(got, cls) else None
+
+        where = lease.node_id if node_id is None else node_id
+        if where is not None:
+            node = find(Node, Node.create_id(where))
+            if node is not None and node.free(LeaseId(str(lease.id)), now):
+                out.append(node)
+        acc = find(Account, Account.create_id(lease.tenant_id))
+        lid = LeaseId(str(lease.id))
+        if acc is not None and acc.has_hold(lid):
+            pool = self._pool(lease.pool_id)
+            node_model = None
+            if where is not None:
+                node = next((a for a in out if isinstance(a, Node)), None) or self.find(
+                    Node, Node.create_id(where)
+                )
+                node_model = node.capabilities.gpu_model if node is not None else None
+            seconds = lease.runtime_seconds(now)
+            charge = pool.charge_for(lease.shape, seconds, gpu_model=node_model) if seconds else 0
+            acc.settle(f"settle-{lease.id}-{lease.epoch}", lid, charge, now)
+            out.append(acc)
+        return out
+
+    def release(self, tenant: str, lease_id: str, body: v1.ReleaseLease) -> Lease:
+        def go() -> Lease:
+            now = self.clock()
+            lease = self._lease(tenant, lease_id)
+            lease.release(now, body.exit_code)
+            self.save(lease, *self._settle(lease, now))
+            return lease
+
+        return self.retrying(go)
+
+    def cancel(self, tenant: str, lease_id: str, body: v1.CancelLease) -> Lease:
+        def go() -> Lease:
+            now = self.clock()
+            lease = self._lease(tenant, lease_id)
+            lease.cancel(now, body.reason or "cancelled")
+            others = self._settle(lease, now) if not lease.holds_capacity else []
+            self.save(lease, *others)
+            return lease
+
+        return self.retrying(go)
+
+    # -- node agent reports -----------------------------------------------------------------
+
+    def _node_lease(self, node_id: str, lease_id: str) -> Lease:
+        try:
+            uid = UUID(lease_id)
+        except ValueError:
+            raise UnknownLease(f"no lease {lease_id!r}") from None
+        lease = self.find(Lease, uid)
+        if lease is None or lease.node_id != node_id:
+            # an agent speaks only for leases placed on its own node
+            raise UnknownLease(f"no lease {lease_id!r} on node {node_id!r}")
+        return lease
+
+    def confirm_stopped(self, node_id: str, lease_id: str, body: v1.LeaseStopped) -> Lease:
+        """The agent on `node_id` confirms the lease's workload is gone.
+
+        preempting → preempted (or queued again), stopping → cancelled, expired|reconciling →
+        released. Only now is the capacity returned: the node is freed and the hold settled in
+        the same save, so the log never shows a freed node for a workload still running."""
+
+        def go() -> Lease:
+            now = self.clock()
+            lease = self._node_lease(node_id, lease_id)
+            lease.confirm_stopped(now, epoch=body.epoch)
+            others = [] if lease.holds_capacity else self._settle(lease, now, node_id)
+            self.save(lease, *others)
+            return lease
+
+        return self.retrying(go)
+
+    def register_own_node(self, node_id: str, reg: v1.NodeRegistration) -> Node:
+        """An agent (re)registers; it may speak only for the node its subject names."""
+        if reg.node_id != node_id:
+            raise UnknownNode(f"agent of node {node_id!r} cannot register {reg.node_id!r}")
+        return self.register_node(reg)
+
+    def node_heartbeat(self, node_id: str, hb: v1.NodeHeartbeat) -> dict[str, Any]:
+        """The node and every lease it runs are alive. The leases' heartbeats are ONE atomic
+        save; the node's own heartbeat is a second one, so the scheduler allocating on a busy
+        node (a write to the node) never makes the leases' heartbeats fail. Returns, per lease,
+        whether it is still live here, so the agent stops what must not run."""
+        node = self.find(Node, Node.create_id(node_id))
+        if node is None or hb.node_id != node_id:
+            raise UnknownNode(f"no node {node_id!r}; register first")
+        if node.state is NodeState.LOST:
+            return {"node_state": str(node.state), "register": True, "leases": {}}
+
+        def beat_leases() -> dict[str, dict[str, Any]]:
+            now = self.clock()
+            changed: list[Aggregate] = []
+            out = {b.lease_id: self._beat(node_id, b, now, changed) for b in hb.leases}
+            if changed:
+                self.save(*changed)
+            return out
+
+        def beat_node() -> Node:
+            fresh = self.find(Node, Node.create_id(node_id))
+            assert fresh is not None
+            timeout = self._pool(fresh.pool_id).config.node_timeout_seconds
+            if fresh.state is not NodeState.LOST and fresh.heartbeat_is_news(self.clock(),
+                                                                            timeout):
+                fresh.heartbeat(self.clock())
+                self.save(fresh)
+            return fresh
+
+        leases = self.retrying(beat_leases) if hb.leases else {}
+        node = self.retrying(beat_node)
+        if node.state is NodeState.LOST:
+            return {"node_state": str(node.state), "register": True, "leases": leases}
+        if any(lid not in leases for lid in node.allocations):
+            # only then can a lease under reconciliation be one the agent no longer runs
+            leases.update(self.retrying(
+                lambda: self._reconcile_unlisted(node_id, set(leases))))
+        return {"node_state": str(node.state), "leases": leases}
+
+    def _reconcile_unlisted(self, node_id: str, listed: set[str]) -> dict[str, dict[str, Any]]:
+        """A lease being reconciled that the agent no longer runs is confirmed stopped: the
+        heartbeat lists every workload the agent has, adopted and stopping ones included."""
+        now = self.clock()
+        node = self.find(Node, Node.create_id(node_id))
+        if node is None:
+            return {}
+        cache: dict[UUID, Aggregate] = {node.id: node}
+        changed: list[Aggregate] = []
+        out: dict[str, dict[str, Any]] = {}
+        for lid in list(node.allocations):
+            if lid in listed:
+                continue
+            lease = self.find(Lease, UUID(lid))
+            if lease is not None and lease.state in (LeaseState.EXPIRED, LeaseState.RECONCILING):
+                lease.confirm_stopped(now)
+                changed += [lease, *self._settle(lease, now, node_id, cache)]
+                out[lid] = {"live": False, "state": str(lease.state), "code": "reconciled"}
+        if changed:
+            self.save(*list({a.id: a for a in changed}.values()))
+        return out
+
+    def _beat(self, node_id: str, beat: v1.LeaseBeat, now: float,
+              changed: list[Aggregate]) -> dict[str, Any]:
+        try:
+            lease = self._node_lease(node_id, beat.lease_id)
+        except UnknownLease:
+            return {"live": False, "code": "lease_not_found"}
+        if lease.epoch != beat.epoch or lease.state not in WORKLOAD_STATES:
+            # an older placement, or a lease that ended or expired: fenced, the work must stop
+            return {"live": False, "state": str(lease.state), "epoch": lease.epoch,
+                    "code": "stale_epoch" if lease.epoch != beat.epoch else "lease_not_live"}
+        if not lease.heartbeat_is_news(now, beat.last_checkpoint_at):
+            return {"live": True, "state": str(lease.state), "deadline": lease.deadline}
+        try:
+            lease.heartbeat(now, epoch=beat.epoch, checkpoint_at=beat.last_checkpoint_at)
+        except DomainError as e:
+            return {"live": False, "state": str(lease.state), "code": e.code}
+        changed.append(lease)
+        return {"live": True, "state": str(lease.state), "deadline": lease.deadline}
+
+    def job_started(self, node_id: str, lease_id: str, body: v1.JobStarted) -> Lease:
+        def go() -> Lease:
+            lease = self._node_lease(node_id, lease_id)
+            lease.job_started(self.clock(), epoch=body.epoch)
+            self.save(lease)
+            return lease
+
+        return self.retrying(go)
+
+    def job_ended(self, node_id: str, lease_id: str, *, epoch: int,
+                  exit_code: int | None = None, failure: str | None = None) -> Lease:
+        """The job's process is gone. A running lease is released with its exit code; a lease
+        on its way out (stopping, preempting, expired, reconciling) is confirmed stopped. Node
+        freed and hold settled in the same save."""
+
+        def go() -> Lease:
+            now = self.clock()
+            lease = self._node_lease(node_id, lease_id)
+            if (lease.job is not None and lease.job.is_active
+                    and lease.state in WORKLOAD_STATES):
+                if failure is not None:
+                    lease.job_failed(now, epoch=epoch, reason=failure)
+                else:
+                    assert exit_code is not None
+                    lease.job_exited(now, epoch=epoch, exit_code=exit_code)
+            if lease.state is LeaseState.RUNNING:
+                lease.release(now, exit_code, epoch=epoch)
+            else:
+                lease.confirm_stopped(now, epoch=epoch)
+            others = [] if lease.holds_capacity else self._settle(lease, now, node_id)
+            self.save(lease, *others)
+            return lease
+
+        return self.retrying(go)
+
+    def reconcile_due(self, lease_id: str) -> str | None:
+        """A lease's deadline timer fired: void an uncommitted reservation (capacity and hold
+        returned) or expire a silent lease into `reconciling` (capacity kept until the agent
+        confirms). Returns what was done, or None when nothing was due (a renewed lease)."""
+
+        def go() -> str | None:
+            now = self.clock()
+            try:
+                lease = self.find(Lease, UUID(lease_id))
+            except ValueError:
+                return None
+            if lease is None:
+                return None
+            reason = lease.expiry_due(now)
+            if reason is None:
+                return None
+            if lease.state is LeaseState.RESERVED:
+                lease.void_reservation(now)
+                self.save(lease, *self._settle(lease, now))
+                return "voided"
+            lease.expire(now, reason)
+            lease.begin_reconciliation(now)
+            self.save(lease)
+            return f"expired:{reason}"
+
+        return self.retrying(go)
+
+    def lease_next_due(self, lease_id: str) -> float | None:
+        """When the lease's deadline timer should next fire (None: nothing pending)."""
+        try:
+            lease = self.find(Lease, UUID(lease_id))
+        except ValueError:
+            return None
+        due = None if lease is None else lease.next_due_at()
+        return due if due is not None and due > self.clock() else None
+
+    def node_next_due(self, node_id: str) -> float | None:
+        """When the node's liveness timer should next fire: its heartbeat going stale, or,
+        once lost, the release of its leases."""
+        node = self.find(Node, Node.create_id(node_id))
+        if node is None:
+            return None
+        cfg = self._pool(node.pool_id).config
+        if node.state is NodeState.LOST:
+            due = None if not node.allocations or node.lost_at is None else (
+                node.lost_at + cfg.lost_node_release_seconds)
+        else:
+            due = node.last_heartbeat_at + cfg.node_timeout_seconds
+        # a deadline already past was just handled: nothing to fire again until a new event
+        return due if due is not None and due > self.clock() else None
+
+    def node_due(self, node_id: str) -> list[str]:
+        """A node's liveness timer fired: a node silent past the pool's node timeout is lost and
+        its leases expire into reconciliation; once lost past `lost_node_release_seconds`, its
+        reconciling leases are released without the agent's word. Returns what changed."""
+
+        def go() -> list[str]:
+            now = self.clock()
+            node = self.find(Node, Node.create_id(node_id))
+            if node is None:
+                return []
+            cfg = self._pool(node.pool_id).config
+            done: list[str] = []
+            changed: list[Aggregate] = []
+            if node.state is not NodeState.LOST:
+                if not node.heartbeat_stale(now, cfg.node_timeout_seconds):
+                    return []
+                node.mark_lost(now, "heartbeat_lost")
+                changed.append(node)
+                done.append("node_lost")
+                for lid in list(node.allocations):
+                    lease = self.find(Lease, UUID(lid))
+                    if lease is not None and lease.state in WORKLOAD_STATES:
+                        lease.expire(now, "node_lost")
+                        lease.begin_reconciliation(now)
+                        changed.append(lease)
+                        done.append(f"reconciling:{lid}")
+                    elif lease is not None and lease.state is LeaseState.EXPIRED:
+                        lease.begin_reconciliation(now)
+                        changed.append(lease)
+            elif now - (node.lost_at or now) >= cfg.lost_node_release_seconds:
+                cache: dict[UUID, Aggregate] = {node.id: node}
+                for lid in list(node.allocations):
+                    lease = self.find(Lease, UUID(lid))
+                    if lease is None or lease.state not in (LeaseState.RECONCILING,
+                                                            LeaseState.EXPIRED):
+                        continue
+                    lease.confirm_stopped(now)
+                    changed += [lease, *self._settle(lease, now, node_id, cache)]
+                    done.append(f"released:{lid}")
+            if changed:
+                self.save(*list({a.id: a for a in changed}.values()))
+            return done
+
+        return self.retrying(go)
+
+    def get(self, tenant: str, lease_id: str) -> Lease:
+        return self._lease(tenant, lease_id)
+
+    def pool_settings(self, pool_id: str) -> dict[str, Any]:
+        pool = self._pool(pool_id)
+        return {
+            "pool_id": pool.pool_id,
+            "config": pool.config.to_dict(),
+            "config_version": pool.config_version,
+            "price_list": pool.price_list.to_dict(),
+            "price_list_version": pool.price_list_version,
+            "image_policy": pool.image_policy.to_dict(),
+            "image_policy_version": pool.image_policy_version,
+        }
+
+
+def new_transfer_id() -> str:
+    return uuid.uuid4().hex
+
+
+__all__ = ["LeaseState", "PoolApp", "lease_view"]
+
+
+class PendingSave:
+    """A save in flight (`PoolApp.save_nowait`)."""
+
+    def __init__(self, app: PoolApp, pe: ProcessingEvent[UUID], stored: list[StoredEvent],
+                 future: concurrent.futures.Future[list[int]]) -> None:
+        self.app = app
+        self.aggregates = list(pe.aggregates.values())
+        self.messages = len(stored)
+        self._pe = pe
+        self._stored = stored
+        self._future = future
+        self._ids: list[int] | None = None
+        self._recordings: list[Recording[UUID]] | None = None
+
+    def add_done_callback(self, fn: Callable[[bool], None]) -> None:
+        """`fn(acknowledged)` once the server has answered or the save failed (on the bus's
+        loop thread: keep it short)."""
+        self._future.add_done_callback(
+            lambda f: fn(not f.cancelled() and f.exception() is None))
+
+    def wait(self) -> None:
+        """Wait for the acknowledgement (or raise the save's error) and finish the save as
+        `save` would; the recordings are only built if the app listens for them."""
+        if self._ids is not None:
+            return
+        timeout = float(getattr(self.app.recorder, "timeout", 10.0)) + 5
+        try:
+            ids = self._future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            self._future.cancel()
+            raise BusTimeout(f"save not acknowledged within {timeout}s") from None
+        self._ids = ids
+        pe, app = self._pe, self.app
+        cache = app.repository.cache
+        if cache and not app.repository.fastforward:
+            for aggregate_id, aggregate in pe.aggregates.items():
+                cache.put(aggregate_id, aggregate)
+        # Application._notify does nothing: a Notification per event is only worth building
+        # (frozen dataclasses, a few µs each) for an app that overrides it
+        listening = type(app)._notify is not Application._notify
+        app._recorded(pe, self.result() if listening else [])  # the app's after-save steps
+
+    @property
+    def ids(self) -> list[int]:
+        """The notification ids of the saved events, in order (after `wait`)."""
+        self.wait()
+        assert self._ids is not None
+        return self._ids
+
+    def result(self) -> list[Recording[UUID]]:
+        """Wait for the acknowledgement; the recordings, or the save's error."""
+        self.wait()
+        if self._recordings is None:
+            assert self._ids is not None
+            self._recordings = [
+                Recording(d, Notification(originator_id=s.originator_id,
+                                          originator_version=s.originator_version,
+                                          topic=s.topic, state=s.state, id=n))
+                for d, s, n in zip(self._pe.events, self._stored, self._ids, strict=True)
+            ]
+        return self._recordings

@@ -1,0 +1,229 @@
+"""One control-plane process: the command service, the scheduler and its `why` answers.
+
+`pool serve` runs this; tests build the same `ControlPlane` and drive the scheduler by hand.
+Roles split it across processes (compose runs each as its own service): `commands` (queue
+group, any number), `scheduler` (with the dispatcher; leader election keeps one active),
+`reconciler` (a shared durable consumer of fired timers, any number), `projector` (the views).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any, Self
+
+from bus.agentbus import ControlLink
+from bus.leader import LeaderElection
+from bus.service import Service
+from control.application import PoolApp
+from control.commands import (
+    ADMIN_SUBJECTS,
+    COMMAND_SUBJECTS,
+    QUERY_SUBJECTS,
+    CommandHandler,
+    failure,
+    ok,
+)
+from control.dispatcher import Dispatcher, Reconciler, run_loop
+from control.projector import Projector
+from control.scheduler import Scheduler, tune_gc
+from projections.views import VIEWS
+from schemas.codec import SchemaError, decode_command, encode
+
+WHY_SUBJECT = "pool.cmd.*.lease.*.why"
+ROLES = ("commands", "scheduler", "reconciler", "projector")
+
+
+def parse_roles(values: Iterable[str] | None) -> frozenset[str]:
+    """`--role` values (repeated, comma-separated, or `all`) as a set of ROLES; None is all."""
+    if values is None:
+        return frozenset(ROLES)
+    roles: set[str] = set()
+    for value in values:
+        for role in (r.strip() for r in value.split(",")):
+            if role == "all":
+                roles.update(ROLES)
+            elif role in ROLES:
+                roles.add(role)
+            elif role:
+                raise ValueError(f"unknown role {role!r}: choose from {', '.join(ROLES)} or all")
+    if not roles:
+        raise ValueError(f"no role given: choose from {', '.join(ROLES)} or all")
+    return frozenset(roles)
+
+
+def holder_id() -> str:
+    """This process's name in leader elections: host and pid say which process leads."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def app_env(nats_url: str, **extra: str) -> dict[str, str]:
+    # cached aggregates are fast-forwarded by reading only the events after their version, so a
+    # node or lease with a long history of heartbeats costs one short read, not a full replay
+    return {"PERSISTENCE_MODULE": "bus.jetstream", "NATS_URL": nats_url,
+            "AGGREGATE_CACHE_MAXSIZE": "20000", **extra}
+
+
+def why_handler(scheduler: Scheduler) -> Callable[[str, bytes, dict[str, str]], bytes]:
+    def handle(subject: str, body: bytes, headers: dict[str, str]) -> bytes:
+        parts = subject.split(".")
+        try:
+            decode_command("lease.why", body)
+        except SchemaError as e:
+            return encode(e.to_envelope())
+        answer = scheduler.why(parts[2], parts[4])
+        if answer is None:
+            return failure("lease_not_found", f"no lease {parts[4]!r} for tenant {parts[2]!r}")
+        return ok(result=answer)
+
+    return handle
+
+
+def _telemetry_pages(nats_url: str) -> Callable[..., Any]:
+    """Pages of the telemetry stream for tenants' replays, over the process's bus runtime."""
+    from bus.runtime import get_runtime
+    from bus.telemetry import read_page
+
+    def pages(filter_subject: str, **kw: Any) -> Any:
+        return read_page(get_runtime(nats_url), filter_subject, **kw)
+
+    return pages
+
+
+class ControlPlane:
+    """Commands + scheduler on one NATS server (or cluster); `start()` serves, `stop()` drains.
+
+    `roles` (default: all of ROLES) picks what this process runs; see parse_roles."""
+
+    def __init__(self, nats_url: str, *, clock: Callable[[], float] = time.time,
+                 run_scheduler: bool = True, leader_ttl_seconds: float = 3.0,
+                 database_url: str | None = None, data_plane: bool = True,
+                 roles: Iterable[str] | None = None,
+                 projector_views: Iterable[str] | None = None) -> None:
+        self.roles = parse_roles(roles)
+        run_scheduler = run_scheduler and "scheduler" in self.roles
+        self.nats_url = nats_url
+        self.app = PoolApp(env=app_env(nats_url), clock=clock)
+        self.scheduler = Scheduler(PoolApp(env=app_env(nats_url), clock=clock), clock=clock)
+        # with a database: the views' projector, and queries answered from those views
+        subjects = COMMAND_SUBJECTS + ADMIN_SUBJECTS + (QUERY_SUBJECTS if database_url else [])
+        self.commands = (Service(nats_url, subjects,
+                                 CommandHandler(self.app, database_url=database_url,
+                                                telemetry_pages=_telemetry_pages(nats_url)),
+                                 queue="pool-commands")
+                         if "commands" in self.roles else None)
+        self.projector = (Projector(nats_url, database_url,
+                                    views=tuple(projector_views or VIEWS))
+                          if database_url and "projector" in self.roles else None)
+        self.run_scheduler = run_scheduler
+        if run_scheduler:
+            tune_gc()
+        # the data plane's side: agent orders (with the scheduler) and durable deadline timers
+        self.data_plane = data_plane
+        self.link = (ControlLink(nats_url)
+                     if data_plane and self.roles & {"scheduler", "reconciler"} else None)
+        self.dispatcher = (Dispatcher(PoolApp(env=app_env(nats_url), clock=clock), self.link)
+                           if self.link is not None and "scheduler" in self.roles else None)
+        self.reconciler = (Reconciler(self.app, self.link)
+                           if self.link is not None and "reconciler" in self.roles else None)
+        self._workers: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._why_lock = threading.Lock()
+        self.why: Service | None = None
+        self.election: LeaderElection | None = None
+        if run_scheduler:
+            # one active scheduler at a time; a standby folds the log and takes over on death
+            self.election = LeaderElection(nats_url, name="scheduler",
+                                           holder_id=holder_id(),
+                                           ttl_seconds=leader_ttl_seconds)
+
+    def _serve_why(self, leading: bool) -> None:
+        # only the active scheduler knows current reasons, so only it answers `why`
+        with self._why_lock:
+            if leading and self.why is None:
+                self.why = Service(self.nats_url, [WHY_SUBJECT], why_handler(self.scheduler),
+                                   queue="pool-scheduler", threads=2).start()
+            elif not leading and self.why is not None:
+                self.why.stop()
+                self.why = None
+
+    def _schedule(self) -> None:
+        assert self.election is not None
+        while not self._stop.is_set():
+            if self.election.is_leader:
+                self.scheduler.run(self._stop, until=lambda: not self.election.is_leader)  # type: ignore[union-attr]
+            else:
+                with contextlib.suppress(Exception):  # the bus may be down; keep standing by
+                    self.scheduler.catch_up()  # stay warm for a fast takeover
+                self._stop.wait(0.2)
+
+    def _dispatch(self) -> None:
+        assert self.dispatcher is not None
+        while not self._stop.is_set():
+            if self.election is not None and not self.election.is_leader:
+                self._stop.wait(0.2)  # only the active scheduler's plane sends orders
+                continue
+            run_loop(self.dispatcher.step, self._stop, name="dispatcher",
+                     until=(lambda: self.election is not None and not self.election.is_leader))
+
+    def start(self) -> Self:
+        if self.projector is not None:
+            self.projector.start()
+        if self.link is not None:
+            self.link.ensure_streams()
+            if self.dispatcher is not None:
+                self._workers.append(threading.Thread(target=self._dispatch,
+                                                      name="pool-dispatcher", daemon=True))
+            if self.reconciler is not None:
+                self._workers.append(threading.Thread(
+                    target=run_loop, name="pool-reconciler", daemon=True,
+                    args=(self.reconciler.step, self._stop),
+                    kwargs={"idle": 0.0, "name": "reconciler"}))
+            for t in self._workers:
+                t.start()
+        if self.commands is not None:
+            self.commands.start()
+        if "scheduler" not in self.roles:
+            pass  # `why` is answered by whichever process runs the active scheduler
+        elif self.election is None:
+            self._serve_why(True)
+        else:
+            self.election.start(on_change=self._serve_why)
+            self._thread = threading.Thread(target=self._schedule, name="pool-scheduler",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        for t in self._workers:
+            t.join(10)
+        if self.link is not None:
+            self.link.close()
+        if self.election is not None:
+            self.election.stop(release=True)
+        if self.commands is not None:
+            self.commands.stop()
+        self._serve_why(False)
+        if self.projector is not None:
+            self.projector.stop()
+        self.app.close()
+        self.scheduler.close()
+        self.scheduler.app.close()
+        from bus.runtime import close_runtime
+
+        close_runtime(self.nats_url)  # the recorders' shared connection goes with them
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

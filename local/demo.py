@@ -1,0 +1,551 @@
+"""`pool demo`: the whole mission in one command, on the embedded default.
+
+Starts NATS and PostgreSQL, the control plane (commands, scheduler, dispatcher, reconciler,
+projector), a simulated fleet of 200 nodes plus one real local agent running sandboxed
+processes, and three tenants who submit work: a flood of whole-node jobs under weighted fair
+share, a preemption, a cancellation, a request no node can hold, a silent agent whose lease is
+reconciled, and a tenant that runs out of credit. A live dashboard reads the PostgreSQL views;
+the end prints the credit audit, the fair-share outcome and where to look next.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+POOL = "demo"  # the big simulated fleet: fair share under a flood, credits
+HPC = "hpc"  # one 8-GPU node: preemptible batch work and an urgent job that preempts it
+EDGE = "edge"  # the real sandboxed agent and a node whose agent goes silent; short timeouts
+TENANTS = {"acme": 3.0, "globex": 2.0, "initech": 1.0}
+IMAGE = "registry.demo/jobs/sleeper@sha256:" + "5" * 64
+# big jobs pinned to zone z1: only its GPU nodes can hold one (CPU nodes are too small), so
+# the flood far exceeds what fits and fair share decides who runs
+FLOOD_SHAPE = {"cpu_millis": 32000, "memory_mib": 65536, "zone": "z1"}
+MAX_RUNTIME = 120
+# a 32-core, 64 GiB lease for 120 s holds 32×10×120 + 64×2×120 = 53,760 micro-credits
+PRICES = {"cpu_core_second": 10, "memory_gib_second": 2,
+          "gpu_second": {"NVIDIA L4": 400, "NVIDIA A100 80GB": 1500, "*": 800},
+          "gpu_partition_second": {"*": 250}}
+# initech can hold one lease at a time and soon not even that: it runs out of credit
+CREDITS = {"acme": 10**11, "globex": 10**11, "initech": 60_000}
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool = False
+    detail: str = ""
+
+
+@dataclass
+class Tracked:
+    lease_id: str
+    tenant: str
+    job: dict[str, Any] | None
+    kind: str = "flood"
+    state: str = "queued"
+    final: dict[str, Any] = field(default_factory=dict)
+
+
+class Demo:
+    """One run of the demo; `run()` returns the process exit code."""
+
+    def __init__(self, home: Path, *, nodes: int = 200, flood: int = 150, keep: bool = False,
+                 say: Callable[[str], None] = print, live: bool | None = None) -> None:
+        self.home = home
+        self.nodes = nodes
+        self.flood = flood
+        self.keep = keep
+        self.say = say
+        self.live = live
+        self.checks: dict[str, Check] = {k: Check(k) for k in (
+            "fair_share", "preemption", "cancellation", "unsatisfiable", "silent_agent",
+            "out_of_credit", "real_sandbox", "audit")}
+        self.tracked: dict[str, Tracked] = {}
+        self.samples: list[dict[str, float]] = []
+        self.initech_dry_at: float | None = None
+        self.t0 = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.local = False
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def _ok(self, r: dict[str, Any], what: str) -> dict[str, Any]:
+        if not r.get("ok"):
+            raise RuntimeError(f"{what}: {r.get('error')}")
+        return r
+
+    def submit(self, tenant: str, key: str, shape: dict[str, Any], job: dict[str, Any] | None,
+               *, kind: str = "flood", priority: str = "standard",
+               pool: str = POOL) -> Tracked | None:
+        r = self.clients[tenant].request_lease({
+            "pool_id": pool, "shape": shape, "maximum_runtime_seconds": MAX_RUNTIME,
+            "idempotency_key": key, "priority_class": priority})
+        if not r.get("ok"):
+            return None
+        t = Tracked(r["lease"]["lease_id"], tenant, job, kind, r["lease"]["state"])
+        with self._lock:
+            self.tracked[t.lease_id] = t
+        return t
+
+    def get(self, t: Tracked) -> dict[str, Any]:
+        return dict(self.clients[t.tenant].lease(t.lease_id, "get").get("lease") or {})
+
+    # -- set-up ------------------------------------------------------------------------------
+
+    def spawn(self, name: str, *argv: str) -> subprocess.Popen[bytes]:
+        """A `pool …` process of the demo's own (one interpreter each: its own GIL), logging
+        under $home/logs."""
+        logs = self.home / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if k not in ("POOL_NATS_URL",
+                                                                  "POOL_DATABASE_URL")}
+        env["POOL_HOME"] = str(self.home)
+        # its own session (Ctrl-C reaches the demo, which stops the rest in order), and a
+        # SIGTERM from the kernel should the demo itself die without its teardown
+        with open(logs / f"{name}.log", "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "cli.main", *argv], env=env, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_die_with_parent)  # noqa: PLW1509 - the child only calls prctl
+        self.procs[name] = proc
+        return proc
+
+    def setup(self) -> None:
+        from bus.admin import ensure_all_streams
+        from client.api import PoolClient
+        from local import embedded
+
+        if self.home.exists():
+            shutil.rmtree(self.home)  # every demo starts from an empty log
+        os.environ.setdefault("POOL_NATS_PORT", "0")
+        self.say(f"starting the embedded NATS and PostgreSQL in {self.home} …")
+        self.emb = embedded.start(self.home, with_postgres=True)
+        url = self.url = self.emb.service_url or self.emb.nats_url
+        ensure_all_streams(url)
+        # the control plane: commands, scheduler, dispatcher, reconciler and projector
+        self.spawn("control-plane", "serve", "--nats-url", url)
+        self.admin = PoolClient(url, timeout=20)
+        self.clients = {t: PoolClient(url, t, timeout=20) for t in TENANTS}
+        from bus.errors import BusError
+
+        def answers() -> bool:
+            try:
+                r = self.admin.call("pool.admin.pool.show", {"pool_id": POOL}, timeout=2.0)
+            except BusError:
+                return False
+            code: object = r.get("error", {}).get("code")
+            return code == "unknown_pool"
+
+        deadline = time.monotonic() + 30
+        while not answers():
+            if time.monotonic() > deadline:
+                raise RuntimeError("the control plane did not start: see "
+                                   f"{self.home / 'logs' / 'control-plane.log'}")
+            time.sleep(0.2)
+        classes = {"preemptible": 0, "standard": 10, "high": 20}
+        pools: dict[str, dict[str, Any]] = {
+            # fair share orders the flood; no preemption here, so short jobs never thrash
+            POOL: {"heartbeat_timeout_seconds": 15, "node_timeout_seconds": 20,
+                   "lost_node_release_seconds": 10},
+            HPC: {"preemption": {"enabled": True, "grace_seconds": 2, "min_runtime_seconds": 0},
+                  "heartbeat_timeout_seconds": 8, "node_timeout_seconds": 10},
+            EDGE: {"heartbeat_timeout_seconds": 3, "node_timeout_seconds": 4,
+                   "lost_node_release_seconds": 3},
+        }
+        for pool, cfg in pools.items():
+            self._ok(self.admin.admin("pool.set", {"pool_id": pool, "priority_classes": classes,
+                                                   "commit_timeout_seconds": 15, **cfg}), "pool")
+            self._ok(self.admin.admin("pool.prices", {"pool_id": pool, **PRICES}), "prices")
+            for tenant, weight in TENANTS.items():
+                self._ok(self.admin.admin("tenant.set", {"tenant": tenant, "pool_id": pool,
+                                                         "weight": weight}), "tenant")
+        for tenant in TENANTS:
+            self._ok(self.admin.admin("credits.grant", {
+                "tenant": tenant, "amount_microcredits": CREDITS[tenant],
+                "transfer_id": f"demo-grant-{tenant}"}), "grant")
+        total = self.nodes + 2
+        self.say(f"starting {total} simulated nodes and a real sandboxed agent …")
+        self.spawn("fleet", "agent", "simulate", "--nodes", str(self.nodes), "--pool", POOL,
+                   "--heartbeat-interval", "4", "--nats-url", url, "--report-every", "5")
+        self.spawn("fleet-hpc", "agent", "simulate", "--nodes", "1", "--profile", "a100",
+                   "--prefix", "hpc", "--pool", HPC, "--heartbeat-interval", "1",
+                   "--nats-url", url)
+        self.spawn("fleet-quiet", "agent", "simulate", "--nodes", "1", "--profile", "cpu",
+                   "--prefix", "quiet", "--pool", EDGE, "--heartbeat-interval", "1",
+                   "--nats-url", url)
+        from agents.runtimes.process import ProcessRuntime
+
+        why = ProcessRuntime(self.home / "probe").available()
+        self.local = why is None
+        if self.local:
+            # as the node's own NATS user, like any real agent
+            self.spawn("agent-local-1", "agent", "run", "--node-id", "local-1", "--pool", EDGE,
+                       "--labels", "zone=z3,region=local", "--heartbeat-interval", "1",
+                       "--reserve-memory-mib", "512")
+            total += 1
+        else:
+            self.checks["real_sandbox"].ok = True
+            self.checks["real_sandbox"].detail = f"skipped: {why}"
+        from projections.summary import Summary
+
+        summary = Summary(self.emb.database_url)
+        deadline = time.monotonic() + 60
+        while sum(c["nodes"] for c in summary.snapshot().get("capacity", [])) < total:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the simulated fleet did not register: see "
+                                   f"{self.home / 'logs'}")
+            time.sleep(0.3)
+        summary.close()
+        for n in ("sim-0003", "sim-0007", "sim-0011"):
+            self.admin.admin(f"node.{n}.cordon", {"reason": "demo: cordoned"})
+
+    # -- the tenants -------------------------------------------------------------------------
+
+    def committer(self) -> None:
+        """Each tenant commits its leases once the leases view shows them reserved (a requeued
+        one again); one query a round, not a request per lease."""
+        from projections.summary import Summary
+
+        summary = Summary(self.emb.database_url)
+        try:
+            while not self._stop.is_set():
+                with self._lock:
+                    pending = {t.lease_id: t for t in self.tracked.values()
+                               if t.state not in ("released", "cancelled", "rejected")}
+                for lid, state in summary.states(list(pending)).items():
+                    t = pending[lid]
+                    t.state = state
+                    if state == "reserved":
+                        r = self.clients[t.tenant].lease(lid, "commit",
+                                                         {"job": t.job} if t.job else {})
+                        if r.get("ok"):
+                            t.state = r["lease"]["state"]
+                self._stop.wait(0.3)
+        finally:
+            summary.close()
+
+    def sampler(self) -> None:
+        """While the flood is contended: cores running per tenant, once a second."""
+        from projections.summary import Summary
+
+        summary = Summary(self.emb.database_url)
+        try:
+            while not self._stop.is_set():
+                snap = summary.snapshot()
+                self.last_snapshot = snap
+                queued = {q["tenant"] for q in snap.get("queue", [])}
+                running = summary.running_cores(POOL)
+                if {"acme", "globex"} <= queued:  # both still waiting: contention
+                    self.samples.append({**running, "_initech_waiting": float(
+                        "initech" in queued)})
+                self._stop.wait(1.0)
+        finally:
+            summary.close()
+
+    def scenario(self) -> None:
+        """The story: the special cases first, then the flood, then the twists."""
+        # a request no node in the pool could ever hold: rejected at once, with reasons
+        self.impossible = self.submit("globex", "impossible", {
+            "cpu_millis": 1000, "memory_mib": 1024, "gpu_count": 16}, None, kind="impossible")
+        # preemptible batch work that fills the HPC node (an urgent job will want it)
+        victims = [self.submit("globex", f"batch-{i}", {"cpu_millis": 8000, "memory_mib": 8192,
+                                                        "gpu_count": 8},
+                               {"image": IMAGE, "command": ["sleep", "40"]},
+                               kind="victim", priority="preemptible", pool=HPC)
+                   for i in range(1)]
+        self.victims = [v for v in victims if v is not None]
+        # on the edge pool: real sandboxed jobs (one to cancel), and a job on a node whose
+        # agent will go silent
+        local = {"cpu_millis": 200, "memory_mib": 128, "region": "local", "runtime": "sandboxed"}
+        # without a sandbox here, the lease to cancel runs on a simulated node of the main pool
+        # (its agent stops the simulated workload and confirms, as a real one would)
+        self.to_cancel = self.submit(
+            "acme", "long-job", local if self.local else {"cpu_millis": 1000, "memory_mib": 1024},
+            {"image": IMAGE, "command": ["sleep", "60"]}, kind="cancel",
+            pool=EDGE if self.local else POOL)
+        self.quiet = self.submit("acme", "on-quiet-node", {"cpu_millis": 1000, "memory_mib": 1024},
+                                 {"image": IMAGE, "command": ["sleep", "60"]}, kind="quiet",
+                                 pool=EDGE)
+        self.sandboxed: list[Tracked] = []
+        if self.local:
+            for i in range(3):
+                t = self.submit("acme", f"sandboxed-{i}", local, {"image": IMAGE, "command": [
+                    "sh", "-c", f"echo job {i} as $(id -u) in a sandbox; sleep 2"]},
+                    kind="sandboxed", pool=EDGE)
+                if t is not None:
+                    self.sandboxed.append(t)
+
+        # a flood of whole-node jobs from all three tenants: fair share decides who runs
+        def flood(tenant: str, offset: int) -> None:
+            rnd = random.Random(offset)
+            for i in range(offset, self.flood, 3):
+                self.submit(tenant, f"flood-{i}", FLOOD_SHAPE,
+                            {"image": IMAGE, "command": ["sleep", str(rnd.choice((2, 3, 4)))]})
+
+        floods = [threading.Thread(target=flood, args=(t, k), daemon=True)
+                  for k, t in enumerate(TENANTS)]
+        for th in floods:
+            th.start()
+        self._wait_running(self.victims + [x for x in (self.to_cancel, self.quiet) if x], 20)
+        # the twists: an urgent job preempts the batch work, a cancel, an agent goes quiet
+        self.high = self.submit("acme", "urgent", {"cpu_millis": 8000, "memory_mib": 8192,
+                                                   "gpu_count": 8},
+                                {"image": IMAGE, "command": ["sleep", "3"]}, kind="high",
+                                priority="high", pool=HPC)
+        if self.to_cancel is not None:
+            self.clients["acme"].lease(self.to_cancel.lease_id, "cancel", {"reason": "demo"})
+        if self.quiet is not None:
+            # the node's agent stops answering (as a hung or partitioned host would)
+            self.procs["fleet-quiet"].send_signal(signal.SIGSTOP)
+        for th in floods:
+            th.join()
+
+    def _wait_running(self, ts: list[Tracked], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not all(
+                self.get(t).get("state") == "running" for t in ts):
+            time.sleep(0.3)
+
+    # -- the end -----------------------------------------------------------------------------
+
+    def settle(self, timeout: float) -> None:
+        """Wait for the story to finish; then cancel whatever still waits (out of credit)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            open_ = [t for t in self.tracked.values() if t.kind != "victim"
+                     and t.state not in ("released", "cancelled", "rejected", "preempted")
+                     and not (t.tenant == "initech" and t.state == "queued")]
+            if not open_ and self.elapsed() > 8:
+                break
+            self._refresh()
+            time.sleep(0.5)
+        self._refresh()
+        for t in self.tracked.values():
+            if t.state in ("queued", "reserved", "running", "preempting"):
+                if t.tenant == "initech" and t.state == "queued":
+                    why = self.clients["initech"].lease(t.lease_id, "why").get("result") or {}
+                    self.credit_why = why
+                self.clients[t.tenant].lease(t.lease_id, "cancel", {"reason": "demo over"})
+
+    def _refresh(self) -> None:
+        for t in list(self.tracked.values()):
+            if t.state not in ("released", "cancelled", "rejected", "preempted"):
+                lease = self.get(t)
+                t.state = lease.get("state", t.state)
+                t.final = lease
+
+    def judge(self) -> None:
+        c = self.checks
+        if self.impossible is not None:
+            why = self.clients["globex"].lease(self.impossible.lease_id, "why").get(
+                "result") or {}
+            lease = self.get(self.impossible)
+            c["unsatisfiable"].ok = lease.get("state") == "rejected"
+            c["unsatisfiable"].detail = (f"{lease.get('rejection_code')}: "
+                                         f"{why.get('reasons', {})}")[:200]
+        if self.to_cancel is not None:
+            st = self.get(self.to_cancel).get("state")
+            c["cancellation"].ok = st == "cancelled"
+            c["cancellation"].detail = (f"running → stopping → {st} "
+                                        f"({self.get(self.to_cancel).get('end_reason')})")
+        if self.quiet is not None:
+            lease = self.get(self.quiet)
+            c["silent_agent"].ok = (lease.get("state") == "released"
+                                    and lease.get("end_reason") in ("heartbeat_lost",
+                                                                    "node_lost"))
+            c["silent_agent"].detail = (f"expired ({lease.get('end_reason')}) → reconciling "
+                                        f"→ {lease.get('state')}, capacity held until then")
+        # a victim counts once it was requeued and its next placement really ran: started
+        # again and not lost (its heartbeats kept the new epoch alive)
+        again = [self.get(v) for v in self.victims]
+        preempted = [v for v in again if (v.get("attempts") or 1) > 1
+                     and v.get("epoch", 1) > 1 and v.get("started_at")
+                     and v.get("end_reason") not in ("heartbeat_lost", "node_lost")]
+        urgent: Tracked | None = getattr(self, "high", None)
+        high = self.get(urgent) if urgent else {}
+        c["preemption"].ok = bool(preempted) and high.get("end_reason") == "completed"
+        c["preemption"].detail = (f"{len(preempted)} preemptible lease(s) noticed, given 2 s "
+                                  f"grace, requeued and running again (attempt "
+                                  f"{max([v.get('attempts') or 1 for v in again] or [1])}); "
+                                  f"the high-priority lease {high.get('state')} "
+                                  f"({high.get('end_reason')})")
+        why = getattr(self, "credit_why", {}) or {}
+        reasons = why.get("reasons", {})
+        c["out_of_credit"].ok = "insufficient_credits" in str(reasons)
+        c["out_of_credit"].detail = f"initech waits: {reasons}"[:200]
+        if self.sandboxed:
+            done = [self.get(t) for t in self.sandboxed]
+            c["real_sandbox"].ok = all(d.get("state") == "released" and d.get("exit_code") == 0
+                                       for d in done)
+            c["real_sandbox"].detail = (f"{len(done)} jobs ran under bubblewrap as uid 65534 on "
+                                        f"local-1, exit codes {[d.get('exit_code') for d in done]}")
+        # fair share: mean cores running per tenant while acme and globex both waited
+        contended = [s for s in self.samples if s.get("acme") and s.get("globex")]
+        # the first half is the fill, placed in arrival order; fair share shows once jobs turn
+        # over and each freed slot goes to the tenant furthest below its weighted share
+        contended = contended[len(contended) // 2:]
+        if contended:
+            mean = {t: sum(s.get(t, 0.0) for s in contended) / len(contended) for t in TENANTS}
+            ratio = mean["acme"] / max(1e-9, mean["globex"])
+            self.fair: dict[str, Any] = {"samples": len(contended), "mean_cores": mean,
+                                         "acme_to_globex": ratio}
+            c["fair_share"].ok = 1.2 <= ratio <= 1.8  # weights 3:2 → 1.5
+            c["fair_share"].detail = (f"acme:globex cores {ratio:.2f} (weights 3:2 = 1.50) over "
+                                      f"the last {len(contended)} contended samples")
+        else:
+            self.fair = {}
+            c["fair_share"].detail = "no contended sample was taken"
+
+    def audit(self) -> None:
+        from control.application import PoolApp
+        from control.plane import app_env
+        from projections.audit import audit_credits
+        from projections.summary import Summary
+
+        app = PoolApp(env=app_env(self.url))
+        summary = Summary(self.emb.database_url)
+        try:
+            last = app.recorder.max_notification_id() or 0
+            deadline = time.monotonic() + 20  # let the views catch up before cross-checking
+            while time.monotonic() < deadline and summary.position() < last:
+                time.sleep(0.3)
+            report = audit_credits(app, database_url=self.emb.database_url)
+        finally:
+            summary.close()
+            app.close()
+        self.audit_lines = report.lines()
+        self.checks["audit"].ok = report.ok
+        self.checks["audit"].detail = self.audit_lines[-1] if self.audit_lines else ""
+
+    # -- run ---------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.t0 = time.monotonic()
+        if threading.current_thread() is threading.main_thread():
+            # `kill`/`timeout` stop the demo as Ctrl-C does: through the teardown below, so no
+            # server, agent or fleet is left running
+            signal.signal(signal.SIGTERM, _interrupt)
+        self.setup()
+        threads = [threading.Thread(target=f, daemon=True) for f in (self.committer,
+                                                                     self.sampler)]
+        for th in threads:
+            th.start()
+        try:
+            story = threading.Thread(target=self.scenario, daemon=True)
+            story.start()
+            from local.dashboard import Dashboard
+
+            with Dashboard(self, live=self.live):
+                story.join()
+                self.settle(timeout=max(10.0, 42 - self.elapsed()))
+            self.judge()
+            self._stop.set()
+            for th in threads:
+                th.join(5)
+            self.audit()
+            self.report()
+            if self.keep:
+                self.say("still running (--keep): Ctrl-C to stop")
+                try:
+                    while True:
+                        time.sleep(1)
+                except KeyboardInterrupt:
+                    pass
+        finally:
+            self._stop.set()
+            self.teardown()
+        return 0 if all(c.ok for c in self.checks.values()) else 1
+
+    def report(self) -> None:
+        say = self.say
+        say("")
+        say("credit audit (replayed from the JetStream log, cross-checked with the views):")
+        for line in self.audit_lines[-3:]:
+            say(f"  {line}")
+        say("")
+        say("fair share under contention (32-core jobs flooding zone z1, after the fill):")
+        total_w = sum(TENANTS.values())
+        mean = self.fair.get("mean_cores", {})
+        total_c = sum(mean.values()) or 1.0
+        say(f"  {'tenant':<8} {'weight':>6} {'weight share':>12} {'mean cores':>10} "
+            f"{'core share':>10}")
+        for t, w in TENANTS.items():
+            say(f"  {t:<8} {w:>6.0f} {w / total_w:>12.2f} {mean.get(t, 0.0):>10.0f} "
+                f"{mean.get(t, 0.0) / total_c:>10.2f}")
+        say("  (initech's share is capped by its credits: it ran out, see below)")
+        say("")
+        say("what happened:")
+        for c in self.checks.values():
+            say(f"  {'✓' if c.ok else '✗'} {c.name:<14} {c.detail}")
+        say("")
+        imp = self.impossible.lease_id if self.impossible else "ID"
+        say("where to look next:")
+        say(f"  pool demo --keep, then in another terminal (POOL_HOME={self.home}):")
+        say(f"    pool lease why {imp} --tenant globex     # why it was rejected")
+        say("    pool telemetry follow --since 5m           # startup, utilization, exits")
+        say("    pool queue; pool capacity; pool balance; pool audit credits")
+
+    def teardown(self) -> None:
+        for c in list(getattr(self, "clients", {}).values()) + [getattr(self, "admin", None)]:
+            if c is not None:
+                c.close()
+        # agents first, then the control plane they report to
+        order = [n for n in self.procs if n != "control-plane"] + ["control-plane"]
+        for group in (order[:-1], order[-1:]):
+            for name in group:
+                proc = self.procs.get(name)
+                if proc is not None and proc.poll() is None:
+                    proc.send_signal(signal.SIGCONT)
+                    proc.send_signal(signal.SIGINT)
+            for name in group:
+                proc = self.procs.get(name)
+                if proc is None:
+                    continue
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        if getattr(self, "emb", None) is not None:
+            self.emb.stop()
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _prctl() -> Any:
+    """libc's prctl, looked up in the parent: a child between fork and exec must not import
+    or load anything (another thread of the parent may have held the import lock at the
+    fork). None where there is no such call (not Linux)."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _prctl()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux for SIGTERM when the demo's process dies."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG; elsewhere the teardown is the only cleanup

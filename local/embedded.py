@@ -1,0 +1,289 @@
+"""The embedded default: one machine's NATS (from the wheel) and PostgreSQL (pgserver) under $POOL_HOME.
+
+`pool up` and `pool demo` start through here; existing servers named by POOL_NATS_URL /
+POOL_DATABASE_URL are used instead when set. Endpoints are written to $POOL_HOME/endpoints.json.
+
+Secure by default: the embedded nats-server requires a user. $POOL_HOME/auth.json (mode 0600)
+holds the service user (generated on the first `pool up`) and one user per tenant and node
+(`pool admin tenant creds`, `pool admin node creds`); it is rendered to $POOL_HOME/nats/auth.conf,
+which the server's configuration includes, and a change is applied by SIGHUP (a config reload).
+endpoints.json (mode 0600) carries `service_url` (the service user's credentials in the URL) for
+admin commands on this machine. A server named by POOL_NATS_URL is used as given: no users.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bus.admin import can_connect
+from bus.local import auth as bus_auth
+from bus.local.auth import AuthConfig, Credentials
+from bus.local.server import NatsServer, free_port
+from bus.subjects import token
+from projections.postgres.embedded import (
+    EmbeddedPostgres,
+    reachable_database_url,
+    start_embedded_postgres,
+)
+
+DEFAULT_NATS_PORT = 14222
+AUTH_FILE = "auth.json"
+AUTH_INCLUDE = "auth.conf"  # next to the server's configuration in $POOL_HOME/nats
+
+
+def pool_home() -> Path:
+    return Path(os.environ.get("POOL_HOME", "./.pool")).resolve()
+
+
+@dataclass
+class Embedded:
+    """The servers of one `pool up`: which were started here and which were found."""
+
+    home: Path
+    nats_url: str
+    database_url: str
+    nats: NatsServer | None = None
+    postgres: EmbeddedPostgres | None = None
+    notes: list[str] = field(default_factory=list)
+    service_url: str = ""  # nats_url with the service user's credentials (or nats_url: no auth)
+    auth_mtime: float = 0.0
+
+    @property
+    def secured(self) -> bool:
+        return self.nats is not None
+
+    def reload_if_changed(self) -> bool:
+        """Apply auth.json to the running server if it changed since the last look."""
+        path = self.home / AUTH_FILE
+        if self.nats is None or not path.exists():
+            return False
+        mtime = path.stat().st_mtime
+        if mtime == self.auth_mtime:
+            return False
+        self.auth_mtime = mtime
+        _render_include(self.home)
+        if self.nats.proc is not None and self.nats.proc.poll() is None:
+            self.nats.proc.send_signal(signal.SIGHUP)
+        return True
+
+    def stop(self) -> None:
+        if self.nats is not None:
+            self.nats.stop()
+            self.nats = None
+        if self.postgres is not None:
+            self.postgres.stop()
+            self.postgres = None
+        endpoints = self.home / "endpoints.json"
+        if endpoints.exists():
+            endpoints.unlink()
+
+    def write_endpoints(self) -> Path:
+        path = self.home / "endpoints.json"
+        data: dict[str, object] = {
+            "nats_url": self.nats_url,
+            "service_url": self.service_url or self.nats_url,
+            "database_url": self.database_url,
+            "pid": os.getpid(),
+            "auth": self.secured,
+        }
+        if self.nats is not None and self.nats.proc is not None:
+            data["nats_pid"] = self.nats.proc.pid
+        # the service URL carries a password: owner-only, like auth.json
+        bus_auth.write_private(path, json.dumps(data, indent=2) + "\n")
+        return path
+
+
+def start(home: Path | None = None, *, with_postgres: bool = True) -> Embedded:
+    """Start (or find) NATS and PostgreSQL for this machine; data stays under `home`."""
+    home = home or pool_home()
+    home.mkdir(parents=True, exist_ok=True)
+    nats_url = os.environ.get("POOL_NATS_URL")
+    server: NatsServer | None = None
+    notes: list[str] = []
+    service_url = ""
+    if nats_url:
+        notes.append(f"nats: using {nats_url} (POOL_NATS_URL)")
+    else:
+        port = int(os.environ.get("POOL_NATS_PORT", DEFAULT_NATS_PORT))
+        with _auth_lock(home):
+            auth = bus_auth.load_or_create(home / AUTH_FILE)
+            _render_include(home, auth)
+        include = f'include "{AUTH_INCLUDE}"'
+        try:
+            server = NatsServer(store_dir=home / "nats", port=port, server_name="pool-embedded",
+                                extra_config=include)
+            server.start()
+        except Exception:  # noqa: BLE001 - whatever failed there, a free port is tried next
+            # the preferred port is taken by something that is not ours: take a free one
+            server = NatsServer(store_dir=home / "nats", port=free_port(), server_name="pool-embedded",
+                                extra_config=include)
+            server.start()
+        nats_url = server.url
+        service_url = bus_auth.url_with_credentials(nats_url, auth.service)
+        notes.append(f"nats: {nats_url} (embedded nats-server 2.15, JetStream in {home / 'nats'})")
+        notes.append(f"auth: users required; service user {auth.service.user!r}, "
+                     f"{len(auth.tenants)} tenant(s), {len(auth.nodes)} node(s) in "
+                     f"{home / AUTH_FILE} (add with `pool admin tenant creds TENANT`)")
+    database_url = os.environ.get("POOL_DATABASE_URL", "")
+    pg: EmbeddedPostgres | None = None
+    if database_url:
+        if reachable_database_url(database_url) is None:
+            if server is not None:
+                server.stop()
+            from projections.postgres.embedded import DatabaseUnavailable
+
+            raise DatabaseUnavailable(f"POOL_DATABASE_URL={database_url} does not answer")
+        notes.append(f"postgres: using {database_url} (POOL_DATABASE_URL)")
+    elif with_postgres:
+        try:
+            pg = start_embedded_postgres(home / "pg")
+        except Exception:
+            if server is not None:
+                server.stop()
+            raise
+        database_url = pg.url
+        notes.append(f"postgres: {database_url} (embedded pgserver, data in {home / 'pg'})")
+    emb = Embedded(home, nats_url, database_url, server, pg, notes)
+    if server is not None:
+        emb.service_url = service_url
+        emb.auth_mtime = (home / AUTH_FILE).stat().st_mtime
+    emb.write_endpoints()
+    return emb
+
+
+def endpoints(home: Path | None = None) -> tuple[str, str]:
+    """NATS and database URLs for a client command: env first, then a running `pool up`."""
+    home = home or pool_home()
+    nats_url = os.environ.get("POOL_NATS_URL", "")
+    db_url = os.environ.get("POOL_DATABASE_URL", "")
+    path = home / "endpoints.json"
+    if (not nats_url or not db_url) and path.exists():
+        data = json.loads(path.read_text())
+        nats_url = nats_url or data.get("nats_url", "")
+        db_url = db_url or data.get("database_url", "")
+    return nats_url, db_url
+
+
+# -- credentials for the commands of this machine ------------------------------------------
+
+
+def _read_endpoints(home: Path) -> dict[str, object]:
+    path = home / "endpoints.json"
+    if not path.exists():
+        return {}
+    data: dict[str, object] = json.loads(path.read_text())
+    return data
+
+
+def service_url(home: Path | None = None) -> str:
+    """The URL admin commands use: POOL_NATS_URL as given, else the local service's (with creds)."""
+    home = home or pool_home()
+    env = os.environ.get("POOL_NATS_URL", "")
+    if env:
+        return env
+    data = _read_endpoints(home)
+    return str(data.get("service_url") or data.get("nats_url") or "")
+
+
+def local_auth(home: Path | None = None) -> AuthConfig | None:
+    """The users of a `pool up` on this machine, or None (no embedded pool, or an external NATS)."""
+    home = home or pool_home()
+    if os.environ.get("POOL_NATS_URL"):
+        return None
+    return bus_auth.load(home / AUTH_FILE)
+
+
+def tenant_credentials(tenant: str, home: Path | None = None) -> Credentials | None:
+    auth = local_auth(home)
+    return None if auth is None else auth.tenants.get(token(tenant))
+
+
+@contextlib.contextmanager
+def _auth_lock(home: Path) -> Iterator[None]:
+    home.mkdir(parents=True, exist_ok=True)
+    fd = os.open(home / ".auth.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _render_include(home: Path, auth: AuthConfig | None = None) -> None:
+    auth = auth or bus_auth.load(home / AUTH_FILE)
+    if auth is not None:
+        bus_auth.write_server_include(auth, home / "nats" / AUTH_INCLUDE)
+
+
+def _reload_running_server(home: Path) -> int | None:
+    """SIGHUP the embedded nats-server recorded in endpoints.json; its pid, or None if none runs."""
+    pid = _read_endpoints(home).get("nats_pid")
+    if not isinstance(pid, int):
+        return None
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    try:
+        if cmdline.parent.parent.is_dir() and b"nats-server" not in cmdline.read_bytes():
+            return None  # a stale endpoints.json: that pid is someone else's now
+    except OSError:
+        return None  # gone
+    try:
+        os.kill(pid, signal.SIGHUP)
+    except ProcessLookupError:
+        return None
+    return pid
+
+
+def _wait_usable(home: Path, creds: Credentials, timeout: float = 10.0) -> None:
+    url = str(_read_endpoints(home).get("nats_url") or "")
+    if not url:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if can_connect(url, user=creds.user, password=creds.password):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"the embedded nats-server did not accept user {creds.user!r} after reload")
+
+
+def _add_user(kind: str, name: str, home: Path | None, rotate: bool) -> Credentials:
+    home = home or pool_home()
+    if os.environ.get("POOL_NATS_URL"):
+        raise RuntimeError("POOL_NATS_URL names an external NATS server: its users are managed "
+                           "there, not by this machine's auth.json")
+    path = home / AUTH_FILE
+    if not path.exists():
+        raise RuntimeError(f"no {path}: run `pool up` first (it creates the service user)")
+    with _auth_lock(home):
+        auth = bus_auth.load(path)
+        if auth is None:
+            raise RuntimeError(f"no {path}: run `pool up` first (it creates the service user)")
+        users = auth.tenants if kind == "tenant" else auth.nodes
+        creds = users.get(token(name))
+        changed = creds is None or rotate
+        if changed:
+            creds = auth.add_tenant(name) if kind == "tenant" else auth.add_node(name)
+            bus_auth.save(auth, path)
+            _render_include(home, auth)
+    assert creds is not None
+    if changed and _reload_running_server(home) is not None:
+        _wait_usable(home, creds)
+    return creds
+
+
+def add_tenant(tenant: str, home: Path | None = None, *, rotate: bool = False) -> Credentials:
+    """The tenant's user (created, saved and loaded into a running `pool up` if new)."""
+    return _add_user("tenant", tenant, home, rotate)
+
+
+def add_node(node_id: str, home: Path | None = None, *, rotate: bool = False) -> Credentials:
+    """The node agent's user, like `add_tenant`."""
+    return _add_user("node", node_id, home, rotate)

@@ -1,0 +1,348 @@
+"""The eventsourcing library's own recorder contract tests, run against a real nats-server.
+
+Owns wiring each contract TestCase to the JetStream recorders: one server per class, one stream per test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any, ClassVar
+
+from eventsourcing.persistence import (
+    AggregateRecorder,
+    ApplicationRecorder,
+    ProcessRecorder,
+    TrackingRecorder,
+    Transcoder,
+    Transcoding,
+)
+from eventsourcing.tests import persistence as contract  # a module: pytest skips its bases
+from eventsourcing.utils import Environment
+
+from bus.jetstream import (
+    JetStreamAggregateRecorder,
+    JetStreamApplicationRecorder,
+    JetStreamFactory,
+    JetStreamProcessRecorder,
+    JetStreamTrackingRecorder,
+)
+from bus.local.server import NatsServer
+from bus.runtime import close_runtime, get_runtime
+from bus.transcoder import MsgspecTranscoder
+
+
+class _ServerMixin:
+    """A nats-server per test class; each test gets a stream of its own, deleted afterwards."""
+
+    server: ClassVar[NatsServer]
+    _tmp: ClassVar[tempfile.TemporaryDirectory[str]]
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()  # type: ignore[misc]
+        cls._tmp = tempfile.TemporaryDirectory()
+        cls.server = NatsServer(store_dir=Path(cls._tmp.name), server_name="contract").start()
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        close_runtime(cls.server.url)
+        cls.server.stop()
+        cls._tmp.cleanup()
+        super().tearDownClass()  # type: ignore[misc]
+
+    def make_env(self, name: str = "") -> Environment:
+        self.stream_name = "T_" + uuid.uuid4().hex[:12].upper()
+        return Environment(
+            name=name,
+            env={
+                "PERSISTENCE_MODULE": "bus.jetstream",
+                "NATS_URL": self.server.url,
+                "NATS_STREAM": self.stream_name,
+            },
+        )
+
+    def make_factory(self) -> JetStreamFactory:
+        self.factory_ = JetStreamFactory(self.make_env())
+        return self.factory_
+
+    def drop_stream(self) -> None:
+        name = getattr(self, "stream_name", None)
+        if not name:
+            return
+        rt = get_runtime(self.server.url)
+
+        async def go() -> None:
+            js = await rt.jetstream()
+            with contextlib.suppress(Exception):  # the test may never have created it
+                await js.delete_stream(name)
+
+        rt.run(go())
+
+
+class _RecorderBase(_ServerMixin):
+    def setUp(self) -> None:
+        super().setUp()  # type: ignore[misc]
+        self.factory_ = self.make_factory()
+
+    def tearDown(self) -> None:
+        self.drop_stream()
+        super().tearDown()  # type: ignore[misc]
+
+
+class TestAggregateRecorder(_RecorderBase, contract.AggregateRecorderTestCase):
+    def create_recorder(self) -> AggregateRecorder:
+        return self.factory_.aggregate_recorder()
+
+    def test_snapshots_are_kept_apart(self) -> None:
+        events = self.factory_.aggregate_recorder()
+        snaps = self.factory_.aggregate_recorder("snapshots")
+        oid = uuid.uuid4()
+        from eventsourcing.persistence import StoredEvent
+
+        events.insert_events([StoredEvent(oid, 1, "t", b"e")])
+        snaps.insert_events([StoredEvent(oid, 1, "t", b"s")])
+        assert [e.state for e in events.select_events(oid)] == [b"e"]
+        assert [e.state for e in snaps.select_events(oid)] == [b"s"]
+
+
+class TestApplicationRecorder(_RecorderBase, contract.ApplicationRecorderTestCase):
+    def create_recorder(self) -> ApplicationRecorder:
+        return self.factory_.application_recorder()
+
+    def test_insert_subscribe(self) -> None:
+        self.optional_test_insert_subscribe()
+
+    def test_notification_ids_are_contiguous_within_a_batch(self) -> None:
+        from eventsourcing.persistence import StoredEvent
+
+        r = self.create_recorder()
+        a, b = uuid.uuid4(), uuid.uuid4()
+        ids = r.insert_events(
+            [StoredEvent(a, 1, "t", b"1"), StoredEvent(b, 1, "t", b"2"), StoredEvent(a, 2, "t", b"3")]
+        )
+        assert ids == [1, 2, 3]
+        got = r.select_notifications(None, 10)
+        assert [(n.id, n.state) for n in got] == [(1, b"1"), (2, b"2"), (3, b"3")]
+
+
+class TestProcessRecorder(_RecorderBase, contract.ProcessRecorderTestCase):
+    def create_recorder(self) -> ProcessRecorder:
+        return self.factory_.process_recorder()
+
+
+class TestTrackingRecorder(_RecorderBase, contract.TrackingRecorderTestCase):
+    def create_recorder(self) -> TrackingRecorder:
+        return self.factory_.tracking_recorder()
+
+
+class TestNonInterleavingNotificationIDs(
+    _RecorderBase, contract.NonInterleavingNotificationIDsBaseCase
+):
+    def create_recorder(self) -> ApplicationRecorder:
+        return self.factory_.application_recorder()
+
+
+class _TrackingSubclass(JetStreamTrackingRecorder):
+    pass
+
+
+class TestInfrastructureFactory(_ServerMixin, contract.InfrastructureFactoryTestCase[JetStreamFactory]):
+    def setUp(self) -> None:
+        self.env = self.make_env()
+        super().setUp()
+
+    def tearDown(self) -> None:
+        super().tearDown()
+        self.drop_stream()
+
+    def expected_factory_class(self) -> type[JetStreamFactory]:
+        return JetStreamFactory
+
+    def expected_aggregate_recorder_class(self) -> type[AggregateRecorder]:
+        return JetStreamAggregateRecorder
+
+    def expected_application_recorder_class(self) -> type[ApplicationRecorder]:
+        return JetStreamApplicationRecorder
+
+    def expected_tracking_recorder_class(self) -> type[TrackingRecorder]:
+        return JetStreamTrackingRecorder
+
+    def tracking_recorder_subclass(self) -> type[TrackingRecorder]:
+        return _TrackingSubclass
+
+    def expected_process_recorder_class(self) -> type[ProcessRecorder]:
+        return JetStreamProcessRecorder
+
+    def test_default_transcoder_is_msgspec(self) -> None:
+        assert isinstance(self.factory.transcoder(), MsgspecTranscoder)
+
+
+# -- transcoder ----------------------------------------------------------------------------------
+
+
+class _MyDictAsDict(Transcoding):
+    type = contract.Mydict
+    name = "mydict"
+
+    def encode(self, obj: Any) -> dict[str, Any]:
+        return dict(obj)
+
+    def decode(self, data: Any) -> Any:
+        return contract.Mydict(data)
+
+
+class _MyListAsList(Transcoding):
+    type = contract.MyList
+    name = "mylist"
+
+    def encode(self, obj: Any) -> list[Any]:
+        return list(obj)
+
+    def decode(self, data: Any) -> Any:
+        return contract.MyList(data)
+
+
+class _MyStrAsStr(Transcoding):
+    type = contract.MyStr
+    name = "mystr"
+
+    def encode(self, obj: Any) -> str:
+        return str(obj)
+
+    def decode(self, data: Any) -> Any:
+        return contract.MyStr(data)
+
+
+class _MyIntAsInt(Transcoding):
+    type = contract.MyInt
+    name = "myint"
+
+    def encode(self, obj: Any) -> int:
+        return int(obj)
+
+    def decode(self, data: Any) -> Any:
+        return contract.MyInt(data)
+
+
+class TestMsgspecTranscoder(contract.TranscoderTestCase):
+    def construct_transcoder(self) -> Transcoder:
+        t = MsgspecTranscoder()
+        for transcoding in (
+            contract.CustomType1AsDict(),
+            contract.CustomType2AsDict(),
+            _MyDictAsDict(),
+            _MyListAsList(),
+            _MyStrAsStr(),
+            _MyIntAsInt(),
+        ):
+            t.register(transcoding)
+        return t
+
+
+
+# -- bulk record reads ----------------------------------------------------------------------------
+
+
+def _direct_records(recorder: Any, start: int = 1) -> list[Any]:
+    """Every notification of `recorder` from `start`, by direct gets, as log records."""
+    out: list[Any] = []
+    while True:
+        page = recorder.select_notifications(start, 500)
+        if not page:
+            return out
+        out += [(n.id, str(n.originator_id), isinstance(n.originator_id, uuid.UUID),
+                 n.originator_version, n.topic, n.state) for n in page]
+        start = page[-1].id + 1
+
+
+def test_read_records_hold_what_direct_gets_return(tmp_path: Path) -> None:
+    """A log of one recorder's events (UUID and string ids, small and 70 kB states) with its
+    tracking messages and another recorder's events in between: the bulk record pages hold
+    exactly the direct gets' notifications, for any start, stop (mid-page too) and page size,
+    from the consumer; and the same when the consumer path is refused (direct gets)."""
+    import json
+    from collections import defaultdict
+
+    from eventsourcing.persistence import StoredEvent, Tracking
+
+    server = NatsServer(store_dir=tmp_path / "nats", server_name="records").start()
+    try:
+        def env(name: str) -> Environment:
+            return Environment(name=name, env={"PERSISTENCE_MODULE": "bus.jetstream",
+                                               "NATS_URL": server.url,
+                                               "NATS_STREAM": "T_RECORDS"})
+
+        main = JetStreamFactory(env("main")).process_recorder()
+        other = JetStreamFactory(env("other")).application_recorder()
+        assert isinstance(main, JetStreamProcessRecorder)
+        ids: list[Any] = [uuid.uuid4() for _ in range(30)] + ["acct-1", "Weird Id/2"]
+        versions: dict[Any, int] = defaultdict(int)
+        for i in range(50):
+            batch = []
+            for j in range(40):
+                oid = ids[(i * 7 + j) % len(ids)]
+                versions[oid] += 1
+                state = (b'{"big":"' + b"y" * 70_000 + b'"}' if (i, j) in ((20, 7), (21, 39))
+                         else json.dumps({"i": i, "j": j, "pad": "x" * (j * 9)}).encode())
+                batch.append(StoredEvent(oid, versions[oid], f"tests.topic:E{j % 5}", state))
+            main.insert_events(batch, tracking=Tracking("upstream", i + 1))
+            if i % 3 == 0:
+                other.insert_events([StoredEvent(uuid.uuid4(), 1, "tests.other:E", b"{}")])
+        expected = _direct_records(main)
+        top = expected[-1][0]
+        assert len(expected) == 2000 and top > 2050  # tracking and the other recorder between
+        for first, stop, size in ((1, None, 2000), (1, None, 97), (17, top // 2, 333),
+                                  (top // 3, top - 5, 1000), (5, 5, 10), (top + 1, None, 50)):
+            pages = list(main.read_records(first, stop, page_size=size))
+            got = [r for page in pages for r in page]
+            assert got == [r for r in expected
+                           if r[0] >= first and (stop is None or r[0] <= stop)]
+            assert all(0 < len(page) <= size for page in pages)
+        # the records came from the bulk reader, its usual frames by its compiled pattern: only
+        # the string ids' events (125), the tracking (50) and the other recorder's (17) messages
+        # and a new consumer's first frame were taken field by field
+        reader = main.__dict__["_log_reader"]
+        assert reader.disabled_until == 0.0 and reader.dseq > 0 and reader.fast is not None
+        reader.odd_frames = 0
+        assert [r for page in main.read_records(1) for r in page] == expected
+        assert reader.odd_frames <= 125 + 50 + 17 + 1
+        # the notifications of read-ahead pages are the direct gets' too
+        notes, at = [], 1
+        while True:
+            page = main.prefetch(at, 250).result()
+            if not page:
+                break
+            notes += page
+            at = page[-1].id + 1
+        assert notes == main.select_notifications(1, 10_000)
+        # a reader that stops early leaves the next read whole
+        for _page in main.read_records(1, page_size=100):
+            break
+        assert [r for page in main.read_records(1) for r in page] == expected
+        # read and cut in a child process (by a recorder that has written nothing, so has no
+        # subjects to keep up to date): the same pages; should the child die, the rest is read
+        # here
+        reading = JetStreamFactory(env("main")).application_recorder()
+        assert isinstance(reading, JetStreamApplicationRecorder)
+        for first, stop, size in ((1, None, 2000), (17, top // 2, 333)):
+            assert [r for page in reading.read_records(
+                first, stop, page_size=size, reader_process=True) for r in page] == [
+                r for r in expected if r[0] >= first and (stop is None or r[0] <= stop)]
+        assert reading.__dict__["_reader_child"] > 0
+        forked = reading.read_records(1, page_size=150, reader_process=True)
+        got = list(next(forked))
+        os.kill(reading.__dict__["_reader_child"], signal.SIGKILL)
+        got += [r for page in forked for r in page]
+        assert got == expected
+        # the consumer refused: the same records, by direct gets
+        reader.disabled_until = float("inf")
+        assert [r for page in main.read_records(3, top - 2, page_size=700)
+                for r in page] == [r for r in expected if 3 <= r[0] <= top - 2]
+    finally:
+        close_runtime(server.url)
+        server.stop()

@@ -1,0 +1,135 @@
+"""One contract, every runtime: the same behaviour from the bubblewrap `process` runtime and the
+`docker` runtime (under runc). A runtime that cannot start here is skipped with its reason."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents.runtimes.contract import Runtime, WorkloadError, WorkloadHandle, WorkloadSpec
+from agents.runtimes.process import ProcessRuntime
+
+
+class Kind:
+    """How to build one runtime, and the image it runs (None for the process runtime)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+@pytest.fixture(scope="module", params=["process", "docker"])
+def kind(request: pytest.FixtureRequest,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    if request.param == "process":
+        why = ProcessRuntime(Path("/tmp")).available()
+        if why is not None:
+            pytest.skip(why)
+        yield {"name": "process", "image": None, "isolation": "sandboxed"}
+        return
+    from tests.docker_engine import (
+        LocalRegistry,
+        busybox_by_digest,
+        busybox_unavailable,
+        engine_unavailable,
+    )
+
+    why = engine_unavailable() or busybox_unavailable() or LocalRegistry.unavailable()
+    if why is not None:
+        pytest.skip(why)
+    import docker
+
+    client = docker.from_env(timeout=120)
+    with ExitStack() as stack:
+        ref = stack.enter_context(busybox_by_digest(client, tmp_path_factory.mktemp("reg")))
+        yield {"name": "docker", "image": ref, "isolation": "container", "client": client}
+    client.close()
+
+
+@pytest.fixture()
+def runtime(kind: dict[str, Any], tmp_path: Path) -> Iterator[Runtime]:
+    if kind["name"] == "process":
+        yield ProcessRuntime(tmp_path / "state")
+        return
+    from agents.runtimes.docker import LABEL_NODE, DockerRuntime
+
+    node = f"contract-{uuid.uuid4().hex[:8]}"
+    yield DockerRuntime(tmp_path / "state", node_id=node)
+    for c in kind["client"].containers.list(all=True, filters={"label": f"{LABEL_NODE}={node}"}):
+        c.remove(force=True)
+
+
+def spec(kind: dict[str, Any], tmp_path: Path, script: str, **kw: Any) -> WorkloadSpec:
+    fields: dict[str, Any] = {
+        "lease_id": f"l{uuid.uuid4().hex[:12]}", "epoch": 1, "job_number": 1,
+        "command": ("/bin/sh", "-c", script), "image": kind["image"],
+        "isolation": kind["isolation"], "memory_mib": 64,
+        "checkpoint_dir": str(tmp_path / f"ck-{uuid.uuid4().hex[:6]}"),
+    }
+    fields.update(kw)
+    return WorkloadSpec(**fields)
+
+
+def wait_exit(rt: Runtime, h: WorkloadHandle, timeout: float = 30.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code = rt.poll(h)
+        if code is not None:
+            return code
+        time.sleep(0.05)
+    raise AssertionError(f"{h.key} still running after {timeout}s")
+
+
+def test_a_workload_runs_and_its_exit_code_is_reported(kind: dict[str, Any], runtime: Runtime,
+                                                        tmp_path: Path) -> None:
+    h = runtime.start(spec(kind, tmp_path, "exit 3"))
+    assert wait_exit(runtime, h) == 3
+    runtime.forget(h)
+
+
+def test_it_runs_as_an_unprivileged_user_without_network(kind: dict[str, Any], runtime: Runtime,
+                                                          tmp_path: Path) -> None:
+    s = spec(kind, tmp_path, "test \"$(id -u)\" = 65534 || exit 10; "
+             "grep -q '^CapEff:.0000000000000000' /proc/self/status || exit 11; "
+             "if grep -v -e Inter -e face -e 'lo:' /proc/net/dev | grep -q ':'; then exit 12; fi; "
+             "echo ok > $POOL_CHECKPOINT_DIR/mark")
+    h = runtime.start(s)
+    assert wait_exit(runtime, h) == 0
+    assert s.checkpoint_dir is not None
+    assert (Path(s.checkpoint_dir) / "mark").read_text().strip() == "ok"
+
+
+def test_a_stop_gives_the_workload_its_grace_then_kills_it(kind: dict[str, Any], runtime: Runtime,
+                                                          tmp_path: Path) -> None:
+    polite = runtime.start(spec(kind, tmp_path, "trap 'exit 7' TERM; while :; do sleep 0.1; done"))
+    stubborn = runtime.start(spec(kind, tmp_path, "trap '' TERM; while :; do sleep 0.1; done"))
+    time.sleep(1.0)
+    assert runtime.poll(polite) is None
+    assert runtime.stop(polite, 5.0) == 7
+    t = time.monotonic()
+    assert runtime.stop(stubborn, 1.0) == 137
+    assert time.monotonic() - t < 15
+
+
+def test_a_new_runtime_object_readopts_a_running_workload(kind: dict[str, Any], runtime: Runtime,
+                                                           tmp_path: Path) -> None:
+    h = runtime.start(spec(kind, tmp_path, "sleep 1; exit 4"))
+    again = type(runtime)(tmp_path / "state", **({"node_id": runtime.node_id}  # type: ignore[call-arg]
+                                                 if kind["name"] == "docker" else {}))
+    adopted = [x for x in again.adopt() if x.key == h.key]
+    assert len(adopted) == 1
+    assert wait_exit(again, adopted[0]) == 4
+
+
+def test_the_same_job_is_never_started_twice(kind: dict[str, Any], runtime: Runtime,
+                                             tmp_path: Path) -> None:
+    s = spec(kind, tmp_path, "sleep 2")
+    h = runtime.start(s)
+    with pytest.raises(WorkloadError):
+        runtime.start(s)
+    runtime.stop(h, 0.5)

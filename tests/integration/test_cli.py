@@ -1,0 +1,80 @@
+"""The `pool` CLI against a live control plane: tables for people, envelopes with --json."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bus.local.server import NatsServer
+from cli.main import main
+from control.plane import ControlPlane
+from tests.control_plane import node_body
+
+
+@pytest.fixture()
+def served(fresh_nats: NatsServer) -> Iterator[str]:
+    cp = ControlPlane(fresh_nats.url).start()  # real clock, scheduler thread running
+    yield fresh_nats.url
+    cp.stop()
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_an_operator_sets_up_a_pool_and_a_tenant_leases_from_it(
+    served: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    u = ["--nats-url", served]
+    assert _run(capsys, "admin", "pool", "create", "gpu-global", *u,
+                "--priority-classes", "standard=10,high=20")[0] == 0
+    rc, out, _ = _run(capsys, "admin", "pool", "show", "gpu-global", *u, "--json")
+    shown = json.loads(out)["result"]
+    assert rc == 0 and shown["config"]["commit_timeout_seconds"] == 30
+    assert shown["config"]["priority_classes"] == {"standard": 10, "high": 20}
+    assert _run(capsys, "admin", "tenant", "set", "acme", "--pool", "gpu-global", "--weight", "2", *u)[0] == 0
+    assert _run(capsys, "credits", "grant", "acme", "1000000000", *u)[0] == 0
+    f = tmp_path / "node.json"
+    f.write_text(json.dumps(node_body("g1", "gpu-global", cpu_millis=16000, memory_mib=65536,
+                                      gpu_count=2, gpu_model="l4", gpu_memory_gib=24)))
+    assert _run(capsys, "admin", "node", "register", "--file", str(f), *u)[0] == 0
+
+    rc, out, _ = _run(capsys, "lease", "request", "--tenant", "acme", "--pool", "gpu-global",
+                      "--cpu-millis", "8000", "--memory-mib", "32768", "--gpu-count", "1",
+                      "--gpu-memory-gib-min", "24", "--max-runtime", "3600", "--key", "k1",
+                      "--json", *u)
+    lease = json.loads(out)["lease"]
+    assert rc == 0 and lease["state"] in ("queued", "reserved")
+    for _ in range(100):
+        rc, out, _ = _run(capsys, "lease", "get", lease["lease_id"], "--tenant", "acme", "--json", *u)
+        if json.loads(out)["lease"]["state"] == "reserved":
+            break
+        time.sleep(0.05)
+    assert json.loads(out)["lease"]["node_id"] == "g1"
+    rc, out, _ = _run(capsys, "lease", "commit", lease["lease_id"], "--tenant", "acme", *u)
+    assert rc == 0 and "running" in out
+    rc, out, _ = _run(capsys, "lease", "release", lease["lease_id"], "--tenant", "acme", *u)
+    assert rc == 0 and "released" in out
+
+
+def test_a_refusal_is_one_line_on_stderr_with_exit_code_1(
+    served: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, out, err = _run(capsys, "lease", "request", "--tenant", "acme", "--pool", "nowhere",
+                        "--cpu-millis", "1000", "--memory-mib", "512", "--max-runtime", "60",
+                        "--nats-url", served)
+    assert rc == 1 and out == ""
+    assert err.count("\n") == 1 and "[unknown_pool]" in err
+
+
+def test_no_tenant_is_a_usage_error(served: str, capsys: pytest.CaptureFixture[str],
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("POOL_TENANT", raising=False)
+    rc, _, err = _run(capsys, "lease", "get", "x", "--nats-url", served)
+    assert rc == 2 and "--tenant" in err

@@ -1,0 +1,86 @@
+"""`pool up`: the embedded default starts, serves, stops on Ctrl-C and finds its data again."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import nats
+
+
+def _start(home: Path) -> tuple[subprocess.Popen[str], dict[str, object]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POOL_")}
+    env["POOL_NATS_PORT"] = "0"  # any free port: tests must not collide with a running pool
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "up", "--home", str(home), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, proc.stderr.read() if proc.stderr else "no output"
+    return proc, json.loads(line)
+
+
+def _service_url(home: Path) -> str:
+    # the embedded server requires a user: the service's credentials are in endpoints.json
+    return str(json.loads((home / "endpoints.json").read_text())["service_url"])
+
+
+def _interrupt(proc: subprocess.Popen[str]) -> int:
+    proc.send_signal(signal.SIGINT)
+    return proc.wait(30)
+
+
+async def _publish_and_count(url: str, publish: bool) -> int:
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        if publish:
+            await js.publish("pool.evt.probe.p1", b"hello")
+        info = await js.stream_info("POOL_EVENTS")
+        return int(info.state.messages)
+    finally:
+        await nc.close()
+
+
+def test_pool_up_keeps_its_events_across_a_restart(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    proc, info = _start(home)
+    try:
+        assert str(info["nats_url"]).startswith("nats://127.0.0.1:")
+        assert str(info["database_url"]).startswith("postgresql://")
+        assert asyncio.run(_publish_and_count(_service_url(home), publish=True)) == 1
+    finally:
+        assert _interrupt(proc) == 0
+    assert (home / "nats").is_dir() and (home / "pg").is_dir()
+    assert not (home / "endpoints.json").exists()
+
+    proc, info = _start(home)
+    try:
+        assert asyncio.run(_publish_and_count(_service_url(home), publish=False)) == 1
+    finally:
+        assert _interrupt(proc) == 0
+
+
+def test_pool_up_reports_an_unreachable_database_in_one_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POOL_")}
+    env.update(POOL_NATS_PORT="0", POOL_DATABASE_URL="postgresql://nobody@127.0.0.1:1/none")
+    out = subprocess.run(
+        [sys.executable, "-m", "cli.main", "up", "--home", str(tmp_path), "--exit-when-ready"],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "database_unavailable" in lines[0], out.stderr

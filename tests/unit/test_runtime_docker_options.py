@@ -1,0 +1,94 @@
+"""The docker runtime's isolation policy as container options, without an engine: these run
+everywhere, also where tests/integration/test_runtime_docker.py is skipped for want of Docker.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import docker
+import pytest
+from docker.types import DeviceRequest
+
+from agents.runtimes.contract import ImageRejected, WorkloadError, WorkloadSpec
+from agents.runtimes.docker import LABEL_NODE, DockerRuntime, container_options, digest_pinned
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+def spec(command: str = "true", **kw: object) -> WorkloadSpec:
+    fields: dict[str, object] = {"lease_id": f"L{uuid.uuid4().hex[:8]}", "epoch": 1,
+                                 "job_number": 0, "command": ("/bin/sh", "-c", command),
+                                 "isolation": "container", "memory_mib": 64}
+    fields.update(kw)
+    return WorkloadSpec(**fields)  # type: ignore[arg-type]
+
+
+def test_only_digest_pinned_references_count_as_pinned() -> None:
+    assert digest_pinned(f"127.0.0.1:5000/repo@{DIGEST}")
+    assert digest_pinned(f"reg.example/team/train:v1@{DIGEST}")
+    assert not digest_pinned("reg.example/train:v1")
+    assert not digest_pinned("reg.example/train")
+    assert not digest_pinned("reg.example/train@sha256:abc")
+
+
+def test_a_tag_only_reference_is_refused_before_the_engine_is_asked() -> None:
+    dead = docker.DockerClient(base_url="unix:///nonexistent.sock", version="1.41")
+    runtime = DockerRuntime(client=dead)  # any call to the engine would fail
+    for image, code in (("127.0.0.1:5000/repo:latest", "image_not_digest_pinned"),
+                        ("busybox", "image_not_digest_pinned"), (None, "image_missing")):
+        with pytest.raises(ImageRejected) as refused:
+            runtime.start(spec(image=image))
+        assert refused.value.code == code
+
+
+def test_the_container_options_carry_the_whole_isolation_policy(tmp_path: Path) -> None:
+    s = spec(cpu_millis=1500, memory_mib=512, pids_limit=64, checkpoint_dir=str(tmp_path),
+             labels=(("team", "ml"), ("computepool.tenant", "acme"),
+                     ("computepool.lease", "forged"), ("computepool.checkpoint_dir", "/etc")),
+             env=(("A", "1"),))
+    o = container_options(s, oci_runtime="runc", node_id="n1")
+    assert o["user"] == "65534:65534" and o["read_only"] is True
+    assert o["cap_drop"] == ["ALL"] and o["security_opt"] == ["no-new-privileges"]
+    assert o["network_mode"] == "none" and "/tmp" in o["tmpfs"]
+    assert o["nano_cpus"] == 1_500_000_000 and o["mem_limit"] == 512 << 20
+    assert o["pids_limit"] == 64 and o["runtime"] == "runc" and o["device_requests"] is None
+    assert o["labels"]["computepool.lease"] == s.lease_id  # a tenant label cannot forge it
+    assert o["labels"]["computepool.checkpoint_dir"] == str(tmp_path)
+    assert o["labels"]["team"] == "ml" and o["labels"]["computepool.tenant"] == "acme"
+    assert o["labels"][LABEL_NODE] == "n1"
+    assert o["labels"]["computepool.epoch"] == "1" and o["labels"]["computepool.job"] == "0"
+    assert o["volumes"] == {str(tmp_path): {"bind": "/checkpoint", "mode": "rw"}}
+    assert o["environment"]["POOL_CHECKPOINT_DIR"] == "/checkpoint"
+    assert o["environment"]["A"] == "1"
+
+
+def test_gpus_are_requested_by_uuid_and_egress_gets_a_network() -> None:
+    o = container_options(spec(gpu_count=2, gpu_uuids=("GPU-a", "GPU-b"), network_egress="any"),
+                          oci_runtime="runc")
+    assert o["device_requests"] == [DeviceRequest(device_ids=["GPU-a", "GPU-b"],
+                                                  capabilities=[["gpu"]])]
+    assert o["network_mode"] == "bridge"
+    by_count = container_options(spec(gpu_count=1), oci_runtime="runc")["device_requests"]
+    assert by_count == [DeviceRequest(count=1, capabilities=[["gpu"]])]
+
+
+class _EngineWithoutRunsc:
+    """A stand-in for the engine's API with only runc registered: the probe logic alone."""
+
+    api = type("Api", (), {"base_url": "http+docker://localhost"})()
+
+    def ping(self) -> bool:
+        return True
+
+    def info(self) -> dict[str, object]:
+        return {"Runtimes": {"runc": {"path": "runc"}}}
+
+
+def test_sandboxed_is_not_offered_when_the_engine_has_no_runsc() -> None:
+    runtime = DockerRuntime(client=_EngineWithoutRunsc())  # type: ignore[arg-type]
+    assert runtime.isolation_classes() == ("container",)
+    with pytest.raises(WorkloadError) as refused:
+        runtime.start(spec(image=f"127.0.0.1:5000/repo@{DIGEST}", isolation="sandboxed"))
+    assert refused.value.code == "isolation_unavailable"
