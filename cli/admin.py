@@ -1,0 +1,237 @@
+"""The operator's verbs: `pool admin …`, `pool node …` and `pool credits …`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from cli.connect import (
+    client_opts,
+    pool_client,
+)
+from cli.output import (
+    EXIT_OK,
+    Subparsers,
+    UsageError,
+    parse_kv,
+    print_envelope,
+)
+
+
+def cmd_admin(args: argparse.Namespace) -> int:
+    path, body = args.build(args)
+    with pool_client(args) as c:
+        reply = c.admin(path, body)
+    after = getattr(args, "after", None)
+    if after is not None and reply.get("ok"):
+        after(args)
+    return print_envelope(reply, args.json)
+
+
+def _tenant_user_after_set(args: argparse.Namespace) -> None:
+    """`pool admin tenant set` against this machine's `pool up` also gives the tenant a user."""
+    from local import embedded
+
+    if not args.nats_url and embedded.local_auth() is not None:
+        creds = embedded.add_tenant(args.tenant_id)
+        if not args.json:
+            print(f"tenant user: {creds.user} (see `pool admin tenant creds {args.tenant_id}`)",
+                  file=sys.stderr)
+
+
+def cmd_creds(args: argparse.Namespace) -> int:
+    """`pool admin tenant|node creds NAME`: the user of a tenant or node agent, created if new."""
+    from bus.local.auth import inbox_prefix
+    from local import embedded
+
+    name = args.name
+    if args.kind == "tenant":
+        creds = embedded.add_tenant(name, rotate=args.rotate)
+        prefix = inbox_prefix(name)
+    else:
+        creds = embedded.add_node(name, rotate=args.rotate)
+        prefix = f"_INBOX_{creds.user.removeprefix('node-')}"
+    result = {args.kind: name, "user": creds.user, "password": creds.password,
+              "nats_url": embedded.endpoints()[0], "inbox_prefix": prefix}
+    if args.json:
+        print(json.dumps({"ok": True, "result": result}))
+    else:
+        for k, v in result.items():
+            print(f"{k:<12}  {v}")
+    return EXIT_OK
+
+
+def _pool_set(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    body: dict[str, Any] = {"pool_id": args.pool_id, "packing": args.packing,
+                            "commit_timeout_seconds": args.commit_timeout,
+                            "aging_seconds_per_rank": args.aging,
+                            "heartbeat_timeout_seconds": args.heartbeat_timeout,
+                            "default_lease_seconds": args.lease_term,
+                            "node_timeout_seconds": args.node_timeout,
+                            "lost_node_release_seconds": args.lost_node_release,
+                            "preemption": {"enabled": args.preemption,
+                                           "min_runtime_seconds": args.min_runtime,
+                                           "grace_seconds": args.grace}}
+    if args.priority_classes:
+        body["priority_classes"] = parse_kv(args.priority_classes)
+    return "pool.set", body
+
+
+def _tenant_set(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    body: dict[str, Any] = {"tenant": args.tenant_id, "pool_id": args.pool, "weight": args.weight}
+    if args.quota:
+        body["quota"] = parse_kv(args.quota)
+    return "tenant.set", body
+
+
+def _node_register(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    return "node.register", json.loads(Path(args.file).read_text())
+
+
+def _credits_grant(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    import uuid
+
+    return "credits.grant", {"tenant": args.tenant_id, "amount_microcredits": args.amount,
+                             "transfer_id": args.transfer_id or uuid.uuid4().hex}
+
+
+def _pool_images(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """`pool admin pool images`: the whole image policy from flags (keys from PEM files)."""
+    keys = []
+    for spec in args.key_file or ():
+        key_id, sep, path = spec.partition("=")
+        if not sep:
+            key_id, path = Path(spec).stem.lower(), spec
+        try:
+            pem = Path(path).read_text()
+        except OSError as e:
+            raise UsageError(f"cannot read key file {path}: {e.strerror}") from None
+        keys.append({"key_id": key_id, "public_key_pem": pem})
+    tenant_registries: dict[str, list[str]] = {}
+    for spec in args.tenant_registry or ():
+        tenant, sep, registry = spec.partition("=")
+        if not sep:
+            raise UsageError(f"--tenant-registry wants TENANT=REGISTRY, not {spec!r}")
+        tenant_registries.setdefault(tenant, []).append(registry)
+    body: dict[str, Any] = {
+        "pool_id": args.pool_id,
+        "approved_registries": args.registry or ["*"],
+        "tenant_registries": tenant_registries,
+        "trusted_keys": keys,
+        "require_signature": args.require_signature,
+        "untrusted_tenants": args.untrusted_tenant or [],
+        "untrusted_tenant_isolation": args.untrusted_isolation,
+    }
+    if args.max_image_size is not None:
+        body["max_image_size_bytes"] = args.max_image_size
+    if args.isolation:
+        body["isolation_by_trust"] = parse_kv(args.isolation, str)
+    return "pool.images", body
+
+
+def register(sub: Subparsers) -> None:
+    """Add `admin`."""
+    adm = sub.add_parser("admin", help="configure pools, tenants and nodes").add_subparsers(
+        dest="sub", metavar="WHAT")
+    adm.required = True
+    apool = adm.add_parser("pool", help="pool settings").add_subparsers(dest="verb", metavar="VERB")
+    apool.required = True
+    for verb in ("create", "set"):
+        ps = apool.add_parser(verb, help=f"{verb} a pool's scheduling policy")
+        client_opts(ps)
+        ps.add_argument("pool_id")
+        ps.add_argument("--packing", choices=["best-fit", "spread"], default="best-fit")
+        ps.add_argument("--commit-timeout", type=int, default=30, help="seconds")
+        ps.add_argument("--priority-classes", help="name=rank,… (higher rank first)")
+        ps.add_argument("--aging", type=int, default=0, help="seconds of waiting per rank gained")
+        ps.add_argument("--preemption", action="store_true", help="allow preemption")
+        ps.add_argument("--min-runtime", type=int, default=0, help="victims' minimum runtime")
+        ps.add_argument("--grace", type=int, default=30, help="preemption grace seconds")
+        ps.add_argument("--heartbeat-timeout", type=int, default=30,
+                        help="seconds a running lease may go without a heartbeat")
+        ps.add_argument("--lease-term", type=int, default=300,
+                        help="seconds a commit or renewal grants by default")
+        ps.add_argument("--node-timeout", type=int, default=30,
+                        help="seconds of agent silence before a node is lost")
+        ps.add_argument("--lost-node-release", type=int, default=300,
+                        help="seconds after which a lost node's leases are released")
+        ps.set_defaults(func=cmd_admin, build=_pool_set)
+    show = apool.add_parser("show", help="every setting in force")
+    client_opts(show)
+    show.add_argument("pool_id")
+    show.set_defaults(func=cmd_admin, build=lambda a: ("pool.show", {"pool_id": a.pool_id}))
+    pim = apool.add_parser("images", help="replace the pool's image policy (registries, signing "
+                           "keys, size limit, isolation by trust level)")
+    client_opts(pim)
+    pim.add_argument("pool_id")
+    pim.add_argument("--registry", action="append", metavar="R",
+                     help="approved registry: host[:port], host/repo-prefix or * (repeatable; "
+                     "default *)")
+    pim.add_argument("--tenant-registry", action="append", metavar="TENANT=R",
+                     help="a tenant's own approved registry, instead of the pool's (repeatable)")
+    pim.add_argument("--key-file", action="append", metavar="[ID=]PEM",
+                     help="trusted public key, ECDSA P-256 or Ed25519 (repeatable; id defaults "
+                     "to the file's stem)")
+    pim.add_argument("--require-signature", action="store_true",
+                     help="refuse images without a signature from a trusted key")
+    pim.add_argument("--max-image-size", type=int, metavar="BYTES")
+    pim.add_argument("--isolation", metavar="TRUST=CLASS,…",
+                     help="weakest isolation per node trust level (default "
+                     "trusted=container,marketplace=sandboxed)")
+    pim.add_argument("--untrusted-tenant", action="append", metavar="TENANT",
+                     help="a tenant that needs --untrusted-isolation everywhere (repeatable)")
+    pim.add_argument("--untrusted-isolation", default="sandboxed",
+                     choices=["container", "sandboxed", "microvm", "dedicated-host"])
+    pim.set_defaults(func=cmd_admin, build=_pool_images)
+    aten = adm.add_parser("tenant", help="tenant settings").add_subparsers(dest="verb", metavar="VERB")
+    aten.required = True
+    ts = aten.add_parser("set", help="a tenant's weight and quota in a pool")
+    client_opts(ts)
+    ts.add_argument("tenant_id")
+    ts.add_argument("--pool", required=True)
+    ts.add_argument("--weight", type=float, default=1.0)
+    ts.add_argument("--quota", help="dimension=amount,… e.g. cpu_millis=64000,gpu_count=4")
+    ts.set_defaults(func=cmd_admin, build=_tenant_set, after=_tenant_user_after_set)
+    tc = aten.add_parser("creds", help="the tenant's NATS user on this machine's `pool up` "
+                         "(created and loaded into the running server if new)")
+    tc.add_argument("name", metavar="tenant_id")
+    tc.add_argument("--rotate", action="store_true", help="replace the password")
+    tc.add_argument("--json", action="store_true")
+    tc.set_defaults(func=cmd_creds, kind="tenant")
+    anode = adm.add_parser("node", help="nodes").add_subparsers(dest="verb", metavar="VERB")
+    anode.required = True
+    nr = anode.add_parser("register", help="register a node from a NodeRegistration JSON file")
+    client_opts(nr)
+    nr.add_argument("--file", required=True)
+    nr.set_defaults(func=cmd_admin, build=_node_register)
+    nc_ = anode.add_parser("creds", help="a node agent's NATS user on this machine's `pool up` "
+                           "(limited to that node's subjects)")
+    nc_.add_argument("name", metavar="node_id")
+    nc_.add_argument("--rotate", action="store_true", help="replace the password")
+    nc_.add_argument("--json", action="store_true")
+    nc_.set_defaults(func=cmd_creds, kind="node")
+
+
+def register_node_credits(sub: Subparsers) -> None:
+    """Add `node` and `credits`."""
+    node = sub.add_parser("node", help="node maintenance").add_subparsers(dest="verb", metavar="VERB")
+    node.required = True
+    for verb in ("cordon", "drain", "maintenance", "uncordon"):
+        np_ = node.add_parser(verb, help=f"{verb} a node")
+        client_opts(np_)
+        np_.add_argument("node_id")
+        np_.add_argument("--reason", default="")
+        np_.set_defaults(func=cmd_admin, build=lambda a: (f"node.{a.node_id}.{a.verb}",
+                                                           {"reason": a.reason} if a.reason else {}))
+
+    cred = sub.add_parser("credits", help="tenant credits").add_subparsers(dest="verb", metavar="VERB")
+    cred.required = True
+    cg = cred.add_parser("grant", help="add micro-credits to a tenant (idempotent by transfer id)")
+    client_opts(cg)
+    cg.add_argument("tenant_id")
+    cg.add_argument("amount", type=int, help="micro-credits")
+    cg.add_argument("--transfer-id", help="idempotency id (default: a new random one)")
+    cg.set_defaults(func=cmd_admin, build=_credits_grant)

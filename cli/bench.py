@@ -1,0 +1,143 @@
+"""`pool bench …`: the benchmarks that print figures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from cli.output import (
+    EXIT_OK,
+    Subparsers,
+    UsageError,
+)
+
+
+def cmd_bench_eventlog(args: argparse.Namespace) -> int:
+    from bus.bench import run_eventlog_bench
+
+    result = run_eventlog_bench(
+        nats_url=args.nats_url,
+        messages=args.messages,
+        saves=args.saves,
+        quick=args.quick,
+        progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)),
+    )
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(result["table"])
+    return EXIT_OK
+
+
+def cmd_bench_schedule(args: argparse.Namespace) -> int:
+    from bench.schedule import run_schedule_bench
+
+    result = run_schedule_bench(
+        nodes=args.nodes, requests=args.requests, quick=args.quick, rate=args.rate,
+        steady_seconds=args.steady_seconds, priced=args.priced,
+        progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)),
+    )
+    print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json
+          else result["table"])
+    return EXIT_OK
+
+
+def cmd_bench_agent(args: argparse.Namespace) -> int:
+    from bench.agent import run_agent_bench
+
+    result = run_agent_bench(
+        starts=args.starts, quick=args.quick,
+        progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)))
+    print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json
+          else result["table"])
+    return EXIT_OK
+
+
+def cmd_bench_all(args: argparse.Namespace) -> int:
+    from bench.all import run_all
+    from local import embedded
+    from projections.postgres.embedded import reachable_database_url
+
+    db = args.database_url or embedded.endpoints()[1] or None
+    if db and not reachable_database_url(db):
+        raise UsageError(f"no PostgreSQL answers at {db}")
+    result = run_all(quick=args.quick, database_url=db,
+                     progress=None if args.json else (lambda s: print(s, file=sys.stderr,
+                                                                        flush=True)))
+    print(json.dumps({k: v for k, v in result.items() if k != "table"}, default=str)
+          if args.json else result["table"])
+    return EXIT_OK
+
+
+def cmd_bench_projections(args: argparse.Namespace) -> int:
+    from bench.projections import run_projections_bench
+    from local import embedded
+    from projections.postgres.embedded import reachable_database_url
+
+    # a reachable PostgreSQL as given (or `pool up`'s), else the bench starts an embedded one
+    db = args.database_url or embedded.endpoints()[1] or None
+    if db and not reachable_database_url(db):
+        raise UsageError(f"no PostgreSQL answers at {db}")
+    result = run_projections_bench(
+        database_url=db, events=args.events, quick=args.quick,
+        progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)),
+    )
+    print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json
+          else result["table"])
+    return EXIT_OK
+
+
+def register(sub: Subparsers) -> None:
+    """Add `bench` and its benchmarks."""
+    bench = sub.add_parser("bench", help="benchmarks that print figures").add_subparsers(
+        dest="sub", metavar="BENCH"
+    )
+    bench.required = True
+    ev = bench.add_parser(
+        "eventlog",
+        help="raw JetStream publish vs eventsourcing saves vs atomic multi-aggregate saves",
+    )
+    ev.add_argument("--nats-url", help="use this server (default: start a fresh embedded one)")
+    ev.add_argument("--messages", type=int, default=20000, help="raw publishes per mode")
+    ev.add_argument("--saves", type=int, default=2000, help="application saves per mode")
+    ev.add_argument("--quick", action="store_true", help="a small size for CI")
+    ev.add_argument("--json", action="store_true")
+    ev.set_defaults(func=cmd_bench_eventlog)
+    sb = bench.add_parser("schedule", help="placements/s, latency and RSS of the scheduler")
+    sb.add_argument("--nodes", type=int, default=10000)
+    sb.add_argument("--requests", type=int, default=100000)
+    sb.add_argument("--rate", type=float, default=1000.0,
+                    help="steady offered load for the latency figures (requests/s)")
+    sb.add_argument("--steady-seconds", type=float, default=10.0)
+    sb.add_argument("--quick", action="store_true",
+                    help="500 nodes, 3,000 backlog requests, 500/s for 3 s")
+    sb.add_argument("--priced", action="store_true",
+                    help="give the pool a price list, so every placement also holds credits "
+                         "(one more event each)")
+    sb.add_argument("--json", action="store_true")
+    sb.set_defaults(func=cmd_bench_schedule)
+    bal = bench.add_parser("all", help="every benchmark in one run: one table of figures, "
+                           "goals and ratios to the raw JetStream rate")
+    bal.add_argument("--quick", action="store_true", help="the CI sizes")
+    bal.add_argument("--database-url", help="PostgreSQL for the projections bench "
+                     "(default: pool up's, else an embedded one)")
+    bal.add_argument("--json", action="store_true")
+    bal.set_defaults(func=cmd_bench_all)
+    ba = bench.add_parser("agent", help="start overhead: start command → workload running, "
+                          "process and docker runtimes, next to a plain docker run")
+    ba.add_argument("--starts", type=int, default=30, help="starts per runtime")
+    ba.add_argument("--quick", action="store_true", help="5 starts per runtime")
+    ba.add_argument("--json", action="store_true")
+    ba.set_defaults(func=cmd_bench_agent)
+    bp = bench.add_parser("projections", help="events/s into the PostgreSQL views, lag, "
+                          "rebuild time and credit-audit replay rate")
+    bp.add_argument("--events", type=int, default=None,
+                    help="events pre-written for the catch-up (default 200,000; --quick 5,000)")
+    bp.add_argument("--quick", action="store_true",
+                    help="5,000 events; lag at 1,000 events/s for 3 s")
+    bp.add_argument("--database-url",
+                    help="PostgreSQL to use (a fresh schema, dropped after; default: "
+                    "POOL_DATABASE_URL or `pool up`, else an embedded one)")
+    bp.add_argument("--json", action="store_true")
+    bp.set_defaults(func=cmd_bench_projections)

@@ -1,0 +1,94 @@
+"""Shared output of the `pool` command: exit codes, one-line errors, envelopes and tables.
+
+Exit codes mean: 0 ok, 1 the operation failed, 2 bad usage, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def fail(message: str, code: str = "error", *, as_json: bool = False) -> int:
+    """Report a failed operation on stderr (and as an envelope with --json); exit 1."""
+    if as_json:
+        print(json.dumps({"ok": False, "error": {"code": code, "message": message}}))
+    print(f"pool: error [{code}]: {message}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+class UsageError(Exception):
+    """The command line cannot be carried out as given: printed in one line, exit 2."""
+
+    code = "usage"
+
+
+def print_envelope(reply: dict[str, Any], as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(reply))
+    elif reply.get("ok"):
+        body = reply.get("lease") or reply.get("result") or {}
+        width = max((len(k) for k in body), default=0)
+        for k, v in body.items():
+            if v is None or v == {} or v == []:
+                continue
+            print(f"{k:<{width}}  {json.dumps(v) if isinstance(v, (dict, list)) else v}")
+    if not reply.get("ok"):
+        err = reply.get("error") or {}
+        reasons = err.get("reasons") or {}
+        extra = f" ({', '.join(f'{k}={v}' for k, v in reasons.items())})" if reasons else ""
+        print(f"pool: error [{err.get('code')}]: {err.get('message')}{extra}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def parse_kv(text: str | None, cast: Callable[[str], Any] = int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for part in (text or "").split(","):
+        if part.strip():
+            k, _, v = part.partition("=")
+            out[k.strip()] = cast(v.strip())
+    return out
+
+
+def table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
+    def cell(v: Any) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, dict):
+            return ",".join(f"{k}={x}" for k, x in v.items()
+                            if x not in (None, 0, {}, [], "")) or "-"
+        if isinstance(v, float):
+            return f"{v:.3f}"
+        return str(v)
+
+    grid = [list(columns)] + [[cell(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(row[i]) for row in grid) for i in range(len(columns))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in grid)
+
+
+def parse_since(text: str | None) -> Any:
+    """`--since`: a duration back from now (90s, 10m, 2h, 1d, 1h30m) or an ISO 8601 time."""
+    import datetime as dt
+    import re
+
+    if not text:
+        return None
+    now = dt.datetime.now(dt.UTC)
+    parts = re.findall(r"(\d+(?:\.\d+)?)([smhd])", text.strip().lower())
+    if parts and "".join(n + u for n, u in parts) == text.strip().lower():
+        unit = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+        return now - dt.timedelta(seconds=sum(float(n) * unit[u] for n, u in parts))
+    try:
+        when = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UsageError(f"--since {text!r}: not a duration (10m, 2h, 1d) nor an ISO "
+                         "time") from None
+    return when if when.tzinfo else when.replace(tzinfo=dt.UTC)

@@ -1,0 +1,115 @@
+"""`pool telemetry follow`: agents' samples, live or replayed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from cli.connect import (
+    nats_url_of,
+)
+from cli.output import (
+    EXIT_OK,
+    Subparsers,
+    UsageError,
+    fail,
+    parse_since,
+)
+
+
+def _format_sample(sample: Any) -> str:
+    import datetime as dt
+
+    ev = sample.event
+    if ev is None:
+        return f"{'?':<12}  {sample.kind:<11}  {sample.node}  {sample.tenant}/{sample.lease}  " \
+               f"undecodable: {sample.error}"
+    at = dt.datetime.fromtimestamp(ev.at, dt.UTC).strftime("%H:%M:%S.%f")[:-3]
+    details = []
+    if ev.utilization is not None:
+        details += [f"{k}={v}" for k, v in
+                    ((f, getattr(ev.utilization, f)) for f in ev.utilization.__struct_fields__)
+                    if v is not None]
+    details += [f"{k}={v}" for k, v in ev.attrs.items()]
+    return (f"{at:<12}  {sample.kind:<11}  {sample.pool}/{sample.node}  "
+            f"{sample.tenant}/{sample.lease}  {' '.join(details)}").rstrip()
+
+
+def cmd_telemetry_follow(args: argparse.Namespace) -> int:
+    import os
+
+    import msgspec
+
+    from bus import telemetry
+    from bus.local.auth import inbox_prefix
+    from local import embedded
+
+    tenant = args.tenant or os.environ.get("POOL_TENANT", "")
+    since = parse_since(args.since)
+    options: dict[str, Any] = {}
+    url = getattr(args, "nats_url", None)
+    if tenant:
+        # as the tenant's own user: the server limits it to pool.tel.*.*.<tenant>.>
+        options["inbox_prefix"] = inbox_prefix(tenant)
+        auth = None if url else embedded.local_auth()
+        if auth is not None:
+            creds = embedded.tenant_credentials(tenant)
+            if creds is None:
+                raise UsageError(f"no credentials for tenant {tenant!r} in this pool: "
+                                 f"run `pool admin tenant creds {tenant}` first")
+            url = embedded.endpoints()[0]
+            options.update(user=creds.user, password=creds.password)
+    url = url or nats_url_of(args)
+
+    def on_sample(sample: Any) -> None:
+        if args.json:
+            print(json.dumps({
+                "subject": sample.subject, "pool": sample.pool, "node": sample.node,
+                "tenant": sample.tenant, "lease": sample.lease, "kind": sample.kind,
+                "stream_seq": sample.stream_seq, "headers": sample.headers,
+                "event": msgspec.to_builtins(sample.event) if sample.event else None,
+                "error": sample.error,
+            }), flush=True)
+        else:
+            print(_format_sample(sample), flush=True)
+
+    def on_ready() -> None:
+        what = "replaying from " + since.isoformat() + ", then following" if since else "following"
+        print(f"{what} telemetry (Ctrl-C to stop)", file=sys.stderr, flush=True)
+
+    try:
+        telemetry.follow(
+            url, on_sample, pool=args.pool, node=args.node, tenant=tenant or None,
+            lease=args.lease, kind=args.kind, since=since, max_samples=args.count,
+            duration_s=args.duration, on_ready=on_ready, **options,
+        )
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except Exception as e:
+        if getattr(e, "code", "") == "permission_denied" and tenant:
+            return fail(f"{e} (a tenant may follow only its own leases: pool.tel.*.*.{tenant}.>)",
+                         "permission_denied", as_json=args.json)
+        raise
+    return EXIT_OK
+
+
+def register(sub: Subparsers) -> None:
+    """Add `telemetry`."""
+    tel = sub.add_parser("telemetry", help="samples from node agents").add_subparsers(
+        dest="verb", metavar="VERB", required=True)
+    tf = tel.add_parser("follow", help="print telemetry live; with --since, replay it first")
+    tf.add_argument("--nats-url", help="NATS server (default: POOL_NATS_URL or `pool up`)")
+    tf.add_argument("--tenant", help="follow as this tenant's user, only its leases "
+                    "(default: $POOL_TENANT; none: as the operator)")
+    tf.add_argument("--pool", help="only this pool")
+    tf.add_argument("--node", help="only this node")
+    tf.add_argument("--lease", help="only this lease")
+    tf.add_argument("--kind", choices=("queue", "startup", "execution", "utilization", "failure"))
+    tf.add_argument("--since", metavar="T", help="replay from T first: a duration back from now "
+                    "(30s, 10m, 2h, 1d) or an ISO 8601 time (UTC unless it has an offset)")
+    tf.add_argument("--count", type=int, metavar="N", help="exit after N samples")
+    tf.add_argument("--duration", type=float, metavar="SECONDS", help="exit after SECONDS")
+    tf.add_argument("--json", action="store_true", help="one JSON object per sample")
+    tf.set_defaults(func=cmd_telemetry_follow)

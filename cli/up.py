@@ -1,0 +1,355 @@
+"""The verbs that start things: `pool up`, `pool cluster`, `pool demo` and `pool serve`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from cli.connect import (
+    nats_url_of,
+)
+from cli.output import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    Subparsers,
+    UsageError,
+    fail,
+)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from bus.admin import describe_streams, ensure_all_streams
+    from local import embedded
+
+    home = Path(args.home).resolve() if args.home else embedded.pool_home()
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    emb = embedded.start(home, with_postgres=not args.no_postgres)
+    plane = None
+    try:
+        # the control plane in this process connects as the service user (credentials in the URL)
+        service_url = emb.service_url or emb.nats_url
+        ensure_all_streams(service_url, replicas=args.replicas)
+        if not args.no_workers:
+            from control.plane import ControlPlane
+
+            plane = ControlPlane(service_url, database_url=emb.database_url or None).start()
+        streams = describe_streams(service_url)
+        info = {
+            "home": str(home),
+            "nats_url": emb.nats_url,
+            "database_url": emb.database_url,
+            "auth": emb.secured,
+            "endpoints": str(home / "endpoints.json"),
+            "streams": streams,
+        }
+        if args.json:
+            print(json.dumps(info), flush=True)
+        else:
+            for note in emb.notes:
+                print(note)
+            for s in streams:
+                print(f"stream: {s['name']} ({s['messages']} messages, {s['subjects']})")
+            print(f"endpoints: {home / 'endpoints.json'}")
+            if plane is not None:
+                print("control plane: commands on pool.cmd.<tenant>.lease.…, admin on "
+                      "pool.admin.…, scheduler running (try `pool lease --help`)")
+            print("ready: Ctrl-C to stop (data is kept for the next start)", flush=True)
+        if args.exit_when_ready:
+            return EXIT_OK
+        while not stop.wait(0.5):
+            emb.reload_if_changed()  # auth.json edited (new tenant or node user): SIGHUP the server
+        print("stopping…", file=sys.stderr)
+        return EXIT_OK
+    finally:
+        if plane is not None:
+            plane.stop()
+        emb.stop()
+        if not args.json:
+            print(f"stopped; data kept in {home}", file=sys.stderr)
+
+
+def _cluster_ports(state: Path, nodes: int) -> list[int] | None:
+    """The client ports of the last `pool cluster up` in this home, so URLs stay the same;
+    None (fresh ports) when there was none or one of them is taken now."""
+    import socket
+
+    try:
+        ports = [int(p) for p in json.loads(state.read_text()).get("ports", [])]
+    except (OSError, ValueError, AttributeError):
+        return None
+    if len(ports) != nodes:
+        return None
+    for port in ports:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("127.0.0.1", port))
+        except OSError:
+            return None
+    return ports
+
+
+def cmd_cluster_up(args: argparse.Namespace) -> int:
+    import os
+
+    from bus.admin import describe_streams
+    from bus.local.cluster import NatsCluster
+    from local import embedded
+
+    if args.nats_nodes < 1:
+        raise UsageError("--nats-nodes must be at least 1 (3 or 5 for a quorum that survives loss)")
+    home = Path(args.home).resolve() if args.home else embedded.pool_home()
+    root = home / "cluster"
+    root.mkdir(parents=True, exist_ok=True)
+    state = root / "cluster.json"
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    cluster = NatsCluster(root, nodes=args.nats_nodes,
+                          ports=_cluster_ports(state, args.nats_nodes))
+    plane: Any = None
+    pg: Any = None
+    try:
+        cluster.start()
+        state.write_text(json.dumps({"urls": cluster.urls, "ports": [s.port for s in
+                                                                     cluster.servers]}) + "\n")
+        replicas = min(args.replicas, args.nats_nodes)
+        cluster.ensure_streams(replicas=replicas)
+        database_url = os.environ.get("POOL_DATABASE_URL", "")
+        if not database_url and not args.no_postgres and not args.no_workers:
+            from projections.postgres.embedded import start_embedded_postgres
+
+            pg = start_embedded_postgres(root / "pg")
+            database_url = pg.url
+        if not args.no_workers:
+            from control.plane import ControlPlane
+
+            plane = ControlPlane(cluster.url, database_url=database_url or None).start()
+        streams = describe_streams(cluster.url)
+        info = {
+            "home": str(root),
+            "nats_urls": cluster.urls,
+            "nats_url": cluster.url,
+            "database_url": database_url,
+            "auth": False,
+            "meta_leader": cluster.meta_leader(),
+            "control_plane": plane is not None,
+            "streams": streams,
+        }
+        if args.json:
+            print(json.dumps(info), flush=True)
+        else:
+            for s in cluster.servers:
+                print(f"nats: {s.url} ({s.server_name}, JetStream in {s.store_dir})")
+            print(f"cluster: {cluster.cluster_name}, {len(cluster.servers)} servers, meta leader "
+                  f"{info['meta_leader']}; no auth (loopback only)")
+            for st in streams:
+                print(f"stream: {st['name']} (R{st['replicas']}, {st['messages']} messages)")
+            if database_url:
+                print(f"postgres: {database_url}")
+            if plane is not None:
+                print("control plane: commands, scheduler, reconciler"
+                      + (", projector" if plane.projector is not None else "") + " running")
+            print(f"export POOL_NATS_URL={cluster.url}")
+            if database_url:
+                print(f"export POOL_DATABASE_URL={database_url}")
+            print("ready: Ctrl-C to stop (data is kept for the next start)", flush=True)
+        if args.exit_when_ready:
+            return EXIT_OK
+        while not stop.wait(0.5):
+            pass
+        print("stopping…", file=sys.stderr)
+        return EXIT_OK
+    finally:
+        if plane is not None:
+            plane.stop()
+        cluster.stop()
+        if pg is not None:
+            pg.stop()
+        if not args.json:
+            print(f"stopped; data kept in {root}", file=sys.stderr)
+
+
+def cmd_cluster_init(args: argparse.Namespace) -> int:
+    """Create every stream at --replicas on a running cluster, waiting for it to answer."""
+    import time
+
+    from bus.admin import describe_streams, ensure_all_streams
+
+    url = nats_url_of(args)
+    deadline = time.monotonic() + args.wait
+    while True:
+        try:
+            ensure_all_streams(url, replicas=args.replicas)
+            break
+        except Exception as e:  # noqa: BLE001 - servers still starting, or no meta leader yet
+            if time.monotonic() >= deadline:
+                return fail(f"streams not created within {args.wait:g}s: {e}",
+                             getattr(e, "code", "bus_unavailable"), as_json=args.json)
+            time.sleep(1.0)
+    streams = describe_streams(url)
+    if args.json:
+        print(json.dumps({"ok": True, "result": {"streams": streams}}))
+    else:
+        for st in streams:
+            print(f"stream: {st['name']} (R{st['replicas']}, {st['messages']} messages)")
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """`pool demo`: the whole system on the embedded default, shown live, then judged."""
+    import logging
+    import os
+
+    from local.demo import Demo
+
+    logging.basicConfig(level=logging.ERROR if not args.verbose else logging.INFO)
+    home = Path(args.home or os.path.join(os.environ.get("POOL_HOME", ".pool"), "demo"))
+    demo = Demo(home.resolve(), nodes=args.nodes, flood=args.flood, keep=args.keep,
+                live=False if args.plain else None)
+    started = __import__("time").monotonic()
+    try:
+        rc = demo.run()
+    except KeyboardInterrupt:
+        print("pool demo: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"demo {'passed' if rc == 0 else 'FAILED'} in "
+          f"{__import__('time').monotonic() - started:.1f} s")
+    return rc
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from control.plane import ControlPlane, parse_roles
+
+    url = nats_url_of(args)
+    try:
+        roles = parse_roles(args.role)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    from local import embedded
+
+    db_url = getattr(args, "database_url", None) or embedded.endpoints()[1] or None
+    named = {r.strip() for value in args.role or [] for r in value.split(",")}
+    if "projector" in named and not db_url:
+        raise UsageError("the projector role needs a database: set POOL_DATABASE_URL / "
+                         "--database-url")
+    views = [v for v in (args.views or "").split(",") if v] or None
+    cp = ControlPlane(url, database_url=db_url, roles=roles, projector_views=views,
+                      leader_ttl_seconds=getattr(args, "leader_ttl", 3.0)).start()
+    from bus.local.auth import redact
+
+    running = [r for r in ("commands", "scheduler", "reconciler", "projector")
+               if r in roles and (r != "projector" or cp.projector is not None)]
+    print(f"serving {', '.join(running)} on {redact(url)}: Ctrl-C to stop", flush=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        cp.stop()
+        print("stopped", file=sys.stderr)
+    return EXIT_OK
+
+
+def register(sub: Subparsers) -> None:
+    """Add `up`, `cluster` and `demo`."""
+    up = sub.add_parser(
+        "up",
+        help="start the embedded NATS and PostgreSQL and create the streams",
+        description="Start the embedded default under $POOL_HOME (default ./.pool): nats-server "
+        "2.15 with JetStream (sync_interval always) and PostgreSQL via pgserver, unless "
+        "POOL_NATS_URL / POOL_DATABASE_URL name existing servers.",
+    )
+    up.add_argument("--home", help="data directory (default: $POOL_HOME or ./.pool)")
+    up.add_argument("--replicas", type=int, default=1, help="stream replicas (1 embedded)")
+    up.add_argument("--no-postgres", action="store_true", help="start NATS only")
+    up.add_argument("--no-workers", action="store_true",
+                    help="servers only: no command service or scheduler")
+    up.add_argument("--exit-when-ready", action="store_true", help="start, report, stop")
+    up.add_argument("--json", action="store_true", help="print endpoints as JSON")
+    up.set_defaults(func=cmd_up)
+
+    clu = sub.add_parser("cluster", help="the clustered topology: NATS servers as one JetStream "
+                         "cluster").add_subparsers(dest="verb", metavar="VERB", required=True)
+    cup = clu.add_parser(
+        "up", help="start N nats-servers on loopback as one cluster, R3 streams, a control plane",
+        description="The clustered deployment as local processes, for tests and trying it on one "
+        "machine: N nats-servers from the wheel on loopback ports as one JetStream cluster "
+        "(sync_interval always; data under $POOL_HOME/cluster, kept across restarts), every "
+        "stream at --replicas, and a control plane (commands, scheduler, reconciler, projector "
+        "with an embedded PostgreSQL unless POOL_DATABASE_URL is set) against it. Prints the "
+        "client URLs and POOL_NATS_URL to export. No auth: the servers require no users, so "
+        "they listen on 127.0.0.1 only (compose.yaml is the multi-machine topology).")
+    cup.add_argument("--nats-nodes", type=int, default=3, metavar="N",
+                     help="nats-servers in the cluster (default 3; 3 or 5 for a quorum)")
+    cup.add_argument("--replicas", type=int, default=3, help="stream replicas (default 3, at "
+                     "most N)")
+    cup.add_argument("--home", help="data directory (default: $POOL_HOME or ./.pool)")
+    cup.add_argument("--no-postgres", action="store_true",
+                     help="no embedded PostgreSQL (no projector, no queries)")
+    cup.add_argument("--no-workers", action="store_true", help="the NATS cluster only")
+    cup.add_argument("--exit-when-ready", action="store_true", help="start, report, stop")
+    cup.add_argument("--json", action="store_true", help="print the endpoints as JSON")
+    cup.set_defaults(func=cmd_cluster_up)
+    cin = clu.add_parser(
+        "init", help="create every stream at --replicas on a running cluster (compose's init)",
+        description="Wait until POOL_NATS_URL answers with a JetStream meta leader, then create "
+        "or update the event log, agent work queue, timers (with the reconciler's consumer), "
+        "telemetry and the KV buckets at --replicas. Idempotent; never lowers replicas.")
+    cin.add_argument("--nats-url", help="NATS servers, comma-separated (default: POOL_NATS_URL)")
+    cin.add_argument("--replicas", type=int, default=3, help="stream replicas (default 3)")
+    cin.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
+                     help="how long to wait for the cluster (default 60)")
+    cin.add_argument("--json", action="store_true")
+    cin.set_defaults(func=cmd_cluster_init)
+
+    dm = sub.add_parser("demo", help="run the whole system on the embedded default, live",
+                        description="Start embedded NATS and PostgreSQL, the control plane, a "
+                        "simulated fleet plus one real sandboxed agent, and three tenants' "
+                        "work (fair share, preemption, cancellation, an unsatisfiable request, "
+                        "a silent agent, a tenant out of credit); end with the credit audit. "
+                        "Data under $POOL_HOME/demo, wiped at each start.")
+    dm.add_argument("--nodes", type=int, default=200, help="simulated nodes (default 200)")
+    dm.add_argument("--flood", type=int, default=150,
+                    help="whole-node jobs submitted at once by the three tenants")
+    dm.add_argument("--home", help="data directory (default $POOL_HOME/demo)")
+    dm.add_argument("--keep", action="store_true", help="keep running after the summary")
+    dm.add_argument("--plain", action="store_true", help="progress lines, no live dashboard")
+    dm.add_argument("--verbose", "-v", action="store_true")
+    dm.set_defaults(func=cmd_demo)
+
+
+def register_serve(sub: Subparsers) -> None:
+    """Add `serve`."""
+    srv = sub.add_parser(
+        "serve", help="run the command service and the scheduler (or some of the roles)",
+        description="Run control-plane roles against POOL_NATS_URL (a comma-separated list names "
+        "the servers of a cluster). commands: command, admin and node subjects (queue group "
+        "pool-commands: run any number); scheduler: placements and agent orders (leader election "
+        "in JetStream KV: one active, the others warm standbys); reconciler: fired deadline "
+        "timers (one shared durable consumer: any number); projector: the PostgreSQL views "
+        "(needs POOL_DATABASE_URL).")
+    srv.add_argument("--role", action="append", metavar="ROLE",
+                     help="commands|scheduler|reconciler|projector|all; repeat it or give a "
+                     "comma list (default: all)")
+    srv.add_argument("--views", metavar="VIEW,…",
+                     help="the projector's views (default: all of queue,balance,capacity,leases)")
+    srv.add_argument("--nats-url", help="NATS server (default: POOL_NATS_URL or `pool up`)")
+    srv.add_argument("--database-url",
+                     help="PostgreSQL for the views (default: POOL_DATABASE_URL or `pool up`)")
+    srv.add_argument("--leader-ttl", type=float, default=3.0, metavar="SECONDS",
+                     help="the scheduler's leader lease: a standby takes over this long after "
+                     "the active one dies (default 3)")
+    srv.set_defaults(func=cmd_serve)

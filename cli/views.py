@@ -1,0 +1,140 @@
+"""Read side: view queries, `pool projections …` and `pool audit credits`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from cli.connect import (
+    close_app,
+    database_url_of,
+    db_opts,
+    log_app,
+    nats_url_of,
+    views_schema_of,
+)
+from cli.output import (
+    EXIT_FAILED,
+    EXIT_OK,
+    Subparsers,
+    table,
+)
+
+VIEW_TABLE_COLUMNS = {
+    "queue": ("lease_id", "tenant", "pool", "priority_class", "state", "attempts", "queued_at"),
+    "balance": ("tenant", "granted", "held", "spent", "available", "shortfall", "holds"),
+    "capacity": ("node_id", "pool", "state", "zone", "failure_domain", "cpu_millis_allocated",
+                 "cpu_millis_allocatable", "memory_mib_allocated", "memory_mib_allocatable",
+                 "gpu_count_allocated", "gpu_count_allocatable", "last_heartbeat_at"),
+    "leases": ("lease_id", "tenant", "pool", "state", "node_id", "started_at", "ended_at",
+               "credits_held", "credits_charged"),
+}
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    from projections.queries import query_url
+
+    filters = dict(f.split("=", 1) for f in args.filter or [])
+    page = query_url(database_url_of(args), args.view, tenant=args.tenant or None,
+                     filters=filters, limit=args.limit, cursor=args.cursor,
+                     schema=views_schema_of(args))
+    if args.json:
+        print(json.dumps(page, default=str))
+    else:
+        print(table(page["rows"], VIEW_TABLE_COLUMNS[args.view]))
+        if page["next_cursor"]:
+            print(f"more: --cursor {page['next_cursor']}")
+    return EXIT_OK
+
+
+def cmd_projections_status(args: argparse.Namespace) -> int:
+    from projections.views import status
+
+    app = log_app(args)
+    try:
+        top = app.recorder.max_notification_id() or 0
+    finally:
+        close_app(app, args)
+    rows = status(database_url_of(args), top, schema=views_schema_of(args))
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        print(table(rows, ("view", "position", "max_notification_id", "lag", "events_applied",
+                            "exists")))
+    return EXIT_OK
+
+
+def cmd_projections_rebuild(args: argparse.Namespace) -> int:
+    from projections.views import VIEWS, rebuild
+
+    names = [args.name] if args.name else list(VIEWS)
+    app = log_app(args)
+    try:
+        n = rebuild(app, database_url_of(args), schema=views_schema_of(args), views=names,
+                    batch_size=args.batch_size)
+        top = app.recorder.max_notification_id() or 0
+    finally:
+        close_app(app, args)
+    msg = {"rebuilt": names, "events_applied": n, "position": top}
+    print(json.dumps(msg) if args.json else
+          f"rebuilt {', '.join(names)} from the first event: {n} events, position {top}")
+    return EXIT_OK
+
+
+def cmd_projections_run(args: argparse.Namespace) -> int:
+    from control.projector import run
+
+    run(nats_url_of(args), database_url_of(args), views_schema_of(args), args.batch_size,
+        announce=lambda s: print(s, flush=True))
+    return EXIT_OK
+
+
+def cmd_audit_credits(args: argparse.Namespace) -> int:
+    from projections.audit import audit_credits
+
+    db = None if args.no_views else database_url_of(args)
+    app = log_app(args)
+    try:
+        report = audit_credits(app, tenant=args.tenant or None, database_url=db,
+                               schema=views_schema_of(args))
+    finally:
+        close_app(app, args)
+    if args.json:
+        print(json.dumps(report.to_dict()))
+    else:
+        print("\n".join(report.lines()))
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def register(sub: Subparsers) -> None:
+    """Add the view commands, `projections` and `audit`."""
+    for view, help_text in (("queue", "waiting requests"), ("balance", "tenant credits"),
+                            ("capacity", "node capacity"), ("leases", "every lease")):
+        vp = sub.add_parser(view, help=f"{help_text}, from the PostgreSQL views")
+        db_opts(vp, nats=False)
+        vp.add_argument("--tenant", help="only this tenant's rows")
+        vp.add_argument("--filter", action="append", metavar="COLUMN=VALUE")
+        vp.add_argument("--limit", type=int, default=100)
+        vp.add_argument("--cursor")
+        vp.set_defaults(func=cmd_view, view=view)
+    prj = sub.add_parser("projections", help="the PostgreSQL views").add_subparsers(
+        dest="verb", metavar="VERB", required=True)
+    pst = prj.add_parser("status", help="each view's position and lag behind the log")
+    db_opts(pst)
+    pst.set_defaults(func=cmd_projections_status)
+    prb = prj.add_parser("rebuild", help="drop a view (or all) and fold it again from event 1")
+    prb.add_argument("name", nargs="?", choices=("queue", "balance", "capacity", "leases"))
+    prb.add_argument("--batch-size", type=int, default=1000)
+    db_opts(prb)
+    prb.set_defaults(func=cmd_projections_rebuild)
+    prr = prj.add_parser("run", help="run the projector until Ctrl-C")
+    prr.add_argument("--batch-size", type=int, default=1000)
+    db_opts(prr)
+    prr.set_defaults(func=cmd_projections_run)
+    aud = sub.add_parser("audit", help="check the books against the log").add_subparsers(
+        dest="verb", metavar="VERB", required=True)
+    ac = aud.add_parser("credits", help="replay credit events; check charges and the balance view")
+    ac.add_argument("--tenant")
+    ac.add_argument("--no-views", action="store_true", help="skip the balance view cross-check")
+    db_opts(ac)
+    ac.set_defaults(func=cmd_audit_credits)
