@@ -34,6 +34,7 @@ from nats.js.api import (
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
 from bus.errors import BusTimeout, BusUnavailable
+from bus.headers import HDR_MSG_ID, HDR_SCHEDULE, HDR_SCHEDULE_TARGET
 from bus.runtime import BusRuntime, get_runtime, servers
 from bus.service import _LoopThread
 from bus.streams import DUPLICATE_WINDOW_S, ensure_kv_bucket, ensure_stream
@@ -143,7 +144,7 @@ class ControlLink:
              headers: dict[str, str] | None = None) -> None:
         """Publish one agent command durably (awaited ack); a repeated msg_id is a no-op."""
         self.ensure_agent_consumer(node_id)
-        hdrs = {"Nats-Msg-Id": msg_id, **(headers or {})}
+        hdrs = {HDR_MSG_ID: msg_id, **(headers or {})}
 
         async def go() -> None:
             js = await self.rt.jetstream()
@@ -155,8 +156,8 @@ class ControlLink:
     def schedule(self, kind: str, ident: str, at: float, body: bytes = b"") -> None:
         """(Re)arm the timer for `kind`/`ident` to fire at unix time `at`."""
         subject = f"pool.sched.{kind}.{token(ident)}"
-        hdrs = {"Nats-Schedule": f"@at {_rfc3339(at)}",
-                "Nats-Schedule-Target": f"pool.due.{kind}.{token(ident)}"}
+        hdrs = {HDR_SCHEDULE: f"@at {_rfc3339(at)}",
+                HDR_SCHEDULE_TARGET: f"pool.due.{kind}.{token(ident)}"}
 
         async def go() -> None:
             js = await self.rt.jetstream()

@@ -19,6 +19,7 @@ from typing import Any
 import nats
 from nats.js.api import StorageType, StreamConfig
 
+from bus.headers import HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQ
 from bus.local.server import NatsServer
 from bus.runtime import servers
 
@@ -78,9 +79,9 @@ async def atomic_batch(nc: Any, messages: list[tuple[str, bytes]]) -> None:
     batch_id = uuid.uuid4().hex
     last = len(messages)
     for i, (subject, data) in enumerate(messages, start=1):
-        headers = {"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(i)}
+        headers = {HDR_BATCH_ID: batch_id, HDR_BATCH_SEQ: str(i)}
         if i == last:
-            headers["Nats-Batch-Commit"] = "1"
+            headers[HDR_BATCH_COMMIT] = "1"
             reply = await nc.request(subject, data, headers=headers, timeout=10)
             if b'"error"' in reply.data:
                 raise RuntimeError(reply.data.decode())

@@ -27,13 +27,15 @@ from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Span
 
+from bus.headers import HDR_TRACEPARENT
+
 log = logging.getLogger(__name__)
 
 ENV_EXPORTER = "POOL_OTEL_EXPORTER"
 ENV_METRIC_INTERVAL = "POOL_OTEL_METRIC_INTERVAL_MS"
 EXPORTERS = ("none", "console", "otlp")
 INSTRUMENTATION = "computepool"
-TRACEPARENT = "traceparent"
+TRACEPARENT = HDR_TRACEPARENT  # kept: callers import it from here
 # version 00: trace id (32 hex, not all zero), span id (16 hex, not all zero), flags
 _TRACEPARENT = re.compile(r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$")
 

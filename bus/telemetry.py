@@ -39,6 +39,7 @@ from nats.js.api import (
 from nats.nuid import NUID
 
 from bus.errors import BusError, BusUnavailable, PermissionDenied
+from bus.headers import HDR_LAST_CONSUMER, HDR_NUM_PENDING, HDR_SEQUENCE, HDR_STATUS, HDR_SUBJECT
 from bus.runtime import BusRuntime, servers, translate
 from bus.streams import ensure_stream
 from bus.subjects import TELEMETRY_PREFIX, TELEMETRY_STREAM, telemetry_subject, token
@@ -272,8 +273,8 @@ class _OrderedReplay:
     async def _on_message(self, msg: Msg) -> None:
         self._last_activity = asyncio.get_running_loop().time()
         headers = msg.headers or {}
-        if headers.get("Status"):  # idle heartbeat: it says the last consumer sequence sent
-            last = headers.get("Nats-Last-Consumer")
+        if headers.get(HDR_STATUS):  # idle heartbeat: it says the last consumer sequence sent
+            last = headers.get(HDR_LAST_CONSUMER)
             if last is not None and int(last) != self._consumer_seq:
                 self._reset_soon()
             return
@@ -375,16 +376,16 @@ async def read_page_async(
         if done.done():
             return
         headers = msg.headers or {}
-        status = headers.get("Status")
+        status = headers.get(HDR_STATUS)
         if status:
             if status == "404":
                 done.set_result((True, None))
             elif status == "204":  # end of this batch
-                done.set_result((int(headers.get("Nats-Num-Pending", "0") or 0) == 0, None))
+                done.set_result((int(headers.get(HDR_NUM_PENDING, "0") or 0) == 0, None))
             else:
                 done.set_result((True, f"{status} {headers.get('Description', '')}".strip()))
             return
-        out.append((int(headers["Nats-Sequence"]), headers.get("Nats-Subject", msg.subject),
+        out.append((int(headers[HDR_SEQUENCE]), headers.get(HDR_SUBJECT, msg.subject),
                     msg.data))
 
     inbox = nc.new_inbox()

@@ -19,6 +19,7 @@ from uuid import UUID
 from eventsourcing.domain import Aggregate
 
 from bus.agentbus import ControlLink
+from bus.headers import HDR_TRACEPARENT
 from domain.lease import Lease, LeaseState
 from domain.node import Node, NodeState
 from domain.pool import Pool
@@ -176,7 +177,7 @@ class Dispatcher:
             self._consumers.pop()
         while self._outbox:
             order = self._outbox[0]
-            hdrs = {"traceparent": order.traceparent} if order.traceparent else None
+            hdrs = {HDR_TRACEPARENT: order.traceparent} if order.traceparent else None
             self.link.send(order.node_id, order.verb, order.body, msg_id=order.msg_id,
                            headers=hdrs)
             self._outbox.pop(0)

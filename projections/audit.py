@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -37,15 +36,6 @@ from projections.views import (
 )
 
 BATCH = 1000
-# POOL_AUDIT_READER_PROCESS=1: the log's pages read and cut in a child process, beside the
-# fold (see read_records), for logs of at least READER_PROCESS_MIN events (below, starting the
-# child costs more than it saves). It halves the audit process's own CPU per event (~20 ->
-# ~11 us, the child ~10) but costs ~10% more CPU in all; on the shared 2-core development
-# machine, all cores busy (load 4-5), it was no faster (alternating runs: medians 6.45 s
-# forked, 6.13 s in-process), so it is off unless asked for; it can only pay where a core is
-# free for it (not measured here: the machine was never idle)
-READER_PROCESS = os.environ.get("POOL_AUDIT_READER_PROCESS", "0") == "1"
-READER_PROCESS_MIN = 50_000
 # non-credit notifications held for folding on demand; past this many, all are folded
 _PENDING_LIMIT = 200_000
 
@@ -202,8 +192,7 @@ def _records(recorder: Any, top: int) -> Iterator[Sequence[Record]]:
     bulk record read when it has one (bus.jetstream), else its notifications, as records."""
     read_records = getattr(recorder, "read_records", None)
     if read_records is not None:
-        yield from read_records(
-            1, top, reader_process=READER_PROCESS and top >= READER_PROCESS_MIN)
+        yield from read_records(1, top)
         return
     for page in read_pages(recorder, 1, BATCH, stop=top):
         yield [(n.id, str(n.originator_id), isinstance(n.originator_id, UUID),

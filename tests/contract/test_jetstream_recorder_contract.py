@@ -6,8 +6,6 @@ Owns wiring each contract TestCase to the JetStream recorders: one server per cl
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import tempfile
 import uuid
 from pathlib import Path
@@ -30,6 +28,7 @@ from bus.jetstream import (
     JetStreamFactory,
     JetStreamProcessRecorder,
     JetStreamTrackingRecorder,
+    natsfast,
 )
 from bus.local.server import NatsServer
 from bus.runtime import close_runtime, get_runtime
@@ -310,7 +309,8 @@ def test_read_records_hold_what_direct_gets_return(tmp_path: Path) -> None:
         assert reader.disabled_until == 0.0 and reader.dseq > 0 and reader.fast is not None
         reader.odd_frames = 0
         assert [r for page in main.read_records(1) for r in page] == expected
-        assert reader.odd_frames <= 125 + 50 + 17 + 1
+        if natsfast.FAST:  # the public path hands every frame over one by one
+            assert reader.odd_frames <= 125 + 50 + 17 + 1
         # the notifications of read-ahead pages are the direct gets' too
         notes, at = [], 1
         while True:
@@ -324,21 +324,6 @@ def test_read_records_hold_what_direct_gets_return(tmp_path: Path) -> None:
         for _page in main.read_records(1, page_size=100):
             break
         assert [r for page in main.read_records(1) for r in page] == expected
-        # read and cut in a child process (by a recorder that has written nothing, so has no
-        # subjects to keep up to date): the same pages; should the child die, the rest is read
-        # here
-        reading = JetStreamFactory(env("main")).application_recorder()
-        assert isinstance(reading, JetStreamApplicationRecorder)
-        for first, stop, size in ((1, None, 2000), (17, top // 2, 333)):
-            assert [r for page in reading.read_records(
-                first, stop, page_size=size, reader_process=True) for r in page] == [
-                r for r in expected if r[0] >= first and (stop is None or r[0] <= stop)]
-        assert reading.__dict__["_reader_child"] > 0
-        forked = reading.read_records(1, page_size=150, reader_process=True)
-        got = list(next(forked))
-        os.kill(reading.__dict__["_reader_child"], signal.SIGKILL)
-        got += [r for page in forked for r in page]
-        assert got == expected
         # the consumer refused: the same records, by direct gets
         reader.disabled_until = float("inf")
         assert [r for page in main.read_records(3, top - 2, page_size=700)

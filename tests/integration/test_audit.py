@@ -15,7 +15,6 @@ from control.application import PoolApp
 from control.plane import ControlPlane, app_env
 from domain.account import Account
 from domain.resources import LeaseId
-from projections import audit
 from projections import views as pv
 from projections.audit import CreditAudit, audit_credits
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
@@ -155,12 +154,12 @@ def test_pool_audit_credits_cli_exits_1_and_prints_json(
     assert "released" in capsys.readouterr().out
 
 
-def test_the_audit_reports_the_same_from_records_read_in_a_child_in_process_and_notifications(
+def test_the_audit_reports_the_same_from_bulk_records_and_from_notifications(
     plane: tuple[ControlPlane, FakeClock], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The audit folds the log's records read by a forked child, by the process itself, and
-    (a recorder without bulk record reads) notifications: one report, discrepancies included,
-    with the balance snapshot taken mid-page."""
+    """The audit folds the log's records read in bulk and (a recorder without bulk record
+    reads) notifications: one report, discrepancies included, with the balance snapshot taken
+    mid-page."""
     cp, clock = plane
     run_leases(cp, clock, "alpha", 2)
     run_leases(cp, clock, "beta", 1)
@@ -184,14 +183,11 @@ def test_the_audit_reports_the_same_from_records_read_in_a_child_in_process_and_
     plain = types.SimpleNamespace(recorder=NoRecords(app.recorder), mapper=app.mapper,
                                   repository=app.repository)
     reports = []
-    for reader_process, target in ((True, app), (False, app), (False, plain)):
-        monkeypatch.setattr(audit, "READER_PROCESS", reader_process)
-        monkeypatch.setattr(audit, "READER_PROCESS_MIN", 0)
+    for target in (app, plain):
         run = CreditAudit(target)
         reports.append((run.run(view_position=top // 2).to_dict(), run._snapshot))
     app.close()
-    assert reports[0] == reports[1] == reports[2]
-    assert app.recorder.__dict__.get("_reader_child")  # the first came from a child
+    assert reports[0] == reports[1]
     charges = [d for d in reports[0][0]["discrepancies"] if d["kind"] == "charge"]
     assert [(d["lease_id"], d["found"], d["detail"]) for d in charges] == [
         ("not-a-uuid", 3, "no lease in the log")]

@@ -1,0 +1,26 @@
+"""NATS and computepool message header names: the one place that spells them."""
+
+from __future__ import annotations
+
+HDR_ORIGINATOR_ID = "Pool-Originator-Id"
+HDR_ID_KIND = "Pool-Originator-Id-Kind"
+HDR_VERSION = "Pool-Originator-Version"
+HDR_TOPIC = "Pool-Topic"
+HDR_TRACKING_ID = "Pool-Tracking-Id"
+HDR_UPSTREAM = "Pool-Upstream"
+HDR_EXPECTED_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+HDR_BATCH_ID = "Nats-Batch-Id"
+HDR_BATCH_SEQ = "Nats-Batch-Sequence"
+HDR_BATCH_COMMIT = "Nats-Batch-Commit"
+HDR_MSG_ID = "Nats-Msg-Id"
+HDR_SCHEDULE = "Nats-Schedule"
+HDR_SCHEDULE_TARGET = "Nats-Schedule-Target"
+HDR_SEQUENCE = "Nats-Sequence"
+HDR_SUBJECT = "Nats-Subject"
+HDR_NUM_PENDING = "Nats-Num-Pending"
+HDR_LAST_CONSUMER = "Nats-Last-Consumer"
+# nats-py puts an inline status ("NATS/1.0 404 …") under these two keys
+HDR_STATUS = "Status"
+HDR_DESCRIPTION = "Description"
+# W3C trace context
+HDR_TRACEPARENT = "traceparent"

@@ -1,0 +1,518 @@
+"""The recorder base: one subject per aggregate, atomic-batch saves, direct-get reads."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.persistence import (
+    AggregateRecorder,
+    IntegrityError,
+    StoredEvent,
+    Tracking,
+)
+from nats.js.errors import NotFoundError
+
+from bus.errors import BatchTooLarge, BusUnavailable, PublishRejected
+from bus.headers import (
+    HDR_BATCH_COMMIT,
+    HDR_BATCH_ID,
+    HDR_BATCH_SEQ,
+    HDR_EXPECTED_SUBJECT_SEQ,
+    HDR_ID_KIND,
+    HDR_NUM_PENDING,
+    HDR_ORIGINATOR_ID,
+    HDR_SEQUENCE,
+    HDR_STATUS,
+    HDR_TOPIC,
+    HDR_TRACKING_ID,
+    HDR_UPSTREAM,
+    HDR_VERSION,
+)
+from bus.jetstream.natsfast import publish_prerendered, subscribe_raw, unsubscribe_raw
+from bus.jetstream.wire import (
+    _DIRECT_BATCH,
+    _UNWRITTEN,
+    _WRONG_LAST_SEQUENCE,
+    MAX_BATCH,
+    REQUEST_TIMEOUT,
+    _header_dict,
+    _header_value,
+    _parse_headers,
+    _stored_event_from,
+    _SubjectState,
+    originator_token,
+)
+from bus.runtime import BusRuntime, translate
+from bus.subjects import (
+    EVENTS_PREFIX,
+    EVENTS_STREAM,
+    event_subject,
+    token,
+    tracking_subject,
+)
+
+
+async def _translated(coro: Any) -> Any:
+    """`coro`'s result, its nats-py errors raised as bus.errors (as BusRuntime.run does)."""
+    try:
+        return await coro
+    except BaseException as e:
+        err = translate(e)
+        if err is e:
+            raise
+        raise err from e
+
+
+class JetStreamRecorder:
+    """State shared by the recorders: runtime, stream and the subject space of one recorder."""
+
+    def __init__(
+        self,
+        runtime: BusRuntime,
+        *,
+        stream: str = EVENTS_STREAM,
+        kind: str = "default",
+        tracking_owner: str = "default",
+        timeout: float = REQUEST_TIMEOUT,
+    ) -> None:
+        self.runtime = runtime
+        self.stream = stream
+        # `kind` is the aggregate-type token: select_events gets only an id, so the type token must
+        # be fixed per recorder (application name, or name + "_snapshots" for snapshots)
+        self.kind = token(kind)
+        self._subject_prefix = event_subject(self.kind, "x")[:-1]
+        self.tracking_owner = token(tracking_owner)
+        self.timeout = timeout
+        # only touched on the runtime's loop thread, so it needs no lock
+        self._cache: dict[str, _SubjectState] = {}
+        # a writer that follows the whole log (the scheduler) sets this: read-ahead pages then
+        # record every subject's end they pass, as direct gets do, so its next write to an
+        # aggregate it only read carries the right expectation without a look-up first
+        self.remember_subjects_read = False
+        # the stream's replica count, asked once; see `_replicated`
+        self._replicas: int | None = None
+
+    # -- subjects ----------------------------------------------------------------------------
+
+    def subject_for(self, originator_id: UUID | str) -> str:
+        if type(originator_id) is UUID:
+            # a UUID's text is already a token (lowercase hex and dashes): skip the re-checks
+            return f"{self._subject_prefix}{originator_id}"
+        return event_subject(self.kind, originator_token(originator_id))
+
+    @property
+    def events_filter(self) -> str:
+        return f"{EVENTS_PREFIX}.{self.kind}.>"
+
+    def tracking_subject_for(self, upstream: str) -> str:
+        # per downstream owner and upstream name: processors sharing a stream never collide
+        return tracking_subject(f"{self.tracking_owner}--{token(upstream)}")
+
+    # -- low-level reads (loop thread) -------------------------------------------------------
+
+    async def _replicated(self) -> bool:
+        """Whether the stream has replicas. Then a direct get may be answered by any replica,
+        and a follower can lag the leader (ADR-31): a read of an aggregate must not miss a
+        write another process already had acknowledged, so reads ask the leader where it
+        matters (`_last_msg`, `_select_events`). Single-replica streams keep pure direct gets."""
+        if self._replicas is None:
+            js = await self.runtime.jetstream()
+            try:
+                info = await js.stream_info(self.stream)
+                self._replicas = int(info.config.num_replicas or 1)
+            except NotFoundError:
+                return False  # not created yet: ask again next time
+        return self._replicas > 1
+
+    async def _last_msg(self, subject: str) -> tuple[dict[str, str], bytes, int] | None:
+        js = await self.runtime.jetstream()
+        # on a replicated stream the last message comes from the leader (STREAM.MSG.GET): a
+        # lagging follower's answer to a direct get could be older, or "not found" for a subject
+        # whose first event another process wrote a moment ago
+        direct = not await self._replicated()
+        try:
+            raw = await js.get_last_msg(self.stream, subject, direct=direct)
+        except NotFoundError:
+            return None
+        headers = dict(raw.headers or {})
+        assert raw.seq is not None
+        return headers, bytes(raw.data or b""), int(raw.seq)
+
+    async def _leader_tail(
+        self, subject: str, after_seq: int, upto_seq: int
+    ) -> list[tuple[int, dict[str, str], bytes]]:
+        """The messages on `subject` after `after_seq` up to `upto_seq`, from the leader, one
+        get each: only used when a follower's direct batch fell short of the leader's last."""
+        js = await self.runtime.jetstream()
+        out: list[tuple[int, dict[str, str], bytes]] = []
+        seq = after_seq + 1
+        while seq <= upto_seq:
+            try:
+                raw = await js.get_msg(self.stream, seq=seq, subject=subject, next=True)
+            except NotFoundError:
+                break
+            assert raw.seq is not None
+            if raw.seq > upto_seq:
+                break
+            out.append((int(raw.seq), dict(raw.headers or {}), bytes(raw.data or b"")))
+            seq = int(raw.seq) + 1
+        return out
+
+    async def _subject_state(self, subject: str) -> _SubjectState:
+        state = self._cache.get(subject)
+        if state is not None:
+            return state
+        last = await self._last_msg(subject)
+        if last is None:
+            state = _SubjectState(None, 0)
+        else:
+            headers, _, seq = last
+            v = headers.get(HDR_VERSION) or headers.get(HDR_TRACKING_ID)
+            state = _SubjectState(int(v) if v is not None else None, seq)
+        self._remember(subject, state)
+        return state
+
+    def _remember(self, subject: str, state: _SubjectState) -> None:
+        known = self._cache.get(subject)
+        # a slower concurrent call must not move the cache backwards
+        if known is None or state.last_seq >= known.last_seq:
+            self._cache[subject] = state
+
+    async def _direct_batch(
+        self, filter_subject: str, start_seq: int, batch: int
+    ) -> tuple[list[tuple[int, dict[str, str], bytes]], bool]:
+        """Messages with seq ≥ start_seq on `filter_subject`, in order, and whether that was the end."""
+        nc = await self.runtime.connection()
+        inbox = nc.new_inbox()
+        out: list[tuple[int, dict[str, str], bytes]] = []
+        done: asyncio.Future[tuple[bool, str | None]] = asyncio.get_running_loop().create_future()
+
+        def on_raw(data: bytes, raw_headers: bytes | None) -> None:
+            if done.done():
+                return
+            headers = _parse_headers(raw_headers)
+            status = headers.get(HDR_STATUS)
+            if status:
+                if status == "404":
+                    done.set_result((True, None))
+                elif status == "204":  # end of batch
+                    pending = int(headers.get(HDR_NUM_PENDING, "0") or 0)
+                    done.set_result((pending == 0, None))
+                else:
+                    done.set_result((True, status))
+                return
+            out.append((int(headers[HDR_SEQUENCE]), headers, data))
+
+        sub = await subscribe_raw(nc, inbox, on_raw)
+        try:
+            req = {"seq": max(start_seq, 1), "next_by_subj": filter_subject, "batch": batch}
+            await nc.publish(
+                f"$JS.API.DIRECT.GET.{self.stream}", json.dumps(req).encode(), reply=inbox
+            )
+            at_end, status = await asyncio.wait_for(done, self.timeout)
+        finally:
+            await unsubscribe_raw(nc, sub)
+        if status == "503":  # no responders: stream missing or JetStream down
+            raise BusUnavailable(f"stream {self.stream} not available for reads")
+        if status is not None:
+            raise PublishRejected(f"direct get failed: {status}")
+        return out, at_end
+
+    async def _scan(
+        self, filter_subject: str, start_seq: int, stop_seq: int | None = None
+    ) -> Any:
+        """Async generator over (seq, headers, data) from start_seq to the end (or stop_seq)."""
+        seq = start_seq
+        while True:
+            msgs, at_end = await self._direct_batch(filter_subject, seq, _DIRECT_BATCH)
+            for m in msgs:
+                if stop_seq is not None and m[0] > stop_seq:
+                    return
+                yield m
+            if at_end or not msgs:
+                return
+            seq = msgs[-1][0] + 1
+
+    # -- writes (loop thread) ----------------------------------------------------------------
+
+    async def _publish(
+        self, messages: list[tuple[str, bytes, str]], expects: dict[str, int]
+    ) -> int:
+        """Publish `messages` atomically; the sequence of the first one. Conflicts → IntegrityError.
+
+        Each message is (subject, payload, its own header lines, rendered as `_header_lines`);
+        the expectation and the batch headers are added here."""
+        nc = await self.runtime.connection()
+        n = len(messages)
+        seen: set[str] = set()
+        rendered: list[tuple[str, bytes, str]] = []
+        for subject, payload, lines in messages:
+            # only the first message per subject may carry the expectation (ADR-50)
+            if subject not in seen:
+                seen.add(subject)
+                lines = f"{lines}{HDR_EXPECTED_SUBJECT_SEQ}: {expects[subject]}\r\n"
+            rendered.append((subject, payload, lines))
+        if n == 1:
+            # fast path: a plain publish with an expectation is already atomic
+            subject, payload, lines = rendered[0]
+            reply = await nc.request(subject, payload, headers=_header_dict(lines),
+                                     timeout=self.timeout)
+        else:
+            batch_id = uuid.uuid4().hex
+            # every message but the commit goes out unawaited; the commit is a request, flushed
+            # behind them. Header blocks are rendered once per message from text
+            batch_lines = f"{HDR_BATCH_ID}: {batch_id}\r\n{HDR_BATCH_SEQ}: "
+            limit = nc.max_payload
+            head: list[tuple[str, bytes, str]] = []
+            for i, (subject, payload, lines) in enumerate(rendered[:-1], 1):
+                if len(payload) > limit:
+                    raise PublishRejected(
+                        f"a message of {len(payload)} bytes exceeds max_payload {limit}")
+                head.append((subject, payload, f"{lines}{batch_lines}{i}\r\n"))
+            await publish_prerendered(nc, head)
+            subject, payload, lines = rendered[-1]
+            headers = _header_dict(lines)
+            headers[HDR_BATCH_ID] = batch_id
+            headers[HDR_BATCH_SEQ] = str(n)
+            headers[HDR_BATCH_COMMIT] = "1"
+            reply = await nc.request(subject, payload, headers=headers, timeout=self.timeout)
+        ack = json.loads(reply.data or b"{}")
+        err = ack.get("error")
+        if err:
+            if err.get("err_code") in _WRONG_LAST_SEQUENCE:
+                for s in expects:
+                    self._cache.pop(s, None)
+                raise IntegrityError(f"concurrent write detected: {err.get('description')}")
+            raise PublishRejected(f"JetStream refused the save: {err}")
+        count = int(ack.get("count", 1) or 1)
+        if count != n:  # pragma: no cover - the server acks the whole batch or nothing
+            raise PublishRejected(f"batch ack counted {count} messages, sent {n}")
+        return int(ack["seq"]) - n + 1
+
+    async def _insert(
+        self, stored_events: Sequence[StoredEvent], tracking: Tracking | None
+    ) -> list[int]:
+        # per originator (a node appears once per placement on it) its subject and id header
+        # lines, and per topic its header line, computed once: saves of 900 events add up
+        per_originator: dict[UUID | str, tuple[str, str]] = {}
+        topic_lines: dict[str, str] = {}
+        subjects_of: list[str] = []
+        messages: list[tuple[str, bytes, str]] = []
+        for e in stored_events:
+            oid = e.originator_id
+            known = per_originator.get(oid)
+            if known is None:
+                if type(oid) is UUID:
+                    text = str(oid)
+                    known = (f"{self._subject_prefix}{text}",
+                             f"{HDR_ORIGINATOR_ID}: {text}\r\n{HDR_ID_KIND}: uuid\r\n")
+                else:
+                    kind = "uuid" if isinstance(oid, UUID) else "str"
+                    known = (self.subject_for(oid),
+                             (f"{HDR_ORIGINATOR_ID}: {_header_value(str(oid))}\r\n"
+                              f"{HDR_ID_KIND}: {kind}\r\n"))
+                per_originator[oid] = known
+            topic = topic_lines.get(e.topic)
+            if topic is None:
+                topic = topic_lines[e.topic] = f"{HDR_TOPIC}: {_header_value(e.topic)}\r\n"
+            subjects_of.append(known[0])
+            messages.append((known[0], e.state,
+                             f"{known[1]}{HDR_VERSION}: {e.originator_version}\r\n{topic}"))
+        by_subject: dict[str, StoredEvent] = {}  # subject → its first event in this save
+        for s, e in zip(subjects_of, stored_events, strict=True):
+            by_subject.setdefault(s, e)
+        trk_subject = self.tracking_subject_for(tracking.application_name) if tracking else None
+        subjects = list(by_subject) + ([trk_subject] if trk_subject else [])
+        cache = self._cache
+        # an aggregate's first event (version 1) needs no look-up: it expects its subject to
+        # hold nothing yet (last sequence 0), and the server refuses the save otherwise, as a
+        # conflict. Every new lease, node or account is saved without that round trip
+        missing = [s for s in subjects if s not in cache and not (
+            s in by_subject and by_subject[s].originator_version == 1)]
+        if missing:
+            await asyncio.gather(*(self._subject_state(s) for s in missing))
+        expects: dict[str, int] = {}
+        for s, first_event in by_subject.items():
+            state = cache.get(s)
+            if state is None:
+                state = (_UNWRITTEN if first_event.originator_version == 1
+                         else await self._subject_state(s))
+            if (state.last_version is not None
+                    and first_event.originator_version <= state.last_version):
+                raise IntegrityError(
+                    f"version {first_event.originator_version} of {first_event.originator_id} "
+                    f"is not after the recorded version {state.last_version}"
+                )
+            expects[s] = state.last_seq
+        if tracking is not None and trk_subject is not None:
+            state = await self._subject_state(trk_subject)
+            if state.last_version is not None and tracking.notification_id <= state.last_version:
+                raise IntegrityError(
+                    f"Tracking notification ID {tracking.notification_id} not greater than "
+                    f"current max tracking ID {state.last_version}"
+                )
+            expects[trk_subject] = state.last_seq
+            # last, so the events' notification ids stay contiguous from the first sequence
+            messages.append(
+                (
+                    trk_subject,
+                    str(tracking.notification_id).encode(),
+                    (f"{HDR_TRACKING_ID}: {tracking.notification_id}\r\n"
+                     f"{HDR_UPSTREAM}: {_header_value(tracking.application_name)}\r\n"),
+                )
+            )
+        first = await self._publish(messages, expects)
+        ids = list(range(first, first + len(stored_events)))
+        last_by_subject: dict[str, tuple[int, int]] = {}
+        for s, e, seq in zip(subjects_of, stored_events, ids, strict=True):
+            last_by_subject[s] = (e.originator_version, seq)
+        for s, (version, seq) in last_by_subject.items():
+            self._remember(s, _SubjectState(version, seq))
+        if tracking is not None and trk_subject is not None:
+            self._remember(trk_subject, _SubjectState(tracking.notification_id, first + len(stored_events)))
+        return ids
+
+    def _check_insert(
+        self, stored_events: Sequence[StoredEvent], tracking: Tracking | None
+    ) -> int:
+        """The number of messages the save will write; refuses what no batch may hold."""
+        total = len(stored_events) + (1 if tracking is not None else 0)
+        if total > MAX_BATCH:
+            raise BatchTooLarge(
+                f"a save of {total} messages exceeds the atomic batch limit of {MAX_BATCH}; "
+                "it is refused rather than split (save fewer events at once)"
+            )
+        # versions of one originator must rise within the save (duplicates are a conflict)
+        last: dict[str, int] = {}
+        for e in stored_events:
+            key = str(e.originator_id)
+            if key in last and e.originator_version <= last[key]:
+                raise IntegrityError(f"Stored events are not unique or not in order: {e}")
+            last[key] = e.originator_version
+        return total
+
+    def _insert_sync(
+        self, stored_events: Sequence[StoredEvent], tracking: Tracking | None = None
+    ) -> list[int]:
+        if not self._check_insert(stored_events, tracking):
+            return []
+        return self.runtime.run(self._insert(stored_events, tracking), self.timeout + 5)
+
+    def insert_events_nowait(
+        self, stored_events: Sequence[StoredEvent]
+    ) -> concurrent.futures.Future[list[int]]:
+        """`insert_events` without the wait: the atomic batch is under way when this returns
+        and the future gives its notification ids, or raises as `insert_events` would
+        (IntegrityError on a conflict). The caller decides what overlaps the round trip; a
+        save submitted before an earlier one is acknowledged would carry stale expectations
+        for any subject they share, and be refused."""
+        if not self._check_insert(stored_events, None):
+            done: concurrent.futures.Future[list[int]] = concurrent.futures.Future()
+            done.set_result([])
+            return done
+        return self.runtime.submit(_translated(self._insert(stored_events, None)))
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def _select_events(
+        self,
+        originator_id: UUID | str,
+        gt: int | None,
+        lte: int | None,
+        desc: bool,
+        limit: int | None,
+    ) -> list[StoredEvent]:
+        subject = self.subject_for(originator_id)
+        if desc and limit == 1 and lte is None:
+            # the last event (e.g. the latest snapshot) is one direct get
+            last = await self._last_msg(subject)
+            if last is None:
+                self._remember(subject, _SubjectState(None, 0))
+                return []
+            headers, data, seq = last
+            e = _stored_event_from(headers, data)
+            self._remember(subject, _SubjectState(e.originator_version, seq))
+            if gt is not None and e.originator_version <= gt:
+                return []
+            return [e]
+        events: list[StoredEvent] = []
+        last_seen: tuple[int, int] | None = None
+        start = 1
+        known = self._cache.get(subject)
+        if gt is not None and known is not None and known.last_version == gt and known.last_seq:
+            # a fast-forward from the version we last saw: read only what came after it
+            start = known.last_seq + 1
+            last_seen = (gt, known.last_seq)
+        # on a replicated stream, the leader says where the subject ends; the direct batches
+        # (served by any replica) must reach that far, or the rest is read from the leader
+        leader_last = 0
+        if await self._replicated():
+            last = await self._last_msg(subject)
+            leader_last = last[2] if last is not None else 0
+            if leader_last < start:
+                self._remember(
+                    subject, _SubjectState(*last_seen) if last_seen else _SubjectState(None, 0)
+                )
+                return []
+        scanned: list[tuple[int, dict[str, str], bytes]] = []
+        async for m in self._scan(subject, start, leader_last or None):
+            scanned.append(m)
+        reached = scanned[-1][0] if scanned else start - 1
+        if leader_last > reached:
+            scanned += await self._leader_tail(subject, reached, leader_last)
+        for seq, headers, data in scanned:
+            e = _stored_event_from(headers, data)
+            last_seen = (e.originator_version, seq)
+            if gt is not None and e.originator_version <= gt:
+                continue
+            if lte is not None and e.originator_version > lte:
+                continue
+            events.append(e)
+        # the scan read to the end of the subject, so this is its true last message
+        self._remember(
+            subject, _SubjectState(*last_seen) if last_seen else _SubjectState(None, 0)
+        )
+        if desc:
+            events.reverse()
+        if limit is not None:
+            events = events[:limit]
+        return events
+
+    def _select_events_sync(
+        self,
+        originator_id: UUID | str,
+        gt: int | None = None,
+        lte: int | None = None,
+        desc: bool = False,
+        limit: int | None = None,
+    ) -> list[StoredEvent]:
+        return self.runtime.run(
+            self._select_events(originator_id, gt, lte, desc, limit), self.timeout + 5
+        )
+
+
+class JetStreamAggregateRecorder(JetStreamRecorder, AggregateRecorder):
+    def insert_events(
+        self, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        self._insert_sync(stored_events)
+        return None
+
+    def select_events(
+        self,
+        originator_id: UUID | str,
+        *,
+        gt: int | None = None,
+        lte: int | None = None,
+        desc: bool = False,
+        limit: int | None = None,
+    ) -> Sequence[StoredEvent]:
+        return self._select_events_sync(originator_id, gt, lte, desc, limit)
+
+
