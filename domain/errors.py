@@ -112,6 +112,12 @@ class AlreadyAllocated(DomainError):
     code = "already_allocated"
 
 
+class DeviceUnavailable(DomainError):
+    """A device asked for is not on the node, is held by another lease, or does not match."""
+
+    code = "device_unavailable"
+
+
 class UnknownAllocation(DomainError):
     """The node holds no allocation for that lease."""
 

@@ -233,6 +233,7 @@ class Lease(Aggregate):
         self.epoch = 0
         # Per placement; reset on each reservation.
         self.node_id: NodeId | None = None
+        self.devices: tuple[str, ...] = ()  # the GPU devices of the node it holds
         self.reserved_at: float | None = None
         self.reservation_deadline: float | None = None
         self.hold_microcredits = 0
@@ -342,9 +343,11 @@ class Lease(Aggregate):
         commit_timeout_seconds: int,
         hold_microcredits: int,
         shape: Shape | None = None,
+        devices: tuple[str, ...] = (),
     ) -> int:
         """Reserve capacity on a node until `now + commit_timeout_seconds`; returns the new
-        epoch. `shape` is the placed shape (e.g. with the node's GPU model filled in)."""
+        epoch. `shape` is the placed shape (e.g. with the node's GPU model filled in);
+        `devices` the node's GPU devices it gets (recorded with the reservation)."""
         self._require("reserve", {S.QUEUED})
         _require_positive_int("commit_timeout_seconds", commit_timeout_seconds)
         _require_non_negative_int("hold_microcredits", hold_microcredits)
@@ -360,6 +363,7 @@ class Lease(Aggregate):
             epoch=self.epoch + 1,
             reservation_deadline=float(now) + commit_timeout_seconds,
             hold_microcredits=hold_microcredits,
+            devices=list(devices) if devices else None,
         )
         return self.epoch
 
@@ -674,9 +678,11 @@ class Lease(Aggregate):
         epoch: int,
         reservation_deadline: float,
         hold_microcredits: int,
+        devices: list[str] | None = None,  # absent before device inventories; None: count-only
     ) -> None:
         self.state = S.RESERVED
         self.node_id = NodeId(node_id)
+        self.devices = tuple(devices) if devices else ()
         # None: placed as requested (older events always carry the shape)
         self.shape = self.requested_shape if shape is None else Shape.from_dict(shape)
         self.epoch = epoch
@@ -796,6 +802,7 @@ class Lease(Aggregate):
         self.attempts = attempts
         self.queued_at = at
         self.node_id = None  # the old placement is history; the next reserve picks anew
+        self.devices = ()
         self.end_reason = None
         self.ended_at = None
 

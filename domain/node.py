@@ -11,14 +11,17 @@ ready;  any ─mark_lost→ lost ─reregister→ ready.  Only a ready node acce
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
 
+from domain.devices import allocation_problems
 from domain.errors import (
     AlreadyAllocated,
+    DeviceUnavailable,
     IllegalTransition,
     InvalidAmount,
     NodeNotEmpty,
@@ -79,6 +82,9 @@ class Node(Aggregate):
         self.lost_at: float | None = None
         self._allocations: dict[LeaseId, Resources] = {}
         self._allocated = ZERO  # kept in step with _allocations so reads are O(1)
+        # device id → the lease holding it, and each lease's devices (empty for count-only)
+        self._device_holder: dict[str, LeaseId] = {}
+        self._devices_of: dict[LeaseId, tuple[str, ...]] = {}
 
     # Queries ----------------------------------------------------------------------------------
 
@@ -126,6 +132,18 @@ class Node(Aggregate):
         except KeyError:
             raise UnknownAllocation(f"no allocation for lease {lease_id}") from None
 
+    def devices_of(self, lease_id: LeaseId) -> tuple[str, ...]:
+        """The device ids a lease holds here (() when it holds none or was counted only)."""
+        return self._devices_of.get(lease_id, ())
+
+    @property
+    def held_devices(self) -> dict[str, LeaseId]:
+        """Device id → the lease holding it."""
+        return dict(self._device_holder)
+
+    def holds_device(self, device_id: str) -> bool:
+        return device_id in self._device_holder
+
     def has_allocation(self, lease_id: LeaseId) -> bool:
         return lease_id in self._allocations
 
@@ -137,9 +155,12 @@ class Node(Aggregate):
 
     # Capacity ---------------------------------------------------------------------------------
 
-    def allocate(self, lease_id: LeaseId, resources: Resources, now: float) -> None:
-        """Allocate capacity to a lease. Refused on a node that is not ready, for a lease that
-        already has an allocation here, and when any dimension would exceed allocatable."""
+    def allocate(self, lease_id: LeaseId, resources: Resources, now: float,
+                 devices: tuple[str, ...] = ()) -> None:
+        """Allocate capacity to a lease, with the concrete `devices` it gets when the node lists
+        an inventory. Refused on a node that is not ready, for a lease that already has an
+        allocation here, when any dimension would exceed allocatable, and when a device is not
+        this node's, is held by another lease, or the devices do not match the GPUs asked."""
         _require_non_negative(resources, "resources")
         if self.state is not N.READY:
             raise NodeNotSchedulable(self.state)
@@ -148,34 +169,58 @@ class Node(Aggregate):
         short = (self._allocated + resources).exceeded_dimensions(self.allocatable)
         if short:
             raise OverAllocation(short)
-        self._capacity_allocated(lease_id=str(lease_id), resources=resources.to_dict(),
-                                 at=float(now))
+        self._check_devices(lease_id, resources, devices, self._device_holder)
+        if devices:
+            self._capacity_allocated(lease_id=str(lease_id), resources=resources.to_dict(),
+                                     at=float(now), devices=list(devices))
+        else:  # recorded as before device inventories, so count-only events stay as they were
+            self._capacity_allocated(lease_id=str(lease_id), resources=resources.to_dict(),
+                                     at=float(now))
 
-    def allocate_many(self, allocations: list[tuple[LeaseId, Resources]], now: float) -> None:
+    def allocate_many(self, allocations: Sequence[tuple[LeaseId, Resources]
+                                                  | tuple[LeaseId, Resources, tuple[str, ...]]],
+                      now: float) -> None:
         """Allocate capacity to several leases as ONE event (`CapacityAllocatedBatch`), checked
         as `allocate` checks each in turn: all or nothing. A scheduler that places many leases
-        on one node in a cycle records one event for them, not one per lease."""
+        on one node in a cycle records one event for them, not one per lease. Each item is
+        (lease, resources) or (lease, resources, devices)."""
         if not allocations:
             return
-        if len(allocations) == 1:
-            self.allocate(allocations[0][0], allocations[0][1], now)
+        items = [(a[0], a[1], tuple(a[2]) if len(a) == 3 else ()) for a in allocations]
+        if len(items) == 1:
+            self.allocate(items[0][0], items[0][1], now, items[0][2])
             return
         if self.state is not N.READY:
             raise NodeNotSchedulable(self.state)
         total = self._allocated
         seen: set[LeaseId] = set()
-        for lease_id, resources in allocations:
+        holders = dict(self._device_holder)
+        for lease_id, resources, devices in items:
             _require_non_negative(resources, "resources")
             if lease_id in self._allocations or lease_id in seen:
                 raise AlreadyAllocated(
                     f"lease {lease_id} already holds capacity on {self.node_id}")
             seen.add(lease_id)
             total = total + resources
+            self._check_devices(lease_id, resources, devices, holders)
+            for d in devices:
+                holders[d] = lease_id
         short = total.exceeded_dimensions(self.allocatable)
         if short:
             raise OverAllocation(short)
         trigger(self, "_capacity_allocated_batch",
-                allocations=[[str(lid), res.to_dict()] for lid, res in allocations], at=float(now))
+                allocations=[[str(lid), res.to_dict(), *([list(devs)] if devs else [])]
+                             for lid, res, devs in items], at=float(now))
+
+    def _check_devices(self, lease_id: LeaseId, resources: Resources, devices: tuple[str, ...],
+                       holders: dict[str, LeaseId]) -> None:
+        inventory = self.capabilities.devices
+        if not inventory and not devices:
+            return  # a count-only node: nothing to bind
+        problems = allocation_problems(inventory, holders, str(lease_id), devices, resources)
+        if problems:
+            raise DeviceUnavailable(f"devices for lease {lease_id} on {self.node_id}: "
+                                    + "; ".join(problems), reasons=tuple(problems))
 
     def free(self, lease_id: LeaseId, now: float) -> bool:
         """Return a lease's allocation. Freeing a lease with no allocation here is a no-op
@@ -245,24 +290,42 @@ class Node(Aggregate):
     # Events -----------------------------------------------------------------------------------
 
     @event("CapacityAllocated")
-    def _capacity_allocated(self, lease_id: str, resources: dict[str, Any], at: float) -> None:
+    def _capacity_allocated(self, lease_id: str, resources: dict[str, Any], at: float,
+                            devices: list[str] | None = None) -> None:
+        # `devices`: absent in events recorded before device inventories, and for count-only
         amount = Resources.from_dict(resources)
-        self._allocations[LeaseId(lease_id)] = amount
+        lid = LeaseId(lease_id)
+        self._allocations[lid] = amount
         self._allocated = self._allocated + amount
+        if devices:
+            self._bind(lid, devices)
 
     @event("CapacityAllocatedBatch")
     def _capacity_allocated_batch(self, allocations: list[list[Any]], at: float) -> None:
         total = self._allocated
-        for lease_id, resources in allocations:
-            amount = Resources.from_dict(resources)
-            self._allocations[LeaseId(lease_id)] = amount
+        for item in allocations:  # [lease, resources] or [lease, resources, devices]
+            lid = LeaseId(item[0])
+            amount = Resources.from_dict(item[1])
+            self._allocations[lid] = amount
             total = total + amount
+            if len(item) > 2 and item[2]:
+                self._bind(lid, item[2])
         self._allocated = total
 
     @event("CapacityFreed")
     def _capacity_freed(self, lease_id: str, at: float) -> None:
-        amount = self._allocations.pop(LeaseId(lease_id))
+        lid = LeaseId(lease_id)
+        amount = self._allocations.pop(lid)
         self._allocated = self._allocated - amount
+        for d in self._devices_of.pop(lid, ()):
+            if self._device_holder.get(d) == lid:
+                del self._device_holder[d]
+
+    def _bind(self, lease_id: LeaseId, devices: list[str]) -> None:
+        held = tuple(str(d) for d in devices)
+        self._devices_of[lease_id] = held
+        for d in held:
+            self._device_holder[d] = lease_id
 
     @event("NodeReregistered")
     def _reregistered(self, capabilities: dict[str, Any], at: float) -> None:

@@ -8,7 +8,10 @@ store them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NewType
+from typing import TYPE_CHECKING, Any, NewType
+
+if TYPE_CHECKING:
+    from domain.devices import Device
 
 LeaseId = NewType("LeaseId", str)
 NodeId = NewType("NodeId", str)
@@ -257,6 +260,9 @@ class NodeCapabilities:
     trust_level: str = "trusted"
     labels: tuple[tuple[str, str], ...] = ()
     image_cache: tuple[str, ...] = field(default=())
+    # the concrete GPU devices (domain.devices.Device), empty for a node registered before
+    # device inventories or without GPUs; recorded only when present, so older logs read alike
+    devices: tuple[Device, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -273,10 +279,12 @@ class NodeCapabilities:
             "trust_level": self.trust_level,
             "labels": {k: v for k, v in self.labels},
             "image_cache": list(self.image_cache),
+            **({"devices": [dev.to_dict() for dev in self.devices]} if self.devices else {}),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> NodeCapabilities:
+        from domain.devices import Device  # devices builds on this module
         return cls(
             allocatable=Resources.from_dict(d["allocatable"]),
             cpu_arch=d.get("cpu_arch", "amd64"),
@@ -291,4 +299,5 @@ class NodeCapabilities:
             trust_level=d.get("trust_level", "trusted"),
             labels=tuple(sorted(dict(d.get("labels", {})).items())),
             image_cache=tuple(d.get("image_cache", ())),
+            devices=tuple(Device.from_dict(x) for x in d.get("devices", ())),
         )
