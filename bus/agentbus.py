@@ -35,6 +35,7 @@ from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableErr
 
 from bus.errors import BusTimeout, BusUnavailable
 from bus.headers import HDR_MSG_ID, HDR_SCHEDULE, HDR_SCHEDULE_TARGET
+from bus.replies import node_inbox
 from bus.runtime import BusRuntime, get_runtime, servers
 from bus.service import _LoopThread
 from bus.streams import DUPLICATE_WINDOW_S, ensure_kv_bucket, ensure_stream
@@ -245,7 +246,7 @@ class AgentCommand:
 
 class AgentLink:
     """The node agent's side, connected as the node's own NATS user (its inbox prefix is
-    `_INBOX_<node>`, the only inbox its permissions allow)."""
+    `_INBOX.n.<node>`, the only inbox its permissions allow)."""
 
     def __init__(self, url: str, node_id: str) -> None:
         self.url = url
@@ -263,7 +264,7 @@ class AgentLink:
     def connect(self) -> AgentLink:
         async def go() -> None:
             self._nc = await nats.connect(
-                servers(self.url), connect_timeout=5, inbox_prefix=f"_INBOX_{self.node}",
+                servers(self.url), connect_timeout=5, inbox_prefix=node_inbox(self.node),
                 max_reconnect_attempts=-1, reconnect_time_wait=0.5, error_cb=_quiet,
             )
 
@@ -296,7 +297,7 @@ class AgentLink:
             if self._sub is None:
                 self._sub = await self._nc.jetstream().pull_subscribe_bind(
                     agent_consumer_name(self.node), AGENT_STREAM,
-                    inbox_prefix=f"_INBOX_{self.node}.pull".encode())
+                    inbox_prefix=f"{node_inbox(self.node)}.pull".encode())
             try:
                 msgs = await self._sub.fetch(batch, timeout=timeout)
             except TimeoutError:  # nats' TimeoutError is one too
@@ -421,9 +422,20 @@ class FleetLink:
 
     def request(self, node: str, suffix: str, body: bytes, *, timeout: float = 5.0,
                 headers: dict[str, str] | None = None) -> bytes:
+        # the service answers a node's report only under that node's inbox, and one connection
+        # speaks for many nodes here: so each report gets a reply subject of its own node's
         async def go() -> bytes:
-            msg = await self._nc.request(f"pool.node.{token(node)}.{suffix}", body,
-                                         timeout=timeout, headers=headers)
+            inbox = f"{node_inbox(node)}.{self._nc.new_inbox().rsplit('.', 1)[-1]}"
+            sub = await self._nc.subscribe(inbox, max_msgs=1)
+            try:
+                await self._nc.publish(f"pool.node.{token(node)}.{suffix}", body, reply=inbox,
+                                       headers=headers)
+                msg = await sub.next_msg(timeout=timeout)
+            finally:
+                with contextlib.suppress(NatsError):
+                    await sub.unsubscribe()
+            if (msg.headers or {}).get("Status") == "503":
+                raise nats.errors.NoRespondersError
             return bytes(msg.data)
 
         try:

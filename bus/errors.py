@@ -33,6 +33,13 @@ class PermissionDenied(BusError):
     code = "permission_denied"
 
 
+class NameCollision(BusError):
+    """A tenant or node name that is not one subject token: it would share another's subjects,
+    user and inbox."""
+
+    code = "name_collision"
+
+
 # -- writes ----------------------------------------------------------------------------------
 
 

@@ -45,6 +45,7 @@ def _tenant_user_after_set(args: argparse.Namespace) -> None:
 def cmd_creds(args: argparse.Namespace) -> int:
     """`pool admin tenant|node creds NAME`: the user of a tenant or node agent, created if new."""
     from bus.local.auth import inbox_prefix
+    from bus.replies import node_inbox
     from local import embedded
 
     name = args.name
@@ -53,7 +54,7 @@ def cmd_creds(args: argparse.Namespace) -> int:
         prefix = inbox_prefix(name)
     else:
         creds = embedded.add_node(name, rotate=args.rotate)
-        prefix = f"_INBOX_{creds.user.removeprefix('node-')}"
+        prefix = node_inbox(creds.user.removeprefix("node-"))
     result = {args.kind: name, "user": creds.user, "password": creds.password,
               "nats_url": embedded.endpoints()[0], "inbox_prefix": prefix}
     if args.json:

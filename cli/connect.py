@@ -27,7 +27,7 @@ def pool_client(args: argparse.Namespace, tenant: str = "") -> Any:
     if not tenant:
         return PoolClient(nats_url_of(args), tenant, timeout=args.timeout)
     # a tenant speaks as its own user, so the server itself pins it to pool.cmd.<tenant>.> and
-    # its replies to _INBOX_<tenant>.>; an explicit --nats-url / POOL_NATS_URL is used as given
+    # its replies to _INBOX.t.<tenant>.>; an explicit --nats-url / POOL_NATS_URL is used as given
     options: dict[str, Any] = {"inbox_prefix": inbox_prefix(tenant).encode()}
     url = getattr(args, "nats_url", None)
     auth = None if url else embedded.local_auth()

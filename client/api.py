@@ -13,6 +13,7 @@ from opentelemetry.trace import SpanKind
 
 from bus import observability
 from bus.local.auth import inbox_prefix
+from bus.replies import admin_inbox
 from bus.service import Client
 
 
@@ -27,9 +28,10 @@ class PoolClient:
                  **connect_options: Any) -> None:
         self.tenant = tenant
         self.timeout = timeout
-        if tenant:
-            # replies come back under the tenant's own prefix, the only inbox its user may read
-            connect_options.setdefault("inbox_prefix", inbox_prefix(tenant).encode())
+        # replies come back under the tenant's own prefix, the only inbox its user may read and
+        # the only one the service answers a tenant's command on; an operator's under its own
+        prefix = inbox_prefix(tenant) if tenant else admin_inbox("operator")
+        connect_options.setdefault("inbox_prefix", prefix.encode())
         self._client = Client(nats_url, **connect_options)
 
     def raw(self, subject: str, body: bytes, *, timeout: float | None = None) -> dict[str, Any]:

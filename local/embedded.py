@@ -27,7 +27,6 @@ from bus.admin import can_connect
 from bus.local import auth as bus_auth
 from bus.local.auth import AuthConfig, Credentials
 from bus.local.server import NatsServer, free_port
-from bus.subjects import token
 from projections.postgres.embedded import (
     EmbeddedPostgres,
     reachable_database_url,
@@ -203,7 +202,7 @@ def local_auth(home: Path | None = None) -> AuthConfig | None:
 
 def tenant_credentials(tenant: str, home: Path | None = None) -> Credentials | None:
     auth = local_auth(home)
-    return None if auth is None else auth.tenants.get(token(tenant))
+    return None if auth is None else auth.tenants.get(bus_auth.checked_name("tenant", tenant))
 
 
 @contextlib.contextmanager
@@ -267,7 +266,8 @@ def _add_user(kind: str, name: str, home: Path | None, rotate: bool) -> Credenti
         if auth is None:
             raise RuntimeError(f"no {path}: run `pool up` first (it creates the service user)")
         users = auth.tenants if kind == "tenant" else auth.nodes
-        creds = users.get(token(name))
+        # another spelling of an existing name must not be handed that name's user
+        creds = users.get(bus_auth.checked_name(kind, name))
         changed = creds is None or rotate
         if changed:
             creds = auth.add_tenant(name) if kind == "tenant" else auth.add_node(name)

@@ -16,14 +16,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from bus.subjects import token
+from bus.errors import NameCollision
+from bus.replies import node_inbox, tenant_inbox
+from bus.subjects import is_token
 
 SERVICE_USER = "pool-service"
 
 
 def inbox_prefix(tenant: str) -> str:
     """The reply-subject prefix a tenant's client must use (`Client(..., inbox_prefix=...)`)."""
-    return f"_INBOX_{token(tenant)}"
+    return tenant_inbox(tenant)
+
+
+def checked_name(kind: str, name: str) -> str:
+    """`name` when it is already one subject token; anything else would be folded onto another
+    name's subjects, user and inbox (`Alpha`, `alpha` and `a.lpha` meet), so it is refused."""
+    if not is_token(name):
+        raise NameCollision(f"{kind} name {name!r} is not a subject token (a-z 0-9 - _, at most "
+                            "128): it would share subjects and an inbox with another name")
+    return name
 
 
 @dataclass
@@ -43,13 +54,15 @@ class AuthConfig:
     nodes: dict[str, Credentials] = field(default_factory=dict)
 
     def add_tenant(self, tenant: str, password: str | None = None) -> Credentials:
-        c = Credentials(f"tenant-{token(tenant)}", password or secrets.token_urlsafe(18))
-        self.tenants[token(tenant)] = c
+        tenant = checked_name("tenant", tenant)
+        c = Credentials(f"tenant-{tenant}", password or secrets.token_urlsafe(18))
+        self.tenants[tenant] = c
         return c
 
     def add_node(self, node_id: str, password: str | None = None) -> Credentials:
-        c = Credentials(f"node-{token(node_id)}", password or secrets.token_urlsafe(18))
-        self.nodes[token(node_id)] = c
+        node_id = checked_name("node", node_id)
+        c = Credentials(f"node-{node_id}", password or secrets.token_urlsafe(18))
+        self.nodes[node_id] = c
         return c
 
     def render(self) -> str:
@@ -87,10 +100,10 @@ class AuthConfig:
                                 "pool.tel.*." + node + ".>",
                                 "$JS.API.CONSUMER.MSG.NEXT.POOL_AGENT.agent-" + node,
                                 "$JS.ACK.POOL_AGENT.agent-" + node + ".>",
-                                f"_INBOX_{node}.>",
+                                f"{node_inbox(node)}.>",
                             ]
                         },
-                        "subscribe": {"allow": [f"_INBOX_{node}.>", f"pool.agent.{node}.>"]},
+                        "subscribe": {"allow": [f"{node_inbox(node)}.>", f"pool.agent.{node}.>"]},
                     },
                 }
             )

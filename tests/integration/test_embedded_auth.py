@@ -132,7 +132,7 @@ def test_pool_up_pins_each_tenant_to_its_own_subjects(tmp_path: Path) -> None:
         assert set(auth["tenants"]) == {"alpha", "beta"}
         creds = {t: _pool(home, "admin", "tenant", "creds", t)["result"] for t in ("alpha", "beta")}
         assert creds["alpha"]["user"] == "tenant-alpha"
-        assert creds["alpha"]["inbox_prefix"] == "_INBOX_alpha"
+        assert creds["alpha"]["inbox_prefix"] == "_INBOX.t.alpha"
 
         # alpha requests a lease through the CLI, which connects as alpha's user
         lease = _request(home, "alpha", "k-alpha")
