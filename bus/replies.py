@@ -1,4 +1,4 @@
-"""Inbox namespaces: where the replies of tenants, nodes and operators come back.
+"""Inbox namespaces and the reply-subject check: a responder answers only the requester's inbox.
 
 Tenants reply under `_INBOX.t.<tenant>`, nodes under `_INBOX.n.<node>`, operators and control-plane
 roles under `_INBOX.a.<role>`; the three never overlap, whatever the names.
@@ -6,12 +6,23 @@ roles under `_INBOX.a.<role>`; the three never overlap, whatever the names.
 
 from __future__ import annotations
 
+import logging
+import re
+import threading
+import time
+
 from bus.subjects import token
+
+log = logging.getLogger(__name__)
 
 INBOX_ROOT = "_INBOX"
 TENANT_INBOXES = f"{INBOX_ROOT}.t"
 NODE_INBOXES = f"{INBOX_ROOT}.n"
 ADMIN_INBOXES = f"{INBOX_ROOT}.a"
+
+# a reply subject's tokens as nats clients make them: no wildcards, no spaces, nothing empty
+_REPLY_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+_MAX_REPLY_LENGTH = 512
 
 
 def tenant_inbox(tenant: str) -> str:
@@ -27,3 +38,55 @@ def node_inbox(node: str) -> str:
 def admin_inbox(role: str) -> str:
     """The reply-subject prefix of an operator's or a control-plane role's client."""
     return f"{ADMIN_INBOXES}.{token(role)}"
+
+
+def expected_inbox(subject: str) -> str | None:
+    """The inbox prefix a request on `subject` must be answered under; None: never answered.
+
+    A command `pool.cmd.<tenant>.…` is answered under its tenant's inbox, a node report
+    `pool.node.<node>.…` under its node's, an admin command `pool.admin.…` under the admin
+    namespace (only operator users may publish there)."""
+    parts = subject.split(".")
+    if len(parts) >= 3 and parts[0] == "pool":
+        if parts[1] == "cmd":
+            return tenant_inbox(parts[2])
+        if parts[1] == "node":
+            return node_inbox(parts[2])
+        if parts[1] == "admin":
+            return ADMIN_INBOXES
+    return None
+
+
+def reply_allowed(subject: str, reply: str) -> bool:
+    """Whether a request on `subject` may be answered on `reply`: strictly inside the
+    requester's own inbox prefix, made of plain tokens."""
+    prefix = expected_inbox(subject)
+    if prefix is None or len(reply) > _MAX_REPLY_LENGTH:
+        return False
+    if not reply.startswith(prefix + "."):
+        return False
+    rest = reply[len(prefix) + 1:].split(".")
+    return all(_REPLY_TOKEN.match(t) for t in rest)
+
+
+class RefusedReplies:
+    """Counts requests left unanswered because of their reply subject; logs once per interval."""
+
+    def __init__(self, interval_s: float = 60.0) -> None:
+        self.interval_s = interval_s
+        self.count = 0
+        self._logged_count = 0
+        self._last_log = float("-inf")
+        self._lock = threading.Lock()
+
+    def refuse(self, subject: str, reply: str) -> None:
+        with self._lock:
+            self.count += 1
+            now = time.monotonic()
+            if now - self._last_log < self.interval_s:
+                return
+            since, self._logged_count, self._last_log = (self.count - self._logged_count,
+                                                         self.count, now)
+        # %r: the subjects are the requester's, possibly crafted for a log line
+        log.warning("refused to answer %d request(s) on a reply subject outside the "
+                    "requester's inbox (latest: %r on %r)", since, reply[:200], subject[:200])

@@ -22,6 +22,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from opentelemetry import propagate
 
 from bus.errors import BusTimeout, BusUnavailable, PayloadTooLarge
+from bus.replies import RefusedReplies, reply_allowed
 from bus.runtime import servers, translate
 
 T = TypeVar("T")
@@ -89,6 +90,7 @@ class Service:
         self._nc: Any = None
         self._options = connect_options or {}
         self.handled = 0
+        self.refused = RefusedReplies()  # requests whose reply subject is not their inbox
 
     def start(self) -> Service:
         self._loop.run(self._start(), timeout=15)
@@ -103,6 +105,11 @@ class Service:
     async def _on_msg(self, msg: Any) -> None:
         if not msg.reply:
             return  # a command without a reply subject cannot be answered; nothing is done
+        if not reply_allowed(msg.subject, msg.reply):
+            # the reply subject is as hostile as the body: outside the requester's own inbox
+            # it could be the log, a timer or a work queue, so nothing is done or answered
+            self.refused.refuse(msg.subject, msg.reply)
+            return
         loop = asyncio.get_running_loop()
         headers = dict(msg.headers or {})
         try:
