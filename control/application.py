@@ -33,6 +33,7 @@ from domain.policy.images import DEFAULT_ISOLATION_BY_TRUST, ImagePolicy
 from domain.pool import Pool, PoolConfig, PreemptionSettings, PriceList, TenantPolicy
 from domain.resources import LeaseId, NodeId, PoolId, Resources, TenantId
 from schemas import v1
+from schemas.codec import digest
 
 A = TypeVar("A", bound=Aggregate)
 R = TypeVar("R")
@@ -352,12 +353,9 @@ class PoolApp(Application[UUID]):
         now = self.clock()
         lease_id = Lease.create_id(tenant, req.idempotency_key)
         existing = self.find(Lease, lease_id)
+        request_digest = digest(req)
         if existing is not None:
-            if existing.pool_id != req.pool_id or existing.requested_shape != req.shape.to_domain():
-                raise IdempotencyConflict(
-                    f"idempotency key {req.idempotency_key!r} was used for a different request"
-                )
-            return existing  # a retry: same lease, nothing appended
+            return _retried(existing, req, request_digest)  # same lease, nothing appended
         pool = self._pool(req.pool_id)
         pool.rank_of(req.priority_class)  # an unknown class is refused before anything is written
         if req.image:  # no node yet: the image, and the isolation the tenant's standing needs
@@ -376,6 +374,7 @@ class PoolApp(Application[UUID]):
             priority_class=req.priority_class,
             preemptible=True,
             trace_parent=trace_parent,
+            request_digest=request_digest,
         )
         lease.queue(now)
         try:
@@ -385,7 +384,7 @@ class PoolApp(Application[UUID]):
             again = self.find(Lease, lease_id)
             if again is None:
                 raise
-            return again
+            return _retried(again, req, request_digest)
         return lease
 
     def commit(self, tenant: str, lease_id: str, body: v1.CommitLease) -> Lease:
@@ -766,6 +765,21 @@ class PoolApp(Application[UUID]):
             "image_policy": pool.image_policy.to_dict(),
             "image_policy_version": pool.image_policy_version,
         }
+
+
+def _retried(lease: Lease, req: v1.LeaseRequest, request_digest: str) -> Lease:
+    """`lease` when `req` repeats the request that made it; else IdempotencyConflict. Leases
+    recorded before digests are compared on what they kept."""
+    if lease.request_digest is not None:
+        same = lease.request_digest == request_digest
+    else:
+        same = (lease.pool_id == req.pool_id and lease.requested_shape == req.shape.to_domain()
+                and lease.maximum_runtime_seconds == req.maximum_runtime_seconds
+                and lease.priority_class == req.priority_class)
+    if not same:
+        raise IdempotencyConflict(
+            f"idempotency key {req.idempotency_key!r} was used for a different request")
+    return lease
 
 
 def new_transfer_id() -> str:

@@ -16,7 +16,7 @@ from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
 
-from domain.errors import InsufficientCredits, InvalidAmount, UnknownHold
+from domain.errors import InsufficientCredits, InvalidAmount, TransferConflict, UnknownHold
 from domain.fold import trigger
 from domain.resources import LeaseId, TenantId
 
@@ -45,6 +45,7 @@ class Account(Aggregate):
         self.shortfall = 0  # charged usage that no hold covered (see settle)
         self.holds: dict[LeaseId, int] = {}
         self.transfer_ids: set[str] = set()
+        self.grant_amounts: dict[str, int] = {}  # transfer id → amount, to tell retries apart
 
     # Queries ----------------------------------------------------------------------------------
 
@@ -70,8 +71,13 @@ class Account(Aggregate):
     # Movements: each returns True when recorded, False for a repeated transfer id -------------
 
     def grant(self, transfer_id: str, amount: int, now: float, reason: str = "") -> bool:
-        """Add credits (a purchase, a top-up, a refund)."""
+        """Add credits (a purchase, a top-up, a refund). A transfer id seen before is a retry
+        when it granted the same amount (nothing recorded), else a TransferConflict."""
         if transfer_id in self.transfer_ids:
+            if self.grant_amounts.get(transfer_id) != amount:
+                raise TransferConflict(
+                    f"transfer id {transfer_id!r} was used for another movement on this account",
+                    reasons=("transfer_id_reused",))
             return False
         _require_amount(amount, positive=True)
         self._granted(transfer_id=transfer_id, amount=amount, at=float(now), reason=reason)
@@ -160,6 +166,7 @@ class Account(Aggregate):
     @event("CreditsGranted")
     def _granted(self, transfer_id: str, amount: int, at: float, reason: str) -> None:
         self.transfer_ids.add(transfer_id)
+        self.grant_amounts[transfer_id] = amount
         self.granted += amount
 
     @event("CreditsHeld")

@@ -159,6 +159,13 @@ class InvalidAmount(DomainError):
     code = "invalid_amount"
 
 
+class TransferConflict(DomainError):
+    """The transfer id names an earlier movement with another amount (or another kind): a retry
+    must repeat its movement exactly, anything else is a mistake, not a retry."""
+
+    code = "transfer_conflict"
+
+
 class UnknownHold(DomainError):
     """The account holds nothing for that lease (never held, or already settled/released)."""
 

@@ -174,6 +174,7 @@ class Lease(Aggregate):
         priority_class: str = "default",
         preemptible: bool = True,
         trace_parent: str | None = None,
+        request_digest: str | None = None,
     ) -> Lease:
         """Record a request. `lease_seconds` is the initial term and default renewal (defaults
         to the maximum runtime); the id is `create_id(tenant_id, idempotency_key)`."""
@@ -198,6 +199,7 @@ class Lease(Aggregate):
             preemptible=bool(preemptible),
             requested_at=float(now),
             trace_parent=trace_parent,
+            request_digest=request_digest,
         )
 
     @event("LeaseRequested")
@@ -214,6 +216,9 @@ class Lease(Aggregate):
         preemptible: bool,
         requested_at: float,
         trace_parent: str | None = None,  # W3C traceparent of the request; absent in old events
+        # the whole request's fingerprint, so a reused idempotency key with another body is told
+        # from a retry; absent in old events
+        request_digest: str | None = None,
     ) -> None:
         self.tenant_id = TenantId(tenant_id)
         self.idempotency_key = idempotency_key
@@ -227,6 +232,7 @@ class Lease(Aggregate):
         self.preemptible = preemptible
         self.requested_at = requested_at
         self.trace_parent = trace_parent
+        self.request_digest = request_digest
         self.state = LeaseState.REQUESTED
         self.queued_at: float | None = None
         self.attempts = 1

@@ -6,6 +6,8 @@ one-line message naming the field path; no other exception escapes.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -162,6 +164,14 @@ def encode(message: Struct) -> bytes:
 
 
 # -- internals ---------------------------------------------------------------------------------
+
+
+def digest(message: Struct) -> str:
+    """A fingerprint of a decoded command, the same for every spelling of the same command (key
+    order, defaults written or left out): two requests under one idempotency key are one
+    request exactly when their digests are equal."""
+    canonical = json.dumps(msgspec.to_builtins(message), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _checked_bytes(data: object) -> bytes:

@@ -29,6 +29,7 @@ from domain import (
     UnknownHold,
     UnknownPriorityClass,
 )
+from domain.errors import TransferConflict
 
 LEASE = LeaseId("lease-1")
 
@@ -137,10 +138,21 @@ def test_a_repeated_transfer_id_changes_nothing() -> None:
     account.hold("hold-1", LEASE, 300, now=2)
     account.settle("settle-1", LEASE, 100, now=3)
     before, events = state_of(account), len(account.pending_events)
-    assert account.grant("grant-1", 5_000, now=4) is False
+    assert account.grant("grant-1", 1_000, now=4) is False
     assert account.hold("hold-1", LEASE, 300, now=4) is False
     assert account.settle("settle-1", LEASE, 100, now=4) is False
     assert account.release_hold("settle-1", LEASE, now=4) is False  # ids are account-wide
+    assert state_of(account) == before and len(account.pending_events) == events
+
+
+def test_a_grant_reusing_a_transfer_id_with_another_amount_is_a_conflict() -> None:
+    account = funded()
+    account.hold("hold-1", LEASE, 300, now=2)
+    before, events = state_of(account), len(account.pending_events)
+    for transfer_id, amount in (("grant-1", 5_000), ("hold-1", 300)):
+        with pytest.raises(TransferConflict) as e:
+            account.grant(transfer_id, amount, now=4)
+        assert e.value.code == "transfer_conflict"
     assert state_of(account) == before and len(account.pending_events) == events
 
 

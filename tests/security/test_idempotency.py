@@ -1,0 +1,107 @@
+"""A reused idempotency key or transfer id is a retry only when it repeats its request exactly."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+from uuid import UUID
+
+import pytest
+
+from bus.local.server import NatsServer
+from client.api import PoolClient
+from control.application import PoolApp
+from control.errors import IdempotencyConflict
+from control.plane import ControlPlane, app_env
+from domain.lease import Lease
+from schemas import v1
+from schemas.codec import decode_command
+from tests.control_plane import lease_body, setup_pool
+
+
+@pytest.fixture()
+def plane(fresh_nats: NatsServer) -> Iterator[tuple[PoolClient, PoolClient]]:
+    cp = ControlPlane(fresh_nats.url, roles=["commands"], data_plane=False).start()
+    admin, alpha = PoolClient(fresh_nats.url), PoolClient(fresh_nats.url, "alpha")
+    setup_pool(admin, tenants={"alpha": 1.0, "beta": 1.0})
+    yield admin, alpha
+    admin.close()
+    alpha.close()
+    cp.stop()
+
+
+def _events(cp_url: str, lease_id: str) -> int:
+    app = PoolApp(env=app_env(cp_url))
+    try:
+        return len(list(app.events.get(UUID(lease_id))))
+    finally:
+        app.close()
+
+
+@pytest.mark.parametrize("change", [
+    {"priority_class": "high"},
+    {"maximum_runtime_seconds": 7200},
+    {"image": "docker.io/library/alpine:3.20"},
+    {"checkpointable": True},
+])
+def test_a_reused_idempotency_key_with_another_body_is_a_conflict(
+    plane: tuple[PoolClient, PoolClient], fresh_nats: NatsServer, change: dict[str, Any],
+) -> None:
+    _, alpha = plane
+    first = alpha.request_lease(lease_body("k1"))
+    assert first["ok"], first
+    lease_id = first["lease"]["lease_id"]
+    before = _events(fresh_nats.url, lease_id)
+    assert before >= 1
+    again = alpha.request_lease({**lease_body("k1"), **change})
+    assert not again["ok"] and again["error"]["code"] == "idempotency_conflict", again
+    assert _events(fresh_nats.url, lease_id) == before  # nothing appended
+    # the same body, however spelled, is still a retry answered with the same lease
+    retry = alpha.request_lease({**lease_body("k1"), "command": [], "env": {}})
+    assert retry["ok"] and retry["lease"]["lease_id"] == lease_id
+
+
+class _RacingApp(PoolApp):
+    """Looks up the lease as a concurrent request of the same key does: before the other one
+    saved it."""
+
+    name = PoolApp.name  # the same application, so the same log
+
+    def find(self, cls: Any, aggregate_id: UUID) -> Any:
+        if cls is Lease and not getattr(self, "_raced", False):
+            self._raced = True
+            return None
+        return super().find(cls, aggregate_id)
+
+
+def test_a_create_that_loses_the_race_to_another_body_is_a_conflict(
+    plane: tuple[PoolClient, PoolClient], fresh_nats: NatsServer,
+) -> None:
+    _, alpha = plane
+    assert alpha.request_lease(lease_body("k2"))["ok"]
+    req = decode_command("lease.request", json.dumps(lease_body("k2", priority="high")))
+    assert isinstance(req, v1.LeaseRequest)
+    app = _RacingApp(env=app_env(fresh_nats.url))
+    try:
+        with pytest.raises(IdempotencyConflict):
+            app.request_lease("alpha", req)
+        same = decode_command("lease.request", json.dumps(lease_body("k2")))
+        assert isinstance(same, v1.LeaseRequest)
+        app._raced = False  # the retry of the same body that loses the race is answered
+        assert app.request_lease("alpha", same).idempotency_key == "k2"
+    finally:
+        app.close()
+
+
+def test_a_credit_grant_reusing_a_transfer_id_with_another_amount_is_a_conflict(
+    plane: tuple[PoolClient, PoolClient],
+) -> None:
+    admin, _ = plane
+    grant = {"tenant": "alpha", "amount_microcredits": 500, "transfer_id": "t-1"}
+    first = admin.admin("credits.grant", grant)
+    assert first["ok"], first
+    assert admin.admin("credits.grant", grant)["result"] == first["result"]  # a retry
+    bigger = admin.admin("credits.grant", {**grant, "amount_microcredits": 5_000_000})
+    assert not bigger["ok"] and bigger["error"]["code"] == "transfer_conflict", bigger
+    assert admin.admin("credits.grant", grant)["result"] == first["result"]  # nothing moved
