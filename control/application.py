@@ -7,10 +7,11 @@ JetStream batch however many aggregates the decision touched. `now` is read here
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application, ProcessingEvent
@@ -37,6 +38,19 @@ from schemas.codec import digest
 
 A = TypeVar("A", bound=Aggregate)
 R = TypeVar("R")
+P = ParamSpec("P")
+
+
+def retried(
+    command: Callable[Concatenate[PoolApp, P], R],
+) -> Callable[Concatenate[PoolApp, P], R]:
+    """A load-decide-save command, run again when a concurrent writer got there first (OCC)."""
+
+    @functools.wraps(command)
+    def run(app: PoolApp, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return app.retrying(lambda: command(app, *args, **kwargs))
+
+    return run
 
 APPLICATION_NAME = "pool"
 WEIGHT_SCALE = 1000  # tenant weights travel as floats and are kept as integer thousandths
@@ -206,21 +220,19 @@ class PoolApp(Application[UUID]):
 
     # -- admin -----------------------------------------------------------------------------
 
+    @retried
     def configure_pool(self, cfg: v1.PoolConfig) -> Pool:
         now = self.clock()
+        config = pool_config_from_wire(cfg)
+        pool = self.find(Pool, Pool.create_id(cfg.pool_id))
+        if pool is None:
+            pool = Pool.create(pool_id=PoolId(cfg.pool_id), now=now, config=config)
+        elif pool.config != config:
+            pool.configure(config, now)
+        self.save(pool)
+        return pool
 
-        def go() -> Pool:
-            config = pool_config_from_wire(cfg)
-            pool = self.find(Pool, Pool.create_id(cfg.pool_id))
-            if pool is None:
-                pool = Pool.create(pool_id=PoolId(cfg.pool_id), now=now, config=config)
-            elif pool.config != config:
-                pool.configure(config, now)
-            self.save(pool)
-            return pool
-
-        return self.retrying(go)
-
+    @retried
     def set_prices(self, pl: v1.PriceListConfig) -> Pool:
         now = self.clock()
         prices = PriceList(
@@ -230,27 +242,21 @@ class PoolApp(Application[UUID]):
             gpu_second=tuple({"*": 0, **pl.gpu_second}.items()),
             gpu_partition_second=tuple({"*": 0, **pl.gpu_partition_second}.items()),
         )
+        pool = self._pool(pl.pool_id)
+        pool.set_price_list(prices, now)
+        self.save(pool)
+        return pool
 
-        def go() -> Pool:
-            pool = self._pool(pl.pool_id)
-            pool.set_price_list(prices, now)
-            self.save(pool)
-            return pool
-
-        return self.retrying(go)
-
+    @retried
     def set_image_policy(self, cfg: v1.ImagePolicyConfig) -> Pool:
         now = self.clock()
         policy = image_policy_from_wire(cfg)
+        pool = self._pool(cfg.pool_id)
+        pool.set_image_policy(policy, now)
+        self.save(pool)
+        return pool
 
-        def go() -> Pool:
-            pool = self._pool(cfg.pool_id)
-            pool.set_image_policy(policy, now)
-            self.save(pool)
-            return pool
-
-        return self.retrying(go)
-
+    @retried
     def set_tenant(self, cfg: v1.TenantConfig) -> TenantPolicy:
         now = self.clock()
         self._pool(cfg.pool_id)
@@ -260,61 +266,51 @@ class PoolApp(Application[UUID]):
             ext = tuple((k, v) for k, v in cfg.quota.items() if "/" in k)
             quota = Resources(**scalars, extended=ext)
         weight = max(1, round(cfg.weight * WEIGHT_SCALE))
+        pol = self.find(TenantPolicy, TenantPolicy.create_id(cfg.pool_id, cfg.tenant))
+        if pol is None:
+            pol = TenantPolicy.set(
+                pool_id=PoolId(cfg.pool_id), tenant_id=TenantId(cfg.tenant), now=now,
+                weight=weight, quota=quota,
+            )
+        else:
+            pol.update(weight=weight, quota=quota, now=now)
+        self.save(pol)
+        return pol
 
-        def go() -> TenantPolicy:
-            pol = self.find(TenantPolicy, TenantPolicy.create_id(cfg.pool_id, cfg.tenant))
-            if pol is None:
-                pol = TenantPolicy.set(
-                    pool_id=PoolId(cfg.pool_id), tenant_id=TenantId(cfg.tenant), now=now,
-                    weight=weight, quota=quota,
-                )
-            else:
-                pol.update(weight=weight, quota=quota, now=now)
-            self.save(pol)
-            return pol
-
-        return self.retrying(go)
-
+    @retried
     def register_node(self, reg: v1.NodeRegistration) -> Node:
         now = self.clock()
         self._pool(reg.pool_id)
         caps = reg.capabilities.to_domain()
+        node = self.find(Node, Node.create_id(reg.node_id))
+        if node is None:
+            node = Node.register(
+                node_id=NodeId(reg.node_id), pool_id=PoolId(reg.pool_id),
+                capabilities=caps, now=now,
+            )
+        elif node.capabilities != caps:
+            node.reregister(caps, now)
+        self.save(node)
+        return node
 
-        def go() -> Node:
-            node = self.find(Node, Node.create_id(reg.node_id))
-            if node is None:
-                node = Node.register(
-                    node_id=NodeId(reg.node_id), pool_id=PoolId(reg.pool_id),
-                    capabilities=caps, now=now,
-                )
-            elif node.capabilities != caps:
-                node.reregister(caps, now)
-            self.save(node)
-            return node
-
-        return self.retrying(go)
-
+    @retried
     def node_state(self, node_id: str, verb: str, reason: str = "") -> Node:
         now = self.clock()
-
-        def go() -> Node:
-            node = self.find(Node, Node.create_id(node_id))
-            if node is None:
-                raise UnknownNode(f"no node {node_id!r}")
-            actions: dict[str, Callable[[], None]] = {
-                "cordon": lambda: node.cordon(now, reason),
-                "drain": lambda: node.drain(now, reason),
-                "maintenance": lambda: node.enter_maintenance(now, reason),
-                "uncordon": lambda: node.uncordon(now),
-                "end-maintenance": lambda: node.end_maintenance(now),
-                "lost": lambda: node.mark_lost(now, reason or "declared_lost"),
-            }
-            actions[verb]()
-            leases = self._drain_leases(node, now, reason) if verb == "drain" else []
-            self.save(node, *leases)
-            return node
-
-        return self.retrying(go)
+        node = self.find(Node, Node.create_id(node_id))
+        if node is None:
+            raise UnknownNode(f"no node {node_id!r}")
+        actions: dict[str, Callable[[], None]] = {
+            "cordon": lambda: node.cordon(now, reason),
+            "drain": lambda: node.drain(now, reason),
+            "maintenance": lambda: node.enter_maintenance(now, reason),
+            "uncordon": lambda: node.uncordon(now),
+            "end-maintenance": lambda: node.end_maintenance(now),
+            "lost": lambda: node.mark_lost(now, reason or "declared_lost"),
+        }
+        actions[verb]()
+        leases = self._drain_leases(node, now, reason) if verb == "drain" else []
+        self.save(node, *leases)
+        return node
 
     def _drain_leases(self, node: Node, now: float, reason: str) -> list[Lease]:
         """A drain winds the node down: each running lease gets a preemption notice with the
@@ -335,16 +331,13 @@ class PoolApp(Application[UUID]):
             out.append(lease)
         return out
 
+    @retried
     def grant(self, tenant: str, amount: int, transfer_id: str, reason: str = "") -> Account:
         now = self.clock()
-
-        def go() -> Account:
-            acc = self._account(tenant, now)
-            acc.grant(transfer_id, amount, now, reason)
-            self.save(acc)
-            return acc
-
-        return self.retrying(go)
+        acc = self._account(tenant, now)
+        acc.grant(transfer_id, amount, now, reason)
+        self.save(acc)
+        return acc
 
     # -- tenant commands -------------------------------------------------------------------
 
@@ -387,27 +380,25 @@ class PoolApp(Application[UUID]):
             return _retried(again, req, request_digest)
         return lease
 
+    @retried
     def commit(self, tenant: str, lease_id: str, body: v1.CommitLease) -> Lease:
-        def go() -> Lease:
-            now = self.clock()
-            lease = self._lease(tenant, lease_id)
-            job = body.job
-            spec = None
-            if job.image or job.command:  # a commit may claim capacity before naming its job
-                spec = JobSpec(
-                    image=job.image or "",
-                    command=tuple(job.command),
-                    env=tuple(sorted(job.env.items())),
-                    checkpoint_interval_seconds=job.checkpoint_policy.interval_seconds,
-                    image_signature=job.image_signature,
-                    image_size_bytes=job.image_size_bytes,
-                )
-            self._admit_job(lease, spec)
-            lease.commit(now, spec)
-            self.save(lease)
-            return lease
-
-        return self.retrying(go)
+        now = self.clock()
+        lease = self._lease(tenant, lease_id)
+        job = body.job
+        spec = None
+        if job.image or job.command:  # a commit may claim capacity before naming its job
+            spec = JobSpec(
+                image=job.image or "",
+                command=tuple(job.command),
+                env=tuple(sorted(job.env.items())),
+                checkpoint_interval_seconds=job.checkpoint_policy.interval_seconds,
+                image_signature=job.image_signature,
+                image_size_bytes=job.image_size_bytes,
+            )
+        self._admit_job(lease, spec)
+        lease.commit(now, spec)
+        self.save(lease)
+        return lease
 
     def _admit_job(self, lease: Lease, spec: JobSpec | None) -> None:
         """The pool's image policy, checked against the node the lease holds: raises
@@ -423,25 +414,21 @@ class PoolApp(Application[UUID]):
             isolation=lease.shape.runtime,
         )
 
+    @retried
     def heartbeat(self, tenant: str, lease_id: str, body: v1.HeartbeatLease) -> Lease:
-        def go() -> Lease:
-            now = self.clock()
-            lease = self._lease(tenant, lease_id)
-            lease.heartbeat(now, epoch=body.epoch, checkpoint_at=body.last_checkpoint_at)
-            self.save(lease)
-            return lease
+        now = self.clock()
+        lease = self._lease(tenant, lease_id)
+        lease.heartbeat(now, epoch=body.epoch, checkpoint_at=body.last_checkpoint_at)
+        self.save(lease)
+        return lease
 
-        return self.retrying(go)
-
+    @retried
     def renew(self, tenant: str, lease_id: str, body: v1.RenewLease) -> Lease:
-        def go() -> Lease:
-            now = self.clock()
-            lease = self._lease(tenant, lease_id)
-            lease.renew(now, body.extend_seconds)
-            self.save(lease)
-            return lease
-
-        return self.retrying(go)
+        now = self.clock()
+        lease = self._lease(tenant, lease_id)
+        lease.renew(now, body.extend_seconds)
+        self.save(lease)
+        return lease
 
     def _settle(self, lease: Lease, now: float, node_id: str | None = None,
                 cache: dict[UUID, Aggregate] | None = None) -> list[Aggregate]:
@@ -483,26 +470,22 @@ class PoolApp(Application[UUID]):
             out.append(acc)
         return out
 
+    @retried
     def release(self, tenant: str, lease_id: str, body: v1.ReleaseLease) -> Lease:
-        def go() -> Lease:
-            now = self.clock()
-            lease = self._lease(tenant, lease_id)
-            lease.release(now, body.exit_code)
-            self.save(lease, *self._settle(lease, now))
-            return lease
+        now = self.clock()
+        lease = self._lease(tenant, lease_id)
+        lease.release(now, body.exit_code)
+        self.save(lease, *self._settle(lease, now))
+        return lease
 
-        return self.retrying(go)
-
+    @retried
     def cancel(self, tenant: str, lease_id: str, body: v1.CancelLease) -> Lease:
-        def go() -> Lease:
-            now = self.clock()
-            lease = self._lease(tenant, lease_id)
-            lease.cancel(now, body.reason or "cancelled")
-            others = self._settle(lease, now) if not lease.holds_capacity else []
-            self.save(lease, *others)
-            return lease
-
-        return self.retrying(go)
+        now = self.clock()
+        lease = self._lease(tenant, lease_id)
+        lease.cancel(now, body.reason or "cancelled")
+        others = self._settle(lease, now) if not lease.holds_capacity else []
+        self.save(lease, *others)
+        return lease
 
     # -- node agent reports -----------------------------------------------------------------
 
@@ -517,22 +500,19 @@ class PoolApp(Application[UUID]):
             raise UnknownLease(f"no lease {lease_id!r} on node {node_id!r}")
         return lease
 
+    @retried
     def confirm_stopped(self, node_id: str, lease_id: str, body: v1.LeaseStopped) -> Lease:
         """The agent on `node_id` confirms the lease's workload is gone.
 
         preempting → preempted (or queued again), stopping → cancelled, expired|reconciling →
         released. Only now is the capacity returned: the node is freed and the hold settled in
         the same save, so the log never shows a freed node for a workload still running."""
-
-        def go() -> Lease:
-            now = self.clock()
-            lease = self._node_lease(node_id, lease_id)
-            lease.confirm_stopped(now, epoch=body.epoch)
-            others = [] if lease.holds_capacity else self._settle(lease, now, node_id)
-            self.save(lease, *others)
-            return lease
-
-        return self.retrying(go)
+        now = self.clock()
+        lease = self._node_lease(node_id, lease_id)
+        lease.confirm_stopped(now, epoch=body.epoch)
+        others = [] if lease.holds_capacity else self._settle(lease, now, node_id)
+        self.save(lease, *others)
+        return lease
 
     def register_own_node(self, node_id: str, reg: v1.NodeRegistration) -> Node:
         """An agent (re)registers; it may speak only for the node its subject names."""
@@ -620,67 +600,59 @@ class PoolApp(Application[UUID]):
         changed.append(lease)
         return {"live": True, "state": str(lease.state), "deadline": lease.deadline}
 
+    @retried
     def job_started(self, node_id: str, lease_id: str, body: v1.JobStarted) -> Lease:
-        def go() -> Lease:
-            lease = self._node_lease(node_id, lease_id)
-            lease.job_started(self.clock(), epoch=body.epoch)
-            self.save(lease)
-            return lease
+        lease = self._node_lease(node_id, lease_id)
+        lease.job_started(self.clock(), epoch=body.epoch)
+        self.save(lease)
+        return lease
 
-        return self.retrying(go)
-
+    @retried
     def job_ended(self, node_id: str, lease_id: str, *, epoch: int,
                   exit_code: int | None = None, failure: str | None = None) -> Lease:
         """The job's process is gone. A running lease is released with its exit code; a lease
         on its way out (stopping, preempting, expired, reconciling) is confirmed stopped. Node
         freed and hold settled in the same save."""
-
-        def go() -> Lease:
-            now = self.clock()
-            lease = self._node_lease(node_id, lease_id)
-            if (lease.job is not None and lease.job.is_active
-                    and lease.state in WORKLOAD_STATES):
-                if failure is not None:
-                    lease.job_failed(now, epoch=epoch, reason=failure)
-                else:
-                    assert exit_code is not None
-                    lease.job_exited(now, epoch=epoch, exit_code=exit_code)
-            if lease.state is LeaseState.RUNNING:
-                lease.release(now, exit_code, epoch=epoch)
+        now = self.clock()
+        lease = self._node_lease(node_id, lease_id)
+        if (lease.job is not None and lease.job.is_active
+                and lease.state in WORKLOAD_STATES):
+            if failure is not None:
+                lease.job_failed(now, epoch=epoch, reason=failure)
             else:
-                lease.confirm_stopped(now, epoch=epoch)
-            others = [] if lease.holds_capacity else self._settle(lease, now, node_id)
-            self.save(lease, *others)
-            return lease
+                assert exit_code is not None
+                lease.job_exited(now, epoch=epoch, exit_code=exit_code)
+        if lease.state is LeaseState.RUNNING:
+            lease.release(now, exit_code, epoch=epoch)
+        else:
+            lease.confirm_stopped(now, epoch=epoch)
+        others = [] if lease.holds_capacity else self._settle(lease, now, node_id)
+        self.save(lease, *others)
+        return lease
 
-        return self.retrying(go)
-
+    @retried
     def reconcile_due(self, lease_id: str) -> str | None:
         """A lease's deadline timer fired: void an uncommitted reservation (capacity and hold
         returned) or expire a silent lease into `reconciling` (capacity kept until the agent
         confirms). Returns what was done, or None when nothing was due (a renewed lease)."""
-
-        def go() -> str | None:
-            now = self.clock()
-            try:
-                lease = self.find(Lease, UUID(lease_id))
-            except ValueError:
-                return None
-            if lease is None:
-                return None
-            reason = lease.expiry_due(now)
-            if reason is None:
-                return None
-            if lease.state is LeaseState.RESERVED:
-                lease.void_reservation(now)
-                self.save(lease, *self._settle(lease, now))
-                return "voided"
-            lease.expire(now, reason)
-            lease.begin_reconciliation(now)
-            self.save(lease)
-            return f"expired:{reason}"
-
-        return self.retrying(go)
+        now = self.clock()
+        try:
+            lease = self.find(Lease, UUID(lease_id))
+        except ValueError:
+            return None
+        if lease is None:
+            return None
+        reason = lease.expiry_due(now)
+        if reason is None:
+            return None
+        if lease.state is LeaseState.RESERVED:
+            lease.void_reservation(now)
+            self.save(lease, *self._settle(lease, now))
+            return "voided"
+        lease.expire(now, reason)
+        lease.begin_reconciliation(now)
+        self.save(lease)
+        return f"expired:{reason}"
 
     def lease_next_due(self, lease_id: str) -> float | None:
         """When the lease's deadline timer should next fire (None: nothing pending)."""
@@ -706,50 +678,47 @@ class PoolApp(Application[UUID]):
         # a deadline already past was just handled: nothing to fire again until a new event
         return due if due is not None and due > self.clock() else None
 
+    @retried
     def node_due(self, node_id: str) -> list[str]:
         """A node's liveness timer fired: a node silent past the pool's node timeout is lost and
         its leases expire into reconciliation; once lost past `lost_node_release_seconds`, its
         reconciling leases are released without the agent's word. Returns what changed."""
-
-        def go() -> list[str]:
-            now = self.clock()
-            node = self.find(Node, Node.create_id(node_id))
-            if node is None:
+        now = self.clock()
+        node = self.find(Node, Node.create_id(node_id))
+        if node is None:
+            return []
+        cfg = self._pool(node.pool_id).config
+        done: list[str] = []
+        changed: list[Aggregate] = []
+        if node.state is not NodeState.LOST:
+            if not node.heartbeat_stale(now, cfg.node_timeout_seconds):
                 return []
-            cfg = self._pool(node.pool_id).config
-            done: list[str] = []
-            changed: list[Aggregate] = []
-            if node.state is not NodeState.LOST:
-                if not node.heartbeat_stale(now, cfg.node_timeout_seconds):
-                    return []
-                node.mark_lost(now, "heartbeat_lost")
-                changed.append(node)
-                done.append("node_lost")
-                for lid in list(node.allocations):
-                    lease = self.find(Lease, UUID(lid))
-                    if lease is not None and lease.state in WORKLOAD_STATES:
-                        lease.expire(now, "node_lost")
-                        lease.begin_reconciliation(now)
-                        changed.append(lease)
-                        done.append(f"reconciling:{lid}")
-                    elif lease is not None and lease.state is LeaseState.EXPIRED:
-                        lease.begin_reconciliation(now)
-                        changed.append(lease)
-            elif now - (node.lost_at or now) >= cfg.lost_node_release_seconds:
-                cache: dict[UUID, Aggregate] = {node.id: node}
-                for lid in list(node.allocations):
-                    lease = self.find(Lease, UUID(lid))
-                    if lease is None or lease.state not in (LeaseState.RECONCILING,
-                                                            LeaseState.EXPIRED):
-                        continue
-                    lease.confirm_stopped(now)
-                    changed += [lease, *self._settle(lease, now, node_id, cache)]
-                    done.append(f"released:{lid}")
-            if changed:
-                self.save(*list({a.id: a for a in changed}.values()))
-            return done
-
-        return self.retrying(go)
+            node.mark_lost(now, "heartbeat_lost")
+            changed.append(node)
+            done.append("node_lost")
+            for lid in list(node.allocations):
+                lease = self.find(Lease, UUID(lid))
+                if lease is not None and lease.state in WORKLOAD_STATES:
+                    lease.expire(now, "node_lost")
+                    lease.begin_reconciliation(now)
+                    changed.append(lease)
+                    done.append(f"reconciling:{lid}")
+                elif lease is not None and lease.state is LeaseState.EXPIRED:
+                    lease.begin_reconciliation(now)
+                    changed.append(lease)
+        elif now - (node.lost_at or now) >= cfg.lost_node_release_seconds:
+            cache: dict[UUID, Aggregate] = {node.id: node}
+            for lid in list(node.allocations):
+                lease = self.find(Lease, UUID(lid))
+                if lease is None or lease.state not in (LeaseState.RECONCILING,
+                                                        LeaseState.EXPIRED):
+                    continue
+                lease.confirm_stopped(now)
+                changed += [lease, *self._settle(lease, now, node_id, cache)]
+                done.append(f"released:{lid}")
+        if changed:
+            self.save(*list({a.id: a for a in changed}.values()))
+        return done
 
     def get(self, tenant: str, lease_id: str) -> Lease:
         return self._lease(tenant, lease_id)
