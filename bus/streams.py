@@ -11,19 +11,21 @@ from nats.js import JetStreamContext
 from nats.js.api import (
     DiscardPolicy,
     KeyValueConfig,
+    RePublish,
     RetentionPolicy,
     StorageType,
     StreamConfig,
 )
 from nats.js.errors import BadRequestError, NotFoundError
 
-from bus.subjects import EVENTS_PREFIX, EVENTS_STREAM, TRACKING_PREFIX
+from bus.subjects import APPENDED_PREFIX, EVENTS_PREFIX, EVENTS_STREAM, TRACKING_PREFIX
 
 DUPLICATE_WINDOW_S = 120.0
 
 
 def event_stream_config(*, replicas: int = 1, name: str = EVENTS_STREAM) -> StreamConfig:
-    """The event log: never discards, atomic batches for multi-aggregate saves, direct gets."""
+    """The event log: never discards, atomic batches for multi-aggregate saves, direct gets,
+    and a headers-only republish of every stored event (the append signal)."""
     return StreamConfig(
         name=name,
         subjects=[f"{EVENTS_PREFIX}.>", f"{TRACKING_PREFIX}.>"],
@@ -42,6 +44,10 @@ def event_stream_config(*, replicas: int = 1, name: str = EVENTS_STREAM) -> Stre
         # history must be immutable once written
         deny_delete=True,
         deny_purge=False,
+        # each event's headers, once stored, on pool.appended.<application>.<id>: what idle
+        # workers wake on instead of polling (bus.appends)
+        republish=RePublish(src=f"{EVENTS_PREFIX}.>", dest=f"{APPENDED_PREFIX}.>",
+                            headers_only=True),
     )
 
 

@@ -10,6 +10,10 @@ import re
 EVENTS_STREAM = "POOL_EVENTS"
 EVENTS_PREFIX = "pool.evt"
 TRACKING_PREFIX = "pool.trk"
+# where the event stream republishes each stored event's headers (never its body): the signal
+# idle log followers wait on (bus.appends); only the service user may subscribe
+APPENDED_PREFIX = "pool.appended"
+APPENDED_FILTER = f"{APPENDED_PREFIX}.>"
 AGENT_STREAM = "POOL_AGENT"
 TELEMETRY_STREAM = "POOL_TELEMETRY"
 SCHEDULE_STREAM = "POOL_SCHED"

@@ -20,6 +20,7 @@ from eventsourcing.domain import Aggregate
 
 from bus.agentbus import ControlLink
 from bus.headers import HDR_TRACEPARENT
+from control.wake import IdleWait, Signal
 from domain.lease import Lease, LeaseState
 from domain.node import Node, NodeState
 from domain.pool import Pool
@@ -268,10 +269,12 @@ class Reconciler:
             self.rearmed += 1
 
 
-def run_loop(step: Callable[[], int], stop: threading.Event, *, idle: float = 0.05,
-             name: str = "loop", until: Callable[[], bool] = lambda: False) -> None:
-    """Call `step` until `stop` (or `until()`); sleep `idle` when it found nothing; survive
-    failures."""
+def run_loop(step: Callable[[], int], stop: threading.Event, *, idle: float | None = None,
+             name: str = "loop", until: Callable[[], bool] = lambda: False,
+             signal: Signal | None = None) -> None:
+    """Call `step` until `stop` (or `until()`); when it found nothing, wait for the next append
+    on `signal` (at most `idle` seconds), or sleep `idle` without one; survive failures."""
+    wait = IdleWait(stop, signal, fallback_seconds=idle)
     while not stop.is_set() and not until():
         try:
             n = step()
@@ -280,4 +283,4 @@ def run_loop(step: Callable[[], int], stop: threading.Event, *, idle: float = 0.
             stop.wait(1.0)
             continue
         if not n:
-            stop.wait(idle)
+            wait()

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Self
 
 from bus.agentbus import ControlLink
+from bus.appends import AppendSignal
 from bus.leader import LeaderElection
 from bus.service import Service
 from control.application import PoolApp
@@ -131,6 +132,9 @@ class ControlPlane:
                            if self.link is not None and "scheduler" in self.roles else None)
         self.reconciler = (Reconciler(self.app, self.link)
                            if self.link is not None and "reconciler" in self.roles else None)
+        # idle workers wake when the log stores an event, not on a timer: one signal each
+        self.scheduler_signal = AppendSignal(nats_url) if run_scheduler else None
+        self.dispatcher_signal = AppendSignal(nats_url) if self.dispatcher is not None else None
         self._workers: list[threading.Thread] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -157,7 +161,8 @@ class ControlPlane:
         assert self.election is not None
         while not self._stop.is_set():
             if self.election.is_leader:
-                self.scheduler.run(self._stop, until=lambda: not self.election.is_leader)  # type: ignore[union-attr]
+                self.scheduler.run(self._stop, until=lambda: not self.election.is_leader,  # type: ignore[union-attr]
+                                   signal=self.scheduler_signal)
             else:
                 with contextlib.suppress(Exception):  # the bus may be down; keep standing by
                     self.scheduler.catch_up()  # stay warm for a fast takeover
@@ -170,7 +175,8 @@ class ControlPlane:
                 self._stop.wait(0.2)  # only the active scheduler's plane sends orders
                 continue
             run_loop(self.dispatcher.step, self._stop, name="dispatcher",
-                     until=(lambda: self.election is not None and not self.election.is_leader))
+                     until=(lambda: self.election is not None and not self.election.is_leader),
+                     signal=self.dispatcher_signal)
 
     def start(self) -> Self:
         if self.projector is not None:
@@ -202,6 +208,9 @@ class ControlPlane:
 
     def stop(self) -> None:
         self._stop.set()
+        for signal in (self.scheduler_signal, self.dispatcher_signal):
+            if signal is not None:
+                signal.close()  # wakes its waiter; drops the interest while the bus answers
         if self._thread is not None:
             self._thread.join(10)
         for t in self._workers:

@@ -29,6 +29,7 @@ from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import IntegrityError
 
 from bus import observability
+from control.wake import IdleWait, Signal
 from domain.account import Account
 from domain.errors import DomainError
 from domain.fold import mutate
@@ -864,10 +865,19 @@ class Scheduler:
 
     # -- running ----------------------------------------------------------------------------
 
-    def run(self, stop: threading.Event, *, interval: float = 0.05,
-            until: Callable[[], bool] = lambda: False) -> None:
-        """Cycle until `stop` is set or `until()` (e.g. leadership lost); sleeps `interval`
-        when a cycle found nothing to do."""
+    def next_due_in(self) -> float | None:
+        """Seconds until the deadline sweep has work (None: no deadline held)."""
+        with self._lock:
+            if not self._deadlines:
+                return None
+            return self._deadlines[0][0] - self.clock()
+
+    def run(self, stop: threading.Event, *, interval: float | None = None,
+            until: Callable[[], bool] = lambda: False, signal: Signal | None = None) -> None:
+        """Cycle until `stop` is set or `until()` (e.g. leadership lost). A cycle that found
+        nothing to do waits for the next append on `signal` (at most `interval` seconds, or
+        until the next deadline), or sleeps `interval` when there is no signal."""
+        idle = IdleWait(stop, signal, fallback_seconds=interval)
         observability.watch_scheduler(self)  # the active scheduler reports queue and leases
         try:
             while not stop.is_set() and not until():
@@ -879,7 +889,7 @@ class Scheduler:
                     continue
                 if not (report.placed or report.rejected or report.voided or report.expired
                         or report.preempted):
-                    stop.wait(interval)
+                    idle(self.next_due_in())
         finally:
             observability.unwatch_scheduler(self)
 
