@@ -151,7 +151,7 @@ def _produce_at_rate(url: str, tenants: int, nodes: int, rate: int, duration: fl
     appended at `rate` events/s for `duration` s, one save per 50 ms tick; puts the saves'
     (first id, last id, perf_counter at the ack), the events written and the span on `out`."""
     from control.application import PoolApp
-    from control.plane import app_env
+    from control.bootstrap import app_env
 
     app = PoolApp(env=app_env(url))
     work = Workload(tenants, nodes, prefix="lag-")
@@ -229,7 +229,7 @@ def _run(url: str, db: str, schema: str, size: dict[str, Any],
          say: Callable[[str], None]) -> dict[str, Any]:
     from bus.admin import ensure_all_streams
     from control.application import PoolApp
-    from control.plane import app_env
+    from control.bootstrap import app_env
     from control.projector import CATCH_UP_FACTOR, Projector
     from projections.audit import audit_credits
     from projections.views import VIEWS, positions_at, read_pages, rebuild

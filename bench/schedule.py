@@ -20,7 +20,7 @@ from typing import Any
 from bus.bench import raw_atomic_rate
 from bus.local.server import NatsServer
 from control.application import PoolApp
-from control.plane import app_env
+from control.bootstrap import app_env
 from control.scheduler import Scheduler, tune_gc
 from domain.account import Account
 from domain.lease import Lease, LeaseState

@@ -252,7 +252,7 @@ class Workspace:
     def log_reader(self, url: str) -> Any:
         """A PoolApp on the log, for reading it (the checks replay it)."""
         from control.application import PoolApp
-        from control.plane import app_env
+        from control.bootstrap import app_env
 
         app = PoolApp(env=app_env(url))
         self.closers.append(app.close)

@@ -22,6 +22,7 @@ from bus.appends import AppendSignal
 from bus.leader import LeaderElection
 from bus.service import Service
 from control.application import PoolApp
+from control.bootstrap import app_env
 from control.commands import (
     ADMIN_SUBJECTS,
     COMMAND_SUBJECTS,
@@ -61,13 +62,6 @@ def parse_roles(values: Iterable[str] | None) -> frozenset[str]:
 def holder_id() -> str:
     """This process's name in leader elections: host and pid say which process leads."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-def app_env(nats_url: str, **extra: str) -> dict[str, str]:
-    # cached aggregates are fast-forwarded by reading only the events after their version, so a
-    # node or lease with a long history of heartbeats costs one short read, not a full replay
-    return {"PERSISTENCE_MODULE": "bus.jetstream", "NATS_URL": nats_url,
-            "AGGREGATE_CACHE_MAXSIZE": "20000", **extra}
 
 
 def why_handler(scheduler: Scheduler) -> Callable[[str, bytes, dict[str, str]], bytes]:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from control.application import PoolApp
+from control.bootstrap import app_env
 from projections.views import DEFAULT_BATCH, DEFAULT_SCHEMA, VIEWS, PoolViews, PositionMoved
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,6 @@ class Projector:
     def __init__(self, nats_url: str, database_url: str, *, schema: str = DEFAULT_SCHEMA,
                  batch_size: int = DEFAULT_BATCH, views: Sequence[str] = VIEWS,
                  poll_seconds: float = 0.1) -> None:
-        from control.plane import app_env
-
         self.nats_url = nats_url
         self.app = PoolApp(env=app_env(nats_url))
         self.views = PoolViews(self.app, database_url, schema=schema, views=views)

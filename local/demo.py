@@ -414,7 +414,7 @@ class Demo:
 
     def audit(self) -> None:
         from control.application import PoolApp
-        from control.plane import app_env
+        from control.bootstrap import app_env
         from projections.audit import audit_credits
         from projections.summary import Summary
 

@@ -12,7 +12,8 @@ import pytest
 from bus.local.server import NatsServer
 from client.api import PoolClient
 from control.application import PoolApp
-from control.plane import ControlPlane, app_env
+from control.bootstrap import app_env
+from control.plane import ControlPlane
 from domain.account import Account
 from domain.resources import LeaseId
 from projections import views as pv

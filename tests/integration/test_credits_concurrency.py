@@ -6,7 +6,7 @@ import threading
 
 from bus.local.server import NatsServer
 from control.application import PoolApp
-from control.plane import app_env
+from control.bootstrap import app_env
 from domain.account import Account
 from domain.resources import LeaseId
 from schemas import v1

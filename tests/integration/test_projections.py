@@ -20,8 +20,9 @@ import pytest
 from bus.local.server import NatsServer
 from client.api import PoolClient
 from control.application import PoolApp
+from control.bootstrap import app_env
 from control.commands import QUERY_SUBJECTS, CommandHandler
-from control.plane import ControlPlane, app_env
+from control.plane import ControlPlane
 from control.projector import Projector
 from projections import views as pv
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start

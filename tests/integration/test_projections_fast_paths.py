@@ -13,7 +13,8 @@ from bench.projections import Workload
 from bus.local.server import NatsServer
 from client.api import PoolClient
 from control.application import PoolApp
-from control.plane import ControlPlane, app_env
+from control.bootstrap import app_env
+from control.plane import ControlPlane
 from domain.fold import lean_mutator
 from domain.lease import LeaseState
 from projections import audit

@@ -12,7 +12,8 @@ from bus.local.server import NatsServer
 from chaos.invariants import check_placements
 from client.api import PoolClient
 from control.application import PoolApp
-from control.plane import ControlPlane, app_env
+from control.bootstrap import app_env
+from control.plane import ControlPlane
 from control.scheduler import Scheduler
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
 

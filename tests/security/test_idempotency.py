@@ -12,8 +12,9 @@ import pytest
 from bus.local.server import NatsServer
 from client.api import PoolClient
 from control.application import PoolApp
+from control.bootstrap import app_env
 from control.errors import IdempotencyConflict
-from control.plane import ControlPlane, app_env
+from control.plane import ControlPlane
 from domain.lease import Lease
 from schemas import v1
 from schemas.codec import decode_command
