@@ -1,8 +1,6 @@
-"""The command worker: routes `pool.cmd.<tenant>.…`, `pool.node.<node>.…` (agent reports) and
-`pool.admin.…` requests to PoolApp.
+"""The command responders: every request the route table serves, answered as one Envelope.
 
-Every reply is one Envelope. Bad input, unknown pools and leases, illegal transitions and
-infrastructure failures each leave as a typed error code; nothing is appended on a refusal.
+Refusals leave as typed error codes (schema, domain, service, bus); nothing is appended on one.
 """
 
 from __future__ import annotations
@@ -16,38 +14,21 @@ from opentelemetry.trace import SpanKind
 
 from bus import observability
 from bus.errors import BusError
-from bus.subjects import is_token
-from control.application import PoolApp, lease_view
+from control.application import PoolApp
 from control.errors import ServiceError, UnknownSubject
+from control.routes import NODE_VERBS, QUERY_VIEWS, ROUTES, Router, subscriptions
 from domain.errors import DomainError
 from schemas import v1
-from schemas.codec import SchemaError, decode_command, encode
+from schemas.codec import SchemaError, encode
 
 log = logging.getLogger(__name__)
 
-LEASE_VERBS = ("commit", "heartbeat", "renew", "release", "cancel", "get")
-NODE_VERBS = ("cordon", "drain", "maintenance", "uncordon", "end-maintenance", "lost")
-# one subscription per verb: `why` is answered by the scheduler, which holds the reasons
-NODE_LEASE_VERBS = ("stopped", "started", "exited", "failed")
-NODE_REPORTS = ("register", "heartbeat")
-# node agents report on `pool.node.<node>.lease.<lease>.<verb>` and `pool.node.<node>.<report>`
-# (their credentials allow publishing only under their own node); the command worker answers
-NODE_SUBJECTS = ([f"pool.node.*.lease.*.{v}" for v in NODE_LEASE_VERBS]
-                 + [f"pool.node.*.{r}" for r in NODE_REPORTS])
-# `pool.cmd.<tenant>.telemetry.replay`: a page of the tenant's own samples from the telemetry
-# stream, so tenants replay without the right to create consumers
-TELEMETRY_SUBJECTS = ["pool.cmd.*.telemetry.replay"]
-COMMAND_SUBJECTS = (
-    ["pool.cmd.*.lease.request"]
-    + [f"pool.cmd.*.lease.*.{v}" for v in LEASE_VERBS]
-    + NODE_SUBJECTS
-    + TELEMETRY_SUBJECTS
-)
-ADMIN_SUBJECTS = ["pool.admin.>"]
-# `pool.cmd.<tenant>.query.<view>`: answered from the PostgreSQL views by a CommandHandler given
-# a database URL; kept apart from COMMAND_SUBJECTS so a plane without a database never answers
-QUERY_SUBJECTS = ["pool.cmd.*.query.*"]
-QUERY_VIEWS = ("queue", "balance", "leases")
+# what the command responders subscribe to, from the route table; queries only with a database
+_SERVED = subscriptions(["commands"])
+ADMIN_SUBJECTS = [s for s in _SERVED if s.startswith("pool.admin.")]
+COMMAND_SUBJECTS = [s for s in _SERVED if s not in ADMIN_SUBJECTS]
+QUERY_SUBJECTS = subscriptions(["queries"])
+_ROUTER = Router(ROUTES, served_by=("commands", "queries"))
 
 
 def ok(*, lease: dict[str, Any] | None = None, result: dict[str, Any] | None = None) -> bytes:
@@ -124,52 +105,20 @@ class CommandHandler:
                                              "the command failed inside the service")
 
     def route(self, subject: str, body: bytes) -> bytes:
-        parts = subject.split(".")
-        if parts[:2] == ["pool", "cmd"] and len(parts) >= 5 and parts[3] == "lease":
-            tenant = parts[2]
-            if len(parts) == 5 and parts[4] == "request":
-                req = decode_command("lease.request", body)
-                assert isinstance(req, v1.LeaseRequest)
-                # the lease keeps this command's trace, so placing and starting it join it
-                lease = self.app.request_lease(tenant, req,
-                                               trace_parent=observability.traceparent())
-                return ok(lease=lease_view(lease))
-            if len(parts) == 6 and parts[5] in LEASE_VERBS:
-                return self.lease_verb(tenant, parts[4], parts[5], body)
-        if (parts[:2] == ["pool", "node"] and len(parts) == 6 and parts[3] == "lease"
-                and parts[5] in NODE_LEASE_VERBS):
-            return self.node_lease_verb(parts[2], parts[4], parts[5], body)
-        if parts[:2] == ["pool", "node"] and len(parts) == 4 and parts[3] in NODE_REPORTS:
-            return self.node_report(parts[2], parts[3], body)
-        if parts[:2] == ["pool", "admin"]:
-            return self.admin(parts[2:], body)
-        if parts[:2] == ["pool", "cmd"] and len(parts) == 5 and parts[3] == "query":
-            return self.query(parts[2], parts[4], body)
-        if parts[:2] == ["pool", "cmd"] and parts[3:] == ["telemetry", "replay"]:
-            return self.telemetry_replay(parts[2], body)
-        raise UnknownSubject(f"no command is answered on {subject}")
+        return encode(_ROUTER.dispatch(self, subject, body))
 
-    def lease_verb(self, tenant: str, lease_id: str, verb: str, body: bytes) -> bytes:
-        cmd = decode_command(f"lease.{verb}", body)
-        app = self.app
-        calls: dict[str, Callable[[], Any]] = {
-            "commit": lambda: app.commit(tenant, lease_id, cmd),  # type: ignore[arg-type]
-            "heartbeat": lambda: app.heartbeat(tenant, lease_id, cmd),  # type: ignore[arg-type]
-            "renew": lambda: app.renew(tenant, lease_id, cmd),  # type: ignore[arg-type]
-            "release": lambda: app.release(tenant, lease_id, cmd),  # type: ignore[arg-type]
-            "cancel": lambda: app.cancel(tenant, lease_id, cmd),  # type: ignore[arg-type]
-            "get": lambda: app.get(tenant, lease_id),
-        }
-        return ok(lease=lease_view(calls[verb]()))
+    # -- the route table's Context -------------------------------------------------------
 
-    def query(self, tenant: str, view: str, body: bytes) -> bytes:
+    def why(self, tenant: str, lease_id: str) -> v1.Envelope:
+        raise UnknownSubject("`why` is answered by the active scheduler")
+
+    def query_view(self, tenant: str, view: str, q: v1.Query) -> v1.Envelope:
         """A page of one of the tenant's views, read from PostgreSQL: only its own rows."""
-        q = decode_command("query", body)
-        assert isinstance(q, v1.Query)
         if view not in QUERY_VIEWS:
             raise UnknownSubject(f"no view {view!r}; tenants may query {', '.join(QUERY_VIEWS)}")
         if not self.database_url:
-            return failure("views_unavailable", "this service has no database for the views")
+            return v1.Envelope.failure("views_unavailable",
+                                       "this service has no database for the views")
         if self._reader is None:
             from projections.queries import ViewReader
             from projections.views import DEFAULT_SCHEMA
@@ -181,16 +130,15 @@ class CommandHandler:
             page = self._reader.query(view, tenant=tenant, filters=dict(q.filters),
                                       limit=q.limit, cursor=q.cursor)
         except (BadQuery, ViewsUnavailable) as e:
-            return failure(e.code, str(e))
-        return ok(result=page)
+            return v1.Envelope.failure(e.code, str(e))
+        return v1.Envelope.success(result=page)
 
-    def telemetry_replay(self, tenant: str, body: bytes) -> bytes:
+    def telemetry_replay(self, tenant: str, q: v1.TelemetryReplay) -> v1.Envelope:
         """A page of the tenant's own telemetry: the tenant token is the subject's, so the
         filter can only narrow within it."""
-        q = decode_command("telemetry.replay", body)
-        assert isinstance(q, v1.TelemetryReplay)
         if self.telemetry_pages is None:
-            return failure("telemetry_unavailable", "this service does not read telemetry")
+            return v1.Envelope.failure("telemetry_unavailable",
+                                       "this service does not read telemetry")
         from bus.telemetry import telemetry_filter
 
         filt = telemetry_filter(pool=q.pool, node=q.node, tenant=tenant, lease=q.lease,
@@ -203,80 +151,8 @@ class CommandHandler:
             except msgspec.DecodeError:
                 event = None  # an agent's garbled sample: its place in the stream still shows
             samples.append({"seq": seq, "subject": subject, "event": event})
-        return ok(result={"samples": samples, "at_end": page.at_end})
+        return v1.Envelope.success(result={"samples": samples, "at_end": page.at_end})
 
     def close(self) -> None:
         if self._reader is not None:
             self._reader.close()
-
-    def node_lease_verb(self, node_id: str, lease_id: str, verb: str, body: bytes) -> bytes:
-        cmd = decode_command(f"node.{verb}", body)
-        app = self.app
-        if isinstance(cmd, v1.LeaseStopped):
-            lease = app.confirm_stopped(node_id, lease_id, cmd)
-        elif isinstance(cmd, v1.JobStarted):
-            lease = app.job_started(node_id, lease_id, cmd)
-        elif isinstance(cmd, v1.JobExited):
-            lease = app.job_ended(node_id, lease_id, epoch=cmd.epoch, exit_code=cmd.exit_code)
-        else:
-            assert isinstance(cmd, v1.JobFailed)
-            lease = app.job_ended(node_id, lease_id, epoch=cmd.epoch, failure=cmd.reason)
-        return ok(lease=lease_view(lease))
-
-    def node_report(self, node_id: str, report: str, body: bytes) -> bytes:
-        """An agent's registration or heartbeat, for the node its subject names only."""
-        if report == "register":
-            reg = decode_command("agent.register", body)
-            assert isinstance(reg, v1.NodeRegistration)
-            node = self.app.register_own_node(node_id, reg)
-            return ok(result={"node_id": node.node_id, "state": str(node.state)})
-        hb = decode_command("agent.heartbeat", body)
-        assert isinstance(hb, v1.NodeHeartbeat)
-        return ok(result=self.app.node_heartbeat(node_id, hb))
-
-    def admin(self, path: list[str], body: bytes) -> bytes:
-        app = self.app
-        match path:
-            case ["pool", "set"]:
-                cfg = decode_command("admin.pool", body)
-                assert isinstance(cfg, v1.PoolConfig)
-                app.configure_pool(cfg)
-                return ok(result=app.pool_settings(cfg.pool_id))
-            case ["pool", "show"]:
-                show = decode_command("admin.pool.show", body)
-                assert isinstance(show, v1.PoolShow)
-                return ok(result=app.pool_settings(show.pool_id))
-            case ["pool", "prices"]:
-                pl = decode_command("admin.pool.prices", body)
-                assert isinstance(pl, v1.PriceListConfig)
-                app.set_prices(pl)
-                return ok(result=app.pool_settings(pl.pool_id))
-            case ["pool", "images"]:
-                ip = decode_command("admin.pool.images", body)
-                assert isinstance(ip, v1.ImagePolicyConfig)
-                app.set_image_policy(ip)
-                return ok(result=app.pool_settings(ip.pool_id))
-            case ["tenant", "set"]:
-                tc = decode_command("admin.tenant", body)
-                assert isinstance(tc, v1.TenantConfig)
-                pol = app.set_tenant(tc)
-                return ok(result={"tenant": pol.tenant_id, "pool_id": pol.pool_id,
-                                  "weight": pol.weight / 1000,
-                                  "quota": None if pol.quota is None else pol.quota.to_dict()})
-            case ["node", "register"]:
-                reg = decode_command("agent.register", body)
-                assert isinstance(reg, v1.NodeRegistration)
-                node = app.register_node(reg)
-                return ok(result={"node_id": node.node_id, "state": str(node.state)})
-            case ["node", node_id, verb] if verb in NODE_VERBS and is_token(node_id):
-                ch = decode_command("admin.node.state", body)
-                assert isinstance(ch, v1.NodeStateChange)
-                node = app.node_state(node_id, verb, ch.reason or "")
-                return ok(result={"node_id": node.node_id, "state": str(node.state)})
-            case ["credits", "grant"]:
-                g = decode_command("admin.credits.grant", body)
-                assert isinstance(g, v1.CreditGrant)
-                acc = app.grant(g.tenant, g.amount_microcredits, g.transfer_id, g.reason or "")
-                return ok(result={"tenant": g.tenant, "available_microcredits": acc.available,
-                                  "granted_microcredits": acc.granted})
-        raise UnknownSubject(f"no admin command {'.'.join(path)!r}")

@@ -29,15 +29,17 @@ from control.commands import (
     QUERY_SUBJECTS,
     CommandHandler,
     failure,
-    ok,
 )
 from control.dispatcher import Dispatcher, Reconciler, run_loop
+from control.errors import ServiceError, UnknownSubject
 from control.projector import Projector
+from control.routes import ROUTES, Router, subscriptions
 from control.scheduler import Scheduler, tune_gc
 from projections.views import VIEWS
-from schemas.codec import SchemaError, decode_command, encode
+from schemas import v1
+from schemas.codec import SchemaError, encode
 
-WHY_SUBJECT = "pool.cmd.*.lease.*.why"
+WHY_SUBJECT = subscriptions(["scheduler"])[0]
 ROLES = ("commands", "scheduler", "reconciler", "projector")
 
 
@@ -64,17 +66,38 @@ def holder_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
+class _WhyContext:
+    """The route table's Context for the scheduler's one route: `why` from its reasons."""
+
+    def __init__(self, app: PoolApp, scheduler: Scheduler) -> None:
+        self.app = app
+        self.scheduler = scheduler
+
+    def why(self, tenant: str, lease_id: str) -> v1.Envelope:
+        answer = self.scheduler.why(tenant, lease_id)
+        if answer is None:
+            return v1.Envelope.failure("lease_not_found",
+                                       f"no lease {lease_id!r} for tenant {tenant!r}")
+        return v1.Envelope.success(result=answer)
+
+    def query_view(self, tenant: str, view: str, q: v1.Query) -> v1.Envelope:
+        raise UnknownSubject("queries are answered by the command service")
+
+    def telemetry_replay(self, tenant: str, q: v1.TelemetryReplay) -> v1.Envelope:
+        raise UnknownSubject("telemetry is replayed by the command service")
+
+
 def why_handler(scheduler: Scheduler) -> Callable[[str, bytes, dict[str, str]], bytes]:
+    router = Router(ROUTES, served_by=("scheduler",))
+    ctx = _WhyContext(scheduler.app, scheduler)
+
     def handle(subject: str, body: bytes, headers: dict[str, str]) -> bytes:
-        parts = subject.split(".")
         try:
-            decode_command("lease.why", body)
+            return encode(router.dispatch(ctx, subject, body))
         except SchemaError as e:
             return encode(e.to_envelope())
-        answer = scheduler.why(parts[2], parts[4])
-        if answer is None:
-            return failure("lease_not_found", f"no lease {parts[4]!r} for tenant {parts[2]!r}")
-        return ok(result=answer)
+        except ServiceError as e:
+            return failure(e.code, e.message, e.reasons)
 
     return handle
 

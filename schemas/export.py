@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from msgspec import Struct
@@ -43,150 +44,26 @@ def json_schema(struct: type[Struct]) -> dict[str, Any]:
 
 # -- AsyncAPI ----------------------------------------------------------------------------------
 
-_PARAMETERS: dict[str, dict[str, Any]] = {
-    "tenant": {"description": "Tenant id (a subject token)."},
-    "lease_id": {"description": "Lease id (a subject token)."},
-    "view": {"description": "Name of a projection view."},
-    "node": {"description": "Node id (a subject token)."},
-    "pool": {"description": "Pool id (a subject token)."},
-    "lease": {"description": "Lease id (a subject token)."},
-    "verb": {
-        "description": "Node maintenance verb.",
-        "enum": ["cordon", "drain", "maintenance", "uncordon", "end-maintenance", "lost"],
-    },
-    "kind": {
-        "description": "Telemetry kind.",
-        "enum": list(v1.TelemetryKind.__args__),  # type: ignore[attr-defined]
-    },
-}
 
-_LEASE_VERBS: tuple[tuple[str, type[Struct], str], ...] = (
-    ("commit", v1.CommitLease, "Commit a reserved lease and attach its job."),
-    ("heartbeat", v1.HeartbeatLease, "Heartbeat a lease (fenced by epoch)."),
-    ("renew", v1.RenewLease, "Extend a lease's deadline."),
-    ("release", v1.ReleaseLease, "Release a lease's capacity."),
-    ("cancel", v1.CancelLease, "Cancel a pending or running lease."),
-    ("get", v1.GetLease, "Read a lease."),
-    ("why", v1.WhyLease, "Explain why a lease is pending."),
-)
+class Channel(NamedTuple):
+    """One AsyncAPI channel and its operation (control.routes builds these from its table)."""
 
-_AGENT_VERBS: tuple[tuple[str, type[Struct], str, str], ...] = (
-    ("register", v1.NodeRegistration, "receive", "A node agent registers its capabilities."),
-    ("heartbeat", v1.NodeHeartbeat, "receive", "A node agent reports it is alive."),
-    ("drain", v1.NodeDrain, "receive", "A node agent asks to take no new leases."),
-    ("assign", v1.LeaseAssignment, "send", "The pool tells an agent to start a lease's job."),
-    ("revoke", v1.LeaseRevocation, "send", "The pool tells an agent to stop a lease."),
-)
+    id: str
+    address: str
+    payload: type[Struct]
+    operation: str
+    action: str  # "receive": the plane answers or consumes it; "send": the plane sends it
+    summary: str
+    replies: bool  # answered with an Envelope on the requester's inbox
+    parameters: dict[str, dict[str, Any]]
 
 
-def _channels() -> list[tuple[str, str, type[Struct], str, str, str, bool]]:
-    """(channel id, address, payload, operation id, action, summary, replies with Envelope)."""
-    rows: list[tuple[str, str, type[Struct], str, str, str, bool]] = [
-        (
-            "leaseRequest",
-            "pool.cmd.{tenant}.lease.request",
-            v1.LeaseRequest,
-            "requestLease",
-            "receive",
-            "Request a lease on capacity of a resource shape.",
-            True,
-        )
-    ]
-    for verb, payload, summary in _LEASE_VERBS:
-        rows.append(
-            (
-                f"lease{verb.capitalize()}",
-                f"pool.cmd.{{tenant}}.lease.{{lease_id}}.{verb}",
-                payload,
-                f"{verb}Lease",
-                "receive",
-                summary,
-                True,
-            )
-        )
-    rows.append(
-        (
-            "query",
-            "pool.cmd.{tenant}.query.{view}",
-            v1.Query,
-            "queryView",
-            "receive",
-            "Read a projection view.",
-            True,
-        )
-    )
-    rows.append(
-        (
-            "telemetryReplay",
-            "pool.cmd.{tenant}.telemetry.replay",
-            v1.TelemetryReplay,
-            "replayTelemetry",
-            "receive",
-            "A page of the tenant's own telemetry from the stream (replay without consumers).",
-            True,
-        )
-    )
-    for verb, payload, action, summary in _AGENT_VERBS:
-        rows.append(
-            (
-                f"agent{verb.capitalize()}",
-                f"pool.agent.{{node}}.{verb}",
-                payload,
-                f"agent{verb.capitalize()}",
-                action,
-                summary,
-                action == "receive",
-            )
-        )
-    rows.append(
-        (
-            "nodeLeaseStopped",
-            "pool.node.{node}.lease.{lease_id}.stopped",
-            v1.LeaseStopped,
-            "confirmLeaseStopped",
-            "receive",
-            "A node agent confirms a lease's workload is gone, so its capacity can be freed.",
-            True,
-        )
-    )
-    for path, payload, summary in (
-        ("pool.set", v1.PoolConfig, "Create or reconfigure a pool."),
-        ("pool.show", v1.PoolShow, "Every setting in force for a pool."),
-        ("pool.prices", v1.PriceListConfig, "Publish a new price list version."),
-        ("pool.images", v1.ImagePolicyConfig, "Replace a pool's image policy (a new version)."),
-        ("tenant.set", v1.TenantConfig, "Set a tenant's weight and quota in a pool."),
-        ("node.register", v1.NodeRegistration, "Register or re-register a node."),
-        ("credits.grant", v1.CreditGrant, "Grant micro-credits, idempotent by transfer id."),
-    ):
-        name = "".join(part.capitalize() for part in path.split("."))
-        rows.append(
-            (f"admin{name}", f"pool.admin.{path}", payload, f"admin{name}", "receive", summary,
-             True)
-        )
-    rows.append(
-        (
-            "adminNodeState",
-            "pool.admin.node.{node}.{verb}",
-            v1.NodeStateChange,
-            "adminNodeState",
-            "receive",
-            "Cordon, drain, put in maintenance or return a node.",
-            True,
-        )
-    )
-    rows.append(
-        (
-            "telemetry",
-            "pool.tel.{pool}.{node}.{tenant}.{lease}.{kind}",
-            v1.TelemetryEvent,
-            "receiveTelemetry",
-            "receive",
-            ("Queue, startup, execution, utilization and failure events from node agents"
-            " (the tenant token lets NATS permissions give each tenant only its own leases)."),
-            False,
-        )
-    )
-    return rows
+def _route_channels() -> list[Channel]:
+    # the route table lives with the control plane, which owns the handlers; imported here
+    # only when a document is built, so importing schemas stays free of it
+    from control.routes import asyncapi_channels
+
+    return asyncapi_channels()
 
 
 def _message(struct: type[Struct]) -> dict[str, Any]:
@@ -200,8 +77,9 @@ def _message(struct: type[Struct]) -> dict[str, Any]:
     }
 
 
-def asyncapi() -> dict[str, Any]:
-    """An AsyncAPI 3.0 document for the control plane, generated from the Structs."""
+def asyncapi(channel_rows: Iterable[Channel] | None = None) -> dict[str, Any]:
+    """An AsyncAPI 3.0 document for the control plane: the route table's channels (by
+    default) with the Structs as their payloads."""
     _, schemas = msgspec.json.schema_components(
         v1.PUBLIC_STRUCTS, ref_template="#/components/schemas/{name}"
     )
@@ -215,13 +93,13 @@ def asyncapi() -> dict[str, Any]:
     }
     operations: dict[str, Any] = {}
     messages: dict[str, Any] = {"Envelope": _message(v1.Envelope)}
-    for channel_id, address, payload, op_id, action, summary, replies in _channels():
+    rows = _route_channels() if channel_rows is None else channel_rows
+    for channel_id, address, payload, op_id, action, summary, replies, params in rows:
         name = payload.__name__
         messages[name] = _message(payload)
-        params = [p.strip("{}") for p in address.split(".") if p.startswith("{")]
         channels[channel_id] = {
             "address": address,
-            "parameters": {p: _PARAMETERS[p] for p in params},
+            "parameters": params,
             "messages": {name: {"$ref": f"#/components/messages/{name}"}},
         }
         op: dict[str, Any] = {

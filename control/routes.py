@@ -1,0 +1,386 @@
+"""The route table: every subject the control plane answers, sends or documents, in one list.
+
+`ROUTES` drives the command service's subscriptions, decoding and dispatch, the AsyncAPI export
+and the HTTP gateway. Importing it connects to nothing; mount it with `Router(ROUTES)`:
+`router.match(subject)` gives (route, params) and `router.dispatch(ctx, subject, body)` the
+reply Envelope, where `ctx` is any `Context` (an application and the readers it needs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
+
+from msgspec import Struct
+
+from bus.subjects import is_token
+from control.errors import UnknownSubject
+from schemas import v1
+from schemas.codec import COMMANDS, CommandSpec, decode_with
+from schemas.export import Channel
+
+if TYPE_CHECKING:
+    from control.application import PoolApp
+
+# who answers (or sends) a route: the command responders, the same responders only with a
+# database (queries), the active scheduler, a node agent (orders the plane sends), or nobody
+# (telemetry agents publish to a stream)
+ServedBy = Literal["commands", "queries", "scheduler", "agent", "stream"]
+Params = Mapping[str, str]
+
+
+class Context(Protocol):
+    """What a handler may use: the application and the readers a service was given."""
+
+    @property
+    def app(self) -> PoolApp: ...
+
+    def query_view(self, tenant: str, view: str, q: v1.Query) -> v1.Envelope: ...
+
+    def telemetry_replay(self, tenant: str, q: v1.TelemetryReplay) -> v1.Envelope: ...
+
+    def why(self, tenant: str, lease_id: str) -> v1.Envelope: ...
+
+
+Handler = Callable[[Context, Params, Any], v1.Envelope]
+
+
+@dataclass(frozen=True)
+class Route:
+    """One subject pattern (`{name}` tokens are parameters), the codec kind of its body, the
+    handler that answers it (None: answered or sent elsewhere) and a one-line summary."""
+
+    subject: str
+    kind: str
+    handler: Handler | None
+    summary: str
+    operation: str
+    served_by: ServedBy = "commands"
+    # parameters restricted to a fixed vocabulary (the node verbs); others are any token
+    choices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # subscribe through this wider subject instead (admin: one `pool.admin.>`, so a misspelt
+    # admin command is answered `unknown_command`, not left to time out)
+    subscribe_via: str | None = None
+    tokens: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tokens", tuple(self.subject.split(".")))
+        if self.kind not in COMMANDS:
+            raise ValueError(f"route {self.subject}: no codec kind {self.kind!r}")
+
+    @property
+    def spec(self) -> CommandSpec:
+        return COMMANDS[self.kind]
+
+    @property
+    def struct(self) -> type[Struct]:
+        return self.spec.type
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        return tuple(t[1:-1] for t in self.tokens if t.startswith("{"))
+
+    @property
+    def wildcard(self) -> str:
+        """The NATS subscription subject: each parameter a `*`."""
+        return ".".join("*" if t.startswith("{") else t for t in self.tokens)
+
+    @property
+    def replies(self) -> bool:
+        return self.served_by in ("commands", "queries", "scheduler")
+
+    def match(self, parts: list[str]) -> dict[str, str] | None:
+        """The parameters when `parts` (a subject split on dots) is this route, else None."""
+        if len(parts) != len(self.tokens):
+            return None
+        params: dict[str, str] = {}
+        for want, got in zip(self.tokens, parts, strict=True):
+            if want.startswith("{"):
+                name = want[1:-1]
+                allowed = self.choices.get(name)
+                if allowed is not None and got not in allowed:
+                    return None
+                params[name] = got
+            elif want != got:
+                return None
+        return params
+
+    def decode(self, body: bytes) -> Any:
+        return decode_with(self.spec, body)
+
+
+# -- handlers: parse is done, so each is one application call and its reply -------------------
+
+
+def _lease_reply(lease: Any) -> v1.Envelope:
+    from control.application import lease_view
+
+    return v1.Envelope.success(lease=lease_view(lease))
+
+
+def _node_reply(node: Any) -> v1.Envelope:
+    return v1.Envelope.success(result={"node_id": node.node_id, "state": str(node.state)})
+
+
+def _request(ctx: Context, p: Params, cmd: v1.LeaseRequest) -> v1.Envelope:
+    from bus import observability
+
+    # the lease keeps this command's trace, so placing and starting it join it
+    lease = ctx.app.request_lease(p["tenant"], cmd, trace_parent=observability.traceparent())
+    return _lease_reply(lease)
+
+
+def _lease_verb(verb: str) -> Handler:
+    def handle(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
+        app = ctx.app
+        if verb == "get":
+            return _lease_reply(app.get(p["tenant"], p["lease_id"]))
+        method: Callable[[str, str, Any], Any] = getattr(app, verb)
+        return _lease_reply(method(p["tenant"], p["lease_id"], cmd))
+
+    handle.__name__ = f"lease_{verb}"
+    return handle
+
+
+def _why(ctx: Context, p: Params, cmd: v1.WhyLease) -> v1.Envelope:
+    return ctx.why(p["tenant"], p["lease_id"])
+
+
+def _query(ctx: Context, p: Params, cmd: v1.Query) -> v1.Envelope:
+    return ctx.query_view(p["tenant"], p["view"], cmd)
+
+
+def _telemetry_replay(ctx: Context, p: Params, cmd: v1.TelemetryReplay) -> v1.Envelope:
+    return ctx.telemetry_replay(p["tenant"], cmd)
+
+
+def _node_stopped(ctx: Context, p: Params, cmd: v1.LeaseStopped) -> v1.Envelope:
+    return _lease_reply(ctx.app.confirm_stopped(p["node"], p["lease_id"], cmd))
+
+
+def _node_started(ctx: Context, p: Params, cmd: v1.JobStarted) -> v1.Envelope:
+    return _lease_reply(ctx.app.job_started(p["node"], p["lease_id"], cmd))
+
+
+def _node_exited(ctx: Context, p: Params, cmd: v1.JobExited) -> v1.Envelope:
+    return _lease_reply(ctx.app.job_ended(p["node"], p["lease_id"], epoch=cmd.epoch,
+                                          exit_code=cmd.exit_code))
+
+
+def _node_failed(ctx: Context, p: Params, cmd: v1.JobFailed) -> v1.Envelope:
+    return _lease_reply(ctx.app.job_ended(p["node"], p["lease_id"], epoch=cmd.epoch,
+                                          failure=cmd.reason))
+
+
+def _node_register(ctx: Context, p: Params, cmd: v1.NodeRegistration) -> v1.Envelope:
+    return _node_reply(ctx.app.register_own_node(p["node"], cmd))
+
+
+def _node_heartbeat(ctx: Context, p: Params, cmd: v1.NodeHeartbeat) -> v1.Envelope:
+    return v1.Envelope.success(result=ctx.app.node_heartbeat(p["node"], cmd))
+
+
+def _pool_set(ctx: Context, p: Params, cmd: v1.PoolConfig) -> v1.Envelope:
+    ctx.app.configure_pool(cmd)
+    return v1.Envelope.success(result=ctx.app.pool_settings(cmd.pool_id))
+
+
+def _pool_show(ctx: Context, p: Params, cmd: v1.PoolShow) -> v1.Envelope:
+    return v1.Envelope.success(result=ctx.app.pool_settings(cmd.pool_id))
+
+
+def _pool_prices(ctx: Context, p: Params, cmd: v1.PriceListConfig) -> v1.Envelope:
+    ctx.app.set_prices(cmd)
+    return v1.Envelope.success(result=ctx.app.pool_settings(cmd.pool_id))
+
+
+def _pool_images(ctx: Context, p: Params, cmd: v1.ImagePolicyConfig) -> v1.Envelope:
+    ctx.app.set_image_policy(cmd)
+    return v1.Envelope.success(result=ctx.app.pool_settings(cmd.pool_id))
+
+
+def _tenant_set(ctx: Context, p: Params, cmd: v1.TenantConfig) -> v1.Envelope:
+    from control.application import WEIGHT_SCALE
+
+    pol = ctx.app.set_tenant(cmd)
+    return v1.Envelope.success(result={
+        "tenant": pol.tenant_id, "pool_id": pol.pool_id, "weight": pol.weight / WEIGHT_SCALE,
+        "quota": None if pol.quota is None else pol.quota.to_dict()})
+
+
+def _admin_node_register(ctx: Context, p: Params, cmd: v1.NodeRegistration) -> v1.Envelope:
+    return _node_reply(ctx.app.register_node(cmd))
+
+
+def _admin_node_state(ctx: Context, p: Params, cmd: v1.NodeStateChange) -> v1.Envelope:
+    return _node_reply(ctx.app.node_state(p["node"], p["verb"], cmd.reason or ""))
+
+
+def _credits_grant(ctx: Context, p: Params, cmd: v1.CreditGrant) -> v1.Envelope:
+    acc = ctx.app.grant(cmd.tenant, cmd.amount_microcredits, cmd.transfer_id, cmd.reason or "")
+    return v1.Envelope.success(result={"tenant": cmd.tenant,
+                                       "available_microcredits": acc.available,
+                                       "granted_microcredits": acc.granted})
+
+
+# -- the table ---------------------------------------------------------------------------------
+
+LEASE_VERBS: Final = ("commit", "heartbeat", "renew", "release", "cancel", "get")
+NODE_VERBS: Final = ("cordon", "drain", "maintenance", "uncordon", "end-maintenance", "lost")
+QUERY_VIEWS: Final = ("queue", "balance", "leases")
+_LEASE_SUMMARIES: Final = {
+    "commit": "Commit a reserved lease and attach its job.",
+    "heartbeat": "Heartbeat a lease (fenced by epoch).",
+    "renew": "Extend a lease's deadline.",
+    "release": "Release a lease's capacity.",
+    "cancel": "Cancel a pending or running lease.",
+    "get": "Read a lease.",
+}
+_ADMIN = "pool.admin.>"
+
+
+def _admin(path: str, kind: str, handler: Handler, summary: str, operation: str,
+           **kw: Any) -> Route:
+    return Route(f"pool.admin.{path}", kind, handler, summary, operation,
+                 subscribe_via=_ADMIN, **kw)
+
+
+ROUTES: Final[tuple[Route, ...]] = (
+    # tenants: `pool.cmd.<tenant>.…` (server permissions pin the tenant token)
+    Route("pool.cmd.{tenant}.lease.request", "lease.request", _request,
+          "Request a lease on capacity of a resource shape.", "requestLease"),
+    *(Route(f"pool.cmd.{{tenant}}.lease.{{lease_id}}.{verb}", f"lease.{verb}",
+            _lease_verb(verb), _LEASE_SUMMARIES[verb], f"{verb}Lease")
+      for verb in LEASE_VERBS),
+    Route("pool.cmd.{tenant}.lease.{lease_id}.why", "lease.why", _why,
+          "Explain why a lease is pending.", "whyLease", served_by="scheduler"),
+    Route("pool.cmd.{tenant}.query.{view}", "query", _query, "Read a projection view.",
+          "queryView", served_by="queries"),
+    Route("pool.cmd.{tenant}.telemetry.replay", "telemetry.replay", _telemetry_replay,
+          "A page of the tenant's own telemetry from the stream (replay without consumers).",
+          "replayTelemetry"),
+    # node agents report under their own `pool.node.<node>.…` (their credentials allow no other)
+    Route("pool.node.{node}.register", "agent.register", _node_register,
+          "A node agent registers its capabilities.", "agentRegister"),
+    Route("pool.node.{node}.heartbeat", "agent.heartbeat", _node_heartbeat,
+          "A node agent reports it is alive, with the leases it runs.", "agentHeartbeat"),
+    Route("pool.node.{node}.lease.{lease_id}.stopped", "node.stopped", _node_stopped,
+          "A node agent confirms a lease's workload is gone, so its capacity can be freed.",
+          "confirmLeaseStopped"),
+    Route("pool.node.{node}.lease.{lease_id}.started", "node.started", _node_started,
+          "A node agent reports a lease's job started.", "jobStarted"),
+    Route("pool.node.{node}.lease.{lease_id}.exited", "node.exited", _node_exited,
+          "A node agent reports a lease's job exited with its code.", "jobExited"),
+    Route("pool.node.{node}.lease.{lease_id}.failed", "node.failed", _node_failed,
+          "A node agent reports a lease's job failed to run.", "jobFailed"),
+    # the operator
+    _admin("pool.set", "admin.pool", _pool_set, "Create or reconfigure a pool.", "adminPoolSet"),
+    _admin("pool.show", "admin.pool.show", _pool_show, "Every setting in force for a pool.",
+           "adminPoolShow"),
+    _admin("pool.prices", "admin.pool.prices", _pool_prices, "Publish a new price list version.",
+           "adminPoolPrices"),
+    _admin("pool.images", "admin.pool.images", _pool_images,
+           "Replace a pool's image policy (a new version).", "adminPoolImages"),
+    _admin("tenant.set", "admin.tenant", _tenant_set,
+           "Set a tenant's weight and quota in a pool.", "adminTenantSet"),
+    _admin("node.register", "agent.register", _admin_node_register,
+           "Register or re-register a node.", "adminNodeRegister"),
+    _admin("credits.grant", "admin.credits.grant", _credits_grant,
+           "Grant micro-credits, idempotent by transfer id.", "adminCreditsGrant"),
+    _admin("node.{node}.{verb}", "admin.node.state", _admin_node_state,
+           "Cordon, drain, put in maintenance or return a node.", "adminNodeState",
+           choices={"verb": NODE_VERBS}),
+    # what the plane sends to agents (a work queue per node) and what agents stream
+    Route("pool.agent.{node}.start", "agent.assign", None,
+          "The pool tells an agent to start a lease's job.", "agentStart", served_by="agent"),
+    Route("pool.agent.{node}.stop", "agent.revoke", None,
+          "The pool tells an agent to stop a lease.", "agentStop", served_by="agent"),
+    Route("pool.agent.{node}.preempt", "agent.revoke", None,
+          "The pool tells an agent to stop a lease it preempts, within the grace.",
+          "agentPreempt", served_by="agent"),
+    Route("pool.tel.{pool}.{node}.{tenant}.{lease}.{kind}", "telemetry", None,
+          "Queue, startup, execution, utilization and failure events from node agents"
+          " (the tenant token lets NATS permissions give each tenant only its own leases).",
+          "receiveTelemetry", served_by="stream",
+          choices={"kind": tuple(v1.TelemetryKind.__args__)}),  # type: ignore[attr-defined]
+)
+
+
+def subscriptions(served_by: Iterable[ServedBy], routes: Iterable[Route] = ROUTES) -> list[str]:
+    """The subjects a service answering `served_by` routes subscribes to, each once."""
+    wanted = set(served_by)
+    out: list[str] = []
+    for r in routes:
+        if r.served_by in wanted:
+            s = r.subscribe_via or r.wildcard
+            if s not in out:
+                out.append(s)
+    return out
+
+
+# what each parameter is, for the AsyncAPI document (a choice list adds its enum)
+PARAMETERS: Final[Mapping[str, str]] = {
+    "tenant": "Tenant id (a subject token).",
+    "lease_id": "Lease id (a subject token).",
+    "lease": "Lease id (a subject token).",
+    "view": f"Name of a projection view: {', '.join(QUERY_VIEWS)}.",
+    "node": "Node id (a subject token).",
+    "pool": "Pool id (a subject token).",
+    "verb": "Node maintenance verb.",
+    "kind": "Telemetry kind.",
+}
+
+
+def asyncapi_channels(routes: Iterable[Route] = ROUTES) -> list[Channel]:
+    """The routes as the AsyncAPI export's channels: what the plane receives and sends."""
+    out: list[Channel] = []
+    for r in routes:
+        params: dict[str, dict[str, Any]] = {}
+        for name in r.params:
+            doc: dict[str, Any] = {"description": PARAMETERS[name]}
+            if name in r.choices:
+                doc["enum"] = list(r.choices[name])
+            params[name] = doc
+        out.append(Channel(id=r.operation, address=r.subject, payload=r.struct,
+                           operation=r.operation,
+                           action="send" if r.served_by == "agent" else "receive",
+                           summary=r.summary, replies=r.replies, parameters=params))
+    return out
+
+
+class Router:
+    """Finds the route of a subject and runs it: decode the body, call the handler."""
+
+    def __init__(self, routes: Iterable[Route] = ROUTES,
+                 served_by: Iterable[ServedBy] = ("commands", "queries")) -> None:
+        wanted = set(served_by)
+        self.routes = tuple(r for r in routes if r.served_by in wanted and r.handler)
+        self._by_head: dict[tuple[str, str, int], list[Route]] = {}
+        for r in self.routes:
+            self._by_head.setdefault(self._head(list(r.tokens)), []).append(r)
+
+    @staticmethod
+    def _head(parts: list[str]) -> tuple[str, str, int]:
+        return parts[0], parts[1] if len(parts) > 1 else "", len(parts)
+
+    def match(self, subject: str) -> tuple[Route, dict[str, str]]:
+        """The route and its parameters; UnknownSubject when none matches or a parameter is
+        not a subject token (subjects are as hostile as bodies)."""
+        parts = subject.split(".")
+        for r in self._by_head.get(self._head(parts), ()):
+            params = r.match(parts)
+            if params is None:
+                continue
+            bad = [k for k, v in params.items() if not is_token(v)]
+            if bad:
+                raise UnknownSubject(f"{bad[0]} in {subject[:200]!r} is not a subject token")
+            return r, params
+        raise UnknownSubject(f"no command is answered on {subject[:200]}")
+
+    def dispatch(self, ctx: Context, subject: str, body: bytes) -> v1.Envelope:
+        """The reply to `body` on `subject`; raises the layers' typed errors on a refusal."""
+        route, params = self.match(subject)
+        cmd = route.decode(body)
+        assert route.handler is not None
+        return route.handler(ctx, params, cmd)
