@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.schedule import run_schedule_bench
+from bench.schedule import BACKLOG_LABEL, run_schedule_bench
 
 
 @pytest.mark.parametrize("priced", [False, True], ids=["free", "priced"])
@@ -17,6 +17,9 @@ def test_the_schedule_bench_places_every_request_it_submits(priced: bool) -> Non
     assert result["steady_placed"] == int(result["steady_rate"] * 3)  # every steady request too
     assert result["steady_placements_per_s"] > 0 and result["backlog_placements_per_s"] > 0
     assert 0 < result["latency_p50_s"] <= result["latency_p99_s"]
+    # the scheduler-alone figure says so, and its timer includes reading the backlog
+    assert BACKLOG_LABEL in result["table"]
+    assert 0 < result["backlog_read_s"] < result["backlog_s"]
     # messages per placement: a LeaseReserved each, one node event per node per batch, and
     # when the pool has prices one CreditsHeldBatch per tenant per batch (a CreditsHeld per
     # placement would make it over 2)
