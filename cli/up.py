@@ -110,7 +110,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
         raise UsageError("--nats-nodes must be at least 1 (3 or 5 for a quorum that survives loss)")
     home = Path(args.home).resolve() if args.home else embedded.pool_home()
     root = home / "cluster"
-    root.mkdir(parents=True, exist_ok=True)
+    lock_fd = embedded.hold_instance_lock(root)  # one `pool cluster up` per home
     state = root / "cluster.json"
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -176,6 +176,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
         cluster.stop()
         if pg is not None:
             pg.stop()
+        embedded.release_instance_lock(lock_fd)
         if not args.json:
             print(f"stopped; data kept in {root}", file=sys.stderr)
 

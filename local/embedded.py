@@ -18,6 +18,7 @@ import fcntl
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,6 +37,13 @@ from projections.postgres.embedded import (
 DEFAULT_NATS_PORT = 14222
 AUTH_FILE = "auth.json"
 AUTH_INCLUDE = "auth.conf"  # next to the server's configuration in $POOL_HOME/nats
+INSTANCE_LOCK = "instance.lock"  # held by the one `pool up` of this home for its whole life
+
+
+class InstanceRunning(Exception):
+    """Another process already serves this data directory (one `pool up` per POOL_HOME)."""
+
+    code = "instance_running"
 
 
 def pool_home() -> Path:
@@ -54,6 +62,7 @@ class Embedded:
     notes: list[str] = field(default_factory=list)
     service_url: str = ""  # nats_url with the service user's credentials (or nats_url: no auth)
     auth_mtime: float = 0.0
+    lock_fd: int | None = None  # the instance lock, released last by stop()
 
     @property
     def secured(self) -> bool:
@@ -83,6 +92,9 @@ class Embedded:
         endpoints = self.home / "endpoints.json"
         if endpoints.exists():
             endpoints.unlink()
+        if self.lock_fd is not None:
+            release_instance_lock(self.lock_fd)
+            self.lock_fd = None
 
     def write_endpoints(self) -> Path:
         path = self.home / "endpoints.json"
@@ -100,10 +112,59 @@ class Embedded:
         return path
 
 
-def start(home: Path | None = None, *, with_postgres: bool = True) -> Embedded:
-    """Start (or find) NATS and PostgreSQL for this machine; data stays under `home`."""
-    home = home or pool_home()
+def hold_instance_lock(home: Path) -> int:
+    """Take `home`'s instance lock for as long as the returned descriptor stays open; raise
+    InstanceRunning, naming the holder, when another process has it. Nothing else is touched."""
     home.mkdir(parents=True, exist_ok=True)
+    fd = os.open(home / INSTANCE_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _lock_holder(fd)
+        os.close(fd)
+        raise InstanceRunning(f"{home} is in use by {holder}; stop it first (one `pool up` "
+                              "per POOL_HOME)") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, (json.dumps({"pid": os.getpid(), "started_at": time.time(),
+                              "command": " ".join(["pool", *sys.argv[1:]])}) + "\n").encode())
+    return fd
+
+
+def release_instance_lock(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+def _lock_holder(fd: int) -> str:
+    """Who holds the lock, from what it wrote into the file: 'pid N (`pool up …`, since T)'."""
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        info = json.loads(os.read(fd, 4096) or b"{}")
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(info["started_at"])))
+        return f"pid {int(info['pid'])} (`{info['command']}`, since {since})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process"  # it holds the lock but has not written its name yet
+
+
+def start(home: Path | None = None, *, with_postgres: bool = True) -> Embedded:
+    """Start (or find) NATS and PostgreSQL for this machine; data stays under `home`.
+
+    The first thing taken is the instance lock: a second start on the same home raises
+    InstanceRunning before it reads or writes anything there."""
+    home = home or pool_home()
+    lock_fd = hold_instance_lock(home)
+    try:
+        emb = _start(home, with_postgres=with_postgres)
+    except BaseException:
+        release_instance_lock(lock_fd)
+        raise
+    emb.lock_fd = lock_fd
+    return emb
+
+
+def _start(home: Path, *, with_postgres: bool) -> Embedded:
     nats_url = os.environ.get("POOL_NATS_URL")
     server: NatsServer | None = None
     notes: list[str] = []

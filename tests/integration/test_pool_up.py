@@ -13,11 +13,16 @@ from pathlib import Path
 import nats
 
 
-def _start(home: Path) -> tuple[subprocess.Popen[str], dict[str, object]]:
+def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("POOL_")}
     env["POOL_NATS_PORT"] = "0"  # any free port: tests must not collide with a running pool
+    return env
+
+
+def _start(home: Path, *flags: str) -> tuple[subprocess.Popen[str], dict[str, object]]:
+    env = _env()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "up", "--home", str(home), "--json"],
+        [sys.executable, "-m", "cli.main", "up", "--home", str(home), "--json", *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -55,6 +60,7 @@ def test_pool_up_keeps_its_events_across_a_restart(tmp_path: Path) -> None:
     home = tmp_path / "home"
     proc, info = _start(home)
     try:
+        assert "nats_url" in info, info
         assert str(info["nats_url"]).startswith("nats://127.0.0.1:")
         assert str(info["database_url"]).startswith("postgresql://")
         assert asyncio.run(_publish_and_count(_service_url(home), publish=True)) == 1
@@ -84,3 +90,30 @@ def test_pool_up_reports_an_unreachable_database_in_one_line(tmp_path: Path) -> 
     assert out.returncode == 1
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "database_unavailable" in lines[0], out.stderr
+
+
+def test_a_second_pool_up_on_the_same_home_names_the_holder_and_touches_nothing(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    proc, _ = _start(home, "--no-postgres")
+    try:
+        endpoints = (home / "endpoints.json").read_bytes()
+        out = subprocess.run(
+            [sys.executable, "-m", "cli.main", "up", "--home", str(home), "--no-postgres",
+             "--exit-when-ready"],
+            check=False, capture_output=True, text=True, env=_env(), timeout=60,
+        )
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert "ready" not in out.stdout
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1, out.stderr
+        assert "instance_running" in lines[0] and f"pid {proc.pid}" in lines[0], lines[0]
+        # the first instance keeps its endpoints and still serves
+        assert (home / "endpoints.json").read_bytes() == endpoints
+        assert asyncio.run(_publish_and_count(_service_url(home), publish=True)) == 1
+    finally:
+        assert _interrupt(proc) == 0
+    # once the first has stopped, the home is free again
+    proc, _ = _start(home, "--no-postgres")
+    assert _interrupt(proc) == 0
