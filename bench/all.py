@@ -15,7 +15,7 @@ from typing import Any
 def _fmt(v: float | None, unit: str) -> str:
     if v is None:
         return "n/a"
-    if unit == "s" or unit == "ms":
+    if unit in ("s", "ms"):
         return f"{v:,.3f}" if v < 10 else f"{v:,.1f}"
     return f"{v:,.0f}"
 
@@ -23,12 +23,17 @@ def _fmt(v: float | None, unit: str) -> str:
 def run_all(*, quick: bool = False, database_url: str | None = None,
             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     from bench.agent import run_agent_bench
+    from bench.e2e import rows as e2e_rows
+    from bench.e2e import run_e2e_bench
+    from bench.machine import machine_line
     from bench.projections import run_projections_bench
     from bench.schedule import BACKLOG_LABEL, run_schedule_bench
     from bus.bench import run_eventlog_bench
 
     say = progress or (lambda _s: None)
     started = time.monotonic()
+    say("== e2e")
+    e2e = run_e2e_bench(quick=quick, progress=say)
     say("== eventlog")
     ev = run_eventlog_bench(quick=quick, progress=say)
     say("== schedule")
@@ -44,6 +49,9 @@ def run_all(*, quick: bool = False, database_url: str | None = None,
         ratio = "" if value is None or not raw or unit not in ("/s",) else f"{value / raw:.3f}"
         rows.append((label, value, unit, goal, ratio))
 
+    # first: what users see, from outside the control plane (its own raw rate, same run)
+    for label, value, unit, goal, raw in e2e_rows(e2e):
+        row(label, value, unit, goal, raw)
     row("raw JetStream atomic batch of 999 (msgs/s)", raw_ev, "/s", "", raw_ev)
     row("raw publish, awaited (msgs/s)", ev["raw"]["awaited"], "/s", "", raw_ev)
     row("Application save, 3 aggregates (saves/s)", ev["application"]["save_3"], "/s", "", raw_ev)
@@ -76,9 +84,9 @@ def run_all(*, quick: bool = False, database_url: str | None = None,
     lines.append(f"÷ raw: the figure over the raw 999-message atomic-batch rate its own benchmark "
                  f"measured in the same run; {'quick' if quick else 'full'} sizes; "
                  f"{time.monotonic() - started:.0f} s in all")
-    lines.append("machine: 2 cores, 24 GiB, shared and noisy; nats-server 2.15 file storage, "
-                 "sync_interval always; Python 3.11")
-    return {"eventlog": {k: v for k, v in ev.items() if k != "table"},
+    lines.append(f"machine: {machine_line()}; nats-server file storage, sync_interval always")
+    return {"e2e": {k: v for k, v in e2e.items() if k != "table"},
+            "eventlog": {k: v for k, v in ev.items() if k != "table"},
             "schedule": {k: v for k, v in sc.items() if k != "table"},
             "projections": {k: v for k, v in pr.items() if k != "table"},
             "agent": {k: v for k, v in ag.items() if k != "table"},

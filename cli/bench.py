@@ -54,6 +54,26 @@ def cmd_bench_agent(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_bench_e2e(args: argparse.Namespace) -> int:
+    from bench.e2e import run_e2e_bench
+
+    for flag, value in (("--clients", args.clients), ("--nodes", args.nodes),
+                        ("--count", args.count)):
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1")
+    for flag, fvalue in (("--seconds", args.seconds), ("--rate", args.rate),
+                         ("--steady-seconds", args.steady_seconds)):
+        if fvalue <= 0:
+            raise UsageError(f"{flag} must be positive")
+    result = run_e2e_bench(
+        clients=args.clients, nodes=args.nodes, seconds=args.seconds, rate=args.rate,
+        steady_seconds=args.steady_seconds, count=args.count, quick=args.quick,
+        progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)))
+    print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json
+          else result["table"])
+    return EXIT_OK
+
+
 def cmd_bench_all(args: argparse.Namespace) -> int:
     from bench.all import run_all
     from local import embedded
@@ -117,6 +137,19 @@ def register(sub: Subparsers) -> None:
                          "(one more event each)")
     sb.add_argument("--json", action="store_true")
     sb.set_defaults(func=cmd_bench_schedule)
+    be = bench.add_parser("e2e", help="what users see: concurrent clients requesting leases "
+                          "on the public subjects against the whole control plane")
+    be.add_argument("--clients", type=int, default=64, help="concurrent clients (default 64)")
+    be.add_argument("--nodes", type=int, default=1000, help="simulated nodes (default 1,000)")
+    be.add_argument("--seconds", type=float, default=10.0, help="saturating phase length")
+    be.add_argument("--rate", type=float, default=1000.0,
+                    help="steady offered requests/s for the latency figures (default 1,000)")
+    be.add_argument("--steady-seconds", type=float, default=10.0)
+    be.add_argument("--count", type=int, default=1, help="leases per request (default 1)")
+    be.add_argument("--quick", action="store_true",
+                    help="8 clients, 20 nodes, 2 s saturating, 100/s for 2 s")
+    be.add_argument("--json", action="store_true")
+    be.set_defaults(func=cmd_bench_e2e)
     bal = bench.add_parser("all", help="every benchmark in one run: one table of figures, "
                            "goals and ratios to the raw JetStream rate")
     bal.add_argument("--quick", action="store_true", help="the CI sizes")

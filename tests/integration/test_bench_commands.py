@@ -36,3 +36,26 @@ def test_the_agent_bench_starts_every_workload_it_sends() -> None:
         pytest.skip(process["unavailable"])
     assert process["published"]["n"] == process["delivered"]["n"] == result["starts"] == 5
     assert 0 < process["delivered"]["p50_ms"] <= process["delivered"]["p90_ms"]
+
+
+def test_the_e2e_bench_sees_every_accepted_request_reserved() -> None:
+    from bench.e2e import run_e2e_bench
+
+    result = run_e2e_bench(quick=True, seconds=1.0, steady_seconds=1.0, rate=50.0)
+    sat, steady = result["saturated"], result["steady"]
+    assert sat["accepted"] > 0 and sat["errors"] == {} and steady["errors"] == {}
+    # every accepted lease was seen reserved, and no reservation came before its request
+    assert sat["reserved"] == sat["leases"] == sat["accepted"]
+    assert steady["reserved"] == steady["accepted"] == steady["requests"] == 50
+    assert 0 < steady["reserved_p50_ms"] <= steady["reserved_p99_ms"] <= steady["reserved_max_ms"]
+    assert result["raw_atomic_msgs_per_s"] > 0
+    assert "cores" in result["machine"] and "e2e: accepted requests/s" in result["table"]
+
+
+def test_pool_bench_e2e_names_a_bad_flag() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "cli.main", "bench", "e2e", "--clients", "0"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode != 0 and "--clients" in done.stderr

@@ -1,0 +1,265 @@
+"""`pool bench e2e`: what a user sees, measured from outside the control plane in one run.
+
+Tenants' clients in processes of their own request leases on `pool.cmd.<tenant>.lease.request`
+against the control plane as `pool up` runs it, with simulated nodes registered and beating:
+accepted requests/s, request → reserved latencies, beside the raw atomic-batch ingest rate.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.machine import machine_line
+
+POOL = "bench"
+TENANTS = ["t0", "t1", "t2", "t3"]
+SHAPE = {"cpu_millis": 100, "memory_mib": 64}  # small: the fleet holds every request of a run
+_CTX = multiprocessing.get_context("spawn")  # the parent holds threads: no fork
+
+
+def _serve_plane(url: str, ready: Any, stop: Any) -> None:
+    """In a process of its own: every control-plane role, as `pool up` runs them (no views)."""
+    from control.plane import ControlPlane
+
+    plane = ControlPlane(url, database_url=None).start()
+    ready.put("plane")
+    stop.wait()
+    plane.stop()
+
+
+def _run_fleet(url: str, nodes: int, heartbeat_seconds: float, ready: Any, stop: Any) -> None:
+    """In a process of its own: `nodes` simulated agents, registered, then beating."""
+    from agents.simulate import SimulatedFleet, fleet
+
+    sim = SimulatedFleet(url, fleet(nodes, "cpu"), pool_id=POOL,
+                         heartbeat_interval=heartbeat_seconds).start()
+    ready.put("fleet")
+    stop.wait()
+    sim.stop()
+
+
+class _Body:
+    """Request i's body: a fresh idempotency key per request (picklable for spawn)."""
+
+    def __init__(self, prefix: str, count: int = 1) -> None:
+        self.prefix = prefix
+        self.count = count
+
+    def __call__(self, i: int) -> bytes:
+        body: dict[str, Any] = {"pool_id": POOL, "shape": SHAPE,
+                                "maximum_runtime_seconds": 3600,
+                                "idempotency_key": f"{self.prefix}-{i}"}
+        if self.count > 1:
+            body["count"] = self.count
+        return json.dumps(body).encode()
+
+
+def _client_process(url: str, clients: int, seconds: float, rate: float | None,
+                    prefix: str, count: int, out: Any) -> None:
+    from bus.loadgen import run_clients
+
+    sent = run_clients(url, tenants=TENANTS, clients=clients, seconds=seconds, rate=rate,
+                       make_body=_Body(prefix, count))
+    out.put([(s.sent_at, s.replied_at, s.ok, s.lease_ids, s.code) for s in sent])
+
+
+def _load(url: str, *, clients: int, processes: int, seconds: float, rate: float | None,
+          run: str, count: int = 1) -> list[tuple[float, float, bool, tuple[str, ...], str]]:
+    """Client processes sharing `clients` connections (and `rate`, when open loop)."""
+    out = _CTX.Queue()
+    procs = []
+    for p in range(processes):
+        mine = clients // processes + (1 if p < clients % processes else 0)
+        if mine == 0:
+            continue
+        share = None if rate is None else rate * mine / clients
+        procs.append(_CTX.Process(target=_client_process, daemon=True, args=(
+            url, mine, seconds, share, f"{run}-p{p}", count, out)))
+    for proc in procs:
+        proc.start()
+    records: list[tuple[float, float, bool, tuple[str, ...], str]] = []
+    for _ in procs:
+        records.extend(out.get(timeout=seconds + 120))
+    for proc in procs:
+        proc.join(10)
+    return records
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _phase(records: list[tuple[float, float, bool, tuple[str, ...], str]],
+           reserved: dict[str, float], seconds: float) -> dict[str, Any]:
+    ok = [r for r in records if r[2]]
+    start = min((r[0] for r in records), default=0.0)
+    end = start + seconds
+    ids = [(r[0], lid) for r in ok for lid in r[3]]
+    waits = [reserved[lid] - t for t, lid in ids if lid in reserved]
+    in_window = sum(1 for _, lid in ids if reserved.get(lid, end + 1) <= end)
+    errors: dict[str, int] = {}
+    for r in records:
+        if not r[2]:
+            errors[r[4]] = errors.get(r[4], 0) + 1
+    replies = [r[1] - r[0] for r in ok]
+    return {
+        "requests": len(records), "accepted": len(ok), "leases": len(ids), "errors": errors,
+        "accepted_per_s": len(ok) / seconds, "leases_per_s": len(ids) / seconds,
+        "reserved": len(waits), "reserved_per_s": in_window / seconds,
+        "reply_p50_ms": _ms(_pct(replies, 0.5)), "reply_p99_ms": _ms(_pct(replies, 0.99)),
+        "reserved_p50_ms": _ms(_pct(waits, 0.5)), "reserved_p99_ms": _ms(_pct(waits, 0.99)),
+        "reserved_max_ms": _ms(max(waits) if waits else None),
+    }
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else v * 1000
+
+
+def _drain(watcher: Any, records: list[Any], timeout: float) -> None:
+    """Wait until every accepted lease is reserved (or `timeout`): latecomers still count."""
+    want = {lid for r in records if r[2] for lid in r[3]}
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and not want <= watcher.reserved.keys():
+        time.sleep(0.1)
+
+
+def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0,
+                  rate: float = 1000.0, steady_seconds: float = 10.0, count: int = 1,
+                  processes: int | None = None, heartbeat_seconds: float = 10.0,
+                  quick: bool = False,
+                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """One run: raw batch ingest, then a saturating closed loop of `clients`, then `rate`
+    requests/s offered for `steady_seconds`; every figure from the same server."""
+    from bus.admin import ensure_all_streams
+    from bus.bench import raw_atomic_rate
+    from bus.loadgen import ReservedWatcher
+    from bus.local.server import NatsServer
+    from client.api import PoolClient
+
+    if quick:
+        clients, nodes, seconds = min(clients, 8), min(nodes, 20), min(seconds, 2.0)
+        rate, steady_seconds = min(rate, 100.0), min(steady_seconds, 2.0)
+    if clients < 1 or nodes < 1 or seconds <= 0 or rate <= 0 or steady_seconds <= 0:
+        raise ValueError("clients, nodes, seconds, rate and steady seconds must be positive")
+    processes = processes or max(1, min(clients, os.cpu_count() or 1))
+    say = progress or (lambda _s: None)
+    run = uuid.uuid4().hex[:6]
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="pool-bench-e2e-") as tmp:
+        server = NatsServer(store_dir=Path(tmp) / "nats").start()
+        stop = _CTX.Event()
+        ready = _CTX.Queue()
+        procs: list[Any] = []
+        watcher = None
+        try:
+            url = server.url
+            ensure_all_streams(url)
+            say("raw atomic batches of 999…")
+            raw = raw_atomic_rate(url)
+            plane = _CTX.Process(target=_serve_plane, args=(url, ready, stop), daemon=True)
+            plane.start()
+            procs.append(plane)
+            ready.get(timeout=120)
+            with PoolClient(url, timeout=30) as admin:
+                got = admin.admin("pool.set", {"pool_id": POOL, "commit_timeout_seconds": 3600,
+                                               "node_timeout_seconds": 600})
+                if not got.get("ok"):
+                    raise RuntimeError(f"pool.set refused: {got}")
+            say(f"registering {nodes} simulated nodes…")
+            t0 = time.monotonic()
+            fleet = _CTX.Process(target=_run_fleet, daemon=True,
+                                 args=(url, nodes, heartbeat_seconds, ready, stop))
+            fleet.start()
+            procs.append(fleet)
+            ready.get(timeout=600)
+            register_s = time.monotonic() - t0
+            watcher = ReservedWatcher(url).start()
+            _load(url, clients=min(clients, 4), processes=1, seconds=0.5, rate=None,
+                  run=f"{run}-warm")
+            say(f"saturating: {clients} clients for {seconds:g} s…")
+            sat = _load(url, clients=clients, processes=processes, seconds=seconds, rate=None,
+                        run=f"{run}-sat", count=count)
+            _drain(watcher, sat, 30)
+            saturated = _phase(sat, watcher.reserved, seconds)
+            say(f"steady: {rate:g} requests/s offered for {steady_seconds:g} s…")
+            st = _load(url, clients=clients, processes=processes, seconds=steady_seconds,
+                       rate=rate, run=f"{run}-steady", count=count)
+            _drain(watcher, st, 30)
+            steady = _phase(st, watcher.reserved, steady_seconds)
+        finally:
+            stop.set()
+            for p in procs:
+                p.join(30)
+                if p.is_alive():
+                    p.kill()
+            if watcher is not None:
+                watcher.stop()
+            server.stop()
+    result: dict[str, Any] = {
+        "clients": clients, "client_processes": processes, "nodes": nodes, "count": count,
+        "seconds": seconds, "offered_per_s": rate, "steady_seconds": steady_seconds,
+        "heartbeat_seconds": heartbeat_seconds, "register_s": register_s,
+        "raw_atomic_msgs_per_s": raw, "saturated": saturated, "steady": steady,
+        "machine": machine_line(), "quick": quick,
+        "elapsed_s": time.monotonic() - started,
+    }
+    result["table"] = table(result)
+    return result
+
+
+def rows(result: dict[str, Any]) -> list[tuple[str, float | None, str, str, float | None]]:
+    """(figure, value, unit, goal, raw rate to divide by) — also the first rows of bench all."""
+    s, st, raw = result["saturated"], result["steady"], result["raw_atomic_msgs_per_s"]
+    c = result["clients"]
+    per = " leases" if result["count"] > 1 else ""
+    return [
+        (f"e2e: accepted requests/s, {c} clients{per}", s["accepted_per_s"], "/s", "≥ 5,000",
+         raw),
+        ("e2e: reserved/s, same run", s["reserved_per_s"], "/s", "≥ 3,000", raw),
+        ("e2e: reply p99 at saturation (ms)", s["reply_p99_ms"], "ms", "", None),
+        ("e2e: request → reserved p50 at saturation (ms)", s["reserved_p50_ms"], "ms", "", None),
+        ("e2e: request → reserved p99 at saturation (ms)", s["reserved_p99_ms"], "ms", "", None),
+        (f"e2e: request → reserved p50 at {result['offered_per_s']:,.0f}/s offered (ms)",
+         st["reserved_p50_ms"], "ms", "", None),
+        (f"e2e: request → reserved p99 at {result['offered_per_s']:,.0f}/s offered (ms)",
+         st["reserved_p99_ms"], "ms", "≤ 50", None),
+        (f"e2e: request → reserved max at {result['offered_per_s']:,.0f}/s offered (ms)",
+         st["reserved_max_ms"], "ms", "", None),
+        (f"e2e: accepted/s at {result['offered_per_s']:,.0f}/s offered", st["accepted_per_s"],
+         "/s", "", raw),
+    ]
+
+
+def table(result: dict[str, Any]) -> str:
+    s, st = result["saturated"], result["steady"]
+    lines = [f"{'figure':<58} {'value':>10} {'goal':>9} {'÷ raw':>7}", "-" * 87]
+    for label, value, unit, goal, raw in rows(result):
+        ratio = f"{value / raw:.3f}" if value is not None and raw and unit == "/s" else ""
+        text = "n/a" if value is None else f"{value:,.1f}" if unit == "ms" else f"{value:,.0f}"
+        lines.append(f"{label:<58} {text:>10} {goal:>9} {ratio:>7}")
+    lines.append(f"{'raw JetStream atomic batch of 999, same server (msgs/s)':<58} "
+                 f"{result['raw_atomic_msgs_per_s']:>10,.0f}")
+    lines.append(
+        f"saturation: {s['requests']:,} requests, {s['accepted']:,} accepted, "
+        f"{s['reserved']:,} reserved, errors {s['errors'] or 'none'}; steady: "
+        f"{st['requests']:,} sent, {st['accepted']:,} accepted, {st['reserved']:,} reserved, "
+        f"errors {st['errors'] or 'none'}")
+    lines.append(
+        f"{result['clients']} clients in {result['client_processes']} processes (one NATS "
+        f"connection each), {result['nodes']} simulated nodes beating every "
+        f"{result['heartbeat_seconds']:g} s (registered in {result['register_s']:.1f} s); "
+        f"{'quick' if result['quick'] else 'full'} sizes, {result['elapsed_s']:.0f} s in all")
+    lines.append(f"machine: {result['machine']}")
+    return "\n".join(lines)
