@@ -15,11 +15,12 @@ from typing import Any
 
 import nats
 from nats.errors import Error as NatsError
+from nats.js.api import DeliverPolicy
 
 from bus.headers import HDR_ORIGINATOR_ID, HDR_TOPIC
 from bus.replies import tenant_inbox
 from bus.runtime import servers
-from bus.subjects import APPENDED_FILTER
+from bus.subjects import EVENTS_PREFIX, EVENTS_STREAM
 
 
 @dataclass(frozen=True)
@@ -108,8 +109,8 @@ def run_clients(url: str, *, tenants: list[str], clients: int, seconds: float,
 
 
 class ReservedWatcher:
-    """Wall-clock time each lease's `LeaseReserved` event was stored, from the stream's
-    headers-only republish (seen by a plain subscription, no consumer)."""
+    """Wall-clock time each lease's `LeaseReserved` event reached a headers-only ordered
+    consumer of the event stream (an upper bound on when it was stored)."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -135,8 +136,11 @@ class ReservedWatcher:
             if headers.get(HDR_TOPIC, "").endswith("LeaseReserved"):
                 self.reserved.setdefault(headers.get(HDR_ORIGINATOR_ID, ""), t)
 
-        await self._nc.subscribe(APPENDED_FILTER, cb=on_msg, pending_msgs_limit=1_000_000,
-                                 pending_bytes_limit=512 * 1024 * 1024)
+        js = self._nc.jetstream()
+        await js.subscribe(f"{EVENTS_PREFIX}.>", stream=EVENTS_STREAM, cb=on_msg,
+                           ordered_consumer=True, deliver_policy=DeliverPolicy.NEW,
+                           headers_only=True, pending_msgs_limit=1_000_000,
+                           pending_bytes_limit=512 * 1024 * 1024)
         await self._nc.flush()
 
     def stop(self) -> None:
