@@ -969,6 +969,7 @@ def fuzz_subjects(lease_id: str) -> dict[str, dict[str, Any]]:
     admin: dict[str, dict[str, Any]] = {
         "pool.admin.pool.set": {"pool_id": "p1", "priority_classes": {"standard": 10},
                                 "node_timeout_seconds": 86_400},
+        "pool.admin.pool.create": {"pool_id": "p2"},
         "pool.admin.pool.show": {"pool_id": "p1"},
         "pool.admin.pool.prices": {"pool_id": "p1", "cpu_core_second": 1},
         "pool.admin.pool.images": {"pool_id": "p1", "approved_registries": ["*"]},

@@ -65,20 +65,44 @@ def cmd_creds(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _pool_set(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    body: dict[str, Any] = {"pool_id": args.pool_id, "packing": args.packing,
-                            "commit_timeout_seconds": args.commit_timeout,
-                            "aging_seconds_per_rank": args.aging,
-                            "heartbeat_timeout_seconds": args.heartbeat_timeout,
-                            "default_lease_seconds": args.lease_term,
-                            "node_timeout_seconds": args.node_timeout,
-                            "lost_node_release_seconds": args.lost_node_release,
-                            "preemption": {"enabled": args.preemption,
-                                           "min_runtime_seconds": args.min_runtime,
-                                           "grace_seconds": args.grace}}
-    if args.priority_classes:
-        body["priority_classes"] = parse_kv(args.priority_classes)
-    return "pool.set", body
+# flag, wire field (preemption.* nested), create's default, help; `pool admin pool set` sends
+# only the flags given, so a setting left out keeps its value
+POOL_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
+    ("--packing", "packing", "best-fit", "best-fit or spread"),
+    ("--commit-timeout", "commit_timeout_seconds", 30,
+     "seconds a reservation waits for its commit before it is given back"),
+    ("--priority-classes", "priority_classes", None, "name=rank,… (higher rank first)"),
+    ("--aging", "aging_seconds_per_rank", 0, "seconds of waiting per rank gained (0: none)"),
+    ("--preemption", "preemption.enabled", False, "allow (--no-preemption: forbid) preemption"),
+    ("--min-runtime", "preemption.min_runtime_seconds", 0,
+     "seconds a victim must have run before it may be preempted"),
+    ("--grace", "preemption.grace_seconds", 30, "seconds a preempted lease gets to stop"),
+    ("--heartbeat-timeout", "heartbeat_timeout_seconds", 30,
+     "seconds a running lease may go without a heartbeat"),
+    ("--lease-term", "default_lease_seconds", 300,
+     "seconds a commit or renewal grants by default"),
+    ("--node-timeout", "node_timeout_seconds", 30,
+     "seconds of agent silence before a node is lost"),
+    ("--lost-node-release", "lost_node_release_seconds", 300,
+     "seconds after which a lost node's leases are released"),
+)
+
+
+def _pool_body(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """`pool admin pool create` (every setting) or `set` (only those given) as a request."""
+    body: dict[str, Any] = {"pool_id": args.pool_id}
+    for flag, field, _, _ in POOL_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is None:
+            continue
+        if field == "priority_classes":
+            value = parse_kv(value)
+        outer, _, inner = field.partition(".")
+        if inner:
+            body.setdefault(outer, {})[inner] = value
+        else:
+            body[field] = value
+    return f"pool.{args.verb}", body
 
 
 def _tenant_set(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
@@ -140,26 +164,29 @@ def register(sub: Subparsers) -> None:
     adm.required = True
     apool = adm.add_parser("pool", help="pool settings").add_subparsers(dest="verb", metavar="VERB")
     apool.required = True
-    for verb in ("create", "set"):
-        ps = apool.add_parser(verb, help=f"{verb} a pool's scheduling policy")
+    for verb, help_text in (
+            ("create", "create a pool (refused if it exists); settings left out take defaults"),
+            ("set", "change a pool's settings: only the flags given change")):
+        ps = apool.add_parser(verb, help=help_text, description=help_text[0].upper()
+                              + help_text[1:] + ".")
         client_opts(ps)
         ps.add_argument("pool_id")
-        ps.add_argument("--packing", choices=["best-fit", "spread"], default="best-fit")
-        ps.add_argument("--commit-timeout", type=int, default=30, help="seconds")
-        ps.add_argument("--priority-classes", help="name=rank,… (higher rank first)")
-        ps.add_argument("--aging", type=int, default=0, help="seconds of waiting per rank gained")
-        ps.add_argument("--preemption", action="store_true", help="allow preemption")
-        ps.add_argument("--min-runtime", type=int, default=0, help="victims' minimum runtime")
-        ps.add_argument("--grace", type=int, default=30, help="preemption grace seconds")
-        ps.add_argument("--heartbeat-timeout", type=int, default=30,
-                        help="seconds a running lease may go without a heartbeat")
-        ps.add_argument("--lease-term", type=int, default=300,
-                        help="seconds a commit or renewal grants by default")
-        ps.add_argument("--node-timeout", type=int, default=30,
-                        help="seconds of agent silence before a node is lost")
-        ps.add_argument("--lost-node-release", type=int, default=300,
-                        help="seconds after which a lost node's leases are released")
-        ps.set_defaults(func=cmd_admin, build=_pool_set)
+        for flag, _, default, help_ in POOL_FLAGS:
+            if verb == "set":
+                default, help_ = None, f"{help_} (unchanged if left out)"
+            elif default is not None:
+                help_ = f"{help_} (default {default})"
+            if flag == "--preemption":
+                ps.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+                                help=help_)
+            elif flag == "--packing":
+                ps.add_argument(flag, choices=["best-fit", "spread"], default=default,
+                                help=help_)
+            elif flag == "--priority-classes":
+                ps.add_argument(flag, default=default, help=help_)
+            else:
+                ps.add_argument(flag, type=int, default=default, metavar="SECONDS", help=help_)
+        ps.set_defaults(func=cmd_admin, build=_pool_body)
     show = apool.add_parser("show", help="every setting in force")
     client_opts(show)
     show.add_argument("pool_id")

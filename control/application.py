@@ -7,6 +7,7 @@ JetStream batch however many aggregates the decision touched. `now` is read here
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import functools
 import time
 import uuid
@@ -21,6 +22,7 @@ from eventsourcing.persistence import IntegrityError, Notification, Recording, S
 from bus.errors import BusTimeout
 from control.errors import (
     IdempotencyConflict,
+    PoolExists,
     UnknownLease,
     UnknownNode,
     UnknownPool,
@@ -84,14 +86,17 @@ def lease_view(lease: Lease) -> dict[str, Any]:
     }
 
 
+def _default_class(classes: dict[str, int]) -> str:
+    return "standard" if "standard" in classes else min(classes, key=classes.__getitem__)
+
+
 def pool_config_from_wire(cfg: v1.PoolConfig) -> PoolConfig:
     classes = dict(cfg.priority_classes)
-    default_class = "standard" if "standard" in classes else min(classes, key=classes.__getitem__)
     return PoolConfig(
         packing=cfg.packing,
         commit_timeout_seconds=cfg.commit_timeout_seconds,
         priority_classes=tuple(classes.items()),
-        default_priority_class=default_class,
+        default_priority_class=_default_class(classes),
         preemption=PreemptionSettings(
             enabled=cfg.preemption.enabled,
             min_runtime_seconds=cfg.preemption.min_runtime_seconds,
@@ -103,6 +108,27 @@ def pool_config_from_wire(cfg: v1.PoolConfig) -> PoolConfig:
         node_timeout_seconds=cfg.node_timeout_seconds,
         lost_node_release_seconds=cfg.lost_node_release_seconds,
     )
+
+
+_PATCHED_AS_IS = ("packing", "commit_timeout_seconds", "aging_seconds_per_rank",
+                  "heartbeat_timeout_seconds", "default_lease_seconds", "node_timeout_seconds",
+                  "lost_node_release_seconds")
+
+
+def pool_config_patched(base: PoolConfig, patch: v1.PoolPatch) -> PoolConfig:
+    """`base` with the settings `patch` names; every other setting as it was."""
+    changes: dict[str, Any] = {name: value for name in _PATCHED_AS_IS
+                               if (value := getattr(patch, name)) is not None}
+    if patch.priority_classes is not None:
+        classes = dict(patch.priority_classes)
+        changes["priority_classes"] = tuple(classes.items())
+        changes["default_priority_class"] = _default_class(classes)
+    if patch.preemption is not None:
+        pp = patch.preemption
+        changes["preemption"] = dataclasses.replace(base.preemption, **{
+            name: value for name in ("enabled", "min_runtime_seconds", "grace_seconds")
+            if (value := getattr(pp, name)) is not None})
+    return dataclasses.replace(base, **changes)
 
 
 def image_policy_from_wire(cfg: v1.ImagePolicyConfig) -> ImagePolicy:
@@ -219,6 +245,31 @@ class PoolApp(Application[UUID]):
         return acc if acc is not None else Account.open(tenant_id=TenantId(tenant), now=now)
 
     # -- admin -----------------------------------------------------------------------------
+
+    @retried
+    def create_pool(self, cfg: v1.PoolConfig) -> Pool:
+        """A new pool with these settings; one that exists is refused (`pool_exists`)."""
+        if self.find(Pool, Pool.create_id(cfg.pool_id)) is not None:
+            raise PoolExists(f"pool {cfg.pool_id!r} exists: change it with pool.set")
+        pool = Pool.create(pool_id=PoolId(cfg.pool_id), now=self.clock(),
+                           config=pool_config_from_wire(cfg))
+        self.save(pool)
+        return pool
+
+    @retried
+    def patch_pool(self, patch: v1.PoolPatch) -> Pool:
+        """Change only the settings `patch` names; a new pool takes defaults for the rest."""
+        now = self.clock()
+        pool = self.find(Pool, Pool.create_id(patch.pool_id))
+        base = (pool.config if pool is not None
+                else pool_config_from_wire(v1.PoolConfig(pool_id=patch.pool_id)))
+        config = pool_config_patched(base, patch)
+        if pool is None:
+            pool = Pool.create(pool_id=PoolId(patch.pool_id), now=now, config=config)
+        elif pool.config != config:
+            pool.configure(config, now)
+        self.save(pool)
+        return pool
 
     @retried
     def configure_pool(self, cfg: v1.PoolConfig) -> Pool:

@@ -61,6 +61,12 @@ class Unschedulable(ServiceError):
     code = "unschedulable"
 
 
+class PoolExists(ServiceError):
+    """A pool of that id exists already: change it with pool.set, not pool.create."""
+
+    code = "pool_exists"
+
+
 class WriteConflict(ServiceError):
     """Concurrent writers kept changing the same aggregates; the command was not applied."""
 

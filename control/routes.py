@@ -181,8 +181,13 @@ def _node_heartbeat(ctx: Context, p: Params, cmd: v1.NodeHeartbeat) -> v1.Envelo
     return v1.Envelope.success(result=ctx.app.node_heartbeat(p["node"], cmd))
 
 
-def _pool_set(ctx: Context, p: Params, cmd: v1.PoolConfig) -> v1.Envelope:
-    ctx.app.configure_pool(cmd)
+def _pool_create(ctx: Context, p: Params, cmd: v1.PoolConfig) -> v1.Envelope:
+    ctx.app.create_pool(cmd)
+    return v1.Envelope.success(result=ctx.app.pool_settings(cmd.pool_id))
+
+
+def _pool_set(ctx: Context, p: Params, cmd: v1.PoolPatch) -> v1.Envelope:
+    ctx.app.patch_pool(cmd)
     return v1.Envelope.success(result=ctx.app.pool_settings(cmd.pool_id))
 
 
@@ -275,7 +280,11 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route("pool.node.{node}.lease.{lease_id}.failed", "node.failed", _node_failed,
           "A node agent reports a lease's job failed to run.", "jobFailed"),
     # the operator
-    _admin("pool.set", "admin.pool", _pool_set, "Create or reconfigure a pool.", "adminPoolSet"),
+    _admin("pool.create", "admin.pool", _pool_create,
+           "Create a pool (refused with pool_exists if it exists).", "adminPoolCreate"),
+    _admin("pool.set", "admin.pool.set", _pool_set,
+           "Change only the named settings of a pool (a new pool takes defaults for the rest).",
+           "adminPoolSet"),
     _admin("pool.show", "admin.pool.show", _pool_show, "Every setting in force for a pool.",
            "adminPoolShow"),
     _admin("pool.prices", "admin.pool.prices", _pool_prices, "Publish a new price list version.",

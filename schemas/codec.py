@@ -92,6 +92,7 @@ COMMANDS: Final[Mapping[str, CommandSpec]] = {
     "query": CommandSpec(v1.Query),
     "telemetry.replay": CommandSpec(v1.TelemetryReplay),
     "admin.pool": CommandSpec(v1.PoolConfig),
+    "admin.pool.set": CommandSpec(v1.PoolPatch),
     "admin.tenant": CommandSpec(v1.TenantConfig),
     "admin.pool.show": CommandSpec(v1.PoolShow),
     "admin.pool.prices": CommandSpec(v1.PriceListConfig),

@@ -408,6 +408,32 @@ class PoolConfig(_Command, frozen=True, kw_only=True):
     lost_node_release_seconds: Annotated[int, Meta(ge=1, le=MAX_RUNTIME_SECONDS)] = 300
 
 
+class PreemptionPatch(_Part, frozen=True, kw_only=True):
+    """The preemption settings to change; a field left out (null) keeps its value."""
+
+    enabled: bool | None = None
+    min_runtime_seconds: Annotated[int, Meta(ge=0, le=MAX_RUNTIME_SECONDS)] | None = None
+    grace_seconds: Annotated[int, Meta(ge=0, le=3600)] | None = None
+
+
+class PoolPatch(_Command, frozen=True, kw_only=True):
+    """A change to a pool's policy: only the fields given change (a new pool takes the
+    PoolConfig defaults for the rest). The fields are PoolConfig's."""
+
+    pool_id: SubjectToken
+    packing: PackingPolicy | None = None
+    commit_timeout_seconds: Annotated[int, Meta(ge=1, le=3600)] | None = None
+    priority_classes: Annotated[
+        dict[NameToken, Annotated[int, Meta(ge=0, le=1000)]], Meta(min_length=1, max_length=32)
+    ] | None = None
+    preemption: PreemptionPatch | None = None
+    aging_seconds_per_rank: Annotated[int, Meta(ge=0, le=MAX_RUNTIME_SECONDS)] | None = None
+    heartbeat_timeout_seconds: Annotated[int, Meta(ge=1, le=86_400)] | None = None
+    default_lease_seconds: Annotated[int, Meta(ge=1, le=MAX_RUNTIME_SECONDS)] | None = None
+    node_timeout_seconds: Annotated[int, Meta(ge=1, le=86_400)] | None = None
+    lost_node_release_seconds: Annotated[int, Meta(ge=1, le=MAX_RUNTIME_SECONDS)] | None = None
+
+
 # Quota keys are domain dimension names: the four scalars or "gpu/<profile>".
 _SCALARS = "cpu_millis|memory_mib|gpu_count|local_disk_gib"
 QuotaDimension = Annotated[
@@ -694,6 +720,8 @@ PUBLIC_STRUCTS: tuple[type[Struct], ...] = (
     TelemetryReplay,
     PoolConfig,
     PreemptionPolicy,
+    PoolPatch,
+    PreemptionPatch,
     TenantConfig,
     PoolShow,
     PriceListConfig,

@@ -6,6 +6,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,3 +79,37 @@ def test_no_tenant_is_a_usage_error(served: str, capsys: pytest.CaptureFixture[s
     monkeypatch.delenv("POOL_TENANT", raising=False)
     rc, _, err = _run(capsys, "lease", "get", "x", "--nats-url", served)
     assert rc == 2 and "--tenant" in err
+
+
+def _pool_config(capsys: pytest.CaptureFixture[str], pool: str, u: list[str]) -> dict[str, Any]:
+    rc, out, err = _run(capsys, "admin", "pool", "show", pool, "--json", *u)
+    assert rc == 0, err
+    config: dict[str, Any] = json.loads(out)["result"]["config"]
+    return config
+
+
+def test_pool_set_changes_only_the_settings_it_names(
+    served: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    u = ["--nats-url", served]
+    assert _run(capsys, "admin", "pool", "create", "gpu-global", *u, "--priority-classes",
+                "high=20,standard=10", "--preemption", "--grace", "45")[0] == 0
+    assert _run(capsys, "admin", "pool", "set", "gpu-global", "--commit-timeout", "120", *u)[0] == 0
+    cfg = _pool_config(capsys, "gpu-global", u)
+    assert cfg["commit_timeout_seconds"] == 120
+    assert cfg["priority_classes"] == {"high": 20, "standard": 10}
+    assert cfg["preemption"] == {"enabled": True, "min_runtime_seconds": 0, "grace_seconds": 45}
+    assert _run(capsys, "admin", "pool", "set", "gpu-global", "--no-preemption", *u)[0] == 0
+    cfg = _pool_config(capsys, "gpu-global", u)
+    assert cfg["preemption"] == {"enabled": False, "min_runtime_seconds": 0, "grace_seconds": 45}
+    assert cfg["commit_timeout_seconds"] == 120 and cfg["priority_classes"]["high"] == 20
+
+
+def test_creating_a_pool_that_exists_is_refused_and_changes_nothing(
+    served: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    u = ["--nats-url", served]
+    assert _run(capsys, "admin", "pool", "create", "p1", "--commit-timeout", "60", *u)[0] == 0
+    rc, out, err = _run(capsys, "admin", "pool", "create", "p1", *u)
+    assert rc == 1 and out == "" and "[pool_exists]" in err and err.count("\n") == 1, err
+    assert _pool_config(capsys, "p1", u)["commit_timeout_seconds"] == 60
