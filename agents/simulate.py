@@ -8,6 +8,7 @@ fleet: CPU-only nodes and GPU nodes of two models (one with MIG partitions), acr
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import re
@@ -159,11 +160,21 @@ class SimulatedFleet:
             agent._next_beat = time.time() + random.uniform(0, self.heartbeat_interval)
             self.agents[n.node_id] = agent
             self.links[n.node_id] = link
+        # the fleet speaks as the operator: it enrolls each node it runs (pool, trust, GPUs) as
+        # an operator enrolls a real one, and its agents then register within that
+        list(self._pool.map(self._enroll, self.nodes))
         for agent in self.agents.values():
             agent.register()
         self._thread = threading.Thread(target=self._run, name="pool-fleet", daemon=True)
         self._thread.start()
         return self
+
+    def _enroll(self, n: SimNode) -> None:
+        body = {"node_id": n.node_id, "pool_id": self.pool_id, "trust_level": n.trust,
+                "max_gpus": len(n.probe.gpus.gpus)}
+        reply = json.loads(self.link.admin("node.enroll", json.dumps(body).encode()))
+        if not reply.get("ok"):
+            raise RuntimeError(f"enrolling {n.node_id}: {reply.get('error')}")
 
     def go_silent(self, node_id: str) -> None:
         """That node's agent stops answering: no heartbeats, no commands, no reports."""

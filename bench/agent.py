@@ -51,6 +51,9 @@ def _measure(url: str, node: str, runtime: Runtime, image: str | None, isolation
     published: list[float] = []
     delivered: list[float] = []
     try:
+        with PoolClient(url) as admin:  # the operator's enrollment comes before registration
+            admin.admin("node.enroll", {"node_id": node, "pool_id": "bench",
+                                        "trust_level": "trusted"})
         agent.register()
         for i in range(starts):
             lid = str(uuid.uuid4())

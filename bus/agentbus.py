@@ -35,7 +35,7 @@ from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableErr
 
 from bus.errors import BusTimeout, BusUnavailable
 from bus.headers import HDR_MSG_ID, HDR_SCHEDULE, HDR_SCHEDULE_TARGET
-from bus.replies import node_inbox
+from bus.replies import admin_inbox, node_inbox
 from bus.runtime import BusRuntime, get_runtime, servers
 from bus.service import _LoopThread
 from bus.streams import DUPLICATE_WINDOW_S, ensure_kv_bucket, ensure_stream
@@ -424,12 +424,20 @@ class FleetLink:
                 headers: dict[str, str] | None = None) -> bytes:
         # the service answers a node's report only under that node's inbox, and one connection
         # speaks for many nodes here: so each report gets a reply subject of its own node's
+        return self._request(f"pool.node.{token(node)}.{suffix}", node_inbox(node), body,
+                             timeout=timeout, headers=headers)
+
+    def admin(self, path: str, body: bytes, *, timeout: float = 10.0) -> bytes:
+        """An operator's command `pool.admin.<path>` (the fleet enrolls the nodes it runs)."""
+        return self._request(f"pool.admin.{path}", admin_inbox("fleet"), body, timeout=timeout)
+
+    def _request(self, subject: str, inbox_prefix: str, body: bytes, *, timeout: float,
+                 headers: dict[str, str] | None = None) -> bytes:
         async def go() -> bytes:
-            inbox = f"{node_inbox(node)}.{self._nc.new_inbox().rsplit('.', 1)[-1]}"
+            inbox = f"{inbox_prefix}.{self._nc.new_inbox().rsplit('.', 1)[-1]}"
             sub = await self._nc.subscribe(inbox, max_msgs=1)
             try:
-                await self._nc.publish(f"pool.node.{token(node)}.{suffix}", body, reply=inbox,
-                                       headers=headers)
+                await self._nc.publish(subject, body, reply=inbox, headers=headers)
                 msg = await sub.next_msg(timeout=timeout)
             finally:
                 with contextlib.suppress(NatsError):
@@ -441,9 +449,9 @@ class FleetLink:
         try:
             return self._run(go(), timeout + 5)  # type: ignore[no-any-return]
         except NatsTimeout as e:
-            raise BusTimeout(f"no answer on pool.node.{node}.{suffix}") from e
+            raise BusTimeout(f"no answer on {subject}") from e
         except nats.errors.NoRespondersError as e:
-            raise BusUnavailable("no control plane answers node reports") from e
+            raise BusUnavailable(f"no control plane answers {subject}") from e
 
     def publish(self, subject: str, body: bytes, headers: dict[str, str] | None = None) -> None:
         async def go() -> None:

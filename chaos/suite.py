@@ -736,6 +736,8 @@ def scenario_agent_stopped(ws: Workspace, size: dict[str, Any], o: Outcome) -> N
                "--heartbeat-timeout", "2", "--node-timeout", "600"))
     _must(pool("admin", "tenant", "set", "acme", "--pool", "p1"))
     _must(pool("credits", "grant", "acme", "1000000000000"))
+    # the operator enrolls the node before its agent may register
+    _must(pool("admin", "node", "creds", "n1", "--pool", "p1", "--trust", "trusted"))
     state = ws.home / "agents" / "n1"
     agent = ws.spawn("agent", "agent", "run", "--node-id", "n1", "--pool", "p1",
                      "--heartbeat-interval", "0.5", "--reserve-memory-mib", "0")

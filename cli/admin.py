@@ -55,14 +55,30 @@ def cmd_creds(args: argparse.Namespace) -> int:
     else:
         creds = embedded.add_node(name, rotate=args.rotate)
         prefix = node_inbox(creds.user.removeprefix("node-"))
-    result = {args.kind: name, "user": creds.user, "password": creds.password,
-              "nats_url": embedded.endpoints()[0], "inbox_prefix": prefix}
+    result: dict[str, Any] = {args.kind: name, "user": creds.user, "password": creds.password,
+                              "nats_url": embedded.endpoints()[0], "inbox_prefix": prefix}
+    if args.kind == "node" and args.pool:
+        # the node's terms, recorded as an event: its agent registers within them or not at all
+        with pool_client(args) as c:
+            reply = c.admin("node.enroll", _enrollment(args))
+        if not reply.get("ok"):
+            return print_envelope(reply, args.json)
+        result["enrollment"] = reply.get("result")
     if args.json:
         print(json.dumps({"ok": True, "result": result}))
     else:
         for k, v in result.items():
             print(f"{k:<12}  {v}")
     return EXIT_OK
+
+
+def _enrollment(args: argparse.Namespace) -> dict[str, Any]:
+    body: dict[str, Any] = {"node_id": args.name, "pool_id": args.pool,
+                            "trust_level": args.trust, "max_gpus": args.max_gpus}
+    for key in ("max_cpu_millis", "max_memory_mib", "gpu_model"):
+        if getattr(args, key) is not None:
+            body[key] = getattr(args, key)
+    return body
 
 
 # flag, wire field (preemption.* nested), create's default, help; `pool admin pool set` sends
@@ -240,6 +256,17 @@ def register(sub: Subparsers) -> None:
     nc_.add_argument("name", metavar="node_id")
     nc_.add_argument("--rotate", action="store_true", help="replace the password")
     nc_.add_argument("--json", action="store_true")
+    nc_.add_argument("--pool", help="enroll the node in this pool: its agent may register only "
+                     "there and within the ceilings below (an agent never enrolled is refused)")
+    nc_.add_argument("--trust", choices=("trusted", "marketplace"), default="marketplace",
+                     help="the node's trust level, whatever its agent claims (default "
+                     "marketplace)")
+    nc_.add_argument("--max-gpus", type=int, default=0, help="most GPUs it may claim (default 0)")
+    nc_.add_argument("--max-cpu-millis", type=int, help="most CPU it may claim (default: any)")
+    nc_.add_argument("--max-memory-mib", type=int, help="most memory it may claim (default: any)")
+    nc_.add_argument("--gpu-model", help="the only GPU model it may claim (default: any)")
+    nc_.add_argument("--nats-url", help="control plane for the enrollment (default: `pool up`)")
+    nc_.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a reply")
     nc_.set_defaults(func=cmd_creds, kind="node")
 
 

@@ -29,12 +29,13 @@ from control.errors import (
     WriteConflict,
 )
 from domain.account import Account
-from domain.errors import DomainError
+from domain.enrollment import Enrollment
+from domain.errors import DomainError, NodeClaimRefused
 from domain.lease import WORKLOAD_STATES, JobSpec, Lease, LeaseState
 from domain.node import Node, NodeState
 from domain.policy.images import DEFAULT_ISOLATION_BY_TRUST, ImagePolicy
 from domain.pool import Pool, PoolConfig, PreemptionSettings, PriceList, TenantPolicy
-from domain.resources import LeaseId, NodeId, PoolId, Resources, TenantId
+from domain.resources import LeaseId, NodeCapabilities, NodeId, PoolId, Resources, TenantId
 from schemas import v1
 from schemas.codec import digest
 
@@ -329,10 +330,11 @@ class PoolApp(Application[UUID]):
         return pol
 
     @retried
-    def register_node(self, reg: v1.NodeRegistration) -> Node:
+    def register_node(self, reg: v1.NodeRegistration, *,
+                      capabilities: NodeCapabilities | None = None) -> Node:
         now = self.clock()
         self._pool(reg.pool_id)
-        caps = reg.capabilities.to_domain()
+        caps = capabilities or reg.capabilities.to_domain()
         node = self.find(Node, Node.create_id(reg.node_id))
         if node is None:
             node = Node.register(
@@ -566,10 +568,34 @@ class PoolApp(Application[UUID]):
         return lease
 
     def register_own_node(self, node_id: str, reg: v1.NodeRegistration) -> Node:
-        """An agent (re)registers; it may speak only for the node its subject names."""
+        """An agent (re)registers; it may speak only for the node its subject names, within
+        its enrollment, and with the enrollment's trust level, never its own."""
         if reg.node_id != node_id:
             raise UnknownNode(f"agent of node {node_id!r} cannot register {reg.node_id!r}")
-        return self.register_node(reg)
+        enrollment = self.find(Enrollment, Enrollment.create_id(node_id))
+        if enrollment is None:
+            raise NodeClaimRefused(f"node {node_id!r} is not enrolled: the operator enrolls it "
+                                   "(`pool admin node creds NODE --pool POOL …`)",
+                                   reasons=("not_enrolled",))
+        caps = enrollment.admit(reg.pool_id, reg.capabilities.to_domain())
+        return self.register_node(reg, capabilities=caps)
+
+    @retried
+    def enroll_node(self, cmd: v1.NodeEnrollment) -> Enrollment:
+        """The operator's terms for a node, recorded before its agent may register."""
+        now = self.clock()
+        self._pool(cmd.pool_id)
+        terms: dict[str, Any] = {
+            "pool_id": PoolId(cmd.pool_id), "trust_level": cmd.trust_level,
+            "max_gpus": cmd.max_gpus, "max_cpu_millis": cmd.max_cpu_millis,
+            "max_memory_mib": cmd.max_memory_mib, "gpu_model": cmd.gpu_model, "now": now}
+        got = self.find(Enrollment, Enrollment.create_id(cmd.node_id))
+        if got is None:
+            got = Enrollment.enroll(node_id=NodeId(cmd.node_id), **terms)
+        elif not got.change(**terms):
+            return got
+        self.save(got)
+        return got
 
     def node_heartbeat(self, node_id: str, hb: v1.NodeHeartbeat) -> dict[str, Any]:
         """The node and every lease it runs are alive. The leases' heartbeats are ONE atomic

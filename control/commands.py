@@ -52,7 +52,7 @@ def _span_name(subject: str) -> str:
 
 
 _ADMIN_WORDS = frozenset({"pool", "tenant", "node", "credits", "set", "show", "prices", "images",
-                          "register", "grant", *NODE_VERBS})
+                          "register", "grant", "enroll", *NODE_VERBS})
 
 
 def _domain_reasons(e: DomainError) -> dict[str, int | str]:

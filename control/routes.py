@@ -218,6 +218,14 @@ def _admin_node_register(ctx: Context, p: Params, cmd: v1.NodeRegistration) -> v
     return _node_reply(ctx.app.register_node(cmd))
 
 
+def _admin_node_enroll(ctx: Context, p: Params, cmd: v1.NodeEnrollment) -> v1.Envelope:
+    e = ctx.app.enroll_node(cmd)
+    return v1.Envelope.success(result={
+        "node_id": e.node_id, "pool_id": e.pool_id, "trust_level": e.trust_level,
+        "max_gpus": e.max_gpus, "max_cpu_millis": e.max_cpu_millis,
+        "max_memory_mib": e.max_memory_mib, "gpu_model": e.gpu_model})
+
+
 def _admin_node_state(ctx: Context, p: Params, cmd: v1.NodeStateChange) -> v1.Envelope:
     return _node_reply(ctx.app.node_state(p["node"], p["verb"], cmd.reason or ""))
 
@@ -295,6 +303,9 @@ ROUTES: Final[tuple[Route, ...]] = (
            "Set a tenant's weight and quota in a pool.", "adminTenantSet"),
     _admin("node.register", "agent.register", _admin_node_register,
            "Register or re-register a node.", "adminNodeRegister"),
+    _admin("node.enroll", "admin.node.enroll", _admin_node_enroll,
+           "Enroll a node: its pool, trust level and the most its agent may claim.",
+           "adminNodeEnroll"),
     _admin("credits.grant", "admin.credits.grant", _credits_grant,
            "Grant micro-credits, idempotent by transfer id.", "adminCreditsGrant"),
     _admin("node.{node}.{verb}", "admin.node.state", _admin_node_state,

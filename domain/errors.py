@@ -159,6 +159,13 @@ class InvalidAmount(DomainError):
     code = "invalid_amount"
 
 
+class NodeClaimRefused(DomainError):
+    """A node agent claimed a pool or capacity outside its enrollment, or was never enrolled;
+    `reasons` names each dimension."""
+
+    code = "node_claim_refused"
+
+
 class TransferConflict(DomainError):
     """The transfer id names an earlier movement with another amount (or another kind): a retry
     must repeat its movement exactly, anything else is a mistake, not a retry."""

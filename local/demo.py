@@ -194,7 +194,11 @@ class Demo:
         why = ProcessRuntime(self.home / "probe").available()
         self.local = why is None
         if self.local:
-            # as the node's own NATS user, like any real agent
+            # enrolled by the operator, then run as the node's own NATS user, like any real agent
+            enrolled = self.admin.admin("node.enroll", {"node_id": "local-1", "pool_id": EDGE,
+                                                        "trust_level": "trusted", "max_gpus": 8})
+            if not enrolled.get("ok"):
+                raise RuntimeError(f"enrolling local-1: {enrolled.get('error')}")
             self.spawn("agent-local-1", "agent", "run", "--node-id", "local-1", "--pool", EDGE,
                        "--labels", "zone=z3,region=local", "--heartbeat-interval", "1",
                        "--reserve-memory-mib", "512")

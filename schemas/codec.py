@@ -99,6 +99,7 @@ COMMANDS: Final[Mapping[str, CommandSpec]] = {
     "admin.pool.images": CommandSpec(v1.ImagePolicyConfig),
     "admin.credits.grant": CommandSpec(v1.CreditGrant),
     "admin.node.state": CommandSpec(v1.NodeStateChange),
+    "admin.node.enroll": CommandSpec(v1.NodeEnrollment),
     "agent.register": CommandSpec(v1.NodeRegistration),
     "agent.heartbeat": CommandSpec(v1.NodeHeartbeat),
     "agent.drain": CommandSpec(v1.NodeDrain),

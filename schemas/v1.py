@@ -555,6 +555,20 @@ class CreditGrant(_Command, frozen=True, kw_only=True):
     reason: Reason | None = None
 
 
+class NodeEnrollment(_Command, frozen=True, kw_only=True):
+    """The operator enrolls a node: the pool it may join, its trust level and the most it may
+    claim. Its agent's registration is checked against this; unset CPU and memory ceilings
+    leave those dimensions unchecked, GPUs default to none."""
+
+    node_id: SubjectToken
+    pool_id: SubjectToken
+    trust_level: TrustLevel = "marketplace"
+    max_gpus: Annotated[int, Meta(ge=0, le=1024)] = 0
+    max_cpu_millis: Annotated[int, Meta(ge=0, le=10**9)] | None = None
+    max_memory_mib: Annotated[int, Meta(ge=0, le=10**12)] | None = None
+    gpu_model: GpuModel | None = None
+
+
 class NodeStateChange(_Command, frozen=True, kw_only=True):
     """Cordon, drain, put in maintenance or return a node (the verb is in the subject)."""
 
@@ -728,6 +742,7 @@ PUBLIC_STRUCTS: tuple[type[Struct], ...] = (
     ImagePolicyConfig,
     TrustedKey,
     CreditGrant,
+    NodeEnrollment,
     NodeStateChange,
     NodeCapabilitiesSpec,
     NodeRegistration,

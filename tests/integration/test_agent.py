@@ -42,6 +42,10 @@ class AgentThread:
     """An in-process agent on its own thread, stoppable without stopping its workloads."""
 
     def __init__(self, url: str, node_id: str, state: Path, **kw: Any) -> None:
+        with PoolClient(url) as admin:  # the operator enrolls the node before its agent runs
+            assert admin.admin("node.enroll", {"node_id": node_id, "pool_id": "p1",
+                                               "trust_level": kw.get("trust_level", "trusted")}
+                               )["ok"]
         self.link = AgentLink(url, node_id).connect()
         self.agent = Agent(self.link, ProcessRuntime(state), node_id=node_id, pool_id="p1",
                            probe=PROBE, state_dir=state, reserve=Reserve(500, 1024, 0),

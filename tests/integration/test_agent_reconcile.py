@@ -71,6 +71,8 @@ def test_a_stopped_agent_is_reconciled_and_its_workload_never_runs_twice(
                  "--heartbeat-timeout", "2", "--node-timeout", "60")["ok"]
     assert _pool(home, "admin", "tenant", "set", "acme", "--pool", "p1")["ok"]
     assert _pool(home, "credits", "grant", "acme", "1000000000000")["ok"]
+    # the operator enrolls the node (its user, pool and trust) before its agent runs
+    assert _pool(home, "admin", "node", "creds", "n1", "--pool", "p1", "--trust", "trusted")["ok"]
     state = home / "agents" / "n1"
     agent = subprocess.Popen(
         [sys.executable, "-m", "cli.main", "agent", "run", "--node-id", "n1", "--pool", "p1",
