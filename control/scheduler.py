@@ -36,6 +36,13 @@ from domain.fold import mutate
 from domain.lease import Lease, LeaseState
 from domain.node import Node
 from domain.policy import reasons as R
+from domain.policy.backfill import (
+    Backfill,
+    LeaseEnd,
+    band_of,
+    lease_end_estimate,
+    placed_end_estimate,
+)
 from domain.policy.fairness import (
     FairQueue,
     PendingRequest,
@@ -91,6 +98,7 @@ class PoolState:
     # node registrations O(N²) (10,000 nodes: ~2.4 s of a 4.3 s start-up)
     counted: dict[str, tuple[str, Resources]] = field(default_factory=dict)
     totals_stale: bool = False
+    backfill: Backfill | None = None  # its blocked heads' reservations, kept between cycles
 
     def refresh_totals(self) -> None:
         """The fair queue's denominator brought up to date, if a node changed it."""
@@ -161,6 +169,10 @@ class Scheduler:
         # requester lease -> the preemption started for it; one at a time per request
         self._preempting_for: dict[str, PendingPreemption] = {}
         self.max_examined_per_cycle = 5000
+        # EASY backfill (domain.policy.backfill): off, a later request may take capacity a
+        # blocked wide one is gathering; waiting requests get a position and a start estimate
+        # either way
+        self.backfill = True
         # planning a preemption walks every busy node's leases: bound that work per cycle
         self.max_preemption_plans_per_cycle = 32
         self._plans_left = 0
@@ -492,6 +504,11 @@ class Scheduler:
         # (isolation, tenant) → the node trust levels the pool's image policy allows it
         # (None: any), asked once per cycle rather than at every placement
         trust_of: dict[tuple[str, str], tuple[str, ...] | None] = {}
+        if ps.backfill is None:
+            ps.backfill = Backfill(ps.table, self._lease_end)
+        bf = ps.backfill
+        bf.begin(now, queued=queue.__contains__)
+        starts: dict[str, float | None] = {}  # waiting request → estimated start
         # one pop at a time: each placement changes its tenant's share before the next pick
         while examined < self.max_examined_per_cycle and (req := queue.pop(now)) is not None:
             examined += 1
@@ -517,9 +534,23 @@ class Scheduler:
                                                                tenant=req.tenant)
                 allowed = trust_of[trust_key] = (
                     None if len(trust) == len(TRUST_LEVELS) else tuple(sorted(trust)))
-            node_id, fr = ps.table.place_fast(
-                shape, packing=cfg.packing,  # type: ignore[arg-type]
-                allowed_trust_levels=allowed)
+            held = False
+            if self.backfill:
+                node_id, fr, held = bf.place(
+                    shape, placed_end_estimate(now, cfg.commit_timeout_seconds,
+                                               lease.maximum_runtime_seconds),
+                    packing=cfg.packing,  # type: ignore[arg-type]
+                    allowed_trust_levels=allowed, lease_id=req.lease_id)
+            else:
+                node_id, fr = ps.table.place_fast(
+                    shape, packing=cfg.packing,  # type: ignore[arg-type]
+                    allowed_trust_levels=allowed)
+            if node_id is None and held:
+                # it fits now, but only where it would delay a blocked head's reservation
+                self._wait(req, fr.wait_reasons([R.WAITING_FOR_RESERVATION]).to_dict(),
+                           unplaced)
+                starts[req.lease_id] = self._start_estimate(bf, req, fr, cfg, now, allowed)
+                continue
             if node_id is None:
                 if fr.never_satisfiable:
                     lease.reject(now, "unschedulable", sorted(fr.failures))
@@ -535,6 +566,8 @@ class Scheduler:
                         why.update(hold_microcredits=hold, available_microcredits=available)
                     else:
                         why = self._capacity_wait(ps, req, lease, fr, now, batch, report)
+                        starts[req.lease_id] = self._start_estimate(bf, req, fr, cfg, now,
+                                                                    allowed)
                     self._wait(req, why, unplaced)
                 if len(batch) + len(allocs) + len(self._holds) >= MAX_MESSAGES_PER_BATCH:
                     self._close_batch(batch, allocs, now, report)
@@ -568,6 +601,7 @@ class Scheduler:
                 holds.append((f"hold-{lid}-{epoch}", lid, hold))
                 self._held[req.tenant] = self._held.get(req.tenant, 0) + hold
             ps.table.allocate(node_id, req.lease_id, res, tenant=req.tenant)
+            bf.placed(req.lease_id)
             self._track(ps, lease)
             self.reasons.pop(req.lease_id, None)
             heapq.heappush(self._deadlines, (lease.reservation_deadline or now, req.lease_id))
@@ -581,11 +615,52 @@ class Scheduler:
                 batch = []
         self._close_batch(batch, allocs, now, report)
         self._settle(report)
+        position = 0
         for req in unplaced:
             lease = self.aggregates.get(UUID(req.lease_id))
             if isinstance(lease, Lease) and lease.state is LeaseState.QUEUED:
                 queue.requeue(req)
+                position += 1
+                self._note_position(bf, req.lease_id, position, starts.get(req.lease_id))
         report.waiting += len(unplaced)
+
+    # -- backfill: reservations, positions, start estimates ---------------------------------
+
+    def _lease_end(self, lease_id: str) -> LeaseEnd | None:
+        lease = self.aggregates.get(UUID(lease_id))
+        if not isinstance(lease, Lease):
+            return None
+        return lease.resources, lease_end_estimate(lease)
+
+    def _start_estimate(self, bf: Backfill, req: PendingRequest, fr: FilterResult,
+                        cfg: Any, now: float, allowed: tuple[str, ...] | None) -> float | None:
+        """When a request that waits for capacity may start: its reservation's start if it
+        is (or now becomes) its band's head and backfill is on, else the earliest time the
+        running leases' deadlines free enough for it on one node (a bound, not a promise)."""
+        if self.backfill:
+            band = band_of(req.priority_class, req.enqueued_at, now,
+                           dict(cfg.priority_classes), float(cfg.aging_seconds_per_rank))
+            held = bf.blocked(req.lease_id, req.shape, band, allowed)
+            if held is not None:
+                return held.start_at
+        key = (req.shape, allowed)
+        if key not in bf.estimates:  # once per shape a cycle: the walk visits every candidate
+            found = bf.earliest(req.shape.resources, [*fr.eligible.tolist(), *fr.busy.tolist()])
+            bf.estimates[key] = None if found is None else found[0]
+        return bf.estimates[key]
+
+    def _note_position(self, bf: Backfill, lease_id: str, position: int,
+                       start: float | None) -> None:
+        """Add the request's place in the pool's queue (1 = next) and its start estimate to
+        its reasons, for `why`."""
+        why = self.reasons.get(lease_id)
+        if why is None:
+            return
+        reserved = bf.reservation_of(lease_id) if self.backfill else None
+        why["queue"] = {"position": position, "estimated_start_at": start,
+                        "reserved": reserved is not None}
+        if reserved is not None:
+            why["queue"]["reserved_node_id"] = reserved.node_id
 
     def _close_batch(self, batch: list[Aggregate], allocs: dict[str, list[tuple[LeaseId, Resources]]],
                      now: float, report: CycleReport) -> None:

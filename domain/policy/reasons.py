@@ -40,6 +40,8 @@ WAITING_FOR_FAIR_SHARE = "waiting_for_fair_share"
 WAITING_FOR_PREEMPTION = "waiting_for_preemption"
 IMAGE_NOT_ALLOWED = "image_not_allowed"
 WAITING_FOR_CAPACITY = "waiting_for_capacity"
+# it fits now, but only on capacity held for a blocked request's reservation (backfill)
+WAITING_FOR_RESERVATION = "waiting_for_reservation"
 
 # Node state name → the code a node in that state fails with.
 NODE_STATE_REASONS: Mapping[str, str] = {
@@ -76,6 +78,7 @@ TENANT_REASONS: tuple[str, ...] = (
     WAITING_FOR_PREEMPTION,
     IMAGE_NOT_ALLOWED,
     WAITING_FOR_CAPACITY,
+    WAITING_FOR_RESERVATION,
 )
 ALL_REASONS: frozenset[str] = frozenset(FILTER_REASONS + TENANT_REASONS + (NODE_NOT_READY,))
 

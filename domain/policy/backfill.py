@@ -1,0 +1,262 @@
+"""EASY backfill: the blocked head of each priority band holds a reservation at the earliest
+time enough capacity frees, and a later request is placed only where it cannot delay that.
+
+Pure: `now` and every lease's end estimate come in as arguments (see `lease_end_estimate`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from domain.lease import Lease, LeaseState
+from domain.policy.fairness import effective_rank
+from domain.policy.placement import FilterResult, NodeTable, Packing
+from domain.resources import Resources, Shape
+
+# a lease's resources and when it will have freed them at the latest (None: unknown)
+LeaseEnd = tuple[Resources, float | None]
+EndLookup = Callable[[str], LeaseEnd | None]
+
+
+def lease_end_estimate(lease: Lease) -> float | None:
+    """The latest time `lease` still holds its capacity, from its own deadlines: a running
+    lease ends by its maximum runtime at the latest (renewals never pass it), a reserved one
+    must commit by its reservation deadline and then runs at most its maximum runtime, and a
+    lease on its way out (preempting, stopping) is gone by its next deadline."""
+    if lease.state is LeaseState.RESERVED:
+        if lease.reservation_deadline is None:
+            return None
+        return lease.reservation_deadline + lease.maximum_runtime_seconds
+    if lease.state is LeaseState.RUNNING:
+        limit = lease.runtime_limit_at
+        return limit if limit is not None else lease.deadline
+    due = lease.next_due_at()
+    if due is not None:
+        return due
+    return lease.runtime_limit_at
+
+
+def placed_end_estimate(now: float, commit_timeout_seconds: float,
+                        maximum_runtime_seconds: float) -> float:
+    """The end estimate of a request placed at `now` (what `lease_end_estimate` will say of it
+    once reserved): the commit window, then its maximum runtime."""
+    return now + commit_timeout_seconds + maximum_runtime_seconds
+
+
+def band_of(priority_class: str, enqueued_at: float, now: float,
+            ranks: Mapping[str, int], aging_seconds_per_rank: float) -> int:
+    """The effective priority band a queued request competes in at `now`, as FairQueue
+    orders it (its class's rank raised by aging, capped at the top class)."""
+    top = max(ranks.values(), default=0)
+    rank = ranks[priority_class] if priority_class in ranks else min(ranks.values(), default=0)
+    return effective_rank(rank, top, now - enqueued_at, aging_seconds_per_rank)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Capacity promised to a blocked request: on `node_id` from `start_at`."""
+
+    lease_id: str
+    node_id: str
+    start_at: float
+    resources: Resources
+    band: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {"lease_id": self.lease_id, "node_id": self.node_id,
+                "start_at": self.start_at, "band": self.band}
+
+
+@dataclass(frozen=True)
+class _Head:
+    lease_id: str
+    shape: Shape
+    allowed_trust_levels: tuple[str, ...] | None
+
+
+class Backfill:
+    """A pool's reservations, kept from cycle to cycle.
+
+    The first request of a band found not to fit now becomes the band's head and holds a
+    reservation until it is placed or leaves the queue; its start and node are worked out
+    again at the start of every cycle (`begin`), as leases end early or the pool changes.
+    Keeping the head, rather than taking whoever fails first each cycle, is what lets a wide
+    request gather a node while fair order keeps putting smaller requests ahead of it.
+
+    Per cycle: `begin`, then `place` (or `admits`) before any placement, `blocked` for a
+    request that fits no node now, `placed` once a head is placed. The table must hold every
+    capacity-holding lease (this cycle's placements included, as the scheduler allocates them
+    at once), and `ends` must know each one's resources and end estimate.
+    """
+
+    def __init__(self, table: NodeTable, ends: EndLookup, now: float = 0.0) -> None:
+        self.table = table
+        self.ends = ends
+        self.now = now
+        self._heads: dict[int, _Head] = {}
+        self.reservations: dict[int, Reservation] = {}  # band → its head's reservation
+        self._by_node: dict[str, list[Reservation]] = {}
+        # (resources, candidate nodes) → earliest (start, node): one walk per shape per cycle
+        self._earliest: dict[tuple[Resources, tuple[int, ...]], tuple[float, str] | None] = {}
+        # the caller's per-cycle estimates by key (e.g. shape and trust), cleared by `begin`
+        self.estimates: dict[object, float | None] = {}
+
+    def begin(self, now: float, queued: Callable[[str], bool]) -> None:
+        """Start a cycle at `now`: forget heads no longer queued and reserve again for the
+        others, in band order (highest first), from the table as it is now."""
+        self.now = now
+        self.reservations.clear()
+        self._by_node.clear()
+        self._earliest.clear()
+        self.estimates.clear()
+        for band in sorted(self._heads, reverse=True):
+            head = self._heads[band]
+            if not queued(head.lease_id) or not self._reserve(band, head):
+                del self._heads[band]
+
+    # ---------------------------------------------------------------- estimates
+
+    def capacity_at(self, node_id: str, at: float) -> Resources:
+        """What `node_id` will have free at `at` if every lease on it ends by its estimate
+        (and nothing new is placed there meanwhile)."""
+        free = self.table.free_resources(node_id)
+        for lid in self.table.leases_on(node_id):
+            known = self.ends(lid)
+            if known is not None and known[1] is not None and known[1] <= at:
+                free = free + known[0]
+        return free
+
+    def _earliest_on(self, node_id: str, need: Resources) -> float | None:
+        free = self.table.free_resources(node_id)
+        if need.fits_in(free):
+            return self.now
+        ending: list[tuple[float, Resources]] = []
+        for lid in self.table.leases_on(node_id):
+            known = self.ends(lid)
+            if known is not None and known[1] is not None:
+                ending.append((known[1], known[0]))
+        ending.sort(key=lambda e: e[0])
+        if not (need.extended or free.extended or any(r.extended for _, r in ending)):
+            # the four scalar dimensions as plain ints: this runs per candidate node per
+            # reservation per cycle, and Resources arithmetic is the bulk of its cost
+            c, m, g, d = free.cpu_millis, free.memory_mib, free.gpu_count, free.local_disk_gib
+            nc, nm, ng, nd = need.cpu_millis, need.memory_mib, need.gpu_count, need.local_disk_gib
+            for at, res in ending:
+                c += res.cpu_millis
+                m += res.memory_mib
+                g += res.gpu_count
+                d += res.local_disk_gib
+                if nc <= c and nm <= m and ng <= g and nd <= d:
+                    return max(at, self.now)
+            return None
+        for at, res in ending:
+            free = free + res
+            if need.fits_in(free):
+                return max(at, self.now)
+        return None  # a lease with no end estimate holds what the request needs
+
+    def earliest(self, resources: Resources, candidates: Iterable[int],
+                 *, skip_reserved: bool = False) -> tuple[float, str] | None:
+        """The earliest (time, node) at which `resources` fit one of the candidate node
+        indices, from the end estimates of the leases there; None if none ever frees enough.
+        With `skip_reserved`, nodes already promised to a reservation are not considered."""
+        cands = tuple(int(i) for i in candidates)
+        key = (resources, cands)
+        if not skip_reserved and key in self._earliest:
+            return self._earliest[key]
+        best: tuple[float, str] | None = None
+        for i in cands:
+            node_id = self.table.node_id_at(i)
+            if skip_reserved and node_id in self._by_node:
+                continue
+            at = self._earliest_on(node_id, resources)
+            if at is not None and (best is None or at < best[0]):
+                best = (at, node_id)
+        if not skip_reserved:
+            self._earliest[key] = best
+        return best
+
+    # ---------------------------------------------------------------- reservations
+
+    def _reserve(self, band: int, head: _Head) -> Reservation | None:
+        fr = self.table.filter(head.shape, allowed_trust_levels=head.allowed_trust_levels)
+        candidates = np.concatenate([fr.eligible, fr.busy])
+        found = self.earliest(head.shape.resources, candidates, skip_reserved=True)
+        if found is None:
+            return None
+        at, node_id = found
+        r = Reservation(head.lease_id, node_id, at, head.shape.resources, band)
+        self.reservations[band] = r
+        self._by_node.setdefault(node_id, []).append(r)
+        return r
+
+    def blocked(self, lease_id: str, shape: Shape, band: int,
+                allowed_trust_levels: Iterable[str] | None = None) -> Reservation | None:
+        """A request of `band` fits no node now: if the band has no head yet it becomes the
+        head and gets a reservation (None when no node ever frees enough for it); its own
+        reservation if it is the head; else None (it waits behind the head)."""
+        held = self.reservations.get(band)
+        if held is not None:
+            return held if held.lease_id == lease_id else None
+        trust = None if allowed_trust_levels is None else tuple(sorted(allowed_trust_levels))
+        head = _Head(lease_id, shape, trust)
+        r = self._reserve(band, head)
+        if r is not None:
+            self._heads[band] = head
+        return r
+
+    def placed(self, lease_id: str) -> None:
+        """A head was placed (or left the queue): its reservation is no longer needed."""
+        for band, r in list(self.reservations.items()):
+            if r.lease_id == lease_id:
+                del self.reservations[band]
+                self._by_node[r.node_id].remove(r)
+                if not self._by_node[r.node_id]:
+                    del self._by_node[r.node_id]
+        for band, head in list(self._heads.items()):
+            if head.lease_id == lease_id:
+                del self._heads[band]
+
+    def reservation_of(self, lease_id: str) -> Reservation | None:
+        for r in self.reservations.values():
+            if r.lease_id == lease_id:
+                return r
+        return None
+
+    def admits(self, node_id: str, resources: Resources, end_at: float | None,
+               lease_id: str | None = None) -> bool:
+        """Whether placing `resources` on `node_id` now, until `end_at`, leaves every
+        reservation there (but the request's own) able to start on time: it ends before the
+        reservation begins, or it fits beside the reservation in what the node will have
+        free by then."""
+        for r in self._by_node.get(node_id, ()):
+            if r.lease_id == lease_id:
+                continue
+            if end_at is not None and end_at <= r.start_at:
+                continue
+            left = self.capacity_at(node_id, r.start_at) - r.resources - resources
+            if not left.is_non_negative():
+                return False
+        return True
+
+    def place(self, shape: Shape, end_at: float | None, *, packing: Packing,
+              allowed_trust_levels: Iterable[str] | None, lease_id: str | None = None
+              ) -> tuple[str | None, FilterResult, bool]:
+        """(node, filter result, held back): the node the table would choose for `shape`
+        among those `admits` allows (the table's own first choice when admitted, else the
+        best of the rest), or None; held back is True when it fits now but only where it
+        would delay a reservation."""
+        node_id, fr = self.table.place_fast(shape, packing=packing,
+                                            allowed_trust_levels=allowed_trust_levels)
+        if node_id is None or self.admits(node_id, shape.resources, end_at, lease_id):
+            return node_id, fr, False
+        fresh = self.table.filter(shape, allowed_trust_levels=allowed_trust_levels)
+        ok = [int(i) for i in fresh.eligible
+              if self.admits(self.table.node_id_at(int(i)), shape.resources, end_at, lease_id)]
+        if not ok:
+            return None, fresh, True
+        best = self.table.rank(shape, np.asarray(ok, dtype=np.int64), packing, limit=1)
+        return self.table.node_id_at(int(best[0])), fresh, False

@@ -1,0 +1,179 @@
+"""EASY backfill: reservations at the earliest end that frees enough, and placements that cannot
+delay them."""
+
+from __future__ import annotations
+
+from domain.lease import Lease
+from domain.policy.backfill import Backfill, LeaseEnd, band_of, lease_end_estimate
+from domain.policy.placement import NodeTable
+from domain.resources import NodeCapabilities, NodeId, PoolId, Resources, Shape, TenantId
+
+
+def gpus(n: int) -> Resources:
+    return Resources(gpu_count=n)
+
+
+def shape(n: int) -> Shape:
+    return Shape.build(gpu_count=n)
+
+
+class Pool:
+    """A NodeTable plus the end estimate of every lease on it."""
+
+    def __init__(self, *nodes: tuple[str, int]) -> None:
+        self.table = NodeTable()
+        self.ends: dict[str, LeaseEnd] = {}
+        for node_id, count in nodes:
+            self.table.add_or_update_node(node_id, NodeCapabilities(allocatable=gpus(count)))
+
+    def run(self, node_id: str, lease_id: str, count: int, end: float | None) -> None:
+        self.table.allocate(node_id, lease_id, gpus(count))
+        self.ends[lease_id] = (gpus(count), end)
+
+    def backfill(self, now: float = 0.0) -> Backfill:
+        bf = Backfill(self.table, self.ends.get)
+        bf.begin(now, queued=lambda _lid: True)
+        return bf
+
+
+def test_a_blocked_head_is_reserved_when_enough_capacity_frees() -> None:
+    pool = Pool(("a", 8))
+    pool.run("a", "x", 4, end=100.0)
+    pool.run("a", "y", 4, end=200.0)
+    bf = pool.backfill()
+    r = bf.blocked("head", shape(6), band=0)
+    assert r is not None
+    assert (r.node_id, r.start_at) == ("a", 200.0)  # 4 free at 100 is not enough for 6
+
+
+def test_the_earliest_node_is_chosen_for_the_reservation() -> None:
+    pool = Pool(("late", 8), ("soon", 8))
+    pool.run("late", "x", 8, end=500.0)
+    pool.run("soon", "y", 8, end=50.0)
+    r = pool.backfill().blocked("head", shape(8), band=0)
+    assert r is not None and (r.node_id, r.start_at) == ("soon", 50.0)
+
+
+def test_a_later_request_that_would_delay_the_reservation_is_held_back() -> None:
+    pool = Pool(("a", 8))
+    pool.run("a", "x", 6, end=100.0)
+    bf = pool.backfill()
+    assert bf.blocked("wide", shape(8), band=0) is not None
+    node, _, held = bf.place(shape(2), 300.0, packing="best-fit", allowed_trust_levels=None)
+    assert (node, held) == (None, True)
+
+
+def test_a_later_request_that_ends_before_the_reservation_is_placed() -> None:
+    pool = Pool(("a", 8))
+    pool.run("a", "x", 6, end=100.0)
+    bf = pool.backfill()
+    assert bf.blocked("wide", shape(8), band=0) is not None
+    node, _, held = bf.place(shape(2), 90.0, packing="best-fit", allowed_trust_levels=None)
+    assert (node, held) == ("a", False)
+
+
+def test_a_later_request_that_fits_beside_the_reservation_is_placed() -> None:
+    pool = Pool(("a", 8))
+    pool.run("a", "x", 6, end=100.0)
+    bf = pool.backfill()
+    assert bf.blocked("half", shape(4), band=0) is not None  # at 100: 8 free, 4 promised
+    assert bf.admits("a", gpus(2), end_at=None)  # 8 - 4 - 2 ≥ 0 even if it never ends
+    pool.run("a", "long", 2, end=None)
+    assert not bf.admits("a", gpus(3), end_at=1000.0)  # would leave 8 - 2 - 4 - 3 < 0
+
+
+def test_a_request_goes_to_another_node_rather_than_delay_the_reservation() -> None:
+    pool = Pool(("full", 8), ("small", 4))
+    pool.run("full", "x", 7, end=100.0)  # best fit for 1 GPU: the fuller node
+    bf = pool.backfill()
+    r = bf.blocked("wide", shape(8), band=0)
+    assert r is not None and r.node_id == "full"
+    node, _, held = bf.place(shape(1), 500.0, packing="best-fit", allowed_trust_levels=None)
+    assert (node, held) == ("small", False)
+
+
+def test_the_head_keeps_its_reservation_while_others_fail_after_it() -> None:
+    pool = Pool(("a", 8))
+    pool.run("a", "x", 8, end=100.0)
+    bf = pool.backfill()
+    assert bf.blocked("first", shape(8), band=0) is not None
+    assert bf.blocked("second", shape(1), band=0) is None  # waits behind the head
+    bf.begin(10.0, queued=lambda _lid: True)  # the next cycle: the head is kept
+    assert bf.blocked("second", shape(1), band=0) is None
+    held = bf.reservation_of("first")
+    assert held is not None and held.start_at == 100.0
+
+
+def test_each_band_has_its_own_head() -> None:
+    pool = Pool(("a", 8), ("b", 8))
+    pool.run("a", "x", 8, end=100.0)
+    pool.run("b", "y", 8, end=200.0)
+    bf = pool.backfill()
+    high = bf.blocked("high", shape(8), band=2)
+    low = bf.blocked("low", shape(8), band=0)
+    assert high is not None and low is not None
+    assert (high.node_id, low.node_id) == ("a", "b")  # a node is not promised twice
+
+
+def test_a_head_that_left_the_queue_gives_up_its_reservation() -> None:
+    pool = Pool(("a", 8))
+    pool.run("a", "x", 8, end=100.0)
+    bf = pool.backfill()
+    assert bf.blocked("gone", shape(8), band=0) is not None
+    bf.begin(1.0, queued=lambda lid: lid != "gone")
+    assert bf.reservations == {}
+    assert bf.blocked("next", shape(8), band=0) is not None
+
+
+def test_a_placed_head_frees_its_band_for_the_next_one() -> None:
+    pool = Pool(("a", 8))
+    pool.run("a", "x", 8, end=100.0)
+    bf = pool.backfill()
+    assert bf.blocked("head", shape(8), band=0) is not None
+    bf.placed("head")
+    assert bf.reservation_of("head") is None
+    assert bf.admits("a", gpus(1), end_at=10_000.0)
+
+
+def test_the_head_itself_may_use_its_reserved_capacity() -> None:
+    pool = Pool(("a", 8))
+    pool.run("a", "x", 4, end=100.0)
+    bf = pool.backfill()
+    assert bf.blocked("head", shape(8), band=0) is not None
+    pool.table.free("x")
+    node, _, _ = bf.place(shape(8), 900.0, packing="best-fit", allowed_trust_levels=None,
+                          lease_id="head")
+    assert node == "a"
+
+
+def test_capacity_held_by_a_lease_with_no_end_never_counts_as_freed() -> None:
+    pool = Pool(("a", 8))
+    pool.run("a", "forever", 8, end=None)
+    assert pool.backfill().blocked("head", shape(1), band=0) is None
+
+
+def _lease(max_runtime: int = 3600) -> Lease:
+    return Lease.request(tenant_id=TenantId("t"), pool_id=PoolId("p"), idempotency_key="k",
+                         shape=shape(1), maximum_runtime_seconds=max_runtime, now=0.0)
+
+
+def test_a_reserved_lease_ends_by_its_commit_deadline_plus_its_maximum_runtime() -> None:
+    lease = _lease()
+    lease.queue(0.0)
+    lease.reserve(10.0, node_id=NodeId("a"), commit_timeout_seconds=30, hold_microcredits=0)
+    assert lease_end_estimate(lease) == 10.0 + 30 + 3600
+
+
+def test_a_running_lease_ends_by_its_maximum_runtime_whatever_its_term() -> None:
+    lease = _lease()
+    lease.queue(0.0)
+    lease.reserve(10.0, node_id=NodeId("a"), commit_timeout_seconds=30, hold_microcredits=0)
+    lease.commit(20.0)
+    assert lease_end_estimate(lease) == 20.0 + 3600
+
+
+def test_aging_moves_a_request_into_a_higher_band() -> None:
+    ranks = {"low": 0, "high": 2}
+    assert band_of("low", 0.0, 50.0, ranks, 100.0) == 0
+    assert band_of("low", 0.0, 250.0, ranks, 100.0) == 2
+    assert band_of("unknown", 0.0, 0.0, ranks, 0.0) == 0
