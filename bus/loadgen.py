@@ -1,7 +1,7 @@
 """The NATS side of the end-to-end benchmark: tenants' clients and a watcher of reservations.
 
 Clients request over the public subjects as users do (one connection each, the tenant's own
-inbox); the watcher reads the event stream's append signal for `LeaseReserved` events.
+inbox); the watcher follows the event stream's headers for `LeaseReserved` events.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from bus.headers import (
     HDR_UPSTREAM,
     HDR_VERSION,
 )
+from bus.jetstream.groupcommit import GroupCommitter
 from bus.jetstream.natsfast import publish_prerendered, subscribe_raw, unsubscribe_raw
 from bus.jetstream.wire import (
     _DIRECT_BATCH,
@@ -97,6 +98,9 @@ class JetStreamRecorder:
         self.remember_subjects_read = False
         # the stream's replica count, asked once; see `_replicated`
         self._replicas: int | None = None
+        # concurrent `insert_events` calls share atomic batches (bus.jetstream.groupcommit)
+        self.group_commit = True
+        self._group = GroupCommitter(self)
 
     # -- subjects ----------------------------------------------------------------------------
 
@@ -295,9 +299,11 @@ class JetStreamRecorder:
             raise PublishRejected(f"batch ack counted {count} messages, sent {n}")
         return int(ack["seq"]) - n + 1
 
-    async def _insert(
-        self, stored_events: Sequence[StoredEvent], tracking: Tracking | None
-    ) -> list[int]:
+    def _render(
+        self, stored_events: Sequence[StoredEvent]
+    ) -> tuple[list[tuple[str, bytes, str]], list[str], dict[str, StoredEvent]]:
+        """A save's messages (subject, payload, header lines), each event's subject, and per
+        subject its first event in the save (the one that carries the expectation)."""
         # per originator (a node appears once per placement on it) its subject and id header
         # lines, and per topic its header line, computed once: saves of 900 events add up
         per_originator: dict[UUID | str, tuple[str, str]] = {}
@@ -324,25 +330,29 @@ class JetStreamRecorder:
             subjects_of.append(known[0])
             messages.append((known[0], e.state,
                              f"{known[1]}{HDR_VERSION}: {e.originator_version}\r\n{topic}"))
-        by_subject: dict[str, StoredEvent] = {}  # subject → its first event in this save
+        by_subject: dict[str, StoredEvent] = {}
         for s, e in zip(subjects_of, stored_events, strict=True):
             by_subject.setdefault(s, e)
-        trk_subject = self.tracking_subject_for(tracking.application_name) if tracking else None
-        subjects = list(by_subject) + ([trk_subject] if trk_subject else [])
+        return messages, subjects_of, by_subject
+
+    async def _look_up(self, subjects: list[str], by_subject: dict[str, StoredEvent]) -> None:
+        """Fill the subject cache for `subjects`, concurrently. An aggregate's first event
+        (version 1) needs no look-up: it expects its subject to hold nothing yet (last
+        sequence 0), and the server refuses the save otherwise, as a conflict. Every new
+        lease, node or account is saved without that round trip."""
         cache = self._cache
-        # an aggregate's first event (version 1) needs no look-up: it expects its subject to
-        # hold nothing yet (last sequence 0), and the server refuses the save otherwise, as a
-        # conflict. Every new lease, node or account is saved without that round trip
         missing = [s for s in subjects if s not in cache and not (
             s in by_subject and by_subject[s].originator_version == 1)]
         if missing:
             await asyncio.gather(*(self._subject_state(s) for s in missing))
+
+    def _expectations(self, by_subject: dict[str, StoredEvent]) -> dict[str, int]:
+        """Per subject the last sequence the save expects, from the cache (after `_look_up`);
+        IntegrityError when the cache already holds the save's version or a later one."""
         expects: dict[str, int] = {}
+        cache = self._cache
         for s, first_event in by_subject.items():
-            state = cache.get(s)
-            if state is None:
-                state = (_UNWRITTEN if first_event.originator_version == 1
-                         else await self._subject_state(s))
+            state = cache.get(s, _UNWRITTEN)
             if (state.last_version is not None
                     and first_event.originator_version <= state.last_version):
                 raise IntegrityError(
@@ -350,6 +360,30 @@ class JetStreamRecorder:
                     f"is not after the recorded version {state.last_version}"
                 )
             expects[s] = state.last_seq
+        return expects
+
+    def _remember_saved(self, subjects_of: list[str], stored_events: Sequence[StoredEvent],
+                        first: int) -> list[int]:
+        """The notification ids of a save acknowledged from sequence `first`; the cache moves
+        to each subject's last event."""
+        ids = list(range(first, first + len(stored_events)))
+        last_by_subject: dict[str, tuple[int, int]] = {}
+        for s, e, seq in zip(subjects_of, stored_events, ids, strict=True):
+            last_by_subject[s] = (e.originator_version, seq)
+        for s, (version, seq) in last_by_subject.items():
+            self._remember(s, _SubjectState(version, seq))
+        return ids
+
+    async def _insert(
+        self, stored_events: Sequence[StoredEvent], tracking: Tracking | None
+    ) -> list[int]:
+        messages, subjects_of, by_subject = self._render(stored_events)
+        trk_subject = self.tracking_subject_for(tracking.application_name) if tracking else None
+        await self._look_up(list(by_subject), by_subject)
+        for s, first_event in by_subject.items():
+            if s not in self._cache and first_event.originator_version != 1:
+                await self._subject_state(s)  # evicted by a concurrent conflict meanwhile
+        expects = self._expectations(by_subject)
         if tracking is not None and trk_subject is not None:
             state = await self._subject_state(trk_subject)
             if state.last_version is not None and tracking.notification_id <= state.last_version:
@@ -368,14 +402,10 @@ class JetStreamRecorder:
                 )
             )
         first = await self._publish(messages, expects)
-        ids = list(range(first, first + len(stored_events)))
-        last_by_subject: dict[str, tuple[int, int]] = {}
-        for s, e, seq in zip(subjects_of, stored_events, ids, strict=True):
-            last_by_subject[s] = (e.originator_version, seq)
-        for s, (version, seq) in last_by_subject.items():
-            self._remember(s, _SubjectState(version, seq))
+        ids = self._remember_saved(subjects_of, stored_events, first)
         if tracking is not None and trk_subject is not None:
-            self._remember(trk_subject, _SubjectState(tracking.notification_id, first + len(stored_events)))
+            self._remember(trk_subject,
+                           _SubjectState(tracking.notification_id, first + len(stored_events)))
         return ids
 
     def _check_insert(
@@ -402,6 +432,9 @@ class JetStreamRecorder:
     ) -> list[int]:
         if not self._check_insert(stored_events, tracking):
             return []
+        if self.group_commit and tracking is None:
+            # a lone save goes at once; one made while another is in flight rides the next batch
+            return self.runtime.run(self._group.insert(stored_events), 2 * self.timeout + 5)
         return self.runtime.run(self._insert(stored_events, tracking), self.timeout + 5)
 
     def insert_events_nowait(
