@@ -11,11 +11,11 @@ import sys
 from collections.abc import Callable, Sequence
 
 from cli import admin, agent, bench, chaos, images, lease, schemas, telemetry, up, views
-from cli.output import EXIT_INTERRUPTED, EXIT_USAGE, UsageError, fail
+from cli.output import EXIT_INTERRUPTED, EXIT_USAGE, Parser, UsageError, fail
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="pool",
         description="computepool: an event-sourced control plane for pooled compute.",
     )
@@ -39,11 +39,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in words:
         cut = words.index("--")
         words, tail = words[:cut], words[cut + 1:]
-    args = parser.parse_args(words)
-    if tail is not None:
-        if not hasattr(args, "job_command"):
-            parser.error("`-- COMMAND` is only taken by `pool lease commit`")
-        args.job_command = tail
+    try:
+        args = parser.parse_args(words)
+        if tail is not None:
+            if not hasattr(args, "job_command"):
+                parser.error("`-- COMMAND` is only taken by `pool lease commit`")
+            args.job_command = tail
+    except SystemExit as e:  # --help (0) or a usage error (2), already printed
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
     func: Callable[[argparse.Namespace], int] = args.func
     from bus import observability
 

@@ -6,14 +6,57 @@ Exit codes mean: 0 ok, 1 the operation failed, 2 bad usage, 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias
+from typing import Any, ClassVar, NoReturn, TypeAlias
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
-Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+Subparsers: TypeAlias = "argparse._SubParsersAction[Parser]"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with usage errors in two lines: what is wrong (with a "did you mean" when a
+    word is close to one the command knows) and where the help is; exit 2."""
+
+    # the deepest (sub)command parsed last: unknown flags are reported by the top parser,
+    # but they belong to this one
+    deepest: ClassVar[Parser | None] = None
+    words: ClassVar[list[str]] = []  # what the deepest one was given
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        Parser.deepest, Parser.words = self, [str(a) for a in args or ()]
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        where = Parser.deepest if message.startswith("unrecognized arguments") else self
+        where = where or self
+        message = _with_suggestion(message, where, Parser.words if where is Parser.deepest
+                                   else [])
+        self.exit(EXIT_USAGE, f"{where.prog}: {message}\nsee `{where.prog} --help`\n")
+
+
+def _with_suggestion(message: str, parser: argparse.ArgumentParser, words: list[str]) -> str:
+    choice = re.match(r"(argument [^:]+: invalid choice: '([^']*)') \(choose from (.*)\)$",
+                      message)
+    if choice:
+        offered = re.findall(r"'([^']*)'", choice.group(3))
+        near = difflib.get_close_matches(choice.group(2), offered, n=1)
+        return choice.group(1) + (f" (did you mean {near[0]!r}?)" if near
+                                  else f" (choose from {', '.join(offered)})")
+    # a flag it does not know, close to one it does (also when a required flag is "missing"
+    # because it was misspelt)
+    known = parser._option_string_actions
+    for word in words:
+        flag = word.split("=", 1)[0]
+        if flag.startswith("--") and flag not in known:
+            close = difflib.get_close_matches(flag, [s for s in known if s.startswith("--")], n=1)
+            if close:
+                return f"{message} (did you mean {close[0]} for {flag}?)"
+    return message
 
 
 def fail(message: str, code: str = "error", *, as_json: bool = False) -> int:

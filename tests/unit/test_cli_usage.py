@@ -1,0 +1,44 @@
+"""Usage errors of the `pool` command: two lines, the first says what is wrong and suggests the
+nearest word the command knows, the second where the help is; exit code 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from cli.main import main
+
+
+def _usage(capsys: pytest.CaptureFixture[str], *argv: str) -> list[str]:
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    assert rc == 2 and out.out == ""
+    lines = out.err.splitlines()
+    assert len(lines) == 2, out.err
+    return lines
+
+
+def test_a_misspelt_flag_is_answered_with_the_flag_it_resembles(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    first, second = _usage(capsys, "lease", "request", "--pool", "p", "--cpu-milis", "500",
+                           "--memory-mib", "512", "--max-runtime", "60")
+    assert first.startswith("pool lease request: ")
+    assert "did you mean --cpu-millis for --cpu-milis?" in first
+    assert second == "see `pool lease request --help`"
+
+
+def test_a_misspelt_command_is_answered_with_the_command_it_resembles(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    first, _ = _usage(capsys, "leas")
+    assert "invalid choice: 'leas'" in first and "did you mean 'lease'?" in first
+
+
+def test_a_missing_flag_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    first, _ = _usage(capsys, "lease", "request", "--pool", "p")
+    assert "--cpu-millis" in first and "--max-runtime" in first
+
+
+def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["lease", "--help"]) == 0
+    assert "request" in capsys.readouterr().out
