@@ -17,6 +17,7 @@ from cli.output import (
     EXIT_FAILED,
     EXIT_OK,
     Subparsers,
+    UsageError,
     table,
 )
 
@@ -31,10 +32,41 @@ VIEW_TABLE_COLUMNS = {
 }
 
 
+def _filters(args: argparse.Namespace) -> dict[str, str]:
+    """`--filter COLUMN=VALUE …` checked against the columns the view offers."""
+    from projections.catalog import FILTERS
+
+    filters: dict[str, str] = {}
+    offered = FILTERS[args.view]
+    for text in args.filter or []:
+        name, sep, value = text.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--filter wants COLUMN=VALUE, not {text!r}")
+        if name not in offered:
+            raise UsageError(f"--filter: {args.view} cannot be filtered on {name!r}; it offers "
+                             f"{', '.join(offered) or 'no filters'}")
+        if "\x00" in value:
+            raise UsageError(f"--filter {name}: the value holds a NUL character")
+        filters[name] = value
+    return filters
+
+
+def _page_size(text: str) -> int:
+    from projections.catalog import MAX_LIMIT
+
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= n <= MAX_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be from 1 to {MAX_LIMIT} rows, not {n}")
+    return n
+
+
 def cmd_view(args: argparse.Namespace) -> int:
     from projections.queries import query_url
 
-    filters = dict(f.split("=", 1) for f in args.filter or [])
+    filters = _filters(args)
     page = query_url(database_url_of(args), args.view, tenant=args.tenant or None,
                      filters=filters, limit=args.limit, cursor=args.cursor,
                      schema=views_schema_of(args))
@@ -108,15 +140,21 @@ def cmd_audit_credits(args: argparse.Namespace) -> int:
 
 def register(sub: Subparsers) -> None:
     """Add the view commands, `projections` and `audit`."""
+    from projections.catalog import FILTERS, MAX_LIMIT, TENANT_VIEWS
+
     for view, help_text in (("queue", "waiting requests"), ("balance", "tenant credits"),
                             ("capacity", "node capacity"), ("leases", "every lease")):
         vp = sub.add_parser(view, help=f"{help_text}, from the PostgreSQL views")
         db_opts(vp, nats=False)
-        vp.add_argument("--tenant", help="only this tenant's rows")
-        vp.add_argument("--filter", action="append", metavar="COLUMN=VALUE")
-        vp.add_argument("--limit", type=int, default=100)
-        vp.add_argument("--cursor")
-        vp.set_defaults(func=cmd_view, view=view)
+        if view in TENANT_VIEWS:
+            vp.add_argument("--tenant", help="only this tenant's rows")
+        vp.add_argument("--filter", action="append", metavar="COLUMN=VALUE",
+                        help=f"only rows where COLUMN is VALUE; columns: "
+                        f"{', '.join(FILTERS[view]) or 'none'} (repeatable)")
+        vp.add_argument("--limit", type=_page_size, default=100, metavar="ROWS",
+                        help=f"rows per page, 1 to {MAX_LIMIT} (default 100)")
+        vp.add_argument("--cursor", help="where the previous page ended (its `more:` line)")
+        vp.set_defaults(func=cmd_view, view=view, tenant=None)
     prj = sub.add_parser("projections", help="the PostgreSQL views").add_subparsers(
         dest="verb", metavar="VERB", required=True)
     pst = prj.add_parser("status", help="each view's position and lag behind the log")

@@ -14,32 +14,8 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from projections.catalog import COLUMNS, FILTERS, KEYS, MAX_LIMIT, TENANT_VIEWS
 from projections.views import DEFAULT_SCHEMA, check_view
-
-KEYS = {"queue": "lease_id", "balance": "tenant", "capacity": "node_id", "leases": "lease_id"}
-FILTERS = {
-    "queue": ("pool", "priority_class", "state", "lease_id"),
-    "balance": (),
-    "capacity": ("pool", "state", "zone", "failure_domain", "gpu_model", "node_id"),
-    "leases": ("pool", "state", "node_id", "priority_class", "lease_id"),
-}
-COLUMNS = {
-    "queue": ("lease_id", "tenant", "pool", "priority_class", "state", "attempts",
-              "requested_at", "queued_at", "shape"),
-    "balance": ("tenant", "granted", "held", "spent", "available", "shortfall", "holds"),
-    "capacity": ("node_id", "pool", "state", "zone", "failure_domain", "gpu_model",
-                 "cpu_millis_allocatable", "cpu_millis_allocated", "memory_mib_allocatable",
-                 "memory_mib_allocated", "gpu_count_allocatable", "gpu_count_allocated",
-                 "local_disk_gib_allocatable", "local_disk_gib_allocated",
-                 "extended_allocatable", "extended_allocated", "allocations",
-                 "last_heartbeat_at"),
-    "leases": ("lease_id", "tenant", "pool", "state", "node_id", "priority_class", "epoch",
-               "attempts", "shape", "requested_at", "reserved_at", "started_at",
-               "run_ended_at", "ended_at", "deadline", "hold_microcredits", "credits_held",
-               "credits_charged", "credits_released", "credits_shortfall", "end_reason",
-               "exit_code"),
-}
-TENANT_VIEWS = ("queue", "balance", "leases")
 
 
 class ViewsUnavailable(Exception):
@@ -49,7 +25,7 @@ class ViewsUnavailable(Exception):
 
 
 class BadQuery(Exception):
-    """A filter on a column the view does not offer."""
+    """A filter, tenant, cursor or page size the view cannot take."""
 
     code = "invalid_field"
 
@@ -60,15 +36,13 @@ def query(conn: psycopg.Connection[Any], view: str, *, tenant: str | None,
     """One page of a view: {"view", "rows", "next_cursor"}; `tenant` None reads every tenant."""
     check_view(view)
     key = KEYS[view]
+    _check(view, tenant=tenant, filters=filters or {}, limit=limit, cursor=cursor)
     where: list[sql.Composable] = []
     params: list[Any] = []
     if tenant is not None:
         where.append(sql.SQL("tenant = %s"))
         params.append(tenant)
     for name, value in sorted((filters or {}).items()):
-        if name not in FILTERS[view]:
-            raise BadQuery(f"view {view} cannot be filtered on {name!r}; "
-                           f"it offers {', '.join(FILTERS[view]) or 'no filters'}")
         where.append(sql.SQL("{} = %s").format(sql.Identifier(name)))
         params.append(value)
     if cursor:
@@ -88,6 +62,24 @@ def query(conn: psycopg.Connection[Any], view: str, *, tenant: str | None,
     rows = rows[:limit]
     return {"view": view, "rows": rows,
             "next_cursor": str(rows[-1][key]) if more and rows else None}
+
+
+def _check(view: str, *, tenant: str | None, filters: dict[str, str], limit: int,
+           cursor: str | None) -> None:
+    """Refuse what the view cannot answer before any SQL is sent."""
+    if tenant is not None and view not in TENANT_VIEWS:
+        raise BadQuery(f"view {view} has no tenant column: it is shared by every tenant "
+                       f"(tenant views: {', '.join(TENANT_VIEWS)})")
+    for name in sorted(filters):
+        if name not in FILTERS[view]:
+            raise BadQuery(f"view {view} cannot be filtered on {name!r}; "
+                           f"it offers {', '.join(FILTERS[view]) or 'no filters'}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise BadQuery(f"limit must be a whole number of rows from 1 to {MAX_LIMIT}, not {limit!r}")
+    texts = {"tenant": tenant, "cursor": cursor, **filters}
+    for name, value in texts.items():
+        if value is not None and (not isinstance(value, str) or "\x00" in value):
+            raise BadQuery(f"{name} must be text without NUL characters")
 
 
 class ViewReader:
@@ -126,6 +118,21 @@ class ViewReader:
 
 
 def query_url(database_url: str, view: str, **kwargs: Any) -> dict[str, Any]:
-    """`query` for callers outside projections/ (the CLI), which hold a URL, not a connection."""
-    with psycopg.connect(database_url) as conn:
-        return query(conn, view, **kwargs)
+    """`query` for callers outside projections/ (the CLI), which hold a URL, not a connection;
+    database failures come back as ViewsUnavailable."""
+    schema = kwargs.get("schema", DEFAULT_SCHEMA)
+    try:
+        with psycopg.connect(database_url, connect_timeout=5) as conn:
+            return query(conn, view, **kwargs)
+    except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+        raise ViewsUnavailable(f"the views are not built in schema {schema!r} yet: start the "
+                               "projector (`pool up`, `pool serve --role projector`) or run "
+                               "`pool projections rebuild`") from None
+    except psycopg.OperationalError as e:
+        raise ViewsUnavailable(f"the views' database does not answer: {e}".strip()) from None
+    except psycopg.Error as e:
+        raise ViewsUnavailable(f"the views could not be read: {e}".strip()) from e
+
+
+__all__ = ["COLUMNS", "FILTERS", "KEYS", "MAX_LIMIT", "TENANT_VIEWS", "BadQuery", "ViewReader",
+           "ViewsUnavailable", "query", "query_url"]
