@@ -5,67 +5,28 @@ of which concrete devices a lease gets: the value objects and pure functions, no
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
 
-from domain.resources import Resources, Shape, partition_dimension
+from domain.resources import (
+    DEVICE_KINDS,
+    TIME_SLICE,
+    Device,
+    Resources,
+    Shape,
+    partition_dimension,
+)
 
-DEVICE_KINDS: tuple[str, ...] = ("gpu", "mig", "replica")
-TIME_SLICE = "time-slice"
-
-
-@dataclass(frozen=True)
-class Device:
-    """One allocatable GPU device of a node.
-
-    `id` is unique on the node and what leases hold: a GPU or MIG UUID, or `<gpu uuid>/ts<k>`
-    for the k-th time-slice replica of a GPU. `parent` is the GPU a MIG instance or replica is
-    carved from; `minor` is the GPU's /dev/nvidia<minor> (the parent's for MIG and replicas).
-    """
-
-    id: str
-    kind: str = "gpu"
-    model: str | None = None
-    memory_mib: int = 0
-    profile: str | None = None  # a MIG profile ("1g.10gb") or "time-slice"
-    parent: str | None = None
-    minor: int | None = None
-    nvlink_domain: str | None = None  # GPUs that share it talk over NVLink
-    pci_bus_id: str | None = None
-
-    @property
-    def dimension(self) -> str:
-        """The resource dimension one of these counts in: whole GPUs or its partition."""
-        if self.kind == "gpu":
-            return "gpu_count"
-        return partition_dimension(self.profile or TIME_SLICE)
-
-    @property
-    def uuid(self) -> str:
-        """The NVIDIA UUID a runtime passes on (a replica shares its GPU's)."""
-        if self.kind == "replica" and self.parent is not None:
-            return self.parent
-        return self.id
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": self.id, "kind": self.kind}
-        for name in ("model", "profile", "parent", "minor", "nvlink_domain", "pci_bus_id"):
-            value = getattr(self, name)
-            if value is not None:
-                out[name] = value
-        if self.memory_mib:
-            out["memory_mib"] = self.memory_mib
-        return out
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Device:
-        minor = d.get("minor")
-        return cls(
-            id=str(d["id"]), kind=str(d.get("kind", "gpu")), model=d.get("model"),
-            memory_mib=int(d.get("memory_mib", 0)), profile=d.get("profile"),
-            parent=d.get("parent"), minor=None if minor is None else int(minor),
-            nvlink_domain=d.get("nvlink_domain"), pci_bus_id=d.get("pci_bus_id"),
-        )
+# the value object lives beside NodeCapabilities, which holds a node's devices
+__all__ = [
+    "DEVICE_KINDS",
+    "TIME_SLICE",
+    "Device",
+    "allocation_problems",
+    "choose_devices",
+    "device_counts",
+    "eligible",
+    "inventory_problems",
+    "wanted",
+]
 
 
 def device_counts(devices: Iterable[Device]) -> dict[str, int]:

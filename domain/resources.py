@@ -7,11 +7,9 @@ store them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NewType
-
-if TYPE_CHECKING:
-    from domain.devices import Device
+from typing import Any, NewType
 
 LeaseId = NewType("LeaseId", str)
 NodeId = NewType("NodeId", str)
@@ -243,6 +241,64 @@ _SHAPES: dict[tuple[Any, ...], Shape] = {}  # see Shape.from_dict
 _SHAPES_LIMIT = 4096
 
 
+DEVICE_KINDS: tuple[str, ...] = ("gpu", "mig", "replica")
+TIME_SLICE = "time-slice"
+
+
+@dataclass(frozen=True)
+class Device:
+    """One allocatable GPU device of a node.
+
+    `id` is unique on the node and what leases hold: a GPU or MIG UUID, or `<gpu uuid>/ts<k>`
+    for the k-th time-slice replica of a GPU. `parent` is the GPU a MIG instance or replica is
+    carved from; `minor` is the GPU's /dev/nvidia<minor> (the parent's for MIG and replicas).
+    """
+
+    id: str
+    kind: str = "gpu"
+    model: str | None = None
+    memory_mib: int = 0
+    profile: str | None = None  # a MIG profile ("1g.10gb") or "time-slice"
+    parent: str | None = None
+    minor: int | None = None
+    nvlink_domain: str | None = None  # GPUs that share it talk over NVLink
+    pci_bus_id: str | None = None
+
+    @property
+    def dimension(self) -> str:
+        """The resource dimension one of these counts in: whole GPUs or its partition."""
+        if self.kind == "gpu":
+            return "gpu_count"
+        return partition_dimension(self.profile or TIME_SLICE)
+
+    @property
+    def uuid(self) -> str:
+        """The NVIDIA UUID a runtime passes on (a replica shares its GPU's)."""
+        if self.kind == "replica" and self.parent is not None:
+            return self.parent
+        return self.id
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "kind": self.kind}
+        for name in ("model", "profile", "parent", "minor", "nvlink_domain", "pci_bus_id"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        if self.memory_mib:
+            out["memory_mib"] = self.memory_mib
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Device:
+        minor = d.get("minor")
+        return cls(
+            id=str(d["id"]), kind=str(d.get("kind", "gpu")), model=d.get("model"),
+            memory_mib=int(d.get("memory_mib", 0)), profile=d.get("profile"),
+            parent=d.get("parent"), minor=None if minor is None else int(minor),
+            nvlink_domain=d.get("nvlink_domain"), pci_bus_id=d.get("pci_bus_id"),
+        )
+
+
 @dataclass(frozen=True)
 class NodeCapabilities:
     """What a node offers: allocatable capacity (totals minus system reserve) and its traits."""
@@ -284,7 +340,6 @@ class NodeCapabilities:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> NodeCapabilities:
-        from domain.devices import Device  # devices builds on this module
         return cls(
             allocatable=Resources.from_dict(d["allocatable"]),
             cpu_arch=d.get("cpu_arch", "amd64"),
