@@ -13,10 +13,11 @@ from cli.output import (
 
 
 def cmd_schemas_export(args: argparse.Namespace) -> int:
+    from control.routes import asyncapi_channels
     from schemas.export import export
 
     out = Path(args.dir)
-    paths = export(out)
+    paths = export(asyncapi_channels(), out)
     if args.json:
         print(json.dumps({"ok": True, "files": [str(p) for p in paths]}))
     else:

@@ -7,7 +7,6 @@ compared byte for byte with the Structs; `python -m schemas.export [DIR]` regene
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -58,14 +57,6 @@ class Channel(NamedTuple):
     parameters: dict[str, dict[str, Any]]
 
 
-def _route_channels() -> list[Channel]:
-    # the route table lives with the control plane, which owns the handlers; imported here
-    # only when a document is built, so importing schemas stays free of it
-    from control.routes import asyncapi_channels
-
-    return asyncapi_channels()
-
-
 def _message(struct: type[Struct]) -> dict[str, Any]:
     doc = (struct.__doc__ or "").strip().splitlines()
     return {
@@ -77,9 +68,9 @@ def _message(struct: type[Struct]) -> dict[str, Any]:
     }
 
 
-def asyncapi(channel_rows: Iterable[Channel] | None = None) -> dict[str, Any]:
-    """An AsyncAPI 3.0 document for the control plane: the route table's channels (by
-    default) with the Structs as their payloads."""
+def asyncapi(channel_rows: Iterable[Channel]) -> dict[str, Any]:
+    """An AsyncAPI 3.0 document for the control plane: the channels (the route table's,
+    `control.routes.asyncapi_channels()`) with the Structs as their payloads."""
     _, schemas = msgspec.json.schema_components(
         v1.PUBLIC_STRUCTS, ref_template="#/components/schemas/{name}"
     )
@@ -93,8 +84,7 @@ def asyncapi(channel_rows: Iterable[Channel] | None = None) -> dict[str, Any]:
     }
     operations: dict[str, Any] = {}
     messages: dict[str, Any] = {"Envelope": _message(v1.Envelope)}
-    rows = _route_channels() if channel_rows is None else channel_rows
-    for channel_id, address, payload, op_id, action, summary, replies, params in rows:
+    for channel_id, address, payload, op_id, action, summary, replies, params in channel_rows:
         name = payload.__name__
         messages[name] = _message(payload)
         channels[channel_id] = {
@@ -132,32 +122,20 @@ def asyncapi(channel_rows: Iterable[Channel] | None = None) -> dict[str, Any]:
     }
 
 
-def documents() -> dict[str, bytes]:
+def documents(channel_rows: Iterable[Channel]) -> dict[str, bytes]:
     """File name -> canonical bytes for everything export writes."""
     out = {f"{s.__name__}.json": render(json_schema(s)) for s in v1.PUBLIC_STRUCTS}
-    out[ASYNCAPI_FILE] = render(asyncapi())
+    out[ASYNCAPI_FILE] = render(asyncapi(channel_rows))
     return out
 
 
-def export(directory: str | Path = DEFAULT_DIRECTORY) -> list[Path]:
+def export(channel_rows: Iterable[Channel], directory: str | Path = DEFAULT_DIRECTORY) -> list[Path]:
     """Write every schema file into `directory` (created if missing); returns the paths, sorted."""
     target = Path(directory)
     target.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, data in sorted(documents().items()):
+    for name, data in sorted(documents(channel_rows).items()):
         path = target / name
         path.write_bytes(data)
         paths.append(path)
     return paths
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    paths = export(args[0] if args else DEFAULT_DIRECTORY)
-    for p in paths:
-        print(p)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

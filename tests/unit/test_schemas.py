@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from control.routes import asyncapi_channels
 from domain.resources import Resources, partition_dimension
 from schemas import (
     COMMAND_KINDS,
@@ -339,17 +340,17 @@ def test_literals_spell_the_domain_vocabularies() -> None:
 
 
 def test_committed_schema_files_match_the_structs(tmp_path: Path) -> None:
-    fresh = {p.name: p.read_bytes() for p in export(tmp_path)}
+    fresh = {p.name: p.read_bytes() for p in export(asyncapi_channels(), tmp_path)}
     committed = {p.name: p.read_bytes() for p in DEFAULT_DIRECTORY.glob("*.json")}
-    hint = "schemas/json is stale: run `python -m schemas.export` (or `pool schemas export`)"
+    hint = "schemas/json is stale: run `pool schemas export`"
     assert sorted(committed) == sorted(fresh), hint
     for name, data in fresh.items():
         assert committed[name] == data, f"{name}: {hint}"
 
 
 def test_export_is_deterministic_and_complete(tmp_path: Path) -> None:
-    a = {p.name: p.read_bytes() for p in export(tmp_path / "a")}
-    b = {p.name: p.read_bytes() for p in export(tmp_path / "b")}
+    a = {p.name: p.read_bytes() for p in export(asyncapi_channels(), tmp_path / "a")}
+    b = {p.name: p.read_bytes() for p in export(asyncapi_channels(), tmp_path / "b")}
     assert a == b
     assert set(a) == {f"{s.__name__}.json" for s in PUBLIC_STRUCTS} | {ASYNCAPI_FILE}
     for data in a.values():
@@ -366,7 +367,7 @@ def test_json_schema_refuses_unknown_fields_and_states_bounds() -> None:
 
 
 def test_asyncapi_describes_every_subject() -> None:
-    doc = asyncapi()
+    doc = asyncapi(asyncapi_channels())
     assert doc["asyncapi"] == "3.0.0"
     addresses = {c["address"] for c in doc["channels"].values()}
     expected = {"pool.cmd.{tenant}.lease.request", "pool.cmd.{tenant}.query.{view}"}
@@ -395,9 +396,9 @@ def _refs(node: Any) -> list[str]:
     return []
 
 
-def test_python_m_schemas_export_writes_files(tmp_path: Path) -> None:
+def test_pool_schemas_export_writes_files(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "schemas.export", str(tmp_path)],
+        [sys.executable, "-m", "cli.main", "schemas", "export", "--dir", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
