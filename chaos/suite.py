@@ -945,7 +945,8 @@ def _known_codes() -> set[str]:
 def fuzz_subjects(lease_id: str) -> dict[str, dict[str, Any]]:
     """Every subject the command service (and the scheduler's `why`) answers, wildcards filled
     with a real tenant, lease and node, each with a valid body to mutate."""
-    from control.commands import ADMIN_SUBJECTS, COMMAND_SUBJECTS, NODE_VERBS
+    from control.commands import ADMIN_SUBJECTS, COMMAND_SUBJECTS
+    from control.routes import NODE_VERBS
 
     job = {"image": "reg.example/job@sha256:" + "c" * 64, "command": ["true"]}
     verbs: dict[str, dict[str, Any]] = {
