@@ -427,6 +427,7 @@ class AccountMachine(AggregateMachine):
     def open(self) -> None:
         self.now = 0.0
         self.seen: set[str] = set()
+        self.grants: dict[str, int] = {}  # transfer id -> the amount it granted
         self.holds: dict[LeaseId, int] = {}
         self.granted = self.spent = 0
         self.agg = Account.open(tenant_id=TenantId("t"), now=self.now)
@@ -435,12 +436,16 @@ class AccountMachine(AggregateMachine):
     def account(self) -> Account:
         return self.agg  # type: ignore[no-any-return]
 
-    def _move(self, transfer_id: str, call: Callable[[], bool]) -> bool:
+    def _move(self, transfer_id: str, call: Callable[[], bool], *,
+              conflicts: bool = False) -> bool:
         repeated = transfer_id in self.seen
         count = len(self.agg.pending_events)
         before = copy.deepcopy(state_of(self.agg))
         result = self.attempt(call)
-        if repeated:  # a repeated transfer id is a no-op, never an error
+        if repeated and conflicts:  # the id moved something else: refused, nothing recorded
+            assert result is REFUSED and self.last_error.code == "transfer_conflict"
+            return False
+        if repeated:  # a repeated transfer id with the same movement is a no-op
             assert result is False
             assert state_of(self.agg) == before and len(self.agg.pending_events) == count
             return False
@@ -452,9 +457,12 @@ class AccountMachine(AggregateMachine):
 
     @rule(transfer=transfer_ids, amount=credits)
     def grant(self, transfer: str, amount: int) -> None:
-        if self._move(transfer, lambda: self.account.grant(transfer, amount, self.now)):
+        conflicts = self.grants.get(transfer) != amount
+        if self._move(transfer, lambda: self.account.grant(transfer, amount, self.now),
+                      conflicts=conflicts):
             assert amount > 0
             self.granted += amount
+            self.grants[transfer] = amount
 
     @rule(transfer=transfer_ids, lease=account_leases, amount=credits)
     def hold(self, transfer: str, lease: LeaseId, amount: int) -> None:
