@@ -1,0 +1,107 @@
+"""The layer rules of docs/architecture.md, read from every module's imports."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("domain", "schemas", "bus", "control", "projections", "agents", "client", "cli",
+            "local", "bench", "chaos", "gateway", "sim")
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")) if (ROOT / package).is_dir() else ():
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module `path` imports, at any depth of its code (lazy imports count)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return out
+
+
+IMPORTS = {name: _imports(path) for name, path in MODULES.items()}
+
+
+def _offenders(where: tuple[str, ...], roots: tuple[str, ...]) -> list[str]:
+    def top(module: str) -> str:
+        return module.split(".")[0]
+
+    return sorted(f"{name} imports {dep}" for name, deps in IMPORTS.items()
+                  if top(name) not in where for dep in deps if top(dep) in roots)
+
+
+def test_only_bus_speaks_nats() -> None:
+    assert _offenders(("bus",), ("nats",)) == []
+
+
+def test_only_projections_speak_sql() -> None:
+    assert _offenders(("projections",), ("psycopg", "psycopg_pool")) == []
+
+
+def test_the_domain_does_no_io_and_reads_no_clock() -> None:
+    forbidden = ("bus", "control", "projections", "agents", "client", "cli", "local", "time",
+                 "datetime", "nats", "psycopg", "docker", "socket", "subprocess", "os")
+    found = sorted(f"{name} imports {dep}" for name, deps in IMPORTS.items()
+                   if name.split(".")[0] == "domain"
+                   for dep in deps if dep.split(".")[0] in forbidden)
+    assert found == []
+
+
+def test_no_two_modules_import_each_other() -> None:
+    graph = {name: {d for d in deps if d in MODULES and d != name}
+             for name, deps in IMPORTS.items()}
+    # a package's __init__ re-exporting its own submodules is not a cycle between parts
+    for name, deps in graph.items():
+        graph[name] = {d for d in deps if not d.startswith(name + ".")}
+    cycles: list[list[str]] = []
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert cycles == []
+
+
+def test_the_rules_see_the_whole_tree() -> None:
+    # a rule over an empty set of modules could not fail
+    assert len(MODULES) > 60 and "bus.jetstream.recorder" in MODULES
+    assert any(d.startswith("nats") for d in IMPORTS["bus.jetstream.recorder"])
