@@ -136,6 +136,14 @@ class Service:
             self._pool.shutdown(wait=True)
 
 
+def _traced(headers: dict[str, str] | None) -> dict[str, str] | None:
+    """`headers` plus the W3C trace context of the caller's current span, if any; read on the
+    caller's thread, where that span is current."""
+    carrier = dict(headers or {})
+    propagate.inject(carrier)
+    return carrier or None
+
+
 class Client:
     """A synchronous NATS requester for the CLI and tests: one connection on its own loop."""
 
@@ -146,26 +154,35 @@ class Client:
     def request(
         self, subject: str, body: bytes, *, timeout: float = 10.0, headers: dict[str, str] | None = None
     ) -> bytes:
-        # W3C trace context of the caller's current span (if any) travels in the headers
-        carrier = dict(headers or {})
-        propagate.inject(carrier)
-        sent = carrier or None
+        return self._loop.run(self._go(subject, body, timeout, _traced(headers)),
+                              timeout=timeout + 5)
 
-        async def go() -> bytes:
-            try:
-                msg = await self._nc.request(subject, body, timeout=timeout, headers=sent)
-            except NoRespondersError as e:
-                raise BusUnavailable(f"no service answers on {subject}") from e
-            except NatsTimeout as e:
-                raise BusTimeout(f"no reply on {subject} within {timeout}s") from e
-            except MaxPayloadError as e:
-                raise PayloadTooLarge(f"a {len(body)}-byte request is over the server's "
-                                      "max_payload") from e
-            except NatsError as e:  # nothing nats-shaped leaves bus/
-                raise translate(e) from e
-            return bytes(msg.data)
+    async def request_async(
+        self, subject: str, body: bytes, *, timeout: float = 10.0, headers: dict[str, str] | None = None
+    ) -> bytes:
+        """`request` for a caller on another event loop (the HTTP gateway): the request runs on
+        this client's loop and the caller's loop awaits it without blocking a thread."""
+        fut = asyncio.run_coroutine_threadsafe(
+            self._go(subject, body, timeout, _traced(headers)), self._loop.loop)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(fut), timeout + 5)
+        except TimeoutError as e:
+            raise BusTimeout(f"no reply on {subject} within {timeout}s") from e
 
-        return self._loop.run(go(), timeout=timeout + 5)
+    async def _go(self, subject: str, body: bytes, timeout: float,
+                  sent: dict[str, str] | None) -> bytes:
+        try:
+            msg = await self._nc.request(subject, body, timeout=timeout, headers=sent)
+        except NoRespondersError as e:
+            raise BusUnavailable(f"no service answers on {subject}") from e
+        except NatsTimeout as e:
+            raise BusTimeout(f"no reply on {subject} within {timeout}s") from e
+        except MaxPayloadError as e:
+            raise PayloadTooLarge(f"a {len(body)}-byte request is over the server's "
+                                  "max_payload") from e
+        except NatsError as e:  # nothing nats-shaped leaves bus/
+            raise translate(e) from e
+        return bytes(msg.data)
 
     def close(self) -> None:
         try:

@@ -44,6 +44,18 @@ class PoolClient:
         out: dict[str, Any] = json.loads(reply)
         return out
 
+    async def raw_async(self, subject: str, body: bytes, *,
+                        timeout: float | None = None) -> dict[str, Any]:
+        """`raw` awaited from another event loop (the HTTP gateway's)."""
+        with observability.tracer().start_as_current_span(
+            "request", kind=SpanKind.CLIENT,
+            attributes={"messaging.system": "nats", "messaging.destination.name": subject},
+        ):
+            reply = await self._client.request_async(subject, body,
+                                                     timeout=timeout or self.timeout)
+        out: dict[str, Any] = json.loads(reply)
+        return out
+
     def call(self, subject: str, body: dict[str, Any] | None = None, *,
              timeout: float | None = None) -> dict[str, Any]:
         return self.raw(subject, json.dumps(body or {}).encode(), timeout=timeout)

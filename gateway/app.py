@@ -1,0 +1,329 @@
+"""The Litestar application: one handler per route-table row, bearer auth, problem+json.
+
+Every request is checked here (token, path ids, query values, body Struct) before a subject is
+built from the token's tenant alone; the command service decides the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from litestar import Litestar, Request, Response
+from litestar.exceptions import HTTPException
+from litestar.handlers import HTTPRouteHandler
+from litestar.static_files import create_static_files_router
+
+from bus.subjects import is_token
+from gateway import problems, sse
+from gateway.openapi import document
+from gateway.problems import problem
+from gateway.routes import NOT_FOUND_CODE, ROUTES, HttpRoute
+from gateway.tokens import Principal, TokenStore
+from gateway.upstream import NotEnrolled, Settings, Upstream
+from schemas import v1
+from schemas.codec import MAX_PAYLOAD_BYTES, SchemaError, decode
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+STATIC = Path(__file__).parent / "static"
+# requests one token may have in flight at once; more is 429, not an unbounded queue
+MAX_IN_FLIGHT = 256
+
+
+@dataclass
+class Gateway:
+    """What every handler shares: the token store, the NATS clients and the views' reader."""
+
+    tokens: TokenStore
+    upstream: Upstream
+    database_url: str = ""
+    views_schema: str = ""
+    in_flight: dict[Principal, int] = field(default_factory=dict)
+
+    def views(self, view: str, **kw: Any) -> dict[str, Any]:
+        """A page of any view, every tenant: the admin's and the dashboard's fleet."""
+        from projections.queries import query_url
+        from projections.views import DEFAULT_SCHEMA
+
+        return query_url(self.database_url, view, schema=self.views_schema or DEFAULT_SCHEMA,
+                         **kw)
+
+
+class Refused(Exception):
+    """A request the gateway answers itself with a problem."""
+
+    def __init__(self, code: str, detail: str, reasons: dict[str, Any] | None = None) -> None:
+        super().__init__(detail)
+        self.code, self.detail, self.reasons = code, detail, reasons
+
+
+def principal_of(gw: Gateway, request: Request[Any, Any, Any]) -> Principal:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        # the dashboard's EventSource cannot send headers: it passes the token as a cookie
+        token = request.cookies.get("pool_token", "")
+    who = gw.tokens.verify(token.strip()) if token else None
+    if who is None:
+        raise Refused("unauthenticated", "a valid bearer token is required "
+                      "(`pool admin tenant token TENANT`)")
+    return who
+
+
+def _path_ids(route: HttpRoute, request: Request[Any, Any, Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name in route.path_params:
+        value = str(request.path_params.get(name, ""))
+        if not is_token(value):
+            raise Refused(NOT_FOUND_CODE.get(name, "not_found"), f"no {name} {value[:64]!r}")
+        out[name] = value
+    return out
+
+
+def _query_args(route: HttpRoute, request: Request[Any, Any, Any]) -> dict[str, Any]:
+    q = request.query_params
+    filters: dict[str, str] = {}
+    for name in route.query:
+        value = q.get(name)
+        if value is not None:
+            if len(value) > 256 or not value.isprintable():
+                raise Refused("invalid_field", f"query parameter {name!r} is not valid",
+                              {"path": name})
+            filters[name] = value
+    args: dict[str, Any] = {"filters": filters}
+    limit = q.get("limit")
+    if limit is not None:
+        if not limit.isdigit() or not 1 <= int(limit) <= 1000:
+            raise Refused("invalid_field", "limit must be an integer from 1 to 1000",
+                          {"path": "limit"})
+        args["limit"] = int(limit)
+    cursor = q.get("cursor")
+    if cursor is not None:
+        if len(cursor) > 256 or not cursor.isprintable():
+            raise Refused("invalid_field", "cursor is not valid", {"path": "cursor"})
+        args["cursor"] = cursor
+    return args
+
+
+async def _body(route: HttpRoute, request: Request[Any, Any, Any],
+                ids: dict[str, str]) -> bytes:
+    """The validated command body, as bytes for the subject."""
+    assert route.body is not None
+    if route.method == "GET":
+        raw = b"{}"
+    else:
+        raw = await request.body()
+        if len(raw) > MAX_PAYLOAD_BYTES:
+            raise Refused("payload_too_large",
+                          f"the body is {len(raw)} bytes; the limit is {MAX_PAYLOAD_BYTES}")
+    fields = set(route.body.__struct_fields__)
+    fill = {k: v for k, v in ids.items() if k in fields}
+    create = route.body is _LEASE_CREATE
+    if fill or create:
+        raw = _merged(raw, fill, request.headers.get("idempotency-key"), create=create)
+        target: type[msgspec.Struct] = (v1.LeaseRequest if route.body is _LEASE_CREATE
+                                        else route.body)
+    else:
+        target = route.body
+    try:
+        cmd = decode(target, raw)
+    except SchemaError as e:
+        raise Refused(e.code, e.message, {"path": e.path} if e.path else None) from None
+    return msgspec.json.encode(cmd)
+
+
+def _merged(raw: bytes, fill: dict[str, str], key: str | None, *, create: bool) -> bytes:
+    """The body with path ids (and the Idempotency-Key header) in it; a body that names them
+    otherwise is refused rather than silently overruled."""
+    try:
+        obj = msgspec.json.decode(raw or b"{}")
+    except (msgspec.DecodeError, RecursionError):
+        raise Refused("malformed_json", "the body is not valid JSON") from None
+    except UnicodeDecodeError:
+        raise Refused("invalid_utf8", "the body is not valid UTF-8") from None
+    if not isinstance(obj, dict):
+        raise Refused("invalid_field", "Expected `object` - at `$`", {"path": "$"})
+    for name, value in fill.items():
+        if name in obj and obj[name] != value:
+            raise Refused("invalid_field", f"{name} in the body differs from the path",
+                          {"path": f"$.{name}"})
+        obj[name] = value
+    if not create:
+        return msgspec.json.encode(obj)
+    if key is not None:
+        if "idempotency_key" in obj and obj["idempotency_key"] != key:
+            raise Refused("invalid_field", "idempotency_key in the body differs from the "
+                          "Idempotency-Key header", {"path": "$.idempotency_key"})
+        obj["idempotency_key"] = key
+    elif "idempotency_key" not in obj or obj["idempotency_key"] is None:
+        # no key anywhere: a fresh one, so this request is simply not retry-safe
+        obj["idempotency_key"] = "http-" + uuid.uuid4().hex
+    return msgspec.json.encode(obj)
+
+
+def _subject(route: HttpRoute, who: Principal, ids: dict[str, str]) -> str:
+    rel = route.subject.format(**ids)
+    return rel if route.admin else f"pool.cmd.{who.tenant}.{rel}"
+
+
+def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response[bytes]:
+    return Response(msgspec.json.encode(data), status_code=status, media_type=JSON,
+                    headers=headers)
+
+
+def _page(result: dict[str, Any]) -> dict[str, Any]:
+    return {"items": result.get("rows") or [], "next_cursor": result.get("next_cursor")}
+
+
+async def _answer(gw: Gateway, route: HttpRoute, request: Request[Any, Any, Any],
+                  who: Principal) -> Response[Any]:
+    ids = _path_ids(route, request)
+    if route.reply == "stream":
+        return await sse.open_stream(gw, route, request, who, ids)
+    if route.operation_id == "readView":
+        return await _read_view(gw, route, request, ids)
+    if route.reply in ("page", "row"):
+        args = _query_args(route, request)
+        body = msgspec.json.encode(args)
+    elif route.body is not None:
+        body = await _body(route, request, ids)
+    else:
+        body = b"{}"
+    reply = await gw.upstream.call(who, _subject(route, who, ids), body)
+    if not reply.get("ok"):
+        return problems.from_error(reply.get("error"), instance=request.url.path)
+    if route.reply == "lease":
+        lease = reply.get("lease") or {}
+        headers = ({"Location": f"/v1/compute-leases/{lease.get('lease_id', '')}"}
+                   if route.status == 201 else None)
+        return _json(lease, route.status, headers)
+    result = reply.get("result") or {}
+    if route.reply == "page":
+        return _json(_page(result))
+    if route.reply == "row":
+        rows = result.get("rows") or []
+        return _json(rows[0] if rows else {"tenant": who.tenant, "granted": 0, "held": 0,
+                                           "spent": 0, "available": 0})
+    return _json(result)
+
+
+async def _read_view(gw: Gateway, route: HttpRoute, request: Request[Any, Any, Any],
+                     ids: dict[str, str]) -> Response[Any]:
+    from projections.queries import BadQuery, ViewsUnavailable
+    from projections.views import VIEWS
+
+    view = ids["view"]
+    if view not in VIEWS:
+        raise Refused("not_found", f"no view {view!r}; there are {', '.join(VIEWS)}")
+    if not gw.database_url:
+        raise Refused("views_unavailable", "this gateway has no database for the views")
+    args = _query_args(route, request)
+    filters: dict[str, str] = args.pop("filters")
+    tenant = filters.pop("tenant", None)
+    try:
+        page = await asyncio.to_thread(gw.views, view, tenant=tenant, filters=filters, **args)
+    except BadQuery as e:
+        raise Refused(e.code, str(e)) from None
+    except (ViewsUnavailable, OSError) as e:
+        raise Refused("views_unavailable", "the views could not be read") from e
+    except Exception as e:  # noqa: BLE001 - the driver's errors stay behind the gateway
+        log.warning("view %s could not be read: %r", view, e)
+        raise Refused("views_unavailable", "the views could not be read") from None
+    return _json(_page(page))
+
+
+_LEASE_CREATE = next(r.body for r in ROUTES if r.operation_id == "createComputeLease")
+
+Handler = Callable[[Request[Any, Any, Any]], Awaitable[Response[Any]]]
+
+
+def _handler(gw: Gateway, route: HttpRoute) -> Handler:
+    async def handle(request: Request[Any, Any, Any]) -> Response[Any]:
+        try:
+            who = principal_of(gw, request)
+            if route.admin and not who.is_admin:
+                raise Refused("forbidden", "this operation needs the admin token")
+            if not route.admin and who.is_admin:
+                raise Refused("forbidden", "the admin token acts for no tenant; use a tenant's "
+                              "token, or /v1/admin/views/… to read every tenant")
+            n = gw.in_flight.get(who, 0)
+            if n >= MAX_IN_FLIGHT:
+                return problem("too_many_requests", f"{n} requests of this token are in "
+                               "flight; retry later", headers={"Retry-After": "1"})
+            gw.in_flight[who] = n + 1
+            try:
+                return await _answer(gw, route, request, who)
+            finally:
+                gw.in_flight[who] -= 1
+        except Refused as e:
+            headers = ({"WWW-Authenticate": 'Bearer realm="computepool"'}
+                       if e.code == "unauthenticated" else None)
+            return problem(e.code, e.detail, e.reasons, instance=request.url.path,
+                           headers=headers)
+        except NotEnrolled as e:
+            return problem(e.code, str(e), instance=request.url.path)
+
+    handle.__name__ = route.operation_id
+    return handle
+
+
+def _http_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """Litestar's own refusals (no route, wrong method, a body too large) as problems; anything
+    else is a bug of the gateway: logged here, never a traceback to the client."""
+    if isinstance(exc, HTTPException):
+        code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large",
+                401: "unauthenticated", 429: "too_many_requests"}.get(exc.status_code,
+                                                                     "bad_request")
+        status = exc.status_code if exc.status_code < 500 else 503
+        return problem(code, str(exc.detail), status=status, instance=request.url.path)
+    log.exception("gateway failure on %s", request.url.path)
+    return problem("internal_error", "the gateway failed; the error is in its log", status=500,
+                   instance=request.url.path)
+
+
+def create_app(settings: Settings, tokens: TokenStore, *, database_url: str = "",
+               views_schema: str = "", dashboard: bool = True) -> Litestar:
+    """The ASGI application; its NATS clients close with its lifespan."""
+    gw = Gateway(tokens, Upstream(settings), database_url, views_schema)
+    handlers: list[Any] = []
+    for route in ROUTES:
+        handlers.append(HTTPRouteHandler(path=_litestar_path(route.path),
+                                         http_method=[route.method],
+                                         status_code=route.status)(_handler(gw, route)))
+    spec = msgspec.json.encode(document())
+
+    async def openapi_json() -> Response[bytes]:
+        return Response(spec, media_type="application/vnd.oai.openapi+json")
+
+    handlers.append(HTTPRouteHandler(path="/openapi.json", http_method=["GET"])(openapi_json))
+    from gateway import docs_page
+
+    handlers.append(HTTPRouteHandler(path="/docs", http_method=["GET"])(docs_page.page))
+    handlers.append(create_static_files_router(path="/static", directories=[STATIC],
+                                               include_in_schema=False))
+    if dashboard:
+        from gateway import dashboard as dash
+
+        handlers.extend(dash.handlers(gw))
+
+    async def close_clients() -> None:
+        await gw.upstream.close()
+
+    return Litestar(route_handlers=handlers, openapi_config=None,
+                    exception_handlers={Exception: _http_error},
+                    on_shutdown=[close_clients], request_max_body_size=MAX_PAYLOAD_BYTES * 2,
+                    debug=False, logging_config=None)
+
+
+def _litestar_path(path: str) -> str:
+    return path.replace("{lease_id}", "{lease_id:str}").replace(
+        "{pool_id}", "{pool_id:str}").replace("{node_id}", "{node_id:str}").replace(
+        "{view}", "{view:str}")

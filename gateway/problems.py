@@ -1,0 +1,89 @@
+"""RFC 9457 problem details: every refusal the gateway sends, with its stable error code.
+
+The status of a code lives here and nowhere else; an unknown code is a 400, never a 500.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Response
+
+PROBLEM_JSON = "application/problem+json"
+# `type` URIs resolve under the gateway's own documentation page
+TYPE_BASE = "/docs#problem-"
+
+STATUS_BY_CODE: dict[str, int] = {
+    # the request itself
+    "malformed_json": 400, "invalid_utf8": 400, "unknown_kind": 400, "bad_request": 400,
+    "invalid_field": 422, "unknown_field": 422, "missing_field": 422,
+    "unsupported_schema_version": 422, "invalid_configuration": 422, "invalid_amount": 422,
+    "unknown_priority_class": 422, "maximum_runtime_exceeded": 422, "price_not_listed": 422,
+    "image_not_allowed": 422, "unschedulable": 422, "quota_exceeded": 422,
+    "payload_too_large": 413,
+    # who is asking
+    "unauthenticated": 401, "permission_denied": 403, "forbidden": 403,
+    "tenant_not_enrolled": 403,
+    # what it names
+    "lease_not_found": 404, "unknown_pool": 404, "unknown_node": 404, "unknown_command": 404,
+    "not_found": 404, "unknown_hold": 404, "unknown_allocation": 404,
+    # the state it meets
+    "idempotency_conflict": 409, "illegal_transition": 409, "stale_epoch": 409,
+    "write_conflict": 409, "lease_expired": 409, "already_allocated": 409,
+    "node_not_empty": 409, "insufficient_credits": 409, "insufficient_capacity": 409,
+    "node_not_schedulable": 409, "not_due": 409,
+    "method_not_allowed": 405,
+    "too_many_requests": 429,
+    # what is behind the gateway
+    "bus_unavailable": 503, "bus_timeout": 503, "views_unavailable": 503,
+    "telemetry_unavailable": 503, "publish_rejected": 503, "bus_error": 503,
+    "batch_too_large": 503,
+    # a bug behind the gateway: logged there, reported here as the upstream's failure
+    "internal_error": 502,
+}
+
+TITLES: dict[int, str] = {
+    400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+    405: "Method Not Allowed", 409: "Conflict", 413: "Content Too Large",
+    422: "Unprocessable Content", 429: "Too Many Requests", 502: "Bad Gateway",
+    503: "Service Unavailable",
+}
+
+
+class Problem(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """An RFC 9457 problem: `code` and `reasons` are the command service's error, verbatim."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    code: str
+    reasons: dict[str, int | str] = {}
+    instance: str | None = None
+
+
+def status_of(code: str) -> int:
+    return STATUS_BY_CODE.get(code, 400)
+
+
+def problem(code: str, detail: str, reasons: dict[str, Any] | None = None, *,
+            status: int | None = None, instance: str | None = None,
+            headers: dict[str, str] | None = None) -> Response[bytes]:
+    status = status or status_of(code)
+    body = Problem(type=TYPE_BASE + code, title=TITLES.get(status, "Error"), status=status,
+                   detail=detail[:1000], code=code,
+                   reasons={str(k): v if isinstance(v, int | str) else str(v)
+                            for k, v in (reasons or {}).items()},
+                   instance=instance)
+    return Response(msgspec.json.encode(body), status_code=status, media_type=PROBLEM_JSON,
+                    headers=headers)
+
+
+def from_error(error: dict[str, Any] | None, *, instance: str | None = None) -> Response[bytes]:
+    """The problem for a not-ok reply envelope's `error`."""
+    error = error or {}
+    code = str(error.get("code") or "internal_error")
+    reasons = error.get("reasons")
+    return problem(code, str(error.get("message") or code),
+                   reasons if isinstance(reasons, dict) else None, instance=instance)

@@ -1,0 +1,151 @@
+"""Server-Sent Event streams: a lease's state changes and a tenant's telemetry, resumable.
+
+A lease stream's event id is the lease's version (the count of its events), so a client that
+reconnects with Last-Event-ID gets the state after the last one it saw; a telemetry stream's id
+is the sample's stream sequence, and resuming reads on after it. Both read through the tenant's
+own NATS user: `lease.<id>.get` and `telemetry.replay`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from litestar import Request, Response
+from litestar.response import ServerSentEvent, ServerSentEventMessage
+
+from bus.subjects import is_token
+from domain.lease import TERMINAL_STATES
+from gateway import problems
+from gateway.routes import HttpRoute
+from gateway.tokens import Principal
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+POLL_SECONDS = 0.25  # how often an open lease stream looks again
+TELEMETRY_IDLE_SECONDS = 0.5  # at the end of the stream, how long before reading on
+KEEPALIVE_SECONDS = 15.0
+# a lease in one of these states changes no more: its stream ends after saying so
+FINAL_STATES = frozenset(str(s) for s in TERMINAL_STATES)
+TELEMETRY_KINDS = ("queue", "startup", "execution", "utilization", "failure")
+
+
+def _last_event_id(request: Request[Any, Any, Any]) -> int:
+    from gateway.app import Refused
+
+    raw = request.headers.get("last-event-id") or request.query_params.get("last_event_id")
+    if raw is None or raw == "":
+        return 0
+    if not raw.isdigit() or len(raw) > 19:
+        raise Refused("invalid_field", "Last-Event-ID must be a non-negative integer",
+                      {"path": "Last-Event-ID"})
+    return int(raw)
+
+
+async def open_stream(gw: Gateway, route: HttpRoute, request: Request[Any, Any, Any],
+                      who: Principal, ids: dict[str, str]) -> Response[Any]:
+    if route.operation_id == "streamTelemetry":
+        return await _telemetry(gw, request, who)
+    return await _lease_events(gw, request, who, ids["lease_id"])
+
+
+def _headers() -> dict[str, str]:
+    # proxies must not buffer a stream
+    return {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def _lease_events(gw: Gateway, request: Request[Any, Any, Any], who: Principal,
+                        lease_id: str) -> Response[Any]:
+    subject = f"pool.cmd.{who.tenant}.lease.{lease_id}.get"
+    after = _last_event_id(request)
+    first = await gw.upstream.call(who, subject)
+    if not first.get("ok"):
+        return problems.from_error(first.get("error"), instance=request.url.path)
+
+    async def events() -> AsyncIterator[ServerSentEventMessage]:
+        reply, seen, quiet_since = first, after, time.monotonic()
+        while True:
+            lease = reply.get("lease") or {} if reply.get("ok") else {}
+            version = int(lease.get("version") or 0)
+            if version > seen:
+                seen, quiet_since = version, time.monotonic()
+                yield ServerSentEventMessage(data=msgspec.json.encode(lease).decode(),
+                                             event="lease", id=str(version))
+                if lease.get("state") in FINAL_STATES:
+                    return
+            elif lease.get("state") in FINAL_STATES:
+                return
+            elif time.monotonic() - quiet_since > KEEPALIVE_SECONDS:
+                quiet_since = time.monotonic()
+                yield ServerSentEventMessage(comment="keepalive")
+            await asyncio.sleep(POLL_SECONDS)
+            reply = await gw.upstream.call(who, subject)
+
+    return ServerSentEvent(events(), headers=_headers())
+
+
+async def _telemetry(gw: Gateway, request: Request[Any, Any, Any],
+                     who: Principal) -> Response[Any]:
+    from gateway.app import Refused
+
+    q = request.query_params
+    body: dict[str, Any] = {}
+    for name in ("lease", "pool", "node"):
+        value = q.get(name)
+        if value is not None:
+            if not is_token(value):
+                raise Refused("invalid_field", f"{name} is not a valid id", {"path": name})
+            body[name] = value
+    kind = q.get("kind")
+    if kind is not None:
+        if kind not in TELEMETRY_KINDS:
+            raise Refused("invalid_field", f"kind must be one of {', '.join(TELEMETRY_KINDS)}",
+                          {"path": "kind"})
+        body["kind"] = kind
+    after = _last_event_id(request)
+    since = q.get("since")
+    if since is not None and not after:
+        try:
+            body["since"] = float(since)
+        except ValueError:
+            raise Refused("invalid_field", "since must be seconds since the epoch",
+                          {"path": "since"}) from None
+        if not 0 <= body["since"] <= 1e11:
+            raise Refused("invalid_field", "since is out of range", {"path": "since"})
+    subject = f"pool.cmd.{who.tenant}.telemetry.replay"
+
+    async def page(after_seq: int) -> dict[str, Any]:
+        return await gw.upstream.call(
+            who, subject, msgspec.json.encode({**body, "after_seq": after_seq, "limit": 500}))
+
+    first = await page(after)
+    if not first.get("ok"):
+        return problems.from_error(first.get("error"), instance=request.url.path)
+    body.pop("since", None)  # a resumed read goes by sequence
+
+    async def events() -> AsyncIterator[ServerSentEventMessage]:
+        reply, seq, quiet_since = first, after, time.monotonic()
+        while True:
+            result = (reply.get("result") or {}) if reply.get("ok") else {}
+            samples = result.get("samples") or []
+            for s in samples:
+                seq = max(seq, int(s.get("seq") or 0))
+                event = s.get("event") or {}
+                yield ServerSentEventMessage(
+                    data=msgspec.json.encode(s).decode(), id=str(seq),
+                    event=str(event.get("kind") or "sample") if isinstance(event, dict)
+                    else "sample")
+            if samples:
+                quiet_since = time.monotonic()
+            if not samples or result.get("at_end"):
+                if time.monotonic() - quiet_since > KEEPALIVE_SECONDS:
+                    quiet_since = time.monotonic()
+                    yield ServerSentEventMessage(comment="keepalive")
+                await asyncio.sleep(TELEMETRY_IDLE_SECONDS)
+            reply = await page(seq)
+
+    return ServerSentEvent(events(), headers=_headers())

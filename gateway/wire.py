@@ -1,0 +1,58 @@
+"""The HTTP API's own shapes: the lease request with its key optional, and the replies.
+
+Request bodies are the NATS API's msgspec Structs (schemas/v1.py); only what HTTP changes is
+here, derived from those Structs so a new field reaches both APIs at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from msgspec import Struct
+
+from schemas import v1
+
+
+class LeaseCreate(v1.LeaseRequest, frozen=True, kw_only=True):
+    """`POST /v1/compute-leases`: a LeaseRequest whose idempotency key may come from the
+    `Idempotency-Key` header instead (the concept's example body has none)."""
+
+    # widening a field in a subclass is what makes this a derived Struct, not a copy
+    idempotency_key: v1.IdempotencyKey | None = None  # type: ignore[assignment]
+
+
+Seconds = float | None
+
+
+class Lease(Struct, frozen=True, kw_only=True):
+    """A lease as the command service shows it (control.application.lease_view)."""
+
+    lease_id: str
+    tenant: str
+    pool_id: str
+    state: str
+    epoch: int
+    node_id: str | None = None
+    priority_class: str
+    shape: dict[str, Any]
+    maximum_runtime_seconds: int
+    requested_at: Seconds = None
+    reserved_at: Seconds = None
+    reservation_deadline: Seconds = None
+    started_at: Seconds = None
+    deadline: Seconds = None
+    last_heartbeat_at: Seconds = None
+    last_checkpoint_at: Seconds = None
+    hold_microcredits: int | None = None
+    attempts: int = 0
+    exit_code: int | None = None
+    end_reason: str | None = None
+    rejection_code: str | None = None
+    version: int
+
+
+class Page(Struct, frozen=True, kw_only=True):
+    """One page of a view's rows; pass `next_cursor` back as `cursor` for the next."""
+
+    items: list[dict[str, Any]]
+    next_cursor: str | None = None

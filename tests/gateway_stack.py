@@ -1,0 +1,88 @@
+"""A real stack for the gateway's tests: a nats-server with users, the control plane, the
+projector into a schema of its own, the query service, and the gateway on a free port."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bus.local.auth import AuthConfig, save, url_with_credentials
+from bus.local.server import NatsServer
+from bus.service import Service
+from client.api import PoolClient
+from control.commands import QUERY_SUBJECTS, CommandHandler
+from control.plane import ControlPlane
+from control.projector import Projector
+from gateway.app import create_app
+from gateway.server import ServerThread
+from gateway.tokens import TokenStore
+from gateway.upstream import Settings
+from tests.control_plane import node_body, setup_pool
+
+TENANTS = ("alpha", "beta")
+
+
+@dataclass
+class Stack:
+    url: str  # the gateway's
+    service_url: str  # NATS, as the service user
+    tokens: dict[str, str]  # tenant (or "admin") → bearer token
+    plane: ControlPlane
+
+    def client(self, who: str) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=15,
+                            headers={"Authorization": f"Bearer {self.tokens[who]}"})
+
+
+def wait_for(predicate: Any, timeout: float = 10.0, every: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = predicate()
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(every)
+
+
+@contextlib.contextmanager
+def gateway_stack(home: Path, database_url: str, schema: str) -> Iterator[Stack]:
+    auth = AuthConfig()
+    for t in TENANTS:
+        auth.add_tenant(t)
+    save(auth, home / "auth.json")
+    server = NatsServer(store_dir=home / "nats", server_name="pool-gw",
+                        extra_config=auth.render())
+    server.start()
+    service_url = url_with_credentials(server.url, auth.service)
+    stack: list[Any] = []
+    try:
+        plane = ControlPlane(service_url, database_url=None).start()
+        stack.append(plane)
+        queries = Service(service_url, QUERY_SUBJECTS,
+                          CommandHandler(plane.app, database_url=database_url,
+                                         views_schema=schema), queue="pool-queries").start()
+        stack.append(queries)
+        projector = Projector(service_url, database_url, schema=schema).start()
+        stack.append(projector)
+        with PoolClient(service_url) as admin:
+            setup_pool(admin, tenants={t: 1.0 for t in TENANTS})
+            for n in ("n1", "n2"):
+                assert admin.admin("node.register", node_body(n, zone=f"z-{n}"))["ok"]
+        store = TokenStore(home / "http-tokens.json")
+        tokens = {t: store.issue_tenant(t) for t in TENANTS}
+        tokens["admin"] = store.issue_admin()
+        app = create_app(Settings(server.url, auth_path=home / "auth.json"), store,
+                         database_url=database_url, views_schema=schema)
+        http = ServerThread(app, port=0).start()
+        stack.append(http)
+        yield Stack(http.url, service_url, tokens, plane)
+    finally:
+        for part in reversed(stack):
+            with contextlib.suppress(Exception):
+                part.stop()
+        server.stop()

@@ -1,0 +1,158 @@
+"""The HTTP API against the real gateway, NATS with users, the control plane and PostgreSQL."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.gateway_stack import Stack, gateway_stack, wait_for
+
+# the concept's example request, verbatim
+CONCEPT_BODY = {"pool_id": "p1",
+                "shape": {"gpu_count": 0, "gpu_memory_gib_min": 0, "cpu_millis": 500,
+                          "memory_mib": 256},
+                "maximum_runtime_seconds": 600}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Iterator[Stack]:
+    from projections.views import drop_schema
+
+    schema = "views_gw_" + uuid.uuid4().hex[:8]
+    home: Path = tmp_path_factory.mktemp("gw")
+    try:
+        with gateway_stack(home, database_url, schema) as s:
+            yield s
+    finally:
+        drop_schema(database_url, schema)
+
+
+def test_a_lease_goes_from_request_to_release_over_http(stack: Stack) -> None:
+    with stack.client("alpha") as c:
+        r = c.post("/v1/compute-leases", json=CONCEPT_BODY,
+                   headers={"Idempotency-Key": "life-" + uuid.uuid4().hex})
+        assert r.status_code == 201, r.text
+        lease = r.json()
+        lid = lease["lease_id"]
+        assert r.headers["location"] == f"/v1/compute-leases/{lid}"
+        assert lease["tenant"] == "alpha" and lease["state"] in ("queued", "reserved")
+        got = wait_for(lambda: c.get(f"/v1/compute-leases/{lid}").json()["state"] == "reserved")
+        assert got, c.get(f"/v1/compute-leases/{lid}").json()
+        r = c.post(f"/v1/compute-leases/{lid}/commit",
+                   json={"job": {"image": "busybox@sha256:" + "a" * 64, "command": ["true"]}})
+        assert r.status_code == 200 and r.json()["state"] == "running", r.text
+        assert c.post(f"/v1/compute-leases/{lid}/heartbeat",
+                      json={"epoch": r.json()["epoch"]}).status_code == 200
+        assert c.post(f"/v1/compute-leases/{lid}/renew",
+                      json={"extend_seconds": 60}).status_code == 200
+        done = c.post(f"/v1/compute-leases/{lid}/release", json={"exit_code": 0})
+        assert done.status_code == 200 and done.json()["state"] == "released", done.text
+        again = c.post(f"/v1/compute-leases/{lid}/commit", json={})
+        assert again.status_code == 409
+        assert again.headers["content-type"] == "application/problem+json"
+        assert again.json()["code"] == "illegal_transition"
+
+
+def test_a_retry_with_the_same_key_returns_the_same_lease_and_another_body_is_409(
+    stack: Stack,
+) -> None:
+    key = "idem-" + uuid.uuid4().hex
+    with stack.client("alpha") as c:
+        first = c.post("/v1/compute-leases", json=CONCEPT_BODY, headers={"Idempotency-Key": key})
+        second = c.post("/v1/compute-leases", json=CONCEPT_BODY,
+                        headers={"Idempotency-Key": key})
+        assert first.status_code == second.status_code == 201
+        assert first.json()["lease_id"] == second.json()["lease_id"]
+        other = dict(CONCEPT_BODY, maximum_runtime_seconds=601)
+        clash = c.post("/v1/compute-leases", json=other, headers={"Idempotency-Key": key})
+        assert clash.status_code == 409, clash.text
+        assert clash.json()["code"] == "idempotency_conflict"
+        c.post(f"/v1/compute-leases/{first.json()['lease_id']}/cancel", json={})
+
+
+def test_a_tenant_token_never_reaches_another_tenants_lease(stack: Stack) -> None:
+    with stack.client("alpha") as a, stack.client("beta") as b:
+        lid = a.post("/v1/compute-leases", json=CONCEPT_BODY).json()["lease_id"]
+        for method, path in (("GET", ""), ("POST", "/cancel"), ("POST", "/release"),
+                             ("GET", "/why"), ("GET", "/events")):
+            r = b.request(method, f"/v1/compute-leases/{lid}{path}", json={} if
+                          method == "POST" else None)
+            assert r.status_code == 404, (path, r.text)
+            assert r.json()["code"] == "lease_not_found"
+        assert a.get(f"/v1/compute-leases/{lid}").json()["state"] in ("queued", "reserved")
+        listed = wait_for(lambda: any(x["lease_id"] == lid for x in
+                                      a.get("/v1/compute-leases").json()["items"]))
+        assert listed
+        assert all(x["tenant"] == "beta" for x in b.get("/v1/compute-leases").json()["items"])
+        assert lid not in {x["lease_id"] for x in b.get("/v1/compute-leases").json()["items"]}
+        a.post(f"/v1/compute-leases/{lid}/cancel", json={})
+
+
+def test_without_a_valid_token_nothing_is_answered_and_tenants_cannot_use_admin(
+    stack: Stack,
+) -> None:
+    with stack.client("alpha") as a:
+        assert a.post("/v1/admin/pools", json={"pool_id": "p9"}).json()["code"] == "forbidden"
+        assert a.get("/v1/admin/views/leases").status_code == 403
+    import httpx
+
+    with httpx.Client(base_url=stack.url) as anon:
+        for token in (None, "cpt_wrong", "Basic abc"):
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            r = anon.get("/v1/compute-leases", headers=headers)
+            assert r.status_code == 401 and r.json()["code"] == "unauthenticated"
+            assert r.headers["www-authenticate"].startswith("Bearer")
+
+
+@pytest.mark.parametrize(("body", "status", "code"), [
+    (b"{not json", 400, "malformed_json"),
+    (b"[]", 422, "invalid_field"),
+    (b'{"pool_id":"p1","shape":{"cpu_milis":1,"memory_mib":1},"maximum_runtime_seconds":60}',
+     422, "unknown_field"),
+    (b'{"pool_id":"p1","shape":{"cpu_millis":-1,"memory_mib":1},"maximum_runtime_seconds":60}',
+     422, "invalid_field"),
+    (b'{"pool_id":"nope","shape":{"cpu_millis":1,"memory_mib":1},"maximum_runtime_seconds":60}',
+     404, "unknown_pool"),
+    (b"x" * 70000, 413, "payload_too_large"),
+])
+def test_bad_requests_are_problems_with_the_nats_apis_codes(
+    stack: Stack, body: bytes, status: int, code: str
+) -> None:
+    with stack.client("alpha") as c:
+        r = c.post("/v1/compute-leases", content=body,
+                   headers={"Content-Type": "application/json"})
+        assert r.status_code == status, r.text
+        assert r.headers["content-type"] == "application/problem+json"
+        p = r.json()
+        assert p["code"] == code and p["status"] == status
+        assert p["type"].endswith("#problem-" + code) and "Traceback" not in r.text
+
+
+def test_the_admin_token_configures_and_reads_every_tenant(stack: Stack) -> None:
+    with stack.client("admin") as adm:
+        r = adm.get("/v1/admin/pools/p1")
+        assert r.status_code == 200, r.text
+        r = adm.post("/v1/admin/credits/grants", json={"tenant": "beta",
+                                                       "amount_microcredits": 5,
+                                                       "transfer_id": "gw-" + uuid.uuid4().hex})
+        assert r.status_code == 200 and r.json()["tenant"] == "beta", r.text
+        nodes = wait_for(lambda: adm.get("/v1/admin/views/capacity").json()["items"])
+        assert {n["node_id"] for n in nodes} >= {"n1", "n2"}
+        assert adm.get("/v1/compute-leases").status_code == 403
+        assert adm.get("/v1/admin/views/nope").status_code == 404
+
+
+def test_the_openapi_document_is_3_1_and_names_every_route(stack: Stack) -> None:
+    import httpx
+
+    from gateway.routes import ROUTES
+
+    doc = httpx.get(stack.url + "/openapi.json").json()
+    assert doc["openapi"].startswith("3.1")
+    for r in ROUTES:
+        assert r.method.lower() in doc["paths"][r.path]
+    assert "Problem" in doc["components"]["schemas"]
+    assert httpx.get(stack.url + "/docs").status_code == 200
