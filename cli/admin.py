@@ -245,6 +245,9 @@ def register(sub: Subparsers) -> None:
     tc.add_argument("--rotate", action="store_true", help="replace the password")
     tc.add_argument("--json", action="store_true")
     tc.set_defaults(func=cmd_creds, kind="tenant")
+    from cli.gateway import register_tokens
+
+    register_tokens(adm, aten)
     anode = adm.add_parser("node", help="nodes").add_subparsers(dest="verb", metavar="VERB")
     anode.required = True
     nr = anode.add_parser("register", help="register a node from a NodeRegistration JSON file")

@@ -10,7 +10,19 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from cli import admin, agent, bench, chaos, images, lease, schemas, telemetry, up, views
+from cli import (
+    admin,
+    agent,
+    bench,
+    chaos,
+    gateway,
+    images,
+    lease,
+    schemas,
+    telemetry,
+    up,
+    views,
+)
 from cli.output import EXIT_INTERRUPTED, EXIT_USAGE, Parser, UsageError, fail
 
 
@@ -23,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     # the order of `pool --help`
     for register in (up.register, schemas.register, bench.register, chaos.register,
-                     up.register_serve, lease.register, admin.register, images.register,
+                     up.register_serve, gateway.register, lease.register, admin.register,
+                     images.register,
                      admin.register_node_credits, views.register, agent.register,
                      telemetry.register):
         register(sub)

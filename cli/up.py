@@ -34,8 +34,12 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
+    from cli.gateway import listen_of
+
+    listen = listen_of(args.http)
     emb = embedded.start(home, with_postgres=not args.no_postgres)
     plane = None
+    http = None
     try:
         # the control plane in this process connects as the service user (credentials in the URL)
         service_url = emb.service_url or emb.nats_url
@@ -44,6 +48,11 @@ def cmd_up(args: argparse.Namespace) -> int:
             from control.plane import ControlPlane
 
             plane = ControlPlane(service_url, database_url=emb.database_url or None).start()
+        http_notes: list[str] = []
+        if listen is not None:
+            from cli.gateway import start_beside
+
+            http, http_notes = start_beside(emb, listen, home)
         streams = describe_streams(service_url)
         info = {
             "home": str(home),
@@ -52,11 +61,16 @@ def cmd_up(args: argparse.Namespace) -> int:
             "auth": emb.secured,
             "endpoints": str(home / "endpoints.json"),
             "streams": streams,
+            "http_url": http.url if http is not None else None,
         }
+        token = next((n.split()[3] for n in http_notes if n.startswith("http: admin token")),
+                     None)
+        if token:
+            info["http_admin_token"] = token  # made just now, shown this once
         if args.json:
             print(json.dumps(info), flush=True)
         else:
-            for note in emb.notes:
+            for note in emb.notes + http_notes:
                 print(note)
             for s in streams:
                 print(f"stream: {s['name']} ({s['messages']} messages, {s['subjects']})")
@@ -72,6 +86,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         print("stopping…", file=sys.stderr)
         return EXIT_OK
     finally:
+        if http is not None:
+            http.stop()
         if plane is not None:
             plane.stop()
         emb.stop()
@@ -280,6 +296,9 @@ def register(sub: Subparsers) -> None:
                     help="servers only: no command service or scheduler")
     up.add_argument("--exit-when-ready", action="store_true", help="start, report, stop")
     up.add_argument("--json", action="store_true", help="print endpoints as JSON")
+    up.add_argument("--http", metavar="HOST:PORT",
+                    help="the HTTP API and dashboard (default $POOL_HTTP or 127.0.0.1:8080; "
+                    "`off` for none)")
     up.set_defaults(func=cmd_up)
 
     clu = sub.add_parser("cluster", help="the clustered topology: NATS servers as one JetStream "

@@ -27,7 +27,6 @@ from gateway.problems import problem
 from gateway.routes import NOT_FOUND_CODE, ROUTES, HttpRoute
 from gateway.tokens import Principal, TokenStore
 from gateway.upstream import NotEnrolled, Settings, Upstream
-from schemas import v1
 from schemas.codec import MAX_PAYLOAD_BYTES, SchemaError, decode
 
 log = logging.getLogger(__name__)
@@ -126,15 +125,11 @@ async def _body(route: HttpRoute, request: Request[Any, Any, Any],
                           f"the body is {len(raw)} bytes; the limit is {MAX_PAYLOAD_BYTES}")
     fields = set(route.body.__struct_fields__)
     fill = {k: v for k, v in ids.items() if k in fields}
-    create = route.body is _LEASE_CREATE
+    create = route.operation_id == "createComputeLease"
     if fill or create:
         raw = _merged(raw, fill, request.headers.get("idempotency-key"), create=create)
-        target: type[msgspec.Struct] = (v1.LeaseRequest if route.body is _LEASE_CREATE
-                                        else route.body)
-    else:
-        target = route.body
     try:
-        cmd = decode(target, raw)
+        cmd = decode(route.body, raw)
     except SchemaError as e:
         raise Refused(e.code, e.message, {"path": e.path} if e.path else None) from None
     return msgspec.json.encode(cmd)
@@ -170,8 +165,7 @@ def _merged(raw: bytes, fill: dict[str, str], key: str | None, *, create: bool) 
 
 
 def _subject(route: HttpRoute, who: Principal, ids: dict[str, str]) -> str:
-    rel = route.subject.format(**ids)
-    return rel if route.admin else f"pool.cmd.{who.tenant}.{rel}"
+    return route.subject(who.tenant, ids)
 
 
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response[bytes]:
@@ -240,7 +234,6 @@ async def _read_view(gw: Gateway, route: HttpRoute, request: Request[Any, Any, A
     return _json(_page(page))
 
 
-_LEASE_CREATE = next(r.body for r in ROUTES if r.operation_id == "createComputeLease")
 
 Handler = Callable[[Request[Any, Any, Any]], Awaitable[Response[Any]]]
 

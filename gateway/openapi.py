@@ -20,8 +20,9 @@ VERSION = "1.0.0"
 def _structs() -> list[type[Struct]]:
     seen: dict[str, type[Struct]] = {}
     for r in ROUTES:
-        if r.body is not None:
-            seen[r.body.__name__] = r.body
+        body = r.doc_body or r.body
+        if body is not None and r.method == "POST":
+            seen[body.__name__] = body
     for t in (Lease, Page, Problem):
         seen[t.__name__] = t
     return list(seen.values())
@@ -104,14 +105,15 @@ def document() -> dict[str, Any]:
             "parameters": _parameters(r),
             "responses": {str(r.status): _ok_response(r), **_problem_responses(r)},
         }
-        if r.subject:
-            op["x-nats-subject"] = (r.subject if r.admin
-                                    else f"pool.cmd.{{tenant}}.{r.subject}")
-        if r.body is not None and r.method == "POST":
+        nats = r.route
+        if nats is not None:
+            op["x-nats-subject"] = nats.subject
+        body = r.doc_body or r.body
+        if body is not None and r.method == "POST":
             op["requestBody"] = {
-                "required": r.operation_id in ("createComputeLease",) or r.admin,
+                "required": r.operation_id == "createComputeLease" or r.admin,
                 "content": {"application/json": {
-                    "schema": {"$ref": REF.format(name=r.body.__name__)}}},
+                    "schema": {"$ref": REF.format(name=body.__name__)}}},
             }
         paths.setdefault(r.path, {})[r.method.lower()] = op
     return {

@@ -1,7 +1,8 @@
-"""The HTTP route table: each operation's method, path, command subject and body Struct.
+"""The HTTP routes: each maps a method and path onto one route of control/routes.ROUTES.
 
-One row per operation drives the Litestar handlers (gateway/app.py) and the OpenAPI document
-(gateway/openapi.py) alike; the subjects are the command service's, one-to-one.
+The NATS route table gives the subject, the body's Struct and the summary; this table adds only
+what HTTP needs (method, path, reply shape), and drives the Litestar handlers (gateway/app.py)
+and the OpenAPI document (gateway/openapi.py) alike.
 """
 
 from __future__ import annotations
@@ -11,107 +12,124 @@ from typing import Literal
 
 from msgspec import Struct
 
+from control.routes import NODE_VERBS
+from control.routes import ROUTES as NATS_ROUTES
+from control.routes import Route as NatsRoute
 from gateway.wire import LeaseCreate
-from schemas import v1
 
 Reply = Literal["lease", "result", "page", "row", "stream"]
 
-NODE_VERBS = ("cordon", "drain", "maintenance", "uncordon", "end-maintenance", "lost")
 LEASE_FILTERS = ("state", "pool", "priority_class", "node_id")
 QUEUE_FILTERS = ("pool", "priority_class", "state")
-ADMIN_VIEWS = ("queue", "balance", "capacity", "leases")
+_BY_OPERATION = {r.operation: r for r in NATS_ROUTES}
+# path parameters by the subject parameter they fill
+_SUBJECT_PARAM = {"lease_id": "lease_id", "node_id": "node"}
 
 
 @dataclass(frozen=True)
 class HttpRoute:
-    """One HTTP operation. `subject` is relative to `pool.cmd.<tenant>.` for tenant routes and
-    absolute (`pool.admin.…`) for admin ones; `{name}` parts come from the path."""
+    """One HTTP operation on the NATS route named `nats` (its `operation`); `fixed` gives
+    subject parameters the path spells out (a view's name, a node verb). `nats` empty: the
+    gateway answers it itself (the admin's view reads)."""
 
     method: Literal["GET", "POST"]
     path: str
     operation_id: str
     summary: str
-    subject: str
-    body: type[Struct] | None = None
+    nats: str
     reply: Reply = "result"
     status: int = 200
     admin: bool = False
     query: tuple[str, ...] = ()  # filters passed to a view query as they are
     tag: str = "leases"
+    fixed: tuple[tuple[str, str], ...] = ()
+    doc_body: type[Struct] | None = None  # the body as documented, when HTTP widens it
 
     @property
     def path_params(self) -> tuple[str, ...]:
         return tuple(p.split("}")[0] for p in self.path.split("{")[1:])
 
+    @property
+    def route(self) -> NatsRoute | None:
+        return _BY_OPERATION[self.nats] if self.nats else None
+
+    @property
+    def body(self) -> type[Struct] | None:
+        """The Struct a body is decoded with: the NATS route's (None for reads by query)."""
+        r = self.route
+        if r is None or self.reply in ("page", "row", "stream"):
+            return None
+        return r.struct
+
+    def subject(self, tenant: str, ids: dict[str, str]) -> str:
+        r = self.route
+        assert r is not None
+        params = {"tenant": tenant, **dict(self.fixed)}
+        for name, value in ids.items():
+            params[_SUBJECT_PARAM.get(name, name)] = value
+        return r.subject.format(**{p: params[p] for p in r.params})
+
 
 _LEASE = "/v1/compute-leases"
 _ONE = _LEASE + "/{lease_id}"
 
-_VERBS: tuple[tuple[str, type[Struct], str], ...] = (
-    ("commit", v1.CommitLease, "Confirm a reserved lease and attach the job to run"),
-    ("heartbeat", v1.HeartbeatLease, "Prove the lease holder is alive (the epoch fences)"),
-    ("renew", v1.RenewLease, "Extend a lease's deadline within the pool's maximum"),
-    ("release", v1.ReleaseLease, "Give the capacity back: the holder is done"),
-    ("cancel", v1.CancelLease, "Withdraw a request or stop a lease before it completes"),
-)
+_VERBS = ("commit", "heartbeat", "renew", "release", "cancel")
+
+
+def _summary(operation: str) -> str:
+    return _BY_OPERATION[operation].summary.rstrip(".")
+
 
 ROUTES: tuple[HttpRoute, ...] = (
     HttpRoute("POST", _LEASE, "createComputeLease",
               "Ask a pool for a lease on capacity of a shape (Idempotency-Key: retries are safe)",
-              "lease.request", LeaseCreate, "lease", 201),
+              "requestLease", "lease", 201, doc_body=LeaseCreate),
     HttpRoute("GET", _LEASE, "listComputeLeases",
               "The tenant's leases from the leases view, paged with a cursor",
-              "query.leases", reply="page", query=LEASE_FILTERS),
-    HttpRoute("GET", _ONE, "getComputeLease", "One lease's current state",
-              "lease.{lease_id}.get", reply="lease"),
-    *(HttpRoute("POST", f"{_ONE}/{verb}", f"{verb}ComputeLease", summary,
-                f"lease.{{lease_id}}.{verb}", body, "lease")
-      for verb, body, summary in _VERBS),
+              "queryView", "page", query=LEASE_FILTERS, fixed=(("view", "leases"),)),
+    HttpRoute("GET", _ONE, "getComputeLease", _summary("getLease"), "getLease", "lease"),
+    *(HttpRoute("POST", f"{_ONE}/{verb}", f"{verb}ComputeLease", _summary(f"{verb}Lease"),
+                f"{verb}Lease", "lease")
+      for verb in _VERBS),
     HttpRoute("GET", _ONE + "/why", "whyComputeLease",
               "Why a lease waits: counts of nodes per failed filter, and tenant-level reasons",
-              "lease.{lease_id}.why"),
+              "whyLease"),
     HttpRoute("GET", _ONE + "/events", "streamComputeLeaseEvents",
               "Server-Sent Events: the lease's state at each change (resumes from "
-              "Last-Event-ID, the lease's version)", "lease.{lease_id}.get", reply="stream"),
+              "Last-Event-ID, the lease's version)", "getLease", "stream"),
     HttpRoute("GET", "/v1/queue", "listQueue",
-              "The tenant's waiting requests from the queue view", "query.queue",
-              reply="page", query=QUEUE_FILTERS),
+              "The tenant's waiting requests from the queue view", "queryView", "page",
+              query=QUEUE_FILTERS, fixed=(("view", "queue"),)),
     HttpRoute("GET", "/v1/balance", "getBalance",
-              "The tenant's credits: granted, held, spent and available", "query.balance",
-              reply="row", tag="credits"),
+              "The tenant's credits: granted, held, spent and available", "queryView", "row",
+              tag="credits", fixed=(("view", "balance"),)),
     HttpRoute("GET", "/v1/telemetry", "streamTelemetry",
               "Server-Sent Events: the tenant's telemetry samples (filter by lease, kind; "
-              "resumes from Last-Event-ID, the stream sequence)", "telemetry.replay",
-              reply="stream", tag="telemetry"),
+              "resumes from Last-Event-ID, the stream sequence)", "replayTelemetry", "stream",
+              tag="telemetry"),
     # -- admin -----------------------------------------------------------------------------
-    HttpRoute("POST", "/v1/admin/pools", "setPool",
-              "Create or change a pool's scheduling policy", "pool.admin.pool.set",
-              v1.PoolConfig, admin=True, tag="admin"),
-    HttpRoute("GET", "/v1/admin/pools/{pool_id}", "showPool", "Every setting in force for a pool",
-              "pool.admin.pool.show", v1.PoolShow, admin=True, tag="admin"),
+    HttpRoute("POST", "/v1/admin/pools", "setPool", _summary("adminPoolSet"), "adminPoolSet",
+              admin=True, tag="admin"),
+    HttpRoute("GET", "/v1/admin/pools/{pool_id}", "showPool", _summary("adminPoolShow"),
+              "adminPoolShow", admin=True, tag="admin"),
     HttpRoute("POST", "/v1/admin/pools/{pool_id}/prices", "setPoolPrices",
-              "Replace a pool's price list (micro-credits per second)", "pool.admin.pool.prices",
-              v1.PriceListConfig, admin=True, tag="admin"),
+              _summary("adminPoolPrices"), "adminPoolPrices", admin=True, tag="admin"),
     HttpRoute("POST", "/v1/admin/pools/{pool_id}/images", "setPoolImages",
-              "Replace a pool's image policy", "pool.admin.pool.images", v1.ImagePolicyConfig,
-              admin=True, tag="admin"),
-    HttpRoute("POST", "/v1/admin/tenants", "setTenant",
-              "A tenant's weight and quota in a pool", "pool.admin.tenant.set", v1.TenantConfig,
-              admin=True, tag="admin"),
-    HttpRoute("POST", "/v1/admin/credits/grants", "grantCredits",
-              "Add micro-credits to a tenant (a repeated transfer id changes nothing)",
-              "pool.admin.credits.grant", v1.CreditGrant, admin=True, tag="admin"),
-    HttpRoute("POST", "/v1/admin/nodes", "registerNode", "Register (enroll) a node in a pool",
-              "pool.admin.node.register", v1.NodeRegistration, admin=True, tag="admin"),
+              _summary("adminPoolImages"), "adminPoolImages", admin=True, tag="admin"),
+    HttpRoute("POST", "/v1/admin/tenants", "setTenant", _summary("adminTenantSet"),
+              "adminTenantSet", admin=True, tag="admin"),
+    HttpRoute("POST", "/v1/admin/credits/grants", "grantCredits", _summary("adminCreditsGrant"),
+              "adminCreditsGrant", admin=True, tag="admin"),
+    HttpRoute("POST", "/v1/admin/nodes", "registerNode", _summary("adminNodeRegister"),
+              "adminNodeRegister", admin=True, tag="admin"),
     *(HttpRoute("POST", f"/v1/admin/nodes/{{node_id}}/{verb}",
                 f"{verb.replace('-', '_')}Node", f"{verb.capitalize()} a node",
-                f"pool.admin.node.{{node_id}}.{verb}", v1.NodeStateChange, admin=True,
-                tag="admin")
+                "adminNodeState", admin=True, tag="admin", fixed=(("verb", verb),))
       for verb in NODE_VERBS),
     HttpRoute("GET", "/v1/admin/views/{view}", "readView",
               "A page of any view, every tenant (queue, balance, capacity, leases)", "",
-              reply="page", admin=True, query=("tenant", "pool", "state", "zone",
-                                               "priority_class", "node_id"), tag="admin"),
+              "page", admin=True, query=("tenant", "pool", "state", "zone", "priority_class",
+                                         "node_id"), tag="admin"),
 )
 
 # Path parameters that become subject tokens, and what a bad one reads as.

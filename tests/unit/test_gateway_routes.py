@@ -1,0 +1,59 @@
+"""The HTTP routes and the OpenAPI document stay one-to-one with the NATS route table."""
+
+from __future__ import annotations
+
+import msgspec
+
+from control.routes import ROUTES as NATS_ROUTES
+from gateway.openapi import document
+from gateway.routes import ROUTES
+from gateway.wire import LeaseCreate
+from schemas import v1
+
+# NATS routes deliberately not offered over HTTP: agents' own reports and orders, and the
+# telemetry stream itself (replayed through replayTelemetry)
+NOT_OVER_HTTP = {"agentRegister", "agentHeartbeat", "confirmLeaseStopped", "jobStarted",
+                 "jobExited", "jobFailed", "agentStart", "agentStop", "agentPreempt",
+                 "receiveTelemetry"}
+
+
+def test_every_client_facing_nats_route_has_an_http_route() -> None:
+    mounted = {r.nats for r in ROUTES if r.nats}
+    offered = {r.operation for r in NATS_ROUTES} - NOT_OVER_HTTP
+    assert offered - mounted == set()
+    assert mounted <= {r.operation for r in NATS_ROUTES}
+
+
+def test_every_http_route_fills_every_parameter_of_its_subject() -> None:
+    for r in ROUTES:
+        if r.route is None:
+            continue
+        subject = r.subject("t1", {p: "x1" for p in r.path_params})
+        assert "{" not in subject and subject.split(".")[:2] in (["pool", "cmd"],
+                                                                 ["pool", "admin"]), subject
+        assert r.admin == subject.startswith("pool.admin."), r.operation_id
+        if not r.admin:
+            assert subject.startswith("pool.cmd.t1."), subject
+
+
+def test_the_lease_request_over_http_is_the_nats_one_with_its_key_optional() -> None:
+    http = {f.name: f for f in msgspec.structs.fields(LeaseCreate)}
+    nats = {f.name: f for f in msgspec.structs.fields(v1.LeaseRequest)}
+    assert set(http) == set(nats)
+    required = {n for n, f in nats.items() if f.required}
+    assert {n for n, f in http.items() if f.required} == required - {"idempotency_key"}
+
+
+def test_the_openapi_schemas_are_the_nats_structs_schemas() -> None:
+    doc = document()
+    schemas = doc["components"]["schemas"]
+    ref = "#/components/schemas/{name}"
+    for r in ROUTES:
+        if r.body is None or r.method != "POST" or r.doc_body is not None:
+            continue
+        _, components = msgspec.json.schema_components([r.body], ref_template=ref)
+        for name, schema in components.items():
+            assert schemas[name] == schema, name
+        body = doc["paths"][r.path]["post"]["requestBody"]["content"]["application/json"]
+        assert body["schema"]["$ref"].endswith("/" + r.body.__name__)
+    assert doc["openapi"] == "3.1.0"
