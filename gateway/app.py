@@ -206,7 +206,7 @@ async def _answer(gw: Gateway, route: HttpRoute, request: Request[Any, Any, Any]
         rows = result.get("rows") or []
         return _json(rows[0] if rows else {"tenant": who.tenant, "granted": 0, "held": 0,
                                            "spent": 0, "available": 0})
-    return _json(result)
+    return _json(result, route.status)
 
 
 async def _read_view(gw: Gateway, route: HttpRoute, request: Request[Any, Any, Any],

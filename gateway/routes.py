@@ -108,8 +108,10 @@ ROUTES: tuple[HttpRoute, ...] = (
               "resumes from Last-Event-ID, the stream sequence)", "replayTelemetry", "stream",
               tag="telemetry"),
     # -- admin -----------------------------------------------------------------------------
-    HttpRoute("POST", "/v1/admin/pools", "setPool", _summary("adminPoolSet"), "adminPoolSet",
-              admin=True, tag="admin"),
+    HttpRoute("POST", "/v1/admin/pools", "createPool", _summary("adminPoolCreate"),
+              "adminPoolCreate", status=201, admin=True, tag="admin"),
+    HttpRoute("POST", "/v1/admin/pools/{pool_id}", "setPool", _summary("adminPoolSet"),
+              "adminPoolSet", admin=True, tag="admin"),
     HttpRoute("GET", "/v1/admin/pools/{pool_id}", "showPool", _summary("adminPoolShow"),
               "adminPoolShow", admin=True, tag="admin"),
     HttpRoute("POST", "/v1/admin/pools/{pool_id}/prices", "setPoolPrices",

@@ -40,7 +40,7 @@ def test_pool_up_serves_the_http_api_to_a_token_made_by_the_cli(tmp_path: Path) 
         assert again.returncode == 2 and "--rotate" in again.stderr
         with httpx.Client(base_url=url, timeout=15,
                           headers={"Authorization": f"Bearer {admin}"}) as adm:
-            assert adm.post("/v1/admin/pools", json={"pool_id": "p1"}).status_code == 200
+            assert adm.post("/v1/admin/pools", json={"pool_id": "p1"}).status_code == 201
             assert adm.post("/v1/admin/tenants",
                             json={"tenant": "alpha", "pool_id": "p1"}).status_code == 200
         with httpx.Client(base_url=url, timeout=15,

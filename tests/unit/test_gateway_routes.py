@@ -57,3 +57,22 @@ def test_the_openapi_schemas_are_the_nats_structs_schemas() -> None:
         body = doc["paths"][r.path]["post"]["requestBody"]["content"]["application/json"]
         assert body["schema"]["$ref"].endswith("/" + r.body.__name__)
     assert doc["openapi"] == "3.1.0"
+
+
+def test_every_error_code_of_every_layer_has_a_deliberate_http_status() -> None:
+    import inspect
+
+    import bus.errors
+    import control.errors
+    import domain.errors
+    from gateway.problems import STATUS_BY_CODE
+    from schemas.codec import SCHEMA_ERROR_CODES
+
+    codes = set(SCHEMA_ERROR_CODES)
+    for module in (domain.errors, control.errors, bus.errors):
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            code = getattr(cls, "code", None)
+            if isinstance(code, str) and issubclass(cls, Exception):
+                codes.add(code)
+    assert codes - set(STATUS_BY_CODE) == set()
+    assert all(400 <= s < 500 or s in (502, 503) for s in STATUS_BY_CODE.values())
