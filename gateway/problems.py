@@ -34,7 +34,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "node_not_empty": 409, "insufficient_credits": 409, "insufficient_capacity": 409,
     "node_not_schedulable": 409, "not_due": 409,
     "pool_exists": 409, "transfer_conflict": 409, "name_collision": 409,
-    "device_unavailable": 409,
+    "device_unavailable": 409, "node_claim_refused": 403,
     # base classes: a refusal no subclass names more precisely
     "domain_error": 409, "service_error": 400,
     "method_not_allowed": 405,

@@ -124,6 +124,8 @@ ROUTES: tuple[HttpRoute, ...] = (
               "adminCreditsGrant", admin=True, tag="admin"),
     HttpRoute("POST", "/v1/admin/nodes", "registerNode", _summary("adminNodeRegister"),
               "adminNodeRegister", admin=True, tag="admin"),
+    HttpRoute("POST", "/v1/admin/nodes/enrollments", "enrollNode", _summary("adminNodeEnroll"),
+              "adminNodeEnroll", admin=True, tag="admin"),
     *(HttpRoute("POST", f"/v1/admin/nodes/{{node_id}}/{verb}",
                 f"{verb.replace('-', '_')}Node", f"{verb.capitalize()} a node",
                 "adminNodeState", admin=True, tag="admin", fixed=(("verb", verb),))
