@@ -23,19 +23,23 @@ from bus.errors import BusTimeout
 from control.errors import (
     IdempotencyConflict,
     PoolExists,
+    UnknownCohort,
     UnknownLease,
     UnknownNode,
     UnknownPool,
     WriteConflict,
 )
 from domain.account import Account
+from domain.cohort import Cohort
 from domain.enrollment import Enrollment
 from domain.errors import DomainError, NodeClaimRefused
 from domain.lease import WORKLOAD_STATES, JobSpec, Lease, LeaseState
 from domain.node import Node, NodeState
 from domain.policy.images import DEFAULT_ISOLATION_BY_TRUST, ImagePolicy
+from domain.policy.preemption import lease_preemptible
 from domain.pool import Pool, PoolConfig, PreemptionSettings, PriceList, TenantPolicy
-from domain.resources import LeaseId, NodeCapabilities, NodeId, PoolId, Resources, TenantId
+from domain.quota import QuotaBook
+from domain.resources import LeaseId, NodeCapabilities, NodeId, PoolId, TenantId
 from schemas import v1
 from schemas.codec import digest
 
@@ -108,12 +112,16 @@ def pool_config_from_wire(cfg: v1.PoolConfig) -> PoolConfig:
         default_lease_seconds=cfg.default_lease_seconds,
         node_timeout_seconds=cfg.node_timeout_seconds,
         lost_node_release_seconds=cfg.lost_node_release_seconds,
+        maximum_runtime_seconds=cfg.maximum_runtime_seconds,
+        non_preemptible_classes=tuple(cfg.non_preemptible_classes),
+        fair_share_half_life_seconds=cfg.fair_share_half_life_seconds,
     )
 
 
 _PATCHED_AS_IS = ("packing", "commit_timeout_seconds", "aging_seconds_per_rank",
                   "heartbeat_timeout_seconds", "default_lease_seconds", "node_timeout_seconds",
-                  "lost_node_release_seconds")
+                  "lost_node_release_seconds", "maximum_runtime_seconds",
+                  "fair_share_half_life_seconds")
 
 
 def pool_config_patched(base: PoolConfig, patch: v1.PoolPatch) -> PoolConfig:
@@ -124,6 +132,8 @@ def pool_config_patched(base: PoolConfig, patch: v1.PoolPatch) -> PoolConfig:
         classes = dict(patch.priority_classes)
         changes["priority_classes"] = tuple(classes.items())
         changes["default_priority_class"] = _default_class(classes)
+    if patch.non_preemptible_classes is not None:
+        changes["non_preemptible_classes"] = tuple(patch.non_preemptible_classes)
     if patch.preemption is not None:
         pp = patch.preemption
         changes["preemption"] = dataclasses.replace(base.preemption, **{
@@ -310,24 +320,44 @@ class PoolApp(Application[UUID]):
 
     @retried
     def set_tenant(self, cfg: v1.TenantConfig) -> TenantPolicy:
+        """A tenant's settings in a pool; the quota limits only the dimensions it names."""
         now = self.clock()
         self._pool(cfg.pool_id)
-        quota = None
-        if cfg.quota is not None:
-            scalars = {k: v for k, v in cfg.quota.items() if "/" not in k}
-            ext = tuple((k, v) for k, v in cfg.quota.items() if "/" in k)
-            quota = Resources(**scalars, extended=ext)
+        if cfg.cohort is not None and self.find(
+                Cohort, Cohort.create_id(cfg.pool_id, cfg.cohort)) is None:
+            raise UnknownCohort(f"pool {cfg.pool_id!r} has no cohort {cfg.cohort!r}; "
+                                f"create it with cohort set first")
         weight = max(1, round(cfg.weight * WEIGHT_SCALE))
+        settings: dict[str, Any] = {
+            "weight": weight, "quota": cfg.quota if cfg.nominal is None else cfg.nominal,
+            "borrow_limit": cfg.borrow_limit, "lend_limit": cfg.lend_limit,
+            "cohort": cfg.cohort, "preemptible": cfg.preemptible,
+        }
+        pool = self._pool(cfg.pool_id)
         pol = self.find(TenantPolicy, TenantPolicy.create_id(cfg.pool_id, cfg.tenant))
         if pol is None:
-            pol = TenantPolicy.set(
-                pool_id=PoolId(cfg.pool_id), tenant_id=TenantId(cfg.tenant), now=now,
-                weight=weight, quota=quota,
-            )
+            pol = TenantPolicy.set(pool_id=PoolId(cfg.pool_id), tenant_id=TenantId(cfg.tenant),
+                                   now=now, **settings)
         else:
-            pol.update(weight=weight, quota=quota, now=now)
-        self.save(pol)
+            pol.update(now=now, **settings)
+        listed = pool.list_member("tenant", cfg.tenant, now)
+        self.save(pol, pool if listed else None)
         return pol
+
+    @retried
+    def set_cohort(self, cfg: v1.CohortConfig) -> Cohort:
+        """Create or reconfigure a cohort; tenants join it with their own settings."""
+        now = self.clock()
+        pool = self._pool(cfg.pool_id)
+        cohort = self.find(Cohort, Cohort.create_id(cfg.pool_id, cfg.name))
+        if cohort is None:
+            cohort = Cohort.create(pool_id=PoolId(cfg.pool_id), name=cfg.name, now=now,
+                                   nominal=cfg.nominal, reclaim=cfg.reclaim)
+        else:
+            cohort.configure(now=now, nominal=cfg.nominal, reclaim=cfg.reclaim)
+        listed = pool.list_member("cohort", cfg.name, now)
+        self.save(cohort, pool if listed else None)
+        return cohort
 
     @retried
     def register_node(self, reg: v1.NodeRegistration, *,
@@ -404,6 +434,8 @@ class PoolApp(Application[UUID]):
             return _retried(existing, req, request_digest)  # same lease, nothing appended
         pool = self._pool(req.pool_id)
         pool.rank_of(req.priority_class)  # an unknown class is refused before anything is written
+        pool.admit_runtime(req.maximum_runtime_seconds)
+        policy = self.find(TenantPolicy, TenantPolicy.create_id(req.pool_id, tenant))
         if req.image:  # no node yet: the image, and the isolation the tenant's standing needs
             pool.admit_image(req.image, signature=req.image_signature,
                              size_bytes=req.image_size_bytes, tenant=tenant,
@@ -418,9 +450,11 @@ class PoolApp(Application[UUID]):
             lease_seconds=min(pool.config.default_lease_seconds, req.maximum_runtime_seconds),
             heartbeat_timeout_seconds=pool.config.heartbeat_timeout_seconds,
             priority_class=req.priority_class,
-            preemptible=True,
+            preemptible=lease_preemptible(pool, policy, req.priority_class),
             trace_parent=trace_parent,
             request_digest=request_digest,
+            checkpointable=req.checkpointable,
+            requeue_when_preempted=req.preemptible_requeue,
         )
         lease.queue(now)
         try:
@@ -810,7 +844,29 @@ class PoolApp(Application[UUID]):
             "price_list_version": pool.price_list_version,
             "image_policy": pool.image_policy.to_dict(),
             "image_policy_version": pool.image_policy_version,
+            "quotas": self.quotas_in_force(pool),
         }
+
+    def quotas_in_force(self, pool: Pool) -> dict[str, Any]:
+        """Every tenant's and cohort's limits in the pool, as `pool show` prints them."""
+        book = QuotaBook()
+        for name in getattr(pool, "cohorts", ()):
+            cohort = self.find(Cohort, Cohort.create_id(pool.pool_id, name))
+            if cohort is not None:
+                book.set_cohort(cohort.quota)
+        preemptible: dict[str, bool] = {}
+        weights: dict[str, float] = {}
+        for name in getattr(pool, "tenants", ()):
+            pol = self.find(TenantPolicy, TenantPolicy.create_id(pool.pool_id, name))
+            if pol is not None:
+                book.set_tenant(pol.limits)
+                preemptible[name] = pol.preemptible
+                weights[name] = pol.weight / WEIGHT_SCALE
+        out = book.in_force()
+        for name, row in out["tenants"].items():
+            row["preemptible"] = preemptible[name]
+            row["weight"] = weights[name]
+        return out
 
 
 def _retried(lease: Lease, req: v1.LeaseRequest, request_digest: str) -> Lease:

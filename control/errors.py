@@ -28,6 +28,12 @@ class UnknownPool(ServiceError):
     code = "unknown_pool"
 
 
+class UnknownCohort(ServiceError):
+    """No cohort of that name has been set in the pool."""
+
+    code = "unknown_cohort"
+
+
 class UnknownLease(ServiceError):
     """No lease of that id exists for this tenant (another tenant's lease reads the same)."""
 

@@ -16,6 +16,7 @@ from msgspec import Struct
 
 from bus.subjects import is_token
 from control.errors import UnknownSubject
+from domain.quota import limits_to_dict
 from schemas import v1
 from schemas.codec import COMMANDS, CommandSpec, decode_with
 from schemas.export import Channel
@@ -211,7 +212,16 @@ def _tenant_set(ctx: Context, p: Params, cmd: v1.TenantConfig) -> v1.Envelope:
     pol = ctx.app.set_tenant(cmd)
     return v1.Envelope.success(result={
         "tenant": pol.tenant_id, "pool_id": pol.pool_id, "weight": pol.weight / WEIGHT_SCALE,
-        "quota": None if pol.quota is None else pol.quota.to_dict()})
+        "quota": limits_to_dict(pol.quota), "cohort": pol.cohort,
+        "borrow_limit": limits_to_dict(pol.borrow_limit),
+        "lend_limit": limits_to_dict(pol.lend_limit), "preemptible": pol.preemptible})
+
+
+def _cohort_set(ctx: Context, p: Params, cmd: v1.CohortConfig) -> v1.Envelope:
+    cohort = ctx.app.set_cohort(cmd)
+    return v1.Envelope.success(result={
+        "pool_id": cohort.pool_id, "name": cohort.name,
+        "nominal": limits_to_dict(cohort.nominal), "reclaim": cohort.reclaim})
 
 
 def _admin_node_register(ctx: Context, p: Params, cmd: v1.NodeRegistration) -> v1.Envelope:
@@ -301,6 +311,8 @@ ROUTES: Final[tuple[Route, ...]] = (
            "Replace a pool's image policy (a new version).", "adminPoolImages"),
     _admin("tenant.set", "admin.tenant", _tenant_set,
            "Set a tenant's weight and quota in a pool.", "adminTenantSet"),
+    _admin("cohort.set", "admin.cohort", _cohort_set,
+           "Create or reconfigure a cohort of tenants in a pool.", "adminCohortSet"),
     _admin("node.register", "agent.register", _admin_node_register,
            "Register or re-register a node.", "adminNodeRegister"),
     _admin("node.enroll", "admin.node.enroll", _admin_node_enroll,

@@ -29,8 +29,10 @@ from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import IntegrityError
 
 from bus import observability
+from control.quotas import may_be_victim, quota_wait, restart_job
 from control.wake import IdleWait, Signal
 from domain.account import Account
+from domain.cohort import Cohort
 from domain.errors import DomainError
 from domain.fold import mutate
 from domain.lease import Lease, LeaseState
@@ -46,12 +48,18 @@ from domain.policy.backfill import (
 from domain.policy.fairness import (
     FairQueue,
     PendingRequest,
-    quota_check,
     weighted_dominant_share,
 )
 from domain.policy.placement import FilterResult, NodeTable
-from domain.policy.preemption import NodeCandidate, PreemptionPlan, RunningLease, choose_victims
+from domain.policy.preemption import (
+    PREEMPTED,
+    NodeCandidate,
+    PreemptionPlan,
+    RunningLease,
+    choose_victims,
+)
 from domain.pool import Pool, TenantPolicy
+from domain.quota import QuotaBook
 from domain.resources import TRUST_LEVELS, ZERO, LeaseId, NodeId, Resources
 from projections.views import EventDecoder
 
@@ -91,7 +99,8 @@ class PoolState:
     table: NodeTable = field(default_factory=NodeTable)
     queue: FairQueue | None = None
     weights: dict[str, float] = field(default_factory=dict)
-    quotas: dict[str, Resources | None] = field(default_factory=dict)
+    book: QuotaBook = field(default_factory=QuotaBook)  # nominal quotas and cohorts
+    protected: set[str] = field(default_factory=set)  # tenants that are not preemptible
     # node id → (state, allocatable) as the DRF denominator last counted it; the denominator
     # (allocatable of the ready nodes) is summed again before the next placement only when a
     # node came, left readiness or changed size: summing it per node event made a replay of N
@@ -317,9 +326,14 @@ class Scheduler:
             ps = self.pools.get(agg.pool_id)
             if ps is not None:
                 ps.weights[agg.tenant_id] = float(agg.weight)
-                ps.quotas[agg.tenant_id] = agg.quota
+                ps.book.set_tenant(agg.limits)
+                (ps.protected.discard if agg.preemptible else ps.protected.add)(agg.tenant_id)
                 assert ps.queue is not None
                 ps.queue.set_weight(agg.tenant_id, float(agg.weight))
+        elif isinstance(agg, Cohort):
+            ps = self.pools.get(agg.pool_id)
+            if ps is not None:
+                ps.book.set_cohort(agg.quota)
         elif isinstance(agg, Node):
             self._index_node(agg)
         elif isinstance(agg, Lease):
@@ -521,9 +535,9 @@ class Scheduler:
                 continue
             shape = lease.requested_shape
             res = shape.resources
-            quota = ps.quotas.get(req.tenant)
-            if quota is not None and quota_check(queue.usage(req.tenant), res, quota):
-                self._wait(req, {"tenant": [R.QUOTA_EXCEEDED]}, unplaced)
+            if ps.book.limited(req.tenant) and (
+                    why := quota_wait(self, ps, req, lease, now, batch, report)) is not None:
+                self._wait(req, why, unplaced)
                 continue
             # the pool's image policy decides which node trust levels this isolation may use
             trust_key = (shape.runtime, req.tenant)
@@ -579,12 +593,15 @@ class Scheduler:
                                  "hold_microcredits": hold, "available_microcredits": available},
                            unplaced)
                 continue
+            restart = lease.restarts_on_placement
             epoch = lease.reserve(
                 now,
                 node_id=NodeId(node_id),
                 commit_timeout_seconds=cfg.commit_timeout_seconds,
                 hold_microcredits=hold,
             )
+            if restart and restart_job(self, ps, lease, node_id, now):
+                heapq.heappush(self._deadlines, (lease.next_due_at() or now, req.lease_id))
             lid = LeaseId(req.lease_id)
             on_node = allocs.get(node_id)
             if on_node is None:
@@ -856,7 +873,7 @@ class Scheduler:
         for lid in ps.table.leases_on(node_id):
             lease = self.aggregates.get(UUID(lid))
             if (not isinstance(lease, Lease) or lease.state is not LeaseState.RUNNING
-                    or not lease.preemptible or lease.started_at is None):
+                    or not may_be_victim(ps, lease) or lease.started_at is None):
                 continue
             victims.append(RunningLease(
                 lease_id=lid,
@@ -867,7 +884,7 @@ class Scheduler:
                 last_checkpoint_at=lease.last_checkpoint_at,
                 # a lease that reported a checkpoint can resume from it; one that never did
                 # loses everything since it started
-                checkpointable=lease.last_checkpoint_at is not None,
+                checkpointable=lease.checkpointable or lease.last_checkpoint_at is not None,
             ))
         return NodeCandidate(node_id, ps.table.free_resources(node_id), tuple(victims))
 
@@ -890,7 +907,8 @@ class Scheduler:
         return {t for t in tenants if share(t) > mine}
 
     def _notice_victims(
-        self, ps: PoolState, plan: PreemptionPlan, now: float, report: CycleReport
+        self, ps: PoolState, plan: PreemptionPlan, now: float, report: CycleReport,
+        *, reason: str = PREEMPTED,
     ) -> list[Lease]:
         """Notice each victim (the ones the domain accepted are returned, to be saved)."""
         prem = ps.pool.config.preemption
@@ -903,9 +921,9 @@ class Scheduler:
                 grace_deadline = victim.notice_preemption(
                     now,
                     grace_seconds=prem.grace_seconds,
-                    # the lease records no wish of its own: preempted work goes back in line
-                    requeue=True,
-                    reason="preempted",
+                    # its own wish: back in line, or ended as preempted
+                    requeue=victim.requeue_when_preempted,
+                    reason=reason,
                     min_runtime_seconds=prem.min_runtime_seconds,
                 )
             except DomainError:

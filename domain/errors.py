@@ -69,7 +69,8 @@ class StaleEpoch(DomainError):
 
 
 class RuntimeLimitExceeded(DomainError):
-    """A renewal could not extend the lease: it already ends at its maximum runtime."""
+    """A runtime past a limit: a request longer than the pool's maximum runtime, or a renewal
+    of a lease that already ends at its own."""
 
     code = "maximum_runtime_exceeded"
 

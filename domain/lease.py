@@ -175,9 +175,14 @@ class Lease(Aggregate):
         preemptible: bool = True,
         trace_parent: str | None = None,
         request_digest: str | None = None,
+        checkpointable: bool = False,
+        requeue_when_preempted: bool = False,
     ) -> Lease:
         """Record a request. `lease_seconds` is the initial term and default renewal (defaults
-        to the maximum runtime); the id is `create_id(tenant_id, idempotency_key)`."""
+        to the maximum runtime); the id is `create_id(tenant_id, idempotency_key)`.
+        `preemptible` False: never a victim; `requeue_when_preempted`: a preemption puts it
+        back in the queue and its interrupted job restarts on the next placement, instead
+        of ending it as `preempted`; `checkpointable`: its work resumes from checkpoints."""
         term = maximum_runtime_seconds if lease_seconds is None else lease_seconds
         for name, value in (
             ("maximum_runtime_seconds", maximum_runtime_seconds),
@@ -200,6 +205,8 @@ class Lease(Aggregate):
             requested_at=float(now),
             trace_parent=trace_parent,
             request_digest=request_digest,
+            checkpointable=bool(checkpointable),
+            requeue_when_preempted=bool(requeue_when_preempted),
         )
 
     @event("LeaseRequested")
@@ -219,6 +226,9 @@ class Lease(Aggregate):
         # the whole request's fingerprint, so a reused idempotency key with another body is told
         # from a retry; absent in old events
         request_digest: str | None = None,
+        checkpointable: bool = False,
+        # absent in events from before the wish was recorded, when every victim was requeued
+        requeue_when_preempted: bool = True,
     ) -> None:
         self.tenant_id = TenantId(tenant_id)
         self.idempotency_key = idempotency_key
@@ -230,6 +240,8 @@ class Lease(Aggregate):
         self.heartbeat_timeout_seconds = heartbeat_timeout_seconds
         self.priority_class = priority_class
         self.preemptible = preemptible
+        self.checkpointable = checkpointable
+        self.requeue_when_preempted = requeue_when_preempted
         self.requested_at = requested_at
         self.trace_parent = trace_parent
         self.request_digest = request_digest
@@ -254,6 +266,8 @@ class Lease(Aggregate):
         self.last_checkpoint_at: float | None = None
         self.job: Job | None = None
         self.jobs_submitted = 0
+        # the job a preemption notice found active, until a commit restarts or replaces it
+        self.interrupted_job: int | None = None
         # How it ended.
         self.expiry_reason: str | None = None
         self.end_reason: str | None = None
@@ -290,6 +304,26 @@ class Lease(Aggregate):
         if self.started_at is None:
             return None
         return self.started_at + self.maximum_runtime_seconds
+
+    @property
+    def restarts_on_placement(self) -> bool:
+        """A requeued lease whose job a preemption interrupted: its next placement restarts
+        that job on its own (`commit` without a job) instead of waiting for a commit."""
+        return (self.state is S.QUEUED and self.requeue_on_preemption
+                and self._job_to_restart() is not None)
+
+    def _job_to_restart(self) -> Job | None:
+        """The job a preemption interrupted: stopped by it (killed in its grace, or ended by
+        the preemption itself), not one that finished cleanly in the meantime."""
+        job = self.job
+        if job is None or job.is_active:
+            return None
+        if job.failure_reason == "preempted":
+            return job
+        if self.interrupted_job == job.number and not (
+                job.state is JobState.EXITED and job.exit_code == 0):
+            return job
+        return None
 
     def expiry_due(self, now: float) -> str | None:
         """The expiry reason that applies at `now`, or None: what the deadline timer checks."""
@@ -385,8 +419,9 @@ class Lease(Aggregate):
             )
         term = min(self.lease_seconds, self.maximum_runtime_seconds)
         number, attempt, spec = self.jobs_submitted + 1, 1, job
-        if job is None and self.job is not None and self.job.failure_reason == "preempted":
-            number, attempt, spec = self.job.number, self.job.attempts + 1, self.job.spec
+        interrupted = self._job_to_restart() if job is None else None
+        if interrupted is not None:
+            number, attempt, spec = interrupted.number, interrupted.attempts + 1, interrupted.spec
         self._committed(
             at=float(now),
             deadline=float(now) + term,
@@ -715,6 +750,7 @@ class Lease(Aggregate):
         self.state = S.RUNNING
         self.started_at = at
         self.deadline = deadline
+        self.interrupted_job = None
         if job_spec is not None and job_number is not None:
             self.job = Job(number=job_number, spec=JobSpec.from_dict(job_spec), submitted_at=at,
                            attempts=job_attempt or 1)
@@ -792,6 +828,8 @@ class Lease(Aggregate):
         self, at: float, grace_deadline: float, requeue: bool, reason: str
     ) -> None:
         self.state = S.PREEMPTING
+        self.interrupted_job = (self.job.number if self.job is not None and self.job.is_active
+                                else None)
         self.grace_deadline = grace_deadline
         self.requeue_on_preemption = requeue
         self.stop_reason = reason

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -23,15 +24,26 @@ from domain.errors import (
     InvalidConfiguration,
     PriceNotListed,
     QuotaExceeded,
+    RuntimeLimitExceeded,
     UnknownPriorityClass,
 )
 from domain.policy.images import ImagePolicy, check_image, check_runtime
+from domain.quota import (
+    Limits,
+    TenantQuota,
+    exceeded,
+    limit_problems,
+    limits,
+    limits_from_event,
+    limits_to_dict,
+)
 from domain.resources import PoolId, Resources, Shape, TenantId
 
 _POOL_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:pool")
 _TENANT_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:tenant-policy")
 
 PACKING_POLICIES: tuple[str, ...] = ("best-fit", "spread")
+QuotaLike = Mapping[str, int] | Resources | Limits | None  # see domain.quota.limits
 FALLBACK = "*"  # price-table key used for a GPU model or partition profile not listed
 
 
@@ -76,10 +88,19 @@ class PoolConfig:
     node_timeout_seconds: int = 30  # a node silent this long is lost: no new placements
     # a lost node's leases are released without the agent's word only after this long
     lost_node_release_seconds: int = 300
+    # leases of these priority classes are never preemption victims
+    non_preemptible_classes: tuple[str, ...] = ()
+    # fair share counts usage decayed with this half-life besides current usage; 0: current only
+    fair_share_half_life_seconds: int = 0
 
     def __post_init__(self) -> None:
         classes = tuple(sorted((str(k), int(v)) for k, v in dict(self.priority_classes).items()))
         object.__setattr__(self, "priority_classes", classes)
+        object.__setattr__(self, "non_preemptible_classes",
+                           tuple(sorted({str(c) for c in self.non_preemptible_classes})))
+
+    def class_preemptible(self, priority_class: str) -> bool:
+        return priority_class not in self.non_preemptible_classes
 
     def problems(self) -> list[str]:
         """Every inconsistency, as reason strings; empty when the config is valid."""
@@ -99,6 +120,11 @@ class PoolConfig:
             found.append(f"default priority class {self.default_priority_class!r} is not defined")
         if self.preemption.min_runtime_seconds < 0 or self.preemption.grace_seconds < 0:
             found.append("preemption times must not be negative")
+        for name in self.non_preemptible_classes:
+            if name not in dict(self.priority_classes):
+                found.append(f"non-preemptible class {name!r} is not defined")
+        if self.fair_share_half_life_seconds < 0:
+            found.append("fair_share_half_life_seconds must not be negative")
         return found
 
     def to_dict(self) -> dict[str, Any]:
@@ -114,6 +140,8 @@ class PoolConfig:
             "aging_seconds_per_rank": self.aging_seconds_per_rank,
             "node_timeout_seconds": self.node_timeout_seconds,
             "lost_node_release_seconds": self.lost_node_release_seconds,
+            "non_preemptible_classes": list(self.non_preemptible_classes),
+            "fair_share_half_life_seconds": self.fair_share_half_life_seconds,
         }
 
     @classmethod
@@ -131,6 +159,8 @@ class PoolConfig:
             aging_seconds_per_rank=int(d.get("aging_seconds_per_rank", 0)),
             node_timeout_seconds=int(d.get("node_timeout_seconds", 30)),
             lost_node_release_seconds=int(d.get("lost_node_release_seconds", 300)),
+            non_preemptible_classes=tuple(d.get("non_preemptible_classes", ())),
+            fair_share_half_life_seconds=int(d.get("fair_share_half_life_seconds", 0)),
         )
 
 
@@ -264,6 +294,9 @@ class Pool(Aggregate):
         # every pool starts under the default image policy (shown by `pool admin pool show`)
         self.image_policy = ImagePolicy()
         self.image_policy_version = 1
+        # tenants with a policy and cohorts in this pool, so `pool show` can load each one
+        self.tenants: tuple[str, ...] = ()
+        self.cohorts: tuple[str, ...] = ()
 
     def configure(self, config: PoolConfig, now: float) -> None:
         """Replace the pool's settings as a whole (the event carries the full config)."""
@@ -285,6 +318,16 @@ class Pool(Aggregate):
             policy=policy.to_dict(), version=self.image_policy_version + 1, at=float(now)
         )
         return self.image_policy_version
+
+    def list_member(self, kind: str, name: str, now: float) -> bool:
+        """Note a tenant ("tenant") or cohort ("cohort") configured in this pool; False when
+        it was listed already (nothing recorded)."""
+        if kind not in ("tenant", "cohort"):
+            raise InvalidConfiguration(f"unknown pool member kind {kind!r}", reasons=(kind,))
+        if name in (self.tenants if kind == "tenant" else self.cohorts):
+            return False
+        self._member_listed(kind=kind, name=str(name), at=float(now))
+        return True
 
     # Policy queries ---------------------------------------------------------------------------
 
@@ -311,6 +354,17 @@ class Pool(Aggregate):
             reasons = []
         if reasons:
             raise ImageNotAllowed(reasons, image=image or "")
+
+    def admit_runtime(self, maximum_runtime_seconds: int) -> None:
+        """Raise RuntimeLimitExceeded, naming the pool's limit in seconds and hours, when a
+        request asks for a longer maximum runtime than the pool allows."""
+        limit = self.config.maximum_runtime_seconds
+        if maximum_runtime_seconds > limit:
+            raise RuntimeLimitExceeded(
+                f"maximum_runtime_seconds {maximum_runtime_seconds} s is past pool "
+                f"{self.pool_id}'s maximum runtime of {limit} s ({limit / 3600:g} h)",
+                reasons=("maximum_runtime_seconds",),
+            )
 
     def rank_of(self, priority_class: str) -> int:
         try:
@@ -353,6 +407,13 @@ class Pool(Aggregate):
         self.price_list = PriceList.from_dict(price_list)
         self.price_list_version = version
 
+    @event("PoolMemberListed")
+    def _member_listed(self, kind: str, name: str, at: float) -> None:
+        if kind == "tenant":
+            self.tenants = (*getattr(self, "tenants", ()), name)
+        else:
+            self.cohorts = (*getattr(self, "cohorts", ()), name)
+
     @event("ImagePolicySet")
     def _image_policy_set(self, policy: dict[str, Any], version: int, at: float) -> None:
         self.image_policy = ImagePolicy.from_dict(policy)
@@ -363,7 +424,11 @@ class Pool(Aggregate):
 
 
 class TenantPolicy(Aggregate):
-    """A tenant's fair-share weight and quota in one pool. `quota` None means unlimited."""
+    """A tenant's fair-share weight, quota and standing in one pool.
+
+    `quota` is the nominal quota: limits on the dimensions it names (None: unlimited). In a
+    `cohort` the tenant may borrow past it up to `borrow_limit` and lends at most `lend_limit`
+    of it (domain.quota). `preemptible` False: no lease of this tenant is ever a victim."""
 
     @staticmethod
     def create_id(pool_id: str, tenant_id: str) -> UUID:
@@ -377,16 +442,15 @@ class TenantPolicy(Aggregate):
         tenant_id: TenantId,
         now: float,
         weight: int = 1,
-        quota: Resources | None = None,
+        quota: QuotaLike = None,
+        borrow_limit: QuotaLike = None,
+        lend_limit: QuotaLike = None,
+        cohort: str | None = None,
+        preemptible: bool = True,
     ) -> TenantPolicy:
-        _require_valid(_tenant_problems(weight, quota))
-        return cls(
-            pool_id=str(pool_id),
-            tenant_id=str(tenant_id),
-            weight=weight,
-            quota=None if quota is None else quota.to_dict(),
-            set_at=float(now),
-        )
+        settings = _tenant_settings(weight, quota, borrow_limit, lend_limit, cohort, preemptible)
+        return cls(pool_id=str(pool_id), tenant_id=str(tenant_id), set_at=float(now),
+                   **settings)
 
     @event("TenantPolicySet")
     def __init__(
@@ -396,39 +460,85 @@ class TenantPolicy(Aggregate):
         weight: int,
         quota: dict[str, Any] | None,
         set_at: float,
+        borrow_limit: dict[str, Any] | None = None,  # absent from events before cohorts
+        lend_limit: dict[str, Any] | None = None,
+        cohort: str | None = None,
+        preemptible: bool = True,
     ) -> None:
         self.pool_id = PoolId(pool_id)
         self.tenant_id = TenantId(tenant_id)
-        self.weight = weight
-        self.quota = None if quota is None else Resources.from_dict(quota)
+        self._apply(weight, quota, borrow_limit, lend_limit, cohort, preemptible)
 
-    def update(self, *, weight: int, quota: Resources | None, now: float) -> None:
-        """Replace weight and quota together (None quota: unlimited)."""
-        _require_valid(_tenant_problems(weight, quota))
-        self._updated(weight=weight, quota=None if quota is None else quota.to_dict(),
-                      at=float(now))
+    def update(
+        self,
+        *,
+        weight: int,
+        quota: QuotaLike,
+        now: float,
+        borrow_limit: QuotaLike = None,
+        lend_limit: QuotaLike = None,
+        cohort: str | None = None,
+        preemptible: bool = True,
+    ) -> None:
+        """Replace every setting together (None quota: unlimited)."""
+        settings = _tenant_settings(weight, quota, borrow_limit, lend_limit, cohort, preemptible)
+        self._updated(at=float(now), **settings)
+
+    @property
+    def limits(self) -> TenantQuota:
+        """The quota as domain.quota's arithmetic reads it."""
+        return TenantQuota(self.tenant_id, self.quota, self.borrow_limit, self.lend_limit,
+                           self.cohort)
 
     def check_quota(self, in_use: Resources, requested: Resources) -> None:
-        """Raise QuotaExceeded, naming the dimensions, when `in_use + requested` passes quota."""
-        if self.quota is None:
-            return
-        over = (in_use + requested).exceeded_dimensions(self.quota)
+        """Raise QuotaExceeded, naming the dimensions, when `in_use + requested` passes the
+        nominal quota in a dimension it names."""
+        over = exceeded(in_use, requested, self.quota)
         if over:
             raise QuotaExceeded(over)
 
     @event("TenantPolicyUpdated")
-    def _updated(self, weight: int, quota: dict[str, Any] | None, at: float) -> None:
+    def _updated(
+        self,
+        weight: int,
+        quota: dict[str, Any] | None,
+        at: float,
+        borrow_limit: dict[str, Any] | None = None,
+        lend_limit: dict[str, Any] | None = None,
+        cohort: str | None = None,
+        preemptible: bool = True,
+    ) -> None:
+        self._apply(weight, quota, borrow_limit, lend_limit, cohort, preemptible)
+
+    def _apply(self, weight: int, quota: dict[str, Any] | None,
+               borrow_limit: dict[str, Any] | None, lend_limit: dict[str, Any] | None,
+               cohort: str | None, preemptible: bool) -> None:
         self.weight = weight
-        self.quota = None if quota is None else Resources.from_dict(quota)
+        self.quota = limits_from_event(quota)
+        self.borrow_limit = limits_from_event(borrow_limit)
+        self.lend_limit = limits_from_event(lend_limit)
+        self.cohort = cohort
+        self.preemptible = preemptible
 
 
-def _tenant_problems(weight: object, quota: Resources | None) -> list[str]:
+def _tenant_settings(weight: object, quota: QuotaLike, borrow_limit: QuotaLike,
+                     lend_limit: QuotaLike, cohort: str | None,
+                     preemptible: bool) -> dict[str, Any]:
+    """The event fields for a tenant's settings, validated (InvalidConfiguration)."""
+    q, b, lend = limits(quota), limits(borrow_limit), limits(lend_limit)
     found = []
     if not isinstance(weight, int) or isinstance(weight, bool) or weight <= 0:
         found.append("weight must be a positive integer")
-    if quota is not None and not quota.is_non_negative():
-        found.append("quota cannot be negative")
-    return found
+    for name, value in (("quota", q), ("borrow limit", b), ("lend limit", lend)):
+        found += limit_problems(name, value)
+    if (b or lend) and cohort is None:
+        found.append("borrow and lend limits need a cohort")
+    if (b or lend) and q is None:
+        found.append("borrow and lend limits need a nominal quota")
+    _require_valid(found)
+    return {"weight": weight, "quota": limits_to_dict(q), "borrow_limit": limits_to_dict(b),
+            "lend_limit": limits_to_dict(lend), "cohort": cohort,
+            "preemptible": bool(preemptible)}
 
 
 def _require_valid(problems: list[str]) -> None:

@@ -95,7 +95,9 @@ class Demo:
                pool: str = POOL) -> Tracked | None:
         r = self.clients[tenant].request_lease({
             "pool_id": pool, "shape": shape, "maximum_runtime_seconds": MAX_RUNTIME,
-            "idempotency_key": key, "priority_class": priority})
+            "idempotency_key": key, "priority_class": priority,
+            # preempted work goes back in line, its job restarted on the next placement
+            "preemptible_requeue": kind == "victim"})
         if not r.get("ok"):
             return None
         t = Tracked(r["lease"]["lease_id"], tenant, job, kind, r["lease"]["state"])

@@ -94,6 +94,7 @@ COMMANDS: Final[Mapping[str, CommandSpec]] = {
     "admin.pool": CommandSpec(v1.PoolConfig),
     "admin.pool.set": CommandSpec(v1.PoolPatch),
     "admin.tenant": CommandSpec(v1.TenantConfig),
+    "admin.cohort": CommandSpec(v1.CohortConfig),
     "admin.pool.show": CommandSpec(v1.PoolShow),
     "admin.pool.prices": CommandSpec(v1.PriceListConfig),
     "admin.pool.images": CommandSpec(v1.ImagePolicyConfig),

@@ -406,6 +406,12 @@ class PoolConfig(_Command, frozen=True, kw_only=True):
     node_timeout_seconds: Annotated[int, Meta(ge=1, le=86_400)] = 30
     # A lost node's leases are released without the agent's confirmation after this long.
     lost_node_release_seconds: Annotated[int, Meta(ge=1, le=MAX_RUNTIME_SECONDS)] = 300
+    # The longest maximum_runtime_seconds a request may ask for; a longer one is refused.
+    maximum_runtime_seconds: RuntimeSeconds = 86_400
+    # Leases of these priority classes are never chosen as preemption victims.
+    non_preemptible_classes: Annotated[list[NameToken], Meta(max_length=32)] = []
+    # Fair share also counts past usage decayed with this half-life; 0: current usage only.
+    fair_share_half_life_seconds: Annotated[int, Meta(ge=0, le=MAX_RUNTIME_SECONDS)] = 0
 
 
 class PreemptionPatch(_Part, frozen=True, kw_only=True):
@@ -432,6 +438,9 @@ class PoolPatch(_Command, frozen=True, kw_only=True):
     default_lease_seconds: Annotated[int, Meta(ge=1, le=MAX_RUNTIME_SECONDS)] | None = None
     node_timeout_seconds: Annotated[int, Meta(ge=1, le=86_400)] | None = None
     lost_node_release_seconds: Annotated[int, Meta(ge=1, le=MAX_RUNTIME_SECONDS)] | None = None
+    maximum_runtime_seconds: RuntimeSeconds | None = None
+    non_preemptible_classes: Annotated[list[NameToken], Meta(max_length=32)] | None = None
+    fair_share_half_life_seconds: Annotated[int, Meta(ge=0, le=MAX_RUNTIME_SECONDS)] | None = None
 
 
 # Quota keys are domain dimension names: the four scalars or "gpu/<profile>".
@@ -442,14 +451,43 @@ QuotaDimension = Annotated[
 ]
 
 
+QuotaLimits = Annotated[dict[QuotaDimension, Count], Meta(max_length=64)]
+
+
 class TenantConfig(_Command, frozen=True, kw_only=True):
-    """A tenant's share of a pool: fair-share weight and optional per-dimension quota."""
+    """A tenant's share of a pool: fair-share weight, nominal quota, cohort and its limits."""
 
     tenant: SubjectToken
     pool_id: SubjectToken
     weight: Annotated[float, Meta(gt=0, le=1_000_000)] = 1.0
-    # Dimensions absent from the quota are unlimited; None means no quota at all.
-    quota: Annotated[dict[QuotaDimension, Count], Meta(max_length=64)] | None = None
+    # The nominal quota. Dimensions absent from it are unlimited; None means no quota at all.
+    quota: QuotaLimits | None = None
+    # Another name for `quota` (the Kueue word); give one of the two.
+    nominal: QuotaLimits | None = None
+    # The cohort whose unused nominal quota this tenant may borrow (set with cohort.set).
+    cohort: SubjectToken | None = None
+    # In a cohort: the most it may use past its nominal quota (absent dimensions: no cap) ...
+    borrow_limit: QuotaLimits | None = None
+    # ... and the most of its nominal quota others may borrow (absent dimensions: all of it).
+    lend_limit: QuotaLimits | None = None
+    # False: none of this tenant's leases is ever chosen as a preemption victim.
+    preemptible: bool = True
+
+    def __post_init__(self) -> None:
+        if self.quota is not None and self.nominal is not None:
+            raise ValueError("give quota or nominal, not both")
+        if (self.borrow_limit is not None or self.lend_limit is not None) and self.cohort is None:
+            raise ValueError("borrow_limit and lend_limit need a cohort")
+
+
+class CohortConfig(_Command, frozen=True, kw_only=True):
+    """A cohort of tenants in a pool: its own shared nominal quota, and whether an owner may
+    preempt borrowers to reclaim its nominal quota ("any") or only waits ("never")."""
+
+    pool_id: SubjectToken
+    name: SubjectToken
+    nominal: QuotaLimits = {}
+    reclaim: Literal["any", "never"] = "any"
 
 
 class NodeCapabilitiesSpec(_Part, frozen=True, kw_only=True):
@@ -737,6 +775,7 @@ PUBLIC_STRUCTS: tuple[type[Struct], ...] = (
     PoolPatch,
     PreemptionPatch,
     TenantConfig,
+    CohortConfig,
     PoolShow,
     PriceListConfig,
     ImagePolicyConfig,

@@ -194,6 +194,10 @@ class FairQueue:
     def usage(self, tenant: str) -> Resources:
         return self._usage.get(tenant, ZERO)
 
+    def usages(self) -> Mapping[str, Resources]:
+        """Every tenant's current usage (read-only: change it through the methods below)."""
+        return self._usage
+
     def share(self, tenant: str) -> float:
         return weighted_dominant_share(self.usage(tenant), self._totals, self._weight(tenant))
 

@@ -8,10 +8,26 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from domain.resources import Resources, Shape
+
+if TYPE_CHECKING:
+    from domain.pool import Pool, TenantPolicy
+
+# why a victim was noticed: a higher class or fair share ("preempted"), or an owner taking
+# back nominal quota its cohort lent ("reclaiming_quota")
+PREEMPTED = "preempted"
+RECLAIMING_QUOTA = "reclaiming_quota"
+
+
+def lease_preemptible(pool: Pool, policy: TenantPolicy | None, priority_class: str) -> bool:
+    """Whether a lease may ever be a victim: neither its tenant nor its priority class says
+    it is not preemptible."""
+    tenant_ok = policy is None or getattr(policy, "preemptible", True)
+    return tenant_ok and pool.config.class_preemptible(priority_class)
 
 
 @dataclass(frozen=True)

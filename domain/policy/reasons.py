@@ -42,6 +42,7 @@ IMAGE_NOT_ALLOWED = "image_not_allowed"
 WAITING_FOR_CAPACITY = "waiting_for_capacity"
 # it fits now, but only on capacity held for a blocked request's reservation (backfill)
 WAITING_FOR_RESERVATION = "waiting_for_reservation"
+WAITING_FOR_RECLAIM = "waiting_for_reclaim"  # borrowers noticed so an owner gets its quota
 
 # Node state name → the code a node in that state fails with.
 NODE_STATE_REASONS: Mapping[str, str] = {
@@ -79,6 +80,7 @@ TENANT_REASONS: tuple[str, ...] = (
     IMAGE_NOT_ALLOWED,
     WAITING_FOR_CAPACITY,
     WAITING_FOR_RESERVATION,
+    WAITING_FOR_RECLAIM,
 )
 ALL_REASONS: frozenset[str] = frozenset(FILTER_REASONS + TENANT_REASONS + (NODE_NOT_READY,))
 

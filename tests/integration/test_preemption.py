@@ -45,8 +45,8 @@ def _pool(admin: PoolClient, preemption: dict[str, Any] | None = None) -> None:
 def _running(cp: ControlPlane, tenant: PoolClient, key: str,
              priority: str = "standard") -> tuple[str, str]:
     """Request a whole node, place it and commit it; returns (lease id, node id)."""
-    lid = tenant.request_lease(lease_body(key, cpu_millis=WHOLE_NODE,
-                                          priority=priority))["lease"]["lease_id"]
+    lid = tenant.request_lease(lease_body(key, cpu_millis=WHOLE_NODE, priority=priority)
+                               | {"preemptible_requeue": True})["lease"]["lease_id"]
     assert cp.scheduler.cycle().placed == 1
     committed = tenant.lease(lid, "commit", {})
     assert committed["ok"], committed
@@ -93,10 +93,11 @@ def test_a_request_that_cannot_pay_preempts_no_one_and_says_both_reasons(plane: 
     _pool(admin, PREEMPTION)
     with PoolClient(cp.nats_url, "alpha") as a, PoolClient(cp.nats_url, "gamma") as g:
         running = [_running(cp, a, f"r{i}")[0] for i in range(2)]
-        # prices now: a whole node for 10**6 s holds 8 * 10**12, past gamma's 10**12
-        assert admin.admin("pool.prices", {"pool_id": "p1", "cpu_core_second": 1_000_000})["ok"]
+        # prices now: a whole node for a day holds ~1.4 * 10**12, past gamma's 10**12
+        # (10**6 s is past the pool's default maximum runtime of a day: a day at 2 credits)
+        assert admin.admin("pool.prices", {"pool_id": "p1", "cpu_core_second": 2_000_000})["ok"]
         poor = g.request_lease(lease_body("urgent-but-poor", cpu_millis=WHOLE_NODE,
-                                          priority="high", max_runtime=10**6))["lease"]["lease_id"]
+                                          priority="high", max_runtime=86_400))["lease"]["lease_id"]
         report = cp.scheduler.cycle()
         assert report.preempted == 0 and report.placed == 0
         assert [_state(a, lid) for lid in running] == ["running", "running"]
