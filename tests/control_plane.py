@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from bus.replies import node_inbox
 from client.api import PoolClient
 from control.plane import ControlPlane
 
@@ -57,6 +58,14 @@ def setup_pool(admin: PoolClient, pool: str = "p1", *, tenants: dict[str, float]
                                           "weight": weight})["ok"]
         assert admin.admin("credits.grant", {"tenant": tenant, "amount_microcredits": credits,
                                              "transfer_id": f"initial-{tenant}"})["ok"]
+
+
+def node_report(nats_url: str, node: str, lease_id: str, verb: str,
+                body: dict[str, Any]) -> dict[str, Any]:
+    """An agent's report on a lease (`stopped`, `started`, …), sent as that node's agent is
+    answered: under the node's own inbox."""
+    with PoolClient(nats_url, inbox_prefix=node_inbox(node).encode()) as agent:
+        return agent.call(f"pool.node.{node}.lease.{lease_id}.{verb}", body)
 
 
 def start(nats_url: str, clock: FakeClock) -> ControlPlane:

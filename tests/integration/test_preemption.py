@@ -15,7 +15,14 @@ import pytest
 from bus.local.server import NatsServer
 from client.api import PoolClient
 from control.plane import ControlPlane
-from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
+from tests.control_plane import (
+    FakeClock,
+    lease_body,
+    node_body,
+    node_report,
+    setup_pool,
+    start,
+)
 
 Plane = tuple[ControlPlane, PoolClient, FakeClock]
 WHOLE_NODE = 8000
@@ -63,8 +70,8 @@ def _why(tenant: PoolClient, lid: str) -> dict[str, Any]:
     return reasons
 
 
-def _stopped(admin: PoolClient, node: str, lid: str, epoch: int = 1) -> dict[str, Any]:
-    return admin.call(f"pool.node.{node}.lease.{lid}.stopped", {"epoch": epoch})
+def _stopped(url: str, node: str, lid: str, epoch: int = 1) -> dict[str, Any]:
+    return node_report(url, node, lid, "stopped", {"epoch": epoch})
 
 
 def test_a_high_priority_request_preempts_the_lease_that_loses_least_work(plane: Plane) -> None:
@@ -128,9 +135,9 @@ def test_a_victim_keeps_its_capacity_through_its_grace_until_the_agent_confirms(
             assert "waiting_for_preemption" in _why(b, high)["tenant"]
         assert _why(b, high)["preemption"]["overdue"] == [victim]
         # only the agent of the victim's own node, at the current epoch, can confirm
-        assert _stopped(admin, "n-other", victim)["error"]["code"] == "lease_not_found"
-        assert _stopped(admin, node, victim, epoch=7)["error"]["code"] == "stale_epoch"
-        confirmed = _stopped(admin, node, victim)
+        assert _stopped(cp.nats_url, "n-other", victim)["error"]["code"] == "lease_not_found"
+        assert _stopped(cp.nats_url, node, victim, epoch=7)["error"]["code"] == "stale_epoch"
+        confirmed = _stopped(cp.nats_url, node, victim)
         assert confirmed["ok"], confirmed
         assert confirmed["lease"]["state"] == "queued"  # preempted, then requeued
         assert cp.scheduler.cycle().placed == 1
@@ -216,7 +223,7 @@ def test_the_stopped_report_settles_a_reconciling_lease_and_frees_its_node(plane
         assert _state(a, silent) == "reconciling"
         waiting = a.request_lease(lease_body("next", cpu_millis=WHOLE_NODE))["lease"]["lease_id"]
         assert cp.scheduler.cycle().placed == 0  # reconciling capacity is never recycled
-        done = _stopped(admin, node, silent)
+        done = _stopped(cp.nats_url, node, silent)
         assert done["ok"], done
         assert done["lease"]["state"] == "released"
         assert cp.scheduler.cycle().placed == 1

@@ -11,7 +11,14 @@ import pytest
 from bus.local.server import NatsServer
 from client.api import PoolClient
 from control.plane import ControlPlane
-from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
+from tests.control_plane import (
+    FakeClock,
+    lease_body,
+    node_body,
+    node_report,
+    setup_pool,
+    start,
+)
 
 Plane = tuple[ControlPlane, PoolClient, FakeClock]
 WHOLE_NODE = 8000
@@ -56,8 +63,8 @@ def _why(tenant: PoolClient, lid: str) -> dict[str, Any]:
     return reasons
 
 
-def _stopped(admin: PoolClient, node: str, lid: str, epoch: int = 1) -> dict[str, Any]:
-    return admin.call(f"pool.node.{node}.lease.{lid}.stopped", {"epoch": epoch})
+def _stopped(url: str, node: str, lid: str, epoch: int = 1) -> dict[str, Any]:
+    return node_report(url, node, lid, "stopped", {"epoch": epoch})
 
 
 # -- defects -------------------------------------------------------------------------------------
@@ -146,7 +153,7 @@ def _preempt_one(cp: ControlPlane, admin: PoolClient, clock: FakeClock, *,
     high = b.request_lease(lease_body("urgent", cpu_millis=WHOLE_NODE, priority="high",
                                       max_runtime=60))["lease"]["lease_id"]
     assert cp.scheduler.cycle().preempted == 1
-    assert _stopped(admin, node, victim)["ok"]
+    assert _stopped(cp.nats_url, node, victim)["ok"]
     return a, b, victim, node, high
 
 
