@@ -74,6 +74,22 @@ def cmd_bench_e2e(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_bench_policy(args: argparse.Namespace) -> int:
+    from bench.policy import run_policy_bench
+
+    for flag, fvalue in (("--days", args.days), ("--load", args.load),
+                         ("--cycle-seconds", args.cycle_seconds)):
+        if fvalue is not None and not fvalue > 0:
+            raise UsageError(f"{flag} must be positive")
+    result = run_policy_bench(
+        quick=args.quick, days=args.days, seed=args.seed, offered_load=args.load,
+        cycle_seconds=args.cycle_seconds,
+        progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)))
+    print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json
+          else result["table"])
+    return EXIT_OK
+
+
 def cmd_bench_all(args: argparse.Namespace) -> int:
     from bench.all import run_all
     from local import embedded
@@ -150,6 +166,18 @@ def register(sub: Subparsers) -> None:
                     help="8 clients, 20 nodes, 2 s saturating, 100/s for 2 s")
     be.add_argument("--json", action="store_true")
     be.set_defaults(func=cmd_bench_e2e)
+    bpo = bench.add_parser("policy", help="a synthetic month replayed through each scheduling "
+                           "policy on a virtual clock: utilisation, waits, fairness")
+    bpo.add_argument("--quick", action="store_true",
+                     help="a week on 6 GPU and 4 CPU nodes (default: a month on 24 and 16)")
+    bpo.add_argument("--days", type=float, help="simulated days of arrivals")
+    bpo.add_argument("--seed", type=int, default=1, help="the workload's seed (default 1)")
+    bpo.add_argument("--load", type=float,
+                     help="offered GPU demand over GPU capacity (default 0.9)")
+    bpo.add_argument("--cycle-seconds", type=float, default=60.0,
+                     help="simulated seconds between scheduling cycles (default 60)")
+    bpo.add_argument("--json", action="store_true")
+    bpo.set_defaults(func=cmd_bench_policy)
     bal = bench.add_parser("all", help="every benchmark in one run: one table of figures, "
                            "goals and ratios to the raw JetStream rate")
     bal.add_argument("--quick", action="store_true", help="the CI sizes")

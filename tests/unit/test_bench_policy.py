@@ -1,0 +1,35 @@
+"""`pool bench policy` replays one workload through every policy and reports each in full."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cli.main import main
+
+
+def test_pool_bench_policy_reports_every_policy_on_the_same_workload(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "policy", "--quick", "--days", "2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    policies = {p["policy"]: p for p in result["policies"]}
+    assert set(policies) == {"fifo", "drf", "drf+backfill"}
+    for p in policies.values():
+        assert p["requests"] == result["requests"] > 0
+        assert 0 < p["utilisation"]["gpu"] <= 1 and 0 < p["utilisation"]["cpu"] <= 1
+        assert set(p["by_width"]) == {"1-gpu", "8-gpu", "wide-cpu"}
+        assert len(p["by_tenant"]) == 12
+        assert 0 < p["jain_share_over_weight"] <= 1
+    assert policies["fifo"]["reservations_made"] == 0
+    assert set(result["checks"]) == {"backfill_raises_utilisation",
+                                     "backfill_cuts_the_longest_wide_wait"}
+    assert result["not_run"]  # says which variant it could not run, and why
+
+
+def test_pool_bench_policy_names_a_bad_flag() -> None:
+    done = subprocess.run([sys.executable, "-m", "cli.main", "bench", "policy", "--days", "0"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode != 0 and "--days" in done.stderr
