@@ -7,7 +7,7 @@ Functions of the scheduler's state, kept here so the cycle in scheduler.py stays
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
 from domain.errors import DomainError
@@ -21,9 +21,33 @@ from domain.resources import Resources
 if TYPE_CHECKING:
     from eventsourcing.domain import Aggregate
 
-    from control.scheduler import CycleReport, PoolState, Scheduler
+    from domain.policy.fairness import FairQueue
+    from domain.pool import Pool
+    from domain.quota import QuotaBook
 
 log = logging.getLogger(__name__)
+
+
+class PoolState(Protocol):
+    """What of the scheduler's per-pool state the gate reads (control.scheduler.PoolState)."""
+
+    pool: Pool
+    queue: FairQueue | None
+    book: QuotaBook
+    protected: set[str]
+
+
+class Scheduler(Protocol):
+    """What of the scheduler the gate uses (control.scheduler.Scheduler)."""
+
+    aggregates: dict[UUID, Aggregate]
+    _usage: dict[str, tuple[str, Resources]]
+    _plans_left: int
+
+    def _hold_and_available(self, pool: Pool, tenant: str, lease: Lease) -> tuple[int, int]: ...
+
+    def _notice_victims(self, ps: Any, plan: PreemptionPlan, now: float, report: Any, *,
+                        reason: str = ...) -> list[Lease]: ...
 
 _LEAVING = frozenset({LeaseState.PREEMPTING, LeaseState.STOPPING})
 
@@ -35,7 +59,7 @@ def may_be_victim(ps: PoolState, lease: Lease) -> bool:
 
 
 def quota_wait(s: Scheduler, ps: PoolState, req: PendingRequest, lease: Lease, now: float,
-               batch: list[Aggregate], report: CycleReport) -> dict[str, Any] | None:
+               batch: list[Aggregate], report: Any) -> dict[str, Any] | None:
     """None when the request fits its tenant's quota; else why it waits, naming whose
     borrowing blocks it, and credits too when it could not pay either. An owner asking only
     for its own nominal quota has borrowers' leases noticed (reason `reclaiming_quota`,
