@@ -74,8 +74,9 @@ class Agent:
                  probe: NodeProbe, state_dir: Path, labels: dict[str, str] | None = None,
                  reserve: Reserve = _DEFAULT_RESERVE, trust_level: str = "trusted",
                  heartbeat_interval: float = 2.0, utilization_every: int = 5,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, time_slice_replicas: int = 0) -> None:
         self.link = link
+        self.time_slice_replicas = time_slice_replicas
         self.runtime = runtime
         self.node_id = node_id
         self.pool_id = pool_id
@@ -98,13 +99,44 @@ class Agent:
         self._next_beat = 0.0
         self._stopping: list[threading.Thread] = []
         self._lock = threading.RLock()
+        self._devices: dict[str, dict[str, Any]] | None = None
 
     # -- identity and capabilities ------------------------------------------------------------
 
     def capabilities(self) -> dict[str, Any]:
+        binds = getattr(self.runtime, "binds_gpus", None)
         return self.probe.capabilities(reserve=self.reserve,
                                        runtimes=self.runtime.isolation_classes(),
-                                       labels=self.labels, trust_level=self.trust_level)
+                                       labels=self.labels, trust_level=self.trust_level,
+                                       binds_gpus=bool(binds()) if binds is not None else False,
+                                       time_slice_replicas=self.time_slice_replicas)
+
+    def _own_devices(self) -> dict[str, dict[str, Any]]:
+        """This node's devices by id, as it registers them."""
+        if self._devices is None:
+            self._devices = {d["id"]: d for d in self.capabilities().get("devices", ())}
+        return self._devices
+
+    def _bind(self, a: v1.LeaseAssignment) -> tuple[tuple[str, ...], tuple[int, ...], bool]:
+        """The UUIDs and /dev minors of an order's devices, each checked to be this node's
+        own (an order is as hostile as any message); raises WorkloadError otherwise."""
+        own = self._own_devices()
+        unknown = [d for d in a.devices if d not in own]
+        if unknown:
+            raise WorkloadError(f"devices not on this node: {', '.join(unknown)}",
+                                code="device_unknown")
+        uuids: list[str] = []
+        minors: list[int] = []
+        mig = False
+        for d in a.devices:
+            dev = own[d]
+            uuid = dev["parent"] if dev.get("kind") == "replica" else dev["id"]
+            if uuid not in uuids:
+                uuids.append(uuid)
+            if dev.get("minor") is not None:
+                minors.append(int(dev["minor"]))
+            mig = mig or dev.get("kind") == "mig"
+        return tuple(uuids), tuple(sorted(set(minors))), mig
 
     def register(self) -> dict[str, Any]:
         body = v1.NodeRegistration(
@@ -224,12 +256,21 @@ class Agent:
 
     def start(self, a: v1.LeaseAssignment, received: float,
               headers: dict[str, str] | None = None) -> None:
+        try:
+            uuids, minors, mig = self._bind(a)
+        except WorkloadError as e:
+            self.stats.refused += 1
+            self._report_end(a.lease_id, a.epoch, failure=f"refused:{e.code}")
+            self._telemetry(a.pool_id, a.tenant, a.lease_id, "failure",
+                            {"reason": e.code, "phase": "admission", "message": str(e)[:500]})
+            return
         spec = WorkloadSpec(
             lease_id=a.lease_id, epoch=a.epoch, job_number=a.job_number,
             command=tuple(a.job.command), image=a.job.image, env=tuple(a.job.env.items()),
             cpu_millis=a.shape.cpu_millis, memory_mib=max(16, a.shape.memory_mib),
             max_image_size_bytes=(a.image_policy or {}).get("max_image_size_bytes"),
             gpu_count=a.shape.gpu_count, network_egress=a.shape.network.egress,
+            gpu_uuids=uuids, gpu_minors=minors, gpu_mig=mig,
             isolation=a.shape.runtime,
             checkpoint_dir=str(self.state_dir / "checkpoints" / a.lease_id),
             labels=(("computepool.tenant", a.tenant), ("computepool.pool", a.pool_id)),

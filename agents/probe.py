@@ -1,8 +1,9 @@
 """What this node really has: CPUs, memory, disk, GPUs (NVML), minus a system reserve.
 
-GPUs come from nvidia-ml-py (`pynvml`): count, model, memory, UUID, MIG mode and MIG devices —
-each MIG profile is published as its own partition shape (`gpu_partitions["1g.10gb"] = n`),
-and the GPUs carved into MIG devices are not offered whole. With no NVIDIA library on the
+GPUs come from nvidia-ml-py (`pynvml`): model, memory, UUID, minor number, PCI bus, NVLink
+peers, MIG mode and MIG devices — listed one by one as `devices` so each lease is bound to its
+own. MIG profiles (and time-slice replicas, when the operator offers them) are their own
+partition shapes, and GPUs carved up are not offered whole. With no NVIDIA library on the
 machine the node reports zero GPUs and says why once; nothing fails.
 """
 
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 
 _ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 _MIG_PROFILE = re.compile(r"(\d+g\.\d+gb)")
+NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,9 @@ class Gpu:
     memory_mib: int
     mig_enabled: bool = False
     mig_profiles: tuple[tuple[str, str], ...] = ()  # (profile, MIG device uuid)
+    minor: int | None = None  # /dev/nvidia<minor>
+    pci_bus_id: str | None = None
+    nvlink_domain: str | None = None  # GPUs joined by NVLink (directly or through NVSwitch)
 
 
 @dataclass(frozen=True)
@@ -52,10 +57,38 @@ class GpuProbe:
                 out[profile] = out.get(profile, 0) + 1
         return out
 
+    def devices(self, time_slice_replicas: int = 0) -> list[dict[str, Any]]:
+        """Every allocatable device as a GpuDeviceSpec dict: whole GPUs (or, with
+        `time_slice_replicas` > 0, that many replicas of each), and MIG instances."""
+        out: list[dict[str, Any]] = []
+        for g in self.gpus:
+            common: dict[str, Any] = {"model": g.model}
+            if g.minor is not None:
+                common["minor"] = g.minor
+            if g.mig_enabled:
+                for profile, uuid in g.mig_profiles:
+                    out.append({"id": uuid, "kind": "mig", "profile": profile,
+                                "parent": g.uuid, **common})
+                continue
+            extra: dict[str, Any] = {"memory_mib": g.memory_mib}
+            if g.nvlink_domain is not None:
+                extra["nvlink_domain"] = g.nvlink_domain
+            if g.pci_bus_id is not None:
+                extra["pci_bus_id"] = g.pci_bus_id
+            if time_slice_replicas > 0:
+                out += [{"id": f"{g.uuid}/ts{k}", "kind": "replica", "profile": "time-slice",
+                         "parent": g.uuid, **common, **extra}
+                        for k in range(time_slice_replicas)]
+            else:
+                out.append({"id": g.uuid, "kind": "gpu", **common, **extra})
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {"driver": self.driver, "note": self.note,
                 "gpus": [{"index": g.index, "uuid": g.uuid, "model": g.model,
                           "memory_mib": g.memory_mib, "mig_enabled": g.mig_enabled,
+                          "minor": g.minor, "pci_bus_id": g.pci_bus_id,
+                          "nvlink_domain": g.nvlink_domain,
                           "mig_devices": [{"profile": p, "uuid": u} for p, u in g.mig_profiles]}
                          for g in self.gpus]}
 
@@ -79,7 +112,8 @@ def probe_gpus(nvml: ModuleType | Any | None = None) -> GpuProbe:
                              "no GPUs offered")
     try:
         driver = _text(nvml.nvmlSystemGetDriverVersion())
-        gpus = []
+        gpus: list[Gpu] = []
+        handles: list[Any] = []
         for i in range(int(nvml.nvmlDeviceGetCount())):
             h = nvml.nvmlDeviceGetHandleByIndex(i)
             mem = nvml.nvmlDeviceGetMemoryInfo(h)
@@ -99,14 +133,68 @@ def probe_gpus(nvml: ModuleType | Any | None = None) -> GpuProbe:
                     m = _MIG_PROFILE.search(_text(nvml.nvmlDeviceGetName(mh)))
                     if m:
                         profiles.append((m.group(1), _text(nvml.nvmlDeviceGetUUID(mh))))
+            minor = _optional(nvml.nvmlDeviceGetMinorNumber, h)
+            pci = _optional(nvml.nvmlDeviceGetPciInfo, h)
+            bus = None if pci is None else _bus_id(pci)
             gpus.append(Gpu(index=i, uuid=_text(nvml.nvmlDeviceGetUUID(h)),
                             model=_text(nvml.nvmlDeviceGetName(h)),
                             memory_mib=int(mem.total) // (1 << 20), mig_enabled=mig_enabled,
-                            mig_profiles=tuple(profiles)))
-        return GpuProbe(gpus=tuple(gpus), driver=driver)
+                            mig_profiles=tuple(profiles), minor=None if minor is None else int(minor),
+                            pci_bus_id=bus))
+            handles.append(h)
+        return GpuProbe(gpus=_with_nvlink_domains(nvml, gpus, handles), driver=driver)
     finally:
         with contextlib.suppress(Exception):  # best effort: the probe's answer stands
             nvml.nvmlShutdown()
+
+
+def _optional(read: Any, *args: Any) -> Any:
+    """An NVML reading a GPU may not support (NVMLError_NotSupported): None then."""
+    try:
+        return read(*args)
+    except Exception:  # noqa: BLE001 - every NVMLError subclass means "not known here"
+        return None
+
+
+def _bus_id(info: Any) -> str:
+    # NVML's busId is "00000000:3B:00.0"; normalised so peers' remote ids compare equal
+    return _text(getattr(info, "busId", None) or getattr(info, "busIdLegacy", "")).upper()
+
+
+def _with_nvlink_domains(nvml: Any, gpus: list[Gpu], handles: list[Any]) -> tuple[Gpu, ...]:
+    """GPUs joined by active NVLink links — to each other, or to the same NVSwitch — form one
+    domain (connected components over PCI bus ids), named after its lowest GPU index."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    linked: set[str] = set()
+    for g, h in zip(gpus, handles, strict=True):
+        if g.pci_bus_id is None:
+            continue
+        for link in range(NVLINK_MAX_LINKS):
+            if not _optional(nvml.nvmlDeviceGetNvLinkState, h, link):
+                continue
+            info = _optional(nvml.nvmlDeviceGetNvLinkRemotePciInfo_v2, h, link)
+            remote = None if info is None else _bus_id(info)
+            if remote:
+                linked.add(g.pci_bus_id)
+                parent[find(g.pci_bus_id)] = find(remote)
+    names: dict[str, str] = {}
+    out = []
+    for g in gpus:
+        domain = None
+        if g.pci_bus_id in linked:
+            root = find(g.pci_bus_id)
+            domain = names.setdefault(root, f"nvlink-{g.index}")
+        out.append(Gpu(index=g.index, uuid=g.uuid, model=g.model, memory_mib=g.memory_mib,
+                       mig_enabled=g.mig_enabled, mig_profiles=g.mig_profiles, minor=g.minor,
+                       pci_bus_id=g.pci_bus_id, nvlink_domain=domain))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -128,16 +216,22 @@ class NodeProbe:
 
     def capabilities(self, *, reserve: Reserve, runtimes: tuple[str, ...],
                      labels: dict[str, str], trust_level: str = "trusted",
-                     network_egress: str = "none") -> dict[str, Any]:
-        """The node's NodeCapabilitiesSpec as a dict: allocatable = total − reserve."""
-        whole = self.gpus.whole()
+                     network_egress: str = "none", binds_gpus: bool = True,
+                     time_slice_replicas: int = 0) -> dict[str, Any]:
+        """The node's NodeCapabilitiesSpec as a dict: allocatable = total − reserve. A runtime
+        that cannot bind a workload to its devices (`binds_gpus` False) offers no GPU shape;
+        `time_slice_replicas` > 0 offers each whole GPU as that many time-slice replicas."""
+        gpus = self.gpus if binds_gpus else GpuProbe()
+        whole = gpus.whole()
         allocatable: dict[str, Any] = {
             "cpu_millis": max(0, self.cpu_millis - reserve.cpu_millis),
             "memory_mib": max(0, self.memory_mib - reserve.memory_mib),
             "local_disk_gib": max(0, self.local_disk_gib - reserve.local_disk_gib),
-            "gpu_count": len(whole),
+            "gpu_count": 0 if time_slice_replicas > 0 else len(whole),
         }
-        parts = self.gpus.partitions()
+        parts = gpus.partitions()
+        if time_slice_replicas > 0 and whole:
+            parts["time-slice"] = time_slice_replicas * len(whole)
         if parts:
             allocatable["gpu_partitions"] = parts
         caps: dict[str, Any] = {
@@ -152,9 +246,10 @@ class NodeProbe:
             "labels": {k: v for k, v in labels.items()
                        if k not in ("region", "zone", "failure_domain")},
         }
-        if self.gpus.gpus:
-            caps["gpu_model"] = self.gpus.gpus[0].model
-            caps["gpu_memory_gib"] = min(g.memory_mib for g in self.gpus.gpus) // 1024
+        if gpus.gpus:
+            caps["gpu_model"] = gpus.gpus[0].model
+            caps["gpu_memory_gib"] = min(g.memory_mib for g in gpus.gpus) // 1024
+            caps["devices"] = gpus.devices(time_slice_replicas)
         return caps
 
 

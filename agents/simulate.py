@@ -47,6 +47,9 @@ class SleepRuntime:
     def isolation_classes(self) -> tuple[str, ...]:
         return self.classes
 
+    def binds_gpus(self) -> bool:
+        return True  # simulated devices: the bound ids are recorded, nothing else to bind
+
     def start(self, spec: WorkloadSpec) -> WorkloadHandle:
         env = dict(spec.env)
         seconds = float(env.get("POOL_SIM_SECONDS", "0") or 0)
@@ -93,7 +96,8 @@ def _gpus(model: str, n: int, memory_gib: int, mig: tuple[str, ...] = ()) -> Gpu
     for i in range(n):
         profiles = tuple((p, f"MIG-sim-{i}-{j}") for j, p in enumerate(mig)) if mig else ()
         gpus.append(Gpu(index=i, uuid=f"GPU-sim-{i}", model=model, memory_mib=memory_gib * 1024,
-                        mig_enabled=bool(mig), mig_profiles=profiles))
+                        mig_enabled=bool(mig), mig_profiles=profiles, minor=i,
+                        nvlink_domain="nvlink-0" if n > 1 and not mig else None))
     return GpuProbe(gpus=tuple(gpus), driver="simulated")
 
 

@@ -72,6 +72,7 @@ def lease_view(lease: Lease) -> dict[str, Any]:
         "state": str(lease.state),
         "epoch": lease.epoch,
         "node_id": lease.node_id,
+        "devices": list(lease.devices),  # the node's GPU devices it holds
         "priority_class": lease.priority_class,
         "shape": lease.requested_shape.to_dict(),
         "maximum_runtime_seconds": lease.maximum_runtime_seconds,

@@ -90,6 +90,7 @@ def orders_for(event_name: str, lease: Lease, pool: Pool | None) -> list[AgentOr
             deadline_at=lease.deadline or 0.0, tenant=lease.tenant_id, pool_id=lease.pool_id,
             job_number=job.number,
             image_policy=policy.to_dict() if hasattr(policy, "to_dict") else None,
+            devices=list(getattr(lease, "devices", ())),
         )
         return [AgentOrder(node, "start", encode(assignment),
                            f"start-{lid}-{lease.epoch}-{job.number}-{job.attempts}", trace)]

@@ -60,10 +60,12 @@ from domain.policy.preemption import (
 )
 from domain.pool import Pool, TenantPolicy
 from domain.quota import QuotaBook
-from domain.resources import TRUST_LEVELS, ZERO, LeaseId, NodeId, Resources
+from domain.resources import TRUST_LEVELS, ZERO, LeaseId, NodeId, Resources, Shape
 from projections.views import EventDecoder
 
 log = logging.getLogger(__name__)
+
+Placed = tuple[LeaseId, Resources, tuple[str, ...]]  # a placement on a node: lease, amount, devices
 
 # States of a victim on its way out that still hold its node's capacity.
 _LEAVING = frozenset(
@@ -512,7 +514,7 @@ class Scheduler:
         batch: list[Aggregate] = []
         # node id → the placements on it not yet recorded: one node event per node per batch
         # (`Node.allocate_many`), written when the batch closes, not one event per placement
-        allocs: dict[str, list[tuple[LeaseId, Resources]]] = {}
+        allocs: dict[str, list[tuple[LeaseId, Resources, tuple[str, ...]]]] = {}
         unplaced: list[PendingRequest] = []
         examined = 0
         # (isolation, tenant) → the node trust levels the pool's image policy allows it
@@ -593,21 +595,28 @@ class Scheduler:
                                  "hold_microcredits": hold, "available_microcredits": available},
                            unplaced)
                 continue
+            devices = self._devices_for(node_id, shape, allocs)
+            if devices is None:
+                self._wait(req, {"tenant": [R.WAITING_FOR_CAPACITY],
+                                 "devices": f"too few free GPU devices of node {node_id} fit"},
+                           unplaced)
+                continue
             restart = lease.restarts_on_placement
             epoch = lease.reserve(
                 now,
                 node_id=NodeId(node_id),
                 commit_timeout_seconds=cfg.commit_timeout_seconds,
                 hold_microcredits=hold,
+                devices=devices,
             )
             if restart and restart_job(self, ps, lease, node_id, now):
                 heapq.heappush(self._deadlines, (lease.next_due_at() or now, req.lease_id))
             lid = LeaseId(req.lease_id)
             on_node = allocs.get(node_id)
             if on_node is None:
-                allocs[node_id] = [(lid, res)]
+                allocs[node_id] = [(lid, res, devices)]
             else:
-                on_node.append((lid, res))
+                on_node.append((lid, res, devices))
             batch.append(lease)
             if hold:
                 # recorded when the batch closes, with the tenant's other holds of the batch,
@@ -679,7 +688,7 @@ class Scheduler:
         if reserved is not None:
             why["queue"]["reserved_node_id"] = reserved.node_id
 
-    def _close_batch(self, batch: list[Aggregate], allocs: dict[str, list[tuple[LeaseId, Resources]]],
+    def _close_batch(self, batch: list[Aggregate], allocs: dict[str, list[Placed]],
                      now: float, report: CycleReport) -> None:
         """Record each node's placements of this batch as one event on the node, and each
         tenant's credit holds as one event on its account, then send the batch
@@ -782,6 +791,16 @@ class Scheduler:
                                                         "pool.pool_id": str(lease.pool_id),
                                                         "pool.saved": saved})
             span.end()
+
+    def _devices_for(self, node_id: str, shape: Shape, allocs: dict[str, list[Placed]]
+                     ) -> tuple[str, ...] | None:
+        """The node's GPU devices for this placement (domain.devices), past those of this
+        batch's placements on it not yet recorded; () when it binds none."""
+        node = self.aggregates.get(_node_uuid(node_id))
+        if not isinstance(node, Node) or not node.capabilities.devices:
+            return ()
+        pending = [d for item in allocs.get(node_id, ()) for d in item[2]]
+        return node.choose_devices(shape, pending)
 
     def _hold_and_available(self, pool: Pool, tenant: str, lease: Lease) -> tuple[int, int]:
         """The credit hold the lease needs in this pool, and what its tenant has available."""

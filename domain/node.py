@@ -11,14 +11,14 @@ ready;  any ─mark_lost→ lost ─reregister→ ready.  Only a ready node acce
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
 
-from domain.devices import allocation_problems
+from domain.devices import allocation_problems, choose_devices
 from domain.errors import (
     AlreadyAllocated,
     DeviceUnavailable,
@@ -30,7 +30,7 @@ from domain.errors import (
     UnknownAllocation,
 )
 from domain.fold import trigger
-from domain.resources import ZERO, LeaseId, NodeCapabilities, NodeId, PoolId, Resources
+from domain.resources import ZERO, LeaseId, NodeCapabilities, NodeId, PoolId, Resources, Shape
 
 _NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:node")
 
@@ -140,6 +140,15 @@ class Node(Aggregate):
     def held_devices(self) -> dict[str, LeaseId]:
         """Device id → the lease holding it."""
         return dict(self._device_holder)
+
+    def choose_devices(self, shape: Shape, also_held: Collection[str] = ()
+                       ) -> tuple[str, ...] | None:
+        """The best-fit devices for a lease of `shape` (domain.devices.choose_devices) among
+        those no lease holds nor `also_held` names (placements not yet recorded)."""
+        held: Collection[str] = self._device_holder
+        if also_held:
+            held = set(self._device_holder) | set(also_held)
+        return choose_devices(self.capabilities.devices, held, shape)
 
     def holds_device(self, device_id: str) -> bool:
         return device_id in self._device_holder

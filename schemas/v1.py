@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from domain.devices import Device, inventory_problems
 from domain.resources import (
     NodeCapabilities,
     Resources,
@@ -118,6 +119,11 @@ CpuMillis = Annotated[int, Meta(ge=0, le=MAX_CPU_MILLIS, description="1000 = one
 MemoryMib = Annotated[int, Meta(ge=0, le=MAX_MEMORY_MIB)]
 GpuCount = Annotated[int, Meta(ge=0, le=MAX_GPU_COUNT)]
 GpuMemoryGib = Annotated[int, Meta(ge=0, le=MAX_GPU_MEMORY_GIB)]
+# a GPU or MIG UUID as NVML spells it, or "<gpu uuid>/ts<k>" for a time-slice replica
+DeviceId = Annotated[
+    str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9:._/-]{0,127}(?!\n)$", max_length=128)
+]
+MAX_DEVICES = 1024  # MIG instances and replicas included
 LocalDiskGib = Annotated[int, Meta(ge=0, le=MAX_LOCAL_DISK_GIB)]
 BandwidthMbps = Annotated[int, Meta(ge=0, le=MAX_BANDWIDTH_MBPS)]
 RuntimeSeconds = Annotated[int, Meta(ge=1, le=MAX_RUNTIME_SECONDS)]
@@ -490,6 +496,33 @@ class CohortConfig(_Command, frozen=True, kw_only=True):
     reclaim: Literal["any", "never"] = "any"
 
 
+class GpuDeviceSpec(_Part, frozen=True, kw_only=True):
+    """One GPU device a node offers: a whole GPU, a MIG instance or a time-slice replica."""
+
+    id: DeviceId
+    kind: Literal["gpu", "mig", "replica"] = "gpu"
+    model: GpuModel | None = None
+    memory_mib: MemoryMib = 0
+    profile: PartitionProfile | None = None  # MIG profile, or "time-slice" for a replica
+    parent: DeviceId | None = None  # the GPU a MIG instance or replica is carved from
+    minor: Annotated[int, Meta(ge=0, le=4095)] | None = None  # /dev/nvidia<minor>
+    nvlink_domain: LabelValue | None = None
+    pci_bus_id: Annotated[str, Meta(pattern=r"^[0-9A-Fa-f:.]{1,32}(?!\n)$")] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind != "gpu" and (self.profile is None or self.parent is None):
+            raise ValueError(f"a {self.kind} device needs its profile and parent GPU")
+        if self.kind == "replica" and self.profile != "time-slice":
+            raise ValueError("a replica's profile is time-slice")
+        if self.kind == "mig" and self.profile == "time-slice":
+            raise ValueError("a MIG device's profile is a MIG profile")
+
+    def to_domain(self) -> Device:
+        return Device(id=self.id, kind=self.kind, model=self.model, memory_mib=self.memory_mib,
+                      profile=self.profile, parent=self.parent, minor=self.minor,
+                      nvlink_domain=self.nvlink_domain, pci_bus_id=self.pci_bus_id)
+
+
 class NodeCapabilitiesSpec(_Part, frozen=True, kw_only=True):
     """What a node offers: allocatable capacity (after system reserve) and its traits."""
 
@@ -508,6 +541,16 @@ class NodeCapabilitiesSpec(_Part, frozen=True, kw_only=True):
     trust_level: TrustLevel = "trusted"
     labels: Annotated[dict[LabelKey, LabelValue], Meta(max_length=64)] = {}
     image_cache: Annotated[list[ImageRef], Meta(max_length=1024)] = []
+    # the concrete devices behind gpu_count and gpu_partitions: when listed, one per GPU and
+    # partition offered, and every GPU lease on the node is bound to its own
+    devices: Annotated[list[GpuDeviceSpec], Meta(max_length=MAX_DEVICES)] = []
+
+    def __post_init__(self) -> None:
+        if self.devices:
+            problems = inventory_problems([d.to_domain() for d in self.devices],
+                                          self.allocatable.to_domain())
+            if problems:
+                raise ValueError("devices disagree with allocatable: " + "; ".join(problems))
 
     def to_domain(self) -> NodeCapabilities:
         return NodeCapabilities(
@@ -524,6 +567,7 @@ class NodeCapabilitiesSpec(_Part, frozen=True, kw_only=True):
             trust_level=self.trust_level,
             labels=tuple(sorted(self.labels.items())),
             image_cache=tuple(self.image_cache),
+            devices=tuple(d.to_domain() for d in self.devices),
         )
 
 
@@ -661,6 +705,8 @@ class LeaseAssignment(_Command, frozen=True, kw_only=True):
     job_number: Annotated[int, Meta(ge=1, le=2**31)] = 1
     # the pool's image policy in force, so the agent checks the image again before start
     image_policy: Annotated[dict[str, Any], Meta(max_length=64)] | None = None
+    # the node's GPU devices this lease holds: the workload sees these and no other
+    devices: Annotated[list[DeviceId], Meta(max_length=MAX_GPU_COUNT)] = []
 
 
 class LeaseRevocation(_Command, frozen=True, kw_only=True):

@@ -3,7 +3,8 @@
 It is not NVML: it answers the few NVML calls the agent's probe makes, from a fixed table of
 two GPUs (one whole, one in MIG mode with three MIG devices), with NVML's return shapes. The
 probe runs against the real `pynvml` whenever a GPU is present; this only exercises the code
-paths on a machine that has none.
+paths on a machine that has none. `Board` is the same stand-in for an NVLink board of several
+GPUs (an HGX-like machine), with NVSwitch links.
 """
 
 from __future__ import annotations
@@ -25,12 +26,21 @@ class _Device:
     memory: int
     mig: bool = False
     children: tuple[_Device, ...] = ()
+    minor: int = 0
+    bus_id: str = ""
+    links: tuple[str, ...] = ()  # remote PCI bus ids of its active NVLink links
+
+
+@dataclass
+class _PciInfo:
+    busId: str  # NVML spells it so
 
 
 GIB = 1 << 30
 DEVICES = (
-    _Device("NVIDIA L4", "GPU-standin-0000", 24 * GIB),
-    _Device("NVIDIA A100-SXM4-80GB", "GPU-standin-0001", 80 * GIB, mig=True, children=(
+    _Device("NVIDIA L4", "GPU-standin-0000", 24 * GIB, minor=0, bus_id="00000000:17:00.0"),
+    _Device("NVIDIA A100-SXM4-80GB", "GPU-standin-0001", 80 * GIB, minor=1,
+            bus_id="00000000:65:00.0", mig=True, children=(
         _Device("NVIDIA A100-SXM4-80GB MIG 3g.40gb", "MIG-standin-a", 40 * GIB),
         _Device("NVIDIA A100-SXM4-80GB MIG 1g.10gb", "MIG-standin-b", 10 * GIB),
         _Device("NVIDIA A100-SXM4-80GB MIG 1g.10gb", "MIG-standin-c", 10 * GIB),
@@ -91,3 +101,65 @@ def nvmlDeviceGetMigDeviceHandleByIndex(h: _Device, j: int) -> _Device:
     if j >= len(h.children):
         raise NVMLError("Not Found")
     return h.children[j]
+
+
+def nvmlDeviceGetMinorNumber(h: _Device) -> int:
+    return h.minor
+
+
+def nvmlDeviceGetPciInfo(h: _Device) -> _PciInfo:
+    return _PciInfo(busId=h.bus_id)
+
+
+def nvmlDeviceGetNvLinkState(h: _Device, link: int) -> int:
+    if not h.links:
+        raise NVMLError("Not Supported")
+    return 1 if link < len(h.links) else 0
+
+
+def nvmlDeviceGetNvLinkRemotePciInfo_v2(h: _Device, link: int) -> _PciInfo:
+    if link >= len(h.links):
+        raise NVMLError("Invalid Argument")
+    return _PciInfo(busId=h.links[link])
+
+
+class Board:
+    """The stand-in for a machine of `n` GPUs of one model in NVLink groups of `per_switch`,
+    each group on its own NVSwitch (two links per GPU), answering as the module does."""
+
+    NVMLError = NVMLError
+
+    def __init__(self, n: int = 8, *, per_switch: int = 8, model: str = "NVIDIA H100 80GB HBM3",
+                 memory_gib: int = 80) -> None:
+        self.devices = tuple(
+            _Device(model, f"GPU-board-{i:04d}", memory_gib * GIB, minor=i,
+                    bus_id=f"00000000:{0x18 + i:02X}:00.0",
+                    links=(f"00000000:F{i // per_switch}:00.0",) * 2)
+            for i in range(n))
+        self.initialised = 0
+
+    def nvmlInit(self) -> None:
+        self.initialised += 1
+
+    def nvmlShutdown(self) -> None:
+        self.initialised -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "standin-1.0"
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> _Device:
+        return self.devices[i]
+
+    nvmlDeviceGetName = staticmethod(nvmlDeviceGetName)
+    nvmlDeviceGetUUID = staticmethod(nvmlDeviceGetUUID)
+    nvmlDeviceGetMemoryInfo = staticmethod(nvmlDeviceGetMemoryInfo)
+    nvmlDeviceGetMinorNumber = staticmethod(nvmlDeviceGetMinorNumber)
+    nvmlDeviceGetPciInfo = staticmethod(nvmlDeviceGetPciInfo)
+    nvmlDeviceGetNvLinkState = staticmethod(nvmlDeviceGetNvLinkState)
+    nvmlDeviceGetNvLinkRemotePciInfo_v2 = staticmethod(nvmlDeviceGetNvLinkRemotePciInfo_v2)
+
+    def nvmlDeviceGetMigMode(self, h: _Device) -> tuple[int, int]:
+        return (0, 0)

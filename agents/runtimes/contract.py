@@ -47,7 +47,9 @@ class WorkloadSpec:
     memory_mib: int = 256
     pids_limit: int = 256
     gpu_count: int = 0
-    gpu_uuids: tuple[str, ...] = ()
+    gpu_uuids: tuple[str, ...] = ()  # the GPU / MIG UUIDs of the lease's devices, and no other
+    gpu_minors: tuple[int, ...] = ()  # their GPUs' /dev/nvidia<minor> (a MIG's parent's)
+    gpu_mig: bool = False  # MIG instances: the MIG capability devices are needed too
     network_egress: str = "none"  # "none" unless the shape asks for egress
     isolation: str = "sandboxed"  # the runtime class the lease needs
     checkpoint_dir: str | None = None  # told to the workload through POOL_CHECKPOINT_DIR
@@ -92,6 +94,11 @@ class Runtime(Protocol):
 
     def isolation_classes(self) -> tuple[str, ...]:
         """The runtime classes this runtime really provides here (probed, not assumed)."""
+        ...
+
+    def binds_gpus(self) -> bool:
+        """Whether a workload here can be given exactly its own GPU devices and no other: a
+        runtime that cannot does not offer GPU shapes at all."""
         ...
 
     def start(self, spec: WorkloadSpec) -> WorkloadHandle:

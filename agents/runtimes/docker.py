@@ -79,9 +79,11 @@ def container_options(spec: WorkloadSpec, *, oci_runtime: str,
     device_requests = []
     if spec.gpu_count > 0:
         if spec.gpu_uuids:
+            # exactly the lease's own devices; the toolkit's hook reads NVIDIA_VISIBLE_DEVICES
             device_requests.append(DeviceRequest(device_ids=list(spec.gpu_uuids),
                                                  capabilities=[["gpu"]]))
-        else:
+            env["NVIDIA_VISIBLE_DEVICES"] = ",".join(spec.gpu_uuids)
+        else:  # a node registered before device inventories: counted only
             device_requests.append(DeviceRequest(count=spec.gpu_count, capabilities=[["gpu"]]))
     memory = spec.memory_mib * 1024 * 1024
     return {
@@ -164,6 +166,16 @@ class DockerRuntime:
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
             return f"the Docker engine does not answer: {e}"
         return None
+
+    def binds_gpus(self) -> bool:
+        """GPUs by UUID need the NVIDIA container toolkit registered with the engine."""
+        if self.available() is not None:
+            return False
+        try:
+            runtimes = self.client.info().get("Runtimes") or {}
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
+            return False
+        return "nvidia" in runtimes
 
     def isolation_classes(self) -> tuple[str, ...]:
         if self._classes is None:

@@ -30,6 +30,9 @@ from agents.runtimes.contract import (
 _SUPERVISOR = 'trap : TERM INT HUP; "$@"; rc=$?; echo $rc > "$POOL_EXIT_FILE.tmp"; ' \
               'mv "$POOL_EXIT_FILE.tmp" "$POOL_EXIT_FILE"'
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# what every CUDA process needs besides its GPUs' own /dev/nvidia<minor>
+GPU_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+DEV = Path("/dev")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -70,6 +73,35 @@ def _group_pids(pgid: int, *, workload_only: bool = False) -> list[int]:
     return out
 
 
+def gpu_sandbox_args(spec: WorkloadSpec, dev: Path = DEV) -> list[str]:
+    """bwrap arguments that give the workload its own GPUs and no other: their /dev/nvidia<minor>
+    nodes, the driver's control devices (and MIG capabilities for MIG instances), and
+    CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES naming its devices' UUIDs. The sandbox's
+    own /dev (`--dev`) holds no GPU node, so nothing else is reachable."""
+    if spec.gpu_count <= 0:
+        return []
+    if not spec.gpu_uuids or not spec.gpu_minors:
+        raise WorkloadError("a GPU lease reached the process runtime without its devices",
+                            code="devices_unbound")
+    args: list[str] = []
+    missing = []
+    nodes = [f"nvidia{m}" for m in sorted(set(spec.gpu_minors))] + list(GPU_CONTROL_DEVICES)
+    if spec.gpu_mig:
+        nodes.append("nvidia-caps")
+    for name in nodes:
+        path = dev / name
+        if path.exists():
+            args += ["--dev-bind", str(path), f"/dev/{name}"]
+        elif name.startswith("nvidia") and name[6:].isdigit() or name == "nvidiactl":
+            missing.append(str(path))
+    if missing:
+        raise WorkloadError(f"GPU device nodes missing on this machine: {', '.join(missing)}",
+                            code="device_missing")
+    visible = ",".join(spec.gpu_uuids)
+    return args + ["--setenv", "CUDA_VISIBLE_DEVICES", visible,
+                   "--setenv", "NVIDIA_VISIBLE_DEVICES", visible]
+
+
 class ProcessRuntime:
     """Runs workloads as sandboxed processes; state (pid and exit files) under `state_dir`."""
 
@@ -96,6 +128,11 @@ class ProcessRuntime:
         if r.returncode != 0:
             return f"bwrap cannot create a sandbox here: {r.stderr.decode(errors='replace').strip()}"
         return None
+
+    def binds_gpus(self) -> bool:
+        """A sandbox sees only the /dev nodes bound into it: GPUs can be given one by one
+        wherever the NVIDIA driver's control device exists and a sandbox can start."""
+        return (DEV / "nvidiactl").exists() and bool(self.isolation_classes())
 
     def isolation_classes(self) -> tuple[str, ...]:
         if self._classes is None:  # probed once: starting a sandbox costs a few milliseconds
@@ -139,7 +176,8 @@ class ProcessRuntime:
         if spec.checkpoint_dir is not None:
             Path(spec.checkpoint_dir).mkdir(parents=True, exist_ok=True)
             os.chmod(spec.checkpoint_dir, 0o777)  # the sandbox's uid 65534 writes there
-        argv = [self.bwrap, *self._sandbox_args(spec.checkpoint_dir, spec.network_egress)]
+        argv = [self.bwrap, *self._sandbox_args(spec.checkpoint_dir, spec.network_egress),
+                *gpu_sandbox_args(spec)]
         for k, v in spec.env:
             argv += ["--setenv", k, v]
         argv += ["--setenv", "POOL_LEASE_ID", spec.lease_id, "--", *spec.command]

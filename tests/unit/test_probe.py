@@ -47,3 +47,52 @@ def test_gpus_and_mig_partitions_come_from_nvml_as_distinct_shapes() -> None:
     assert caps["allocatable"]["gpu_partitions"] == {"3g.40gb": 1, "1g.10gb": 2}
     spec = msgspec.convert(caps, v1.NodeCapabilitiesSpec)
     assert spec.to_domain().allocatable.gpu_count == 1
+
+
+def test_the_probe_lists_each_gpu_and_mig_instance_as_a_device_the_schema_accepts() -> None:
+    g = probe_gpus(nvml_standin)
+    caps = NodeProbe(8000, "amd64", 65536, 100, g).capabilities(
+        reserve=Reserve(0, 0, 0), runtimes=("container",), labels={})
+    devices = {d["id"]: d for d in caps["devices"]}
+    assert devices["GPU-standin-0000"]["minor"] == 0
+    assert devices["GPU-standin-0000"]["pci_bus_id"] == "00000000:17:00.0"
+    assert devices["MIG-standin-b"]["profile"] == "1g.10gb"
+    assert devices["MIG-standin-b"]["parent"] == "GPU-standin-0001"
+    assert "GPU-standin-0001" not in devices  # carved into MIG: not offered whole
+    spec = msgspec.convert(caps, v1.NodeCapabilitiesSpec)
+    assert len(spec.to_domain().devices) == 4
+
+
+def test_gpus_on_one_nvswitch_share_an_nvlink_domain() -> None:
+    board = nvml_standin.Board(8, per_switch=4)
+    g = probe_gpus(board)
+    assert board.initialised == 0
+    assert [x.nvlink_domain for x in g.gpus] == ["nvlink-0"] * 4 + ["nvlink-4"] * 4
+    # a machine whose GPUs have no NVLink (the L4 stand-in) names no domain
+    assert probe_gpus(nvml_standin).gpus[0].nvlink_domain is None
+
+
+def test_time_slice_replicas_replace_whole_gpus_and_a_runtime_that_cannot_bind_offers_none() -> None:
+    g = probe_gpus(nvml_standin.Board(2))
+    p = NodeProbe(8000, "amd64", 65536, 100, g)
+    ts = p.capabilities(reserve=Reserve(0, 0, 0), runtimes=("container",), labels={},
+                        time_slice_replicas=3)
+    assert ts["allocatable"]["gpu_count"] == 0
+    assert ts["allocatable"]["gpu_partitions"] == {"time-slice": 6}
+    assert [d["id"] for d in ts["devices"]][:2] == ["GPU-board-0000/ts0", "GPU-board-0000/ts1"]
+    msgspec.convert(ts, v1.NodeCapabilitiesSpec)
+    none = p.capabilities(reserve=Reserve(0, 0, 0), runtimes=("container",), labels={},
+                          binds_gpus=False)
+    assert none["allocatable"]["gpu_count"] == 0 and "devices" not in none
+
+
+def test_a_device_list_that_disagrees_with_the_offered_gpus_is_refused() -> None:
+    caps = NodeProbe(8000, "amd64", 65536, 100, probe_gpus(nvml_standin.Board(2))).capabilities(
+        reserve=Reserve(0, 0, 0), runtimes=("container",), labels={})
+    caps["devices"] = caps["devices"][:1]  # two GPUs offered, one listed
+    try:
+        msgspec.convert(caps, v1.NodeCapabilitiesSpec)
+    except msgspec.ValidationError as e:
+        assert "devices disagree" in str(e)
+    else:
+        raise AssertionError("accepted")

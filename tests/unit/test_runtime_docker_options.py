@@ -70,6 +70,7 @@ def test_gpus_are_requested_by_uuid_and_egress_gets_a_network() -> None:
     assert o["device_requests"] == [DeviceRequest(device_ids=["GPU-a", "GPU-b"],
                                                   capabilities=[["gpu"]])]
     assert o["network_mode"] == "bridge"
+    assert o["environment"]["NVIDIA_VISIBLE_DEVICES"] == "GPU-a,GPU-b"
     by_count = container_options(spec(gpu_count=1), oci_runtime="runc")["device_requests"]
     assert by_count == [DeviceRequest(count=1, capabilities=[["gpu"]])]
 
