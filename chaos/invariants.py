@@ -44,50 +44,94 @@ class PlacementReport:
     """What a replay of node capacity found: overcommits and leases held twice at once."""
 
     placements: int = 0
+    device_placements: int = 0  # placements bound to GPU devices
     over_allocations: list[str] = field(default_factory=list)
     double_holds: list[str] = field(default_factory=list)
+    # a GPU device held by two leases at once, and devices a lease holds that are not its node's
+    device_conflicts: list[str] = field(default_factory=list)
+    foreign_devices: list[str] = field(default_factory=list)
 
     @property
     def double_placements(self) -> int:
-        return len(self.over_allocations) + len(self.double_holds)
+        return len(self.over_allocations) + len(self.double_holds) + len(self.device_conflicts)
+
+    @property
+    def device_violations(self) -> int:
+        return len(self.device_conflicts) + len(self.foreign_devices)
 
 
 def check_placements(app: Any) -> PlacementReport:
-    """Fold the whole log: at every event, each node's leases must fit in its allocatable, and
-    no lease may hold capacity on two nodes (or twice on one) at the same time."""
+    """Fold the whole log: at every event, each node's leases must fit in its allocatable, no
+    lease may hold capacity on two nodes (or twice on one) at the same time, no GPU device may
+    be held by two leases, and every device a lease holds or is reserved must be its node's."""
     report = PlacementReport()
     allocatable: dict[UUID, Resources] = {}
+    inventory: dict[str, set[str]] = {}  # node id (the agent's) → its device ids
+    node_name: dict[UUID, str] = {}
     held: dict[UUID, dict[str, Resources]] = defaultdict(dict)
     holder: dict[str, UUID] = {}
+    device_holder: dict[UUID, dict[str, str]] = defaultdict(dict)  # node → device → lease
+    devices_of: dict[str, tuple[str, ...]] = {}
     for n in notifications(app):
         name = event_name(n.topic)
         if name in ("NodeRegistered", "NodeReregistered"):
             ev = app.mapper.to_domain_event(n)
-            allocatable[ev.originator_id] = Resources.from_dict(ev.capabilities["allocatable"])
+            caps = ev.capabilities
+            allocatable[ev.originator_id] = Resources.from_dict(caps["allocatable"])
+            if name == "NodeRegistered":
+                node_name[ev.originator_id] = str(ev.node_id)
+            if ev.originator_id in node_name:
+                inventory[node_name[ev.originator_id]] = {
+                    str(d["id"]) for d in caps.get("devices", ())}
         elif name in ("CapacityAllocated", "CapacityAllocatedBatch"):
             ev = app.mapper.to_domain_event(n)
             node = ev.originator_id
             # one lease, or several placed on the node in one scheduler batch: each in turn
-            items = ([(ev.lease_id, ev.resources)] if name == "CapacityAllocated"
-                     else ev.allocations)
-            for lease_id, resources in items:
-                lease = str(lease_id)
+            items = ([[ev.lease_id, ev.resources, getattr(ev, "devices", None) or []]]
+                     if name == "CapacityAllocated" else ev.allocations)
+            for item in items:
+                lease = str(item[0])
                 report.placements += 1
                 if lease in holder:
                     report.double_holds.append(
                         f"lease {lease} allocated on node {node} at {n.id} while held on "
                         f"node {holder[lease]}")
                 holder[lease] = node
-                held[node][lease] = Resources.from_dict(resources)
+                held[node][lease] = Resources.from_dict(item[1])
                 total = sum(held[node].values(), Resources())
                 if node not in allocatable or not total.fits_in(allocatable[node]):
                     report.over_allocations.append(f"node {node} over-allocated at {n.id}")
+                devices = tuple(str(d) for d in (item[2] if len(item) > 2 else None) or ())
+                report.device_placements += bool(devices)
+                own = inventory.get(node_name.get(node, ""), set())
+                for d in devices:
+                    other = device_holder[node].get(d)
+                    if other is not None and other != lease:
+                        report.device_conflicts.append(
+                            f"device {d} of node {node} given to lease {lease} at {n.id} while "
+                            f"lease {other} holds it")
+                    device_holder[node][d] = lease
+                    if d not in own:
+                        report.foreign_devices.append(
+                            f"lease {lease} holds device {d}, not on node {node} (at {n.id})")
+                devices_of[lease] = devices
         elif name == "CapacityFreed":
             ev = app.mapper.to_domain_event(n)
             lease = str(ev.lease_id)
             held[ev.originator_id].pop(lease, None)
+            for d in devices_of.pop(lease, ()):
+                if device_holder[ev.originator_id].get(d) == lease:
+                    del device_holder[ev.originator_id][d]
             if holder.get(lease) == ev.originator_id:
                 del holder[lease]
+        elif name == "LeaseReserved":
+            st = state_of(n)
+            own = inventory.get(str(st.get("node_id")), set())
+            for d in st.get("devices") or ():
+                if d not in own:
+                    report.foreign_devices.append(
+                        f"lease {n.originator_id} reserved device {d}, not on node "
+                        f"{st.get('node_id')} (at {n.id})")
     return report
 
 

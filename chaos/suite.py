@@ -292,22 +292,32 @@ class Workspace:
 
 
 def node_body(node_id: str, pool: str = "p1", *, cpu_millis: int = 4000,
-              memory_mib: int = 8192) -> dict[str, Any]:
-    return {"node_id": node_id, "pool_id": pool, "capabilities": {
-        "allocatable": {"cpu_millis": cpu_millis, "memory_mib": memory_mib, "gpu_count": 0,
+              memory_mib: int = 8192, gpus: int = 0) -> dict[str, Any]:
+    """A node's registration; `gpus` > 0 lists that many GPU devices (two NVLink pairs…)."""
+    caps: dict[str, Any] = {
+        "allocatable": {"cpu_millis": cpu_millis, "memory_mib": memory_mib, "gpu_count": gpus,
                         "local_disk_gib": 100},
-        "zone": "z1", "failure_domain": "z1", "gpu_memory_gib": 0}}
+        "zone": "z1", "failure_domain": "z1", "gpu_memory_gib": 80 if gpus else 0}
+    if gpus:
+        caps["gpu_model"] = "NVIDIA A100 80GB"
+        caps["devices"] = [{"id": f"GPU-{node_id}-{k}", "model": "NVIDIA A100 80GB",
+                            "memory_mib": 80 * 1024, "minor": k, "nvlink_domain": f"nv{k // 2}"}
+                           for k in range(gpus)]
+    return {"node_id": node_id, "pool_id": pool, "capabilities": caps}
 
 
 def lease_body(key: str, pool: str = "p1", *, cpu_millis: int = 1000,
-               memory_mib: int = 1024) -> dict[str, Any]:
-    return {"pool_id": pool, "shape": {"cpu_millis": cpu_millis, "memory_mib": memory_mib},
+               memory_mib: int = 1024, gpu_count: int = 0) -> dict[str, Any]:
+    shape: dict[str, Any] = {"cpu_millis": cpu_millis, "memory_mib": memory_mib}
+    if gpu_count:
+        shape["gpu_count"] = gpu_count
+    return {"pool_id": pool, "shape": shape,
             "maximum_runtime_seconds": 600, "idempotency_key": key,
             "priority_class": "standard"}
 
 
 def setup_pool(admin: Any, tenants: list[str], *, nodes: int = 0, pool: str = "p1",
-               **config: Any) -> None:
+               gpus: int = 0, **config: Any) -> None:
     """A pool whose nodes never time out (they have no agents), tenants with ample credit."""
     cfg = {"pool_id": pool, "priority_classes": {"standard": 10},
            "node_timeout_seconds": 86_400, "heartbeat_timeout_seconds": 3600,
@@ -324,7 +334,7 @@ def setup_pool(admin: Any, tenants: list[str], *, nodes: int = 0, pool: str = "p
         admin_call("credits.grant", {"tenant": t, "amount_microcredits": 10**14,
                                      "transfer_id": f"initial-{t}"})
     for i in range(nodes):
-        admin_call("node.register", node_body(f"n{i}", pool))
+        admin_call("node.register", node_body(f"n{i}", pool, gpus=gpus))
 
 
 def _must(reply: dict[str, Any]) -> dict[str, Any]:
@@ -357,7 +367,8 @@ def scenario_scheduler_failover(ws: Workspace, size: dict[str, Any], o: Outcome)
     serves = [ws.serve(url, name="sched", leader_ttl=ttl) for _ in range(2)]
     admin = ws.client(url)
     tenants = ["alpha", "beta"]
-    setup_pool(admin, tenants, nodes=int(size["nodes"]))
+    # GPU nodes: the replay also checks that no device is ever held by two leases at once
+    setup_pool(admin, tenants, nodes=int(size["nodes"]), gpus=4)
     log = ws.log_reader(url)
     observer = LeaderElection(url, name="scheduler", holder_id="chaos-observer", ttl_seconds=ttl)
     stop = threading.Event()
@@ -371,7 +382,8 @@ def scenario_scheduler_failover(ws: Workspace, size: dict[str, Any], o: Outcome)
         while not stop.is_set():
             t = tenants[i % 2]
             key = f"k{i}"
-            body = lease_body(key, cpu_millis=rng.choice((500, 1000, 1500, 2000)))
+            body = lease_body(key, cpu_millis=rng.choice((500, 1000, 1500, 2000)),
+                              gpu_count=rng.choice((0, 0, 1, 2)))
             for _attempt in range(5):  # a killed process drops what it was answering: retry
                 try:
                     r = clients[t].request_lease(body)
@@ -472,13 +484,16 @@ def scenario_scheduler_failover(ws: Workspace, size: dict[str, Any], o: Outcome)
         p.stop()
     report = check_placements(log)
     o.figures.update(kills=len(takeovers), placements=report.placements,
-                     leader_ttl_s=ttl, takeover_p50_s=round(percentile(takeovers, 50), 2),
+                     device_placements=report.device_placements, leader_ttl_s=ttl, takeover_p50_s=round(percentile(takeovers, 50), 2),
                      takeover_p99_s=round(percentile(takeovers, 99), 2))
     o.zero("double_placements", report.double_placements,
-           "; ".join((report.over_allocations + report.double_holds)[:2]))
+           "; ".join((report.over_allocations + report.double_holds
+                      + report.device_conflicts)[:2]))
+    o.zero("foreign_devices", len(report.foreign_devices), "; ".join(report.foreign_devices[:2]))
     o.expect(len(takeovers) == int(size["kills"]),
              f"{len(takeovers)} of {size['kills']} takeovers measured")
     o.expect(report.placements > 0, "nothing was placed")
+    o.expect(report.device_placements > 0, "no placement was bound to GPU devices")
 
 
 # -- 4. projector kills -----------------------------------------------------------------------------
