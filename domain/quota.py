@@ -85,7 +85,7 @@ class TenantQuota:
         """The part of its nominal in `dim` it never lends."""
         nominal = self.nominal_of(dim) or 0
         lend = None if self.lend_limit is None else dict(self.lend_limit).get(dim)
-        return nominal if lend is None else max(0, nominal - min(lend, nominal))
+        return 0 if lend is None else max(0, nominal - min(lend, nominal))
 
     def lendable(self, dim: str) -> int:
         return (self.nominal_of(dim) or 0) - self.guaranteed(dim)
@@ -234,7 +234,8 @@ class QuotaBook:
 def holding_past_limits(book: QuotaBook, usage: Mapping[str, Resources],
                         tenants: Iterable[str]) -> list[str]:
     """For the log replay check: each of `tenants` using more than its ceiling, and each of
-    their cohorts lending more than it can, as sentences (empty: within quota)."""
+    their cohorts with more in use of its shared quota than it has, as sentences (empty:
+    within quota)."""
     found = []
     zero = Resources()
     cohorts: set[str] = set()
@@ -254,5 +255,5 @@ def holding_past_limits(book: QuotaBook, usage: Mapping[str, Resources],
         for dim in sorted(dims):
             lent, can = book.borrowed(c, dim, usage), book.capacity(c, dim)
             if lent > can:
-                found.append(f"cohort {c} lends {lent} {dim}, past what it has to lend {can}")
+                found.append(f"cohort {c} has {lent} {dim} in use of its shared {can}")
     return found

@@ -219,3 +219,141 @@ def test_a_request_past_the_pools_maximum_runtime_is_refused_naming_the_limit(
         assert a.request_lease(lease_body("fits", max_runtime=3600))["ok"]
     shown = admin.admin("pool.show", {"pool_id": "p1"})["result"]["config"]
     assert shown["maximum_runtime_seconds"] == 3600
+
+
+# -- cohorts -------------------------------------------------------------------------------------
+
+
+def _cohort(admin: PoolClient, *, alpha: dict[str, Any] | None = None,
+            beta: dict[str, Any] | None = None, reclaim: str = "any") -> None:
+    """Cohort "research" of alpha and beta, each with a nominal whole node of CPU."""
+    assert admin.admin("cohort.set", {"pool_id": "p1", "name": "research",
+                                      "reclaim": reclaim})["ok"]
+    for tenant, extra in (("alpha", alpha or {}), ("beta", beta or {})):
+        r = admin.admin("tenant.set", {"tenant": tenant, "pool_id": "p1", "cohort": "research",
+                                       "nominal": {"cpu_millis": WHOLE_NODE}, **extra})
+        assert r["ok"], r
+
+
+def test_a_tenant_borrows_up_to_its_borrow_limit_and_never_past_it(plane: Plane) -> None:
+    cp, admin, _clock = plane
+    setup_pool(admin, tenants={"alpha": 1.0, "beta": 1.0})
+    _cohort(admin, alpha={"borrow_limit": {"cpu_millis": 4000}})
+    _nodes(admin, "n1", "n2", "n3")
+    with PoolClient(cp.nats_url, "alpha") as a:
+        lids = [a.request_lease(lease_body(f"a{i}", cpu_millis=4000))["lease"]["lease_id"]
+                for i in range(4)]
+        assert cp.scheduler.cycle().placed == 3  # 8000 nominal + 4000 borrowed
+        waiting = [lid for lid in lids if _lease(a, lid)["state"] == "queued"]
+        assert len(waiting) == 1
+        why = _why(a, waiting[0])
+        assert why["tenant"] == ["quota_exceeded"]
+        assert why["quota"] == {"over_limit": ["cpu_millis"]}
+        assert cp.scheduler.cycle().placed == 0  # the third node stays free for beta
+
+
+def test_a_lend_limit_keeps_part_of_an_owners_quota_from_borrowers(plane: Plane) -> None:
+    cp, admin, _clock = plane
+    setup_pool(admin, tenants={"alpha": 1.0, "beta": 1.0})
+    _cohort(admin, beta={"lend_limit": {"cpu_millis": 2000}})
+    _nodes(admin, "n1", "n2", "n3")
+    with PoolClient(cp.nats_url, "alpha") as a, PoolClient(cp.nats_url, "beta") as b:
+        for i in range(6):
+            a.request_lease(lease_body(f"a{i}", cpu_millis=2000))
+        assert cp.scheduler.cycle().placed == 5  # its own 8000 and the 2000 beta lends
+        owner = b.request_lease(lease_body("b0", cpu_millis=6000))["lease"]["lease_id"]
+        assert cp.scheduler.cycle().placed == 1  # beta's kept 6000 is beta's at once
+        assert _lease(b, owner)["state"] == "reserved"
+
+
+def test_an_owner_reclaims_lent_quota_by_preempting_a_borrower_with_grace(plane: Plane) -> None:
+    cp, admin, clock = plane
+    setup_pool(admin, tenants={"alpha": 1.0, "beta": 1.0}, preemption=PREEMPTION)
+    _cohort(admin)
+    _nodes(admin, "n1", "n2")
+    with PoolClient(cp.nats_url, "alpha") as a, PoolClient(cp.nats_url, "beta") as b:
+        old, _ = _running(cp, a, "old")
+        fresh, node = _running(cp, a, "fresh", checkpointable=True)  # borrows beta's nominal
+        clock.advance(30)
+        assert a.lease(old, "heartbeat", {"epoch": 1})["ok"]
+        assert a.lease(fresh, "heartbeat", {"epoch": 1, "last_checkpoint_at": clock.now})["ok"]
+        mine = b.request_lease(lease_body("mine", cpu_millis=WHOLE_NODE))["lease"]["lease_id"]
+        report = cp.scheduler.cycle()
+        assert report.preempted == 1 and report.placed == 0
+        # the borrower's lease that loses least work goes, with the pool's grace
+        victim = _lease(a, fresh)
+        assert victim["state"] == "preempting" and _lease(a, old)["state"] == "running"
+        assert cp.app.get("alpha", fresh).stop_reason == "reclaiming_quota"
+        why = _why(b, mine)
+        assert why["tenant"] == ["quota_exceeded", "waiting_for_reclaim"]
+        assert why["quota"]["borrowed_by"] == {"alpha": {"cpu_millis": WHOLE_NODE}}
+        assert why["reclaim"] == {"victims": [fresh]}
+        # within the grace: nothing more is preempted, the owner keeps waiting
+        clock.advance(5)
+        report = cp.scheduler.cycle()
+        assert report.preempted == 0 and report.placed == 0
+        assert _lease(a, old)["state"] == "running"
+        assert _stopped(cp.nats_url, node, fresh)["ok"]
+        assert cp.scheduler.cycle().placed == 1
+        assert _lease(b, mine)["state"] == "reserved"
+        assert _lease(a, fresh)["end_reason"] == "reclaiming_quota"
+
+
+def test_an_owner_in_a_cohort_that_never_reclaims_waits_naming_the_borrower(
+        plane: Plane) -> None:
+    cp, admin, _clock = plane
+    setup_pool(admin, tenants={"alpha": 1.0, "beta": 1.0}, preemption=PREEMPTION)
+    _cohort(admin, reclaim="never")
+    _nodes(admin, "n1", "n2")
+    with PoolClient(cp.nats_url, "alpha") as a, PoolClient(cp.nats_url, "beta") as b:
+        _running(cp, a, "one")
+        _running(cp, a, "two")
+        mine = b.request_lease(lease_body("mine", cpu_millis=WHOLE_NODE))["lease"]["lease_id"]
+        assert cp.scheduler.cycle().preempted == 0
+        why = _why(b, mine)
+        assert why["tenant"] == ["quota_exceeded"]
+        assert why["quota"] == {"cohort_full": ["cpu_millis"],
+                                "borrowed_by": {"alpha": {"cpu_millis": WHOLE_NODE}}}
+
+
+def test_quota_and_credits_both_named_when_both_hold_a_request_back(plane: Plane) -> None:
+    cp, admin, _clock = plane
+    setup_pool(admin, credits=1)
+    assert admin.admin("pool.prices", {"pool_id": "p1", "cpu_core_second": 1_000_000})["ok"]
+    assert admin.admin("tenant.set", {"tenant": "alpha", "pool_id": "p1",
+                                      "quota": {"cpu_millis": 500}})["ok"]
+    _nodes(admin, "n1")
+    with PoolClient(cp.nats_url, "alpha") as a:
+        lid = a.request_lease(lease_body("both", cpu_millis=1000))["lease"]["lease_id"]
+        cp.scheduler.cycle()
+        why = _why(a, lid)
+        assert why["tenant"] == ["quota_exceeded", "insufficient_credits"]
+        assert why["hold_microcredits"] > why["available_microcredits"]
+
+
+def test_a_tenant_cannot_join_a_cohort_that_was_never_set(plane: Plane) -> None:
+    _cp, admin, _clock = plane
+    setup_pool(admin)
+    r = admin.admin("tenant.set", {"tenant": "alpha", "pool_id": "p1", "cohort": "nowhere",
+                                   "nominal": {"cpu_millis": 1}})
+    assert r["error"]["code"] == "unknown_cohort"
+
+
+def test_pool_show_prints_every_limit_in_force(plane: Plane) -> None:
+    _cp, admin, _clock = plane
+    setup_pool(admin, tenants={"alpha": 1.0, "beta": 2.0})
+    assert admin.admin("cohort.set", {"pool_id": "p1", "name": "research",
+                                      "nominal": {"gpu_count": 2}})["ok"]
+    assert admin.admin("tenant.set", {"tenant": "alpha", "pool_id": "p1", "cohort": "research",
+                                      "nominal": {"cpu_millis": 8000},
+                                      "borrow_limit": {"cpu_millis": 4000},
+                                      "lend_limit": {"cpu_millis": 1000},
+                                      "preemptible": False})["ok"]
+    quotas = admin.admin("pool.show", {"pool_id": "p1"})["result"]["quotas"]
+    assert quotas["cohorts"] == {"research": {"nominal": {"gpu_count": 2}, "reclaim": "any",
+                                              "members": ["alpha"]}}
+    assert quotas["tenants"]["alpha"] == {
+        "nominal": {"cpu_millis": 8000}, "borrow_limit": {"cpu_millis": 4000},
+        "lend_limit": {"cpu_millis": 1000}, "cohort": "research", "preemptible": False,
+        "weight": 1.0}
+    assert quotas["tenants"]["beta"]["nominal"] is None and quotas["tenants"]["beta"]["weight"] == 2.0

@@ -8,7 +8,14 @@ import pytest
 from domain.errors import InvalidConfiguration, QuotaExceeded, RuntimeLimitExceeded
 from domain.lease import JobSpec, Lease, LeaseState
 from domain.pool import Pool, PoolConfig, TenantPolicy
-from domain.quota import limits, limits_from_event
+from domain.quota import (
+    CohortQuota,
+    QuotaBook,
+    TenantQuota,
+    holding_past_limits,
+    limits,
+    limits_from_event,
+)
 from domain.resources import NodeId, PoolId, Resources, Shape, TenantId
 
 # -- limits --------------------------------------------------------------------------------------
@@ -102,3 +109,94 @@ def test_a_priority_class_named_non_preemptible_must_exist() -> None:
                       non_preemptible_classes=("gold",)).problems() == []
     assert PoolConfig(non_preemptible_classes=("gold",)).problems() == [
         "non-preemptible class 'gold' is not defined"]
+
+
+# -- cohorts -------------------------------------------------------------------------------------
+
+CPU = "cpu_millis"
+
+
+def _book(**tenants: dict[str, object]) -> QuotaBook:
+    """A cohort "c" of tenants, each given as nominal=, borrow=, lend= cpu amounts."""
+    book = QuotaBook()
+    book.set_cohort(CohortQuota("c"))
+    for name, s in tenants.items():
+        book.set_tenant(TenantQuota(
+            name, nominal=limits({CPU: s["nominal"]}),  # type: ignore[dict-item]
+            borrow_limit=None if s.get("borrow") is None else limits({CPU: s["borrow"]}),  # type: ignore[dict-item]
+            lend_limit=None if s.get("lend") is None else limits({CPU: s["lend"]}),  # type: ignore[dict-item]
+            cohort="c"))
+    return book
+
+
+def _use(**cpu: int) -> dict[str, Resources]:
+    return {t: Resources(cpu_millis=v) for t, v in cpu.items()}
+
+
+def test_a_tenant_borrows_the_cohorts_unused_quota_up_to_its_borrow_limit_never_past() -> None:
+    book = _book(a={"nominal": 4000, "borrow": 3000}, b={"nominal": 8000})
+    one = Resources(cpu_millis=1000)
+    usage = _use(a=0, b=0)
+    granted = 0
+    while book.check("a", one, usage).fits:
+        usage["a"] = usage["a"] + one
+        granted += 1
+        assert granted < 100
+    assert usage["a"].cpu_millis == 7000  # nominal 4000 + borrow limit 3000
+    verdict = book.check("a", one, usage)
+    assert verdict.over_ceiling == ("cpu_millis",) and not verdict.may_reclaim
+    assert book.borrowing("a", usage["a"]) == {CPU: 3000}
+
+
+def test_without_a_borrow_limit_a_tenant_borrows_only_what_the_cohort_has_unused() -> None:
+    book = _book(a={"nominal": 4000}, b={"nominal": 8000})
+    assert book.check("a", Resources(cpu_millis=12_000), _use()).fits
+    verdict = book.check("a", Resources(cpu_millis=1000), _use(a=6000, b=6000))
+    assert verdict.cohort_full == (CPU,) and verdict.over_ceiling == ()
+    assert verdict.borrowers == {}  # a itself is the one borrowing: no one to name
+    assert verdict.to_dict() == {"cohort_full": [CPU]}
+
+
+def test_a_lend_limit_keeps_the_rest_of_a_nominal_quota_for_its_owner() -> None:
+    book = _book(a={"nominal": 4000}, b={"nominal": 8000, "lend": 2000})
+    assert book.capacity("c", CPU) == 4000 + 2000
+    # a may use its own 4000 and borrow b's lendable 2000, never b's kept 6000
+    assert book.check("a", Resources(cpu_millis=6000), _use()).fits
+    assert not book.check("a", Resources(cpu_millis=6001), _use()).fits
+    # b keeps its 6000 whatever a borrows
+    assert book.check("b", Resources(cpu_millis=6000), _use(a=6000)).fits
+
+
+def test_an_owner_within_its_nominal_quota_may_reclaim_what_others_borrowed() -> None:
+    book = _book(a={"nominal": 4000}, b={"nominal": 4000})
+    usage = _use(a=7000, b=0)  # a borrows 3000 of b's nominal
+    verdict = book.check("b", Resources(cpu_millis=2000), usage)
+    assert verdict.cohort_full == (CPU,) and verdict.may_reclaim
+    assert verdict.borrowers == {"a": {CPU: 3000}}
+    # past its own nominal, b could only borrow: no reclaim
+    assert not book.check("b", Resources(cpu_millis=4001), usage).may_reclaim
+
+
+def test_a_cohorts_own_nominal_quota_is_lent_to_its_members() -> None:
+    book = _book(a={"nominal": 0})
+    book.set_cohort(CohortQuota("c", nominal=limits({CPU: 5000}) or ()))
+    assert book.check("a", Resources(cpu_millis=5000), _use()).fits
+    assert not book.check("a", Resources(cpu_millis=5001), _use()).fits
+
+
+def test_a_tenant_outside_any_cohort_is_held_to_its_nominal_quota() -> None:
+    book = QuotaBook()
+    book.set_tenant(TenantQuota("solo", nominal=limits({CPU: 1000})))
+    assert book.check("solo", Resources(cpu_millis=1000), _use()).fits
+    assert book.check("solo", Resources(cpu_millis=1001), _use()).over_ceiling == (CPU,)
+    assert book.check("unlimited", Resources(cpu_millis=10**9), _use()).fits
+
+
+def test_the_replay_check_names_a_tenant_past_its_limit_and_an_overdrawn_cohort() -> None:
+    book = _book(a={"nominal": 4000, "borrow": 1000}, b={"nominal": 4000})
+    assert holding_past_limits(book, _use(a=5000, b=3000), ["a", "b"]) == []
+    assert holding_past_limits(book, _use(a=5001), ["a"]) == [
+        "tenant a holds 5001 cpu_millis, past its limit 5000"]
+    # nothing is kept back (no lend limits): all 8000 is shared, and 9000 is in use
+    assert holding_past_limits(book, _use(a=5000, b=4000), ["a", "b"]) == [
+        "cohort c has 9000 cpu_millis in use of its shared 8000"]
