@@ -86,7 +86,9 @@ def print_envelope(reply: dict[str, Any], as_json: bool) -> int:
     if not reply.get("ok"):
         err = reply.get("error") or {}
         reasons = err.get("reasons") or {}
-        extra = f" ({', '.join(f'{k}={v}' for k, v in reasons.items())})" if reasons else ""
+        # a reason that is a flag (value 1) shows as its name: `commit_timeout=1` read as 1 s
+        extra = f" ({', '.join(k if v == 1 else f'{k}={v}' for k, v in reasons.items())})" \
+            if reasons else ""
         print(f"pool: error [{err.get('code')}]: {err.get('message')}{extra}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK

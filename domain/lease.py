@@ -73,6 +73,11 @@ CAPACITY_HOLDING_STATES: frozenset[LeaseState] = frozenset(
 WORKLOAD_STATES: frozenset[LeaseState] = frozenset({S.RUNNING, S.STOPPING, S.PREEMPTING})
 
 EXPIRY_REASONS: tuple[str, ...] = ("commit_timeout", "heartbeat_lost", "deadline", "node_lost")
+# How a lease ended (`end_reason`), besides the expiry reasons and a rejection's code:
+# its job exited 0 / otherwise (or could not run); the holder released it without a job, or
+# gave back a reservation it never committed; it was cancelled; it was preempted (or drained).
+END_REASONS: tuple[str, ...] = ("succeeded", "failed", "released", "reservation_released",
+                                "cancelled", "preempted", *EXPIRY_REASONS)
 
 
 class JobState(StrEnum):
@@ -414,8 +419,10 @@ class Lease(Aggregate):
         self._require("commit", {S.RESERVED})
         assert self.reservation_deadline is not None
         if now >= self.reservation_deadline:
+            window = self.reservation_deadline - (self.reserved_at or self.reservation_deadline)
             raise LeaseExpiredError(
-                "commit_timeout", message="the reservation was not committed in time"
+                "commit_timeout", message=f"the reservation was not committed within its "
+                f"{window:g} s commit window, so it was given back"
             )
         term = min(self.lease_seconds, self.maximum_runtime_seconds)
         number, attempt, spec = self.jobs_submitted + 1, 1, job
@@ -523,14 +530,19 @@ class Lease(Aggregate):
         """End the lease because its workload is over; capacity and hold can be returned.
 
         With an active job, `exit_code` is required (the agent saw the process exit): without
-        it the workload may still be running, so use `cancel`, which stops it first."""
-        self._require("release", {S.RUNNING, S.PREEMPTING})
+        it the workload may still be running, so use `cancel`, which stops it first. A
+        reservation not yet committed is given back (`reservation_released`)."""
+        self._require("release", {S.RESERVED, S.RUNNING, S.PREEMPTING})
         if epoch is not None:
             self._check_epoch(epoch)
+        if self.state is S.RESERVED:
+            self._released(at=float(now), exit_code=None, reason="reservation_released")
+            return
         if self.job is not None and self.job.is_active and exit_code is None:
             raise IllegalTransition(self.state, "release", reasons=("job_active",),
                                     detail="the job is still active; cancel to stop it")
-        self._released(at=float(now), exit_code=exit_code, reason="completed")
+        self._released(at=float(now), exit_code=exit_code,
+                       reason=_outcome(exit_code, self.job))
 
     def cancel(self, now: float, reason: str = "cancelled") -> bool:
         """Cancel the lease. Before it runs this ends it at once; a running lease first goes to
@@ -755,11 +767,13 @@ class Lease(Aggregate):
             self.job = Job(number=job_number, spec=JobSpec.from_dict(job_spec), submitted_at=at,
                            attempts=job_attempt or 1)
             self.jobs_submitted = max(self.jobs_submitted, job_number)
+            self.exit_code = None
 
     @event("JobSubmitted")
     def _job_submitted(self, at: float, job_number: int, spec: dict[str, Any]) -> None:
         self.job = Job(number=job_number, spec=JobSpec.from_dict(spec), submitted_at=at)
         self.jobs_submitted = job_number
+        self.exit_code = None  # the lease shows its latest job's exit code
 
     @event("JobStarted")
     def _job_started(self, at: float, epoch: int) -> None:
@@ -769,6 +783,7 @@ class Lease(Aggregate):
     @event("JobExited")
     def _job_exited(self, at: float, epoch: int, exit_code: int) -> None:
         self._end_job(at, exit_code=exit_code)
+        self.exit_code = exit_code
 
     @event("JobFailed")
     def _job_failed(self, at: float, epoch: int, reason: str) -> None:
@@ -786,10 +801,13 @@ class Lease(Aggregate):
 
     @event("LeaseReleased")
     def _released(self, at: float, exit_code: int | None, reason: str) -> None:
+        if reason == "completed":  # logs from before END_REASONS: the exit code tells
+            reason = _outcome(exit_code, self.job)
         if self.state in WORKLOAD_STATES:
             self.run_ended_at = at
         self._end_job(at, exit_code=exit_code, failure=reason)
-        self.exit_code = exit_code
+        if exit_code is not None:
+            self.exit_code = exit_code
         self._end(at, S.RELEASED, reason)
 
     @event("StopRequested")
@@ -803,7 +821,8 @@ class Lease(Aggregate):
         if self.state in WORKLOAD_STATES:
             self.run_ended_at = at
         self._end_job(at, failure="cancelled")
-        self._end(at, S.CANCELLED, reason)
+        self.stop_reason = reason  # the holder's words; the end reason is the vocabulary's
+        self._end(at, S.CANCELLED, "cancelled")
 
     @event("LeaseExpired")
     def _expired(self, at: float, reason: str) -> None:
@@ -838,7 +857,7 @@ class Lease(Aggregate):
     def _preempted(self, at: float) -> None:
         self.run_ended_at = at
         self._end_job(at, failure="preempted")
-        self._end(at, S.PREEMPTED, self.stop_reason or "preempted")
+        self._end(at, S.PREEMPTED, "preempted")  # stop_reason keeps why (a drain, …)
 
     @event("LeaseRequeued")
     def _requeued(self, at: float, attempts: int) -> None:
@@ -849,6 +868,18 @@ class Lease(Aggregate):
         self.devices = ()
         self.end_reason = None
         self.ended_at = None
+        self.exit_code = None
+
+
+def _outcome(exit_code: int | None, job: Job | None) -> str:
+    """The end reason of a lease released after its work: by its job's exit code, or
+    `released` when the holder ended it with no job."""
+    code = exit_code if exit_code is not None else (job.exit_code if job is not None else None)
+    if code is not None:
+        return "succeeded" if code == 0 else "failed"
+    if job is not None and job.state is JobState.FAILED:
+        return "failed"
+    return "released"
 
 
 def _require_positive_int(name: str, value: object) -> None:

@@ -385,7 +385,7 @@ class Demo:
                      and v.get("end_reason") not in ("heartbeat_lost", "node_lost")]
         urgent: Tracked | None = getattr(self, "high", None)
         high = self.get(urgent) if urgent else {}
-        c["preemption"].ok = bool(preempted) and high.get("end_reason") == "completed"
+        c["preemption"].ok = bool(preempted) and high.get("end_reason") == "succeeded"
         c["preemption"].detail = (f"{len(preempted)} preemptible lease(s) noticed, given 2 s "
                                   f"grace, requeued and running again (attempt "
                                   f"{max([v.get('attempts') or 1 for v in again] or [1])}); "

@@ -103,7 +103,7 @@ def test_a_committed_job_runs_in_the_sandbox_and_its_exit_releases_the_lease(
         lid = request_running(alpha, "exit-3", ["sh", "-c", "id -u > /tmp/u; exit 3"])
         wait_for(lambda: state_of(alpha, lid) == "released")
         lease = alpha.lease(lid, "get")["lease"]
-        assert lease["exit_code"] == 3 and lease["end_reason"] == "completed"
+        assert lease["exit_code"] == 3 and lease["end_reason"] == "failed"
         assert agent.agent.stats.started == 1
         assert len(agent.agent.stats.startup_seconds) == 1
     finally:

@@ -113,3 +113,33 @@ def test_creating_a_pool_that_exists_is_refused_and_changes_nothing(
     rc, out, err = _run(capsys, "admin", "pool", "create", "p1", *u)
     assert rc == 1 and out == "" and "[pool_exists]" in err and err.count("\n") == 1, err
     assert _pool_config(capsys, "p1", u)["commit_timeout_seconds"] == 60
+
+
+def test_releasing_a_reservation_gives_its_capacity_back(
+    served: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    u = ["--nats-url", served]
+    assert _run(capsys, "admin", "pool", "create", "p1", *u)[0] == 0
+    f = tmp_path / "node.json"
+    f.write_text(json.dumps(node_body("n1", "p1", cpu_millis=4000, memory_mib=4096)))
+    assert _run(capsys, "admin", "node", "register", "--file", str(f), *u)[0] == 0
+    whole_node = ["--tenant", "acme", "--pool", "p1", "--cpu-millis", "4000", "--memory-mib",
+                  "4096", "--max-runtime", "600", "--json", *u]
+
+    def reserved(key: str) -> str:
+        rc, out, err = _run(capsys, "lease", "request", "--key", key, *whole_node)
+        assert rc == 0, err
+        lid = str(json.loads(out)["lease"]["lease_id"])
+        for _ in range(200):
+            rc, out, _ = _run(capsys, "lease", "get", lid, "--tenant", "acme", "--json", *u)
+            if json.loads(out)["lease"]["state"] == "reserved":
+                return lid
+            time.sleep(0.05)
+        raise AssertionError(f"{key} was never reserved")
+
+    first = reserved("first")
+    rc, out, err = _run(capsys, "lease", "release", first, "--tenant", "acme", "--json", *u)
+    assert rc == 0, err
+    lease = json.loads(out)["lease"]
+    assert lease["state"] == "released" and lease["end_reason"] == "reservation_released"
+    reserved("second")  # the whole node again: the first reservation's capacity came back

@@ -336,7 +336,8 @@ def test_cancelling_before_it_runs_ends_the_lease_at_once(steps: int) -> None:
         lease.reserve(2, node_id=NodeId("n1"), commit_timeout_seconds=30, hold_microcredits=5)
     assert lease.cancel(3, reason="changed_mind") is True
     assert lease.state is LeaseState.CANCELLED
-    assert lease.end_reason == "changed_mind"
+    # the end reason is one of a fixed vocabulary; the holder's words are kept beside it
+    assert lease.end_reason == "cancelled" and lease.stop_reason == "changed_mind"
     assert names(lease)[-1] == "LeaseCancelled"
 
 
@@ -518,3 +519,77 @@ def test_a_lease_past_both_deadlines_may_expire_for_either_reason() -> None:
     lease = running_lease()
     assert lease.expiry_due(700) == "deadline"  # the hard deadline is named first
     assert lease.expire(700, reason="heartbeat_lost") is LeaseState.EXPIRED
+
+
+# How a lease ends: one vocabulary of end reasons, agreeing with the exit code -----------------
+
+
+def test_releasing_a_reservation_gives_it_back_with_its_own_end_reason() -> None:
+    lease = new_lease()
+    lease.queue(1)
+    lease.reserve(2, node_id=NodeId("n1"), commit_timeout_seconds=30, hold_microcredits=5)
+    lease.release(3)
+    assert lease.state is LeaseState.RELEASED and not lease.holds_capacity
+    assert lease.end_reason == "reservation_released" and lease.exit_code is None
+    assert lease.run_ended_at is None and lease.runtime_seconds(3) == 0
+    assert names(lease)[-1] == "LeaseReleased"
+
+
+@pytest.mark.parametrize(("code", "reason"), [(0, "succeeded"), (3, "failed"), (137, "failed")])
+def test_a_job_exit_ends_the_lease_succeeded_or_failed_by_its_code(code: int,
+                                                                    reason: str) -> None:
+    lease = running_lease()
+    lease.job_started(11, epoch=1)
+    lease.job_exited(20, epoch=1, exit_code=code)
+    lease.release(20, code, epoch=1)
+    assert (lease.end_reason, lease.exit_code) == (reason, code)
+
+
+def test_a_job_that_could_not_run_ends_the_lease_failed() -> None:
+    lease = running_lease()
+    lease.job_failed(12, epoch=1, reason="image pull failed")
+    lease.release(12, epoch=1)
+    assert lease.end_reason == "failed" and lease.exit_code is None
+
+
+def test_releasing_a_lease_without_a_job_says_released() -> None:
+    lease = new_lease()
+    lease.queue(1)
+    lease.reserve(2, node_id=NodeId("n1"), commit_timeout_seconds=30, hold_microcredits=5)
+    lease.commit(10)
+    lease.release(20)
+    assert lease.end_reason == "released"
+
+
+def test_a_cancelled_job_s_exit_code_shows_on_the_lease() -> None:
+    lease = running_lease()
+    lease.job_started(11, epoch=1)
+    lease.cancel(20, reason="no longer needed")
+    lease.job_exited(21, epoch=1, exit_code=143)  # the agent's SIGTERM
+    lease.confirm_stopped(21, epoch=1)
+    assert (lease.end_reason, lease.exit_code) == ("cancelled", 143)
+    assert lease.stop_reason == "no longer needed"
+
+
+def test_a_drained_lease_ends_preempted_and_keeps_why() -> None:
+    lease = running_lease()
+    lease.notice_preemption(20, grace_seconds=5, requeue=False, reason="drain:maintenance")
+    lease.confirm_stopped(22)
+    assert lease.end_reason == "preempted" and lease.stop_reason == "drain:maintenance"
+
+
+def test_an_old_log_s_completed_release_reads_as_succeeded_or_failed() -> None:
+    for code, reason in ((0, "succeeded"), (2, "failed")):
+        lease = running_lease()
+        # what the log holds from before the vocabulary: reason "completed" whatever the code
+        lease._released(at=20.0, exit_code=code, reason="completed")
+        again = replay(through_json(lease.collect_events()))
+        assert (again.end_reason, again.exit_code) == (reason, code)
+
+
+def test_a_late_commit_names_the_commit_window_in_seconds() -> None:
+    lease = new_lease()
+    lease.queue(1)
+    lease.reserve(2, node_id=NodeId("n1"), commit_timeout_seconds=30, hold_microcredits=5)
+    with pytest.raises(LeaseExpired, match="30 s"):
+        lease.commit(40)
