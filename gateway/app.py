@@ -10,7 +10,6 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from gateway import problems, sse
 from gateway.openapi import document
 from gateway.problems import problem
 from gateway.routes import NOT_FOUND_CODE, ROUTES, HttpRoute
+from gateway.shared import Gateway, Refused
 from gateway.tokens import Principal, TokenStore
 from gateway.upstream import NotEnrolled, Settings, Upstream
 from schemas.codec import MAX_PAYLOAD_BYTES, SchemaError, decode
@@ -35,33 +35,6 @@ JSON = "application/json"
 STATIC = Path(__file__).parent / "static"
 # requests one token may have in flight at once; more is 429, not an unbounded queue
 MAX_IN_FLIGHT = 256
-
-
-@dataclass
-class Gateway:
-    """What every handler shares: the token store, the NATS clients and the views' reader."""
-
-    tokens: TokenStore
-    upstream: Upstream
-    database_url: str = ""
-    views_schema: str = ""
-    in_flight: dict[Principal, int] = field(default_factory=dict)
-
-    def views(self, view: str, **kw: Any) -> dict[str, Any]:
-        """A page of any view, every tenant: the admin's and the dashboard's fleet."""
-        from projections.queries import query_url
-        from projections.views import DEFAULT_SCHEMA
-
-        return query_url(self.database_url, view, schema=self.views_schema or DEFAULT_SCHEMA,
-                         **kw)
-
-
-class Refused(Exception):
-    """A request the gateway answers itself with a problem."""
-
-    def __init__(self, code: str, detail: str, reasons: dict[str, Any] | None = None) -> None:
-        super().__init__(detail)
-        self.code, self.detail, self.reasons = code, detail, reasons
 
 
 def principal_of(gw: Gateway, request: Request[Any, Any, Any]) -> Principal:

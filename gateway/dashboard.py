@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from gateway.app import Gateway
+from gateway.shared import Gateway
 
 
 def handlers(gw: Gateway) -> list[Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 from litestar import Request, Response
@@ -21,10 +21,8 @@ from bus.subjects import is_token
 from domain.lease import TERMINAL_STATES
 from gateway import problems
 from gateway.routes import HttpRoute
+from gateway.shared import Gateway, Refused
 from gateway.tokens import Principal
-
-if TYPE_CHECKING:
-    from gateway.app import Gateway
 
 POLL_SECONDS = 0.25  # how often an open lease stream looks again
 TELEMETRY_IDLE_SECONDS = 0.5  # at the end of the stream, how long before reading on
@@ -35,8 +33,6 @@ TELEMETRY_KINDS = ("queue", "startup", "execution", "utilization", "failure")
 
 
 def _last_event_id(request: Request[Any, Any, Any]) -> int:
-    from gateway.app import Refused
-
     raw = request.headers.get("last-event-id") or request.query_params.get("last_event_id")
     if raw is None or raw == "":
         return 0
@@ -90,8 +86,6 @@ async def _lease_events(gw: Gateway, request: Request[Any, Any, Any], who: Princ
 
 async def _telemetry(gw: Gateway, request: Request[Any, Any, Any],
                      who: Principal) -> Response[Any]:
-    from gateway.app import Refused
-
     q = request.query_params
     body: dict[str, Any] = {}
     for name in ("lease", "pool", "node"):

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from bus.admin import ensure_all_streams
 from bus.local.auth import AuthConfig, save, url_with_credentials
 from bus.local.server import NatsServer
 from bus.service import Service
@@ -40,6 +41,25 @@ class Stack:
                             headers={"Authorization": f"Bearer {self.tokens[who]}"})
 
 
+def sse_events(response: httpx.Response, count: int) -> list[dict[str, str]]:
+    """The first `count` events of a text/event-stream response (fewer if it ends)."""
+    events: list[dict[str, str]] = []
+    current: dict[str, str] = {}
+    for line in response.iter_lines():
+        if not line:
+            if "data" in current:
+                events.append(current)
+                if len(events) >= count:
+                    break
+            current = {}
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        current[name] = value[1:] if value.startswith(" ") else value
+    return events
+
+
 def wait_for(predicate: Any, timeout: float = 10.0, every: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -61,6 +81,7 @@ def gateway_stack(home: Path, database_url: str, schema: str) -> Iterator[Stack]
     service_url = url_with_credentials(server.url, auth.service)
     stack: list[Any] = []
     try:
+        ensure_all_streams(service_url)
         plane = ControlPlane(service_url, database_url=None).start()
         stack.append(plane)
         queries = Service(service_url, QUERY_SUBJECTS,
