@@ -29,13 +29,10 @@ def _structs() -> list[type[Struct]]:
 
 
 def _problem_responses(route: HttpRoute) -> dict[str, Any]:
-    statuses = {400, 401, 403, 422, 429, 503}
+    # a body names pools, tenants and nodes too: any operation may meet 404 and 409
+    statuses = {400, 401, 403, 404, 409, 422, 429, 503}
     if route.body is not None:
         statuses.add(413)
-    if route.path_params:
-        statuses.add(404)
-    if route.method == "POST" and not route.admin:
-        statuses.add(409)
     out: dict[str, Any] = {}
     for s in sorted(statuses):
         codes = sorted(c for c, st in STATUS_BY_CODE.items() if st == s)

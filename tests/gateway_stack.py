@@ -56,7 +56,7 @@ def sse_events(response: httpx.Response, count: int) -> list[dict[str, str]]:
         if line.startswith(":"):
             continue
         name, _, value = line.partition(":")
-        current[name] = value[1:] if value.startswith(" ") else value
+        current[name] = value.removeprefix(" ")
     return events
 
 
