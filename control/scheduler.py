@@ -973,6 +973,13 @@ class Scheduler:
                 out["reasons"] = {"rejection_code": lease.rejection_code}
             else:
                 out["reasons"] = {}
+            queue = out["reasons"].get("queue")
+            if isinstance(queue, dict):  # where it stands, said plainly (see _note_position)
+                start = queue.get("estimated_start_at")
+                out["position"] = queue.get("position")
+                out["estimated_start_at"] = start
+                if start is not None:
+                    out["estimated_start_in_seconds"] = max(0.0, start - self.clock())
             return out
 
     # -- running ----------------------------------------------------------------------------

@@ -46,7 +46,10 @@ def _blocked_wide(plane: Plane) -> tuple[PoolClient, PoolClient, str, float]:
 def test_a_blocked_wide_request_is_told_its_position_and_reserved_start(plane: Plane) -> None:
     a, b, wide, placed_at = _blocked_wide(plane)
     with a, b:
-        why = b.lease(wide, "why")["result"]["reasons"]
+        answer = b.lease(wide, "why")["result"]
+    why = answer["reasons"]
+    assert (answer["position"], answer["estimated_start_at"]) == (1, placed_at + 630)
+    assert answer["estimated_start_in_seconds"] == 630
     assert "waiting_for_capacity" in why["tenant"]
     # the running lease holds its half until its commit window and maximum runtime are over
     assert why["queue"] == {"position": 1, "estimated_start_at": placed_at + 30 + 600,
