@@ -18,6 +18,7 @@ from cli import (
     gateway,
     images,
     lease,
+    report,
     schemas,
     telemetry,
     up,
@@ -37,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     for register in (up.register, schemas.register, bench.register, chaos.register,
                      up.register_serve, gateway.register, lease.register, admin.register,
                      images.register,
-                     admin.register_node_credits, views.register, agent.register,
+                     admin.register_node_credits, views.register, report.register,
+                     agent.register,
                      telemetry.register):
         register(sub)
     return p
