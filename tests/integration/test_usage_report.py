@@ -74,8 +74,8 @@ def test_usage_by_tenant_counts_hours_credits_end_reasons_and_waits(
     assert alpha["cpu_core_hours"] == pytest.approx(2 * 20, rel=1e-3)
     assert alpha["memory_gib_hours"] == pytest.approx(20, rel=1e-3)  # 1 GiB for 20 h
     assert beta["gpu_hours"] == pytest.approx(1.0, rel=1e-3)
-    assert alpha["end_reasons"] == {"completed": 1}
-    assert beta["leases_ended"] == 1 and "completed" not in beta["end_reasons"]
+    assert alpha["end_reasons"] == {"succeeded": 1}
+    assert beta["end_reasons"] == {"cancelled": 1}
     assert alpha["wait_p50_seconds"] == pytest.approx(60) == beta["wait_p99_seconds"]
     with psycopg.connect(database_url) as conn:
         charged = dict(conn.execute(
