@@ -120,6 +120,8 @@ ROUTES: tuple[HttpRoute, ...] = (
               _summary("adminPoolImages"), "adminPoolImages", admin=True, tag="admin"),
     HttpRoute("POST", "/v1/admin/tenants", "setTenant", _summary("adminTenantSet"),
               "adminTenantSet", admin=True, tag="admin"),
+    HttpRoute("POST", "/v1/admin/cohorts", "setCohort", _summary("adminCohortSet"),
+              "adminCohortSet", admin=True, tag="admin"),
     HttpRoute("POST", "/v1/admin/credits/grants", "grantCredits", _summary("adminCreditsGrant"),
               "adminCreditsGrant", admin=True, tag="admin"),
     HttpRoute("POST", "/v1/admin/nodes", "registerNode", _summary("adminNodeRegister"),
