@@ -7,8 +7,11 @@ for people or JSON (`--json`) for machines; see cli/output.py for the exit codes
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from cli import (
     admin,
@@ -25,6 +28,19 @@ from cli import (
     views,
 )
 from cli.output import EXIT_INTERRUPTED, EXIT_USAGE, Parser, UsageError, fail
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP: unwind as Ctrl-C does, so every `finally` stops what this process
+    started (servers, children) before it exits."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _terminate(signum: int, _frame: Any) -> None:
+    raise Terminated(signum)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,11 +82,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     from bus import observability
 
     observability.setup()  # POOL_OTEL_EXPORTER=none|console|otlp; none by default
+    # verbs that run until told to stop (up, serve, agent) install their own handlers
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, _terminate)
     try:
         return func(args)
     except UsageError as e:
         print(f"pool: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except Terminated as e:
+        print(f"pool: stopped by {e}", file=sys.stderr)
+        return 128 + e.signum
     except KeyboardInterrupt:
         print("pool: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -79,6 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(str(e) or type(e).__name__, str(code), as_json=getattr(args, "json", False))
     finally:
         observability.shutdown()  # export what is still queued
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 if __name__ == "__main__":

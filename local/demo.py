@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bus.local.procs import die_with
+
 POOL = "demo"  # the big simulated fleet: fair share under a flood, credits
 HPC = "hpc"  # one 8-GPU node: preemptible batch work and an urgent job that preempts it
 EDGE = "edge"  # the real sandboxed agent and a node whose agent goes silent; short timeouts
@@ -124,7 +126,7 @@ class Demo:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "cli.main", *argv], env=env, stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=_die_with_parent)  # noqa: PLW1509 - the child only calls prctl
+                preexec_fn=die_with(os.getpid()))  # noqa: PLW1509 - the child only calls prctl
         self.procs[name] = proc
         return proc
 
@@ -534,24 +536,3 @@ class Demo:
 
 def _interrupt(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
-
-
-def _prctl() -> Any:
-    """libc's prctl, looked up in the parent: a child between fork and exec must not import
-    or load anything (another thread of the parent may have held the import lock at the
-    fork). None where there is no such call (not Linux)."""
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _prctl()
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: ask Linux for SIGTERM when the demo's process dies."""
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG; elsewhere the teardown is the only cleanup

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Self
 
 from bus.errors import BusUnavailable
+from bus.local.procs import child_options
 
 
 def nats_server_binary() -> str:
@@ -127,6 +128,7 @@ class NatsServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                **child_options(),  # never outlive the process that started it
             )
         try:
             _wait_for_port(self.host, self.port, self.proc, timeout)
