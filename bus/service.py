@@ -1,14 +1,15 @@
 """Request/reply services on NATS subjects, and the synchronous client that calls them.
 
-A service runs on its own event-loop thread and hands every request to a plain synchronous
-handler in a worker thread (the domain and the eventsourcing Application are synchronous), so
-a slow command never stalls the connection. Nothing but this module answers NATS requests.
+A service runs on its own event-loop thread and hands each request to a plain synchronous
+handler on one of its worker threads, many in flight at once (the domain and the
+eventsourcing Application are synchronous). Nothing but this module answers NATS requests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import logging
 import threading
@@ -85,7 +86,12 @@ class Service:
         connect_options: dict[str, Any] | None = None,
     ) -> None:
         self.url, self.subjects, self.handler, self.queue = url, subjects, handler, queue
+        # one request in flight per worker thread, however many subjects deliver them
+        self.threads = threads
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="pool-cmd")
+        self._slots: asyncio.Semaphore | None = None
+        self._subs: list[Any] = []
+        self._in_flight: set[asyncio.Future[None]] = set()
         self._loop = _LoopThread("pool-service")
         self._nc: Any = None
         self._options = connect_options or {}
@@ -98,8 +104,10 @@ class Service:
 
     async def _start(self) -> None:
         self._nc = await _connect(self.url, **self._options)
+        self._slots = asyncio.Semaphore(self.threads)
         for subject in self.subjects:
-            await self._nc.subscribe(subject, queue=self.queue, cb=self._on_msg)
+            self._subs.append(
+                await self._nc.subscribe(subject, queue=self.queue, cb=self._on_msg))
         await self._nc.flush()
 
     async def _on_msg(self, msg: Any) -> None:
@@ -110,23 +118,47 @@ class Service:
             # it could be the log, a timer or a work queue, so nothing is done or answered
             self.refused.refuse(msg.subject, msg.reply)
             return
-        loop = asyncio.get_running_loop()
-        headers = dict(msg.headers or {})
+        await self._answer_soon(msg)
+
+    async def _answer_soon(self, msg: Any) -> None:
+        """Hand the request to a task: nats-py awaits a subscription's callback before it
+        delivers that subscription's next message, so answering inline would serve one
+        request at a time. A free worker slot is awaited here, which holds back intake when
+        every worker is busy."""
+        assert self._slots is not None
+        await self._slots.acquire()
+        task = asyncio.ensure_future(self._answer(msg))
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+
+    async def _answer(self, msg: Any) -> None:
         try:
-            reply = await loop.run_in_executor(
-                self._pool, self.handler, msg.subject, msg.data, headers
-            )
-        except Exception:  # noqa: BLE001 - a handler bug must not stop the service
-            reply = INTERNAL_ERROR
-        self.handled += 1
-        try:
-            await self._nc.publish(msg.reply, reply)
-        except NatsError:
-            pass  # the requester is gone; the command's effect (if any) is already durable
+            loop = asyncio.get_running_loop()
+            headers = dict(msg.headers or {})
+            try:
+                reply = await loop.run_in_executor(
+                    self._pool, self.handler, msg.subject, msg.data, headers
+                )
+            except Exception:  # noqa: BLE001 - a handler bug must not stop the service
+                reply = INTERNAL_ERROR
+            self.handled += 1
+            try:
+                await self._nc.publish(msg.reply, reply)
+            except NatsError:
+                pass  # the requester is gone; the command's effect (if any) is already durable
+        finally:
+            assert self._slots is not None
+            self._slots.release()
 
     def stop(self) -> None:
         async def _close() -> None:
             if self._nc is not None:
+                # no new requests; those taken are answered before the connection goes
+                for sub in self._subs:
+                    with contextlib.suppress(NatsError):
+                        await sub.drain()
+                if self._in_flight:
+                    await asyncio.wait(list(self._in_flight), timeout=8)
                 await self._nc.drain()
 
         try:

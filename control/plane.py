@@ -41,6 +41,8 @@ from schemas.codec import SchemaError, encode
 
 WHY_SUBJECT = subscriptions(["scheduler"])[0]
 ROLES = ("commands", "scheduler", "reconciler", "projector")
+# requests one command process works on at once: their saves share atomic batches
+COMMAND_WORKERS = 64
 
 
 def parse_roles(values: Iterable[str] | None) -> frozenset[str]:
@@ -133,7 +135,7 @@ class ControlPlane:
         self.commands = (Service(nats_url, subjects,
                                  CommandHandler(self.app, database_url=database_url,
                                                 telemetry_pages=_telemetry_pages(nats_url)),
-                                 queue="pool-commands")
+                                 queue="pool-commands", threads=COMMAND_WORKERS)
                          if "commands" in self.roles else None)
         self.projector = (Projector(nats_url, database_url,
                                     views=tuple(projector_views or VIEWS))
