@@ -35,12 +35,14 @@ class Sent:
 
 
 def _lease_ids(reply: dict[str, Any]) -> tuple[str, ...]:
+    result = reply.get("result") or {}
+    ids = result.get("lease_ids") if isinstance(result, dict) else None
+    if isinstance(ids, list):
+        return tuple(str(i) for i in ids)
     lease = reply.get("lease")
     if isinstance(lease, dict) and "lease_id" in lease:
         return (str(lease["lease_id"]),)
-    result = reply.get("result") or {}
-    ids = result.get("lease_ids") if isinstance(result, dict) else None
-    return tuple(str(i) for i in ids) if isinstance(ids, list) else ()
+    return ()
 
 
 async def _one(nc: Any, subject: str, body: bytes, timeout: float) -> Sent:

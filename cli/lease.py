@@ -11,9 +11,12 @@ from cli.connect import (
     tenant_of,
 )
 from cli.output import (
+    EXIT_OK,
     Subparsers,
+    UsageError,
     print_envelope,
 )
+from schemas.v1 import MAX_LEASES_PER_REQUEST
 
 
 def cmd_lease_request(args: argparse.Namespace) -> int:
@@ -45,8 +48,18 @@ def cmd_lease_request(args: argparse.Namespace) -> int:
         body["image_signature"] = args.image_signature
     if args.image_size is not None:
         body["image_size_bytes"] = args.image_size
+    if args.count != 1:
+        if not 1 <= args.count <= MAX_LEASES_PER_REQUEST:
+            raise UsageError(f"--count must be between 1 and {MAX_LEASES_PER_REQUEST}")
+        body["count"] = args.count
     with pool_client(args, tenant_of(args)) as c:
-        return print_envelope(c.request_lease(body), args.json)
+        reply = c.request_lease(body)
+    ids = (reply.get("result") or {}).get("lease_ids")
+    if reply.get("ok") and ids and not args.json:
+        for lease_id in ids:  # one id a line, in order: easy to pipe
+            print(lease_id)
+        return EXIT_OK
+    return print_envelope(reply, args.json)
 
 
 def cmd_lease_verb(args: argparse.Namespace) -> int:
@@ -97,6 +110,9 @@ def register(sub: Subparsers) -> None:
     rq.add_argument("--image-signature", help="base64 signature (`pool image sign`)")
     rq.add_argument("--image-size", type=int, help="image size in bytes")
     rq.add_argument("--checkpointable", action="store_true")
+    rq.add_argument("--count", type=int, default=1,
+                    help=f"leases to request at once, each its own lease (1 to "
+                         f"{MAX_LEASES_PER_REQUEST}; ids follow from --key and the index)")
     rq.set_defaults(func=cmd_lease_request)
     for verb, help_text in (("commit", "confirm a reservation and start its job"),
                             ("heartbeat", "prove the holder is alive"),

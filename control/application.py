@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from bus.errors import BusTimeout
 from control.errors import (
     IdempotencyConflict,
     PoolExists,
+    ServiceError,
     UnknownCohort,
     UnknownLease,
     UnknownNode,
@@ -44,6 +46,7 @@ from schemas import v1
 from schemas.codec import digest
 
 A = TypeVar("A", bound=Aggregate)
+C = TypeVar("C")
 R = TypeVar("R")
 P = ParamSpec("P")
 
@@ -60,7 +63,9 @@ def retried(
     return run
 
 APPLICATION_NAME = "pool"
-WEIGHT_SCALE = 1000  # tenant weights travel as floats and are kept as integer thousandths
+WEIGHT_SCALE = 1000
+# how long a request may use a cached policy without a word from the log (a lost invalidation)
+POLICY_CACHE_SECONDS = 5.0  # tenant weights travel as floats and are kept as integer thousandths
 
 
 def lease_view(lease: Lease) -> dict[str, Any]:
@@ -167,6 +172,11 @@ class PoolApp(Application[UUID]):
     def __init__(self, env: dict[str, str] | None = None, clock: Callable[[], float] = time.time):
         super().__init__(env)
         self.clock = clock
+        # pools and tenant policies as requests read them (see _cached): id → (it, good until)
+        self._policies: dict[UUID, tuple[Any, float]] = {}
+        self._policy_changes: dict[UUID, int] = {}
+        self._policy_watches: dict[UUID, Callable[[], None]] = {}
+        self._policies_lock = threading.Lock()
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -427,46 +437,112 @@ class PoolApp(Application[UUID]):
 
     def request_lease(self, tenant: str, req: v1.LeaseRequest, *,
                       trace_parent: str | None = None) -> Lease:
+        """`request_leases` for a request of one lease."""
+        return self.request_leases(tenant, req, trace_parent=trace_parent)[0]
+
+    def request_leases(self, tenant: str, req: v1.LeaseRequest, *,
+                       trace_parent: str | None = None) -> list[Lease]:
+        """The `req.count` leases of one request, accepted in one atomic save: the first has
+        the request's idempotency key, the i-th `<key>#<i>` (no client key contains `#`). A
+        retry of the same request answers the leases it made; nothing is appended."""
         now = self.clock()
-        lease_id = Lease.create_id(tenant, req.idempotency_key)
-        existing = self.find(Lease, lease_id)
-        request_digest = digest(req)
-        if existing is not None:
-            return _retried(existing, req, request_digest)  # same lease, nothing appended
-        pool = self._pool(req.pool_id)
-        pool.rank_of(req.priority_class)  # an unknown class is refused before anything is written
-        pool.admit_runtime(req.maximum_runtime_seconds)
-        policy = self.find(TenantPolicy, TenantPolicy.create_id(req.pool_id, tenant))
-        if req.image:  # no node yet: the image, and the isolation the tenant's standing needs
-            pool.admit_image(req.image, signature=req.image_signature,
-                             size_bytes=req.image_size_bytes, tenant=tenant,
-                             isolation=req.shape.runtime)
-        lease = Lease.request(
-            tenant_id=TenantId(tenant),
-            pool_id=PoolId(req.pool_id),
-            idempotency_key=req.idempotency_key,
-            shape=req.shape.to_domain(),
-            maximum_runtime_seconds=req.maximum_runtime_seconds,
-            now=now,
-            lease_seconds=min(pool.config.default_lease_seconds, req.maximum_runtime_seconds),
-            heartbeat_timeout_seconds=pool.config.heartbeat_timeout_seconds,
-            priority_class=req.priority_class,
-            preemptible=lease_preemptible(pool, policy, req.priority_class),
-            trace_parent=trace_parent,
-            request_digest=request_digest,
-            checkpointable=req.checkpointable,
-            requeue_when_preempted=req.preemptible_requeue,
-        )
-        lease.queue(now)
+        keys = [req.idempotency_key, *(f"{req.idempotency_key}#{i}" for i in range(1, req.count))]
+        request_digest = digest(req, omit=("count",) if req.count == 1 else ())
         try:
-            self.save(lease)
-        except IntegrityError:
-            # a concurrent retry of the same key created it first: answer with that one
-            again = self.find(Lease, lease_id)
-            if again is None:
+            pool = self._cached(Pool.create_id(req.pool_id), lambda: self._pool(req.pool_id))
+            pool.rank_of(req.priority_class)  # an unknown class is refused before any write
+            pool.admit_runtime(req.maximum_runtime_seconds)
+            policy_id = TenantPolicy.create_id(req.pool_id, tenant)
+            policy = self._cached(policy_id, lambda: self.find(TenantPolicy, policy_id))
+            if req.image:  # no node yet: the image, and the isolation the tenant's standing needs
+                pool.admit_image(req.image, signature=req.image_signature,
+                                 size_bytes=req.image_size_bytes, tenant=tenant,
+                                 isolation=req.shape.runtime)
+        except (DomainError, ServiceError):
+            # a retry is answered with what it made, whatever the pool says now
+            made = self._made(tenant, keys, req, request_digest)
+            if made is None:
                 raise
-            return _retried(again, req, request_digest)
-        return lease
+            return made
+        shape = req.shape.to_domain()
+        leases = []
+        for key in keys:
+            lease = Lease.request(
+                tenant_id=TenantId(tenant),
+                pool_id=PoolId(req.pool_id),
+                idempotency_key=key,
+                shape=shape,
+                maximum_runtime_seconds=req.maximum_runtime_seconds,
+                now=now,
+                lease_seconds=min(pool.config.default_lease_seconds,
+                                  req.maximum_runtime_seconds),
+                heartbeat_timeout_seconds=pool.config.heartbeat_timeout_seconds,
+                priority_class=req.priority_class,
+                preemptible=lease_preemptible(pool, policy, req.priority_class),
+                trace_parent=trace_parent,
+                request_digest=request_digest,
+                checkpointable=req.checkpointable,
+                requeue_when_preempted=req.preemptible_requeue,
+            )
+            lease.queue(now)
+            leases.append(lease)
+        try:
+            # no read first: a new lease's save expects its subject empty, so a retry (or a
+            # concurrent one) is refused by the log itself and answered below
+            self.save(*leases)
+        except IntegrityError:
+            made = self._made(tenant, keys, req, request_digest)
+            if made is None:
+                raise
+            return made
+        return leases
+
+    def _made(self, tenant: str, keys: list[str], req: v1.LeaseRequest,
+              request_digest: str) -> list[Lease] | None:
+        """The leases an earlier identical request made (IdempotencyConflict if it differed);
+        None when it made none. One atomic save made them all or none."""
+        first = self.find(Lease, Lease.create_id(tenant, keys[0]))
+        if first is None:
+            return None
+        _retried(first, req, request_digest)
+        made = [first]
+        for key in keys[1:]:
+            lease = self.find(Lease, Lease.create_id(tenant, key))
+            if lease is None:  # the key was used before for a request of fewer leases
+                raise IdempotencyConflict(
+                    f"idempotency key {req.idempotency_key!r} was used for a different request")
+            made.append(_retried(lease, req, request_digest))
+        return made
+
+    def _cached(self, aggregate_id: UUID, load: Callable[[], C]) -> C:
+        """A policy aggregate (a pool, a tenant's policy) as requests read it: cached, and
+        dropped from the cache when the log stores an event of it, so a request never pays a
+        read of a policy it has seen. Without a persistence module that can watch, every
+        request reads it. A request only reads what it gets (the object is shared)."""
+        hit = self._policies.get(aggregate_id)
+        if hit is not None and hit[1] > time.monotonic():
+            return hit[0]  # type: ignore[no-any-return]
+        watch = getattr(self.recorder, "watch_appends", None)
+        if watch is None:
+            return load()
+        with self._policies_lock:
+            if aggregate_id not in self._policy_watches:
+                def forget(key: UUID = aggregate_id) -> None:
+                    self._policy_changes[key] = self._policy_changes.get(key, 0) + 1
+                    self._policies.pop(key, None)
+
+                self._policy_watches[aggregate_id] = watch(aggregate_id, forget)
+        changes = self._policy_changes.get(aggregate_id, 0)
+        value = load()
+        if self._policy_changes.get(aggregate_id, 0) == changes:  # nothing stored meanwhile
+            self._policies[aggregate_id] = (value, time.monotonic() + POLICY_CACHE_SECONDS)
+        return value
+
+    def close(self) -> None:
+        for unwatch in self._policy_watches.values():
+            unwatch()
+        self._policy_watches.clear()
+        super().close()
 
     @retried
     def commit(self, tenant: str, lease_id: str, body: v1.CommitLease) -> Lease:

@@ -126,10 +126,15 @@ def _node_reply(node: Any) -> v1.Envelope:
 
 def _request(ctx: Context, p: Params, cmd: v1.LeaseRequest) -> v1.Envelope:
     from bus import observability
+    from control.application import lease_view
 
-    # the lease keeps this command's trace, so placing and starting it join it
-    lease = ctx.app.request_lease(p["tenant"], cmd, trace_parent=observability.traceparent())
-    return _lease_reply(lease)
+    # the leases keep this command's trace, so placing and starting them join it
+    leases = ctx.app.request_leases(p["tenant"], cmd, trace_parent=observability.traceparent())
+    if len(leases) == 1:
+        return _lease_reply(leases[0])
+    # many leases: the first in full, and every id in order
+    return v1.Envelope.success(lease=lease_view(leases[0]),
+                               result={"lease_ids": [str(lease.id) for lease in leases]})
 
 
 def _lease_verb(verb: str) -> Handler:

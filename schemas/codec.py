@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeVar
 
@@ -169,11 +169,15 @@ def encode(message: Struct) -> bytes:
 # -- internals ---------------------------------------------------------------------------------
 
 
-def digest(message: Struct) -> str:
+def digest(message: Struct, *, omit: Iterable[str] = ()) -> str:
     """A fingerprint of a decoded command, the same for every spelling of the same command (key
     order, defaults written or left out): two requests under one idempotency key are one
-    request exactly when their digests are equal."""
-    canonical = json.dumps(msgspec.to_builtins(message), sort_keys=True, separators=(",", ":"))
+    request exactly when their digests are equal. `omit` leaves fields out (a field added
+    later, at its default, so digests recorded before it keep matching)."""
+    body = msgspec.to_builtins(message)
+    for name in omit:
+        body.pop(name, None)
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

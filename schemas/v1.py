@@ -31,6 +31,7 @@ MAX_BANDWIDTH_MBPS = 1_000_000  # 1 Tbit/s
 MAX_RUNTIME_SECONDS = 30 * 24 * 3600  # 30 days
 MAX_PREFERENCES = 16
 MAX_IMAGE_SIZE_BYTES = 1 << 40  # 1 TiB
+MAX_LEASES_PER_REQUEST = 499  # two events each: one atomic batch holds at most 1,000
 
 CURRENT_SCHEMA_VERSION = 1
 
@@ -282,6 +283,9 @@ class LeaseRequest(_Command, frozen=True, kw_only=True):
     checkpointable: bool = False
     # When preempted, go back to the queue (True) instead of ending as preempted (False).
     preemptible_requeue: bool = False
+    # Leases asked for at once (as `sbatch --array`): ids derive from the key and the index,
+    # and all are accepted in one atomic save (two events each, under the batch limit).
+    count: Annotated[int, Meta(ge=1, le=MAX_LEASES_PER_REQUEST)] = 1
 
 
 class CheckpointPolicy(_Part, frozen=True, kw_only=True):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -18,7 +19,7 @@ from eventsourcing.persistence import (
 )
 from nats.js.errors import NotFoundError
 
-from bus.errors import BatchTooLarge, BusUnavailable, PublishRejected
+from bus.errors import BatchTooLarge, BusError, BusUnavailable, PublishRejected
 from bus.headers import (
     HDR_BATCH_COMMIT,
     HDR_BATCH_ID,
@@ -35,7 +36,11 @@ from bus.headers import (
     HDR_VERSION,
 )
 from bus.jetstream.groupcommit import GroupCommitter
-from bus.jetstream.natsfast import publish_prerendered, subscribe_raw, unsubscribe_raw
+from bus.jetstream.natsfast import (
+    publish_prerendered,
+    subscribe_raw,
+    unsubscribe_raw,
+)
 from bus.jetstream.wire import (
     _DIRECT_BATCH,
     _UNWRITTEN,
@@ -51,6 +56,7 @@ from bus.jetstream.wire import (
 )
 from bus.runtime import BusRuntime, translate
 from bus.subjects import (
+    APPENDED_PREFIX,
     EVENTS_PREFIX,
     EVENTS_STREAM,
     event_subject,
@@ -117,6 +123,32 @@ class JetStreamRecorder:
     def tracking_subject_for(self, upstream: str) -> str:
         # per downstream owner and upstream name: processors sharing a stream never collide
         return tracking_subject(f"{self.tracking_owner}--{token(upstream)}")
+
+    def watch_appends(self, originator_id: UUID | str,
+                      callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback` (on the bus thread; keep it short) each time an event of that
+        aggregate is stored: the stream's headers-only republish, sent after the store, so a
+        reader that reloads on it sees the event. Returns once the server holds the
+        interest; the function returned stops watching."""
+        subject = f"{APPENDED_PREFIX}.{self.subject_for(originator_id)[len(EVENTS_PREFIX) + 1:]}"
+
+        async def open_sub() -> Any:
+            nc = await self.runtime.connection()
+            sub = await subscribe_raw(nc, subject, lambda _d, _h: callback())
+            await nc.flush(max(1, round(self.timeout)))
+            return sub
+
+        sub = self.runtime.run(open_sub(), self.timeout + 1)
+
+        async def close_sub() -> None:
+            nc = await self.runtime.connection()
+            await unsubscribe_raw(nc, sub)
+
+        def unwatch() -> None:
+            with contextlib.suppress(BusError):  # the runtime closed first: nothing to drop
+                self.runtime.submit(close_sub())
+
+        return unwatch
 
     # -- low-level reads (loop thread) -------------------------------------------------------
 

@@ -1,0 +1,134 @@
+"""Requests through the command service at once: many in flight, many leases per request, and
+pools read from a cache the log invalidates."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from bus.local.server import NatsServer
+from chaos.invariants import count_events
+from client.api import PoolClient
+from control.plane import ControlPlane
+from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
+
+Plane = tuple[ControlPlane, PoolClient, PoolClient]
+
+
+@pytest.fixture()
+def plane(fresh_nats: NatsServer) -> Iterator[Plane]:
+    cp = start(fresh_nats.url, FakeClock())
+    admin = PoolClient(fresh_nats.url)
+    alpha = PoolClient(fresh_nats.url, "alpha")
+    setup_pool(admin, tenants={"alpha": 1.0})
+    assert admin.admin("node.register", node_body("n1", cpu_millis=64000,
+                                                  memory_mib=262144))["ok"]
+    yield cp, admin, alpha
+    alpha.close()
+    admin.close()
+    cp.stop()
+
+
+def _events(cp: ControlPlane) -> int:
+    return cp.app.recorder.max_notification_id() or 0
+
+
+def test_a_request_for_five_leases_is_one_save_and_its_reply_lists_every_id(
+        plane: Plane) -> None:
+    cp, _admin, alpha = plane
+    before = _events(cp)
+    r = alpha.request_lease({**lease_body("array-1"), "count": 5})
+    assert r["ok"], r
+    ids = r["result"]["lease_ids"]
+    assert len(set(ids)) == 5 and r["lease"]["lease_id"] == ids[0]
+    assert _events(cp) == before + 10  # requested + queued, for each lease
+    # each an ordinary lease afterwards: readable, and placed like any other
+    assert all(alpha.lease(i, "get")["lease"]["state"] == "queued" for i in ids)
+    assert cp.scheduler.cycle().placed == 5
+    # the same request again: the same ids, nothing appended
+    after = _events(cp)
+    again = alpha.request_lease({**lease_body("array-1"), "count": 5})
+    assert again["result"]["lease_ids"] == ids and _events(cp) == after
+
+
+def test_a_key_used_for_one_lease_is_refused_for_an_array(plane: Plane) -> None:
+    _cp, _admin, alpha = plane
+    assert alpha.request_lease(lease_body("k"))["ok"]
+    r = alpha.request_lease({**lease_body("k"), "count": 3})
+    assert not r["ok"] and r["error"]["code"] == "idempotency_conflict"
+
+
+def test_a_count_over_the_batch_limit_is_refused_before_anything_is_written(
+        plane: Plane) -> None:
+    cp, _admin, alpha = plane
+    before = _events(cp)
+    r = alpha.request_lease({**lease_body("too-many"), "count": 500})
+    assert not r["ok"] and r["error"]["code"] == "invalid_field"
+    assert r["error"]["reasons"]["path"] == "$.count" and _events(cp) == before
+
+
+def test_concurrent_requests_are_in_flight_together_and_share_atomic_batches(
+        fresh_nats: NatsServer, plane: Plane) -> None:
+    cp, _admin, _alpha = plane
+    clients = [PoolClient(fresh_nats.url, "alpha") for _ in range(24)]
+    answers: list[Any] = [None] * len(clients)
+    gate = threading.Barrier(len(clients))
+
+    def send(i: int) -> None:
+        gate.wait()
+        answers[i] = [clients[i].request_lease(lease_body(f"c{i}-{n}"))["ok"] for n in range(5)]
+
+    group = cp.app.recorder._group  # type: ignore[attr-defined]
+    batches, saves = group.batches, group.saves
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(clients))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for c in clients:
+        c.close()
+    assert answers == [[True] * 5] * len(clients)
+    # served one at a time, every save would be a batch of its own
+    assert group.saves - saves == 120 and group.batches - batches < 120
+    counts = count_events(cp.app, {"LeaseRequested"})
+    assert sum(counts.values()) == 120 and set(counts.values()) == {1}
+
+
+def test_a_pool_change_reaches_requests_without_waiting_out_the_cache(plane: Plane) -> None:
+    _cp, admin, alpha = plane
+    assert alpha.request_lease(lease_body("warm"))["ok"]  # the pool is cached now
+    refused = alpha.request_lease(lease_body("urgent-0", priority="urgent"))
+    assert not refused["ok"]
+    assert admin.admin("pool.set", {"pool_id": "p1", "priority_classes": {
+        "preemptible": 0, "standard": 10, "high": 20, "urgent": 30}})["ok"]
+    deadline = time.monotonic() + 2.0  # well inside the cache's own lifetime
+    n = 0
+    while True:
+        n += 1
+        r = alpha.request_lease(lease_body(f"urgent-{n}", priority="urgent"))
+        if r["ok"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    assert r["ok"], r
+
+
+def test_pool_lease_request_count_prints_every_id(fresh_nats: NatsServer, plane: Plane) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "cli.main", "lease", "request", "--nats-url", fresh_nats.url,
+         "--tenant", "alpha", "--pool", "p1", "--cpu-millis", "100", "--memory-mib", "64",
+         "--max-runtime", "60", "--key", "cli-array", "--count", "3"],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert len(set(done.stdout.split())) == 3
+    bad = subprocess.run(
+        [sys.executable, "-m", "cli.main", "lease", "request", "--nats-url", fresh_nats.url,
+         "--tenant", "alpha", "--pool", "p1", "--cpu-millis", "100", "--memory-mib", "64",
+         "--max-runtime", "60", "--count", "0"],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode != 0 and "--count" in bad.stderr
