@@ -1,4 +1,5 @@
-"""Checks that fold the whole event log: placements against node capacity, effects per key.
+"""Checks that fold the whole event log: placements against node capacity and quotas, effects
+per key.
 
 The fault suite (chaos/suite.py) and the scheduler tests judge runs with these, from the log
 alone; nothing here trusts a process's memory.
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
+from domain.quota import CohortQuota, QuotaBook, TenantQuota, holding_past_limits, limits_from_event
 from domain.resources import Resources
 
 PAGE = 5000
@@ -148,3 +150,74 @@ def count_events(app: Any, names: set[str], key: str | None = None,
         else:
             out[(name, str(state_of(n).get(key)))] += 1
     return out
+
+
+@dataclass
+class QuotaReport:
+    """What a replay of quotas found: placements checked, and each one that took a tenant past
+    its nominal quota plus what it could borrow (or its cohort past its shared quota)."""
+
+    placements: int = 0
+    breaches: list[str] = field(default_factory=list)
+
+
+def check_quotas(app: Any) -> QuotaReport:
+    """Fold the whole log: at every placement, the tenant it placed must hold no more than its
+    nominal quota plus what it could borrow then (its borrow limit, and what its cohort had
+    unused), as the quota settings stood at that event. Holding is counted as the nodes count
+    it, from allocation until the capacity is freed. A later cut of a quota below what is
+    already held is not a breach: only placements are judged."""
+    report = QuotaReport()
+    books: dict[str, QuotaBook] = defaultdict(QuotaBook)
+    policy_of: dict[UUID, tuple[str, str]] = {}  # tenant policy → (pool, tenant)
+    cohort_of: dict[UUID, tuple[str, str]] = {}  # cohort → (pool, name)
+    owner: dict[str, tuple[str, str]] = {}  # lease → (pool, tenant)
+    usage: dict[str, dict[str, Resources]] = defaultdict(dict)
+    held: dict[str, Resources] = {}
+    for n in notifications(app):
+        name = event_name(n.topic)
+        if name in ("TenantPolicySet", "TenantPolicyUpdated"):
+            st = state_of(n)
+            if name == "TenantPolicySet":
+                policy_of[n.originator_id] = (str(st["pool_id"]), str(st["tenant_id"]))
+            if n.originator_id not in policy_of:
+                continue
+            pool, tenant = policy_of[n.originator_id]
+            books[pool].set_tenant(TenantQuota(
+                tenant, limits_from_event(st.get("quota")),
+                limits_from_event(st.get("borrow_limit")),
+                limits_from_event(st.get("lend_limit")), st.get("cohort")))
+        elif name in ("CohortCreated", "CohortSet"):
+            st = state_of(n)
+            if name == "CohortCreated":
+                cohort_of[n.originator_id] = (str(st["pool_id"]), str(st["name"]))
+            if n.originator_id not in cohort_of:
+                continue
+            pool, cohort = cohort_of[n.originator_id]
+            books[pool].set_cohort(CohortQuota(cohort, limits_from_event(st.get("nominal")) or (),
+                                               str(st.get("reclaim", "any"))))
+        elif name == "LeaseRequested":
+            st = state_of(n)
+            owner[str(n.originator_id)] = (str(st["pool_id"]), str(st["tenant_id"]))
+        elif name in ("CapacityAllocated", "CapacityAllocatedBatch"):
+            ev = app.mapper.to_domain_event(n)
+            items = ([[ev.lease_id, ev.resources]] if name == "CapacityAllocated"
+                     else ev.allocations)
+            for item in items:
+                lease = str(item[0])
+                if lease not in owner or lease in held:
+                    continue  # the placement check reports leases held twice
+                pool, tenant = owner[lease]
+                amount = held[lease] = Resources.from_dict(item[1])
+                mine = usage[pool]
+                mine[tenant] = mine.get(tenant, Resources()) + amount
+                report.placements += 1
+                for breach in holding_past_limits(books[pool], mine, [tenant]):
+                    report.breaches.append(f"{breach} after placing lease {lease} at {n.id}")
+        elif name == "CapacityFreed":
+            ev = app.mapper.to_domain_event(n)
+            lease = str(ev.lease_id)
+            if lease in held and lease in owner:
+                pool, tenant = owner[lease]
+                usage[pool][tenant] = usage[pool][tenant] - held.pop(lease)
+    return report

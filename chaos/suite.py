@@ -360,7 +360,7 @@ def scenario_scheduler_failover(ws: Workspace, size: dict[str, Any], o: Outcome)
     """Two `pool serve` processes on one log; SIGKILL whichever leads, as soon as it is placing
     a burst, again and again; time until the standby places, and replay the log for capacity."""
     from bus.leader import LeaderElection
-    from chaos.invariants import check_placements, event_name
+    from chaos.invariants import check_placements, check_quotas, event_name
 
     ttl = float(size["leader_ttl_s"])
     url = ws.nats().url
@@ -369,6 +369,13 @@ def scenario_scheduler_failover(ws: Workspace, size: dict[str, Any], o: Outcome)
     tenants = ["alpha", "beta"]
     # GPU nodes: the replay also checks that no device is ever held by two leases at once
     setup_pool(admin, tenants, nodes=int(size["nodes"]), gpus=4)
+    # the tenants share a cohort with half the GPUs each, alpha borrowing at most a quarter
+    # more: the replay also checks that no placement took a tenant past its quota
+    gpus = int(size["nodes"]) * 4
+    _must(admin.admin("cohort.set", {"pool_id": "p1", "name": "chaos"}))
+    for t, extra in (("alpha", {"borrow_limit": {"gpu_count": gpus // 4}}), ("beta", {})):
+        _must(admin.admin("tenant.set", {"tenant": t, "pool_id": "p1", "cohort": "chaos",
+                                         "nominal": {"gpu_count": gpus // 2}, **extra}))
     log = ws.log_reader(url)
     observer = LeaderElection(url, name="scheduler", holder_id="chaos-observer", ttl_seconds=ttl)
     stop = threading.Event()
@@ -490,6 +497,9 @@ def scenario_scheduler_failover(ws: Workspace, size: dict[str, Any], o: Outcome)
            "; ".join((report.over_allocations + report.double_holds
                       + report.device_conflicts)[:2]))
     o.zero("foreign_devices", len(report.foreign_devices), "; ".join(report.foreign_devices[:2]))
+    quotas = check_quotas(log)
+    o.figures.update(quota_placements=quotas.placements)
+    o.zero("quota_breaches", len(quotas.breaches), "; ".join(quotas.breaches[:2]))
     o.expect(len(takeovers) == int(size["kills"]),
              f"{len(takeovers)} of {size['kills']} takeovers measured")
     o.expect(report.placements > 0, "nothing was placed")
@@ -1280,7 +1290,7 @@ class LeaseDriver:
 def scenario_nats_kills(ws: Workspace, size: dict[str, Any], o: Outcome) -> None:
     """A 3-node cluster, R3 streams, two `pool serve` processes; lease commands from several
     clients while one nats-server after another is SIGKILLed and started again."""
-    from chaos.invariants import check_placements
+    from chaos.invariants import check_placements, check_quotas
 
     cluster = start_cluster(ws)
     url = cluster.url
@@ -1334,6 +1344,7 @@ def scenario_nats_kills(ws: Workspace, size: dict[str, Any], o: Outcome) -> None
                      ack_max_s=round(max(driver.latencies, default=0.0), 1))
     driver.check(log, o)
     o.zero("double_placements", check_placements(log).double_placements)
+    o.zero("quota_breaches", len(check_quotas(log).breaches))
     o.figures["errors"] = dict(driver.errors)
     o.expect(len(kills) >= 2, f"only {len(kills)} servers killed during the run")
     o.expect(len(driver.acked) >= n * 0.9, f"only {len(driver.acked)} of {n} acknowledged")

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from bus.local.server import NatsServer
+from chaos.invariants import check_quotas
 from client.api import PoolClient
 from control.plane import ControlPlane
 from tests.control_plane import (
@@ -250,6 +251,8 @@ def test_a_tenant_borrows_up_to_its_borrow_limit_and_never_past_it(plane: Plane)
         assert why["tenant"] == ["quota_exceeded"]
         assert why["quota"] == {"over_limit": ["cpu_millis"]}
         assert cp.scheduler.cycle().placed == 0  # the third node stays free for beta
+    replay = check_quotas(cp.app)
+    assert replay.placements == 3 and replay.breaches == []
 
 
 def test_a_lend_limit_keeps_part_of_an_owners_quota_from_borrowers(plane: Plane) -> None:
@@ -297,6 +300,24 @@ def test_an_owner_reclaims_lent_quota_by_preempting_a_borrower_with_grace(plane:
         assert cp.scheduler.cycle().placed == 1
         assert _lease(b, mine)["state"] == "reserved"
         assert _lease(a, fresh)["end_reason"] == "reclaiming_quota"
+    replay = check_quotas(cp.app)
+    assert replay.placements == 3 and replay.breaches == []
+
+
+def test_the_replay_check_finds_a_placement_past_the_quota(plane: Plane,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    cp, admin, _clock = plane
+    setup_pool(admin, tenants={"alpha": 1.0, "beta": 1.0})
+    _cohort(admin, alpha={"borrow_limit": {"cpu_millis": 0}})
+    _nodes(admin, "n1", "n2")
+    monkeypatch.setattr("control.scheduler.quota_wait", lambda *a, **kw: None)  # a broken gate
+    with PoolClient(cp.nats_url, "alpha") as a:
+        for i in range(2):
+            a.request_lease(lease_body(f"a{i}", cpu_millis=WHOLE_NODE))
+        assert cp.scheduler.cycle().placed == 2
+    replay = check_quotas(cp.app)
+    assert replay.placements == 2 and len(replay.breaches) == 1
+    assert replay.breaches[0].startswith("tenant alpha holds 16000 cpu_millis, past its limit 8000")
 
 
 def test_an_owner_in_a_cohort_that_never_reclaims_waits_naming_the_borrower(
