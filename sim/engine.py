@@ -209,6 +209,7 @@ class Simulator:
         placed = 0
         examined = 0
         unplaced: list[PendingRequest] = []
+        reserved: list[Lease] = []
         # capacity only shrinks within a cycle: a shape that fit nowhere stays unplaceable, so
         # later requests of that shape are not filtered again (an exact shortcut)
         failed: dict[Shape, FilterResult] = {}
@@ -264,10 +265,11 @@ class Simulator:
                 continue
             if bf is not None:
                 bf.placed(req.lease_id)
+            # reserved now and committed once the cycle is over, as a client commits after the
+            # scheduler's batch: within the cycle its end estimate is a reservation's
             lease.reserve(now, node_id=NodeId(node_id),
                           commit_timeout_seconds=cfg.commit_timeout_seconds, hold_microcredits=0)
-            lease.commit(now)
-            lease.collect_events()
+            reserved.append(lease)
             self.table.allocate(node_id, req.lease_id, res, tenant=req.tenant)
             queue.placed(req)
             out = self._outcome[req.lease_id]
@@ -278,6 +280,9 @@ class Simulator:
             placed += 1
         for req in unplaced:
             self._push(req)
+        for lease in reserved:
+            lease.commit(now)
+            lease.collect_events()
         self.result.cycles += 1
         if self.on_cycle is not None:
             self.on_cycle(now, placed)
