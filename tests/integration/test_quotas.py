@@ -299,7 +299,8 @@ def test_an_owner_reclaims_lent_quota_by_preempting_a_borrower_with_grace(plane:
         assert _stopped(cp.nats_url, node, fresh)["ok"]
         assert cp.scheduler.cycle().placed == 1
         assert _lease(b, mine)["state"] == "reserved"
-        assert _lease(a, fresh)["end_reason"] == "reclaiming_quota"
+        assert _lease(a, fresh)["end_reason"] == "preempted"
+        assert cp.app.get("alpha", fresh).stop_reason == "reclaiming_quota"  # and why
     replay = check_quotas(cp.app)
     assert replay.placements == 3 and replay.breaches == []
 
