@@ -105,9 +105,12 @@ class Agent:
 
     def capabilities(self) -> dict[str, Any]:
         binds = getattr(self.runtime, "binds_gpus", None)
+        # only the egress the runtime really enforces (a runtime that says nothing: none)
+        egress = getattr(self.runtime, "network_egress", None)
         return self.probe.capabilities(reserve=self.reserve,
                                        runtimes=self.runtime.isolation_classes(),
                                        labels=self.labels, trust_level=self.trust_level,
+                                       network_egress=egress() if egress else "none",
                                        binds_gpus=bool(binds()) if binds is not None else False,
                                        time_slice_replicas=self.time_slice_replicas)
 

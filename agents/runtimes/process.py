@@ -1,9 +1,10 @@
 """The `process` runtime: the job's command inside a bubblewrap sandbox, no engine needed.
 
-Every namespace unshared (no network unless the shape asks for egress), uid/gid 65534, the
-host's /usr read-only and nothing else of it, a private /tmp, rlimits from the shape. Each
-workload runs under a tiny `sh` supervisor in its own session that writes the exit code to a
-file, so a restarted agent can re-adopt it by its pid file and still learn how it ended.
+Every namespace unshared (egress, when asked, through a user-mode network stack), uid/gid
+65534, the host's /usr read-only and nothing else of it, a /tmp sized to the shape's memory,
+CPU, memory and pids limits in cgroups (rlimits as the floor). Each workload runs under a tiny
+`sh` supervisor in its own session that writes the exit code to a file, so a restarted agent
+can re-adopt it by its pid file and still learn how it ended.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from agents.runtimes import usernet
+from agents.runtimes.cgroups import Cgroups, join
 from agents.runtimes.contract import (
     RuntimeUnavailable,
     Usage,
@@ -102,17 +105,35 @@ def gpu_sandbox_args(spec: WorkloadSpec, dev: Path = DEV) -> list[str]:
                    "--setenv", "NVIDIA_VISIBLE_DEVICES", visible]
 
 
+def _processes_of(uid: int) -> int:
+    """How many processes the host user `uid` runs now (what RLIMIT_NPROC counts)."""
+    n = 0
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if d.stat().st_uid == uid:
+                    n += 1
+            except OSError:
+                continue
+    return n
+
+
 class ProcessRuntime:
     """Runs workloads as sandboxed processes; state (pid and exit files) under `state_dir`."""
 
     name = "process"
 
-    def __init__(self, state_dir: Path, *, bwrap: str | None = None) -> None:
+    def __init__(self, state_dir: Path, *, bwrap: str | None = None,
+                 cgroups: Cgroups | None = None, slirp: str | None = "") -> None:
         self.state_dir = Path(state_dir) / "process"
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.bwrap = bwrap or shutil.which("bwrap")
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._networks: dict[str, subprocess.Popen[bytes]] = {}
         self._classes: tuple[str, ...] | None = None
+        self.cgroups = cgroups if cgroups is not None else Cgroups.probe()
+        # "" finds slirp4netns on PATH; None: no egress from this runtime
+        self.slirp = usernet.available() if slirp == "" else slirp
 
     # -- capabilities -----------------------------------------------------------------------
 
@@ -121,7 +142,7 @@ class ProcessRuntime:
         if self.bwrap is None:
             return "bubblewrap (bwrap) is not installed; apt-get install bubblewrap"
         try:
-            r = subprocess.run([self.bwrap, *self._sandbox_args(None, "none"), "--", "/bin/true"],
+            r = subprocess.run([self.bwrap, *self._sandbox_args(None), "--", "/bin/true"],
                                capture_output=True, timeout=10, check=False)
         except (OSError, subprocess.TimeoutExpired) as e:
             return f"bwrap failed to start: {e}"
@@ -134,6 +155,25 @@ class ProcessRuntime:
         wherever the NVIDIA driver's control device exists and a sandbox can start."""
         return (DEV / "nvidiactl").exists() and bool(self.isolation_classes())
 
+    def network_egress(self) -> str:
+        """The most open egress this runtime enforces: `open` through slirp4netns (the host's
+        loopback unreachable), else `none` (a job asking for egress is refused)."""
+        return "open" if self.slirp else "none"
+
+    def limitations(self) -> list[str]:
+        """What this runtime cannot enforce here, one line each (said at the agent's start)."""
+        out = list(self.cgroups.problems)
+        missing = [c for c in ("cpu", "memory", "pids") if c not in self.cgroups.enforced]
+        if "cpu" in missing:
+            out.append("no CPU limit: a job may use every core")
+        if "memory" in missing:
+            out.append("memory bounded only by RLIMIT_AS (address space, not residency)")
+        if "pids" in missing:
+            out.append("processes bounded only by RLIMIT_NPROC (counted per host user)")
+        if not self.slirp:
+            out.append("no slirp4netns: jobs that ask for egress are refused, none advertised")
+        return out
+
     def isolation_classes(self) -> tuple[str, ...]:
         if self._classes is None:  # probed once: starting a sandbox costs a few milliseconds
             self._classes = ("sandboxed",) if self.available() is None else ()
@@ -141,7 +181,7 @@ class ProcessRuntime:
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    def _sandbox_args(self, checkpoint_dir: str | None, egress: str) -> list[str]:
+    def _sandbox_args(self, checkpoint_dir: str | None, tmp_bytes: int = 64 << 20) -> list[str]:
         args = ["--unshare-all", "--uid", "65534", "--gid", "65534",
                 "--ro-bind", "/usr", "/usr"]
         for link in ("bin", "lib", "lib64", "sbin"):
@@ -150,11 +190,13 @@ class ProcessRuntime:
                 args += ["--symlink", os.readlink(target), f"/{link}"]
             elif target.is_dir():
                 args += ["--ro-bind", str(target), f"/{link}"]
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--chdir", "/tmp",
+        # /tmp is memory: sized to the shape (its pages count against the memory limit too)
+        args += ["--proc", "/proc", "--dev", "/dev", "--size", str(tmp_bytes), "--tmpfs", "/tmp",
+                 "--chdir", "/tmp",
                  "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin",
                  "--setenv", "HOME", "/tmp"]
-        if egress != "none":
-            args.append("--share-net")
+        # never --share-net (the host's own namespace: its loopback services too): egress comes
+        # from a user-mode stack attached to the sandbox's own namespace (usernet)
         if checkpoint_dir is not None:
             args += ["--bind", checkpoint_dir, "/checkpoint",
                      "--setenv", "POOL_CHECKPOINT_DIR", "/checkpoint"]
@@ -176,31 +218,69 @@ class ProcessRuntime:
         if spec.checkpoint_dir is not None:
             Path(spec.checkpoint_dir).mkdir(parents=True, exist_ok=True)
             os.chmod(spec.checkpoint_dir, 0o777)  # the sandbox's uid 65534 writes there
-        argv = [self.bwrap, *self._sandbox_args(spec.checkpoint_dir, spec.network_egress),
+        egress = spec.network_egress != "none"
+        if egress and not self.slirp:
+            raise WorkloadError("this node cannot give a sandbox egress without the host's "
+                                "network (no slirp4netns)", code="egress_unavailable")
+        memory = spec.memory_mib * 1024 * 1024
+        argv = [self.bwrap, *self._sandbox_args(spec.checkpoint_dir, memory),
                 *gpu_sandbox_args(spec)]
         for k, v in spec.env:
             argv += ["--setenv", k, v]
+        wiring = usernet.Wiring() if egress else None
+        if wiring is not None:
+            argv += wiring.bwrap_args()
         argv += ["--setenv", "POOL_LEASE_ID", spec.lease_id, "--", *spec.command]
-        memory = spec.memory_mib * 1024 * 1024
+        try:
+            procs_files = self.cgroups.create(spec.key, cpu_millis=spec.cpu_millis,
+                                              memory_mib=spec.memory_mib,
+                                              pids=spec.pids_limit) if self.cgroups.enforced else []
+        except OSError as e:
+            if wiring is not None:
+                wiring.abandon()
+            raise WorkloadError(f"could not set the workload's cgroup limits: {e}",
+                                code="limits_failed") from e
+        # without a pids cgroup, RLIMIT_NPROC is the floor: it counts every process of the host
+        # user the sandbox maps to, so the job gets its own limit on top of what runs already
+        nproc = (None if "pids" in self.cgroups.enforced
+                 else _processes_of(os.getuid()) + spec.pids_limit)
 
         def limits() -> None:  # in the child, before exec: inherited by bwrap and the job
+            join(procs_files)
             # address space gets headroom over the shape: it counts mappings, not residency
             resource.setrlimit(resource.RLIMIT_AS, (memory * 4, memory * 4))
             resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            if nproc is not None:
+                resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
-        # the job's stdout and stderr
-        with open(self.state_dir / f"{spec.key}.log", "ab") as log_file:
+        # the job's stdout and stderr: readable by the node's operator only
+        fd = os.open(self.state_dir / f"{spec.key}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                     0o600)
+        with os.fdopen(fd, "ab") as log_file:
             try:
                 proc = subprocess.Popen(
-                    ["/bin/sh", "-c", _SUPERVISOR, "pool-supervisor", *argv],
+                    [*(wiring.prefix() if wiring is not None else []),
+                     "/bin/sh", "-c", _SUPERVISOR, "pool-supervisor", *argv],
                     stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                    # the child only calls setrlimit before exec
+                    # the child only joins its cgroups and calls setrlimit before exec
                     start_new_session=True, preexec_fn=limits,  # noqa: PLW1509
                     env={"POOL_EXIT_FILE": str(exit_file), "PATH": "/usr/bin:/bin"},
+                    pass_fds=wiring.child_fds() if wiring is not None else (),
                 )
             except OSError as e:
+                if wiring is not None:
+                    wiring.abandon()
                 raise WorkloadError(f"could not start the sandbox: {e}") from e
+        if wiring is not None:
+            assert self.slirp is not None
+            try:
+                self._networks[spec.key] = wiring.connect(self.slirp, proc.pid)
+            except (WorkloadError, OSError) as e:
+                self._signal(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise WorkloadError(f"could not give the sandbox egress: {e}",
+                                    code="egress_failed") from e
         started = time.time()
         handle = WorkloadHandle(
             lease_id=spec.lease_id, epoch=spec.epoch, job_number=spec.job_number,
@@ -247,8 +327,11 @@ class ProcessRuntime:
                 deadline = time.monotonic() + 5
                 while time.monotonic() < deadline and self._alive(handle):
                     time.sleep(0.02)
-        # nothing of the group may outlive the stop (the job may have forked)
+        # nothing of the group may outlive the stop (the job may have forked), nor anything
+        # left in its cgroup (a job that started a session of its own)
         for pid in _group_pids(pgid):
+            self._signal_pid(pid, signal.SIGKILL)
+        for pid in self.cgroups.pids(handle.key):
             self._signal_pid(pid, signal.SIGKILL)
         return self.poll(handle)
 
@@ -283,6 +366,14 @@ class ProcessRuntime:
             return  # still running: keep its files so it can be adopted
         if child is not None:
             child.wait()
+        net = self._networks.pop(handle.key, None)
+        if net is not None:  # it ends with the sandbox (its exit fd closed); reap it
+            try:
+                net.wait(5)
+            except subprocess.TimeoutExpired:
+                net.kill()
+                net.wait()
+        self.cgroups.remove(handle.key)
         pid_file.unlink(missing_ok=True)
         exit_file.unlink(missing_ok=True)
 
