@@ -112,14 +112,17 @@ class Demo:
 
     # -- set-up ------------------------------------------------------------------------------
 
-    def spawn(self, name: str, *argv: str) -> subprocess.Popen[bytes]:
+    def spawn(self, name: str, *argv: str, nats_url: str | None = None) -> subprocess.Popen[bytes]:
         """A `pool …` process of the demo's own (one interpreter each: its own GIL), logging
-        under $home/logs."""
+        under $home/logs. `nats_url` (with the service password) goes in its environment, never
+        on its command line, which every local user can read in /proc."""
         logs = self.home / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if k not in ("POOL_NATS_URL",
                                                                   "POOL_DATABASE_URL")}
         env["POOL_HOME"] = str(self.home)
+        if nats_url:
+            env["POOL_NATS_URL"] = nats_url
         # its own session (Ctrl-C reaches the demo, which stops the rest in order), and a
         # SIGTERM from the kernel should the demo itself die without its teardown
         with open(logs / f"{name}.log", "ab") as out:
@@ -143,7 +146,7 @@ class Demo:
         url = self.url = self.emb.service_url or self.emb.nats_url
         ensure_all_streams(url)
         # the control plane: commands, scheduler, dispatcher, reconciler and projector
-        self.spawn("control-plane", "serve", "--nats-url", url)
+        self.spawn("control-plane", "serve", nats_url=url)
         self.admin = PoolClient(url, timeout=20)
         self.clients = {t: PoolClient(url, t, timeout=20) for t in TENANTS}
         from bus.errors import BusError
@@ -186,13 +189,12 @@ class Demo:
         total = self.nodes + 2
         self.say(f"starting {total} simulated nodes and a real sandboxed agent …")
         self.spawn("fleet", "agent", "simulate", "--nodes", str(self.nodes), "--pool", POOL,
-                   "--heartbeat-interval", "4", "--nats-url", url, "--report-every", "5")
+                   "--heartbeat-interval", "4", "--report-every", "5", nats_url=url)
         self.spawn("fleet-hpc", "agent", "simulate", "--nodes", "1", "--profile", "a100",
-                   "--prefix", "hpc", "--pool", HPC, "--heartbeat-interval", "1",
-                   "--nats-url", url)
+                   "--prefix", "hpc", "--pool", HPC, "--heartbeat-interval", "1", nats_url=url)
         self.spawn("fleet-quiet", "agent", "simulate", "--nodes", "1", "--profile", "cpu",
                    "--prefix", "quiet", "--pool", EDGE, "--heartbeat-interval", "1",
-                   "--nats-url", url)
+                   nats_url=url)
         from agents.runtimes.process import ProcessRuntime
 
         why = ProcessRuntime(self.home / "probe").available()
