@@ -947,7 +947,7 @@ def _known_codes() -> set[str]:
     from bus.errors import BusError as B
     from control.errors import ServiceError
     from domain.errors import DomainError
-    from projections.queries import BadQuery, ViewsUnavailable
+    from projections.errors import BadQuery, ViewsUnavailable
     from schemas.codec import SCHEMA_ERROR_CODES
 
     codes = set(SCHEMA_ERROR_CODES) | {BadQuery.code, ViewsUnavailable.code,

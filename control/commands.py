@@ -124,7 +124,7 @@ class CommandHandler:
             from projections.views import DEFAULT_SCHEMA
 
             self._reader = ViewReader(self.database_url, self.views_schema or DEFAULT_SCHEMA)
-        from projections.queries import BadQuery, ViewsUnavailable
+        from projections.errors import BadQuery, ViewsUnavailable
 
         try:
             page = self._reader.query(view, tenant=tenant, filters=dict(q.filters),

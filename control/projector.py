@@ -22,7 +22,8 @@ from typing import Any
 
 from control.application import PoolApp
 from control.bootstrap import app_env
-from projections.views import DEFAULT_BATCH, DEFAULT_SCHEMA, VIEWS, PoolViews, PositionMoved
+from projections.errors import PositionMoved
+from projections.views import DEFAULT_BATCH, DEFAULT_SCHEMA, VIEWS, PoolViews
 
 log = logging.getLogger(__name__)
 

@@ -184,7 +184,7 @@ async def _answer(gw: Gateway, route: HttpRoute, request: Request[Any, Any, Any]
 
 async def _read_view(gw: Gateway, route: HttpRoute, request: Request[Any, Any, Any],
                      ids: dict[str, str]) -> Response[Any]:
-    from projections.queries import BadQuery, ViewsUnavailable
+    from projections.errors import BadQuery, ViewsUnavailable
     from projections.views import VIEWS
 
     view = ids["view"]

@@ -198,7 +198,7 @@ def _start(home: Path, *, with_postgres: bool) -> Embedded:
         if reachable_database_url(database_url) is None:
             if server is not None:
                 server.stop()
-            from projections.postgres.embedded import DatabaseUnavailable
+            from projections.errors import DatabaseUnavailable
 
             raise DatabaseUnavailable(f"POOL_DATABASE_URL={database_url} does not answer")
         notes.append(f"postgres: using {database_url} (POOL_DATABASE_URL)")

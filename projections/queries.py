@@ -15,19 +15,8 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from projections.catalog import COLUMNS, FILTERS, KEYS, MAX_LIMIT, TENANT_VIEWS
+from projections.errors import BadQuery, ViewsUnavailable
 from projections.views import DEFAULT_SCHEMA, check_view
-
-
-class ViewsUnavailable(Exception):
-    """The views' database could not answer (down, or the views not built yet)."""
-
-    code = "views_unavailable"
-
-
-class BadQuery(Exception):
-    """A filter, tenant, cursor or page size the view cannot take."""
-
-    code = "invalid_field"
 
 
 def query(conn: psycopg.Connection[Any], view: str, *, tenant: str | None,

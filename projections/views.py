@@ -40,6 +40,7 @@ from domain.account import Account
 from domain.fold import lean_mutator
 from domain.lease import TERMINAL_STATES, Lease
 from domain.node import Node
+from projections.errors import PositionMoved, UnknownView
 
 APPLICATION_NAME = "pool"
 DEFAULT_SCHEMA = "pool_views"
@@ -48,18 +49,6 @@ DIMENSIONS: tuple[str, ...] = ("cpu_millis", "memory_mib", "gpu_count", "local_d
 WAITING_STATES = frozenset({"requested", "queued"})
 DEFAULT_BATCH = 1000
 _CACHE_LIMIT = 100_000
-
-
-class PositionMoved(Exception):
-    """A view's position went back (a rebuild) after a batch was read for it: read again."""
-
-    code = "position_moved"
-
-
-class UnknownView(Exception):
-    """A view name that is not one of queue, balance, capacity, leases."""
-
-    code = "unknown_view"
 
 
 def _ddl(view: str) -> str:

@@ -13,11 +13,7 @@ from typing import Any
 
 import psycopg
 
-
-class DatabaseUnavailable(Exception):
-    """PostgreSQL could not be started or reached."""
-
-    code = "database_unavailable"
+from projections.errors import DatabaseUnavailable
 
 
 def reachable_database_url(url: str, timeout: float = 2.0) -> str | None:

@@ -18,7 +18,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from projections.postgres.embedded import DatabaseUnavailable, reachable_database_url
+from projections.errors import DatabaseUnavailable
+from projections.postgres.embedded import reachable_database_url
 
 # unprivileged users to run as when this process is root, in order of preference
 RUN_AS = ("postgres", "pgserver", "nobody")

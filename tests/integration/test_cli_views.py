@@ -7,7 +7,8 @@ import psycopg
 import pytest
 
 from cli.main import main
-from projections.queries import BadQuery, query
+from projections.errors import BadQuery
+from projections.queries import query
 from projections.views import create_schema
 
 
