@@ -78,6 +78,12 @@ class RuntimeLimitExceeded(DomainError):
 # Capacity -------------------------------------------------------------------------------------
 
 
+class CapacityError(DomainError):
+    """The policy's node table was asked to hold an allocation past a node's capacity."""
+
+    code = "capacity_exceeded"
+
+
 class OverAllocation(DomainError):
     """The allocation does not fit in the node's free capacity."""
 

@@ -5,6 +5,7 @@ No I/O and no clock: every function takes `now` and its inputs explicitly.
 
 from __future__ import annotations
 
+from domain.errors import CapacityError
 from domain.policy import reasons
 from domain.policy.fairness import (
     FairQueue,
@@ -17,7 +18,6 @@ from domain.policy.fairness import (
 )
 from domain.policy.placement import (
     NODE_STATES,
-    CapacityError,
     FilterResult,
     NodeTable,
 )

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from domain.errors import CapacityError
 from domain.policy import reasons as R
 from domain.resources import (
     NETWORK_CLASSES,
@@ -55,10 +56,6 @@ _ROW_COLUMNS: tuple[str, ...] = (
 )
 _NO_CODE = -1  # a node without the trait (gpu_model None)
 _UNKNOWN = -2  # a requested value no node has ever had: matches nothing
-
-
-class CapacityError(ValueError):
-    """An allocation that would take a node past its allocatable capacity."""
 
 
 def _reason_for_dimension(dim: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from domain.errors import CapacityError
 from domain.policy.placement import NodeTable
 from domain.resources import NodeCapabilities, Resources, Shape
 
@@ -91,7 +92,7 @@ def test_a_single_row_is_scored_exactly_as_the_vectorised_ranking_scores_it(
         node = f"n{node_i % n}"
         try:
             t.allocate(node, f"l{step}", shape.resources)
-        except ValueError:
+        except CapacityError:
             pass  # does not fit there: the table stays as it was
         for s in SHAPES + PREFERRING:
             eligible = t.filter(s).eligible
