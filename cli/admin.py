@@ -101,6 +101,12 @@ POOL_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
      "seconds of agent silence before a node is lost"),
     ("--lost-node-release", "lost_node_release_seconds", 300,
      "seconds after which a lost node's leases are released"),
+    ("--max-runtime", "maximum_runtime_seconds", 86_400,
+     "the longest maximum runtime, in seconds, a request may ask for"),
+    ("--non-preemptible-classes", "non_preemptible_classes", None,
+     "class,… whose leases are never preemption victims"),
+    ("--fair-share-half-life", "fair_share_half_life_seconds", 0,
+     "seconds: fair share also counts past usage decayed with this half-life (0: none)"),
 )
 
 
@@ -113,6 +119,8 @@ def _pool_body(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
             continue
         if field == "priority_classes":
             value = parse_kv(value)
+        elif field == "non_preemptible_classes":
+            value = [c.strip() for c in value.split(",") if c.strip()]
         outer, _, inner = field.partition(".")
         if inner:
             body.setdefault(outer, {})[inner] = value
@@ -198,7 +206,7 @@ def register(sub: Subparsers) -> None:
             elif flag == "--packing":
                 ps.add_argument(flag, choices=["best-fit", "spread"], default=default,
                                 help=help_)
-            elif flag == "--priority-classes":
+            elif flag in ("--priority-classes", "--non-preemptible-classes"):
                 ps.add_argument(flag, default=default, help=help_)
             else:
                 ps.add_argument(flag, type=int, default=default, metavar="SECONDS", help=help_)
@@ -232,13 +240,16 @@ def register(sub: Subparsers) -> None:
     pim.set_defaults(func=cmd_admin, build=_pool_images)
     aten = adm.add_parser("tenant", help="tenant settings").add_subparsers(dest="verb", metavar="VERB")
     aten.required = True
-    ts = aten.add_parser("set", help="a tenant's weight and quota in a pool")
+    ts = aten.add_parser("set", help="a tenant's weight, quota and cohort in a pool")
     client_opts(ts)
     ts.add_argument("tenant_id")
     ts.add_argument("--pool", required=True)
     ts.add_argument("--weight", type=float, default=1.0)
     ts.add_argument("--quota", help="dimension=amount,… e.g. cpu_millis=64000,gpu_count=4")
     ts.set_defaults(func=cmd_admin, build=_tenant_set, after=_tenant_user_after_set)
+    from cli.quotas import register_admin
+
+    register_admin(adm, show, ts)
     tc = aten.add_parser("creds", help="the tenant's NATS user on this machine's `pool up` "
                          "(created and loaded into the running server if new)")
     tc.add_argument("name", metavar="tenant_id")

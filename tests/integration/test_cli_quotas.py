@@ -1,0 +1,63 @@
+"""`pool admin cohort set`, the quota flags of `pool admin tenant set` and the limits table of
+`pool admin pool show`, against a live control plane."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from bus.local.server import NatsServer
+from cli.main import main
+from control.plane import ControlPlane
+
+
+@pytest.fixture()
+def served(fresh_nats: NatsServer) -> Iterator[str]:
+    cp = ControlPlane(fresh_nats.url, run_scheduler=False).start()
+    yield fresh_nats.url
+    cp.stop()
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_an_operator_sets_a_cohort_and_pool_show_prints_every_limit(
+        served: str, capsys: pytest.CaptureFixture[str]) -> None:
+    u = ["--nats-url", served]
+    assert _run(capsys, "admin", "pool", "create", "p", *u, "--max-runtime", "7200",
+                "--priority-classes", "batch=0,standard=10",
+                "--non-preemptible-classes", "standard")[0] == 0
+    assert _run(capsys, "admin", "cohort", "set", "research", "--pool", "p",
+                "--nominal", "gpu_count=2", *u)[0] == 0
+    rc, _out, err = _run(capsys, "admin", "tenant", "set", "acme", "--pool", "p", *u,
+                         "--nominal", "cpu_millis=8000,gpu_count=0", "--cohort", "research",
+                         "--borrow-limit", "cpu_millis=4000", "--no-preemptible")
+    assert rc == 0, err
+    rc, out, _ = _run(capsys, "admin", "pool", "show", "p", *u)
+    assert rc == 0
+    lines = out.splitlines()
+    acme = next(line.split() for line in lines if line.startswith("acme"))
+    assert acme == ["acme", "1", "cpu_millis=8000,gpu_count=0", "research", "cpu_millis=4000",
+                    "all", "no"]
+    research = next(line.split() for line in lines if line.startswith("research"))
+    assert research == ["research", "gpu_count=2", "any", "acme"]
+    rc, out, _ = _run(capsys, "admin", "pool", "show", "p", *u, "--json")
+    config = json.loads(out)["result"]["config"]
+    assert config["maximum_runtime_seconds"] == 7200
+    assert config["non_preemptible_classes"] == ["standard"]
+
+
+def test_a_malformed_limit_is_refused_in_one_line_naming_the_flag(
+        served: str, capsys: pytest.CaptureFixture[str]) -> None:
+    u = ["--nats-url", served]
+    rc, _out, err = _run(capsys, "admin", "tenant", "set", "acme", "--pool", "p", *u,
+                         "--borrow-limit", "cpu_millis=lots", "--cohort", "c")
+    assert rc == 2 and "--borrow-limit" in err and len(err.strip().splitlines()) == 1
+    rc, _out, err = _run(capsys, "admin", "tenant", "set", "acme", "--pool", "p", *u,
+                         "--lend-limit", "cpu_millis=1")
+    assert rc == 2 and "--cohort" in err
