@@ -6,9 +6,26 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
-from sim import DRF, DRF_BACKFILL, FIFO, Policy, Report, Simulator, SyntheticSpec, report, synthetic
+from domain.lease import Lease
+from domain.node import Node
+from domain.pool import PoolConfig
+from sim import (
+    DRF,
+    DRF_BACKFILL,
+    FIFO,
+    Policy,
+    Report,
+    SimNode,
+    Simulator,
+    SyntheticSpec,
+    Workload,
+    from_leases,
+    report,
+    synthetic,
+)
 
 HOUR = 3600.0
 # the full run: a month of three cohorts of four tenants on 24 GPU nodes and 16 CPU nodes
@@ -24,23 +41,66 @@ def _hours(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds / HOUR:.1f}"
 
 
+class NothingToReplay(ValueError):
+    """The log holds no pool (or not the one named) with leases to replay."""
+
+    code = "nothing_to_replay"
+
+
+def workload_from_log(app: Any, pool_id: str | None = None) -> tuple[Workload, PoolConfig]:
+    """The leases of one pool (the named one, else the one with the most leases) folded from
+    the log by the scheduler's own catch-up, with that pool's nodes, tenant weights and
+    settings, as a workload to replay: what-if, under another policy."""
+    from control.application import WEIGHT_SCALE
+    from control.scheduler import Scheduler
+
+    scheduler = Scheduler(app)
+    try:
+        scheduler.catch_up()
+    finally:
+        scheduler.close()
+    leases = [a for a in scheduler.aggregates.values() if isinstance(a, Lease)]
+    if pool_id is None:
+        counts: dict[str, int] = {}
+        for lease in leases:
+            counts[lease.pool_id] = counts.get(lease.pool_id, 0) + 1
+        if not counts:
+            raise NothingToReplay("the log holds no lease to replay")
+        pool_id = max(sorted(counts), key=counts.__getitem__)
+    state = scheduler.pools.get(pool_id)
+    if state is None:
+        raise NothingToReplay(f"the log holds no pool {pool_id!r}")
+    nodes = [SimNode(n.node_id, n.capabilities) for n in scheduler.aggregates.values()
+             if isinstance(n, Node) and n.pool_id == pool_id]
+    mine = [lease for lease in leases if lease.pool_id == pool_id]
+    if not mine:
+        raise NothingToReplay(f"pool {pool_id!r} has no lease in the log")
+    weights = {t: w / WEIGHT_SCALE for t, w in state.weights.items()}  # as tenant set gave them
+    workload = from_leases(mine, nodes, weights)
+    return replace(workload, description=f"pool {pool_id}: {workload.description}, "
+                   f"{len(nodes)} nodes"), state.pool.config
+
+
 def run_policy_bench(*, quick: bool = False, days: float | None = None, seed: int = 1,
                      offered_load: float | None = None, cycle_seconds: float = 60.0,
+                     workload: Workload | None = None, config: PoolConfig | None = None,
                      progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Replay one seeded synthetic workload through every policy; figures and a table."""
-    base = QUICK if quick else FULL
-    spec = SyntheticSpec(
-        days=base.days if days is None else days, gpu_nodes=base.gpu_nodes,
-        cpu_nodes=base.cpu_nodes, seed=seed,
-        offered_load=base.offered_load if offered_load is None else offered_load)
-    workload = synthetic(spec)
+    """Replay one workload (seeded and synthetic unless given) through every policy; figures
+    and a table. `config` is the pool's settings (priority classes, aging, packing)."""
+    if workload is None:
+        base = QUICK if quick else FULL
+        spec = SyntheticSpec(
+            days=base.days if days is None else days, gpu_nodes=base.gpu_nodes,
+            cpu_nodes=base.cpu_nodes, seed=seed,
+            offered_load=base.offered_load if offered_load is None else offered_load)
+        workload = synthetic(spec)
     if progress:
         progress(f"{workload.description}: {len(workload.requests)} requests")
     reports: list[Report] = []
     seconds: dict[str, float] = {}
     for policy in POLICIES:
         started = time.perf_counter()
-        result = Simulator(workload, policy, cycle_seconds=cycle_seconds).run()
+        result = Simulator(workload, policy, config=config, cycle_seconds=cycle_seconds).run()
         seconds[policy.name] = time.perf_counter() - started
         reports.append(report(result))
         if progress:

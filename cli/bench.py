@@ -75,15 +75,28 @@ def cmd_bench_e2e(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_policy(args: argparse.Namespace) -> int:
-    from bench.policy import run_policy_bench
+    from bench.policy import NothingToReplay, run_policy_bench, workload_from_log
 
     for flag, fvalue in (("--days", args.days), ("--load", args.load),
                          ("--cycle-seconds", args.cycle_seconds)):
         if fvalue is not None and not fvalue > 0:
             raise UsageError(f"{flag} must be positive")
+    if args.pool and not args.from_log:
+        raise UsageError("--pool names the pool to replay: use it with --from-log")
+    workload = config = None
+    if args.from_log:
+        from cli.connect import close_app, log_app
+
+        app = log_app(args)
+        try:
+            workload, config = workload_from_log(app, args.pool)
+        except NothingToReplay as e:
+            raise UsageError(f"--from-log: {e}") from None
+        finally:
+            close_app(app, args)
     result = run_policy_bench(
         quick=args.quick, days=args.days, seed=args.seed, offered_load=args.load,
-        cycle_seconds=args.cycle_seconds,
+        cycle_seconds=args.cycle_seconds, workload=workload, config=config,
         progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)))
     print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json
           else result["table"])
@@ -176,6 +189,13 @@ def register(sub: Subparsers) -> None:
                      help="offered GPU demand over GPU capacity (default 0.9)")
     bpo.add_argument("--cycle-seconds", type=float, default=60.0,
                      help="simulated seconds between scheduling cycles (default 60)")
+    bpo.add_argument("--from-log", action="store_true",
+                     help="replay the requests and observed runtimes of a pool's leases in "
+                     "the event log instead (what-if: the same load under each policy)")
+    bpo.add_argument("--pool", help="with --from-log: the pool to replay (default: the one "
+                     "with the most leases)")
+    bpo.add_argument("--nats-url", help="with --from-log: default $POOL_NATS_URL or the "
+                     "`pool up` endpoints")
     bpo.add_argument("--json", action="store_true")
     bpo.set_defaults(func=cmd_bench_policy)
     bal = bench.add_parser("all", help="every benchmark in one run: one table of figures, "

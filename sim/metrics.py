@@ -12,8 +12,6 @@ from typing import Any
 from domain.policy.fairness import dominant_share
 from sim.engine import SimResult
 
-WIDE = frozenset({"8-gpu", "wide-cpu"})
-
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The q-th percentile (0-100) by linear interpolation; None for no values."""
@@ -112,7 +110,7 @@ def report(result: SimResult) -> Report:
         waits.append(wait)
         tenant_waits.setdefault(req.tenant, []).append(wait)
         width_waits[req.width].append(wait)
-        if req.width in WIDE:
+        if req.wide:
             wide_longest = wait if wide_longest is None else max(wide_longest, wait)
         assert out.started_at is not None
         end = out.ended_at if out.ended_at is not None else out.started_at + req.runtime_seconds

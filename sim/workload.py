@@ -28,6 +28,7 @@ class SimRequest:
     maximum_runtime_seconds: int  # what it declared
     priority_class: str = "default"
     width: str = ""  # a label to report by (e.g. "1-gpu", "8-gpu", "wide-cpu")
+    wide: bool = False  # takes most of a node: the requests backfill is for
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ GPU_1 = Shape.build(cpu_millis=8_000, memory_mib=64 * 1024, gpu_count=1)
 GPU_8 = Shape.build(cpu_millis=64_000, memory_mib=512 * 1024, gpu_count=8)
 WIDE_CPU = Shape.build(cpu_millis=64_000, memory_mib=128 * 1024)
 
+WIDE_KINDS = frozenset({"8-gpu", "wide-cpu"})
 DEFAULT_MIX: tuple[RequestKind, ...] = (
     RequestKind("1-gpu", GPU_1, 0.70, 1.0 * HOUR),
     RequestKind("8-gpu", GPU_8, 0.10, 4.0 * HOUR),
@@ -164,7 +166,8 @@ def synthetic(spec: SyntheticSpec = SyntheticSpec()) -> Workload:
             actual, declared = _runtime(rng, kind, spec.maximum_runtime_seconds)
             n += 1
             requests.append(SimRequest(f"{tenant.name}-{n}", tenant.name, at, kind.shape, actual,
-                                       declared, width=kind.width))
+                                       declared, width=kind.width,
+                                       wide=kind.width in WIDE_KINDS))
     requests.sort(key=lambda r: (r.arrival, r.request_id))
     return Workload(nodes, tuple(tenants), tuple(requests), horizon,
                     description=(f"synthetic seed={spec.seed}: {spec.days:g} days, "
@@ -179,6 +182,17 @@ def width_of(shape: Shape) -> str:
     if res.gpu_count:
         return f"{res.gpu_count}-gpu"
     return f"{res.cpu_millis // 1000}-cpu"
+
+
+def is_wide(shape: Shape, nodes: Sequence[SimNode]) -> bool:
+    """Whether a request takes most (three quarters or more) of the largest node's GPUs, or of
+    its cores when it asks for no GPU."""
+    res = shape.resources
+    if res.gpu_count:
+        most = max((n.capabilities.allocatable.gpu_count for n in nodes), default=0)
+        return most > 0 and res.gpu_count * 4 >= most * 3
+    most = max((n.capabilities.allocatable.cpu_millis for n in nodes), default=0)
+    return most > 0 and res.cpu_millis * 4 >= most * 3
 
 
 def from_leases(leases: Iterable[Lease], nodes: Sequence[SimNode],
@@ -200,7 +214,7 @@ def from_leases(leases: Iterable[Lease], nodes: Sequence[SimNode],
         requests.append(SimRequest(
             str(lease.id), str(lease.tenant_id), lease.requested_at - t0, lease.requested_shape,
             ran, lease.maximum_runtime_seconds, lease.priority_class,
-            width_of(lease.requested_shape)))
+            width_of(lease.requested_shape), is_wide(lease.requested_shape, nodes)))
     requests.sort(key=lambda r: (r.arrival, r.request_id))
     names = sorted({r.tenant for r in requests})
     tenants = tuple(Tenant(n, (cohorts or {}).get(n, ""), (weights or {}).get(n, 1.0))

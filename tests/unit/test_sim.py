@@ -51,6 +51,7 @@ def test_a_synthetic_workload_has_its_cohorts_tenants_and_widths() -> None:
     assert {r.width for r in wl.requests} == {"1-gpu", "8-gpu", "wide-cpu"}
     assert all(r.runtime_seconds <= r.maximum_runtime_seconds for r in wl.requests)
     assert all(0 <= r.arrival < wl.horizon for r in wl.requests)
+    assert {r.width for r in wl.requests if r.wide} == {"8-gpu", "wide-cpu"}
 
 
 def _never_over_capacity(wl: Workload, policy_result: object) -> None:
@@ -88,7 +89,7 @@ def _starving_wide() -> Workload:
             for i in range(96)]
     reqs += [SimRequest(f"f{i}", "filler", 0.0, ONE, 7200.0, 7200, width="1-gpu")
              for i in range(4)]
-    reqs.append(SimRequest("w", "wide", 600.0, EIGHT, 3600.0, 3600, width="8-gpu"))
+    reqs.append(SimRequest("w", "wide", 600.0, EIGHT, 3600.0, 3600, width="8-gpu", wide=True))
     reqs.sort(key=lambda r: (r.arrival, r.request_id))
     tenants = (Tenant("small", "a", 1.0), Tenant("filler", "a", 1.0), Tenant("wide", "b", 1.0))
     return Workload((node,), tenants, tuple(reqs), 86_400.0)
@@ -127,7 +128,8 @@ def test_drf_gives_a_light_tenant_its_turn_before_a_flood_that_came_first() -> N
 def test_a_report_counts_utilisation_and_waits() -> None:
     node = SimNode("n", NodeCapabilities(allocatable=Resources(gpu_count=2)))
     reqs = (SimRequest("a", "t", 0.0, ONE, 50.0, 60, width="1-gpu"),
-            SimRequest("b", "t", 0.0, Shape.build(gpu_count=2), 50.0, 60, width="8-gpu"))
+            SimRequest("b", "t", 0.0, Shape.build(gpu_count=2), 50.0, 60, width="8-gpu",
+                       wide=True))
     wl = Workload((node,), (Tenant("t", "", 1.0),), reqs, 100.0)
     rep = report(Simulator(wl, DRF, cycle_seconds=1.0).run())
     # "a" runs 0-50, then "b" 50-100: 150 GPU-seconds of 200
@@ -162,5 +164,6 @@ def test_a_logged_lease_replays_with_the_runtime_it_was_observed_to_run() -> Non
     ran = by_id[str(lease.id)]
     assert (ran.arrival, ran.runtime_seconds, ran.maximum_runtime_seconds) == (0.0, 600.0, 3600)
     assert by_id[str(never.id)].runtime_seconds == 60.0  # never ran: its bound
+    assert ran.wide  # one GPU of a one-GPU node is the whole node
     result = Simulator(wl, DRF, cycle_seconds=1.0).run()
     assert all(o.ended_at is not None for o in result.outcomes)
