@@ -177,3 +177,24 @@ def test_aging_moves_a_request_into_a_higher_band() -> None:
     assert band_of("low", 0.0, 50.0, ranks, 100.0) == 0
     assert band_of("low", 0.0, 250.0, ranks, 100.0) == 2
     assert band_of("unknown", 0.0, 0.0, ranks, 0.0) == 0
+
+
+def test_on_a_large_pool_only_the_nodes_nearest_to_fitting_are_walked() -> None:
+    nodes = [(f"n{i:03d}", 8) for i in range(200)]
+    pool = Pool(*nodes)
+    for i, (node_id, _) in enumerate(nodes):
+        # every node full; n150 has the most free already (2 of 8) and frees soonest
+        used = 6 if node_id == "n150" else 8
+        pool.run(node_id, f"l{i}", used, end=50.0 if node_id == "n150" else 1000.0 + i)
+    asked: list[str] = []
+    ends = pool.ends.get
+
+    def counting(lid: str) -> LeaseEnd | None:
+        asked.append(lid)
+        return ends(lid)
+
+    bf = Backfill(pool.table, counting)
+    bf.begin(0.0, queued=lambda _lid: True)
+    r = bf.blocked("head", shape(8), band=0)
+    assert r is not None and (r.node_id, r.start_at) == ("n150", 50.0)
+    assert len(set(asked)) <= 64
