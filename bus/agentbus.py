@@ -244,22 +244,69 @@ class AgentCommand:
     nak: Callable[[float], None]
 
 
-class AgentLink:
+class _Link:
+    """What the agent's and the fleet's links share: one loop thread, one NATS connection."""
+
+    run_timeout = 30.0
+    ack_sync = True  # wait for the server to confirm each ack
+
+    def __init__(self, url: str, loop_name: str) -> None:
+        self.url = url
+        self._loop = _LoopThread(loop_name)
+        self._nc: Any = None
+
+    def _run(self, coro: Any, timeout: float | None = None) -> Any:
+        try:
+            return self._loop.run(coro, self.run_timeout if timeout is None else timeout)
+        except (NatsError, OSError) as e:
+            raise BusUnavailable(f"NATS: {e!r}") from e
+
+    def _command(self, m: Any) -> AgentCommand:
+        """A work-queue message as the command the agent runs."""
+        if self.ack_sync:
+            ack: Callable[[], None] = lambda: self._run(m.ack_sync(timeout=5))
+        else:
+            ack = lambda: self._run(m.ack())
+        return AgentCommand(
+            verb=m.subject.rsplit(".", 1)[-1], body=bytes(m.data),
+            headers=dict(m.headers or {}), delivered=int(m.metadata.num_delivered),
+            ack=ack, nak=lambda delay: self._run(m.nak(delay=delay)))
+
+    def publish(self, subject: str, body: bytes, headers: dict[str, str] | None = None) -> None:
+        """A fire-and-forget core publish (telemetry); a bus hiccup is logged, not raised."""
+
+        async def go() -> None:
+            await self._nc.publish(subject, body, headers=headers)
+
+        try:
+            self._run(go(), 5)
+        except Exception as e:  # noqa: BLE001 - telemetry must never stop an agent
+            log.warning("telemetry publish failed: %r", e)
+
+    def close(self) -> None:
+        async def go() -> None:
+            if self._nc is not None and not self._nc.is_closed:
+                with contextlib.suppress(Exception):  # best effort
+                    await asyncio.wait_for(self._nc.close(), 3)
+            # nats-py leaves reader/flusher tasks behind: finish them before the loop stops
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in rest:
+                t.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
+        with contextlib.suppress(Exception):  # closing is best effort
+            self._run(go(), 10)
+        self._loop.close()
+
+
+class AgentLink(_Link):
     """The node agent's side, connected as the node's own NATS user (its inbox prefix is
     `_INBOX.n.<node>`, the only inbox its permissions allow)."""
 
     def __init__(self, url: str, node_id: str) -> None:
-        self.url = url
         self.node = token(node_id)
-        self._loop = _LoopThread(f"pool-agent-{self.node}")
-        self._nc: Any = None
+        super().__init__(url, f"pool-agent-{self.node}")
         self._sub: Any = None
-
-    def _run(self, coro: Any, timeout: float = 30.0) -> Any:
-        try:
-            return self._loop.run(coro, timeout)
-        except (NatsError, OSError) as e:
-            raise BusUnavailable(f"NATS: {e!r}") from e
 
     def connect(self) -> AgentLink:
         async def go() -> None:
@@ -306,74 +353,30 @@ class AgentLink:
                 # the node's queue is created when it registers: until then, nothing to take
                 await asyncio.sleep(min(timeout, 0.5))
                 return []
-            out = []
-            for m in msgs:
-                verb = m.subject.rsplit(".", 1)[-1]
-                out.append(AgentCommand(
-                    verb=verb, body=bytes(m.data), headers=dict(m.headers or {}),
-                    delivered=int(m.metadata.num_delivered), ack=self._acker(m),
-                    nak=self._naker(m)))
-            return out
+            return [self._command(m) for m in msgs]
 
         try:
             return self._run(go(), timeout + 10)  # type: ignore[no-any-return]
         except BusTimeout:
             return []
 
-    def _acker(self, m: Any) -> Callable[[], None]:
-        return lambda: self._run(m.ack_sync(timeout=5))
-
-    def _naker(self, m: Any) -> Callable[[float], None]:
-        return lambda delay: self._run(m.nak(delay=delay))
-
-    def publish(self, subject: str, body: bytes, headers: dict[str, str] | None = None) -> None:
-        """A fire-and-forget core publish (telemetry); a bus hiccup is logged, not raised."""
-
-        async def go() -> None:
-            await self._nc.publish(subject, body, headers=headers)
-
-        try:
-            self._run(go(), 5)
-        except Exception as e:  # noqa: BLE001 - telemetry must never stop the agent
-            log.warning("telemetry publish failed: %r", e)
-
-    def close(self) -> None:
-        async def go() -> None:
-            if self._nc is not None and not self._nc.is_closed:
-                with contextlib.suppress(Exception):  # best effort
-                    await asyncio.wait_for(self._nc.close(), 3)
-            # nats-py leaves reader/flusher tasks behind: finish them before the loop stops
-            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in rest:
-                t.cancel()
-            await asyncio.gather(*rest, return_exceptions=True)
-
-        with contextlib.suppress(Exception):  # closing is best effort
-            self._run(go(), 10)
-        self._loop.close()
-
 
 async def _quiet(_exc: Exception) -> None:
     return None
 
 
-class FleetLink:
+class FleetLink(_Link):
     """Many simulated nodes over ONE connection (the service user): each node still reads its
     own durable consumer and reports on its own `pool.node.<node>.…` subjects, exactly as a
     real agent does; only the connection is shared. For `pool agent simulate` and the demo."""
 
+    run_timeout = 60.0
+    ack_sync = False  # a simulated fleet acks thousands of commands a round
+
     def __init__(self, url: str) -> None:
-        self.url = url
-        self._loop = _LoopThread("pool-fleet")
-        self._nc: Any = None
+        super().__init__(url, "pool-fleet")
         self._js: Any = None
         self._subs: dict[str, Any] = {}
-
-    def _run(self, coro: Any, timeout: float = 60.0) -> Any:
-        try:
-            return self._loop.run(coro, timeout)
-        except (NatsError, OSError) as e:
-            raise BusUnavailable(f"NATS: {e!r}") from e
 
     def connect(self, nodes: list[str]) -> FleetLink:
         async def go() -> None:
@@ -408,17 +411,8 @@ class FleetLink:
 
         out: dict[str, list[AgentCommand]] = {}
         for node, msgs in self._run(go(), timeout + 30):
-            out[node] = [AgentCommand(
-                verb=m.subject.rsplit(".", 1)[-1], body=bytes(m.data),
-                headers=dict(m.headers or {}), delivered=int(m.metadata.num_delivered),
-                ack=self._acker(m), nak=self._naker(m)) for m in msgs]
+            out[node] = [self._command(m) for m in msgs]
         return out
-
-    def _acker(self, m: Any) -> Callable[[], None]:
-        return lambda: self._run(m.ack())
-
-    def _naker(self, m: Any) -> Callable[[float], None]:
-        return lambda delay: self._run(m.nak(delay=delay))
 
     def request(self, node: str, suffix: str, body: bytes, *, timeout: float = 5.0,
                 headers: dict[str, str] | None = None) -> bytes:
@@ -453,31 +447,8 @@ class FleetLink:
         except nats.errors.NoRespondersError as e:
             raise BusUnavailable(f"no control plane answers {subject}") from e
 
-    def publish(self, subject: str, body: bytes, headers: dict[str, str] | None = None) -> None:
-        async def go() -> None:
-            await self._nc.publish(subject, body, headers=headers)
-
-        try:
-            self._run(go(), 5)
-        except Exception as e:  # noqa: BLE001 - telemetry must never stop the fleet
-            log.warning("telemetry publish failed: %r", e)
-
     def node(self, node_id: str) -> NodeLink:
         return NodeLink(self, node_id)
-
-    def close(self) -> None:
-        async def go() -> None:
-            if self._nc is not None and not self._nc.is_closed:
-                with contextlib.suppress(Exception):  # best effort
-                    await asyncio.wait_for(self._nc.close(), 3)
-            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in rest:
-                t.cancel()
-            await asyncio.gather(*rest, return_exceptions=True)
-
-        with contextlib.suppress(Exception):  # best effort
-            self._run(go(), 10)
-        self._loop.close()
 
 
 class NodeLink:
