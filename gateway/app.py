@@ -24,7 +24,7 @@ from gateway import problems, sse
 from gateway.openapi import document
 from gateway.problems import problem
 from gateway.routes import NOT_FOUND_CODE, ROUTES, HttpRoute
-from gateway.shared import Gateway, Refused
+from gateway.shared import Gateway, Refused, principal_of
 from gateway.tokens import Principal, TokenStore
 from gateway.upstream import NotEnrolled, Settings, Upstream
 from schemas.codec import MAX_PAYLOAD_BYTES, SchemaError, decode
@@ -35,19 +35,6 @@ JSON = "application/json"
 STATIC = Path(__file__).parent / "static"
 # requests one token may have in flight at once; more is 429, not an unbounded queue
 MAX_IN_FLIGHT = 256
-
-
-def principal_of(gw: Gateway, request: Request[Any, Any, Any]) -> Principal:
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token:
-        # the dashboard's EventSource cannot send headers: it passes the token as a cookie
-        token = request.cookies.get("pool_token", "")
-    who = gw.tokens.verify(token.strip()) if token else None
-    if who is None:
-        raise Refused("unauthenticated", "a valid bearer token is required "
-                      "(`pool admin tenant token TENANT`)")
-    return who
 
 
 def _path_ids(route: HttpRoute, request: Request[Any, Any, Any]) -> dict[str, str]:
@@ -146,6 +133,40 @@ def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -
                     headers=headers)
 
 
+async def _history(gw: Gateway, who: Principal, lease_id: str,
+                   request: Request[Any, Any, Any]) -> Response[Any]:
+    if not who.is_admin:
+        # the tenant's right to the lease is its own user's `get`, decided by the server
+        owned = await gw.upstream.call(who, f"pool.cmd.{who.tenant}.lease.{lease_id}.get")
+        if not owned.get("ok"):
+            return problems.from_error(owned.get("error"), instance=request.url.path)
+    history = gw.history()
+    if history is None:
+        raise Refused("views_unavailable", "this gateway cannot read the log")
+    try:
+        events = await asyncio.to_thread(history.events, lease_id)
+    except Exception as e:  # noqa: BLE001 - the log's failures stay behind the gateway
+        log.warning("history of %s unreadable: %r", lease_id, e)
+        raise Refused("bus_unavailable", "the log could not be read") from None
+    if not events:
+        raise Refused("lease_not_found", f"no lease {lease_id!r}")
+    return _json({"lease_id": lease_id, "events": events})
+
+
+async def _admin_lease(gw: Gateway, lease_id: str) -> Response[Any]:
+    if not gw.database_url:
+        raise Refused("views_unavailable", "this gateway has no database for the views")
+    try:
+        page = await asyncio.to_thread(gw.views, "leases", tenant=None,
+                                       filters={"lease_id": lease_id}, limit=1)
+    except Exception:  # noqa: BLE001 - the driver's errors stay behind the gateway
+        raise Refused("views_unavailable", "the views could not be read") from None
+    rows = page.get("rows") or []
+    if not rows:
+        raise Refused("lease_not_found", f"no lease {lease_id!r} in the views")
+    return _json(rows[0])
+
+
 def _page(result: dict[str, Any]) -> dict[str, Any]:
     return {"items": result.get("rows") or [], "next_cursor": result.get("next_cursor")}
 
@@ -157,6 +178,10 @@ async def _answer(gw: Gateway, route: HttpRoute, request: Request[Any, Any, Any]
         return await sse.open_stream(gw, route, request, who, ids)
     if route.operation_id == "readView":
         return await _read_view(gw, route, request, ids)
+    if route.operation_id in ("getComputeLeaseHistory", "adminGetComputeLeaseHistory"):
+        return await _history(gw, who, ids["lease_id"], request)
+    if route.operation_id == "adminGetComputeLease":
+        return await _admin_lease(gw, ids["lease_id"])
     if route.reply in ("page", "row"):
         args = _query_args(route, request)
         body = msgspec.json.encode(args)
@@ -258,7 +283,9 @@ def _http_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any
 def create_app(settings: Settings, tokens: TokenStore, *, database_url: str = "",
                views_schema: str = "", dashboard: bool = True) -> Litestar:
     """The ASGI application; its NATS clients close with its lifespan."""
-    gw = Gateway(tokens, Upstream(settings), database_url, views_schema)
+    upstream = Upstream(settings)
+    gw = Gateway(tokens, upstream, database_url, views_schema,
+                 service_url=upstream.service_url())
     handlers: list[Any] = []
     for route in ROUTES:
         handlers.append(HTTPRouteHandler(path=_litestar_path(route.path),
@@ -282,6 +309,7 @@ def create_app(settings: Settings, tokens: TokenStore, *, database_url: str = ""
 
     async def close_clients() -> None:
         await gw.upstream.close()
+        await asyncio.to_thread(gw.close)
 
     return Litestar(route_handlers=handlers, openapi_config=None,
                     exception_handlers={Exception: _http_error},

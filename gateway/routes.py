@@ -94,6 +94,8 @@ ROUTES: tuple[HttpRoute, ...] = (
     HttpRoute("GET", _ONE + "/why", "whyComputeLease",
               "Why a lease waits: counts of nodes per failed filter, and tenant-level reasons",
               "whyLease"),
+    HttpRoute("GET", _ONE + "/history", "getComputeLeaseHistory",
+              "The lease's flight recorder: every event of it in the log, in order", ""),
     HttpRoute("GET", _ONE + "/events", "streamComputeLeaseEvents",
               "Server-Sent Events: the lease's state at each change (resumes from "
               "Last-Event-ID, the lease's version)", "getLease", "stream"),
@@ -132,6 +134,10 @@ ROUTES: tuple[HttpRoute, ...] = (
                 f"{verb.replace('-', '_')}Node", f"{verb.capitalize()} a node",
                 "adminNodeState", admin=True, tag="admin", fixed=(("verb", verb),))
       for verb in NODE_VERBS),
+    HttpRoute("GET", "/v1/admin/leases/{lease_id}", "adminGetComputeLease",
+              "Any tenant's lease, from the leases view", "", admin=True, tag="admin"),
+    HttpRoute("GET", "/v1/admin/leases/{lease_id}/history", "adminGetComputeLeaseHistory",
+              "Any tenant's lease's flight recorder", "", admin=True, tag="admin"),
     HttpRoute("GET", "/v1/admin/views/{view}", "readView",
               "A page of any view, every tenant (queue, balance, capacity, leases)", "",
               "page", admin=True, query=("tenant", "pool", "state", "zone", "priority_class",

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from litestar import Request
+
 from gateway.tokens import Principal, TokenStore
 from gateway.upstream import Upstream
 
@@ -20,13 +22,34 @@ class Gateway:
     views_schema: str = ""
     in_flight: dict[Principal, int] = field(default_factory=dict)
 
-    def views(self, view: str, **kw: Any) -> dict[str, Any]:
-        """A page of any view, every tenant: the admin's and the dashboard's fleet."""
-        from projections.queries import query_url
-        from projections.views import DEFAULT_SCHEMA
+    _reader: Any = None
+    _history: Any = None
+    service_url: str = ""  # the log's reader connects as the service user
 
-        return query_url(self.database_url, view, schema=self.views_schema or DEFAULT_SCHEMA,
-                         **kw)
+    def history(self) -> Any:
+        """The flight recorder's reader (gateway.history.History), or None without a URL."""
+        if self._history is None and self.service_url:
+            from gateway.history import History
+
+            self._history = History(self.service_url)
+        return self._history
+
+    def views(self, view: str, **kw: Any) -> dict[str, Any]:
+        """A page of any view, every tenant: the admin's and the dashboard's fleet (one
+        connection, kept; blocking, so callers run it in a thread)."""
+        if self._reader is None:
+            from projections.queries import ViewReader
+            from projections.views import DEFAULT_SCHEMA
+
+            self._reader = ViewReader(self.database_url, self.views_schema or DEFAULT_SCHEMA)
+        page: dict[str, Any] = self._reader.query(view, **kw)
+        return page
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+        if self._history is not None:
+            self._history.close()
 
 
 class Refused(Exception):
@@ -37,3 +60,21 @@ class Refused(Exception):
         self.code, self.detail, self.reasons = code, detail, reasons
 
 
+
+
+COOKIE = "pool_token"
+
+
+def principal_of(gw: Gateway, request: Request[Any, Any, Any]) -> Principal:
+    """Who the request speaks for: its bearer token, or for a read only, the dashboard's cookie
+    (a browser's EventSource cannot send headers; the cookie is SameSite=Strict and never
+    authorises a write, so another site cannot act through it)."""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if (scheme.lower() != "bearer" or not token) and request.method in ("GET", "HEAD"):
+        token = request.cookies.get(COOKIE, "")
+    who = gw.tokens.verify(token.strip()) if token else None
+    if who is None:
+        raise Refused("unauthenticated", "a valid bearer token is required "
+                      "(`pool admin tenant token TENANT`)")
+    return who

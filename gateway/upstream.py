@@ -72,6 +72,13 @@ class Upstream:
                               f"(`pool admin tenant creds {who.tenant}`)")
         return url_with_credentials(self.settings.nats_url, creds), creds
 
+    def service_url(self) -> str:
+        """The URL the service user connects with (the admin's), or '' when unknown."""
+        try:
+            return self._url_for(Principal("admin"))[0]
+        except NotEnrolled:
+            return ""
+
     async def client(self, who: Principal) -> PoolClient:
         url, creds = self._url_for(who)
         known = self._clients.get(who)
@@ -92,11 +99,14 @@ class Upstream:
             await asyncio.to_thread(_close_quietly, old)
         return made
 
-    async def call(self, who: Principal, subject: str, body: bytes = b"{}") -> dict[str, Any]:
+    async def call(self, who: Principal, subject: str, body: bytes = b"{}", *,
+                   timeout: float | None = None) -> dict[str, Any]:
         """The reply envelope; a transport failure becomes a not-ok envelope with its code."""
         try:
             client = await self.client(who)
-            return await client.raw_async(subject, body)
+            return await client.raw_async(subject, body, timeout=timeout)
+        except NotEnrolled as e:
+            return {"ok": False, "error": {"code": e.code, "message": str(e), "reasons": {}}}
         except BusError as e:
             return {"ok": False, "error": {"code": e.code, "message": str(e), "reasons": {}}}
 

@@ -156,3 +156,42 @@ def test_the_openapi_document_is_3_1_and_names_every_route(stack: Stack) -> None
         assert r.method.lower() in doc["paths"][r.path]
     assert "Problem" in doc["components"]["schemas"]
     assert httpx.get(stack.url + "/docs").status_code == 200
+
+
+def test_a_leases_flight_recorder_lists_its_events_and_only_to_its_tenant(stack: Stack) -> None:
+    with stack.client("alpha") as a, stack.client("beta") as b, stack.client("admin") as adm:
+        lid = a.post("/v1/compute-leases", json=CONCEPT_BODY).json()["lease_id"]
+        assert a.post(f"/v1/compute-leases/{lid}/cancel", json={"reason": "test"}).is_success
+        events = a.get(f"/v1/compute-leases/{lid}/history").json()["events"]
+        assert [e["version"] for e in events] == sorted(e["version"] for e in events)
+        assert events[0]["type"] == "LeaseRequested"
+        assert any("Cancel" in e["type"] for e in events), [e["type"] for e in events]
+        assert b.get(f"/v1/compute-leases/{lid}/history").status_code == 404
+        assert adm.get(f"/v1/admin/leases/{lid}/history").json()["events"] == events
+        row = wait_for(lambda: adm.get(f"/v1/admin/leases/{lid}").json().get("state")
+                       == "cancelled")
+        assert row
+
+
+def test_the_dashboard_snapshot_shows_a_tenant_only_its_own(stack: Stack) -> None:
+    with stack.client("alpha") as a, stack.client("beta") as b, stack.client("admin") as adm:
+        mine = a.post("/v1/compute-leases", json=CONCEPT_BODY).json()["lease_id"]
+        theirs = b.post("/v1/compute-leases", json=CONCEPT_BODY).json()["lease_id"]
+
+        def ids(snap: dict[str, object]) -> set[str]:
+            rows = list(snap["leases"]) + list(snap["queue"])  # type: ignore[call-overload]
+            return {r["lease_id"] for r in rows}
+
+        snap = wait_for(lambda: (s := a.get("/dashboard/state").json()) and mine in ids(s)
+                        and s)
+        assert snap, "alpha's lease never showed"
+        assert theirs not in ids(snap)
+        assert {r["tenant"] for r in snap["leases"]} <= {"alpha"}
+        assert "node_rows" not in snap["fleet"] and snap["fleet"]["nodes"] >= 2
+        assert set(snap["shares"]) <= {"alpha"}
+        assert [r["tenant"] for r in snap["balances"]] == ["alpha"]
+        everything = wait_for(lambda: (s := adm.get("/dashboard/state").json())
+                              and {mine, theirs} <= ids(s) and s)
+        assert everything and everything["fleet"]["node_rows"]
+        for lid, c in ((mine, a), (theirs, b)):
+            c.post(f"/v1/compute-leases/{lid}/cancel", json={})

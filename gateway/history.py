@@ -1,0 +1,72 @@
+"""A lease's flight recorder: every event of it in the log, decoded, in order.
+
+Read with the service's own reader of the log, so it runs only after the caller's right to the
+lease is settled (a tenant's `get` through its own NATS user answered, or the admin token).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+SKIP = frozenset({"originator_id", "originator_version", "timestamp"})
+MAX_EVENTS = 2000
+
+
+def _plain(value: Any) -> Any:
+    """Event fields as JSON values (UUIDs, enums, tuples and small domain objects as text)."""
+    out: Any = msgspec.json.decode(msgspec.json.encode(value, enc_hook=_hook))
+    return out
+
+
+def _hook(value: Any) -> Any:
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if isinstance(value, set | frozenset):
+        return sorted(value, key=str)
+    return str(value)
+
+
+class History:
+    """One application over the log, made on first use and kept."""
+
+    def __init__(self, service_url: str) -> None:
+        self.service_url = service_url
+        self._app: Any = None
+        self._lock = threading.Lock()
+
+    def events(self, lease_id: str) -> list[dict[str, Any]]:
+        """Blocking: the caller runs it in a thread. Empty when there is no such lease."""
+        try:
+            originator = uuid.UUID(lease_id)
+        except ValueError:
+            return []
+        with self._lock:
+            if self._app is None:
+                from control.application import PoolApp
+                from control.bootstrap import app_env
+
+                self._app = PoolApp(env=app_env(self.service_url))
+            app = self._app
+        out: list[dict[str, Any]] = []
+        for event in app.events.get(originator):
+            at = getattr(event, "timestamp", None)
+            out.append({
+                "version": getattr(event, "originator_version", None),
+                "type": type(event).__qualname__.split(".")[-1],
+                "at": at.timestamp() if isinstance(at, datetime) else None,
+                "fields": _plain({k: v for k, v in vars(event).items() if k not in SKIP}),
+            })
+            if len(out) >= MAX_EVENTS:
+                break
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            if self._app is not None:
+                self._app.close()
+                self._app = None
