@@ -231,10 +231,13 @@ def _leases_by_state(_options: CallbackOptions) -> Iterable[Observation]:
 
     counts: dict[tuple[str, str], int] = {}
     for s in list(_schedulers):
-        for agg in list(s.aggregates.values()):
+        for agg in list(s.aggregates.full.values()):  # whole aggregates
             if isinstance(agg, Lease):
                 key = (str(agg.pool_id), str(agg.state))
                 counts[key] = counts.get(key, 0) + 1
+        for record in list(s.aggregates.queued.values()):  # queued leases held compactly
+            key = (record.pool_id, "queued")
+            counts[key] = counts.get(key, 0) + 1
     for (pool_id, state), n in sorted(counts.items()):
         yield Observation(n, {"pool": pool_id, "state": state})
 

@@ -20,6 +20,7 @@ from eventsourcing.domain import Aggregate
 
 from bus.agentbus import ControlLink
 from bus.headers import HDR_TRACEPARENT
+from control.pending import LeaseMemory
 from control.wake import IdleWait, Signal
 from domain.lease import Lease, LeaseState
 from domain.node import Node, NodeState
@@ -121,7 +122,8 @@ class Dispatcher:
         self.link = link
         self.position = 0
         self.sent_upto = 0  # orders for events at or below this were sent in an earlier life
-        self.aggregates: dict[UUID, Aggregate] = {}
+        # a lease still queued has no orders and no timer: held compactly (control.pending)
+        self.aggregates = LeaseMemory()
         self.pools: dict[str, Pool] = {}
         self._armed: dict[str, float] = {}
         self._outbox: list[AgentOrder] = []
@@ -189,6 +191,8 @@ class Dispatcher:
             self._timers.pop(0)
 
     def _apply(self, event: Any) -> Aggregate | None:
+        if self.aggregates.absorb(event) is not False:
+            return None  # requested or queued: nothing to send or arm yet
         agg: Aggregate | None = self.aggregates.get(event.originator_id)
         if agg is None:
             if event.originator_version != 1:

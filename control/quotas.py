@@ -21,6 +21,7 @@ from domain.resources import Resources
 if TYPE_CHECKING:
     from eventsourcing.domain import Aggregate
 
+    from control.pending import LeaseMemory, QueuedLease
     from domain.policy.fairness import FairQueue
     from domain.pool import Pool
     from domain.quota import QuotaBook
@@ -40,11 +41,12 @@ class PoolState(Protocol):
 class Scheduler(Protocol):
     """What of the scheduler the gate uses (control.scheduler.Scheduler)."""
 
-    aggregates: dict[UUID, Aggregate]
+    aggregates: LeaseMemory
     _usage: dict[str, tuple[str, Resources]]
     _plans_left: int
 
-    def _hold_and_available(self, pool: Pool, tenant: str, lease: Lease) -> tuple[int, int]: ...
+    def _hold_and_available(self, pool: Pool, tenant: str,
+                            lease: Lease | QueuedLease) -> tuple[int, int]: ...
 
     def _notice_victims(self, ps: Any, plan: PreemptionPlan, now: float, report: Any, *,
                         reason: str = ...) -> list[Lease]: ...
@@ -58,8 +60,8 @@ def may_be_victim(ps: PoolState, lease: Lease) -> bool:
             and ps.pool.config.class_preemptible(lease.priority_class))
 
 
-def quota_wait(s: Scheduler, ps: PoolState, req: PendingRequest, lease: Lease, now: float,
-               batch: list[Aggregate], report: Any) -> dict[str, Any] | None:
+def quota_wait(s: Scheduler, ps: PoolState, req: PendingRequest, lease: Lease | QueuedLease,
+               now: float, batch: list[Aggregate], report: Any) -> dict[str, Any] | None:
     """None when the request fits its tenant's quota; else why it waits, naming whose
     borrowing blocks it, and credits too when it could not pay either. An owner asking only
     for its own nominal quota has borrowers' leases noticed (reason `reclaiming_quota`,

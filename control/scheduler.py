@@ -29,6 +29,7 @@ from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import IntegrityError
 
 from bus import observability
+from control.pending import LeaseMemory, QueuedLease
 from control.quotas import may_be_victim, quota_wait, restart_job
 from control.wake import IdleWait, Signal
 from domain.account import Account
@@ -76,7 +77,8 @@ _LEAVING = frozenset(
 # room for the step that crossed it
 MAX_MESSAGES_PER_BATCH = 900
 NOTIFICATION_PAGE = 1000
-LONG_LIVED_FOLD = 20_000  # a catch-up of at least this many events was a replay (see catch_up)
+LONG_LIVED_FOLD = 20_000
+ENDED_REMEMBERED = 10_000  # ended leases whose last state `why` still answers  # a catch-up of at least this many events was a replay (see catch_up)
 # the cyclic collector's thresholds in a process that schedules: a placement makes a few
 # dozen short-lived containers (events, their state dicts, stored events), so with CPython's
 # default of 700 a young collection ran every ~20 placements and promoted survivors that the
@@ -170,7 +172,11 @@ class Scheduler:
         self.app = app
         self.clock = clock
         self.position = 0
-        self.aggregates: dict[UUID, Aggregate] = {}
+        # queued leases compactly; the rest whole, until an ended lease is settled
+        self.aggregates = LeaseMemory()
+        # the last ended leases, kept only to answer `why` about them
+        self._ended: collections.OrderedDict[str, tuple[str, dict[str, Any]]] = (
+            collections.OrderedDict())
         self.pools: dict[str, PoolState] = {}
         self.reasons: dict[str, dict[str, Any]] = {}
         self._seq = 0
@@ -258,10 +264,11 @@ class Scheduler:
                 if more:
                     at, size = self._next_read(page[-1].id)
                     ahead = (at, size, self._read(at, size))
+                version_of = self.aggregates.version_of
                 for notification in page:
-                    known = self.aggregates.get(notification.originator_id)
+                    known = version_of(notification.originator_id)
                     # our own writes come back through the log: skip them before decoding
-                    if known is None or notification.originator_version > known.version:
+                    if known is None or notification.originator_version > known:
                         self.apply(decode(notification))
                     self.position = notification.id
                 n += len(page)
@@ -304,6 +311,11 @@ class Scheduler:
         return self._read_ahead
 
     def apply(self, event: Any) -> None:
+        compact = self.aggregates.absorb(event)
+        if compact is not False:  # a request, or its queueing: held compactly
+            if isinstance(compact, QueuedLease):
+                self._queue(compact)
+            return
         agg = self.aggregates.get(event.originator_id)
         if agg is None:
             if event.originator_version != 1:
@@ -368,30 +380,58 @@ class Scheduler:
     def _index_lease(self, lease: Lease) -> None:
         ps = self.pools.get(lease.pool_id)
         if ps is None or ps.queue is None:
+            if lease.is_terminal:
+                self._forget(lease)
             return
         lid = str(lease.id)
         self._track(ps, lease)
         if lease.state is LeaseState.QUEUED:
-            if lid not in ps.queue:
-                self._seq += 1
-                ps.queue.push(
-                    PendingRequest(
-                        lease_id=lid,
-                        tenant=lease.tenant_id,
-                        priority_class=lease.priority_class,
-                        shape=lease.requested_shape,
-                        enqueued_at=lease.queued_at or lease.requested_at,
-                        seq=self._seq,
-                    )
-                )
+            self._queue(lease)
             return
         if lid in ps.queue:
             ps.queue.remove(lid)
+        if lease.is_terminal:
+            self._forget(lease)
+            return
         self.reasons.pop(lid, None)
         self._preempting_for.pop(lid, None)
         due = lease.next_due_at()
         if due is not None:
             heapq.heappush(self._deadlines, (due, lid))
+
+    def _queue(self, lease: Lease | QueuedLease) -> None:
+        """Put a queued lease in its pool's fair queue (once)."""
+        if isinstance(lease, Lease):
+            self.aggregates.compact(lease)  # e.g. re-read after a refused save
+        ps = self.pools.get(lease.pool_id)
+        lid = str(lease.id)
+        if ps is None or ps.queue is None or lid in ps.queue:
+            return
+        self._seq += 1
+        ps.queue.push(PendingRequest(
+            lease_id=lid,
+            tenant=lease.tenant_id,
+            priority_class=lease.priority_class,
+            shape=lease.requested_shape,
+            enqueued_at=lease.queued_at or lease.requested_at,
+            seq=self._seq,
+        ))
+
+    def _forget(self, lease: Lease) -> None:
+        """An ended lease leaves memory (a preempted one stays: it may be requeued); its
+        state and reasons are kept a while for `why`."""
+        if lease.state is LeaseState.PREEMPTED:
+            return
+        lid = str(lease.id)
+        reasons = self.reasons.pop(lid, None)
+        if reasons is None and lease.state is LeaseState.REJECTED:
+            reasons = {"rejection_code": lease.rejection_code}
+        self._ended[lid] = (lease.tenant_id, {"lease_id": lid, "state": str(lease.state),
+                                              "reasons": reasons or {}})
+        if len(self._ended) > ENDED_REMEMBERED:
+            self._ended.popitem(last=False)
+        self._preempting_for.pop(lid, None)
+        self.aggregates.pop(lease.id, None)
 
     def _track(self, ps: PoolState, lease: Lease) -> None:
         """Keep each tenant's usage (the DRF numerator) = its capacity-holding leases."""
@@ -429,6 +469,7 @@ class Scheduler:
             recordings = self.app.save(*unique)
             report.batches += 1
             self._saved([r.notification.id for r in recordings or ()])
+            self._settled(unique)
             return True
         except IntegrityError:
             # someone else wrote one of these first: forget our in-memory view of them and
@@ -528,8 +569,10 @@ class Scheduler:
         # one pop at a time: each placement changes its tenant's share before the next pick
         while examined < self.max_examined_per_cycle and (req := queue.pop(now)) is not None:
             examined += 1
-            lease = self.aggregates.get(UUID(req.lease_id))
-            if not isinstance(lease, Lease) or lease.state is not LeaseState.QUEUED:
+            # a compact QueuedLease until it is rejected or reserved (`_whole`)
+            lease = self.aggregates.peek(UUID(req.lease_id))
+            if (not isinstance(lease, (Lease, QueuedLease))
+                    or lease.state is not LeaseState.QUEUED):
                 continue
             if ps.table.node_of(req.lease_id) is not None:
                 # a node re-read from the log after a refused batch holds it: another scheduler
@@ -569,6 +612,7 @@ class Scheduler:
                 continue
             if node_id is None:
                 if fr.never_satisfiable:
+                    lease = self._whole(lease)
                     lease.reject(now, "unschedulable", sorted(fr.failures))
                     self.reasons[req.lease_id] = fr.wait_reasons().to_dict()
                     batch.append(lease)
@@ -601,6 +645,7 @@ class Scheduler:
                                  "devices": f"too few free GPU devices of node {node_id} fit"},
                            unplaced)
                 continue
+            lease = self._whole(lease)
             restart = lease.restarts_on_placement
             epoch = lease.reserve(
                 now,
@@ -643,8 +688,8 @@ class Scheduler:
         self._settle(report)
         position = 0
         for req in unplaced:
-            lease = self.aggregates.get(UUID(req.lease_id))
-            if isinstance(lease, Lease) and lease.state is LeaseState.QUEUED:
+            lease = self.aggregates.peek(UUID(req.lease_id))
+            if isinstance(lease, (Lease, QueuedLease)) and lease.state is LeaseState.QUEUED:
                 queue.requeue(req)
                 position += 1
                 self._note_position(bf, req.lease_id, position, starts.get(req.lease_id))
@@ -687,6 +732,14 @@ class Scheduler:
                         "reserved": reserved is not None}
         if reserved is not None:
             why["queue"]["reserved_node_id"] = reserved.node_id
+
+    def _whole(self, lease: Lease | QueuedLease) -> Lease:
+        """The Lease itself, rebuilt from its compact record if it is one (to record events)."""
+        if isinstance(lease, QueuedLease):
+            whole = self.aggregates.promote(lease.id)
+            assert isinstance(whole, Lease)
+            return whole
+        return lease
 
     def _close_batch(self, batch: list[Aggregate], allocs: dict[str, list[Placed]],
                      now: float, report: CycleReport) -> None:
@@ -756,7 +809,14 @@ class Scheduler:
         report.batches += 1
         self._saved(flight.pending.ids)
         self._end_spans(flight.placing, saved=True)
+        self._settled(flight.aggregates)
         return True
+
+    def _settled(self, aggs: list[Aggregate]) -> None:
+        """Leases our acknowledged save ended (rejected, voided) leave memory."""
+        for a in aggs:
+            if isinstance(a, Lease) and a.is_terminal:
+                self._forget(a)
 
     def _saved(self, ids: list[int]) -> None:
         """Remember where an acknowledged batch of ours sits in the log (an atomic batch is
@@ -802,7 +862,8 @@ class Scheduler:
         pending = [d for item in allocs.get(node_id, ()) for d in item[2]]
         return node.choose_devices(shape, pending)
 
-    def _hold_and_available(self, pool: Pool, tenant: str, lease: Lease) -> tuple[int, int]:
+    def _hold_and_available(self, pool: Pool, tenant: str,
+                            lease: Lease | QueuedLease) -> tuple[int, int]:
         """The credit hold the lease needs in this pool, and what its tenant has available."""
         hold = pool.hold_for(lease.requested_shape, lease.maximum_runtime_seconds)
         acc = self.aggregates.get(_account_uuid(tenant))
@@ -820,7 +881,7 @@ class Scheduler:
         self,
         ps: PoolState,
         req: PendingRequest,
-        lease: Lease,
+        lease: Lease | QueuedLease,
         fr: FilterResult,
         now: float,
         batch: list[Aggregate],
@@ -865,7 +926,8 @@ class Scheduler:
         return None
 
     def _plan_preemption(
-        self, ps: PoolState, req: PendingRequest, lease: Lease, fr: FilterResult, now: float
+        self, ps: PoolState, req: PendingRequest, lease: Lease | QueuedLease, fr: FilterResult,
+        now: float,
     ) -> PreemptionPlan | None:
         if not fr.busy.size:
             return None
@@ -960,16 +1022,19 @@ class Scheduler:
         """Why a lease waits (or was rejected); None if this tenant has no such lease."""
         with self._lock:
             try:
-                lease = self.aggregates.get(UUID(lease_id))
+                lease = self.aggregates.peek(UUID(lease_id))
             except ValueError:
                 return None
-            if not isinstance(lease, Lease) or lease.tenant_id != tenant:
+            if not isinstance(lease, (Lease, QueuedLease)):
+                ended = self._ended.get(lease_id)
+                return dict(ended[1]) if ended is not None and ended[0] == tenant else None
+            if lease.tenant_id != tenant:
                 return None
             out: dict[str, Any] = {"lease_id": lease_id, "state": str(lease.state)}
             reasons = self.reasons.get(lease_id)
             if reasons is not None:
                 out["reasons"] = reasons
-            elif lease.state is LeaseState.REJECTED:
+            elif isinstance(lease, Lease) and lease.state is LeaseState.REJECTED:
                 out["reasons"] = {"rejection_code": lease.rejection_code}
             else:
                 out["reasons"] = {}

@@ -59,3 +59,12 @@ def test_pool_bench_e2e_names_a_bad_flag() -> None:
     done = subprocess.run([sys.executable, "-m", "cli.main", "bench", "e2e", "--clients", "0"],
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode != 0 and "--clients" in done.stderr
+
+
+def test_the_queued_bench_replays_every_request_and_holds_the_waiting_ones_compactly() -> None:
+    from bench.queued import run_queued_bench
+
+    result = run_queued_bench(nodes=20, requests=2000)
+    assert result["queued"] + result["placed_first_cycle"] == 2000
+    assert result["held_compactly"] == result["queued"] > 0  # every waiting one is a record
+    assert result["replay_s"] > 0 and result["rss_after_replay_mib"] > result["rss_base_mib"]
