@@ -95,8 +95,9 @@ POOL_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
     ("--grace", "preemption.grace_seconds", 30, "seconds a preempted lease gets to stop"),
     ("--heartbeat-timeout", "heartbeat_timeout_seconds", 30,
      "seconds a running lease may go without a heartbeat"),
-    ("--lease-term", "default_lease_seconds", 300,
-     "seconds a commit or renewal grants by default"),
+    ("--lease-term", "default_lease_seconds", None,
+     ("seconds a commit or renewal grants (default: each lease's whole maximum runtime; a "
+      "shorter term makes holders renew)")),
     ("--node-timeout", "node_timeout_seconds", 30,
      "seconds of agent silence before a node is lost"),
     ("--lost-node-release", "lost_node_release_seconds", 300,

@@ -73,7 +73,7 @@ def cmd_lease_verb(args: argparse.Namespace) -> int:
             body["job"]["image_size_bytes"] = args.image_size
     if args.verb == "heartbeat":
         body["epoch"] = args.epoch
-    if args.verb == "renew":
+    if args.verb == "renew" and args.extend_seconds is not None:
         body["extend_seconds"] = args.extend_seconds
     if args.verb == "release" and args.exit_code is not None:
         body["exit_code"] = args.exit_code
@@ -103,7 +103,9 @@ def register(sub: Subparsers) -> None:
     rq.add_argument("--egress", choices=["none", "restricted", "open"])
     rq.add_argument("--region")
     rq.add_argument("--zone")
-    rq.add_argument("--max-runtime", type=int, required=True, help="maximum_runtime_seconds")
+    rq.add_argument("--max-runtime", type=int, required=True, metavar="SECONDS",
+                    help="the longest the lease may run, in seconds; a commit grants all of it "
+                    "unless the pool sets a shorter renewable term")
     rq.add_argument("--priority", default="standard", help="priority class")
     rq.add_argument("--key", help="idempotency key (default: a new random one)")
     rq.add_argument("--image", help="image reference, pinned by digest")
@@ -114,7 +116,8 @@ def register(sub: Subparsers) -> None:
                     help=f"leases to request at once, each its own lease (1 to "
                          f"{MAX_LEASES_PER_REQUEST}; ids follow from --key and the index)")
     rq.set_defaults(func=cmd_lease_request)
-    for verb, help_text in (("commit", "confirm a reservation and start its job"),
+    for verb, help_text in (("commit", ("confirm a reservation within the pool's commit window "
+                             "(30 s unless the pool sets another) and start its job")),
                             ("heartbeat", "prove the holder is alive"),
                             ("renew", "extend the deadline"),
                             ("release", "give the capacity back"),
@@ -134,6 +137,9 @@ def register(sub: Subparsers) -> None:
             vp.set_defaults(job_command=[])  # the words after `--`: -- sh -c 'echo hi'
             vp.epilog = "The job's command may also follow `--`: … -- sh -c 'echo hi'"
         vp.add_argument("--epoch", type=int, default=1, help=argparse.SUPPRESS if verb != "heartbeat" else "placement epoch")
-        vp.add_argument("--extend-seconds", type=int, default=300, help=argparse.SUPPRESS if verb != "renew" else "seconds")
+        vp.add_argument("--extend-seconds", type=int, default=None, metavar="SECONDS",
+                        help=argparse.SUPPRESS if verb != "renew" else
+                        "extend to now + SECONDS (default: the pool's lease term), never past "
+                        "the maximum runtime")
         vp.add_argument("--exit-code", type=int, help=argparse.SUPPRESS if verb != "release" else "the workload's exit code")
         vp.add_argument("--reason", help=argparse.SUPPRESS if verb not in ("release", "cancel") else "why")

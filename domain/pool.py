@@ -79,7 +79,8 @@ class PoolConfig:
     packing: str = "best-fit"
     commit_timeout_seconds: int = 30
     heartbeat_timeout_seconds: int = 30
-    default_lease_seconds: int = 300
+    # capped at each lease's maximum runtime: by default a commit grants the whole of it
+    default_lease_seconds: int = 30 * 24 * 3600
     maximum_runtime_seconds: int = 86_400  # the longest runtime a request may ask for
     priority_classes: tuple[tuple[str, int], ...] = (("default", 0),)  # sorted (name, rank)
     default_priority_class: str = "default"

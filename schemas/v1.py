@@ -334,9 +334,10 @@ class HeartbeatLease(_Command, frozen=True, kw_only=True):
 
 
 class RenewLease(_Command, frozen=True, kw_only=True):
-    """Extend a lease's deadline, within the pool's maximum runtime."""
+    """Extend a lease's deadline to now + extend_seconds (left out: the lease's term), never
+    past its maximum runtime."""
 
-    extend_seconds: RuntimeSeconds
+    extend_seconds: RuntimeSeconds | None = None
 
 
 class ReleaseLease(_Command, frozen=True, kw_only=True):
@@ -410,8 +411,10 @@ class PoolConfig(_Command, frozen=True, kw_only=True):
     aging_seconds_per_rank: Annotated[int, Meta(ge=0, le=MAX_RUNTIME_SECONDS)] = 0
     # A running lease whose agent is silent this long expires (then is reconciled).
     heartbeat_timeout_seconds: Annotated[int, Meta(ge=1, le=86_400)] = 30
-    # The term a commit grants and a renewal extends by default.
-    default_lease_seconds: Annotated[int, Meta(ge=1, le=MAX_RUNTIME_SECONDS)] = 300
+    # The term a commit grants and a renewal extends by default, capped at each lease's maximum
+    # runtime: by default the whole of it, so a job needs no renewal; a shorter term makes
+    # holders renew (and lets a forgotten lease end sooner).
+    default_lease_seconds: Annotated[int, Meta(ge=1, le=MAX_RUNTIME_SECONDS)] = MAX_RUNTIME_SECONDS
     # A node whose agent is silent this long is lost: no new placements, leases reconciled.
     node_timeout_seconds: Annotated[int, Meta(ge=1, le=86_400)] = 30
     # A lost node's leases are released without the agent's confirmation after this long.

@@ -143,3 +143,29 @@ def test_releasing_a_reservation_gives_its_capacity_back(
     lease = json.loads(out)["lease"]
     assert lease["state"] == "released" and lease["end_reason"] == "reservation_released"
     reserved("second")  # the whole node again: the first reservation's capacity came back
+
+
+@pytest.mark.parametrize(("term", "granted"), [((), 600), (("--lease-term", "120"), 120)])
+def test_a_commit_grants_the_whole_maximum_runtime_unless_the_pool_sets_a_term(
+    served: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], term: tuple[str, ...],
+    granted: int,
+) -> None:
+    u = ["--nats-url", served]
+    assert _run(capsys, "admin", "pool", "create", "p1", *term, *u)[0] == 0
+    f = tmp_path / "node.json"
+    f.write_text(json.dumps(node_body("n1", "p1", cpu_millis=4000, memory_mib=4096)))
+    assert _run(capsys, "admin", "node", "register", "--file", str(f), *u)[0] == 0
+    rc, out, err = _run(capsys, "lease", "request", "--tenant", "acme", "--pool", "p1",
+                        "--cpu-millis", "1000", "--memory-mib", "512", "--max-runtime", "600",
+                        "--json", *u)
+    assert rc == 0, err
+    lid = json.loads(out)["lease"]["lease_id"]
+    for _ in range(200):
+        rc, out, _ = _run(capsys, "lease", "get", lid, "--tenant", "acme", "--json", *u)
+        if json.loads(out)["lease"]["state"] == "reserved":
+            break
+        time.sleep(0.05)
+    rc, out, err = _run(capsys, "lease", "commit", lid, "--tenant", "acme", "--json", *u)
+    assert rc == 0, err
+    lease = json.loads(out)["lease"]
+    assert lease["deadline"] - lease["started_at"] == pytest.approx(granted)

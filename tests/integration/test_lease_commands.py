@@ -18,7 +18,8 @@ def plane(fresh_nats: NatsServer) -> Iterator[tuple[ControlPlane, PoolClient, Po
     cp = start(fresh_nats.url, clock)
     admin = PoolClient(fresh_nats.url)
     alpha = PoolClient(fresh_nats.url, "alpha")
-    setup_pool(admin, tenants={"alpha": 1.0, "beta": 1.0})
+    # a renewable term shorter than the leases' maximum runtime, so renewals have room
+    setup_pool(admin, tenants={"alpha": 1.0, "beta": 1.0}, default_lease_seconds=300)
     assert admin.admin("node.register", node_body("n1"))["ok"]
     yield cp, admin, alpha, clock
     alpha.close()
