@@ -21,6 +21,7 @@ from cli import (
     gateway,
     images,
     lease,
+    quotas,
     report,
     schemas,
     telemetry,
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                      images.register,
                      admin.register_node_credits, views.register, report.register,
                      agent.register,
-                     telemetry.register):
+                     telemetry.register, quotas.register):
         register(sub)
     return p
 

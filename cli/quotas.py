@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
-from cli.connect import client_opts, pool_client
+from cli.connect import client_opts, nats_url_of, pool_client
 from cli.output import EXIT_OK, UsageError, print_envelope
 
 Subparsers = Any  # argparse's _SubParsersAction
@@ -114,25 +115,47 @@ def cmd_pool_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def shares_of(nats_url: str, pool_id: str, now: float) -> dict[str, Any] | None:
+    """Fold the pool's log as the scheduler does, and read its fair shares at `now` (None: no
+    such pool). Every figure comes from the log: a replay gives the same answer."""
+    from control.application import PoolApp
+    from control.bootstrap import app_env
+    from control.quotas import fair_shares
+    from control.scheduler import Scheduler
+
+    scheduler = Scheduler(PoolApp(env=app_env(nats_url)), clock=lambda: now)
+    try:
+        scheduler.catch_up()
+        ps = scheduler.pools.get(pool_id)
+        if ps is None:
+            return None
+        ps.refresh_totals()
+        return fair_shares(ps, now)
+    finally:
+        scheduler.close()
+
+
 def cmd_shares(args: argparse.Namespace) -> int:
     """`pool shares POOL`: each tenant's weight, current share, decayed usage and rank."""
-    with pool_client(args) as c:
-        reply = c.admin("pool.shares", {"pool_id": args.pool_id})
-    if args.json or not reply.get("ok"):
+    result = shares_of(nats_url_of(args), args.pool_id, time.time())
+    if result is None:
+        reply: dict[str, Any] = {"ok": False, "error": {
+            "code": "unknown_pool", "message": f"no pool named {args.pool_id!r}"}}
         return print_envelope(reply, args.json)
-    result = reply["result"]
-    rows = [["RANK", "TENANT", "WEIGHT", "CURRENT SHARE", "DECAYED SHARE", "PRIORITY",
-             "DECAYED USAGE"]]
-    for t in result.get("tenants", []):
-        usage = ",".join(f"{d}={v:.0f}" for d, v in (t.get("decayed_usage") or {}).items()
-                         if v) or "-"
+    if args.json:
+        return print_envelope({"ok": True, "result": result}, True)
+    rows = [["RANK", "TENANT", "WEIGHT", "CURRENT SHARE", "DECAYED SHARE", "KEY",
+             "DECAYED USAGE (resource-seconds)"]]
+    for t in result["tenants"]:
+        usage = ",".join(f"{d}={v:.0f}" for d, v in sorted(t["decayed_usage"].items())
+                         if v >= 0.5) or "-"
         rows.append([str(t["rank"]), t["tenant"], f"{t['weight']:g}",
                      f"{t['current_share']:.3f}", f"{t['decayed_share']:.3f}",
                      f"{t['priority']:.3f}", usage])
-    half_life = result.get("half_life_seconds") or 0
-    print(f"pool {result.get('pool_id')}: fair share over current usage"
-          + (f" and usage decayed with a {half_life} s half-life" if half_life else
-             " only (no half-life set)") + "; lower priority value goes first")
+    half_life = result["half_life_seconds"]
+    print(f"pool {result['pool_id']}: ordered by (current share + decayed share) / weight, "
+          "lowest first; " + (f"usage decays with a {half_life:g} s half-life"
+                              if half_life else "no half-life set: current usage only"))
     print(_grid(rows))
     return EXIT_OK
 

@@ -10,11 +10,12 @@ import logging
 from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
+from control.application import WEIGHT_SCALE
 from domain.errors import DomainError
 from domain.lease import Lease, LeaseState
 from domain.node import Node
 from domain.policy import reasons as R
-from domain.policy.fairness import PendingRequest
+from domain.policy.fairness import PendingRequest, weighted_dominant_share
 from domain.policy.preemption import RECLAIMING_QUOTA, PreemptionPlan, RunningLease
 from domain.resources import Resources
 
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from eventsourcing.domain import Aggregate
 
     from control.pending import LeaseMemory, QueuedLease
-    from domain.policy.fairness import FairQueue
+    from domain.policy.fairness import DecayedUsage, FairQueue
     from domain.pool import Pool
     from domain.quota import QuotaBook
 
@@ -36,6 +37,11 @@ class PoolState(Protocol):
     queue: FairQueue | None
     book: QuotaBook
     protected: set[str]
+    decay: DecayedUsage
+    weights: dict[str, float]
+
+    @property
+    def table(self) -> Any: ...
 
 
 class Scheduler(Protocol):
@@ -149,3 +155,53 @@ def restart_job(s: Scheduler, ps: PoolState, lease: Lease, node_id: str, now: fl
         log.warning("lease %s: its job does not restart on its own (%s)", lease.id, e)
         return False
     return True
+
+
+# Fair share that remembers ------------------------------------------------------------------
+
+
+def _changed_at(lease: Lease) -> float | None:
+    """When the lease's hold on capacity last began or ended, from its own events."""
+    if lease.holds_capacity:
+        return lease.reserved_at
+    return lease.ended_at if lease.ended_at is not None else lease.queued_at
+
+
+def remember_usage(ps: PoolState, lease: Lease) -> None:
+    """Its tenant's usage changed with `lease`: the decayed record takes the new usage from the
+    time the lease's event says (never the clock: a replay gives the same history)."""
+    assert ps.queue is not None
+    at = _changed_at(lease)
+    if at is not None:
+        ps.decay.set_usage(lease.tenant_id, at, ps.queue.usage(lease.tenant_id))
+
+
+def apply_history(ps: PoolState, now: float) -> None:
+    """Give the fair queue every tenant's decayed past usage at `now`, as a dominant share."""
+    assert ps.queue is not None
+    totals = ps.table.totals(ready_only=True)
+    for tenant in ps.decay.tenants():
+        ps.queue.set_history(tenant, ps.decay.share(tenant, now, totals))
+
+
+def fair_shares(ps: PoolState, now: float) -> dict[str, Any]:
+    """Each tenant's weight, current dominant share, decayed usage and share, the ordering
+    key they make, and its rank (1 goes first), as `pool shares` prints them."""
+    assert ps.queue is not None
+    totals = ps.table.totals(ready_only=True)
+    tenants = set(ps.weights) | set(ps.queue.usages()) | set(ps.decay.tenants())
+    rows = []
+    for t in tenants:
+        weight = ps.weights.get(t, float(WEIGHT_SCALE)) / WEIGHT_SCALE
+        current = weighted_dominant_share(ps.queue.usage(t), totals, 1.0)
+        past = ps.decay.share(t, now, totals)
+        rows.append({"tenant": t, "weight": weight, "current_share": current,
+                     "decayed_share": past, "priority": (current + past) / weight,
+                     "decayed_usage": ps.decay.usage(t, now),
+                     "usage": ps.queue.usage(t).to_dict()})
+    rows.sort(key=lambda r: (r["priority"], r["tenant"]))
+    for i, r in enumerate(rows, 1):
+        r["rank"] = i
+    return {"pool_id": ps.pool.pool_id, "at": now,
+            "half_life_seconds": ps.decay.half_life_seconds, "totals": totals.to_dict(),
+            "tenants": rows}

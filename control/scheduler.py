@@ -30,7 +30,13 @@ from eventsourcing.persistence import IntegrityError
 
 from bus import observability
 from control.pending import LeaseMemory, QueuedLease
-from control.quotas import may_be_victim, quota_wait, restart_job
+from control.quotas import (
+    apply_history,
+    may_be_victim,
+    quota_wait,
+    remember_usage,
+    restart_job,
+)
 from control.wake import IdleWait, Signal
 from domain.account import Account
 from domain.cohort import Cohort
@@ -47,6 +53,7 @@ from domain.policy.backfill import (
     placed_end_estimate,
 )
 from domain.policy.fairness import (
+    DecayedUsage,
     FairQueue,
     PendingRequest,
     weighted_dominant_share,
@@ -105,6 +112,7 @@ class PoolState:
     weights: dict[str, float] = field(default_factory=dict)
     book: QuotaBook = field(default_factory=QuotaBook)  # nominal quotas and cohorts
     protected: set[str] = field(default_factory=set)  # tenants that are not preemptible
+    decay: DecayedUsage = field(default_factory=DecayedUsage)  # past usage, for fair share
     # node id → (state, allocatable) as the DRF denominator last counted it; the denominator
     # (allocatable of the ready nodes) is summed again before the next placement only when a
     # node came, left readiness or changed size: summing it per node event made a replay of N
@@ -123,6 +131,7 @@ class PoolState:
         old = self.queue
         cfg = self.pool.config
         self.totals_stale = False
+        self.decay.half_life_seconds = float(cfg.fair_share_half_life_seconds)
         self.queue = FairQueue(
             totals=self.table.totals(ready_only=True),
             weights=self.weights,
@@ -445,6 +454,10 @@ class Scheduler:
         elif not holds and tracked is not None:
             del self._usage[lid]
             ps.queue.released(tracked[0], tracked[1])
+        else:
+            return
+        if ps.decay.half_life_seconds:
+            remember_usage(ps, lease)
 
     # -- deciding ---------------------------------------------------------------------------
 
@@ -548,6 +561,8 @@ class Scheduler:
         if queue is None or not len(queue):
             return
         ps.refresh_totals()
+        if ps.decay.half_life_seconds:
+            apply_history(ps, now)
         self._holds.clear()  # as `allocs` below: nothing of a batch that never closed
         self._held.clear()
         pool = ps.pool

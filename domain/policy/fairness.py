@@ -1,6 +1,8 @@
-"""Fair ordering of pending requests: priority classes with aging, then weighted DRF, then FIFO.
+"""Fair ordering of pending requests: priority classes with aging, then weighted DRF over current
+and decayed past usage, then FIFO.
 
-Weighted Dominant Resource Fairness after Ghodsi et al., NSDI 2011. Pure: `now` is passed in.
+Weighted Dominant Resource Fairness after Ghodsi et al., NSDI 2011; past usage decays with a
+half-life as in Slurm's fair-share factor. Pure: `now` and event times are passed in.
 """
 
 from __future__ import annotations
@@ -140,6 +142,69 @@ def quota_check(
     return sorted(d for d, limit in quota.items() if after.get(d) > limit)
 
 
+class DecayedUsage:
+    """Each tenant's past usage in resource-seconds, decayed with a half-life: usage held
+    `age` seconds ago counts 2^(-age / half_life). Usage is constant between the changes the
+    caller reports (`set_usage` at the event's time), so the integral is exact, not sampled.
+
+    `half_life_seconds` 0 turns it off: nothing is kept and every share is 0."""
+
+    def __init__(self, half_life_seconds: float = 0.0) -> None:
+        self.half_life_seconds = half_life_seconds
+        # tenant → (time of the last change, decayed resource-seconds per dimension, usage)
+        self._state: dict[str, tuple[float, dict[str, float], Resources]] = {}
+
+    @property
+    def _tau(self) -> float:
+        """The mean life: a usage held forever integrates to usage × tau."""
+        return self.half_life_seconds / math.log(2)
+
+    def tenants(self) -> list[str]:
+        return sorted(self._state)
+
+    def _advanced(self, tenant: str, at: float) -> tuple[float, dict[str, float], Resources]:
+        state = self._state.get(tenant)
+        if state is None:
+            return at, {}, ZERO
+        since, acc, rate = state
+        dt = at - since
+        if dt <= 0:  # an event stamped earlier than the last one counts as simultaneous
+            return since, acc, rate
+        keep = 2.0 ** (-dt / self.half_life_seconds)
+        gained = self._tau * (1.0 - keep)
+        out = {d: v * keep for d, v in acc.items()}
+        for d in rate.dimensions():
+            amount = rate.get(d)
+            if amount:
+                out[d] = out.get(d, 0.0) + amount * gained
+        return at, out, rate
+
+    def set_usage(self, tenant: str, at: float, usage: Resources) -> None:
+        """From `at` on, `tenant` holds `usage` (what it held before is decayed up to `at`)."""
+        if self.half_life_seconds <= 0:
+            return
+        since, acc, _ = self._advanced(tenant, at)
+        self._state[tenant] = (since, acc, usage)
+
+    def usage(self, tenant: str, now: float) -> dict[str, float]:
+        """Decayed resource-seconds per dimension at `now`."""
+        if self.half_life_seconds <= 0:
+            return {}
+        return self._advanced(tenant, now)[1]
+
+    def share(self, tenant: str, now: float, totals: Resources) -> float:
+        """The dominant share of decayed usage: 1.0 is the whole pool held for ever."""
+        if self.half_life_seconds <= 0:
+            return 0.0
+        best = 0.0
+        scale = self._tau
+        for d, v in self.usage(tenant, now).items():
+            total = totals.get(d)
+            if total > 0:
+                best = max(best, v / (total * scale))
+        return best
+
+
 _SCALAR_SLOTS = 64  # up to this many (tenant, class) slots, the next one is found in Python
 _Entry = tuple[float, int, str]  # (enqueued_at, seq, lease_id): a per-slot heap entry
 
@@ -170,6 +235,9 @@ class FairQueue:
         self._top = max(self._ranks.values(), default=0)
         self._aging = aging_seconds_per_rank
         self._usage: dict[str, Resources] = dict(usage_by_tenant or {})
+        # each tenant's decayed past usage as a dominant share (DecayedUsage.share), added to
+        # its current share when ordering
+        self._history: dict[str, float] = {}
         self._requests: dict[str, PendingRequest] = {}
         self._slot_of_key: dict[tuple[str, str], int] = {}
         self._slot_key: list[tuple[str, str]] = []
@@ -199,7 +267,16 @@ class FairQueue:
         return self._usage
 
     def share(self, tenant: str) -> float:
-        return weighted_dominant_share(self.usage(tenant), self._totals, self._weight(tenant))
+        """(current dominant share + decayed past share) / weight: the DRF ordering key."""
+        current = weighted_dominant_share(self.usage(tenant), self._totals, self._weight(tenant))
+        past = self._history.get(tenant)
+        return current if not past else current + past / self._weight(tenant)
+
+    def set_history(self, tenant: str, decayed_share: float) -> None:
+        """The tenant's decayed past usage as a dominant share, counted from now on."""
+        if decayed_share or tenant in self._history:
+            self._history[tenant] = decayed_share
+            self._refresh_share(tenant)
 
     def _weight(self, tenant: str) -> float:
         return self._weights.get(tenant, 1.0)

@@ -61,3 +61,21 @@ def test_a_malformed_limit_is_refused_in_one_line_naming_the_flag(
     rc, _out, err = _run(capsys, "admin", "tenant", "set", "acme", "--pool", "p", *u,
                          "--lend-limit", "cpu_millis=1")
     assert rc == 2 and "--cohort" in err
+
+
+def test_pool_shares_prints_weight_share_decayed_usage_and_rank(
+        served: str, capsys: pytest.CaptureFixture[str]) -> None:
+    u = ["--nats-url", served]
+    assert _run(capsys, "admin", "pool", "create", "p", *u, "--fair-share-half-life", "3600")[0] == 0
+    for tenant, weight in (("acme", "2"), ("initech", "1")):
+        assert _run(capsys, "admin", "tenant", "set", tenant, "--pool", "p", "--weight", weight,
+                    *u)[0] == 0
+    rc, out, _ = _run(capsys, "shares", "p", *u)
+    assert rc == 0 and "3600 s half-life" in out
+    header, *rows = out.splitlines()[1:]
+    assert header.split()[:3] == ["RANK", "TENANT", "WEIGHT"]
+    assert sorted(r.split()[1:3] for r in rows) == [["acme", "2"], ["initech", "1"]]
+    rc, out, _ = _run(capsys, "shares", "p", *u, "--json")
+    assert rc == 0 and [t["rank"] for t in json.loads(out)["result"]["tenants"]] == [1, 2]
+    rc, _out, err = _run(capsys, "shares", "nowhere", *u)
+    assert rc != 0 and "unknown_pool" in err

@@ -3,6 +3,7 @@ partial quotas, non-preemptible tenants and classes, requeue wishes, restarts, r
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 
 from bus.local.server import NatsServer
 from chaos.invariants import check_quotas
+from cli.quotas import shares_of
 from client.api import PoolClient
 from control.plane import ControlPlane
 from tests.control_plane import (
@@ -379,3 +381,55 @@ def test_pool_show_prints_every_limit_in_force(plane: Plane) -> None:
         "lend_limit": {"cpu_millis": 1000}, "cohort": "research", "preemptible": False,
         "weight": 1.0}
     assert quotas["tenants"]["beta"]["nominal"] is None and quotas["tenants"]["beta"]["weight"] == 2.0
+
+
+# -- fair share that remembers -------------------------------------------------------------------
+
+
+def _night_then_morning(cp: ControlPlane, admin: PoolClient, clock: FakeClock,
+                        half_life: int) -> tuple[str, str]:
+    """alpha holds the one node all night and lets go; in the morning alpha asks first, then
+    beta; one node, so one of them is placed. Returns (alpha's, beta's) morning lease ids."""
+    setup_pool(admin, tenants={"alpha": 1.0, "beta": 1.0},
+               fair_share_half_life_seconds=half_life, default_lease_seconds=86_400,
+               heartbeat_timeout_seconds=86_400)
+    _nodes(admin, "n1")
+    with PoolClient(cp.nats_url, "alpha") as a, PoolClient(cp.nats_url, "beta") as b:
+        night = a.request_lease(lease_body("night", cpu_millis=WHOLE_NODE,
+                                           max_runtime=86_400))["lease"]["lease_id"]
+        assert cp.scheduler.cycle().placed == 1
+        assert a.lease(night, "commit", {})["ok"]
+        clock.advance(8 * 3600)  # all night (a day's term, a day's heartbeat timeout)
+        assert a.lease(night, "release", {})["ok"]
+        clock.advance(1800)
+        early = a.request_lease(lease_body("morning-a", cpu_millis=WHOLE_NODE))
+        clock.advance(1)
+        late = b.request_lease(lease_body("morning-b", cpu_millis=WHOLE_NODE))
+        assert cp.scheduler.cycle().placed == 1
+        return early["lease"]["lease_id"], late["lease"]["lease_id"]
+
+
+def test_with_a_half_life_the_tenant_that_used_nothing_goes_first(plane: Plane) -> None:
+    cp, admin, clock = plane
+    alpha, beta = _night_then_morning(cp, admin, clock, half_life=4 * 3600)
+    with PoolClient(cp.nats_url, "alpha") as a, PoolClient(cp.nats_url, "beta") as b:
+        assert _lease(b, beta)["state"] == "reserved"
+        assert _lease(a, alpha)["state"] == "queued"
+    shares = shares_of(cp.nats_url, "p1", clock.now)
+    assert shares is not None and shares["half_life_seconds"] == 4 * 3600
+    rows = {r["tenant"]: r for r in shares["tenants"]}
+    assert rows["beta"]["current_share"] == 1.0 and rows["alpha"]["current_share"] == 0.0
+    # alpha's night, at half an hour and a bit after, decayed: 8 h of 8000 milli-cores
+    tau = 4 * 3600 / math.log(2)
+    expected = WHOLE_NODE * tau * (1 - 2 ** -2) * 2 ** (-1801 / (4 * 3600))
+    assert rows["alpha"]["decayed_usage"]["cpu_millis"] == pytest.approx(expected, rel=1e-6)
+    assert rows["beta"]["decayed_usage"].get("cpu_millis", 0.0) == pytest.approx(0.0, abs=1e-6)
+    assert rows["alpha"]["weight"] == 1.0 and {r["rank"] for r in rows.values()} == {1, 2}
+
+
+def test_without_a_half_life_the_morning_is_first_come_first_served(plane: Plane) -> None:
+    cp, admin, clock = plane
+    alpha, beta = _night_then_morning(cp, admin, clock, half_life=0)
+    with PoolClient(cp.nats_url, "alpha") as a, PoolClient(cp.nats_url, "beta") as b:
+        assert _lease(a, alpha)["state"] == "reserved"
+        assert _lease(b, beta)["state"] == "queued"

@@ -1,4 +1,4 @@
-"""Weighted DRF, priority classes with aging, FairQueue, and quotas.
+"""Weighted DRF, priority classes with aging, FairQueue, decayed usage, and quotas.
 
 The DRF case is the worked example of Ghodsi et al., NSDI 2011 (section 4).
 """
@@ -19,6 +19,7 @@ from domain.policy import (
     quota_check,
     weighted_dominant_share,
 )
+from domain.policy.fairness import DecayedUsage
 from domain.resources import NodeCapabilities, Resources, Shape
 
 GIB = 1024
@@ -223,3 +224,47 @@ def test_the_scalar_pick_of_the_next_slot_agrees_with_the_vectorised_one() -> No
                 assert queue._best_slot(now) == queue._best_slot_vectorised(now)
 
     check()
+
+
+# -- decayed usage (fair share that remembers) ---------------------------------------------------
+
+
+def test_decayed_usage_integrates_exactly_and_halves_each_half_life() -> None:
+    hour = 3600.0
+    decay = DecayedUsage(half_life_seconds=hour)
+    decay.set_usage("t", 0.0, Resources(cpu_millis=1000))
+    decay.set_usage("t", hour, Resources())  # held 1000 for one half-life, then nothing
+    tau = hour / math.log(2)
+    held = decay.usage("t", hour)["cpu_millis"]
+    assert held == pytest.approx(1000 * tau * 0.5)
+    assert decay.usage("t", 2 * hour)["cpu_millis"] == pytest.approx(held / 2)
+    # the share is against the pool held for ever: all of a 1000-milli pool for ever → 1.0
+    forever = DecayedUsage(half_life_seconds=hour)
+    forever.set_usage("t", 0.0, Resources(cpu_millis=1000))
+    assert forever.share("t", 1e9, Resources(cpu_millis=1000)) == pytest.approx(1.0)
+    assert DecayedUsage(0).share("t", 10.0, Resources(cpu_millis=1)) == 0.0
+
+
+def test_a_tenant_that_used_nothing_goes_ahead_of_one_that_used_the_fleet_all_night() -> None:
+    totals = Resources(cpu_millis=8000)
+    decay = DecayedUsage(half_life_seconds=4 * 3600)
+    decay.set_usage("night", 0.0, totals)  # the whole fleet from midnight ...
+    decay.set_usage("night", 8 * 3600.0, Resources())  # ... until eight
+    now = 9 * 3600.0
+    q = FairQueue(totals)
+    # night asked first, with the same class and no current usage: FIFO would pick it
+    q.push(PendingRequest("n1", "night", "default", Shape.build(cpu_millis=1000), now - 60, 1))
+    q.push(PendingRequest("f1", "fresh", "default", Shape.build(cpu_millis=1000), now - 30, 2))
+    assert q.peek(now) is not None and q.peek(now).tenant == "night"  # type: ignore[union-attr]
+    for tenant in decay.tenants() + ["fresh"]:
+        q.set_history(tenant, decay.share(tenant, now, totals))
+    assert [r.tenant for r in q.drain(now)] == ["fresh", "night"]
+
+
+def test_decayed_usage_fades_so_the_heavy_tenant_is_even_again_later() -> None:
+    totals = Resources(cpu_millis=8000)
+    decay = DecayedUsage(half_life_seconds=3600)
+    decay.set_usage("heavy", 0.0, totals)
+    decay.set_usage("heavy", 3600.0, Resources())
+    early, late = decay.share("heavy", 3600.0, totals), decay.share("heavy", 20 * 3600.0, totals)
+    assert late < early / 100_000
