@@ -7,6 +7,7 @@ inbox); the watcher follows the event stream's headers for `LeaseReserved` event
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -122,6 +123,7 @@ class ReservedWatcher:
         self._thread = threading.Thread(target=self._loop.run_forever, name="bench-watcher",
                                         daemon=True)
         self._nc: Any = None
+        self._sub: Any = None
 
     def start(self) -> ReservedWatcher:
         self._thread.start()
@@ -139,7 +141,7 @@ class ReservedWatcher:
                 self.reserved.setdefault(headers.get(HDR_ORIGINATOR_ID, ""), t)
 
         js = self._nc.jetstream()
-        await js.subscribe(f"{EVENTS_PREFIX}.>", stream=EVENTS_STREAM, cb=on_msg,
+        self._sub = await js.subscribe(f"{EVENTS_PREFIX}.>", stream=EVENTS_STREAM, cb=on_msg,
                            ordered_consumer=True, deliver_policy=DeliverPolicy.NEW,
                            headers_only=True, pending_msgs_limit=1_000_000,
                            pending_bytes_limit=512 * 1024 * 1024)
@@ -147,8 +149,16 @@ class ReservedWatcher:
 
     def stop(self) -> None:
         async def close() -> None:
+            if self._sub is not None:
+                with contextlib.suppress(NatsError):
+                    await self._sub.unsubscribe()
             if self._nc is not None:
                 await self._nc.close()
+            # the ordered consumer's checks and the client's flusher end with the loop
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in rest:
+                t.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
 
         try:
             asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)

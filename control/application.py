@@ -730,7 +730,8 @@ class PoolApp(Application[UUID]):
         def beat_node() -> Node:
             fresh = self.find(Node, Node.create_id(node_id))
             assert fresh is not None
-            timeout = self._pool(fresh.pool_id).config.node_timeout_seconds
+            pool = self._cached(Pool.create_id(fresh.pool_id), lambda: self._pool(fresh.pool_id))
+            timeout = pool.config.node_timeout_seconds
             if fresh.state is not NodeState.LOST and fresh.heartbeat_is_news(self.clock(),
                                                                             timeout):
                 fresh.heartbeat(self.clock())
