@@ -150,6 +150,19 @@ class JetStreamRecorder:
 
         return unwatch
 
+    def last_topics(self, originator_ids: Sequence[UUID]) -> dict[UUID, str | None]:
+        """The topic of each aggregate's last event (None: it has none), read concurrently:
+        one direct get each, no replay, so a caller can pass over aggregates whose last event
+        rules them out before loading any."""
+
+        async def read() -> list[tuple[dict[str, str], bytes, int] | None]:
+            return list(await asyncio.gather(
+                *(self._last_msg(self.subject_for(i)) for i in originator_ids)))
+
+        got = self.runtime.run(read(), self.timeout + 5)
+        return {i: None if m is None else m[0].get(HDR_TOPIC)
+                for i, m in zip(originator_ids, got, strict=True)}
+
     # -- low-level reads (loop thread) -------------------------------------------------------
 
     async def _replicated(self) -> bool:

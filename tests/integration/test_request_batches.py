@@ -132,3 +132,25 @@ def test_pool_lease_request_count_prints_every_id(fresh_nats: NatsServer, plane:
          "--max-runtime", "60", "--count", "0"],
         capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode != 0 and "--count" in bad.stderr
+
+
+def test_a_node_heartbeat_passes_over_reserved_leases_without_loading_them(
+        fresh_nats: NatsServer, plane: Plane) -> None:
+    cp, _admin, alpha = plane
+    ids = alpha.request_lease({**lease_body("held"), "count": 4})["result"]["lease_ids"]
+    assert cp.scheduler.cycle().placed == 4  # reserved on n1, awaiting their commits
+    loaded: list[Any] = []
+    find = cp.app.find
+
+    def counting_find(cls: Any, uid: Any) -> Any:
+        loaded.append((cls.__name__, str(uid)))
+        return find(cls, uid)
+
+    cp.app.find = counting_find  # type: ignore[method-assign]
+    node = PoolClient(fresh_nats.url, inbox_prefix=b"_INBOX.n.n1")
+    try:
+        r = node.call("pool.node.n1.heartbeat", {"node_id": "n1", "seq": 1, "leases": []})
+    finally:
+        node.close()
+    assert r["ok"], r
+    assert not [i for name, i in loaded if name == "Lease" and i in ids]
