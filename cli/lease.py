@@ -15,6 +15,7 @@ from cli.output import (
     Subparsers,
     UsageError,
     print_envelope,
+    table,
 )
 from schemas.v1 import MAX_LEASES_PER_REQUEST
 
@@ -83,6 +84,26 @@ def cmd_lease_verb(args: argparse.Namespace) -> int:
         return print_envelope(c.lease(args.lease_id, args.verb, body), args.json)
 
 
+QUEUE_COLUMNS = ("position", "lease_id", "pool", "priority_class", "estimated_start",
+                 "reserved")
+
+
+def cmd_lease_queue(args: argparse.Namespace) -> int:
+    import datetime as dt
+
+    with pool_client(args, tenant_of(args)) as c:
+        reply = c.queue_positions()
+    if args.json or not reply.get("ok"):
+        return print_envelope(reply, args.json)
+    rows = []
+    for r in reply["result"]["leases"]:
+        at = r.get("estimated_start_at")
+        rows.append({**r, "estimated_start": None if at is None else
+                     dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")})
+    print(table(rows, QUEUE_COLUMNS))
+    return EXIT_OK
+
+
 def register(sub: Subparsers) -> None:
     """Add `lease` and its verbs."""
     lease = sub.add_parser("lease", help="request and manage leases").add_subparsers(
@@ -116,6 +137,10 @@ def register(sub: Subparsers) -> None:
                     help=f"leases to request at once, each its own lease (1 to "
                          f"{MAX_LEASES_PER_REQUEST}; ids follow from --key and the index)")
     rq.set_defaults(func=cmd_lease_request)
+    lq = lease.add_parser("queue", help="your waiting leases in queue order, with estimated "
+                          "starts (from the active scheduler)")
+    client_opts(lq, tenant=True)
+    lq.set_defaults(func=cmd_lease_queue)
     for verb, help_text in (("commit", ("confirm a reservation within the pool's commit window "
                              "(30 s unless the pool sets another) and start its job")),
                             ("heartbeat", "prove the holder is alive"),

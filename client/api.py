@@ -68,6 +68,10 @@ class PoolClient:
     def lease(self, lease_id: str, verb: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         return self.call(f"pool.cmd.{self.tenant}.lease.{lease_id}.{verb}", body)
 
+    def queue_positions(self) -> dict[str, Any]:
+        """This tenant's waiting leases in queue order, with estimated starts."""
+        return self.call(f"pool.cmd.{self.tenant}.queue", {})
+
     # -- admin -------------------------------------------------------------------------------
 
     def admin(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -112,6 +112,9 @@ class CommandHandler:
     def why(self, tenant: str, lease_id: str) -> v1.Envelope:
         raise UnknownSubject("`why` is answered by the active scheduler")
 
+    def queue_positions(self, tenant: str) -> v1.Envelope:
+        raise UnknownSubject("queue positions are answered by the active scheduler")
+
     def query_view(self, tenant: str, view: str, q: v1.Query) -> v1.Envelope:
         """A page of one of the tenant's views, read from PostgreSQL: only its own rows."""
         if view not in QUERY_VIEWS:

@@ -39,7 +39,8 @@ from projections.views import VIEWS
 from schemas import v1
 from schemas.codec import SchemaError, encode
 
-WHY_SUBJECT = subscriptions(["scheduler"])[0]
+# what only the active scheduler answers: `why` and queue positions, from its memory
+SCHEDULER_SUBJECTS = subscriptions(["scheduler"])
 ROLES = ("commands", "scheduler", "reconciler", "projector")
 # requests one command process works on at once: their saves share atomic batches
 COMMAND_WORKERS = 64
@@ -69,7 +70,8 @@ def holder_id() -> str:
 
 
 class _WhyContext:
-    """The route table's Context for the scheduler's one route: `why` from its reasons."""
+    """The route table's Context for the scheduler's routes: `why` and queue positions, from
+    its reasons."""
 
     def __init__(self, app: PoolApp, scheduler: Scheduler) -> None:
         self.app = app
@@ -81,6 +83,9 @@ class _WhyContext:
             return v1.Envelope.failure("lease_not_found",
                                        f"no lease {lease_id!r} for tenant {tenant!r}")
         return v1.Envelope.success(result=answer)
+
+    def queue_positions(self, tenant: str) -> v1.Envelope:
+        return v1.Envelope.success(result={"leases": self.scheduler.queue_positions(tenant)})
 
     def query_view(self, tenant: str, view: str, q: v1.Query) -> v1.Envelope:
         raise UnknownSubject("queries are answered by the command service")
@@ -170,7 +175,7 @@ class ControlPlane:
         # only the active scheduler knows current reasons, so only it answers `why`
         with self._why_lock:
             if leading and self.why is None:
-                self.why = Service(self.nats_url, [WHY_SUBJECT], why_handler(self.scheduler),
+                self.why = Service(self.nats_url, SCHEDULER_SUBJECTS, why_handler(self.scheduler),
                                    queue="pool-scheduler", threads=2).start()
             elif not leading and self.why is not None:
                 self.why.stop()

@@ -43,6 +43,8 @@ class Context(Protocol):
 
     def why(self, tenant: str, lease_id: str) -> v1.Envelope: ...
 
+    def queue_positions(self, tenant: str) -> v1.Envelope: ...
+
 
 Handler = Callable[[Context, Params, Any], v1.Envelope]
 
@@ -151,6 +153,10 @@ def _lease_verb(verb: str) -> Handler:
 
 def _why(ctx: Context, p: Params, cmd: v1.WhyLease) -> v1.Envelope:
     return ctx.why(p["tenant"], p["lease_id"])
+
+
+def _queue_positions(ctx: Context, p: Params, cmd: v1.QueuePositions) -> v1.Envelope:
+    return ctx.queue_positions(p["tenant"])
 
 
 def _query(ctx: Context, p: Params, cmd: v1.Query) -> v1.Envelope:
@@ -283,6 +289,9 @@ ROUTES: Final[tuple[Route, ...]] = (
       for verb in LEASE_VERBS),
     Route("pool.cmd.{tenant}.lease.{lease_id}.why", "lease.why", _why,
           "Explain why a lease is pending.", "whyLease", served_by="scheduler"),
+    Route("pool.cmd.{tenant}.queue", "lease.queue", _queue_positions,
+          "The tenant's waiting leases: place in the queue and estimated start.",
+          "queuePositions", served_by="scheduler"),
     Route("pool.cmd.{tenant}.query.{view}", "query", _query, "Read a projection view.",
           "queryView", served_by="queries"),
     Route("pool.cmd.{tenant}.telemetry.replay", "telemetry.replay", _telemetry_replay,

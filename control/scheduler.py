@@ -1062,6 +1062,29 @@ class Scheduler:
                     out["estimated_start_in_seconds"] = max(0.0, start - self.clock())
             return out
 
+    def queue_positions(self, tenant: str, limit: int = 1000) -> list[dict[str, Any]]:
+        """The tenant's waiting leases as the last cycle left them: pool, place in that pool's
+        queue (1 = next), estimated start and whether it holds a backfill reservation; in
+        queue order, pool by pool."""
+        out: list[dict[str, Any]] = []
+        with self._lock:
+            for ps in self.pools.values():
+                if ps.queue is None:
+                    continue
+                for req in ps.queue.requests_of(tenant):
+                    lid = req.lease_id
+                    queue = (self.reasons.get(lid) or {}).get("queue") or {}
+                    out.append({"lease_id": lid, "pool": ps.pool.pool_id,
+                                "priority_class": req.priority_class,
+                                "queued_at": req.enqueued_at,
+                                "position": queue.get("position"),
+                                "estimated_start_at": queue.get("estimated_start_at"),
+                                "reserved": bool(queue.get("reserved", False))})
+        # not yet examined by a cycle: after those that were, oldest first
+        out.sort(key=lambda r: (r["pool"], r["position"] is None, r["position"] or 0,
+                                r["queued_at"]))
+        return out[:limit]
+
     # -- running ----------------------------------------------------------------------------
 
     def next_due_in(self) -> float | None:

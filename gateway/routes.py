@@ -102,6 +102,9 @@ ROUTES: tuple[HttpRoute, ...] = (
     HttpRoute("GET", "/v1/queue", "listQueue",
               "The tenant's waiting requests from the queue view", "queryView", "page",
               query=QUEUE_FILTERS, fixed=(("view", "queue"),)),
+    HttpRoute("GET", "/v1/queue/positions", "listQueuePositions",
+              "The tenant's waiting requests in queue order, with estimated starts (from the "
+              "active scheduler)", "queuePositions"),
     HttpRoute("GET", "/v1/balance", "getBalance",
               "The tenant's credits: granted, held, spent and available", "queryView", "row",
               tag="credits", fixed=(("view", "balance"),)),

@@ -89,6 +89,7 @@ COMMANDS: Final[Mapping[str, CommandSpec]] = {
     "lease.cancel": CommandSpec(v1.CancelLease),
     "lease.get": CommandSpec(v1.GetLease),
     "lease.why": CommandSpec(v1.WhyLease),
+    "lease.queue": CommandSpec(v1.QueuePositions),
     "query": CommandSpec(v1.Query),
     "telemetry.replay": CommandSpec(v1.TelemetryReplay),
     "admin.pool": CommandSpec(v1.PoolConfig),

@@ -361,6 +361,10 @@ class WhyLease(_Command, frozen=True, kw_only=True):
     """Ask why a lease is pending: per-reason counts of nodes that cannot take it."""
 
 
+class QueuePositions(_Command, frozen=True, kw_only=True):
+    """List the tenant's waiting leases with their places in the queue and estimated starts."""
+
+
 class Query(_Command, frozen=True, kw_only=True):
     """Read a projection view (named in the subject), filtered and paged."""
 
@@ -821,6 +825,7 @@ PUBLIC_STRUCTS: tuple[type[Struct], ...] = (
     CancelLease,
     GetLease,
     WhyLease,
+    QueuePositions,
     Query,
     TelemetryReplay,
     PoolConfig,

@@ -358,6 +358,17 @@ class FairQueue:
         for r in requests:
             self.push(r)
 
+    def requests_of(self, tenant: str) -> list[PendingRequest]:
+        """The tenant's queued requests, in no particular order: a walk over its own slots
+        only, not the whole queue."""
+        out: dict[str, PendingRequest] = {}
+        for slot in self._tenant_slots.get(tenant, ()):
+            for _, _, lease_id in self._heaps[slot]:
+                request = self._requests.get(lease_id)
+                if request is not None:  # entries of removed requests linger in the heaps
+                    out[lease_id] = request
+        return list(out.values())
+
     def remove(self, lease_id: str) -> PendingRequest | None:
         """Cancel a pending request (lazily dropped from its heap)."""
         request = self._requests.pop(lease_id, None)

@@ -3,11 +3,13 @@ later requests are placed only where they cannot delay it, and `why` says where 
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterator
 
 import pytest
 
 from bus.local.server import NatsServer
+from cli.main import main
 from client.api import PoolClient
 from control.plane import ControlPlane
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
@@ -85,3 +87,30 @@ def test_without_backfill_the_later_request_takes_the_wide_ones_capacity(plane: 
         # the estimate is still given, as a bound rather than a promise
         queue = b.lease(wide, "why")["result"]["reasons"]["queue"]
         assert queue["reserved"] is False and queue["estimated_start_at"] is not None
+
+
+def test_a_tenant_lists_its_waiting_leases_in_queue_order_with_estimates(plane: Plane) -> None:
+    cp, _admin, _clock = plane
+    a, b, wide, placed_at = _blocked_wide(plane)
+    with a, b:
+        long = a.request_lease(lease_body("long", cpu_millis=2000, max_runtime=3600))
+        cp.scheduler.cycle()
+        mine = a.queue_positions()["result"]["leases"]
+        theirs = b.queue_positions()["result"]["leases"]
+    assert [(r["lease_id"], r["position"], r["reserved"]) for r in mine] == [
+        (long["lease"]["lease_id"], 2, False)]
+    assert [(r["lease_id"], r["position"], r["estimated_start_at"], r["reserved"])
+            for r in theirs] == [(wide, 1, placed_at + 630, True)]
+
+
+def test_pool_lease_queue_prints_the_position_and_estimated_start(
+        plane: Plane, capsys: pytest.CaptureFixture[str]) -> None:
+    cp, _admin, _clock = plane
+    a, b, wide, placed_at = _blocked_wide(plane)
+    a.close()
+    b.close()
+    assert main(["lease", "queue", "--nats-url", cp.nats_url, "--tenant", "beta"]) == 0
+    out = capsys.readouterr().out
+    assert wide in out and "True" in out
+    when = dt.datetime.fromtimestamp(placed_at + 630, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    assert when in out

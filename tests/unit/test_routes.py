@@ -61,7 +61,8 @@ def test_the_command_service_subscribes_to_what_the_table_serves() -> None:
     assert "pool.node.*.lease.*.stopped" in subs
     assert subs.count("pool.admin.>") == 1  # admin routes share one wide subscription
     assert "pool.cmd.*.lease.*.why" not in subs  # the scheduler answers `why`
-    assert subscriptions(["scheduler"]) == ["pool.cmd.*.lease.*.why"]
+    # the scheduler answers `why` and queue positions, from its memory
+    assert subscriptions(["scheduler"]) == ["pool.cmd.*.lease.*.why", "pool.cmd.*.queue"]
     assert subscriptions(["queries"]) == ["pool.cmd.*.query.*"]
 
 
