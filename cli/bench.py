@@ -103,6 +103,22 @@ def cmd_bench_policy(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_bench_http(args: argparse.Namespace) -> int:
+    from bench.http import run_http_bench
+
+    for flag, value in (("--clients", args.clients), ("--nodes", args.nodes)):
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1")
+    if args.seconds <= 0:
+        raise UsageError("--seconds must be positive")
+    result = run_http_bench(
+        clients=args.clients, nodes=args.nodes, seconds=args.seconds, quick=args.quick,
+        progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)))
+    print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json
+          else result["table"])
+    return EXIT_OK
+
+
 def cmd_bench_all(args: argparse.Namespace) -> int:
     from bench.all import run_all
     from local import embedded
@@ -166,6 +182,14 @@ def register(sub: Subparsers) -> None:
                          "(one more event each)")
     sb.add_argument("--json", action="store_true")
     sb.set_defaults(func=cmd_bench_schedule)
+    bh = bench.add_parser("http", help="the HTTP gateway beside the NATS path: requests/s and "
+                          "reply p50/p99 of the same clients on each, in one run")
+    bh.add_argument("--clients", type=int, default=32, help="concurrent clients (default 32)")
+    bh.add_argument("--nodes", type=int, default=200, help="simulated nodes (default 200)")
+    bh.add_argument("--seconds", type=float, default=10.0, help="length of each path's run")
+    bh.add_argument("--quick", action="store_true", help="4 clients, 10 nodes, 1.5 s each")
+    bh.add_argument("--json", action="store_true")
+    bh.set_defaults(func=cmd_bench_http)
     be = bench.add_parser("e2e", help="what users see: concurrent clients requesting leases "
                           "on the public subjects against the whole control plane")
     be.add_argument("--clients", type=int, default=64, help="concurrent clients (default 64)")
