@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 from cli.connect import (
     close_app,
@@ -125,10 +127,24 @@ def cmd_audit_credits(args: argparse.Namespace) -> int:
     from projections.audit import audit_credits
 
     db = None if args.no_views else database_url_of(args)
+    if args.checkpoint and args.tenant:
+        raise UsageError("--checkpoint: a checkpoint covers every tenant; leave out --tenant")
     app = log_app(args)
     try:
-        report = audit_credits(app, tenant=args.tenant or None, database_url=db,
-                               schema=views_schema_of(args))
+        if args.checkpoint:
+            from projections.audit_checkpoint import audit_from_checkpoint
+            from projections.errors import CheckpointInvalid, CheckpointMismatch
+
+            try:
+                report, _start = audit_from_checkpoint(app, Path(args.checkpoint),
+                                                       database_url=db,
+                                                       schema=views_schema_of(args))
+            except (CheckpointInvalid, CheckpointMismatch) as e:
+                print(f"error: --checkpoint {args.checkpoint}: {e} ({e.code})", file=sys.stderr)
+                return EXIT_FAILED
+        else:
+            report = audit_credits(app, tenant=args.tenant or None, database_url=db,
+                                   schema=views_schema_of(args))
     finally:
         close_app(app, args)
     if args.json:
@@ -174,5 +190,8 @@ def register(sub: Subparsers) -> None:
     ac = aud.add_parser("credits", help="replay credit events; check charges and the balance view")
     ac.add_argument("--tenant")
     ac.add_argument("--no-views", action="store_true", help="skip the balance view cross-check")
+    ac.add_argument("--checkpoint", metavar="FILE",
+                    help="start after the verified checkpoint in FILE (from sequence 1 if it "
+                    "does not exist yet) and, if the audit is clean, write the new one there")
     db_opts(ac)
     ac.set_defaults(func=cmd_audit_credits)

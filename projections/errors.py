@@ -39,3 +39,18 @@ class PositionMoved(ProjectionError):
     """A view's position went back (a rebuild) after a batch was read for it: read again."""
 
     code = "position_moved"
+
+
+# -- the credit audit's checkpoints ---------------------------------------------------------
+
+
+class CheckpointInvalid(ProjectionError):
+    """An audit checkpoint is unreadable, or its content does not match its own digest."""
+
+    code = "audit_checkpoint_invalid"
+
+
+class CheckpointMismatch(ProjectionError):
+    """An audit checkpoint disagrees with the log it claims to summarise."""
+
+    code = "audit_checkpoint_mismatch"
