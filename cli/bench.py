@@ -119,6 +119,17 @@ def cmd_bench_http(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_bench_gang(args: argparse.Namespace) -> int:
+    from bench.gang import run_gang_bench
+
+    result = run_gang_bench(
+        quick=args.quick, seed=args.seed,
+        progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)))
+    print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json
+          else result["table"])
+    return EXIT_OK
+
+
 def cmd_bench_all(args: argparse.Namespace) -> int:
     from bench.all import run_all
     from local import embedded
@@ -222,6 +233,13 @@ def register(sub: Subparsers) -> None:
                      "`pool up` endpoints")
     bpo.add_argument("--json", action="store_true")
     bpo.set_defaults(func=cmd_bench_policy)
+    bg = bench.add_parser("gang", help="1-GPU leases and 2×8/4×8/16×8 gangs on 1,000 nodes × 8 "
+                          "GPUs in racks of 16, on a virtual clock, with and without the "
+                          "gang hold guard: placements/s, waits, utilisation, starvation")
+    bg.add_argument("--quick", action="store_true", help="160 nodes, 3 simulated hours")
+    bg.add_argument("--seed", type=int, default=7, help="the workload's seed (default 7)")
+    bg.add_argument("--json", action="store_true")
+    bg.set_defaults(func=cmd_bench_gang)
     bal = bench.add_parser("all", help="every benchmark in one run: one table of figures, "
                            "goals and ratios to the raw JetStream rate")
     bal.add_argument("--quick", action="store_true", help="the CI sizes")
