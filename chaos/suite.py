@@ -439,8 +439,8 @@ def scenario_scheduler_failover(ws: Workspace, size: dict[str, Any], o: Outcome)
             stop.wait(0.1)
 
     threads = [threading.Thread(target=f, daemon=True) for f in (load, follow, cancel)]
-    for t in threads:
-        t.start()
+    for thread in threads:
+        thread.start()
 
     def leader_proc() -> tuple[Proc, str] | None:
         rec = observer.current_leader(timeout=2)
@@ -485,8 +485,8 @@ def scenario_scheduler_failover(ws: Workspace, size: dict[str, Any], o: Outcome)
             serves.append(ws.serve(url, name="sched", leader_ttl=ttl))  # the next standby
     finally:
         stop.set()
-        for t in threads:
-            t.join(15)
+        for thread in threads:
+            thread.join(15)
     for p in serves:
         p.stop()
     report = check_placements(log)
