@@ -42,6 +42,7 @@ def cmd_lease_request(args: argparse.Namespace) -> int:
         "idempotency_key": args.key or uuid.uuid4().hex,
         "priority_class": args.priority,
         "checkpointable": args.checkpointable,
+        "preemptible_requeue": args.requeue_on_preemption,
     }
     if args.image:
         body["image"] = args.image
@@ -132,7 +133,12 @@ def register(sub: Subparsers) -> None:
     rq.add_argument("--image", help="image reference, pinned by digest")
     rq.add_argument("--image-signature", help="base64 signature (`pool image sign`)")
     rq.add_argument("--image-size", type=int, help="image size in bytes")
-    rq.add_argument("--checkpointable", action="store_true")
+    rq.add_argument("--checkpointable", action="store_true",
+                    help="the job resumes from its checkpoints: preemption counts only the work "
+                    "since the last one")
+    rq.add_argument("--requeue-on-preemption", action="store_true",
+                    help="when preempted, go back in the queue and restart the job on the next "
+                    "placement (default: end as preempted)")
     rq.add_argument("--count", type=int, default=1,
                     help=f"leases to request at once, each its own lease (1 to "
                          f"{MAX_LEASES_PER_REQUEST}; ids follow from --key and the index)")

@@ -79,6 +79,9 @@ def lease_view(lease: Lease) -> dict[str, Any]:
         "node_id": lease.node_id,
         "devices": list(lease.devices),  # the node's GPU devices it holds
         "priority_class": lease.priority_class,
+        "preemptible": lease.preemptible,
+        "checkpointable": lease.checkpointable,
+        "requeue_on_preemption": lease.requeue_when_preempted,
         "shape": lease.requested_shape.to_dict(),
         "maximum_runtime_seconds": lease.maximum_runtime_seconds,
         "requested_at": lease.requested_at,

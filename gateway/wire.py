@@ -34,6 +34,9 @@ class Lease(Struct, frozen=True, kw_only=True):
     epoch: int
     node_id: str | None = None
     priority_class: str
+    preemptible: bool = True
+    checkpointable: bool = False
+    requeue_on_preemption: bool = False
     shape: dict[str, Any]
     maximum_runtime_seconds: int
     requested_at: Seconds = None

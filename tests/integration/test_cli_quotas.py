@@ -79,3 +79,22 @@ def test_pool_shares_prints_weight_share_decayed_usage_and_rank(
     assert rc == 0 and [t["rank"] for t in json.loads(out)["result"]["tenants"]] == [1, 2]
     rc, _out, err = _run(capsys, "shares", "nowhere", *u)
     assert rc != 0 and "unknown_pool" in err
+
+
+def test_a_lease_says_whether_it_is_preemptible_checkpointable_and_requeued(
+        served: str, capsys: pytest.CaptureFixture[str]) -> None:
+    u = ["--nats-url", served]
+    assert _run(capsys, "admin", "pool", "create", "p", *u,
+                "--priority-classes", "batch=0,standard=10",
+                "--non-preemptible-classes", "standard")[0] == 0
+    assert _run(capsys, "admin", "tenant", "set", "acme", "--pool", "p", *u)[0] == 0
+    leases = {}
+    for key, priority in (("b", "batch"), ("s", "standard")):
+        rc, out, err = _run(capsys, "lease", "request", "--tenant", "acme", "--pool", "p",
+                            "--cpu-millis", "100", "--memory-mib", "64", "--max-runtime", "60",
+                            "--priority", priority, "--key", key, "--checkpointable",
+                            "--requeue-on-preemption", "--json", *u)
+        assert rc == 0, err
+        leases[key] = json.loads(out)["lease"]
+    assert leases["b"]["preemptible"] is True and leases["s"]["preemptible"] is False
+    assert all(v["checkpointable"] and v["requeue_on_preemption"] for v in leases.values())
