@@ -9,6 +9,7 @@ never starts the same (lease, epoch, job) twice: it records each start before ma
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 import threading
@@ -29,6 +30,9 @@ from schemas import v1
 from schemas.codec import SchemaError, decode_command, encode
 
 log = logging.getLogger(__name__)
+
+OUTPUT_READ_BYTES = 64 * 1024  # of a job's output per look, per job
+OUTPUT_CHUNK_CHARS = 1000  # per `output` sample (a telemetry attribute holds ≤ 1,024)
 
 # isolation classes, weakest first: a runtime that gives a stronger one may serve a weaker ask
 _STRENGTH = ("container", "sandboxed", "microvm", "dedicated-host")
@@ -51,6 +55,9 @@ class Running:
     checkpoint_dir: Path | None = None
     last_checkpoint_at: float | None = None
     stopping: bool = False
+    output_offset: int = 0  # bytes of the job's output shipped as `output` telemetry
+    output_decoder: codecs.IncrementalDecoder = field(
+        default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
 
 
 @dataclass
@@ -307,6 +314,8 @@ class Agent:
         self.stats.startup_seconds.append(startup)
         self.running[a.lease_id] = Running(handle=handle, pool_id=a.pool_id, tenant=a.tenant,
                                            checkpoint_dir=Path(spec.checkpoint_dir or "."))
+        log.info("job %s of lease %s (tenant %s) started in %.3f s", a.job_number, a.lease_id,
+                 a.tenant, startup)
         self._telemetry(a.pool_id, a.tenant, a.lease_id, "startup",
                         {"startup_seconds": round(startup, 6), "runtime": self.runtime.name,
                          "job": a.job_number, "epoch": a.epoch}, headers)
@@ -369,8 +378,11 @@ class Agent:
             if run.checkpoint_dir is not None:
                 run.last_checkpoint_at = _latest_mtime(run.checkpoint_dir, run.last_checkpoint_at)
             code = self.runtime.poll(run.handle)
+            self._ship_output(lid, run, final=code is not None)
             if code is None:
                 continue
+            log.info("job %s of lease %s exited with %d%s", run.handle.job_number, lid, code,
+                     " (stopped)" if run.stopping else "")
             kind = "execution" if code == 0 or run.stopping else "failure"
             self._telemetry(run.pool_id, run.tenant, lid, kind,
                             {"exit_code": code, "stopped": run.stopping,
@@ -378,6 +390,25 @@ class Agent:
             if self._report_end(lid, run.handle.epoch, exit_code=code):
                 self.runtime.forget(run.handle)
                 del self.running[lid]
+
+    def _ship_output(self, lid: str, run: Running, *, final: bool = False) -> None:
+        """Publish what the job wrote since the last look as `output` telemetry (its tenant may
+        read it: `pool lease logs`); at the job's end, all that is left."""
+        read = getattr(self.runtime, "read_output", None)
+        if read is None:
+            return
+        while True:
+            try:
+                data, run.output_offset = read(run.handle, run.output_offset, OUTPUT_READ_BYTES)
+            except OSError:
+                return
+            text = run.output_decoder.decode(data, final=final and not data)
+            for i in range(0, len(text), OUTPUT_CHUNK_CHARS):
+                self._telemetry(run.pool_id, run.tenant, lid, "output",
+                                {"text": text[i:i + OUTPUT_CHUNK_CHARS],
+                                 "job": run.handle.job_number})
+            if not data or not final:
+                return
 
     def _report_end(self, lease_id: str, epoch: int, *, exit_code: int | None = None,
                     failure: str | None = None) -> bool:

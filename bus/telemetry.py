@@ -45,7 +45,8 @@ from bus.streams import ensure_stream
 from bus.subjects import TELEMETRY_PREFIX, TELEMETRY_STREAM, telemetry_subject, token
 from schemas import v1
 
-TELEMETRY_KINDS: tuple[str, ...] = ("queue", "startup", "execution", "utilization", "failure")
+TELEMETRY_KINDS: tuple[str, ...] = ("queue", "startup", "execution", "utilization", "failure",
+                                     "output")
 
 MAX_AGE_S = 7 * 24 * 3600.0
 MAX_BYTES = 1024 * 1024 * 1024

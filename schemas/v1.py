@@ -151,7 +151,8 @@ TrustLevel = Literal["trusted", "marketplace"]
 PreferenceKind = Literal["zone", "region", "image_cached", "gpu_model", "node_label"]
 PackingPolicy = Literal["best-fit", "spread"]
 CheckpointMode = Literal["none", "on-preempt", "periodic"]
-TelemetryKind = Literal["queue", "startup", "execution", "utilization", "failure"]
+# output: a chunk of a job's stdout and stderr (attrs text and job), for `pool lease logs`
+TelemetryKind = Literal["queue", "startup", "execution", "utilization", "failure", "output"]
 
 # msgspec does not inherit kw_only, so every subclass below repeats it (fields after a
 # defaulted schema_version may then be required).

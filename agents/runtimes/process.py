@@ -377,6 +377,17 @@ class ProcessRuntime:
         pid_file.unlink(missing_ok=True)
         exit_file.unlink(missing_ok=True)
 
+    def read_output(self, handle: WorkloadHandle, offset: int, limit: int) -> tuple[bytes, int]:
+        """Up to `limit` bytes of the job's stdout and stderr from `offset`, and the offset
+        after them (the same offset when nothing new was written)."""
+        try:
+            with open(self.state_dir / f"{handle.key}.log", "rb") as f:
+                f.seek(offset)
+                data = f.read(limit)
+        except FileNotFoundError:
+            return b"", offset
+        return data, offset + len(data)
+
     def usage(self, handle: WorkloadHandle) -> Usage:
         pgid = int(handle.ref)
         ticks = 0
