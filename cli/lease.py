@@ -20,7 +20,7 @@ from cli.output import (
 from schemas.v1 import MAX_LEASES_PER_REQUEST
 
 
-def cmd_lease_request(args: argparse.Namespace) -> int:
+def _request_body(args: argparse.Namespace) -> dict[str, Any]:
     import uuid
 
     shape: dict[str, Any] = {"cpu_millis": args.cpu_millis, "memory_mib": args.memory_mib}
@@ -50,12 +50,30 @@ def cmd_lease_request(args: argparse.Namespace) -> int:
         body["image_signature"] = args.image_signature
     if args.image_size is not None:
         body["image_size_bytes"] = args.image_size
+    for flag, value in (("--cpu-millis", args.cpu_millis), ("--memory-mib", args.memory_mib),
+                        ("--max-runtime", args.max_runtime)):
+        if value < (1 if flag == "--max-runtime" else 0):
+            raise UsageError(f"{flag} must be ≥ {1 if flag == '--max-runtime' else 0}")
+    return body
+
+
+def cmd_lease_request(args: argparse.Namespace) -> int:
+    from cli.run import report_not_reserved, wait_reserved
+
+    body = _request_body(args)
     if args.count != 1:
         if not 1 <= args.count <= MAX_LEASES_PER_REQUEST:
             raise UsageError(f"--count must be between 1 and {MAX_LEASES_PER_REQUEST}")
+        if args.wait:
+            raise UsageError("--wait takes one lease: leave out --count")
         body["count"] = args.count
     with pool_client(args, tenant_of(args)) as c:
         reply = c.request_lease(body)
+        if args.wait and reply.get("ok"):
+            waited = wait_reserved(c, str(reply["lease"]["lease_id"]), timeout=args.wait_seconds)
+            if not waited.reserved:
+                return report_not_reserved(waited, args.json)
+            reply = {"ok": True, "lease": waited.lease}
     ids = (reply.get("result") or {}).get("lease_ids")
     if reply.get("ok") and ids and not args.json:
         for lease_id in ids:  # one id a line, in order: easy to pipe
@@ -105,40 +123,177 @@ def cmd_lease_queue(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _job(args: argparse.Namespace) -> dict[str, Any]:
+    """The job of `lease run`: the command after `--`, the image and the environment."""
+    command = list(getattr(args, "job_command", None) or [])
+    if not command:
+        raise UsageError("no command: put the job's command after `--`, e.g. "
+                         "pool lease run … -- python3 -c 'print(1)'")
+    job: dict[str, Any] = {"command": command}
+    if args.image:
+        job["image"] = args.image
+    if args.image_signature:
+        job["image_signature"] = args.image_signature
+    env: dict[str, str] = {}
+    for item in args.env or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--env wants NAME=VALUE, not {item!r}")
+        env[name] = value
+    if env:
+        job["env"] = env
+    return job
+
+
+def cmd_lease_run(args: argparse.Namespace) -> int:
+    from cli.run import run_lease
+
+    body = _request_body(args)
+    job = _job(args)
+    tenant = tenant_of(args)
+    with pool_client(args, tenant) as c:
+        return run_lease(c, tenant, body, job, detach=args.detach, as_json=args.json,
+                         quiet=args.quiet)
+
+
+def cmd_lease_logs(args: argparse.Namespace) -> int:
+    from cli.run import OutputReader, _write, follow_until_done, parse_duration
+
+    tenant = tenant_of(args)
+    with pool_client(args, tenant) as c:
+        reader = OutputReader(c, tenant, args.lease_id, since=parse_duration(args.since,
+                                                                             "--since"))
+        if args.follow:
+            follow_until_done(c, reader, args.lease_id)
+        else:
+            reader.read(_write)
+    return EXIT_OK
+
+
+def cmd_lease_watch(args: argparse.Namespace) -> int:
+    """Print the lease each time it changes, until it ends."""
+    import json
+    import time
+
+    from cli.run import FINAL_STATES, POLL_SECONDS
+
+    with pool_client(args, tenant_of(args)) as c:
+        seen = -1
+        while True:
+            reply = c.lease(args.lease_id, "get")
+            if not reply.get("ok"):
+                return print_envelope(reply, args.json)
+            lease = reply["lease"]
+            if lease.get("version") != seen:
+                seen = lease.get("version")
+                if args.json:
+                    print(json.dumps(lease), flush=True)
+                else:
+                    print(_lease_line(lease), flush=True)
+            if lease.get("state") in FINAL_STATES:
+                return EXIT_OK
+            time.sleep(POLL_SECONDS)
+
+
+def _lease_line(lease: dict[str, Any]) -> str:
+    import time
+
+    parts = [str(lease.get("state"))]
+    if lease.get("node_id"):
+        parts.append(f"on {lease['node_id']}")
+    if lease.get("end_reason"):
+        parts.append(str(lease["end_reason"]))
+    if lease.get("exit_code") is not None:
+        parts.append(f"exit code {lease['exit_code']}")
+    return f"{time.strftime('%H:%M:%S')}  {lease.get('lease_id')}  {'  '.join(parts)}"
+
+
+def _shape_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """The flags of a lease's shape and terms; `lease run` gives the everyday ones defaults."""
+    import os
+
+    if defaults:
+        pool = os.environ.get("POOL_POOL", "default")
+        p.add_argument("--pool", default=pool, help=f"pool id (default: $POOL_POOL or {pool})")
+        p.add_argument("--cpu-millis", type=int, default=1000,
+                       help="CPU in thousandths of a core (default 1000: one core)")
+        p.add_argument("--memory-mib", type=int, default=512, help="memory in MiB (default 512)")
+    else:
+        p.add_argument("--pool", required=True, help="pool id")
+        p.add_argument("--cpu-millis", type=int, required=True,
+                       help="CPU in thousandths of a core (1000: one core)")
+        p.add_argument("--memory-mib", type=int, required=True, help="memory in MiB")
+    p.add_argument("--gpu-count", type=int, default=0)
+    p.add_argument("--gpu-memory-gib-min", type=int, default=0)
+    p.add_argument("--gpu-model")
+    p.add_argument("--gpu-partition", help="a MIG profile such as 1g.10gb, or time-slice")
+    p.add_argument("--cpu-arch", choices=["amd64", "arm64"])
+    p.add_argument("--local-disk-gib", type=int, default=0)
+    p.add_argument("--runtime", choices=["container", "sandboxed", "microvm", "dedicated-host"])
+    p.add_argument("--egress", choices=["none", "restricted", "open"])
+    p.add_argument("--region")
+    p.add_argument("--zone")
+    if defaults:
+        p.add_argument("--max-runtime", type=int, default=3600, metavar="SECONDS",
+                       help="the longest the job may run, in seconds (default 3600)")
+    else:
+        p.add_argument("--max-runtime", type=int, required=True, metavar="SECONDS",
+                       help="the longest the lease may run, in seconds; a commit grants all of "
+                       "it unless the pool sets a shorter renewable term")
+    p.add_argument("--priority", default="standard", help="priority class")
+    p.add_argument("--key", help="idempotency key (default: a new random one)")
+    p.add_argument("--image", help="image reference, pinned by digest")
+    p.add_argument("--image-signature", help="base64 signature (`pool image sign`)")
+    p.add_argument("--image-size", type=int, help="image size in bytes")
+    p.add_argument("--checkpointable", action="store_true",
+                   help="the job resumes from its checkpoints: preemption counts only the work "
+                   "since the last one")
+    p.add_argument("--requeue-on-preemption", action="store_true",
+                   help="when preempted, go back in the queue and restart the job on the next "
+                   "placement (default: end as preempted)")
+
+
 def register(sub: Subparsers) -> None:
     """Add `lease` and its verbs."""
     lease = sub.add_parser("lease", help="request and manage leases").add_subparsers(
         dest="sub", metavar="VERB")
     lease.required = True
+    run = lease.add_parser(
+        "run", help="run a command on a lease: request, wait, commit, stream, exit with its code",
+        description="Request a lease, wait for its reservation, commit it with the command "
+        "after `--`, stream the job's output, renew as needed, and exit with the job's exit "
+        "code (1 when it could not run or was ended otherwise, 130 when cancelled). Ctrl-C "
+        "cancels the lease.",
+        epilog="example: pool lease run --tenant acme --pool p1 --cpu-millis 500 -- "
+        "python3 -c 'print(1)'")
+    client_opts(run, tenant=True)
+    _shape_flags(run, defaults=True)
+    run.add_argument("--env", action="append", metavar="NAME=VALUE",
+                     help="the job's environment (repeatable)")
+    run.add_argument("--detach", "-d", action="store_true",
+                     help="print the lease id once the job is committed, and return")
+    run.add_argument("--quiet", "-q", action="store_true",
+                     help="no progress lines on stderr")
+    run.set_defaults(func=cmd_lease_run, job_command=[], count=1)
+    lg = lease.add_parser("logs", help="the job's stdout and stderr (--follow: until it ends)")
+    client_opts(lg, tenant=True)
+    lg.add_argument("lease_id")
+    lg.add_argument("--follow", "-f", action="store_true",
+                    help="keep printing as the job writes, until the lease ends")
+    lg.add_argument("--since", metavar="T", help="only output from T on: a duration back from "
+                    "now (30s, 10m, 2h) or an ISO 8601 time")
+    lg.set_defaults(func=cmd_lease_logs)
+    wt = lease.add_parser("watch", help="print a lease each time it changes, until it ends")
+    client_opts(wt, tenant=True)
+    wt.add_argument("lease_id")
+    wt.set_defaults(func=cmd_lease_watch)
     rq = lease.add_parser("request", help="ask for a lease on a resource shape")
     client_opts(rq, tenant=True)
-    rq.add_argument("--pool", required=True, help="pool id")
-    rq.add_argument("--cpu-millis", type=int, required=True)
-    rq.add_argument("--memory-mib", type=int, required=True)
-    rq.add_argument("--gpu-count", type=int, default=0)
-    rq.add_argument("--gpu-memory-gib-min", type=int, default=0)
-    rq.add_argument("--gpu-model")
-    rq.add_argument("--gpu-partition", help="a MIG profile such as 1g.10gb, or time-slice")
-    rq.add_argument("--cpu-arch", choices=["amd64", "arm64"])
-    rq.add_argument("--local-disk-gib", type=int, default=0)
-    rq.add_argument("--runtime", choices=["container", "sandboxed", "microvm", "dedicated-host"])
-    rq.add_argument("--egress", choices=["none", "restricted", "open"])
-    rq.add_argument("--region")
-    rq.add_argument("--zone")
-    rq.add_argument("--max-runtime", type=int, required=True, metavar="SECONDS",
-                    help="the longest the lease may run, in seconds; a commit grants all of it "
-                    "unless the pool sets a shorter renewable term")
-    rq.add_argument("--priority", default="standard", help="priority class")
-    rq.add_argument("--key", help="idempotency key (default: a new random one)")
-    rq.add_argument("--image", help="image reference, pinned by digest")
-    rq.add_argument("--image-signature", help="base64 signature (`pool image sign`)")
-    rq.add_argument("--image-size", type=int, help="image size in bytes")
-    rq.add_argument("--checkpointable", action="store_true",
-                    help="the job resumes from its checkpoints: preemption counts only the work "
-                    "since the last one")
-    rq.add_argument("--requeue-on-preemption", action="store_true",
-                    help="when preempted, go back in the queue and restart the job on the next "
-                    "placement (default: end as preempted)")
+    _shape_flags(rq, defaults=False)
+    rq.add_argument("--wait", action="store_true",
+                    help="wait until it is reserved; if it cannot be, say why and exit 1")
+    rq.add_argument("--wait-seconds", type=float, metavar="SECONDS",
+                    help="with --wait: give up (exit 1, saying why it waits) after SECONDS")
     rq.add_argument("--count", type=int, default=1,
                     help=f"leases to request at once, each its own lease (1 to "
                          f"{MAX_LEASES_PER_REQUEST}; ids follow from --key and the index)")

@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(words)
         if tail is not None:
             if not hasattr(args, "job_command"):
-                parser.error("`-- COMMAND` is only taken by `pool lease commit`")
+                parser.error("`-- COMMAND` is only taken by `pool lease run` and `lease commit`")
             args.job_command = tail
     except SystemExit as e:  # --help (0) or a usage error (2), already printed
         return e.code if isinstance(e.code, int) else EXIT_USAGE
