@@ -45,6 +45,8 @@ class GpuProbe:
     gpus: tuple[Gpu, ...] = ()
     driver: str | None = None
     note: str | None = None  # why there are none, said once
+    # the multi-node NVLink domain (NVML fabric cluster and clique) every GPU here is in, if any
+    fabric_domain: str | None = None
 
     def whole(self) -> tuple[Gpu, ...]:
         """GPUs offered whole: the ones not partitioned into MIG devices."""
@@ -142,7 +144,9 @@ def probe_gpus(nvml: ModuleType | Any | None = None) -> GpuProbe:
                             mig_profiles=tuple(profiles), minor=None if minor is None else int(minor),
                             pci_bus_id=bus))
             handles.append(h)
-        return GpuProbe(gpus=_with_nvlink_domains(nvml, gpus, handles), driver=driver)
+        fabric = {_fabric_domain(nvml, h) for h in handles}
+        return GpuProbe(gpus=_with_nvlink_domains(nvml, gpus, handles), driver=driver,
+                        fabric_domain=fabric.pop() if len(fabric) == 1 else None)
     finally:
         with contextlib.suppress(Exception):  # best effort: the probe's answer stands
             nvml.nvmlShutdown()
@@ -159,6 +163,22 @@ def _optional(read: Any, *args: Any) -> Any:
 def _bus_id(info: Any) -> str:
     # NVML's busId is "00000000:3B:00.0"; normalised so peers' remote ids compare equal
     return _text(getattr(info, "busId", None) or getattr(info, "busIdLegacy", "")).upper()
+
+
+FABRIC_STATE_COMPLETED = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
+
+
+def _fabric_domain(nvml: Any, handle: Any) -> str | None:
+    """The GPU's multi-node NVLink domain (e.g. an NVL72 rack): its fabric cluster UUID and
+    clique, once the fabric manager has registered it; None elsewhere."""
+    info = _optional(getattr(nvml, "nvmlDeviceGetGpuFabricInfo", None) or (lambda h: None),
+                     handle)
+    if info is None or getattr(info, "state", None) != FABRIC_STATE_COMPLETED:
+        return None
+    cluster = bytes(getattr(info, "clusterUuid", b"") or b"")
+    if not cluster.strip(b"\0"):
+        return None
+    return f"{cluster.hex()[:12]}-{int(getattr(info, 'cliqueId', 0))}"
 
 
 def _with_nvlink_domains(nvml: Any, gpus: list[Gpu], handles: list[Any]) -> tuple[Gpu, ...]:
@@ -246,6 +266,9 @@ class NodeProbe:
             "labels": {k: v for k, v in labels.items()
                        if k not in ("region", "zone", "failure_domain")},
         }
+        if gpus.fabric_domain and "nvlink_domain" not in labels:
+            # read from the hardware; an operator's label wins
+            caps["labels"]["nvlink_domain"] = gpus.fabric_domain
         if gpus.gpus:
             caps["gpu_model"] = gpus.gpus[0].model
             caps["gpu_memory_gib"] = min(g.memory_mib for g in gpus.gpus) // 1024

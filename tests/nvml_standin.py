@@ -130,7 +130,8 @@ class Board:
     NVMLError = NVMLError
 
     def __init__(self, n: int = 8, *, per_switch: int = 8, model: str = "NVIDIA H100 80GB HBM3",
-                 memory_gib: int = 80) -> None:
+                 memory_gib: int = 80, fabric: tuple[bytes, int] | None = None) -> None:
+        self.fabric = fabric  # (cluster UUID, clique) of a multi-node NVLink domain
         self.devices = tuple(
             _Device(model, f"GPU-board-{i:04d}", memory_gib * GIB, minor=i,
                     bus_id=f"00000000:{0x18 + i:02X}:00.0",
@@ -163,3 +164,15 @@ class Board:
 
     def nvmlDeviceGetMigMode(self, h: _Device) -> tuple[int, int]:
         return (0, 0)
+
+    def nvmlDeviceGetGpuFabricInfo(self, h: _Device) -> _FabricInfo:
+        if self.fabric is None:
+            raise NVMLError("Not Supported")
+        return _FabricInfo(clusterUuid=self.fabric[0], cliqueId=self.fabric[1], state=3)
+
+
+@dataclass
+class _FabricInfo:
+    clusterUuid: bytes  # NVML spells it so
+    cliqueId: int
+    state: int

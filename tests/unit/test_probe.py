@@ -96,3 +96,15 @@ def test_a_device_list_that_disagrees_with_the_offered_gpus_is_refused() -> None
         assert "devices disagree" in str(e)
     else:
         raise AssertionError("accepted")
+
+
+def test_a_multi_node_nvlink_domain_read_from_the_fabric_becomes_the_nodes_label() -> None:
+    board = nvml_standin.Board(4, fabric=(bytes.fromhex("a1b2c3d4e5f60718293a4b5c6d7e8f90"), 7))
+    p = NodeProbe(8000, "amd64", 65536, 100, probe_gpus(board))
+    caps = p.capabilities(reserve=Reserve(0, 0, 0), runtimes=("container",),
+                          labels={"rack": "r1"})
+    assert caps["labels"] == {"rack": "r1", "nvlink_domain": "a1b2c3d4e5f6-7"}
+    # an operator's label wins; a board without a fabric names none
+    assert p.capabilities(reserve=Reserve(0, 0, 0), runtimes=("container",),
+                          labels={"nvlink_domain": "nvl-a"})["labels"] == {"nvlink_domain": "nvl-a"}
+    assert probe_gpus(nvml_standin.Board(2)).fabric_domain is None
