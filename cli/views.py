@@ -68,6 +68,11 @@ def _page_size(text: str) -> int:
 def cmd_view(args: argparse.Namespace) -> int:
     from projections.queries import query_url
 
+    if getattr(args, "by", None):  # per topology domain, folded from the log (cli/capacity)
+        from cli.capacity import cmd_capacity
+
+        return cmd_capacity(args)
+
     filters = _filters(args)
     page = query_url(database_url_of(args), args.view, tenant=args.tenant or None,
                      filters=filters, limit=args.limit, cursor=args.cursor,
@@ -170,6 +175,10 @@ def register(sub: Subparsers) -> None:
         vp.add_argument("--limit", type=_page_size, default=100, metavar="ROWS",
                         help=f"rows per page, 1 to {MAX_LIMIT} (default 100)")
         vp.add_argument("--cursor", help="where the previous page ended (its `more:` line)")
+        if view == "capacity":
+            from cli.capacity import add_by_options
+
+            add_by_options(vp)
         vp.set_defaults(func=cmd_view, view=view, tenant=None)
     prj = sub.add_parser("projections", help="the PostgreSQL views").add_subparsers(
         dest="verb", metavar="VERB", required=True)

@@ -3,6 +3,7 @@ records them, returns exactly them, the start order carries them, and the replay
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -124,3 +125,21 @@ def test_the_replay_check_finds_a_device_given_to_two_leases(plane: Plane) -> No
     assert len(report.device_conflicts) == 1 and "GPU-g1-0" in report.device_conflicts[0]
     assert len(report.foreign_devices) == 1 and "GPU-elsewhere" in report.foreign_devices[0]
     assert report.double_placements == 1
+
+
+def test_capacity_by_rack_shows_free_gpus_and_whole_free_nodes_per_rack(
+        plane: Plane, capsys: pytest.CaptureFixture[str]) -> None:
+    from cli.main import main
+
+    cp, admin, alpha, _clock = plane
+    for node, rack in (("a1", "rack-1"), ("a2", "rack-1"), ("b1", "rack-2")):
+        assert admin.admin("node.register", gpu_node(node, labels={"rack": rack}))["ok"]
+    alpha.request_lease(lease_body("one", gpu_count=1))
+    assert cp.scheduler.cycle().placed == 1
+    assert main(["capacity", "--by", "rack", "--nats-url", cp.nats_url, "--json"]) == 0
+    rows = {r["rack"]: r for r in json.loads(capsys.readouterr().out)["result"]["rows"]}
+    assert rows["rack-1"]["nodes"] == 2 and rows["rack-2"]["gpus"] == 4
+    assert rows["rack-1"]["gpus_free"] + rows["rack-2"]["gpus_free"] == 11
+    assert rows["rack-1"]["whole_gpu_nodes_free"] + rows["rack-2"]["whole_gpu_nodes_free"] == 2
+    assert main(["capacity", "--by", "hostname", "--nats-url", cp.nats_url]) != 0
+    assert "--by" in capsys.readouterr().err
