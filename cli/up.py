@@ -47,7 +47,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         if not args.no_workers:
             from control.plane import ControlPlane
 
-            plane = ControlPlane(service_url, database_url=emb.database_url or None).start()
+            plane = ControlPlane(service_url, database_url=emb.database_url or None,
+                                 responder_url=emb.responder_url or None).start()
         http_notes: list[str] = []
         if listen is not None:
             from cli.gateway import start_beside
@@ -264,8 +265,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError("the projector role needs a database: set POOL_DATABASE_URL / "
                          "--database-url")
     views = [v for v in (args.views or "").split(",") if v] or None
+    # against this machine's `pool up`, the responders answer as their own user
+    responder = None if getattr(args, "nats_url", None) else embedded.responder_url() or None
     cp = ControlPlane(url, database_url=db_url, roles=roles, projector_views=views,
-                      leader_ttl_seconds=getattr(args, "leader_ttl", 3.0)).start()
+                      leader_ttl_seconds=getattr(args, "leader_ttl", 3.0),
+                      responder_url=responder).start()
     from bus.local.auth import redact
 
     running = [r for r in ("commands", "scheduler", "reconciler", "projector")

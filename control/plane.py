@@ -129,15 +129,18 @@ class ControlPlane:
                  run_scheduler: bool = True, leader_ttl_seconds: float = 3.0,
                  database_url: str | None = None, data_plane: bool = True,
                  roles: Iterable[str] | None = None,
-                 projector_views: Iterable[str] | None = None) -> None:
+                 projector_views: Iterable[str] | None = None,
+                 responder_url: str | None = None) -> None:
         self.roles = parse_roles(roles)
+        # the responders' connection: a user that may publish replies into inboxes only
+        self.responder_url = responder_url or nats_url
         run_scheduler = run_scheduler and "scheduler" in self.roles
         self.nats_url = nats_url
         self.app = PoolApp(env=app_env(nats_url), clock=clock)
         self.scheduler = Scheduler(PoolApp(env=app_env(nats_url), clock=clock), clock=clock)
         # with a database: the views' projector, and queries answered from those views
         subjects = COMMAND_SUBJECTS + ADMIN_SUBJECTS + (QUERY_SUBJECTS if database_url else [])
-        self.commands = (Service(nats_url, subjects,
+        self.commands = (Service(self.responder_url, subjects,
                                  CommandHandler(self.app, database_url=database_url,
                                                 telemetry_pages=_telemetry_pages(nats_url)),
                                  queue="pool-commands", threads=COMMAND_WORKERS)
@@ -175,7 +178,8 @@ class ControlPlane:
         # only the active scheduler knows current reasons, so only it answers `why`
         with self._why_lock:
             if leading and self.why is None:
-                self.why = Service(self.nats_url, SCHEDULER_SUBJECTS, why_handler(self.scheduler),
+                self.why = Service(self.responder_url, SCHEDULER_SUBJECTS,
+                                   why_handler(self.scheduler),
                                    queue="pool-scheduler", threads=2).start()
             elif not leading and self.why is not None:
                 self.why.stop()

@@ -61,6 +61,7 @@ class Embedded:
     postgres: EmbeddedPostgres | None = None
     notes: list[str] = field(default_factory=list)
     service_url: str = ""  # nats_url with the service user's credentials (or nats_url: no auth)
+    responder_url: str = ""  # with the responders' (inboxes only); "" without auth
     auth_mtime: float = 0.0
     lock_fd: int | None = None  # the instance lock, released last by stop()
 
@@ -101,6 +102,7 @@ class Embedded:
         data: dict[str, object] = {
             "nats_url": self.nats_url,
             "service_url": self.service_url or self.nats_url,
+            "responder_url": self.responder_url,
             "database_url": self.database_url,
             "pid": os.getpid(),
             "auth": self.secured,
@@ -168,7 +170,7 @@ def _start(home: Path, *, with_postgres: bool) -> Embedded:
     nats_url = os.environ.get("POOL_NATS_URL")
     server: NatsServer | None = None
     notes: list[str] = []
-    service_url = ""
+    service_url = responder_url = ""
     if nats_url:
         notes.append(f"nats: using {nats_url} (POOL_NATS_URL)")
     else:
@@ -188,6 +190,7 @@ def _start(home: Path, *, with_postgres: bool) -> Embedded:
             server.start()
         nats_url = server.url
         service_url = bus_auth.url_with_credentials(nats_url, auth.service)
+        responder_url = bus_auth.url_with_credentials(nats_url, auth.responder)
         notes.append(f"nats: {nats_url} (embedded nats-server 2.15, JetStream in {home / 'nats'})")
         notes.append(f"auth: users required; service user {auth.service.user!r}, "
                      f"{len(auth.tenants)} tenant(s), {len(auth.nodes)} node(s) in "
@@ -214,6 +217,7 @@ def _start(home: Path, *, with_postgres: bool) -> Embedded:
     emb = Embedded(home, nats_url, database_url, server, pg, notes)
     if server is not None:
         emb.service_url = service_url
+        emb.responder_url = responder_url
         emb.auth_mtime = (home / AUTH_FILE).stat().st_mtime
     emb.write_endpoints()
     return emb
@@ -241,6 +245,13 @@ def _read_endpoints(home: Path) -> dict[str, object]:
         return {}
     data: dict[str, object] = json.loads(path.read_text())
     return data
+
+
+def responder_url(home: Path | None = None) -> str:
+    """The command responders' URL of a local `pool up` ("" with POOL_NATS_URL or no auth)."""
+    if os.environ.get("POOL_NATS_URL"):
+        return ""
+    return str(_read_endpoints(home or pool_home()).get("responder_url") or "")
 
 
 def service_url(home: Path | None = None) -> str:

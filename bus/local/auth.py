@@ -1,10 +1,12 @@
-"""NATS accounts for the embedded default: a user per tenant, per node agent, and the service.
+"""NATS users of the embedded default and what each may do: ONE table (`PERMISSIONS`) that the
+server configuration and docs/security.md's permission matrix are generated from.
 
 Tenants may publish only on `pool.cmd.<tenant>.>` and read only their own inbox prefix, so one
 tenant can neither act as another nor read its replies; the server enforces it, not our code.
 Telemetry likewise: a tenant reads `pool.tel.*.*.<tenant>.>` live and replays the stream through
 the service (`pool.cmd.<tenant>.telemetry.replay`), never with a consumer of its own; a node
-publishes under `pool.tel.*.<node>.>`.
+publishes under `pool.tel.*.<node>.>`. The command responders answer as a user that may publish
+into inboxes and nowhere else.
 """
 
 from __future__ import annotations
@@ -16,11 +18,76 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
+import bcrypt
+
 from bus.errors import NameCollision
-from bus.replies import node_inbox, tenant_inbox
+from bus.replies import ADMIN_INBOXES, NODE_INBOXES, TENANT_INBOXES, tenant_inbox
 from bus.subjects import is_token
 
 SERVICE_USER = "pool-service"
+RESPONDER_USER = "pool-responder"
+BCRYPT_ROUNDS = 10  # nats-server checks it on every connect: bcrypt's usual cost, ~50 ms
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one kind of user may publish and subscribe to (None: anything). `{name}` is the
+    user's own tenant or node; `why` is the matrix's last column."""
+
+    publish: tuple[str, ...] | None
+    subscribe: tuple[str, ...] | None
+    why: str
+
+
+# The one permission table. Every user the server knows is one of these kinds.
+PERMISSIONS: dict[str, Rule] = {
+    "operator": Rule(
+        None, None,
+        "the admin CLI and `pool up`'s control plane (log, timers, work queues, KV); trusted"),
+    "responder": Rule(
+        (f"{TENANT_INBOXES}.>", f"{NODE_INBOXES}.>", f"{ADMIN_INBOXES}.>"),
+        ("pool.cmd.>", "pool.node.>", "pool.admin.>"),
+        "the command responders' connection: receives commands, publishes replies into inboxes "
+        "and nowhere else (never the log, timers, work queues, JetStream or KV)"),
+    "tenant": Rule(
+        # replay goes through pool.cmd.<tenant>.telemetry.replay: no JetStream API at all, so
+        # no consumer (and no deliver subject)
+        ("pool.cmd.{name}.>",),
+        # telemetry subjects carry the tenant as a whole token, so this selects exactly its
+        # own leases (wildcards cannot match a prefix)
+        (f"{TENANT_INBOXES}.{{name}}.>", "pool.tel.*.*.{name}.>"),
+        "its own commands and queries, its own replies and telemetry"),
+    "node": Rule(
+        ("pool.node.{name}.>", "pool.tel.*.{name}.>",
+         "$JS.API.CONSUMER.MSG.NEXT.POOL_AGENT.agent-{name}",
+         "$JS.ACK.POOL_AGENT.agent-{name}.>", f"{NODE_INBOXES}.{{name}}.>"),
+        (f"{NODE_INBOXES}.{{name}}.>", "pool.agent.{name}.>"),
+        "its own reports and telemetry; pulls and acks its own work queue only"),
+}
+
+
+def permissions(kind: str, name: str = "") -> dict[str, object] | None:
+    """The server's `permissions` block for a user of `kind` (None: no restriction)."""
+    rule = PERMISSIONS[kind]
+    if rule.publish is None and rule.subscribe is None:
+        return None
+    out: dict[str, object] = {}
+    for direction, allowed in (("publish", rule.publish), ("subscribe", rule.subscribe)):
+        if allowed is not None:
+            out[direction] = {"allow": [a.replace("{name}", name) for a in allowed]}
+    return out
+
+
+def permission_matrix() -> str:
+    """PERMISSIONS as a Markdown table (printed in docs/security.md)."""
+    rows = ["| user | may publish | may subscribe | why |", "|---|---|---|---|"]
+
+    def cell(allowed: tuple[str, ...] | None) -> str:
+        return "anything" if allowed is None else "<br>".join(f"`{a}`" for a in allowed)
+
+    for kind, rule in PERMISSIONS.items():
+        rows.append(f"| {kind} | {cell(rule.publish)} | {cell(rule.subscribe)} | {rule.why} |")
+    return "\n".join(rows) + "\n"
 
 
 def inbox_prefix(tenant: str) -> str:
@@ -41,6 +108,14 @@ def checked_name(kind: str, name: str) -> str:
 class Credentials:
     user: str
     password: str
+    hashed: str = ""  # bcrypt of the password: what the server's configuration holds
+
+    def password_hash(self) -> str:
+        """The bcrypt hash of the password (made once, kept with the credentials)."""
+        if not self.hashed:  # a new or rotated password comes without one
+            self.hashed = bcrypt.hashpw(self.password.encode(),
+                                        bcrypt.gensalt(BCRYPT_ROUNDS)).decode()
+        return self.hashed
 
 
 @dataclass
@@ -49,6 +124,9 @@ class AuthConfig:
 
     service: Credentials = field(
         default_factory=lambda: Credentials(SERVICE_USER, secrets.token_urlsafe(18))
+    )
+    responder: Credentials = field(
+        default_factory=lambda: Credentials(RESPONDER_USER, secrets.token_urlsafe(18))
     )
     tenants: dict[str, Credentials] = field(default_factory=dict)
     nodes: dict[str, Credentials] = field(default_factory=dict)
@@ -66,47 +144,23 @@ class AuthConfig:
         return c
 
     def render(self) -> str:
-        users: list[dict[str, object]] = [
-            {"user": self.service.user, "password": self.service.password}
-        ]
+        """The server's `authorization` block: every user with its bcrypt-hashed password (the
+        server never sees them in plain) and its permissions from PERMISSIONS."""
+        users: list[dict[str, object]] = []
+
+        def add(kind: str, c: Credentials, name: str = "") -> None:
+            user: dict[str, object] = {"user": c.user, "password": c.password_hash()}
+            perms = permissions(kind, name)
+            if perms is not None:
+                user["permissions"] = perms
+            users.append(user)
+
+        add("operator", self.service)
+        add("responder", self.responder)
         for tenant, c in sorted(self.tenants.items()):
-            users.append(
-                {
-                    "user": c.user,
-                    "password": c.password,
-                    "permissions": {
-                        "publish": {
-                            # replay goes through pool.cmd.<tenant>.telemetry.replay: no
-                            # JetStream API at all, so no consumer (and no deliver subject)
-                            "allow": [f"pool.cmd.{tenant}.>"]
-                        },
-                        "subscribe": {
-                            # telemetry subjects carry the tenant as a whole token, so this
-                            # selects exactly its own leases (wildcards cannot match a prefix)
-                            "allow": [f"{inbox_prefix(tenant)}.>", f"pool.tel.*.*.{tenant}.>"]
-                        },
-                    },
-                }
-            )
+            add("tenant", c, tenant)
         for node, c in sorted(self.nodes.items()):
-            users.append(
-                {
-                    "user": c.user,
-                    "password": c.password,
-                    "permissions": {
-                        "publish": {
-                            "allow": [
-                                f"pool.node.{node}.>",
-                                "pool.tel.*." + node + ".>",
-                                "$JS.API.CONSUMER.MSG.NEXT.POOL_AGENT.agent-" + node,
-                                "$JS.ACK.POOL_AGENT.agent-" + node + ".>",
-                                f"{node_inbox(node)}.>",
-                            ]
-                        },
-                        "subscribe": {"allow": [f"{node_inbox(node)}.>", f"pool.agent.{node}.>"]},
-                    },
-                }
-            )
+            add("node", c, node)
         # the server's config format accepts JSON values
         return "authorization { users: " + json.dumps(users, indent=1) + " }"
 
@@ -127,10 +181,11 @@ def write_private(path: Path, text: str) -> None:
 
 def to_dict(auth: AuthConfig) -> dict[str, object]:
     def c(x: Credentials) -> dict[str, str]:
-        return {"user": x.user, "password": x.password}
+        return {"user": x.user, "password": x.password, "bcrypt": x.password_hash()}
 
     return {
         "service": c(auth.service),
+        "responder": c(auth.responder),
         "tenants": {k: c(v) for k, v in sorted(auth.tenants.items())},
         "nodes": {k: c(v) for k, v in sorted(auth.nodes.items())},
     }
@@ -139,23 +194,30 @@ def to_dict(auth: AuthConfig) -> dict[str, object]:
 def from_dict(data: dict[str, object]) -> AuthConfig:
     def c(x: object) -> Credentials:
         assert isinstance(x, dict)
-        return Credentials(str(x["user"]), str(x["password"]))
+        return Credentials(str(x["user"]), str(x["password"]), str(x.get("bcrypt") or ""))
 
     tenants = data.get("tenants") or {}
     nodes = data.get("nodes") or {}
     assert isinstance(tenants, dict) and isinstance(nodes, dict)
-    return AuthConfig(
+    auth = AuthConfig(
         service=c(data["service"]),
         tenants={str(k): c(v) for k, v in tenants.items()},
         nodes={str(k): c(v) for k, v in nodes.items()},
     )
+    if data.get("responder"):  # older files had none: the new one is saved on next change
+        auth.responder = c(data["responder"])
+    return auth
 
 
 def load(path: Path) -> AuthConfig | None:
     """The deployment's users from `path`, or None when there is none yet."""
     if not path.exists():
         return None
-    return from_dict(json.loads(path.read_text()))
+    data = json.loads(path.read_text())
+    auth = from_dict(data)
+    if "responder" not in data:  # a file from before the responder user: keep the one made now
+        save(auth, path)
+    return auth
 
 
 def save(auth: AuthConfig, path: Path) -> None:
