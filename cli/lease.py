@@ -148,6 +148,8 @@ def _job(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_lease_run(args: argparse.Namespace) -> int:
     from cli.run import run_lease
 
+    if args.runtime is None:  # a bare command runs in the sandbox; an image, in a container
+        args.runtime = "container" if args.image else "sandboxed"
     body = _request_body(args)
     job = _job(args)
     tenant = tenant_of(args)
@@ -229,7 +231,10 @@ def _shape_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     p.add_argument("--gpu-partition", help="a MIG profile such as 1g.10gb, or time-slice")
     p.add_argument("--cpu-arch", choices=["amd64", "arm64"])
     p.add_argument("--local-disk-gib", type=int, default=0)
-    p.add_argument("--runtime", choices=["container", "sandboxed", "microvm", "dedicated-host"])
+    p.add_argument("--runtime", choices=["container", "sandboxed", "microvm", "dedicated-host"],
+                   help="isolation class" + (" (default: sandboxed for a bare command, "
+                                             "container with --image)" if defaults else
+                                             " (default container)"))
     p.add_argument("--egress", choices=["none", "restricted", "open"])
     p.add_argument("--region")
     p.add_argument("--zone")
@@ -268,6 +273,7 @@ def register(sub: Subparsers) -> None:
         "python3 -c 'print(1)'")
     client_opts(run, tenant=True)
     _shape_flags(run, defaults=True)
+    run.set_defaults(runtime=None)
     run.add_argument("--env", action="append", metavar="NAME=VALUE",
                      help="the job's environment (repeatable)")
     run.add_argument("--detach", "-d", action="store_true",

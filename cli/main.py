@@ -28,7 +28,7 @@ from cli import (
     up,
     views,
 )
-from cli.output import EXIT_INTERRUPTED, EXIT_USAGE, Parser, UsageError, fail
+from cli.output import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Parser, UsageError, fail
 
 
 class Terminated(KeyboardInterrupt):
@@ -99,6 +99,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("pool: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `pool … | head`: the reader has all it wanted
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except Exception as e:  # noqa: BLE001 - the edge: every failure leaves as one clear line
         code = getattr(e, "code", type(e).__name__)
         return fail(str(e) or type(e).__name__, str(code), as_json=getattr(args, "json", False))
