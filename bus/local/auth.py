@@ -12,17 +12,18 @@ into inboxes and nowhere else.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
-import bcrypt
-
 from bus.errors import NameCollision
 from bus.replies import ADMIN_INBOXES, NODE_INBOXES, TENANT_INBOXES, tenant_inbox
 from bus.subjects import is_token
+
+log = logging.getLogger(__name__)
 
 SERVICE_USER = "pool-service"
 RESPONDER_USER = "pool-responder"
@@ -111,8 +112,16 @@ class Credentials:
     hashed: str = ""  # bcrypt of the password: what the server's configuration holds
 
     def password_hash(self) -> str:
-        """The bcrypt hash of the password (made once, kept with the credentials)."""
+        """The bcrypt hash of the password (made once, kept with the credentials); the plain
+        password, with a warning, where the bcrypt package is missing (an install older than
+        this requirement), so such a checkout still serves."""
         if not self.hashed:  # a new or rotated password comes without one
+            try:
+                import bcrypt
+            except ImportError:
+                log.warning("bcrypt is not installed: the server's users keep plain passwords "
+                            "(pip install -e . installs it)")
+                return self.password
             self.hashed = bcrypt.hashpw(self.password.encode(),
                                         bcrypt.gensalt(BCRYPT_ROUNDS)).decode()
         return self.hashed
