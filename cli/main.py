@@ -18,6 +18,7 @@ from cli import (
     agent,
     bench,
     chaos,
+    completion,
     gateway,
     images,
     lease,
@@ -44,11 +45,22 @@ def _terminate(signum: int, _frame: Any) -> None:
     raise Terminated(signum)
 
 
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("computepool")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="pool",
         description="computepool: an event-sourced control plane for pooled compute.",
     )
+    p.add_argument("--version", action="version", version=f"pool {version()} (computepool)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     # the order of `pool --help`
@@ -57,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
                      images.register,
                      admin.register_node_credits, views.register, report.register,
                      agent.register,
-                     telemetry.register, quotas.register):
+                     telemetry.register, quotas.register, completion.register):
         register(sub)
     return p
 
