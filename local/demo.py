@@ -165,6 +165,7 @@ class Demo:
                 raise RuntimeError("the control plane did not start: see "
                                    f"{self.home / 'logs' / 'control-plane.log'}")
             time.sleep(0.2)
+        self.dashboard = self._start_gateway()
         classes = {"preemptible": 0, "standard": 10, "high": 20}
         pools: dict[str, dict[str, Any]] = {
             # fair share orders the flood; no preemption here, so short jobs never thrash
@@ -224,6 +225,26 @@ class Demo:
         summary.close()
         for n in ("sim-0003", "sim-0007", "sim-0011"):
             self.admin.admin(f"node.{n}.cordon", {"reason": "demo: cordoned"})
+
+    def _start_gateway(self) -> str:
+        """The HTTP API and web dashboard beside the demo, in a process of its own reading this
+        home's endpoints: a line saying where, with an admin token made for this run."""
+        import socket
+
+        from bus.local.server import free_port
+        from gateway.tokens import TOKENS_FILE, TokenStore
+
+        try:  # 8080 when it is free, else any free port
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 8080))
+            port = 8080
+        except OSError:
+            port = free_port()
+        token = TokenStore(self.home / TOKENS_FILE).issue_admin(rotate=True)
+        self.spawn("gateway", "gateway", "--http", f"127.0.0.1:{port}")
+        line = f"dashboard: http://127.0.0.1:{port}/ (admin token {token})"
+        self.say(line)
+        return line
 
     # -- the tenants -------------------------------------------------------------------------
 
@@ -506,6 +527,7 @@ class Demo:
         say("")
         imp = self.impossible.lease_id if self.impossible else "ID"
         say("where to look next:")
+        say(f"  {self.dashboard}")
         say(f"  pool demo --keep, then in another terminal (POOL_HOME={self.home}):")
         say(f"    pool lease why {imp} --tenant globex     # why it was rejected")
         say("    pool telemetry follow --since 5m           # startup, utilization, exits")

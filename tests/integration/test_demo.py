@@ -33,5 +33,8 @@ def test_the_demo_tells_its_whole_story(
     assert checks["audit"].ok and "audit ok" in "\n".join(lines)
     assert rc in (0, 1)
     assert any("where to look next" in line for line in lines)
+    # the dashboard came up beside it, and said where
+    assert any(line.startswith("dashboard: http://127.0.0.1:") for line in lines)
+    assert "ready" in (tmp_path / "demo" / "logs" / "gateway.log").read_text()
     if not sandbox:
         assert checks["real_sandbox"].detail.startswith("skipped: bwrap hidden")
