@@ -82,7 +82,9 @@ def print_envelope(reply: dict[str, Any], as_json: bool) -> int:
         for k, v in body.items():
             if v is None or v == {} or v == []:
                 continue
-            print(f"{k:<{width}}  {json.dumps(v) if isinstance(v, (dict, list)) else v}")
+            shown = (value_text(k, v) if k == "shape" or not isinstance(v, (dict, list))
+                     else json.dumps(v))
+            print(f"{k:<{width}}  {shown}")
     if not reply.get("ok"):
         err = reply.get("error") or {}
         reasons = err.get("reasons") or {}
@@ -103,18 +105,96 @@ def parse_kv(text: str | None, cast: Callable[[str], Any] = int) -> dict[str, An
     return out
 
 
-def table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
-    def cell(v: Any) -> str:
-        if v is None:
-            return "-"
-        if isinstance(v, dict):
-            return ",".join(f"{k}={x}" for k, x in v.items()
-                            if x not in (None, 0, {}, [], "")) or "-"
-        if isinstance(v, float):
-            return f"{v:.3f}"
-        return str(v)
+# -- values for people (--json keeps the raw ones) ------------------------------------------
 
-    grid = [list(columns)] + [[cell(r.get(c)) for c in columns] for r in rows]
+TIME_KEYS = ("deadline", "reservation_deadline", "last_heartbeat", "estimated_start")
+CREDIT_KEYS = ("microcredits", "credits", "granted", "held", "spent", "available", "shortfall")
+
+
+def is_time(name: str) -> bool:
+    return name.endswith("_at") or name in TIME_KEYS
+
+
+def when(epoch: float | None, now: float | None = None) -> str:
+    """An epoch time as local ISO time with how long ago (or until): `2026-12-03 18:32:05
+    (3m ago)`."""
+    import datetime as dt
+    import time
+
+    if epoch is None:
+        return "-"
+    now = time.time() if now is None else now
+    local = dt.datetime.fromtimestamp(float(epoch)).strftime("%Y-%m-%d %H:%M:%S")
+    return f"{local} ({ago(float(epoch), now)})"
+
+
+def ago(epoch: float, now: float) -> str:
+    """`3m ago`, `in 2h`, `now`: the largest whole unit."""
+    delta = now - epoch
+    seconds = abs(delta)
+    if seconds < 1:
+        return "now"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size:
+            n = f"{int(seconds // size)}{unit}"
+            return f"{n} ago" if delta > 0 else f"in {n}"
+    return "now"
+
+
+def _number(x: float) -> str:
+    return f"{x:g}" if x < 10 else f"{x:.1f}".removesuffix(".0")
+
+
+def shape_text(shape: dict[str, Any] | None) -> str:
+    """A shape as people say it: `8 CPU · 32 GiB · 1×A100-40GB`."""
+    if not shape:
+        return "-"
+    parts = []
+    if shape.get("cpu_millis") is not None:
+        parts.append(f"{_number(int(shape['cpu_millis']) / 1000)} CPU")
+    mib = shape.get("memory_mib")
+    if mib is not None:
+        parts.append(f"{_number(int(mib) / 1024)} GiB" if int(mib) >= 1024 else f"{mib} MiB")
+    gpus = int(shape.get("gpu_count") or 0)
+    if gpus:
+        model = str(shape.get("gpu_partition") or shape.get("gpu_model") or "GPU").upper()
+        gib = shape.get("gpu_memory_gib_min")
+        parts.append(f"{gpus}×{model}" + (f"-{gib}GB" if gib and not shape.get("gpu_partition")
+                                          else ""))
+    if shape.get("local_disk_gib"):
+        parts.append(f"{shape['local_disk_gib']} GiB disk")
+    return " · ".join(parts) or "-"
+
+
+def credits_text(microcredits: float | None) -> str:
+    """Micro-credits with thousands separators: `1,000,000`."""
+    return "-" if microcredits is None else f"{int(microcredits):,}"
+
+
+def value_text(name: str, v: Any) -> str:
+    """One value of a reply or a row, for a table cell or a `key  value` line."""
+    if v is None:
+        return "-"
+    if name == "shape" and isinstance(v, dict):
+        return shape_text(v)
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        if is_time(name):
+            return when(v)
+        if any(k in name for k in CREDIT_KEYS):
+            return credits_text(v)
+    if isinstance(v, dict):
+        return ",".join(f"{k}={x}" for k, x in v.items()
+                        if x not in (None, 0, {}, [], "")) or "-"
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return str(v)
+
+
+def table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
+    def cell(name: str, v: Any) -> str:
+        return value_text(name, v)
+
+    grid = [list(columns)] + [[cell(c, r.get(c)) for c in columns] for r in rows]
     widths = [max(len(row[i]) for row in grid) for i in range(len(columns))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in grid)
 

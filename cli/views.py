@@ -24,14 +24,25 @@ from cli.output import (
 )
 
 VIEW_TABLE_COLUMNS = {
-    "queue": ("lease_id", "tenant", "pool", "priority_class", "state", "attempts", "queued_at"),
-    "balance": ("tenant", "granted", "held", "spent", "available", "shortfall", "holds"),
-    "capacity": ("node_id", "pool", "state", "zone", "failure_domain", "cpu_millis_allocated",
+    "queue": ("lease_id", "tenant", "pool", "priority_class", "state", "shape", "queued_at"),
+    "balance": ("tenant", "granted", "held", "spent", "available", "shortfall"),
+    "capacity": ("node_id", "pool", "state", "zone", "cpu_millis_allocated",
                  "cpu_millis_allocatable", "memory_mib_allocated", "memory_mib_allocatable",
                  "gpu_count_allocated", "gpu_count_allocatable", "last_heartbeat_at"),
-    "leases": ("lease_id", "tenant", "pool", "state", "node_id", "started_at", "ended_at",
+    "leases": ("lease_id", "tenant", "state", "node_id", "shape", "started_at", "exit_code",
+               "end_reason"),
+}
+# `-o wide`: every column worth a glance
+WIDE_COLUMNS = {
+    "queue": (*VIEW_TABLE_COLUMNS["queue"], "attempts", "requested_at"),
+    "balance": (*VIEW_TABLE_COLUMNS["balance"], "holds"),
+    "capacity": (*VIEW_TABLE_COLUMNS["capacity"], "failure_domain", "gpu_model", "allocations"),
+    "leases": ("lease_id", "tenant", "pool", "priority_class", "state", "node_id", "shape",
+               "attempts", "requested_at", "started_at", "ended_at", "exit_code", "end_reason",
                "credits_held", "credits_charged"),
 }
+# newest first where a view has a time to order by (within the page read)
+NEWEST_FIRST = {"queue": "requested_at", "leases": "requested_at"}
 
 
 def _filters(args: argparse.Namespace) -> dict[str, str]:
@@ -80,7 +91,12 @@ def cmd_view(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(page, default=str))
     else:
-        print(table(page["rows"], VIEW_TABLE_COLUMNS[args.view]))
+        rows = page["rows"]
+        order = NEWEST_FIRST.get(args.view)
+        if order:
+            rows = sorted(rows, key=lambda r: r.get(order) or 0.0, reverse=True)
+        columns = WIDE_COLUMNS if args.output == "wide" else VIEW_TABLE_COLUMNS
+        print(table(rows, columns[args.view]))
         if page["next_cursor"]:
             print(f"more: --cursor {page['next_cursor']}")
     return EXIT_OK
@@ -175,6 +191,8 @@ def register(sub: Subparsers) -> None:
         vp.add_argument("--limit", type=_page_size, default=100, metavar="ROWS",
                         help=f"rows per page, 1 to {MAX_LIMIT} (default 100)")
         vp.add_argument("--cursor", help="where the previous page ended (its `more:` line)")
+        vp.add_argument("--output", "-o", choices=["table", "wide"], default="table",
+                        help="wide: every column worth a glance")
         if view == "capacity":
             from cli.capacity import add_by_options
 
