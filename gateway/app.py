@@ -180,6 +180,13 @@ async def _answer(gw: Gateway, route: HttpRoute, request: Request[Any, Any, Any]
         return await _read_view(gw, route, request, ids)
     if route.operation_id in ("getComputeLeaseHistory", "adminGetComputeLeaseHistory"):
         return await _history(gw, who, ids["lease_id"], request)
+    if route.operation_id == "getUsage":
+        from gateway.usage import usage
+
+        got = await usage(gw, who, _query_args(route, request)["filters"])
+        if "error" in got:
+            return problems.from_error(got["error"], instance=request.url.path)
+        return _json(got)
     if route.operation_id == "adminGetComputeLease":
         return await _admin_lease(gw, ids["lease_id"])
     if route.reply in ("page", "row"):

@@ -108,6 +108,10 @@ ROUTES: tuple[HttpRoute, ...] = (
     HttpRoute("GET", "/v1/balance", "getBalance",
               "The tenant's credits: granted, held, spent and available", "queryView", "row",
               tag="credits", fixed=(("view", "balance"),)),
+    HttpRoute("GET", "/v1/usage", "getUsage",
+              "What the tenant has used, per pool: leases by state, resource-seconds run, "
+              "credits charged (folded from its leases view)", "", query=("pool",),
+              tag="credits"),
     HttpRoute("GET", "/v1/telemetry", "streamTelemetry",
               "Server-Sent Events: the tenant's telemetry samples (filter by lease, kind; "
               "resumes from Last-Event-ID, the stream sequence)", "replayTelemetry", "stream",

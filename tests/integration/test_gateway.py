@@ -195,3 +195,19 @@ def test_the_dashboard_snapshot_shows_a_tenant_only_its_own(stack: Stack) -> Non
         assert everything and everything["fleet"]["node_rows"]
         for lid, c in ((mine, a), (theirs, b)):
             c.post(f"/v1/compute-leases/{lid}/cancel", json={})
+
+
+def test_usage_counts_a_tenants_own_leases_and_what_they_ran(stack: Stack) -> None:
+    with stack.client("alpha") as a, stack.client("beta") as b:
+        lid = a.post("/v1/compute-leases", json=CONCEPT_BODY).json()["lease_id"]
+        a.post(f"/v1/compute-leases/{lid}/cancel", json={})
+        got = wait_for(lambda: (u := a.get("/v1/usage").json())
+                       and u["pools"].get("p1", {}).get("by_state", {}).get("cancelled") and u)
+        assert got and got["tenant"] == "alpha" and not got["truncated"]
+        p1 = got["pools"]["p1"]
+        assert p1["leases"] == sum(p1["by_state"].values()) == got["leases_read"]
+        assert p1["cpu_core_seconds"] >= 0 and p1["run_seconds"] >= 0
+        theirs = b.get("/v1/usage").json()
+        assert theirs["tenant"] == "beta"
+        assert theirs["leases_read"] == len(b.get("/v1/compute-leases",
+                                                  params={"limit": 1000}).json()["items"])
