@@ -3,8 +3,8 @@
 Starts NATS and PostgreSQL, the control plane (commands, scheduler, dispatcher, reconciler,
 projector), a simulated fleet of 200 nodes plus one real local agent running sandboxed
 processes, and three tenants who submit work: a flood of whole-node jobs under weighted fair
-share, a preemption, a cancellation, a request no node can hold, a silent agent whose lease is
-reconciled, and a tenant that runs out of credit. A live dashboard reads the PostgreSQL views;
+share, a preemption, a reclaim of lent quota, a cancellation, a request no node can hold, a
+silent agent whose lease is reconciled, and a tenant that runs out of credit. A live dashboard reads the PostgreSQL views;
 the end prints the credit audit, the fair-share outcome and where to look next.
 """
 
@@ -28,6 +28,8 @@ from bus.local.procs import die_with
 POOL = "demo"  # the big simulated fleet: fair share under a flood, credits
 HPC = "hpc"  # one 8-GPU node: preemptible batch work and an urgent job that preempts it
 EDGE = "edge"  # the real sandboxed agent and a node whose agent goes silent; short timeouts
+LAB = "lab"  # one 16-core node in a cohort: globex borrows acme's half, acme reclaims it
+HALF_LAB = {"cpu_millis": 8000, "memory_mib": 4096}
 TENANTS = {"acme": 3.0, "globex": 2.0, "initech": 1.0}
 IMAGE = "registry.demo/jobs/sleeper@sha256:" + "5" * 64
 # big jobs pinned to zone z1: only its GPU nodes can hold one (CPU nodes are too small), so
@@ -71,7 +73,7 @@ class Demo:
         self.say = say
         self.live = live
         self.checks: dict[str, Check] = {k: Check(k) for k in (
-            "fair_share", "preemption", "cancellation", "unsatisfiable", "silent_agent",
+            "fair_share", "preemption", "reclaim", "cancellation", "unsatisfiable", "silent_agent",
             "out_of_credit", "real_sandbox", "audit")}
         self.tracked: dict[str, Tracked] = {}
         self.samples: list[dict[str, float]] = []
@@ -175,6 +177,8 @@ class Demo:
                   "heartbeat_timeout_seconds": 8, "node_timeout_seconds": 10},
             EDGE: {"heartbeat_timeout_seconds": 3, "node_timeout_seconds": 4,
                    "lost_node_release_seconds": 3},
+            LAB: {"preemption": {"enabled": True, "grace_seconds": 2, "min_runtime_seconds": 0},
+                  "heartbeat_timeout_seconds": 8, "node_timeout_seconds": 10},
         }
         for pool, cfg in pools.items():
             self._ok(self.admin.admin("pool.set", {"pool_id": pool, "priority_classes": classes,
@@ -183,16 +187,24 @@ class Demo:
             for tenant, weight in TENANTS.items():
                 self._ok(self.admin.admin("tenant.set", {"tenant": tenant, "pool_id": pool,
                                                          "weight": weight}), "tenant")
+        # the lab's cohort: acme and globex each own half its node and may borrow the other half
+        self._ok(self.admin.admin("cohort.set", {"pool_id": LAB, "name": "lab"}), "cohort")
+        for tenant in ("acme", "globex"):
+            self._ok(self.admin.admin("tenant.set", {
+                "tenant": tenant, "pool_id": LAB, "weight": TENANTS[tenant], "cohort": "lab",
+                "nominal": {"cpu_millis": HALF_LAB["cpu_millis"]}}), "tenant")
         for tenant in TENANTS:
             self._ok(self.admin.admin("credits.grant", {
                 "tenant": tenant, "amount_microcredits": CREDITS[tenant],
                 "transfer_id": f"demo-grant-{tenant}"}), "grant")
-        total = self.nodes + 2
+        total = self.nodes + 3
         self.say(f"starting {total} simulated nodes and a real sandboxed agent …")
         self.spawn("fleet", "agent", "simulate", "--nodes", str(self.nodes), "--pool", POOL,
                    "--heartbeat-interval", "4", "--report-every", "5", nats_url=url)
         self.spawn("fleet-hpc", "agent", "simulate", "--nodes", "1", "--profile", "a100",
                    "--prefix", "hpc", "--pool", HPC, "--heartbeat-interval", "1", nats_url=url)
+        self.spawn("fleet-lab", "agent", "simulate", "--nodes", "1", "--profile", "cpu",
+                   "--prefix", "lab", "--pool", LAB, "--heartbeat-interval", "1", nats_url=url)
         self.spawn("fleet-quiet", "agent", "simulate", "--nodes", "1", "--profile", "cpu",
                    "--prefix", "quiet", "--pool", EDGE, "--heartbeat-interval", "1",
                    nats_url=url)
@@ -301,6 +313,11 @@ class Demo:
                                kind="victim", priority="preemptible", pool=HPC)
                    for i in range(1)]
         self.victims = [v for v in victims if v is not None]
+        # globex fills the lab node: its own half and, borrowed, acme's
+        borrowers = [self.submit("globex", f"borrow-{i}", HALF_LAB,
+                                 {"image": IMAGE, "command": ["sleep", "60"]},
+                                 kind="borrower", pool=LAB) for i in range(2)]
+        self.borrowers = [b for b in borrowers if b is not None]
         # on the edge pool: real sandboxed jobs (one to cancel), and a job on a node whose
         # agent will go silent
         local = {"cpu_millis": 200, "memory_mib": 128, "region": "local", "runtime": "sandboxed"}
@@ -333,12 +350,25 @@ class Demo:
                   for k, t in enumerate(TENANTS)]
         for th in floods:
             th.start()
-        self._wait_running(self.victims + [x for x in (self.to_cancel, self.quiet) if x], 20)
+        self._wait_running(self.victims + self.borrowers
+                           + [x for x in (self.to_cancel, self.quiet) if x], 20)
         # the twists: an urgent job preempts the batch work, a cancel, an agent goes quiet
         self.high = self.submit("acme", "urgent", {"cpu_millis": 8000, "memory_mib": 8192,
                                                    "gpu_count": 8},
                                 {"image": IMAGE, "command": ["sleep", "3"]}, kind="high",
                                 priority="high", pool=HPC)
+        # acme wants its own half of the lab back: one of globex's leases is preempted for it
+        self.owner = self.submit("acme", "my-half", HALF_LAB,
+                                 {"image": IMAGE, "command": ["sleep", "3"]}, kind="owner",
+                                 pool=LAB)
+        if self.owner is not None:
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                why = self.clients["acme"].lease(self.owner.lease_id, "why").get("result") or {}
+                if "waiting_for_reclaim" in str(why.get("reasons")):
+                    self.reclaim_why = why.get("reasons")
+                    break
+                time.sleep(0.2)
         if self.to_cancel is not None:
             self.clients["acme"].lease(self.to_cancel.lease_id, "cancel", {"reason": "demo"})
         if self.quiet is not None:
@@ -359,7 +389,7 @@ class Demo:
         """Wait for the story to finish; then cancel whatever still waits (out of credit)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            open_ = [t for t in self.tracked.values() if t.kind != "victim"
+            open_ = [t for t in self.tracked.values() if t.kind not in ("victim", "borrower")
                      and t.state not in ("released", "cancelled", "rejected", "preempted")
                      and not (t.tenant == "initech" and t.state == "queued")]
             if not open_ and self.elapsed() > 8:
@@ -416,6 +446,16 @@ class Demo:
                                   f"{max([v.get('attempts') or 1 for v in again] or [1])}); "
                                   f"the high-priority lease {high.get('state')} "
                                   f"({high.get('end_reason')})")
+        owner: Tracked | None = getattr(self, "owner", None)
+        mine = self.get(owner) if owner else {}
+        taken = [b for b in (self.get(t) for t in getattr(self, "borrowers", []))
+                 if b.get("state") == "preempted"]
+        lent = (getattr(self, "reclaim_why", None) or {}).get("quota", {}).get("borrowed_by")
+        c["reclaim"].ok = (bool(taken) and mine.get("started_at") is not None
+                           and mine.get("end_reason") == "succeeded")
+        c["reclaim"].detail = (f"globex borrowed {lent or 'half the lab'}; acme's request "
+                               f"preempted {len(taken)} borrower lease(s) (reclaiming_quota, 2 s "
+                               f"grace) and ran: {mine.get('state')} ({mine.get('end_reason')})")
         why = getattr(self, "credit_why", {}) or {}
         reasons = why.get("reasons", {})
         c["out_of_credit"].ok = "insufficient_credits" in str(reasons)
