@@ -88,6 +88,9 @@ def quota_wait(s: Scheduler, ps: PoolState, req: PendingRequest, lease: Lease | 
     cohort = ps.book.cohorts.get(quota.cohort or "")
     if not verdict.may_reclaim or cohort is None or cohort.reclaim == "never":
         return why
+    if s._plans_left <= 0:  # a scan of the cohort's leases is bounded per cycle, as plans are
+        return why
+    s._plans_left -= 1
     members = {m.tenant for m in ps.book.members(cohort.name)} - {req.tenant}
     running: list[RunningLease] = []
     leaving: list[str] = []
@@ -112,9 +115,6 @@ def quota_wait(s: Scheduler, ps: PoolState, req: PendingRequest, lease: Lease | 
         why["tenant"].append(R.WAITING_FOR_RECLAIM)
         why["reclaim"] = {"victims": sorted(leaving)}
         return why
-    if s._plans_left <= 0:
-        return why
-    s._plans_left -= 1
     full = set(verdict.cohort_full)
     chosen: list[RunningLease] = []
     # least work lost first; a lease is taken only while its tenant still borrows in a

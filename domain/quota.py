@@ -147,9 +147,17 @@ class QuotaBook:
     def __init__(self) -> None:
         self.tenants: dict[str, TenantQuota] = {}
         self.cohorts: dict[str, CohortQuota] = {}
+        # cohort → its members with a nominal quota, kept as tenants change (checked per
+        # request: never a scan of every tenant of the pool)
+        self._members: dict[str, dict[str, TenantQuota]] = {}
 
     def set_tenant(self, quota: TenantQuota) -> None:
+        old = self.tenants.get(quota.tenant)
+        if old is not None and old.cohort is not None:
+            self._members.get(old.cohort, {}).pop(quota.tenant, None)
         self.tenants[quota.tenant] = quota
+        if quota.cohort is not None and quota.nominal is not None:
+            self._members.setdefault(quota.cohort, {})[quota.tenant] = quota
 
     def set_cohort(self, cohort: CohortQuota) -> None:
         self.cohorts[cohort.name] = cohort
@@ -159,7 +167,8 @@ class QuotaBook:
         return q is not None and q.nominal is not None
 
     def members(self, cohort: str) -> list[TenantQuota]:
-        return [q for q in self.tenants.values() if q.cohort == cohort and q.nominal is not None]
+        """The cohort's members that have a nominal quota, in the order they joined."""
+        return list(self._members.get(cohort, {}).values())
 
     def capacity(self, cohort: str, dim: str) -> int:
         """What the cohort can lend in `dim`: its own nominal plus its members' lendable."""

@@ -200,3 +200,12 @@ def test_the_replay_check_names_a_tenant_past_its_limit_and_an_overdrawn_cohort(
     # nothing is kept back (no lend limits): all 8000 is shared, and 9000 is in use
     assert holding_past_limits(book, _use(a=5000, b=4000), ["a", "b"]) == [
         "cohort c has 9000 cpu_millis in use of its shared 8000"]
+
+
+def test_a_tenant_set_again_without_its_cohort_leaves_it() -> None:
+    book = _book(a={"nominal": 4000}, b={"nominal": 4000})
+    assert [m.tenant for m in book.members("c")] == ["a", "b"]
+    book.set_tenant(TenantQuota("b", nominal=limits({CPU: 4000})))
+    assert [m.tenant for m in book.members("c")] == ["a"]
+    assert book.capacity("c", CPU) == 4000
+    assert not book.check("a", Resources(cpu_millis=4001), _use()).fits
