@@ -106,3 +106,30 @@ def can_connect(url: str, *, user: str, password: str, timeout: float = 2.0) -> 
         return True
 
     return asyncio.run(go())
+
+
+def leaders(url: str, bucket: str = "pool_leaders") -> dict[str, dict[str, Any]]:
+    """Each election's current holder record in the leader bucket (empty: no holder now)."""
+    import json
+
+    async def go() -> dict[str, dict[str, Any]]:
+        nc = await _connect(url)
+        try:
+            try:
+                kv = await nc.jetstream().key_value(bucket)
+                keys = await kv.keys()
+            except NatsError:  # no bucket yet, or no keys in it
+                return {}
+            out: dict[str, dict[str, Any]] = {}
+            for key in keys:
+                try:
+                    entry = await kv.get(key)
+                    record = json.loads(entry.value or b"{}")
+                except (NatsError, ValueError):
+                    continue
+                out[key] = record if isinstance(record, dict) else {"value": record}
+            return out
+        finally:
+            await nc.close()
+
+    return _run(go())

@@ -22,6 +22,7 @@ from cli import (
     gateway,
     images,
     lease,
+    overview,
     quotas,
     report,
     schemas,
@@ -69,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
                      images.register,
                      admin.register_node_credits, views.register, report.register,
                      agent.register,
-                     telemetry.register, quotas.register, completion.register):
+                     telemetry.register, quotas.register, overview.register,
+                     completion.register):
         register(sub)
     return p
 

@@ -146,9 +146,14 @@ def _number(x: float) -> str:
 
 
 def shape_text(shape: dict[str, Any] | None) -> str:
-    """A shape as people say it: `8 CPU · 32 GiB · 1×A100-40GB`."""
+    """A shape as people say it: `8 CPU · 32 GiB · 1×A100-40GB` (from a request's shape or the
+    views' stored one, whose amounts sit under `resources`)."""
     if not shape:
         return "-"
+    if isinstance(shape.get("resources"), dict):
+        shape = {**shape, **shape["resources"]}
+    if shape.get("gpu_partition") in ("none", ""):
+        shape = {**shape, "gpu_partition": None}
     parts = []
     if shape.get("cpu_millis") is not None:
         parts.append(f"{_number(int(shape['cpu_millis']) / 1000)} CPU")

@@ -13,6 +13,9 @@ def test_a_shape_reads_as_people_say_it() -> None:
     assert shape_text({"cpu_millis": 500, "memory_mib": 256}) == "0.5 CPU · 256 MiB"
     assert shape_text({"cpu_millis": 1000, "memory_mib": 1536, "gpu_count": 2,
                        "gpu_partition": "1g.10gb"}) == "1 CPU · 1.5 GiB · 2×1G.10GB"
+    # as the views store it: amounts under `resources`
+    assert shape_text({"resources": {"cpu_millis": 1000, "memory_mib": 512, "gpu_count": 0},
+                       "gpu_partition": "none", "gpu_model": None}) == "1 CPU · 512 MiB"
 
 
 def test_credits_have_thousands_separators() -> None:
