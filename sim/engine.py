@@ -50,6 +50,7 @@ class Policy:
     name: str
     order: Literal["fifo", "drf"] = "drf"
     backfill: bool = False
+    depth: int = 1  # backfill reservations per priority band (1: EASY)
 
     def describe(self) -> str:
         what = {"fifo": "arrival order", "drf": "weighted DRF (the scheduler's FairQueue)"}
@@ -130,7 +131,8 @@ class Simulator:
         self._seq = 0
         self._queued_shapes: Counter[Shape] = Counter()
         self._queued_bands: Counter[int] = Counter()
-        self.backfill = (Backfill(self.table, self._lease_end) if policy.backfill else None)
+        self.backfill = (Backfill(self.table, self._lease_end, depth=policy.depth)
+                         if policy.backfill else None)
         self.result = SimResult(workload, policy, [], totals=self.totals)
 
     # ------------------------------------------------------------------ the run
@@ -302,4 +304,7 @@ class Simulator:
         # with aging off, the bands queued are the class ranks queued
         if self.config.aging_seconds_per_rank > 0:
             return False
-        return len(self._ranks) == 1 and bool(bands_tried or bf.reservations)
+        # one band: done once it holds all the heads it may (each blocked request popped
+        # after that only waits behind them)
+        return len(self._ranks) == 1 and (len(bf.reservations) >= bf.depth
+                                          or (bf.depth == 1 and bool(bands_tried)))

@@ -94,12 +94,17 @@ class Backfill:
     at once), and `ends` must know each one's resources and end estimate.
     """
 
-    def __init__(self, table: NodeTable, ends: EndLookup, now: float = 0.0) -> None:
+    def __init__(self, table: NodeTable, ends: EndLookup, now: float = 0.0, *,
+                 depth: int = 1) -> None:
+        if depth < 1:
+            raise ValueError("a band holds at least one reservation")
         self.table = table
         self.ends = ends
         self.now = now
-        self._heads: dict[int, _Head] = {}
-        self.reservations: dict[int, Reservation] = {}  # band → its head's reservation
+        self.depth = depth  # heads (and reservations) per band: 1 is EASY
+        self._heads: dict[tuple[int, int], _Head] = {}
+        # (band, slot) → that head's reservation
+        self.reservations: dict[tuple[int, int], Reservation] = {}
         self._by_node: dict[str, list[Reservation]] = {}
         # (resources, candidate nodes) → earliest (start, node): one walk per shape per cycle
         self._earliest: dict[tuple[Resources, tuple[int, ...]], tuple[float, str] | None] = {}
@@ -114,10 +119,10 @@ class Backfill:
         self._by_node.clear()
         self._earliest.clear()
         self.estimates.clear()
-        for band in sorted(self._heads, reverse=True):
-            head = self._heads[band]
-            if not queued(head.lease_id) or not self._reserve(band, head):
-                del self._heads[band]
+        for key in sorted(self._heads, key=lambda k: (-k[0], k[1])):
+            head = self._heads[key]
+            if not queued(head.lease_id) or not self._reserve(key, head):
+                del self._heads[key]
 
     # ---------------------------------------------------------------- estimates
 
@@ -203,44 +208,49 @@ class Backfill:
 
     # ---------------------------------------------------------------- reservations
 
-    def _reserve(self, band: int, head: _Head) -> Reservation | None:
+    def _reserve(self, key: tuple[int, int], head: _Head) -> Reservation | None:
         fr = self.table.filter(head.shape, allowed_trust_levels=head.allowed_trust_levels)
         candidates = np.concatenate([fr.eligible, fr.busy])
         found = self.earliest(head.shape.resources, candidates, skip_reserved=True)
         if found is None:
             return None
         at, node_id = found
-        r = Reservation(head.lease_id, node_id, at, head.shape.resources, band)
-        self.reservations[band] = r
+        r = Reservation(head.lease_id, node_id, at, head.shape.resources, key[0])
+        self.reservations[key] = r
         self._by_node.setdefault(node_id, []).append(r)
         return r
 
     def blocked(self, lease_id: str, shape: Shape, band: int,
                 allowed_trust_levels: Iterable[str] | None = None) -> Reservation | None:
-        """A request of `band` fits no node now: if the band has no head yet it becomes the
-        head and gets a reservation (None when no node ever frees enough for it); its own
-        reservation if it is the head; else None (it waits behind the head)."""
-        held = self.reservations.get(band)
-        if held is not None:
-            return held if held.lease_id == lease_id else None
+        """A request of `band` fits no node now: its own reservation if it is a head already;
+        else, while the band has fewer than `depth` heads, it becomes one and gets a
+        reservation (None when no node ever frees enough for it); else None (it waits
+        behind the heads)."""
+        mine = self.reservation_of(lease_id)
+        if mine is not None:
+            return mine
+        taken = {slot for b, slot in self._heads if b == band}
+        if len(taken) >= self.depth:
+            return None
+        key = (band, min(set(range(self.depth)) - taken))
         trust = None if allowed_trust_levels is None else tuple(sorted(allowed_trust_levels))
         head = _Head(lease_id, shape, trust)
-        r = self._reserve(band, head)
+        r = self._reserve(key, head)
         if r is not None:
-            self._heads[band] = head
+            self._heads[key] = head
         return r
 
     def placed(self, lease_id: str) -> None:
         """A head was placed (or left the queue): its reservation is no longer needed."""
-        for band, r in list(self.reservations.items()):
+        for key, r in list(self.reservations.items()):
             if r.lease_id == lease_id:
-                del self.reservations[band]
+                del self.reservations[key]
                 self._by_node[r.node_id].remove(r)
                 if not self._by_node[r.node_id]:
                     del self._by_node[r.node_id]
-        for band, head in list(self._heads.items()):
+        for key, head in list(self._heads.items()):
             if head.lease_id == lease_id:
-                del self._heads[band]
+                del self._heads[key]
 
     def reservation_of(self, lease_id: str) -> Reservation | None:
         for r in self.reservations.values():

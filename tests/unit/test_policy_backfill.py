@@ -198,3 +198,18 @@ def test_on_a_large_pool_only_the_nodes_nearest_to_fitting_are_walked() -> None:
     r = bf.blocked("head", shape(8), band=0)
     assert r is not None and (r.node_id, r.start_at) == ("n150", 50.0)
     assert len(set(asked)) <= 64
+
+
+def test_a_deeper_band_holds_a_reservation_for_each_of_its_first_blocked_requests() -> None:
+    pool = Pool(("a", 8), ("b", 8), ("c", 8))
+    for node_id, end in (("a", 100.0), ("b", 200.0), ("c", 300.0)):
+        pool.run(node_id, f"on-{node_id}", 8, end=end)
+    bf = Backfill(pool.table, pool.ends.get, depth=2)
+    bf.begin(0.0, queued=lambda _lid: True)
+    first, second = bf.blocked("w1", shape(8), band=0), bf.blocked("w2", shape(8), band=0)
+    assert first is not None and second is not None
+    assert [(first.node_id, first.start_at), (second.node_id, second.start_at)] == [
+        ("a", 100.0), ("b", 200.0)]
+    assert bf.blocked("w3", shape(8), band=0) is None  # behind both heads
+    bf.placed("w1")
+    assert bf.blocked("w3", shape(8), band=0) is not None  # a head's place came free
