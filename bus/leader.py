@@ -157,6 +157,12 @@ class LeaderElection:
         """The stored holder record ({'holder', 'epoch', 'revision', ...}) or None if vacant."""
         return self._rt.run(self._current(), self._timeout(timeout))
 
+    def names_held(self, prefix: str, timeout: float | None = None) -> dict[str, int]:
+        """Every name in this election's bucket that starts with `prefix` and has a holder
+        record now (not released, not expired), with its record's revision: a holder that
+        keeps renewing shows a new revision each time."""
+        return self._rt.run(self._names_held(prefix), self._timeout(timeout))
+
     def start(self, on_change: Callable[[bool], None] | None = None) -> None:
         """Run the keeper: acquire when vacant, renew every ttl/3 while leading, step down on
         failure. `on_change(bool)` is called from the keeper thread on every transition."""
@@ -349,6 +355,23 @@ class LeaderElection:
                     return False  # no longer ours: leave the new holder's key alone
                 raise
             return True
+
+    async def _names_held(self, prefix: str) -> dict[str, int]:
+        kv = await self._bucket()
+        try:
+            keys = await kv.keys()
+        except nats.js.errors.NoKeysError:
+            return {}
+        out: dict[str, int] = {}
+        for key in keys:
+            if not key.startswith(prefix):
+                continue
+            try:
+                entry = await kv.get(key)
+            except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+                continue  # gone between the listing and the read
+            out[key] = entry.revision or 0
+        return out
 
     async def _current(self) -> dict[str, Any] | None:
         kv = await self._bucket()

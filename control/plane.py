@@ -32,6 +32,7 @@ from control.commands import (
 )
 from control.dispatcher import Dispatcher, Reconciler, run_loop
 from control.errors import ServiceError, UnknownSubject
+from control.pool_leaders import PoolLeadership
 from control.projector import Projector
 from control.routes import ROUTES, Router, subscriptions
 from control.scheduler import Scheduler, tune_gc
@@ -130,7 +131,8 @@ class ControlPlane:
                  database_url: str | None = None, data_plane: bool = True,
                  roles: Iterable[str] | None = None,
                  projector_views: Iterable[str] | None = None,
-                 responder_url: str | None = None) -> None:
+                 responder_url: str | None = None,
+                 pool_leaders: bool = True) -> None:
         self.roles = parse_roles(roles)
         # the responders' connection: a user that may publish replies into inboxes only
         self.responder_url = responder_url or nats_url
@@ -168,11 +170,18 @@ class ControlPlane:
         self._why_lock = threading.Lock()
         self.why: Service | None = None
         self.election: LeaderElection | None = None
+        self.pool_leadership: PoolLeadership | None = None
         if run_scheduler:
-            # one active scheduler at a time; a standby folds the log and takes over on death
-            self.election = LeaderElection(nats_url, name="scheduler",
-                                           holder_id=holder_id(),
+            holder = holder_id()
+            # one active dispatcher (and `why`) at a time; a standby folds the log and takes
+            # over on death
+            self.election = LeaderElection(nats_url, name="scheduler", holder_id=holder,
                                            ttl_seconds=leader_ttl_seconds)
+            if pool_leaders:
+                # placing: one leader per pool, the pools spread over the scheduler processes
+                self.pool_leadership = PoolLeadership(
+                    nats_url, holder, lambda: list(self.scheduler.pools),
+                    ttl_seconds=leader_ttl_seconds, on_change=self._pool_led, halt=self._stop)
 
     def _serve_why(self, leading: bool) -> None:
         # only the active scheduler knows current reasons, so only it answers `why`
@@ -185,8 +194,18 @@ class ControlPlane:
                 self.why.stop()
                 self.why = None
 
+    def _pool_led(self, _pool: str, leading: bool) -> None:
+        if leading and self.scheduler_signal is not None:
+            self.scheduler_signal.wake()  # place its queue now, not at the next append
+
     def _schedule(self) -> None:
         assert self.election is not None
+        if self.pool_leadership is not None:
+            # every process folds the log; each places only the pools it leads
+            self.scheduler.leads = self.pool_leadership.leads
+            while not self._stop.is_set():
+                self.scheduler.run(self._stop, signal=self.scheduler_signal)
+            return
         while not self._stop.is_set():
             if self.election.is_leader:
                 self.scheduler.run(self._stop, until=lambda: not self.election.is_leader,  # type: ignore[union-attr]
@@ -229,6 +248,8 @@ class ControlPlane:
             self._serve_why(True)
         else:
             self.election.start(on_change=self._serve_why)
+            if self.pool_leadership is not None:
+                self.pool_leadership.start()
             self._thread = threading.Thread(target=self._schedule, name="pool-scheduler",
                                             daemon=True)
             self._thread.start()
@@ -247,6 +268,8 @@ class ControlPlane:
             self.link.close()
         if self.election is not None:
             self.election.stop(release=True)
+        if self.pool_leadership is not None:
+            self.pool_leadership.stop(release=True)
         if self.commands is not None:
             self.commands.stop()
         self._serve_why(False)

@@ -85,6 +85,7 @@ _LEAVING = frozenset(
 MAX_MESSAGES_PER_BATCH = 900
 NOTIFICATION_PAGE = 1000
 LONG_LIVED_FOLD = 20_000
+OTHERS_DEADLINE_RETRY_SECONDS = 1.0  # a due deadline of a pool led elsewhere, looked at again
 ENDED_REMEMBERED = 10_000  # ended leases whose last state `why` still answers  # a catch-up of at least this many events was a replay (see catch_up)
 # the cyclic collector's thresholds in a process that schedules: a placement makes a few
 # dozen short-lived containers (events, their state dicts, stored events), so with CPython's
@@ -186,6 +187,8 @@ class Scheduler:
         # the last ended leases, kept only to answer `why` about them
         self._ended: collections.OrderedDict[str, tuple[str, dict[str, Any]]] = (
             collections.OrderedDict())
+        # which pools this scheduler places and sweeps (control.pool_leaders: those it leads)
+        self.leads: Callable[[str], bool] = lambda _pool_id: True
         self.pools: dict[str, PoolState] = {}
         self.reasons: dict[str, dict[str, Any]] = {}
         self._seq = 0
@@ -470,7 +473,8 @@ class Scheduler:
             self._plans_left = self.max_preemption_plans_per_cycle
             self._sweep(now, report)
             for ps in self.pools.values():
-                self._place_pool(ps, now, report)
+                if self.leads(ps.pool.pool_id):
+                    self._place_pool(ps, now, report)
             observability.record_cycle(report)
             return report
 
@@ -503,10 +507,15 @@ class Scheduler:
     def _sweep(self, now: float, report: CycleReport) -> None:
         """Void uncommitted reservations and expire silent leases whose time has come."""
         batch: list[Aggregate] = []
+        others: list[tuple[float, str]] = []
         while self._deadlines and self._deadlines[0][0] <= now:
             _due, lid = heapq.heappop(self._deadlines)
             lease = self.aggregates.get(UUID(lid))
             if not isinstance(lease, Lease):
+                continue
+            if not self.leads(lease.pool_id):
+                # another scheduler's pool: looked at again later, in case this one takes it
+                others.append((now + OTHERS_DEADLINE_RETRY_SECONDS, lid))
                 continue
             reason = lease.expiry_due(now)
             if reason is None:
@@ -528,6 +537,8 @@ class Scheduler:
             if len(batch) >= 900:
                 self._save(batch, report)
                 batch = []
+        for item in others:
+            heapq.heappush(self._deadlines, item)
         self._save(batch, report)
 
     def _note_overdue(self, lease: Lease, now: float, report: CycleReport) -> None:
