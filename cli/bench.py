@@ -77,10 +77,11 @@ def cmd_bench_e2e(args: argparse.Namespace) -> int:
 def cmd_bench_policy(args: argparse.Namespace) -> int:
     from bench.policy import NothingToReplay, run_policy_bench, workload_from_log
 
-    for flag, fvalue in (("--days", args.days), ("--load", args.load),
-                         ("--cycle-seconds", args.cycle_seconds)):
-        if fvalue is not None and not fvalue > 0:
-            raise UsageError(f"{flag} must be positive")
+    # bounded, so a typo cannot ask for a workload that fills the memory
+    for flag, fvalue, most in (("--days", args.days, 366.0), ("--load", args.load, 10.0),
+                               ("--cycle-seconds", args.cycle_seconds, 86_400.0)):
+        if fvalue is not None and not 0 < fvalue <= most:
+            raise UsageError(f"{flag} must be above 0 and at most {most:g}")
     if args.pool and not args.from_log:
         raise UsageError("--pool names the pool to replay: use it with --from-log")
     workload = config = None

@@ -16,19 +16,25 @@ COLUMNS = ("key", "cpu_core_hours", "memory_gib_hours", "gpu_hours", "leases_sta
            "wait_p99_seconds", "end_reasons")
 
 
+LATEST = 253_402_300_799.0  # 9999-12-31T23:59:59Z: what an ISO time can spell
+
+
 def parse_time(flag: str, text: str) -> float:
-    """An ISO 8601 date or time (UTC unless it says otherwise) or seconds since the epoch."""
+    """An ISO 8601 date or time (UTC unless it says otherwise) or seconds since the epoch,
+    from 1970 to the year 9999."""
     value = text.strip()
     try:
-        return float(value)
+        at = float(value)
     except ValueError:
-        pass
-    try:
-        when = dt.datetime.fromisoformat(value)
-    except ValueError:
-        raise UsageError(f"{flag} {text!r}: not an ISO date or time (2026-12-01, "
-                         "2026-12-01T08:00) nor seconds since the epoch") from None
-    return (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).timestamp()
+        try:
+            when = dt.datetime.fromisoformat(value)
+        except ValueError:
+            raise UsageError(f"{flag} {text!r}: not an ISO date or time (2026-12-01, "
+                             "2026-12-01T08:00) nor seconds since the epoch") from None
+        at = (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).timestamp()
+    if not 0.0 <= at <= LATEST:  # also refuses nan and inf
+        raise UsageError(f"{flag} {text!r}: outside 1970-01-01 to 9999-12-31")
+    return at
 
 
 def cmd_report_usage(args: argparse.Namespace) -> int:

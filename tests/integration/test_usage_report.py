@@ -135,3 +135,6 @@ def test_a_report_with_a_bad_window_or_grouping_is_refused(
     assert main(["report", "usage", "--from", "2026-12-02", "--to", "2026-12-01",
                  "--database-url", database_url]) != 0
     assert "--to" in capsys.readouterr().err
+    for bad in ("inf", "nan", "-5"):
+        assert main(["report", "usage", "--to", bad, "--database-url", database_url]) != 0
+        assert "--to" in capsys.readouterr().err

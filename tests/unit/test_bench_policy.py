@@ -29,7 +29,15 @@ def test_pool_bench_policy_reports_every_policy_on_the_same_workload(
     assert result["not_run"]  # says which variant it could not run, and why
 
 
-def test_pool_bench_policy_names_a_bad_flag() -> None:
-    done = subprocess.run([sys.executable, "-m", "cli.main", "bench", "policy", "--days", "0"],
+@pytest.mark.parametrize("flag,value", [("--days", "0"), ("--days", "1e9"), ("--load", "nan"),
+                                        ("--cycle-seconds", "-1")])
+def test_pool_bench_policy_names_a_bad_flag(
+        flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "policy", flag, value]) != 0
+    assert flag in capsys.readouterr().err
+
+
+def test_pool_bench_policy_wants_from_log_for_a_pool() -> None:
+    done = subprocess.run([sys.executable, "-m", "cli.main", "bench", "policy", "--pool", "p"],
                           capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode != 0 and "--days" in done.stderr
+    assert done.returncode != 0 and "--from-log" in done.stderr
