@@ -9,11 +9,8 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-import nats
-from nats.errors import Error as NatsError
-
-from bus.errors import BusUnavailable
-from bus.runtime import servers, translate
+from bus.connection import connect
+from bus.runtime import translate
 from bus.subjects import EVENTS_STREAM
 
 T = TypeVar("T")
@@ -31,12 +28,8 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 async def _connect(url: str) -> Any:
-    try:
-        # a cluster's URL list may name a server that is down: the next one is tried, quietly
-        return await nats.connect(servers(url), connect_timeout=5, max_reconnect_attempts=0,
-                                  error_cb=_quiet)
-    except (NatsError, OSError) as e:
-        raise BusUnavailable(f"cannot reach NATS at {url}: {e}") from e
+    # a cluster's URL list may name a server that is down: the next one is tried, quietly
+    return await connect(url, max_reconnect_attempts=0)
 
 
 def ensure_all_streams(url: str, *, replicas: int = 1) -> None:
@@ -96,10 +89,8 @@ def can_connect(url: str, *, user: str, password: str, timeout: float = 2.0) -> 
 
     async def go() -> bool:
         try:
-            nc = await nats.connect(servers(url), user=user, password=password,
-                                    connect_timeout=max(1, int(timeout)),
-                                    max_reconnect_attempts=0, allow_reconnect=False,
-                                    error_cb=_quiet)
+            nc = await connect(url, reconnect=False, user=user, password=password,
+                               connect_timeout=timeout)
         except Exception:  # noqa: BLE001 - refused or not reloaded yet: both mean "not now"
             return False
         await nc.close()

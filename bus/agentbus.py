@@ -33,10 +33,11 @@ from nats.js.api import (
 )
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
+from bus.connection import connect
 from bus.errors import BusTimeout, BusUnavailable
 from bus.headers import HDR_MSG_ID, HDR_SCHEDULE, HDR_SCHEDULE_TARGET
 from bus.replies import admin_inbox, node_inbox
-from bus.runtime import BusRuntime, get_runtime, servers
+from bus.runtime import BusRuntime, get_runtime
 from bus.service import _LoopThread
 from bus.streams import DUPLICATE_WINDOW_S, ensure_kv_bucket, ensure_stream
 from bus.subjects import AGENT_STREAM, SCHEDULE_STREAM, token
@@ -310,10 +311,7 @@ class AgentLink(_Link):
 
     def connect(self) -> AgentLink:
         async def go() -> None:
-            self._nc = await nats.connect(
-                servers(self.url), connect_timeout=5, inbox_prefix=node_inbox(self.node),
-                max_reconnect_attempts=-1, reconnect_time_wait=0.5, error_cb=_quiet,
-            )
+            self._nc = await connect(self.url, inbox_prefix=node_inbox(self.node))
 
         try:
             self._run(go())
@@ -361,10 +359,6 @@ class AgentLink(_Link):
             return []
 
 
-async def _quiet(_exc: Exception) -> None:
-    return None
-
-
 class FleetLink(_Link):
     """Many simulated nodes over ONE connection (the service user): each node still reads its
     own durable consumer and reports on its own `pool.node.<node>.…` subjects, exactly as a
@@ -380,8 +374,7 @@ class FleetLink(_Link):
 
     def connect(self, nodes: list[str]) -> FleetLink:
         async def go() -> None:
-            self._nc = await nats.connect(self.url, connect_timeout=5, error_cb=_quiet,
-                                          max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+            self._nc = await connect(self.url)
             self._js = self._nc.jetstream()
             await ensure_data_plane_streams(self._js)
             for node in nodes:

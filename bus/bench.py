@@ -16,18 +16,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import nats
 from nats.js.api import StorageType, StreamConfig
 
+from bus.connection import connect
 from bus.headers import HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQ
 from bus.local.server import NatsServer
-from bus.runtime import servers
 
 ROUNDS = 3
 
 
 async def _raw_rates(url: str, messages: int, batch_sizes: tuple[int, ...]) -> dict[str, float]:
-    nc = await nats.connect(servers(url))
+    nc = await connect(url)
     js = nc.jetstream()
     stream = f"BENCH_{uuid.uuid4().hex[:8].upper()}"
     await js.add_stream(
@@ -93,7 +92,7 @@ def raw_atomic_rate(url: str, *, rounds: int = ROUNDS, batches: int = 5, size: i
     """Median msgs/s of `size`-message atomic batches into a stream of its own (not the log)."""
 
     async def go() -> float:
-        nc = await nats.connect(servers(url))
+        nc = await connect(url)
         js = nc.jetstream()
         stream = f"RAW_{uuid.uuid4().hex[:8].upper()}"
         await js.add_stream(StreamConfig(name=stream, subjects=[f"raw.{stream}.>"],

@@ -14,13 +14,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import nats
 from nats.errors import Error as NatsError
 from nats.js.api import DeliverPolicy
 
+from bus.connection import connect
 from bus.headers import HDR_ORIGINATOR_ID, HDR_TOPIC
 from bus.replies import tenant_inbox
-from bus.runtime import servers
 from bus.subjects import EVENTS_PREFIX, EVENTS_STREAM
 
 
@@ -67,8 +66,8 @@ async def _drive(url: str, tenants: list[str], clients: int, seconds: float,
     conns = []
     for i in range(clients):
         tenant = tenants[i % len(tenants)]
-        conns.append((tenant, await nats.connect(
-            servers(url), inbox_prefix=tenant_inbox(tenant).encode(),
+        conns.append((tenant, await connect(
+            url, inbox_prefix=tenant_inbox(tenant).encode(),
             pending_size=8 * 1024 * 1024)))
     out: list[Sent] = []
     deadline = time.monotonic() + seconds
@@ -131,7 +130,7 @@ class ReservedWatcher:
         return self
 
     async def _start(self) -> None:
-        self._nc = await nats.connect(servers(self.url), pending_size=64 * 1024 * 1024)
+        self._nc = await connect(self.url, pending_size=64 * 1024 * 1024)
 
         async def on_msg(msg: Any) -> None:
             t = time.time()

@@ -20,6 +20,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from bus.connection import connect
 from bus.errors import BusError, BusTimeout, BusUnavailable, PublishRejected
 
 T = TypeVar("T")
@@ -27,11 +28,6 @@ T = TypeVar("T")
 DEFAULT_TIMEOUT = 10.0
 
 log = logging.getLogger(__name__)
-
-
-async def _on_error(exc: Exception) -> None:
-    # nats-py prints tracebacks by default; reconnect attempts are routine, so log them quietly
-    log.debug("nats connection error: %r", exc)
 
 
 def translate(exc: BaseException) -> BaseException:
@@ -64,11 +60,6 @@ def translate(exc: BaseException) -> BaseException:
     if isinstance(exc, nats.errors.Error):
         return BusError(f"NATS error: {exc!r}")
     return exc
-
-
-def servers(url: str) -> list[str]:
-    """`url` as nats-py's server list: a comma-separated URL names the servers of one cluster."""
-    return [u.strip() for u in url.split(",") if u.strip()]
 
 
 class BusRuntime:
@@ -105,16 +96,12 @@ class BusRuntime:
             return self._nc
         async with self._connect_lock:
             if self._nc is None or self._nc.is_closed:
-                self._nc = await nats.connect(
-                    servers(self.url),
-                    connect_timeout=int(self._connect_timeout) or 1,
+                self._nc = await connect(
+                    self.url, connect_timeout=self._connect_timeout,
                     # keep reconnecting across a server restart rather than failing every call
-                    max_reconnect_attempts=-1,
                     reconnect_time_wait=0.2,
-                    allow_reconnect=True,
                     # a large outbound buffer absorbs 1000-message atomic batches
                     pending_size=64 * 1024 * 1024,
-                    error_cb=_on_error,
                 )
                 self._js = self._nc.jetstream()
         return self._nc

@@ -16,15 +16,15 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, Self, TypeVar
 
-import nats
 from nats.errors import Error as NatsError
 from nats.errors import MaxPayloadError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from opentelemetry import propagate
 
+from bus.connection import connect
 from bus.errors import BusTimeout, BusUnavailable, PayloadTooLarge
 from bus.replies import RefusedReplies, reply_allowed
-from bus.runtime import servers, translate
+from bus.runtime import translate
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -59,17 +59,8 @@ class _LoopThread:
         self.loop.close()
 
 
-async def _quiet(exc: Exception) -> None:
-    # nats-py prints a traceback for every failed reconnect by default; they are routine
-    log.debug("nats connection error: %r", exc)
-
-
 async def _connect(url: str, **options: Any) -> Any:
-    options.setdefault("error_cb", _quiet)
-    try:
-        return await nats.connect(servers(url), connect_timeout=5, **options)
-    except (NatsError, OSError) as e:
-        raise BusUnavailable(f"cannot reach NATS at {url}: {e}") from e
+    return await connect(url, **options)
 
 
 class Service:

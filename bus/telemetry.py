@@ -38,9 +38,10 @@ from nats.js.api import (
 )
 from nats.nuid import NUID
 
+from bus.connection import connect
 from bus.errors import BusError, BusUnavailable, PermissionDenied
 from bus.headers import HDR_LAST_CONSUMER, HDR_NUM_PENDING, HDR_SEQUENCE, HDR_STATUS, HDR_SUBJECT
-from bus.runtime import BusRuntime, servers, translate
+from bus.runtime import BusRuntime, translate
 from bus.streams import ensure_stream
 from bus.subjects import TELEMETRY_PREFIX, TELEMETRY_STREAM, telemetry_subject, token
 from schemas import v1
@@ -584,11 +585,7 @@ def follow(
         options: dict[str, Any] = {"user": user, "password": password} if user else {}
         if inbox_prefix:
             options["inbox_prefix"] = inbox_prefix.encode()
-        try:
-            nc = await nats.connect(servers(url), connect_timeout=5, max_reconnect_attempts=-1,
-                                    reconnect_time_wait=0.5, error_cb=on_error, **options)
-        except (nats.errors.Error, OSError) as e:
-            raise BusUnavailable(f"cannot reach NATS: {e}") from e
+        nc = await connect(url, error_cb=on_error, **options)
         try:
             return await follow_telemetry(
                 nc, on_sample, filter_subject=filter_subject, since=since,

@@ -19,9 +19,10 @@ from eventsourcing.application import Application
 from eventsourcing.domain import Aggregate, event
 
 from bus.admin import describe_streams, ensure_all_streams
+from bus.connection import servers
 from bus.errors import BusError
 from bus.local.cluster import NatsCluster
-from bus.runtime import close_runtime, servers
+from bus.runtime import close_runtime
 from bus.subjects import EVENTS_STREAM
 from client.api import PoolClient
 from control.plane import ROLES, ControlPlane, parse_roles
