@@ -450,12 +450,15 @@ class Demo:
         mine = self.get(owner) if owner else {}
         taken = [b for b in (self.get(t) for t in getattr(self, "borrowers", []))
                  if b.get("state") == "preempted"]
-        lent = (getattr(self, "reclaim_why", None) or {}).get("quota", {}).get("borrowed_by")
+        borrowed = ((getattr(self, "reclaim_why", None) or {}).get("quota", {})
+                    .get("borrowed_by", {}).get("globex", {}))
+        lent = ",".join(f"{d}={v}" for d, v in borrowed.items())
         c["reclaim"].ok = (bool(taken) and mine.get("started_at") is not None
                            and mine.get("end_reason") == "succeeded")
-        c["reclaim"].detail = (f"globex borrowed {lent or 'half the lab'}; acme's request "
-                               f"preempted {len(taken)} borrower lease(s) (reclaiming_quota, 2 s "
-                               f"grace) and ran: {mine.get('state')} ({mine.get('end_reason')})")
+        c["reclaim"].detail = (f"globex borrowed {lent or 'half the lab'} of acme's quota; "
+                               f"acme's request preempted {len(taken)} borrower lease(s) "
+                               f"(reclaiming_quota, 2 s grace) and ran: {mine.get('state')} "
+                               f"({mine.get('end_reason')})")
         why = getattr(self, "credit_why", {}) or {}
         reasons = why.get("reasons", {})
         c["out_of_credit"].ok = "insufficient_credits" in str(reasons)
