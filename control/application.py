@@ -29,6 +29,7 @@ from control.errors import (
     UnknownLease,
     UnknownNode,
     UnknownPool,
+    UnknownTenant,
     WriteConflict,
 )
 from domain.account import Account
@@ -355,7 +356,10 @@ class PoolApp(Application[UUID]):
         else:
             pol.update(now=now, **settings)
         listed = pool.list_member("tenant", cfg.tenant, now)
-        self.save(pol, pool if listed else None)
+        # its account opens with its first pool, so credits can be granted to it by name
+        acc = self.find(Account, Account.create_id(cfg.tenant))
+        opened = Account.open(tenant_id=TenantId(cfg.tenant), now=now) if acc is None else None
+        self.save(pol, pool if listed else None, opened)
         return pol
 
     @retried
@@ -429,8 +433,14 @@ class PoolApp(Application[UUID]):
         return out
 
     @retried
-    def grant(self, tenant: str, amount: int, transfer_id: str, reason: str = "") -> Account:
+    def grant(self, tenant: str, amount: int, transfer_id: str, reason: str = "", *,
+              known_only: bool = False) -> Account:
+        """Add credits; with `known_only` (the admin subject), only to a tenant set in a pool
+        (whose account tenant.set opened), so a misspelt name is refused, not credited."""
         now = self.clock()
+        if known_only and self.find(Account, Account.create_id(tenant)) is None:
+            raise UnknownTenant(f"no tenant {tenant!r} in any pool: set it first "
+                                f"(pool admin tenant set {tenant} --pool POOL)")
         acc = self._account(tenant, now)
         acc.grant(transfer_id, amount, now, reason)
         self.save(acc)

@@ -67,6 +67,12 @@ class Unschedulable(ServiceError):
     code = "unschedulable"
 
 
+class UnknownTenant(ServiceError):
+    """No pool has this tenant: set it in one (tenant.set) before granting it credits."""
+
+    code = "unknown_tenant"
+
+
 class PoolExists(ServiceError):
     """A pool of that id exists already: change it with pool.set, not pool.create."""
 

@@ -252,7 +252,8 @@ def _admin_node_state(ctx: Context, p: Params, cmd: v1.NodeStateChange) -> v1.En
 
 
 def _credits_grant(ctx: Context, p: Params, cmd: v1.CreditGrant) -> v1.Envelope:
-    acc = ctx.app.grant(cmd.tenant, cmd.amount_microcredits, cmd.transfer_id, cmd.reason or "")
+    acc = ctx.app.grant(cmd.tenant, cmd.amount_microcredits, cmd.transfer_id, cmd.reason or "",
+                        known_only=True)
     return v1.Envelope.success(result={"tenant": cmd.tenant,
                                        "available_microcredits": acc.available,
                                        "granted_microcredits": acc.granted})

@@ -169,3 +169,31 @@ def test_a_commit_grants_the_whole_maximum_runtime_unless_the_pool_sets_a_term(
     assert rc == 0, err
     lease = json.loads(out)["lease"]
     assert lease["deadline"] - lease["started_at"] == pytest.approx(granted)
+
+
+def test_granting_credits_to_an_unknown_tenant_is_refused(
+    served: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    u = ["--nats-url", served]
+    rc, out, err = _run(capsys, "credits", "grant", "ghost", "1000", *u)
+    assert rc == 1 and out == "" and "[unknown_tenant]" in err, err
+    assert _run(capsys, "admin", "pool", "create", "p1", *u)[0] == 0
+    assert _run(capsys, "admin", "tenant", "set", "ghost", "--pool", "p1", *u)[0] == 0
+    rc, out, err = _run(capsys, "credits", "grant", "ghost", "1000", "--json", *u)
+    assert rc == 0 and json.loads(out)["result"]["available_microcredits"] == 1000, err
+
+
+def test_an_operator_publishes_a_price_list_from_the_cli(
+    served: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    u = ["--nats-url", served]
+    assert _run(capsys, "admin", "pool", "create", "p1", *u)[0] == 0
+    rc, out, err = _run(capsys, "admin", "pool", "prices", "p1", "--cpu-core-second", "10",
+                        "--memory-gib-second", "2", "--gpu-second", "a100=400",
+                        "--gpu-second", "*=100", "--json", *u)
+    assert rc == 0, err
+    prices = json.loads(out)["result"]["price_list"]
+    assert prices["cpu_core_second"] == 10 and prices["memory_gib_second"] == 2
+    assert prices["gpu_second"] == {"*": 100, "a100": 400}
+    rc, _, err = _run(capsys, "admin", "pool", "prices", "p1", "--gpu-second", "a100", *u)
+    assert rc == 2 and "--gpu-second" in err
