@@ -130,6 +130,36 @@ def _pool_body(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     return f"pool.{args.verb}", body
 
 
+def _prices(flag: str, items: list[str] | None) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            out[name] = int(value)
+        except ValueError:
+            raise UsageError(f"{flag} wants NAME=MICROCREDITS (a whole number), not "
+                             f"{item!r}") from None
+        if out[name] < 0:
+            raise UsageError(f"{flag} {name}: a price must be ≥ 0 micro-credits per second")
+    return out
+
+
+def _pool_prices(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """`pool admin pool prices`: the whole price list from flags."""
+    for flag in ("cpu_core_second", "memory_gib_second", "local_disk_gib_second"):
+        if getattr(args, flag) < 0:
+            raise UsageError(f"--{flag.replace('_', '-')} must be ≥ 0 micro-credits per second")
+    return "pool.prices", {
+        "pool_id": args.pool_id, "cpu_core_second": args.cpu_core_second,
+        "memory_gib_second": args.memory_gib_second,
+        "local_disk_gib_second": args.local_disk_gib_second,
+        "gpu_second": _prices("--gpu-second", args.gpu_second),
+        "gpu_partition_second": _prices("--gpu-partition-second", args.gpu_partition_second),
+    }
+
+
 def _tenant_set(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     body: dict[str, Any] = {"tenant": args.tenant_id, "pool_id": args.pool, "weight": args.weight}
     if args.quota:
@@ -212,6 +242,27 @@ def register(sub: Subparsers) -> None:
             else:
                 ps.add_argument(flag, type=int, default=default, metavar="SECONDS", help=help_)
         ps.set_defaults(func=cmd_admin, build=_pool_body)
+    pp = apool.add_parser(
+        "prices", help="publish the pool's price list (a new version; leases hold credits "
+        "for their whole maximum runtime at these prices)",
+        description="Prices are micro-credits per second of one unit; a lease holds what its "
+        "maximum runtime would cost and is charged for what it ran. Every price left out is 0.",
+        epilog="example: pool admin pool prices gpu-global --cpu-core-second 10 "
+        "--memory-gib-second 2 --gpu-second a100=400 --gpu-second '*=100'")
+    client_opts(pp)
+    pp.add_argument("pool_id")
+    pp.add_argument("--cpu-core-second", type=int, default=0, metavar="MICROCREDITS",
+                    help="per CPU core per second")
+    pp.add_argument("--memory-gib-second", type=int, default=0, metavar="MICROCREDITS",
+                    help="per GiB of memory per second")
+    pp.add_argument("--local-disk-gib-second", type=int, default=0, metavar="MICROCREDITS",
+                    help="per GiB of local disk per second")
+    pp.add_argument("--gpu-second", action="append", metavar="MODEL=MICROCREDITS",
+                    help="per GPU of a model per second; * prices any model not listed "
+                    "(repeatable)")
+    pp.add_argument("--gpu-partition-second", action="append", metavar="PROFILE=MICROCREDITS",
+                    help="per GPU partition (MIG profile, time-slice) per second (repeatable)")
+    pp.set_defaults(func=cmd_admin, build=_pool_prices)
     show = apool.add_parser("show", help="every setting in force")
     client_opts(show)
     show.add_argument("pool_id")
