@@ -23,6 +23,13 @@ from schemas.v1 import MAX_LEASES_PER_REQUEST
 def _request_body(args: argparse.Namespace) -> dict[str, Any]:
     import uuid
 
+    if getattr(args, "file", None):
+        from cli.jobfile import load
+
+        return load(args.file, key=args.key)[0]
+    for flag in ("pool", "cpu_millis", "memory_mib", "max_runtime"):
+        if getattr(args, flag) is None:
+            raise UsageError(f"--{flag.replace('_', '-')} is required (or -f job.yaml)")
     shape: dict[str, Any] = {"cpu_millis": args.cpu_millis, "memory_mib": args.memory_mib}
     for name in ("gpu_count", "gpu_memory_gib_min", "gpu_model", "cpu_arch", "local_disk_gib",
                  "region", "zone"):
@@ -151,7 +158,16 @@ def cmd_lease_run(args: argparse.Namespace) -> int:
     if args.runtime is None:  # a bare command runs in the sandbox; an image, in a container
         args.runtime = "container" if args.image else "sandboxed"
     body = _request_body(args)
-    job = _job(args)
+    if args.file:
+        from cli.jobfile import load
+
+        job = load(args.file)[1]
+        if args.job_command:  # the command after `--` replaces the file's
+            job["command"] = list(args.job_command)
+        if not job.get("command"):
+            raise UsageError(f"{args.file}: command: the job needs one (or put it after `--`)")
+    else:
+        job = _job(args)
     tenant = tenant_of(args)
     with pool_client(args, tenant) as c:
         return run_lease(c, tenant, body, job, detach=args.detach, as_json=args.json,
@@ -221,10 +237,10 @@ def _shape_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
                        help="CPU in thousandths of a core (default 1000: one core)")
         p.add_argument("--memory-mib", type=int, default=512, help="memory in MiB (default 512)")
     else:
-        p.add_argument("--pool", required=True, help="pool id")
-        p.add_argument("--cpu-millis", type=int, required=True,
-                       help="CPU in thousandths of a core (1000: one core)")
-        p.add_argument("--memory-mib", type=int, required=True, help="memory in MiB")
+        p.add_argument("--pool", help="pool id (required unless -f)")
+        p.add_argument("--cpu-millis", type=int,
+                       help="CPU in thousandths of a core (1000: one core; required unless -f)")
+        p.add_argument("--memory-mib", type=int, help="memory in MiB (required unless -f)")
     p.add_argument("--gpu-count", type=int, default=0)
     p.add_argument("--gpu-memory-gib-min", type=int, default=0)
     p.add_argument("--gpu-model")
@@ -242,9 +258,13 @@ def _shape_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
         p.add_argument("--max-runtime", type=int, default=3600, metavar="SECONDS",
                        help="the longest the job may run, in seconds (default 3600)")
     else:
-        p.add_argument("--max-runtime", type=int, required=True, metavar="SECONDS",
-                       help="the longest the lease may run, in seconds; a commit grants all of "
-                       "it unless the pool sets a shorter renewable term")
+        p.add_argument("--max-runtime", type=int, metavar="SECONDS",
+                       help="the longest the lease may run, in seconds (required unless -f); a "
+                       "commit grants all of it unless the pool sets a shorter renewable term")
+    p.add_argument("-f", "--file", metavar="JOB.yaml",
+                   help="the request (and the job) from a YAML file whose keys are those of "
+                   "schemas/json/LeaseRequest.json (command, env, checkpoint_policy for the "
+                   "job); the shape flags are then not used")
     p.add_argument("--priority", default="standard", help="priority class")
     p.add_argument("--key", help="idempotency key (default: a new random one)")
     p.add_argument("--image", help="image reference, pinned by digest")

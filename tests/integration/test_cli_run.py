@@ -129,3 +129,17 @@ def test_request_wait_says_why_a_lease_cannot_be_placed(plane: str) -> None:
     assert "not_reserved" in out.stderr and time.monotonic() - t0 < 30
     ok = _pool(plane, "lease", "request", *_lease_args(plane), "--wait", "--json")
     assert ok.returncode == 0 and json.loads(ok.stdout)["lease"]["state"] == "reserved"
+
+
+def test_lease_run_takes_its_request_and_job_from_a_job_file(plane: str, tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("""\
+pool_id: p1
+shape: {cpu_millis: 500, memory_mib: 256, runtime: sandboxed}
+maximum_runtime_seconds: 120
+command: [sh, -c, 'echo "hello $WHO"']
+env: {WHO: world}
+""")
+    out = _pool(plane, "lease", "run", "-f", str(job), "--nats-url", plane, "--tenant", "alpha")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "hello world\n"

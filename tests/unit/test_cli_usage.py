@@ -3,6 +3,8 @@ nearest word the command knows, the second where the help is; exit code 2."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from cli.main import main
@@ -35,8 +37,27 @@ def test_a_misspelt_command_is_answered_with_the_command_it_resembles(
 
 
 def test_a_missing_flag_is_named(capsys: pytest.CaptureFixture[str]) -> None:
-    first, _ = _usage(capsys, "lease", "request", "--pool", "p")
-    assert "--cpu-millis" in first and "--max-runtime" in first
+    assert main(["lease", "request", "--pool", "p"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--cpu-millis is required" in err
+
+
+def test_a_job_file_s_mistake_names_its_place_in_the_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("pool_id: p1\nshape:\n  cpu_millis: -5\n  memory_mib: 512\n"
+                   "maximum_runtime_seconds: 60\ncommand: [python3, -c, 'print(1)']\n")
+    assert main(["lease", "request", "-f", str(job), "--tenant", "t"]) == 2
+    err = capsys.readouterr().err
+    assert f"{job}: shape.cpu_millis: Expected `int` >= 0" in err and err.count("\n") == 1
+    job.write_text("pool_id: p1\nshape: {cpu_millis: 5, memory_mib: 5, gpus: 1}\n"
+                   "maximum_runtime_seconds: 60\n")
+    assert main(["lease", "request", "-f", str(job), "--tenant", "t"]) == 2
+    assert "shape.gpus: unknown key" in capsys.readouterr().err
+    job.write_text("pool_id: [unclosed\n")
+    assert main(["lease", "request", "-f", str(job), "--tenant", "t"]) == 2
+    assert "not YAML" in capsys.readouterr().err
 
 
 def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
