@@ -37,6 +37,12 @@ def device_counts(devices: Iterable[Device]) -> dict[str, int]:
     return out
 
 
+def physical_gpus(devices: Iterable[Device]) -> int:
+    """How many physical GPUs a device list stands for: MIG instances and time-slice replicas
+    count as the GPU they are carved from, once."""
+    return len({d.id if d.kind == "gpu" else (d.parent or d.id) for d in devices})
+
+
 def inventory_problems(devices: Iterable[Device], allocatable: Resources) -> list[str]:
     """Why a device list cannot stand for `allocatable` (empty when it can): ids repeat, a kind
     is unknown, or the devices per dimension differ from the GPUs and partitions offered."""

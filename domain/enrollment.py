@@ -12,6 +12,7 @@ from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
 
+from domain.devices import physical_gpus
 from domain.errors import InvalidAmount, NodeClaimRefused
 from domain.resources import NodeCapabilities, NodeId, PoolId
 
@@ -84,7 +85,8 @@ class Enrollment(Aggregate):
             reasons.append("memory_mib")
         # whole GPUs (partitions of them are counted per profile, not checked here)
         gpus = have.gpu_count
-        if gpus > self.max_gpus or len(claim.devices) > self.max_gpus:
+        # a MIG instance or time-slice replica is part of a GPU, not one more
+        if gpus > self.max_gpus or physical_gpus(claim.devices) > self.max_gpus:
             reasons.append("gpu_count")
         if self.gpu_model is not None and gpus and claim.gpu_model != self.gpu_model:
             reasons.append("gpu_model")

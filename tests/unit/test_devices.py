@@ -210,3 +210,23 @@ def test_no_order_of_reserve_release_void_preempt_puts_two_leases_on_one_device(
         assert holders == node.held_devices
         assert set(holders) <= inventory
         assert sum(1 for _ in holders) == node.allocated.gpu_count
+
+
+def test_an_enrollment_counts_mig_instances_and_replicas_as_the_gpu_they_are_carved_from() -> None:
+    from domain.enrollment import Enrollment
+    from domain.errors import NodeClaimRefused
+
+    mig = tuple(Device(id=f"MIG-{g}-{k}", kind="mig", profile="1g.10gb", parent=f"GPU-{g}")
+                for g in range(2) for k in range(3))
+    claim = NodeCapabilities(allocatable=Resources(1000, 1000, 0, 0,
+                                                   extended=(("gpu/1g.10gb", 6),)),
+                             devices=mig)
+    two = Enrollment.enroll(node_id=NodeId("n"), pool_id=PoolId("p"), trust_level="trusted",
+                            max_gpus=2, max_cpu_millis=None, max_memory_mib=None,
+                            gpu_model=None, now=0.0)
+    assert two.admit("p", claim).devices == mig  # 2 GPUs in 6 MIG instances: within 2
+    one = Enrollment.enroll(node_id=NodeId("n"), pool_id=PoolId("p"), trust_level="trusted",
+                            max_gpus=1, max_cpu_millis=None, max_memory_mib=None,
+                            gpu_model=None, now=0.0)
+    with pytest.raises(NodeClaimRefused):
+        one.admit("p", claim)
