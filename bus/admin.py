@@ -9,6 +9,8 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from nats.errors import Error as NatsError
+
 from bus.connection import connect
 from bus.runtime import translate
 from bus.subjects import EVENTS_STREAM
