@@ -41,6 +41,9 @@ def _hours(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds / HOUR:.1f}"
 
 
+LEASE_TOPIC = f"{Lease.__module__}:{Lease.__qualname__}."  # the topics of a lease's events
+
+
 class NothingToReplay(ValueError):
     """The log holds no pool (or not the one named) with leases to replay."""
 
@@ -59,7 +62,9 @@ def workload_from_log(app: Any, pool_id: str | None = None) -> tuple[Workload, P
         scheduler.catch_up()
     finally:
         scheduler.close()
-    leases = [a for a in scheduler.aggregates.values() if isinstance(a, Lease)]
+    # the scheduler forgets ended leases and holds queued ones compactly: the leases are
+    # folded here, whole, from every event of theirs
+    leases = _fold_leases(app)
     if pool_id is None:
         counts: dict[str, int] = {}
         for lease in leases:
@@ -79,6 +84,24 @@ def workload_from_log(app: Any, pool_id: str | None = None) -> tuple[Workload, P
     workload = from_leases(mine, nodes, weights)
     return replace(workload, description=f"pool {pool_id}: {workload.description}, "
                    f"{len(nodes)} nodes"), state.pool.config
+
+
+def _fold_leases(app: Any, page: int = 1000) -> list[Lease]:
+    """Every lease in the log as its events leave it (the library's own fold)."""
+    found: dict[Any, Lease] = {}
+    start = 1
+    while True:
+        notifications = app.recorder.select_notifications(start=start, limit=page)
+        if not notifications:
+            return list(found.values())
+        for n in notifications:
+            if not n.topic.startswith(LEASE_TOPIC):
+                continue
+            event = app.mapper.to_domain_event(n)
+            lease = event.mutate(found.get(event.originator_id))
+            if isinstance(lease, Lease):
+                found[lease.id] = lease
+        start = notifications[-1].id + 1
 
 
 def run_policy_bench(*, quick: bool = False, days: float | None = None, seed: int = 1,
