@@ -1,12 +1,6 @@
-"""The data plane's subjects: agent commands (a work queue), deadline timers, the agent's link.
+"""The data plane's streams: agent commands (a work queue), durable deadline timers, the links.
 
-- `POOL_AGENT` — work-queue stream on `pool.agent.<node>.<verb>`; one durable pull consumer per
-  node (`agent-<node>`), so commands published while an agent is down wait for it, and each is
-  acknowledged only after it took effect. `Nats-Msg-Id` makes a re-dispatch within the dedupe
-  window a no-op; the agent's own record of what it started covers the rest.
-- `POOL_SCHED` — durable timers: a message on `pool.sched.<kind>.<id>` carrying
-  `Nats-Schedule: @at <time>` is fired by the server onto `pool.due.<kind>.<id>` at that time;
-  re-publishing replaces the timer (one schedule per subject). The reconciler consumes them.
+Streams and subjects: docs/architecture.md#the-work-queue-and-the-timers.
 """
 
 from __future__ import annotations

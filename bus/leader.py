@@ -1,44 +1,6 @@
-"""Leader election on JetStream KV: one active holder (e.g. scheduler) per name (e.g. pool id).
+"""Leader election on JetStream KV: one active holder (a scheduler) per name (a pool id).
 
-Each election is one key `<name>` in a KV bucket (default `pool_leaders`, history 1). Its value is
-JSON naming the holder; its KV revision is the lease's identity.
-
-* Acquire: `kv.create` -- succeeds only if the key is absent (or a delete tombstone), so of any
-  number of concurrent candidates exactly one wins.
-* Renew: `kv.update(last=<our last revision>)` -- a compare-and-set; if anyone else wrote the key
-  since (took over after our lease lapsed), the update fails and we step down. Two candidates can
-  never both hold a revision that the server accepted as the latest.
-* Release: `kv.delete(last=<our revision>)` -- deletes only if the key is still ours.
-* `epoch`: the revision at acquisition. Revisions are stream sequences, so epochs only grow; other
-  code can record the epoch in events as a fencing token.
-
-How a dead leader's lease ends (TTL approach)
----------------------------------------------
-Two mechanisms, both clock-skew free (no wall-clock timestamps are compared across machines):
-
-1. Server-side expiry: the bucket is created with `max_age = ttl` (the KV's per-bucket TTL). With
-   history 1, every renewal replaces the message, so the key disappears `ttl` after the holder's
-   last successful write, after which `create` succeeds for a standby. Measured on nats-server
-   2.15.1: a 1 s key vanishes after ~1.25 s (the server's age check runs at ~250 ms granularity).
-   We do not use per-message TTLs (`Nats-TTL`): nats-py 2.16 truncates them to whole seconds.
-2. Observed staleness (as in Kubernetes lease clients): a standby remembers the revision it saw and
-   when (its own monotonic clock). If the same revision is still there `ttl` later, the holder
-   failed to renew within its TTL (the larger of the standby's TTL and the one the holder wrote
-   into its record, so mixed TTLs stay safe), and the standby takes over with
-   `update(last=that revision)` -- again a CAS, so only one standby wins. This also covers a
-   pre-existing bucket whose `max_age` is longer than this election's TTL (or unlimited); a
-   bucket whose `max_age` is *shorter* than the TTL is refused (LeaderBucketMismatch), since the
-   key could vanish between renewals. The bucket is created idempotently (a concurrent creator
-   with another TTL just means we use its bucket, subject to that check).
-
-The holder's own safety rule: a lease is valid until `t_sent + ttl`, where `t_sent` is when the
-last *successful* write was sent (monotonic clock). The server stored it no earlier, so it cannot
-expire and no standby can have observed it stale before that instant. `is_leader` turns False at
-that deadline even when the keeper is stuck on an unreachable server; the keeper fires
-`on_change(False)` at the same moment. A renewal whose CAS fails steps down at once.
-
-Everything NATS happens on the process's BusRuntime loop; the public API is synchronous. The
-keeper is a daemon thread (so `on_change` may call back into sync bus APIs).
+How a lease is taken, renewed, fenced and lost: docs/adr/011-leader-election.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""OpenTelemetry for every pool process: traces and metrics, exporters chosen by environment.
+"""OpenTelemetry for every pool process: traces and metrics, W3C trace context in NATS headers.
 
-W3C trace context (`traceparent`) travels in NATS message headers: `inject` puts the current
-context into a header dict, `extract` turns received headers back into a parent context.
-
-    POOL_OTEL_EXPORTER=none|console|otlp   default none: no SDK, but incoming context still flows
-    POOL_OTEL_METRIC_INTERVAL_MS=60000      how often metrics are exported
-    OTEL_SERVICE_NAME, OTEL_EXPORTER_OTLP_ENDPOINT, …   read by the SDK and the OTLP exporter
-
-`otlp` uses opentelemetry-exporter-otlp-proto-http (`pip install computepool[otlp]`); without it
-installed, setup says so once and exports nothing.
+Environment variables: docs/architecture.md#tracing-and-metrics.
 """
 
 from __future__ import annotations

@@ -1,13 +1,5 @@
-"""The scheduler: folds the event log into memory and places queued leases in cycles.
-
-State is rebuilt by replaying the log from the first event; each cycle's placements (lease
-reserved + node allocated + credits held, for every placement) are saved as ONE atomic batch,
-so two schedulers can race and optimistic concurrency still refuses any double placement.
-
-Preemption (when the pool enables it): a request that fits no node now, but would fit on a busy
-one, has the running leases that lose the least work since their last checkpoint noticed
-(`preempting`). Their capacity stays held until the agent confirms the workload stopped
-(`pool.node.<node>.lease.<lease>.stopped`); the waiting request is placed once it is freed.
+"""The scheduler: folds the log into memory and places queued leases in cycles, one atomic
+batch per cycle (docs/architecture.md#the-scheduler).
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
 """The lease lifecycle: a tenant's claim on pooled capacity, from request to release.
 
-One `Lease` aggregate per (tenant, idempotency key); its events are the only record of where
-the lease ran, under which epoch, and why it ended. The jobs it runs live inside it.
-
-States and the verbs that move between them (anything else raises a typed DomainError):
-
-    requested ─queue→ queued ─reserve→ reserved ─commit→ running ─release→ released
-    requested|queued ─reject→ rejected
-    requested|queued|reserved ─cancel→ cancelled
-    running|preempting ─cancel→ stopping ─confirm_stopped→ cancelled
-    reserved ─expire/void_reservation (commit timeout)→ voided
-    running|stopping|preempting ─expire→ expired ─begin_reconciliation→ reconciling
-    expired|reconciling ─confirm_stopped→ released
-    running ─notice_preemption→ preempting ─confirm_stopped→ preempted [─requeue→ queued]
-    preempting ─release→ released   (the job finished within its grace period)
-
-Capacity stays held (`holds_capacity`) from reservation until the workload is known to be gone,
-so a lost agent can never cause the node to be double-booked.
+States and verbs: docs/architecture.md#the-lease-lifecycle.
 """
 
 from __future__ import annotations

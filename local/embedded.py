@@ -1,14 +1,6 @@
-"""The embedded default: one machine's NATS (from the wheel) and PostgreSQL (pgserver) under $POOL_HOME.
+"""The embedded default: one machine's NATS and PostgreSQL under $POOL_HOME, with its NATS users.
 
-`pool up` and `pool demo` start through here; existing servers named by POOL_NATS_URL /
-POOL_DATABASE_URL are used instead when set. Endpoints are written to $POOL_HOME/endpoints.json.
-
-Secure by default: the embedded nats-server requires a user. $POOL_HOME/auth.json (mode 0600)
-holds the service user (generated on the first `pool up`) and one user per tenant and node
-(`pool admin tenant creds`, `pool admin node creds`); it is rendered to $POOL_HOME/nats/auth.conf,
-which the server's configuration includes, and a change is applied by SIGHUP (a config reload).
-endpoints.json (mode 0600) carries `service_url` (the service user's credentials in the URL) for
-admin commands on this machine. A server named by POOL_NATS_URL is used as given: no users.
+Files and users: docs/architecture.md#the-embedded-default.
 """
 
 from __future__ import annotations

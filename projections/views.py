@@ -1,18 +1,5 @@
-"""The PostgreSQL views of the "pool" application's log: queue, balance, capacity, leases.
-
-Follows eventsourcing's projection pattern (a materialised view fed by an application's
-notifications, with the tracking position recorded with the view), applied in batches: every
-fetched batch of notifications and the position it reached are written in ONE PostgreSQL
-transaction, so a view is exactly the fold of the log up to its recorded position — a crash
-anywhere rolls both back together, and the next run resumes from the recorded position.
-
-Rows are derived from the aggregates' states as the log stands at the end of each batch
-(aggregates are folded in memory from the notifications, and loaded at the exact version from
-the log on a cache miss), plus per-lease credit totals added up from the Account's events.
-Every batch takes a transaction-scoped advisory lock and re-reads the positions under it, so
-two projectors (or a projector and a rebuild) never apply an event twice.
-
-Micro-credits are BIGINT throughout; times are epoch seconds (double precision), as in events.
+"""The PostgreSQL views of the log (queue, balance, capacity, leases), each batch and its position
+written in one transaction: docs/architecture.md#the-views.
 """
 
 from __future__ import annotations

@@ -1,41 +1,6 @@
-"""Image policy: which images a pool lets run and how isolated they must be — OCI reference
-parsing and the registry, digest, signature, size and isolation checks. Pure: no I/O, no clock.
+"""Image policy: which images a pool lets run and how isolated they must be (pure checks).
 
-Every check answers with stable reason codes (an empty list: allowed):
-
-    image_reference_invalid      the reference does not parse as an OCI image reference
-    image_registry_not_approved  registry/repository not on the pool's (or tenant's) list
-    image_not_digest_pinned      not pinned by `@sha256:<64 hex>` (a tag alone is refused)
-    image_signature_invalid      signatures required, and none verifies against a trusted key
-    image_too_large              the image's size is over `max_image_size_bytes`
-    runtime_not_allowed          the isolation class is weaker than the trust level requires
-    image_policy_invalid         (verify_for_start only) the shipped policy does not load
-
-Signatures are cosign's "simple signing" format: the signed bytes are the compact JSON
-
-    {"critical":{"identity":{"docker-reference":"<registry>/<repository>"},
-     "image":{"docker-manifest-digest":"sha256:<hex>"},
-     "type":"cosign container image signature"},"optional":null}
-
-(Docker Hub as `index.docker.io`, as go-containerregistry names it), rebuilt here from the
-image reference, so a signature for one repository never passes for another that happens to
-hold the same digest. A signature travels base64-encoded: ASN.1 DER for ECDSA P-256 with
-SHA-256 (what cosign writes), the raw 64 bytes for Ed25519. Trusted keys are PEM
-SubjectPublicKeyInfo ("-----BEGIN PUBLIC KEY-----"), each under a key id.
-
-The node agent calls, before it starts a workload (defence in depth; the control plane ships
-the pool's `ImagePolicy.to_dict()` inside the start command):
-
-    verify_for_start(policy: dict, image: str | None, signature: str | None,
-                     size_bytes: int | None, node_trust: str, isolation: str,
-                     tenant: str | None = None) -> list[str]
-
-`image` and `signature` are the job's (no image, as for a bare command under the process
-runtime: only the isolation check), `size_bytes` the size the agent measured after the
-pull (None: not known, not checked), `node_trust` the node's trust level ("trusted" or
-"marketplace"), `isolation` the class it is about to run the workload with ("container" <
-"sandboxed" < "microvm" < "dedicated-host"), `tenant` the lease's tenant. An empty list means
-start; otherwise refuse and report the codes.
+Reason codes, the signature format and the agent's check: docs/image-policy.md.
 """
 
 from __future__ import annotations
