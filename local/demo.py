@@ -73,8 +73,8 @@ class Demo:
         self.say = say
         self.live = live
         self.checks: dict[str, Check] = {k: Check(k) for k in (
-            "fair_share", "preemption", "reclaim", "cancellation", "unsatisfiable", "silent_agent",
-            "out_of_credit", "real_sandbox", "audit")}
+            "fair_share", "preemption", "reclaim", "gpu_devices", "cancellation",
+            "unsatisfiable", "silent_agent", "out_of_credit", "real_sandbox", "audit")}
         self.tracked: dict[str, Tracked] = {}
         self.samples: list[dict[str, float]] = []
         self.initech_dry_at: float | None = None
@@ -459,6 +459,11 @@ class Demo:
                                f"acme's request preempted {len(taken)} borrower lease(s) "
                                f"(reclaiming_quota, 2 s grace) and ran: {mine.get('state')} "
                                f"({mine.get('end_reason')})")
+        # the urgent lease was bound to the HPC node's eight GPUs by id (`pool lease get`)
+        devices = list(high.get("devices") or ())
+        c["gpu_devices"].ok = len(set(devices)) == 8
+        c["gpu_devices"].detail = (f"the urgent lease held {len(set(devices))} GPU devices of "
+                                   f"{high.get('node_id')}: {', '.join(devices[:2])}, …")
         why = getattr(self, "credit_why", {}) or {}
         reasons = why.get("reasons", {})
         c["out_of_credit"].ok = "insufficient_credits" in str(reasons)
