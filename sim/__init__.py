@@ -4,7 +4,17 @@ synthetic or logged workload, measured by `sim.metrics`.
 
 from __future__ import annotations
 
-from sim.engine import DRF, DRF_BACKFILL, FIFO, Policy, SimResult, Simulator, VirtualClock
+from sim.engine import (
+    DRF,
+    DRF_BACKFILL,
+    DRF_DECAY,
+    DRF_DECAY_BACKFILL,
+    FIFO,
+    Policy,
+    SimResult,
+    Simulator,
+    VirtualClock,
+)
 from sim.metrics import Report, report
 from sim.workload import (
     SimNode,
@@ -17,7 +27,7 @@ from sim.workload import (
 )
 
 __all__ = [
-    "DRF", "DRF_BACKFILL", "FIFO", "Policy", "Report", "SimNode", "SimRequest", "SimResult",
-    "Simulator", "SyntheticSpec", "Tenant", "VirtualClock", "Workload", "from_leases", "report",
-    "synthetic",
+    "DRF", "DRF_BACKFILL", "DRF_DECAY", "DRF_DECAY_BACKFILL", "FIFO", "Policy", "Report",
+    "SimNode", "SimRequest", "SimResult", "Simulator", "SyntheticSpec", "Tenant",
+    "VirtualClock", "Workload", "from_leases", "report", "synthetic",
 ]

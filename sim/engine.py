@@ -18,7 +18,7 @@ from domain.policy.backfill import (
     lease_end_estimate,
     placed_end_estimate,
 )
-from domain.policy.fairness import FairQueue, PendingRequest, quota_check
+from domain.policy.fairness import DecayedUsage, FairQueue, PendingRequest, quota_check
 from domain.policy.placement import FilterResult, NodeTable, Packing
 from domain.pool import PoolConfig
 from domain.resources import ZERO, NodeId, PoolId, Resources, Shape, TenantId
@@ -51,15 +51,23 @@ class Policy:
     order: Literal["fifo", "drf"] = "drf"
     backfill: bool = False
     depth: int = 1  # backfill reservations per priority band (1: EASY)
+    # DRF counts past usage decayed with this half-life besides current usage; 0: current only
+    half_life_seconds: float = 0.0
 
     def describe(self) -> str:
         what = {"fifo": "arrival order", "drf": "weighted DRF (the scheduler's FairQueue)"}
-        return what[self.order] + (" + EASY backfill" if self.backfill else "")
+        return (what[self.order]
+                + (f" + usage decayed over {self.half_life_seconds / 86_400:g} d"
+                   if self.half_life_seconds else "")
+                + (" + EASY backfill" if self.backfill else ""))
 
 
+WEEK = 7 * 86_400.0
 FIFO = Policy("fifo", order="fifo")
 DRF = Policy("drf")
+DRF_DECAY = Policy("drf+decay", half_life_seconds=WEEK)
 DRF_BACKFILL = Policy("drf+backfill", backfill=True)
+DRF_DECAY_BACKFILL = Policy("drf+decay+backfill", backfill=True, half_life_seconds=WEEK)
 
 
 @dataclass
@@ -131,6 +139,9 @@ class Simulator:
         self._seq = 0
         self._queued_shapes: Counter[Shape] = Counter()
         self._queued_bands: Counter[int] = Counter()
+        # the tenants' decayed past usage, kept as the scheduler keeps it (control.quotas)
+        self.decay = (DecayedUsage(policy.half_life_seconds)
+                      if policy.half_life_seconds > 0 and policy.order == "drf" else None)
         self.backfill = (Backfill(self.table, self._lease_end, depth=policy.depth)
                          if policy.backfill else None)
         self.result = SimResult(workload, policy, [], totals=self.totals)
@@ -189,6 +200,8 @@ class Simulator:
         lease.collect_events()
         self.table.free(lid)
         self.queue.released(lease.tenant_id, lease.resources)
+        if self.decay is not None:
+            self.decay.set_usage(lease.tenant_id, now, self.queue.usage(lease.tenant_id))
         self._outcome[lid].ended_at = now
         del self.leases[lid]  # ended leases are only needed as outcomes
 
@@ -205,6 +218,9 @@ class Simulator:
         cfg = self.config
         queue = self.queue
         packing: Packing = cfg.packing  # type: ignore[assignment]
+        if self.decay is not None:  # as control.quotas.apply_history, before any pop
+            for tenant in self.decay.tenants():
+                queue.set_history(tenant, self.decay.share(tenant, now, self.totals))
         bf = self.backfill
         if bf is not None:
             bf.begin(now, queued=self.queue.__contains__)
@@ -274,6 +290,8 @@ class Simulator:
             reserved.append(lease)
             self.table.allocate(node_id, req.lease_id, res, tenant=req.tenant)
             queue.placed(req)
+            if self.decay is not None:
+                self.decay.set_usage(req.tenant, now, queue.usage(req.tenant))
             out = self._outcome[req.lease_id]
             out.started_at, out.node_id = now, node_id
             self._end_seq += 1

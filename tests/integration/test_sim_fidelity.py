@@ -45,7 +45,8 @@ def _workload() -> Workload:
 
 
 def _simulated(policy: Policy) -> dict[str, tuple[float, str]]:
-    cfg = PoolConfig(priority_classes=CLASSES, default_priority_class="standard")
+    cfg = PoolConfig(priority_classes=CLASSES, default_priority_class="standard",
+                     fair_share_half_life_seconds=int(policy.half_life_seconds))
     result = Simulator(_workload(), policy, config=cfg, cycle_seconds=STEP).run()
     out = {}
     for o in result.outcomes:
@@ -64,13 +65,14 @@ def plane(fresh_nats: NatsServer) -> Iterator[tuple[ControlPlane, PoolClient, Fa
     cp.stop()
 
 
-def _scheduled(plane: tuple[ControlPlane, PoolClient, FakeClock],
-               backfill: bool) -> dict[str, tuple[float, str]]:
+def _scheduled(plane: tuple[ControlPlane, PoolClient, FakeClock], backfill: bool,
+               half_life_seconds: int = 0) -> dict[str, tuple[float, str]]:
     cp, admin, clock = plane
     cp.scheduler.backfill = backfill
     # no heartbeats are sent here: the lease term and heartbeat timeout outlast every run
     setup_pool(admin, tenants=TENANTS, default_lease_seconds=3600,
-               heartbeat_timeout_seconds=3600)
+               heartbeat_timeout_seconds=3600,
+               fair_share_half_life_seconds=half_life_seconds)
     for node_id, cpu in NODES:
         assert admin.admin("node.register", node_body(node_id, cpu_millis=cpu))["ok"]
     clients = {t: PoolClient(cp.nats_url, t) for t in TENANTS}
@@ -120,3 +122,11 @@ def test_the_simulator_backfills_as_the_scheduler_does(
     simulated = _simulated(DRF_BACKFILL)
     assert simulated != _simulated(DRF)  # the workload is one where backfilling matters
     assert _scheduled(plane, backfill=True) == simulated
+
+
+def test_the_simulator_decays_past_usage_as_the_scheduler_does(
+        plane: tuple[ControlPlane, PoolClient, FakeClock]) -> None:
+    decayed = Policy("drf+decay+backfill", backfill=True, half_life_seconds=600)
+    simulated = _simulated(decayed)
+    assert simulated != _simulated(DRF_BACKFILL)  # the workload is one where the past counts
+    assert _scheduled(plane, backfill=True, half_life_seconds=600) == simulated

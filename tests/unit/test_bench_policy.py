@@ -16,7 +16,7 @@ def test_pool_bench_policy_reports_every_policy_on_the_same_workload(
     assert main(["bench", "policy", "--quick", "--days", "2", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     policies = {p["policy"]: p for p in result["policies"]}
-    assert set(policies) == {"fifo", "drf", "drf+backfill"}
+    assert set(policies) == {"fifo", "drf", "drf+decay", "drf+backfill", "drf+decay+backfill"}
     for p in policies.values():
         assert p["requests"] == result["requests"] > 0
         assert 0 < p["utilisation"]["gpu"] <= 1 and 0 < p["utilisation"]["cpu"] <= 1
@@ -26,7 +26,7 @@ def test_pool_bench_policy_reports_every_policy_on_the_same_workload(
     assert policies["fifo"]["reservations_made"] == 0
     assert set(result["checks"]) == {"backfill_raises_utilisation",
                                      "backfill_cuts_the_longest_wide_wait"}
-    assert result["not_run"]  # says which variant it could not run, and why
+    assert "decayed" in result["policy_descriptions"]["drf+decay"]
 
 
 @pytest.mark.parametrize("flag,value", [("--days", "0"), ("--days", "1e9"), ("--load", "nan"),
