@@ -81,7 +81,7 @@ def _produce_steady(url: str, first: int, count: int, per_second: float, out: An
 def run_schedule_bench(
     *, nodes: int = 10000, requests: int = 100000, quick: bool = False,
     rate: float = 1000.0, steady_seconds: float = 10.0, priced: bool = False,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | None = None, half_life_seconds: int = 0,
 ) -> dict[str, Any]:
     if quick:
         nodes, requests = min(nodes, 500), min(requests, 3000)
@@ -90,7 +90,8 @@ def run_schedule_bench(
     with tempfile.TemporaryDirectory(prefix="pool-bench-sched-") as tmp:
         server = NatsServer(store_dir=Path(tmp), server_name="pool-bench-sched").start()
         try:
-            return _run(server.url, nodes, requests, rate, steady_seconds, say, priced=priced)
+            return _run(server.url, nodes, requests, rate, steady_seconds, say, priced=priced,
+                        half_life_seconds=half_life_seconds)
         finally:
             from bus.runtime import close_runtime
 
@@ -99,7 +100,8 @@ def run_schedule_bench(
 
 
 def _run(url: str, nodes: int, requests: int, rate: float, steady_seconds: float,
-         say: Callable[[str], None], *, priced: bool = False) -> dict[str, Any]:
+         say: Callable[[str], None], *, priced: bool = False,
+         half_life_seconds: int = 0) -> dict[str, Any]:
     from bus.admin import ensure_all_streams
 
     ensure_all_streams(url)
@@ -108,7 +110,8 @@ def _run(url: str, nodes: int, requests: int, rate: float, steady_seconds: float
     producer = PoolApp(env=app_env(url))
     now = time.time()
     cfg = PoolConfig(priority_classes=(("standard", 10),), default_priority_class="standard",
-                     commit_timeout_seconds=3600)
+                     commit_timeout_seconds=3600,
+                     fair_share_half_life_seconds=half_life_seconds)
     # priced: every placement also holds credits on its tenant's account (one more event)
     prices = PriceList(cpu_core_second=10, memory_gib_second=1) if priced else None
     producer.save(Pool.create(pool_id=PoolId("bench"), now=now, config=cfg, price_list=prices))
@@ -239,6 +242,7 @@ def _run(url: str, nodes: int, requests: int, rate: float, steady_seconds: float
         "-" * 68,
         f"{'nodes':54} {nodes:12,}",
         f"{'pool prices (each placement holds credits)':54} {'yes' if priced else 'none':>12}",
+        f"{'fair-share half-life (s; 0: current usage only)':54} {half_life_seconds:12,}",
         f"{'requests':54} {requests:12,}",
         f"{'backlog requests placed':54} {placed:12,}",
         f"{BACKLOG_LABEL:54} {backlog_rate:12,.0f}",
@@ -255,6 +259,7 @@ def _run(url: str, nodes: int, requests: int, rate: float, steady_seconds: float
         f"machine: {os.cpu_count()} cores; nats-server 2.15 file storage, sync_interval always",
     ]
     return {"nodes": nodes, "requests": requests, "placed": placed, "priced": priced,
+            "half_life_seconds": half_life_seconds,
             "steady_rate": rate, "steady_placed": steady_placed,
             "steady_placements_per_s": steady_rate, "backlog_placements_per_s": backlog_rate,
             "latency_p50_s": pct(0.5), "latency_p99_s": pct(0.99), "rss_mib": rss_mib,

@@ -36,6 +36,7 @@ def cmd_bench_schedule(args: argparse.Namespace) -> int:
     result = run_schedule_bench(
         nodes=args.nodes, requests=args.requests, quick=args.quick, rate=args.rate,
         steady_seconds=args.steady_seconds, priced=args.priced,
+        half_life_seconds=args.half_life,
         progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)),
     )
     print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json
@@ -192,6 +193,9 @@ def register(sub: Subparsers) -> None:
     sb.add_argument("--priced", action="store_true",
                     help="give the pool a price list, so every placement also holds credits "
                          "(one more event each)")
+    sb.add_argument("--half-life", type=int, default=0, metavar="SECONDS",
+                    help="the pool's fair-share half-life: decayed usage tracked and ordered "
+                         "on (default 0: current usage only)")
     sb.add_argument("--json", action="store_true")
     sb.set_defaults(func=cmd_bench_schedule)
     bh = bench.add_parser("http", help="the HTTP gateway beside the NATS path: requests/s and "
