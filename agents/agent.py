@@ -210,6 +210,21 @@ class Agent:
                 stop.wait(0.5)
         for t in self._stopping:
             t.join(10)
+        self.deregister()
+
+    def deregister(self) -> None:
+        """Tell the control plane this agent stops: an idle node takes no more placements at
+        once. With workloads still running nothing changes (they are re-adopted on restart)."""
+        if self.running:
+            return
+        try:
+            r = self._call("offline", encode(v1.NodeDrain(reason="agent_stopped")))
+        except BusError as e:
+            log.info("could not deregister (the node timeout will tell): %s", e)
+            return
+        if r.get("ok"):
+            log.info("deregistered: node %s is %s", self.node_id,
+                     (r.get("result") or {}).get("state"))
 
     def _register_until_ok(self, stop: threading.Event) -> None:
         while not stop.is_set():

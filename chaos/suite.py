@@ -983,6 +983,7 @@ def fuzz_subjects(lease_id: str) -> dict[str, dict[str, Any]]:
         "register": node_body("n1"), "replay": {"since": 0, "limit": 10},
         "heartbeat-node": {"node_id": "n1", "seq": 1,
                            "leases": [{"lease_id": lease_id, "epoch": 1}]},
+        "offline": {"reason": "fuzz"},
     }
     out: dict[str, dict[str, Any]] = {}
     for pattern in [*COMMAND_SUBJECTS, "pool.cmd.*.lease.*.why"]:

@@ -389,9 +389,23 @@ class PoolApp(Application[UUID]):
                 node_id=NodeId(reg.node_id), pool_id=PoolId(reg.pool_id),
                 capabilities=caps, now=now,
             )
-        elif node.capabilities != caps:
-            node.reregister(caps, now)
+        elif node.capabilities != caps or node.state is NodeState.LOST:
+            node.reregister(caps, now)  # a lost node comes back ready
         self.save(node)
+        return node
+
+    @retried
+    def node_offline(self, node_id: str, reason: str = "agent_stopped") -> Node:
+        """The node's agent stopped cleanly: with nothing allocated on it, the node is lost at
+        once (no placements) instead of after the node timeout; its next registration brings
+        it back. A node still holding leases is left as it is: their workloads may still run,
+        and the agent re-adopts them when it starts again."""
+        node = self.find(Node, Node.create_id(node_id))
+        if node is None:
+            raise UnknownNode(f"no node {node_id!r}")
+        if not node.allocations and node.state is not NodeState.LOST:
+            node.mark_lost(self.clock(), reason)
+            self.save(node)
         return node
 
     @retried

@@ -193,6 +193,10 @@ def _node_heartbeat(ctx: Context, p: Params, cmd: v1.NodeHeartbeat) -> v1.Envelo
     return v1.Envelope.success(result=ctx.app.node_heartbeat(p["node"], cmd))
 
 
+def _node_offline(ctx: Context, p: Params, cmd: v1.NodeDrain) -> v1.Envelope:
+    return _node_reply(ctx.app.node_offline(p["node"], cmd.reason or "agent_stopped"))
+
+
 def _pool_create(ctx: Context, p: Params, cmd: v1.PoolConfig) -> v1.Envelope:
     ctx.app.create_pool(cmd)
     return v1.Envelope.success(result=ctx.app.pool_settings(cmd.pool_id))
@@ -303,6 +307,9 @@ ROUTES: Final[tuple[Route, ...]] = (
           "A node agent registers its capabilities.", "agentRegister"),
     Route("pool.node.{node}.heartbeat", "agent.heartbeat", _node_heartbeat,
           "A node agent reports it is alive, with the leases it runs.", "agentHeartbeat"),
+    Route("pool.node.{node}.offline", "agent.drain", _node_offline,
+          "A node agent stopping cleanly: an idle node is lost at once, not at its timeout.",
+          "agentOffline"),
     Route("pool.node.{node}.lease.{lease_id}.stopped", "node.stopped", _node_stopped,
           "A node agent confirms a lease's workload is gone, so its capacity can be freed.",
           "confirmLeaseStopped"),
