@@ -154,3 +154,46 @@ def test_a_node_heartbeat_passes_over_reserved_leases_without_loading_them(
         node.close()
     assert r["ok"], r
     assert not [i for name, i in loaded if name == "Lease" and i in ids]
+
+
+def test_two_command_processes_share_the_requests_and_lose_or_double_none(
+        fresh_nats: NatsServer, plane: Plane) -> None:
+    cp, _admin, alpha = plane
+    group = cp.app.recorder._group  # type: ignore[attr-defined]
+    other = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--role", "commands",
+                              "--nats-url", fresh_nats.url],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # ready once a request is answered without a save in this process
+        deadline, n = time.monotonic() + 30, 0
+        while True:
+            before = group.saves
+            n += 1
+            assert alpha.request_lease(lease_body(f"probe-{n}"))["ok"]
+            if group.saves == before or time.monotonic() > deadline:
+                break
+        assert group.saves == before, "the second command process never answered"
+        clients = [PoolClient(fresh_nats.url, "alpha") for _ in range(16)]
+        gate = threading.Barrier(len(clients))
+        answers: list[Any] = [None] * len(clients)
+
+        def send(i: int) -> None:
+            gate.wait()
+            answers[i] = [clients[i].request_lease(lease_body(f"two-{i}-{k}"))["ok"]
+                          for k in range(8)]
+
+        here = group.saves
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(len(clients))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        for c in clients:
+            c.close()
+        assert answers == [[True] * 8] * len(clients)
+        assert 0 < group.saves - here < 128  # the queue group spread them over both
+        counts = count_events(cp.app, {"LeaseRequested"})
+        assert sum(counts.values()) == 128 + n and set(counts.values()) == {1}
+    finally:
+        other.terminate()
+        other.wait(30)
