@@ -150,6 +150,7 @@ def _run(spec: GangBenchSpec, *, guard: bool, packing: str = "best-fit") -> dict
         blocked_idx = {int(x) for x in blocked_all}
         keep: list[_Request] = []
         singles_full = False  # one 1-GPU lease found no room: the rest of this pass neither
+        failed_from = 1 << 30  # the smallest gang that failed in this pass
         for req in queue:
             if req.members == 0:
                 grant = None if singles_full else _place_single(fleet, one_gpu, blocked_idx,
@@ -160,7 +161,10 @@ def _run(spec: GangBenchSpec, *, guard: bool, packing: str = "best-fit") -> dict
                 else:
                     start(req, now, [grant])
                 continue
-            if not whole_free_changed and req is not head_gang:
+            if (not whole_free_changed and req is not head_gang) or (
+                    req is not head_gang and req.members >= failed_from):
+                # nothing freed since, or a gang no larger already failed in this pass (every
+                # gang here is packed into one rack): it would fail the same way
                 keep.append(req)
                 continue
             if candidates is None or whole_free_changed:
@@ -180,10 +184,12 @@ def _run(spec: GangBenchSpec, *, guard: bool, packing: str = "best-fit") -> dict
                     grants.append((int(x), devs))
                 start(req, now, grants)
                 singles_full = False
+                failed_from = 1 << 30
                 candidates = None
                 blocked_idx = {int(x) for x in holds.blocked(now)} if guard else set()
                 continue
             keep.append(req)
+            failed_from = min(failed_from, req.members)
             if guard and req is head_gang and d.best_domain is not None:
                 # hold as many nodes of the best rack as the gang needs, the emptiest first
                 # (the ones held already stay held): their running leases drain and no new
