@@ -75,7 +75,8 @@ def cmd_agent_run(args: argparse.Namespace) -> int:
                   state_dir=state, labels=labels, trust_level=args.trust,
                   reserve=Reserve(cpu_millis=args.reserve_cpu_millis,
                                   memory_mib=args.reserve_memory_mib),
-                  heartbeat_interval=args.heartbeat_interval)
+                  heartbeat_interval=args.heartbeat_interval,
+                  time_slice_replicas=args.time_slice)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -140,6 +141,16 @@ def cmd_agent_probe(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _replicas(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 0 <= n <= 64:
+        raise argparse.ArgumentTypeError("0 to 64 replicas per GPU")
+    return n
+
+
 def register(sub: Subparsers) -> None:
     """Add `agent`."""
     agp = sub.add_parser("agent", help="run this machine as a node").add_subparsers(
@@ -160,6 +171,9 @@ def register(sub: Subparsers) -> None:
     ar.add_argument("--heartbeat-interval", type=float, default=2.0, help="seconds")
     ar.add_argument("--reserve-cpu-millis", type=int, default=500)
     ar.add_argument("--reserve-memory-mib", type=int, default=1024)
+    ar.add_argument("--time-slice", type=_replicas, default=0, metavar="N",
+                    help="offer each whole GPU as N time-slice replicas (gpu_partition "
+                         "time-slice) instead of whole (default 0: whole GPUs)")
     ar.add_argument("--nats-url", help="NATS URL (default: this machine's `pool up`)")
     ar.add_argument("--verbose", "-v", action="store_true")
     ar.add_argument("--json", action="store_true", help="print the capabilities as JSON")
