@@ -5,28 +5,22 @@ Short-lived connections only; long-running processes use bus.runtime instead.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from nats.errors import Error as NatsError
 
 from bus.connection import connect
-from bus.runtime import translate
+from bus.runtime import run_sync
 from bus.subjects import EVENTS_STREAM
 
 T = TypeVar("T")
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
-    """asyncio.run, with nats errors (a timeout while a cluster elects a leader) as bus.errors."""
-    try:
-        return asyncio.run(coro)
-    except Exception as e:
-        translated = translate(e)
-        if translated is e:
-            raise
-        raise translated from e
+    """`coro` on the process's shared loop thread, nats errors (a timeout while a cluster
+    elects a leader) as bus.errors."""
+    return run_sync(coro)
 
 
 async def _connect(url: str) -> Any:
@@ -98,7 +92,7 @@ def can_connect(url: str, *, user: str, password: str, timeout: float = 2.0) -> 
         await nc.close()
         return True
 
-    return asyncio.run(go())
+    return run_sync(go())
 
 
 def leaders(url: str, bucket: str = "pool_leaders") -> dict[str, dict[str, Any]]:

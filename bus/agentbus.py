@@ -31,8 +31,7 @@ from bus.connection import connect
 from bus.errors import BusTimeout, BusUnavailable
 from bus.headers import HDR_MSG_ID, HDR_SCHEDULE, HDR_SCHEDULE_TARGET
 from bus.replies import admin_inbox, node_inbox
-from bus.runtime import BusRuntime, get_runtime
-from bus.service import _LoopThread
+from bus.runtime import BusRuntime, LoopThread, get_runtime
 from bus.streams import DUPLICATE_WINDOW_S, ensure_kv_bucket, ensure_stream
 from bus.subjects import AGENT_STREAM, SCHEDULE_STREAM, token
 
@@ -247,7 +246,7 @@ class _Link:
 
     def __init__(self, url: str, loop_name: str) -> None:
         self.url = url
-        self._loop = _LoopThread(loop_name)
+        self._loop = LoopThread(loop_name)
         self._nc: Any = None
 
     def _run(self, coro: Any, timeout: float | None = None) -> Any:

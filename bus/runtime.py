@@ -62,6 +62,73 @@ def translate(exc: BaseException) -> BaseException:
     return exc
 
 
+class LoopThread:
+    """An asyncio event loop on a daemon thread: the process's one way from sync code to async.
+
+    `run` hands a coroutine to the loop and waits for it (errors come back as raised, untouched);
+    any number of threads may call it at once."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        if threading.current_thread() is self.thread:
+            coro.close()
+            raise RuntimeError(f"{self.thread.name}: run called from its own loop (would deadlock)")
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(timeout)
+        except concurrent.futures.TimeoutError as e:
+            fut.cancel()
+            raise BusTimeout(f"bus call did not finish within {timeout}s") from e
+
+    def submit(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        """Cancel what is left on the loop, then stop it (best effort, bounded)."""
+
+        async def finish() -> None:
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in rest:
+                task.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
+        if self.loop.is_closed():
+            return
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(finish(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+_shared: LoopThread | None = None
+_shared_lock = threading.Lock()
+
+
+def run_sync(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    """Run `coro` on the process's shared loop thread (for short-lived, one-off NATS work such
+    as admin calls), its nats-py errors translated into bus.errors."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = LoopThread("pool-bus")
+        loop = _shared
+    try:
+        return loop.run(coro, timeout)
+    except BusError:
+        raise
+    except BaseException as e:
+        translated = translate(e)
+        if translated is e:
+            raise
+        raise translated from e
+
+
 class BusRuntime:
     """An event loop on a daemon thread holding one nats-py connection to `url`.
 
@@ -72,11 +139,9 @@ class BusRuntime:
     def __init__(self, url: str, *, connect_timeout: float = 5.0) -> None:
         self.url = url
         self._connect_timeout = connect_timeout
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name=f"bus-runtime[{url}]", daemon=True
-        )
-        self._thread.start()
+        self._loop_thread = LoopThread(f"bus-runtime[{url}]")
+        self._loop = self._loop_thread.loop
+        self._thread = self._loop_thread.thread
         self._nc: Client | None = None
         self._js: JetStreamContext | None = None
         self._closed = False
@@ -116,15 +181,10 @@ class BusRuntime:
         if self._closed:
             coro.close()
             raise BusUnavailable("bus runtime is closed")
-        if threading.current_thread() is self._thread:
-            coro.close()
-            raise RuntimeError("BusRuntime.run called from its own loop thread (would deadlock)")
-        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
-            return fut.result(timeout)
-        except concurrent.futures.TimeoutError:
-            fut.cancel()
-            raise BusTimeout(f"bus call did not finish within {timeout}s") from None
+            return self._loop_thread.run(coro, timeout)
+        except BusTimeout:
+            raise
         except BaseException as e:
             translated = translate(e)
             if translated is e:
@@ -143,7 +203,7 @@ class BusRuntime:
             if close is not None:
                 close()
             raise BusUnavailable("bus runtime is closed")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+        return self._loop_thread.submit(coro)
 
     def close(self) -> None:
         if self._closed:
@@ -156,17 +216,11 @@ class BusRuntime:
                     await self._nc.drain()
                 except Exception:  # noqa: BLE001 - closing is best effort; the server may be gone
                     await self._nc.close()
-            # nats-py may leave reconnect or flusher tasks behind: finish them before the loop
-            # stops, or they are destroyed pending when the loop is collected
-            leftovers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in leftovers:
-                t.cancel()
-            await asyncio.gather(*leftovers, return_exceptions=True)
 
         with contextlib.suppress(Exception):  # best effort
             asyncio.run_coroutine_threadsafe(_close(), self._loop).result(5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
+        # nats-py may leave reconnect or flusher tasks behind: the loop thread finishes them
+        self._loop_thread.close()
 
 
 _runtimes: dict[str, BusRuntime] = {}

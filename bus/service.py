@@ -12,8 +12,7 @@ import concurrent.futures
 import contextlib
 import json
 import logging
-import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any, Self, TypeVar
 
 from nats.errors import Error as NatsError
@@ -24,7 +23,7 @@ from opentelemetry import propagate
 from bus.connection import connect
 from bus.errors import BusTimeout, BusUnavailable, PayloadTooLarge
 from bus.replies import RefusedReplies, reply_allowed
-from bus.runtime import translate
+from bus.runtime import LoopThread, translate
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -35,28 +34,6 @@ Handler = Callable[[str, bytes, dict[str, str]], bytes]
 INTERNAL_ERROR = json.dumps(
     {"ok": False, "error": {"code": "internal_error", "message": "the service failed", "reasons": {}}}
 ).encode()
-
-
-class _LoopThread:
-    """An asyncio loop on a daemon thread; `run` submits a coroutine and waits for it."""
-
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return fut.result(timeout)
-        except concurrent.futures.TimeoutError as e:
-            fut.cancel()
-            raise BusTimeout("no answer in time") from e
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-        self.loop.close()
 
 
 async def _connect(url: str, **options: Any) -> Any:
@@ -83,7 +60,7 @@ class Service:
         self._slots: asyncio.Semaphore | None = None
         self._subs: list[Any] = []
         self._in_flight: set[asyncio.Future[None]] = set()
-        self._loop = _LoopThread("pool-service")
+        self._loop = LoopThread("pool-service")
         self._nc: Any = None
         self._options = connect_options or {}
         self.handled = 0
@@ -171,7 +148,7 @@ class Client:
     """A synchronous NATS requester for the CLI and tests: one connection on its own loop."""
 
     def __init__(self, url: str, **connect_options: Any) -> None:
-        self._loop = _LoopThread("pool-client")
+        self._loop = LoopThread("pool-client")
         self._nc: Any = self._loop.run(_connect(url, **connect_options), timeout=15)
 
     def request(
