@@ -143,3 +143,45 @@ def test_capacity_by_rack_shows_free_gpus_and_whole_free_nodes_per_rack(
     assert rows["rack-1"]["whole_gpu_nodes_free"] + rows["rack-2"]["whole_gpu_nodes_free"] == 2
     assert main(["capacity", "--by", "hostname", "--nats-url", cp.nats_url]) != 0
     assert "--by" in capsys.readouterr().err
+
+
+def test_racing_schedulers_never_give_one_device_to_two_leases(plane: Plane) -> None:
+    import threading
+
+    from control.application import PoolApp
+    from control.bootstrap import app_env
+    from control.scheduler import Scheduler
+
+    cp, admin, alpha, clock = plane
+    for i in range(3):
+        assert admin.admin("node.register", gpu_node(f"g{i}"))["ok"]
+    for i in range(30):
+        alpha.request_lease(lease_body(f"r{i}", gpu_count=1 + i % 2, cpu_millis=100))
+    rivals = [Scheduler(PoolApp(env=app_env(cp.nats_url), clock=clock), clock=clock)
+              for _ in range(2)]
+    barrier = threading.Barrier(len(rivals))
+    errors: list[Exception] = []
+
+    def race(s: Scheduler) -> None:
+        barrier.wait()
+        try:
+            for _ in range(4):
+                s.cycle()
+        except Exception as e:  # noqa: BLE001 - a cycle that raised must fail the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=race, args=(s,)) for s in rivals]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads) and not errors, errors
+    report = check_placements(cp.app)  # every node, every instant
+    assert report.device_placements > 0
+    assert report.device_violations == 0 and report.double_placements == 0, (
+        report.device_conflicts + report.foreign_devices + report.over_allocations)
+    held = sum(len(cp.app.repository.get(Node.create_id(f"g{i}")).held_devices)
+               for i in range(3))
+    assert held <= 12  # three nodes of four GPUs
+    for s in rivals:
+        s.app.close()
