@@ -21,6 +21,7 @@ from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import IntegrityError
 
 from bus import observability
+from bus.transcoder import EventDecoder
 from control.pending import LeaseMemory, QueuedLease
 from control.quotas import (
     apply_history,
@@ -61,7 +62,6 @@ from domain.policy.preemption import (
 from domain.pool import Pool, TenantPolicy
 from domain.quota import QuotaBook
 from domain.resources import TRUST_LEVELS, ZERO, LeaseId, NodeId, Resources, Shape
-from projections.views import EventDecoder
 
 log = logging.getLogger(__name__)
 

@@ -23,12 +23,12 @@ import psycopg
 from eventsourcing.persistence import Notification
 from eventsourcing.utils import resolve_topic
 
+from bus.transcoder import EventDecoder
 from domain.lease import Lease
 from domain.node import Node
 from domain.pool import Pool
 from projections.views import (
     DEFAULT_SCHEMA,
-    EventDecoder,
     Folder,
     gc_paused,
     positions,

@@ -10,7 +10,6 @@ import gc
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -19,10 +18,9 @@ import psycopg
 from eventsourcing.domain import (
     CanInitAggregate,
 )
-from eventsourcing.persistence import DatetimeAsISO, find_id_convertor, pass_through_convertor
-from eventsourcing.utils import resolve_topic
 from psycopg import sql
 
+from bus.transcoder import EventDecoder
 from domain.account import Account
 from domain.fold import lean_mutator
 from domain.lease import TERMINAL_STATES, Lease
@@ -130,90 +128,6 @@ def positions(conn: psycopg.Connection[Any], schema: str, *, lock: bool = False)
 
 
 # -- folding the log ---------------------------------------------------------------------------
-
-
-class EventDecoder:
-    """`mapper.to_domain_event`, faster for the usual stored event: the same steps (topic,
-    state, id conversion, upcasting, the event object), except the transcoder's walk over the
-    whole decoded state. That walk only rebuilds `{"_type_", "_data_"}` objects; when the
-    stored JSON holds exactly one, as the event's timestamp, that one is decoded by the same
-    registered transcoding and the rest is left as msgspec decoded it, which is what the walk
-    would give. Anything else (a cipher or compressor, another transcoder, more transcoded
-    values) goes through the mapper itself."""
-
-    _MARK = b'"_type_"'
-
-    def __init__(self, mapper: Any) -> None:
-        self.mapper = mapper
-        names = getattr(mapper.transcoder, "names", None)
-        self.fast = (not getattr(mapper, "cipher", None) and not getattr(mapper, "compressor", None)
-                     and isinstance(names, dict))
-        self.names: dict[str, Any] = names if isinstance(names, dict) else {}
-        self.decode_json = msgspec.json.Decoder().decode
-        self.classes: dict[str, tuple[type, type, Any, int]] = {}
-        self._stamp_decoders: dict[str, Any] = {}
-
-    def __call__(self, n: Any) -> Any:
-        state = n.state
-        if type(state) is not bytes or not self.fast or state.count(self._MARK) != 1:
-            return self.mapper.to_domain_event(n)
-        try:
-            event_state = self.decode_json(state)
-        except msgspec.DecodeError:
-            return self.mapper.to_domain_event(n)  # let the mapper say what is wrong
-        stamp = event_state.get("timestamp") if type(event_state) is dict else None
-        if type(stamp) is not dict or len(stamp) != 2:
-            return self.mapper.to_domain_event(n)
-        name = stamp.get("_type_")
-        decode_stamp = self._stamp_decoders.get(name) if type(name) is str else None
-        if decode_stamp is None:
-            decode_stamp = self._stamp_decoder(name)
-        data = stamp.get("_data_")
-        if decode_stamp is None or type(data) is not str:
-            # (the one built-in transcoding, datetime_iso, takes only a string: the mapper
-            # raises as it would have)
-            return self.mapper.to_domain_event(n)
-        event_state["timestamp"] = decode_stamp(data)
-        oid = n.originator_id
-        got = self.classes.get(n.topic)
-        if got is None or got[0] is not type(oid):
-            got = self._event_class(n.topic, oid)
-        _, cls, id_convertor, class_version = got
-        event_state["originator_id"] = oid if id_convertor is None else id_convertor(oid)
-        event_state["originator_version"] = n.originator_version
-        from_version = event_state.pop("class_version", 1)
-        while from_version < class_version:
-            getattr(cls, f"upcast_v{from_version}_v{from_version + 1}")(event_state)
-            from_version += 1
-        event: Any = object.__new__(cls)
-        object.__setattr__(event, "__dict__", event_state)
-        return event
-
-    def _stamp_decoder(self, name: Any) -> Any:
-        """The registered transcoding's decode for `name` (None: not one): the library's
-        DatetimeAsISO's is `datetime.fromisoformat` behind an isinstance assert, called
-        directly (the caller passes strings only)."""
-        got = self._stamp_decoders.get(name) if type(name) is str else None
-        if got is None and type(name) is str:
-            transcoding = self.names.get(name)
-            if transcoding is None or type(transcoding) is dict:
-                return None
-            if type(transcoding) is DatetimeAsISO:
-                got = datetime.fromisoformat
-            else:
-                got = transcoding.decode
-            self._stamp_decoders[name] = got
-        return got
-
-    def _event_class(self, topic: str, oid: Any) -> tuple[type, type, Any, int]:
-        """(the originator id's type, the event class, its id convertor unless pass-through,
-        its class version) for `topic`, kept for the id type last seen with it."""
-        cls = resolve_topic(topic)
-        convertor = find_id_convertor(cls, type(oid))  # type: ignore[arg-type]
-        got = self.classes[topic] = (
-            type(oid), cls, None if convertor is pass_through_convertor else convertor,
-            getattr(cls, "class_version", 1))
-        return got
 
 
 class Folder:

@@ -11,6 +11,7 @@ import pytest
 
 from bench.projections import Workload
 from bus.local.server import NatsServer
+from bus.transcoder import EventDecoder
 from client.api import PoolClient
 from control.application import PoolApp
 from control.bootstrap import app_env
@@ -88,7 +89,7 @@ def test_read_ahead_pages_hold_what_direct_gets_return(plane: ControlPlane) -> N
 
 def test_the_views_decoder_builds_the_mappers_events(plane: ControlPlane) -> None:
     app = plane.app
-    decode = pv.EventDecoder(app.mapper)
+    decode = EventDecoder(app.mapper)
     fallbacks: list[Any] = []
 
     class Counting:
@@ -160,7 +161,7 @@ def test_the_views_fold_builds_the_librarys_aggregates(plane: ControlPlane) -> N
     """Folder.apply's lean mutate (the @event method called directly) leaves every aggregate
     exactly as the library's own fold of the log does."""
     app = plane.app
-    decode = pv.EventDecoder(app.mapper)
+    decode = EventDecoder(app.mapper)
     folder = pv.Folder(app)
     notifications = _direct(app.recorder, 1, app.recorder.max_notification_id() or 0)
     events = [decode(n) for n in notifications]
