@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bus.errors import BusError
+from bus.errors import BusError, BusUnavailable
 from bus.local import auth as bus_auth
 from bus.local.auth import AuthConfig, Credentials, url_with_credentials
 from client.api import PoolClient
@@ -89,9 +90,16 @@ class Upstream:
             if known is not None and self._creds.get(who) == creds:
                 return known
             tenant = "" if who.is_admin else who.tenant
-            # connecting blocks (it waits for the server's INFO): off the gateway's loop
-            made = await asyncio.to_thread(PoolClient, url, tenant,
-                                           timeout=self.settings.timeout)
+            # connecting blocks (it waits for the server's INFO): off the gateway's loop, and
+            # no longer than a request's timeout (a late connection is closed when it comes)
+            task = asyncio.ensure_future(asyncio.to_thread(PoolClient, url, tenant,
+                                                           timeout=self.settings.timeout))
+            try:
+                made = await asyncio.wait_for(asyncio.shield(task), self.settings.timeout)
+            except TimeoutError:
+                task.add_done_callback(_close_when_done)
+                raise BusUnavailable(f"NATS did not accept a connection within "
+                                     f"{self.settings.timeout:g} s") from None
             old = self._clients.pop(who, None)
             self._clients[who] = made
             self._creds[who] = creds
@@ -114,6 +122,11 @@ class Upstream:
         clients, self._clients = list(self._clients.values()), {}
         for c in clients:
             await asyncio.to_thread(_close_quietly, c)
+
+
+def _close_when_done(task: asyncio.Future[PoolClient]) -> None:
+    if not task.cancelled() and task.exception() is None:
+        threading.Thread(target=_close_quietly, args=(task.result(),), daemon=True).start()
 
 
 def _close_quietly(c: PoolClient) -> None:
