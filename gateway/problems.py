@@ -28,6 +28,7 @@ STATUS_BY_CODE: dict[str, int] = {
     # what it names
     "lease_not_found": 404, "unknown_pool": 404, "unknown_node": 404, "unknown_command": 404,
     "not_found": 404, "unknown_hold": 404, "unknown_allocation": 404, "unknown_cohort": 404,
+    "unknown_tenant": 404,
     # the state it meets
     "idempotency_conflict": 409, "illegal_transition": 409, "stale_epoch": 409,
     "write_conflict": 409, "lease_expired": 409, "already_allocated": 409,
