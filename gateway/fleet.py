@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter, defaultdict
 from typing import Any
 
@@ -139,7 +140,23 @@ async def _weights(gw: Gateway, pools: set[str]) -> dict[str, float]:
     return weights
 
 
+_SHARED_SECONDS = 0.4  # viewers of one principal within this long share one snapshot
+_recent: dict[tuple[int, Principal], tuple[float, asyncio.Future[dict[str, Any]]]] = {}
+
+
 async def snapshot(gw: Gateway, who: Principal) -> dict[str, Any]:
+    """The caller's snapshot; dashboards open for the same principal share one read."""
+    now = time.monotonic()
+    key = (id(gw), who)
+    known = _recent.get(key)
+    if known is not None and now - known[0] < _SHARED_SECONDS:
+        return await asyncio.shield(known[1])
+    fut: asyncio.Future[dict[str, Any]] = asyncio.ensure_future(_snapshot(gw, who))
+    _recent[key] = (now, fut)
+    return await asyncio.shield(fut)
+
+
+async def _snapshot(gw: Gateway, who: Principal) -> dict[str, Any]:
     nodes = await _db(gw, "capacity", tenant=None)
     fleet = fleet_of(nodes, detail=who.is_admin)
     if who.is_admin:
