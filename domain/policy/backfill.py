@@ -27,7 +27,9 @@ def lease_end_estimate(lease: Lease) -> float | None:
     """The latest time `lease` still holds its capacity, from its own deadlines: a running
     lease ends by its maximum runtime at the latest (renewals never pass it), a reserved one
     must commit by its reservation deadline and then runs at most its maximum runtime, and a
-    lease on its way out (preempting, stopping) is gone by its next deadline."""
+    lease on its way out (preempting, stopping) is gone by its next deadline. None for one
+    whose end no deadline bounds (expired or reconciling: its capacity is held until the
+    agent confirms the workload gone)."""
     if lease.state is LeaseState.RESERVED:
         if lease.reservation_deadline is None:
             return None
@@ -35,10 +37,7 @@ def lease_end_estimate(lease: Lease) -> float | None:
     if lease.state is LeaseState.RUNNING:
         limit = lease.runtime_limit_at
         return limit if limit is not None else lease.deadline
-    due = lease.next_due_at()
-    if due is not None:
-        return due
-    return lease.runtime_limit_at
+    return lease.next_due_at()
 
 
 def placed_end_estimate(now: float, commit_timeout_seconds: float,

@@ -213,3 +213,13 @@ def test_a_deeper_band_holds_a_reservation_for_each_of_its_first_blocked_request
     assert bf.blocked("w3", shape(8), band=0) is None  # behind both heads
     bf.placed("w1")
     assert bf.blocked("w3", shape(8), band=0) is not None  # a head's place came free
+
+
+def test_an_expired_lease_awaiting_its_agent_has_no_end_estimate() -> None:
+    lease = _lease()
+    lease.queue(0.0)
+    lease.reserve(10.0, node_id=NodeId("a"), commit_timeout_seconds=30, hold_microcredits=0)
+    lease.commit(20.0)
+    lease.expire(20.0 + 3600, "deadline")
+    lease.begin_reconciliation(20.0 + 3600)
+    assert lease_end_estimate(lease) is None  # held until the agent confirms, however long
