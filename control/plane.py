@@ -179,8 +179,10 @@ class ControlPlane:
                                            ttl_seconds=leader_ttl_seconds)
             if pool_leaders:
                 # placing: one leader per pool, the pools spread over the scheduler processes
+                # (the pools copied first: a copy is atomic under the GIL, while iterating the
+                # dict the scheduler's thread adds to could fail)
                 self.pool_leadership = PoolLeadership(
-                    nats_url, holder, lambda: list(self.scheduler.pools),
+                    nats_url, holder, lambda: list(self.scheduler.pools.copy()),
                     ttl_seconds=leader_ttl_seconds, on_change=self._pool_led, halt=self._stop)
 
     def _serve_why(self, leading: bool) -> None:
