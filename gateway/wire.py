@@ -33,6 +33,7 @@ class Lease(Struct, frozen=True, kw_only=True):
     state: str
     epoch: int
     node_id: str | None = None
+    devices: list[Any] = []  # the node's GPU devices the lease holds
     priority_class: str
     preemptible: bool = True
     checkpointable: bool = False
