@@ -89,7 +89,7 @@ def cmd_view(args: argparse.Namespace) -> int:
                      filters=filters, limit=args.limit, cursor=args.cursor,
                      schema=views_schema_of(args))
     if args.json:
-        print(json.dumps(page, default=str))
+        print(json.dumps({"ok": True, "result": page}, default=str))
     else:
         rows = page["rows"]
         order = NEWEST_FIRST.get(args.view)
@@ -112,7 +112,7 @@ def cmd_projections_status(args: argparse.Namespace) -> int:
         close_app(app, args)
     rows = status(database_url_of(args), top, schema=views_schema_of(args))
     if args.json:
-        print(json.dumps(rows))
+        print(json.dumps({"ok": True, "result": {"views": rows}}))
     else:
         print(table(rows, ("view", "position", "max_notification_id", "lag", "events_applied",
                             "exists")))
@@ -131,7 +131,7 @@ def cmd_projections_rebuild(args: argparse.Namespace) -> int:
     finally:
         close_app(app, args)
     msg = {"rebuilt": names, "events_applied": n, "position": top}
-    print(json.dumps(msg) if args.json else
+    print(json.dumps({"ok": True, "result": msg}) if args.json else
           f"rebuilt {', '.join(names)} from the first event: {n} events, position {top}")
     return EXIT_OK
 

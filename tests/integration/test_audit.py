@@ -141,7 +141,7 @@ def test_pool_audit_credits_cli_exits_1_and_prints_json(
     out = json.loads(capsys.readouterr().out)
     assert not out["ok"] and out["discrepancies"][0]["tenant"] == "beta"
     assert main(["projections", "status", "--json", *args]) == 0
-    status = json.loads(capsys.readouterr().out)
+    status = json.loads(capsys.readouterr().out)["result"]["views"]
     assert {s["view"] for s in status} == set(pv.VIEWS) and all(s["lag"] == 0 for s in status)
     assert main(["projections", "rebuild", "balance", *args]) == 0
     capsys.readouterr()
@@ -149,7 +149,7 @@ def test_pool_audit_credits_cli_exits_1_and_prints_json(
     capsys.readouterr()
     assert main(["balance", "--json", "--database-url", database_url, "--schema", schema]) == 0
     bal = json.loads(capsys.readouterr().out)
-    assert {r["tenant"] for r in bal["rows"]} == {"alpha", "beta"}
+    assert bal["ok"] and {r["tenant"] for r in bal["result"]["rows"]} == {"alpha", "beta"}
     assert main(["leases", "--tenant", "alpha", "--database-url", database_url,
                  "--schema", schema]) == 0
     assert "released" in capsys.readouterr().out
