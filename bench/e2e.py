@@ -25,11 +25,12 @@ SHAPE = {"cpu_millis": 100, "memory_mib": 64}  # small: the fleet holds every re
 _CTX = multiprocessing.get_context("spawn")  # the parent holds threads: no fork
 
 
-def _serve_plane(url: str, ready: Any, stop: Any) -> None:
-    """In a process of its own: every control-plane role, as `pool up` runs them (no views)."""
+def _serve_plane(url: str, ready: Any, stop: Any, roles: list[str] | None = None) -> None:
+    """In a process of its own: every control-plane role, as `pool up` runs them (no views),
+    or only `roles` (more command responders sharing the queue group)."""
     from control.plane import ControlPlane
 
-    plane = ControlPlane(url, database_url=None).start()
+    plane = ControlPlane(url, database_url=None, roles=roles).start()
     ready.put("plane")
     stop.wait()
     plane.stop()
@@ -138,6 +139,7 @@ def _drain(watcher: Any, records: list[Any], timeout: float) -> None:
 def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0,
                   rate: float = 1000.0, steady_seconds: float = 10.0, count: int = 1,
                   processes: int | None = None, heartbeat_seconds: float = 10.0,
+                  command_processes: int = 1,
                   quick: bool = False,
                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """One run: raw batch ingest, then a saturating closed loop of `clients`, then `rate`
@@ -151,8 +153,10 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
     if quick:
         clients, nodes, seconds = min(clients, 8), min(nodes, 20), min(seconds, 2.0)
         rate, steady_seconds = min(rate, 100.0), min(steady_seconds, 2.0)
-    if clients < 1 or nodes < 1 or seconds <= 0 or rate <= 0 or steady_seconds <= 0:
-        raise ValueError("clients, nodes, seconds, rate and steady seconds must be positive")
+    if (clients < 1 or nodes < 1 or seconds <= 0 or rate <= 0 or steady_seconds <= 0
+            or command_processes < 1):
+        raise ValueError("clients, nodes, seconds, rate, steady seconds and command "
+                         "processes must be positive")
     processes = processes or max(1, min(clients, os.cpu_count() or 1))
     say = progress or (lambda _s: None)
     run = uuid.uuid4().hex[:6]
@@ -172,6 +176,12 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
             plane.start()
             procs.append(plane)
             ready.get(timeout=120)
+            for _ in range(command_processes - 1):  # more responders in the queue group
+                extra = _CTX.Process(target=_serve_plane, args=(url, ready, stop, ["commands"]),
+                                     daemon=True)
+                extra.start()
+                procs.append(extra)
+                ready.get(timeout=120)
             with PoolClient(url, timeout=30) as admin:
                 got = admin.admin("pool.set", {"pool_id": POOL, "commit_timeout_seconds": 3600,
                                                "node_timeout_seconds": 600})
@@ -211,6 +221,7 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
         "clients": clients, "client_processes": processes, "nodes": nodes, "count": count,
         "seconds": seconds, "offered_per_s": rate, "steady_seconds": steady_seconds,
         "heartbeat_seconds": heartbeat_seconds, "register_s": register_s,
+        "command_processes": command_processes,
         "raw_atomic_msgs_per_s": raw, "saturated": saturated, "steady": steady,
         "machine": machine_line(), "quick": quick,
         "elapsed_s": time.monotonic() - started,
@@ -263,7 +274,10 @@ def table(result: dict[str, Any]) -> str:
         f"errors {st['errors'] or 'none'}")
     lines.append(
         f"{result['clients']} clients in {result['client_processes']} processes (one NATS "
-        f"connection each), {result['nodes']} simulated nodes beating every "
+        f"connection each); the plane in one process"
+        + (f" and {result['command_processes'] - 1} more command process(es)"
+           if result["command_processes"] > 1 else "")
+        + f"; {result['nodes']} simulated nodes beating every "
         f"{result['heartbeat_seconds']:g} s (registered in {result['register_s']:.1f} s); "
         f"{'quick' if result['quick'] else 'full'} sizes, {result['elapsed_s']:.0f} s in all")
     lines.append(f"machine: {result['machine']}")

@@ -59,7 +59,7 @@ def cmd_bench_e2e(args: argparse.Namespace) -> int:
     from bench.e2e import run_e2e_bench
 
     for flag, value in (("--clients", args.clients), ("--nodes", args.nodes),
-                        ("--count", args.count)):
+                        ("--count", args.count), ("--command-processes", args.command_processes)):
         if value < 1:
             raise UsageError(f"{flag} must be at least 1")
     for flag, fvalue in (("--seconds", args.seconds), ("--rate", args.rate),
@@ -69,6 +69,7 @@ def cmd_bench_e2e(args: argparse.Namespace) -> int:
     result = run_e2e_bench(
         clients=args.clients, nodes=args.nodes, seconds=args.seconds, rate=args.rate,
         steady_seconds=args.steady_seconds, count=args.count, quick=args.quick,
+        command_processes=args.command_processes,
         progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)))
     print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json
           else result["table"])
@@ -215,6 +216,9 @@ def register(sub: Subparsers) -> None:
                     help="steady offered requests/s for the latency figures (default 1,000)")
     be.add_argument("--steady-seconds", type=float, default=10.0)
     be.add_argument("--count", type=int, default=1, help="leases per request (default 1)")
+    be.add_argument("--command-processes", type=int, default=1,
+                    help="command responders in all: the plane and N-1 `--role commands` "
+                         "processes sharing its queue group (default 1, as `pool up`)")
     be.add_argument("--quick", action="store_true",
                     help="8 clients, 20 nodes, 2 s saturating, 100/s for 2 s")
     be.add_argument("--json", action="store_true")
