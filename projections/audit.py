@@ -140,6 +140,8 @@ class AuditReport:
     tenants: dict[str, TenantCredits] = field(default_factory=dict)
     leases: dict[str, LeaseSpend] = field(default_factory=dict)
     discrepancies: list[Discrepancy] = field(default_factory=list)
+    # messages on the log without event headers (not the recorder's): skipped, named here
+    strays: list[tuple[int, str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -153,6 +155,7 @@ class AuditReport:
             "tenants": {t: {**c.figures(), "seqs": c.seqs} for t, c in self.tenants.items()},
             "leases": {lid: asdict(s) for lid, s in self.leases.items()},
             "discrepancies": [asdict(d) for d in self.discrepancies],
+            "strays": [{"seq": seq, "subject": subject} for seq, subject in self.strays],
         }
 
     def lines(self) -> list[str]:
@@ -167,6 +170,8 @@ class AuditReport:
                        f"price lists {','.join(map(str, s.price_list_versions)) or '-'} "
                        f"events {_seqs(s.seqs)}")
         out += [d.line() for d in self.discrepancies]
+        out += [f"stray message (no event headers) at sequence {seq} on {subject!r}: skipped"
+                for seq, subject in self.strays]
         out.append("audit ok" if self.ok else f"audit FAILED: {len(self.discrepancies)} "
                    "discrepancies")
         return out
@@ -254,6 +259,9 @@ class CreditAudit:
                 self._fold_records(page)
         if self._snapshot is None:
             self._snapshot = self._figures()
+        from bus.jetstream.strays import strays
+
+        self.report.strays = sorted(x for x in strays().seen if self.start <= x[0] <= top)
         return self.report
 
     def _fold_records(self, records: Sequence[Record]) -> None:

@@ -33,6 +33,7 @@ from bus.headers import (
 from bus.jetstream.logreader import _LogReader
 from bus.jetstream.natsfast import subscribe_raw, unsubscribe_raw
 from bus.jetstream.recorder import JetStreamAggregateRecorder, JetStreamRecorder, _translated
+from bus.jetstream.strays import strays
 from bus.jetstream.wire import (
     _DIRECT_BATCH,
     _UUIDS,
@@ -41,6 +42,7 @@ from bus.jetstream.wire import (
     _record_of,
     _SubjectState,
     _uuid_of,
+    is_stored_event,
 )
 
 
@@ -75,6 +77,9 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
                     return out
                 subject = headers.get(HDR_SUBJECT, "")
                 if not subject.startswith(prefix):
+                    continue
+                if not is_stored_event(headers):
+                    strays().report(s, subject)  # skipped: never a reason to stop a fold
                     continue
                 topic = headers[HDR_TOPIC]
                 if wanted and topic not in wanted:

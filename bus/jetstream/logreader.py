@@ -18,6 +18,7 @@ from bus.jetstream.natsfast import (
     widen_reads,
 )
 from bus.jetstream.recorder import JetStreamRecorder
+from bus.jetstream.strays import strays
 from bus.jetstream.wire import (
     _RECORD_IDS_LIMIT,
     _UUID_TEXT,
@@ -108,9 +109,17 @@ class _LogReader:
         self.last_d = d
         self.frames += 1
         if subject.startswith(self.prefix):
-            oid_text, is_uuid, version, topic = _event_fields(headers)
-            self._learned(subject.decode(), version, seq)
-            self.records.append((seq, oid_text, is_uuid, version, topic, bytes(data)))
+            try:
+                oid_text, is_uuid, version, topic = _event_fields(headers)
+            except (KeyError, ValueError):
+                # a stray: skipped and reported; the subject's end is looked up again on its
+                # next write rather than remembered from a message that is no event
+                name = subject.decode("utf-8", "replace")
+                strays().report(seq, name)
+                self.recorder._cache.pop(name, None)
+            else:
+                self._learned(subject.decode(), version, seq)
+                self.records.append((seq, oid_text, is_uuid, version, topic, bytes(data)))
         if self.frames >= self.want and self.done is not None and not self.done.done():
             self.done.set_result(None)
 

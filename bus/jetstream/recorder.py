@@ -41,6 +41,7 @@ from bus.jetstream.natsfast import (
     subscribe_raw,
     unsubscribe_raw,
 )
+from bus.jetstream.strays import strays
 from bus.jetstream.wire import (
     _DIRECT_BATCH,
     _UNWRITTEN,
@@ -52,6 +53,7 @@ from bus.jetstream.wire import (
     _parse_headers,
     _stored_event_from,
     _SubjectState,
+    is_stored_event,
     originator_token,
 )
 from bus.runtime import BusRuntime, translate
@@ -514,13 +516,17 @@ class JetStreamRecorder:
                 self._remember(subject, _SubjectState(None, 0))
                 return []
             headers, data, seq = last
+            if not is_stored_event(headers):
+                # a stray is the subject's last message: read the subject to its last event
+                strays().report(seq, subject)
+                return (await self._select_events(originator_id, gt, lte, False, None))[-1:]
             e = _stored_event_from(headers, data)
             self._remember(subject, _SubjectState(e.originator_version, seq))
             if gt is not None and e.originator_version <= gt:
                 return []
             return [e]
         events: list[StoredEvent] = []
-        last_seen: tuple[int, int] | None = None
+        last_seen: tuple[int | None, int] | None = None
         start = 1
         known = self._cache.get(subject)
         if gt is not None and known is not None and known.last_version == gt and known.last_seq:
@@ -545,6 +551,12 @@ class JetStreamRecorder:
         if leader_last > reached:
             scanned += await self._leader_tail(subject, reached, leader_last)
         for seq, headers, data in scanned:
+            if not is_stored_event(headers):
+                # a stray on this aggregate's subject: skipped, but it is the subject's end
+                # for the next write's expectation if nothing follows it
+                strays().report(seq, subject)
+                last_seen = (last_seen[0] if last_seen else None, seq)
+                continue
             e = _stored_event_from(headers, data)
             last_seen = (e.originator_version, seq)
             if gt is not None and e.originator_version <= gt:

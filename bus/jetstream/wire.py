@@ -52,6 +52,14 @@ def originator_token(originator_id: UUID | str) -> str:
     return "h-" + hashlib.sha256(s.encode("utf8")).hexdigest()[:40]
 
 
+def is_stored_event(headers: dict[str, str]) -> bool:
+    """Whether a log message carries the recorder's event headers; one that does not (a stray:
+    something else published on a log subject) is skipped by every reader and reported."""
+    version = headers.get(HDR_VERSION)
+    return (HDR_TOPIC in headers and HDR_ORIGINATOR_ID in headers
+            and version is not None and version.isdigit())
+
+
 def _stored_event_from(headers: dict[str, str], data: bytes) -> StoredEvent:
     oid: UUID | str = headers[HDR_ORIGINATOR_ID]
     if headers.get(HDR_ID_KIND) == "uuid":
