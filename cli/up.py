@@ -361,8 +361,9 @@ def register_serve(sub: Subparsers) -> None:
         "serve", help="run the command service and the scheduler (or some of the roles)",
         description="Run control-plane roles against POOL_NATS_URL (a comma-separated list names "
         "the servers of a cluster). commands: command, admin and node subjects (queue group "
-        "pool-commands: run any number); scheduler: placements and agent orders (leader election "
-        "in JetStream KV: one active, the others warm standbys); reconciler: fired deadline "
+        "pool-commands: run any number); scheduler: placements and agent orders (leader elections "
+        "in JetStream KV: one scheduler per pool, pools spread over the scheduler processes, "
+        "one of them dispatching; the others take over when one dies); reconciler: fired deadline "
         "timers (one shared durable consumer: any number); projector: the PostgreSQL views "
         "(needs POOL_DATABASE_URL).")
     srv.add_argument("--role", action="append", metavar="ROLE",
@@ -374,6 +375,6 @@ def register_serve(sub: Subparsers) -> None:
     srv.add_argument("--database-url",
                      help="PostgreSQL for the views (default: POOL_DATABASE_URL or `pool up`)")
     srv.add_argument("--leader-ttl", type=float, default=3.0, metavar="SECONDS",
-                     help="the scheduler's leader lease: a standby takes over this long after "
-                     "the active one dies (default 3)")
+                     help="the schedulers' leader leases (per pool, and the dispatcher's): "
+                     "another scheduler takes over this long after one dies (default 3)")
     srv.set_defaults(func=cmd_serve)

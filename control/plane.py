@@ -2,7 +2,8 @@
 
 `pool serve` runs this; tests build the same `ControlPlane` and drive the scheduler by hand.
 Roles split it across processes (compose runs each as its own service): `commands` (queue
-group, any number), `scheduler` (with the dispatcher; leader election keeps one active),
+group, any number), `scheduler` (any number: each pool is placed by one of them, elected per
+pool; one of them also dispatches and answers `why`),
 `reconciler` (a shared durable consumer of fired timers, any number), `projector` (the views).
 """
 
