@@ -58,7 +58,10 @@ class ServerThread:
         deadline = time.monotonic() + timeout
         while not self.server.started:
             if self.error is not None or not self.thread.is_alive():
-                raise RuntimeError(f"the gateway did not start: {self.error!r}")
+                # uvicorn exits (SystemExit) when it cannot bind: the usual cause is a port in use
+                why = ("cannot listen there; is the port in use?"
+                       if isinstance(self.error, SystemExit) else repr(self.error))
+                raise RuntimeError(f"the gateway did not start: {why}")
             if time.monotonic() > deadline:
                 raise RuntimeError("the gateway did not start in time")
             time.sleep(0.02)
