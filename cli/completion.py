@@ -47,9 +47,7 @@ complete -o default -F _pool_complete pool
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    from cli.main import build_parser
-
-    print(script(build_parser(), args.shell), end="")
+    print(script(args.root_parser, args.shell), end="")
     return EXIT_OK
 
 

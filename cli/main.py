@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                      telemetry.register, quotas.register, overview.register,
                      completion.register):
         register(sub)
+    p.set_defaults(root_parser=p)  # for `pool completion`, which walks the whole tree
     return p
 
 
