@@ -43,6 +43,7 @@ NAMES = {
     6: "agent stopped past grace",
     7: "postgres restart",
     8: "bad input",
+    9: "malicious tenant",
 }
 
 # --quick fits CI on a 2-core machine; the full sizes are the issue's
@@ -55,6 +56,7 @@ QUICK: dict[int, dict[str, Any]] = {
     6: {"rounds": 1, "leases": 1},
     7: {"grants": 240, "restarts": 1, "rate": 40.0},
     8: {"inputs": 1000},
+    9: {"attacks": 2000, "leases": 20, "nodes": 4},
 }
 FULL: dict[int, dict[str, Any]] = {
     1: {"commands": 10_000, "kill_every_s": 4.0, "threads": 8},
@@ -65,6 +67,7 @@ FULL: dict[int, dict[str, Any]] = {
     6: {"rounds": 3, "leases": 2},
     7: {"grants": 2000, "restarts": 3, "rate": 60.0},
     8: {"inputs": 5000},
+    9: {"attacks": 10_000, "leases": 100, "nodes": 8},
 }
 
 
@@ -1431,6 +1434,14 @@ def scenario_quorum_loss(ws: Workspace, size: dict[str, Any], o: Outcome) -> Non
 
 # -- the suite -----------------------------------------------------------------------------------------
 
+def scenario_malicious_tenant(ws: Workspace, size: dict[str, Any], o: Outcome) -> None:
+    """A tenant with its own credentials only, crafting reply subjects, subjects and names
+    (chaos/malicious.py)."""
+    from chaos.malicious import run
+
+    run(ws, size, o)
+
+
 SCENARIOS: dict[int, Callable[[Workspace, dict[str, Any], Outcome], None]] = {
     1: scenario_nats_kills,
     2: scenario_quorum_loss,
@@ -1440,6 +1451,7 @@ SCENARIOS: dict[int, Callable[[Workspace, dict[str, Any], Outcome], None]] = {
     6: scenario_agent_stopped,
     7: scenario_postgres_restart,
     8: scenario_bad_input,
+    9: scenario_malicious_tenant,
 }
 
 

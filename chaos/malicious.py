@@ -1,0 +1,162 @@
+"""Fault scenario 9: a malicious tenant with nothing but its own credentials, beside tenants that
+work. Judged from the log: nothing foreign in it, every normal command answered, no double
+placement."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from chaos.suite import ROOT, Outcome, Workspace, _must, lease_body, node_body
+
+NORMAL = ("beta", "gamma")
+# reply subjects aimed at every stream and KV, the JetStream API, others' inboxes and prefixes
+# that only look like the tenant's own
+REPLY_TARGETS = ("pool.evt.pool.{r}", "pool.evt.account.{r}", "pool.trk.{r}",
+                 "pool.sched.lease.{r}", "pool.due.lease.{r}", "pool.agent.n0.start",
+                 "pool.agent.{r}.preempt", "pool.tel.p1.n0.beta.{r}.usage",
+                 "$KV.pool_leader.scheduler", "$KV.{r}.x", "$JS.API.STREAM.DELETE.POOL_EVENTS",
+                 "$JS.API.STREAM.PURGE.POOL_AGENT", "$JS.API.CONSUMER.CREATE.POOL_SCHED.{r}",
+                 "_INBOX.t.beta.{r}", "_INBOX.n.n0.{r}", "_INBOX.a.operator.{r}", "_INBOX.{r}",
+                 "_INBOX.t.alphax.{r}", "_INBOX.t.alpha")
+# subjects outside its own: the server refuses them before any service sees them
+FOREIGN_SUBJECTS = ("pool.cmd.beta.lease.request", "pool.node.n0.register", "pool.admin.pool.set",
+                    "pool.evt.account.{r}", "pool.agent.n0.start", "pool.sched.lease.{r}",
+                    "$KV.pool_leader.scheduler", "$JS.API.STREAM.LIST", "{r}.{r}")
+OWN_VERBS = ("lease.request", "lease.{r}.get", "lease.{r}.release", "lease.{r}.commit",
+             "telemetry.replay", "query.queue", "lease.{r}.why")
+
+
+def _pool(ws: Workspace, *args: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "cli.main", *args, "--json"],
+                         capture_output=True, text=True, env=ws.env(), timeout=60, cwd=ROOT,
+                         check=False)
+    lines = out.stdout.strip().splitlines()
+    return json.loads(lines[-1]) if lines else {"ok": False, "error": {"code": "no_output",
+                                                                      "message": out.stderr}}
+
+
+async def _attack(url: str, creds: dict[str, Any], attacks: int, seed: int) -> int:
+    """Send `attacks` messages as the malicious tenant; how many the server refused."""
+    import nats
+
+    refused = 0
+
+    async def on_error(e: Exception) -> None:
+        nonlocal refused
+        if "permissions violation" in str(e).lower():
+            refused += 1
+
+    nc = await nats.connect(url, user=creds["user"], password=creds["password"],
+                            inbox_prefix=str(creds["inbox_prefix"]).encode(), error_cb=on_error)
+    rnd = random.Random(seed)
+    for i in range(attacks):
+        r = f"x{i}"
+        body = json.dumps(lease_body(f"evil-{i}")).encode()
+        if rnd.random() < 0.7:  # its own subjects, replies aimed elsewhere
+            subject = "pool.cmd.alpha." + rnd.choice(OWN_VERBS).format(r=r)
+            await nc.publish(subject, body, reply=rnd.choice(REPLY_TARGETS).format(r=r))
+        else:
+            await nc.publish(rnd.choice(FOREIGN_SUBJECTS).format(r=r), body,
+                             reply=f"{creds['inbox_prefix']}.{r}")
+        if i % 250 == 0:
+            await nc.flush()
+    await nc.flush()
+    await asyncio.sleep(1.0)  # the server's refusals come back asynchronously
+    await nc.close()
+    return refused
+
+
+async def _foreign(url: str) -> dict[str, int]:
+    """Messages in the log, work-queue and timer streams that no control-plane writer made:
+    every one of theirs carries headers (the recorder's event headers, a message id, a
+    schedule), a reply envelope none."""
+    import nats
+
+    from bus.jetstream.wire import is_stored_event
+    from bus.subjects import AGENT_STREAM, EVENTS_STREAM, SCHEDULE_STREAM
+
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    out = {"foreign_messages": 0, "log_messages": 0}
+    for stream in (EVENTS_STREAM, AGENT_STREAM, SCHEDULE_STREAM):
+        state = (await js.stream_info(stream)).state
+        if stream == EVENTS_STREAM:
+            out["log_messages"] = state.messages
+        for seq in range(state.first_seq, state.last_seq + 1 if state.messages else 0):
+            try:
+                msg = await js.get_msg(stream, seq)
+            except Exception:  # noqa: BLE001, S112 - deleted or acked away: nothing to judge
+                continue
+            headers = dict(msg.headers or {})
+            ours = is_stored_event(headers) if stream == EVENTS_STREAM else bool(headers)
+            if not ours:
+                out["foreign_messages"] += 1
+    await nc.close()
+    return out
+
+
+def run(ws: Workspace, size: dict[str, Any], o: Outcome) -> None:
+    """`pool up` with users; tenant alpha floods its own and others' subjects with crafted reply
+    subjects and tries colliding names while beta and gamma request leases."""
+    from bus.local.auth import url_with_credentials
+    from chaos.invariants import check_placements
+    from client.api import PoolClient
+    from local.embedded import tenant_credentials
+
+    up = ws.spawn("up", "up", "--no-postgres")
+    up.wait_ready("ready:")
+    endpoints = json.loads((ws.home / "endpoints.json").read_text())
+    nats_url = str(endpoints["nats_url"])
+    service_url = str(endpoints.get("service_url") or nats_url)
+    ws.urls.add(service_url)
+    _must(_pool(ws, "admin", "pool", "create", "p1", "--priority-classes", "standard=10"))
+    admin = ws.client(service_url)
+    for i in range(int(size["nodes"])):
+        _must(admin.admin("node.register", node_body(f"n{i}")))
+    for t in ("alpha", *NORMAL):
+        _must(_pool(ws, "admin", "tenant", "set", t, "--pool", "p1"))
+        _must(_pool(ws, "credits", "grant", t, "1000000000000"))
+    alpha = _must(_pool(ws, "admin", "tenant", "creds", "alpha"))["result"]
+    # colliding names: another spelling of a tenant, a node named like a tenant's user
+    collisions = [_pool(ws, "admin", "tenant", "creds", name) for name in ("Beta", "be.ta")]
+    o.figures["collisions_refused"] = sum(
+        (c.get("error") or {}).get("code") == "name_collision" for c in collisions)
+    o.expect(o.figures["collisions_refused"] == len(collisions),
+             f"a colliding name was accepted: {collisions}")
+
+    attacks = int(size["attacks"])
+    result: dict[str, Any] = {}
+
+    def attack() -> None:
+        result["refused"] = asyncio.run(_attack(nats_url, alpha, attacks, seed=9))
+
+    flood = threading.Thread(target=attack, name="chaos-malicious")
+    flood.start()
+
+    def work(tenant: str) -> list[dict[str, Any]]:
+        creds = tenant_credentials(tenant, ws.home)
+        assert creds is not None
+        with PoolClient(url_with_credentials(nats_url, creds), tenant, timeout=30) as c:
+            return [c.request_lease(lease_body(f"{tenant}-{k}", cpu_millis=500))
+                    for k in range(int(size["leases"]))]
+
+    with ThreadPoolExecutor(len(NORMAL)) as pool:
+        answers = [r for rs in pool.map(work, NORMAL) for r in rs]
+    flood.join(600)
+    o.figures["attacks"] = attacks
+    o.figures["server_refused"] = result.get("refused", 0)
+    o.figures["normal_commands"] = len(answers)
+    o.zero("normal_unanswered", sum(not a.get("ok") for a in answers),
+           str([a.get("error") for a in answers if not a.get("ok")][:3]))
+    judged = asyncio.run(_foreign(service_url))
+    o.zero("foreign_messages", judged["foreign_messages"])
+    o.figures["log_messages"] = judged["log_messages"]
+    log = ws.log_reader(service_url)
+    o.zero("double_placements", check_placements(log).double_placements)
