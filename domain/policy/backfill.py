@@ -14,6 +14,7 @@ import numpy as np
 from domain.lease import Lease, LeaseState
 from domain.policy.fairness import effective_rank
 from domain.policy.placement import FilterResult, NodeTable, Packing
+from domain.reservation import Withheld
 from domain.resources import Resources, Shape
 
 # a reservation or estimate walks the leases of at most this many candidate nodes
@@ -109,6 +110,15 @@ class Backfill:
         self._earliest: dict[tuple[Resources, tuple[int, ...]], tuple[float, str] | None] = {}
         # the caller's per-cycle estimates by key (e.g. shape and trust), cleared by `begin`
         self.estimates: dict[object, float | None] = {}
+        # node → capacity kept there for advance reservations and maintenance windows
+        self._windows: dict[str, list[Withheld]] = {}
+
+    def withhold(self, withheld: Iterable[Withheld]) -> None:
+        """This cycle's advance reservations and maintenance windows (domain.reservation):
+        `admits` keeps other requests out of them as it does for heads' reservations."""
+        self._windows.clear()
+        for w in withheld:
+            self._windows.setdefault(w.node_id, []).append(w)
 
     def begin(self, now: float, queued: Callable[[str], bool]) -> None:
         """Start a cycle at `now`: forget heads no longer queued and reserve again for the
@@ -258,11 +268,21 @@ class Backfill:
         return None
 
     def admits(self, node_id: str, resources: Resources, end_at: float | None,
-               lease_id: str | None = None) -> bool:
+               lease_id: str | None = None, window: str | None = None) -> bool:
         """Whether placing `resources` on `node_id` now, until `end_at`, leaves every
         reservation there (but the request's own) able to start on time: it ends before the
         reservation begins, or it fits beside the reservation in what the node will have
-        free by then."""
+        free by then. Windows (`withhold`) other than `window`, the one the request may use,
+        are counted together from the earliest one it would overlap."""
+        ws = [w for w in self._windows.get(node_id, ())
+              if w.reservation_id != window and (end_at is None or end_at > w.start_at)]
+        if ws:
+            kept = resources
+            for w in ws:
+                kept = kept + w.resources
+            at = min(w.start_at for w in ws)
+            if not (self.capacity_at(node_id, at) - kept).is_non_negative():
+                return False
         for r in self._by_node.get(node_id, ()):
             if r.lease_id == lease_id:
                 continue
@@ -274,19 +294,20 @@ class Backfill:
         return True
 
     def place(self, shape: Shape, end_at: float | None, *, packing: Packing,
-              allowed_trust_levels: Iterable[str] | None, lease_id: str | None = None
-              ) -> tuple[str | None, FilterResult, bool]:
+              allowed_trust_levels: Iterable[str] | None, lease_id: str | None = None,
+              window: str | None = None) -> tuple[str | None, FilterResult, bool]:
         """(node, filter result, held back): the node the table would choose for `shape`
         among those `admits` allows (the table's own first choice when admitted, else the
         best of the rest), or None; held back is True when it fits now but only where it
         would delay a reservation."""
         node_id, fr = self.table.place_fast(shape, packing=packing,
                                             allowed_trust_levels=allowed_trust_levels)
-        if node_id is None or self.admits(node_id, shape.resources, end_at, lease_id):
+        if node_id is None or self.admits(node_id, shape.resources, end_at, lease_id, window):
             return node_id, fr, False
         fresh = self.table.filter(shape, allowed_trust_levels=allowed_trust_levels)
         ok = [int(i) for i in fresh.eligible
-              if self.admits(self.table.node_id_at(int(i)), shape.resources, end_at, lease_id)]
+              if self.admits(self.table.node_id_at(int(i)), shape.resources, end_at, lease_id,
+                             window)]
         if not ok:
             return None, fresh, True
         best = self.table.rank(shape, np.asarray(ok, dtype=np.int64), packing, limit=1)
