@@ -122,7 +122,8 @@ GpuCount = Annotated[int, Meta(ge=0, le=MAX_GPU_COUNT)]
 GpuMemoryGib = Annotated[int, Meta(ge=0, le=MAX_GPU_MEMORY_GIB)]
 # a GPU or MIG UUID as NVML spells it, or "<gpu uuid>/ts<k>" for a time-slice replica
 DeviceId = Annotated[
-    str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9:._/-]{0,127}(?!\n)$", max_length=128)
+    str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9:._-]{0,119}(/ts[0-9]{1,2})?(?!\n)$",
+              max_length=128)
 ]
 MAX_DEVICES = 1024  # MIG instances and replicas included
 LocalDiskGib = Annotated[int, Meta(ge=0, le=MAX_LOCAL_DISK_GIB)]

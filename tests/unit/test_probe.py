@@ -108,3 +108,17 @@ def test_a_multi_node_nvlink_domain_read_from_the_fabric_becomes_the_nodes_label
     assert p.capabilities(reserve=Reserve(0, 0, 0), runtimes=("container",),
                           labels={"nvlink_domain": "nvl-a"})["labels"] == {"nvlink_domain": "nvl-a"}
     assert probe_gpus(nvml_standin.Board(2)).fabric_domain is None
+
+
+def test_hostile_device_lists_are_refused_by_the_registration_schema() -> None:
+    import pytest
+
+    caps = NodeProbe(8000, "amd64", 65536, 100, probe_gpus(nvml_standin.Board(2))).capabilities(
+        reserve=Reserve(0, 0, 0), runtimes=("container",), labels={})
+    for bad in ({"id": "GPU-x/../../etc"}, {"id": "GPU-x\n"}, {"id": "-GPU"},
+                {"id": "MIG-a", "kind": "mig"},  # no profile nor parent
+                {"id": "GPU-a/ts0", "kind": "replica", "profile": "1g.10gb", "parent": "GPU-a"},
+                {"id": "GPU-a", "minor": 70000}):
+        hostile = {**caps, "devices": [bad, *caps["devices"][1:]]}
+        with pytest.raises(msgspec.ValidationError):
+            msgspec.convert(hostile, v1.NodeCapabilitiesSpec)
