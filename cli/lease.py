@@ -189,13 +189,31 @@ def cmd_lease_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_lease_watch(args: argparse.Namespace) -> int:
-    """Print the lease each time it changes, until it ends."""
+    """Print the lease each time it changes, until it ends; without an id, every lease of the
+    tenant as it changes (from the leases view), until Ctrl-C."""
     import json
     import time
 
     from cli.run import FINAL_STATES, POLL_SECONDS
 
-    with pool_client(args, tenant_of(args)) as c:
+    tenant = tenant_of(args)
+    with pool_client(args, tenant) as c:
+        if not args.lease_id:
+            versions: dict[str, Any] = {}
+            subject = f"pool.cmd.{tenant}.query.leases"
+            while True:
+                reply = c.call(subject, {"limit": 1000})
+                if not reply.get("ok"):
+                    return print_envelope(reply, args.json)
+                rows = sorted(reply["result"]["rows"], key=lambda r: r.get("requested_at") or 0)
+                for row in rows:
+                    now = tuple(row.get(k) for k in ("state", "node_id", "epoch", "end_reason",
+                                                     "exit_code"))
+                    if versions.get(row["lease_id"]) != now:
+                        versions[row["lease_id"]] = now
+                        print(json.dumps(row, default=str) if args.json else _lease_line(row),
+                              flush=True)
+                time.sleep(1.0)
         seen = -1
         while True:
             reply = c.lease(args.lease_id, "get")
@@ -309,9 +327,10 @@ def register(sub: Subparsers) -> None:
     lg.add_argument("--since", metavar="T", help="only output from T on: a duration back from "
                     "now (30s, 10m, 2h) or an ISO 8601 time")
     lg.set_defaults(func=cmd_lease_logs)
-    wt = lease.add_parser("watch", help="print a lease each time it changes, until it ends")
+    wt = lease.add_parser("watch", help="print a lease each time it changes, until it ends "
+                          "(no id: every lease of the tenant, until Ctrl-C)")
     client_opts(wt, tenant=True)
-    wt.add_argument("lease_id")
+    wt.add_argument("lease_id", nargs="?")
     wt.set_defaults(func=cmd_lease_watch)
     rq = lease.add_parser("request", help="ask for a lease on a resource shape")
     client_opts(rq, tenant=True)
