@@ -1,10 +1,5 @@
 """A tenant's credits: grants in, holds against leases, settlements out, in micro-credits.
-
-One `Account` aggregate per tenant. Every movement names a `transfer_id`; a transfer id seen
-before is a no-op that records nothing, so retried commands can never move credits twice.
-
-    available = granted - held - spent   (never negative: holds check it, settlements only
-                                          move credits from held to spent and back)
+Idempotent transfers and the balance rule: docs/architecture.md#pools-prices-and-credits.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """A cohort of tenants in one pool: its own shared nominal quota and its reclaim policy.
-
-Membership is each tenant's own setting (`TenantPolicy.cohort`), so a tenant is in at most one
-cohort per pool by construction. One level: cohorts have no parent.
+Membership and borrowing: docs/quotas.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """A node's enrollment by the operator: its pool, trust level and the most it may claim.
-
-One `Enrollment` aggregate per node id. An agent's registration is checked against it; the trust
-level is the enrollment's, never the agent's.
+Why the trust level is the enrollment's, never the agent's: docs/security.md.
 """
 
 from __future__ import annotations

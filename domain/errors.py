@@ -1,7 +1,5 @@
 """Every refusal the domain can make, one class per failure, each with a stable `code`.
-
-Command handlers turn these into reply envelopes (`error.code`, `error.message`,
-`error.reasons`) via `to_dict`; nothing else may cross the domain boundary as an exception.
+Replies carry them as `error.code`, `error.message`, `error.reasons`: docs/api.md.
 """
 
 from __future__ import annotations

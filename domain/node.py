@@ -1,11 +1,5 @@
 """A node's capacity ledger: what it can offer, what is allocated to which lease, its state.
-
-One `Node` aggregate per agent-reported node id. It is the single writer of that node's
-allocations, so optimistic concurrency on it is what stops two leases taking the same capacity.
-
-States:  ready ─cordon→ cordoned ─uncordon→ ready;  ready|cordoned ─drain→ draining ─uncordon→
-ready;  ready|cordoned|draining ─enter_maintenance (empty only)→ maintenance ─end_maintenance→
-ready;  any ─mark_lost→ lost ─reregister→ ready.  Only a ready node accepts allocations.
+States and verbs: docs/architecture.md#the-node-lifecycle.
 """
 
 from __future__ import annotations

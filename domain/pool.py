@@ -1,10 +1,5 @@
-"""Pool-wide policy and per-tenant settings: packing, timeouts, priority classes, preemption,
-aging, prices, the image policy (`Pool`), and each tenant's weight and quota in a pool
-(`TenantPolicy`).
-
-Config is versioned by events (PoolCreated, PoolConfigured, PriceListSet, ImagePolicySet); a lease records the
-values it was admitted under, so a later change never rewrites history. Prices are integer
-micro-credits and every price function rounds up, so a hold always covers its charge.
+"""Pool-wide policy (`Pool`) and each tenant's weight and quota in a pool (`TenantPolicy`).
+Versioned settings and prices: docs/architecture.md#pools-prices-and-credits.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Quotas in the Kueue model: per-dimension limits, nominal quota, and cohorts that borrow, lend
-and reclaim. Pure arithmetic over usage the caller passes in; see docs/quotas.md.
-
-A tenant's quota names dimensions; a dimension it does not name is unlimited for it (and the
-tenant takes no part in the cohort's accounting of that dimension).
+"""Quotas in the Kueue model: per-dimension limits, nominal quota, cohorts that borrow and lend.
+Arithmetic over usage the caller passes in; the rules: docs/quotas.md.
 """
 
 from __future__ import annotations

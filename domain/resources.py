@@ -1,9 +1,4 @@
-"""The vocabulary of capacity: resource vectors, request shapes and node capabilities.
-
-Pure value objects shared by the aggregates and the scheduling policy. Every unit is in the
-field name. Events carry these as plain dicts (`to_dict`/`from_dict`) so any transcoder can
-store them.
-"""
+"""The vocabulary of capacity: resource vectors, request shapes and node capabilities."""
 
 from __future__ import annotations
 

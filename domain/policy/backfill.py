@@ -1,7 +1,5 @@
-"""EASY backfill: the blocked head of each priority band holds a reservation at the earliest
-time enough capacity frees, and a later request is placed only where it cannot delay that.
-
-Pure: `now` and every lease's end estimate come in as arguments (see `lease_end_estimate`).
+"""EASY backfill: each band's blocked head holds a reservation that later requests may not delay.
+Design and estimates: docs/adr/002-easy-backfill.md.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Fair ordering of pending requests: priority classes with aging, then weighted DRF over current
-and decayed past usage, then FIFO.
-
-Weighted Dominant Resource Fairness after Ghodsi et al., NSDI 2011; past usage decays with a
-half-life as in Slurm's fair-share factor. Pure: `now` and event times are passed in.
+"""Fair ordering of pending requests: priority classes with aging, weighted DRF, then FIFO.
+The order and its sources: docs/architecture.md#the-scheduler and docs/quotas.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """Placement policy: the pool's nodes as numpy columns, vectorised filtering and ranking.
-
-Pure: no I/O and no clock. One `filter` + `rank` of a request over 10,000 nodes is a few dozen
-numpy operations over whole columns (see bench/placement_micro.py for the measured cost).
+Its cost is measured by bench/placement_micro.py.
 """
 
 from __future__ import annotations

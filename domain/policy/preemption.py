@@ -1,7 +1,5 @@
 """Preemption policy: which running leases to stop so a waiting request fits, losing least work.
-
-Pure: `now` is passed in. The caller passes only nodes that pass the request's static filters
-and could hold it when empty (`FilterResult.busy` from NodeTable.filter).
+Callers pass only nodes that could hold the request when empty (`FilterResult.busy`).
 """
 
 from __future__ import annotations
