@@ -1,8 +1,4 @@
-"""Versioned wire types (msgspec Structs) and the single decode entry point for commands.
-
-Import from here: `decode_command(kind, data)` raises only `SchemaError`; `schemas.export`
-writes the JSON Schema and AsyncAPI files under schemas/json/.
-"""
+"""Versioned wire types (msgspec Structs) and the single decode entry point for commands."""
 
 from __future__ import annotations
 

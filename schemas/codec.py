@@ -1,7 +1,5 @@
 """The one way bytes from the wire become typed commands: `decode_command(kind, data)`.
-
-Whatever the bytes, it returns a Struct or raises `SchemaError` with a stable code and a
-one-line message naming the field path; no other exception escapes.
+Rules for every decode: docs/architecture.md#wire-types-and-their-evolution.
 """
 
 from __future__ import annotations

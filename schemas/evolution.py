@@ -1,7 +1,5 @@
 """How stored events evolve: eventsourcing's class_version and upcast_vN_vN+1 convention.
-
-`PoolPolicy` is a small worked example (v1 events lacked `aging_seconds_per_rank`); the
-library's Mapper upcasts old stored events on read, so history is never rewritten.
+Why history is never rewritten: docs/architecture.md#wire-types-and-their-evolution.
 """
 
 from __future__ import annotations

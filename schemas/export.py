@@ -1,7 +1,5 @@
 """Generate schemas/json/: one JSON Schema per public Struct plus an AsyncAPI 3.0 document.
-
-Output is deterministic (sorted keys, indent 2, trailing newline) so the committed files can be
-compared byte for byte with the Structs; `python -m schemas.export [DIR]` regenerates them.
+Regenerate: `python -m schemas.export [DIR]`; docs/architecture.md#wire-types-and-their-evolution.
 """
 
 from __future__ import annotations

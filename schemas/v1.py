@@ -1,7 +1,5 @@
 """Version 1 of the wire types: commands, admin bodies, agent messages, telemetry and replies.
-
-Every unit is in the field name, every bound is a msgspec.Meta constraint, and every command
-forbids unknown fields so a misspelt field is refused instead of silently defaulted.
+Units, bounds and unknown fields: docs/architecture.md#wire-types-and-their-evolution.
 """
 
 from __future__ import annotations
