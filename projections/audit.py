@@ -1,11 +1,5 @@
 """`pool audit credits`: replays the credit events from the JetStream log, never the views.
-
-From the first event it recomputes every tenant's granted / held / spent / shortfall from the
-events' own fields, follows each lease's holds and settlements (with the stream sequence of
-every event behind them), and checks each settlement's charge against what the lease's
-recorded run (started_at → run end, or the settlement's time) costs at the price list in
-force in the pool at that point of the log (Pool.charge_for: per started second, rounded up).
-Then it cross-checks the balance view, as of the view's own tracked position.
+What it recomputes and checks: docs/architecture.md#the-credit-audit.
 """
 
 from __future__ import annotations
@@ -517,10 +511,10 @@ _new, _setattr = object.__new__, object.__setattr__
 @contextlib.contextmanager
 def _gc_paused_and_aged() -> Iterator[None]:
     """views.gc_paused, and at its end the fold's survivors (the report, the folded
-    aggregates: ~450,000 objects at 200,000 events) put in the oldest generation without a
-    scan: with the collector back on, the first allocation would otherwise start a collection
-    of the youngest generation that walks every one of them (~90 ms, ~0.45 us per event of
-    the replay), and a later one of the middle generation walks them again.
+    aggregates) put in the oldest generation without a scan: with the collector back on, the
+    first allocation would otherwise start a collection of the youngest generation that walks
+    every one of them (figures: docs/performance.md), and a later one of the middle generation
+    walks them again.
 
     freeze() then unfreeze() moves every tracked object to the oldest generation in O(1); the
     oldest generation's full collections still walk them, as any long-lived object. Where

@@ -1,8 +1,5 @@
 """Reads of the views: what `pool.cmd.<tenant>.query.<view>` and the CLI tables answer.
-
-A tenant's query always carries `tenant = <its own name>` in SQL; filters are limited to named
-columns, values are bound parameters, and paging is keyset on the view's key (the cursor is the
-last key of the previous page).
+Tenant scoping, filters and paging: docs/architecture.md#the-views.
 """
 
 from __future__ import annotations

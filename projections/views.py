@@ -229,8 +229,8 @@ def _credit_extractor(cls: type) -> Any:
 # arrays>) ON CONFLICT … DO UPDATE, and the queue's deletes with one DELETE … WHERE lease_id =
 # ANY(%s). Keys are unique within each statement, so every row is affected at most once, exactly
 # as the per-row upserts it replaces. The rows travel as one JSON text encoded by msgspec (C):
-# psycopg dumps an array parameter value by value in Python (~7-8 us per row here, ~2 us as JSON),
-# and PostgreSQL's cost per row is the same either way (the upsert, not the parsing, dominates).
+# psycopg dumps an array parameter value by value in Python, which costs more per row than the
+# JSON (figures: docs/performance.md), and PostgreSQL's cost per row is the same either way.
 # Numbers go through JSON's text exactly (integers as they are, floats by shortest round-trip
 # repr), jsonb columns are nested JSON values, and SQL NULL is JSON null.
 
@@ -701,10 +701,10 @@ class PoolViews:
 def gc_paused() -> Iterator[None]:
     """The cycle collector off for a bounded fold of the whole log (a rebuild, the audit).
 
-    Such a fold keeps many objects alive (aggregates, per-lease figures) and makes no reference
-    cycles (measured over a 200,000-event log: 20 unreachable objects after the audit, none after
-    a rebuild), so the collector only re-scans a growing heap: ~20% of the audit's time. Any
-    cyclic garbage of other threads waits for the end; the previous setting comes back."""
+    Such a fold keeps many objects alive (aggregates, per-lease figures) and makes (almost) no
+    reference cycles, so the collector would only re-scan a growing heap (figures:
+    docs/performance.md). Any cyclic garbage of other threads waits for the end; the previous
+    setting comes back."""
     was = gc.isenabled()
     gc.disable()
     try:

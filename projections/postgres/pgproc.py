@@ -1,8 +1,5 @@
 """A private PostgreSQL cluster under a temporary directory (initdb + pg_ctl), on a loopback port.
-
-For fault tests that stop, crash and restart the database: they must never touch a shared
-server. The binaries are pgserver's (a dependency), so nothing else needs installing; as root,
-the cluster runs as an unprivileged user, since PostgreSQL refuses to run as root.
+Fault tests stop, crash and restart it; they must never touch a shared server.
 """
 
 from __future__ import annotations
