@@ -1,10 +1,5 @@
 """The node agent: registers what the node has, runs the leases placed on it, and reports.
-
-One loop: take commands from the node's work queue (start / stop / preempt; each acked only
-after it took effect), watch the workloads for exits, and every interval send ONE heartbeat
-for the node and all of its leases. The control plane's answer says which leases are no longer
-live here; their workloads are stopped. A restarted agent re-adopts what it had started and
-never starts the same (lease, epoch, job) twice: it records each start before making it.
+Its loop, heartbeats and re-adoption: docs/architecture.md#the-node-agent.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
 """What this node really has: CPUs, memory, disk, GPUs (NVML), minus a system reserve.
-
-GPUs come from nvidia-ml-py (`pynvml`): model, memory, UUID, minor number, PCI bus, NVLink
-peers, MIG mode and MIG devices — listed one by one as `devices` so each lease is bound to its
-own. MIG profiles (and time-slice replicas, when the operator offers them) are their own
-partition shapes, and GPUs carved up are not offered whole. With no NVIDIA library on the
-machine the node reports zero GPUs and says why once; nothing fails.
+How GPUs, MIG devices and time-slices are offered: docs/gpus.md.
 """
 
 from __future__ import annotations

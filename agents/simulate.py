@@ -1,9 +1,5 @@
-"""A simulated fleet: many node agents in one process whose workloads are timed sleeps.
-
-Each simulated node is the real `Agent` — the same registration, work-queue commands, batched
-heartbeats, exit reports and telemetry subjects as `pool agent run` — with `SleepRuntime` in
-place of a sandbox and one shared connection (`bus.agentbus.FleetLink`). Profiles describe the
-fleet: CPU-only nodes and GPU nodes of two models (one with MIG partitions), across zones.
+"""A simulated fleet: many real node agents in one process whose workloads are timed sleeps.
+What it shares and its profiles: docs/architecture.md#the-node-agent.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """Per-workload cgroups for the process runtime: CPU, memory and pids limits from the shape.
-
-cgroup v2 (one unified hierarchy, `cpu.max`, `memory.max`, `pids.max`) or v1 (a hierarchy per
-controller, `cpu.cfs_quota_us`, `memory.limit_in_bytes`, `pids.max`), whichever is writable here.
+Files under cgroup v1 and v2: docs/security.md; why: docs/adr/009-sandbox-egress-and-limits.md.
 """
 
 from __future__ import annotations

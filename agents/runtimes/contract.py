@@ -1,7 +1,5 @@
 """The runtime contract: how a node agent starts, watches, stops and re-adopts a workload.
-
-Each runtime (`process` under bubblewrap, `docker`) implements `Runtime`; one contract test
-suite (tests/contract/test_runtime_contract.py) runs against every runtime that can start here.
+One suite runs against every runtime: tests/contract/test_runtime_contract.py.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """The `docker` runtime: each job in a locked-down container, found again by its labels.
-
-Images by digest only, uid 65534, read-only root, no capabilities, no new privileges, no network
-unless the shape asks for egress, limits from the shape; `container` runs under runc and
-`sandboxed` under gVisor's runsc when the engine has it registered.
+What the container is allowed: docs/architecture.md#the-node-agent.
 """
 
 from __future__ import annotations

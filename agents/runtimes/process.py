@@ -1,10 +1,5 @@
 """The `process` runtime: the job's command inside a bubblewrap sandbox, no engine needed.
-
-Every namespace unshared (egress, when asked, through a user-mode network stack), uid/gid
-65534, the host's /usr read-only and nothing else of it, a /tmp sized to the shape's memory,
-CPU, memory and pids limits in cgroups (rlimits as the floor). Each workload runs under a tiny
-`sh` supervisor in its own session that writes the exit code to a file, so a restarted agent
-can re-adopt it by its pid file and still learn how it ended.
+The sandbox: docs/security.md; its supervisor: docs/architecture.md#the-node-agent.
 """
 
 from __future__ import annotations
