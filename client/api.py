@@ -1,7 +1,5 @@
 """A small Python client for the command subjects; the CLI is built on it.
-
-Each call sends one request and returns the reply envelope as a dict (`ok`, `lease`/`result`,
-`error`); it raises only for transport failures (bus.errors).
+Each call returns the reply envelope as a dict; it raises only bus.errors, for transport failures.
 """
 
 from __future__ import annotations
