@@ -1,8 +1,5 @@
-"""Checks that fold the whole event log: placements against node capacity and quotas, effects
-per key.
-
-The fault suite (chaos/suite.py) and the scheduler tests judge runs with these, from the log
-alone; nothing here trusts a process's memory.
+"""Checks that fold the whole event log: placements against capacity and quotas, effects per key.
+The fault suite and the scheduler tests judge runs with them, from the log alone.
 """
 
 from __future__ import annotations

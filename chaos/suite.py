@@ -1,10 +1,5 @@
-"""The fault suite, `pool chaos`: kill, stop and garble the parts of a running pool, then judge
-each run from the event log and the views alone, one line of figures per scenario.
-
-Every process under test is a real one (`python -m cli.main serve|projections run|agent run|
-up`, nats-server, PostgreSQL) on loopback ports in a temporary directory; the suite drives them
-with the Python client and reads the log through bus/ like any other worker. Pass or fail is
-computed from what each run observed; nothing here knows the expected figures in advance.
+"""The fault suite, `pool chaos`: kill, stop and garble a running pool's parts, then judge each run.
+How it runs and judges: docs/architecture.md#the-fault-suite.
 """
 
 from __future__ import annotations
