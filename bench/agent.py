@@ -1,11 +1,5 @@
 """`pool bench agent`: start overhead from a start command delivered to the workload running.
-
-A fresh nats-server and control plane; the real Agent takes start commands from its node's
-work queue (JetStream), checks them and starts the workload. Measured per start, sequentially:
-- published → running: the command's publish to the process running (queue + agent + runtime);
-- delivered → running: the agent's own part, from taking the command to the process running.
-For the docker runtime a plain `docker run -d` of the same image is timed in the same run, as
-the engine's own floor. Medians and p90 of N starts each.
+What it measures and how: docs/architecture.md#the-benchmarks.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """`pool bench all`: every benchmark in one run, one table of figures, goals and ratios.
-
-Each figure is shown next to its goal (where the issues set one) and as a ratio to the raw
-JetStream rate that the same benchmark measured in the same run (a 999-message atomic batch,
-in messages/s), so numbers taken on a noisy shared machine stay comparable.
+What it measures and how: docs/architecture.md#the-benchmarks.
 """
 
 from __future__ import annotations

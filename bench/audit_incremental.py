@@ -1,8 +1,5 @@
 """`python -m bench.audit_incremental`: the nightly credit audit from a checkpoint, timed.
-
-A fresh embedded nats-server gets a log of N events (bench.projections' workload: mostly
-credit movements); a checkpoint is taken `--last` events before its end (not timed), then the
-audit from that checkpoint to the end is timed, beside a full replay from sequence 1.
+What it measures and how: docs/architecture.md#the-benchmarks.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """`pool bench e2e`: what a user sees, measured from outside the control plane in one run.
-
-Tenants' clients in processes of their own request leases on `pool.cmd.<tenant>.lease.request`
-against the control plane as `pool up` runs it, with simulated nodes registered and beating:
-accepted requests/s, request → reserved latencies, beside the raw atomic-batch ingest rate.
+What it measures and how: docs/architecture.md#the-benchmarks.
 """
 
 from __future__ import annotations

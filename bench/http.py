@@ -1,9 +1,5 @@
 """`pool bench http`: the HTTP gateway's cost beside the NATS path it fronts, in one run.
-
-The same closed loop of concurrent clients requests leases first on `pool.cmd.<tenant>.lease
-.request` directly, then through `POST /v1/compute-leases` on a gateway in a process of its own,
-against one control plane and one simulated fleet: requests/s and reply p50/p99 for each, and
-their ratios.
+What it measures and how: docs/architecture.md#the-benchmarks.
 """
 
 from __future__ import annotations

@@ -1,21 +1,5 @@
 """`pool bench projections`: the PostgreSQL views and the credit audit against one fresh log.
-
-A fresh embedded nats-server and a fresh PostgreSQL schema (a unique name, dropped at the end).
-A producer writes N events — credit grants / holds / settles / releases on many accounts, plus
-lease requests, queueings and cancels and node heartbeats, so every view gets work — then:
-
-1. the real Projector (control/projector.py) catches up on that log: events/s applied. The four
-   views are applied together, in one PostgreSQL transaction per fetched batch, so the figure
-   is the projector's as a whole (all four views), not one view's;
-2. lag: a producer appends at a steady rate while the projector runs; per event, seconds from
-   its save's append ack to the commit of the projector transaction covering it;
-3. rebuild of the balance view from the first event (projections.views.rebuild), and that time
-   extrapolated linearly to 1,000,000 events (extrapolated, not measured, unless the log has 1M);
-   for reading the figures, the log read alone: direct gets (select_notifications), the same
-   with decoding, and the read-ahead pages the projector, the rebuild and the audit use;
-4. the credit audit (projections/audit.py) replaying the log: credit events/s;
-5. the raw JetStream 999-message atomic-batch ingest of the same server (its own stream), and
-   applied events/s as a ratio to it.
+What it measures and how: docs/architecture.md#the-benchmarks.
 """
 
 from __future__ import annotations

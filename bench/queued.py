@@ -1,8 +1,5 @@
-"""`pool bench queued`: a scheduler starting over a deep queue — its replay time and memory.
-
-A fresh embedded nats-server gets N nodes and R queued requests written beforehand (as the
-command path writes them: a digest and a trace parent each); a fresh scheduler, in a process
-of its own, then replays the log from sequence 1 and runs one cycle, and reports its RSS.
+"""`pool bench queued`: a scheduler starting over a deep queue: its replay time and memory.
+What it measures and how: docs/architecture.md#the-benchmarks.
 """
 
 from __future__ import annotations

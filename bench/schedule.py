@@ -1,8 +1,5 @@
 """`pool bench schedule`: placements/s from accepted request to durable reservation, one run.
-
-A fresh embedded nats-server, N nodes and R requests from three tenants; a producer submits
-requests in atomic batches while the real Scheduler places them. The raw 999-message atomic
-batch ingest of the same server is measured first, so the result is also given as a ratio.
+What it measures and how: docs/architecture.md#the-benchmarks.
 """
 
 from __future__ import annotations
