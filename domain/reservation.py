@@ -1,8 +1,5 @@
-"""Advance reservations and maintenance windows: capacity of a pool withheld over
-[start, start + duration) for one tenant's leases that name it, or whole nodes for no one.
-
-Pure: the aggregate records what an operator decided; `withhold` turns the windows in force at
-`now` into per-node amounts the scheduler's backfill keeps other leases out of.
+"""Advance reservations and maintenance windows: pool capacity withheld over a time window.
+What each withholds and from whom: docs/architecture.md#the-scheduler.
 """
 
 from __future__ import annotations
