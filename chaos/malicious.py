@@ -1,6 +1,6 @@
-"""Fault scenario 9: a malicious tenant with nothing but its own credentials, beside tenants that
-work. Judged from the log: nothing foreign in it, every normal command answered, no double
-placement."""
+"""Fault scenario 9: a malicious tenant with only its own credentials, beside tenants that work.
+Judged from the log: nothing foreign in it, every normal command answered, no double placement.
+"""
 
 from __future__ import annotations
 
