@@ -59,6 +59,51 @@ def _with_suggestion(message: str, parser: argparse.ArgumentParser, words: list[
     return message
 
 
+# a request's wire fields and the flags that set them, so a refusal names the flag
+FLAG_OF_FIELD = {
+    "$.pool_id": "--pool", "$.maximum_runtime_seconds": "--max-runtime",
+    "$.priority_class": "--priority", "$.idempotency_key": "--key", "$.image": "--image",
+    "$.image_signature": "--image-signature", "$.image_size_bytes": "--image-size",
+    "$.count": "--count", "$.env": "--env", "$.command": "the command after --",
+    "$.job.command": "the command after --", "$.job.env": "--env", "$.job.image": "--image",
+    "$.shape.network.egress": "--egress", "$.extend_seconds": "--extend-seconds",
+    "$.exit_code": "--exit-code", "$.reason": "--reason", "$.epoch": "--epoch",
+    "$.tenant": "TENANT", "$.amount_microcredits": "AMOUNT", "$.weight": "--weight",
+}
+
+
+def flag_for(path: str) -> str | None:
+    """The flag that sets a wire field (`$.shape.cpu_millis` → `--cpu-millis`), if any."""
+    if path in FLAG_OF_FIELD:
+        return FLAG_OF_FIELD[path]
+    if path.startswith("$.shape.") and path.count(".") == 2:
+        return "--" + path.removeprefix("$.shape.").replace("_", "-")
+    if path.startswith("$.") and path.count(".") == 1:
+        return "--" + path.removeprefix("$.").replace("_seconds", "").replace("_", "-")
+    return None
+
+
+def in_flag_terms(err: dict[str, Any]) -> dict[str, Any]:
+    """A schema refusal reworded for the command line: the flag instead of the JSON path, the
+    rule instead of a regular expression (`--pool must be lowercase letters, digits, - and _,
+    at most 128`)."""
+    path = str((err.get("reasons") or {}).get("path") or "")
+    flag = flag_for(path) if path else None
+    if flag is None:
+        return err
+    message = re.sub(r" - at `[^`]*`$", "", str(err.get("message") or ""))
+    rule = re.match(r"Expected `str` matching regex '\^\[a-z0-9_-\]\{1,(\d+)\}", message)
+    if rule:
+        message = f"must be lowercase letters, digits, - and _, at most {rule.group(1)}"
+    else:
+        message = re.sub(r"^Expected `(\w+)` ", lambda m: f"must be {m.group(1)} ", message)
+        message = message.replace("must be int ", "must be a whole number ")
+        message = message.replace(">=", "≥").replace("<=", "≤")
+        if path.endswith("_seconds"):
+            message += " (seconds)"
+    return {**err, "message": f"{flag} {message}", "reasons": {}}
+
+
 def fail(message: str, code: str = "error", *, as_json: bool = False) -> int:
     """Report a failed operation on stderr (and as an envelope with --json); exit 1."""
     if as_json:
@@ -86,7 +131,7 @@ def print_envelope(reply: dict[str, Any], as_json: bool) -> int:
                      else json.dumps(v))
             print(f"{k:<{width}}  {shown}")
     if not reply.get("ok"):
-        err = reply.get("error") or {}
+        err = in_flag_terms(reply.get("error") or {})
         reasons = err.get("reasons") or {}
         # a reason that is a flag (value 1) shows as its name: `commit_timeout=1` read as 1 s
         extra = f" ({', '.join(k if v == 1 else f'{k}={v}' for k, v in reasons.items())})" \

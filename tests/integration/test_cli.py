@@ -197,3 +197,15 @@ def test_an_operator_publishes_a_price_list_from_the_cli(
     assert prices["gpu_second"] == {"*": 100, "a100": 400}
     rc, _, err = _run(capsys, "admin", "pool", "prices", "p1", "--gpu-second", "a100", *u)
     assert rc == 2 and "--gpu-second" in err
+
+
+def test_a_refused_field_is_named_by_its_flag_with_its_unit(
+    served: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["lease", "request", "--tenant", "acme", "--cpu-millis", "500", "--memory-mib", "512",
+            "--nats-url", served]
+    rc, _, err = _run(capsys, *base, "--pool", "P Q", "--max-runtime", "60")
+    assert rc == 1 and "[invalid_field]: --pool must be lowercase letters" in err, err
+    rc, _, err = _run(capsys, *base, "--pool", "p1", "--max-runtime", "999999999")
+    assert rc == 1 and "--max-runtime must be a whole number ≤ 2592000 (seconds)" in err, err
+    assert "$." not in err and "regex" not in err
