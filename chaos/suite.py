@@ -240,10 +240,11 @@ class Workspace:
         self.urls.add(s.url)
         return s
 
-    def client(self, url: str, tenant: str = "", timeout: float = 10.0) -> Any:
+    def client(self, url: str, tenant: str = "", timeout: float = 10.0,
+               **connect_options: Any) -> Any:
         from client.api import PoolClient
 
-        c = PoolClient(url, tenant, timeout=timeout)
+        c = PoolClient(url, tenant, timeout=timeout, **connect_options)
         self.closers.append(c.close)
         return c
 
@@ -1107,6 +1108,7 @@ def scenario_bad_input(ws: Workspace, size: dict[str, Any], o: Outcome) -> None:
     from hypothesis import strategies as st
 
     from bus.errors import PayloadTooLarge
+    from bus.replies import admin_inbox, expected_inbox
 
     url = ws.nats().url
     serve = ws.serve(url, name="serve")
@@ -1116,7 +1118,16 @@ def scenario_bad_input(ws: Workspace, size: dict[str, Any], o: Outcome) -> None:
     lease_id = _must(alpha.request_lease(lease_body("fuzz-lease")))["lease"]["lease_id"]
     subjects = fuzz_subjects(lease_id)
     known = _known_codes()
-    client = ws.client(url, timeout=10)
+    # each subject is asked from the inbox the service answers it on (a tenant's, a node's or
+    # the operator's): a reply subject anywhere else is refused before any body is read
+    clients: dict[str, Any] = {}
+
+    def client_for(subject: str) -> Any:
+        prefix = expected_inbox(subject) or admin_inbox("operator")
+        if prefix not in clients:
+            clients[prefix] = ws.client(url, timeout=10, inbox_prefix=prefix.encode())
+        return clients[prefix]
+
     inputs = [0]
     crashes: Counter[str] = Counter()
     untyped: Counter[str] = Counter()
@@ -1132,7 +1143,7 @@ def scenario_bad_input(ws: Workspace, size: dict[str, Any], o: Outcome) -> None:
         body = data.draw(strategies[subject])
         inputs[0] += 1
         try:
-            reply = client.raw(subject, body)
+            reply = client_for(subject).raw(subject, body)
         except PayloadTooLarge:
             codes["payload_too_large (client)"] += 1
             return
