@@ -302,6 +302,9 @@ def register(sub: Subparsers) -> None:
     from cli.quotas import register_admin
 
     register_admin(adm, show, ts)
+    from cli import reservation
+
+    reservation.register_admin(adm)
     tc = aten.add_parser("creds", help="the tenant's NATS user on this machine's `pool up` "
                          "(created and loaded into the running server if new)")
     tc.add_argument("name", metavar="tenant_id")

@@ -53,6 +53,8 @@ def _request_body(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.image:
         body["image"] = args.image
+    if getattr(args, "reservation", None):
+        body["reservation_id"] = args.reservation
     if args.image_signature:
         body["image_signature"] = args.image_signature
     if args.image_size is not None:
@@ -294,6 +296,9 @@ def _shape_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     p.add_argument("--requeue-on-preemption", action="store_true",
                    help="when preempted, go back in the queue and restart the job on the next "
                    "placement (default: end as preempted)")
+    p.add_argument("--reservation", metavar="ID",
+                   help="an advance reservation of the tenant's whose capacity it may use "
+                   "while its window is open (`pool admin reservation create`)")
 
 
 def register(sub: Subparsers) -> None:

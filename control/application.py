@@ -24,11 +24,13 @@ from bus.errors import BusTimeout
 from control.errors import (
     IdempotencyConflict,
     PoolExists,
+    ReservationExists,
     ServiceError,
     UnknownCohort,
     UnknownLease,
     UnknownNode,
     UnknownPool,
+    UnknownReservation,
     UnknownTenant,
     WriteConflict,
 )
@@ -42,7 +44,8 @@ from domain.policy.images import DEFAULT_ISOLATION_BY_TRUST, ImagePolicy
 from domain.policy.preemption import lease_preemptible
 from domain.pool import Pool, PoolConfig, PreemptionSettings, PriceList, TenantPolicy
 from domain.quota import QuotaBook
-from domain.resources import LeaseId, NodeCapabilities, NodeId, PoolId, TenantId
+from domain.reservation import CapacityReservation
+from domain.resources import LeaseId, NodeCapabilities, NodeId, PoolId, Resources, TenantId
 from schemas import v1
 from schemas.codec import digest
 
@@ -377,6 +380,63 @@ class PoolApp(Application[UUID]):
         self.save(cohort, pool if listed else None)
         return cohort
 
+    def _reservation(self, pool_id: str, reservation_id: str, *,
+                     tenant: str | None = None) -> CapacityReservation:
+        """The pool's reservation; one of another tenant is unknown to `tenant`."""
+        r = self.find(CapacityReservation, CapacityReservation.create_id(pool_id, reservation_id))
+        if r is None or (tenant is not None and r.tenant_id != tenant):
+            raise UnknownReservation(f"pool {pool_id!r} has no reservation {reservation_id!r}")
+        return r
+
+    @retried
+    def create_reservation(self, cmd: v1.ReservationCreate) -> CapacityReservation:
+        """Withhold capacity over a window; the same create again answers what it made."""
+        now = self.clock()
+        pool = self._pool(cmd.pool_id)
+        res = cmd.shape.to_domain() if cmd.shape is not None else Resources()
+        for node_id in cmd.node_ids:
+            node = self.find(Node, Node.create_id(node_id))
+            if node is None or node.pool_id != cmd.pool_id:
+                raise UnknownNode(f"pool {cmd.pool_id!r} has no node {node_id!r}")
+        if cmd.tenant is not None and cmd.tenant not in pool.tenants:
+            raise UnknownTenant(f"tenant {cmd.tenant!r} has no settings in pool "
+                                f"{cmd.pool_id!r}; set them with tenant set first")
+        rid = CapacityReservation.create_id(cmd.pool_id, cmd.reservation_id)
+        found = self.find(CapacityReservation, rid)
+        if found is not None:
+            if found.same_request(tenant_id=cmd.tenant, resources=res, count=cmd.count,
+                                  node_ids=cmd.node_ids, start_at=float(cmd.start_at),
+                                  end_at=float(cmd.start_at) + cmd.duration_seconds):
+                return found
+            raise ReservationExists(f"reservation {cmd.reservation_id!r} exists in pool "
+                                    f"{cmd.pool_id!r} with other settings")
+        r = CapacityReservation.create(
+            reservation_id=cmd.reservation_id, pool_id=PoolId(cmd.pool_id),
+            tenant_id=cmd.tenant, resources=res, count=cmd.count, node_ids=cmd.node_ids,
+            start_at=float(cmd.start_at), duration_seconds=cmd.duration_seconds, now=now)
+        listed = pool.list_member("reservation", cmd.reservation_id, now)
+        self.save(r, pool if listed else None)
+        return r
+
+    @retried
+    def delete_reservation(self, cmd: v1.ReservationDelete) -> CapacityReservation:
+        """Withdraw a reservation at once."""
+        r = self._reservation(cmd.pool_id, cmd.reservation_id)
+        r.delete(self.clock())
+        self.save(r)
+        return r
+
+    def reservations(self, cmd: v1.ReservationList) -> list[dict[str, Any]]:
+        """The pool's reservations in start order (ended and deleted ones with `all`)."""
+        now = self.clock()
+        pool = self._pool(cmd.pool_id)
+        out = []
+        for name in getattr(pool, "reservations", ()):
+            r = self.find(CapacityReservation, CapacityReservation.create_id(pool.pool_id, name))
+            if r is not None and (cmd.all or r.status_at(now) in ("upcoming", "active")):
+                out.append(r.to_dict(now))
+        return sorted(out, key=lambda d: (d["start_at"], d["reservation_id"]))
+
     @retried
     def register_node(self, reg: v1.NodeRegistration, *,
                       capabilities: NodeCapabilities | None = None) -> Node:
@@ -474,7 +534,10 @@ class PoolApp(Application[UUID]):
         retry of the same request answers the leases it made; nothing is appended."""
         now = self.clock()
         keys = [req.idempotency_key, *(f"{req.idempotency_key}#{i}" for i in range(1, req.count))]
-        request_digest = digest(req, omit=("count",) if req.count == 1 else ())
+        # fields added later are left out at their defaults, so older digests keep matching
+        omit = (("count",) if req.count == 1 else ()) + (
+            ("reservation_id",) if req.reservation_id is None else ())
+        request_digest = digest(req, omit=omit)
         try:
             pool = self._cached(Pool.create_id(req.pool_id), lambda: self._pool(req.pool_id))
             pool.rank_of(req.priority_class)  # an unknown class is refused before any write
@@ -485,6 +548,8 @@ class PoolApp(Application[UUID]):
                 pool.admit_image(req.image, signature=req.image_signature,
                                  size_bytes=req.image_size_bytes, tenant=tenant,
                                  isolation=req.shape.runtime)
+            if req.reservation_id is not None:
+                self._reservation(req.pool_id, req.reservation_id, tenant=tenant)
         except (DomainError, ServiceError):
             # a retry is answered with what it made, whatever the pool says now
             made = self._made(tenant, keys, req, request_digest)
@@ -510,6 +575,7 @@ class PoolApp(Application[UUID]):
                 request_digest=request_digest,
                 checkpointable=req.checkpointable,
                 requeue_when_preempted=req.preemptible_requeue,
+                advance_reservation_id=req.reservation_id,
             )
             lease.queue(now)
             leases.append(lease)

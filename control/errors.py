@@ -34,6 +34,18 @@ class UnknownCohort(ServiceError):
     code = "unknown_cohort"
 
 
+class UnknownReservation(ServiceError):
+    """No reservation of that id in the pool (or not the requesting tenant's)."""
+
+    code = "unknown_reservation"
+
+
+class ReservationExists(ServiceError):
+    """A reservation of that id exists in the pool with other settings."""
+
+    code = "reservation_exists"
+
+
 class UnknownLease(ServiceError):
     """No lease of that id exists for this tenant (another tenant's lease reads the same)."""
 

@@ -31,6 +31,7 @@ _PRIORITY_AT = _FIELDS.index("priority_class")
 _RUNTIME_AT = _FIELDS.index("maximum_runtime_seconds")
 _REQUESTED_AT = _FIELDS.index("requested_at")
 _DIGEST_AT = _FIELDS.index("request_digest")
+_ADVANCE_AT = _FIELDS.index("advance_reservation_id")
 _REPEATED_AT = tuple(_FIELDS.index(name) for name in (
     "originator_topic", "tenant_id", "pool_id", "priority_class", "maximum_runtime_seconds",
     "lease_seconds", "heartbeat_timeout_seconds"))
@@ -103,6 +104,11 @@ class QueuedLease:
     @property
     def requested_at(self) -> float:
         return float(self.requested[_REQUESTED_AT])
+
+    @property
+    def advance_reservation_id(self) -> str | None:
+        value = self.requested[_ADVANCE_AT]
+        return None if value is None or value is _MISSING else str(value)
 
 
 class LeaseMemory:

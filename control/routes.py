@@ -239,6 +239,21 @@ def _cohort_set(ctx: Context, p: Params, cmd: v1.CohortConfig) -> v1.Envelope:
         "nominal": limits_to_dict(cohort.nominal), "reclaim": cohort.reclaim})
 
 
+def _reservation_create(ctx: Context, p: Params, cmd: v1.ReservationCreate) -> v1.Envelope:
+    r = ctx.app.create_reservation(cmd)
+    return v1.Envelope.success(result=r.to_dict(ctx.app.clock()))
+
+
+def _reservation_delete(ctx: Context, p: Params, cmd: v1.ReservationDelete) -> v1.Envelope:
+    r = ctx.app.delete_reservation(cmd)
+    return v1.Envelope.success(result=r.to_dict(ctx.app.clock()))
+
+
+def _reservation_list(ctx: Context, p: Params, cmd: v1.ReservationList) -> v1.Envelope:
+    return v1.Envelope.success(result={"pool_id": cmd.pool_id,
+                                       "reservations": ctx.app.reservations(cmd)})
+
+
 def _admin_node_register(ctx: Context, p: Params, cmd: v1.NodeRegistration) -> v1.Envelope:
     return _node_reply(ctx.app.register_node(cmd))
 
@@ -335,6 +350,13 @@ ROUTES: Final[tuple[Route, ...]] = (
            "Set a tenant's weight and quota in a pool.", "adminTenantSet"),
     _admin("cohort.set", "admin.cohort", _cohort_set,
            "Create or reconfigure a cohort of tenants in a pool.", "adminCohortSet"),
+    _admin("reservation.create", "admin.reservation.create", _reservation_create,
+           "Withhold capacity over a window for a tenant, or whole nodes for maintenance.",
+           "adminReservationCreate"),
+    _admin("reservation.delete", "admin.reservation.delete", _reservation_delete,
+           "Withdraw an advance reservation or maintenance window.", "adminReservationDelete"),
+    _admin("reservation.list", "admin.reservation.list", _reservation_list,
+           "A pool's advance reservations and maintenance windows.", "adminReservationList"),
     _admin("node.register", "agent.register", _admin_node_register,
            "Register or re-register a node.", "adminNodeRegister"),
     _admin("node.enroll", "admin.node.enroll", _admin_node_enroll,

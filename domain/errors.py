@@ -193,6 +193,18 @@ class InvalidConfiguration(DomainError):
     code = "invalid_configuration"
 
 
+class InvalidReservation(DomainError):
+    """A reservation's window, tenant, shape or nodes do not make a reservation."""
+
+    code = "invalid_reservation"
+
+
+class ReservationDeleted(DomainError):
+    """The reservation was deleted already."""
+
+    code = "reservation_deleted"
+
+
 class UnknownPriorityClass(DomainError):
     """The pool defines no priority class of that name."""
 

@@ -166,6 +166,7 @@ class Lease(Aggregate):
         request_digest: str | None = None,
         checkpointable: bool = False,
         requeue_when_preempted: bool = False,
+        advance_reservation_id: str | None = None,
     ) -> Lease:
         """Record a request. `lease_seconds` is the initial term and default renewal (defaults
         to the maximum runtime); the id is `create_id(tenant_id, idempotency_key)`.
@@ -196,6 +197,7 @@ class Lease(Aggregate):
             request_digest=request_digest,
             checkpointable=bool(checkpointable),
             requeue_when_preempted=bool(requeue_when_preempted),
+            advance_reservation_id=advance_reservation_id,
         )
 
     @event("LeaseRequested")
@@ -218,6 +220,9 @@ class Lease(Aggregate):
         checkpointable: bool = False,
         # absent in events from before the wish was recorded, when every victim was requeued
         requeue_when_preempted: bool = True,
+        # the advance reservation (domain.reservation) whose capacity it may use; absent in
+        # events from before reservations
+        advance_reservation_id: str | None = None,
     ) -> None:
         self.tenant_id = TenantId(tenant_id)
         self.idempotency_key = idempotency_key
@@ -231,6 +236,7 @@ class Lease(Aggregate):
         self.preemptible = preemptible
         self.checkpointable = checkpointable
         self.requeue_when_preempted = requeue_when_preempted
+        self.advance_reservation_id = advance_reservation_id
         self.requested_at = requested_at
         self.trace_parent = trace_parent
         self.request_digest = request_digest

@@ -293,6 +293,7 @@ class Pool(Aggregate):
         # tenants with a policy and cohorts in this pool, so `pool show` can load each one
         self.tenants: tuple[str, ...] = ()
         self.cohorts: tuple[str, ...] = ()
+        self.reservations: tuple[str, ...] = ()  # advance reservations, for `reservation list`
 
     def configure(self, config: PoolConfig, now: float) -> None:
         """Replace the pool's settings as a whole (the event carries the full config)."""
@@ -316,11 +317,11 @@ class Pool(Aggregate):
         return self.image_policy_version
 
     def list_member(self, kind: str, name: str, now: float) -> bool:
-        """Note a tenant ("tenant") or cohort ("cohort") configured in this pool; False when
-        it was listed already (nothing recorded)."""
-        if kind not in ("tenant", "cohort"):
+        """Note a tenant ("tenant"), cohort ("cohort") or advance reservation ("reservation")
+        configured in this pool; False when it was listed already (nothing recorded)."""
+        if kind not in ("tenant", "cohort", "reservation"):
             raise InvalidConfiguration(f"unknown pool member kind {kind!r}", reasons=(kind,))
-        if name in (self.tenants if kind == "tenant" else self.cohorts):
+        if name in getattr(self, f"{kind}s", ()):
             return False
         self._member_listed(kind=kind, name=str(name), at=float(now))
         return True
@@ -407,6 +408,8 @@ class Pool(Aggregate):
     def _member_listed(self, kind: str, name: str, at: float) -> None:
         if kind == "tenant":
             self.tenants = (*getattr(self, "tenants", ()), name)
+        elif kind == "reservation":
+            self.reservations = (*getattr(self, "reservations", ()), name)
         else:
             self.cohorts = (*getattr(self, "cohorts", ()), name)
 

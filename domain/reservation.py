@@ -13,24 +13,12 @@ from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
 
-from domain.errors import DomainError
+from domain.errors import InvalidReservation, ReservationDeleted
 from domain.resources import PoolId, Resources
 
 _NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:reservation")
 MAX_UNITS = 10_000
 MAX_WINDOW_SECONDS = 366 * 86_400
-
-
-class InvalidReservation(DomainError):
-    """A reservation's window, tenant, shape or nodes do not make a reservation."""
-
-    code = "invalid_reservation"
-
-
-class ReservationDeleted(DomainError):
-    """The reservation was deleted already."""
-
-    code = "reservation_deleted"
 
 
 @dataclass(frozen=True)
@@ -67,12 +55,13 @@ class Window:
 
 @dataclass(frozen=True)
 class Withheld:
-    """Capacity kept on `node_id` from `start_at` for reservation `reservation_id`."""
+    """Capacity kept on `node_id` over [start_at, end_at) for reservation `reservation_id`."""
 
     reservation_id: str
     node_id: str
     start_at: float
     resources: Resources
+    end_at: float = float("inf")
 
 
 @dataclass(frozen=True)
@@ -213,7 +202,8 @@ def withhold(windows: Iterable[Window], now: float, nodes: Sequence[NodeSpace],
             for nid in w.node_ids:
                 node = by_id.get(nid)
                 if node is not None:
-                    out.append(Withheld(w.reservation_id, nid, start, node.allocatable))
+                    out.append(Withheld(w.reservation_id, nid, start, node.allocatable,
+                                        w.end_at))
                     promised[nid] = promised.get(nid, Resources()) + node.allocatable
             continue
         units = max(0, w.count - used.get(w.reservation_id, 0))
@@ -233,7 +223,8 @@ def withhold(windows: Iterable[Window], now: float, nodes: Sequence[NodeSpace],
                     taken[node.node_id] = taken.get(node.node_id, 0) + 1
                     units -= 1
         for nid, k in sorted(taken.items()):
-            out.append(Withheld(w.reservation_id, nid, start, _scaled(w.resources, k)))
+            out.append(Withheld(w.reservation_id, nid, start, _scaled(w.resources, k),
+                                w.end_at))
         if units:
             short[w.reservation_id] = units
     return out, short

@@ -19,7 +19,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "malformed_json": 400, "invalid_utf8": 400, "unknown_kind": 400, "bad_request": 400,
     "invalid_field": 422, "unknown_field": 422, "missing_field": 422,
     "unsupported_schema_version": 422, "invalid_configuration": 422, "invalid_amount": 422,
-    "unknown_priority_class": 422, "maximum_runtime_exceeded": 422, "price_not_listed": 422,
+    "unknown_priority_class": 422, "invalid_reservation": 422, "maximum_runtime_exceeded": 422, "price_not_listed": 422,
     "image_not_allowed": 422, "unschedulable": 422, "quota_exceeded": 422,
     "payload_too_large": 413,
     # who is asking
@@ -28,13 +28,13 @@ STATUS_BY_CODE: dict[str, int] = {
     # what it names
     "lease_not_found": 404, "unknown_pool": 404, "unknown_node": 404, "unknown_command": 404,
     "not_found": 404, "unknown_hold": 404, "unknown_allocation": 404, "unknown_cohort": 404,
-    "unknown_tenant": 404,
+    "unknown_tenant": 404, "unknown_reservation": 404,
     # the state it meets
     "idempotency_conflict": 409, "illegal_transition": 409, "stale_epoch": 409,
     "write_conflict": 409, "lease_expired": 409, "already_allocated": 409,
     "node_not_empty": 409, "insufficient_credits": 409, "insufficient_capacity": 409, "capacity_exceeded": 409,
     "node_not_schedulable": 409, "not_due": 409,
-    "pool_exists": 409, "transfer_conflict": 409, "name_collision": 409,
+    "pool_exists": 409, "reservation_exists": 409, "reservation_deleted": 409, "transfer_conflict": 409, "name_collision": 409,
     "device_unavailable": 409, "node_claim_refused": 403,
     # base classes: a refusal no subclass names more precisely
     "domain_error": 409, "service_error": 400,

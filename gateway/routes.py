@@ -131,6 +131,15 @@ ROUTES: tuple[HttpRoute, ...] = (
               "adminTenantSet", admin=True, tag="admin"),
     HttpRoute("POST", "/v1/admin/cohorts", "setCohort", _summary("adminCohortSet"),
               "adminCohortSet", admin=True, tag="admin"),
+    HttpRoute("POST", "/v1/admin/pools/{pool_id}/reservations", "createReservation",
+              _summary("adminReservationCreate"), "adminReservationCreate", status=201,
+              admin=True, tag="admin"),
+    HttpRoute("GET", "/v1/admin/pools/{pool_id}/reservations", "listReservations",
+              _summary("adminReservationList"), "adminReservationList", admin=True,
+              tag="admin"),
+    HttpRoute("POST", "/v1/admin/pools/{pool_id}/reservations/{reservation_id}/delete",
+              "deleteReservation", _summary("adminReservationDelete"),
+              "adminReservationDelete", admin=True, tag="admin"),
     HttpRoute("POST", "/v1/admin/credits/grants", "grantCredits", _summary("adminCreditsGrant"),
               "adminCreditsGrant", admin=True, tag="admin"),
     HttpRoute("POST", "/v1/admin/nodes", "registerNode", _summary("adminNodeRegister"),
@@ -153,4 +162,5 @@ ROUTES: tuple[HttpRoute, ...] = (
 
 # Path parameters that become subject tokens, and what a bad one reads as.
 NOT_FOUND_CODE = {"lease_id": "lease_not_found", "pool_id": "unknown_pool",
-                  "node_id": "unknown_node", "view": "not_found"}
+                  "node_id": "unknown_node", "view": "not_found",
+                  "reservation_id": "unknown_reservation"}

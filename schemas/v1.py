@@ -286,6 +286,9 @@ class LeaseRequest(_Command, frozen=True, kw_only=True):
     # Leases asked for at once (as `sbatch --array`): ids derive from the key and the index,
     # and all are accepted in one atomic save (two events each, under the batch limit).
     count: Annotated[int, Meta(ge=1, le=MAX_LEASES_PER_REQUEST)] = 1
+    # An advance reservation of this tenant in this pool whose capacity it may use while the
+    # reservation's window is open (`pool admin reservation create`).
+    reservation_id: SubjectToken | None = None
 
 
 class CheckpointPolicy(_Part, frozen=True, kw_only=True):
@@ -505,6 +508,35 @@ class CohortConfig(_Command, frozen=True, kw_only=True):
     name: SubjectToken
     nominal: QuotaLimits = {}
     reclaim: Literal["any", "never"] = "any"
+
+
+class ReservationCreate(_Command, frozen=True, kw_only=True):
+    """Withhold capacity of a pool over [start_at, start_at + duration_seconds): `count` units
+    of `shape` for `tenant`'s leases that name it, or (no tenant) the whole of `node_ids` for
+    a maintenance window. Times are Unix seconds."""
+
+    pool_id: SubjectToken
+    reservation_id: SubjectToken
+    tenant: SubjectToken | None = None
+    start_at: Annotated[float, Meta(ge=0, le=4.0e9)]
+    duration_seconds: Annotated[int, Meta(ge=1, le=366 * 86_400)]
+    shape: ResourceAmounts | None = None
+    count: Annotated[int, Meta(ge=1, le=10_000)] = 1
+    node_ids: Annotated[list[SubjectToken], Meta(max_length=1024)] = []
+
+
+class ReservationDelete(_Command, frozen=True, kw_only=True):
+    """Withdraw a reservation: its capacity returns to everyone at once."""
+
+    pool_id: SubjectToken
+    reservation_id: SubjectToken
+
+
+class ReservationList(_Command, frozen=True, kw_only=True):
+    """A pool's reservations; ended and deleted ones only with `all`."""
+
+    pool_id: SubjectToken
+    all: bool = False
 
 
 class GpuDeviceSpec(_Part, frozen=True, kw_only=True):
@@ -834,6 +866,9 @@ PUBLIC_STRUCTS: tuple[type[Struct], ...] = (
     PreemptionPatch,
     TenantConfig,
     CohortConfig,
+    ReservationCreate,
+    ReservationDelete,
+    ReservationList,
     PoolShow,
     PriceListConfig,
     ImagePolicyConfig,

@@ -7,17 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from domain.errors import InvalidReservation, ReservationDeleted
 from domain.policy.backfill import Backfill, LeaseEnd
 from domain.policy.placement import NodeTable
-from domain.reservation import (
-    CapacityReservation,
-    InvalidReservation,
-    NodeSpace,
-    ReservationDeleted,
-    Window,
-    withhold,
-)
-from domain.resources import NodeCapabilities, PoolId, Resources
+from domain.reservation import CapacityReservation, NodeSpace, Window, withhold
+from domain.resources import NodeCapabilities, PoolId, Resources, Shape
 
 
 def gpus(n: int) -> Resources:
@@ -186,3 +180,9 @@ def test_a_maintenance_window_admits_nothing_that_would_not_end_before_it() -> N
 def test_after_the_window_capacity_returns() -> None:
     bf = backfill_with([window(n=8)], 150.0, {})
     assert bf.admits("a", gpus(8), end_at=None)
+
+
+def test_a_blocked_head_is_not_reserved_capacity_a_window_keeps() -> None:
+    bf = backfill_with([window(n=6, start=0.0, end=500.0)], 10.0, {"x": (2, 100.0)})
+    r = bf.blocked("head", Shape.build(gpu_count=4), band=0)
+    assert r is not None and r.start_at == 500.0  # 6 free at 100, but kept until 500
