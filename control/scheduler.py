@@ -30,6 +30,7 @@ from control.quotas import (
     remember_usage,
     restart_job,
 )
+from control.reservations import Windows
 from control.wake import IdleWait, Signal
 from domain.account import Account
 from domain.cohort import Cohort
@@ -61,6 +62,7 @@ from domain.policy.preemption import (
 )
 from domain.pool import Pool, TenantPolicy
 from domain.quota import QuotaBook
+from domain.reservation import CapacityReservation
 from domain.resources import TRUST_LEVELS, ZERO, LeaseId, NodeId, Resources, Shape
 
 log = logging.getLogger(__name__)
@@ -194,6 +196,8 @@ class Scheduler:
         # blocked wide one is gathering; waiting requests get a position and a start estimate
         # either way
         self.backfill = True
+        # advance reservations and maintenance windows, kept out of others' placements
+        self.windows = Windows()
         # planning a preemption walks every busy node's leases: bound that work per cycle
         self.max_preemption_plans_per_cycle = 32
         self._plans_left = 0
@@ -352,6 +356,8 @@ class Scheduler:
             ps = self.pools.get(agg.pool_id)
             if ps is not None:
                 ps.book.set_cohort(agg.quota)
+        elif isinstance(agg, CapacityReservation):
+            self.windows.index(agg)
         elif isinstance(agg, Node):
             self._index_node(agg)
         elif isinstance(agg, Lease):
@@ -439,6 +445,7 @@ class Scheduler:
 
     def _track(self, ps: PoolState, lease: Lease) -> None:
         """Keep each tenant's usage (the DRF numerator) = its capacity-holding leases."""
+        self.windows.track(lease)
         lid = str(lease.id)
         tracked = self._usage.get(lid)
         holds = lease.holds_capacity
@@ -582,7 +589,11 @@ class Scheduler:
         if ps.backfill is None:
             ps.backfill = Backfill(ps.table, self._lease_end)
         bf = ps.backfill
+        # windows first: the heads' reservations, made again by `begin`, stay out of them
+        self.windows.apply(pool.pool_id, bf, now)
         bf.begin(now, queued=queue.__contains__)
+        # windows are kept through backfill's admission, so it is used while any is in force
+        guarded = self.backfill or self.windows.in_force(pool.pool_id)
         starts: dict[str, float | None] = {}  # waiting request → estimated start
         # one pop at a time: each placement changes its tenant's share before the next pick
         while examined < self.max_examined_per_cycle and (req := queue.pop(now)) is not None:
@@ -612,12 +623,13 @@ class Scheduler:
                 allowed = trust_of[trust_key] = (
                     None if len(trust) == len(TRUST_LEVELS) else tuple(sorted(trust)))
             held = False
-            if self.backfill:
+            if guarded:
                 node_id, fr, held = bf.place(
                     shape, placed_end_estimate(now, cfg.commit_timeout_seconds,
                                                lease.maximum_runtime_seconds),
                     packing=cfg.packing,  # type: ignore[arg-type]
-                    allowed_trust_levels=allowed, lease_id=req.lease_id)
+                    allowed_trust_levels=allowed, lease_id=req.lease_id,
+                    window=self.windows.usable(pool.pool_id, lease, now))
             else:
                 node_id, fr = ps.table.place_fast(
                     shape, packing=cfg.packing,  # type: ignore[arg-type]

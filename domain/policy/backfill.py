@@ -144,6 +144,8 @@ class Backfill:
         return free
 
     def _earliest_on(self, node_id: str, need: Resources) -> float | None:
+        if node_id in self._windows:
+            return self._earliest_beside_windows(node_id, need)
         free = self.table.free_resources(node_id)
         if need.fits_in(free):
             return self.now
@@ -171,6 +173,25 @@ class Backfill:
             if need.fits_in(free):
                 return max(at, self.now)
         return None  # a lease with no end estimate holds what the request needs
+
+    def _earliest_beside_windows(self, node_id: str, need: Resources) -> float | None:
+        """`_earliest_on` for a node with windows: a head is never reserved capacity a window
+        keeps, so it starts once leases have freed enough and the windows holding the rest
+        have ended (a head that could run before a window begins is not looked for)."""
+        ws = self._windows[node_id]
+        times = {self.now, *(w.end_at for w in ws)}
+        for lid in self.table.leases_on(node_id):
+            known = self.ends(lid)
+            if known is not None and known[1] is not None:
+                times.add(known[1])
+        for at in sorted(t for t in times if t >= self.now):
+            free = self.capacity_at(node_id, at)
+            for w in ws:
+                if w.end_at > at:
+                    free = free - w.resources
+            if need.fits_in(free):
+                return at
+        return None
 
     def earliest(self, resources: Resources, candidates: Iterable[int],
                  *, skip_reserved: bool = False) -> tuple[float, str] | None:
