@@ -48,8 +48,8 @@ def test_the_replay_finds_a_node_over_its_allocatable_and_a_lease_held_twice() -
     cpu = {"cpu_millis": 4000, "memory_mib": 4096}
     one = {"cpu_millis": 3000, "memory_mib": 1024}
     log = _FakeLog([
-        ("NodeRegistered", {"node": "n1", "capabilities": {"allocatable": cpu}}),
-        ("NodeRegistered", {"node": "n2", "capabilities": {"allocatable": cpu}}),
+        ("NodeRegistered", {"node": "n1", "node_id": "n1", "capabilities": {"allocatable": cpu}}),
+        ("NodeRegistered", {"node": "n2", "node_id": "n2", "capabilities": {"allocatable": cpu}}),
         ("CapacityAllocated", {"node": "n1", "lease_id": "a", "resources": one}),
         ("CapacityFreed", {"node": "n1", "lease_id": "a"}),
         ("CapacityAllocated", {"node": "n1", "lease_id": "b", "resources": one}),
@@ -67,8 +67,8 @@ def test_the_replay_checks_each_lease_of_a_batched_node_allocation() -> None:
     cpu = {"cpu_millis": 4000, "memory_mib": 4096}
     one = {"cpu_millis": 1500, "memory_mib": 1024}
     log = _FakeLog([
-        ("NodeRegistered", {"node": "n1", "capabilities": {"allocatable": cpu}}),
-        ("NodeRegistered", {"node": "n2", "capabilities": {"allocatable": cpu}}),
+        ("NodeRegistered", {"node": "n1", "node_id": "n1", "capabilities": {"allocatable": cpu}}),
+        ("NodeRegistered", {"node": "n2", "node_id": "n2", "capabilities": {"allocatable": cpu}}),
         ("CapacityAllocatedBatch", {"node": "n1", "allocations": [["a", one], ["b", one]]}),
         ("CapacityAllocatedBatch", {"node": "n2", "allocations": [["c", one], ["a", one]]}),
         ("CapacityAllocatedBatch", {"node": "n1", "allocations": [["d", one]]}),  # 4500 > 4000
