@@ -46,6 +46,7 @@ from domain.pool import Pool, PoolConfig, PreemptionSettings, PriceList, TenantP
 from domain.quota import QuotaBook
 from domain.reservation import CapacityReservation
 from domain.resources import LeaseId, NodeCapabilities, NodeId, PoolId, Resources, TenantId
+from domain.transfer import CreditTransfer
 from schemas import v1
 from schemas.codec import digest
 
@@ -515,9 +516,16 @@ class PoolApp(Application[UUID]):
         if known_only and self.find(Account, Account.create_id(tenant)) is None:
             raise UnknownTenant(f"no tenant {tenant!r} in any pool: set it first "
                                 f"(pool admin tenant set {tenant} --pool POOL)")
+        # the transfer id is claimed across accounts: another tenant or amount is a conflict
+        claim = self.find(CreditTransfer, CreditTransfer.create_id(transfer_id))
+        if claim is not None:
+            claim.check(tenant, amount)
         acc = self._account(tenant, now)
-        acc.grant(transfer_id, amount, now, reason)
-        self.save(acc)
+        if acc.grant(transfer_id, amount, now, reason) and claim is None:
+            self.save(acc, CreditTransfer.claim(transfer_id=transfer_id, tenant_id=tenant,
+                                                amount=amount, now=now))
+        else:
+            self.save(acc)
         return acc
 
     # -- tenant commands -------------------------------------------------------------------

@@ -249,8 +249,9 @@ def test_views_are_exactly_once_when_the_projector_is_killed_mid_stream(
         assert len({p for p in at_kill if 0 < p < top}) >= 2, at_kill  # killed mid-stream
         tracked = _tracking(database_url, schema)
         assert all(p == top for p, _ in tracked.values()), tracked
-        # one event per grant (plus the account openings): none lost, none applied twice
-        assert all(applied == grants + 5 for _, applied in tracked.values()), tracked
+        # per grant its event and its transfer id's claim (plus the account openings): none
+        # lost, none applied twice
+        assert all(applied == 2 * grants + 5 for _, applied in tracked.values()), tracked
         bal = dict(rows(database_url, schema, "SELECT tenant, granted FROM {s}.balance"))
         assert bal == {f"t{k}": sum(1000 + i for i in range(grants) if i % 5 == k)
                        for k in range(5)}

@@ -93,3 +93,19 @@ def test_a_credit_grant_reusing_a_transfer_id_with_another_amount_is_a_conflict(
     bigger = admin.admin("credits.grant", {**grant, "amount_microcredits": 5_000_000})
     assert not bigger["ok"] and bigger["error"]["code"] == "transfer_conflict", bigger
     assert admin.admin("credits.grant", grant)["result"] == first["result"]  # nothing moved
+
+
+def test_a_credit_grant_reusing_a_transfer_id_for_another_tenant_is_a_conflict(
+    plane: tuple[PoolClient, PoolClient],
+) -> None:
+    admin, _ = plane
+    grant = {"tenant": "alpha", "amount_microcredits": 500, "transfer_id": "t-2"}
+    assert admin.admin("credits.grant", grant)["ok"]
+    before = admin.admin("credits.grant", {"tenant": "beta", "amount_microcredits": 1,
+                                           "transfer_id": "probe-beta"})["result"]
+    other = admin.admin("credits.grant", {**grant, "tenant": "beta"})
+    assert not other["ok"] and other["error"]["code"] == "transfer_conflict", other
+    assert "tenant" in other["error"]["reasons"]
+    after = admin.admin("credits.grant", {"tenant": "beta", "amount_microcredits": 1,
+                                          "transfer_id": "probe-beta"})["result"]
+    assert after == before  # beta got nothing
