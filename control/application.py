@@ -40,6 +40,7 @@ from domain.enrollment import Enrollment
 from domain.errors import DomainError, NodeClaimRefused
 from domain.lease import WORKLOAD_STATES, JobSpec, Lease, LeaseState
 from domain.node import Node, NodeState
+from domain.policy.backfill import lease_end_estimate
 from domain.policy.images import DEFAULT_ISOLATION_BY_TRUST, ImagePolicy
 from domain.policy.preemption import lease_preemptible
 from domain.pool import Pool, PoolConfig, PreemptionSettings, PriceList, TenantPolicy
@@ -426,6 +427,53 @@ class PoolApp(Application[UUID]):
         r.delete(self.clock())
         self.save(r)
         return r
+
+    @retried
+    def reservation_due(self, reservation_id: str) -> str | None:
+        """A maintenance window's drain timer fired: each running lease on its nodes that
+        would not end before the window gets a preemption notice with the pool's grace and
+        goes back in the queue (as a node drain does). Recorded with the window's own event
+        in the same save, so a timer fired twice drains once. None when nothing was due."""
+        now = self.clock()
+        try:
+            r = self.find(CapacityReservation, UUID(reservation_id))
+        except ValueError:
+            return None
+        if r is None:
+            return None
+        grace = self._pool(r.pool_id).config.preemption.grace_seconds
+        due = r.drain_due_at(grace)
+        if due is None or due > now or now >= r.end_at:
+            return None
+        noticed: list[Lease] = []
+        for node_id in r.node_ids:
+            node = self.find(Node, Node.create_id(node_id))
+            for lid in node.allocations if node is not None else ():
+                lease = self.find(Lease, UUID(lid))
+                if (lease is None or lease.state is not LeaseState.RUNNING
+                        or not r.must_leave(lease_end_estimate(lease))):
+                    continue
+                try:
+                    lease.notice_preemption(now, grace_seconds=grace, requeue=True,
+                                            reason=f"maintenance:{r.reservation_id}")
+                except DomainError:
+                    continue  # not preemptible: it finishes, and the window waits for it
+                noticed.append(lease)
+        r.begin_drain(now)
+        self.save(r, *noticed)
+        return f"drained:{len(noticed)}"
+
+    def reservation_next_due(self, reservation_id: str) -> float | None:
+        """When a maintenance window's drain timer should fire (None: nothing pending)."""
+        try:
+            r = self.find(CapacityReservation, UUID(reservation_id))
+        except ValueError:
+            return None
+        if r is None:
+            return None
+        due = r.drain_due_at(self._pool(r.pool_id).config.preemption.grace_seconds)
+        # one already past was just handled (or the window is over): nothing to fire again
+        return due if due is not None and due > self.clock() else None
 
     def reservations(self, cmd: v1.ReservationList) -> list[dict[str, Any]]:
         """The pool's reservations in start order (ended and deleted ones with `all`)."""

@@ -25,6 +25,7 @@ from control.wake import IdleWait, Signal
 from domain.lease import Lease, LeaseState
 from domain.node import Node, NodeState
 from domain.pool import Pool
+from domain.reservation import CapacityReservation
 from domain.resources import Shape
 from schemas import v1
 from schemas.codec import encode
@@ -38,7 +39,7 @@ PAGE = 1000
 # deadline instead of one per heartbeat.
 LATER_ONLY = frozenset({"HeartbeatRecorded", "LeaseRenewed", "NodeHeartbeatRecorded"})
 # Only these aggregates matter here; their topics name their module.
-_TOPICS = ("domain.lease", "domain.node", "domain.pool")
+_TOPICS = ("domain.lease", "domain.node", "domain.pool", "domain.reservation")
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,14 @@ class Dispatcher:
                 due = None if lost_at is None else lost_at + cfg.lost_node_release_seconds
             else:
                 due = agg.last_heartbeat_at + cfg.node_timeout_seconds
+        elif isinstance(agg, CapacityReservation):
+            pool = self.pools.get(agg.pool_id)
+            if pool is None:
+                return
+            key = f"reservation:{agg.id}"
+            due = agg.drain_due_at(pool.config.preemption.grace_seconds)
+            if due is not None and agg.end_at <= due:
+                due = None  # deleted or over before its drain would begin
         if due is None or self._armed.get(key) == due:
             return
         kind, ident = key.split(":", 1)
@@ -261,6 +270,13 @@ class Reconciler:
                     done_node = self.app.node_due(due.id)
                     self.applied += done_node
                     self._rearm("node", due.id, self.app.node_next_due(due.id))
+                elif due.kind == "reservation":
+                    drained = self.app.reservation_due(due.id)
+                    if drained:
+                        self.applied.append(f"{due.id}:{drained}")
+                    else:
+                        self._rearm("reservation", due.id,
+                                    self.app.reservation_next_due(due.id))
             except Exception:  # leave it unacked: redelivered after ack_wait
                 log.exception("timer %s.%s failed", due.kind, due.id)
                 continue

@@ -135,6 +135,7 @@ class CapacityReservation(Aggregate):
         self.end_at = end_at
         self.created_at = created_at
         self.deleted_at: float | None = None
+        self.drained_at: float | None = None
 
     def delete(self, now: float) -> None:
         """Withdraw the reservation: its capacity goes back to everyone at once."""
@@ -145,6 +146,33 @@ class CapacityReservation(Aggregate):
     @event("ReservationDeleted")
     def _deleted(self, at: float) -> None:
         self.deleted_at = at
+
+    def drain_due_at(self, grace_seconds: float) -> float | None:
+        """When a maintenance window must notice the leases on its nodes, so that they stop
+        by its start with `grace_seconds` to do so; None once done, deleted or not one."""
+        if self.tenant_id is not None or self.deleted_at is not None:
+            return None
+        if getattr(self, "drained_at", None) is not None:
+            return None
+        return self.start_at - grace_seconds
+
+    def must_leave(self, end_estimate: float | None) -> bool:
+        """Whether a lease on its nodes that ends by `end_estimate` would run into it."""
+        return end_estimate is None or end_estimate > self.start_at
+
+    def begin_drain(self, now: float) -> None:
+        """Record that the leases on the window's nodes were noticed (once: a timer fired
+        again after a failover finds this and does nothing)."""
+        if self.deleted_at is not None:
+            raise ReservationDeleted(f"reservation {self.reservation_id!r} was deleted")
+        if self.tenant_id is not None or getattr(self, "drained_at", None) is not None:
+            raise InvalidReservation("only a maintenance window is drained, and once",
+                                     reasons=("not_drainable",))
+        self._drain_started(at=float(now))
+
+    @event("ReservationDrainStarted")
+    def _drain_started(self, at: float) -> None:
+        self.drained_at = at
 
     @property
     def window(self) -> Window:

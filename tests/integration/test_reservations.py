@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -180,3 +181,34 @@ def test_the_cli_creates_lists_and_deletes_a_reservation(
     assert main(["admin", "reservation", "create", *url, "--pool", "p1", "--tenant", "alpha",
                  "--start", "+1h", "--duration", "soon", "--gpus", "1"]) == 2
     assert "--duration" in capsys.readouterr().err
+
+
+def test_a_maintenance_window_notices_running_leases_that_would_run_into_it_once(
+        plane: Plane) -> None:
+    from domain.reservation import CapacityReservation
+
+    cp, admin, clock = plane
+    with PoolClient(cp.nats_url, "alpha") as a:
+        long = _ask(a, "long", cpu_millis=2000, max_runtime=3600)
+        short = _ask(a, "short", cpu_millis=1000, max_runtime=600)
+        assert cp.scheduler.cycle().placed == 2
+        for lid in (long, short):
+            assert a.lease(lid, "commit", {})["ok"]
+        _reserve(admin, clock, reservation_id="m1", start_in=1000, node_ids=["n1"])
+        rid = str(CapacityReservation.create_id("p1", "m1"))
+        grace = admin.admin("pool.show", {"pool_id": "p1"})["result"]["config"][
+            "preemption"]["grace_seconds"]
+        drain_at = clock() + 1000 - grace
+        assert cp.dispatcher is not None
+        # the plane's dispatcher arms the durable timer (a JetStream scheduled message)
+        deadline = time.monotonic() + 20
+        while f"reservation:{rid}" not in cp.dispatcher._armed and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cp.dispatcher._armed[f"reservation:{rid}"] == drain_at
+        assert cp.app.reservation_due(rid) is None  # fired early: nothing yet
+        assert cp.app.reservation_next_due(rid) == drain_at
+        clock.advance(1000 - grace)
+        assert cp.app.reservation_due(rid) == "drained:1"
+        assert (_state(a, long), _state(a, short)) == ("preempting", "running")
+        assert cp.app.reservation_due(rid) is None  # a timer fired again drains nothing
+        assert cp.app.reservation_next_due(rid) is None

@@ -186,3 +186,16 @@ def test_a_blocked_head_is_not_reserved_capacity_a_window_keeps() -> None:
     bf = backfill_with([window(n=6, start=0.0, end=500.0)], 10.0, {"x": (2, 100.0)})
     r = bf.blocked("head", Shape.build(gpu_count=4), band=0)
     assert r is not None and r.start_at == 500.0  # 6 free at 100, but kept until 500
+
+
+def test_a_maintenance_window_is_drained_once_and_a_reservation_never() -> None:
+    m = reserve(tenant_id=None, resources=Resources(), node_ids=("a",))
+    assert reserve().drain_due_at(30) is None
+    assert m.drain_due_at(30) == 70.0
+    assert m.must_leave(100.5) and not m.must_leave(100.0) and m.must_leave(None)
+    m.begin_drain(70.0)
+    assert m.drain_due_at(30) is None
+    with pytest.raises(InvalidReservation):
+        m.begin_drain(71.0)
+    with pytest.raises(InvalidReservation):
+        reserve().begin_drain(70.0)
