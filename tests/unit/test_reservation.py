@@ -3,6 +3,8 @@ backfill keeping other leases out of it."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -199,3 +201,37 @@ def test_a_maintenance_window_is_drained_once_and_a_reservation_never() -> None:
         m.begin_drain(71.0)
     with pytest.raises(InvalidReservation):
         reserve().begin_drain(70.0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(nodes=st.integers(1, 3),
+       wins=st.lists(st.tuples(st.integers(1, 8), st.integers(1, 3), st.integers(0, 300),
+                               st.integers(1, 300)), min_size=1, max_size=4),
+       asks=st.lists(st.tuples(st.integers(1, 8), st.integers(1, 600)), max_size=12))
+def test_no_placement_of_others_leaves_a_window_short_at_its_start(
+        nodes: int, wins: list[tuple[int, int, int, int]], asks: list[tuple[int, int]]) -> None:
+    table = NodeTable()
+    for i in range(nodes):
+        table.add_or_update_node(f"n{i}", NodeCapabilities(allocatable=gpus(8)))
+    ends: dict[str, LeaseEnd] = {}
+    bf = Backfill(table, ends.get)
+    bf.begin(0.0, queued=lambda _lid: True)
+    spaces = [NodeSpace(f"n{i}", gpus(8), functools.partial(bf.capacity_at, f"n{i}"))
+              for i in range(nodes)]
+    windows = [window(f"r{i}", n=n, count=c, start=float(s), end=float(s + d))
+               for i, (n, c, s, d) in enumerate(wins)]
+    kept = withhold(windows, 0.0, spaces, {})[0]
+    bf.withhold(kept)
+    for j, (n, end) in enumerate(asks):
+        node, _fr, _held = bf.place(Shape.build(gpu_count=n), float(end), packing="best-fit",
+                                    allowed_trust_levels=None)
+        if node is not None:
+            table.allocate(node, f"l{j}", gpus(n))
+            ends[f"l{j}"] = (gpus(n), float(end))
+    for w in kept:
+        overlapping = [o for o in kept if o.node_id == w.node_id
+                       and o.start_at <= w.start_at < o.end_at]
+        left = bf.capacity_at(w.node_id, w.start_at)
+        for o in overlapping:
+            left = left - o.resources
+        assert left.is_non_negative(), (w, overlapping)
