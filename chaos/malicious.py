@@ -110,7 +110,7 @@ def run(ws: Workspace, size: dict[str, Any], o: Outcome) -> None:
     from client.api import PoolClient
     from local.embedded import tenant_credentials
 
-    up = ws.spawn("up", "up", "--no-postgres")
+    up = ws.spawn("up", "up", "--no-postgres", "--http", "off")  # NATS is the surface here
     up.wait_ready("ready:")
     endpoints = json.loads((ws.home / "endpoints.json").read_text())
     nats_url = str(endpoints["nats_url"])
