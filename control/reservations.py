@@ -69,6 +69,12 @@ class Windows:
         bf.withhold(withheld)
         self.short[pool_id] = short
 
+    def explain(self, pool_id: str, why: dict[str, Any]) -> None:
+        """Name the pool's windows in force in a held-back request's reasons."""
+        wins = self._by_pool.get(pool_id)
+        if wins:
+            why["windows"] = sorted(wins)
+
     def usable(self, pool_id: str, lease: Any, now: float) -> str | None:
         """The reservation `lease` (a Lease or its compact record) may use now: its own, open,
         the lease fits one unit and a unit is free; else None (it competes as any other)."""

@@ -636,8 +636,10 @@ class Scheduler:
                     allowed_trust_levels=allowed)
             if node_id is None and held:
                 # it fits now, but only where it would delay a blocked head's reservation
-                self._wait(req, fr.wait_reasons([R.WAITING_FOR_RESERVATION]).to_dict(),
-                           unplaced)
+                # or run into an advance reservation or maintenance window (named in `why`)
+                why = fr.wait_reasons([R.WAITING_FOR_RESERVATION]).to_dict()
+                self.windows.explain(pool.pool_id, why)
+                self._wait(req, why, unplaced)
                 starts[req.lease_id] = self._start_estimate(bf, req, fr, cfg, now, allowed)
                 continue
             if node_id is None:

@@ -69,7 +69,8 @@ def test_another_tenant_cannot_take_reserved_capacity_during_the_window(plane: P
         lid = _ask(b, "b1")
         assert cp.scheduler.cycle().placed == 0
         assert _state(b, lid) == "queued"
-        assert b.lease(lid, "why")["result"]["reasons"]["tenant"] == ["waiting_for_reservation"]
+        why = b.lease(lid, "why")["result"]["reasons"]
+        assert (why["tenant"], why["windows"]) == (["waiting_for_reservation"], ["r1"])
 
 
 def test_the_named_tenants_lease_that_names_it_uses_the_reservation(plane: Plane) -> None:
