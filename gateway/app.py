@@ -327,4 +327,4 @@ def create_app(settings: Settings, tokens: TokenStore, *, database_url: str = ""
 def _litestar_path(path: str) -> str:
     return path.replace("{lease_id}", "{lease_id:str}").replace(
         "{pool_id}", "{pool_id:str}").replace("{node_id}", "{node_id:str}").replace(
-        "{view}", "{view:str}")
+        "{view}", "{view:str}").replace("{reservation_id}", "{reservation_id:str}")

@@ -224,3 +224,21 @@ def test_usage_counts_a_tenants_own_leases_and_what_they_ran(stack: Stack) -> No
         assert theirs["tenant"] == "beta"
         assert theirs["leases_read"] == len(b.get("/v1/compute-leases",
                                                   params={"limit": 1000}).json()["items"])
+
+
+def test_the_admin_creates_lists_and_deletes_a_reservation_over_http(stack: Stack) -> None:
+    import time
+
+    rid = "gw-" + uuid.uuid4().hex[:8]
+    body = {"reservation_id": rid, "tenant": "alpha", "start_at": time.time() + 3600,
+            "duration_seconds": 600, "shape": {"cpu_millis": 500}}
+    with stack.client("admin") as adm, stack.client("alpha") as a:
+        r = adm.post("/v1/admin/pools/p1/reservations", json=body)
+        assert r.status_code == 201 and r.json()["status"] == "upcoming", r.text
+        listed = adm.get("/v1/admin/pools/p1/reservations").json()["reservations"]
+        assert rid in [x["reservation_id"] for x in listed]
+        r = adm.post(f"/v1/admin/pools/p1/reservations/{rid}/delete", json={})
+        assert r.status_code == 200 and r.json()["status"] == "deleted", r.text
+        r = adm.post("/v1/admin/pools/p1/reservations/Nope!/delete", json={})
+        assert r.status_code == 404 and r.json()["code"] == "unknown_reservation"
+        assert a.post("/v1/admin/pools/p1/reservations", json=body).status_code == 403
