@@ -43,6 +43,12 @@ class NameCollision(BusError):
 # -- writes ----------------------------------------------------------------------------------
 
 
+class InvalidSubject(BusError, ValueError):
+    """A name that cannot be one subject token (a tenant, a lease id, a verb)."""
+
+    code = "invalid_subject"
+
+
 class BatchTooLarge(BusError):
     """A save holds more messages than one atomic batch allows; it is refused, never split."""
 

@@ -20,7 +20,7 @@ from nats.js.api import DeliverPolicy
 from bus.connection import connect
 from bus.headers import HDR_ORIGINATOR_ID, HDR_TOPIC
 from bus.replies import tenant_inbox
-from bus.subjects import EVENTS_PREFIX, EVENTS_STREAM
+from bus.subjects import EVENTS_PREFIX, EVENTS_STREAM, command_subject
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ async def _drive(url: str, tenants: list[str], clients: int, seconds: float,
         if rate is None:  # closed loop: each client sends its next request on its reply
 
             async def client(tenant: str, nc: Any) -> None:
-                subject = f"pool.cmd.{tenant}.lease.request"
+                subject = command_subject(tenant, "lease", "request")
                 while time.monotonic() < deadline:
                     out.append(await _one(nc, subject, make_body(next(counter)), timeout))
 
@@ -94,7 +94,7 @@ async def _drive(url: str, tenants: list[str], clients: int, seconds: float,
                     await asyncio.sleep(delay)
                 tenant, nc = conns[n % len(conns)]
                 tasks.append(asyncio.ensure_future(_one(
-                    nc, f"pool.cmd.{tenant}.lease.request", make_body(next(counter)), timeout)))
+                    nc, command_subject(tenant, "lease", "request"), make_body(next(counter)), timeout)))
                 n += 1
             out.extend(await asyncio.gather(*tasks))
     finally:

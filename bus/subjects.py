@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+from bus.errors import InvalidSubject
+
 EVENTS_STREAM = "POOL_EVENTS"
 EVENTS_PREFIX = "pool.evt"
 TRACKING_PREFIX = "pool.trk"
@@ -42,7 +44,17 @@ def tracking_subject(application_name: str) -> str:
 
 
 def command_subject(tenant: str, *rest: str) -> str:
-    return ".".join(["pool.cmd", token(tenant), *rest])
+    """`pool.cmd.<tenant>.<rest…>`; a tenant or part that is not one subject token is refused
+    (InvalidSubject), never rewritten into another name."""
+    for part in (tenant, *rest):
+        if not is_token(part):
+            raise InvalidSubject(f"not a subject token: {part!r}")
+    return ".".join(["pool.cmd", tenant, *rest])
+
+
+def admin_subject(path: str) -> str:
+    """`pool.admin.<path>`: an operator's command (path tokens are the caller's, e.g. pool.set)."""
+    return f"pool.admin.{path}"
 
 
 def agent_subject(node_id: str, verb: str) -> str:

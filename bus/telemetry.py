@@ -43,7 +43,13 @@ from bus.errors import BusError, BusUnavailable, PermissionDenied
 from bus.headers import HDR_LAST_CONSUMER, HDR_NUM_PENDING, HDR_SEQUENCE, HDR_STATUS, HDR_SUBJECT
 from bus.runtime import BusRuntime, translate
 from bus.streams import ensure_stream
-from bus.subjects import TELEMETRY_PREFIX, TELEMETRY_STREAM, telemetry_subject, token
+from bus.subjects import (
+    TELEMETRY_PREFIX,
+    TELEMETRY_STREAM,
+    command_subject,
+    telemetry_subject,
+    token,
+)
 from schemas import v1
 
 TELEMETRY_KINDS: tuple[str, ...] = ("queue", "startup", "execution", "utilization", "failure",
@@ -424,7 +430,7 @@ async def _replay_via_service(
     stream order, none skipped or repeated (each page continues after the last sequence).
     Raises BusUnavailable when no control plane answers, ReplayRefused on a refusal."""
     after = 0
-    subject = f"pool.cmd.{token(tenant)}.telemetry.replay"
+    subject = command_subject(tenant, "telemetry", "replay")
     while True:
         body: dict[str, Any] = {**fields, "limit": 500}
         if after:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from bus.subjects import command_subject
 from cli.connect import (
     client_opts,
     pool_client,
@@ -202,7 +203,7 @@ def cmd_lease_watch(args: argparse.Namespace) -> int:
     with pool_client(args, tenant) as c:
         if not args.lease_id:
             versions: dict[str, Any] = {}
-            subject = f"pool.cmd.{tenant}.query.leases"
+            subject = command_subject(tenant, "query", "leases")
             while True:
                 reply = c.call(subject, {"limit": 1000})
                 if not reply.get("ok"):

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bus.subjects import command_subject
 from cli.output import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UsageError, print_envelope
 
 POLL_SECONDS = 0.2  # how often a waiting command looks at its lease again
@@ -103,7 +104,7 @@ class OutputReader:
 
     def __init__(self, c: Any, tenant: str, lease_id: str, since: float | None = None) -> None:
         self.c = c
-        self.subject = f"pool.cmd.{tenant}.telemetry.replay"
+        self.subject = command_subject(tenant, "telemetry", "replay")
         self.lease_id = lease_id
         self.after_seq = 0
         self.since = since

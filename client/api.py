@@ -13,6 +13,7 @@ from bus import observability
 from bus.local.auth import inbox_prefix
 from bus.replies import admin_inbox
 from bus.service import Client
+from bus.subjects import admin_subject, command_subject
 
 
 class PoolClient:
@@ -61,19 +62,19 @@ class PoolClient:
     # -- tenant ------------------------------------------------------------------------------
 
     def request_lease(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self.call(f"pool.cmd.{self.tenant}.lease.request", body)
+        return self.call(command_subject(self.tenant, "lease", "request"), body)
 
     def lease(self, lease_id: str, verb: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self.call(f"pool.cmd.{self.tenant}.lease.{lease_id}.{verb}", body)
+        return self.call(command_subject(self.tenant, "lease", lease_id, verb), body)
 
     def queue_positions(self) -> dict[str, Any]:
         """This tenant's waiting leases in queue order, with estimated starts."""
-        return self.call(f"pool.cmd.{self.tenant}.queue", {})
+        return self.call(command_subject(self.tenant, "queue"), {})
 
     # -- admin -------------------------------------------------------------------------------
 
     def admin(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self.call(f"pool.admin.{path}", body)
+        return self.call(admin_subject(path), body)
 
     def close(self) -> None:
         self._client.close()

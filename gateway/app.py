@@ -19,7 +19,7 @@ from litestar.exceptions import HTTPException
 from litestar.handlers import HTTPRouteHandler
 from litestar.static_files import create_static_files_router
 
-from bus.subjects import is_token
+from bus.subjects import command_subject, is_token
 from gateway import problems, sse
 from gateway.openapi import document
 from gateway.problems import problem
@@ -137,7 +137,7 @@ async def _history(gw: Gateway, who: Principal, lease_id: str,
                    request: Request[Any, Any, Any]) -> Response[Any]:
     if not who.is_admin:
         # the tenant's right to the lease is its own user's `get`, decided by the server
-        owned = await gw.upstream.call(who, f"pool.cmd.{who.tenant}.lease.{lease_id}.get")
+        owned = await gw.upstream.call(who, command_subject(who.tenant, "lease", lease_id, "get"))
         if not owned.get("ok"):
             return problems.from_error(owned.get("error"), instance=request.url.path)
     history = gw.history()

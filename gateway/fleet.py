@@ -13,6 +13,7 @@ import time
 from collections import Counter, defaultdict
 from typing import Any
 
+from bus.subjects import admin_subject, command_subject
 from gateway.shared import Gateway
 from gateway.tokens import Principal
 
@@ -107,7 +108,7 @@ async def _tenant_view(gw: Gateway, who: Principal, view: str,
                        filters: dict[str, str] | None = None) -> list[dict[str, Any]]:
     import msgspec
 
-    reply = await gw.upstream.call(who, f"pool.cmd.{who.tenant}.query.{view}",
+    reply = await gw.upstream.call(who, command_subject(who.tenant, "query", view),
                                    msgspec.json.encode({"filters": filters or {},
                                                         "limit": ROWS}))
     if not reply.get("ok"):
@@ -121,8 +122,8 @@ async def _why(gw: Gateway, who: Principal, row: dict[str, Any]) -> dict[str, An
     # the service answers a tenant's subject only on that tenant's own inbox, so the admin's
     # dashboard asks as the lease's tenant (it may read every tenant's anyway)
     asker = Principal("tenant", tenant) if who.is_admin else who
-    reply = await gw.upstream.call(asker, f"pool.cmd.{tenant}.lease.{row.get('lease_id')}.why",
-                                   timeout=WHY_TIMEOUT_SECONDS)
+    subject = command_subject(tenant, "lease", str(row["lease_id"]), "why")
+    reply = await gw.upstream.call(asker, subject, timeout=WHY_TIMEOUT_SECONDS)
     return (reply.get("result") or {}) if reply.get("ok") else {}
 
 
@@ -131,7 +132,7 @@ async def _weights(gw: Gateway, pools: set[str]) -> dict[str, float]:
 
     weights: dict[str, float] = {}
     for pool in sorted(pools)[:8]:
-        reply = await gw.upstream.call(Principal("admin"), "pool.admin.pool.show",
+        reply = await gw.upstream.call(Principal("admin"), admin_subject("pool.show"),
                                        msgspec.json.encode({"pool_id": pool}))
         tenants = ((reply.get("result") or {}).get("quotas") or {}).get("tenants") or {}
         for name, row in tenants.items():

@@ -32,7 +32,7 @@ STATUS_BY_CODE: dict[str, int] = {
     # the state it meets
     "idempotency_conflict": 409, "illegal_transition": 409, "stale_epoch": 409,
     "write_conflict": 409, "lease_expired": 409, "already_allocated": 409,
-    "node_not_empty": 409, "insufficient_credits": 409, "insufficient_capacity": 409, "capacity_exceeded": 409,
+    "node_not_empty": 409, "insufficient_credits": 409, "insufficient_capacity": 409, "capacity_exceeded": 409, "invalid_subject": 400,
     "node_not_schedulable": 409, "not_due": 409,
     "pool_exists": 409, "reservation_exists": 409, "reservation_deleted": 409, "transfer_conflict": 409, "name_collision": 409,
     "device_unavailable": 409, "node_claim_refused": 403,

@@ -17,7 +17,7 @@ import msgspec
 from litestar import Request, Response
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
-from bus.subjects import is_token
+from bus.subjects import command_subject, is_token
 from domain.lease import TERMINAL_STATES
 from gateway import problems
 from gateway.routes import HttpRoute
@@ -56,7 +56,7 @@ def _headers() -> dict[str, str]:
 
 async def _lease_events(gw: Gateway, request: Request[Any, Any, Any], who: Principal,
                         lease_id: str) -> Response[Any]:
-    subject = f"pool.cmd.{who.tenant}.lease.{lease_id}.get"
+    subject = command_subject(who.tenant, "lease", lease_id, "get")
     after = _last_event_id(request)
     first = await gw.upstream.call(who, subject)
     if not first.get("ok"):
@@ -110,7 +110,7 @@ async def _telemetry(gw: Gateway, request: Request[Any, Any, Any],
                           {"path": "since"}) from None
         if not 0 <= body["since"] <= 1e11:
             raise Refused("invalid_field", "since is out of range", {"path": "since"})
-    subject = f"pool.cmd.{who.tenant}.telemetry.replay"
+    subject = command_subject(who.tenant, "telemetry", "replay")
 
     async def page(after_seq: int) -> dict[str, Any]:
         return await gw.upstream.call(

@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 
+from bus.subjects import command_subject
 from gateway.shared import Gateway
 from gateway.tokens import Principal
 
@@ -54,7 +55,7 @@ async def usage(gw: Gateway, who: Principal, filters: dict[str, str]) -> dict[st
         body: dict[str, Any] = {"filters": filters, "limit": PAGE}
         if cursor:
             body["cursor"] = cursor
-        reply = await gw.upstream.call(who, f"pool.cmd.{who.tenant}.query.leases",
+        reply = await gw.upstream.call(who, command_subject(who.tenant, "query", "leases"),
                                        msgspec.json.encode(body))
         if not reply.get("ok"):
             return {"error": reply.get("error")}

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bus.local.procs import die_with
+from bus.subjects import admin_subject
 
 POOL = "demo"  # the big simulated fleet: fair share under a flood, credits
 HPC = "hpc"  # one 8-GPU node: preemptible batch work and an urgent job that preempts it
@@ -155,7 +156,7 @@ class Demo:
 
         def answers() -> bool:
             try:
-                r = self.admin.call("pool.admin.pool.show", {"pool_id": POOL}, timeout=2.0)
+                r = self.admin.call(admin_subject("pool.show"), {"pool_id": POOL}, timeout=2.0)
             except BusError:
                 return False
             code: object = r.get("error", {}).get("code")
