@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -325,6 +326,5 @@ def create_app(settings: Settings, tokens: TokenStore, *, database_url: str = ""
 
 
 def _litestar_path(path: str) -> str:
-    return path.replace("{lease_id}", "{lease_id:str}").replace(
-        "{pool_id}", "{pool_id:str}").replace("{node_id}", "{node_id:str}").replace(
-        "{view}", "{view:str}").replace("{reservation_id}", "{reservation_id:str}")
+    """Every path parameter typed as a string, as Litestar wants (`{x}` → `{x:str}`)."""
+    return re.sub(r"\{(\w+)\}", r"{\1:str}", path)
