@@ -11,7 +11,13 @@ from typing import Any
 
 from domain.lease import Lease
 from domain.policy.backfill import Backfill
+from domain.policy.placement import NodeTable
 from domain.reservation import CapacityReservation, NodeSpace, withhold
+from domain.resources import Resources
+
+
+def _allocatable(table: NodeTable, node_id: str) -> Resources:
+    return table.allocated_resources(node_id) + table.free_resources(node_id)
 
 
 class Windows:
@@ -60,7 +66,7 @@ class Windows:
             self.short.pop(pool_id, None)
             return
         table = bf.table
-        nodes = [NodeSpace(nid, table.allocated_resources(nid) + table.free_resources(nid),
+        nodes = [NodeSpace(nid, functools.partial(_allocatable, table, nid),
                            functools.partial(bf.capacity_at, nid),
                            ready=table.state_of(nid) == "ready")
                  for nid in table.node_ids]

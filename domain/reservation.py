@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
@@ -64,14 +64,22 @@ class Withheld:
     end_at: float = float("inf")
 
 
-@dataclass(frozen=True)
+@dataclass
 class NodeSpace:
-    """A candidate node: its allocatable capacity and what it will have free at a time."""
+    """A candidate node: its allocatable capacity and what it will have free at a time, each
+    asked for only when a window gets that far (a pool has many nodes, a window few units)."""
 
     node_id: str
-    allocatable: Resources
+    allocatable_of: Callable[[], Resources]
     free_at: Callable[[float], Resources]
     ready: bool = True
+    _allocatable: Resources | None = field(default=None, repr=False)
+
+    @property
+    def allocatable(self) -> Resources:
+        if self._allocatable is None:
+            self._allocatable = self.allocatable_of()
+        return self._allocatable
 
 
 def problems(*, tenant_id: str | None, resources: Resources, count: int,
@@ -219,6 +227,7 @@ def withhold(windows: Iterable[Window], now: float, nodes: Sequence[NodeSpace],
     already running there, as no one is drained). Windows are served in start order, each
     node's promises counted against later windows; ended windows withhold nothing."""
     by_id = {n.node_id: n for n in nodes}
+    in_order = sorted(nodes, key=lambda n: n.node_id)
     promised: dict[str, Resources] = {}
     out: list[Withheld] = []
     short: dict[str, int] = {}
@@ -237,7 +246,7 @@ def withhold(windows: Iterable[Window], now: float, nodes: Sequence[NodeSpace],
         units = max(0, w.count - used.get(w.reservation_id, 0))
         taken: dict[str, int] = {}
         for at_start in (True, False):
-            for node in sorted(nodes, key=lambda n: n.node_id):
+            for node in in_order:
                 if not units:
                     break
                 if not node.ready:

@@ -37,7 +37,7 @@ def window(rid: str = "r1", *, tenant: str | None = "acme", n: int = 2, count: i
 
 def space(node_id: str, total: int, free_at: float | None = None) -> NodeSpace:
     free = total if free_at is None else free_at
-    return NodeSpace(node_id, gpus(total), lambda _at: gpus(int(free)))
+    return NodeSpace(node_id, lambda: gpus(total), lambda _at: gpus(int(free)))
 
 
 # -- the aggregate ------------------------------------------------------------------------------
@@ -155,7 +155,7 @@ def backfill_with(withheld_from: list[Window], now: float, running: dict[str, tu
         ends[lid] = (gpus(n), end)
     bf = Backfill(table, ends.get)
     bf.begin(now, queued=lambda _lid: True)
-    nodes = [NodeSpace("a", gpus(8), lambda at: bf.capacity_at("a", at))]
+    nodes = [NodeSpace("a", lambda: gpus(8), lambda at: bf.capacity_at("a", at))]
     bf.withhold(withhold(withheld_from, now, nodes, {})[0])
     return bf
 
@@ -216,7 +216,7 @@ def test_no_placement_of_others_leaves_a_window_short_at_its_start(
     ends: dict[str, LeaseEnd] = {}
     bf = Backfill(table, ends.get)
     bf.begin(0.0, queued=lambda _lid: True)
-    spaces = [NodeSpace(f"n{i}", gpus(8), functools.partial(bf.capacity_at, f"n{i}"))
+    spaces = [NodeSpace(f"n{i}", lambda: gpus(8), functools.partial(bf.capacity_at, f"n{i}"))
               for i in range(nodes)]
     windows = [window(f"r{i}", n=n, count=c, start=float(s), end=float(s + d))
                for i, (n, c, s, d) in enumerate(wins)]
