@@ -13,6 +13,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from bus.hostile import count_foreign, publish_raw
 from chaos.suite import ROOT, Outcome, Workspace, _must, lease_body, node_body
 
 NORMAL = ("beta", "gamma")
@@ -42,63 +43,20 @@ def _pool(ws: Workspace, *args: str) -> dict[str, Any]:
                                                                       "message": out.stderr}}
 
 
-async def _attack(url: str, creds: dict[str, Any], attacks: int, seed: int) -> int:
-    """Send `attacks` messages as the malicious tenant; how many the server refused."""
-    import nats
-
-    refused = 0
-
-    async def on_error(e: Exception) -> None:
-        nonlocal refused
-        if "permissions violation" in str(e).lower():
-            refused += 1
-
-    nc = await nats.connect(url, user=creds["user"], password=creds["password"],
-                            inbox_prefix=str(creds["inbox_prefix"]).encode(), error_cb=on_error)
+def _attacks(creds: dict[str, Any], attacks: int, seed: int) -> list[tuple[str, bytes, str]]:
+    """`attacks` messages of the malicious tenant: its own subjects with replies aimed
+    elsewhere, and subjects outside its own."""
     rnd = random.Random(seed)
+    out: list[tuple[str, bytes, str]] = []
     for i in range(attacks):
         r = f"x{i}"
         body = json.dumps(lease_body(f"evil-{i}")).encode()
-        if rnd.random() < 0.7:  # its own subjects, replies aimed elsewhere
+        if rnd.random() < 0.7:
             subject = "pool.cmd.alpha." + rnd.choice(OWN_VERBS).format(r=r)
-            await nc.publish(subject, body, reply=rnd.choice(REPLY_TARGETS).format(r=r))
+            out.append((subject, body, rnd.choice(REPLY_TARGETS).format(r=r)))
         else:
-            await nc.publish(rnd.choice(FOREIGN_SUBJECTS).format(r=r), body,
-                             reply=f"{creds['inbox_prefix']}.{r}")
-        if i % 250 == 0:
-            await nc.flush()
-    await nc.flush()
-    await asyncio.sleep(1.0)  # the server's refusals come back asynchronously
-    await nc.close()
-    return refused
-
-
-async def _foreign(url: str) -> dict[str, int]:
-    """Messages in the log, work-queue and timer streams that no control-plane writer made:
-    every one of theirs carries headers (the recorder's event headers, a message id, a
-    schedule), a reply envelope none."""
-    import nats
-
-    from bus.jetstream.wire import is_stored_event
-    from bus.subjects import AGENT_STREAM, EVENTS_STREAM, SCHEDULE_STREAM
-
-    nc = await nats.connect(url)
-    js = nc.jetstream()
-    out = {"foreign_messages": 0, "log_messages": 0}
-    for stream in (EVENTS_STREAM, AGENT_STREAM, SCHEDULE_STREAM):
-        state = (await js.stream_info(stream)).state
-        if stream == EVENTS_STREAM:
-            out["log_messages"] = state.messages
-        for seq in range(state.first_seq, state.last_seq + 1 if state.messages else 0):
-            try:
-                msg = await js.get_msg(stream, seq)
-            except Exception:  # noqa: BLE001, S112 - deleted or acked away: nothing to judge
-                continue
-            headers = dict(msg.headers or {})
-            ours = is_stored_event(headers) if stream == EVENTS_STREAM else bool(headers)
-            if not ours:
-                out["foreign_messages"] += 1
-    await nc.close()
+            out.append((rnd.choice(FOREIGN_SUBJECTS).format(r=r), body,
+                        f"{creds['inbox_prefix']}.{r}"))
     return out
 
 
@@ -135,7 +93,9 @@ def run(ws: Workspace, size: dict[str, Any], o: Outcome) -> None:
     result: dict[str, Any] = {}
 
     def attack() -> None:
-        result["refused"] = asyncio.run(_attack(nats_url, alpha, attacks, seed=9))
+        result["refused"] = asyncio.run(publish_raw(
+            nats_url, _attacks(alpha, attacks, seed=9), user=alpha["user"],
+            password=alpha["password"], inbox_prefix=str(alpha["inbox_prefix"])))
 
     flood = threading.Thread(target=attack, name="chaos-malicious")
     flood.start()
@@ -155,7 +115,7 @@ def run(ws: Workspace, size: dict[str, Any], o: Outcome) -> None:
     o.figures["normal_commands"] = len(answers)
     o.zero("normal_unanswered", sum(not a.get("ok") for a in answers),
            str([a.get("error") for a in answers if not a.get("ok")][:3]))
-    judged = asyncio.run(_foreign(service_url))
+    judged = asyncio.run(count_foreign(service_url))
     o.zero("foreign_messages", judged["foreign_messages"])
     o.figures["log_messages"] = judged["log_messages"]
     log = ws.log_reader(service_url)

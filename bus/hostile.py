@@ -1,0 +1,57 @@
+"""Raw NATS clients that misbehave on purpose, for the fault suite: publish what a hostile
+tenant would, and count what in the streams no control-plane writer made."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from bus.connection import connect
+from bus.jetstream.wire import is_stored_event
+from bus.subjects import AGENT_STREAM, EVENTS_STREAM, SCHEDULE_STREAM
+
+
+async def publish_raw(url: str, messages: Sequence[tuple[str, bytes, str]], *, user: str,
+                      password: str, inbox_prefix: str) -> int:
+    """Publish each (subject, body, reply subject) as `user`, unchecked; how many the server
+    refused as permission violations (its refusals come back asynchronously)."""
+    refused = 0
+
+    async def on_error(e: Exception) -> None:
+        nonlocal refused
+        if "permissions violation" in str(e).lower():
+            refused += 1
+
+    nc = await connect(url, user=user, password=password, inbox_prefix=inbox_prefix.encode(),
+                       error_cb=on_error)
+    for i, (subject, body, reply) in enumerate(messages):
+        await nc.publish(subject, body, reply=reply)
+        if i % 250 == 0:
+            await nc.flush()
+    await nc.flush()
+    await asyncio.sleep(1.0)
+    await nc.close()
+    return refused
+
+
+async def count_foreign(url: str) -> dict[str, int]:
+    """Messages in the log, work-queue and timer streams that no control-plane writer made:
+    each of theirs carries headers (an event's, a message id, a schedule); a stray reply none."""
+    nc = await connect(url)
+    js = nc.jetstream()
+    out = {"foreign_messages": 0, "log_messages": 0}
+    for stream in (EVENTS_STREAM, AGENT_STREAM, SCHEDULE_STREAM):
+        state = (await js.stream_info(stream)).state
+        if stream == EVENTS_STREAM:
+            out["log_messages"] = state.messages
+        for seq in range(state.first_seq, state.last_seq + 1 if state.messages else 0):
+            try:
+                msg = await js.get_msg(stream, seq)
+            except Exception:  # noqa: BLE001, S112 - deleted or acked away: nothing to judge
+                continue
+            headers = dict(msg.headers or {})
+            ours = is_stored_event(headers) if stream == EVENTS_STREAM else bool(headers)
+            if not ours:
+                out["foreign_messages"] += 1
+    await nc.close()
+    return out
