@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from chaos.invariants import check_placements
-from chaos.suite import NAMES, percentile, run_scenario
+from chaos.harness import percentile
+from chaos.suite import NAMES, run_scenario
 
 
 @pytest.mark.faults

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from bus.hostile import count_foreign, publish_raw
-from chaos.suite import ROOT, Outcome, Workspace, _must, lease_body, node_body
+from chaos.harness import ROOT, Outcome, Workspace, _must, lease_body, node_body
 
 NORMAL = ("beta", "gamma")
 # reply subjects aimed at every stream and KV, the JetStream API, others' inboxes and prefixes

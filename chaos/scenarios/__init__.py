@@ -1,0 +1,1 @@
+"""The fault scenarios, one module each; chaos.suite runs them."""
