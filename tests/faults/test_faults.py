@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from chaos.invariants import check_placements
 from chaos.harness import percentile
+from chaos.invariants import check_placements
 from chaos.suite import NAMES, run_scenario
 
 
