@@ -117,7 +117,7 @@ class Route:
 
 
 def _lease_reply(lease: Any) -> v1.Envelope:
-    from control.application import lease_view
+    from schemas.convert import lease_view
 
     return v1.Envelope.success(lease=lease_view(lease))
 
@@ -128,7 +128,7 @@ def _node_reply(node: Any) -> v1.Envelope:
 
 def _request(ctx: Context, p: Params, cmd: v1.LeaseRequest) -> v1.Envelope:
     from bus import observability
-    from control.application import lease_view
+    from schemas.convert import lease_view
 
     # the leases keep this command's trace, so placing and starting them join it
     leases = ctx.app.request_leases(p["tenant"], cmd, trace_parent=observability.traceparent())

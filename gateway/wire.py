@@ -25,7 +25,7 @@ Seconds = float | None
 
 
 class Lease(Struct, frozen=True, kw_only=True):
-    """A lease as the command service shows it (control.application.lease_view)."""
+    """A lease as the command service shows it (schemas.convert.lease_view)."""
 
     lease_id: str
     tenant: str
