@@ -1,7 +1,5 @@
 """The append signal: wakes an idle log follower when the event stream stores a new event.
-
-The stream republishes each stored event's headers on `pool.appended.…` (bus.streams); a
-follower arms a one-shot subscription there only while it is idle, so a busy one costs nothing.
+Why a one-shot subscription on the republished headers: docs/adr/001-wake-on-append.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """`pool bench eventlog`: raw JetStream rates next to eventsourcing saves, measured in one run.
-
-Every figure is a median of several rounds against the same server, and each save rate is
-also given as a ratio to the raw rate measured beside it, because this machine is noisy.
+Why each figure is a median and a ratio to the raw rate: docs/architecture.md#the-benchmarks.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """The NATS side of the end-to-end benchmark: tenants' clients and a watcher of reservations.
-
-Clients request over the public subjects as users do (one connection each, the tenant's own
-inbox); the watcher follows the event stream's headers for `LeaseReserved` events.
+What `pool bench e2e` measures: docs/architecture.md#the-benchmarks.
 """
 
 from __future__ import annotations

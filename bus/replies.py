@@ -1,7 +1,5 @@
 """Inbox namespaces and the reply-subject check: a responder answers only the requester's inbox.
-
-Tenants reply under `_INBOX.t.<tenant>`, nodes under `_INBOX.n.<node>`, operators and control-plane
-roles under `_INBOX.a.<role>`; the three never overlap, whatever the names.
+The three disjoint prefixes and the threats they stop: docs/security.md.
 """
 
 from __future__ import annotations

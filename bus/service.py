@@ -1,8 +1,5 @@
 """Request/reply services on NATS subjects, and the synchronous client that calls them.
-
-A service runs on its own event-loop thread and hands each request to a plain synchronous
-handler on one of its worker threads, many in flight at once (the domain and the
-eventsourcing Application are synchronous). Nothing but this module answers NATS requests.
+The only code that answers NATS requests; handlers run synchronously on worker threads.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""The telemetry stream, its publisher and its follower, on subjects
-`pool.tel.<pool>.<node>.<tenant>.<lease>.<kind>`.
-
-Telemetry is lossy by design: limits retention, core publishes (the stream captures them), and a
-publisher that logs a bus hiccup instead of raising it into the agent. Followers read live with a
-core subscription, or replay from a start time and keep following: an operator with an ordered
-push consumer, a tenant through the control plane (`pool.cmd.<tenant>.telemetry.replay`, pages
-read here by `read_page`), since a tenant is given no right to create consumers.
+"""The telemetry stream, its publisher and its follower (subjects `pool.tel.…`).
+Subjects, loss, retention and tenants' replay: docs/operations.md#telemetry-job-output-and-tracing.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """Group commit: concurrent saves of one recorder share an atomic batch, each with its answer.
-
-While one batch is in flight, saves queue; the next batch carries every queued save that fits
-(≤ MAX_BATCH messages, no subject in two saves). A refused batch fails only the saves whose
-expectation no longer holds; the others go again. Runs on the recorder's loop thread.
+How batches form and what a refused one fails: docs/adr/010-group-commit-of-commands.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """The one adapter that reaches into nats-py's internals: raw frame writes and a fast parser.
-
-Everything else calls the functions below; each has a public-API path, taken when
-`internals_changed()` names a missing internal or POOL_NATS_PUBLIC_ONLY=1 is set.
+Its public-API fallbacks and POOL_NATS_PUBLIC_ONLY: docs/adr/004-nats-internals-adapter.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""NATS users of the embedded default and what each may do: ONE table (`PERMISSIONS`) that the
-server configuration and docs/security.md's permission matrix are generated from.
-
-Tenants may publish only on `pool.cmd.<tenant>.>` and read only their own inbox prefix, so one
-tenant can neither act as another nor read its replies; the server enforces it, not our code.
-Telemetry likewise: a tenant reads `pool.tel.*.*.<tenant>.>` live and replays the stream through
-the service (`pool.cmd.<tenant>.telemetry.replay`), never with a consumer of its own; a node
-publishes under `pool.tel.*.<node>.>`. The command responders answer as a user that may publish
-into inboxes and nowhere else.
+"""NATS users of the embedded default and what each may do: one table, `PERMISSIONS`.
+The server configuration and docs/security.md's permission matrix are generated from it.
 """
 
 from __future__ import annotations
@@ -27,7 +20,7 @@ log = logging.getLogger(__name__)
 
 SERVICE_USER = "pool-service"
 RESPONDER_USER = "pool-responder"
-BCRYPT_ROUNDS = 10  # nats-server checks it on every connect: bcrypt's usual cost, ~50 ms
+BCRYPT_ROUNDS = 10  # bcrypt's usual cost; nats-server checks it on every connect (docs/security.md)
 
 
 @dataclass(frozen=True)

