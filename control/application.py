@@ -1,7 +1,5 @@
 """The control plane's eventsourcing Application: each command loads, decides and saves.
-
-Handlers are thin: wire bodies (schemas/) in, domain calls, one `save()` out — one atomic
-JetStream batch however many aggregates the decision touched. `now` is read here, at the edge.
+One atomic save per decision, however many aggregates; `now` is read here, at the edge.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
 """The dispatcher and the reconciler: the control plane's two hands on the data plane.
-
-The dispatcher follows the event log and turns lease facts into agent commands on the node's
-work queue — a committed job → `start`, a cancel → `stop`, a preemption notice → `preempt`,
-an expiry under reconciliation → `stop` — and keeps one durable JetStream timer per lease and
-per node armed at its next deadline. The reconciler consumes fired timers and applies what is
-due through PoolApp (void, expire → reconciling, node lost, lost node released).
+What each turns into agent commands and timers: docs/architecture.md#the-work-queue-and-the-timers.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
 """One control-plane process: the command service, the scheduler and its `why` answers.
-
-`pool serve` runs this; tests build the same `ControlPlane` and drive the scheduler by hand.
-Roles split it across processes (compose runs each as its own service): `commands` (queue
-group, any number), `scheduler` (any number: each pool is placed by one of them, elected per
-pool; one of them also dispatches and answers `why`),
-`reconciler` (a shared durable consumer of fired timers, any number), `projector` (the views).
+`pool serve` runs it, whole or as one role; the roles: docs/operations.md#scaling-out.
 """
 
 from __future__ import annotations

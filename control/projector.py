@@ -1,10 +1,5 @@
 """The projector process: keeps the PostgreSQL views (projections/views.py) up with the log.
-
-`pool projections run` runs `Projector.run_forever`; a ControlPlane (or anything else) can run
-one in a thread with `Projector(...).start()` / `.stop()`. Kill it at any point: each batch and
-its position commit together, so a restart resumes exactly where the last commit left off.
-
-    python -m control.projector --nats-url URL --database-url URL [--schema S] [--batch-size N]
+A batch and its position commit together, so a restart resumes there (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -32,8 +27,7 @@ log = logging.getLogger(__name__)
 FREEZE_AFTER_EVENTS = 20_000
 # while behind (the last read came back full), batches of up to this many times batch_size:
 # fewer rows per event to write (an account, node or lease touched again within the batch is
-# written once) and fewer transactions; measured at 200k events, batches of 4000 against 1000:
-# PostgreSQL ~15 against ~18.5 us of CPU per event, the writer thread ~1.5 against ~4
+# written once) and fewer transactions (docs/performance.md)
 CATCH_UP_FACTOR = 4
 
 class Projector:
@@ -160,8 +154,7 @@ class Projector:
                         if folded >= FREEZE_AFTER_EVENTS:
                             # caught up after a long fold: what the views keep in memory lives
                             # on; move it out of the cyclic collector's sight, as the scheduler
-                            # does, or every full collection re-walks it (measured: a third of
-                            # the GC time of a 500k-event catch-up)
+                            # does, or every full collection re-walks it (docs/performance.md)
                             gc.freeze()
                         folded = 0
                         self._wake.wait(self.poll_seconds)

@@ -1,7 +1,5 @@
-"""The scheduler's quota gate: admission against nominal quota and cohorts, reclaim of lent
-quota by preempting borrowers, and the automatic restart of a requeued job.
-
-Functions of the scheduler's state, kept here so the cycle in scheduler.py stays short.
+"""The scheduler's quota gate: admission by nominal quota and cohorts, reclaim, restart on requeue.
+Functions of the scheduler's state, kept apart so its cycle stays short; rules: docs/quotas.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The scheduler's advance reservations and maintenance windows: which are in force per pool,
-which leases use each, and what each cycle's backfill must keep free for them.
-
-Folded from the log like the rest of the scheduler's memory, so a new leader knows them.
+"""The scheduler's advance reservations and maintenance windows, folded from the log.
+What each cycle keeps free: docs/architecture.md#advance-reservations-and-maintenance-windows.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
 """The route table: every subject the control plane answers, sends or documents, in one list.
-
-`ROUTES` drives the command service's subscriptions, decoding and dispatch, the AsyncAPI export
-and the HTTP gateway. Importing it connects to nothing; mount it with `Router(ROUTES)`:
-`router.match(subject)` gives (route, params) and `router.dispatch(ctx, subject, body)` the
-reply Envelope, where `ctx` is any `Context` (an application and the readers it needs).
+`ROUTES` drives the command service, the AsyncAPI export and the HTTP gateway; it connects nothing.
 """
 
 from __future__ import annotations

@@ -84,8 +84,7 @@ ENDED_REMEMBERED = 10_000  # ended leases whose last state `why` still answers  
 # the cyclic collector's thresholds in a process that schedules: a placement makes a few
 # dozen short-lived containers (events, their state dicts, stored events), so with CPython's
 # default of 700 a young collection ran every ~20 placements and promoted survivors that the
-# older generations then walked again and again (measured on a 100,000-request backlog: 3.3 s
-# of collections in a 26 s run with the defaults, 0.3 s with these)
+# older generations then walked again and again (docs/performance.md)
 GC_THRESHOLDS = (50_000, 20, 10)
 
 
@@ -111,7 +110,7 @@ class PoolState:
     # node id → (state, allocatable) as the DRF denominator last counted it; the denominator
     # (allocatable of the ready nodes) is summed again before the next placement only when a
     # node came, left readiness or changed size: summing it per node event made a replay of N
-    # node registrations O(N²) (10,000 nodes: ~2.4 s of a 4.3 s start-up)
+    # node registrations O(N²)
     counted: dict[str, tuple[str, Resources]] = field(default_factory=dict)
     totals_stale: bool = False
     backfill: Backfill | None = None  # its blocked heads' reservations, kept between cycles
@@ -210,8 +209,8 @@ class Scheduler:
         # catch_up, in log order: catch_up steps over them instead of reading them back
         self._own: collections.deque[tuple[int, int]] = collections.deque()
         # the mapper's to_domain_event, without its walk over the whole decoded state where
-        # the stored event holds just one transcoded value (its timestamp): ~10 → ~5 µs an
-        # event; anything else goes through the mapper
+        # the stored event holds just one transcoded value (its timestamp); anything else
+        # goes through the mapper
         self._decode = EventDecoder(app.mapper)
         self._read_ahead: concurrent.futures.ThreadPoolExecutor | None = None
         # bus.jetstream's read-ahead pages, told to remember every subject they pass (as
@@ -237,7 +236,7 @@ class Scheduler:
         if n >= LONG_LIVED_FOLD:
             # a replay (start-up, or a long absence) built state that lives as long as the
             # scheduler: move it out of the cyclic collector's sight, or every full collection
-            # re-walks millions of objects (measured: ~15-20% of a backlog's wall time).
+            # re-walks millions of objects (docs/performance.md).
             # Freed objects are still freed by reference counting; only reference cycles
             # that exist now and die later would stay (the fold's aggregates hold none)
             gc.freeze()
