@@ -1,7 +1,5 @@
 """The demo's live dashboard: progress, queue, capacity and balances from the PostgreSQL views.
-
-On a terminal it is a rich Live display refreshed twice a second; elsewhere (CI, a pipe) it
-prints one progress line every few seconds instead.
+A rich Live display on a terminal; elsewhere (CI, a pipe) one progress line every few seconds.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
 """`pool demo`: the whole mission in one command, on the embedded default.
-
-Starts NATS and PostgreSQL, the control plane (commands, scheduler, dispatcher, reconciler,
-projector), a simulated fleet of 200 nodes plus one real local agent running sandboxed
-processes, and three tenants who submit work: a flood of whole-node jobs under weighted fair
-share, a preemption, a reclaim of lent quota, a cancellation, a request no node can hold, a
-silent agent whose lease is reconciled, and a tenant that runs out of credit. A live dashboard reads the PostgreSQL views;
-the end prints the credit audit, the fair-share outcome and where to look next.
+What it starts and the scenes it plays: docs/architecture.md#the-embedded-default.
 """
 
 from __future__ import annotations

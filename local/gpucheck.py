@@ -1,8 +1,5 @@
-"""The real-GPU check (`scripts/gpu-check.sh`): probe this machine's NVIDIA GPUs, register it,
-run one job per GPU bound to its device, and show `nvidia-smi -L` as each job saw it.
-
-It needs an NVIDIA GPU, its driver, bubblewrap and the project installed; it starts its own
-nats-server and control plane in a temporary directory and leaves nothing running.
+"""The real-GPU check (`scripts/gpu-check.sh`): one job per NVIDIA GPU, bound to its device.
+What it needs, does and proves: docs/gpus.md#the-real-gpu-check.
 """
 
 from __future__ import annotations
