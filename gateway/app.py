@@ -1,7 +1,5 @@
 """The Litestar application: one handler per route-table row, bearer auth, problem+json.
-
-Every request is checked here (token, path ids, query values, body Struct) before a subject is
-built from the token's tenant alone; the command service decides the rest.
+Every request is checked here before a subject is built from the token's tenant alone.
 """
 
 from __future__ import annotations

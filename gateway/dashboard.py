@@ -1,7 +1,5 @@
 """The web dashboard at `/`: a login form, the live fleet page and a lease's page.
-
-Pages are server-rendered shells; gateway/static/dashboard.js fills them from one SSE stream of
-snapshots (gateway/fleet.py) and a lease page from the lease's own event stream and history.
+Server-rendered shells that gateway/static/dashboard.js fills (docs/api-http.md#the-dashboard).
 """
 
 from __future__ import annotations

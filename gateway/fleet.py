@@ -1,8 +1,5 @@
-"""What the dashboard shows, as one JSON snapshot for one caller: the fleet, the queue with each
-request's reason, shares, credits and active leases.
-
-The admin reads every tenant's rows from the views; a tenant reads its own through its NATS user
-(the `query` and `why` subjects) and sees the fleet only as aggregate capacity.
+"""What the dashboard shows, as one JSON snapshot for one caller: fleet, queue, shares, credits.
+What the admin and a tenant each see: docs/api-http.md#the-dashboard.
 """
 
 from __future__ import annotations

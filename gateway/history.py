@@ -1,7 +1,5 @@
 """A lease's flight recorder: every event of it in the log, decoded, in order.
-
-Read with the service's own reader of the log, so it runs only after the caller's right to the
-lease is settled (a tenant's `get` through its own NATS user answered, or the admin token).
+Run only once the caller's right to the lease is settled: docs/api-http.md#the-dashboard.
 """
 
 from __future__ import annotations

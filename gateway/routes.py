@@ -1,8 +1,5 @@
 """The HTTP routes: each maps a method and path onto one route of control/routes.ROUTES.
-
-The NATS route table gives the subject, the body's Struct and the summary; this table adds only
-what HTTP needs (method, path, reply shape), and drives the Litestar handlers (gateway/app.py)
-and the OpenAPI document (gateway/openapi.py) alike.
+Adds only what HTTP needs; drives the Litestar handlers and the OpenAPI document alike.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
 """Server-Sent Event streams: a lease's state changes and a tenant's telemetry, resumable.
-
-A lease stream's event id is the lease's version (the count of its events), so a client that
-reconnects with Last-Event-ID gets the state after the last one it saw; a telemetry stream's id
-is the sample's stream sequence, and resuming reads on after it. Both read through the tenant's
-own NATS user: `lease.<id>.get` and `telemetry.replay`.
+Event ids and resuming: docs/api-http.md#streams-server-sent-events.
 """
 
 from __future__ import annotations

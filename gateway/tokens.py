@@ -1,7 +1,5 @@
 """Bearer tokens for the HTTP API: one per tenant and one for the admin, stored hashed.
-
-$POOL_HOME/http-tokens.json (mode 0600) keeps only SHA-256 digests; a token is shown once, when
-it is made. Tokens are 256 random bits, so an unsalted digest is as strong as the token.
+The token file and why an unsalted digest suffices: docs/api-http.md#authentication.
 """
 
 from __future__ import annotations

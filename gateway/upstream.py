@@ -1,9 +1,5 @@
 """The gateway's NATS side: one client per caller, connected as that caller's own NATS user.
-
-A tenant's requests go out as the tenant's user (its credentials from the deployment's
-auth.json), so the server's permissions, not the gateway, decide what it may reach; the admin's
-go out as the service user. Without auth.json (a server with no users) every client uses the
-plain URL and the subject still carries only the token's tenant.
+Which user each caller gets, and without auth.json: docs/api-http.md#authentication.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """The HTTP API's own shapes: the lease request with its key optional, and the replies.
-
-Request bodies are the NATS API's msgspec Structs (schemas/v1.py); only what HTTP changes is
-here, derived from those Structs so a new field reaches both APIs at once.
+Derived from the NATS API's Structs (schemas/v1.py), so a new field reaches both APIs at once.
 """
 
 from __future__ import annotations
