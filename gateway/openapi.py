@@ -81,10 +81,16 @@ def _parameters(route: HttpRoute) -> list[dict[str, Any]]:
     if route.reply == "stream":
         params.append({"name": "Last-Event-ID", "in": "header", "required": False,
                        "schema": {"type": "string", "pattern": "^[0-9]{1,19}$"}})
+        if route.operation_id == "streamComputeLeaseLogs":
+            params += [{"name": "follow", "in": "query", "required": False,
+                        "schema": {"enum": ["0", "1"]}},
+                       {"name": "since", "in": "query", "required": False,
+                        "schema": {"type": "number", "minimum": 0}}]
         if route.operation_id == "streamTelemetry":
             params += [{"name": n, "in": "query", "required": False, "schema": s} for n, s in (
                 ("lease", {"type": "string", "pattern": "^[a-z0-9_-]{1,128}$"}),
-                ("kind", {"enum": ["queue", "startup", "execution", "utilization", "failure"]}),
+                ("kind", {"enum": ["queue", "startup", "execution", "utilization", "failure",
+                                  "output"]}),
                 ("since", {"type": "number", "minimum": 0}),
             )]
     return params

@@ -96,6 +96,10 @@ ROUTES: tuple[HttpRoute, ...] = (
     HttpRoute("GET", _ONE + "/events", "streamComputeLeaseEvents",
               "Server-Sent Events: the lease's state at each change (resumes from "
               "Last-Event-ID, the lease's version)", "getLease", "stream"),
+    HttpRoute("GET", _ONE + "/logs", "streamComputeLeaseLogs",
+              "Server-Sent Events: the job's output as its agent shipped it, to the end stored "
+              "(follow=1: until the lease ends; resumes from Last-Event-ID, the stream "
+              "sequence)", "replayTelemetry", "stream"),
     HttpRoute("GET", "/v1/queue", "listQueue",
               "The tenant's waiting requests from the queue view", "queryView", "page",
               query=QUEUE_FILTERS, fixed=(("view", "queue"),)),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -25,7 +25,7 @@ TELEMETRY_IDLE_SECONDS = 0.5  # at the end of the stream, how long before readin
 KEEPALIVE_SECONDS = 15.0
 # a lease in one of these states changes no more: its stream ends after saying so
 FINAL_STATES = frozenset(str(s) for s in TERMINAL_STATES)
-TELEMETRY_KINDS = ("queue", "startup", "execution", "utilization", "failure")
+TELEMETRY_KINDS = ("queue", "startup", "execution", "utilization", "failure", "output")
 
 
 def _last_event_id(request: Request[Any, Any, Any]) -> int:
@@ -42,6 +42,8 @@ async def open_stream(gw: Gateway, route: HttpRoute, request: Request[Any, Any, 
                       who: Principal, ids: dict[str, str]) -> Response[Any]:
     if route.operation_id == "streamTelemetry":
         return await _telemetry(gw, request, who)
+    if route.operation_id == "streamComputeLeaseLogs":
+        return await _logs(gw, request, who, ids["lease_id"])
     return await _lease_events(gw, request, who, ids["lease_id"])
 
 
@@ -106,6 +108,14 @@ async def _telemetry(gw: Gateway, request: Request[Any, Any, Any],
                           {"path": "since"}) from None
         if not 0 <= body["since"] <= 1e11:
             raise Refused("invalid_field", "since is out of range", {"path": "since"})
+    return await _replay(gw, request, who, body, after, until=None)
+
+
+async def _replay(gw: Gateway, request: Request[Any, Any, Any], who: Principal,
+                  body: dict[str, Any], after: int,
+                  until: Callable[[], Awaitable[bool]] | None) -> Response[Any]:
+    """Telemetry samples matching `body` from after `after`, as events; streaming on while
+    `until` is None, else ending at the end stored once `until()` says so."""
     subject = command_subject(who.tenant, "telemetry", "replay")
 
     async def page(after_seq: int) -> dict[str, Any]:
@@ -132,6 +142,8 @@ async def _telemetry(gw: Gateway, request: Request[Any, Any, Any],
             if samples:
                 quiet_since = time.monotonic()
             if not samples or result.get("at_end"):
+                if until is not None and await until():
+                    return
                 if time.monotonic() - quiet_since > KEEPALIVE_SECONDS:
                     quiet_since = time.monotonic()
                     yield ServerSentEventMessage(comment="keepalive")
@@ -139,3 +151,36 @@ async def _telemetry(gw: Gateway, request: Request[Any, Any, Any],
             reply = await page(seq)
 
     return ServerSentEvent(events(), headers=_headers())
+
+
+async def _logs(gw: Gateway, request: Request[Any, Any, Any], who: Principal,
+                lease_id: str) -> Response[Any]:
+    """The job's output samples of one lease (kind `output`): what is stored, then, with
+    `follow=1`, what comes until the lease has ended."""
+    get = command_subject(who.tenant, "lease", lease_id, "get")
+    owned = await gw.upstream.call(who, get)
+    if not owned.get("ok"):  # another tenant's lease reads as missing
+        return problems.from_error(owned.get("error"), instance=request.url.path)
+    q = request.query_params
+    follow = q.get("follow", "0")
+    if follow not in ("0", "1"):
+        raise Refused("invalid_field", "follow must be 0 or 1", {"path": "follow"})
+    body: dict[str, Any] = {"lease": lease_id, "kind": "output"}
+    after = _last_event_id(request)
+    since = q.get("since")
+    if since is not None and not after:
+        try:
+            body["since"] = float(since)
+        except ValueError:
+            raise Refused("invalid_field", "since must be seconds since the epoch",
+                          {"path": "since"}) from None
+        if not 0 <= body["since"] <= 1e11:
+            raise Refused("invalid_field", "since is out of range", {"path": "since"})
+
+    async def ended() -> bool:
+        if follow == "0":
+            return True
+        reply = await gw.upstream.call(who, get)
+        return not reply.get("ok") or (reply.get("lease") or {}).get("state") in FINAL_STATES
+
+    return await _replay(gw, request, who, body, after, until=ended)

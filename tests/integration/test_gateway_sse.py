@@ -82,3 +82,32 @@ def test_telemetry_streams_only_the_tenants_own_and_resumes_by_sequence(stack: S
             resumed = sse_events(r, 2)
         assert [e["id"] for e in resumed] == [got[1]["id"], got[2]["id"]]
         assert c.get("/v1/telemetry", params={"kind": "nope"}).status_code == 422
+
+
+def test_a_leases_logs_stream_its_output_to_its_tenant_only_and_resume(stack: Stack) -> None:
+    with stack.client("alpha") as c:
+        lid = c.post("/v1/compute-leases", json=BODY).json()["lease_id"]
+    pub = TelemetryPublisher(stack.service_url)
+    try:
+        for line in ("one\n", "two\n", "three\n"):
+            pub.publish(pool="p1", node="n1", tenant="alpha", lease=lid, kind="output",
+                        event=v1.TelemetryEvent(kind="output", at=time.time(),
+                                                attrs={"stream": "stdout", "text": line}))
+        pub.flush()
+    finally:
+        pub.close()
+    with stack.client("alpha") as c:
+        # without follow: what is stored, then the stream ends
+        with c.stream("GET", f"/v1/compute-leases/{lid}/logs") as r:
+            assert r.status_code == 200
+            got = sse_events(r, 10)
+        texts = [json.loads(e["data"])["event"]["attrs"]["text"] for e in got]
+        assert texts == ["one\n", "two\n", "three\n"]
+        assert {e["event"] for e in got} == {"output"}
+        with c.stream("GET", f"/v1/compute-leases/{lid}/logs",
+                      headers={"Last-Event-ID": got[0]["id"]}) as r:
+            assert [e["id"] for e in sse_events(r, 10)] == [got[1]["id"], got[2]["id"]]
+        assert c.get(f"/v1/compute-leases/{lid}/logs", params={"follow": "2"}).status_code == 422
+    with stack.client("beta") as c:
+        # another tenant's lease reads as missing
+        assert c.get(f"/v1/compute-leases/{lid}/logs").status_code == 404
