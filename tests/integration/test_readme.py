@@ -82,7 +82,10 @@ def test_every_pool_command_in_the_readme_parses() -> None:
 def _env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("POOL_") and k != "VIRTUAL_ENV"}
-    env.update(POOL_HOME=str(home), POOL_NATS_PORT="0",
+    from bus.local.server import free_port
+
+    # free ports for the NATS server and the HTTP API, so it never meets a pool already running
+    env.update(POOL_HOME=str(home), POOL_NATS_PORT="0", POOL_HTTP=f"127.0.0.1:{free_port()}",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
     return env
 
