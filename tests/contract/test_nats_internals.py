@@ -42,10 +42,12 @@ def test_a_missing_client_internal_is_named(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 @pytest.mark.slow
-def test_the_recorders_keep_their_contract_on_the_public_path() -> None:
+def test_the_recorders_keep_their_contract_on_the_public_path(tmp_path: Path) -> None:
     env = {**os.environ, "POOL_NATS_PUBLIC_ONLY": "1"}
+    # its own base temp: the inner session must not prune the outer sessions' directories
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         f"--basetemp={tmp_path / 'inner'}",
          "tests/contract/test_jetstream_recorder_contract.py",
          "tests/contract/test_jetstream_atomic.py"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
