@@ -20,10 +20,6 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
-    DiscardPolicy,
-    RetentionPolicy,
-    StorageType,
-    StreamConfig,
 )
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
@@ -32,7 +28,12 @@ from bus.errors import BusTimeout, BusUnavailable
 from bus.headers import HDR_MSG_ID, HDR_SCHEDULE, HDR_SCHEDULE_TARGET
 from bus.replies import admin_inbox, node_inbox
 from bus.runtime import BusRuntime, LoopThread, get_runtime
-from bus.streams import DUPLICATE_WINDOW_S, ensure_kv_bucket, ensure_stream
+from bus.streams import (
+    agent_stream_config,
+    ensure_kv_bucket,
+    ensure_stream,
+    schedule_stream_config,
+)
 from bus.subjects import AGENT_STREAM, SCHEDULE_STREAM, token
 
 log = logging.getLogger(__name__)
@@ -40,32 +41,6 @@ log = logging.getLogger(__name__)
 AGENT_VERBS = ("start", "stop", "preempt")
 RECONCILER_CONSUMER = "reconciler"
 POSITIONS_BUCKET = "pool_positions"
-
-
-def agent_stream_config(*, replicas: int = 1) -> StreamConfig:
-    return StreamConfig(
-        name=AGENT_STREAM,
-        subjects=["pool.agent.>"],
-        retention=RetentionPolicy.WORK_QUEUE,
-        storage=StorageType.FILE,
-        num_replicas=replicas,
-        discard=DiscardPolicy.OLD,
-        duplicate_window=DUPLICATE_WINDOW_S,
-    )
-
-
-def schedule_stream_config(*, replicas: int = 1) -> StreamConfig:
-    return StreamConfig(
-        name=SCHEDULE_STREAM,
-        subjects=["pool.sched.>", "pool.due.>"],
-        retention=RetentionPolicy.LIMITS,
-        storage=StorageType.FILE,
-        num_replicas=replicas,
-        # one live timer and one fired message per lease or node is all that matters
-        max_msgs_per_subject=1,
-        discard=DiscardPolicy.OLD,
-        allow_msg_schedules=True,
-    )
 
 
 async def ensure_data_plane_streams(js: Any, *, replicas: int = 1) -> None:

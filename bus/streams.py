@@ -1,7 +1,5 @@
-"""JetStream stream definitions: the event stream (events + tracking) and a generic ensure helper.
-
-Streams are created or updated idempotently, so every process may call these at start-up.
-"""
+"""JetStream stream definitions — the event log, the agents' work queue, the timers, telemetry —
+and an idempotent ensure helper every process may call at start-up."""
 
 from __future__ import annotations
 
@@ -18,7 +16,16 @@ from nats.js.api import (
 )
 from nats.js.errors import BadRequestError, NotFoundError
 
-from bus.subjects import APPENDED_PREFIX, EVENTS_PREFIX, EVENTS_STREAM, TRACKING_PREFIX
+from bus.subjects import (
+    AGENT_STREAM,
+    APPENDED_PREFIX,
+    EVENTS_PREFIX,
+    EVENTS_STREAM,
+    SCHEDULE_STREAM,
+    TELEMETRY_PREFIX,
+    TELEMETRY_STREAM,
+    TRACKING_PREFIX,
+)
 
 DUPLICATE_WINDOW_S = 120.0
 
@@ -89,3 +96,50 @@ async def ensure_kv_bucket(js: JetStreamContext, bucket: str, *, replicas: int =
         return
     if (info.config.num_replicas or 1) < replicas:
         await js.update_stream(dataclasses.replace(info.config, num_replicas=replicas))
+
+
+# POOL_TELEMETRY keeps samples for 7 days and at most 1 GiB, the oldest discarded first
+TELEMETRY_MAX_AGE_S = 7 * 24 * 3600.0
+TELEMETRY_MAX_BYTES = 1024 * 1024 * 1024
+
+
+def agent_stream_config(*, replicas: int = 1) -> StreamConfig:
+    return StreamConfig(
+        name=AGENT_STREAM,
+        subjects=["pool.agent.>"],
+        retention=RetentionPolicy.WORK_QUEUE,
+        storage=StorageType.FILE,
+        num_replicas=replicas,
+        discard=DiscardPolicy.OLD,
+        duplicate_window=DUPLICATE_WINDOW_S,
+    )
+
+
+def schedule_stream_config(*, replicas: int = 1) -> StreamConfig:
+    return StreamConfig(
+        name=SCHEDULE_STREAM,
+        subjects=["pool.sched.>", "pool.due.>"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        num_replicas=replicas,
+        # one live timer and one fired message per lease or node is all that matters
+        max_msgs_per_subject=1,
+        discard=DiscardPolicy.OLD,
+        allow_msg_schedules=True,
+    )
+
+
+def telemetry_stream_config(replicas: int = 1) -> StreamConfig:
+    """POOL_TELEMETRY: limits retention (7 days, 1 GiB), oldest samples discarded first."""
+    return StreamConfig(
+        name=TELEMETRY_STREAM,
+        subjects=[f"{TELEMETRY_PREFIX}.>"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        num_replicas=replicas,
+        max_age=TELEMETRY_MAX_AGE_S,
+        max_bytes=TELEMETRY_MAX_BYTES,
+        max_msgs=-1,
+        discard=DiscardPolicy.OLD,
+        allow_direct=True,
+    )

@@ -25,10 +25,6 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
-    DiscardPolicy,
-    RetentionPolicy,
-    StorageType,
-    StreamConfig,
 )
 from nats.nuid import NUID
 
@@ -36,7 +32,7 @@ from bus.connection import connect
 from bus.errors import BusError, BusUnavailable, PermissionDenied
 from bus.headers import HDR_LAST_CONSUMER, HDR_NUM_PENDING, HDR_SEQUENCE, HDR_STATUS, HDR_SUBJECT
 from bus.runtime import BusRuntime, translate
-from bus.streams import ensure_stream
+from bus.streams import ensure_stream, telemetry_stream_config
 from bus.subjects import (
     TELEMETRY_PREFIX,
     TELEMETRY_STREAM,
@@ -49,28 +45,10 @@ from schemas import v1
 TELEMETRY_KINDS: tuple[str, ...] = ("queue", "startup", "execution", "utilization", "failure",
                                      "output")
 
-MAX_AGE_S = 7 * 24 * 3600.0
-MAX_BYTES = 1024 * 1024 * 1024
 # samples waiting for the loop thread; beyond this the publisher drops (telemetry is lossy)
 MAX_IN_FLIGHT = 10_000
 
 log = logging.getLogger(__name__)
-
-
-def telemetry_stream_config(replicas: int = 1) -> StreamConfig:
-    """POOL_TELEMETRY: limits retention (7 days, 1 GiB), oldest samples discarded first."""
-    return StreamConfig(
-        name=TELEMETRY_STREAM,
-        subjects=[f"{TELEMETRY_PREFIX}.>"],
-        retention=RetentionPolicy.LIMITS,
-        storage=StorageType.FILE,
-        num_replicas=replicas,
-        max_age=MAX_AGE_S,
-        max_bytes=MAX_BYTES,
-        max_msgs=-1,
-        discard=DiscardPolicy.OLD,
-        allow_direct=True,
-    )
 
 
 async def ensure_telemetry_stream(js: JetStreamContext, replicas: int = 1) -> None:
@@ -610,5 +588,4 @@ __all__ = [
     "read_page",
     "read_page_async",
     "telemetry_filter",
-    "telemetry_stream_config",
 ]

@@ -25,8 +25,9 @@ from bus.admin import ensure_all_streams
 from bus.errors import PermissionDenied
 from bus.local.auth import AuthConfig, inbox_prefix, url_with_credentials
 from bus.local.server import NatsServer
+from bus.streams import telemetry_stream_config
 from bus.subjects import TELEMETRY_STREAM, telemetry_subject
-from bus.telemetry import TelemetryPublisher, TelemetrySample, follow, telemetry_stream_config
+from bus.telemetry import TelemetryPublisher, TelemetrySample, follow
 from control.plane import ControlPlane
 from schemas import v1
 
