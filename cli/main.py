@@ -1,7 +1,6 @@
 """The `pool` command: builds the parser from the verb groups' modules and runs one verb.
 
-Each verb parses its flags, calls one function of the layer it belongs to, and prints a table
-for people or JSON (`--json`) for machines; see cli/output.py for the exit codes.
+Output for people or `--json`, and the exit codes: cli/output.py.
 """
 
 from __future__ import annotations
