@@ -164,16 +164,21 @@ class PoolApp(Application[UUID]):
             raise UnknownPool(f"no pool named {pool_id!r}")
         return pool
 
-    def _lease(self, tenant: str, lease_id: str) -> Lease:
+    def _lease_if(self, lease_id: str, owned: Callable[[Lease], bool], where: str) -> Lease:
+        """The lease `lease_id` when `owned` says it belongs to the asker; else UnknownLease
+        (someone else's lease reads as missing: ids are not secrets, ownership is)."""
         try:
             uid = UUID(lease_id)
         except ValueError:
             raise UnknownLease(f"no lease {lease_id!r}") from None
         lease = self.find(Lease, uid)
-        if lease is None or lease.tenant_id != tenant:
-            # another tenant's lease reads as missing: ids are not secrets, ownership is
-            raise UnknownLease(f"no lease {lease_id!r} for tenant {tenant!r}")
+        if lease is None or not owned(lease):
+            raise UnknownLease(f"no lease {lease_id!r} {where}")
         return lease
+
+    def _lease(self, tenant: str, lease_id: str) -> Lease:
+        return self._lease_if(lease_id, lambda lease: lease.tenant_id == tenant,
+                              f"for tenant {tenant!r}")
 
     def _account(self, tenant: str, now: float) -> Account:
         acc = self.find(Account, Account.create_id(tenant))
@@ -707,15 +712,9 @@ class PoolApp(Application[UUID]):
     # -- node agent reports -----------------------------------------------------------------
 
     def _node_lease(self, node_id: str, lease_id: str) -> Lease:
-        try:
-            uid = UUID(lease_id)
-        except ValueError:
-            raise UnknownLease(f"no lease {lease_id!r}") from None
-        lease = self.find(Lease, uid)
-        if lease is None or lease.node_id != node_id:
-            # an agent speaks only for leases placed on its own node
-            raise UnknownLease(f"no lease {lease_id!r} on node {node_id!r}")
-        return lease
+        # an agent speaks only for leases placed on its own node
+        return self._lease_if(lease_id, lambda lease: lease.node_id == node_id,
+                              f"on node {node_id!r}")
 
     @retried
     def confirm_stopped(self, node_id: str, lease_id: str, body: v1.LeaseStopped) -> Lease:
