@@ -313,7 +313,7 @@ def test_the_replay_check_finds_a_placement_past_the_quota(plane: Plane,
     setup_pool(admin, tenants={"alpha": 1.0, "beta": 1.0})
     _cohort(admin, alpha={"borrow_limit": {"cpu_millis": 0}})
     _nodes(admin, "n1", "n2")
-    monkeypatch.setattr("control.scheduler.quota_wait", lambda *a, **kw: None)  # a broken gate
+    monkeypatch.setattr("control.scheduler.placing.quota_wait", lambda *a, **kw: None)  # a broken gate
     with PoolClient(cp.nats_url, "alpha") as a:
         for i in range(2):
             a.request_lease(lease_body(f"a{i}", cpu_millis=WHOLE_NODE))

@@ -150,7 +150,7 @@ def test_concurrent_schedulers_never_double_place(plane: Plane) -> None:
 def _twelve_queued_in_small_batches(plane: Plane, monkeypatch: pytest.MonkeyPatch) -> Scheduler:
     """4 nodes of 4 cores, 12 one-core requests queued, and batches of two placements: a fresh
     scheduler that will send several batches per cycle."""
-    import control.scheduler as sched
+    import control.scheduler.placing as sched
 
     cp, admin, clock = plane
     setup_pool(admin, tenants={"alpha": 1.0})
@@ -208,7 +208,7 @@ def test_a_batch_planned_on_a_refused_one_is_dropped_unsent_and_planned_again(
 def test_racing_schedulers_sending_batches_ahead_never_double_place_nor_lose_work(
     plane: Plane, monkeypatch: pytest.MonkeyPatch, priced: bool
 ) -> None:
-    import control.scheduler as sched
+    import control.scheduler.placing as sched
 
     cp, admin, clock = plane
     setup_pool(admin, tenants={"alpha": 1.0, "beta": 1.0})
@@ -369,7 +369,7 @@ def test_a_catch_up_read_ahead_over_small_pages_and_own_batches_folds_what_a_fre
 ) -> None:
     """Catch-up asks for the next page while it folds one; with pages of 3 events the reads
     ahead cross the ranges of the scheduler's own batches, which it steps over unread."""
-    import control.scheduler as sched_mod
+    import control.scheduler.folding as sched_mod
     from chaos.invariants import notifications
 
     monkeypatch.setattr(sched_mod, "NOTIFICATION_PAGE", 3)
