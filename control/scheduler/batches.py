@@ -10,13 +10,7 @@ from eventsourcing.persistence import IntegrityError
 from bus import observability
 from control.pending import QueuedLease
 from control.scheduler.preemption import Preempting
-from control.scheduler.state import (
-    CycleReport,
-    InFlight,
-    Placed,
-    account_uuid,
-    node_uuid,
-)
+from control.scheduler.state import CycleReport, InFlight, Placed, account_uuid, node_uuid
 
 log = logging.getLogger(__name__)
 from domain.account import Account

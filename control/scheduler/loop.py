@@ -14,10 +14,7 @@ from eventsourcing.domain import Aggregate
 from bus import observability
 from control.pending import QueuedLease
 from control.scheduler.placing import Placing
-from control.scheduler.state import (
-    OTHERS_DEADLINE_RETRY_SECONDS,
-    CycleReport,
-)
+from control.scheduler.state import OTHERS_DEADLINE_RETRY_SECONDS, CycleReport
 
 log = logging.getLogger(__name__)
 from control.wake import IdleWait, Signal

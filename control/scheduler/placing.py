@@ -10,11 +10,7 @@ from uuid import UUID
 from eventsourcing.domain import Aggregate
 
 from control.pending import QueuedLease
-from control.quotas import (
-    apply_history,
-    quota_wait,
-    restart_job,
-)
+from control.quotas import apply_history, quota_wait, restart_job
 from control.scheduler.batches import Batching
 from control.scheduler.state import (
     MAX_MESSAGES_PER_BATCH,

@@ -9,21 +9,12 @@ from uuid import UUID
 from control.pending import QueuedLease
 from control.quotas import may_be_victim
 from control.scheduler.folding import Folding
-from control.scheduler.state import (
-    LEAVING,
-    CycleReport,
-    PendingPreemption,
-    PoolState,
-    class_rank,
-)
+from control.scheduler.state import LEAVING, CycleReport, PendingPreemption, PoolState, class_rank
 
 log = logging.getLogger(__name__)
 from domain.errors import DomainError
 from domain.lease import Lease, LeaseState
-from domain.policy.fairness import (
-    PendingRequest,
-    weighted_dominant_share,
-)
+from domain.policy.fairness import PendingRequest, weighted_dominant_share
 from domain.policy.placement import FilterResult
 from domain.policy.preemption import (
     PREEMPTED,

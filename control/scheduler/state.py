@@ -15,42 +15,25 @@ from domain.errors import DomainError
 from domain.lease import Lease, LeaseState
 from domain.node import Node
 from domain.policy.backfill import Backfill
-from domain.policy.fairness import (
-    DecayedUsage,
-    FairQueue,
-)
+from domain.policy.fairness import DecayedUsage, FairQueue
 from domain.policy.placement import NodeTable
 from domain.pool import Pool
 from domain.quota import QuotaBook
 from domain.resources import LeaseId, Resources
 
 Placed = tuple[LeaseId, Resources, tuple[str, ...]]  # a placement on a node: lease, amount, devices
-
-
 # States of a victim on its way out that still hold its node's capacity.
 LEAVING = frozenset(
     {LeaseState.PREEMPTING, LeaseState.STOPPING, LeaseState.EXPIRED, LeaseState.RECONCILING}
 )
-
-
 # a batch goes out once it holds this many messages (lease + node [+ account] per placement,
 # one per rejection or noticed victim): under JetStream's 1000-message atomic batch limit with
 # room for the step that crossed it
 MAX_MESSAGES_PER_BATCH = 900
-
-
 NOTIFICATION_PAGE = 1000
-
-
 LONG_LIVED_FOLD = 20_000  # a catch-up of at least this many events was a replay (see catch_up)
-
-
 OTHERS_DEADLINE_RETRY_SECONDS = 1.0  # a due deadline of a pool led elsewhere, looked at again
-
-
 ENDED_REMEMBERED = 10_000  # ended leases whose last state `why` still answers
-
-
 # the cyclic collector's thresholds in a process that schedules: a placement makes a few
 # dozen short-lived containers (events, their state dicts, stored events), so with CPython's
 # default of 700 a young collection ran every ~20 placements and promoted survivors that the
@@ -125,7 +108,7 @@ class CycleReport:
 class InFlight:
     """A cycle's batch sent and not yet acknowledged, with what to undo if it is refused."""
 
-    pending: Any  # control.application.PendingSave
+    pending: Any  # control.application.core.PendingSave
     aggregates: list[Aggregate]
     placing: list[tuple[Lease, int]]
 

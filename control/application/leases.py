@@ -1,0 +1,290 @@
+"""The application's lease and credit commands, from request to release and reconciliation."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from eventsourcing.domain import Aggregate
+from eventsourcing.persistence import IntegrityError
+
+from control.application.admin import AdminCommands
+from control.application.core import A, retried
+from control.errors import IdempotencyConflict, ServiceError, UnknownTenant
+from domain.account import Account
+from domain.errors import DomainError
+from domain.lease import JobSpec, Lease, LeaseState
+from domain.node import Node
+from domain.policy.preemption import lease_preemptible
+from domain.pool import Pool, TenantPolicy
+from domain.resources import LeaseId, PoolId, TenantId
+from domain.transfer import CreditTransfer
+from schemas import v1
+from schemas.codec import digest
+
+
+def _retried(lease: Lease, req: v1.LeaseRequest, request_digest: str) -> Lease:
+    """`lease` when `req` repeats the request that made it; else IdempotencyConflict. Leases
+    recorded before digests are compared on what they kept."""
+    if lease.request_digest is not None:
+        same = lease.request_digest == request_digest
+    else:
+        same = (lease.pool_id == req.pool_id and lease.requested_shape == req.shape.to_domain()
+                and lease.maximum_runtime_seconds == req.maximum_runtime_seconds
+                and lease.priority_class == req.priority_class)
+    if not same:
+        raise IdempotencyConflict(
+            f"idempotency key {req.idempotency_key!r} was used for a different request")
+    return lease
+
+
+class LeaseCommands(AdminCommands):
+    """Credits and a tenant's lease commands, from request to release."""
+
+    @retried
+    def grant(self, tenant: str, amount: int, transfer_id: str, reason: str = "", *,
+              known_only: bool = False) -> Account:
+        """Add credits; with `known_only` (the admin subject), only to a tenant set in a pool
+        (whose account tenant.set opened), so a misspelt name is refused, not credited."""
+        now = self.clock()
+        if known_only and self.find(Account, Account.create_id(tenant)) is None:
+            raise UnknownTenant(f"no tenant {tenant!r} in any pool: set it first "
+                                f"(pool admin tenant set {tenant} --pool POOL)")
+        # the transfer id is claimed across accounts: another tenant or amount is a conflict
+        claim = self.find(CreditTransfer, CreditTransfer.create_id(transfer_id))
+        if claim is not None:
+            claim.check(tenant, amount)
+        acc = self._account(tenant, now)
+        if acc.grant(transfer_id, amount, now, reason) and claim is None:
+            self.save(acc, CreditTransfer.claim(transfer_id=transfer_id, tenant_id=tenant,
+                                                amount=amount, now=now))
+        else:
+            self.save(acc)
+        return acc
+
+    def request_lease(self, tenant: str, req: v1.LeaseRequest, *,
+                      trace_parent: str | None = None) -> Lease:
+        """`request_leases` for a request of one lease."""
+        return self.request_leases(tenant, req, trace_parent=trace_parent)[0]
+
+    def request_leases(self, tenant: str, req: v1.LeaseRequest, *,
+                       trace_parent: str | None = None) -> list[Lease]:
+        """The `req.count` leases of one request, accepted in one atomic save: the first has
+        the request's idempotency key, the i-th `<key>#<i>` (no client key contains `#`). A
+        retry of the same request answers the leases it made; nothing is appended."""
+        now = self.clock()
+        keys = [req.idempotency_key, *(f"{req.idempotency_key}#{i}" for i in range(1, req.count))]
+        # fields added later are left out at their defaults, so older digests keep matching
+        omit = (("count",) if req.count == 1 else ()) + (
+            ("reservation_id",) if req.reservation_id is None else ())
+        request_digest = digest(req, omit=omit)
+        try:
+            pool = self._cached(Pool.create_id(req.pool_id), lambda: self._pool(req.pool_id))
+            pool.rank_of(req.priority_class)  # an unknown class is refused before any write
+            pool.admit_runtime(req.maximum_runtime_seconds)
+            policy_id = TenantPolicy.create_id(req.pool_id, tenant)
+            policy = self._cached(policy_id, lambda: self.find(TenantPolicy, policy_id))
+            if req.image:  # no node yet: the image, and the isolation the tenant's standing needs
+                pool.admit_image(req.image, signature=req.image_signature,
+                                 size_bytes=req.image_size_bytes, tenant=tenant,
+                                 isolation=req.shape.runtime)
+            if req.reservation_id is not None:
+                self._reservation(req.pool_id, req.reservation_id, tenant=tenant)
+        except (DomainError, ServiceError):
+            # a retry is answered with what it made, whatever the pool says now
+            made = self._made(tenant, keys, req, request_digest)
+            if made is None:
+                raise
+            return made
+        shape = req.shape.to_domain()
+        leases = []
+        for key in keys:
+            lease = Lease.request(
+                tenant_id=TenantId(tenant),
+                pool_id=PoolId(req.pool_id),
+                idempotency_key=key,
+                shape=shape,
+                maximum_runtime_seconds=req.maximum_runtime_seconds,
+                now=now,
+                lease_seconds=min(pool.config.default_lease_seconds,
+                                  req.maximum_runtime_seconds),
+                heartbeat_timeout_seconds=pool.config.heartbeat_timeout_seconds,
+                priority_class=req.priority_class,
+                preemptible=lease_preemptible(pool, policy, req.priority_class),
+                trace_parent=trace_parent,
+                request_digest=request_digest,
+                checkpointable=req.checkpointable,
+                requeue_when_preempted=req.preemptible_requeue,
+                advance_reservation_id=req.reservation_id,
+            )
+            lease.queue(now)
+            leases.append(lease)
+        try:
+            # no read first: a new lease's save expects its subject empty, so a retry (or a
+            # concurrent one) is refused by the log itself and answered below
+            self.save(*leases)
+        except IntegrityError:
+            made = self._made(tenant, keys, req, request_digest)
+            if made is None:
+                raise
+            return made
+        return leases
+
+    def _made(self, tenant: str, keys: list[str], req: v1.LeaseRequest,
+              request_digest: str) -> list[Lease] | None:
+        """The leases an earlier identical request made (IdempotencyConflict if it differed);
+        None when it made none. One atomic save made them all or none."""
+        first = self.find(Lease, Lease.create_id(tenant, keys[0]))
+        if first is None:
+            return None
+        _retried(first, req, request_digest)
+        made = [first]
+        for key in keys[1:]:
+            lease = self.find(Lease, Lease.create_id(tenant, key))
+            if lease is None:  # the key was used before for a request of fewer leases
+                raise IdempotencyConflict(
+                    f"idempotency key {req.idempotency_key!r} was used for a different request")
+            made.append(_retried(lease, req, request_digest))
+        return made
+
+    @retried
+    def commit(self, tenant: str, lease_id: str, body: v1.CommitLease) -> Lease:
+        now = self.clock()
+        lease = self._lease(tenant, lease_id)
+        job = body.job
+        spec = None
+        if job.image or job.command:  # a commit may claim capacity before naming its job
+            spec = JobSpec(
+                image=job.image or "",
+                command=tuple(job.command),
+                env=tuple(sorted(job.env.items())),
+                checkpoint_interval_seconds=job.checkpoint_policy.interval_seconds,
+                image_signature=job.image_signature,
+                image_size_bytes=job.image_size_bytes,
+            )
+        self._admit_job(lease, spec)
+        lease.commit(now, spec)
+        self.save(lease)
+        return lease
+
+    def _admit_job(self, lease: Lease, spec: JobSpec | None) -> None:
+        """The pool's image policy, checked against the node the lease holds: raises
+        ImageNotAllowed before anything is recorded."""
+        pool = self._pool(lease.pool_id)
+        node = None if lease.node_id is None else self.find(Node, Node.create_id(lease.node_id))
+        pool.admit_image(
+            spec.image if spec is not None else None,
+            signature=spec.image_signature if spec is not None else None,
+            size_bytes=spec.image_size_bytes if spec is not None else None,
+            tenant=lease.tenant_id,
+            node_trust=node.capabilities.trust_level if node is not None else None,
+            isolation=lease.shape.runtime,
+        )
+
+    @retried
+    def heartbeat(self, tenant: str, lease_id: str, body: v1.HeartbeatLease) -> Lease:
+        now = self.clock()
+        lease = self._lease(tenant, lease_id)
+        lease.heartbeat(now, epoch=body.epoch, checkpoint_at=body.last_checkpoint_at)
+        self.save(lease)
+        return lease
+
+    @retried
+    def renew(self, tenant: str, lease_id: str, body: v1.RenewLease) -> Lease:
+        now = self.clock()
+        lease = self._lease(tenant, lease_id)
+        lease.renew(now, body.extend_seconds)
+        self.save(lease)
+        return lease
+
+    def _settle(self, lease: Lease, now: float, node_id: str | None = None,
+                cache: dict[UUID, Aggregate] | None = None) -> list[Aggregate]:
+        """Free the node and settle the hold for a lease that no longer needs its capacity.
+
+        `node_id` names the node it held when the lease no longer does (a preempted lease
+        that was requeued has already forgotten its placement). With `cache`, aggregates
+        loaded once are reused, so settling several leases touches one node / account object."""
+        out: list[Aggregate] = []
+        cache = {} if cache is None else cache
+
+        def find(cls: type[A], uid: UUID) -> A | None:
+            if uid not in cache:
+                found = self.find(cls, uid)
+                if found is None:
+                    return None
+                cache[uid] = found
+            got = cache[uid]
+            return got if isinstance(got, cls) else None
+
+        where = lease.node_id if node_id is None else node_id
+        if where is not None:
+            node = find(Node, Node.create_id(where))
+            if node is not None and node.free(LeaseId(str(lease.id)), now):
+                out.append(node)
+        acc = find(Account, Account.create_id(lease.tenant_id))
+        lid = LeaseId(str(lease.id))
+        if acc is not None and acc.has_hold(lid):
+            pool = self._pool(lease.pool_id)
+            node_model = None
+            if where is not None:
+                node = next((a for a in out if isinstance(a, Node)), None) or self.find(
+                    Node, Node.create_id(where)
+                )
+                node_model = node.capabilities.gpu_model if node is not None else None
+            seconds = lease.runtime_seconds(now)
+            charge = pool.charge_for(lease.shape, seconds, gpu_model=node_model) if seconds else 0
+            acc.settle(f"settle-{lease.id}-{lease.epoch}", lid, charge, now)
+            out.append(acc)
+        return out
+
+    @retried
+    def release(self, tenant: str, lease_id: str, body: v1.ReleaseLease) -> Lease:
+        now = self.clock()
+        lease = self._lease(tenant, lease_id)
+        lease.release(now, body.exit_code)
+        self.save(lease, *self._settle(lease, now))
+        return lease
+
+    @retried
+    def cancel(self, tenant: str, lease_id: str, body: v1.CancelLease) -> Lease:
+        now = self.clock()
+        lease = self._lease(tenant, lease_id)
+        lease.cancel(now, body.reason or "cancelled")
+        others = self._settle(lease, now) if not lease.holds_capacity else []
+        self.save(lease, *others)
+        return lease
+
+    @retried
+    def reconcile_due(self, lease_id: str) -> str | None:
+        """A lease's deadline timer fired: void an uncommitted reservation (capacity and hold
+        returned) or expire a silent lease into `reconciling` (capacity kept until the agent
+        confirms). Returns what was done, or None when nothing was due (a renewed lease)."""
+        now = self.clock()
+        try:
+            lease = self.find(Lease, UUID(lease_id))
+        except ValueError:
+            return None
+        if lease is None:
+            return None
+        reason = lease.expiry_due(now)
+        if reason is None:
+            return None
+        if lease.state is LeaseState.RESERVED:
+            lease.void_reservation(now)
+            self.save(lease, *self._settle(lease, now))
+            return "voided"
+        lease.expire(now, reason)
+        lease.begin_reconciliation(now)
+        self.save(lease)
+        return f"expired:{reason}"
+
+    def lease_next_due(self, lease_id: str) -> float | None:
+        """When the lease's deadline timer should next fire (None: nothing pending)."""
+        try:
+            lease = self.find(Lease, UUID(lease_id))
+        except ValueError:
+            return None
+        due = None if lease is None else lease.next_due_at()
+        return due if due is not None and due > self.clock() else None
+
+    def get(self, tenant: str, lease_id: str) -> Lease:
+        return self._lease(tenant, lease_id)
