@@ -14,6 +14,7 @@ from eventsourcing.domain import Aggregate, CanInitAggregate, CanMutateAggregate
 from eventsourcing.utils import get_topic
 
 from domain.fold import mutate
+from domain.gang import GangMembership
 from domain.lease import Lease, LeaseState
 from domain.resources import Shape
 
@@ -32,6 +33,7 @@ _RUNTIME_AT = _FIELDS.index("maximum_runtime_seconds")
 _REQUESTED_AT = _FIELDS.index("requested_at")
 _DIGEST_AT = _FIELDS.index("request_digest")
 _ADVANCE_AT = _FIELDS.index("advance_reservation_id")
+_GANG_AT = _FIELDS.index("gang")
 _REPEATED_AT = tuple(_FIELDS.index(name) for name in (
     "originator_topic", "tenant_id", "pool_id", "priority_class", "maximum_runtime_seconds",
     "lease_seconds", "heartbeat_timeout_seconds"))
@@ -109,6 +111,11 @@ class QueuedLease:
     def advance_reservation_id(self) -> str | None:
         value = self.requested[_ADVANCE_AT]
         return None if value is None or value is _MISSING else str(value)
+
+    @property
+    def gang(self) -> GangMembership | None:
+        value = self.requested[_GANG_AT]
+        return None if value is None or value is _MISSING else GangMembership.from_dict(value)
 
 
 class LeaseMemory:
@@ -325,6 +332,9 @@ class LeaseMemory:
                 values.append(self._shared(lease.requested_shape))
             elif name == "originator_topic":
                 values.append(_LEASE_TOPIC)
+            elif name == "gang":
+                gang = getattr(lease, name, None)
+                values.append(None if gang is None else gang.to_dict())
             elif name == "request_digest":
                 digest = getattr(lease, name, _MISSING)
                 values.append(bytes.fromhex(digest) if type(digest) is str and _is_hex(digest)

@@ -23,6 +23,7 @@ from domain.errors import (
 )
 from domain.errors import LeaseExpired as LeaseExpiredError
 from domain.fold import trigger
+from domain.gang import GangMembership
 from domain.resources import LeaseId, NodeId, PoolId, Resources, Shape, TenantId
 
 _NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:lease")
@@ -167,12 +168,14 @@ class Lease(Aggregate):
         checkpointable: bool = False,
         requeue_when_preempted: bool = False,
         advance_reservation_id: str | None = None,
+        gang: GangMembership | None = None,
     ) -> Lease:
         """Record a request. `lease_seconds` is the initial term and default renewal (defaults
         to the maximum runtime); the id is `create_id(tenant_id, idempotency_key)`.
         `preemptible` False: never a victim; `requeue_when_preempted`: a preemption puts it
         back in the queue and its interrupted job restarts on the next placement, instead
-        of ending it as `preempted`; `checkpointable`: its work resumes from checkpoints."""
+        of ending it as `preempted`; `checkpointable`: its work resumes from checkpoints;
+        `gang`: the gang it is a member of (domain.gang), placed all-or-nothing with it."""
         term = maximum_runtime_seconds if lease_seconds is None else lease_seconds
         for name, value in (
             ("maximum_runtime_seconds", maximum_runtime_seconds),
@@ -198,6 +201,7 @@ class Lease(Aggregate):
             checkpointable=bool(checkpointable),
             requeue_when_preempted=bool(requeue_when_preempted),
             advance_reservation_id=advance_reservation_id,
+            gang=None if gang is None else gang.to_dict(),
         )
 
     @event("LeaseRequested")
@@ -223,6 +227,8 @@ class Lease(Aggregate):
         # the advance reservation (domain.reservation) whose capacity it may use; absent in
         # events from before reservations
         advance_reservation_id: str | None = None,
+        # the gang it is a member of (domain.gang.GangMembership); absent before gangs
+        gang: dict[str, Any] | None = None,
     ) -> None:
         self.tenant_id = TenantId(tenant_id)
         self.idempotency_key = idempotency_key
@@ -237,6 +243,7 @@ class Lease(Aggregate):
         self.checkpointable = checkpointable
         self.requeue_when_preempted = requeue_when_preempted
         self.advance_reservation_id = advance_reservation_id
+        self.gang = None if gang is None else GangMembership.from_dict(gang)
         self.requested_at = requested_at
         self.trace_parent = trace_parent
         self.request_digest = request_digest
@@ -550,7 +557,8 @@ class Lease(Aggregate):
         """The workload is confirmed gone (by the agent, or the reconciler after a node loss).
 
         stopping → cancelled; preempting → preempted (then queued again when the notice asked
-        for a requeue); expired | reconciling → released. Returns the new state."""
+        for a requeue); expired | reconciling → released, or queued again for a gang member
+        lost with its node whose gang asked to be requeued. Returns the new state."""
         self._require("confirm_stopped", {S.STOPPING, S.PREEMPTING, S.EXPIRED, S.RECONCILING})
         if epoch is not None:
             self._check_epoch(epoch)
@@ -561,6 +569,10 @@ class Lease(Aggregate):
             self._preempted(at=at)
             if self.requeue_on_preemption:
                 self._requeued(at=at, attempts=self.attempts + 1)
+        elif (self.gang is not None and self.requeue_when_preempted
+              and self.expiry_reason == "node_lost"):
+            # a gang that goes back in line goes whole: the member its node took with it too
+            self._requeued(at=at, attempts=self.attempts + 1)
         else:
             self._released(at=at, exit_code=None, reason=self.expiry_reason or "expired")
         return self.state
@@ -856,6 +868,7 @@ class Lease(Aggregate):
         self.queued_at = at
         self.node_id = None  # the old placement is history; the next reserve picks anew
         self.devices = ()
+        self.expiry_reason = None
         self.end_reason = None
         self.ended_at = None
         self.exit_code = None
