@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from domain.node import Node, NodeState
+from domain.resources import NodeCapabilities
 
 # label keys the operator (or the agent, where it can read them) sets on a node; zone, region
 # and failure_domain are node traits of their own
@@ -47,3 +48,12 @@ def capacity_by(nodes: Iterable[Node], key: str, *, pool: str | None = None
             row["whole_gpu_nodes_free"] += bool(alloc.gpu_count) and (
                 free.gpu_count == alloc.gpu_count)
     return [rows[k] for k in sorted(rows)]
+
+
+def topology_of(caps: NodeCapabilities) -> dict[str, str]:
+    """The node's values of the keys a gang may be packed into or spread over; a label the
+    node lacks is left out (a gang packed by it cannot go there)."""
+    out = {k: v for k, v in caps.labels if k in TOPOLOGY_LABELS}
+    out["zone"] = caps.zone
+    out["failure_domain"] = caps.failure_domain
+    return out

@@ -5,9 +5,13 @@ the reasons a gang waits or can never fit, and the hold that keeps a head gang f
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from domain.policy.placement import NodeTable
+    from domain.resources import Shape
 
 Strategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 STRATEGIES: tuple[str, ...] = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -220,3 +224,56 @@ class GangHolds:
                 del self.holds[gang]
                 self.cooldown_until[gang] = now + self.max_hold_seconds
                 self.expired += 1
+
+
+@dataclass(frozen=True)
+class MemberPlacement:
+    """A live gang's placement: one node per member in member order, or why not."""
+
+    nodes: tuple[str, ...] = ()
+    reason: str | None = None
+    never_fits: bool = False
+    filters: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def placed(self) -> bool:
+        return bool(self.nodes)
+
+
+def place_members(spec: GangSpec, shapes: Sequence[Shape], table: NodeTable,
+                  labels: Callable[[str], Mapping[str, str]], *, packing: str = "best-fit",
+                  allowed_trust_levels: Iterable[str] | None = None,
+                  blocked: Iterable[str] = ()) -> MemberPlacement:
+    """One node per member (member i gets `nodes[i]`), all or nothing, from a pool's node
+    table. Members of different shapes are placed on nodes that could take any of them (a
+    node is a candidate only when every distinct shape passes its filters), ranked for the
+    first member's shape. The gang never fits only when that verdict cannot change: every
+    node that could ever take a member is ready (a cordoned one may come back)."""
+    allowed = None if allowed_trust_levels is None else tuple(allowed_trust_levels)
+    distinct = list(dict.fromkeys(shapes))
+    could: set[int] | None = None
+    now: set[int] | None = None
+    filters: Counter[str] = Counter()
+    complete = True
+    for shape in distinct:
+        fr = table.filter(shape, allowed_trust_levels=allowed)
+        filters.update(fr.failures)
+        ready_could = {int(i) for i in fr.eligible} | {int(i) for i in fr.busy}
+        complete &= fr.fit_when_empty == len(ready_could)
+        could = ready_could if could is None else could & ready_could
+        fits = {int(i) for i in fr.eligible}
+        now = fits if now is None else now & fits
+    could, now = could or set(), now or set()
+    ranked = [int(i) for i in table.rank(shapes[0], sorted(now), packing)]  # type: ignore[arg-type]
+    order = ranked + sorted(could - now)
+    candidates = [Candidate(node_id=(nid := table.node_id_at(i)), labels=labels(nid),
+                            fits_now=i in now) for i in order]
+    decision = place_gang(spec, candidates, blocked)
+    if decision.placed:
+        return MemberPlacement(nodes=decision.nodes)
+    never = decision.never_fits and complete
+    reason = decision.reason or GANG_INCOMPLETE
+    if decision.never_fits and not never:
+        reason = (f"{GANG_INCOMPLETE}: " + reason.split(": ", 1)[-1]
+                  + " (nodes that could take it are not ready)")
+    return MemberPlacement(reason=reason, never_fits=never, filters=dict(filters))
