@@ -218,3 +218,82 @@ def check_quotas(app: Any) -> QuotaReport:
                 pool, tenant = owner[lease]
                 usage[pool][tenant] = usage[pool][tenant] - held.pop(lease)
     return report
+
+
+@dataclass
+class GangReport:
+    """What a replay of gang leases found: gangs requested, whole placements, and every
+    instant at which a gang was partly reserved."""
+
+    gangs: int = 0
+    placements: int = 0  # rounds in which every member of a gang was reserved
+    partial: list[str] = field(default_factory=list)
+
+
+_LEASE_QUEUED = frozenset({"LeaseQueued", "LeaseRequeued"})
+_LEASE_ENDED = frozenset({"LeaseRejected", "LeaseCancelled", "ReservationVoided",
+                          "LeaseReleased", "LeasePreempted"})
+
+
+def check_gangs(app: Any) -> GangReport:
+    """Fold the whole log: a gang's members are reserved all in one save or not at all. A save
+    is contiguous in the log and the scheduler writes a gang's members one after another, so
+    from a member's LeaseReserved until every member is reserved only that gang's members may
+    write; and when a round starts every other member must be queued (not still holding an
+    earlier placement, not ended). A round left open at the end of the log is partial too."""
+    report = GangReport()
+    gang_of: dict[UUID, str] = {}
+    members: dict[str, set[UUID]] = {}
+    sizes: dict[str, int] = {}
+    state: dict[UUID, str] = {}  # member → queued | holding | ended | requested
+    open_round: dict[str, set[UUID]] = {}  # gang → members still to be reserved this round
+    for n in notifications(app):
+        name = event_name(n.topic)
+        oid = n.originator_id
+        for gang, waiting in list(open_round.items()):
+            if oid not in members[gang]:
+                report.partial.append(
+                    f"gang {gang}: {len(waiting)} of {sizes[gang]} member(s) not reserved when "
+                    f"{name} of {oid} was written (at {n.id})")
+                del open_round[gang]
+        if name == "LeaseRequested":
+            info = state_of(n).get("gang")
+            if isinstance(info, dict):
+                gang = str(info["gang_id"])
+                if gang not in members:
+                    report.gangs += 1
+                    members[gang] = set()
+                    sizes[gang] = int(info["size"])
+                members[gang].add(oid)
+                gang_of[oid] = gang
+                state[oid] = "requested"
+            continue
+        gang_id = gang_of.get(oid)
+        if gang_id is None:
+            continue
+        if name in _LEASE_QUEUED:
+            state[oid] = "queued"
+        elif name in _LEASE_ENDED:
+            state[oid] = "ended"
+        elif name == "LeaseReserved":
+            state[oid] = "holding"
+            round_left = open_round.get(gang_id)
+            if round_left is None:
+                others = members[gang_id] - {oid}
+                wrong = sorted(f"{m} {state.get(m)}" for m in others if state.get(m) != "queued")
+                if len(members[gang_id]) < sizes[gang_id] or wrong:
+                    report.partial.append(
+                        f"gang {gang_id}: member {oid} reserved at {n.id} while "
+                        f"{len(members[gang_id])} of {sizes[gang_id]} member(s) were requested"
+                        + (f" and {', '.join(wrong)}" if wrong else ""))
+                    continue
+                round_left = open_round[gang_id] = set(others)
+            else:
+                round_left.discard(oid)
+            if not round_left:
+                del open_round[gang_id]
+                report.placements += 1
+    for gang, waiting in open_round.items():
+        report.partial.append(f"gang {gang}: {len(waiting)} of {sizes[gang]} member(s) "
+                              "never reserved in the round the log ends in")
+    return report
