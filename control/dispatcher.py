@@ -17,6 +17,7 @@ from bus.agentbus import ControlLink
 from bus.headers import HDR_TRACEPARENT
 from control.pending import LeaseMemory
 from control.wake import IdleWait, Signal
+from domain.fold import Fold
 from domain.lease import Lease, LeaseState
 from domain.node import Node, NodeState
 from domain.pool import Pool
@@ -120,6 +121,7 @@ class Dispatcher:
         self.sent_upto = 0  # orders for events at or below this were sent in an earlier life
         # a lease still queued has no orders and no timer: held compactly (control.pending)
         self.aggregates = LeaseMemory()
+        self._fold = Fold(self.aggregates)
         self.pools: dict[str, Pool] = {}
         self._armed: dict[str, float] = {}
         self._outbox: list[AgentOrder] = []
@@ -189,23 +191,15 @@ class Dispatcher:
     def _apply(self, event: Any) -> Aggregate | None:
         if self.aggregates.absorb(event) is not False:
             return None  # requested or queued: nothing to send or arm yet
-        agg: Aggregate | None = self.aggregates.get(event.originator_id)
+        agg: Aggregate | None = self._fold.step(event)
         if agg is None:
-            if event.originator_version != 1:
-                return None
-            agg = event.mutate(None)
-        elif event.originator_version == agg.version + 1:
-            agg = event.mutate(agg)
-        else:
             return None
-        assert agg is not None
         if isinstance(agg, Lease) and agg.is_terminal and agg.state is not LeaseState.PREEMPTED:
             # nothing more will be sent for it. A preempted lease is kept: it may be requeued
             # (in the same save or later) and placed again, and that placement needs its orders
             self.aggregates.pop(agg.id, None)
             self._armed.pop(str(agg.id), None)
             return None
-        self.aggregates[agg.id] = agg
         if isinstance(agg, Pool):
             self.pools[agg.pool_id] = agg
         return agg

@@ -15,14 +15,11 @@ from uuid import UUID
 
 import msgspec
 import psycopg
-from eventsourcing.domain import (
-    CanInitAggregate,
-)
 from psycopg import sql
 
 from bus.transcoder import EventDecoder
 from domain.account import Account
-from domain.fold import lean_mutator
+from domain.fold import Fold
 from domain.lease import TERMINAL_STATES, Lease
 from domain.node import Node
 from projections.errors import PositionMoved, UnknownView
@@ -136,6 +133,7 @@ class Folder:
     def __init__(self, app: Any) -> None:
         self.app = app
         self.aggregates: dict[UUID, Any] = {}
+        self._fold = Fold(self.aggregates)
         self._is_lease: dict[type, bool] = {}
 
     def clear(self) -> None:
@@ -158,38 +156,19 @@ class Folder:
                 aggregates.pop(agg.id, None)
 
     def apply(self, event: Any) -> Any:
-        oid = event.originator_id
+        """The aggregate after `event`: the one fold's step over the cache, or, where that
+        cannot say (an aggregate not cached, or a step that raised), the log's own fold of it
+        at that version."""
         aggregates = self.aggregates
-        agg = aggregates.get(oid)
-        if agg is not None and agg.version + 1 == event.originator_version:
-            lean = lean_mutator(type(event))
-            try:
-                if lean is not None:
-                    # the library's mutate, minus its layers (the id check holds: agg was
-                    # found by this event's originator id; the version check is above)
-                    func, names = lean
-                    state = event.__dict__
-                    func(agg, **{k: state[k] for k in names if k in state})
-                    agg.version = event.originator_version
-                    agg.modified_on = event.timestamp
-                    return agg  # the cached object itself, mutated in place
-                agg = event.mutate(agg)
-            except Exception:  # noqa: BLE001 - fall back to the log's own fold
-                agg = None
-        elif isinstance(event, CanInitAggregate):
-            # a creation event starts the aggregate: exactly what the log's own fold of its
-            # first version does, without a round trip to read that version back
-            try:
-                agg = event.mutate(None)
-            except Exception:  # noqa: BLE001 - fall back to the log's own fold
-                agg = None
-        else:
-            agg = None
-        if agg is None:
-            agg = self.app.repository.get(oid, version=event.originator_version)
         if len(aggregates) >= _CACHE_LIMIT:
             aggregates.clear()
-        aggregates[oid] = agg
+        try:
+            agg = self._fold.step(event)
+        except Exception:  # noqa: BLE001 - fall back to the log's own fold
+            agg = None
+        if agg is None:
+            agg = aggregates[event.originator_id] = self.app.repository.get(
+                event.originator_id, version=event.originator_version)
         return agg
 
 

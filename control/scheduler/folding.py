@@ -27,7 +27,7 @@ from control.scheduler.state import (
     PoolState,
 )
 from domain.cohort import Cohort
-from domain.fold import mutate
+from domain.fold import Fold
 from domain.lease import Lease, LeaseState
 from domain.node import Node
 from domain.policy.fairness import PendingRequest
@@ -46,6 +46,7 @@ class Folding:
         self.position = 0
         # queued leases compactly; the rest whole, until an ended lease is settled
         self.aggregates = LeaseMemory()
+        self._fold = Fold(self.aggregates)
         # the last ended leases, kept only to answer `why` about them
         self._ended: collections.OrderedDict[str, tuple[str, dict[str, Any]]] = (
             collections.OrderedDict())
@@ -190,17 +191,9 @@ class Folding:
             if isinstance(compact, QueuedLease):
                 self._queue(compact)
             return
-        agg = self.aggregates.get(event.originator_id)
+        agg = self._fold.step(event)
         if agg is None:
-            if event.originator_version != 1:
-                return  # history we cannot fold (never happens with a log read from 1)
-            agg = event.mutate(None)
-        elif event.originator_version == agg.version + 1:
-            agg = mutate(event, agg)  # the library's fold, its lean path where equivalent
-        else:
             return  # our own write coming back, already applied in memory
-        assert agg is not None
-        self.aggregates[agg.id] = agg
         self._index(agg)
 
     def _index(self, agg: Aggregate) -> None:

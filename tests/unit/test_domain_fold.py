@@ -135,3 +135,19 @@ def test_the_lean_fold_gives_the_library_s_aggregate_and_refuses_what_it_refuses
     assert _state(lean) == _state(library) == _state(lease)
     with pytest.raises(OriginatorVersionError):
         mutate(events[1], lean)  # not the next event
+
+
+def test_the_one_fold_steps_each_aggregate_by_its_next_event_only() -> None:
+    from domain.fold import Fold
+
+    lease = _lease()
+    events = lease.collect_events()  # requested, queued
+    fold = Fold()
+    assert fold.step(events[1]) is None  # a later event of an aggregate it never saw
+    first = fold.step(events[0])
+    assert first is not None and first.version == 1
+    again = fold.step(events[0])  # a version already folded: nothing changes
+    assert again is None and fold.aggregates.get(lease.id) is first
+    second = fold.step(events[1])
+    assert second is not None and second.version == 2
+    assert _state(second) == _state(lease)
