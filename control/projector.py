@@ -1,4 +1,4 @@
-"""The projector process: keeps the PostgreSQL views (projections/views.py) up with the log.
+"""The projector process: keeps the PostgreSQL views (projections/views/) up with the log.
 A batch and its position commit together, so a restart resumes there (docs/architecture.md).
 """
 
