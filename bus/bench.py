@@ -14,11 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nats.js.api import StorageType, StreamConfig
-
 from bus.connection import connect
 from bus.headers import HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQ
 from bus.local.server import NatsServer
+from bus.streams import scratch_stream_config
 
 ROUNDS = 3
 
@@ -26,15 +25,9 @@ ROUNDS = 3
 async def _raw_rates(url: str, messages: int, batch_sizes: tuple[int, ...]) -> dict[str, float]:
     nc = await connect(url)
     js = nc.jetstream()
-    stream = f"BENCH_{uuid.uuid4().hex[:8].upper()}"
-    await js.add_stream(
-        StreamConfig(
-            name=stream,
-            subjects=[f"bench.{stream}.>"],
-            storage=StorageType.FILE,
-            allow_atomic=True,
-        )
-    )
+    config = scratch_stream_config("bench")
+    stream = str(config.name)
+    await js.add_stream(config)
     subj = f"bench.{stream}"
     payload = b"x" * 200
     out: dict[str, list[float]] = {"awaited": [], "pipelined": []}
@@ -92,9 +85,9 @@ def raw_atomic_rate(url: str, *, rounds: int = ROUNDS, batches: int = 5, size: i
     async def go() -> float:
         nc = await connect(url)
         js = nc.jetstream()
-        stream = f"RAW_{uuid.uuid4().hex[:8].upper()}"
-        await js.add_stream(StreamConfig(name=stream, subjects=[f"raw.{stream}.>"],
-                                         storage=StorageType.FILE, allow_atomic=True))
+        config = scratch_stream_config("raw")
+        stream = str(config.name)
+        await js.add_stream(config)
         try:
             rates = []
             for r in range(rounds):

@@ -4,6 +4,7 @@ and an idempotent ensure helper every process may call at start-up."""
 from __future__ import annotations
 
 import dataclasses
+import uuid
 
 from nats.js import JetStreamContext
 from nats.js.api import (
@@ -101,6 +102,14 @@ async def ensure_kv_bucket(js: JetStreamContext, bucket: str, *, replicas: int =
 # POOL_TELEMETRY keeps samples for 7 days and at most 1 GiB, the oldest discarded first
 TELEMETRY_MAX_AGE_S = 7 * 24 * 3600.0
 TELEMETRY_MAX_BYTES = 1024 * 1024 * 1024
+
+
+def scratch_stream_config(prefix: str) -> StreamConfig:
+    """A throwaway stream for a raw-ingest benchmark, named `<PREFIX>_<random>` with subjects
+    `<prefix>.<name>.>`: file storage and atomic batches, as the event log has."""
+    name = f"{prefix.upper()}_{uuid.uuid4().hex[:8].upper()}"
+    return StreamConfig(name=name, subjects=[f"{prefix}.{name}.>"], storage=StorageType.FILE,
+                        allow_atomic=True)
 
 
 def agent_stream_config(*, replicas: int = 1) -> StreamConfig:
