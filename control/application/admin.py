@@ -20,7 +20,7 @@ from domain.errors import DomainError
 from domain.lease import Lease, LeaseState
 from domain.node import Node
 from domain.policy.backfill import lease_end_estimate
-from domain.pool import Pool, PriceList, TenantPolicy
+from domain.pool import Pool, PoolConfig, PriceList, TenantPolicy
 from domain.quota import QuotaBook
 from domain.reservation import CapacityReservation
 from domain.resources import PoolId, Resources, TenantId
@@ -44,25 +44,21 @@ class AdminCommands(AppCore):
     @retried
     def patch_pool(self, patch: v1.PoolPatch) -> Pool:
         """Change only the settings `patch` names; a new pool takes defaults for the rest."""
-        now = self.clock()
         pool = self.find(Pool, Pool.create_id(patch.pool_id))
         base = (pool.config if pool is not None
                 else pool_config_from_wire(v1.PoolConfig(pool_id=patch.pool_id)))
-        config = pool_config_patched(base, patch)
-        if pool is None:
-            pool = Pool.create(pool_id=PoolId(patch.pool_id), now=now, config=config)
-        elif pool.config != config:
-            pool.configure(config, now)
-        self.save(pool)
-        return pool
+        return self._put_pool(patch.pool_id, pool, pool_config_patched(base, patch))
 
     @retried
     def configure_pool(self, cfg: v1.PoolConfig) -> Pool:
+        return self._put_pool(cfg.pool_id, self.find(Pool, Pool.create_id(cfg.pool_id)),
+                              pool_config_from_wire(cfg))
+
+    def _put_pool(self, pool_id: str, pool: Pool | None, config: PoolConfig) -> Pool:
+        """`pool` (None: a new one) with `config` in force, saved; unchanged, nothing saved."""
         now = self.clock()
-        config = pool_config_from_wire(cfg)
-        pool = self.find(Pool, Pool.create_id(cfg.pool_id))
         if pool is None:
-            pool = Pool.create(pool_id=PoolId(cfg.pool_id), now=now, config=config)
+            pool = Pool.create(pool_id=PoolId(pool_id), now=now, config=config)
         elif pool.config != config:
             pool.configure(config, now)
         self.save(pool)
