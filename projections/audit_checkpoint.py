@@ -20,10 +20,10 @@ from projections.audit import (
     _UNSEEN,
     CreditAudit,
     Record,
-    TenantCredits,
     _seq_list,
     _uuid_text,
 )
+from projections.audit_report import TenantCredits
 from projections.errors import CheckpointInvalid, CheckpointMismatch
 
 FORMAT = 1
