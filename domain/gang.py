@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -89,3 +89,16 @@ def job_env(membership: GangMembership, nodes: Iterable[str]) -> dict[str, str]:
     nodes of every member in rank order (so rank 0 can be the rendezvous)."""
     return {"POOL_GANG_ID": membership.gang_id, "POOL_GANG_RANK": str(membership.member),
             "POOL_GANG_SIZE": str(membership.size), "POOL_GANG_NODES": ",".join(nodes)}
+
+
+def with_members(lease_ids: Iterable[str], find: Callable[[UUID], Any]) -> list[str]:
+    """`lease_ids` and, for each gang member among them, every other member of its gang
+    (each once, in order): what a preemption or a drain of one member must take along."""
+    out = dict.fromkeys(lease_ids)
+    for lid in list(out):
+        lease = find(UUID(lid))
+        gang = getattr(lease, "gang", None)
+        if isinstance(gang, GangMembership):
+            for uid in gang.member_ids(str(lease.tenant_id)):
+                out.setdefault(str(uid))
+    return list(out)

@@ -11,7 +11,7 @@ from eventsourcing.domain import Aggregate
 
 from control.pending import QueuedLease
 from control.quotas import apply_history, quota_wait, restart_job
-from control.scheduler.batches import Batching
+from control.scheduler.gangs import Ganging
 from control.scheduler.state import (
     MAX_MESSAGES_PER_BATCH,
     CycleReport,
@@ -32,7 +32,7 @@ from domain.policy.placement import FilterResult
 from domain.resources import TRUST_LEVELS, LeaseId, NodeId, Resources
 
 
-class Placing(Batching):
+class Placing(Ganging):
     """One pool's queue placed in a cycle: fit, fair order, backfill, waits and their reasons."""
 
     def _place_pool(self, ps: PoolState, now: float, report: CycleReport) -> None:
@@ -75,6 +75,11 @@ class Placing(Batching):
             if ps.table.node_of(req.lease_id) is not None:
                 # a node re-read from the log after a refused batch holds it: another scheduler
                 # placed it and our copy of the lease is older; catch-up brings its events
+                continue
+            gang = lease.gang
+            if gang is not None:  # all members at once, or none (control.scheduler.gangs)
+                batch = self._place_gang(ps, req, lease, gang, now, batch, allocs, report,
+                                         unplaced)
                 continue
             shape = lease.requested_shape
             res = shape.resources

@@ -13,6 +13,7 @@ from control.scheduler.state import LEAVING, CycleReport, PendingPreemption, Poo
 
 log = logging.getLogger(__name__)
 from domain.errors import DomainError
+from domain.gang import with_members
 from domain.lease import Lease, LeaseState
 from domain.policy.fairness import PendingRequest, weighted_dominant_share
 from domain.policy.placement import FilterResult
@@ -113,9 +114,12 @@ class Preempting(Folding):
         """Notice each victim (the ones the domain accepted are returned, to be saved)."""
         prem = ps.pool.config.preemption
         out: list[Lease] = []
-        for vid in plan.victim_ids:
+        chosen = set(plan.victim_ids)
+        # a gang member's whole gang goes with it: one notice, one grace for every member
+        for vid in with_members(plan.victim_ids, self.aggregates.get):
             victim = self.aggregates.get(UUID(vid))
-            if not isinstance(victim, Lease):
+            if not isinstance(victim, Lease) or (
+                    vid not in chosen and victim.state is not LeaseState.RUNNING):
                 continue
             try:
                 grace_deadline = victim.notice_preemption(

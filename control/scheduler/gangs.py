@@ -1,0 +1,195 @@
+"""The scheduler's gangs: every member of a gang reserved in one atomic batch, or none."""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import time
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.domain import Aggregate
+
+from control.pending import QueuedLease
+from control.quotas import quota_wait
+from control.scheduler.batches import Batching
+from control.scheduler.state import (
+    MAX_MESSAGES_PER_BATCH,
+    CycleReport,
+    Placed,
+    PoolState,
+    node_uuid,
+)
+from domain.account import Account
+from domain.gang import GangMembership
+from domain.lease import Lease, LeaseState
+from domain.node import Node
+from domain.policy import reasons as R
+from domain.policy.fairness import PendingRequest
+from domain.policy.gang import place_members
+from domain.resources import TRUST_LEVELS, ZERO, LeaseId, NodeId, Resources
+from domain.topology import topology_of
+
+Member = Lease | QueuedLease
+GANG_BROKEN = "gang_broken"
+GANG_MEMBERS_LEAVING = "gang_members_leaving"
+
+
+class Ganging(Batching):
+    """A gang is placed when the fair queue reaches any of its members: all of them at once
+    (the others leave the queue with it), in one batch, or all wait with one reason."""
+
+    def _place_gang(self, ps: PoolState, req: PendingRequest, lease: Member,
+                    gang: GangMembership, now: float, batch: list[Aggregate],
+                    allocs: dict[str, list[Placed]], report: CycleReport,
+                    unplaced: list[PendingRequest]) -> list[Aggregate]:
+        """Place `req`'s whole gang, reject it whole, or leave every member waiting; returns
+        the batch to go on with (a new one when this gang needed the room of a fresh one)."""
+        assert ps.queue is not None
+        ids = gang.member_ids(lease.tenant_id)
+        members: list[Member | None] = []
+        for uid in ids:
+            got = self.aggregates.peek(uid)
+            members.append(got if isinstance(got, (Lease, QueuedLease)) else None)
+        # the other members leave the queue with this one: placed together, or back together
+        waiting = [req]
+        for uid in ids:
+            lid = str(uid)
+            if lid != req.lease_id and lid in ps.queue:
+                other = ps.queue.remove(lid)
+                if other is not None:
+                    waiting.append(other)
+        # room for every member's lease, node and account event in one batch: close this one
+        # first when the gang would not fit in what is left of it
+        if (len(batch) + len(allocs) + len(self._holds) + 2 * gang.size + 1
+                >= MAX_MESSAGES_PER_BATCH):
+            self._close_batch(batch, allocs, now, report)
+            batch = []
+        queued = [m for m in members if m is not None and m.state is LeaseState.QUEUED]
+        if len(queued) < gang.size:
+            # ended members have left memory (None) or are terminal
+            between = sum(m is not None and m.state in _BETWEEN for m in members)
+            if len(queued) + between < gang.size:
+                # a member ended on its own: the gang can never be whole again
+                why = f"{GANG_BROKEN}: {gang.size - len(queued) - between} of {gang.size} " \
+                      "member(s) ended"
+                for m in queued:
+                    whole = self._promoted(m)
+                    whole.reject(now, GANG_BROKEN, [why])
+                    self.reasons[str(m.id)] = {"gang": why, "never_satisfiable": True}
+                    batch.append(whole)
+                    report.rejected += 1
+                return batch
+            why = (f"{GANG_MEMBERS_LEAVING}: {gang.size - len(queued)} of {gang.size} member(s) "
+                   "still hold an earlier placement")
+            self._gang_waits(waiting, {"tenant": [R.WAITING_FOR_CAPACITY], "gang": why},
+                             unplaced)
+            return batch
+        pool = ps.pool
+        runtime = queued[0].requested_shape.runtime
+        trust = pool.image_policy.allowed_trust_levels(isolation=runtime, tenant=req.tenant)
+        allowed = None if len(trust) == len(TRUST_LEVELS) else tuple(sorted(trust))
+        shapes = [m.requested_shape for m in queued]
+        total = sum((s.resources for s in shapes), ZERO)
+        if ps.book.limited(req.tenant):
+            whole_req = dataclasses.replace(
+                req, shape=dataclasses.replace(req.shape, resources=total))
+            why_quota = quota_wait(self, ps, whole_req, lease, now, batch, report)
+            if why_quota is not None:
+                self._gang_waits(waiting, why_quota, unplaced)
+                return batch
+        cfg = pool.config
+        decision = place_members(gang.spec(), shapes, ps.table, self._topology,
+                                 packing=cfg.packing, allowed_trust_levels=allowed)
+        if decision.never_fits:
+            never = {"gang": decision.reason, "filters": decision.filters,
+                   "nodes_total": len(ps.table), "never_satisfiable": True}
+            for m in queued:
+                whole = self._promoted(m)
+                whole.reject(now, "unschedulable", sorted({*decision.filters,
+                                                           str(decision.reason)}))
+                self.reasons[str(m.id)] = dict(never)
+                batch.append(whole)
+                report.rejected += 1
+            return batch
+        if not decision.placed:
+            self._gang_waits(waiting, {"tenant": [R.WAITING_FOR_CAPACITY],
+                                       "gang": decision.reason, "filters": decision.filters,
+                                       "nodes_total": len(ps.table)}, unplaced)
+            return batch
+        holds = [pool.hold_for(m.requested_shape, m.maximum_runtime_seconds)
+                 for m in queued]
+        acc = self.aggregates.get(_account_id(req.tenant))
+        available = (acc.available - self._held.get(req.tenant, 0)
+                     if isinstance(acc, Account) else 0)
+        if sum(holds) > available:
+            self._gang_waits(waiting, {"tenant": [R.INSUFFICIENT_CREDITS],
+                                       "hold_microcredits": sum(holds),
+                                       "available_microcredits": available}, unplaced)
+            return batch
+        devices: list[tuple[str, ...]] = []
+        for m, node_id in zip(queued, decision.nodes, strict=True):
+            got = self._devices_for(node_id, m.requested_shape, allocs)
+            if got is None:
+                self._gang_waits(waiting, {"tenant": [R.WAITING_FOR_CAPACITY],
+                                           "devices": f"too few free GPU devices of node "
+                                                      f"{node_id} fit"}, unplaced)
+                return batch
+            devices.append(got)
+        for m, node_id, hold, devs in zip(queued, decision.nodes, holds, devices, strict=True):
+            self._reserve_member(ps, m, node_id, hold, devs, now, batch, allocs, report)
+        return batch
+
+    def _reserve_member(self, ps: PoolState, member: Member, node_id: str, hold: int,
+                        devices: tuple[str, ...], now: float, batch: list[Aggregate],
+                        allocs: dict[str, list[Placed]], report: CycleReport) -> None:
+        """One member reserved on its node, as a lone placement is (no job restarts on its
+        own: a gang's jobs start on the holder's commit, which tells each its peers' nodes)."""
+        lease = self._promoted(member)
+        lid = LeaseId(str(lease.id))
+        epoch = lease.reserve(now, node_id=NodeId(node_id),
+                              commit_timeout_seconds=ps.pool.config.commit_timeout_seconds,
+                              hold_microcredits=hold, devices=devices)
+        res: Resources = lease.requested_shape.resources
+        allocs.setdefault(node_id, []).append((lid, res, devices))
+        batch.append(lease)
+        if hold:
+            self._holds.setdefault(lease.tenant_id, []).append((f"hold-{lid}-{epoch}", lid, hold))
+            self._held[lease.tenant_id] = self._held.get(lease.tenant_id, 0) + hold
+        ps.table.allocate(node_id, lid, res, tenant=lease.tenant_id)
+        if ps.backfill is not None:
+            ps.backfill.placed(lid)
+        self._track(ps, lease)
+        self.reasons.pop(lid, None)
+        heapq.heappush(self._deadlines, (lease.reservation_deadline or now, lid))
+        if lease.trace_parent is not None:
+            self._placing.append((lease, time.time_ns()))
+        report.placed += 1
+
+    def _promoted(self, member: Member) -> Lease:
+        """The whole Lease of a member held compactly (to record its events)."""
+        if isinstance(member, QueuedLease):
+            whole = self.aggregates.promote(member.id)
+            assert isinstance(whole, Lease)
+            return whole
+        return member
+
+    def _gang_waits(self, waiting: list[PendingRequest], why: dict[str, Any],
+                    unplaced: list[PendingRequest]) -> None:
+        for r in waiting:
+            self.reasons[r.lease_id] = dict(why)
+            unplaced.append(r)
+
+    def _topology(self, node_id: str) -> dict[str, str]:
+        node = self.aggregates.get(node_uuid(node_id))
+        return topology_of(node.capabilities) if isinstance(node, Node) else {}
+
+
+# a member on its way back to the queue (or not yet in it): its gang waits for it
+_BETWEEN = frozenset({LeaseState.REQUESTED, LeaseState.RESERVED, LeaseState.RUNNING,
+                      LeaseState.STOPPING, LeaseState.PREEMPTING, LeaseState.EXPIRED,
+                      LeaseState.RECONCILING})
+
+
+def _account_id(tenant: str) -> UUID:
+    return Account.create_id(tenant)
