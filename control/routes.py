@@ -112,10 +112,13 @@ class Route:
 # -- handlers: parse is done, so each is one application call and its reply -------------------
 
 
-def _lease_reply(lease: Any) -> v1.Envelope:
-    from schemas.convert import lease_view
+def _lease_reply(lease: Any, app: Any = None) -> v1.Envelope:
+    from schemas.convert import gang_view, lease_view
 
-    return v1.Envelope.success(lease=lease_view(lease))
+    view = lease_view(lease)
+    if app is not None and getattr(lease, "gang", None) is not None:
+        view["gang"] = gang_view(app.gang_members(lease))  # every member, its node, devices
+    return v1.Envelope.success(lease=view)
 
 
 def _node_reply(node: Any) -> v1.Envelope:
@@ -124,14 +127,17 @@ def _node_reply(node: Any) -> v1.Envelope:
 
 def _request(ctx: Context, p: Params, cmd: v1.LeaseRequest) -> v1.Envelope:
     from bus import observability
-    from schemas.convert import lease_view
+    from schemas.convert import gang_view, lease_view
 
     # the leases keep this command's trace, so placing and starting them join it
     leases = ctx.app.request_leases(p["tenant"], cmd, trace_parent=observability.traceparent())
     if len(leases) == 1:
         return _lease_reply(leases[0])
-    # many leases: the first in full, and every id in order
-    return v1.Envelope.success(lease=lease_view(leases[0]),
+    # many leases: the first in full (with its gang), and every id in order
+    view = lease_view(leases[0])
+    if leases[0].gang is not None:
+        view["gang"] = gang_view(leases)
+    return v1.Envelope.success(lease=view,
                                result={"lease_ids": [str(lease.id) for lease in leases]})
 
 
@@ -139,9 +145,9 @@ def _lease_verb(verb: str) -> Handler:
     def handle(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
         app = ctx.app
         if verb == "get":
-            return _lease_reply(app.get(p["tenant"], p["lease_id"]))
+            return _lease_reply(app.get(p["tenant"], p["lease_id"]), app)
         method: Callable[[str, str, Any], Any] = getattr(app, verb)
-        return _lease_reply(method(p["tenant"], p["lease_id"], cmd))
+        return _lease_reply(method(p["tenant"], p["lease_id"], cmd), app)
 
     handle.__name__ = f"lease_{verb}"
     return handle

@@ -44,6 +44,22 @@ def lease_view(lease: Lease) -> dict[str, Any]:
     }
 
 
+def gang_view(members: list[Lease]) -> dict[str, Any]:
+    """A gang as a reply shows it beside any of its members: its constraint and, per member
+    in member order, where it is and which devices it holds."""
+    gang = next(m.gang for m in members if m.gang is not None)
+    return {
+        "gang_id": gang.gang_id,
+        "size": gang.size,
+        "strategy": gang.strategy,
+        "same": gang.same,
+        "spread": gang.spread,
+        "members": [{"member": m.gang.member if m.gang is not None else None,
+                     "lease_id": str(m.id), "state": str(m.state), "epoch": m.epoch,
+                     "node_id": m.node_id, "devices": list(m.devices)} for m in members],
+    }
+
+
 def _default_class(classes: dict[str, int]) -> str:
     return "standard" if "standard" in classes else min(classes, key=classes.__getitem__)
 

@@ -7,8 +7,8 @@ from uuid import UUID
 from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import IntegrityError
 
-from control.application.admin import AdminCommands
 from control.application.core import A, retried
+from control.application.gangs import GangCommands, member_job
 from control.errors import IdempotencyConflict, ServiceError, UnknownTenant
 from domain.account import Account
 from domain.errors import DomainError
@@ -37,7 +37,7 @@ def _retried(lease: Lease, req: v1.LeaseRequest, request_digest: str) -> Lease:
     return lease
 
 
-class LeaseCommands(AdminCommands):
+class LeaseCommands(GangCommands):
     """Credits and a tenant's lease commands, from request to release."""
 
     @retried
@@ -161,9 +161,14 @@ class LeaseCommands(AdminCommands):
                 image_signature=job.image_signature,
                 image_size_bytes=job.image_size_bytes,
             )
-        self._admit_job(lease, spec)
-        lease.commit(now, spec)
-        self.save(lease)
+        # a gang commits whole: every member starts its job, told its rank and peers' nodes
+        members = self._with_gang(lease)
+        nodes = [str(m.node_id) for m in members]
+        for member in members:
+            job_of = member_job(member, spec, nodes)
+            self._admit_job(member, job_of)
+            member.commit(now, job_of)
+        self.save(*members)
         return lease
 
     def _admit_job(self, lease: Lease, spec: JobSpec | None) -> None:
@@ -184,16 +189,20 @@ class LeaseCommands(AdminCommands):
     def heartbeat(self, tenant: str, lease_id: str, body: v1.HeartbeatLease) -> Lease:
         now = self.clock()
         lease = self._lease(tenant, lease_id)
-        lease.heartbeat(now, epoch=body.epoch, checkpoint_at=body.last_checkpoint_at)
-        self.save(lease)
+        members = self._with_gang(lease)  # a gang's members share their epoch
+        for member in members:
+            member.heartbeat(now, epoch=body.epoch, checkpoint_at=body.last_checkpoint_at)
+        self.save(*members)
         return lease
 
     @retried
     def renew(self, tenant: str, lease_id: str, body: v1.RenewLease) -> Lease:
         now = self.clock()
         lease = self._lease(tenant, lease_id)
-        lease.renew(now, body.extend_seconds)
-        self.save(lease)
+        members = self._with_gang(lease)
+        for member in members:
+            member.renew(now, body.extend_seconds)
+        self.save(*members)
         return lease
 
     def _settle(self, lease: Lease, now: float, node_id: str | None = None,
@@ -248,9 +257,16 @@ class LeaseCommands(AdminCommands):
     def cancel(self, tenant: str, lease_id: str, body: v1.CancelLease) -> Lease:
         now = self.clock()
         lease = self._lease(tenant, lease_id)
-        lease.cancel(now, body.reason or "cancelled")
-        others = self._settle(lease, now) if not lease.holds_capacity else []
-        self.save(lease, *others)
+        changed: list[Aggregate] = []
+        cache: dict[UUID, Aggregate] = {}
+        for member in self._with_gang(lease):  # a gang is withdrawn or stopped whole
+            if member is not lease and member.is_terminal:
+                continue
+            member.cancel(now, body.reason or "cancelled")
+            changed.append(member)
+            if not member.holds_capacity:
+                changed += self._settle(member, now, cache=cache)
+        self.save(*list({a.id: a for a in changed}.values()))
         return lease
 
     @retried

@@ -9,6 +9,7 @@ from uuid import UUID
 from eventsourcing.domain import Aggregate
 
 from control.application.core import retried
+from control.application.gangs import GANG_MEMBER_LOST
 from control.application.leases import LeaseCommands
 from control.errors import UnknownLease, UnknownNode
 from domain.enrollment import Enrollment
@@ -90,7 +91,9 @@ class NodeCommands(LeaseCommands):
             except DomainError:
                 continue
             out.append(lease)
-        return out
+        # a gang member's peers on other nodes go with it, with the same grace
+        return out + self._gang_peers_noticed(out, now, grace, requeue=True,
+                                              reason=f"drain:{reason}" if reason else "drain")
 
     def _node_lease(self, node_id: str, lease_id: str) -> Lease:
         # an agent speaks only for leases placed on its own node
@@ -301,6 +304,10 @@ class NodeCommands(LeaseCommands):
                 elif lease is not None and lease.state is LeaseState.EXPIRED:
                     lease.begin_reconciliation(now)
                     changed.append(lease)
+            lost = [a for a in changed if isinstance(a, Lease)]
+            for member in self._gang_peers_noticed(lost, now, cfg.preemption.grace_seconds):
+                changed.append(member)
+                done.append(f"{GANG_MEMBER_LOST}:{member.id}")
         elif now - (node.lost_at or now) >= cfg.lost_node_release_seconds:
             cache: dict[UUID, Aggregate] = {node.id: node}
             for lid in list(node.allocations):
