@@ -1,5 +1,5 @@
-"""JetStream stream definitions — the event log, the agents' work queue, the timers, telemetry —
-and an idempotent ensure helper every process may call at start-up."""
+"""JetStream stream definitions — the event log, the agents' work queue, the timers, telemetry,
+the tenants' lease feed — and an idempotent ensure helper every process may call at start-up."""
 
 from __future__ import annotations
 
@@ -22,6 +22,9 @@ from bus.subjects import (
     APPENDED_PREFIX,
     EVENTS_PREFIX,
     EVENTS_STREAM,
+    FEED_LIVE_PREFIX,
+    FEED_PREFIX,
+    FEED_STREAM,
     SCHEDULE_STREAM,
     TELEMETRY_PREFIX,
     TELEMETRY_STREAM,
@@ -151,4 +154,31 @@ def telemetry_stream_config(replicas: int = 1) -> StreamConfig:
         max_msgs=-1,
         discard=DiscardPolicy.OLD,
         allow_direct=True,
+    )
+
+
+# POOL_FEED keeps lease state changes for 7 days and at most 256 MiB, the oldest discarded first
+FEED_MAX_AGE_S = 7 * 24 * 3600.0
+FEED_MAX_BYTES = 256 * 1024 * 1024
+
+
+def feed_stream_config(replicas: int = 1) -> StreamConfig:
+    """POOL_FEED: the tenants' lease feed, limits retention (7 days, 256 MiB). Written only in
+    atomic batches that expect the stream's last sequence, so two writers (or one restarted)
+    never store a record twice; each stored record is republished with its sequence on
+    pool.feedlive.<tenant>.…, what live readers subscribe to."""
+    return StreamConfig(
+        name=FEED_STREAM,
+        subjects=[f"{FEED_PREFIX}.>"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        num_replicas=replicas,
+        max_age=FEED_MAX_AGE_S,
+        max_bytes=FEED_MAX_BYTES,
+        max_msgs=-1,
+        discard=DiscardPolicy.OLD,
+        duplicate_window=DUPLICATE_WINDOW_S,
+        allow_atomic=True,
+        allow_direct=True,
+        republish=RePublish(src=f"{FEED_PREFIX}.>", dest=f"{FEED_LIVE_PREFIX}.>"),
     )

@@ -19,6 +19,11 @@ APPENDED_FILTER = f"{APPENDED_PREFIX}.>"
 AGENT_STREAM = "POOL_AGENT"
 TELEMETRY_STREAM = "POOL_TELEMETRY"
 SCHEDULE_STREAM = "POOL_SCHED"
+# each tenant's feed of its own leases' state changes, stored on pool.feed.<tenant>.lease.<id>
+# and, once stored, republished with its sequence on pool.feedlive.<tenant>.lease.<id>
+FEED_STREAM = "POOL_FEED"
+FEED_PREFIX = "pool.feed"
+FEED_LIVE_PREFIX = "pool.feedlive"
 
 _TOKEN = re.compile(r"^[a-z0-9_-]{1,128}$")
 
@@ -73,6 +78,12 @@ def telemetry_subject(pool: str, node: str, tenant: str, lease: str, kind: str) 
     return (
         f"{TELEMETRY_PREFIX}.{token(pool)}.{token(node)}.{token(tenant)}.{token(lease)}.{token(kind)}"
     )
+
+
+def feed_subject(tenant: str, lease_id: str) -> str:
+    """`pool.feed.<tenant>.lease.<lease_id>`: where the control plane stores one lease's
+    state changes (the tenant its own token, so a permission selects exactly its leases)."""
+    return f"{FEED_PREFIX}.{token(tenant)}.lease.{token(lease_id)}"
 
 
 def schedule_subject(lease_id: str) -> str:

@@ -340,9 +340,11 @@ async def read_page_async(
     since: float | None = None,
     limit: int = 500,
     timeout: float = 5.0,
+    stream: str = TELEMETRY_STREAM,
 ) -> TelemetryPage:
-    """One batched direct get on POOL_TELEMETRY: the samples under `filter_subject` after
-    stream sequence `after_seq` (or, when that is 0, from the time `since`), at most `limit`."""
+    """One batched direct get on `stream` (POOL_TELEMETRY unless named): the messages under
+    `filter_subject` after stream sequence `after_seq` (or, when that is 0, from the time
+    `since`), at most `limit`."""
     req: dict[str, Any] = {"batch": int(limit), "next_by_subj": filter_subject,
                            "max_bytes": REPLAY_PAGE_MAX_BYTES}
     if after_seq > 0 or since is None:
@@ -371,15 +373,15 @@ async def read_page_async(
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox, cb=on_msg)
     try:
-        await nc.publish(f"$JS.API.DIRECT.GET.{TELEMETRY_STREAM}",
+        await nc.publish(f"$JS.API.DIRECT.GET.{stream}",
                          msgspec.json.encode(req), reply=inbox)
         at_end, error = await asyncio.wait_for(done, timeout)
     finally:
         await sub.unsubscribe()
     if error == "503":
-        raise BusUnavailable("the telemetry stream is not available for reads")
+        raise BusUnavailable(f"the stream {stream} is not available for reads")
     if error is not None:
-        raise BusUnavailable(f"telemetry read failed: {error}")
+        raise BusUnavailable(f"reading {stream} failed: {error}")
     return TelemetryPage(out, at_end)
 
 

@@ -20,6 +20,7 @@ from control.routes import NODE_VERBS, QUERY_VIEWS, ROUTES, Router, subscription
 from domain.errors import DomainError
 from schemas import v1
 from schemas.codec import SchemaError, encode
+from schemas.feed import FeedReplay
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +68,16 @@ class CommandHandler:
 
     def __init__(self, app: PoolApp, database_url: str | None = None, *,
                  views_schema: str | None = None,
-                 telemetry_pages: Callable[..., Any] | None = None) -> None:
+                 telemetry_pages: Callable[..., Any] | None = None,
+                 feed_pages: Callable[..., Any] | None = None) -> None:
         self.app = app
         self.database_url = database_url
         self.views_schema = views_schema
         self._reader: Any = None
         # (filter subject, after_seq=, since=, limit=) → bus.telemetry.TelemetryPage
         self.telemetry_pages = telemetry_pages
+        # (tenant, lease=, after_seq=, limit=) → bus.telemetry.TelemetryPage of the feed
+        self.feed_pages = feed_pages
 
     def __call__(self, subject: str, body: bytes, headers: dict[str, str]) -> bytes:
         # a span per command, child of the requester's `traceparent` header when it sent one
@@ -155,6 +159,21 @@ class CommandHandler:
                 event = None  # an agent's garbled sample: its place in the stream still shows
             samples.append({"seq": seq, "subject": subject, "event": event})
         return v1.Envelope.success(result={"samples": samples, "at_end": page.at_end})
+
+    def feed_replay(self, tenant: str, q: FeedReplay) -> v1.Envelope:
+        """A page of the tenant's own lease feed: the tenant token is the subject's, so a
+        tenant reads no other's records."""
+        if self.feed_pages is None:
+            return v1.Envelope.failure("feed_unavailable", "this service does not read the feed")
+        page = self.feed_pages(tenant, lease=q.lease, after_seq=q.after_seq, limit=q.limit)
+        records = []
+        for seq, subject, data in page.samples:
+            try:
+                record = msgspec.json.decode(data)
+            except msgspec.DecodeError:
+                record = None
+            records.append({"seq": seq, "subject": subject, "record": record})
+        return v1.Envelope.success(result={"records": records, "at_end": page.at_end})
 
     def close(self) -> None:
         if self._reader is not None:

@@ -15,6 +15,7 @@ from eventsourcing.domain import Aggregate
 
 from bus.agentbus import ControlLink
 from bus.headers import HDR_TRACEPARENT
+from control.feed import FeedPublisher
 from control.pending import LeaseMemory
 from control.wake import IdleWait, Signal
 from domain.fold import Fold
@@ -114,9 +115,12 @@ def orders_for(event_name: str, lease: Lease, pool: Pool | None) -> list[AgentOr
 class Dispatcher:
     """Follows the log through `app`'s recorder; sends agent orders and arms timers."""
 
-    def __init__(self, app: Any, link: ControlLink) -> None:
+    def __init__(self, app: Any, link: ControlLink, *,
+                 feed: FeedPublisher | None = None) -> None:
         self.app = app
         self.link = link
+        # the tenants' lease feed, told of every lease event this fold applies
+        self.feed = feed
         self.position = 0
         self.sent_upto = 0  # orders for events at or below this were sent in an earlier life
         # a lease still queued has no orders and no timer: held compactly (control.pending)
@@ -133,6 +137,8 @@ class Dispatcher:
 
     def start(self) -> None:
         self.sent_upto = self.link.load_position(POSITION_KEY)
+        if self.feed is not None:
+            self.feed.start()
         self._started = True
 
     def step(self) -> int:
@@ -152,7 +158,7 @@ class Dispatcher:
                 if not note.topic.startswith(_TOPICS):
                     continue
                 event = self.app.mapper.to_domain_event(note)
-                agg = self._apply(event)
+                agg = self._apply(event, note.id)
                 if agg is None:
                     continue
                 name = type(event).__name__
@@ -171,6 +177,8 @@ class Dispatcher:
                 self.link.save_position(POSITION_KEY, self.position)
             if len(page) < PAGE:
                 break
+        if not n and self.feed is not None:
+            self.feed.idle()
         return n
 
     def _flush(self) -> None:
@@ -187,13 +195,20 @@ class Dispatcher:
         while self._timers:
             self._arm(self._timers[0])
             self._timers.pop(0)
+        if self.feed is not None:
+            self.feed.flush(self.position)
 
-    def _apply(self, event: Any) -> Aggregate | None:
-        if self.aggregates.absorb(event) is not False:
+    def _apply(self, event: Any, log_seq: int) -> Aggregate | None:
+        absorbed = self.aggregates.absorb(event)
+        if absorbed is not False:
+            if self.feed is not None:
+                self.feed.observe(event, absorbed, log_seq)
             return None  # requested or queued: nothing to send or arm yet
         agg: Aggregate | None = self._fold.step(event)
         if agg is None:
             return None
+        if self.feed is not None and isinstance(agg, Lease):
+            self.feed.observe(event, agg, log_seq)
         if isinstance(agg, Lease) and agg.is_terminal and agg.state is not LeaseState.PREEMPTED:
             # nothing more will be sent for it. A preempted lease is kept: it may be requeued
             # (in the same save or later) and placed again, and that placement needs its orders

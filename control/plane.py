@@ -15,6 +15,7 @@ from typing import Any, Self
 
 from bus.agentbus import ControlLink
 from bus.appends import AppendSignal
+from bus.feed import FeedWriter
 from bus.leader import LeaderElection
 from bus.service import Service
 from control.application import PoolApp
@@ -28,6 +29,7 @@ from control.commands import (
 )
 from control.dispatcher import Dispatcher, Reconciler, run_loop
 from control.errors import ServiceError, UnknownSubject
+from control.feed import FeedPublisher
 from control.pool_leaders import PoolLeadership
 from control.projector import Projector
 from control.routes import ROUTES, Router, subscriptions
@@ -35,6 +37,7 @@ from control.scheduler import Scheduler, tune_gc
 from projections.views import VIEWS
 from schemas import v1
 from schemas.codec import SchemaError, encode
+from schemas.feed import FeedReplay
 
 # what only the active scheduler answers: `why` and queue positions, from its memory
 SCHEDULER_SUBJECTS = subscriptions(["scheduler"])
@@ -90,6 +93,9 @@ class _WhyContext:
     def telemetry_replay(self, tenant: str, q: v1.TelemetryReplay) -> v1.Envelope:
         raise UnknownSubject("telemetry is replayed by the command service")
 
+    def feed_replay(self, tenant: str, q: FeedReplay) -> v1.Envelope:
+        raise UnknownSubject("the feed is replayed by the command service")
+
 
 def why_handler(scheduler: Scheduler) -> Callable[[str, bytes, dict[str, str]], bytes]:
     router = Router(ROUTES, served_by=("scheduler",))
@@ -117,6 +123,22 @@ def _telemetry_pages(nats_url: str) -> Callable[..., Any]:
     return pages
 
 
+def _feed_pages(nats_url: str) -> Callable[..., Any]:
+    """Pages of the lease feed for tenants' replays, over the process's bus runtime."""
+    from bus.feed import read_page
+    from bus.runtime import get_runtime
+
+    def pages(tenant: str, **kw: Any) -> Any:
+        rt = get_runtime(nats_url)
+
+        async def go() -> Any:
+            return await read_page(await rt.connection(), tenant, **kw)
+
+        return rt.run(go())
+
+    return pages
+
+
 class ControlPlane:
     """Commands + scheduler on one NATS server (or cluster); `start()` serves, `stop()` drains.
 
@@ -140,7 +162,8 @@ class ControlPlane:
         subjects = COMMAND_SUBJECTS + ADMIN_SUBJECTS + (QUERY_SUBJECTS if database_url else [])
         self.commands = (Service(self.responder_url, subjects,
                                  CommandHandler(self.app, database_url=database_url,
-                                                telemetry_pages=_telemetry_pages(nats_url)),
+                                                telemetry_pages=_telemetry_pages(nats_url),
+                                                feed_pages=_feed_pages(nats_url)),
                                  queue="pool-commands", threads=COMMAND_WORKERS)
                          if "commands" in self.roles else None)
         self.projector = (Projector(nats_url, database_url,
@@ -153,7 +176,9 @@ class ControlPlane:
         self.data_plane = data_plane
         self.link = (ControlLink(nats_url)
                      if data_plane and self.roles & {"scheduler", "reconciler"} else None)
-        self.dispatcher = (Dispatcher(PoolApp(env=app_env(nats_url), clock=clock), self.link)
+        # the dispatcher's fold also feeds the tenants' lease feed
+        self.dispatcher = (Dispatcher(PoolApp(env=app_env(nats_url), clock=clock), self.link,
+                                      feed=FeedPublisher(FeedWriter(nats_url)))
                            if self.link is not None and "scheduler" in self.roles else None)
         self.reconciler = (Reconciler(self.app, self.link)
                            if self.link is not None and "reconciler" in self.roles else None)

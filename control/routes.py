@@ -16,14 +16,15 @@ from domain.quota import limits_to_dict
 from schemas import v1
 from schemas.codec import COMMANDS, CommandSpec, decode_with
 from schemas.export import Channel
+from schemas.feed import FeedReplay
 
 if TYPE_CHECKING:
     from control.application import PoolApp
 
 # who answers (or sends) a route: the command responders, the same responders only with a
 # database (queries), the active scheduler, a node agent (orders the plane sends), or nobody
-# (telemetry agents publish to a stream)
-ServedBy = Literal["commands", "queries", "scheduler", "agent", "stream"]
+# (telemetry agents publish to a stream), or a stream the plane writes for tenants (the feed)
+ServedBy = Literal["commands", "queries", "scheduler", "agent", "stream", "feed"]
 Params = Mapping[str, str]
 
 
@@ -36,6 +37,8 @@ class Context(Protocol):
     def query_view(self, tenant: str, view: str, q: v1.Query) -> v1.Envelope: ...
 
     def telemetry_replay(self, tenant: str, q: v1.TelemetryReplay) -> v1.Envelope: ...
+
+    def feed_replay(self, tenant: str, q: FeedReplay) -> v1.Envelope: ...
 
     def why(self, tenant: str, lease_id: str) -> v1.Envelope: ...
 
@@ -167,6 +170,10 @@ def _query(ctx: Context, p: Params, cmd: v1.Query) -> v1.Envelope:
 
 def _telemetry_replay(ctx: Context, p: Params, cmd: v1.TelemetryReplay) -> v1.Envelope:
     return ctx.telemetry_replay(p["tenant"], cmd)
+
+
+def _feed_replay(ctx: Context, p: Params, cmd: FeedReplay) -> v1.Envelope:
+    return ctx.feed_replay(p["tenant"], cmd)
 
 
 def _node_stopped(ctx: Context, p: Params, cmd: v1.LeaseStopped) -> v1.Envelope:
@@ -319,6 +326,9 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route("pool.cmd.{tenant}.telemetry.replay", "telemetry.replay", _telemetry_replay,
           "A page of the tenant's own telemetry from the stream (replay without consumers).",
           "replayTelemetry"),
+    Route("pool.cmd.{tenant}.feed.replay", "feed.replay", _feed_replay,
+          "A page of the tenant's own lease feed from the stream, after a feed sequence.",
+          "replayFeed"),
     # node agents report under their own `pool.node.<node>.…` (their credentials allow no other)
     Route("pool.node.{node}.register", "agent.register", _node_register,
           "A node agent registers its capabilities.", "agentRegister"),
@@ -382,6 +392,10 @@ ROUTES: Final[tuple[Route, ...]] = (
           " (the tenant token lets NATS permissions give each tenant only its own leases).",
           "receiveTelemetry", served_by="stream",
           choices={"kind": tuple(v1.TelemetryKind.__args__)}),  # type: ignore[attr-defined]
+    Route("pool.feed.{tenant}.lease.{lease_id}", "feed", None,
+          "One state change of a tenant's lease, stored in the feed stream; tenants read it"
+          " live on pool.feedlive.{tenant}.lease.{lease_id} (with its Nats-Sequence) and"
+          " replay it through replayFeed.", "sendFeedRecord", served_by="feed"),
 )
 
 
@@ -422,7 +436,7 @@ def asyncapi_channels(routes: Iterable[Route] = ROUTES) -> list[Channel]:
             params[name] = doc
         out.append(Channel(id=r.operation, address=r.subject, payload=r.struct,
                            operation=r.operation,
-                           action="send" if r.served_by == "agent" else "receive",
+                           action="send" if r.served_by in ("agent", "feed") else "receive",
                            summary=r.summary, replies=r.replies, parameters=params))
     return out
 

@@ -14,7 +14,7 @@ from typing import Any, Final, Literal, TypeVar
 import msgspec
 from msgspec import Struct
 
-from schemas import v1
+from schemas import feed, v1
 
 MAX_PAYLOAD_BYTES: Final = 64 * 1024
 _MAX_MESSAGE_CHARS: Final = 300  # field names are attacker-chosen: keep messages short
@@ -90,6 +90,7 @@ COMMANDS: Final[Mapping[str, CommandSpec]] = {
     "lease.queue": CommandSpec(v1.QueuePositions),
     "query": CommandSpec(v1.Query),
     "telemetry.replay": CommandSpec(v1.TelemetryReplay),
+    "feed.replay": CommandSpec(feed.FeedReplay),
     "admin.pool": CommandSpec(v1.PoolConfig),
     "admin.pool.set": CommandSpec(v1.PoolPatch),
     "admin.tenant": CommandSpec(v1.TenantConfig),
@@ -113,6 +114,7 @@ COMMANDS: Final[Mapping[str, CommandSpec]] = {
     "node.exited": CommandSpec(v1.JobExited),
     "node.failed": CommandSpec(v1.JobFailed),
     "telemetry": CommandSpec(v1.TelemetryEvent),
+    "feed": CommandSpec(feed.FeedRecord),
     "reply": CommandSpec(v1.Envelope),
 }
 COMMAND_KINDS: Final[tuple[str, ...]] = tuple(COMMANDS)

@@ -12,9 +12,11 @@ from typing import Any, NamedTuple
 import msgspec
 from msgspec import Struct
 
-from schemas import v1
+from schemas import feed, v1
 
 DEFAULT_DIRECTORY = Path(__file__).resolve().parent / "json"
+# every Struct a reader of the wire may meet: version 1's and the lease feed's
+PUBLIC_STRUCTS: tuple[type[Struct], ...] = v1.PUBLIC_STRUCTS + feed.PUBLIC_STRUCTS
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 ASYNCAPI_FILE = "asyncapi.json"
 
@@ -70,7 +72,7 @@ def asyncapi(channel_rows: Iterable[Channel]) -> dict[str, Any]:
     """An AsyncAPI 3.0 document for the control plane: the channels (the route table's,
     `control.routes.asyncapi_channels()`) with the Structs as their payloads."""
     _, schemas = msgspec.json.schema_components(
-        v1.PUBLIC_STRUCTS, ref_template="#/components/schemas/{name}"
+        PUBLIC_STRUCTS, ref_template="#/components/schemas/{name}"
     )
     channels: dict[str, Any] = {
         # Replies go to the requester's inbox: NATS request/reply, so the address is dynamic.
@@ -122,7 +124,7 @@ def asyncapi(channel_rows: Iterable[Channel]) -> dict[str, Any]:
 
 def documents(channel_rows: Iterable[Channel]) -> dict[str, bytes]:
     """File name -> canonical bytes for everything export writes."""
-    out = {f"{s.__name__}.json": render(json_schema(s)) for s in v1.PUBLIC_STRUCTS}
+    out = {f"{s.__name__}.json": render(json_schema(s)) for s in PUBLIC_STRUCTS}
     out[ASYNCAPI_FILE] = render(asyncapi(channel_rows))
     return out
 

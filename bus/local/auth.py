@@ -14,7 +14,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from bus.errors import NameCollision
 from bus.replies import ADMIN_INBOXES, NODE_INBOXES, TENANT_INBOXES, tenant_inbox
-from bus.subjects import is_token
+from bus.subjects import FEED_LIVE_PREFIX, is_token
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +47,12 @@ PERMISSIONS: dict[str, Rule] = {
         # replay goes through pool.cmd.<tenant>.telemetry.replay: no JetStream API at all, so
         # no consumer (and no deliver subject)
         ("pool.cmd.{name}.>",),
-        # telemetry subjects carry the tenant as a whole token, so this selects exactly its
-        # own leases (wildcards cannot match a prefix)
-        (f"{TENANT_INBOXES}.{{name}}.>", "pool.tel.*.*.{name}.>"),
-        "its own commands and queries, its own replies and telemetry"),
+        # telemetry and feed subjects carry the tenant as a whole token, so these select
+        # exactly its own leases (wildcards cannot match a prefix); the feed's stored records
+        # are replayed through pool.cmd.<tenant>.feed.replay, its live ones read here
+        (f"{TENANT_INBOXES}.{{name}}.>", "pool.tel.*.*.{name}.>",
+         f"{FEED_LIVE_PREFIX}.{{name}}.>"),
+        "its own commands and queries, its own replies, telemetry and lease feed"),
     "node": Rule(
         ("pool.node.{name}.>", "pool.tel.*.{name}.>",
          "$JS.API.CONSUMER.MSG.NEXT.POOL_AGENT.agent-{name}",

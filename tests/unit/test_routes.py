@@ -14,6 +14,7 @@ from control.routes import ROUTES, Router, asyncapi_channels, subscriptions
 from schemas import v1
 from schemas.codec import SchemaError
 from schemas.export import asyncapi
+from schemas.feed import FeedReplay
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,6 +49,9 @@ class _Recorder:
     def telemetry_replay(self, tenant: str, q: v1.TelemetryReplay) -> v1.Envelope:
         return v1.Envelope.success(result={"tenant": tenant})
 
+    def feed_replay(self, tenant: str, q: FeedReplay) -> v1.Envelope:
+        return v1.Envelope.success(result={"tenant": tenant})
+
 
 def test_each_subject_pattern_appears_once() -> None:
     subjects = [r.subject for r in ROUTES]
@@ -78,7 +82,7 @@ class _Served:
     def why(self, tenant: str, lease_id: str) -> v1.Envelope:
         raise UnknownSubject("not here")
 
-    query_view = telemetry_replay = why  # type: ignore[assignment]
+    query_view = telemetry_replay = feed_replay = why  # type: ignore[assignment]
 
 
 def test_a_request_and_a_lease_verb_go_through_the_table_to_the_application() -> None:

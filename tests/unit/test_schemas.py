@@ -20,7 +20,6 @@ from domain.resources import Resources, partition_dimension
 from schemas import (
     COMMAND_KINDS,
     MAX_PAYLOAD_BYTES,
-    PUBLIC_STRUCTS,
     SCHEMA_ERROR_CODES,
     Envelope,
     LeaseRequest,
@@ -34,7 +33,7 @@ from schemas import (
     decode_command,
     encode,
 )
-from schemas.export import ASYNCAPI_FILE, DEFAULT_DIRECTORY, asyncapi, export
+from schemas.export import ASYNCAPI_FILE, DEFAULT_DIRECTORY, PUBLIC_STRUCTS, asyncapi, export
 
 ROOT = Path(__file__).resolve().parents[2]
 
