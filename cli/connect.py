@@ -44,6 +44,24 @@ def pool_client(args: argparse.Namespace, tenant: str = "") -> Any:
                       password=creds.password, **options)
 
 
+def tenant_connection(args: argparse.Namespace, tenant: str) -> tuple[str, dict[str, Any]]:
+    """The URL and connect options (user, password, inbox prefix) to speak as `tenant`'s own
+    user, for the commands that hold a connection of their own (followers)."""
+    from bus.local.auth import inbox_prefix
+    from local import embedded
+
+    options: dict[str, Any] = {"inbox_prefix": inbox_prefix(tenant)}
+    url = getattr(args, "nats_url", None)
+    if not url and embedded.local_auth() is not None:
+        creds = embedded.tenant_credentials(tenant)
+        if creds is None:
+            raise UsageError(f"no credentials for tenant {tenant!r} in this pool: run "
+                             f"`pool admin tenant creds {tenant}` first")
+        url = embedded.endpoints()[0]
+        options.update(user=creds.user, password=creds.password)
+    return url or nats_url_of(args), options
+
+
 def tenant_of(args: argparse.Namespace) -> str:
     import os
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bus.subjects import command_subject
 from cli.connect import (
     client_opts,
     pool_client,
@@ -192,59 +191,89 @@ def cmd_lease_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_lease_watch(args: argparse.Namespace) -> int:
-    """Print the lease each time it changes, until it ends; without an id, every lease of the
-    tenant as it changes (from the leases view), until Ctrl-C."""
-    import json
-    import time
+    """Print each state change of a lease until it ends; without an id, of every lease of the
+    tenant until Ctrl-C. Follows the tenant's feed: what is stored, then live (no polling)."""
+    import asyncio
 
-    from cli.run import FINAL_STATES, POLL_SECONDS
+    from cli.connect import tenant_connection
+    from cli.run import FINAL_STATES
 
     tenant = tenant_of(args)
-    with pool_client(args, tenant) as c:
-        if not args.lease_id:
-            versions: dict[str, Any] = {}
-            subject = command_subject(tenant, "query", "leases")
-            while True:
-                reply = c.call(subject, {"limit": 1000})
-                if not reply.get("ok"):
-                    return print_envelope(reply, args.json)
-                rows = sorted(reply["result"]["rows"], key=lambda r: r.get("requested_at") or 0)
-                for row in rows:
-                    now = tuple(row.get(k) for k in ("state", "node_id", "epoch", "end_reason",
-                                                     "exit_code"))
-                    if versions.get(row["lease_id"]) != now:
-                        versions[row["lease_id"]] = now
-                        print(json.dumps(row, default=str) if args.json else _lease_line(row),
-                              flush=True)
-                time.sleep(1.0)
-        seen = -1
-        while True:
+    lease = None
+    if args.lease_id:
+        with pool_client(args, tenant) as c:  # an unknown (or another's) lease: refused here
             reply = c.lease(args.lease_id, "get")
-            if not reply.get("ok"):
-                return print_envelope(reply, args.json)
-            lease = reply["lease"]
-            if lease.get("version") != seen:
-                seen = lease.get("version")
-                if args.json:
-                    print(json.dumps(lease), flush=True)
-                else:
-                    print(_lease_line(lease), flush=True)
-            if lease.get("state") in FINAL_STATES:
-                return EXIT_OK
-            time.sleep(POLL_SECONDS)
+        if not reply.get("ok"):
+            return print_envelope(reply, args.json)
+        lease = reply["lease"]
+    url, options = tenant_connection(args, tenant)
+
+    async def watch() -> int:
+        from bus.feed import follow
+
+        printed = 0
+        done_already = lease is not None and lease.get("state") in FINAL_STATES
+        items = follow(url, tenant, lease=args.lease_id or None, **options,
+                       until_caught_up=done_already)
+        try:
+            async for item in items:
+                _print_change(item, args.json)
+                printed += 1
+                if lease is not None and item.record is not None \
+                        and item.record.state in FINAL_STATES:
+                    return EXIT_OK
+        finally:
+            await items.aclose()
+        if lease is not None and not printed:  # ended before the feed's oldest record
+            _print_lease(lease, args.json)
+        return EXIT_OK
+
+    return asyncio.run(watch())
 
 
-def _lease_line(lease: dict[str, Any]) -> str:
+def _print_change(item: Any, as_json: bool) -> None:
+    import json
+
+    import msgspec
+
+    r = item.record
+    if as_json:
+        body = msgspec.to_builtins(r) if r is not None else {"error": item.error}
+        print(json.dumps({"seq": item.seq, **body}), flush=True)
+        return
+    if r is None:
+        print(f"{item.seq}  undecodable record on {item.subject}: {item.error}", flush=True)
+        return
+    print(_change_line(r.at, r.lease_id, r.previous_state, r.state, r.node_id, r.end_reason,
+                       r.exit_code), flush=True)
+
+
+def _print_lease(lease: dict[str, Any], as_json: bool) -> None:
+    import json
+
+    if as_json:
+        keys = ("lease_id", "tenant", "pool_id", "state", "end_reason", "node_id", "devices",
+                "epoch", "exit_code", "version")
+        print(json.dumps({"seq": None, **{k: lease.get(k) for k in keys}}), flush=True)
+        return
+    print(_change_line(None, str(lease.get("lease_id")), None, str(lease.get("state")),
+                       lease.get("node_id"), lease.get("end_reason"), lease.get("exit_code")),
+          flush=True)
+
+
+def _change_line(at: float | None, lease_id: str, previous: str | None, state: str,
+                 node: str | None, end_reason: str | None, exit_code: int | None) -> str:
     import time
 
-    parts = [str(lease.get("state"))]
-    if lease.get("node_id"):
-        parts.append(f"on {lease['node_id']}")
-    if lease.get("end_reason"):
-        parts.append(str(lease["end_reason"]))
-    if lease.get("exit_code") is not None:
-        parts.append(f"exit code {lease['exit_code']}")
-    return f"{time.strftime('%H:%M:%S')}  {lease.get('lease_id')}  {'  '.join(parts)}"
+    parts = [f"{previous} → {state}" if previous else state]
+    if node:
+        parts.append(f"on {node}")
+    if end_reason:
+        parts.append(end_reason)
+    if exit_code is not None:
+        parts.append(f"exit code {exit_code}")
+    when = time.strftime("%H:%M:%S", time.localtime(at) if at is not None else time.localtime())
+    return f"{when}  {lease_id}  {'  '.join(parts)}"
 
 
 def _shape_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
@@ -333,8 +362,10 @@ def register(sub: Subparsers) -> None:
     lg.add_argument("--since", metavar="T", help="only output from T on: a duration back from "
                     "now (30s, 10m, 2h) or an ISO 8601 time")
     lg.set_defaults(func=cmd_lease_logs)
-    wt = lease.add_parser("watch", help="print a lease each time it changes, until it ends "
-                          "(no id: every lease of the tenant, until Ctrl-C)")
+    wt = lease.add_parser("watch", help="print each state change of a lease, until it ends "
+                          "(no id: of every lease of the tenant, until Ctrl-C)",
+                          description="Follows the tenant's lease feed: the changes stored "
+                          "(7 days), then each as it happens. --json: one object a line.")
     client_opts(wt, tenant=True)
     wt.add_argument("lease_id", nargs="?")
     wt.set_defaults(func=cmd_lease_watch)

@@ -13,7 +13,6 @@ from cli.connect import (
 from cli.output import (
     EXIT_OK,
     Subparsers,
-    UsageError,
     fail,
     parse_since,
 )
@@ -43,25 +42,13 @@ def cmd_telemetry_follow(args: argparse.Namespace) -> int:
     import msgspec
 
     from bus import telemetry
-    from bus.local.auth import inbox_prefix
-    from local import embedded
+    from cli.connect import tenant_connection
 
     tenant = args.tenant or os.environ.get("POOL_TENANT", "")
     since = parse_since(args.since)
-    options: dict[str, Any] = {}
-    url = getattr(args, "nats_url", None)
-    if tenant:
-        # as the tenant's own user: the server limits it to pool.tel.*.*.<tenant>.>
-        options["inbox_prefix"] = inbox_prefix(tenant)
-        auth = None if url else embedded.local_auth()
-        if auth is not None:
-            creds = embedded.tenant_credentials(tenant)
-            if creds is None:
-                raise UsageError(f"no credentials for tenant {tenant!r} in this pool: "
-                                 f"run `pool admin tenant creds {tenant}` first")
-            url = embedded.endpoints()[0]
-            options.update(user=creds.user, password=creds.password)
-    url = url or nats_url_of(args)
+    # as the tenant's own user, the server limits it to pool.tel.*.*.<tenant>.>
+    url, options = (tenant_connection(args, tenant) if tenant
+                    else (nats_url_of(args), {}))
 
     def on_sample(sample: Any) -> None:
         if args.json:

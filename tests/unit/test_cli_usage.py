@@ -4,7 +4,6 @@ nearest word the command knows, the second where the help is; exit code 2."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Self
 
 import pytest
 
@@ -64,42 +63,3 @@ def test_a_job_file_s_mistake_names_its_place_in_the_file(
 def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["lease", "--help"]) == 0
     assert "request" in capsys.readouterr().out
-
-
-class _FakeTenantClient:
-    """Answers the leases query with a changing page, then is interrupted (Ctrl-C)."""
-
-    def __init__(self) -> None:
-        self.pages = [
-            [{"lease_id": "a", "state": "running", "node_id": "n1", "requested_at": 1.0}],
-            [{"lease_id": "a", "state": "running", "node_id": "n1", "requested_at": 1.0}],
-            [{"lease_id": "a", "state": "released", "node_id": "n1", "end_reason": "succeeded",
-              "exit_code": 0, "requested_at": 1.0},
-             {"lease_id": "b", "state": "queued", "requested_at": 2.0}],
-        ]
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-    def call(self, subject: str, body: dict[str, object]) -> dict[str, object]:
-        assert subject == "pool.cmd.acme.query.leases"
-        if not self.pages:
-            raise KeyboardInterrupt
-        return {"ok": True, "result": {"rows": self.pages.pop(0)}}
-
-
-def test_watch_without_an_id_prints_each_of_the_tenant_s_leases_as_it_changes(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import cli.lease
-
-    monkeypatch.setattr(cli.lease, "pool_client", lambda args, tenant: _FakeTenantClient())
-    monkeypatch.setattr("time.sleep", lambda s: None)
-    assert main(["lease", "watch", "--tenant", "acme"]) == 130
-    lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[1:3] for line in lines] == [["a", "running"], ["a", "released"],
-                                                     ["b", "queued"]]
-    assert "succeeded" in lines[1] and "exit code 0" in lines[1]

@@ -1,0 +1,135 @@
+"""`pool lease watch`, the real binary following the tenant's lease feed of a real control plane:
+what is stored, then each change as it happens, one JSON object a line; Ctrl-C ends it cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+from bus.admin import ensure_all_streams
+from bus.local.server import NatsServer
+from client.api import PoolClient
+from control.plane import ControlPlane
+from tests.control_plane import lease_body, node_body, setup_pool
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = {"image": "busybox@sha256:" + "a" * 64, "command": ["true"]}
+
+
+@pytest.fixture()
+def plane(fresh_nats: NatsServer) -> Iterator[tuple[str, PoolClient]]:
+    ensure_all_streams(fresh_nats.url)
+    cp = ControlPlane(fresh_nats.url, leader_ttl_seconds=1.0).start()
+    admin = PoolClient(fresh_nats.url)
+    alpha = PoolClient(fresh_nats.url, "alpha")
+    setup_pool(admin)
+    assert admin.admin("node.register", node_body("n1"))["ok"]
+    yield fresh_nats.url, alpha
+    alpha.close()
+    admin.close()
+    cp.stop()
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("POOL_")}
+
+
+def _watch(url: str, *argv: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "cli.main", "lease", "watch", *argv,
+                             "--nats-url", url, "--tenant", "alpha", "--json"],
+                            cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _lines(stream: IO[str] | None, count: int, timeout: float = 30) -> list[dict[str, Any]]:
+    assert stream is not None
+    out: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < count and time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            break
+        out.append(json.loads(line))
+    return out
+
+
+def _wait_state(alpha: PoolClient, lid: str, state: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while alpha.lease(lid, "get")["lease"]["state"] != state:
+        assert time.monotonic() < deadline, f"{lid} never became {state}"
+        time.sleep(0.05)
+
+
+def test_watch_follows_a_lease_live_until_it_ends(plane: tuple[str, PoolClient]) -> None:
+    url, alpha = plane
+    lid = str(alpha.request_lease(lease_body("watch-1"))["lease"]["lease_id"])
+    proc = _watch(url, lid)
+    try:
+        first = _lines(proc.stdout, 3)  # requested, queued and (by the scheduler) reserved
+        assert [r["state"] for r in first] == ["requested", "queued", "reserved"]
+        assert alpha.lease(lid, "commit", {"job": JOB})["ok"]
+        assert alpha.lease(lid, "release", {"exit_code": 0})["ok"]
+        rest = _lines(proc.stdout, 2)
+        assert proc.wait(20) == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        proc.kill()
+    changes = first + rest
+    assert [(r["previous_state"], r["state"]) for r in changes] == [
+        (None, "requested"), ("requested", "queued"), ("queued", "reserved"),
+        ("reserved", "running"), ("running", "released")]
+    assert changes[-1]["end_reason"] == "succeeded" and changes[-1]["exit_code"] == 0
+    assert changes[2]["node_id"] == "n1"
+    assert [r["seq"] for r in changes] == sorted(r["seq"] for r in changes)
+
+
+def test_watch_of_an_ended_lease_prints_its_stored_changes_and_exits(
+        plane: tuple[str, PoolClient]) -> None:
+    url, alpha = plane
+    lid = str(alpha.request_lease(lease_body("watch-2"))["lease"]["lease_id"])
+    _wait_state(alpha, lid, "reserved")
+    assert alpha.lease(lid, "cancel", {})["ok"]
+    time.sleep(0.5)  # the feed writer follows the log
+    out = subprocess.run([sys.executable, "-m", "cli.main", "lease", "watch", lid, "--nats-url",
+                          url, "--tenant", "alpha", "--json"], cwd=ROOT, env=_env(),
+                         capture_output=True, text=True, timeout=30, check=False)
+    assert out.returncode == 0, out.stderr
+    states = [json.loads(line)["state"] for line in out.stdout.splitlines()]
+    assert states == ["requested", "queued", "reserved", "cancelled"]
+
+
+def test_watch_without_an_id_follows_every_lease_and_ctrl_c_ends_it_cleanly(
+        plane: tuple[str, PoolClient]) -> None:
+    url, alpha = plane
+    proc = _watch(url)
+    try:
+        time.sleep(1.0)  # subscribed: what follows arrives live
+        a = str(alpha.request_lease(lease_body("watch-a"))["lease"]["lease_id"])
+        b = str(alpha.request_lease(lease_body("watch-b"))["lease"]["lease_id"])
+        got = _lines(proc.stdout, 6)
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(20)
+        err = proc.stderr.read() if proc.stderr else ""
+    finally:
+        proc.kill()
+    assert {(r["lease_id"], r["state"]) for r in got} == {
+        (lid, s) for lid in (a, b) for s in ("requested", "queued", "reserved")}
+    assert code == 130 and "Traceback" not in err and "interrupted" in err
+
+
+def test_watch_of_another_tenant_s_lease_is_refused(plane: tuple[str, PoolClient]) -> None:
+    url, alpha = plane
+    lid = str(alpha.request_lease(lease_body("watch-3"))["lease"]["lease_id"])
+    out = subprocess.run([sys.executable, "-m", "cli.main", "lease", "watch", lid, "--nats-url",
+                          url, "--tenant", "beta", "--json"], cwd=ROOT, env=_env(),
+                         capture_output=True, text=True, timeout=30, check=False)
+    assert out.returncode == 1
+    assert json.loads(out.stdout)["error"]["code"] == "lease_not_found"
