@@ -94,8 +94,8 @@ ROUTES: tuple[HttpRoute, ...] = (
     HttpRoute("GET", _ONE + "/history", "getComputeLeaseHistory",
               "The lease's flight recorder: every event of it in the log, in order", ""),
     HttpRoute("GET", _ONE + "/events", "streamComputeLeaseEvents",
-              "Server-Sent Events: the lease's state at each change (resumes from "
-              "Last-Event-ID, the lease's version)", "getLease", "stream"),
+              "Server-Sent Events: the lease's state changes from its tenant's lease feed "
+              "(resumes from Last-Event-ID, the feed sequence)", "replayFeed", "stream"),
     HttpRoute("GET", _ONE + "/logs", "streamComputeLeaseLogs",
               "Server-Sent Events: the job's output as its agent shipped it, to the end stored "
               "(follow=1: until the lease ends; resumes from Last-Event-ID, the stream "

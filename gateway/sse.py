@@ -1,4 +1,5 @@
-"""Server-Sent Event streams: a lease's state changes and a tenant's telemetry, resumable.
+"""Server-Sent Event streams: a lease's state changes (its tenant's lease feed) and a tenant's
+telemetry, resumable.
 Event ids and resuming: docs/api-http.md#streams-server-sent-events.
 """
 
@@ -20,7 +21,6 @@ from gateway.routes import HttpRoute
 from gateway.shared import Gateway, Refused
 from gateway.tokens import Principal
 
-POLL_SECONDS = 0.25  # how often an open lease stream looks again
 TELEMETRY_IDLE_SECONDS = 0.5  # at the end of the stream, how long before reading on
 KEEPALIVE_SECONDS = 15.0
 # a lease in one of these states changes no more: its stream ends after saying so
@@ -54,30 +54,57 @@ def _headers() -> dict[str, str]:
 
 async def _lease_events(gw: Gateway, request: Request[Any, Any, Any], who: Principal,
                         lease_id: str) -> Response[Any]:
-    subject = command_subject(who.tenant, "lease", lease_id, "get")
+    """The lease's state changes from the tenant's lease feed, read as the tenant's own user:
+    those stored after Last-Event-ID (a feed sequence), then each as it is stored, until a
+    terminal state."""
+    from bus.feed import follow
+
     after = _last_event_id(request)
-    first = await gw.upstream.call(who, subject)
-    if not first.get("ok"):
+    first = await gw.upstream.call(who, command_subject(who.tenant, "lease", lease_id, "get"))
+    if not first.get("ok"):  # unknown, or another tenant's: missing
         return problems.from_error(first.get("error"), instance=request.url.path)
+    ended = (first.get("lease") or {}).get("state") in FINAL_STATES
+    url, prefix = gw.upstream.connection_for(who)
 
     async def events() -> AsyncIterator[ServerSentEventMessage]:
-        reply, seen, quiet_since = first, after, time.monotonic()
-        while True:
-            lease = reply.get("lease") or {} if reply.get("ok") else {}
-            version = int(lease.get("version") or 0)
-            if version > seen:
-                seen, quiet_since = version, time.monotonic()
-                yield ServerSentEventMessage(data=msgspec.json.encode(lease).decode(),
-                                             event="lease", id=str(version))
-                if lease.get("state") in FINAL_STATES:
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def pump() -> None:
+            items = follow(url, who.tenant, lease=lease_id, after=after, inbox_prefix=prefix,
+                           until_caught_up=ended)
+            try:
+                async for item in items:
+                    await queue.put(item)
+            except Exception as e:  # noqa: BLE001 - the stream says so and ends
+                await queue.put(e)
+            finally:
+                await items.aclose()
+                await queue.put(None)
+
+        task = asyncio.ensure_future(pump())
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(queue.get(), KEEPALIVE_SECONDS)
+                except TimeoutError:
+                    yield ServerSentEventMessage(comment="keepalive")
+                    continue
+                if item is None:
                     return
-            elif lease.get("state") in FINAL_STATES:
-                return
-            elif time.monotonic() - quiet_since > KEEPALIVE_SECONDS:
-                quiet_since = time.monotonic()
-                yield ServerSentEventMessage(comment="keepalive")
-            await asyncio.sleep(POLL_SECONDS)
-            reply = await gw.upstream.call(who, subject)
+                if isinstance(item, Exception):
+                    yield ServerSentEventMessage(
+                        event="error", data=msgspec.json.encode(
+                            {"code": getattr(item, "code", "bus_error"),
+                             "message": str(item)}).decode())
+                    return
+                record = item.record
+                body = msgspec.json.encode(record).decode() if record is not None else "{}"
+                yield ServerSentEventMessage(data=body, event="lease", id=str(item.seq))
+                if record is not None and record.state in FINAL_STATES:
+                    return
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     return ServerSentEvent(events(), headers=_headers())
 

@@ -14,6 +14,7 @@ from typing import Any
 from bus.errors import BusError, BusUnavailable
 from bus.local import auth as bus_auth
 from bus.local.auth import AuthConfig, Credentials, url_with_credentials
+from bus.replies import admin_inbox
 from client.api import PoolClient
 from gateway.tokens import Principal
 
@@ -68,6 +69,12 @@ class Upstream:
             raise NotEnrolled(f"tenant {who.tenant!r} has no NATS user here "
                               f"(`pool admin tenant creds {who.tenant}`)")
         return url_with_credentials(self.settings.nats_url, creds), creds
+
+    def connection_for(self, who: Principal) -> tuple[str, str]:
+        """The URL (with the caller's credentials) and inbox prefix of a connection of its own
+        for `who`, for a stream that holds one (the lease feed)."""
+        url, _ = self._url_for(who)
+        return url, admin_inbox("operator") if who.is_admin else bus_auth.inbox_prefix(who.tenant)
 
     def service_url(self) -> str:
         """The URL the service user connects with (the admin's), or '' when unknown."""

@@ -41,20 +41,26 @@ def test_a_lease_stream_shows_each_change_and_resumes_after_the_last_seen(stack:
             first = sse_events(r, 1)[0]
         assert first["event"] == "lease"
         seen = json.loads(first["data"])
-        assert seen["lease_id"] == lid and int(first["id"]) == seen["version"]
+        assert (seen["lease_id"], seen["state"], seen["previous_state"]) == \
+            (lid, "requested", None)
         assert c.post(f"/v1/compute-leases/{lid}/cancel", json={}).status_code == 200
-        # resuming after what was seen: only the newer state, and the stream ends with it
+        # resuming after what was seen: only the later changes, and the stream ends with the
+        # terminal one
         with c.stream("GET", f"/v1/compute-leases/{lid}/events",
                       headers={"Last-Event-ID": first["id"]}) as r:
             rest = sse_events(r, 10)
-        assert [json.loads(e["data"])["state"] for e in rest] == ["cancelled"]
+        states = [json.loads(e["data"])["state"] for e in rest]
+        assert states[0] == "queued" and states[-1] == "cancelled"
+        assert [int(e["id"]) for e in rest] == sorted(int(e["id"]) for e in rest)
         assert int(rest[0]["id"]) > int(first["id"])
-        # resuming after the final version: nothing more to say
+        # resuming after the terminal change: nothing more to say
         with c.stream("GET", f"/v1/compute-leases/{lid}/events",
-                      headers={"Last-Event-ID": rest[0]["id"]}) as r:
+                      headers={"Last-Event-ID": rest[-1]["id"]}) as r:
             assert sse_events(r, 10) == []
         bad = c.get(f"/v1/compute-leases/{lid}/events", headers={"Last-Event-ID": "x1"})
         assert bad.status_code == 422 and bad.json()["code"] == "invalid_field"
+    with stack.client("beta") as c:  # another tenant's lease reads as missing
+        assert c.get(f"/v1/compute-leases/{lid}/events").status_code == 404
 
 
 def test_telemetry_streams_only_the_tenants_own_and_resumes_by_sequence(stack: Stack) -> None:
