@@ -291,7 +291,7 @@ def _credits_grant(ctx: Context, p: Params, cmd: v1.CreditGrant) -> v1.Envelope:
 
 LEASE_VERBS: Final = ("commit", "heartbeat", "renew", "release", "cancel", "get")
 NODE_VERBS: Final = ("cordon", "drain", "maintenance", "uncordon", "end-maintenance", "lost")
-QUERY_VIEWS: Final = ("queue", "balance", "leases")
+QUERY_VIEWS: Final = ("queue", "balance", "leases", "gangs")
 _LEASE_SUMMARIES: Final = {
     "commit": "Commit a reserved lease and attach its job.",
     "heartbeat": "Heartbeat a lease (fenced by epoch).",

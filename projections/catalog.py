@@ -5,12 +5,14 @@ Plain data, no database driver: the CLI builds its flags from it without importi
 
 from __future__ import annotations
 
-KEYS = {"queue": "lease_id", "balance": "tenant", "capacity": "node_id", "leases": "lease_id"}
+KEYS = {"queue": "lease_id", "balance": "tenant", "capacity": "node_id", "leases": "lease_id",
+        "gangs": "gang_id"}
 FILTERS = {
     "queue": ("pool", "priority_class", "state", "lease_id"),
     "balance": (),
     "capacity": ("pool", "state", "zone", "failure_domain", "gpu_model", "node_id"),
-    "leases": ("pool", "state", "node_id", "priority_class", "lease_id"),
+    "leases": ("pool", "state", "node_id", "priority_class", "lease_id", "gang_id"),
+    "gangs": ("pool", "state", "gang_id"),
 }
 COLUMNS = {
     "queue": ("lease_id", "tenant", "pool", "priority_class", "state", "attempts",
@@ -26,7 +28,9 @@ COLUMNS = {
                "attempts", "shape", "requested_at", "reserved_at", "started_at",
                "run_ended_at", "ended_at", "deadline", "hold_microcredits", "credits_held",
                "credits_charged", "credits_released", "credits_shortfall", "end_reason",
-               "exit_code"),
+               "exit_code", "gang_id", "gang_member"),
+    # one row per gang, its members (member, lease_id, state, node_id) as a JSON list
+    "gangs": ("gang_id", "tenant", "pool", "size", "state", "members", "requested_at"),
 }
-TENANT_VIEWS = ("queue", "balance", "leases")
+TENANT_VIEWS = ("queue", "balance", "leases", "gangs")
 MAX_LIMIT = 1000  # rows in one page

@@ -13,14 +13,15 @@ from psycopg.rows import dict_row
 
 from projections.catalog import COLUMNS, FILTERS, KEYS, MAX_LIMIT, TENANT_VIEWS
 from projections.errors import BadQuery, ViewsUnavailable
-from projections.views import DEFAULT_SCHEMA, check_view
+from projections.views import DEFAULT_SCHEMA
+from projections.views.schema import check_readable
 
 
 def query(conn: psycopg.Connection[Any], view: str, *, tenant: str | None,
           filters: dict[str, str] | None = None, limit: int = 100, cursor: str | None = None,
           schema: str = DEFAULT_SCHEMA) -> dict[str, Any]:
     """One page of a view: {"view", "rows", "next_cursor"}; `tenant` None reads every tenant."""
-    check_view(view)
+    check_readable(view)
     key = KEYS[view]
     _check(view, tenant=tenant, filters=filters or {}, limit=limit, cursor=cursor)
     where: list[sql.Composable] = []

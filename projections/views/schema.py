@@ -60,8 +60,32 @@ def _ddl(view: str) -> str:
             credits_released BIGINT NOT NULL DEFAULT 0,
             credits_shortfall BIGINT NOT NULL DEFAULT 0,
             version INTEGER, last_seq BIGINT NOT NULL) WITH (fillfactor = 80);
-            CREATE INDEX IF NOT EXISTS leases_tenant ON {s}.leases (tenant, lease_id)""",
+            CREATE INDEX IF NOT EXISTS leases_tenant ON {s}.leases (tenant, lease_id);
+            ALTER TABLE {s}.leases ADD COLUMN IF NOT EXISTS gang_id TEXT;
+            ALTER TABLE {s}.leases ADD COLUMN IF NOT EXISTS gang_member INTEGER;
+            CREATE INDEX IF NOT EXISTS leases_gang ON {s}.leases (gang_id)
+                WHERE gang_id IS NOT NULL;
+            """ + GANGS_DDL,
     }[view]
+
+
+# A gang is one row with its members: derived from the leases view's rows in the same
+# transaction, so it is exactly as current as the leases (nothing more to write or track).
+GANGS_DDL = """CREATE OR REPLACE VIEW {s}.gangs AS
+    SELECT gang_id, tenant, min(pool) AS pool, count(*)::integer AS size,
+           CASE WHEN count(DISTINCT state) = 1 THEN min(state) ELSE 'mixed' END AS state,
+           jsonb_agg(jsonb_build_object('member', gang_member, 'lease_id', lease_id,
+                                        'state', state, 'node_id', node_id)
+                     ORDER BY gang_member) AS members,
+           min(requested_at) AS requested_at
+    FROM {s}.leases WHERE gang_id IS NOT NULL GROUP BY gang_id, tenant"""
+# views read like the tracked ones but derived from them: (view, the tracked view it reads)
+DERIVED: dict[str, str] = {"gangs": "leases"}
+
+
+def check_readable(name: str) -> str:
+    """A view a query may read: a tracked one or one derived from them."""
+    return name if name in DERIVED else check_view(name)
 
 
 TRACKING_DDL = """CREATE TABLE IF NOT EXISTS {s}.tracking (
@@ -99,6 +123,10 @@ def create_schema(conn: psycopg.Connection[Any], schema: str, views: Iterable[st
 
 
 def drop_view(conn: psycopg.Connection[Any], schema: str, view: str) -> None:
+    for derived, source in DERIVED.items():  # made again with their source
+        if source == view:
+            conn.execute(sql.SQL("DROP VIEW IF EXISTS {}.{}").format(
+                sql.Identifier(schema), sql.Identifier(derived)))
     conn.execute(sql.SQL("DROP TABLE IF EXISTS {}.{}").format(
         sql.Identifier(schema), sql.Identifier(check_view(view))))
     conn.execute(formatted("DELETE FROM {s}.tracking WHERE view_name = %s", schema), (view,))
