@@ -17,6 +17,8 @@ from cli.output import (
     print_envelope,
     table,
 )
+from domain.gang import MAX_GANG_MEMBERS
+from domain.policy.gang import STRATEGIES, TOPOLOGY_KEYS
 from schemas.v1 import MAX_LEASES_PER_REQUEST
 
 
@@ -26,7 +28,11 @@ def _request_body(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "file", None):
         from cli.jobfile import load
 
-        return load(args.file, key=args.key)[0]
+        loaded: dict[str, Any] = load(args.file, key=args.key)[0]
+        group = _group(args)  # --members … beside a file: the file's request as a gang
+        if group is not None:
+            loaded["group"] = group
+        return loaded
     for flag in ("pool", "cpu_millis", "memory_mib", "max_runtime"):
         if getattr(args, flag) is None:
             raise UsageError(f"--{flag.replace('_', '-')} is required (or -f job.yaml)")
@@ -59,11 +65,29 @@ def _request_body(args: argparse.Namespace) -> dict[str, Any]:
         body["image_signature"] = args.image_signature
     if args.image_size is not None:
         body["image_size_bytes"] = args.image_size
+    group = _group(args)
+    if group is not None:
+        body["group"] = group
     for flag, value in (("--cpu-millis", args.cpu_millis), ("--memory-mib", args.memory_mib),
                         ("--max-runtime", args.max_runtime)):
         if value < (1 if flag == "--max-runtime" else 0):
             raise UsageError(f"{flag} must be ≥ {1 if flag == '--max-runtime' else 0}")
     return body
+
+
+def _group(args: argparse.Namespace) -> dict[str, Any] | None:
+    """`--members N [--same KEY | --spread KEY] [--strategy S]` as the request's group."""
+    members = getattr(args, "members", None)
+    flags = {k: getattr(args, k, None) for k in ("same", "spread", "strategy")}
+    if members is None:
+        if any(flags.values()):
+            raise UsageError("--same, --spread and --strategy shape a gang: add --members N")
+        return None
+    if not 1 <= members <= MAX_GANG_MEMBERS:
+        raise UsageError(f"--members must be between 1 and {MAX_GANG_MEMBERS}")
+    if flags["same"] and flags["spread"]:
+        raise UsageError("a gang is packed (--same) or spread (--spread), not both")
+    return {"members": members, **{k: v for k, v in flags.items() if v}}
 
 
 def cmd_lease_request(args: argparse.Namespace) -> int:
@@ -75,7 +99,11 @@ def cmd_lease_request(args: argparse.Namespace) -> int:
             raise UsageError(f"--count must be between 1 and {MAX_LEASES_PER_REQUEST}")
         if args.wait:
             raise UsageError("--wait takes one lease: leave out --count")
+        if "group" in body:
+            raise UsageError("a request is a gang (--members) or a batch (--count), not both")
         body["count"] = args.count
+    if args.wait and "group" in body:
+        raise UsageError("--wait takes one lease: leave it out for a gang (`pool lease get`)")
     with pool_client(args, tenant_of(args)) as c:
         reply = c.request_lease(body)
         if args.wait and reply.get("ok"):
@@ -109,7 +137,21 @@ def cmd_lease_verb(args: argparse.Namespace) -> int:
     if args.verb in ("release", "cancel") and args.reason:
         body["reason"] = args.reason
     with pool_client(args, tenant_of(args)) as c:
-        return print_envelope(c.lease(args.lease_id, args.verb, body), args.json)
+        reply = c.lease(args.lease_id, args.verb, body)
+    gang = (reply.get("lease") or {}).get("gang") if reply.get("ok") else None
+    if args.json or not gang:
+        return print_envelope(reply, args.json)
+    reply["lease"] = {k: v for k, v in reply["lease"].items() if k != "gang"}
+    print_envelope(reply, False)
+    constraint = gang.get("same") or gang.get("spread")
+    print(f"\ngang {gang['gang_id']}: {gang['size']} member(s), {gang['strategy']}"
+          + (f" over {constraint}" if constraint else ""))
+    rows = [{**m, "devices": ",".join(m.get("devices") or ()) or "-"} for m in gang["members"]]
+    print(table(rows, GANG_COLUMNS))
+    return EXIT_OK
+
+
+GANG_COLUMNS = ("member", "lease_id", "state", "node_id", "devices")
 
 
 QUEUE_COLUMNS = ("position", "lease_id", "pool", "priority_class", "estimated_start",
@@ -379,6 +421,17 @@ def register(sub: Subparsers) -> None:
     rq.add_argument("--count", type=int, default=1,
                     help=f"leases to request at once, each its own lease (1 to "
                          f"{MAX_LEASES_PER_REQUEST}; ids follow from --key and the index)")
+    rq.add_argument("--members", type=int, metavar="N",
+                    help=f"a gang of N leases (1 to {MAX_GANG_MEMBERS}), one node each, placed "
+                    "all-or-nothing and committed, renewed, preempted and requeued together")
+    rq.add_argument("--same", choices=TOPOLOGY_KEYS, metavar="KEY",
+                    help="with --members: every member in one value of this node label "
+                    f"({', '.join(TOPOLOGY_KEYS)})")
+    rq.add_argument("--spread", choices=TOPOLOGY_KEYS, metavar="KEY",
+                    help="with --members: each member in a distinct value of this label")
+    rq.add_argument("--strategy", choices=STRATEGIES,
+                    help="with --members: PACK or SPREAD prefer the constraint, STRICT_PACK "
+                    "(--same's default) and STRICT_SPREAD (--spread's) require it")
     rq.set_defaults(func=cmd_lease_request)
     lq = lease.add_parser("queue", help="your waiting leases in queue order, with estimated "
                           "starts (from the active scheduler)")
