@@ -42,6 +42,8 @@ TMPFS_OPTIONS = "rw,nosuid,nodev,size=64m,mode=1777"
 OCI_RUNTIMES = {"container": "runc", "sandboxed": "runsc"}  # isolation class → engine runtime
 
 _DIGEST_REF = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
+# `docker logs --timestamps`: each entry (a line, or the last part of one) after its time
+_STAMPED = re.compile(rb"(?:^|(?<=\n))(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d{1,9})?Z ")
 _NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
 
 
@@ -122,6 +124,33 @@ def _parse_docker_time(value: str | None) -> float | None:
     return datetime.fromisoformat(m.group(1) + frac + zone).timestamp()
 
 
+def _epoch_ns(stamp: bytes, fraction: bytes | None) -> int:
+    """Nanoseconds since the epoch of a log entry's UTC time (docker writes up to nine digits)."""
+    whole = datetime.fromisoformat(stamp.decode() + "+00:00").timestamp()
+    digits = (fraction or b".")[1:].decode()
+    return int(whole) * 1_000_000_000 + int((digits + "000000000")[:9])
+
+
+def stamped_entries(raw: bytes) -> list[tuple[int, bytes]]:
+    """`docker logs --timestamps` output as (time in ns, the entry's bytes), in order."""
+    parts = _STAMPED.split(raw)
+    # [before the first stamp, stamp, fraction, text, stamp, fraction, text, …]
+    return [(_epoch_ns(parts[i], parts[i + 1]), parts[i + 2])
+            for i in range(1, len(parts) - 2, 3)]
+
+
+class _Output:
+    """How far a workload's output was read: the agent's offset after what it was given, the
+    time of the last entry read from the engine, and what was read but not yet given."""
+
+    __slots__ = ("after_ns", "offset", "pending")
+
+    def __init__(self, offset: int, after_ns: int, pending: bytes) -> None:
+        self.offset = offset
+        self.after_ns = after_ns
+        self.pending = pending
+
+
 class DockerRuntime:
     """Runs workloads as containers on the local engine; everything it needs is on the labels.
 
@@ -141,6 +170,7 @@ class DockerRuntime:
         self._timeout = timeout_seconds
         self._classes: tuple[str, ...] | None = None
         self._cpu_samples: dict[str, tuple[int, float]] = {}
+        self._output: dict[str, _Output] = {}
         self._lock = threading.Lock()
 
     # -- the engine ------------------------------------------------------------------------
@@ -377,6 +407,7 @@ class DockerRuntime:
     def forget(self, handle: WorkloadHandle) -> None:
         with self._lock:
             self._cpu_samples.pop(handle.ref, None)
+            self._output.pop(handle.ref, None)
         try:
             container = self.client.containers.get(handle.ref)
         except docker.errors.NotFound:
@@ -420,6 +451,42 @@ class DockerRuntime:
             cache = detail.get("total_inactive_file", detail.get("inactive_file", 0))
             memory_mib = max(0, int(memory["usage"]) - int(cache)) // (1 << 20)
         return Usage(cpu_millis_used=cpu_millis, memory_mib_used=memory_mib)
+
+    def read_output(self, handle: WorkloadHandle, offset: int, limit: int) -> tuple[bytes, int]:
+        """Up to `limit` bytes of the job's stdout and stderr from `offset`, and the offset
+        after them (the same offset when nothing new was written). The engine is asked only
+        for entries since the last one read (by their times); an offset this runtime did not
+        give (a restarted agent's) is found by reading the log from its start once."""
+        with self._lock:
+            state = self._output.get(handle.ref)
+        if state is None or state.offset != offset:
+            entries = self._entries(handle, 0)
+            data = b"".join(text for _, text in entries)
+            state = _Output(offset, entries[-1][0] if entries else 0, data[offset:])
+        elif len(state.pending) < limit:
+            entries = [e for e in self._entries(handle, state.after_ns) if e[0] > state.after_ns]
+            if entries:
+                state.pending += b"".join(text for _, text in entries)
+                state.after_ns = entries[-1][0]
+        out, state.pending = state.pending[:limit], state.pending[limit:]
+        state.offset += len(out)
+        with self._lock:
+            self._output[handle.ref] = state
+        return out, state.offset
+
+    def _entries(self, handle: WorkloadHandle, after_ns: int) -> list[tuple[int, bytes]]:
+        options: dict[str, Any] = {"stdout": True, "stderr": True, "timestamps": True}
+        if after_ns:
+            # whole seconds: the engine's `since` counts from the start of that second, so the
+            # entries of it already read are dropped by their times
+            options["since"] = max(1, after_ns // 1_000_000_000)
+        try:
+            raw = self._container(handle).logs(**options)
+        except WorkloadError as e:
+            raise OSError(str(e)) from e  # the agent ships what it has and looks again later
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            raise OSError(f"the Docker engine does not answer: {e}") from e
+        return stamped_entries(raw if isinstance(raw, bytes) else b"")
 
     def logs(self, handle: WorkloadHandle, *, tail: int | Literal["all"] = "all") -> str:
         """The workload's stdout and stderr (the last `tail` lines), for failure reports."""

@@ -133,3 +133,26 @@ def test_the_same_job_is_never_started_twice(kind: dict[str, Any], runtime: Runt
     with pytest.raises(WorkloadError):
         runtime.start(s)
     runtime.stop(h, 0.5)
+
+
+def test_the_output_is_read_in_order_from_any_offset(kind: dict[str, Any], runtime: Runtime,
+                                                      tmp_path: Path) -> None:
+    # apart in time: the engine copies stdout and stderr separately, so their order within a
+    # moment is not kept
+    h = runtime.start(spec(kind, tmp_path, "echo one; sleep 0.3; echo two >&2; sleep 1.5; "
+                                           "echo three; printf four"))
+    read = runtime.read_output  # type: ignore[attr-defined]
+    got, offset = b"", 0
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        ended = runtime.poll(h) is not None
+        data, offset = read(h, offset, 5)  # small reads: an entry comes in parts
+        got += data
+        if ended and not data:
+            break
+        if not data:
+            time.sleep(0.1)
+    assert got == b"one\ntwo\nthree\nfour"
+    assert read(h, offset, 5) == (b"", offset)  # nothing new: the same offset
+    assert read(h, 4, 100) == (b"two\nthree\nfour", len(got))  # an offset it did not give
+    runtime.forget(h)
