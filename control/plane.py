@@ -17,6 +17,7 @@ from bus.agentbus import ControlLink
 from bus.appends import AppendSignal
 from bus.feed import FeedWriter
 from bus.leader import LeaderElection
+from bus.runtime import get_runtime
 from bus.service import Service
 from control.application import PoolApp
 from control.bootstrap import app_env
@@ -160,11 +161,14 @@ class ControlPlane:
         self.scheduler = Scheduler(PoolApp(env=app_env(nats_url), clock=clock), clock=clock)
         # with a database: the views' projector, and queries answered from those views
         subjects = COMMAND_SUBJECTS + ADMIN_SUBJECTS + (QUERY_SUBJECTS if database_url else [])
-        self.commands = (Service(self.responder_url, subjects,
-                                 CommandHandler(self.app, database_url=database_url,
-                                                telemetry_pages=_telemetry_pages(nats_url),
-                                                feed_pages=_feed_pages(nats_url)),
-                                 queue="pool-commands", threads=COMMAND_WORKERS)
+        handler = CommandHandler(self.app, database_url=database_url,
+                                 telemetry_pages=_telemetry_pages(nats_url),
+                                 feed_pages=_feed_pages(nats_url))
+        # on the loop the application's saves run on: a new lease request is answered there,
+        # without a worker thread (handler.fast); every other command goes to the threads
+        self.commands = (Service(self.responder_url, subjects, handler,
+                                 queue="pool-commands", threads=COMMAND_WORKERS,
+                                 fast=handler.fast, loop=get_runtime(nats_url).loop)
                          if "commands" in self.roles else None)
         self.projector = (Projector(nats_url, database_url,
                                     views=tuple(projector_views or VIEWS))

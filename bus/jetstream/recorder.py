@@ -484,6 +484,15 @@ class JetStreamRecorder:
             return self.runtime.run(self._group.insert(stored_events), 2 * self.timeout + 5)
         return self.runtime.run(self._insert(stored_events, tracking), self.timeout + 5)
 
+    async def insert_async(self, stored_events: Sequence[StoredEvent]) -> list[int]:
+        """`insert_events` for a caller already on the runtime's loop (the command service's
+        fast path): the save rides the group commit without a thread in between."""
+        if not self._check_insert(stored_events, None):
+            return []
+        if self.group_commit:
+            return await _translated(self._group.insert(stored_events))  # type: ignore[no-any-return]
+        return await _translated(self._insert(stored_events, None))  # type: ignore[no-any-return]
+
     def insert_events_nowait(
         self, stored_events: Sequence[StoredEvent]
     ) -> concurrent.futures.Future[list[int]]:

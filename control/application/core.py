@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any, Concatenate, ParamSpec, TypeVar
 from uuid import UUID
 
@@ -114,6 +115,15 @@ class PendingSave:
         return self._recordings
 
 
+# the saves of a command running on the bus's own loop (AppCore.on_loop), held to be awaited;
+# None elsewhere. A context variable: each asyncio task, and each thread, sees its own
+_ON_LOOP: ContextVar[list[tuple[Any, ...]] | None] = ContextVar("pool_on_loop", default=None)
+
+
+class NeedsRead(Exception):
+    """A command running on the bus's loop needed to read the log: run it on a thread."""
+
+
 class AppCore(Application[UUID]):
     """Loading, saving (whole or in flight), retrying and cached policy reads."""
 
@@ -133,6 +143,10 @@ class AppCore(Application[UUID]):
         """The library's `save`, without its runtime-checkable Protocol `isinstance` checks
         (~20 µs an aggregate on Python 3.11): aggregates are known by their class; events and
         keyword arguments go the library's way."""
+        held = _ON_LOOP.get()
+        if held is not None and not kwargs:
+            held.append(objs)  # on the loop: awaited by on_loop once the command returns
+            return []
         if kwargs:
             return super().save(*objs, **kwargs)
         pe = self._collect(objs)
@@ -158,6 +172,35 @@ class AppCore(Application[UUID]):
             future = submit(stored)
         return PendingSave(self, pe, stored, future)
 
+    async def on_loop(self, command: Callable[[], R]) -> R | None:
+        """`command()` run on the bus's own loop (the command service's fast path), its one
+        save awaited through the recorder's group commit: no thread on the way. None when it
+        would read the log, save more than once, or its save was refused: nothing is
+        written then, and the caller runs the command on a thread, which answers every case."""
+        insert = getattr(self.recorder, "insert_async", None)
+        if insert is None:
+            return None
+        held: list[tuple[Any, ...]] = []
+        token = _ON_LOOP.set(held)
+        try:
+            result = command()
+        except NeedsRead:
+            return None
+        finally:
+            _ON_LOOP.reset(token)
+        if len(held) != 1:
+            return None if held else result
+        pe = self._collect(held[0])
+        stored = [self.mapper.to_stored_event(e) for e in pe.events]
+        try:
+            ids = await insert(stored)
+        except IntegrityError:
+            return None
+        done: concurrent.futures.Future[list[int]] = concurrent.futures.Future()
+        done.set_result(ids)
+        PendingSave(self, pe, stored, done).wait()  # the save's after-steps, as `save` does
+        return result
+
     def _collect(self, objs: tuple[Any, ...]) -> ProcessingEvent[UUID]:
         pe: ProcessingEvent[UUID] = ProcessingEvent()
         for obj in objs:
@@ -177,6 +220,8 @@ class AppCore(Application[UUID]):
         self.notify(pe.events)  # deprecated in the library, still called by its save
 
     def find(self, cls: type[A], aggregate_id: UUID) -> A | None:
+        if _ON_LOOP.get() is not None:
+            raise NeedsRead(f"{cls.__name__} {aggregate_id}")
         try:
             agg: object = self.repository.get(aggregate_id)
         except AggregateNotFoundError:
@@ -228,6 +273,8 @@ class AppCore(Application[UUID]):
         hit = self._policies.get(aggregate_id)
         if hit is not None and hit[1] > time.monotonic():
             return hit[0]  # type: ignore[no-any-return]
+        if _ON_LOOP.get() is not None:  # no read, and no lock a worker may hold, on the loop
+            raise NeedsRead(f"policy {aggregate_id}")
         watch = getattr(self.recorder, "watch_appends", None)
         if watch is None:
             return load()

@@ -304,3 +304,11 @@ class LeaseCommands(GangCommands):
 
     def get(self, tenant: str, lease_id: str) -> Lease:
         return self._lease(tenant, lease_id)
+
+    async def request_leases_async(self, tenant: str, req: v1.LeaseRequest, *,
+                                   trace_parent: str | None = None) -> list[Lease] | None:
+        """`request_leases` on the bus's loop for a new request whose pool and policy are
+        cached; None for anything that needs a read (a retry, a refusal, a cold cache): the
+        caller then runs `request_leases` on a thread."""
+        return await self.on_loop(
+            lambda: self.request_leases(tenant, req, trace_parent=trace_parent))

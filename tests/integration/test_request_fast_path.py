@@ -1,0 +1,107 @@
+"""A new lease request is answered on the bus's loop, without a worker thread; anything that
+needs a read (a retry, a refusal, a cold cache) is answered by the thread path as before."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from bus.local.server import NatsServer
+from chaos.invariants import count_events
+from client.api import PoolClient
+from control.plane import ControlPlane
+from tests.control_plane import FakeClock, lease_body, setup_pool, start
+
+Plane = tuple[ControlPlane, PoolClient, list[str]]
+
+
+@pytest.fixture()
+def plane(fresh_nats: NatsServer) -> Iterator[Plane]:
+    cp = start(fresh_nats.url, FakeClock())
+    assert cp.commands is not None
+    threaded: list[str] = []  # subjects answered by a worker thread
+    handler = cp.commands.handler
+
+    def counting(subject: str, body: bytes, headers: dict[str, str]) -> bytes:
+        threaded.append(subject)
+        return handler(subject, body, headers)
+
+    cp.commands.handler = counting
+    admin = PoolClient(fresh_nats.url)
+    setup_pool(admin, tenants={"alpha": 1.0})
+    admin.close()
+    alpha = PoolClient(fresh_nats.url, "alpha")
+    yield cp, alpha, threaded
+    alpha.close()
+    cp.stop()
+
+
+def _requests(threaded: list[str]) -> int:
+    return sum(1 for s in threaded if s.endswith(".lease.request"))
+
+
+def _events(cp: ControlPlane) -> int:
+    return cp.app.recorder.max_notification_id() or 0
+
+
+def test_a_new_request_is_answered_on_the_loop_once_its_policies_are_cached(
+        plane: Plane) -> None:
+    cp, alpha, threaded = plane
+    first = alpha.request_lease(lease_body("cold"))
+    assert first["ok"], first
+    assert _requests(threaded) == 1  # nothing cached yet: read on a thread
+    for i in range(5):
+        r = alpha.request_lease(lease_body(f"warm-{i}"))
+        assert r["ok"], r
+        assert r["lease"]["state"] == "queued" and r["lease"]["tenant"] == "alpha"
+    assert _requests(threaded) == 1
+    counts = count_events(cp.app, {"LeaseRequested"})
+    assert sum(counts.values()) == 6 and set(counts.values()) == {1}
+
+
+def test_a_retry_on_the_loop_is_answered_with_what_it_made_and_appends_nothing(
+        plane: Plane) -> None:
+    cp, alpha, threaded = plane
+    assert alpha.request_lease(lease_body("warm"))["ok"]
+    made = alpha.request_lease({**lease_body("twice"), "count": 3})
+    assert made["ok"], made
+    before, on_threads = _events(cp), _requests(threaded)
+    again = alpha.request_lease({**lease_body("twice"), "count": 3})
+    assert again["ok"], again
+    assert again["result"]["lease_ids"] == made["result"]["lease_ids"]
+    assert _events(cp) == before
+    assert _requests(threaded) == on_threads + 1  # the refused save went to a thread
+
+
+@pytest.mark.parametrize(("body", "code"), [
+    ({**lease_body("other"), "maximum_runtime_seconds": 601}, "idempotency_conflict"),
+    (lease_body("k2", priority="no-such-class"), None),
+])
+def test_a_refusal_on_the_loop_gets_the_thread_paths_typed_error(
+        plane: Plane, body: dict[str, Any], code: str | None) -> None:
+    cp, alpha, _threaded = plane
+    assert alpha.request_lease(lease_body("other"))["ok"]
+    before = _events(cp)
+    fast = alpha.request_lease(body)
+    assert not fast["ok"] and fast["error"]["code"]
+    if code is not None:
+        assert fast["error"]["code"] == code
+    # the same request answered by the thread path alone says the same
+    on_loop = cp.commands.fast  # type: ignore[union-attr]
+    cp.commands.fast = None  # type: ignore[union-attr]
+    try:
+        slow = alpha.request_lease(body)
+    finally:
+        cp.commands.fast = on_loop  # type: ignore[union-attr]
+    assert slow["error"] == fast["error"]
+    assert _events(cp) == before
+
+
+def test_a_malformed_request_is_refused_on_the_loop_with_its_schema_error(
+        plane: Plane) -> None:
+    _cp, alpha, threaded = plane
+    r = alpha.call("pool.cmd.alpha.lease.request", {"pool_id": "p1"})
+    assert not r["ok"] and r["error"]["code"] in ("missing_field", "invalid_field")
+    assert _requests(threaded) == 0
