@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+from typing import Any
 
 from cli.output import (
-    EXIT_OK,
     Subparsers,
     UsageError,
+    print_result,
 )
+
+
+def _report(result: dict[str, Any], as_json: bool) -> int:
+    """The figures as the envelope every command prints (--json), else the table."""
+    return print_result({k: v for k, v in result.items() if k != "table"}, as_json,
+                        str(result["table"]))
 
 
 def cmd_bench_eventlog(args: argparse.Namespace) -> int:
@@ -23,11 +29,7 @@ def cmd_bench_eventlog(args: argparse.Namespace) -> int:
         quick=args.quick,
         progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)),
     )
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(result["table"])
-    return EXIT_OK
+    return _report(result, args.json)
 
 
 def cmd_bench_schedule(args: argparse.Namespace) -> int:
@@ -39,9 +41,7 @@ def cmd_bench_schedule(args: argparse.Namespace) -> int:
         half_life_seconds=args.half_life,
         progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)),
     )
-    print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json
-          else result["table"])
-    return EXIT_OK
+    return _report(result, args.json)
 
 
 def cmd_bench_agent(args: argparse.Namespace) -> int:
@@ -50,9 +50,7 @@ def cmd_bench_agent(args: argparse.Namespace) -> int:
     result = run_agent_bench(
         starts=args.starts, quick=args.quick,
         progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)))
-    print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json
-          else result["table"])
-    return EXIT_OK
+    return _report(result, args.json)
 
 
 def cmd_bench_e2e(args: argparse.Namespace) -> int:
@@ -71,9 +69,7 @@ def cmd_bench_e2e(args: argparse.Namespace) -> int:
         steady_seconds=args.steady_seconds, count=args.count, quick=args.quick,
         command_processes=args.command_processes,
         progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)))
-    print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json
-          else result["table"])
-    return EXIT_OK
+    return _report(result, args.json)
 
 
 def cmd_bench_policy(args: argparse.Namespace) -> int:
@@ -101,9 +97,7 @@ def cmd_bench_policy(args: argparse.Namespace) -> int:
         quick=args.quick, days=args.days, seed=args.seed, offered_load=args.load,
         cycle_seconds=args.cycle_seconds, workload=workload, config=config,
         progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)))
-    print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json
-          else result["table"])
-    return EXIT_OK
+    return _report(result, args.json)
 
 
 def cmd_bench_http(args: argparse.Namespace) -> int:
@@ -117,9 +111,7 @@ def cmd_bench_http(args: argparse.Namespace) -> int:
     result = run_http_bench(
         clients=args.clients, nodes=args.nodes, seconds=args.seconds, quick=args.quick,
         progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)))
-    print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json
-          else result["table"])
-    return EXIT_OK
+    return _report(result, args.json)
 
 
 def cmd_bench_gang(args: argparse.Namespace) -> int:
@@ -128,9 +120,7 @@ def cmd_bench_gang(args: argparse.Namespace) -> int:
     result = run_gang_bench(
         quick=args.quick, seed=args.seed,
         progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)))
-    print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json
-          else result["table"])
-    return EXIT_OK
+    return _report(result, args.json)
 
 
 def cmd_bench_all(args: argparse.Namespace) -> int:
@@ -144,9 +134,7 @@ def cmd_bench_all(args: argparse.Namespace) -> int:
     result = run_all(quick=args.quick, database_url=db,
                      progress=None if args.json else (lambda s: print(s, file=sys.stderr,
                                                                         flush=True)))
-    print(json.dumps({k: v for k, v in result.items() if k != "table"}, default=str)
-          if args.json else result["table"])
-    return EXIT_OK
+    return _report(result, args.json)
 
 
 def cmd_bench_projections(args: argparse.Namespace) -> int:
@@ -162,9 +150,7 @@ def cmd_bench_projections(args: argparse.Namespace) -> int:
         database_url=db, events=args.events, quick=args.quick,
         progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)),
     )
-    print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json
-          else result["table"])
-    return EXIT_OK
+    return _report(result, args.json)
 
 
 def register(sub: Subparsers) -> None:

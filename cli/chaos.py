@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from cli.output import (
-    EXIT_FAILED,
-    EXIT_OK,
     Subparsers,
     UsageError,
+    print_result,
 )
 
 
@@ -28,12 +26,12 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         progress=lambda s: print(s, file=sys.stderr, flush=True),
         on_result=None if args.json else (lambda o: print(o.line(), flush=True)),
     )
-    if args.json:
-        print(json.dumps({"quick": args.quick, "results": [o.to_dict() for o in results],
-                          "summary": summary(results)}))
-    else:
-        print(summary(results))
-    return EXIT_OK if all(o.passed or o.skipped for o in results) else EXIT_FAILED
+    line = summary(results)
+    failed = [o.name for o in results if not (o.passed or o.skipped)]
+    return print_result(
+        {"quick": args.quick, "results": [o.to_dict() for o in results], "summary": line},
+        args.json, line,
+        error=("faults_failed", f"{line} ({', '.join(failed)})") if failed else None)
 
 
 def register(sub: Subparsers) -> None:

@@ -6,6 +6,7 @@ Output for people or `--json`, and the exit codes: cli/output.py.
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import threading
@@ -105,6 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return func(args)
     except UsageError as e:
+        if getattr(args, "json", False):  # the envelope every command prints with --json
+            print(json.dumps({"ok": False, "error": {"code": e.code, "message": str(e),
+                                                     "reasons": {}}}))
         print(f"pool: {e}", file=sys.stderr)
         return EXIT_USAGE
     except Terminated as e:

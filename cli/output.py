@@ -141,6 +141,30 @@ def print_envelope(reply: dict[str, Any], as_json: bool) -> int:
     return EXIT_OK
 
 
+def print_result(result: dict[str, Any], as_json: bool, text: str, *,
+                 error: tuple[str, str] | None = None) -> int:
+    """A command's outcome: with --json the envelope every command prints (`{"ok": true,
+    "result": …}`, or `"ok": false` with the result and an `error` when `error` = (code,
+    message) says it failed), else `text`; exit 0, or 1 on failure."""
+    if as_json:
+        envelope: dict[str, Any] = {"ok": error is None, "result": result}
+        if error is not None:
+            envelope["error"] = {"code": error[0], "message": error[1], "reasons": {}}
+        print(json.dumps(envelope, default=str), flush=True)
+    else:
+        print(text, flush=True)
+    if error is not None:
+        print(f"pool: error [{error[0]}]: {error[1]}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def print_item(item: dict[str, Any]) -> None:
+    """One item of a command that streams (`lease watch`, `telemetry follow`) with --json: one
+    envelope a line, `{"ok": true, "result": …}`."""
+    print(json.dumps({"ok": True, "result": item}, default=str), flush=True)
+
+
 def parse_kv(text: str | None, cast: Callable[[str], Any] = int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for part in (text or "").split(","):
