@@ -15,6 +15,7 @@ from cli.output import (
     Subparsers,
     UsageError,
     print_envelope,
+    print_item,
     table,
 )
 from domain.gang import MAX_GANG_MEMBERS
@@ -270,18 +271,19 @@ def cmd_lease_watch(args: argparse.Namespace) -> int:
             _print_lease(lease, args.json)
         return EXIT_OK
 
-    return asyncio.run(watch())
+    try:
+        return asyncio.run(watch())
+    except KeyboardInterrupt:  # how a watch of every lease ends
+        return EXIT_OK
 
 
 def _print_change(item: Any, as_json: bool) -> None:
-    import json
-
     import msgspec
 
     r = item.record
     if as_json:
         body = msgspec.to_builtins(r) if r is not None else {"error": item.error}
-        print(json.dumps({"seq": item.seq, **body}), flush=True)
+        print_item({"seq": item.seq, **body})
         return
     if r is None:
         print(f"{item.seq}  undecodable record on {item.subject}: {item.error}", flush=True)
@@ -291,12 +293,10 @@ def _print_change(item: Any, as_json: bool) -> None:
 
 
 def _print_lease(lease: dict[str, Any], as_json: bool) -> None:
-    import json
-
     if as_json:
         keys = ("lease_id", "tenant", "pool_id", "state", "end_reason", "node_id", "devices",
                 "epoch", "exit_code", "version")
-        print(json.dumps({"seq": None, **{k: lease.get(k) for k in keys}}), flush=True)
+        print_item({"seq": None, **{k: lease.get(k) for k in keys}})
         return
     print(_change_line(None, str(lease.get("lease_id")), None, str(lease.get("state")),
                        lease.get("node_id"), lease.get("end_reason"), lease.get("exit_code")),
@@ -407,7 +407,8 @@ def register(sub: Subparsers) -> None:
     wt = lease.add_parser("watch", help="print each state change of a lease, until it ends "
                           "(no id: of every lease of the tenant, until Ctrl-C)",
                           description="Follows the tenant's lease feed: the changes stored "
-                          "(7 days), then each as it happens. --json: one object a line.")
+                          "(7 days), then each as it happens. --json: one envelope a line, "
+                          '{"ok": true, "result": {"seq": …, "state": …}}.')
     client_opts(wt, tenant=True)
     wt.add_argument("lease_id", nargs="?")
     wt.set_defaults(func=cmd_lease_watch)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
@@ -15,6 +14,7 @@ from cli.output import (
     Subparsers,
     fail,
     parse_since,
+    print_item,
 )
 
 
@@ -52,13 +52,13 @@ def cmd_telemetry_follow(args: argparse.Namespace) -> int:
 
     def on_sample(sample: Any) -> None:
         if args.json:
-            print(json.dumps({
+            print_item({
                 "subject": sample.subject, "pool": sample.pool, "node": sample.node,
                 "tenant": sample.tenant, "lease": sample.lease, "kind": sample.kind,
                 "stream_seq": sample.stream_seq, "headers": sample.headers,
                 "event": msgspec.to_builtins(sample.event) if sample.event else None,
                 "error": sample.error,
-            }), flush=True)
+            })
         else:
             print(_format_sample(sample), flush=True)
 
@@ -98,5 +98,6 @@ def register(sub: Subparsers) -> None:
                     "(30s, 10m, 2h, 1d) or an ISO 8601 time (UTC unless it has an offset)")
     tf.add_argument("--count", type=int, metavar="N", help="exit after N samples")
     tf.add_argument("--duration", type=float, metavar="SECONDS", help="exit after SECONDS")
-    tf.add_argument("--json", action="store_true", help="one JSON object per sample")
+    tf.add_argument("--json", action="store_true",
+                    help='one envelope per sample and line: {"ok": true, "result": {…}}')
     tf.set_defaults(func=cmd_telemetry_follow)

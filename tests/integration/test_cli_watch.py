@@ -58,7 +58,9 @@ def _lines(stream: IO[str] | None, count: int, timeout: float = 30) -> list[dict
         line = stream.readline()
         if not line:
             break
-        out.append(json.loads(line))
+        envelope = json.loads(line)
+        assert envelope["ok"] is True
+        out.append(envelope["result"])
     return out
 
 
@@ -102,7 +104,7 @@ def test_watch_of_an_ended_lease_prints_its_stored_changes_and_exits(
                           url, "--tenant", "alpha", "--json"], cwd=ROOT, env=_env(),
                          capture_output=True, text=True, timeout=30, check=False)
     assert out.returncode == 0, out.stderr
-    states = [json.loads(line)["state"] for line in out.stdout.splitlines()]
+    states = [json.loads(line)["result"]["state"] for line in out.stdout.splitlines()]
     assert states == ["requested", "queued", "reserved", "cancelled"]
 
 
@@ -122,7 +124,7 @@ def test_watch_without_an_id_follows_every_lease_and_ctrl_c_ends_it_cleanly(
         proc.kill()
     assert {(r["lease_id"], r["state"]) for r in got} == {
         (lid, s) for lid in (a, b) for s in ("requested", "queued", "reserved")}
-    assert code == 130 and "Traceback" not in err and "interrupted" in err
+    assert code == 0 and "Traceback" not in err, err
 
 
 def test_watch_of_another_tenant_s_lease_is_refused(plane: tuple[str, PoolClient]) -> None:

@@ -341,8 +341,9 @@ def test_pool_telemetry_follow_replays_a_sample_and_ctrl_c_exits_cleanly(tmp_pat
 
         js = _pool(home, "telemetry", "follow", "--tenant", "alpha", "--lease", "lease-1",
                    "--since", "10m", "--count", "1", "--json", timeout=30)
-        sample = json.loads(js.stdout)
-        assert sample["lease"] == "lease-1" and sample["stream_seq"] >= 1
+        envelope = json.loads(js.stdout)
+        sample = envelope["result"]
+        assert envelope["ok"] and sample["lease"] == "lease-1" and sample["stream_seq"] >= 1
 
         # following live until Ctrl-C: exit 0, no traceback
         live = subprocess.Popen(
