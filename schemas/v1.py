@@ -10,6 +10,8 @@ import msgspec
 from msgspec import Meta, Struct
 
 from domain.devices import Device, inventory_problems
+from domain.gang import MAX_GANG_MEMBERS
+from domain.policy.gang import GangSpec
 from domain.resources import (
     NodeCapabilities,
     Resources,
@@ -267,6 +269,31 @@ class ResourceAmounts(_Part, frozen=True, kw_only=True):
 # -- lease commands ----------------------------------------------------------------------------
 
 
+TopologyKey = Literal["rack", "block", "nvlink_domain", "zone", "failure_domain"]
+GangStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+
+
+class LeaseGroup(_Part, frozen=True, kw_only=True):
+    """A gang: `members` leases, one node each, placed all-or-nothing in one atomic save and
+    committed, renewed, preempted and requeued together. `same` packs them into one value
+    of a topology label, `spread` puts each on a distinct value; alone each is strict
+    (STRICT_PACK, STRICT_SPREAD), `strategy` may soften it (PACK, SPREAD)."""
+
+    members: Annotated[int, Meta(ge=1, le=MAX_GANG_MEMBERS)]
+    # one shape per member, in member order; empty: every member has the request's shape
+    member_shapes: Annotated[list[ResourceShape], Meta(max_length=MAX_GANG_MEMBERS)] = []
+    same: TopologyKey | None = None
+    spread: TopologyKey | None = None
+    strategy: GangStrategy | None = None
+
+    def __post_init__(self) -> None:
+        if self.member_shapes and len(self.member_shapes) != self.members:
+            raise ValueError(f"member_shapes lists {len(self.member_shapes)} shape(s) for "
+                             f"{self.members} member(s)")
+        GangSpec.build(self.members, same=self.same, spread=self.spread,
+                       strategy=self.strategy)  # the policy's own refusals
+
+
 class LeaseRequest(_Command, frozen=True, kw_only=True):
     """Ask a pool for a time-bounded lease on capacity of the given shape."""
 
@@ -289,6 +316,13 @@ class LeaseRequest(_Command, frozen=True, kw_only=True):
     # An advance reservation of this tenant in this pool whose capacity it may use while the
     # reservation's window is open (`pool admin reservation create`).
     reservation_id: SubjectToken | None = None
+    # a gang of leases placed together (then `count` stays 1): their ids follow from the key
+    # and the member index as `count`'s do
+    group: LeaseGroup | None = None
+
+    def __post_init__(self) -> None:
+        if self.group is not None and self.count != 1:
+            raise ValueError("a request is a gang (group) or a batch (count), not both")
 
 
 class CheckpointPolicy(_Part, frozen=True, kw_only=True):
@@ -847,6 +881,7 @@ PUBLIC_STRUCTS: tuple[type[Struct], ...] = (
     Preference,
     ResourceAmounts,
     LeaseRequest,
+    LeaseGroup,
     JobSpec,
     CheckpointPolicy,
     CommitLease,

@@ -17,9 +17,10 @@ GANG_MEMBER_LOST = "gang_member_lost"
 class GangCommands(AdminCommands):
     """Loads a gang's members for the lease verbs and the node reports."""
 
-    def _with_gang(self, lease: Lease) -> list[Lease]:
-        """`lease`, and when it is a gang member every other member (loaded), in member
-        order; members that are not found (never, as one save made them all) are left out."""
+    def _with_gang(self, lease: Lease, *states: LeaseState) -> list[Lease]:
+        """`lease`, and when it is a gang member every other member (loaded) in one of
+        `states` (any, when none is named), in member order; the verb asked of `lease` decides
+        for it alone whether its state allows it."""
         gang = lease.gang
         if gang is None:
             return [lease]
@@ -27,7 +28,8 @@ class GangCommands(AdminCommands):
         for uid in gang.member_ids(lease.tenant_id):
             if uid == lease.id:
                 out.append(lease)
-            elif (member := self.find(Lease, uid)) is not None:
+            elif (member := self.find(Lease, uid)) is not None and (
+                    not states or member.state in states):
                 out.append(member)
         return out
 

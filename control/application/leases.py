@@ -12,8 +12,10 @@ from control.application.gangs import GangCommands, member_job
 from control.errors import IdempotencyConflict, ServiceError, UnknownTenant
 from domain.account import Account
 from domain.errors import DomainError
-from domain.lease import JobSpec, Lease, LeaseState
+from domain.gang import GangMembership
+from domain.lease import WORKLOAD_STATES, JobSpec, Lease, LeaseState
 from domain.node import Node
+from domain.policy.gang import GangSpec
 from domain.policy.preemption import lease_preemptible
 from domain.pool import Pool, TenantPolicy
 from domain.resources import LeaseId, PoolId, TenantId
@@ -35,6 +37,10 @@ def _retried(lease: Lease, req: v1.LeaseRequest, request_digest: str) -> Lease:
         raise IdempotencyConflict(
             f"idempotency key {req.idempotency_key!r} was used for a different request")
     return lease
+
+
+CANCELLABLE = (LeaseState.REQUESTED, LeaseState.QUEUED, LeaseState.RESERVED, LeaseState.RUNNING,
+               LeaseState.PREEMPTING)
 
 
 class LeaseCommands(GangCommands):
@@ -68,14 +74,17 @@ class LeaseCommands(GangCommands):
 
     def request_leases(self, tenant: str, req: v1.LeaseRequest, *,
                        trace_parent: str | None = None) -> list[Lease]:
-        """The `req.count` leases of one request, accepted in one atomic save: the first has
-        the request's idempotency key, the i-th `<key>#<i>` (no client key contains `#`). A
-        retry of the same request answers the leases it made; nothing is appended."""
+        """The `req.count` leases of one request (or the members of its gang, `req.group`),
+        accepted in one atomic save: the first has the request's idempotency key, the i-th
+        `<key>#<i>` (no client key contains `#`). A retry of the same request answers the
+        leases it made; nothing is appended."""
         now = self.clock()
-        keys = [req.idempotency_key, *(f"{req.idempotency_key}#{i}" for i in range(1, req.count))]
+        size = req.count if req.group is None else req.group.members
+        keys = [req.idempotency_key, *(f"{req.idempotency_key}#{i}" for i in range(1, size))]
         # fields added later are left out at their defaults, so older digests keep matching
         omit = (("count",) if req.count == 1 else ()) + (
-            ("reservation_id",) if req.reservation_id is None else ())
+            ("reservation_id",) if req.reservation_id is None else ()) + (
+            ("group",) if req.group is None else ())
         request_digest = digest(req, omit=omit)
         try:
             pool = self._cached(Pool.create_id(req.pool_id), lambda: self._pool(req.pool_id))
@@ -96,13 +105,21 @@ class LeaseCommands(GangCommands):
                 raise
             return made
         shape = req.shape.to_domain()
+        shapes = [shape] * size
+        gang: list[GangMembership | None] = [None] * size
+        if req.group is not None:  # a gang: its members' own shapes, and their membership
+            if req.group.member_shapes:
+                shapes = [s.to_domain() for s in req.group.member_shapes]
+            gang = list(GangMembership.members(tenant, req.idempotency_key, GangSpec.build(
+                size, same=req.group.same, spread=req.group.spread,
+                strategy=req.group.strategy)))
         leases = []
-        for key in keys:
+        for key, shape_of, member in zip(keys, shapes, gang, strict=True):
             lease = Lease.request(
                 tenant_id=TenantId(tenant),
                 pool_id=PoolId(req.pool_id),
                 idempotency_key=key,
-                shape=shape,
+                shape=shape_of,
                 maximum_runtime_seconds=req.maximum_runtime_seconds,
                 now=now,
                 lease_seconds=min(pool.config.default_lease_seconds,
@@ -115,6 +132,7 @@ class LeaseCommands(GangCommands):
                 checkpointable=req.checkpointable,
                 requeue_when_preempted=req.preemptible_requeue,
                 advance_reservation_id=req.reservation_id,
+                gang=member,
             )
             lease.queue(now)
             leases.append(lease)
@@ -162,7 +180,7 @@ class LeaseCommands(GangCommands):
                 image_size_bytes=job.image_size_bytes,
             )
         # a gang commits whole: every member starts its job, told its rank and peers' nodes
-        members = self._with_gang(lease)
+        members = self._with_gang(lease, LeaseState.RESERVED)
         nodes = [str(m.node_id) for m in members]
         for member in members:
             job_of = member_job(member, spec, nodes)
@@ -189,7 +207,7 @@ class LeaseCommands(GangCommands):
     def heartbeat(self, tenant: str, lease_id: str, body: v1.HeartbeatLease) -> Lease:
         now = self.clock()
         lease = self._lease(tenant, lease_id)
-        members = self._with_gang(lease)  # a gang's members share their epoch
+        members = self._with_gang(lease, *WORKLOAD_STATES)  # members share their epoch
         for member in members:
             member.heartbeat(now, epoch=body.epoch, checkpoint_at=body.last_checkpoint_at)
         self.save(*members)
@@ -199,7 +217,7 @@ class LeaseCommands(GangCommands):
     def renew(self, tenant: str, lease_id: str, body: v1.RenewLease) -> Lease:
         now = self.clock()
         lease = self._lease(tenant, lease_id)
-        members = self._with_gang(lease)
+        members = self._with_gang(lease, LeaseState.RUNNING)
         for member in members:
             member.renew(now, body.extend_seconds)
         self.save(*members)
@@ -259,9 +277,8 @@ class LeaseCommands(GangCommands):
         lease = self._lease(tenant, lease_id)
         changed: list[Aggregate] = []
         cache: dict[UUID, Aggregate] = {}
-        for member in self._with_gang(lease):  # a gang is withdrawn or stopped whole
-            if member is not lease and member.is_terminal:
-                continue
+        # a gang is withdrawn or stopped whole (members on their way out already go)
+        for member in self._with_gang(lease, *CANCELLABLE):
             member.cancel(now, body.reason or "cancelled")
             changed.append(member)
             if not member.holds_capacity:

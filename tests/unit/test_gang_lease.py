@@ -135,3 +135,38 @@ def test_a_members_job_learns_its_rank_and_the_gangs_nodes() -> None:
     env = job_env(m, ["n1", "n2"])
     assert env["POOL_GANG_RANK"] == "1" and env["POOL_GANG_NODES"] == "n1,n2"
     assert env["POOL_GANG_SIZE"] == "2" and env["POOL_GANG_ID"] == m.gang_id
+
+
+def _request(**group: object) -> dict[str, object]:
+    return {"pool_id": "p", "shape": {"cpu_millis": 1, "memory_mib": 1},
+            "maximum_runtime_seconds": 60, "idempotency_key": "k", "group": group}
+
+
+@pytest.mark.parametrize(("group", "extra", "words"), [
+    ({"members": 0}, {}, ">= 1"),
+    ({"members": 257}, {}, "<= 256"),
+    ({"members": 2, "same": "rack", "spread": "zone"}, {}, "not both"),
+    ({"members": 2, "same": "hostname"}, {}, "Invalid enum value"),
+    ({"members": 2, "same": "rack", "strategy": "SPREAD"}, {}, "PACK or STRICT_PACK"),
+    ({"members": 2, "member_shapes": [{"cpu_millis": 1, "memory_mib": 1}]}, {}, "1 shape(s)"),
+    ({"members": 2}, {"count": 2}, "not both"),
+    ({"members": 2, "ranks": 2}, {}, "unknown field"),
+])
+def test_a_malformed_group_is_refused_with_a_typed_error(
+        group: dict[str, object], extra: dict[str, object], words: str) -> None:
+    import json
+
+    from schemas.codec import SchemaError, decode_command
+
+    with pytest.raises(SchemaError) as e:
+        decode_command("lease.request", json.dumps(_request(**group) | extra))
+    assert e.value.code and words in str(e.value)
+
+
+def test_a_well_formed_group_decodes() -> None:
+    import json
+
+    from schemas.codec import decode_command
+
+    req = decode_command("lease.request", json.dumps(_request(members=4, same="nvlink_domain")))
+    assert req.group is not None and req.group.members == 4  # type: ignore[attr-defined]
