@@ -119,7 +119,7 @@ def fleet(n: int, profile: str = "mixed", *, prefix: str = "sim") -> list[SimNod
                               _gpus("NVIDIA A100 80GB", 2, 80, ("3g.40gb", "1g.10gb", "1g.10gb")))
         out.append(SimNode(node_id=f"{prefix}-{i:04d}", probe=probe, zone=zone,
                            labels={"zone": zone, "failure_domain": f"{zone}-rack{i % 8}",
-                                   "kind": kind}))
+                                   "rack": f"rack-{i // 16}", "kind": kind}))
     return out
 
 

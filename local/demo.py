@@ -24,6 +24,7 @@ POOL = "demo"  # the big simulated fleet: fair share under a flood, credits
 HPC = "hpc"  # one 8-GPU node: preemptible batch work and an urgent job that preempts it
 EDGE = "edge"  # the real sandboxed agent and a node whose agent goes silent; short timeouts
 LAB = "lab"  # one 16-core node in a cohort: globex borrows acme's half, acme reclaims it
+TRAIN = "train"  # two A100 nodes in one rack: a gang of two 8-GPU members, placed together
 HALF_LAB = {"cpu_millis": 8000, "memory_mib": 4096}
 TENANTS = {"acme": 3.0, "globex": 2.0, "initech": 1.0}
 IMAGE = "registry.demo/jobs/sleeper@sha256:" + "5" * 64
@@ -68,7 +69,7 @@ class Demo:
         self.say = say
         self.live = live
         self.checks: dict[str, Check] = {k: Check(k) for k in (
-            "fair_share", "preemption", "reclaim", "gpu_devices", "cancellation",
+            "fair_share", "preemption", "reclaim", "gpu_devices", "gang", "cancellation",
             "unsatisfiable", "silent_agent", "out_of_credit", "real_sandbox", "audit")}
         self.tracked: dict[str, Tracked] = {}
         self.samples: list[dict[str, float]] = []
@@ -91,12 +92,13 @@ class Demo:
 
     def submit(self, tenant: str, key: str, shape: dict[str, Any], job: dict[str, Any] | None,
                *, kind: str = "flood", priority: str = "standard",
-               pool: str = POOL) -> Tracked | None:
+               pool: str = POOL, group: dict[str, Any] | None = None) -> Tracked | None:
+        """Request a lease (a gang's lead, with `group`; committing it commits the gang)."""
         r = self.clients[tenant].request_lease({
             "pool_id": pool, "shape": shape, "maximum_runtime_seconds": MAX_RUNTIME,
             "idempotency_key": key, "priority_class": priority,
             # preempted work goes back in line, its job restarted on the next placement
-            "preemptible_requeue": kind == "victim"})
+            "preemptible_requeue": kind == "victim", **({"group": group} if group else {})})
         if not r.get("ok"):
             return None
         t = Tracked(r["lease"]["lease_id"], tenant, job, kind, r["lease"]["state"])
@@ -174,6 +176,7 @@ class Demo:
                    "lost_node_release_seconds": 3},
             LAB: {"preemption": {"enabled": True, "grace_seconds": 2, "min_runtime_seconds": 0},
                   "heartbeat_timeout_seconds": 8, "node_timeout_seconds": 10},
+            TRAIN: {"heartbeat_timeout_seconds": 8, "node_timeout_seconds": 10},
         }
         for pool, cfg in pools.items():
             self._ok(self.admin.admin("pool.set", {"pool_id": pool, "priority_classes": classes,
@@ -192,12 +195,14 @@ class Demo:
             self._ok(self.admin.admin("credits.grant", {
                 "tenant": tenant, "amount_microcredits": CREDITS[tenant],
                 "transfer_id": f"demo-grant-{tenant}"}), "grant")
-        total = self.nodes + 3
+        total = self.nodes + 5
         self.say(f"starting {total} simulated nodes and a real sandboxed agent …")
         self.spawn("fleet", "agent", "simulate", "--nodes", str(self.nodes), "--pool", POOL,
                    "--heartbeat-interval", "4", "--report-every", "5", nats_url=url)
         self.spawn("fleet-hpc", "agent", "simulate", "--nodes", "1", "--profile", "a100",
                    "--prefix", "hpc", "--pool", HPC, "--heartbeat-interval", "1", nats_url=url)
+        self.spawn("fleet-train", "agent", "simulate", "--nodes", "2", "--profile", "a100",
+                   "--prefix", "gpu", "--pool", TRAIN, "--heartbeat-interval", "1", nats_url=url)
         self.spawn("fleet-lab", "agent", "simulate", "--nodes", "1", "--profile", "cpu",
                    "--prefix", "lab", "--pool", LAB, "--heartbeat-interval", "1", nats_url=url)
         self.spawn("fleet-quiet", "agent", "simulate", "--nodes", "1", "--profile", "cpu",
@@ -308,6 +313,12 @@ class Demo:
                                kind="victim", priority="preemptible", pool=HPC)
                    for i in range(1)]
         self.victims = [v for v in victims if v is not None]
+        # a 2-node gang of 8 A100s each in one rack: both members reserved in one save or
+        # neither, committed together, each bound to its node's eight devices
+        self.gang = self.submit("acme", "train-2x8", {"cpu_millis": 8000, "memory_mib": 8192,
+                                                      "gpu_count": 8},
+                                {"image": IMAGE, "command": ["sleep", "4"]}, kind="gang",
+                                pool=TRAIN, group={"members": 2, "same": "rack"})
         # globex fills the lab node: its own half and, borrowed, acme's
         borrowers = [self.submit("globex", f"borrow-{i}", HALF_LAB,
                                  {"image": IMAGE, "command": ["sleep", "60"]},
@@ -459,6 +470,20 @@ class Demo:
         c["gpu_devices"].ok = len(set(devices)) == 8
         c["gpu_devices"].detail = (f"the urgent lease held {len(set(devices))} GPU devices of "
                                    f"{high.get('node_id')}: {', '.join(devices[:2])}, …")
+        gang_lead: Tracked | None = getattr(self, "gang", None)
+        members = ((self.get(gang_lead).get("gang") or {}).get("members") or []
+                   if gang_lead else [])
+        self.gang_members = members
+        bound = [m for m in members if len(set(m.get("devices") or ())) == 8]
+        c["gang"].ok = (len(members) == 2 and len(bound) == 2
+                        and len({m.get("node_id") for m in members}) == 2
+                        and self.get(gang_lead or Tracked("", "acme", None)).get(
+                            "end_reason") == "succeeded")
+        c["gang"].detail = ("a 2-node gang (same rack) reserved in one save, committed "
+                            "together: " + "; ".join(
+                                f"member {m.get('member')} {m.get('state')} on "
+                                f"{m.get('node_id')} with {len(m.get('devices') or ())} GPUs"
+                                for m in members))
         why = getattr(self, "credit_why", {}) or {}
         reasons = why.get("reasons", {})
         c["out_of_credit"].ok = "insufficient_credits" in str(reasons)
@@ -573,6 +598,13 @@ class Demo:
         say(f"  {self.dashboard}")
         say(f"  pool demo --keep, then in another terminal (POOL_HOME={self.home}):")
         say(f"    pool lease why {imp} --tenant globex     # why it was rejected")
+        if self.gang is not None:
+            say(f"    pool lease get {self.gang.lease_id} --tenant acme   # the gang: every "
+                "member, its node and devices")
+            for m in getattr(self, "gang_members", []):
+                devices = list(m.get("devices") or ())
+                say(f"      member {m.get('member')}  {m.get('node_id')}  "
+                    f"{', '.join(devices[:2])}, … ({len(devices)} devices)")
         say("    pool telemetry follow --since 5m           # startup, utilization, exits")
         say("    pool queue; pool capacity; pool balance; pool audit credits")
 
