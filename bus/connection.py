@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import nats
 from nats.aio.client import Client
@@ -12,6 +14,10 @@ from nats.errors import Error as NatsError
 from bus.errors import BusUnavailable
 
 log = logging.getLogger(__name__)
+
+# credentials for a URL that carries none: how compose.yaml gives each service its role's user
+USER_ENV = "POOL_NATS_USER"
+PASSWORD_ENV = "POOL_NATS_PASSWORD"
 
 
 def servers(url: str) -> list[str]:
@@ -35,6 +41,17 @@ async def connect(url: str, *, reconnect: bool = True, connect_timeout: float = 
     else:
         settings.update(max_reconnect_attempts=0, allow_reconnect=False)
     settings.update(options)
+    url_user = unquote(urlsplit(servers(url)[0]).username or "")
+    if not url_user and "user" not in settings and os.environ.get(USER_ENV):
+        # a deployment's process speaks as the user its environment names (compose.yaml)
+        settings.update(user=os.environ[USER_ENV], password=os.environ.get(PASSWORD_ENV, ""))
+    if "inbox_prefix" not in settings:
+        # a role's user may read only its own inbox: its replies must come back there
+        from bus.local.auth import inbox_of
+
+        prefix = inbox_of(str(settings.get("user") or url_user))
+        if prefix:
+            settings["inbox_prefix"] = prefix.encode()
     try:
         nc: Client = await nats.connect(servers(url), **settings)
     except (NatsError, OSError) as e:

@@ -83,6 +83,11 @@ class FeedWriter:
         self.batches = 0
 
     def ensure(self) -> None:
+        from bus.local.auth import speaks_as_role
+
+        if speaks_as_role(self.rt.url):
+            return  # a role's user may not change streams: the operator made them
+
         async def go() -> None:
             js = await self.rt.jetstream()
             await ensure_stream(js, feed_stream_config(self.replicas))

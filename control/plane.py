@@ -10,7 +10,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Self
 
 from bus.agentbus import ControlLink
@@ -151,26 +151,32 @@ class ControlPlane:
                  roles: Iterable[str] | None = None,
                  projector_views: Iterable[str] | None = None,
                  responder_url: str | None = None,
+                 role_urls: Mapping[str, str] | None = None,
                  pool_leaders: bool = True) -> None:
         self.roles = parse_roles(roles)
         # the responders' connection: a user that may publish replies into inboxes only
         self.responder_url = responder_url or nats_url
+        # each role's connection (its own user, bus.local.auth.PERMISSIONS); nats_url for all
+        # without; role users may not create or change streams, the operator made them
+        self.role_urls = dict(role_urls or {})
+        url = {r: self.role_urls.get(r, nats_url) for r in ROLES}
         run_scheduler = run_scheduler and "scheduler" in self.roles
         self.nats_url = nats_url
-        self.app = PoolApp(env=app_env(nats_url), clock=clock)
-        self.scheduler = Scheduler(PoolApp(env=app_env(nats_url), clock=clock), clock=clock)
+        self.app = PoolApp(env=app_env(url["commands"]), clock=clock)
+        self.scheduler = Scheduler(PoolApp(env=app_env(url["scheduler"]), clock=clock),
+                                   clock=clock)
         # with a database: the views' projector, and queries answered from those views
         subjects = COMMAND_SUBJECTS + ADMIN_SUBJECTS + (QUERY_SUBJECTS if database_url else [])
         handler = CommandHandler(self.app, database_url=database_url,
-                                 telemetry_pages=_telemetry_pages(nats_url),
-                                 feed_pages=_feed_pages(nats_url))
+                                 telemetry_pages=_telemetry_pages(url["commands"]),
+                                 feed_pages=_feed_pages(url["commands"]))
         # on the loop the application's saves run on: a new lease request is answered there,
         # without a worker thread (handler.fast); every other command goes to the threads
         self.commands = (Service(self.responder_url, subjects, handler,
                                  queue="pool-commands", threads=COMMAND_WORKERS,
-                                 fast=handler.fast, loop=get_runtime(nats_url).loop)
+                                 fast=handler.fast, loop=get_runtime(url["commands"]).loop)
                          if "commands" in self.roles else None)
-        self.projector = (Projector(nats_url, database_url,
+        self.projector = (Projector(url["projector"], database_url,
                                     views=tuple(projector_views or VIEWS))
                           if database_url and "projector" in self.roles else None)
         self.run_scheduler = run_scheduler
@@ -178,17 +184,22 @@ class ControlPlane:
             tune_gc()
         # the data plane's side: agent orders (with the scheduler) and durable deadline timers
         self.data_plane = data_plane
-        self.link = (ControlLink(nats_url)
-                     if data_plane and self.roles & {"scheduler", "reconciler"} else None)
+        self.link = (ControlLink(url["scheduler"])
+                     if data_plane and "scheduler" in self.roles else None)
+        self.reconciler_link = (ControlLink(url["reconciler"])
+                                if data_plane and "reconciler" in self.roles else None)
         # the dispatcher's fold also feeds the tenants' lease feed
-        self.dispatcher = (Dispatcher(PoolApp(env=app_env(nats_url), clock=clock), self.link,
-                                      feed=FeedPublisher(FeedWriter(nats_url)))
-                           if self.link is not None and "scheduler" in self.roles else None)
-        self.reconciler = (Reconciler(self.app, self.link)
-                           if self.link is not None and "reconciler" in self.roles else None)
+        self.dispatcher = (Dispatcher(PoolApp(env=app_env(url["scheduler"]), clock=clock),
+                                      self.link, feed=FeedPublisher(FeedWriter(url["scheduler"])))
+                           if self.link is not None else None)
+        self.reconciler = (Reconciler(self.app if url["reconciler"] == url["commands"] else
+                                      PoolApp(env=app_env(url["reconciler"]), clock=clock),
+                                      self.reconciler_link)
+                           if self.reconciler_link is not None else None)
         # idle workers wake when the log stores an event, not on a timer: one signal each
-        self.scheduler_signal = AppendSignal(nats_url) if run_scheduler else None
-        self.dispatcher_signal = AppendSignal(nats_url) if self.dispatcher is not None else None
+        self.scheduler_signal = AppendSignal(url["scheduler"]) if run_scheduler else None
+        self.dispatcher_signal = (AppendSignal(url["scheduler"]) if self.dispatcher is not None
+                                  else None)
         self._workers: list[threading.Thread] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -200,14 +211,14 @@ class ControlPlane:
             holder = holder_id()
             # one active dispatcher (and `why`) at a time; a standby folds the log and takes
             # over on death
-            self.election = LeaderElection(nats_url, name="scheduler", holder_id=holder,
+            self.election = LeaderElection(url["scheduler"], name="scheduler", holder_id=holder,
                                            ttl_seconds=leader_ttl_seconds)
             if pool_leaders:
                 # placing: one leader per pool, the pools spread over the scheduler processes
                 # (the pools copied first: a copy is atomic under the GIL, while iterating the
                 # dict the scheduler's thread adds to could fail)
                 self.pool_leadership = PoolLeadership(
-                    nats_url, holder, lambda: list(self.scheduler.pools.copy()),
+                    url["scheduler"], holder, lambda: list(self.scheduler.pools.copy()),
                     ttl_seconds=leader_ttl_seconds, on_change=self._pool_led, halt=self._stop)
 
     def _serve_why(self, leading: bool) -> None:
@@ -255,18 +266,21 @@ class ControlPlane:
     def start(self) -> Self:
         if self.projector is not None:
             self.projector.start()
-        if self.link is not None:
-            self.link.ensure_streams()
-            if self.dispatcher is not None:
-                self._workers.append(threading.Thread(target=self._dispatch,
-                                                      name="pool-dispatcher", daemon=True))
-            if self.reconciler is not None:
-                self._workers.append(threading.Thread(
-                    target=run_loop, name="pool-reconciler", daemon=True,
-                    args=(self.reconciler.step, self._stop),
-                    kwargs={"idle": 0.0, "name": "reconciler"}))
-            for t in self._workers:
-                t.start()
+        from bus.local.auth import speaks_as_role
+
+        for link, role in ((self.link, "scheduler"), (self.reconciler_link, "reconciler")):
+            if link is not None and not speaks_as_role(self.role_urls.get(role, self.nats_url)):
+                link.ensure_streams()  # a role's user may not: the operator made them
+        if self.dispatcher is not None:
+            self._workers.append(threading.Thread(target=self._dispatch,
+                                                  name="pool-dispatcher", daemon=True))
+        if self.reconciler is not None:
+            self._workers.append(threading.Thread(
+                target=run_loop, name="pool-reconciler", daemon=True,
+                args=(self.reconciler.step, self._stop),
+                kwargs={"idle": 0.0, "name": "reconciler"}))
+        for t in self._workers:
+            t.start()
         if self.commands is not None:
             self.commands.start()
         if "scheduler" not in self.roles:
@@ -291,8 +305,9 @@ class ControlPlane:
             self._thread.join(10)
         for t in self._workers:
             t.join(10)
-        if self.link is not None:
-            self.link.close()
+        for link in (self.link, self.reconciler_link):
+            if link is not None:
+                link.close()
         if self.election is not None:
             self.election.stop(release=True)
         if self.pool_leadership is not None:
@@ -303,11 +318,14 @@ class ControlPlane:
         if self.projector is not None:
             self.projector.stop()
         self.app.close()
+        if self.reconciler is not None and self.reconciler.app is not self.app:
+            self.reconciler.app.close()
         self.scheduler.close()
         self.scheduler.app.close()
         from bus.runtime import close_runtime
 
-        close_runtime(self.nats_url)  # the recorders' shared connection goes with them
+        for url in {self.nats_url, *self.role_urls.values()}:
+            close_runtime(url)  # the recorders' shared connections go with them
 
     def __enter__(self) -> Self:
         return self.start()

@@ -8,18 +8,29 @@ import json
 import logging
 import os
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from bus.errors import NameCollision
-from bus.replies import ADMIN_INBOXES, NODE_INBOXES, TENANT_INBOXES, tenant_inbox
+from bus.replies import (
+    ADMIN_INBOXES,
+    INBOX_ROOT,
+    NODE_INBOXES,
+    TENANT_INBOXES,
+    admin_inbox,
+    tenant_inbox,
+)
 from bus.subjects import FEED_LIVE_PREFIX, is_token
 
 log = logging.getLogger(__name__)
 
 SERVICE_USER = "pool-service"
 RESPONDER_USER = "pool-responder"
+# the control plane's roles and the admin CLI, each its own user `pool-<role>` (PERMISSIONS)
+ROLES = ("commands", "scheduler", "reconciler", "projector", "admin")
+ROLE_INBOXES = f"{INBOX_ROOT}.r"
 BCRYPT_ROUNDS = 10  # bcrypt's usual cost; nats-server checks it on every connect (docs/security.md)
 
 
@@ -33,16 +44,72 @@ class Rule:
     why: str
 
 
+# what reading the event log takes: stream info, direct gets, and ordered pull consumers
+_READS_LOG = (
+    "$JS.API.STREAM.INFO.POOL_EVENTS", "$JS.API.DIRECT.GET.POOL_EVENTS",
+    "$JS.API.DIRECT.GET.POOL_EVENTS.>", "$JS.API.CONSUMER.CREATE.POOL_EVENTS",
+    "$JS.API.CONSUMER.CREATE.POOL_EVENTS.>", "$JS.API.CONSUMER.MSG.NEXT.POOL_EVENTS.*",
+    "$JS.API.CONSUMER.INFO.POOL_EVENTS.*", "$JS.API.CONSUMER.DELETE.POOL_EVENTS.*",
+)
+
+# what reading the tenants' lease feed takes (its stored records; the live ones are republished)
+_READS_FEED = ("$JS.API.STREAM.INFO.POOL_FEED", "$JS.API.DIRECT.GET.POOL_FEED",
+               "$JS.API.DIRECT.GET.POOL_FEED.>")
+
+
+def _kv(bucket: str, *, watch: bool = False) -> tuple[str, ...]:
+    """Reading and writing one KV bucket's keys (and, `watch`, watching them)."""
+    out: tuple[str, ...] = (f"$KV.{bucket}.>", f"$JS.API.STREAM.INFO.KV_{bucket}",
+                            f"$JS.API.STREAM.MSG.GET.KV_{bucket}",
+                            f"$JS.API.DIRECT.GET.KV_{bucket}.>")
+    if watch:
+        out += (f"$JS.API.CONSUMER.CREATE.KV_{bucket}", f"$JS.API.CONSUMER.CREATE.KV_{bucket}.>",
+                f"$JS.API.CONSUMER.INFO.KV_{bucket}.*", f"$JS.API.CONSUMER.DELETE.KV_{bucket}.*",
+                f"$JS.FC.KV_{bucket}.>")
+    return out
+
+
 # The one permission table. Every user the server knows is one of these kinds.
 PERMISSIONS: dict[str, Rule] = {
     "operator": Rule(
         None, None,
-        "the admin CLI and `pool up`'s control plane (log, timers, work queues, KV); trusted"),
+        "makes and changes the streams and KV buckets (`pool up`, `pool cluster init`), runs "
+        "simulated fleets and benchmarks; trusted, used by no role of the control plane"),
     "responder": Rule(
         (f"{TENANT_INBOXES}.>", f"{NODE_INBOXES}.>", f"{ADMIN_INBOXES}.>"),
         ("pool.cmd.>", "pool.node.>", "pool.admin.>"),
         "the command responders' connection: receives commands, publishes replies into inboxes "
         "and nowhere else (never the log, timers, work queues, JetStream or KV)"),
+    "commands": Rule(
+        ("pool.evt.>", *_READS_LOG, "$JS.API.DIRECT.GET.POOL_TELEMETRY", *_READS_FEED),
+        (f"{ROLE_INBOXES}.commands.>", "pool.appended.>"),
+        "the command handlers' application: appends decided events, reads the log and "
+        "tenants' telemetry and lease-feed pages"),
+    "scheduler": Rule(
+        ("pool.evt.>", *_READS_LOG, "pool.agent.*.*", "pool.sched.>", "pool.feed.>", *_READS_FEED,
+         "$JS.API.CONSUMER.DURABLE.CREATE.POOL_AGENT.*", "$JS.API.CONSUMER.CREATE.POOL_AGENT.>",
+         *_kv("pool_leaders", watch=True), *_kv("pool_positions")),
+        (f"{ROLE_INBOXES}.scheduler.>", "pool.appended.>"),
+        "scheduler and dispatcher: placements into the log, agent orders and each node's "
+        "queue, timers, the tenants' lease feed, leader leases and the positions in KV; never "
+        "reads a work queue"),
+    "reconciler": Rule(
+        ("pool.evt.>", *_READS_LOG, "pool.sched.>",
+         "$JS.API.CONSUMER.MSG.NEXT.POOL_SCHED.reconciler", "$JS.ACK.POOL_SCHED.reconciler.>"),
+        (f"{ROLE_INBOXES}.reconciler.>", "pool.appended.>"),
+        "fired timers from its one consumer, their events into the log, timers re-armed; no "
+        "agent orders, no tenant subjects"),
+    "projector": Rule(
+        _READS_LOG,
+        (f"{ROLE_INBOXES}.projector.>", "pool.evt.>"),
+        "reads the log (and wakes on its appends) into PostgreSQL; publishes nothing"),
+    "admin": Rule(
+        ("pool.admin.>", *_READS_LOG, "$JS.API.INFO", "$JS.API.STREAM.NAMES",
+         "$JS.API.STREAM.LIST", "$JS.API.STREAM.INFO.*", "$JS.API.DIRECT.GET.POOL_TELEMETRY"),
+        (f"{ADMIN_INBOXES}.operator.>",),
+        "the admin CLI: operators' commands, reads of the log, telemetry and stream state; no "
+        "work queue, timer or KV, and no stream changes (`pool up` and `pool cluster init` "
+        "make the streams as the operator)"),
     "tenant": Rule(
         # replay goes through pool.cmd.<tenant>.telemetry.replay: no JetStream API at all, so
         # no consumer (and no deliver subject)
@@ -60,6 +127,34 @@ PERMISSIONS: dict[str, Rule] = {
         (f"{NODE_INBOXES}.{{name}}.>", "pool.agent.{name}.>"),
         "its own reports and telemetry; pulls and acks its own work queue only"),
 }
+
+
+def role_user(role: str) -> str:
+    """The NATS user of a control-plane role or the admin CLI."""
+    return f"pool-{role}"
+
+
+def role_inbox(role: str) -> str:
+    """The reply-subject prefix of a role's connection: the admin CLI's sits in the admin
+    namespace (the responders answer `pool.admin.…` there); the others in `_INBOX.r.`, which
+    no responder may publish to."""
+    return admin_inbox("operator") if role == "admin" else f"{ROLE_INBOXES}.{role}"
+
+
+def inbox_of(user: str) -> str | None:
+    """The inbox prefix a connection as `user` must use, when that user is a role's."""
+    for role in ROLES:
+        if user == role_user(role):
+            return role_inbox(role)
+    return None
+
+
+def speaks_as_role(url: str) -> bool:
+    """Whether a connection to `url` is a role's user (named in the URL or, for a URL without
+    one, in POOL_NATS_USER): such a user may not create or change streams."""
+    first = url.split(",")[0].strip()
+    user = unquote(urlsplit(first).username or "") or os.environ.get("POOL_NATS_USER", "")
+    return inbox_of(user) is not None
 
 
 def permissions(kind: str, name: str = "") -> dict[str, object] | None:
@@ -132,6 +227,8 @@ class AuthConfig:
     responder: Credentials = field(
         default_factory=lambda: Credentials(RESPONDER_USER, secrets.token_urlsafe(18))
     )
+    roles: dict[str, Credentials] = field(default_factory=lambda: {
+        r: Credentials(role_user(r), secrets.token_urlsafe(18)) for r in ROLES})
     tenants: dict[str, Credentials] = field(default_factory=dict)
     nodes: dict[str, Credentials] = field(default_factory=dict)
 
@@ -161,6 +258,8 @@ class AuthConfig:
 
         add("operator", self.service)
         add("responder", self.responder)
+        for role in ROLES:
+            add(role, self.roles[role])
         for tenant, c in sorted(self.tenants.items()):
             add("tenant", c, tenant)
         for node, c in sorted(self.nodes.items()):
@@ -190,6 +289,7 @@ def to_dict(auth: AuthConfig) -> dict[str, object]:
     return {
         "service": c(auth.service),
         "responder": c(auth.responder),
+        "roles": {k: c(v) for k, v in sorted(auth.roles.items())},
         "tenants": {k: c(v) for k, v in sorted(auth.tenants.items())},
         "nodes": {k: c(v) for k, v in sorted(auth.nodes.items())},
     }
@@ -210,6 +310,9 @@ def from_dict(data: dict[str, object]) -> AuthConfig:
     )
     if data.get("responder"):  # older files had none: the new one is saved on next change
         auth.responder = c(data["responder"])
+    roles = data.get("roles") or {}
+    assert isinstance(roles, dict)
+    auth.roles.update({str(k): c(v) for k, v in roles.items() if k in ROLES})
     return auth
 
 
@@ -219,8 +322,8 @@ def load(path: Path) -> AuthConfig | None:
         return None
     data = json.loads(path.read_text())
     auth = from_dict(data)
-    if "responder" not in data:  # a file from before the responder user: keep the one made now
-        save(auth, path)
+    if "responder" not in data or set(data.get("roles") or {}) != set(ROLES):
+        save(auth, path)  # a file from before the responder's or the roles' users: keep them
     return auth
 
 
@@ -253,6 +356,36 @@ def url_with_credentials(url: str, creds: Credentials) -> str:
     if parts.port:
         netloc += f":{parts.port}"
     return urlunsplit((parts.scheme or "nats", netloc, parts.path, "", ""))
+
+
+def role_urls(url: str, auth: AuthConfig) -> dict[str, str]:
+    """`url` with each role's credentials: what each process of the control plane connects as."""
+    return {role: url_with_credentials(url, c) for role, c in auth.roles.items()}
+
+
+def password_env(user: str) -> str:
+    """The environment variable a deployment passes `user`'s password in (compose.yaml's .env):
+    `pool-scheduler` → POOL_SCHEDULER_PASSWORD, `node-agent-1` → POOL_NODE_AGENT_1_PASSWORD."""
+    name = user.removeprefix("pool-").upper().replace("-", "_")
+    return f"POOL_{name}_PASSWORD"
+
+
+def role_urls_from_env(url: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """`url` with the credentials of each role (and the responders) whose password the
+    environment holds: how `pool serve` speaks as its roles' users in compose.yaml."""
+    out: dict[str, str] = {}
+    for role in (*ROLES, "responder"):
+        user = RESPONDER_USER if role == "responder" else role_user(role)
+        password = environ.get(password_env(user))
+        if password:
+            out[role] = url_with_credentials(url, Credentials(user, password))
+    return out
+
+
+def env_file(auth: AuthConfig) -> str:
+    """Every user's password as `NAME=value` lines (compose.yaml reads them from .env)."""
+    users = [auth.service, auth.responder, *auth.roles.values(), *auth.nodes.values()]
+    return "".join(f"{password_env(c.user)}={c.password}\n" for c in users)
 
 
 def redact(url: str) -> str:

@@ -1,0 +1,166 @@
+"""Least privilege per role: each control-plane role and the admin CLI as its own user, doing its
+whole job without a permission violation and refused by the server outside it."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from bus.local.auth import PERMISSIONS, ROLES, AuthConfig, role_user, url_with_credentials
+from bus.local.server import NatsServer
+from control.projector import Projector
+from tests.security.roles import lease_lifecycle, secured_plane, violations, wait_for
+
+
+async def _attempt(server: NatsServer, auth: AuthConfig, role: str, *,
+                   publish: list[str] = (), subscribe: list[str] = ()) -> dict[str, Any]:
+    """`role`'s user publishes to and subscribes on each subject; what landed (seen by the
+    operator) and what the server refused."""
+    errors: list[str] = []
+
+    async def on_error(e: Exception) -> None:
+        errors.append(str(e))
+
+    watcher = await nats.connect(url_with_credentials(server.url, auth.service))
+    landed: list[str] = []
+
+    async def watch(msg: Any) -> None:
+        landed.append(msg.subject)
+
+    for subject in publish:
+        await watcher.subscribe(subject, cb=watch)
+    await watcher.flush()
+    c = auth.roles[role]
+    nc = await nats.connect(server.url, user=c.user, password=c.password, error_cb=on_error,
+                            max_reconnect_attempts=0)
+    for subject in publish:
+        await nc.publish(subject, b'{"ok": true}')
+    for subject in subscribe:
+        await nc.subscribe(subject)
+    await nc.flush()
+    await asyncio.sleep(0.5)
+    for conn in (nc, watcher):
+        await conn.close()
+    return {"landed": landed,
+            "refused": sum("permissions violation" in e.lower() for e in errors)}
+
+
+# what each role must never do, as a malicious or buggy process of that role would try it
+FORBIDDEN: dict[str, dict[str, list[str]]] = {
+    "projector": {
+        "publish": ["pool.evt.account.alpha", "pool.sched.lease.l1", "pool.agent.n1.start",
+                    "pool.cmd.alpha.lease.request", "$KV.pool_leaders.scheduler",
+                    "$JS.API.STREAM.DELETE.POOL_EVENTS", "_INBOX.t.alpha.x"],
+        "subscribe": ["pool.agent.>", "_INBOX.t.alpha.>", "pool.cmd.>"],
+    },
+    "reconciler": {
+        "publish": ["pool.cmd.alpha.lease.request", "pool.cmd.beta.lease.l1.cancel",
+                    "pool.agent.n1.start", "pool.admin.credits.grant",
+                    "$KV.pool_leaders.scheduler", "$JS.API.CONSUMER.MSG.NEXT.POOL_AGENT.agent-n1",
+                    "$JS.API.STREAM.PURGE.POOL_EVENTS", "_INBOX.n.n1.x"],
+        "subscribe": ["pool.agent.>", "pool.cmd.>", "_INBOX.r.scheduler.>"],
+    },
+    "scheduler": {
+        "publish": ["pool.cmd.alpha.lease.request", "pool.admin.credits.grant",
+                    "$JS.API.CONSUMER.MSG.NEXT.POOL_AGENT.agent-n1",
+                    "$JS.API.CONSUMER.MSG.NEXT.POOL_SCHED.reconciler",
+                    "$JS.API.STREAM.UPDATE.POOL_EVENTS", "_INBOX.t.alpha.x"],
+        "subscribe": ["pool.agent.>", "pool.cmd.>", "_INBOX.t.>"],
+    },
+    "commands": {
+        "publish": ["pool.agent.n1.start", "pool.sched.lease.l1", "$KV.pool_leaders.scheduler",
+                    "pool.cmd.alpha.lease.request", "$JS.API.STREAM.DELETE.POOL_EVENTS",
+                    "_INBOX.t.alpha.x"],
+        "subscribe": ["pool.agent.>", "pool.cmd.>", "_INBOX.t.>"],
+    },
+    "admin": {
+        "publish": ["pool.evt.account.alpha", "pool.agent.n1.start", "pool.sched.lease.l1",
+                    "pool.cmd.alpha.lease.request", "$KV.pool_leaders.scheduler",
+                    "$JS.API.CONSUMER.MSG.NEXT.POOL_AGENT.agent-n1",
+                    "$JS.API.CONSUMER.CREATE.POOL_AGENT", "$JS.API.STREAM.MSG.GET.POOL_AGENT",
+                    "$JS.API.STREAM.DELETE.POOL_EVENTS", "$JS.API.STREAM.CREATE.POOL_X"],
+        "subscribe": ["pool.agent.>", "pool.cmd.>", "_INBOX.n.>", "_INBOX.t.>"],
+    },
+}
+
+
+@pytest.fixture()
+def server(tmp_path: Path) -> Any:
+    auth = AuthConfig()
+    auth.add_tenant("alpha")
+    auth.add_node("n1")
+    s = NatsServer(store_dir=tmp_path / "nats", server_name="pool-roles",
+                   extra_config=auth.render()).start()
+    yield s, auth
+    s.stop()
+
+
+def test_every_role_and_the_admin_cli_has_its_own_user_and_rule() -> None:
+    auth = AuthConfig()
+    assert {c.user for c in auth.roles.values()} == {role_user(r) for r in ROLES}
+    assert len({auth.service.user, auth.responder.user, *(c.user for c in auth.roles.values())}
+               ) == len(ROLES) + 2
+    for role in ROLES:
+        rule = PERMISSIONS[role]
+        assert rule.publish is not None and rule.subscribe is not None  # nothing unlimited
+        # no role but the scheduler and reconciler touches timers; none reads a work queue
+        assert not any(s.startswith("pool.agent") for s in rule.subscribe)
+        assert not any("POOL_AGENT" in s and ("MSG.NEXT" in s or "$JS.ACK" in s)
+                       for s in rule.publish)
+        assert not any(s.startswith(("$JS.API.STREAM.CREATE", "$JS.API.STREAM.UPDATE",
+                                     "$JS.API.STREAM.DELETE", "$JS.API.STREAM.PURGE"))
+                       for s in rule.publish)
+
+
+@pytest.mark.parametrize("role", sorted(FORBIDDEN))
+def test_a_role_is_refused_by_the_server_outside_its_limits(role: str, server: Any) -> None:
+    s, auth = server
+    want = FORBIDDEN[role]
+    out = asyncio.run(_attempt(s, auth, role, publish=want["publish"],
+                               subscribe=want["subscribe"]))
+    assert out["landed"] == []
+    assert out["refused"] == len(want["publish"]) + len(want["subscribe"])
+
+
+def test_the_projector_cannot_append_to_the_event_log(server: Any) -> None:
+    s, auth = server
+    from bus.admin import ensure_all_streams
+
+    ensure_all_streams(url_with_credentials(s.url, auth.service))
+    out = asyncio.run(_attempt(s, auth, "projector", publish=["pool.evt.pool.x"]))
+    assert out == {"landed": [], "refused": 1}
+
+    async def log_length() -> int:
+        nc = await nats.connect(url_with_credentials(s.url, auth.service))
+        info = await nc.jetstream().stream_info("POOL_EVENTS")
+        await nc.close()
+        return int(info.state.messages)
+
+    assert asyncio.run(log_length()) == 0
+
+
+def test_every_role_runs_a_lease_from_request_to_release_as_its_own_user(
+        tmp_path: Path) -> None:
+    with secured_plane(tmp_path) as (server, auth, cp):
+        assert cp.role_urls.keys() == set(ROLES)
+        out = lease_lifecycle(server, auth, tmp_path / "state")
+        assert out == {"ran": "released", "voided": "voided", "silent": "reconciling"}
+        assert violations(server) == []
+
+
+def test_the_projector_folds_the_log_as_its_own_user(tmp_path: Path, database_url: str,
+                                                     schema: str) -> None:
+    with secured_plane(tmp_path) as (server, auth, _cp):
+        lease_lifecycle(server, auth, tmp_path / "state")
+        proj = Projector(url_with_credentials(server.url, auth.roles["projector"]), database_url,
+                         schema=schema).start()
+        try:
+            wait_for(lambda: proj.position >= proj.app.recorder.max_notification_id())
+        finally:
+            proj.stop()
+            proj.app.close()
+        assert violations(server) == []
