@@ -24,8 +24,9 @@ def pool_client(args: argparse.Namespace, tenant: str = "") -> Any:
     from client.api import PoolClient
     from local import embedded
 
-    if not tenant:
-        return PoolClient(nats_url_of(args), tenant, timeout=args.timeout)
+    if not tenant:  # the admin CLI: its own user on a local `pool up`
+        url = getattr(args, "nats_url", None) or embedded.admin_url()
+        return PoolClient(url or nats_url_of(args), tenant, timeout=args.timeout)
     # a tenant speaks as its own user, so the server itself pins it to pool.cmd.<tenant>.> and
     # its replies to _INBOX.t.<tenant>.>; an explicit --nats-url / POOL_NATS_URL is used as given
     options: dict[str, Any] = {"inbox_prefix": inbox_prefix(tenant).encode()}

@@ -47,8 +47,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         if not args.no_workers:
             from control.plane import ControlPlane
 
-            plane = ControlPlane(service_url, database_url=emb.database_url or None,
-                                 responder_url=emb.responder_url or None).start()
+            # each role as its own user; the operator (service user) only made the streams
+            plane = ControlPlane(emb.role_urls.get("commands", service_url),
+                                 database_url=emb.database_url or None,
+                                 responder_url=emb.responder_url or None,
+                                 role_urls=emb.role_urls or None).start()
         http_notes: list[str] = []
         if listen is not None:
             from cli.gateway import start_beside
@@ -120,6 +123,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
     import os
 
     from bus.admin import describe_streams
+    from bus.local import auth as bus_auth
     from bus.local.cluster import NatsCluster
     from local import embedded
 
@@ -132,8 +136,10 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # the same users as `pool up`: every role its own, passwords kept in auth.json (0600)
+    auth = bus_auth.load_or_create(root / embedded.AUTH_FILE)
     cluster = NatsCluster(root, nodes=args.nats_nodes,
-                          ports=_cluster_ports(state, args.nats_nodes))
+                          ports=_cluster_ports(state, args.nats_nodes), auth=auth)
     plane: Any = None
     pg: Any = None
     try:
@@ -151,14 +157,19 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
         if not args.no_workers:
             from control.plane import ControlPlane
 
-            plane = ControlPlane(cluster.url, database_url=database_url or None).start()
-        streams = describe_streams(cluster.url)
+            roles = bus_auth.role_urls(cluster.url, auth)
+            plane = ControlPlane(roles["commands"], database_url=database_url or None,
+                                 role_urls=roles,
+                                 responder_url=bus_auth.url_with_credentials(
+                                     cluster.url, auth.responder)).start()
+        streams = describe_streams(cluster.service_url)
         info = {
             "home": str(root),
             "nats_urls": cluster.urls,
             "nats_url": cluster.url,
             "database_url": database_url,
-            "auth": False,
+            "auth": True,
+            "auth_file": str(root / embedded.AUTH_FILE),
             "meta_leader": cluster.meta_leader(),
             "control_plane": plane is not None,
             "streams": streams,
@@ -169,7 +180,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             for s in cluster.servers:
                 print(f"nats: {s.url} ({s.server_name}, JetStream in {s.store_dir})")
             print(f"cluster: {cluster.cluster_name}, {len(cluster.servers)} servers, meta leader "
-                  f"{info['meta_leader']}; no auth (loopback only)")
+                  f"{info['meta_leader']}; users required (loopback only)")
             for st in streams:
                 print(f"stream: {st['name']} (R{st['replicas']}, {st['messages']} messages)")
             if database_url:
@@ -178,6 +189,8 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
                 print("control plane: commands, scheduler, reconciler"
                       + (", projector" if plane.projector is not None else "") + " running")
             print(f"export POOL_NATS_URL={cluster.url}")
+            print(f"export POOL_NATS_USER={auth.roles['admin'].user}  # and POOL_NATS_PASSWORD: "
+                  f"its password in {root / embedded.AUTH_FILE}")
             if database_url:
                 print(f"export POOL_DATABASE_URL={database_url}")
             print("ready: Ctrl-C to stop (data is kept for the next start)", flush=True)
@@ -224,6 +237,31 @@ def cmd_cluster_init(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_cluster_auth(args: argparse.Namespace) -> int:
+    """The users of compose.yaml: the servers' auth.conf (bcrypt hashes) and a .env holding
+    each user's password, both from one auth.json kept beside auth.conf (all 0600)."""
+    from bus.local import auth as bus_auth
+
+    folder = Path(args.dir)
+    auth = bus_auth.load_or_create(folder / "auth.json")
+    for node in args.node or ["agent-1", "agent-2"]:
+        if bus_auth.checked_name("node", node) not in auth.nodes:
+            auth.add_node(node)
+    bus_auth.save(auth, folder / "auth.json")
+    bus_auth.write_server_include(auth, folder / "auth.conf")
+    bus_auth.write_private(Path(args.env_file), bus_auth.env_file(auth))
+    users = [auth.service, auth.responder, *auth.roles.values(), *auth.nodes.values()]
+    if args.json:
+        print(json.dumps({"ok": True, "result": {"users": [c.user for c in users],
+                                                 "auth_conf": str(folder / "auth.conf"),
+                                                 "env_file": args.env_file}}))
+    else:
+        print(f"users: {', '.join(c.user for c in users)}")
+        print(f"server include: {folder / 'auth.conf'} (bcrypt hashes)")
+        print(f"passwords: {args.env_file} (compose reads it)")
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """`pool demo`: the whole system on the embedded default, shown live, then judged."""
     import logging
@@ -267,9 +305,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     views = [v for v in (args.views or "").split(",") if v] or None
     # against this machine's `pool up`, the responders answer as their own user
     responder = None if getattr(args, "nats_url", None) else embedded.responder_url() or None
+    # and each role as its own user: this machine's `pool up`'s, or those whose passwords the
+    # environment holds (compose.yaml)
+    import os
+
+    from bus.local.auth import role_urls_from_env
+
+    from_env = role_urls_from_env(url, os.environ)
+    responder = from_env.pop("responder", None) or responder
+    role_urls: dict[str, str] | None = from_env or None
+    if role_urls is None and not getattr(args, "nats_url", None):
+        role_urls = embedded.role_urls() or None
     cp = ControlPlane(url, database_url=db_url, roles=roles, projector_views=views,
                       leader_ttl_seconds=getattr(args, "leader_ttl", 3.0),
-                      responder_url=responder).start()
+                      responder_url=responder, role_urls=role_urls).start()
     from bus.local.auth import redact
 
     running = [r for r in ("commands", "scheduler", "reconciler", "projector")
@@ -314,8 +363,9 @@ def register(sub: Subparsers) -> None:
         "(sync_interval always; data under $POOL_HOME/cluster, kept across restarts), every "
         "stream at --replicas, and a control plane (commands, scheduler, reconciler, projector "
         "with an embedded PostgreSQL unless POOL_DATABASE_URL is set) against it. Prints the "
-        "client URLs and POOL_NATS_URL to export. No auth: the servers require no users, so "
-        "they listen on 127.0.0.1 only (compose.yaml is the multi-machine topology).")
+        "client URLs and POOL_NATS_URL to export. The servers require the same users as `pool "
+        "up` (each role its own, passwords in $POOL_HOME/cluster/auth.json) and listen on "
+        "127.0.0.1 only (compose.yaml is the multi-machine topology).")
     cup.add_argument("--nats-nodes", type=int, default=3, metavar="N",
                      help="nats-servers in the cluster (default 3; 3 or 5 for a quorum)")
     cup.add_argument("--replicas", type=int, default=3, help="stream replicas (default 3, at "
@@ -338,6 +388,22 @@ def register(sub: Subparsers) -> None:
                      help="how long to wait for the cluster (default 60)")
     cin.add_argument("--json", action="store_true")
     cin.set_defaults(func=cmd_cluster_init)
+
+    cau = clu.add_parser(
+        "auth", help="make compose.yaml's users: the servers' auth.conf and the .env of passwords",
+        description="Create (or keep) the NATS users of the clustered deployment, the same as "
+        "`pool up`'s: the operator, the responders, one per control-plane role and the admin "
+        "CLI, and one per --node agent. Writes DIR/auth.json (the passwords), DIR/auth.conf "
+        "(bcrypt hashes, included by deploy/nats/nats.conf) and ENV_FILE (each password as "
+        "POOL_<USER>_PASSWORD, which compose.yaml passes to its services), all mode 0600.")
+    cau.add_argument("--dir", default="deploy/nats", help="where auth.json and auth.conf go "
+                     "(default deploy/nats)")
+    cau.add_argument("--env-file", default=".env", help="the passwords for compose "
+                     "(default .env)")
+    cau.add_argument("--node", action="append", metavar="NODE",
+                     help="a node agent's user (repeat; default agent-1 and agent-2)")
+    cau.add_argument("--json", action="store_true")
+    cau.set_defaults(func=cmd_cluster_auth)
 
     dm = sub.add_parser("demo", help="run the whole system on the embedded default, live",
                         description="Start embedded NATS and PostgreSQL, the control plane, a "

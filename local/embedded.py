@@ -54,6 +54,7 @@ class Embedded:
     notes: list[str] = field(default_factory=list)
     service_url: str = ""  # nats_url with the service user's credentials (or nats_url: no auth)
     responder_url: str = ""  # with the responders' (inboxes only); "" without auth
+    role_urls: dict[str, str] = field(default_factory=dict)  # each role's user; {} without auth
     auth_mtime: float = 0.0
     lock_fd: int | None = None  # the instance lock, released last by stop()
 
@@ -95,6 +96,7 @@ class Embedded:
             "nats_url": self.nats_url,
             "service_url": self.service_url or self.nats_url,
             "responder_url": self.responder_url,
+            "role_urls": self.role_urls,
             "database_url": self.database_url,
             "pid": os.getpid(),
             "auth": self.secured,
@@ -163,6 +165,7 @@ def _start(home: Path, *, with_postgres: bool) -> Embedded:
     server: NatsServer | None = None
     notes: list[str] = []
     service_url = responder_url = ""
+    roles: dict[str, str] = {}
     if nats_url:
         notes.append(f"nats: using {nats_url} (POOL_NATS_URL)")
     else:
@@ -183,6 +186,7 @@ def _start(home: Path, *, with_postgres: bool) -> Embedded:
         nats_url = server.url
         service_url = bus_auth.url_with_credentials(nats_url, auth.service)
         responder_url = bus_auth.url_with_credentials(nats_url, auth.responder)
+        roles = bus_auth.role_urls(nats_url, auth)
         notes.append(f"nats: {nats_url} (embedded nats-server 2.15, JetStream in {home / 'nats'})")
         notes.append(f"auth: users required; service user {auth.service.user!r}, "
                      f"{len(auth.tenants)} tenant(s), {len(auth.nodes)} node(s) in "
@@ -210,6 +214,7 @@ def _start(home: Path, *, with_postgres: bool) -> Embedded:
     if server is not None:
         emb.service_url = service_url
         emb.responder_url = responder_url
+        emb.role_urls = roles
         emb.auth_mtime = (home / AUTH_FILE).stat().st_mtime
     emb.write_endpoints()
     return emb
@@ -244,6 +249,20 @@ def responder_url(home: Path | None = None) -> str:
     if os.environ.get("POOL_NATS_URL"):
         return ""
     return str(_read_endpoints(home or pool_home()).get("responder_url") or "")
+
+
+def role_urls(home: Path | None = None) -> dict[str, str]:
+    """Each control-plane role's URL of a local `pool up` ({} with POOL_NATS_URL or no auth)."""
+    if os.environ.get("POOL_NATS_URL"):
+        return {}
+    urls = _read_endpoints(home or pool_home()).get("role_urls") or {}
+    assert isinstance(urls, dict)
+    return {str(k): str(v) for k, v in urls.items()}
+
+
+def admin_url(home: Path | None = None) -> str:
+    """The URL the admin CLI speaks as: its own user on a local `pool up`, else service_url."""
+    return role_urls(home).get("admin") or service_url(home)
 
 
 def service_url(home: Path | None = None) -> str:

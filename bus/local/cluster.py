@@ -1,5 +1,5 @@
 """The clustered topology on one machine: N nats-servers from the wheel as one JetStream cluster.
-Ports, store dirs, routes and readiness; loopback only, no auth (docs/operations.md).
+Ports, store dirs, routes, users and readiness; loopback only (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from bus.errors import BusUnavailable
+from bus.local.auth import AuthConfig, url_with_credentials, write_server_include
 from bus.local.server import NatsServer, free_port
 
 DEFAULT_CLUSTER_NAME = "pool-cluster"
@@ -37,11 +38,13 @@ class NatsCluster:
 
     def __init__(self, store_root: Path, nodes: int = 3, *, host: str = "127.0.0.1",
                  cluster_name: str = DEFAULT_CLUSTER_NAME,
-                 ports: list[int] | None = None) -> None:
+                 ports: list[int] | None = None, auth: AuthConfig | None = None) -> None:
         if nodes < 1:
             raise ValueError("a cluster needs at least one server")
         self.store_root = Path(store_root)
         self.cluster_name = cluster_name
+        # with `auth`, every server requires its users (each server's own copy of auth.conf)
+        self.auth = auth
         client_ports = ports or [free_port(host) for _ in range(nodes)]
         if len(client_ports) != nodes:
             raise ValueError("one client port per server")
@@ -58,6 +61,7 @@ class NatsCluster:
                 cluster_port=cluster_ports[i],
                 routes=[r for j, r in enumerate(routes) if j != i],
                 http_port=free_port(host),
+                extra_config='include "auth.conf"' if auth is not None else "",
             )
             for i in range(nodes)
         ]
@@ -74,6 +78,11 @@ class NatsCluster:
         """All client URLs as one comma-separated string (POOL_NATS_URL, NATS_URL)."""
         return ",".join(self.urls)
 
+    @property
+    def service_url(self) -> str:
+        """`url` with the operator's credentials (just `url` without users)."""
+        return self.url if self.auth is None else url_with_credentials(self.url, self.auth.service)
+
     def running(self) -> list[int]:
         """Indices of the servers whose process is alive."""
         return [i for i, s in enumerate(self.servers)
@@ -85,6 +94,8 @@ class NatsCluster:
         """Start every server, then wait for a meta leader with all peers current."""
         try:
             for s in self.servers:
+                if self.auth is not None:
+                    write_server_include(self.auth, s.store_dir / "auth.conf")
                 s.start()
             self.wait_ready(timeout)
         except BaseException:
@@ -197,7 +208,7 @@ class NatsCluster:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                ensure_all_streams(self.url, replicas=replicas)
+                ensure_all_streams(self.service_url, replicas=replicas)
                 break
             except Exception:
                 if time.monotonic() >= deadline:

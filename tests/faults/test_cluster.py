@@ -243,7 +243,7 @@ def test_pool_cluster_up_prints_three_urls_and_every_stream_at_r3(tmp_path: Path
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
     assert len(info["nats_urls"]) == 3 and info["nats_url"] == ",".join(info["nats_urls"])
-    assert info["control_plane"] and info["auth"] is False
+    assert info["control_plane"] and info["auth"] is True  # the same users as `pool up`
     assert {s["name"]: s["replicas"] for s in info["streams"]}[EVENTS_STREAM] == 3
     assert all(s["replicas"] == 3 for s in info["streams"])
     assert (tmp_path / "cluster" / "n3" / "jetstream").is_dir()  # data kept for the next start

@@ -6,9 +6,12 @@ is installed (the docker plugin or docker-compose), plain text checks everywhere
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,9 +34,15 @@ def _compose_cli() -> list[str] | None:
     return None
 
 
+def _passwords() -> dict[str, str]:
+    """Every password compose.yaml requires, as `pool cluster auth`'s .env would hold them."""
+    return {name: "x" for name in re.findall(r"\$\{(POOL_\w+_PASSWORD):\?", COMPOSE.read_text())}
+
+
 def _config(cli: list[str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*cli, "-f", str(COMPOSE), "config", *args], cwd=ROOT,
-                          capture_output=True, text=True, check=False, timeout=120)
+                          capture_output=True, text=True, check=False, timeout=120,
+                          env={**os.environ, **_passwords()})
 
 
 def test_the_compose_cli_accepts_compose_yaml_with_every_service() -> None:
@@ -72,3 +81,24 @@ def test_the_streams_are_created_at_three_replicas_and_the_image_can_sandbox() -
     assert "FROM python:3.11-slim" in dockerfile and "bubblewrap" in dockerfile
     assert 'ENTRYPOINT ["pool"]' in dockerfile
     assert text.count("privileged: true") == 2  # the agents: bubblewrap needs user namespaces
+
+
+def test_every_service_speaks_as_its_own_user_from_pool_cluster_auth(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "cli.main", "cluster", "auth", "--dir",
+                        str(tmp_path), "--env-file", str(tmp_path / ".env"), "--json"],
+                       cwd=ROOT, capture_output=True, text=True, check=False, timeout=60)
+    assert r.returncode == 0, r.stderr
+    users = json.loads(r.stdout)["result"]["users"]
+    env = dict(line.split("=", 1) for line in (tmp_path / ".env").read_text().splitlines())
+    # what compose.yaml requires is exactly what the command wrote, and nothing is plain
+    assert set(_passwords()) <= set(env), set(_passwords()) - set(env)
+    conf = (tmp_path / "auth.conf").read_text()
+    assert all(password not in conf for password in env.values())
+    assert conf.count('"$2b$') == len(users)
+    assert 'include "auth.conf"' in NATS_CONF.read_text()
+    text = COMPOSE.read_text()
+    assert text.count("./deploy/nats/auth.conf:/etc/nats/auth.conf:ro") == 3
+    for role in ("commands", "scheduler", "reconciler", "projector"):
+        assert f"POOL_{role.upper()}_PASSWORD: ${{POOL_{role.upper()}_PASSWORD:?" in text
+    for user in ("pool-service", "pool-admin", "node-agent-1", "node-agent-2"):
+        assert f"POOL_NATS_USER: {user}" in text
