@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from cli.connect import (
     close_app,
@@ -102,20 +103,43 @@ def cmd_view(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def log_strays(app: Any, top: int, page: int = 10_000) -> list[tuple[int, str]]:
+    """The stray messages (no event headers) on the log up to `top`, by sequence: every fold
+    skips them; reading the log through the recorder names them (bus.jetstream.strays)."""
+    from bus.jetstream.strays import strays
+
+    position = 0
+    while position < top:
+        notes = app.recorder.select_notifications(start=position + 1, limit=page, stop=top)
+        if not notes:
+            break
+        position = notes[-1].id
+    return sorted(x for x in strays().seen if x[0] <= top)
+
+
 def cmd_projections_status(args: argparse.Namespace) -> int:
     from projections.views import status
 
     app = log_app(args)
     try:
         top = app.recorder.max_notification_id() or 0
+        skipped = log_strays(app, top) if args.strays else None
     finally:
         close_app(app, args)
     rows = status(database_url_of(args), top, schema=views_schema_of(args))
     if args.json:
-        print(json.dumps({"ok": True, "result": {"views": rows}}))
+        result: dict[str, Any] = {"views": rows}
+        if skipped is not None:
+            result["strays"] = [{"seq": seq, "subject": subject} for seq, subject in skipped]
+        print(json.dumps({"ok": True, "result": result}))
     else:
         print(table(rows, ("view", "position", "max_notification_id", "lag", "events_applied",
                             "exists")))
+        if skipped is not None:
+            print(f"strays: {len(skipped)} message(s) without event headers on the log, "
+                  "skipped by every fold" + (":" if skipped else ""))
+            for seq, subject in skipped:
+                print(f"  sequence {seq} on {subject!r}")
     return EXIT_OK
 
 
@@ -200,8 +224,12 @@ def register(sub: Subparsers) -> None:
         vp.set_defaults(func=cmd_view, view=view, tenant=None)
     prj = sub.add_parser("projections", help="the PostgreSQL views").add_subparsers(
         dest="verb", metavar="VERB", required=True)
-    pst = prj.add_parser("status", help="each view's position and lag behind the log")
+    pst = prj.add_parser("status", help="each view's position and lag behind the log, and the "
+                         "stray messages every fold skipped")
     db_opts(pst)
+    pst.add_argument("--no-strays", dest="strays", action="store_false",
+                     help="skip the read of the whole log that names the stray messages (those "
+                     "without event headers) by sequence")
     pst.set_defaults(func=cmd_projections_status)
     prb = prj.add_parser("rebuild", help="drop a view (or all) and fold it again from event 1")
     prb.add_argument("name", nargs="?", choices=("queue", "balance", "capacity", "leases"))

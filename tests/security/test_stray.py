@@ -67,3 +67,32 @@ def test_a_stray_message_on_an_accounts_subject_stops_no_grant_and_no_reader(
     assert (seq, subject) in strays().seen
     assert report.ok and (seq, subject) in report.strays
     assert any(f"sequence {seq}" in line for line in report.lines())
+
+
+def test_pool_projections_status_names_the_stray_by_sequence(
+    plane: PoolClient, fresh_nats: NatsServer, database_url: str, schema: str,
+) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    app = PoolApp(env=app_env(fresh_nats.url))
+    try:
+        subject = app.recorder.subject_for(Account.create_id("alpha"))  # type: ignore[attr-defined]
+    finally:
+        app.close()
+    seq = asyncio.run(_publish_stray(fresh_nats.url, subject))
+    assert plane.admin("credits.grant", {"tenant": "alpha", "amount_microcredits": 5,
+                                         "transfer_id": "after-status-stray"})["ok"]
+    r = subprocess.run([sys.executable, "-m", "cli.main", "projections", "status", "--json",
+                        "--nats-url", fresh_nats.url, "--database-url", database_url,
+                        "--schema", schema], capture_output=True, text=True, check=False,
+                       timeout=120, env={**os.environ, "POOL_HOME": str(fresh_nats.store_dir)})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["result"]["strays"] == [{"seq": seq, "subject": subject}]
+    plain = subprocess.run([sys.executable, "-m", "cli.main", "projections", "status",
+                            "--nats-url", fresh_nats.url, "--database-url", database_url,
+                            "--schema", schema], capture_output=True, text=True, check=False,
+                           timeout=120)
+    assert f"sequence {seq} on {subject!r}" in plain.stdout, plain.stdout
