@@ -5,6 +5,7 @@ Idempotent transfers and the balance rule: docs/architecture.md#pools-prices-and
 from __future__ import annotations
 
 import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
@@ -16,6 +17,9 @@ from domain.fold import trigger
 from domain.resources import LeaseId, TenantId
 
 _NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:account")
+# the lease movements (holds, settlements, releases) whose transfer ids an account remembers:
+# its latest ones, in log order; grants are remembered for good (docs/architecture.md)
+TRANSFER_WINDOW = 10_000
 
 
 class Account(Aggregate):
@@ -39,8 +43,9 @@ class Account(Aggregate):
         self.spent = 0
         self.shortfall = 0  # charged usage that no hold covered (see settle)
         self.holds: dict[LeaseId, int] = {}
-        self.transfer_ids: set[str] = set()
         self.grant_amounts: dict[str, int] = {}  # transfer id → amount, to tell retries apart
+        # the latest TRANSFER_WINDOW lease movements' ids, oldest first
+        self.recent_transfers: OrderedDict[str, None] = OrderedDict()
 
     # Queries ----------------------------------------------------------------------------------
 
@@ -61,14 +66,21 @@ class Account(Aggregate):
         return lease_id in self.holds
 
     def has_seen(self, transfer_id: str) -> bool:
-        return transfer_id in self.transfer_ids
+        """Whether `transfer_id` is a grant of this account or one of its latest
+        TRANSFER_WINDOW lease movements."""
+        return transfer_id in self.grant_amounts or transfer_id in self.recent_transfers
+
+    @property
+    def transfer_ids(self) -> set[str]:
+        """Every transfer id the account remembers (has_seen's)."""
+        return {*self.grant_amounts, *self.recent_transfers}
 
     # Movements: each returns True when recorded, False for a repeated transfer id -------------
 
     def grant(self, transfer_id: str, amount: int, now: float, reason: str = "") -> bool:
         """Add credits (a purchase, a top-up, a refund). A transfer id seen before is a retry
         when it granted the same amount (nothing recorded), else a TransferConflict."""
-        if transfer_id in self.transfer_ids:
+        if self.has_seen(transfer_id):
             if self.grant_amounts.get(transfer_id) != amount:
                 raise TransferConflict(
                     f"transfer id {transfer_id!r} was used for another movement on this account",
@@ -81,7 +93,7 @@ class Account(Aggregate):
     def hold(self, transfer_id: str, lease_id: LeaseId, amount: int, now: float) -> bool:
         """Set credits aside for a lease; a second hold for the same lease adds to it.
         Raises InsufficientCredits when `available < amount`."""
-        if transfer_id in self.transfer_ids:
+        if self.has_seen(transfer_id):
             return False
         _require_amount(amount, positive=False)
         if amount > self.available:
@@ -101,7 +113,7 @@ class Account(Aggregate):
         seen: set[str] = set()
         total = 0
         for transfer_id, lease_id, amount in holds:
-            if transfer_id in self.transfer_ids or transfer_id in seen:
+            if self.has_seen(transfer_id) or transfer_id in seen:
                 continue
             _require_amount(amount, positive=False)
             seen.add(transfer_id)
@@ -124,7 +136,7 @@ class Account(Aggregate):
         Clamp, don't raise: the charge is `min(amount_charged, hold)` and the uncovered part is
         recorded as `shortfall` (event field and running total) for the operator to reconcile;
         failing here would leave the hold stuck after the work was already done."""
-        if transfer_id in self.transfer_ids:
+        if self.has_seen(transfer_id):
             return False
         _require_amount(amount_charged, positive=False)
         held = self._require_hold(lease_id)
@@ -141,7 +153,7 @@ class Account(Aggregate):
 
     def release_hold(self, transfer_id: str, lease_id: LeaseId, now: float) -> bool:
         """Return a lease's whole hold uncharged (voided reservation, cancel before running)."""
-        if transfer_id in self.transfer_ids:
+        if self.has_seen(transfer_id):
             return False
         held = self._require_hold(lease_id)
         self._hold_released(transfer_id=transfer_id, lease_id=str(lease_id), amount=held,
@@ -156,17 +168,24 @@ class Account(Aggregate):
                 f"no credits are held for lease {lease_id}", reasons=(str(lease_id),)
             ) from None
 
+    def _remember(self, transfer_id: str) -> None:
+        """A lease movement's id into the window, the oldest out once it is full: a fold of the
+        same events keeps the same ids, so every replica of the account agrees."""
+        recent = self.recent_transfers
+        recent[transfer_id] = None
+        if len(recent) > TRANSFER_WINDOW:
+            recent.popitem(last=False)
+
     # Events -----------------------------------------------------------------------------------
 
     @event("CreditsGranted")
     def _granted(self, transfer_id: str, amount: int, at: float, reason: str) -> None:
-        self.transfer_ids.add(transfer_id)
         self.grant_amounts[transfer_id] = amount
         self.granted += amount
 
     @event("CreditsHeld")
     def _held(self, transfer_id: str, lease_id: str, amount: int, at: float) -> None:
-        self.transfer_ids.add(transfer_id)
+        self._remember(transfer_id)
         key = LeaseId(lease_id)
         self.holds[key] = self.holds.get(key, 0) + amount
         self.held += amount
@@ -175,7 +194,7 @@ class Account(Aggregate):
     def _held_batch(self, holds: list[list[Any]], at: float) -> None:
         """`holds`: [transfer id, lease id, amount] each, applied as CreditsHeld applies one."""
         for transfer_id, lease_id, amount in holds:
-            self.transfer_ids.add(transfer_id)
+            self._remember(transfer_id)
             key = LeaseId(lease_id)
             self.holds[key] = self.holds.get(key, 0) + amount
             self.held += amount
@@ -190,7 +209,7 @@ class Account(Aggregate):
         shortfall: int,
         at: float,
     ) -> None:
-        self.transfer_ids.add(transfer_id)
+        self._remember(transfer_id)
         held = self.holds.pop(LeaseId(lease_id))
         self.held -= held
         self.spent += charged
@@ -198,7 +217,7 @@ class Account(Aggregate):
 
     @event("HoldReleased")
     def _hold_released(self, transfer_id: str, lease_id: str, amount: int, at: float) -> None:
-        self.transfer_ids.add(transfer_id)
+        self._remember(transfer_id)
         self.held -= self.holds.pop(LeaseId(lease_id))
 
 

@@ -329,3 +329,30 @@ def test_a_quota_names_the_dimensions_it_would_exceed() -> None:
 def test_a_tenant_weight_must_be_a_positive_integer() -> None:
     with pytest.raises(InvalidConfiguration):
         TenantPolicy.set(pool_id=PoolId("p"), tenant_id=TenantId("t"), now=0, weight=0)
+
+
+def test_a_replayed_lease_movement_inside_the_window_is_refused_and_the_ids_stay_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import domain.account as account_module
+
+    monkeypatch.setattr(account_module, "TRANSFER_WINDOW", 50)
+    account = funded(10**9)
+    for i in range(500):  # far more lease movements than the window holds
+        lid = LeaseId(f"lease-{i}")
+        assert account.hold(f"hold-{i}", lid, 10, now=2 + i)
+        assert account.settle(f"settle-{i}", lid, 4, now=2 + i)
+    assert len(account.recent_transfers) == 50
+    assert len(account.transfer_ids) == 51  # the window and the grant, which is kept for good
+    # inside the window a replay is refused as before: nothing recorded, nothing moved
+    before = (account.held, account.spent, len(account.pending_events))
+    assert not account.settle("settle-499", LeaseId("lease-499"), 4, now=600)
+    assert not account.hold("hold-499", LeaseId("lease-499"), 10, now=600)
+    assert (account.held, account.spent, len(account.pending_events)) == before
+    # the grant's id outlives the window: a retry is still one, another amount a conflict
+    assert not account.grant("grant-1", 10**9, now=600)
+    with pytest.raises(TransferConflict):
+        account.grant("grant-1", 5, now=600)
+    # the oldest ids left the window; a fold of the same events keeps the same window
+    assert not account.has_seen("hold-0") and account.has_seen("settle-499")
+    assert list(replay(account).recent_transfers) == list(account.recent_transfers)
