@@ -16,6 +16,8 @@ from domain.policy.gang import GangSpec
 # a gang's placement is one atomic save of lease + node + account events per member, under
 # JetStream's 1000-message batch limit with room for the rest of a scheduler's batch
 MAX_GANG_MEMBERS = 256
+# why a gang member was noticed: a peer of it was lost (its node, or its heartbeats)
+GANG_MEMBER_LOST = "gang_member_lost"
 
 _NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:lease")
 

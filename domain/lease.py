@@ -558,7 +558,8 @@ class Lease(Aggregate):
 
         stopping → cancelled; preempting → preempted (then queued again when the notice asked
         for a requeue); expired | reconciling → released, or queued again for a gang member
-        lost with its node whose gang asked to be requeued. Returns the new state."""
+        lost (its node or its heartbeats) whose gang asked to be requeued. Returns the new
+        state."""
         self._require("confirm_stopped", {S.STOPPING, S.PREEMPTING, S.EXPIRED, S.RECONCILING})
         if epoch is not None:
             self._check_epoch(epoch)
@@ -570,7 +571,7 @@ class Lease(Aggregate):
             if self.requeue_on_preemption:
                 self._requeued(at=at, attempts=self.attempts + 1)
         elif (self.gang is not None and self.requeue_when_preempted
-              and self.expiry_reason == "node_lost"):
+              and self.expiry_reason in ("node_lost", "heartbeat_lost")):
             # a gang that goes back in line goes whole: the member its node took with it too
             self._requeued(at=at, attempts=self.attempts + 1)
         else:

@@ -8,10 +8,8 @@ from uuid import UUID
 
 from control.application.admin import AdminCommands
 from domain.errors import DomainError
-from domain.gang import GangMembership, job_env, with_members
+from domain.gang import GANG_MEMBER_LOST, GangMembership, job_env, with_members
 from domain.lease import JobSpec, Lease, LeaseState
-
-GANG_MEMBER_LOST = "gang_member_lost"
 
 
 class GangCommands(AdminCommands):

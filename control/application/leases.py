@@ -307,7 +307,11 @@ class LeaseCommands(GangCommands):
             return "voided"
         lease.expire(now, reason)
         lease.begin_reconciliation(now)
-        self.save(lease)
+        # a gang member's running peers go with it (one notice, one grace), in this save
+        peers = self._gang_peers_noticed(
+            [lease], now, self._pool(lease.pool_id).config.preemption.grace_seconds
+        ) if lease.gang is not None else []
+        self.save(lease, *peers)
         return f"expired:{reason}"
 
     def lease_next_due(self, lease_id: str) -> float | None:

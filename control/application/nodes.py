@@ -9,11 +9,11 @@ from uuid import UUID
 from eventsourcing.domain import Aggregate
 
 from control.application.core import retried
-from control.application.gangs import GANG_MEMBER_LOST
 from control.application.leases import LeaseCommands
 from control.errors import UnknownLease, UnknownNode
 from domain.enrollment import Enrollment
 from domain.errors import DomainError, NodeClaimRefused
+from domain.gang import GANG_MEMBER_LOST
 from domain.lease import WORKLOAD_STATES, Lease, LeaseState
 from domain.node import Node, NodeState
 from domain.pool import Pool

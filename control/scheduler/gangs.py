@@ -21,7 +21,8 @@ from control.scheduler.state import (
     node_uuid,
 )
 from domain.account import Account
-from domain.gang import GangMembership
+from domain.errors import DomainError
+from domain.gang import GANG_MEMBER_LOST, GangMembership
 from domain.lease import Lease, LeaseState
 from domain.node import Node
 from domain.policy import reasons as R
@@ -165,6 +166,32 @@ class Ganging(Batching):
         if lease.trace_parent is not None:
             self._placing.append((lease, time.time_ns()))
         report.placed += 1
+
+    def _gang_peers_expired(self, lease: Lease, now: float, report: CycleReport
+                            ) -> list[Lease]:
+        """A gang member expired (its heartbeats or its node lost): its running peers get one
+        preemption notice with the pool's grace (`gang_member_lost`), back in line with it
+        when the gang asked to be requeued, else ended."""
+        ps = self.pools.get(lease.pool_id)
+        if ps is None or lease.gang is None:
+            return []
+        grace = ps.pool.config.preemption.grace_seconds
+        out: list[Lease] = []
+        for uid in lease.gang.member_ids(lease.tenant_id):
+            peer = self.aggregates.get(uid)
+            if (uid == lease.id or not isinstance(peer, Lease)
+                    or peer.state is not LeaseState.RUNNING):
+                continue
+            try:
+                due = peer.notice_preemption(now, grace_seconds=grace,
+                                             requeue=peer.requeue_when_preempted,
+                                             reason=GANG_MEMBER_LOST)
+            except DomainError:
+                continue
+            heapq.heappush(self._deadlines, (due, str(uid)))
+            report.preempted += 1
+            out.append(peer)
+        return out
 
     def _promoted(self, member: Member) -> Lease:
         """The whole Lease of a member held compactly (to record its events)."""

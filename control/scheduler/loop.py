@@ -66,6 +66,8 @@ class Scheduler(Placing):
                     lease.expire(now, reason)
                     lease.begin_reconciliation(now)
                     report.expired += 1
+                    if lease.gang is not None:  # its running peers go with it, in this save
+                        batch += self._gang_peers_expired(lease, now, report)
             except DomainError:
                 continue
             batch.append(lease)

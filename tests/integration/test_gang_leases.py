@@ -221,6 +221,31 @@ def test_a_lost_node_takes_its_gang_back_in_line_and_it_is_placed_whole_again(
     assert _no_partial_gang(cp) == 2
 
 
+def test_a_member_whose_heartbeats_stop_takes_its_gang_back_in_line_together(
+        plane: Plane) -> None:
+    from schemas import v1
+
+    cp, admin, alpha, clock = plane
+    _racks(admin, {"r1": 3})
+    ids = _running_gang(cp, alpha, "quiet", 2)
+    silent, alive = _leases(cp, "quiet", "quiet#1")
+    clock.advance(20)  # only the peer's agent still beats for it
+    cp.app.node_heartbeat(str(alive.node_id), v1.NodeHeartbeat(
+        node_id=str(alive.node_id), seq=1,
+        leases=[v1.LeaseBeat(lease_id=str(alive.id), epoch=alive.epoch)]))
+    clock.advance(15)
+    report = cp.scheduler.cycle()
+    assert report.expired == 1 and report.preempted == 1
+    members = {m["lease_id"]: m["state"] for m in _gang(alpha, ids[0])["members"]}
+    assert members == {str(silent.id): "reconciling", str(alive.id): "preempting"}
+    for lease in (alive, silent):  # each agent confirms its workload gone
+        assert node_report(cp.nats_url, str(lease.node_id), str(lease.id), "stopped",
+                           {"epoch": lease.epoch})["ok"]
+    assert {m["state"] for m in _gang(alpha, ids[0])["members"]} == {"queued"}
+    assert cp.scheduler.cycle().placed == 2
+    assert _no_partial_gang(cp) == 2
+
+
 def test_racing_schedulers_never_reserve_part_of_a_gang(plane: Plane) -> None:
     from control.application import PoolApp
     from control.bootstrap import app_env
