@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from cli.output import (
+    EXIT_FAILED,
     Subparsers,
     UsageError,
     print_result,
@@ -153,6 +154,18 @@ def cmd_bench_projections(args: argparse.Namespace) -> int:
     return _report(result, args.json)
 
 
+def cmd_bench_soak(args: argparse.Namespace) -> int:
+    from bench.soak import run_soak
+
+    if args.leases < 10:
+        raise UsageError("--leases must be at least 10")
+    result = run_soak(leases=args.leases, quick=args.quick,
+                      progress=None if args.json else (lambda s: print(s, file=sys.stderr,
+                                                                         flush=True)))
+    code = _report(result, args.json)
+    return code if result["flat"] else EXIT_FAILED
+
+
 def register(sub: Subparsers) -> None:
     """Add `bench` and its benchmarks."""
     bench = sub.add_parser("bench", help="benchmarks that print figures").add_subparsers(
@@ -209,6 +222,13 @@ def register(sub: Subparsers) -> None:
                     help="8 clients, 20 nodes, 2 s saturating, 100/s for 2 s")
     be.add_argument("--json", action="store_true")
     be.set_defaults(func=cmd_bench_e2e)
+    bso = bench.add_parser("soak", help="many leases through request → reserve → commit → "
+                           "release: the scheduler's RSS and a cold start-up's replay as they go")
+    bso.add_argument("--leases", type=int, default=1_000_000,
+                     help="leases run through their whole life (default 1,000,000)")
+    bso.add_argument("--quick", action="store_true", help="2,000 leases")
+    bso.add_argument("--json", action="store_true")
+    bso.set_defaults(func=cmd_bench_soak)
     bpo = bench.add_parser("policy", help="a synthetic month replayed through each scheduling "
                            "policy on a virtual clock: utilisation, waits, fairness")
     bpo.add_argument("--quick", action="store_true",
