@@ -247,6 +247,9 @@ def cmd_cluster_auth(args: argparse.Namespace) -> int:
     for node in args.node or ["agent-1", "agent-2"]:
         if bus_auth.checked_name("node", node) not in auth.nodes:
             auth.add_node(node)
+    for tenant in args.tenant or []:
+        if bus_auth.checked_name("tenant", tenant) not in auth.tenants:
+            auth.add_tenant(tenant)
     bus_auth.save(auth, folder / "auth.json")
     bus_auth.write_server_include(auth, folder / "auth.conf")
     bus_auth.write_private(Path(args.env_file), bus_auth.env_file(auth))
@@ -402,6 +405,8 @@ def register(sub: Subparsers) -> None:
                      "(default .env)")
     cau.add_argument("--node", action="append", metavar="NODE",
                      help="a node agent's user (repeat; default agent-1 and agent-2)")
+    cau.add_argument("--tenant", action="append", metavar="TENANT",
+                     help="a tenant's user (repeat; its password stays in auth.json)")
     cau.add_argument("--json", action="store_true")
     cau.set_defaults(func=cmd_cluster_auth)
 
