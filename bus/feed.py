@@ -29,6 +29,7 @@ from bus.headers import (
     HDR_STATUS,
     HDR_SUBJECT,
 )
+from bus.jetstream.natsfast import publish_prerendered
 from bus.runtime import BusRuntime, translate
 from bus.streams import ensure_kv_bucket, ensure_stream, feed_stream_config
 from bus.subjects import (
@@ -143,7 +144,7 @@ class FeedWriter:
     async def _batch(self, chunk: Sequence[tuple[str, bytes, int]], expect_last: int) -> int:
         nc = await self.rt.connection()
         batch_id = uuid.uuid4().hex
-        reply: Msg | None = None
+        rendered = []
         for i, (subject, body, log_seq) in enumerate(chunk, start=1):
             headers = {HDR_BATCH_ID: batch_id, HDR_BATCH_SEQ: str(i),
                        HDR_LOG_SEQUENCE: str(log_seq)}
@@ -151,13 +152,11 @@ class FeedWriter:
                 headers[HDR_EXPECTED_LAST_SEQ] = str(expect_last)
             if i == len(chunk):
                 headers[HDR_BATCH_COMMIT] = "1"
-                try:
-                    reply = await nc.request(subject, body, headers=headers, timeout=10)
-                except Exception as e:
-                    raise translate(e) from e
-            else:
-                await nc.publish(subject, body, headers=headers)
-        assert reply is not None
+                break
+            # all but the last pre-framed in one write, as the event log's batches are
+            rendered.append((subject, body, "".join(f"{k}: {v}\r\n" for k, v in headers.items())))
+        await publish_prerendered(nc, rendered)  # the runtime translates what fails
+        reply = await nc.request(subject, body, headers=headers, timeout=10)
         answer = msgspec.json.decode(reply.data)
         error = answer.get("error") if isinstance(answer, dict) else None
         if error:

@@ -83,7 +83,12 @@ def telemetry_subject(pool: str, node: str, tenant: str, lease: str, kind: str) 
 def feed_subject(tenant: str, lease_id: str) -> str:
     """`pool.feed.<tenant>.lease.<lease_id>`: where the control plane stores one lease's
     state changes (the tenant its own token, so a permission selects exactly its leases)."""
-    return f"{FEED_PREFIX}.{token(tenant)}.lease.{token(lease_id)}"
+    return feed_lease_prefix(tenant) + token(lease_id)
+
+
+def feed_lease_prefix(tenant: str) -> str:
+    """`pool.feed.<tenant>.lease.`: a tenant's feed subjects but for the lease id."""
+    return f"{FEED_PREFIX}.{token(tenant)}.lease."
 
 
 def schedule_subject(lease_id: str) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from bus.feed import BATCH_MAX, FeedConflict, FeedWriter
-from bus.subjects import feed_subject
+from bus.subjects import feed_lease_prefix
 from control.pending import QueuedLease
 from domain.lease import Lease, LeaseState
 from schemas.feed import FeedRecord
@@ -46,6 +46,7 @@ class FeedPublisher:
         self.writer = writer
         self._last: dict[Any, _Seen] = {}  # what each live lease's last record said
         self._outbox: list[tuple[str, bytes, int]] = []
+        self._prefixes: dict[str, str] = {}  # a tenant's feed subject, but for the lease id
         self.written_upto = 0  # the log sequence the feed holds records up to
         self.feed_seq = 0  # the feed's last stored sequence
         self.records_written = 0
@@ -62,10 +63,13 @@ class FeedPublisher:
     def observe(self, event: Any, lease: Lease | QueuedLease | bool, log_seq: int) -> None:
         """`event` (at `log_seq`) was folded into `lease`: the whole Lease, or, held compactly,
         the QueuedLease its LeaseQueued made or True for a LeaseRequested."""
-        record = self._record(event, lease, log_seq)
-        if record is not None and log_seq > self.written_upto:
-            self._outbox.append((feed_subject(record.tenant, record.lease_id), _encode(record),
-                                 log_seq))
+        record = self._record(event, lease, log_seq, wanted=log_seq > self.written_upto)
+        if record is not None:
+            prefix = self._prefixes.get(record.tenant)
+            if prefix is None:
+                prefix = self._prefixes[record.tenant] = feed_lease_prefix(record.tenant)
+            # a lease id is a UUID's text: a subject token as it is
+            self._outbox.append((prefix + record.lease_id, _encode(record), log_seq))
 
     def flush(self, position: int) -> None:
         """Store the outbox, then note that the feed is written up to `position` (the log
@@ -95,18 +99,25 @@ class FeedPublisher:
             self.writer.save_position(self.written_upto)
             self._unsaved = False
 
-    def _record(self, event: Any, lease: Lease | QueuedLease | bool,
-                log_seq: int) -> FeedRecord | None:
+    def _record(self, event: Any, lease: Lease | QueuedLease | bool, log_seq: int, *,
+                wanted: bool) -> FeedRecord | None:
+        """The record of the change `event` made, if it made one and it is `wanted` (past the
+        feed's position); what the lease's last record said is kept either way."""
         oid = event.originator_id
         name = type(event).__name__
-        at = _event_at(event)
         if lease is True:  # a LeaseRequested, held compactly
             self._last[oid] = ("requested", None, None, None, 0)
+            if not wanted:
+                return None
+            at = _event_at(event)
             return FeedRecord(lease_id=str(oid), tenant=event.tenant_id, pool_id=event.pool_id,
                               state="requested", event=name, version=1, log_sequence=log_seq,
                               at=at)
         if isinstance(lease, QueuedLease):
             self._last[oid] = ("queued", None, None, None, 0)
+            if not wanted:
+                return None
+            at = _event_at(event)
             return FeedRecord(lease_id=str(oid), tenant=lease.tenant_id, pool_id=lease.pool_id,
                               state="queued", previous_state="requested", event=name,
                               version=2, log_sequence=log_seq, at=at)
@@ -118,8 +129,9 @@ class FeedPublisher:
             self._last.pop(oid, None)  # nothing more happens to it (a preempted one may requeue)
         else:
             self._last[oid] = now
-        if before == now:
+        if before == now or not wanted:
             return None
+        at = _event_at(event)
         return FeedRecord(
             lease_id=str(oid), tenant=lease.tenant_id, pool_id=lease.pool_id,
             state=str(lease.state), previous_state=None if before is None else before[0],
