@@ -150,7 +150,10 @@ class Service:
                 await self._nc.drain()
 
         try:
-            self._run(_close(), timeout=10)
+            if self._on.is_closed():  # the runtime it ran on closed first: so did its connection
+                _close().close()
+            else:
+                self._run(_close(), timeout=10)
         finally:
             if self._own_loop is not None:
                 self._own_loop.close()
