@@ -257,7 +257,8 @@ def check_gangs(app: Any) -> GangReport:
                     f"{name} of {oid} was written (at {n.id})")
                 del open_round[gang]
         if name == "LeaseRequested":
-            info = state_of(n).get("gang")
+            requested = state_of(n)
+            info = requested.get("gang")
             if isinstance(info, dict):
                 gang = str(info["gang_id"])
                 if gang not in members:
@@ -266,7 +267,8 @@ def check_gangs(app: Any) -> GangReport:
                     sizes[gang] = int(info["size"])
                 members[gang].add(oid)
                 gang_of[oid] = gang
-                state[oid] = "requested"
+                # queued by the request itself (one event), or by a LeaseQueued to follow
+                state[oid] = "requested" if requested.get("queued_at") is None else "queued"
             continue
         gang_id = gang_of.get(oid)
         if gang_id is None:

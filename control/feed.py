@@ -62,7 +62,8 @@ class FeedPublisher:
 
     def observe(self, event: Any, lease: Lease | QueuedLease | bool, log_seq: int) -> None:
         """`event` (at `log_seq`) was folded into `lease`: the whole Lease, or, held compactly,
-        the QueuedLease its LeaseQueued made or True for a LeaseRequested."""
+        the QueuedLease its LeaseQueued (or its queued request) made, or True for a
+        LeaseRequested that waits for its LeaseQueued."""
         record = self._record(event, lease, log_seq, wanted=log_seq > self.written_upto)
         if record is not None:
             prefix = self._prefixes.get(record.tenant)
@@ -118,9 +119,11 @@ class FeedPublisher:
             if not wanted:
                 return None
             at = _event_at(event)
+            # queued by its LeaseQueued (version 2), or by its own request (one event)
             return FeedRecord(lease_id=str(oid), tenant=lease.tenant_id, pool_id=lease.pool_id,
-                              state="queued", previous_state="requested", event=name,
-                              version=2, log_sequence=log_seq, at=at)
+                              state="queued",
+                              previous_state="requested" if lease.version == 2 else None,
+                              event=name, version=lease.version, log_sequence=log_seq, at=at)
         if not isinstance(lease, Lease):
             return None
         before = self._last.get(oid)

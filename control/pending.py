@@ -1,5 +1,5 @@
 """The folded aggregates a log follower keeps: whole objects, but a queued lease as a compact
-record (its two events' fields, the shape shared) until something needs the whole lease.
+record (its request's fields, the shape shared) until something needs the whole lease.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ _RUNTIME_AT = _FIELDS.index("maximum_runtime_seconds")
 _REQUESTED_AT = _FIELDS.index("requested_at")
 _DIGEST_AT = _FIELDS.index("request_digest")
 _ADVANCE_AT = _FIELDS.index("advance_reservation_id")
+# set when the request was queued by the same event (one event a request); absent or None
+# when a LeaseQueued followed it (two events)
+_QUEUED_AT = _FIELDS.index("queued_at")
 _GANG_AT = _FIELDS.index("gang")
 _REPEATED_AT = tuple(_FIELDS.index(name) for name in (
     "originator_topic", "tenant_id", "pool_id", "priority_class", "maximum_runtime_seconds",
@@ -72,15 +75,19 @@ class QueuedLease:
     __slots__ = ("created_on", "id", "queued_at", "queued_on", "requested")
 
     state = LeaseState.QUEUED
-    version = 2
 
     def __init__(self, oid: UUID, requested: tuple[Any, ...], created_on: datetime,
                  queued_on: datetime, queued_at: float) -> None:
         self.id = oid
         self.requested = requested  # LeaseRequested's _FIELDS, the shape as a shared Shape
         self.created_on = created_on  # the LeaseRequested event's timestamp
-        self.queued_on = queued_on  # the LeaseQueued event's timestamp
+        self.queued_on = queued_on  # the LeaseQueued event's timestamp (or the request's)
         self.queued_at = queued_at
+
+    @property
+    def version(self) -> int:
+        """1 for a request queued by its own event, 2 for a request and a LeaseQueued."""
+        return 1 if type(self.requested[_QUEUED_AT]) is float else 2
 
     @property
     def requested_shape(self) -> Shape:
@@ -119,8 +126,8 @@ class QueuedLease:
 
 
 class LeaseMemory:
-    """A dict of aggregates by id, except that a lease whose log so far is exactly
-    LeaseRequested + LeaseQueued is held as a QueuedLease (about a third of the memory of
+    """A dict of aggregates by id, except that a lease whose log so far is exactly a queued
+    LeaseRequested, or LeaseRequested + LeaseQueued, is held as a QueuedLease (about a third of the memory of
     the folded Lease). `get` and `[]` give the whole Lease, rebuilt from the record through
     the library's own fold and kept from then on; `peek` gives the record without that."""
 
@@ -194,8 +201,9 @@ class LeaseMemory:
         agg = self.full.get(oid)
         if agg is not None:
             return agg.version
-        if oid in self.queued:
-            return 2
+        record = self.queued.get(oid)
+        if record is not None:
+            return record.version
         if oid in self._requested:
             return 1
         return None
@@ -209,8 +217,9 @@ class LeaseMemory:
 
     def absorb(self, event: Any) -> QueuedLease | bool:
         """Fold `event` compactly if it is a lease's LeaseRequested or the LeaseQueued after it:
-        the new QueuedLease, True for a LeaseRequested kept, False for anything else (the
-        caller folds that as usual, after `get` rebuilt the lease if it was compact)."""
+        the new QueuedLease (a request queued by its own event, or its LeaseQueued), True for
+        a LeaseRequested that waits for its LeaseQueued, False for anything else (the caller
+        folds that as usual, after `get` rebuilt the lease if it was compact)."""
         cls = type(event)
         oid = event.originator_id
         if cls is _REQUESTED:
@@ -238,8 +247,15 @@ class LeaseMemory:
                 fields[_SHAPE_AT] = self._shared(Shape.from_dict(shape_dict))
             except Exception:  # noqa: BLE001 - what the fold would refuse, the fold shall refuse
                 return False
-            self._requested[oid] = (tuple(fields), event.timestamp)
-            return True
+            queued_at = fields[_QUEUED_AT]
+            if queued_at is _MISSING or queued_at is None:  # a LeaseQueued is to follow
+                self._requested[oid] = (tuple(fields), event.timestamp)
+                return True
+            if type(queued_at) is not float:
+                return False
+            record = QueuedLease(oid, tuple(fields), event.timestamp, event.timestamp, queued_at)
+            self.queued[oid] = record
+            return record
         if cls is _QUEUED and event.originator_version == 2:
             held = self._requested.pop(oid, None)
             if held is None:
@@ -257,7 +273,7 @@ class LeaseMemory:
     def compact(self, lease: Lease) -> bool:
         """Hold a whole Lease compactly again if its log is still just requested + queued and
         it has nothing unsaved (e.g. one examined by a cycle and left waiting)."""
-        if (lease.version != 2 or lease.state is not LeaseState.QUEUED
+        if (lease.version not in (1, 2) or lease.state is not LeaseState.QUEUED
                 or lease._pending_events  # unsaved events must not be lost
                 or self.full.get(lease.id) is not lease):
             return False
@@ -314,7 +330,7 @@ class LeaseMemory:
             requested: Any = object.__new__(_REQUESTED)
             object.__setattr__(requested, "__dict__", _ordered(state, _REQUESTED))
             lease = requested.mutate(None)
-        if record is not None:
+        if record is not None and record.version == 2:
             queued: Any = object.__new__(_QUEUED)
             object.__setattr__(queued, "__dict__", {
                 "originator_id": oid, "originator_version": 2,
@@ -335,6 +351,9 @@ class LeaseMemory:
             elif name == "gang":
                 gang = getattr(lease, name, None)
                 values.append(None if gang is None else gang.to_dict())
+            elif name == "queued_at":
+                # queued by its request (version 1) or by a LeaseQueued (version 2)
+                values.append(float(lease.queued_at or 0.0) if lease.version == 1 else _MISSING)
             elif name == "request_digest":
                 digest = getattr(lease, name, _MISSING)
                 values.append(bytes.fromhex(digest) if type(digest) is str and _is_hex(digest)

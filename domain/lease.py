@@ -169,13 +169,16 @@ class Lease(Aggregate):
         requeue_when_preempted: bool = False,
         advance_reservation_id: str | None = None,
         gang: GangMembership | None = None,
+        queued: bool = False,
     ) -> Lease:
         """Record a request. `lease_seconds` is the initial term and default renewal (defaults
         to the maximum runtime); the id is `create_id(tenant_id, idempotency_key)`.
         `preemptible` False: never a victim; `requeue_when_preempted`: a preemption puts it
         back in the queue and its interrupted job restarts on the next placement, instead
         of ending it as `preempted`; `checkpointable`: its work resumes from checkpoints;
-        `gang`: the gang it is a member of (domain.gang), placed all-or-nothing with it."""
+        `gang`: the gang it is a member of (domain.gang), placed all-or-nothing with it;
+        `queued`: admitted to the queue by the same event (one event a request), as
+        `queue(now)` right after would."""
         term = maximum_runtime_seconds if lease_seconds is None else lease_seconds
         for name, value in (
             ("maximum_runtime_seconds", maximum_runtime_seconds),
@@ -202,6 +205,7 @@ class Lease(Aggregate):
             requeue_when_preempted=bool(requeue_when_preempted),
             advance_reservation_id=advance_reservation_id,
             gang=None if gang is None else gang.to_dict(),
+            queued_at=float(now) if queued else None,
         )
 
     @event("LeaseRequested")
@@ -229,6 +233,9 @@ class Lease(Aggregate):
         advance_reservation_id: str | None = None,
         # the gang it is a member of (domain.gang.GangMembership); absent before gangs
         gang: dict[str, Any] | None = None,
+        # set when the request is queued by this same event; absent in requests a
+        # LeaseQueued event followed (every request before one event a request)
+        queued_at: float | None = None,
     ) -> None:
         self.tenant_id = TenantId(tenant_id)
         self.idempotency_key = idempotency_key
@@ -247,8 +254,8 @@ class Lease(Aggregate):
         self.requested_at = requested_at
         self.trace_parent = trace_parent
         self.request_digest = request_digest
-        self.state = LeaseState.REQUESTED
-        self.queued_at: float | None = None
+        self.state = LeaseState.REQUESTED if queued_at is None else LeaseState.QUEUED
+        self.queued_at: float | None = queued_at
         self.attempts = 1
         self.epoch = 0
         # Per placement; reset on each reservation.

@@ -133,8 +133,8 @@ class LeaseCommands(GangCommands):
                 requeue_when_preempted=req.preemptible_requeue,
                 advance_reservation_id=req.reservation_id,
                 gang=member,
+                queued=True,  # requested and queued: one event
             )
-            lease.queue(now)
             leases.append(lease)
         try:
             # no read first: a new lease's save expects its subject empty, so a retry (or a

@@ -76,8 +76,8 @@ def test_watch_follows_a_lease_live_until_it_ends(plane: tuple[str, PoolClient])
     lid = str(alpha.request_lease(lease_body("watch-1"))["lease"]["lease_id"])
     proc = _watch(url, lid)
     try:
-        first = _lines(proc.stdout, 3)  # requested, queued and (by the scheduler) reserved
-        assert [r["state"] for r in first] == ["requested", "queued", "reserved"]
+        first = _lines(proc.stdout, 2)  # queued (with its request) and reserved
+        assert [r["state"] for r in first] == ["queued", "reserved"]
         assert alpha.lease(lid, "commit", {"job": JOB})["ok"]
         assert alpha.lease(lid, "release", {"exit_code": 0})["ok"]
         rest = _lines(proc.stdout, 2)
@@ -86,10 +86,10 @@ def test_watch_follows_a_lease_live_until_it_ends(plane: tuple[str, PoolClient])
         proc.kill()
     changes = first + rest
     assert [(r["previous_state"], r["state"]) for r in changes] == [
-        (None, "requested"), ("requested", "queued"), ("queued", "reserved"),
+        (None, "queued"), ("queued", "reserved"),
         ("reserved", "running"), ("running", "released")]
     assert changes[-1]["end_reason"] == "succeeded" and changes[-1]["exit_code"] == 0
-    assert changes[2]["node_id"] == "n1"
+    assert changes[1]["node_id"] == "n1"
     assert [r["seq"] for r in changes] == sorted(r["seq"] for r in changes)
 
 
@@ -105,7 +105,7 @@ def test_watch_of_an_ended_lease_prints_its_stored_changes_and_exits(
                          capture_output=True, text=True, timeout=30, check=False)
     assert out.returncode == 0, out.stderr
     states = [json.loads(line)["result"]["state"] for line in out.stdout.splitlines()]
-    assert states == ["requested", "queued", "reserved", "cancelled"]
+    assert states == ["queued", "reserved", "cancelled"]
 
 
 def test_watch_without_an_id_follows_every_lease_and_ctrl_c_ends_it_cleanly(
@@ -116,14 +116,14 @@ def test_watch_without_an_id_follows_every_lease_and_ctrl_c_ends_it_cleanly(
         time.sleep(1.0)  # subscribed: what follows arrives live
         a = str(alpha.request_lease(lease_body("watch-a"))["lease"]["lease_id"])
         b = str(alpha.request_lease(lease_body("watch-b"))["lease"]["lease_id"])
-        got = _lines(proc.stdout, 6)
+        got = _lines(proc.stdout, 4)
         proc.send_signal(signal.SIGINT)
         code = proc.wait(20)
         err = proc.stderr.read() if proc.stderr else ""
     finally:
         proc.kill()
     assert {(r["lease_id"], r["state"]) for r in got} == {
-        (lid, s) for lid in (a, b) for s in ("requested", "queued", "reserved")}
+        (lid, s) for lid in (a, b) for s in ("queued", "reserved")}
     assert code == 0 and "Traceback" not in err, err
 
 

@@ -85,9 +85,10 @@ def test_each_state_change_of_a_lease_is_one_record_in_its_tenants_feed(
     lid = _run_lease(cp, alpha, "feed-1")
     pub = _publisher(fresh_nats.url)
     pub.step()
-    items = _read(fresh_nats.url, "alpha", lease=lid, count=5)
+    items = _read(fresh_nats.url, "alpha", lease=lid, count=4)
     states = [(i.record.previous_state, i.record.state) for i in items if i.record]
-    assert states == [(None, "requested"), ("requested", "queued"), ("queued", "reserved"),
+    # requested and queued by one event: the lease's first record is its queueing
+    assert states == [(None, "queued"), ("queued", "reserved"),
                       ("reserved", "running"), ("running", "released")]
     last = items[-1].record
     assert last is not None
@@ -106,29 +107,29 @@ def test_a_restarted_or_rival_publisher_writes_no_record_twice(
     _run_lease(cp, alpha, "feed-a")
     first = _publisher(url)
     first.step()
-    assert first.feed is not None and first.feed.records_written == 5
+    assert first.feed is not None and first.feed.records_written == 4
     # a restart: a new publisher reads the feed's position and writes nothing again
     second = _publisher(url)
     second.step()
     assert second.feed is not None and second.feed.records_written == 0
     _run_lease(cp, alpha, "feed-b")
     second.step()
-    assert second.feed.records_written == 5
+    assert second.feed.records_written == 4
     # the first, still alive, folds the same events: the feed refuses its stale batch, it
     # reads where the feed stands and drops what is there
     with pytest.raises(FeedConflict):
         first.feed.writer.append([("pool.feed.alpha.lease.x", b"{}", 1)],
                                  expect_last=first.feed.feed_seq)
     first.step()
-    assert first.feed.records_written == 5
-    assert first.feed.feed_seq == second.feed.feed_seq == 10
+    assert first.feed.records_written == 4
+    assert first.feed.feed_seq == second.feed.feed_seq == 8
     _run_lease(cp, alpha, "feed-c")
     first.step()  # now the first writes, after what the second wrote
     second.step()
-    assert (first.feed.records_written, second.feed.records_written) == (10, 5)
-    items = _read(url, "alpha", count=15)
-    assert len({(i.record.lease_id, i.record.state) for i in items if i.record}) == 15
-    assert [i.seq for i in items] == list(range(1, 16))
+    assert (first.feed.records_written, second.feed.records_written) == (8, 4)
+    items = _read(url, "alpha", count=12)
+    assert len({(i.record.lease_id, i.record.state) for i in items if i.record}) == 12
+    assert [i.seq for i in items] == list(range(1, 13))
 
 
 def test_a_follower_gets_what_is_stored_after_its_sequence_then_live_records(
@@ -147,10 +148,10 @@ def test_a_follower_gets_what_is_stored_after_its_sequence_then_live_records(
         async def take() -> None:
             async for item in follower.items():
                 got.append(item)
-                if len(got) == 2:  # the rest of the old lease: now a new one, live
+                if len(got) == 1:  # the rest of the old lease: now a new one, live
                     await asyncio.to_thread(_run_lease, cp, alpha, "feed-new")
                     await asyncio.to_thread(pub.step)
-                if len(got) == 7:
+                if len(got) == 5:
                     return
 
         try:
@@ -161,9 +162,9 @@ def test_a_follower_gets_what_is_stored_after_its_sequence_then_live_records(
     t0 = time.monotonic()
     asyncio.run(go())
     assert time.monotonic() - t0 < 15
-    assert [i.seq for i in got] == list(range(4, 11))
-    assert [i.record.state for i in got[2:] if i.record] == \
-        ["requested", "queued", "reserved", "running", "released"]
+    assert [i.seq for i in got] == list(range(4, 9))
+    assert [i.record.state for i in got[1:] if i.record] == \
+        ["queued", "reserved", "running", "released"]
 
 
 def test_the_scheduler_process_publishes_the_feed(fresh_nats: NatsServer) -> None:
@@ -172,7 +173,7 @@ def test_the_scheduler_process_publishes_the_feed(fresh_nats: NatsServer) -> Non
         with PoolClient(fresh_nats.url) as admin, PoolClient(fresh_nats.url, "alpha") as alpha:
             setup_pool(admin)
             lid = str(alpha.request_lease(lease_body("feed-live"))["lease"]["lease_id"])
-            items = _read(fresh_nats.url, "alpha", lease=lid, count=2, timeout=20)
-            assert [i.record.state for i in items if i.record] == ["requested", "queued"]
+            items = _read(fresh_nats.url, "alpha", lease=lid, count=1, timeout=20)
+            assert [i.record.state for i in items if i.record] == ["queued"]
     finally:
         cp.stop()
