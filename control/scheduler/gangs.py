@@ -26,9 +26,11 @@ from domain.gang import GANG_MEMBER_LOST, GangMembership
 from domain.lease import Lease, LeaseState
 from domain.node import Node
 from domain.policy import reasons as R
+from domain.policy.backfill import Backfill
 from domain.policy.fairness import PendingRequest
 from domain.policy.gang import place_members
-from domain.resources import TRUST_LEVELS, ZERO, LeaseId, NodeId, Resources
+from domain.reservation import Withheld
+from domain.resources import TRUST_LEVELS, ZERO, LeaseId, NodeId, Resources, Shape
 from domain.topology import topology_of
 
 Member = Lease | QueuedLease
@@ -101,10 +103,11 @@ class Ganging(Batching):
                 return batch
         cfg = pool.config
         decision = place_members(gang.spec(), shapes, ps.table, self._topology,
-                                 packing=cfg.packing, allowed_trust_levels=allowed)
+                                 packing=cfg.packing, allowed_trust_levels=allowed,
+                                 blocked=ps.gang_holds.blocked(now, except_for=gang.gang_id))
         if decision.never_fits:
             never = {"gang": decision.reason, "filters": decision.filters,
-                   "nodes_total": len(ps.table), "never_satisfiable": True}
+                     "nodes_total": len(ps.table), "never_satisfiable": True}
             for m in queued:
                 whole = self._promoted(m)
                 whole.reject(now, "unschedulable", sorted({*decision.filters,
@@ -114,9 +117,13 @@ class Ganging(Batching):
                 report.rejected += 1
             return batch
         if not decision.placed:
-            self._gang_waits(waiting, {"tenant": [R.WAITING_FOR_CAPACITY],
-                                       "gang": decision.reason, "filters": decision.filters,
-                                       "nodes_total": len(ps.table)}, unplaced)
+            waits: dict[str, Any] = {
+                "tenant": [R.WAITING_FOR_CAPACITY], "gang": decision.reason,
+                "filters": decision.filters, "nodes_total": len(ps.table)}
+            held = self._gang_hold(ps, gang, decision.best_nodes, shapes, now)
+            if held:
+                waits["gang_hold"] = held
+            self._gang_waits(waiting, waits, unplaced)
             return batch
         holds = [pool.hold_for(m.requested_shape, m.maximum_runtime_seconds)
                  for m in queued]
@@ -139,7 +146,50 @@ class Ganging(Batching):
             devices.append(got)
         for m, node_id, hold, devs in zip(queued, decision.nodes, holds, devices, strict=True):
             self._reserve_member(ps, m, node_id, hold, devs, now, batch, allocs, report)
+        ps.gang_holds.release(gang.gang_id)
+        ps.gang_hold_need.pop(gang.gang_id, None)
         return batch
+
+    def _gang_hold(self, ps: PoolState, gang: GangMembership, nodes: tuple[str, ...],
+                   shapes: list[Shape], now: float) -> dict[str, Any] | None:
+        """The starvation guard, live: the first gang found waiting while no other holds
+        keeps the fitting nodes of its best domain (widened as more free up) from other
+        placements, for at most LIVE_HOLD_SECONDS, then may not hold again for as long
+        (domain.policy.gang.GangHolds). Returns what it holds, for `why`."""
+        holds = ps.gang_holds
+        if not nodes or any(g != gang.gang_id for g in holds.holds):
+            return None
+        if not holds.hold(gang.gang_id, nodes, now):
+            return None  # cooling down after a hold that ran out
+        # what each held node keeps: the largest member's amount
+        ps.gang_hold_need[gang.gang_id] = max(
+            (s.resources for s in shapes),
+            key=lambda r: (r.gpu_count, r.cpu_millis, r.memory_mib))
+        since, held = holds.holds[gang.gang_id]
+        return {"nodes": sorted(held), "until": since + holds.max_hold_seconds}
+
+    def _hold_for_gangs(self, ps: PoolState, bf: Backfill, now: float) -> None:
+        """At a cycle's start: drop the holds of gangs no longer queued (placed, cancelled,
+        rejected) or past their time, and give backfill what the rest keep on each node, so
+        lone placements stay out of it as they stay out of a maintenance window."""
+        holds = ps.gang_holds
+        if not holds.holds:
+            return
+        assert ps.queue is not None
+        for gang_id in list(holds.holds):
+            if gang_id not in ps.queue:  # the lead's lease id is the gang's id
+                holds.release(gang_id)
+        holds.blocked(now)  # lets holds past their time lapse
+        for gang_id in list(ps.gang_hold_need):
+            if gang_id not in holds.holds:
+                del ps.gang_hold_need[gang_id]
+        bf.withhold_also(
+            Withheld(reservation_id=f"gang:{gang_id}", node_id=node_id, start_at=now,
+                     resources=ps.gang_hold_need[gang_id],
+                     end_at=since + holds.max_hold_seconds)
+            for gang_id, (since, nodes) in holds.holds.items()
+            if gang_id in ps.gang_hold_need
+            for node_id in sorted(nodes) if node_id in ps.table)
 
     def _reserve_member(self, ps: PoolState, member: Member, node_id: str, hold: int,
                         devices: tuple[str, ...], now: float, batch: list[Aggregate],

@@ -60,9 +60,11 @@ class Placing(Ganging):
         bf = ps.backfill
         # windows first: the heads' reservations, made again by `begin`, stay out of them
         self.windows.apply(pool.pool_id, bf, now)
+        self._hold_for_gangs(ps, bf, now)  # a waiting head gang keeps its gathered nodes
         bf.begin(now, queued=queue.__contains__)
         # windows are kept through backfill's admission, so it is used while any is in force
-        guarded = self.backfill or self.windows.in_force(pool.pool_id)
+        guarded = (self.backfill or self.windows.in_force(pool.pool_id)
+                   or bool(ps.gang_holds.holds))
         starts: dict[str, float | None] = {}  # waiting request → estimated start
         # one pop at a time: each placement changes its tenant's share before the next pick
         while examined < self.max_examined_per_cycle and (req := queue.pop(now)) is not None:

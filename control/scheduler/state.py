@@ -16,6 +16,7 @@ from domain.lease import Lease, LeaseState
 from domain.node import Node
 from domain.policy.backfill import Backfill
 from domain.policy.fairness import DecayedUsage, FairQueue
+from domain.policy.gang import LIVE_HOLD_SECONDS, GangHolds
 from domain.policy.placement import NodeTable
 from domain.pool import Pool
 from domain.quota import QuotaBook
@@ -67,6 +68,11 @@ class PoolState:
     counted: dict[str, tuple[str, Resources]] = field(default_factory=dict)
     totals_stale: bool = False
     backfill: Backfill | None = None  # its blocked heads' reservations, kept between cycles
+    # the waiting head gang's hold on its best domain's free nodes (control.scheduler.gangs),
+    # and what it keeps on each held node
+    gang_holds: GangHolds = field(
+        default_factory=lambda: GangHolds(max_hold_seconds=LIVE_HOLD_SECONDS))
+    gang_hold_need: dict[str, Resources] = field(default_factory=dict)
 
     def refresh_totals(self) -> None:
         """The fair queue's denominator brought up to date, if a node changed it."""

@@ -118,6 +118,11 @@ class Backfill:
         for w in withheld:
             self._windows.setdefault(w.node_id, []).append(w)
 
+    def withhold_also(self, withheld: Iterable[Withheld]) -> None:
+        """More capacity kept this cycle beside the windows `withhold` gave (a gang's hold)."""
+        for w in withheld:
+            self._windows.setdefault(w.node_id, []).append(w)
+
     def begin(self, now: float, queued: Callable[[str], bool]) -> None:
         """Start a cycle at `now`: forget heads no longer queued and reserve again for the
         others, in band order (highest first), from the table as it is now."""

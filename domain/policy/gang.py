@@ -23,6 +23,9 @@ DEFAULT_SPREAD_KEY = "failure_domain"
 GANG_INCOMPLETE = "gang_incomplete"
 GANG_NEVER_FITS = "gang_never_fits"
 GANG_HOLDING = "gang_holding"
+# how long a live gang at the head may keep the free nodes of its best domain from others,
+# then as long again before it may hold again (docs/gpus.md)
+LIVE_HOLD_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
@@ -234,6 +237,7 @@ class MemberPlacement:
     reason: str | None = None
     never_fits: bool = False
     filters: dict[str, int] = field(default_factory=dict)
+    best_nodes: tuple[str, ...] = ()  # a waiting gang's fitting nodes of its best domain
 
     @property
     def placed(self) -> bool:
@@ -276,4 +280,5 @@ def place_members(spec: GangSpec, shapes: Sequence[Shape], table: NodeTable,
     if decision.never_fits and not never:
         reason = (f"{GANG_INCOMPLETE}: " + reason.split(": ", 1)[-1]
                   + " (nodes that could take it are not ready)")
-    return MemberPlacement(reason=reason, never_fits=never, filters=dict(filters))
+    return MemberPlacement(reason=reason, never_fits=never, filters=dict(filters),
+                           best_nodes=() if never else decision.best_nodes)

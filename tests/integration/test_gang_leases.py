@@ -246,6 +246,47 @@ def test_a_member_whose_heartbeats_stop_takes_its_gang_back_in_line_together(
     assert _no_partial_gang(cp) == 2
 
 
+def _held_gang(cp: ControlPlane, admin: PoolClient, alpha: PoolClient) -> tuple[str, str, str]:
+    """A 1-GPU lease on one of a rack's two nodes, a 2-node gang waiting for the rack (holding
+    the free node), and a 4-GPU lease that fits only on that node: (small, gang lead, wide)."""
+    _racks(admin, {"r1": 2})
+    small = alpha.request_lease(lease_body("small", gpu_count=1, max_runtime=3600))
+    assert cp.scheduler.cycle().placed == 1 and alpha.lease(small["lease"]["lease_id"],
+                                                            "commit", {})["ok"]
+    ids = alpha.request_lease(gang_body("held", 2, same="rack"))["result"]["lease_ids"]
+    assert cp.scheduler.cycle().placed == 0
+    hold = _why(alpha, ids[0])["reasons"]["gang_hold"]
+    busy = alpha.lease(small["lease"]["lease_id"], "get")["lease"]["node_id"]
+    free = "r1-n1" if busy == "r1-n0" else "r1-n0"
+    assert hold["nodes"] == [free]
+    wide = alpha.request_lease(lease_body("wide", gpu_count=4))["lease"]["lease_id"]
+    assert cp.scheduler.cycle().placed == 0  # the free node is the gang's while it gathers
+    assert "waiting_for_reservation" in _why(alpha, wide)["reasons"]["tenant"]
+    return small["lease"]["lease_id"], ids[0], wide
+
+
+def test_a_waiting_gang_holds_the_nodes_it_gathered_until_it_is_placed(plane: Plane) -> None:
+    cp, admin, alpha, _clock = plane
+    small, lead, wide = _held_gang(cp, admin, alpha)
+    assert alpha.lease(small, "cancel", {})["ok"]
+    node = cp.app.repository.get(Lease.create_id("alpha", "small")).node_id
+    assert node_report(cp.nats_url, str(node), small, "stopped", {"epoch": 1})["ok"]
+    assert cp.scheduler.cycle().placed == 2  # the gang, not the wide lease
+    assert {m["state"] for m in _gang(alpha, lead)["members"]} == {"reserved"}
+    assert alpha.lease(wide, "get")["lease"]["state"] == "queued"
+
+
+def test_a_gangs_hold_is_bounded_and_then_the_node_goes_to_others(plane: Plane) -> None:
+    from domain.policy.gang import LIVE_HOLD_SECONDS
+
+    cp, admin, alpha, clock = plane
+    _small, lead, wide = _held_gang(cp, admin, alpha)
+    clock.advance(LIVE_HOLD_SECONDS + 1)
+    cp.scheduler.cycle()
+    assert alpha.lease(wide, "get")["lease"]["state"] == "reserved"
+    assert "gang_hold" not in _why(alpha, lead)["reasons"]  # cooling down: holds nothing
+
+
 def test_racing_schedulers_never_reserve_part_of_a_gang(plane: Plane) -> None:
     from control.application import PoolApp
     from control.bootstrap import app_env
