@@ -17,7 +17,7 @@ from bus.jetstream.natsfast import (
     subscribe_raw_msgs,
     widen_reads,
 )
-from bus.jetstream.recorder import JetStreamRecorder
+from bus.jetstream.recorder import SUBJECT_CACHE_MAX, JetStreamRecorder
 from bus.jetstream.strays import strays
 from bus.jetstream.wire import (
     _RECORD_IDS_LIMIT,
@@ -148,6 +148,8 @@ class _LogReader:
         if known is None:
             if self.recorder.remember_subjects_read:
                 cache[subject] = _SubjectState(version, seq)
+                if len(cache) > SUBJECT_CACHE_MAX:
+                    self.recorder.trim_cache()
         elif seq >= known.last_seq:
             cache[subject] = _SubjectState(version, seq)
 

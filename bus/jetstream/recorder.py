@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import itertools
 import json
 import uuid
 from collections.abc import Callable, Sequence
@@ -66,6 +67,9 @@ from bus.subjects import (
     tracking_subject,
 )
 
+# the subjects whose end one recorder remembers (for its writes' expectations), at most
+SUBJECT_CACHE_MAX = 50_000
+
 
 async def _translated(coro: Any) -> Any:
     """`coro`'s result, its nats-py errors raised as bus.errors (as BusRuntime.run does)."""
@@ -98,7 +102,8 @@ class JetStreamRecorder:
         self._subject_prefix = event_subject(self.kind, "x")[:-1]
         self.tracking_owner = token(tracking_owner)
         self.timeout = timeout
-        # only touched on the runtime's loop thread, so it needs no lock
+        # only touched on the runtime's loop thread, so it needs no lock; at most
+        # SUBJECT_CACHE_MAX subjects (trim_cache)
         self._cache: dict[str, _SubjectState] = {}
         # a writer that follows the whole log (the scheduler) sets this: read-ahead pages then
         # record every subject's end they pass, as direct gets do, so its next write to an
@@ -234,6 +239,16 @@ class JetStreamRecorder:
         # a slower concurrent call must not move the cache backwards
         if known is None or state.last_seq >= known.last_seq:
             self._cache[subject] = state
+            if known is None and len(self._cache) > SUBJECT_CACHE_MAX:
+                self.trim_cache()
+
+    def trim_cache(self) -> None:
+        """Forget the earliest remembered quarter of the subjects: a forgotten subject is
+        looked up again by its next write, as after a conflict, so the cache stays bounded
+        however many aggregates the log holds."""
+        cache = self._cache
+        for subject in list(itertools.islice(cache, len(cache) - SUBJECT_CACHE_MAX * 3 // 4)):
+            del cache[subject]
 
     async def _direct_batch(
         self, filter_subject: str, start_seq: int, batch: int
