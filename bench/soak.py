@@ -22,7 +22,8 @@ CLIENTS = 32  # client threads, each a tenant's: their saves share atomic batche
 # a tenant per client: a release settles the tenant's account, so clients of one tenant would
 # contend on it
 TENANTS = [f"s{i}" for i in range(CLIENTS)]
-RSS_AT = (0.1, 0.5, 1.0)  # fractions of the run where the scheduler's memory is read
+RSS_AT = (0.1, 0.5, 1.0)  # fractions of the run where the scheduler's memory is judged
+SAMPLE_AT = tuple(i / 10 for i in range(1, 11))  # and read, to show where it levels off
 REPLAY_AT = (1 / 3, 2 / 3, 1.0)  # and where a cold scheduler replays the log
 _CTX = multiprocessing.get_context("spawn")  # the parent holds threads: no fork
 
@@ -148,9 +149,10 @@ def run_soak(*, leases: int = 1_000_000, quick: bool = False,
     if leases < 10:
         raise ValueError("a soak needs at least 10 leases")
     say = progress or (lambda _s: None)
-    marks = sorted({round(leases * f) for f in (*RSS_AT, *REPLAY_AT)})
+    marks = sorted({round(leases * f) for f in (*SAMPLE_AT, *RSS_AT, *REPLAY_AT)})
     started = time.monotonic()
     rss: list[dict[str, Any]] = []
+    samples: list[dict[str, Any]] = []
     replays: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="pool-bench-soak-") as tmp:
         server = NatsServer(store_dir=Path(tmp) / "nats").start()
@@ -195,8 +197,11 @@ def run_soak(*, leases: int = 1_000_000, quick: bool = False,
                 driver.run_until(mark)
                 time.sleep(1.0)  # the scheduler folds the last releases
                 say(f"{mark:,} leases ended ({mark / (time.monotonic() - t0):,.0f}/s)")
+                now_rss = {"leases": mark, "rss_mib": rss_mib(pids["scheduler"])}
+                if any(mark == round(leases * f) for f in SAMPLE_AT):
+                    samples.append(now_rss)
                 if any(mark == round(leases * f) for f in RSS_AT):
-                    rss.append({"leases": mark, "rss_mib": rss_mib(pids["scheduler"])})
+                    rss.append(now_rss)
                 if any(mark == round(leases * f) for f in REPLAY_AT):
                     out = _CTX.Queue()
                     p = _CTX.Process(target=_replay, args=(url, out), daemon=True)
@@ -216,7 +221,7 @@ def run_soak(*, leases: int = 1_000_000, quick: bool = False,
     first, last = loaded[0]["rss_mib"], loaded[-1]["rss_mib"]
     result: dict[str, Any] = {
         "leases": leases, "clients": CLIENTS, "batch": BATCH, "nodes": NODES,
-        "rss": rss, "replays": replays, "errors": driver.errors,
+        "rss": rss, "rss_samples": samples, "replays": replays, "errors": driver.errors,
         "release_retries": driver.retried,
         "rss_growth": last / first - 1, "flat": abs(last / first - 1) <= 0.10,
         "leases_per_s": leases / elapsed, "elapsed_s": time.monotonic() - started,
@@ -232,6 +237,8 @@ def table(result: dict[str, Any]) -> str:
     for r in result["rss"]:
         lines.append(f"  scheduler RSS after {r['leases']:>9,} leases: "
                      f"{r['rss_mib']:8.1f} MiB")
+    lines.append("  RSS at each tenth: " + ", ".join(f"{r['rss_mib']:.0f}"
+                                                    for r in result["rss_samples"]) + " MiB")
     for r in result["replays"]:
         lines.append(f"  start-up replay after {r['leases']:>9,} leases: {r['seconds']:8.2f} s "
                      f"({r['events']:,} events)")
