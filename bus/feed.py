@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,6 +169,17 @@ class FeedWriter:
 # -- reading ------------------------------------------------------------------------------------
 
 
+async def last_sequence(nc: Client) -> int:
+    """The feed's last stored sequence (0 before its first record)."""
+    try:
+        info = await nc.jetstream().stream_info(FEED_STREAM)
+    except nats.js.errors.NotFoundError:
+        return 0
+    except Exception as e:
+        raise translate(e) from e
+    return int(info.state.last_seq or 0)
+
+
 async def read_page(nc: Client, tenant: str, *, lease: str | None = None, after_seq: int = 0,
                     limit: int = REPLAY_LIMIT) -> TelemetryPage:
     """Stored records of `tenant`'s feed (one lease, or all) after feed sequence `after_seq`,
@@ -214,17 +225,19 @@ class FeedRefused(BusError):
 
 class FeedFollower:
     """A tenant's reader of its own feed, on a connection made as that tenant: what is stored
-    after `after` (pages from the control plane), then each record as it is stored (the live
+    after `after` (pages from the control plane; None: from the feed's end now), then each
+    record as it is stored (the live
     republish, subscribed to before the first page so nothing falls in between). A gap in the
     live messages of a lease, or a reconnect, reads the pages again from the last sequence."""
 
-    def __init__(self, nc: Client, tenant: str, *, lease: str | None = None, after: int = 0,
-                 refused: asyncio.Future[str] | None = None) -> None:
+    def __init__(self, nc: Client, tenant: str, *, lease: str | None = None,
+                 after: int | None = 0, refused: asyncio.Future[str] | None = None) -> None:
         self.nc = nc
         self.tenant = tenant
         self.lease = lease
-        self.last = after
-        self._start = after
+        self._from_end = after is None  # only what is stored from now on
+        self.last = after or 0
+        self._start = after or 0
         self._live: asyncio.Queue[tuple[int, int, str, bytes]] = asyncio.Queue()
         self._seen: dict[str, int] = {}  # last sequence delivered, per stored subject
         self._catch_up = asyncio.Event()
@@ -258,10 +271,12 @@ class FeedFollower:
         if self._refused is not None and self._refused.done():
             raise PermissionDenied(self._refused.result())
 
-    async def _page(self) -> tuple[list[FeedItem], bool]:
+    async def _page(self, *, from_end: bool = False) -> tuple[list[FeedItem], bool]:
         body: dict[str, Any] = {"after_seq": self.last, "limit": REPLAY_LIMIT}
         if self.lease:
             body["lease"] = self.lease
+        if from_end:
+            body = {"from_end": True}
         subject = command_subject(self.tenant, "feed", "replay")
         try:
             reply = await self.nc.request(subject, msgspec.json.encode(body), timeout=10)
@@ -275,6 +290,8 @@ class FeedFollower:
             err = env.get("error") or {}
             raise FeedRefused(str(err.get("code")), str(err.get("message")))
         result = env.get("result") or {}
+        if from_end:
+            self.last = self._start = int(result.get("last_seq") or 0)
         items = [FeedItem.of(int(r["seq"]), str(r["subject"]),
                              msgspec.json.encode(r.get("record")))
                  for r in result.get("records", [])]
@@ -296,13 +313,19 @@ class FeedFollower:
             if at_end or not items:
                 return
 
-    async def items(self, *, until_caught_up: bool = False) -> AsyncIterator[FeedItem]:
+    async def items(self, *, until_caught_up: bool = False,
+                    on_ready: Callable[[], None] | None = None) -> AsyncIterator[FeedItem]:
         """Every record after `after`, in feed order, none twice, until the caller stops (or,
-        `until_caught_up`, once what was stored is read)."""
+        `until_caught_up`, once what was stored is read); `on_ready` is called once the
+        stored ones are read and the live ones are awaited."""
         await self._subscribe()
         try:
+            if self._from_end:  # subscribed first: what is stored after this comes live
+                await self._page(from_end=True)
             async for item in self._replay():
                 yield item
+            if on_ready is not None:
+                on_ready()
             while not until_caught_up:
                 if self._catch_up.is_set():
                     self._catch_up.clear()
@@ -338,10 +361,11 @@ class FeedFollower:
                     await self._sub.unsubscribe()
 
 
-async def follow(url: str, tenant: str, *, lease: str | None = None, after: int = 0,
+async def follow(url: str, tenant: str, *, lease: str | None = None, after: int | None = 0,
                  user: str | None = None, password: str | None = None,
-                 inbox_prefix: str | None = None,
-                 until_caught_up: bool = False) -> AsyncGenerator[FeedItem, None]:
+                 inbox_prefix: str | None = None, until_caught_up: bool = False,
+                 on_ready: Callable[[], None] | None = None,
+                 ) -> AsyncGenerator[FeedItem, None]:
     """Connect as the tenant and yield its feed's records after `after` (see FeedFollower),
     until the caller stops; closes the connection then. Raises BusUnavailable,
     PermissionDenied or FeedRefused."""
@@ -365,7 +389,7 @@ async def follow(url: str, tenant: str, *, lease: str | None = None, after: int 
     nc = await connect(url, error_cb=on_error, reconnected_cb=on_reconnect, **options)
     try:
         follower = FeedFollower(nc, tenant, lease=lease, after=after, refused=refused)
-        async for item in follower.items(until_caught_up=until_caught_up):
+        async for item in follower.items(until_caught_up=until_caught_up, on_ready=on_ready):
             yield item
     finally:
         with contextlib.suppress(Exception):  # closing is best effort
@@ -381,5 +405,6 @@ __all__ = [
     "FeedWriter",
     "feed_filter",
     "follow",
+    "last_sequence",
     "read_page",
 ]

@@ -235,12 +235,16 @@ def cmd_lease_logs(args: argparse.Namespace) -> int:
 
 def cmd_lease_watch(args: argparse.Namespace) -> int:
     """Print each state change of a lease until it ends; without an id, of every lease of the
-    tenant until Ctrl-C. Follows the tenant's feed: what is stored, then live (no polling)."""
+    tenant until Ctrl-C. Follows the tenant's feed: what is stored (after --after), then live
+    (no polling)."""
     import asyncio
+    import sys
 
     from cli.connect import tenant_connection
     from cli.run import FINAL_STATES
 
+    if args.after is not None and args.after < 0:
+        raise UsageError("--after must be ≥ 0")
     tenant = tenant_of(args)
     lease = None
     if args.lease_id:
@@ -256,8 +260,15 @@ def cmd_lease_watch(args: argparse.Namespace) -> int:
 
         printed = 0
         done_already = lease is not None and lease.get("state") in FINAL_STATES
-        items = follow(url, tenant, lease=args.lease_id or None, **options,
-                       until_caught_up=done_already)
+        # a lease's whole story; every lease's only from now, unless told where to resume
+        after = args.after if args.after is not None else (0 if args.lease_id else None)
+        def ready() -> None:
+            if not args.lease_id:
+                print(f"pool: watching every lease of {tenant} (Ctrl-C to stop)",
+                      file=sys.stderr, flush=True)
+
+        items = follow(url, tenant, lease=args.lease_id or None, after=after, **options,
+                       until_caught_up=done_already, on_ready=ready)
         try:
             async for item in items:
                 _print_change(item, args.json)
@@ -411,6 +422,10 @@ def register(sub: Subparsers) -> None:
                           '{"ok": true, "result": {"seq": …, "state": …}}.')
     client_opts(wt, tenant=True)
     wt.add_argument("lease_id", nargs="?")
+    wt.add_argument("--after", type=int, metavar="SEQ",
+                    help="first the stored changes after feed sequence SEQ (each --json line "
+                    "has its `seq`; 0: all kept); default: a lease's from its start, every "
+                    "lease's from now on")
     wt.set_defaults(func=cmd_lease_watch)
     rq = lease.add_parser("request", help="ask for a lease on a resource shape")
     client_opts(rq, tenant=True)

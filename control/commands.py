@@ -76,7 +76,8 @@ class CommandHandler:
         self._reader: Any = None
         # (filter subject, after_seq=, since=, limit=) → bus.telemetry.TelemetryPage
         self.telemetry_pages = telemetry_pages
-        # (tenant, lease=, after_seq=, limit=) → bus.telemetry.TelemetryPage of the feed
+        # (tenant, lease=, after_seq=, limit=) → bus.telemetry.TelemetryPage of the feed;
+        # (tenant, end=True) → the feed's last sequence
         self.feed_pages = feed_pages
 
     def __call__(self, subject: str, body: bytes, headers: dict[str, str]) -> bytes:
@@ -193,6 +194,9 @@ class CommandHandler:
         tenant reads no other's records."""
         if self.feed_pages is None:
             return v1.Envelope.failure("feed_unavailable", "this service does not read the feed")
+        if q.from_end:
+            return v1.Envelope.success(result={"records": [], "at_end": True,
+                                               "last_seq": self.feed_pages(tenant, end=True)})
         page = self.feed_pages(tenant, lease=q.lease, after_seq=q.after_seq, limit=q.limit)
         records = []
         for seq, subject, data in page.samples:

@@ -126,14 +126,15 @@ def _telemetry_pages(nats_url: str) -> Callable[..., Any]:
 
 def _feed_pages(nats_url: str) -> Callable[..., Any]:
     """Pages of the lease feed for tenants' replays, over the process's bus runtime."""
-    from bus.feed import read_page
+    from bus.feed import last_sequence, read_page
     from bus.runtime import get_runtime
 
-    def pages(tenant: str, **kw: Any) -> Any:
+    def pages(tenant: str, *, end: bool = False, **kw: Any) -> Any:
         rt = get_runtime(nats_url)
 
         async def go() -> Any:
-            return await read_page(await rt.connection(), tenant, **kw)
+            nc = await rt.connection()
+            return await last_sequence(nc) if end else await read_page(nc, tenant, **kw)
 
         return rt.run(go())
 

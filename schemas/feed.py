@@ -42,13 +42,16 @@ class FeedRecord(Struct, frozen=True, kw_only=True):
 
 class FeedReplay(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """A page of the tenant's own feed, read by the service on its behalf: after the feed
-    sequence `after_seq` (0: from the oldest kept), one lease or all of them. The tenant token
-    comes from the subject, so a tenant never needs the right to create stream consumers."""
+    sequence `after_seq` (0: from the oldest kept), one lease or all of them; `from_end`: no
+    records, only `last_seq`, the feed's last sequence now (where a reader of what comes next
+    starts). The tenant token comes from the subject, so a tenant never needs the right to
+    create stream consumers."""
 
     schema_version: SchemaVersion = 1
     after_seq: Annotated[int, Meta(ge=0, le=2**63 - 1)] = 0
     lease: SubjectToken | None = None
     limit: Annotated[int, Meta(ge=1, le=1000)] = 500
+    from_end: bool = False
 
 
 PUBLIC_STRUCTS: tuple[type[Struct], ...] = (FeedRecord, FeedReplay)

@@ -50,6 +50,12 @@ def _watch(url: str, *argv: str) -> subprocess.Popen[str]:
                             text=True)
 
 
+def _ready(proc: subprocess.Popen[str]) -> None:
+    """Wait until a watch of every lease says it is following (its stored part is read)."""
+    assert proc.stderr is not None
+    assert "watching every lease" in proc.stderr.readline()
+
+
 def _lines(stream: IO[str] | None, count: int, timeout: float = 30) -> list[dict[str, Any]]:
     assert stream is not None
     out: list[dict[str, Any]] = []
@@ -113,7 +119,7 @@ def test_watch_without_an_id_follows_every_lease_and_ctrl_c_ends_it_cleanly(
     url, alpha = plane
     proc = _watch(url)
     try:
-        time.sleep(1.0)  # subscribed: what follows arrives live
+        _ready(proc)
         a = str(alpha.request_lease(lease_body("watch-a"))["lease"]["lease_id"])
         b = str(alpha.request_lease(lease_body("watch-b"))["lease"]["lease_id"])
         got = _lines(proc.stdout, 4)
@@ -125,6 +131,31 @@ def test_watch_without_an_id_follows_every_lease_and_ctrl_c_ends_it_cleanly(
     assert {(r["lease_id"], r["state"]) for r in got} == {
         (lid, s) for lid in (a, b) for s in ("queued", "reserved")}
     assert code == 0 and "Traceback" not in err, err
+
+
+def test_watch_without_an_id_starts_now_unless_told_where_to_resume(
+        plane: tuple[str, PoolClient]) -> None:
+    url, alpha = plane
+    old = str(alpha.request_lease(lease_body("watch-old"))["lease"]["lease_id"])
+    _wait_state(alpha, old, "reserved")
+    time.sleep(0.5)  # the feed writer follows the log
+    now = _watch(url)
+    resumed = _watch(url, "--after", "1")
+    try:
+        _ready(now)
+        _ready(resumed)
+        new = str(alpha.request_lease(lease_body("watch-new"))["lease"]["lease_id"])
+        fresh = _lines(now.stdout, 3)
+        again = _lines(resumed.stdout, 5)
+    finally:
+        for p in (now, resumed):
+            p.send_signal(signal.SIGINT)
+            p.wait(20)
+    assert {r["lease_id"] for r in fresh} == {new}
+    assert [(r["lease_id"], r["state"]) for r in again] == [
+        (old, "queued"), (old, "reserved"), (new, "requested"), (new, "queued"),
+        (new, "reserved")]
+    assert again[0]["seq"] == 2
 
 
 def test_watch_of_another_tenant_s_lease_is_refused(plane: tuple[str, PoolClient]) -> None:
