@@ -26,7 +26,7 @@ from domain.gang import GANG_MEMBER_LOST, GangMembership
 from domain.lease import Lease, LeaseState
 from domain.node import Node
 from domain.policy import reasons as R
-from domain.policy.backfill import Backfill
+from domain.policy.backfill import Backfill, placed_end_estimate
 from domain.policy.fairness import PendingRequest
 from domain.policy.gang import place_members
 from domain.reservation import Withheld
@@ -102,9 +102,11 @@ class Ganging(Batching):
                 self._gang_waits(waiting, why_quota, unplaced)
                 return batch
         cfg = pool.config
+        blocked = ps.gang_holds.blocked(now, except_for=gang.gang_id)
+        blocked |= self._kept_from(ps, gang, lease, shapes, now)
         decision = place_members(gang.spec(), shapes, ps.table, self._topology,
                                  packing=cfg.packing, allowed_trust_levels=allowed,
-                                 blocked=ps.gang_holds.blocked(now, except_for=gang.gang_id))
+                                 blocked=blocked)
         if decision.never_fits:
             never = {"gang": decision.reason, "filters": decision.filters,
                      "nodes_total": len(ps.table), "never_satisfiable": True}
@@ -150,6 +152,25 @@ class Ganging(Batching):
         ps.gang_hold_need.pop(gang.gang_id, None)
         return batch
 
+    def _kept_from(self, ps: PoolState, gang: GangMembership, lease: Member,
+                   shapes: list[Shape], now: float) -> set[str]:
+        """The nodes a member may not take now, as lone requests may not: where a blocked
+        head's reservation, an advance reservation or a maintenance window would be delayed
+        (the gang's own hold, or the advance reservation it names, excepted)."""
+        bf = ps.backfill
+        if bf is None:
+            return set()
+        nodes = bf.constrained_nodes()
+        if not nodes:
+            return set()
+        cfg = ps.pool.config
+        need = _largest(shapes)
+        end = placed_end_estimate(now, cfg.commit_timeout_seconds,
+                                  lease.maximum_runtime_seconds)
+        own = (f"gang:{gang.gang_id}" if gang.gang_id in ps.gang_holds.holds
+               else self.windows.usable(ps.pool.pool_id, lease, now))
+        return {n for n in nodes if not bf.admits(n, need, end, window=own)}
+
     def _gang_hold(self, ps: PoolState, gang: GangMembership, nodes: tuple[str, ...],
                    shapes: list[Shape], now: float) -> dict[str, Any] | None:
         """The starvation guard, live: the first gang found waiting while no other holds
@@ -162,9 +183,7 @@ class Ganging(Batching):
         if not holds.hold(gang.gang_id, nodes, now):
             return None  # cooling down after a hold that ran out
         # what each held node keeps: the largest member's amount
-        ps.gang_hold_need[gang.gang_id] = max(
-            (s.resources for s in shapes),
-            key=lambda r: (r.gpu_count, r.cpu_millis, r.memory_mib))
+        ps.gang_hold_need[gang.gang_id] = _largest(shapes)
         since, held = holds.holds[gang.gang_id]
         return {"nodes": sorted(held), "until": since + holds.max_hold_seconds}
 
@@ -266,6 +285,12 @@ class Ganging(Batching):
 _BETWEEN = frozenset({LeaseState.REQUESTED, LeaseState.RESERVED, LeaseState.RUNNING,
                       LeaseState.STOPPING, LeaseState.PREEMPTING, LeaseState.EXPIRED,
                       LeaseState.RECONCILING})
+
+
+def _largest(shapes: list[Shape]) -> Resources:
+    """The largest member's amount (by GPUs, then CPU, then memory)."""
+    return max((s.resources for s in shapes),
+               key=lambda r: (r.gpu_count, r.cpu_millis, r.memory_mib))
 
 
 def _account_id(tenant: str) -> UUID:

@@ -123,6 +123,11 @@ class Backfill:
         for w in withheld:
             self._windows.setdefault(w.node_id, []).append(w)
 
+    def constrained_nodes(self) -> set[str]:
+        """The nodes a reservation or a window keeps something on this cycle: the only ones
+        where `admits` can say no."""
+        return set(self._by_node) | set(self._windows)
+
     def begin(self, now: float, queued: Callable[[str], bool]) -> None:
         """Start a cycle at `now`: forget heads no longer queued and reserve again for the
         others, in band order (highest first), from the table as it is now."""

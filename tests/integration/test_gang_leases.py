@@ -287,6 +287,22 @@ def test_a_gangs_hold_is_bounded_and_then_the_node_goes_to_others(plane: Plane) 
     assert "gang_hold" not in _why(alpha, lead)["reasons"]  # cooling down: holds nothing
 
 
+def test_a_gang_keeps_off_a_node_whose_maintenance_window_it_would_run_into(
+        plane: Plane) -> None:
+    cp, admin, alpha, clock = plane
+    _racks(admin, {"r1": 3})
+    assert admin.admin("reservation.create", {
+        "pool_id": "p1", "reservation_id": "m1", "start_at": clock() + 1000,
+        "duration_seconds": 600, "node_ids": ["r1-n0"]})["ok"]
+    ids = alpha.request_lease(gang_body("maint", 2) | {"maximum_runtime_seconds": 3600})[
+        "result"]["lease_ids"]
+    assert cp.scheduler.cycle().placed == 2
+    assert {m["node_id"] for m in _gang(alpha, ids[0])["members"]} == {"r1-n1", "r1-n2"}
+    three = alpha.request_lease(gang_body("three", 2) | {"maximum_runtime_seconds": 3600})
+    assert cp.scheduler.cycle().placed == 0  # one node left, and it goes into maintenance
+    assert "gang_incomplete" in _why(alpha, three["result"]["lease_ids"][0])["reasons"]["gang"]
+
+
 def test_racing_schedulers_never_reserve_part_of_a_gang(plane: Plane) -> None:
     from control.application import PoolApp
     from control.bootstrap import app_env
