@@ -403,12 +403,27 @@ class Demo:
             self._refresh()
             time.sleep(0.5)
         self._refresh()
+        self.credit_why = self._credit_why([t for t in self.tracked.values()
+                                            if t.tenant == "initech" and t.state == "queued"])
         for t in self.tracked.values():
             if t.state in ("queued", "reserved", "running", "preempting"):
-                if t.tenant == "initech" and t.state == "queued":
-                    why = self.clients["initech"].lease(t.lease_id, "why").get("result") or {}
-                    self.credit_why = why
                 self.clients[t.tenant].lease(t.lease_id, "cancel", {"reason": "demo over"})
+
+    def _credit_why(self, waiting: list[Tracked], timeout: float = 10.0) -> dict[str, Any]:
+        """`why` of initech's waiting leases: the first that names its credits. A lease queued
+        since the scheduler's last cycle has no reasons yet, so ask again until one does."""
+        deadline = time.monotonic() + timeout
+        last: dict[str, Any] = {}
+        while waiting:
+            for t in waiting:
+                why = self.clients["initech"].lease(t.lease_id, "why").get("result") or {}
+                last = why or last
+                if "insufficient_credits" in str(why.get("reasons", {})):
+                    return why
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+        return last
 
     def _refresh(self) -> None:
         for t in list(self.tracked.values()):
