@@ -154,13 +154,15 @@ class Ganging(Batching):
 
     def _kept_from(self, ps: PoolState, gang: GangMembership, lease: Member,
                    shapes: list[Shape], now: float) -> set[str]:
-        """The nodes a member may not take now, as lone requests may not: where a blocked
-        head's reservation, an advance reservation or a maintenance window would be delayed
-        (the gang's own hold, or the advance reservation it names, excepted)."""
+        """The nodes a member may not take now, as lone requests may not: where it would run
+        into an advance reservation, a maintenance window or another gang's hold (its own
+        hold, or the advance reservation it names, excepted). A blocked head's backfill
+        reservation does not keep a gang out: a gang is never a head itself, so a later lone
+        request would otherwise take its place in line (the gang's hold is its guard)."""
         bf = ps.backfill
         if bf is None:
             return set()
-        nodes = bf.constrained_nodes()
+        nodes = bf.window_nodes()
         if not nodes:
             return set()
         cfg = ps.pool.config
@@ -169,7 +171,7 @@ class Ganging(Batching):
                                   lease.maximum_runtime_seconds)
         own = (f"gang:{gang.gang_id}" if gang.gang_id in ps.gang_holds.holds
                else self.windows.usable(ps.pool.pool_id, lease, now))
-        return {n for n in nodes if not bf.admits(n, need, end, window=own)}
+        return {n for n in nodes if not bf.admits(n, need, end, window=own, heads=False)}
 
     def _gang_hold(self, ps: PoolState, gang: GangMembership, nodes: tuple[str, ...],
                    shapes: list[Shape], now: float) -> dict[str, Any] | None:

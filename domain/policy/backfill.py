@@ -123,10 +123,9 @@ class Backfill:
         for w in withheld:
             self._windows.setdefault(w.node_id, []).append(w)
 
-    def constrained_nodes(self) -> set[str]:
-        """The nodes a reservation or a window keeps something on this cycle: the only ones
-        where `admits` can say no."""
-        return set(self._by_node) | set(self._windows)
+    def window_nodes(self) -> set[str]:
+        """The nodes a window (`withhold`, `withhold_also`) keeps something on this cycle."""
+        return set(self._windows)
 
     def begin(self, now: float, queued: Callable[[str], bool]) -> None:
         """Start a cycle at `now`: forget heads no longer queued and reserve again for the
@@ -297,12 +296,14 @@ class Backfill:
         return None
 
     def admits(self, node_id: str, resources: Resources, end_at: float | None,
-               lease_id: str | None = None, window: str | None = None) -> bool:
+               lease_id: str | None = None, window: str | None = None, *,
+               heads: bool = True) -> bool:
         """Whether placing `resources` on `node_id` now, until `end_at`, leaves every
         reservation there (but the request's own) able to start on time: it ends before the
         reservation begins, or it fits beside the reservation in what the node will have
         free by then. Windows (`withhold`) other than `window`, the one the request may use,
-        are counted together from the earliest one it would overlap."""
+        are counted together from the earliest one it would overlap. `heads` False: windows
+        only, not the blocked heads' reservations."""
         ws = [w for w in self._windows.get(node_id, ())
               if w.reservation_id != window and (end_at is None or end_at > w.start_at)]
         if ws:
@@ -312,7 +313,7 @@ class Backfill:
             at = min(w.start_at for w in ws)
             if not (self.capacity_at(node_id, at) - kept).is_non_negative():
                 return False
-        for r in self._by_node.get(node_id, ()):
+        for r in self._by_node.get(node_id, ()) if heads else ():
             if r.lease_id == lease_id:
                 continue
             if end_at is not None and end_at <= r.start_at:
