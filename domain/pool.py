@@ -4,6 +4,7 @@ Versioned settings and prices: docs/architecture.md#pools-prices-and-credits.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import uuid
@@ -36,6 +37,7 @@ from domain.resources import PoolId, Resources, Shape, TenantId
 
 _POOL_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:pool")
 _TENANT_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:tenant-policy")
+_IDS_CACHED = 4096  # pool and tenant-policy ids remembered (a name's uuid5 costs a hash)
 
 PACKING_POLICIES: tuple[str, ...] = ("best-fit", "spread")
 QuotaLike = Mapping[str, int] | Resources | Limits | None  # see domain.quota.limits
@@ -254,6 +256,7 @@ class Pool(Aggregate):
     """A pool's settings and price list, each change an event."""
 
     @staticmethod
+    @functools.lru_cache(maxsize=_IDS_CACHED)  # every request asks; a few pools answer
     def create_id(pool_id: str) -> UUID:
         return uuid.uuid5(_POOL_NAMESPACE, str(pool_id))
 
@@ -430,6 +433,7 @@ class TenantPolicy(Aggregate):
     of it (domain.quota). `preemptible` False: no lease of this tenant is ever a victim."""
 
     @staticmethod
+    @functools.lru_cache(maxsize=_IDS_CACHED)
     def create_id(pool_id: str, tenant_id: str) -> UUID:
         return uuid.uuid5(_TENANT_NAMESPACE, json.dumps([str(pool_id), str(tenant_id)]))
 
