@@ -29,7 +29,7 @@ def scenario_scheduler_failover(ws: Workspace, size: dict[str, Any], o: Outcome)
     """Two `pool serve` processes on one log; SIGKILL whichever leads, as soon as it is placing
     a burst, again and again; time until the standby places, and replay the log for capacity."""
     from bus.leader import LeaderElection
-    from chaos.invariants import check_placements, check_quotas, event_name
+    from chaos.invariants import check_gangs, check_placements, check_quotas, event_name
 
     ttl = float(size["leader_ttl_s"])
     url = ws.nats().url
@@ -60,6 +60,8 @@ def scenario_scheduler_failover(ws: Workspace, size: dict[str, Any], o: Outcome)
             key = f"k{i}"
             body = lease_body(key, cpu_millis=rng.choice((500, 1000, 1500, 2000)),
                               gpu_count=rng.choice((0, 0, 1, 2)))
+            if i % 10 == 9:  # a gang: its members reserved in one save or not at all
+                body["group"] = {"members": 2}
             for _attempt in range(5):  # a killed process drops what it was answering: retry
                 try:
                     r = clients[t].request_lease(body)
@@ -171,5 +173,8 @@ def scenario_scheduler_failover(ws: Workspace, size: dict[str, Any], o: Outcome)
     o.zero("quota_breaches", len(quotas.breaches), "; ".join(quotas.breaches[:2]))
     o.expect(len(takeovers) == int(size["kills"]),
              f"{len(takeovers)} of {size['kills']} takeovers measured")
+    gangs = check_gangs(log)
+    o.figures.update(gang_placements=gangs.placements)
+    o.zero("partial_gangs", len(gangs.partial), "; ".join(gangs.partial[:2]))
     o.expect(report.placements > 0, "nothing was placed")
     o.expect(report.device_placements > 0, "no placement was bound to GPU devices")
