@@ -316,6 +316,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from_env = role_urls_from_env(url, os.environ)
     responder = from_env.pop("responder", None) or responder
+    if from_env and responder is None and roles & {"commands", "scheduler"}:
+        raise UsageError("the commands and scheduler roles answer requests as the responders' "
+                         "user: set POOL_RESPONDER_PASSWORD beside the roles' passwords")
     role_urls: dict[str, str] | None = from_env or None
     if role_urls is None and not getattr(args, "nats_url", None):
         role_urls = embedded.role_urls() or None

@@ -160,7 +160,11 @@ class ControlPlane:
         # each role's connection (its own user, bus.local.auth.PERMISSIONS); nats_url for all
         # without; role users may not create or change streams, the operator made them
         self.role_urls = dict(role_urls or {})
-        url = {r: self.role_urls.get(r, nats_url) for r in ROLES}
+        # a part this process does not run (the commands' application, always made) connects
+        # as one of the roles it does run: a process may hold only its own roles' passwords
+        mine = next((self.role_urls[r] for r in ROLES if r in self.roles and r in self.role_urls),
+                    nats_url)
+        url = {r: self.role_urls.get(r, mine) for r in ROLES}
         run_scheduler = run_scheduler and "scheduler" in self.roles
         self.nats_url = nats_url
         self.app = PoolApp(env=app_env(url["commands"]), clock=clock)

@@ -164,3 +164,50 @@ def test_the_projector_folds_the_log_as_its_own_user(tmp_path: Path, database_ur
             proj.stop()
             proj.app.close()
         assert violations(server) == []
+
+
+def test_pool_serve_speaks_as_the_roles_whose_passwords_its_environment_holds(
+        tmp_path: Path) -> None:
+    """What compose.yaml does: each `pool serve --role R` process holds only R's password
+    (and the responders'), the admin CLI its own user's, the operator made the streams."""
+    import os
+    import subprocess
+    import sys
+
+    from bus.admin import ensure_all_streams
+    from bus.local.auth import env_file
+
+    auth = AuthConfig()
+    server = NatsServer(store_dir=tmp_path / "nats", server_name="pool-serve",
+                        extra_config=auth.render()).start()
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        ensure_all_streams(url_with_credentials(server.url, auth.service))
+        pw = dict(line.split("=", 1) for line in env_file(auth).splitlines())
+        env = {k: v for k, v in os.environ.items() if not k.startswith("POOL_")}
+        env.update(POOL_NATS_URL=server.url, POOL_HOME=str(tmp_path / "home"))
+        responder = {"POOL_RESPONDER_PASSWORD": pw["POOL_RESPONDER_PASSWORD"]}
+        for role, extra in (("commands", responder), ("scheduler", responder),
+                            ("reconciler", {})):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "cli.main", "serve", "--role", role],
+                env={**env, **extra, f"POOL_{role.upper()}_PASSWORD":
+                     pw[f"POOL_{role.upper()}_PASSWORD"]},
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        admin = {**env, "POOL_NATS_USER": "pool-admin",
+                 "POOL_NATS_PASSWORD": pw["POOL_ADMIN_PASSWORD"]}
+
+        def pool_set() -> bool:
+            r = subprocess.run([sys.executable, "-m", "cli.main", "admin", "pool", "set", "p1",
+                                "--json"], env=admin, capture_output=True, text=True,
+                               timeout=60, check=False)
+            return r.returncode == 0
+
+        wait_for(pool_set, timeout=60, every=1.0)
+    finally:
+        for p in procs:
+            p.terminate()
+        outputs = [p.communicate(timeout=30)[0] for p in procs]
+        server.stop()
+    assert all("serving" in out and "error" not in out for out in outputs), outputs
+    assert violations(server) == []
