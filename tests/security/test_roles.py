@@ -4,6 +4,7 @@ whole job without a permission violation and refused by the server outside it.""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from tests.security.roles import lease_lifecycle, secured_plane, violations, wai
 
 
 async def _attempt(server: NatsServer, auth: AuthConfig, role: str, *,
-                   publish: list[str] = (), subscribe: list[str] = ()) -> dict[str, Any]:
+                   publish: Sequence[str] = (), subscribe: Sequence[str] = ()) -> dict[str, Any]:
     """`role`'s user publishes to and subscribes on each subject; what landed (seen by the
     operator) and what the server refused."""
     errors: list[str] = []
@@ -159,7 +160,7 @@ def test_the_projector_folds_the_log_as_its_own_user(tmp_path: Path, database_ur
         proj = Projector(url_with_credentials(server.url, auth.roles["projector"]), database_url,
                          schema=schema).start()
         try:
-            wait_for(lambda: proj.position >= proj.app.recorder.max_notification_id())
+            wait_for(lambda: proj.position >= (proj.app.recorder.max_notification_id() or 0))
         finally:
             proj.stop()
             proj.app.close()
