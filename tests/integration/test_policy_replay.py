@@ -65,7 +65,9 @@ def test_pool_bench_policy_from_log_replays_through_every_policy(
     cp, admin, clock = plane
     _history(cp, admin, clock)
     assert main(["bench", "policy", "--from-log", "--nats-url", cp.nats_url, "--json"]) == 0
-    result = json.loads(capsys.readouterr().out)
+    envelope = json.loads(capsys.readouterr().out)
+    assert envelope["ok"] is True
+    result = envelope["result"]
     assert result["requests"] == 2 and result["workload"].startswith("pool p1")
     for p in result["policies"]:
         assert p["waits"]["count"] == 2  # both ran in every replay

@@ -14,7 +14,9 @@ from cli.main import main
 def test_pool_bench_policy_reports_every_policy_on_the_same_workload(
         capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "policy", "--quick", "--days", "2", "--json"]) == 0
-    result = json.loads(capsys.readouterr().out)
+    envelope = json.loads(capsys.readouterr().out)
+    assert envelope["ok"] is True
+    result = envelope["result"]
     policies = {p["policy"]: p for p in result["policies"]}
     assert set(policies) == {"fifo", "drf", "drf+decay", "drf+backfill", "drf+decay+backfill"}
     for p in policies.values():
