@@ -152,7 +152,7 @@ async def _request_fast(ctx: Context, p: Params, cmd: v1.LeaseRequest) -> v1.Env
 def _requested(leases: list[Any]) -> v1.Envelope:
     from schemas.convert import gang_view, lease_view
 
-    if len(leases) == 1:
+    if len(leases) == 1 and leases[0].gang is None:
         return _lease_reply(leases[0])
     # many leases: the first in full (with its gang), and every id in order
     view = lease_view(leases[0])

@@ -100,6 +100,9 @@ def test_a_gang_is_reserved_whole_in_one_rack_and_get_lists_every_member(plane: 
     assert _no_partial_gang(cp) == 1
     report = check_placements(cp.app)
     assert report.double_placements == 0 and report.device_violations == 0
+    one = alpha.request_lease(gang_body("one", 1))
+    assert one["lease"]["gang"]["size"] == 1 and one["result"]["lease_ids"] == [
+        one["lease"]["lease_id"]]
 
 
 def test_a_gang_that_can_never_fit_is_rejected_at_once_with_per_filter_counts(
