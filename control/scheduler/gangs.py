@@ -14,10 +14,13 @@ from control.pending import QueuedLease
 from control.quotas import quota_wait
 from control.scheduler.batches import Batching
 from control.scheduler.state import (
+    LEAVING,
     MAX_MESSAGES_PER_BATCH,
     CycleReport,
+    PendingPreemption,
     Placed,
     PoolState,
+    class_rank,
     node_uuid,
 )
 from domain.account import Account
@@ -28,7 +31,8 @@ from domain.node import Node
 from domain.policy import reasons as R
 from domain.policy.backfill import Backfill, placed_end_estimate
 from domain.policy.fairness import PendingRequest
-from domain.policy.gang import place_members
+from domain.policy.gang import Candidate, place_gang, place_members
+from domain.policy.preemption import choose_victims
 from domain.reservation import Withheld
 from domain.resources import TRUST_LEVELS, ZERO, LeaseId, NodeId, Resources, Shape
 from domain.topology import topology_of
@@ -122,6 +126,11 @@ class Ganging(Batching):
             waits: dict[str, Any] = {
                 "tenant": [R.WAITING_FOR_CAPACITY], "gang": decision.reason,
                 "filters": decision.filters, "nodes_total": len(ps.table)}
+            preempting = self._gang_preemption(ps, req, gang, shapes, total, allowed, blocked,
+                                               now, batch, report)
+            if preempting is not None:
+                waits["tenant"] = [R.WAITING_FOR_PREEMPTION]
+                waits["preemption"] = preempting
             held = self._gang_hold(ps, gang, decision.best_nodes, shapes, now)
             if held:
                 waits["gang_hold"] = held
@@ -151,6 +160,68 @@ class Ganging(Batching):
         ps.gang_holds.release(gang.gang_id)
         ps.gang_hold_need.pop(gang.gang_id, None)
         return batch
+
+    def _gang_preemption(self, ps: PoolState, req: PendingRequest, gang: GangMembership,
+                         shapes: list[Shape], total: Resources,
+                         allowed: tuple[str, ...] | None, blocked: set[str], now: float,
+                         batch: list[Aggregate], report: CycleReport) -> dict[str, Any] | None:
+        """Preemption on a waiting gang's behalf, when the pool allows it: the busy nodes
+        whose running leases the policy would give up for one member (as for a lone request:
+        lower classes, or tenants over their share), counted as fitting beside the free ones;
+        if the gang policy then finds it nodes, the victims on those nodes are noticed (added
+        to `batch`) and the gang waits for them. One plan at a time per gang; returns where it
+        stands, for `why`, or None."""
+        prem = ps.pool.config.preemption
+        if not prem.enabled:
+            return None
+        pending = self._preempting_for.get(gang.gang_id)
+        if pending is not None:
+            leaving = [v for v in pending.victims
+                       if isinstance(vl := self.aggregates.get(UUID(v)), Lease)
+                       and vl.state in LEAVING]
+            if leaving:
+                return {"node_id": pending.node_id, "victims": list(pending.victims)}
+            del self._preempting_for[gang.gang_id]
+        if self._plans_left <= 0:
+            return None
+        self._plans_left -= 1
+        shape = max(shapes, key=lambda sh: (sh.resources.gpu_count, sh.resources.cpu_millis,
+                                            sh.resources.memory_mib))
+        fr = ps.table.filter(shape, allowed_trust_levels=allowed)
+        busy = [c for i in fr.busy
+                if (nid := ps.table.node_id_at(int(i))) not in blocked
+                and (c := self._candidate(ps, nid)).leases]
+        if not busy:
+            return None
+        whole = dataclasses.replace(req, shape=dataclasses.replace(req.shape, resources=total))
+        over = self._tenants_over_share(ps, whole, busy)
+        rank = class_rank(ps.pool, req.priority_class)
+        plans = {}
+        for c in busy:
+            plan = choose_victims(shape, [c], rank, over, prem.min_runtime_seconds, now,
+                                  requester_tenant=req.tenant)
+            if plan is not None and plan.victims:
+                plans[c.node_id] = plan
+        if not plans:
+            return None
+        free = [ps.table.node_id_at(int(i)) for i in fr.eligible]
+        cheap = sorted(plans, key=lambda n: (plans[n].work_lost_seconds, n))
+        candidates = [Candidate(node_id=n, labels=self._topology(n))
+                      for n in [*(n for n in free if n not in blocked), *cheap]]
+        decision = place_gang(gang.spec(), candidates)
+        if not decision.placed:
+            return None
+        noticed: list[Lease] = []
+        for node_id in decision.nodes:
+            if node_id in plans:
+                noticed += self._notice_victims(ps, plans[node_id], now, report)
+        if not noticed:
+            return None
+        batch += noticed
+        nodes = sorted({str(v.node_id) for v in noticed})
+        pending = PendingPreemption(",".join(nodes), tuple(str(v.id) for v in noticed))
+        self._preempting_for[gang.gang_id] = pending
+        return {"node_id": pending.node_id, "victims": list(pending.victims)}
 
     def _kept_from(self, ps: PoolState, gang: GangMembership, lease: Member,
                    shapes: list[Shape], now: float) -> set[str]:

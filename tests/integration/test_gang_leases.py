@@ -306,6 +306,35 @@ def test_a_gang_keeps_off_a_node_whose_maintenance_window_it_would_run_into(
     assert "gang_incomplete" in _why(alpha, three["result"]["lease_ids"][0])["reasons"]["gang"]
 
 
+def test_a_high_priority_gang_preempts_lower_work_on_the_nodes_it_chooses(
+        plane: Plane) -> None:
+    cp, admin, alpha, _clock = plane
+    _racks(admin, {"r1": 2, "r2": 1})
+    with PoolClient(cp.nats_url, "beta") as beta:
+        low = []
+        for i in range(3):  # every node busy with preemptible work
+            r = beta.request_lease(lease_body(f"low-{i}", gpu_count=4, priority="preemptible"))
+            low.append(r["lease"]["lease_id"])
+        assert cp.scheduler.cycle().placed == 3
+        for lid in low:
+            assert beta.lease(lid, "commit", {})["ok"]
+        ids = alpha.request_lease(gang_body("urgent", 2, same="rack", priority="high"))[
+            "result"]["lease_ids"]
+        report = cp.scheduler.cycle()
+        assert report.placed == 0 and report.preempted == 2
+        why = _why(alpha, ids[0])["reasons"]
+        assert why["tenant"] == ["waiting_for_preemption"]
+        victims = why["preemption"]["victims"]
+        got = {lid: beta.lease(lid, "get")["lease"] for lid in low}
+        assert {got[v]["node_id"] for v in victims} == {"r1-n0", "r1-n1"}  # the rack it needs
+        assert cp.scheduler.cycle().preempted == 0  # one plan at a time: nothing more noticed
+        for v in victims:
+            assert node_report(cp.nats_url, got[v]["node_id"], v, "stopped",
+                               {"epoch": got[v]["epoch"]})["ok"]
+        assert cp.scheduler.cycle().placed == 2
+        assert {m["node_id"] for m in _gang(alpha, ids[0])["members"]} == {"r1-n0", "r1-n1"}
+
+
 def test_racing_schedulers_never_reserve_part_of_a_gang(plane: Plane) -> None:
     from control.application import PoolApp
     from control.bootstrap import app_env
