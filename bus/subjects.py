@@ -24,6 +24,8 @@ SCHEDULE_STREAM = "POOL_SCHED"
 FEED_STREAM = "POOL_FEED"
 FEED_PREFIX = "pool.feed"
 FEED_LIVE_PREFIX = "pool.feedlive"
+# questions one scheduler process asks the leader of a pool (bus.lead); scheduler users only
+LEAD_PREFIX = "pool.lead"
 
 _TOKEN = re.compile(r"^[a-z0-9_-]{1,128}$")
 
@@ -97,3 +99,13 @@ def schedule_subject(lease_id: str) -> str:
 
 def due_subject(lease_id: str) -> str:
     return f"pool.due.lease.{token(lease_id)}"
+
+
+def lead_subject(pool: str, verb: str) -> str:
+    """`pool.lead.<pool>.<verb>`: a question for the scheduler process leading `pool`."""
+    return f"{LEAD_PREFIX}.{token(pool)}.{token(verb)}"
+
+
+def lead_filter(pool: str) -> str:
+    """`pool.lead.<pool>.*`: every question for the leader of `pool`."""
+    return f"{LEAD_PREFIX}.{token(pool)}.*"

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import threading
@@ -16,6 +17,7 @@ from typing import Any, Self
 from bus.agentbus import ControlLink
 from bus.appends import AppendSignal
 from bus.feed import FeedWriter
+from bus.lead import LeadDesk
 from bus.leader import LeaderElection
 from bus.runtime import get_runtime
 from bus.service import Service
@@ -72,17 +74,30 @@ def holder_id() -> str:
 
 class _WhyContext:
     """The route table's Context for the scheduler's routes: `why` and queue positions, from
-    its reasons."""
+    its reasons, or for a pool another process leads, from that leader's (`desk`)."""
 
-    def __init__(self, app: PoolApp, scheduler: Scheduler) -> None:
+    def __init__(self, app: PoolApp, scheduler: Scheduler, desk: LeadDesk | None = None) -> None:
         self.app = app
         self.scheduler = scheduler
+        self.desk = desk
 
     def why(self, tenant: str, lease_id: str) -> v1.Envelope:
+        pool = self.scheduler.pool_of(tenant, lease_id)
+        stale = False
+        if self.desk is not None and pool is not None and not self.scheduler.leads(pool):
+            # only the pool's leader runs its placement, so only it knows current reasons
+            asked = self.desk.ask(pool, "why", json.dumps(
+                {"tenant": tenant, "lease_id": lease_id}).encode())
+            led = _led_answer(asked)
+            if isinstance(led, dict):
+                return v1.Envelope.success(result=led)
+            stale = True  # no leader answered in time: this process's own, maybe old, reasons
         answer = self.scheduler.why(tenant, lease_id)
         if answer is None:
             return v1.Envelope.failure("lease_not_found",
                                        f"no lease {lease_id!r} for tenant {tenant!r}")
+        if stale:
+            answer["stale"] = True
         return v1.Envelope.success(result=answer)
 
     def queue_positions(self, tenant: str) -> v1.Envelope:
@@ -98,9 +113,38 @@ class _WhyContext:
         raise UnknownSubject("the feed is replayed by the command service")
 
 
-def why_handler(scheduler: Scheduler) -> Callable[[str, bytes, dict[str, str]], bytes]:
+def _led_answer(reply: bytes | None) -> dict[str, Any] | None:
+    """A leader's `why` answer from its reply (None: no usable answer, including none)."""
+    try:
+        answer = json.loads(reply) if reply is not None else None
+    except ValueError:
+        return None
+    result = answer.get("result") if isinstance(answer, dict) else None
+    return result if isinstance(result, dict) else None
+
+
+def lead_answers(scheduler: Scheduler) -> Callable[[str, str, bytes], bytes]:
+    """What a pool's leader answers on `pool.lead.<pool>.why` (bus.lead): its own reasons,
+    as `{"result": …}` (null: no such lease); a question it cannot read gets an error."""
+
+    def answer(_pool: str, verb: str, body: bytes) -> bytes:
+        try:
+            q = json.loads(body)
+        except ValueError:
+            q = None
+        tenant = q.get("tenant") if isinstance(q, dict) else None
+        lease_id = q.get("lease_id") if isinstance(q, dict) else None
+        if verb != "why" or not isinstance(tenant, str) or not isinstance(lease_id, str):
+            return json.dumps({"error": {"code": "bad_question"}}).encode()
+        return json.dumps({"result": scheduler.why(tenant, lease_id)}).encode()
+
+    return answer
+
+
+def why_handler(scheduler: Scheduler,
+                desk: LeadDesk | None = None) -> Callable[[str, bytes, dict[str, str]], bytes]:
     router = Router(ROUTES, served_by=("scheduler",))
-    ctx = _WhyContext(scheduler.app, scheduler)
+    ctx = _WhyContext(scheduler.app, scheduler, desk)
 
     def handle(subject: str, body: bytes, headers: dict[str, str]) -> bytes:
         try:
@@ -212,6 +256,7 @@ class ControlPlane:
         self.why: Service | None = None
         self.election: LeaderElection | None = None
         self.pool_leadership: PoolLeadership | None = None
+        self.desk: LeadDesk | None = None
         if run_scheduler:
             holder = holder_id()
             # one active dispatcher (and `why`) at a time; a standby folds the log and takes
@@ -219,6 +264,8 @@ class ControlPlane:
             self.election = LeaderElection(url["scheduler"], name="scheduler", holder_id=holder,
                                            ttl_seconds=leader_ttl_seconds)
             if pool_leaders:
+                # `why` for a pool another process leads is asked of that process
+                self.desk = LeadDesk(url["scheduler"], lead_answers(self.scheduler))
                 # placing: one leader per pool, the pools spread over the scheduler processes
                 # (the pools copied first: a copy is atomic under the GIL, while iterating the
                 # dict the scheduler's thread adds to could fail)
@@ -231,13 +278,15 @@ class ControlPlane:
         with self._why_lock:
             if leading and self.why is None:
                 self.why = Service(self.responder_url, SCHEDULER_SUBJECTS,
-                                   why_handler(self.scheduler),
+                                   why_handler(self.scheduler, self.desk),
                                    queue="pool-scheduler", threads=2).start()
             elif not leading and self.why is not None:
                 self.why.stop()
                 self.why = None
 
-    def _pool_led(self, _pool: str, leading: bool) -> None:
+    def _pool_led(self, pool: str, leading: bool) -> None:
+        if self.desk is not None:
+            self.desk.serve(pool, leading)
         if leading and self.scheduler_signal is not None:
             self.scheduler_signal.wake()  # place its queue now, not at the next append
 
@@ -293,9 +342,14 @@ class ControlPlane:
         elif self.election is None:
             self._serve_why(True)
         else:
-            self.election.start(on_change=self._serve_why)
             if self.pool_leadership is not None:
+                # pools led apart: every scheduler process answers `why`, asking a pool's
+                # leader where it is not that leader
+                self._serve_why(True)
+                self.election.start()
                 self.pool_leadership.start()
+            else:
+                self.election.start(on_change=self._serve_why)
             self._thread = threading.Thread(target=self._schedule, name="pool-scheduler",
                                             daemon=True)
             self._thread.start()
@@ -320,6 +374,8 @@ class ControlPlane:
         if self.commands is not None:
             self.commands.stop()
         self._serve_why(False)
+        if self.desk is not None:
+            self.desk.close()
         if self.projector is not None:
             self.projector.stop()
         self.app.close()

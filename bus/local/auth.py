@@ -22,7 +22,7 @@ from bus.replies import (
     admin_inbox,
     tenant_inbox,
 )
-from bus.subjects import FEED_LIVE_PREFIX, is_token
+from bus.subjects import FEED_LIVE_PREFIX, LEAD_PREFIX, is_token
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +88,12 @@ PERMISSIONS: dict[str, Rule] = {
     "scheduler": Rule(
         ("pool.evt.>", *_READS_LOG, "pool.agent.*.*", "pool.sched.>", "pool.feed.>", *_READS_FEED,
          "$JS.API.CONSUMER.DURABLE.CREATE.POOL_AGENT.*", "$JS.API.CONSUMER.CREATE.POOL_AGENT.>",
-         *_kv("pool_leaders", watch=True), *_kv("pool_positions")),
-        (f"{ROLE_INBOXES}.scheduler.>", "pool.appended.>"),
+         *_kv("pool_leaders", watch=True), *_kv("pool_positions"), f"{LEAD_PREFIX}.>",
+         f"{ROLE_INBOXES}.scheduler.>"),
+        (f"{ROLE_INBOXES}.scheduler.>", "pool.appended.>", f"{LEAD_PREFIX}.>"),
         "scheduler and dispatcher: placements into the log, agent orders and each node's "
-        "queue, timers, the tenants' lease feed, leader leases and the positions in KV; never "
-        "reads a work queue"),
+        "queue, timers, the tenants' lease feed, leader leases and the positions in KV, "
+        "questions to and answers from a pool's leader; never reads a work queue"),
     "reconciler": Rule(
         ("pool.evt.>", *_READS_LOG, "pool.sched.>",
          "$JS.API.CONSUMER.MSG.NEXT.POOL_SCHED.reconciler", "$JS.ACK.POOL_SCHED.reconciler.>"),

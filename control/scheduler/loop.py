@@ -116,6 +116,17 @@ class Scheduler(Placing):
                     out["estimated_start_in_seconds"] = max(0.0, start - self.clock())
             return out
 
+    def pool_of(self, tenant: str, lease_id: str) -> str | None:
+        """The pool of this tenant's lease, while it is held in memory (None: no such lease)."""
+        with self._lock:
+            try:
+                lease = self.aggregates.peek(UUID(lease_id))
+            except ValueError:
+                return None
+            if not isinstance(lease, (Lease, QueuedLease)) or lease.tenant_id != tenant:
+                return None
+            return str(lease.pool_id)
+
     def queue_positions(self, tenant: str, limit: int = 1000) -> list[dict[str, Any]]:
         """The tenant's waiting leases as the last cycle left them: pool, place in that pool's
         queue (1 = next), estimated start and whether it holds a backfill reservation; in

@@ -1,0 +1,128 @@
+"""`why` for a lease whose pool another scheduler process leads: answered with that leader's
+reasons, asked on `pool.lead.<pool>.why`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from bus.errors import BusTimeout
+from bus.lead import LeadDesk
+from bus.leader import LeaderElection
+from bus.local.server import NatsServer
+from bus.runtime import BusRuntime
+from bus.service import Client
+from bus.subjects import lead_subject
+from client.api import PoolClient
+from control.plane import ControlPlane
+from control.pool_leaders import pool_election_name
+from tests.control_plane import lease_body, node_body, setup_pool
+
+POOLS = ("p1", "p2")
+TTL = 1.0
+ASKS = 12  # each answered by either process: all twelve from one is a chance of 1 in 2,048
+
+
+def _wait(pred: Callable[[], bool], timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_desk_answers_only_for_the_pools_it_serves(fresh_nats: NatsServer) -> None:
+    rt = BusRuntime(fresh_nats.url)
+    desk = LeadDesk(rt, lambda pool, verb, body: f"{pool}:{verb}:{body.decode()}".encode(),
+                    timeout=0.3)
+    try:
+        assert desk.ask("p1", "why", b"q") is None  # nobody leads p1 here yet
+        desk.serve("p1")
+        assert desk.ask("p1", "why", b"q") == b"p1:why:q"
+        assert desk.ask("p2", "why", b"q") is None
+        # a reply subject outside every inbox is not answered
+        with (Client(fresh_nats.url, inbox_prefix=b"pool.evt.x") as hostile,
+              pytest.raises(BusTimeout)):
+            hostile.request(lead_subject("p1", "why"), b"q", timeout=0.3)
+        assert desk.answered == 1
+        desk.serve("p1", False)
+        assert desk.ask("p1", "why", b"q") is None
+    finally:
+        desk.close()
+        rt.close()
+
+
+@pytest.fixture()
+def commands(fresh_nats: NatsServer) -> Iterator[ControlPlane]:
+    # commands only: a plane holding the scheduler role without running it answers `why` too
+    cp = ControlPlane(fresh_nats.url, roles=["commands"], data_plane=False).start()
+    yield cp
+    cp.stop()
+
+
+def _scheduler(url: str, home: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "POOL_HOME": str(home), "POOL_DATABASE_URL": ""}
+    return subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "serve", "--role", "scheduler", "--nats-url", url,
+         "--leader-ttl", str(TTL)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _leaders(url: str) -> set[str | None]:
+    out: set[str | None] = set()
+    for pool in POOLS:
+        record = LeaderElection(url, name=pool_election_name(pool), holder_id="observer",
+                                ttl_seconds=TTL).current_leader()
+        out.add(None if record is None else str(record.get("holder")))
+    return out
+
+
+def test_why_lands_on_either_process_and_gives_the_pool_leaders_reasons(
+        fresh_nats: NatsServer, commands: ControlPlane, tmp_path: Path) -> None:
+    url = fresh_nats.url
+    with PoolClient(url) as admin:
+        for pool in POOLS:
+            setup_pool(admin, pool)
+            assert admin.admin("node.register",
+                               node_body(f"n-{pool}", pool, cpu_millis=2000))["ok"]
+    procs = [_scheduler(url, tmp_path / f"s{i}") for i in range(2)]
+    try:
+        # each process leads one pool, so either one is not the leader of one of them
+        assert _wait(lambda: len(_leaders(url)) == 2 and None not in _leaders(url))
+        with PoolClient(url, "alpha") as alpha:
+            waiting = {}
+            for pool in POOLS:
+                full = alpha.request_lease(lease_body(f"fill-{pool}", pool, cpu_millis=2000))
+                fid = full["lease"]["lease_id"]
+                assert _wait(lambda fid=fid: alpha.lease(fid, "get")["lease"]["state"]
+                             == "reserved")
+                waiting[pool] = alpha.request_lease(
+                    lease_body(f"wait-{pool}", pool, cpu_millis=2000))["lease"]["lease_id"]
+            for pool, lid in waiting.items():
+                # the leader has examined it once its reasons name the node that is full
+                assert _wait(lambda lid=lid: "filters" in alpha.lease(lid, "why")["result"]
+                             ["reasons"]), pool
+                for _ in range(ASKS):
+                    answer = alpha.lease(lid, "why")
+                    assert answer["ok"], (pool, answer)
+                    result = answer["result"]
+                    assert result["reasons"].get("filters") == {"insufficient_cpu": 1}, (pool, result)
+                    assert "stale" not in result
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
