@@ -297,6 +297,7 @@ class ControlPlane:
             self.scheduler.leads = self.pool_leadership.leads
             while not self._stop.is_set():
                 self.scheduler.run(self._stop, signal=self.scheduler_signal)
+            self._serve_why(False)  # its memory no longer follows the log: the others answer
             return
         while not self._stop.is_set():
             if self.election.is_leader:
