@@ -88,7 +88,7 @@ class _WhyContext:
             # only the pool's leader runs its placement, so only it knows current reasons
             asked = self.desk.ask(pool, "why", json.dumps(
                 {"tenant": tenant, "lease_id": lease_id}).encode())
-            led = _led_answer(asked)
+            led = _led_result(asked)
             if isinstance(led, dict):
                 return v1.Envelope.success(result=led)
             stale = True  # no leader answered in time: this process's own, maybe old, reasons
@@ -101,7 +101,28 @@ class _WhyContext:
         return v1.Envelope.success(result=answer)
 
     def queue_positions(self, tenant: str) -> v1.Envelope:
-        return v1.Envelope.success(result={"leases": self.scheduler.queue_positions(tenant)})
+        rows = self.scheduler.queue_positions(tenant)
+        if self.desk is not None:
+            rows = self._positions_from_leaders(self.desk, tenant, rows)
+        return v1.Envelope.success(result={"leases": rows})
+
+    def _positions_from_leaders(self, desk: LeadDesk, tenant: str,
+                                rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`rows` with each pool this process does not lead replaced by its leader's rows, or
+        kept and marked stale when that leader does not answer; pool by pool, as before."""
+        out: list[dict[str, Any]] = []
+        question = json.dumps({"tenant": tenant}).encode()
+        for pool in sorted({str(r["pool"]) for r in rows}):
+            mine = [r for r in rows if r["pool"] == pool]
+            if self.scheduler.leads(pool):
+                out += mine
+                continue
+            led = _led_result(desk.ask(pool, "queue", question))
+            if isinstance(led, list) and all(isinstance(r, dict) for r in led):
+                out += led
+            else:
+                out += [{**r, "stale": True} for r in mine]
+        return out
 
     def query_view(self, tenant: str, view: str, q: v1.Query) -> v1.Envelope:
         raise UnknownSubject("queries are answered by the command service")
@@ -113,30 +134,35 @@ class _WhyContext:
         raise UnknownSubject("the feed is replayed by the command service")
 
 
-def _led_answer(reply: bytes | None) -> dict[str, Any] | None:
-    """A leader's `why` answer from its reply (None: no usable answer, including none)."""
+def _led_result(reply: bytes | None) -> Any:
+    """The result in a leader's reply (None: no usable answer, including none)."""
     try:
         answer = json.loads(reply) if reply is not None else None
     except ValueError:
         return None
-    result = answer.get("result") if isinstance(answer, dict) else None
-    return result if isinstance(result, dict) else None
+    return answer.get("result") if isinstance(answer, dict) else None
 
 
 def lead_answers(scheduler: Scheduler) -> Callable[[str, str, bytes], bytes]:
-    """What a pool's leader answers on `pool.lead.<pool>.why` (bus.lead): its own reasons,
-    as `{"result": …}` (null: no such lease); a question it cannot read gets an error."""
+    """What a pool's leader answers on `pool.lead.<pool>.{why,queue}` (bus.lead): its own
+    reasons, or the tenant's rows of that pool's queue, as `{"result": …}` (null: no such
+    lease); a question it cannot read gets an error."""
 
-    def answer(_pool: str, verb: str, body: bytes) -> bytes:
+    def answer(pool: str, verb: str, body: bytes) -> bytes:
         try:
             q = json.loads(body)
         except ValueError:
             q = None
         tenant = q.get("tenant") if isinstance(q, dict) else None
         lease_id = q.get("lease_id") if isinstance(q, dict) else None
-        if verb != "why" or not isinstance(tenant, str) or not isinstance(lease_id, str):
+        result: Any
+        if verb == "why" and isinstance(tenant, str) and isinstance(lease_id, str):
+            result = scheduler.why(tenant, lease_id)
+        elif verb == "queue" and isinstance(tenant, str):
+            result = [r for r in scheduler.queue_positions(tenant) if r["pool"] == pool]
+        else:
             return json.dumps({"error": {"code": "bad_question"}}).encode()
-        return json.dumps({"result": scheduler.why(tenant, lease_id)}).encode()
+        return json.dumps({"result": result}).encode()
 
     return answer
 

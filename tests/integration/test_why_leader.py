@@ -1,5 +1,5 @@
-"""`why` for a lease whose pool another scheduler process leads: answered with that leader's
-reasons, asked on `pool.lead.<pool>.why`."""
+"""`why` and queue positions for leases whose pool another scheduler process leads: answered
+with that leader's, asked on `pool.lead.<pool>.<verb>`."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def _leaders(url: str) -> set[str | None]:
     return out
 
 
-def test_why_lands_on_either_process_and_gives_the_pool_leaders_reasons(
+def test_why_and_queue_land_on_either_process_and_give_the_pool_leaders_answers(
         fresh_nats: NatsServer, commands: ControlPlane, tmp_path: Path) -> None:
     url = fresh_nats.url
     with PoolClient(url) as admin:
@@ -117,6 +117,10 @@ def test_why_lands_on_either_process_and_gives_the_pool_leaders_reasons(
                     result = answer["result"]
                     assert result["reasons"].get("filters") == {"insufficient_cpu": 1}, (pool, result)
                     assert "stale" not in result
+            for _ in range(ASKS):
+                rows = alpha.queue_positions()["result"]["leases"]
+                assert [(r["pool"], r["lease_id"], r["position"], r.get("stale")) for r in rows] \
+                    == [(pool, lid, 1, None) for pool, lid in waiting.items()], rows
     finally:
         for p in procs:
             with contextlib.suppress(ProcessLookupError):
