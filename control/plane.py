@@ -42,7 +42,8 @@ from schemas import v1
 from schemas.codec import SchemaError, encode
 from schemas.feed import FeedReplay
 
-# what only the active scheduler answers: `why` and queue positions, from its memory
+# what scheduler processes answer: `why` and queue positions, from their memory (or a pool's
+# leader's, when pools are led apart)
 SCHEDULER_SUBJECTS = subscriptions(["scheduler"])
 ROLES = ("commands", "scheduler", "reconciler", "projector")
 # requests one command process works on at once: their saves share atomic batches
@@ -300,7 +301,8 @@ class ControlPlane:
                     ttl_seconds=leader_ttl_seconds, on_change=self._pool_led, halt=self._stop)
 
     def _serve_why(self, leading: bool) -> None:
-        # only the active scheduler knows current reasons, so only it answers `why`
+        # without pool leaders only the active scheduler knows current reasons, so only it
+        # answers `why`; with them, every running scheduler process does (see start)
         with self._why_lock:
             if leading and self.why is None:
                 self.why = Service(self.responder_url, SCHEDULER_SUBJECTS,
