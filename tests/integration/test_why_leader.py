@@ -4,6 +4,7 @@ with that leader's, asked on `pool.lead.<pool>.<verb>`."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -22,9 +23,9 @@ from bus.runtime import BusRuntime
 from bus.service import Client
 from bus.subjects import lead_subject
 from client.api import PoolClient
-from control.plane import ControlPlane
+from control.plane import ControlPlane, why_handler
 from control.pool_leaders import pool_election_name
-from tests.control_plane import lease_body, node_body, setup_pool
+from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
 
 POOLS = ("p1", "p2")
 TTL = 1.0
@@ -59,6 +60,30 @@ def test_a_desk_answers_only_for_the_pools_it_serves(fresh_nats: NatsServer) -> 
     finally:
         desk.close()
         rt.close()
+
+
+def test_with_no_answer_from_the_leader_a_process_gives_its_own_marked_stale(
+        fresh_nats: NatsServer) -> None:
+    cp = start(fresh_nats.url, FakeClock())  # its scheduler cycled by hand
+    desk = LeadDesk(fresh_nats.url, lambda *_: b"", timeout=0.2)  # leads no pool
+    try:
+        with PoolClient(fresh_nats.url) as admin, PoolClient(fresh_nats.url, "alpha") as alpha:
+            setup_pool(admin)
+            assert admin.admin("node.register", node_body("n1", cpu_millis=2000))["ok"]
+            alpha.request_lease(lease_body("fill", cpu_millis=2000))
+            cp.scheduler.cycle()
+            lid = alpha.request_lease(lease_body("wait", cpu_millis=2000))["lease"]["lease_id"]
+            cp.scheduler.cycle()
+        cp.scheduler.leads = lambda _pool: False  # another process leads p1, and is silent
+        handle = why_handler(cp.scheduler, desk)
+        why = json.loads(handle(f"pool.cmd.alpha.lease.{lid}.why", b"{}", {}))
+        assert why["ok"] and why["result"]["stale"] is True, why
+        assert why["result"]["reasons"]["filters"] == {"insufficient_cpu": 1}
+        queue = json.loads(handle("pool.cmd.alpha.queue", b"{}", {}))
+        assert [(r["lease_id"], r["stale"]) for r in queue["result"]["leases"]] == [(lid, True)]
+    finally:
+        desk.close()
+        cp.stop()
 
 
 @pytest.fixture()
