@@ -64,14 +64,21 @@ def _client_process(url: str, clients: int, seconds: float, rate: float | None,
                     prefix: str, count: int, out: Any) -> None:
     from bus.loadgen import run_clients
 
+    cpu0 = time.process_time()  # after the imports: what the clients themselves cost
     sent = run_clients(url, tenants=TENANTS, clients=clients, seconds=seconds, rate=rate,
                        make_body=_Body(prefix, count))
-    out.put([(s.sent_at, s.replied_at, s.ok, s.lease_ids, s.code) for s in sent])
+    # with the process's own CPU time: whether the clients, not the plane, are the limit
+    out.put(([(s.sent_at, s.replied_at, s.ok, s.lease_ids, s.code) for s in sent],
+             time.process_time() - cpu0))
+
+
+Record = tuple[float, float, bool, tuple[str, ...], str]
 
 
 def _load(url: str, *, clients: int, processes: int, seconds: float, rate: float | None,
-          run: str, count: int = 1) -> list[tuple[float, float, bool, tuple[str, ...], str]]:
-    """Client processes sharing `clients` connections (and `rate`, when open loop)."""
+          run: str, count: int = 1) -> tuple[list[Record], float]:
+    """Client processes sharing `clients` connections (and `rate`, when open loop): their
+    records, and the CPU seconds the client processes spent."""
     out = _CTX.Queue()
     procs = []
     for p in range(processes):
@@ -83,12 +90,33 @@ def _load(url: str, *, clients: int, processes: int, seconds: float, rate: float
             url, mine, seconds, share, f"{run}-p{p}", count, out)))
     for proc in procs:
         proc.start()
-    records: list[tuple[float, float, bool, tuple[str, ...], str]] = []
+    records: list[Record] = []
+    cpu = 0.0
     for _ in procs:
-        records.extend(out.get(timeout=seconds + 120))
+        got, spent = out.get(timeout=seconds + 120)
+        records.extend(got)
+        cpu += spent
     for proc in procs:
         proc.join(10)
-    return records
+    return records, cpu
+
+
+def _cpu_seconds(pid: int | None) -> float | None:
+    """A process's CPU time so far (user + system), from /proc; None where there is none."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _per_request_ms(before: float | None, after: float | None, requests: int) -> float | None:
+    if before is None or after is None or not requests:
+        return None
+    return (after - before) * 1000 / requests
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -98,8 +126,8 @@ def _pct(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _phase(records: list[tuple[float, float, bool, tuple[str, ...], str]],
-           reserved: dict[str, float], seconds: float) -> dict[str, Any]:
+def _phase(records: list[Record], reserved: dict[str, float],
+           seconds: float) -> dict[str, Any]:
     ok = [r for r in records if r[2]]
     start = min((r[0] for r in records), default=0.0)
     end = start + seconds
@@ -196,13 +224,25 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
             _load(url, clients=min(clients, 4), processes=1, seconds=0.5, rate=None,
                   run=f"{run}-warm")
             say(f"saturating: {clients} clients for {seconds:g} s…")
-            sat = _load(url, clients=clients, processes=processes, seconds=seconds, rate=None,
-                        run=f"{run}-sat", count=count)
+            server_pid = server.proc.pid if server.proc is not None else None
+            cpu0 = (_cpu_seconds(plane.pid), _cpu_seconds(server_pid))
+            sat, clients_cpu = _load(url, clients=clients, processes=processes,
+                                     seconds=seconds, rate=None, run=f"{run}-sat", count=count)
+            cpu1 = (_cpu_seconds(plane.pid), _cpu_seconds(server_pid))
             _drain(watcher, sat, 30)
             saturated = _phase(sat, watcher.reserved, seconds)
+            # CPU per accepted request over the saturating phase, by process: on a shared
+            # machine the steadier measure of what a request costs (the plane's includes its
+            # scheduler, dispatcher and the fleet's heartbeats over the same seconds)
+            n = saturated["accepted"]
+            saturated["cpu_ms_per_request"] = {
+                "plane": _per_request_ms(cpu0[0], cpu1[0], n),
+                "server": _per_request_ms(cpu0[1], cpu1[1], n),
+                "clients": _per_request_ms(0.0, clients_cpu, n),
+            }
             say(f"steady: {rate:g} requests/s offered for {steady_seconds:g} s…")
-            st = _load(url, clients=clients, processes=processes, seconds=steady_seconds,
-                       rate=rate, run=f"{run}-steady", count=count)
+            st, _ = _load(url, clients=clients, processes=processes, seconds=steady_seconds,
+                          rate=rate, run=f"{run}-steady", count=count)
             _drain(watcher, st, 30)
             steady = _phase(st, watcher.reserved, steady_seconds)
         finally:
@@ -264,6 +304,10 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"{label:<58} {text:>10} {goal:>9} {ratio:>7}")
     lines.append(f"{'raw JetStream atomic batch of 999, same server (msgs/s)':<58} "
                  f"{result['raw_atomic_msgs_per_s']:>10,.0f}")
+    cpu = s.get("cpu_ms_per_request") or {}
+    if any(v is not None for v in cpu.values()):
+        parts = ", ".join(f"{who} {v:.2f}" for who, v in cpu.items() if v is not None)
+        lines.append(f"CPU ms per accepted request at saturation, by process: {parts}")
     lines.append(
         f"saturation: {s['requests']:,} requests, {s['accepted']:,} accepted, "
         f"{s['reserved']:,} reserved, errors {s['errors'] or 'none'}; steady: "
