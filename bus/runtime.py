@@ -223,24 +223,26 @@ class BusRuntime:
         self._loop_thread.close()
 
 
-_runtimes: dict[str, BusRuntime] = {}
+_runtimes: dict[tuple[str, str], BusRuntime] = {}
 _runtimes_lock = threading.Lock()
 
 
-def get_runtime(url: str) -> BusRuntime:
-    """The process-wide runtime for `url`, created on first use."""
+def get_runtime(url: str, name: str = "") -> BusRuntime:
+    """The process-wide runtime for `url`, created on first use; a `name` gives a part of the
+    process a loop and a connection of its own to the same server."""
     with _runtimes_lock:
-        rt = _runtimes.get(url)
+        rt = _runtimes.get((url, name))
         if rt is None or rt.closed:
             rt = BusRuntime(url)
-            _runtimes[url] = rt
+            _runtimes[(url, name)] = rt
         return rt
 
 
 def close_runtime(url: str) -> None:
+    """Close every runtime of `url`, whatever its name."""
     with _runtimes_lock:
-        rt = _runtimes.pop(url, None)
-    if rt is not None:
+        rts = [_runtimes.pop(key) for key in list(_runtimes) if key[0] == url]
+    for rt in rts:
         rt.close()
 
 

@@ -238,7 +238,9 @@ class ControlPlane:
         url = {r: self.role_urls.get(r, mine) for r in ROLES}
         run_scheduler = run_scheduler and "scheduler" in self.roles
         self.nats_url = nats_url
-        self.app = PoolApp(env=app_env(url["commands"]), clock=clock)
+        # the commands' own loop and connection: the fast path answers requests on that loop,
+        # and a flood of them must not hold up the scheduler's reads and saves on its loop
+        self.app = PoolApp(env=app_env(url["commands"], NATS_RUNTIME="commands"), clock=clock)
         self.scheduler = Scheduler(PoolApp(env=app_env(url["scheduler"]), clock=clock),
                                    clock=clock)
         # with a database: the views' projector, and queries answered from those views
@@ -250,7 +252,8 @@ class ControlPlane:
         # without a worker thread (handler.fast); every other command goes to the threads
         self.commands = (Service(self.responder_url, subjects, handler,
                                  queue="pool-commands", threads=COMMAND_WORKERS,
-                                 fast=handler.fast, loop=get_runtime(url["commands"]).loop)
+                                 fast=handler.fast,
+                                 loop=get_runtime(url["commands"], "commands").loop)
                          if "commands" in self.roles else None)
         self.projector = (Projector(url["projector"], database_url,
                                     views=tuple(projector_views or VIEWS))

@@ -50,6 +50,8 @@ class JetStreamFactory(InfrastructureFactory[JetStreamTrackingRecorder]):
     NATS_STREAM = "NATS_STREAM"
     NATS_REPLICAS = "NATS_REPLICAS"
     NATS_TIMEOUT = "NATS_TIMEOUT"
+    # a bus runtime of its own (bus.runtime.get_runtime's name) rather than the process's
+    NATS_RUNTIME = "NATS_RUNTIME"
     CREATE_TABLE = "CREATE_TABLE"
 
     def __init__(self, env: Environment | Any | None) -> None:
@@ -59,7 +61,7 @@ class JetStreamFactory(InfrastructureFactory[JetStreamTrackingRecorder]):
         self.replicas = int(self.env.get(self.NATS_REPLICAS) or 1)
         self.timeout = float(self.env.get(self.NATS_TIMEOUT) or REQUEST_TIMEOUT)
         self.app_name = self.env.name or "default"
-        self.runtime = get_runtime(self.url)
+        self.runtime = get_runtime(self.url, self.env.get(self.NATS_RUNTIME) or "")
         self._stream_ensured = False
 
     def _ensure_stream(self) -> None:
