@@ -183,7 +183,7 @@ def run_http_bench(*, clients: int = 32, nodes: int = 200, seconds: float = 10.0
                        run=f"{run}-hwarm")
             say(f"NATS: {clients} clients for {seconds:g} s…")
             nats_path = _figures(_load(url, clients=clients, processes=processes,
-                                       seconds=seconds, rate=None, run=f"{run}-nats"), seconds)
+                                       seconds=seconds, rate=None, run=f"{run}-nats")[0], seconds)
             say(f"HTTP: {clients} clients for {seconds:g} s…")
             http_path = _figures(_http_load(base, tokens, clients=clients, processes=processes,
                                             seconds=seconds, run=f"{run}-http"), seconds)
