@@ -126,15 +126,8 @@ async def _telemetry(gw: Gateway, request: Request[Any, Any, Any],
                           {"path": "kind"})
         body["kind"] = kind
     after = _last_event_id(request)
-    since = q.get("since")
-    if since is not None and not after:
-        try:
-            body["since"] = float(since)
-        except ValueError:
-            raise Refused("invalid_field", "since must be seconds since the epoch",
-                          {"path": "since"}) from None
-        if not 0 <= body["since"] <= 1e11:
-            raise Refused("invalid_field", "since is out of range", {"path": "since"})
+    if not after:
+        _put_since(q.get("since"), body)
     return await _replay(gw, request, who, body, after, until=None)
 
 
@@ -194,15 +187,8 @@ async def _logs(gw: Gateway, request: Request[Any, Any, Any], who: Principal,
         raise Refused("invalid_field", "follow must be 0 or 1", {"path": "follow"})
     body: dict[str, Any] = {"lease": lease_id, "kind": "output"}
     after = _last_event_id(request)
-    since = q.get("since")
-    if since is not None and not after:
-        try:
-            body["since"] = float(since)
-        except ValueError:
-            raise Refused("invalid_field", "since must be seconds since the epoch",
-                          {"path": "since"}) from None
-        if not 0 <= body["since"] <= 1e11:
-            raise Refused("invalid_field", "since is out of range", {"path": "since"})
+    if not after:
+        _put_since(q.get("since"), body)
 
     async def ended() -> bool:
         if follow == "0":
@@ -211,3 +197,16 @@ async def _logs(gw: Gateway, request: Request[Any, Any, Any], who: Principal,
         return not reply.get("ok") or (reply.get("lease") or {}).get("state") in FINAL_STATES
 
     return await _replay(gw, request, who, body, after, until=ended)
+
+
+def _put_since(since: str | None, body: dict[str, Any]) -> None:
+    """The `since` query parameter (seconds since the epoch), checked, into `body`."""
+    if since is None:
+        return
+    try:
+        body["since"] = float(since)
+    except ValueError:
+        raise Refused("invalid_field", "since must be seconds since the epoch",
+                      {"path": "since"}) from None
+    if not 0 <= body["since"] <= 1e11:
+        raise Refused("invalid_field", "since is out of range", {"path": "since"})

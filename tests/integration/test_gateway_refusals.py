@@ -73,3 +73,14 @@ def test_what_matches_no_operation_is_a_problem_too(
     r = c.request(method, path)
     assert r.status_code == status, r.text
     assert r.json()["code"] == code
+
+
+@pytest.mark.parametrize("since", ["abc", "1e12", "-1"])
+def test_a_bad_since_on_a_stream_is_refused_naming_it_before_nats_is_asked(
+    client: tuple[TestClient, str],  # type: ignore[type-arg]
+    since: str,
+) -> None:
+    c, _ = client
+    r = c.get("/v1/telemetry", params={"since": since})
+    assert 400 <= r.status_code < 500, r.text
+    assert r.json()["code"] == "invalid_field" and r.json()["reasons"]["path"] == "since"
