@@ -19,6 +19,7 @@ from control.pending import LeaseMemory, QueuedLease
 from control.quotas import remember_usage
 from control.reservations import Windows
 from control.scheduler.state import (
+    DEADLINES_SLACK,
     ENDED_REMEMBERED,
     LONG_LIVED_FOLD,
     NOTIFICATION_PAGE,
@@ -55,8 +56,11 @@ class Folding:
         self.pools: dict[str, PoolState] = {}
         self.reasons: dict[str, dict[str, Any]] = {}
         self._seq = 0
-        # (due_at, lease_id) for reservations and running leases: the deadline sweep
+        # (due_at, lease_id) for reservations and running leases: the deadline sweep. An
+        # ended lease's entries are dropped by `_compact_deadlines` once the heap has doubled
+        # since the last compaction, so it stays within twice the live leases' entries
         self._deadlines: list[tuple[float, str]] = []
+        self._deadlines_kept = 0  # its size after the last compaction
         self._usage: dict[str, tuple[str, Resources]] = {}  # lease -> (tenant, resources)
         # requester lease -> the preemption started for it; one at a time per request
         self._preempting_for: dict[str, PendingPreemption] = {}
@@ -301,6 +305,19 @@ class Folding:
             self._ended.popitem(last=False)
         self._preempting_for.pop(lid, None)
         self.aggregates.pop(lease.id, None)
+        if len(self._deadlines) > 2 * self._deadlines_kept + DEADLINES_SLACK:
+            self._compact_deadlines()
+
+    def _compact_deadlines(self) -> None:
+        """Drop the deadline heap's entries of leases no longer held (ended and forgotten):
+        the sweep would skip them when their time came, but until then they took memory for
+        as long as a commit timeout or a maximum runtime. Amortised: it runs only once the heap
+        has doubled since the last time."""
+        held = self.aggregates
+        live = {(due, lid) for due, lid in self._deadlines if UUID(lid) in held}
+        self._deadlines = list(live)
+        heapq.heapify(self._deadlines)
+        self._deadlines_kept = len(self._deadlines)
 
     def _track(self, ps: PoolState, lease: Lease) -> None:
         """Keep each tenant's usage (the DRF numerator) = its capacity-holding leases."""

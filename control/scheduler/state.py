@@ -35,6 +35,8 @@ NOTIFICATION_PAGE = 1000
 LONG_LIVED_FOLD = 20_000  # a catch-up of at least this many events was a replay (see catch_up)
 OTHERS_DEADLINE_RETRY_SECONDS = 1.0  # a due deadline of a pool led elsewhere, looked at again
 ENDED_REMEMBERED = 10_000  # ended leases whose last state `why` still answers
+# entries the deadline heap may hold beyond twice its live ones before ended leases' are dropped
+DEADLINES_SLACK = 1024
 # the cyclic collector's thresholds in a process that schedules: a placement makes a few
 # dozen short-lived containers (events, their state dicts, stored events), so with CPython's
 # default of 700 a young collection ran every ~20 placements and promoted survivors that the

@@ -68,3 +68,41 @@ def test_ended_leases_leave_memory_once_settled_and_why_still_answers(plane: Pla
         assert alpha.lease(gone, "why")["result"]["state"] == "cancelled"
     with PoolClient(cp.nats_url, "beta") as beta:  # another tenant learns nothing of it
         assert not beta.lease(huge, "why")["ok"]
+
+
+def _run_leases(cp: ControlPlane, tenant: PoolClient, n: int, key: str) -> list[str]:
+    """`n` leases requested, placed, committed and released (the commit timeout and maximum
+    runtime an hour: no deadline passes on the fake clock)."""
+    got = tenant.request_lease({**lease_body(key, max_runtime=3600), "count": n})
+    assert got["ok"], got
+    ids = list(got["result"]["lease_ids"])
+    assert cp.scheduler.cycle().placed == n
+    for lid in ids:
+        assert tenant.lease(lid, "commit", {"job": {"image": "local/job@sha256:" + "a" * 64,
+                                                    "command": ["true"]}})["ok"]
+        assert tenant.lease(lid, "release", {"exit_code": 0})["ok"]
+    cp.scheduler.cycle()  # folds the commits and releases
+    return ids
+
+
+def test_the_deadline_heap_drops_ended_leases_long_before_their_deadlines_pass(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("control.scheduler.folding.DEADLINES_SLACK", 8, raising=False)
+    cp, admin, _clock = plane
+    setup_pool(admin, commit_timeout_seconds=3600)
+    admin.admin("node.register", node_body("n1", cpu_millis=64_000, memory_mib=65_536))
+    with PoolClient(cp.nats_url, "alpha") as a:
+        for i in range(4):
+            _run_leases(cp, a, 10, f"batch{i}")
+        assert a.request_lease(lease_body("still-running", max_runtime=3600))["ok"]
+        cp.scheduler.cycle()
+        live = [str(k) for k, v in cp.scheduler.aggregates.full.items()
+                if type(v).__name__ == "Lease"]
+    assert len(live) == 1
+    heap = cp.scheduler._deadlines
+    # every lease pushed an entry when reserved and one when running: of the fifty that ended
+    # (a hundred entries, none due) the heap keeps at most twice the live entries it last
+    # counted (a batch of ten in flight: twenty) and the slack
+    assert len(heap) <= 2 * 20 + 8, len(heap)
+    assert any(lid == live[0] for _due, lid in heap)  # the live lease's deadline is kept
