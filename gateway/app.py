@@ -23,7 +23,7 @@ from gateway import problems, sse
 from gateway.openapi import document
 from gateway.problems import problem
 from gateway.routes import NOT_FOUND_CODE, ROUTES, HttpRoute
-from gateway.shared import Gateway, Refused, principal_of
+from gateway.shared import Gateway, Refused, plain_uint, principal_of
 from gateway.tokens import Principal, TokenStore
 from gateway.upstream import NotEnrolled, Settings, Upstream
 from schemas.codec import MAX_PAYLOAD_BYTES, SchemaError, decode
@@ -59,10 +59,11 @@ def _query_args(route: HttpRoute, request: Request[Any, Any, Any]) -> dict[str, 
     args: dict[str, Any] = {"filters": filters}
     limit = q.get("limit")
     if limit is not None:
-        if not limit.isdigit() or not 1 <= int(limit) <= 1000:
+        n = plain_uint(limit, 1000)
+        if n is None or n < 1:
             raise Refused("invalid_field", "limit must be an integer from 1 to 1000",
                           {"path": "limit"})
-        args["limit"] = int(limit)
+        args["limit"] = n
     cursor = q.get("cursor")
     if cursor is not None:
         if len(cursor) > 256 or not cursor.isprintable():

@@ -60,6 +60,14 @@ class Refused(Exception):
         self.code, self.detail, self.reasons = code, detail, reasons
 
 
+def plain_uint(raw: str, most: int) -> int | None:
+    """`raw` as a whole number from 0 to `most` when it is ASCII digits only, else None.
+    (str.isdigit also takes superscripts and other scripts' digits, which int() refuses or
+    reads, and int() refuses a string of more than a few thousand digits.)"""
+    if not raw.isascii() or not raw.isdigit() or len(raw) > len(str(most)):
+        return None
+    value = int(raw)
+    return value if value <= most else None
 
 
 COOKIE = "pool_token"

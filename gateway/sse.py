@@ -18,13 +18,15 @@ from bus.subjects import command_subject, is_token
 from domain.lease import TERMINAL_STATES
 from gateway import problems
 from gateway.routes import HttpRoute
-from gateway.shared import Gateway, Refused
+from gateway.shared import Gateway, Refused, plain_uint
 from gateway.tokens import Principal
 
 TELEMETRY_IDLE_SECONDS = 0.5  # at the end of the stream, how long before reading on
 KEEPALIVE_SECONDS = 15.0
 # a lease in one of these states changes no more: its stream ends after saying so
 FINAL_STATES = frozenset(str(s) for s in TERMINAL_STATES)
+# the largest stream sequence a replay takes (its after_seq)
+MAX_SEQUENCE = 2**63 - 1
 TELEMETRY_KINDS = ("queue", "startup", "execution", "utilization", "failure", "output")
 
 
@@ -32,10 +34,11 @@ def _last_event_id(request: Request[Any, Any, Any]) -> int:
     raw = request.headers.get("last-event-id") or request.query_params.get("last_event_id")
     if raw is None or raw == "":
         return 0
-    if not raw.isdigit() or len(raw) > 19:
+    after = plain_uint(raw, MAX_SEQUENCE)
+    if after is None:
         raise Refused("invalid_field", "Last-Event-ID must be a non-negative integer",
                       {"path": "Last-Event-ID"})
-    return int(raw)
+    return after
 
 
 async def open_stream(gw: Gateway, route: HttpRoute, request: Request[Any, Any, Any],
