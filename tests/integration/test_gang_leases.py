@@ -14,8 +14,10 @@ from bus.local.server import NatsServer
 from chaos.invariants import check_gangs, check_placements
 from client.api import PoolClient
 from control.plane import ControlPlane
+from domain.gang import GangMembership, member_key
 from domain.lease import Lease, LeaseState
-from domain.resources import NodeId
+from domain.policy.gang import GangSpec
+from domain.resources import NodeId, PoolId, Shape, TenantId
 from tests.control_plane import FakeClock, lease_body, node_body, node_report, setup_pool, start
 
 Plane = tuple[ControlPlane, PoolClient, PoolClient, FakeClock]
@@ -385,6 +387,44 @@ def test_the_replay_check_finds_a_gang_reserved_in_part(plane: Plane) -> None:
     alpha.request_lease(lease_body("after", cpu_millis=10))
     partial = check_gangs(cp.app).partial
     assert len(partial) == 1 and "1 of 2 member(s) not reserved" in partial[0]
+
+
+def _old_form_gang(key: str, size: int) -> list[Lease]:
+    """A gang's members as logs before one-event requests hold them: a LeaseRequested without
+    queued_at each, their LeaseQueued still to be written."""
+    spec = GangSpec.build(size)
+    return [Lease.request(tenant_id=TenantId("alpha"), pool_id=PoolId("p1"),
+                          idempotency_key=member_key(key, m.member),
+                          shape=Shape.build(cpu_millis=1000, memory_mib=512),
+                          maximum_runtime_seconds=600, now=1.0, priority_class="standard",
+                          request_digest="ab" * 32, gang=m, queued=False)
+            for m in GangMembership.members("alpha", key, spec)]
+
+
+def test_the_replay_check_reads_gangs_requested_in_the_two_event_form(plane: Plane) -> None:
+    cp, _admin, _alpha, _clock = plane
+    whole = _old_form_gang("old-whole", 2)
+    cp.app.save(*whole)
+    for lease in whole:  # queued by events of their own, then reserved in one save
+        lease.queue(2.0)
+    cp.app.save(*whole)
+    for i, lease in enumerate(whole):
+        lease.reserve(3.0, node_id=NodeId(f"r1-n{i}"), commit_timeout_seconds=30,
+                      hold_microcredits=0)
+    cp.app.save(*whole)
+    report = check_gangs(cp.app)
+    assert (report.gangs, report.placements, report.partial) == (1, 1, [])
+    # a member reserved while its peer's LeaseQueued has not been written: not a whole round
+    early = _old_form_gang("old-early", 2)
+    cp.app.save(*early)
+    early[0].queue(4.0)
+    cp.app.save(early[0])
+    early[0].reserve(5.0, node_id=NodeId("r1-n0"), commit_timeout_seconds=30,
+                     hold_microcredits=0)
+    cp.app.save(early[0])
+    report = check_gangs(cp.app)
+    assert report.placements == 1 and len(report.partial) == 1, report.partial
+    assert f"{early[1].id} requested" in report.partial[0]
 
 
 def test_the_cli_requests_a_gang_by_flags_or_file_and_get_lists_members_with_devices(
