@@ -105,6 +105,10 @@ class Scheduler(Placing):
                 out["reasons"] = reasons
             elif isinstance(lease, Lease) and lease.state is LeaseState.REJECTED:
                 out["reasons"] = {"rejection_code": lease.rejection_code}
+            elif lease.state in (LeaseState.QUEUED, LeaseState.REQUESTED):
+                # waiting, but no cycle has looked at it yet: its place is not known either
+                out["reasons"] = {"not_yet_examined": True}
+                out["position"] = None
             else:
                 out["reasons"] = {}
             queue = out["reasons"].get("queue")

@@ -450,3 +450,24 @@ def test_a_cycle_holds_a_tenants_credits_in_one_event_and_never_past_its_balance
     acc = cp.scheduler.app.repository.get(Account.create_id("alpha"))
     assert (acc.held, acc.available) == (1200, 100)
     assert {str(lid) for lid in acc.holds} == {lid for lid, s in zip(ids, states) if s == "reserved"}
+
+
+def test_why_of_a_lease_no_cycle_has_examined_yet_says_so(plane: Plane) -> None:
+    cp, admin, _clock = plane
+    setup_pool(admin)
+    admin.admin("node.register", node_body("n1", cpu_millis=1000, memory_mib=1024))
+    with PoolClient(cp.nats_url, "alpha") as a:
+        first = a.request_lease(lease_body("first"))["lease"]["lease_id"]
+        cp.scheduler.cycle()  # the first is placed; the node is full
+        waiting = a.request_lease(lease_body("waiting"))["lease"]["lease_id"]
+        later = a.request_lease(lease_body("later"))["lease"]["lease_id"]
+        cp.scheduler.catch_up()  # folded, not yet examined by a cycle
+        unseen = cp.scheduler.why("alpha", later)
+        assert unseen is not None and unseen["state"] == "queued"
+        assert unseen["reasons"] == {"not_yet_examined": True}
+        assert unseen["position"] is None
+        cp.scheduler.cycle()
+        seen = cp.scheduler.why("alpha", later)
+        assert seen is not None and "not_yet_examined" not in seen["reasons"]
+        assert seen["position"] == 2 and cp.scheduler.why("alpha", waiting)["position"] == 1
+        assert cp.scheduler.why("alpha", first)["reasons"] == {}  # reserved: nothing to wait for
