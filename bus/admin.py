@@ -30,11 +30,17 @@ async def _connect(url: str) -> Any:
 
 def ensure_all_streams(url: str, *, replicas: int = 1) -> None:
     """Create or update every stream the system uses at `replicas`: the event log, the agent
-    work queue, the timers with the reconciler's durable consumer, telemetry, the lease feed and
-    the leader bucket. An existing stream with more replicas keeps them (no implicit scale-down)."""
+    work queue, the timers with the reconciler's durable consumer, telemetry, the lease feed, the
+    scheduler's checkpoints and the leader bucket. An existing stream with more replicas keeps
+    them (no implicit scale-down)."""
     from bus.agentbus import ensure_data_plane_streams
     from bus.leader import ensure_leader_bucket
-    from bus.streams import ensure_event_stream, ensure_stream, feed_stream_config
+    from bus.streams import (
+        checkpoint_stream_config,
+        ensure_event_stream,
+        ensure_stream,
+        feed_stream_config,
+    )
     from bus.telemetry import ensure_telemetry_stream
 
     async def go() -> None:
@@ -45,6 +51,7 @@ def ensure_all_streams(url: str, *, replicas: int = 1) -> None:
             await ensure_data_plane_streams(js, replicas=replicas)
             await ensure_telemetry_stream(js, replicas=replicas)
             await ensure_stream(js, feed_stream_config(replicas))
+            await ensure_stream(js, checkpoint_stream_config(replicas))
             await ensure_leader_bucket(js, replicas=replicas)
         finally:
             await nc.close()

@@ -10,6 +10,10 @@ HDR_TRACKING_ID = "Pool-Tracking-Id"
 HDR_UPSTREAM = "Pool-Upstream"
 # the event log's sequence a feed record was made from (the feed publisher resumes after it)
 HDR_LOG_SEQUENCE = "Pool-Log-Sequence"
+# a stored checkpoint's head names its chunks (bus.checkpoints)
+HDR_CHECKPOINT_ID = "Pool-Checkpoint-Id"
+HDR_CHECKPOINT_CHUNKS = "Pool-Checkpoint-Chunks"
+HDR_CHECKPOINT_SLOT = "Pool-Checkpoint-Slot"
 HDR_EXPECTED_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 HDR_EXPECTED_LAST_SEQ = "Nats-Expected-Last-Sequence"
 HDR_BATCH_ID = "Nats-Batch-Id"

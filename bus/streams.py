@@ -20,6 +20,8 @@ from nats.js.errors import BadRequestError, NotFoundError
 from bus.subjects import (
     AGENT_STREAM,
     APPENDED_PREFIX,
+    CHECKPOINT_PREFIX,
+    CHECKPOINT_STREAM,
     EVENTS_PREFIX,
     EVENTS_STREAM,
     FEED_LIVE_PREFIX,
@@ -181,4 +183,21 @@ def feed_stream_config(replicas: int = 1) -> StreamConfig:
         allow_atomic=True,
         allow_direct=True,
         republish=RePublish(src=f"{FEED_PREFIX}.>", dest=f"{FEED_LIVE_PREFIX}.>"),
+    )
+
+
+def checkpoint_stream_config(replicas: int = 1) -> StreamConfig:
+    """POOL_CHECKPOINTS: the scheduler's checkpoints of its fold (bus.checkpoints), each a
+    head on pool.ckpt.<name>.head and its chunks on pool.ckpt.<name>.<slot>.<n>, one message
+    kept a subject. Not a source of truth: purging it only costs the next start-up a full
+    replay."""
+    return StreamConfig(
+        name=CHECKPOINT_STREAM,
+        subjects=[f"{CHECKPOINT_PREFIX}.>"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        num_replicas=replicas,
+        max_msgs_per_subject=1,
+        discard=DiscardPolicy.OLD,
+        allow_direct=True,
     )

@@ -26,6 +26,9 @@ FEED_PREFIX = "pool.feed"
 FEED_LIVE_PREFIX = "pool.feedlive"
 # questions one scheduler process asks the leader of a pool (bus.lead); scheduler users only
 LEAD_PREFIX = "pool.lead"
+# the scheduler's checkpoints of its fold (bus.checkpoints): written and read by scheduler users only
+CHECKPOINT_STREAM = "POOL_CHECKPOINTS"
+CHECKPOINT_PREFIX = "pool.ckpt"
 
 _TOKEN = re.compile(r"^[a-z0-9_-]{1,128}$")
 

@@ -322,9 +322,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     role_urls: dict[str, str] | None = from_env or None
     if role_urls is None and not getattr(args, "nats_url", None):
         role_urls = embedded.role_urls() or None
+    checkpoint_every = (None if getattr(args, "no_checkpoint", False) else
+                        (args.checkpoint_every, args.checkpoint_seconds))
     cp = ControlPlane(url, database_url=db_url, roles=roles, projector_views=views,
                       leader_ttl_seconds=getattr(args, "leader_ttl", 3.0),
-                      responder_url=responder, role_urls=role_urls).start()
+                      responder_url=responder, role_urls=role_urls,
+                      checkpoint_every=checkpoint_every).start()
     from bus.local.auth import redact
 
     running = [r for r in ("commands", "scheduler", "reconciler", "projector")
@@ -451,4 +454,15 @@ def register_serve(sub: Subparsers) -> None:
     srv.add_argument("--leader-ttl", type=float, default=3.0, metavar="SECONDS",
                      help="the schedulers' leader leases (per pool, and the dispatcher's): "
                      "another scheduler takes over this long after one dies (default 3)")
+    from control.scheduler.checkpoint import EVERY_EVENTS, EVERY_SECONDS
+
+    srv.add_argument("--checkpoint-every", type=int, default=EVERY_EVENTS, metavar="EVENTS",
+                     help="the scheduler checkpoints its fold after this many events "
+                     f"(default {EVERY_EVENTS:,}) …")
+    srv.add_argument("--checkpoint-seconds", type=float, default=EVERY_SECONDS,
+                     metavar="SECONDS", help="… or this many seconds, whichever comes first "
+                     f"(default {EVERY_SECONDS:g})")
+    srv.add_argument("--no-checkpoint", action="store_true",
+                     help="neither read nor write the scheduler's checkpoint: its start-up "
+                     "replays the whole log")
     srv.set_defaults(func=cmd_serve)

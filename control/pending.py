@@ -46,7 +46,22 @@ _HEX = frozenset("0123456789abcdef")
 def _is_hex(text: str) -> bool:
     """Lowercase hex of whole bytes: what bytes.fromhex(text).hex() gives back unchanged."""
     return len(text) % 2 == 0 and not set(text) - _HEX
-_MISSING: Any = object()  # a field an old event does not carry
+
+
+class _Missing:
+    """The one marker of a field an old event does not carry; unpickled as that same one
+    (the scheduler's checkpoint holds records that carry it)."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> str:
+        return "_MISSING"
+
+    def __repr__(self) -> str:
+        return "_MISSING"
+
+
+_MISSING: Any = _Missing()
 _LEASE_TOPIC = get_topic(Lease)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import threading
@@ -16,6 +17,7 @@ from typing import Any, Self
 
 from bus.agentbus import ControlLink
 from bus.appends import AppendSignal
+from bus.checkpoints import CheckpointStore, checkpoint_key
 from bus.feed import FeedWriter
 from bus.lead import LeadDesk
 from bus.leader import LeaderElection
@@ -37,10 +39,13 @@ from control.pool_leaders import PoolLeadership
 from control.projector import Projector
 from control.routes import ROUTES, Router, subscriptions
 from control.scheduler import Scheduler, tune_gc
+from control.scheduler.checkpoint import EVERY_EVENTS, EVERY_SECONDS, Checkpointer
 from projections.views import VIEWS
 from schemas import v1
 from schemas.codec import SchemaError, encode
 from schemas.feed import FeedReplay
+
+log = logging.getLogger(__name__)
 
 # what scheduler processes answer: `why` and queue positions, from their memory (or a pool's
 # leader's, when pools are led apart)
@@ -224,7 +229,9 @@ class ControlPlane:
                  projector_views: Iterable[str] | None = None,
                  responder_url: str | None = None,
                  role_urls: Mapping[str, str] | None = None,
-                 pool_leaders: bool = True) -> None:
+                 pool_leaders: bool = True,
+                 checkpoint_every: tuple[int, float] | None = (EVERY_EVENTS, EVERY_SECONDS),
+                 ) -> None:
         self.roles = parse_roles(roles)
         # the responders' connection: a user that may publish replies into inboxes only
         self.responder_url = responder_url or nats_url
@@ -243,6 +250,20 @@ class ControlPlane:
         self.app = PoolApp(env=app_env(url["commands"], NATS_RUNTIME="commands"), clock=clock)
         self.scheduler = Scheduler(PoolApp(env=app_env(url["scheduler"]), clock=clock),
                                    clock=clock)
+        # the scheduler's fold checkpointed every N events or T seconds (checkpoint_every;
+        # None: never, every start-up replays the whole log), signed with a key from its
+        # role's credentials; the dispatcher's leader writes it, every scheduler may read it
+        self.checkpoint_store: CheckpointStore | None = None
+        key = checkpoint_key(url["scheduler"]) if checkpoint_every and run_scheduler else None
+        if key is not None and checkpoint_every is not None:
+            self.checkpoint_store = CheckpointStore(url["scheduler"])
+            self.scheduler.checkpoints = Checkpointer(
+                self.checkpoint_store, key, every_events=checkpoint_every[0],
+                every_seconds=checkpoint_every[1],
+                may_write=lambda: self.election is None or self.election.is_leader)
+        elif checkpoint_every and run_scheduler:
+            log.info("the scheduler connects without a password and POOL_CHECKPOINT_KEY is "
+                     "unset: no checkpoint, every start-up replays the whole log")
         # with a database: the views' projector, and queries answered from those views
         subjects = COMMAND_SUBJECTS + ADMIN_SUBJECTS + (QUERY_SUBJECTS if database_url else [])
         handler = CommandHandler(self.app, database_url=database_url,
@@ -357,6 +378,9 @@ class ControlPlane:
         for link, role in ((self.link, "scheduler"), (self.reconciler_link, "reconciler")):
             if link is not None and not speaks_as_role(self.role_urls.get(role, self.nats_url)):
                 link.ensure_streams()  # a role's user may not: the operator made them
+        if (self.checkpoint_store is not None
+                and not speaks_as_role(self.role_urls.get("scheduler", self.nats_url))):
+            self.checkpoint_store.ensure()
         if self.dispatcher is not None:
             self._workers.append(threading.Thread(target=self._dispatch,
                                                   name="pool-dispatcher", daemon=True))

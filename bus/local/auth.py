@@ -22,7 +22,13 @@ from bus.replies import (
     admin_inbox,
     tenant_inbox,
 )
-from bus.subjects import FEED_LIVE_PREFIX, LEAD_PREFIX, is_token
+from bus.subjects import (
+    CHECKPOINT_PREFIX,
+    CHECKPOINT_STREAM,
+    FEED_LIVE_PREFIX,
+    LEAD_PREFIX,
+    is_token,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +63,10 @@ _READS_FEED = ("$JS.API.STREAM.INFO.POOL_FEED", "$JS.API.DIRECT.GET.POOL_FEED",
                "$JS.API.DIRECT.GET.POOL_FEED.>")
 
 
+# the scheduler's checkpoints (bus.checkpoints): store chunks and a head, read them back
+_CHECKPOINTS = (f"{CHECKPOINT_PREFIX}.>", f"$JS.API.DIRECT.GET.{CHECKPOINT_STREAM}.>")
+
+
 def _kv(bucket: str, *, watch: bool = False) -> tuple[str, ...]:
     """Reading and writing one KV bucket's keys (and, `watch`, watching them)."""
     out: tuple[str, ...] = (f"$KV.{bucket}.>", f"$JS.API.STREAM.INFO.KV_{bucket}",
@@ -89,11 +99,12 @@ PERMISSIONS: dict[str, Rule] = {
         ("pool.evt.>", *_READS_LOG, "pool.agent.*.*", "pool.sched.>", "pool.feed.>", *_READS_FEED,
          "$JS.API.CONSUMER.DURABLE.CREATE.POOL_AGENT.*", "$JS.API.CONSUMER.CREATE.POOL_AGENT.>",
          *_kv("pool_leaders", watch=True), *_kv("pool_positions"), f"{LEAD_PREFIX}.>",
-         f"{ROLE_INBOXES}.scheduler.>"),
+         f"{ROLE_INBOXES}.scheduler.>", *_CHECKPOINTS),
         (f"{ROLE_INBOXES}.scheduler.>", "pool.appended.>", f"{LEAD_PREFIX}.>"),
         "scheduler and dispatcher: placements into the log, agent orders and each node's "
         "queue, timers, the tenants' lease feed, leader leases and the positions in KV, "
-        "questions to and answers from a pool's leader; never reads a work queue"),
+        "questions to and answers from a pool's leader, the scheduler's checkpoints (the only "
+        "user besides the operator that may write or read them); never reads a work queue"),
     "reconciler": Rule(
         ("pool.evt.>", *_READS_LOG, "pool.sched.>",
          "$JS.API.CONSUMER.MSG.NEXT.POOL_SCHED.reconciler", "$JS.ACK.POOL_SCHED.reconciler.>"),

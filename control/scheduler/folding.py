@@ -18,6 +18,7 @@ from bus.transcoder import EventDecoder
 from control.pending import LeaseMemory, QueuedLease
 from control.quotas import remember_usage
 from control.reservations import Windows
+from control.scheduler.checkpoint import Checkpointer
 from control.scheduler.state import (
     DEADLINES_SLACK,
     ENDED_REMEMBERED,
@@ -100,10 +101,15 @@ class Folding:
         self._held: dict[str, int] = {}
         self.pages_read_ahead = 0  # pages catch-up took from a read ahead
         self.pages_read_ahead_unused = 0  # reads ahead it could not use (asked for the wrong range)
+        # where this fold is checkpointed and, before the first catch-up, restored from
+        # (control.scheduler.checkpoint); None: always a full replay
+        self.checkpoints: Checkpointer | None = None
 
     def catch_up(self) -> int:
         """Apply every event after `position`; returns how many were read. The ranges our own
         acknowledged batches occupy are stepped over unread: their events are in memory."""
+        if self.checkpoints is not None and not self.position:
+            self.checkpoints.restore(self)  # once: then only the events after it are read
         n = self._catch_up()
         if n >= LONG_LIVED_FOLD:
             # a replay (start-up, or a long absence) built state that lives as long as the

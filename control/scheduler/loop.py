@@ -176,8 +176,11 @@ class Scheduler(Placing):
                     log.exception("scheduler cycle failed")
                     stop.wait(1.0)
                     continue
-                if not (report.placed or report.rejected or report.voided or report.expired
-                        or report.preempted):
+                busy = bool(report.placed or report.rejected or report.voided
+                            or report.expired or report.preempted)
+                if self.checkpoints is not None:
+                    self.checkpoints.after_cycle(self, idle=not busy)
+                if not busy:
                     idle(self.next_due_in())
         finally:
             observability.unwatch_scheduler(self)

@@ -55,27 +55,32 @@ FORBIDDEN: dict[str, dict[str, list[str]]] = {
     "projector": {
         "publish": ["pool.evt.account.alpha", "pool.sched.lease.l1", "pool.agent.n1.start",
                     "pool.cmd.alpha.lease.request", "$KV.pool_leaders.scheduler",
-                    "$JS.API.STREAM.DELETE.POOL_EVENTS", "_INBOX.t.alpha.x"],
+                    "$JS.API.STREAM.DELETE.POOL_EVENTS", "_INBOX.t.alpha.x",
+                    "pool.ckpt.scheduler.head",
+                    "$JS.API.DIRECT.GET.POOL_CHECKPOINTS.pool.ckpt.scheduler.head"],
         "subscribe": ["pool.agent.>", "_INBOX.t.alpha.>", "pool.cmd.>"],
     },
     "reconciler": {
         "publish": ["pool.cmd.alpha.lease.request", "pool.cmd.beta.lease.l1.cancel",
                     "pool.agent.n1.start", "pool.admin.credits.grant",
                     "$KV.pool_leaders.scheduler", "$JS.API.CONSUMER.MSG.NEXT.POOL_AGENT.agent-n1",
-                    "$JS.API.STREAM.PURGE.POOL_EVENTS", "_INBOX.n.n1.x"],
+                    "$JS.API.STREAM.PURGE.POOL_EVENTS", "_INBOX.n.n1.x",
+                    "pool.ckpt.scheduler.head"],
         "subscribe": ["pool.agent.>", "pool.cmd.>", "_INBOX.r.scheduler.>"],
     },
     "scheduler": {
         "publish": ["pool.cmd.alpha.lease.request", "pool.admin.credits.grant",
                     "$JS.API.CONSUMER.MSG.NEXT.POOL_AGENT.agent-n1",
                     "$JS.API.CONSUMER.MSG.NEXT.POOL_SCHED.reconciler",
-                    "$JS.API.STREAM.UPDATE.POOL_EVENTS", "_INBOX.t.alpha.x"],
+                    "$JS.API.STREAM.UPDATE.POOL_EVENTS", "_INBOX.t.alpha.x",
+                    "$JS.API.STREAM.PURGE.POOL_CHECKPOINTS"],
         "subscribe": ["pool.agent.>", "pool.cmd.>", "_INBOX.t.>"],
     },
     "commands": {
         "publish": ["pool.agent.n1.start", "pool.sched.lease.l1", "$KV.pool_leaders.scheduler",
                     "pool.cmd.alpha.lease.request", "$JS.API.STREAM.DELETE.POOL_EVENTS",
-                    "_INBOX.t.alpha.x"],
+                    "_INBOX.t.alpha.x", "pool.ckpt.scheduler.head",
+                    "$JS.API.DIRECT.GET.POOL_CHECKPOINTS.pool.ckpt.scheduler.head"],
         "subscribe": ["pool.agent.>", "pool.cmd.>", "_INBOX.t.>"],
     },
     "admin": {
@@ -151,6 +156,39 @@ def test_every_role_runs_a_lease_from_request_to_release_as_its_own_user(
         out = lease_lifecycle(server, auth, tmp_path / "state")
         assert out == {"ran": "released", "voided": "voided", "silent": "reconciling"}
         assert violations(server) == []
+
+
+def test_the_scheduler_stores_and_reads_its_checkpoint_as_its_own_user(tmp_path: Path) -> None:
+    """Signed with a key from the scheduler's own password: a process holding another
+    role's password can neither write the stream nor make a checkpoint that verifies."""
+    from bus.checkpoints import CheckpointStore, checkpoint_key
+    from control.application import PoolApp
+    from control.bootstrap import app_env
+    from control.scheduler import Scheduler
+    from control.scheduler.checkpoint import Checkpointer
+
+    with secured_plane(tmp_path) as (server, auth, cp):
+        lease_lifecycle(server, auth, tmp_path / "state")
+        live = cp.scheduler
+        assert live.checkpoints is not None and live.checkpoints.write_now(live)
+        url = url_with_credentials(server.url, auth.roles["scheduler"])
+        fresh = Scheduler(PoolApp(env=app_env(url)))
+        key = checkpoint_key(url)
+        assert key is not None
+        fresh.checkpoints = Checkpointer(CheckpointStore(url), key)
+        try:
+            fresh.catch_up()
+            assert fresh.checkpoints.restored_at is not None
+            assert fresh.position == live.position
+        finally:
+            fresh.close()
+            fresh.app.close()
+        assert violations(server) == []
+        other = url_with_credentials(server.url, auth.roles["commands"])
+        assert checkpoint_key(other) != key
+        out = asyncio.run(_attempt(server, auth, "commands",
+                                   publish=["pool.ckpt.scheduler.head"]))
+        assert out == {"landed": [], "refused": 1}
 
 
 def test_the_projector_folds_the_log_as_its_own_user(tmp_path: Path, database_url: str,
