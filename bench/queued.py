@@ -77,21 +77,40 @@ def _write_log(url: str, nodes: int, requests: int, say: Callable[[str], None]) 
     return written
 
 
-def _start_scheduler(url: str, out: Any) -> None:
-    """In a process of its own: a fresh scheduler replays the log, then runs one cycle."""
+def _start_scheduler(url: str, out: Any, key: bytes | None = None, write: bool = False) -> None:
+    """In a process of its own: a fresh scheduler replays the log (from the checkpoint when
+    `key` is given and not `write`), then runs one cycle; with `write`, it checkpoints its
+    fold after the replay, before the cycle."""
+    from bus.checkpoints import CheckpointStore
     from control.application import PoolApp
     from control.bootstrap import app_env
     from control.scheduler import Scheduler, tune_gc
+    from control.scheduler.checkpoint import Checkpointer
 
     tune_gc()  # as `pool serve` does in a process that runs the scheduler
     app = PoolApp(env=app_env(url))
     scheduler = Scheduler(app)
+    checkpoints = None
+    if key is not None:
+        checkpoints = Checkpointer(CheckpointStore(url), key)
+        if write:
+            checkpoints.tried = True  # the full replay: nothing is read
+        scheduler.checkpoints = checkpoints
     base, _ = _rss_mib()  # the code loaded, nothing read yet
     t0, c0 = time.perf_counter(), time.process_time()
     events = scheduler.catch_up()
     replay_s = time.perf_counter() - t0
     replay_cpu_s = time.process_time() - c0  # this process's CPU: less hostage to a busy box
     after_replay, _ = _rss_mib()
+    written: dict[str, Any] = {}
+    if checkpoints is not None and write:
+        w0 = time.perf_counter()
+        assert checkpoints.write_now(scheduler)
+        written = {"checkpoint_write_s": time.perf_counter() - w0,
+                   "checkpoint_pause_s": checkpoints.last_pause_seconds,
+                   "checkpoint_bytes": checkpoints.last_bytes}
+    elif checkpoints is not None:
+        written = {"restored_at": checkpoints.restored_at}
     t1 = time.perf_counter()
     report = scheduler.cycle()
     cycle_s = time.perf_counter() - t1
@@ -103,13 +122,45 @@ def _start_scheduler(url: str, out: Any) -> None:
              "rss_after_replay_mib": after_replay, "rss_after_cycle_mib": after_cycle,
              "rss_peak_mib": peak, "cycle_s": cycle_s, "placed_first_cycle": report.placed,
              "queued": queued, "held_compactly": len(getattr(memory, "queued", ())),
-             "held_whole": len(getattr(memory, "full", memory))})
+             "held_whole": len(getattr(memory, "full", memory)), **written})
     scheduler.close()
     app.close()
 
 
+def _in_process(url: str, key: bytes | None = None, write: bool = False) -> dict[str, Any]:
+    ctx = multiprocessing.get_context("spawn")
+    out: Any = ctx.Queue()
+    proc = ctx.Process(target=_start_scheduler, args=(url, out, key, write), daemon=True)
+    proc.start()
+    result: dict[str, Any] = out.get(timeout=3600)
+    proc.join(60)
+    return result
+
+
+def _write_tail(url: str, requests: int, tail: int) -> None:
+    """`tail` more queued requests after the checkpoint: what a restored start-up folds."""
+    from bench.schedule import TENANTS
+    from control.application import PoolApp
+    from control.bootstrap import app_env
+    from domain.lease import Lease
+    from domain.resources import PoolId, Shape, TenantId
+
+    app = PoolApp(env=app_env(url))
+    now = time.time()
+    shapes = [Shape.build(cpu_millis=c, memory_mib=m) for c, m in SHAPES]
+    for start in range(requests, requests + tail, SUBMIT_BATCH):
+        app.save(*[Lease.request(
+            tenant_id=TenantId(TENANTS[i % 3][0]), pool_id=PoolId("bench"),
+            idempotency_key=f"q{i}", shape=shapes[i % len(shapes)],
+            maximum_runtime_seconds=3600, now=now, priority_class="standard",
+            request_digest=hashlib.sha256(f"q{i}".encode()).hexdigest(), queued=True)
+            for i in range(start, min(requests + tail, start + SUBMIT_BATCH))])
+    app.close()
+
+
 def run_queued_bench(*, nodes: int = 10_000, requests: int = 1_000_000, quick: bool = False,
-                     progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                     progress: Callable[[str], None] | None = None,
+                     checkpoint: bool = False) -> dict[str, Any]:
     if quick:
         nodes, requests = min(nodes, 500), min(requests, 20_000)
     say = progress or (lambda _s: None)
@@ -125,15 +176,22 @@ def run_queued_bench(*, nodes: int = 10_000, requests: int = 1_000_000, quick: b
 
             close_runtime(server.url)
             say("bench queued: a fresh scheduler process replays the log")
-            ctx = multiprocessing.get_context("spawn")
-            out: Any = ctx.Queue()
-            proc = ctx.Process(target=_start_scheduler, args=(server.url, out), daemon=True)
-            proc.start()
-            result: dict[str, Any] = out.get(timeout=3600)
-            proc.join(60)
+            key = os.urandom(32) if checkpoint else None
+            result = _in_process(server.url, key, write=checkpoint)
+            restored: dict[str, Any] = {}
+            if checkpoint:
+                tail = max(1, requests // 100)
+                say(f"bench queued: {tail:,} more requests, then a fresh scheduler process "
+                    "starts from the checkpoint")
+                _write_tail(server.url, requests, tail)
+                close_runtime(server.url)
+                restored = _in_process(server.url, key)
+                restored["tail"] = tail
         finally:
             server.stop()
     result.update(nodes=nodes, requests=requests, write_s=write_s)
+    if restored:
+        result["from_checkpoint"] = restored
     mib_per_request = (result["rss_after_replay_mib"] - result["rss_base_mib"]) / max(1, requests)
     result["kib_per_queued_request"] = mib_per_request * 1024
     lines = [
@@ -155,6 +213,22 @@ def run_queued_bench(*, nodes: int = 10_000, requests: int = 1_000_000, quick: b
         f"{'writing the requests beforehand (s, not the figure)':52} {write_s:12.1f}",
         f"machine: {os.cpu_count()} cores; nats-server 2.15 file storage, sync_interval always",
     ]
+    if restored:
+        ratio = restored["replay_s"] / max(result["replay_s"], 1e-9)
+        rows = [
+            ("checkpoint after the replay: lock held (s)",
+             f"{result['checkpoint_pause_s']:12.1f}"),
+            ("  stored, compressed (MiB)", f"{result['checkpoint_bytes'] / 2**20:12,.0f}"),
+            ("  taken and stored (s)", f"{result['checkpoint_write_s']:12.1f}"),
+            ("requests written after the checkpoint", f"{restored['tail']:12,}"),
+            ("start-up from the checkpoint, fresh process (s)", f"{restored['replay_s']:12.1f}"),
+            ("  its CPU time in the scheduler process (s)", f"{restored['replay_cpu_s']:12.1f}"),
+            ("  events folded after the checkpoint", f"{restored['events']:12,}"),
+            ("  scheduler RSS after it (MiB)", f"{restored['rss_after_replay_mib']:12,.0f}"),
+            ("  placed by its first cycle", f"{restored['placed_first_cycle']:12,}"),
+            ("start-up from the checkpoint / full replay", f"{ratio:12.2f}"),
+        ]
+        lines[-1:-1] = [f"{name:52} {value}" for name, value in rows]
     result["table"] = "\n".join(lines)
     return result
 
@@ -171,13 +245,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="queued requests written beforehand (default 1,000,000)")
     parser.add_argument("--nodes", type=int, default=10_000, help="nodes (default 10,000)")
     parser.add_argument("--quick", action="store_true", help="500 nodes, 20,000 requests")
+    parser.add_argument("--checkpoint", action="store_true",
+                        help="also checkpoint the replayed fold, write 1%% more requests and "
+                        "time a fresh scheduler starting from the checkpoint")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     if args.requests < 1 or args.nodes < 1:
         print("error: --requests and --nodes must be at least 1", file=sys.stderr)
         return 2
     result = run_queued_bench(nodes=args.nodes, requests=args.requests, quick=args.quick,
-                              progress=lambda s: print(s, file=sys.stderr))
+                              progress=lambda s: print(s, file=sys.stderr),
+                              checkpoint=args.checkpoint)
     print(json.dumps(result, indent=2) if args.json else result["table"])
     return 0
 
