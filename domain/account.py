@@ -15,6 +15,7 @@ from eventsourcing.domain import Aggregate, event
 from domain.errors import InsufficientCredits, InvalidAmount, TransferConflict, UnknownHold
 from domain.fold import trigger
 from domain.resources import LeaseId, TenantId
+from domain.snapshots import StateSnapshot
 
 _NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:account")
 # the lease movements (holds, settlements, releases) whose transfer ids an account remembers:
@@ -24,6 +25,9 @@ TRANSFER_WINDOW = 10_000
 
 class Account(Aggregate):
     """Credit ledger for one tenant; integer micro-credits throughout, never floats."""
+
+    Snapshot = StateSnapshot
+    SNAPSHOT_SCHEMA = 1
 
     @staticmethod
     def create_id(tenant_id: str) -> UUID:
@@ -46,6 +50,24 @@ class Account(Aggregate):
         self.grant_amounts: dict[str, int] = {}  # transfer id → amount, to tell retries apart
         # the latest TRANSFER_WINDOW lease movements' ids, oldest first
         self.recent_transfers: OrderedDict[str, None] = OrderedDict()
+
+    def snapshot_state(self) -> dict[str, Any]:
+        """The account as plain values (domain.snapshots): the transfer window as a list, in
+        its order."""
+        return {"tenant_id": str(self.tenant_id), "opened_at": self.opened_at,
+                "granted": self.granted, "held": self.held, "spent": self.spent,
+                "shortfall": self.shortfall, "holds": dict(self.holds),
+                "grant_amounts": dict(self.grant_amounts),
+                "recent_transfers": list(self.recent_transfers)}
+
+    @staticmethod
+    def restore_state(state: dict[str, Any]) -> dict[str, Any]:
+        return {"tenant_id": TenantId(state["tenant_id"]), "opened_at": state["opened_at"],
+                "granted": state["granted"], "held": state["held"], "spent": state["spent"],
+                "shortfall": state["shortfall"],
+                "holds": {LeaseId(k): v for k, v in state["holds"].items()},
+                "grant_amounts": dict(state["grant_amounts"]),
+                "recent_transfers": OrderedDict.fromkeys(state["recent_transfers"])}
 
     # Queries ----------------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from domain.errors import (
 )
 from domain.fold import trigger
 from domain.resources import ZERO, LeaseId, NodeCapabilities, NodeId, PoolId, Resources, Shape
+from domain.snapshots import StateSnapshot
 
 _NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:node")
 
@@ -42,6 +43,9 @@ N = NodeState
 
 class Node(Aggregate):
     """Capacity bookkeeping for one node; see the module docstring for the state machine."""
+
+    Snapshot = StateSnapshot
+    SNAPSHOT_SCHEMA = 1
 
     @staticmethod
     def create_id(node_id: str) -> UUID:
@@ -79,6 +83,33 @@ class Node(Aggregate):
         # device id → the lease holding it, and each lease's devices (empty for count-only)
         self._device_holder: dict[str, LeaseId] = {}
         self._devices_of: dict[LeaseId, tuple[str, ...]] = {}
+
+    def snapshot_state(self) -> dict[str, Any]:
+        """The node as plain values (domain.snapshots): its capabilities and devices as
+        registered, each live allocation with its devices."""
+        return {"node_id": str(self.node_id), "pool_id": str(self.pool_id),
+                "capabilities": self.capabilities.to_dict(),
+                "registered_at": self.registered_at, "last_heartbeat_at": self.last_heartbeat_at,
+                "state": self.state.value, "state_reason": self.state_reason,
+                "lost_at": self.lost_at,
+                "_allocations": {k: v.to_dict() for k, v in self._allocations.items()},
+                "_allocated": self._allocated.to_dict(),
+                "_device_holder": dict(self._device_holder),
+                "_devices_of": {k: list(v) for k, v in self._devices_of.items()}}
+
+    @staticmethod
+    def restore_state(state: dict[str, Any]) -> dict[str, Any]:
+        return {"node_id": NodeId(state["node_id"]), "pool_id": PoolId(state["pool_id"]),
+                "capabilities": NodeCapabilities.from_dict(state["capabilities"]),
+                "registered_at": state["registered_at"],
+                "last_heartbeat_at": state["last_heartbeat_at"],
+                "state": NodeState(state["state"]), "state_reason": state["state_reason"],
+                "lost_at": state["lost_at"],
+                "_allocations": {LeaseId(k): Resources.from_dict(v)
+                                 for k, v in state["_allocations"].items()},
+                "_allocated": Resources.from_dict(state["_allocated"]),
+                "_device_holder": {k: LeaseId(v) for k, v in state["_device_holder"].items()},
+                "_devices_of": {LeaseId(k): tuple(v) for k, v in state["_devices_of"].items()}}
 
     # Queries ----------------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from domain.quota import (
     limits_to_dict,
 )
 from domain.resources import PoolId, Resources, Shape, TenantId
+from domain.snapshots import StateSnapshot
 
 _POOL_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:pool")
 _TENANT_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:tenant-policy")
@@ -255,6 +256,9 @@ def _lookup(table: dict[str, int], key: str, dimension: str) -> int:
 class Pool(Aggregate):
     """A pool's settings and price list, each change an event."""
 
+    Snapshot = StateSnapshot
+    SNAPSHOT_SCHEMA = 1
+
     @staticmethod
     @functools.lru_cache(maxsize=_IDS_CACHED)  # every request asks; a few pools answer
     def create_id(pool_id: str) -> UUID:
@@ -279,6 +283,30 @@ class Pool(Aggregate):
             price_list=price_list.to_dict(),
             created_at=float(now),
         )
+
+    def snapshot_state(self) -> dict[str, Any]:
+        """The pool as plain values (domain.snapshots): settings, price list and image policy
+        with their versions, and its member lists."""
+        return {"pool_id": str(self.pool_id), "created_at": self.created_at,
+                "config": self.config.to_dict(), "config_version": self.config_version,
+                "price_list": self.price_list.to_dict(),
+                "price_list_version": self.price_list_version,
+                "image_policy": self.image_policy.to_dict(),
+                "image_policy_version": self.image_policy_version,
+                "tenants": list(self.tenants), "cohorts": list(self.cohorts),
+                "reservations": list(self.reservations)}
+
+    @staticmethod
+    def restore_state(state: dict[str, Any]) -> dict[str, Any]:
+        return {"pool_id": PoolId(state["pool_id"]), "created_at": state["created_at"],
+                "config": PoolConfig.from_dict(state["config"]),
+                "config_version": state["config_version"],
+                "price_list": PriceList.from_dict(state["price_list"]),
+                "price_list_version": state["price_list_version"],
+                "image_policy": ImagePolicy.from_dict(state["image_policy"]),
+                "image_policy_version": state["image_policy_version"],
+                "tenants": tuple(state["tenants"]), "cohorts": tuple(state["cohorts"]),
+                "reservations": tuple(state["reservations"])}
 
     @event("PoolCreated")
     def __init__(
