@@ -14,6 +14,9 @@ HDR_LOG_SEQUENCE = "Pool-Log-Sequence"
 HDR_CHECKPOINT_ID = "Pool-Checkpoint-Id"
 HDR_CHECKPOINT_CHUNKS = "Pool-Checkpoint-Chunks"
 HDR_CHECKPOINT_SLOT = "Pool-Checkpoint-Slot"
+# on a snapshot: the log sequence of the aggregate's event at the snapshot's version, so a load
+# reads the events after it from there rather than from the subject's start
+HDR_EVENT_SEQUENCE = "Pool-Event-Sequence"
 HDR_EXPECTED_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 HDR_EXPECTED_LAST_SEQ = "Nats-Expected-Last-Sequence"
 HDR_BATCH_ID = "Nats-Batch-Id"

@@ -63,6 +63,8 @@ class JetStreamFactory(InfrastructureFactory[JetStreamTrackingRecorder]):
         self.app_name = self.env.name or "default"
         self.runtime = get_runtime(self.url, self.env.get(self.NATS_RUNTIME) or "")
         self._stream_ensured = False
+        # the application recorder built last: the one a snapshot recorder's events are in
+        self._events: JetStreamRecorder | None = None
 
     def _ensure_stream(self) -> None:
         if self._stream_ensured or not strtobool(self.env.get(self.CREATE_TABLE) or "yes"):
@@ -92,14 +94,20 @@ class JetStreamFactory(InfrastructureFactory[JetStreamTrackingRecorder]):
 
     def aggregate_recorder(self, purpose: str = "events") -> AggregateRecorder:
         kind = self.app_name if purpose == "events" else f"{self.app_name}_{purpose}"
-        return JetStreamAggregateRecorder(self.runtime, **self._kwargs(kind))
+        recorder = JetStreamAggregateRecorder(self.runtime, **self._kwargs(kind))
+        if purpose == "snapshots":
+            # snapshots say where their event lies in the application's log (seek_from)
+            recorder.events = self._events
+        return recorder
 
     def application_recorder(self) -> ApplicationRecorder:
         topic = self.env.get(self.APPLICATION_RECORDER_TOPIC)
         cls: type[JetStreamApplicationRecorder] = (
             resolve_topic(topic) if topic else JetStreamApplicationRecorder
         )
-        return cls(self.runtime, **self._kwargs(self.app_name))
+        recorder = cls(self.runtime, **self._kwargs(self.app_name))
+        self._events = recorder
+        return recorder
 
     def tracking_recorder(
         self, tracking_recorder_class: type[JetStreamTrackingRecorder] | None = None

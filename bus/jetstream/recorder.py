@@ -25,6 +25,7 @@ from bus.headers import (
     HDR_BATCH_COMMIT,
     HDR_BATCH_ID,
     HDR_BATCH_SEQ,
+    HDR_EVENT_SEQUENCE,
     HDR_EXPECTED_SUBJECT_SEQ,
     HDR_ID_KIND,
     HDR_NUM_PENDING,
@@ -69,6 +70,8 @@ from bus.subjects import (
 
 # the subjects whose end one recorder remembers (for its writes' expectations), at most
 SUBJECT_CACHE_MAX = 50_000
+# where to start reading an aggregate after its snapshot, remembered for at most this many
+SEEK_HINTS_MAX = 10_000
 
 
 async def _translated(coro: Any) -> Any:
@@ -114,6 +117,18 @@ class JetStreamRecorder:
         # concurrent `insert_events` calls share atomic batches (bus.jetstream.groupcommit)
         self.group_commit = True
         self._group = GroupCommitter(self)
+        # the log messages this recorder has read (direct gets and batches), for tests and
+        # benchmarks that check what a load costs
+        self.messages_read = 0
+        # a snapshot recorder: the recorder of the aggregates' events (same runtime), whose
+        # subject ends it writes into each snapshot and tells where a load may start
+        self.events: JetStreamRecorder | None = None
+        # per event subject (version, sequence) of the event a snapshot was read at (loop
+        # thread only): a load for the events after that version starts after that sequence
+        self._seek: dict[str, _SubjectState] = {}
+        # per subject (version, sequence) of the last event a read of it returned (loop thread):
+        # what a snapshot of the aggregate just loaded is at, whatever was saved since
+        self._last_read: dict[str, _SubjectState] = {}
 
     # -- subjects ----------------------------------------------------------------------------
 
@@ -196,6 +211,7 @@ class JetStreamRecorder:
             raw = await js.get_last_msg(self.stream, subject, direct=direct)
         except NotFoundError:
             return None
+        self.messages_read += 1
         headers = dict(raw.headers or {})
         assert raw.seq is not None
         return headers, bytes(raw.data or b""), int(raw.seq)
@@ -216,6 +232,7 @@ class JetStreamRecorder:
             assert raw.seq is not None
             if raw.seq > upto_seq:
                 break
+            self.messages_read += 1
             out.append((int(raw.seq), dict(raw.headers or {}), bytes(raw.data or b"")))
             seq = int(raw.seq) + 1
         return out
@@ -233,6 +250,27 @@ class JetStreamRecorder:
             state = _SubjectState(int(v) if v is not None else None, seq)
         self._remember(subject, state)
         return state
+
+    def seek_from(self, subject: str, version: int, seq: int) -> None:
+        """Say that `subject`'s event at `version` is at log sequence `seq` (from a snapshot):
+        the next read of its events after `version` starts there (loop thread)."""
+        hints = self._seek
+        hints[subject] = _SubjectState(version, seq)
+        if len(hints) > SEEK_HINTS_MAX:
+            del hints[next(iter(hints))]
+
+    def _event_sequence_line(self, e: StoredEvent) -> str:
+        """A snapshot's header line naming where its aggregate's event at the snapshot's
+        version lies in the log, when this process knows (its events recorder saw that event
+        as the subject's last); else nothing."""
+        events = self.events
+        if events is None:
+            return ""
+        subject = events.subject_for(e.originator_id)
+        for at in (events._last_read.get(subject), events._cache.get(subject)):
+            if at is not None and at.last_version == e.originator_version and at.last_seq:
+                return f"{HDR_EVENT_SEQUENCE}: {at.last_seq}\r\n"
+        return ""
 
     def _remember(self, subject: str, state: _SubjectState) -> None:
         known = self._cache.get(subject)
@@ -274,6 +312,7 @@ class JetStreamRecorder:
                     done.set_result((True, status))
                 return
             out.append((int(headers[HDR_SEQUENCE]), headers, data))
+            self.messages_read += 1
 
         sub = await subscribe_raw(nc, inbox, on_raw)
         try:
@@ -390,8 +429,10 @@ class JetStreamRecorder:
             if topic is None:
                 topic = topic_lines[e.topic] = f"{HDR_TOPIC}: {_header_value(e.topic)}\r\n"
             subjects_of.append(known[0])
-            messages.append((known[0], e.state,
-                             f"{known[1]}{HDR_VERSION}: {e.originator_version}\r\n{topic}"))
+            lines = f"{known[1]}{HDR_VERSION}: {e.originator_version}\r\n{topic}"
+            if self.events is not None:
+                lines += self._event_sequence_line(e)
+            messages.append((known[0], e.state, lines))
         by_subject: dict[str, StoredEvent] = {}
         for s, e in zip(subjects_of, stored_events, strict=True):
             by_subject.setdefault(s, e)
@@ -546,6 +587,10 @@ class JetStreamRecorder:
                 return (await self._select_events(originator_id, gt, lte, False, None))[-1:]
             e = _stored_event_from(headers, data)
             self._remember(subject, _SubjectState(e.originator_version, seq))
+            at = headers.get(HDR_EVENT_SEQUENCE)
+            if self.events is not None and at is not None and at.isdigit():
+                self.events.seek_from(self.events.subject_for(e.originator_id),
+                                      e.originator_version, int(at))
             if gt is not None and e.originator_version <= gt:
                 return []
             return [e]
@@ -557,6 +602,12 @@ class JetStreamRecorder:
             # a fast-forward from the version we last saw: read only what came after it
             start = known.last_seq + 1
             last_seen = (gt, known.last_seq)
+        hint = self._seek.pop(subject, None) if self._seek else None
+        if (hint is not None and gt is not None and hint.last_version == gt
+                and hint.last_seq >= start):
+            # after a snapshot at version gt: its event's sequence says where the rest starts
+            start = hint.last_seq + 1
+            last_seen = (gt, hint.last_seq)
         # on a replicated stream, the leader says where the subject ends; the direct batches
         # (served by any replica) must reach that far, or the rest is read from the leader
         leader_last = 0
@@ -574,6 +625,7 @@ class JetStreamRecorder:
         reached = scanned[-1][0] if scanned else start - 1
         if leader_last > reached:
             scanned += await self._leader_tail(subject, reached, leader_last)
+        last_read: _SubjectState | None = None
         for seq, headers, data in scanned:
             if not is_stored_event(headers):
                 # a stray on this aggregate's subject: skipped, but it is the subject's end
@@ -588,6 +640,13 @@ class JetStreamRecorder:
             if lte is not None and e.originator_version > lte:
                 continue
             events.append(e)
+            last_read = _SubjectState(e.originator_version, seq)
+        if last_read is not None and not desc and limit is None:
+            reads = self._last_read
+            reads.pop(subject, None)
+            reads[subject] = last_read
+            if len(reads) > SEEK_HINTS_MAX:
+                del reads[next(iter(reads))]
         # the scan read to the end of the subject, so this is its true last message
         self._remember(
             subject, _SubjectState(*last_seen) if last_seen else _SubjectState(None, 0)

@@ -14,9 +14,16 @@ from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application, ProcessingEvent
 from eventsourcing.domain import Aggregate, BaseAggregate
-from eventsourcing.persistence import IntegrityError, Notification, Recording, StoredEvent
+from eventsourcing.persistence import (
+    EventStore,
+    IntegrityError,
+    Notification,
+    Recording,
+    StoredEvent,
+)
 
 from bus.errors import BusTimeout
+from control.application.snapshotting import Snapshots, SnapshotStore, snapshot_intervals
 from control.errors import UnknownLease, UnknownPool, WriteConflict
 from domain.account import Account
 from domain.lease import Lease
@@ -128,10 +135,15 @@ class AppCore(Application[UUID]):
     """Loading, saving (whole or in flight), retrying and cached policy reads."""
 
     name = APPLICATION_NAME
-    is_snapshotting_enabled = False
+    # accounts, nodes and pools are snapshotted (control.application.snapshotting), by this
+    # class's own rule rather than the library's snapshotting_intervals
+    is_snapshotting_enabled = True
 
     def __init__(self, env: dict[str, str] | None = None, clock: Callable[[], float] = time.time):
+        self.snapshotting = Snapshots(self, {})
         super().__init__(env)
+        if self.snapshots is not None:
+            self.snapshotting.intervals = snapshot_intervals(self.env)
         self.clock = clock
         # pools and tenant policies as requests read them (see _cached): id → (it, good until)
         self._policies: dict[UUID, tuple[Any, float]] = {}
@@ -213,6 +225,16 @@ class AppCore(Application[UUID]):
                 pe.collect_events(obj)
         return pe
 
+    def construct_snapshot_store(self) -> EventStore[UUID]:
+        return SnapshotStore(self.mapper, self.factory.aggregate_recorder(purpose="snapshots"),
+                             self.snapshotting)
+
+    def _take_snapshots(self, processing_event: ProcessingEvent[UUID]) -> None:
+        """Queue a snapshot of each saved aggregate that is due one (taken on a thread): only
+        an application that saves takes snapshots, so a reader never writes to the log."""
+        for aggregate in processing_event.aggregates.values():
+            self.snapshotting.consider(aggregate)
+
     def _recorded(self, pe: ProcessingEvent[UUID], recordings: list[Recording[UUID]]) -> None:
         """What the library's `save` does once the events are recorded."""
         self._take_snapshots(pe)
@@ -292,6 +314,7 @@ class AppCore(Application[UUID]):
         return value
 
     def close(self) -> None:
+        self.snapshotting.close()
         for unwatch in self._policy_watches.values():
             unwatch()
         self._policy_watches.clear()
