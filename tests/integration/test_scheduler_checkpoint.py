@@ -240,3 +240,22 @@ def test_a_checkpoint_that_does_not_verify_is_refused_and_the_replay_is_full(
         _assert_same(restored, replayed)
     finally:
         _close(restored, replayed)
+
+
+@pytest.mark.parametrize("name", [("control.plane", "os"), ("control.plane", "os.system"),
+                                  ("builtins", "eval"), ("subprocess", "Popen")])
+def test_the_unpickler_refuses_anything_but_the_folds_own_types(name: tuple[str, str]) -> None:
+    """Behind the signature, a second wall: were the key to leak, a checkpoint still could
+    not name a module, a builtin that runs code, or anything outside the fold's packages."""
+    import io
+    import pickle
+
+    from control.scheduler.checkpoint import _Unpickler
+
+    module, attr = name
+    forged = b"\x80\x04\x95\x00\x00\x00\x00\x00\x00\x00\x00\x8c" + bytes([len(module)]) + \
+        module.encode() + b"\x8c" + bytes([len(attr)]) + attr.encode() + b"\x93."
+    with pytest.raises(pickle.UnpicklingError):
+        _Unpickler(io.BytesIO(forged)).load()
+    assert _Unpickler(io.BytesIO(pickle.dumps({"x": frozenset({1})}))).load() == {
+        "x": frozenset({1})}
