@@ -113,6 +113,21 @@ def _cpu_seconds(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _server_msgs(server: Any) -> tuple[int, int] | None:
+    """The server's messages in and out so far (its monitoring endpoint), or None."""
+    import urllib.request
+
+    if not getattr(server, "http_port", 0):
+        return None
+    try:
+        with urllib.request.urlopen(f"http://{server.host}:{server.http_port}/varz",
+                                    timeout=5) as r:
+            varz = json.load(r)
+    except (OSError, ValueError):
+        return None
+    return int(varz["in_msgs"]), int(varz["out_msgs"])
+
+
 def _per_request_ms(before: float | None, after: float | None, requests: int) -> float | None:
     if before is None or after is None or not requests:
         return None
@@ -172,7 +187,7 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
     from bus.admin import ensure_all_streams
     from bus.bench import raw_atomic_rate
     from bus.loadgen import ReservedWatcher
-    from bus.local.server import NatsServer
+    from bus.local.server import NatsServer, free_port
     from client.api import PoolClient
 
     if quick:
@@ -187,7 +202,7 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
     run = uuid.uuid4().hex[:6]
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="pool-bench-e2e-") as tmp:
-        server = NatsServer(store_dir=Path(tmp) / "nats").start()
+        server = NatsServer(store_dir=Path(tmp) / "nats", http_port=free_port()).start()
         stop = _CTX.Event()
         ready = _CTX.Queue()
         procs: list[Any] = []
@@ -226,9 +241,11 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
             say(f"saturating: {clients} clients for {seconds:g} s…")
             server_pid = server.proc.pid if server.proc is not None else None
             cpu0 = (_cpu_seconds(plane.pid), _cpu_seconds(server_pid))
+            msgs0 = _server_msgs(server)
             sat, clients_cpu = _load(url, clients=clients, processes=processes,
                                      seconds=seconds, rate=None, run=f"{run}-sat", count=count)
             cpu1 = (_cpu_seconds(plane.pid), _cpu_seconds(server_pid))
+            msgs1 = _server_msgs(server)
             _drain(watcher, sat, 30)
             saturated = _phase(sat, watcher.reserved, seconds)
             # CPU per accepted request over the saturating phase, by process: on a shared
@@ -240,6 +257,11 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
                 "server": _per_request_ms(cpu0[1], cpu1[1], n),
                 "clients": _per_request_ms(0.0, clients_cpu, n),
             }
+            # the server's messages in and out per accepted request over the same seconds
+            # (heartbeats and the fleet's traffic included): what each request costs it
+            saturated["server_msgs_per_request"] = (
+                None if msgs0 is None or msgs1 is None or not n else
+                {"in": (msgs1[0] - msgs0[0]) / n, "out": (msgs1[1] - msgs0[1]) / n})
             say(f"steady: {rate:g} requests/s offered for {steady_seconds:g} s…")
             st, _ = _load(url, clients=clients, processes=processes, seconds=steady_seconds,
                           rate=rate, run=f"{run}-steady", count=count)
@@ -308,6 +330,10 @@ def table(result: dict[str, Any]) -> str:
     if any(v is not None for v in cpu.values()):
         parts = ", ".join(f"{who} {v:.2f}" for who, v in cpu.items() if v is not None)
         lines.append(f"CPU ms per accepted request at saturation, by process: {parts}")
+    msgs = s.get("server_msgs_per_request")
+    if msgs:
+        lines.append(f"server messages per accepted request at saturation: {msgs['in']:.1f} in, "
+                     f"{msgs['out']:.1f} out")
     lines.append(
         f"saturation: {s['requests']:,} requests, {s['accepted']:,} accepted, "
         f"{s['reserved']:,} reserved, errors {s['errors'] or 'none'}; steady: "

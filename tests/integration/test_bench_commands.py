@@ -49,6 +49,10 @@ def test_the_e2e_bench_sees_every_accepted_request_reserved() -> None:
     assert steady["reserved"] == steady["accepted"] == steady["requests"] == 50
     assert 0 < steady["reserved_p50_ms"] <= steady["reserved_p99_ms"] <= steady["reserved_max_ms"]
     assert result["raw_atomic_msgs_per_s"] > 0
+    # a request is at least its own message in and its reply out
+    msgs = sat["server_msgs_per_request"]
+    assert msgs["in"] >= 1 and msgs["out"] >= 1
+    assert "server messages per accepted request" in result["table"]
     assert "cores" in result["machine"] and "e2e: accepted requests/s" in result["table"]
 
 
