@@ -31,7 +31,7 @@ MAX_BANDWIDTH_MBPS = 1_000_000  # 1 Tbit/s
 MAX_RUNTIME_SECONDS = 30 * 24 * 3600  # 30 days
 MAX_PREFERENCES = 16
 MAX_IMAGE_SIZE_BYTES = 1 << 40  # 1 TiB
-MAX_LEASES_PER_REQUEST = 499  # two events each: one atomic batch holds at most 1,000
+MAX_LEASES_PER_REQUEST = 999  # one event each: one atomic batch holds at most 1,000
 
 CURRENT_SCHEMA_VERSION = 1
 

@@ -64,13 +64,21 @@ def test_a_key_used_for_one_lease_is_refused_for_an_array(plane: Plane) -> None:
     assert not r["ok"] and r["error"]["code"] == "idempotency_conflict"
 
 
-def test_a_count_over_the_batch_limit_is_refused_before_anything_is_written(
+def test_a_count_at_the_limit_is_one_save_and_one_more_is_refused_naming_the_field(
         plane: Plane) -> None:
+    from schemas.v1 import MAX_LEASES_PER_REQUEST
+
     cp, _admin, alpha = plane
+    assert MAX_LEASES_PER_REQUEST == 999  # one event a lease: 999 fit one atomic batch
     before = _events(cp)
-    r = alpha.request_lease({**lease_body("too-many"), "count": 500})
+    r = alpha.request_lease({**lease_body("too-many"), "count": MAX_LEASES_PER_REQUEST + 1})
     assert not r["ok"] and r["error"]["code"] == "invalid_field"
     assert r["error"]["reasons"]["path"] == "$.count" and _events(cp) == before
+    r = alpha.request_lease({**lease_body("at-the-limit"), "count": MAX_LEASES_PER_REQUEST})
+    assert r["ok"], r
+    ids = r["result"]["lease_ids"]
+    assert len(set(ids)) == MAX_LEASES_PER_REQUEST and r["lease"]["lease_id"] == ids[0]
+    assert _events(cp) == before + MAX_LEASES_PER_REQUEST
 
 
 def test_concurrent_requests_are_in_flight_together_and_share_atomic_batches(
