@@ -231,7 +231,7 @@ class ControlPlane:
                  role_urls: Mapping[str, str] | None = None,
                  pool_leaders: bool = True,
                  checkpoint_every: tuple[int, float] | None = (EVERY_EVENTS, EVERY_SECONDS),
-                 ) -> None:
+                 serve_why: bool = False) -> None:
         self.roles = parse_roles(roles)
         # the responders' connection: a user that may publish replies into inboxes only
         self.responder_url = responder_url or nats_url
@@ -280,6 +280,10 @@ class ControlPlane:
                                     views=tuple(projector_views or VIEWS))
                           if database_url and "projector" in self.roles else None)
         self.run_scheduler = run_scheduler
+        # `why` and queue positions come from a scheduler's memory: a process whose scheduler
+        # never runs would answer every lease as not found, so it answers them only when told
+        # to (`serve_why`: a test that drives the scheduler's cycles by hand)
+        self.serve_why = run_scheduler or (bool(serve_why) and "scheduler" in self.roles)
         if run_scheduler:
             tune_gc()
         # the data plane's side: agent orders (with the scheduler) and durable deadline timers
@@ -393,8 +397,8 @@ class ControlPlane:
             t.start()
         if self.commands is not None:
             self.commands.start()
-        if "scheduler" not in self.roles:
-            pass  # `why` is answered by whichever process runs the active scheduler
+        if not self.serve_why:
+            pass  # `why` is answered by the processes that run a scheduler
         elif self.election is None:
             self._serve_why(True)
         else:

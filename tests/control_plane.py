@@ -69,4 +69,6 @@ def node_report(nats_url: str, node: str, lease_id: str, verb: str,
 
 
 def start(nats_url: str, clock: FakeClock) -> ControlPlane:
-    return ControlPlane(nats_url, clock=clock, run_scheduler=False).start()
+    """A plane whose scheduler the test drives by hand (`cp.scheduler.cycle()`), answering
+    `why` from it."""
+    return ControlPlane(nats_url, clock=clock, run_scheduler=False, serve_why=True).start()

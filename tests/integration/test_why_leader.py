@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bus.errors import BusTimeout
+from bus.errors import BusTimeout, BusUnavailable
 from bus.lead import LeadDesk
 from bus.leader import LeaderElection
 from bus.local.server import NatsServer
@@ -83,6 +83,23 @@ def test_with_no_answer_from_the_leader_a_process_gives_its_own_marked_stale(
         assert [(r["lease_id"], r["stale"]) for r in queue["result"]["leases"]] == [(lid, True)]
     finally:
         desk.close()
+        cp.stop()
+
+
+def test_a_plane_whose_scheduler_never_runs_does_not_answer_why(
+        fresh_nats: NatsServer) -> None:
+    # on its default roles, scheduler included: its scheduler's memory never follows the log,
+    # so an answer from it would call every lease not found
+    cp = ControlPlane(fresh_nats.url, run_scheduler=False, data_plane=False).start()
+    try:
+        with PoolClient(fresh_nats.url) as admin, PoolClient(fresh_nats.url, "alpha") as alpha:
+            setup_pool(admin)
+            lid = alpha.request_lease(lease_body("queued"))["lease"]["lease_id"]
+            assert cp.why is None
+            # no responder: nobody answers, where an answer would have been wrong
+            with pytest.raises((BusUnavailable, BusTimeout)):
+                alpha.call(f"pool.cmd.alpha.lease.{lid}.why", {}, timeout=1.0)
+    finally:
         cp.stop()
 
 
