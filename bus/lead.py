@@ -93,6 +93,21 @@ class LeadDesk:
             log.debug("asking the leader of pool %s: %s", pool, e)
             return None
 
+    def ask_all(self, pools: list[str], verb: str, body: bytes) -> list[bytes | None]:
+        """`ask` of each pool's leader, all at once: one timeout for them all, not one each."""
+        if not pools:
+            return []
+
+        async def every() -> list[bytes | None]:
+            return list(await asyncio.gather(
+                *(self._ask(lead_subject(pool, verb), body) for pool in pools)))
+
+        try:
+            return self._rt.run(every(), self.timeout + 2)
+        except BusError as e:
+            log.debug("asking the leaders of pools %s: %s", ", ".join(pools), e)
+            return [None] * len(pools)
+
     async def _ask(self, subject: str, body: bytes) -> bytes | None:
         nc = await self._rt.connection()
         try:

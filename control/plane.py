@@ -115,15 +115,18 @@ class _WhyContext:
     def _positions_from_leaders(self, desk: LeadDesk, tenant: str,
                                 rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """`rows` with each pool this process does not lead replaced by its leader's rows, or
-        kept and marked stale when that leader does not answer; pool by pool, as before."""
+        kept and marked stale when that leader does not answer; the leaders asked at once."""
+        pools = sorted({str(r["pool"]) for r in rows})
+        asked = [pool for pool in pools if not self.scheduler.leads(pool)]
+        answers = dict(zip(asked, desk.ask_all(asked, "queue", json.dumps(
+            {"tenant": tenant}).encode()), strict=True))
         out: list[dict[str, Any]] = []
-        question = json.dumps({"tenant": tenant}).encode()
-        for pool in sorted({str(r["pool"]) for r in rows}):
+        for pool in pools:
             mine = [r for r in rows if r["pool"] == pool]
-            if self.scheduler.leads(pool):
+            if pool not in answers:
                 out += mine
                 continue
-            led = _led_result(desk.ask(pool, "queue", question))
+            led = _led_result(answers[pool])
             if isinstance(led, list) and all(isinstance(r, dict) for r in led):
                 out += led
             else:

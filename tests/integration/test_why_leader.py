@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ from bus.runtime import BusRuntime
 from bus.service import Client
 from bus.subjects import lead_subject
 from client.api import PoolClient
-from control.plane import ControlPlane, why_handler
+from control.plane import ControlPlane, lead_answers, why_handler
 from control.pool_leaders import pool_election_name
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
 
@@ -83,6 +84,48 @@ def test_with_no_answer_from_the_leader_a_process_gives_its_own_marked_stale(
         assert [(r["lease_id"], r["stale"]) for r in queue["result"]["leases"]] == [(lid, True)]
     finally:
         desk.close()
+        cp.stop()
+
+
+def test_queue_positions_ask_every_other_pools_leader_at_once(fresh_nats: NatsServer) -> None:
+    cp = start(fresh_nats.url, FakeClock())  # its scheduler cycled by hand
+    waiting = {}
+    with PoolClient(fresh_nats.url) as admin, PoolClient(fresh_nats.url, "alpha") as alpha:
+        for pool in POOLS:
+            setup_pool(admin, pool)
+            assert admin.admin("node.register",
+                               node_body(f"n-{pool}", pool, cpu_millis=2000))["ok"]
+            alpha.request_lease(lease_body(f"fill-{pool}", pool, cpu_millis=2000))
+            cp.scheduler.cycle()
+            waiting[pool] = alpha.request_lease(
+                lease_body(f"wait-{pool}", pool, cpu_millis=2000))["lease"]["lease_id"]
+        cp.scheduler.cycle()
+    cp.scheduler.leads = lambda _pool: False  # another process leads both pools
+    # that process answers a question only while the other pool's is in flight too: asked one
+    # pool after the other, the first answer never comes and both rows are marked stale
+    both = threading.Barrier(len(POOLS), timeout=3.0)
+    answer = lead_answers(cp.scheduler)
+
+    def together(pool: str, verb: str, body: bytes) -> bytes:
+        both.wait()
+        return answer(pool, verb, body)
+
+    leader_rt, asker_rt = BusRuntime(fresh_nats.url), BusRuntime(fresh_nats.url)
+    leader = LeadDesk(leader_rt, together, timeout=5.0, threads=len(POOLS))
+    asker = LeadDesk(asker_rt, lambda *_: b"", timeout=5.0)
+    try:
+        for pool in POOLS:
+            leader.serve(pool)
+        handle = why_handler(cp.scheduler, asker)
+        rows = json.loads(handle("pool.cmd.alpha.queue", b"{}", {}))["result"]["leases"]
+        assert [(r["pool"], r["lease_id"], r.get("stale")) for r in rows] == [
+            (pool, lid, None) for pool, lid in waiting.items()], rows
+        assert leader.answered == len(POOLS)
+    finally:
+        leader.close()
+        asker.close()
+        leader_rt.close()
+        asker_rt.close()
         cp.stop()
 
 
