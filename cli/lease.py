@@ -450,7 +450,7 @@ def register(sub: Subparsers) -> None:
                     "(--same's default) and STRICT_SPREAD (--spread's) require it")
     rq.set_defaults(func=cmd_lease_request)
     lq = lease.add_parser("queue", help="your waiting leases in queue order, with estimated "
-                          "starts (from the active scheduler)")
+                          "starts (from each pool's leading scheduler)")
     client_opts(lq, tenant=True)
     lq.set_defaults(func=cmd_lease_queue)
     for verb, help_text in (("commit", ("confirm a reservation within the pool's commit window "

@@ -64,7 +64,8 @@ def _domain_reasons(e: DomainError) -> dict[str, int | str]:
 
 
 class CommandHandler:
-    """Turns (subject, body) into a reply; `why` is answered by the scheduler, which knows."""
+    """Turns (subject, body) into a reply; `why` is answered by the scheduler processes, which
+    know (each asks a pool's leader where it does not lead that pool)."""
 
     def __init__(self, app: PoolApp, database_url: str | None = None, *,
                  views_schema: str | None = None,
@@ -143,10 +144,10 @@ class CommandHandler:
     # -- the route table's Context -------------------------------------------------------
 
     def why(self, tenant: str, lease_id: str) -> v1.Envelope:
-        raise UnknownSubject("`why` is answered by the active scheduler")
+        raise UnknownSubject("`why` is answered by the scheduler processes")
 
     def queue_positions(self, tenant: str) -> v1.Envelope:
-        raise UnknownSubject("queue positions are answered by the active scheduler")
+        raise UnknownSubject("queue positions are answered by the scheduler processes")
 
     def query_view(self, tenant: str, view: str, q: v1.Query) -> v1.Envelope:
         """A page of one of the tenant's views, read from PostgreSQL: only its own rows."""

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from control.application import PoolApp
 
 # who answers (or sends) a route: the command responders, the same responders only with a
-# database (queries), the active scheduler, a node agent (orders the plane sends), or nobody
+# database (queries), the scheduler processes, a node agent (orders the plane sends), or nobody
 # (telemetry agents publish to a stream), or a stream the plane writes for tenants (the feed)
 ServedBy = Literal["commands", "queries", "scheduler", "agent", "stream", "feed"]
 Params = Mapping[str, str]

@@ -104,8 +104,8 @@ ROUTES: tuple[HttpRoute, ...] = (
               "The tenant's waiting requests from the queue view", "queryView", "page",
               query=QUEUE_FILTERS, fixed=(("view", "queue"),)),
     HttpRoute("GET", "/v1/queue/positions", "listQueuePositions",
-              "The tenant's waiting requests in queue order, with estimated starts (from the "
-              "active scheduler)", "queuePositions"),
+              "The tenant's waiting requests in queue order, with estimated starts (from each "
+              "pool's leading scheduler)", "queuePositions"),
     HttpRoute("GET", "/v1/balance", "getBalance",
               "The tenant's credits: granted, held, spent and available", "queryView", "row",
               tag="credits", fixed=(("view", "balance"),)),
