@@ -194,7 +194,7 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
             done: concurrent.futures.Future[list[Notification]] = concurrent.futures.Future()
             done.set_result([])
             return done
-        return self.runtime.submit(_translated(self._read_ahead(start, limit, stop)))
+        return self.runtime.submit(_translated(self._read_ahead, start, limit, stop))
 
     def read_records(
         self, start: int, stop: int | None = None, *, page_size: int = RECORD_PAGE,
@@ -212,7 +212,7 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
                     concurrent.futures.Future())
                 done.set_result(([], at))
                 return done
-            return self.runtime.submit(_translated(self._read_records(at, page_size, stop)))
+            return self.runtime.submit(_translated(self._read_records, at, page_size, stop))
 
         ahead = fetch(start)
         try:

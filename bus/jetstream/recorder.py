@@ -8,7 +8,7 @@ import contextlib
 import itertools
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -74,10 +74,12 @@ SUBJECT_CACHE_MAX = 50_000
 SEEK_HINTS_MAX = 10_000
 
 
-async def _translated(coro: Any) -> Any:
-    """`coro`'s result, its nats-py errors raised as bus.errors (as BusRuntime.run does)."""
+async def _translated(fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    """`fn(*args)`'s result, its nats-py errors raised as bus.errors (as BusRuntime.run does).
+    The coroutine is made here, once this one runs: one refused by a closed runtime (or
+    cancelled before it started) leaves none behind never awaited."""
     try:
-        return await coro
+        return await fn(*args)
     except BaseException as e:
         err = translate(e)
         if err is e:
@@ -546,8 +548,8 @@ class JetStreamRecorder:
         if not self._check_insert(stored_events, None):
             return []
         if self.group_commit:
-            return await _translated(self._group.insert(stored_events))  # type: ignore[no-any-return]
-        return await _translated(self._insert(stored_events, None))  # type: ignore[no-any-return]
+            return await _translated(self._group.insert, stored_events)  # type: ignore[no-any-return]
+        return await _translated(self._insert, stored_events, None)  # type: ignore[no-any-return]
 
     def insert_events_nowait(
         self, stored_events: Sequence[StoredEvent]
@@ -561,7 +563,7 @@ class JetStreamRecorder:
             done: concurrent.futures.Future[list[int]] = concurrent.futures.Future()
             done.set_result([])
             return done
-        return self.runtime.submit(_translated(self._insert(stored_events, None)))
+        return self.runtime.submit(_translated(self._insert, stored_events, None))
 
     # -- reads -------------------------------------------------------------------------------
 
