@@ -391,3 +391,18 @@ def test_a_replay_that_misses_a_delivery_recreates_its_consumer_and_loses_nothin
            max_samples=10, duration_s=20, pool=pool)
     assert len(dropped) == 2
     assert [s.lease for s in got] == [f"l{i}" for i in range(10)]
+
+
+def test_a_plane_served_on_a_bare_server_answers_telemetry_replays(fresh_nats: NatsServer) -> None:
+    """`pool serve` against a server no `pool up` prepared: the data plane makes its streams,
+    telemetry's among them, so a tenant's replay is answered (empty), not bus_unavailable."""
+    from client.api import PoolClient
+
+    cp = ControlPlane(fresh_nats.url).start()
+    try:
+        with PoolClient(fresh_nats.url, "alpha") as a:
+            got = a.call("pool.cmd.alpha.telemetry.replay", {"since": 0, "limit": 10})
+    finally:
+        cp.stop()
+    assert got["ok"], got
+    assert got["result"]["samples"] == []
