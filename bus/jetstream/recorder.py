@@ -110,6 +110,11 @@ class JetStreamRecorder:
         # only touched on the runtime's loop thread, so it needs no lock; at most
         # SUBJECT_CACHE_MAX subjects (trim_cache)
         self._cache: dict[str, _SubjectState] = {}
+        # per subject this process wrote, the end its last save expected: still a true point
+        # of the subject after that save landed or was refused, so the fast-forward of a copy
+        # at that version reads only what came after it, not the subject from its start
+        # (bounded with the cache, trim_cache)
+        self._before: dict[str, _SubjectState] = {}
         # a writer that follows the whole log (the scheduler) sets this: read-ahead pages then
         # record every subject's end they pass, as direct gets do, so its next write to an
         # aggregate it only read carries the right expectation without a look-up first
@@ -275,20 +280,35 @@ class JetStreamRecorder:
         return ""
 
     def _remember(self, subject: str, state: _SubjectState) -> None:
-        known = self._cache.get(subject)
+        cache = self._cache
+        known = cache.get(subject)
         # a slower concurrent call must not move the cache backwards
         if known is None or state.last_seq >= known.last_seq:
-            self._cache[subject] = state
-            if known is None and len(self._cache) > SUBJECT_CACHE_MAX:
+            if known is not None:
+                del cache[subject]  # to the end: trim_cache forgets the least recently used
+            cache[subject] = state
+            if known is None and len(cache) > SUBJECT_CACHE_MAX:
                 self.trim_cache()
 
     def trim_cache(self) -> None:
-        """Forget the earliest remembered quarter of the subjects: a forgotten subject is
-        looked up again by its next write, as after a conflict, so the cache stays bounded
+        """Forget the least recently remembered quarter of the subjects: a forgotten subject
+        is looked up again by its next write, as after a conflict, so the cache stays bounded
         however many aggregates the log holds."""
-        cache = self._cache
-        for subject in list(itertools.islice(cache, len(cache) - SUBJECT_CACHE_MAX * 3 // 4)):
-            del cache[subject]
+        for cache in (self._cache, self._before):
+            keep = SUBJECT_CACHE_MAX * 3 // 4
+            for subject in list(itertools.islice(cache, max(0, len(cache) - keep))):
+                del cache[subject]
+
+    def forget(self, originator_id: UUID | str) -> None:
+        """Drop what this process remembers of an aggregate's subject (one it will not write
+        again, e.g. an ended lease): a later write looks it up first. From any thread."""
+        subject = self.subject_for(originator_id)
+
+        def drop() -> None:
+            self._cache.pop(subject, None)
+            self._before.pop(subject, None)
+
+        self.runtime.call_soon(drop)
 
     async def _direct_batch(
         self, filter_subject: str, start_seq: int, batch: int
@@ -456,6 +476,7 @@ class JetStreamRecorder:
         IntegrityError when the cache already holds the save's version or a later one."""
         expects: dict[str, int] = {}
         cache = self._cache
+        before = self._before
         for s, first_event in by_subject.items():
             state = cache.get(s, _UNWRITTEN)
             if (state.last_version is not None
@@ -465,6 +486,8 @@ class JetStreamRecorder:
                     f"is not after the recorded version {state.last_version}"
                 )
             expects[s] = state.last_seq
+            if state.last_version is not None:
+                before[s] = state
         return expects
 
     def _remember_saved(self, subjects_of: list[str], stored_events: Sequence[StoredEvent],
@@ -600,6 +623,10 @@ class JetStreamRecorder:
         last_seen: tuple[int | None, int] | None = None
         start = 1
         known = self._cache.get(subject)
+        if gt is not None and (known is None or known.last_version != gt):
+            # a copy older than the subject's end we know: where our last save on it started
+            # (its copy was taken before that save, and a refused save's retry is too)
+            known = self._before.get(subject, known)
         if gt is not None and known is not None and known.last_version == gt and known.last_seq:
             # a fast-forward from the version we last saw: read only what came after it
             start = known.last_seq + 1

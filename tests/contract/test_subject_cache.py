@@ -3,6 +3,7 @@ up again by its next write, and a stale writer is still refused."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from uuid import UUID
 
@@ -65,3 +66,85 @@ def test_the_subject_cache_stays_bounded_and_a_forgotten_subject_still_takes_wri
     with pytest.raises(IntegrityError):
         app.save(stale)
     assert len(cache) <= 8
+
+
+@pytest.fixture()
+def cached_app(fresh_nats: NatsServer) -> Iterator[Counters]:
+    a = Counters(env={"PERSISTENCE_MODULE": "bus.jetstream", "NATS_URL": fresh_nats.url,
+                      "NATS_STREAM": "CACHE_T", "AGGREGATE_CACHE_MAXSIZE": "100"})
+    yield a
+    a.close()
+    close_runtime(fresh_nats.url)
+
+
+def _count_scanned(app: Counters, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Messages each fast-forward read of a subject went through."""
+    scanned: list[int] = []
+    scan = app.recorder._scan  # type: ignore[attr-defined]
+
+    async def counting(*args: object) -> object:
+        scanned.append(0)
+        async for m in scan(*args):
+            scanned[-1] += 1
+            yield m
+
+    monkeypatch.setattr(app.recorder, "_scan", counting)
+    return scanned
+
+
+def test_a_cached_copy_fast_forwards_past_our_own_last_save_not_from_the_subject_start(
+    cached_app: Counters, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the library caches the copy it loaded, not the one it saved: after our save the copy
+    # is one version behind the subject's end we know, and was read from the subject's start
+    c = Counter("busy")
+    cached_app.save(c)
+    scanned = _count_scanned(cached_app, monkeypatch)
+    for _ in range(40):
+        copy = cached_app.repository.get(c.id)
+        copy.increment()
+        cached_app.save(copy)
+    assert cached_app.repository.get(c.id).count == 40
+    assert max(scanned) <= 2, scanned
+
+
+def test_a_retry_after_a_conflict_reads_only_what_came_after_its_copy(
+    cached_app: Counters, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = Counter("contended")
+    cached_app.save(c)
+    for _ in range(30):
+        copy = cached_app.repository.get(c.id)
+        copy.increment()
+        cached_app.save(copy)
+    stale = cached_app.repository.get(c.id)
+    other = cached_app.repository.get(c.id)
+    other.increment()
+    cached_app.save(other)  # another writer got there first
+    stale.increment()
+    with pytest.raises(IntegrityError):
+        cached_app.save(stale)
+    scanned = _count_scanned(cached_app, monkeypatch)
+    again = cached_app.repository.get(c.id)  # the retry's load
+    assert again.count == 31
+    assert scanned and max(scanned) <= 2, scanned
+
+
+def test_the_subject_cache_forgets_the_least_recently_used_and_what_it_is_told_to(
+    app: Counters,
+) -> None:
+    hot = Counter("hot")
+    app.save(hot)
+    for i in range(30):  # many others come and go; the hot one is written between them
+        app.save(Counter(f"cold{i}"))
+        hot.increment()
+        app.save(hot)
+    cache = app.recorder._cache  # type: ignore[attr-defined]
+    subject = app.recorder.subject_for(hot.id)  # type: ignore[attr-defined]
+    assert subject in cache and len(cache) <= 8
+    app.recorder.forget(hot.id)  # type: ignore[attr-defined]
+    app.recorder.runtime.run(asyncio.sleep(0))  # type: ignore[attr-defined]
+    assert subject not in cache
+    hot.increment()
+    app.save(hot)  # looked up again
+    assert app.repository.get(hot.id).count == 31
