@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import gc
 import heapq
 import threading
@@ -311,6 +312,15 @@ class Folding:
             self._ended.popitem(last=False)
         self._preempting_for.pop(lid, None)
         self.aggregates.pop(lease.id, None)
+        # nor does the application's cache of it (a re-read after a refused batch put it
+        # there) or the recorder's memory of where its subject ends
+        cache = self.app.repository.cache
+        if cache is not None:
+            with contextlib.suppress(KeyError):
+                cache.get(lease.id, evict=True)
+        forget = getattr(self.app.recorder, "forget", None)
+        if forget is not None:
+            forget(lease.id)
         if len(self._deadlines) > 2 * self._deadlines_kept + DEADLINES_SLACK:
             self._compact_deadlines()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from uuid import UUID
 
@@ -106,3 +107,32 @@ def test_the_deadline_heap_drops_ended_leases_long_before_their_deadlines_pass(
     # counted (a batch of ten in flight: twenty) and the slack
     assert len(heap) <= 2 * 20 + 8, len(heap)
     assert any(lid == live[0] for _due, lid in heap)  # the live lease's deadline is kept
+
+
+def test_an_ended_lease_leaves_the_schedulers_subject_and_aggregate_caches(
+    plane: Plane,
+) -> None:
+    cp, admin, _clock = plane
+    setup_pool(admin)
+    admin.admin("node.register", node_body("n1", cpu_millis=64_000, memory_mib=65_536))
+    s = cp.scheduler
+    with PoolClient(cp.nats_url, "alpha") as a:
+        got = a.request_lease({**lease_body("k", max_runtime=3600), "count": 5})
+        ids = list(got["result"]["lease_ids"])
+        s.cycle()
+        for lid in ids:  # as a re-read after a refused batch leaves it
+            s.app.repository.get(UUID(lid))
+        for lid in ids[:3]:
+            assert a.lease(lid, "commit", {"job": {"image": "local/job@sha256:" + "a" * 64,
+                                                   "command": ["true"]}})["ok"]
+            assert a.lease(lid, "release", {"exit_code": 0})["ok"]
+        s.cycle()
+    s.app.recorder.runtime.run(asyncio.sleep(0.05))  # the recorder forgets on its own loop
+    subjects = s.app.recorder._cache
+    cache = s.app.repository.cache
+    assert cache is not None
+    ended, live = ids[:3], ids[3:]
+    assert not any(s.app.recorder.subject_for(lid) in subjects for lid in ended)
+    assert all(s.app.recorder.subject_for(lid) in subjects for lid in live)
+    assert not any(UUID(lid) in cache.cache for lid in ended)
+    assert all(UUID(lid) in cache.cache for lid in live)
