@@ -12,7 +12,12 @@ from contextvars import ContextVar
 from typing import Any, Concatenate, ParamSpec, TypeVar
 from uuid import UUID
 
-from eventsourcing.application import AggregateNotFoundError, Application, ProcessingEvent
+from eventsourcing.application import (
+    AggregateNotFoundError,
+    Application,
+    ProcessingEvent,
+    Repository,
+)
 from eventsourcing.domain import Aggregate, BaseAggregate
 from eventsourcing.persistence import (
     EventStore,
@@ -23,6 +28,7 @@ from eventsourcing.persistence import (
 )
 
 from bus.errors import BusTimeout
+from control.application.repository import PoolRepository
 from control.application.snapshotting import Snapshots, SnapshotStore, snapshot_intervals
 from control.errors import UnknownLease, UnknownPool, WriteConflict
 from domain.account import Account
@@ -150,6 +156,16 @@ class AppCore(Application[UUID]):
         self._policy_changes: dict[UUID, int] = {}
         self._policy_watches: dict[UUID, Callable[[], None]] = {}
         self._policies_lock = threading.Lock()
+
+    def construct_repository(self) -> Repository[UUID]:
+        """The library's repository, as PoolRepository (a cached aggregate copied under its
+        lock), with the same settings."""
+        made = super().construct_repository()
+        return PoolRepository(
+            event_store=made.event_store, snapshot_store=made.snapshot_store,
+            cache_maxsize=None if made.cache is None else getattr(made.cache, "maxsize", 0),
+            fastforward=made.fastforward, fastforward_skipping=made.fastforward_skipping,
+            deepcopy_from_cache=made.deepcopy_from_cache)
 
     def save(self, *objs: Any, **kwargs: Any) -> list[Recording[UUID]]:
         """The library's `save`, without its runtime-checkable Protocol `isinstance` checks
