@@ -148,7 +148,7 @@ def _header(text: str, key: str) -> str | None:
 LogRecord = tuple[int, str, bool, int, str, bytes]
 
 RECORD_PAGE = 2000  # records per page of read_records
-_RECORD_IDS_LIMIT = 100_000  # subject token → id text, per reader; cleared when it grows past this
+_RECORD_IDS_LIMIT = 10_000  # subject token → id text, per reader; cleared when it grows past this
 _UUID_TEXT = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
