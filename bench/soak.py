@@ -3,11 +3,15 @@ scheduler's resident memory and a cold scheduler's start-up replay time measured
 
 from __future__ import annotations
 
+import collections
+import gc
+import json
 import multiprocessing
 import os
 import tempfile
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,25 +22,59 @@ POOL = "soak"
 NODES = 64  # room for every lease in flight, spread so releases rarely share a node
 SHAPE = {"cpu_millis": 100, "memory_mib": 64}
 BATCH = 10  # leases per request (one atomic save each)
-CLIENTS = 32  # client threads, each a tenant's: their saves share atomic batches
-# a tenant per client: a release settles the tenant's account, so clients of one tenant would
-# contend on it
-TENANTS = [f"s{i}" for i in range(CLIENTS)]
+CLIENTS = 32  # client threads: their saves share atomic batches
+# the clients' tenants, several clients each: their releases settle the tenant's account
+# concurrently. Few, so that every account's window of transfer ids is full early in the run
+TENANTS = [f"s{i}" for i in range(8)]
 RSS_AT = (0.1, 0.5, 1.0)  # fractions of the run where the scheduler's memory is judged
 SAMPLE_AT = tuple(i / 10 for i in range(1, 11))  # and read, to show where it levels off
 REPLAY_AT = (1 / 3, 2 / 3, 1.0)  # and where a cold scheduler replays the log
 _CTX = multiprocessing.get_context("spawn")  # the parent holds threads: no fork
+PROBE_FRAMES = 4  # frames kept per traced allocation with --probe
+_PROBE_FILTERS = [tracemalloc.Filter(False, tracemalloc.__file__),
+                  tracemalloc.Filter(False, "<frozen importlib._bootstrap>")]
 
 
-def _serve(url: str, roles: list[str], ready: Any, stop: Any) -> None:
+def _serve(url: str, roles: list[str], ready: Any, stop: Any, probe: Any = None) -> None:
     """In a process of its own: control-plane `roles` without the data plane (no agents: a
-    tenant's commit starts the lease, its release ends it)."""
+    tenant's commit starts the lease, its release ends it). With `probe` (a queue of file
+    paths), memory allocations are traced and each path asked for gets a snapshot of them and
+    of the live objects by type (`--probe`)."""
     from control.plane import ControlPlane
 
+    if probe is not None:
+        tracemalloc.start(PROBE_FRAMES)
     plane = ControlPlane(url, roles=roles, data_plane=False).start()
     ready.put(os.getpid())
-    stop.wait()
+    while not stop.wait(0.2):
+        if probe is not None and not probe.empty():
+            _snapshot(probe.get())
     plane.stop()
+
+
+def _snapshot(path: str) -> None:
+    """This process's traced allocations (`path`) and its live objects by type (`path`.types)."""
+    gc.collect()
+    counts = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
+    Path(path + ".types").write_text(json.dumps(dict(counts)))
+    tracemalloc.take_snapshot().dump(path)
+    Path(path + ".done").touch()
+
+
+def probe_diff(before: str, after: str, top: int = 15) -> list[str]:
+    """What grew between two `_snapshot`s: the allocation sites and object types that grew
+    most, largest first."""
+    old = tracemalloc.Snapshot.load(before).filter_traces(_PROBE_FILTERS)
+    new = tracemalloc.Snapshot.load(after).filter_traces(_PROBE_FILTERS)
+    lines = []
+    for stat in new.compare_to(old, "traceback")[:top]:
+        frames = " < ".join(f"{Path(f.filename).name}:{f.lineno}" for f in stat.traceback)
+        lines.append(f"  {stat.size_diff / 1024:+9.1f} KiB {stat.count_diff:+8,} blocks  {frames}")
+    a = json.loads(Path(before + ".types").read_text())
+    b = json.loads(Path(after + ".types").read_text())
+    grew = sorted(((b.get(k, 0) - a.get(k, 0), k) for k in set(a) | set(b)), reverse=True)
+    lines.append("  objects that grew: " + ", ".join(f"{k} {d:+,}" for d, k in grew[:top] if d))
+    return lines
 
 
 def _replay(url: str, out: Any) -> None:
@@ -54,6 +92,28 @@ def _replay(url: str, out: Any) -> None:
     out.put((took, events))
 
 
+def _probe(probes: Any, path: Path) -> str:
+    """Ask the scheduler's process for a `_snapshot` at `path` and wait for it."""
+    probes.put(str(path))
+    done = Path(str(path) + ".done")
+    deadline = time.monotonic() + 600
+    while not done.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError("the scheduler took no memory snapshot")
+        time.sleep(0.2)
+    return str(path)
+
+
+def warm_up() -> int:
+    """Leases after which the scheduler's count-bounded memories are full: the last
+    ENDED_REMEMBERED ended leases (for `why`) and each tenant account's window of
+    TRANSFER_WINDOW lease movements (two a lease: its hold and its settlement)."""
+    from control.scheduler.state import ENDED_REMEMBERED
+    from domain.account import TRANSFER_WINDOW
+
+    return max(ENDED_REMEMBERED, len(TENANTS) * TRANSFER_WINDOW // 2)
+
+
 def rss_mib(pid: int) -> float:
     """A process's resident set size in MiB (Linux /proc)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -63,30 +123,61 @@ def rss_mib(pid: int) -> float:
 
 
 class _Driver:
-    """Client threads taking leases through their whole life until `target` have ended."""
+    """Client threads taking leases through their whole life until `target` have ended; they
+    stay connected between targets (`run_until` raises it, `close` ends them)."""
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.done = 0
+        self.done = 0  # leases taken by a client
+        self.ended = 0  # and taken through to their release (or an error)
         self.errors: dict[str, int] = {}
         self.retried = 0  # releases sent again after a write conflict
-        self._lock = threading.Lock()
+        # client seconds spent per step, all clients together, and commits refused (not yet
+        # reserved): where a lease's time goes
+        self.spent = {"request": 0.0, "commit": 0.0, "release": 0.0}
+        self.commits_early = 0
+        self._lock = threading.Condition()
         self._target = 0
+        self._closed = False
+        self._threads: list[threading.Thread] = []
 
     def run_until(self, target: int) -> None:
-        self._target = target
-        threads = [threading.Thread(target=self._client, args=(TENANTS[i % len(TENANTS)], i),
-                                    daemon=True) for i in range(CLIENTS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        """Return once `target` leases have ended, the clients idle."""
+        with self._lock:
+            self._target = target
+            self._lock.notify_all()
+        if not self._threads:
+            self._threads = [threading.Thread(target=self._client, daemon=True,
+                                              args=(TENANTS[i % len(TENANTS)], i))
+                             for i in range(CLIENTS)]
+            for t in self._threads:
+                t.start()
+        with self._lock:
+            while self.ended < target and any(t.is_alive() for t in self._threads):
+                self._lock.wait(0.5)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+        for t in self._threads:
+            t.join(60)
 
     def _take(self) -> int:
+        """The next batch's size; waits while the target is reached, 0 once closed."""
         with self._lock:
+            while not self._closed and self.done >= self._target:
+                self._lock.wait()
+            if self._closed:
+                return 0
             n = min(BATCH, self._target - self.done)
-            self.done += max(0, n)
-            return max(0, n)
+            self.done += n
+            return n
+
+    def _ended(self, n: int) -> None:
+        with self._lock:
+            self.ended += n
+            self._lock.notify_all()
 
     def _error(self, code: str) -> None:
         with self._lock:
@@ -103,14 +194,19 @@ class _Driver:
                                         "idempotency_key": key}
                 if n > 1:
                     body["count"] = n
+                t0 = time.monotonic()
                 got = c.request_lease(body)
+                t1 = time.monotonic()
                 if not got.get("ok"):
                     self._error(str(got.get("error", {}).get("code")))
+                    self._ended(n)
                     continue
                 ids = list((got.get("result") or {}).get("lease_ids") or
                            [got["lease"]["lease_id"]])
                 for lid in ids:
+                    t2 = time.monotonic()
                     self._commit(c, lid)
+                    t3 = time.monotonic()
                     for _ in range(10):  # a write conflict (the node or account moved): again
                         r = c.lease(lid, "release", {"exit_code": 0})
                         if r.get("ok") or r.get("error", {}).get("code") != "write_conflict":
@@ -118,6 +214,12 @@ class _Driver:
                         self.retried += 1
                     if not r.get("ok"):
                         self._error(str(r.get("error", {}).get("code")))
+                    with self._lock:
+                        self.spent["commit"] += t3 - t2
+                        self.spent["release"] += time.monotonic() - t3
+                with self._lock:
+                    self.spent["request"] += t1 - t0
+                self._ended(n)
 
     def _commit(self, c: Any, lid: str) -> None:
         """Commit once the scheduler reserved it (a queued lease's commit is refused)."""
@@ -131,15 +233,18 @@ class _Driver:
             if time.monotonic() > deadline:
                 self._error(str(r.get("error", {}).get("code")))
                 return
+            with self._lock:
+                self.commits_early += 1
             time.sleep(wait)
             wait = min(wait * 2, 0.2)
 
 
-def run_soak(*, leases: int = 1_000_000, quick: bool = False,
+def run_soak(*, leases: int = 1_000_000, quick: bool = False, probe: bool = False,
              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run `leases` leases (2,000 with `quick`) through their whole life against a server and
     control plane of their own; the scheduler's RSS at RSS_AT and a cold start-up replay at
-    REPLAY_AT of the run."""
+    REPLAY_AT of the run. With `probe`, the scheduler traces its allocations and what grew
+    from the first tenth to each later one is said through `progress`."""
     from bus.admin import ensure_all_streams
     from bus.local.server import NatsServer
     from client.api import PoolClient
@@ -154,17 +259,21 @@ def run_soak(*, leases: int = 1_000_000, quick: bool = False,
     rss: list[dict[str, Any]] = []
     samples: list[dict[str, Any]] = []
     replays: list[dict[str, Any]] = []
+    snaps: list[str] = []
     with tempfile.TemporaryDirectory(prefix="pool-bench-soak-") as tmp:
         server = NatsServer(store_dir=Path(tmp) / "nats").start()
         stop = _CTX.Event()
         ready = _CTX.Queue()
         procs: list[Any] = []
+        driver: _Driver | None = None
         try:
             url = server.url
             ensure_all_streams(url)
             pids = {}
+            probes = _CTX.Queue() if probe else None
             for role in ("scheduler", "commands"):
-                p = _CTX.Process(target=_serve, args=(url, [role], ready, stop), daemon=True)
+                p = _CTX.Process(target=_serve, daemon=True, args=(
+                    url, [role], ready, stop, probes if role == "scheduler" else None))
                 p.start()
                 procs.append(p)
                 pids[role] = ready.get(timeout=120)
@@ -192,14 +301,25 @@ def run_soak(*, leases: int = 1_000_000, quick: bool = False,
                         raise RuntimeError(f"{path} refused: {got}")
             rss.append({"leases": 0, "rss_mib": rss_mib(pids["scheduler"])})
             driver = _Driver(url)
-            t0 = time.monotonic()
+            say(f"the scheduler's memory is judged from the first tenth past {warm_up():,} "
+                "leases")
+            driving = 0.0  # seconds the clients ran, the pauses at each mark left out
             for mark in marks:
+                t0 = time.monotonic()
                 driver.run_until(mark)
+                driving += time.monotonic() - t0
                 time.sleep(1.0)  # the scheduler folds the last releases
-                say(f"{mark:,} leases ended ({mark / (time.monotonic() - t0):,.0f}/s)")
+                say(f"{mark:,} leases ended ({mark / driving:,.0f}/s; "
+                    f"{time.strftime('%H:%M:%S')})")
                 now_rss = {"leases": mark, "rss_mib": rss_mib(pids["scheduler"])}
                 if any(mark == round(leases * f) for f in SAMPLE_AT):
                     samples.append(now_rss)
+                    if probes is not None:
+                        snaps.append(_probe(probes, Path(tmp) / f"probe-{mark}"))
+                        if len(snaps) > 1:
+                            say(f"grew from {samples[0]['leases']:,} to {mark:,} leases:")
+                            for line in probe_diff(snaps[0], snaps[-1]):
+                                say(line)
                 if any(mark == round(leases * f) for f in RSS_AT):
                     rss.append(now_rss)
                 if any(mark == round(leases * f) for f in REPLAY_AT):
@@ -209,8 +329,9 @@ def run_soak(*, leases: int = 1_000_000, quick: bool = False,
                     took, events = out.get(timeout=3600)
                     p.join(30)
                     replays.append({"leases": mark, "seconds": took, "events": events})
-            elapsed = time.monotonic() - t0
         finally:
+            if driver is not None:
+                driver.close()
             stop.set()
             for p in procs:
                 p.join(30)
@@ -218,13 +339,20 @@ def run_soak(*, leases: int = 1_000_000, quick: bool = False,
                     p.kill()
             server.stop()
     loaded = [r for r in rss if r["leases"] > 0]
-    first, last = loaded[0]["rss_mib"], loaded[-1]["rss_mib"]
+    # judged once every count-bounded memory is full: from the first tenth past warm_up()
+    warm = warm_up()
+    judged = next((r for r in samples if r["leases"] >= warm), loaded[0])
+    first, last = judged["rss_mib"], loaded[-1]["rss_mib"]
     result: dict[str, Any] = {
         "leases": leases, "clients": CLIENTS, "batch": BATCH, "nodes": NODES,
         "rss": rss, "rss_samples": samples, "replays": replays, "errors": driver.errors,
         "release_retries": driver.retried,
+        # per lease, in client milliseconds: each step's mean (a request carries BATCH leases)
+        "client_ms_per_lease": {k: 1000 * v / leases for k, v in driver.spent.items()},
+        "commits_before_reserved": driver.commits_early,
+        "warm_up_leases": warm, "judged_from": judged["leases"],
         "rss_growth": last / first - 1, "flat": abs(last / first - 1) <= 0.10,
-        "leases_per_s": leases / elapsed, "elapsed_s": time.monotonic() - started,
+        "leases_per_s": leases / driving, "elapsed_s": time.monotonic() - started,
         "machine": machine_line(), "quick": quick,
     }
     result["table"] = table(result)
@@ -242,9 +370,17 @@ def table(result: dict[str, Any]) -> str:
     for r in result["replays"]:
         lines.append(f"  start-up replay after {r['leases']:>9,} leases: {r['seconds']:8.2f} s "
                      f"({r['events']:,} events)")
-    lines.append(f"  RSS from the first mark to the last: {result['rss_growth']:+.1%} "
+    warm = (f"the caches full at {result['warm_up_leases']:,}"
+            if result["judged_from"] >= result["warm_up_leases"]
+            else f"before the caches are full, at {result['warm_up_leases']:,}")
+    lines.append(f"  RSS from {result['judged_from']:,} leases ({warm}) to the last: "
+                 f"{result['rss_growth']:+.1%} "
                  f"({'flat' if result['flat'] else 'NOT flat'}: within 10% is flat)")
     lines.append(f"  releases sent again after a write conflict: {result['release_retries']:,}")
+    ms = result["client_ms_per_lease"]
+    lines.append(f"  client time per lease: request {ms['request']:.1f} ms (a tenth of a "
+                 f"batch's), commit {ms['commit']:.1f} ms, release {ms['release']:.1f} ms; "
+                 f"commits sent before the reservation: {result['commits_before_reserved']:,}")
     if result["errors"]:
         lines.append(f"  errors: {result['errors']}")
     lines.append(f"  {result['machine']}")

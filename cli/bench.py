@@ -159,7 +159,7 @@ def cmd_bench_soak(args: argparse.Namespace) -> int:
 
     if args.leases < 10:
         raise UsageError("--leases must be at least 10")
-    result = run_soak(leases=args.leases, quick=args.quick,
+    result = run_soak(leases=args.leases, quick=args.quick, probe=args.probe,
                       progress=None if args.json else (lambda s: print(s, file=sys.stderr,
                                                                          flush=True)))
     code = _report(result, args.json)
@@ -227,6 +227,9 @@ def register(sub: Subparsers) -> None:
     bso.add_argument("--leases", type=int, default=1_000_000,
                      help="leases run through their whole life (default 1,000,000)")
     bso.add_argument("--quick", action="store_true", help="2,000 leases")
+    bso.add_argument("--probe", action="store_true",
+                     help="trace the scheduler's allocations and say what grew from the first "
+                     "tenth to each later one (slower; the RSS figures then include the tracing)")
     bso.add_argument("--json", action="store_true")
     bso.set_defaults(func=cmd_bench_soak)
     bpo = bench.add_parser("policy", help="a synthetic month replayed through each scheduling "
