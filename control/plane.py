@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Self
 
@@ -53,6 +54,10 @@ SCHEDULER_SUBJECTS = subscriptions(["scheduler"])
 ROLES = ("commands", "scheduler", "reconciler", "projector")
 # requests one command process works on at once: their saves share atomic batches
 COMMAND_WORKERS = 64
+# started planes per NATS URL in this process: they share its bus runtimes, which only the
+# last one to stop may close
+_live: Counter[str] = Counter()
+_live_lock = threading.Lock()
 
 
 def parse_roles(values: Iterable[str] | None) -> frozenset[str]:
@@ -377,7 +382,13 @@ class ControlPlane:
                      until=(lambda: self.election is not None and not self.election.is_leader),
                      signal=self.dispatcher_signal)
 
+    def _urls(self) -> set[str]:
+        return {self.nats_url, *self.role_urls.values()}
+
     def start(self) -> Self:
+        with _live_lock:
+            _live.update(self._urls())
+            self._counted = True
         if self.projector is not None:
             self.projector.start()
         from bus.local.auth import speaks_as_role
@@ -448,8 +459,15 @@ class ControlPlane:
         self.scheduler.app.close()
         from bus.runtime import close_runtime
 
-        for url in {self.nats_url, *self.role_urls.values()}:
-            close_runtime(url)  # the recorders' shared connections go with them
+        with _live_lock:
+            if getattr(self, "_counted", False):
+                _live.subtract(self._urls())
+                self._counted = False
+            last = [url for url in self._urls() if _live[url] <= 0]
+            for url in last:
+                del _live[url]
+        for url in last:  # the recorders' shared connections go with the last plane on them
+            close_runtime(url)
 
     def __enter__(self) -> Self:
         return self.start()

@@ -137,6 +137,19 @@ def test_a_reservation_survives_a_scheduler_restart(plane: Plane,
         again.stop()
 
 
+def test_a_plane_stopping_leaves_another_of_the_same_process_working(
+        plane: Plane, fresh_nats: NatsServer) -> None:
+    """The restart above starts a second plane beside the first: stopping it closed the
+    process-wide bus runtime the first still used (its dispatcher failed on a closed runtime
+    and its teardown, now and then, on a closed event loop)."""
+    cp, _admin, _clock = plane
+    start(fresh_nats.url, cp.scheduler.clock).stop()
+    with PoolClient(cp.nats_url, "alpha") as a:
+        reply = a.request_lease(lease_body("after-the-other-stopped"))
+    assert reply["ok"], reply
+    assert cp.scheduler.cycle().placed == 1
+
+
 def test_a_maintenance_window_keeps_new_leases_that_would_run_into_it_off_its_node(
         plane: Plane) -> None:
     cp, admin, clock = plane
