@@ -217,8 +217,8 @@ def scenario_bad_input(ws: Workspace, size: dict[str, Any], o: Outcome) -> None:
             return
         code = (reply.get("error") or {}).get("code")
         codes[str(code)] += 1
-        if code == "internal_error":
-            crashes[f"internal_error on {subject}"] += 1
+        if code in ("internal_error", "bus_unavailable"):  # the service and the bus are up
+            crashes[f"{code} on {subject}"] += 1
         elif code not in known:
             untyped[f"{code!r} on {subject}"] += 1
 
