@@ -7,23 +7,33 @@ import asyncio
 from collections.abc import Sequence
 
 from bus.connection import connect
+from bus.headers import HDR_LOG_SEQUENCE
 from bus.jetstream.wire import is_stored_event
-from bus.subjects import AGENT_STREAM, EVENTS_STREAM, SCHEDULE_STREAM
+from bus.subjects import AGENT_STREAM, EVENTS_STREAM, FEED_STREAM, SCHEDULE_STREAM
 
 
 async def publish_raw(url: str, messages: Sequence[tuple[str, bytes, str]], *, user: str,
-                      password: str, inbox_prefix: str) -> int:
-    """Publish each (subject, body, reply subject) as `user`, unchecked; how many the server
-    refused as permission violations (its refusals come back asynchronously)."""
-    refused = 0
+                      password: str, inbox_prefix: str,
+                      listen: Sequence[str] = ()) -> dict[str, int]:
+    """Publish each (subject, body, reply subject) as `user`, unchecked, while subscribed to
+    each subject of `listen` (others' feeds, leader questions); how many the server refused as
+    permission violations (its refusals come back asynchronously) and how many messages the
+    subscriptions got."""
+    refused = heard = 0
 
     async def on_error(e: Exception) -> None:
         nonlocal refused
         if "permissions violation" in str(e).lower():
             refused += 1
 
+    async def on_heard(_msg: object) -> None:
+        nonlocal heard
+        heard += 1
+
     nc = await connect(url, user=user, password=password, inbox_prefix=inbox_prefix.encode(),
                        error_cb=on_error)
+    for subject in listen:
+        await nc.subscribe(subject, cb=on_heard)
     for i, (subject, body, reply) in enumerate(messages):
         await nc.publish(subject, body, reply=reply)
         if i % 250 == 0:
@@ -31,16 +41,17 @@ async def publish_raw(url: str, messages: Sequence[tuple[str, bytes, str]], *, u
     await nc.flush()
     await asyncio.sleep(1.0)
     await nc.close()
-    return refused
+    return {"refused": refused, "heard": heard}
 
 
 async def count_foreign(url: str) -> dict[str, int]:
-    """Messages in the log, work-queue and timer streams that no control-plane writer made:
-    each of theirs carries headers (an event's, a message id, a schedule); a stray reply none."""
+    """Messages in the log, work-queue, timer and lease-feed streams that no control-plane
+    writer made: each of theirs carries headers (an event's, a message id, a schedule, the log
+    sequence a feed record was made from); a stray reply none."""
     nc = await connect(url)
     js = nc.jetstream()
     out = {"foreign_messages": 0, "log_messages": 0}
-    for stream in (EVENTS_STREAM, AGENT_STREAM, SCHEDULE_STREAM):
+    for stream in (EVENTS_STREAM, AGENT_STREAM, SCHEDULE_STREAM, FEED_STREAM):
         state = (await js.stream_info(stream)).state
         if stream == EVENTS_STREAM:
             out["log_messages"] = state.messages
@@ -50,7 +61,12 @@ async def count_foreign(url: str) -> dict[str, int]:
             except Exception:  # noqa: BLE001, S112 - deleted or acked away: nothing to judge
                 continue
             headers = dict(msg.headers or {})
-            ours = is_stored_event(headers) if stream == EVENTS_STREAM else bool(headers)
+            if stream == EVENTS_STREAM:
+                ours = is_stored_event(headers)
+            elif stream == FEED_STREAM:
+                ours = HDR_LOG_SEQUENCE in headers
+            else:
+                ours = bool(headers)
             if not ours:
                 out["foreign_messages"] += 1
     await nc.close()

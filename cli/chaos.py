@@ -42,7 +42,7 @@ def register(sub: Subparsers) -> None:
         "prints one line of figures per scenario, then `faults: N passed, M failed`; exit 1 "
         "if any failed. 1 NATS node kills (R3), 2 quorum loss, 3 scheduler failover, "
         "4 projector kills, 5 idempotent retries, 6 agent stopped past grace, 7 PostgreSQL "
-        "restart, 8 bad input.")
+        "restart, 8 bad input, 9 malicious tenant.")
     chaos.add_argument("--quick", action="store_true", help="CI sizes (a few minutes in all)")
     chaos.add_argument("--only", metavar="N,…", help="run only these scenarios")
     chaos.add_argument("--keep", action="store_true",

@@ -25,13 +25,24 @@ REPLY_TARGETS = ("pool.evt.pool.{r}", "pool.evt.account.{r}", "pool.trk.{r}",
                  "$KV.pool_leader.scheduler", "$KV.{r}.x", "$JS.API.STREAM.DELETE.POOL_EVENTS",
                  "$JS.API.STREAM.PURGE.POOL_AGENT", "$JS.API.CONSUMER.CREATE.POOL_SCHED.{r}",
                  "_INBOX.t.beta.{r}", "_INBOX.n.n0.{r}", "_INBOX.a.operator.{r}", "_INBOX.{r}",
-                 "_INBOX.t.alphax.{r}", "_INBOX.t.alpha")
+                 "_INBOX.t.alphax.{r}", "_INBOX.t.alpha", "pool.feed.beta.lease.{r}",
+                 "pool.feedlive.beta.lease.{r}", "pool.lead.p1.why", "pool.lead.p1.queue",
+                 "$JS.API.DIRECT.GET.POOL_FEED")
 # subjects outside its own: the server refuses them before any service sees them
 FOREIGN_SUBJECTS = ("pool.cmd.beta.lease.request", "pool.node.n0.register", "pool.admin.pool.set",
                     "pool.evt.account.{r}", "pool.agent.n0.start", "pool.sched.lease.{r}",
-                    "$KV.pool_leader.scheduler", "$JS.API.STREAM.LIST", "{r}.{r}")
+                    "$KV.pool_leader.scheduler", "$JS.API.STREAM.LIST", "{r}.{r}",
+                    "pool.lead.p1.why", "pool.lead.p1.queue", "pool.feed.beta.lease.{r}",
+                    "pool.feedlive.beta.lease.{r}", "pool.cmd.beta.feed.replay",
+                    "$JS.API.DIRECT.GET.POOL_FEED")
 OWN_VERBS = ("lease.request", "lease.{r}.get", "lease.{r}.release", "lease.{r}.commit",
-             "telemetry.replay", "query.queue", "lease.{r}.why")
+             "telemetry.replay", "query.queue", "lease.{r}.why", "feed.replay", "queue")
+# what it subscribes to while it floods: others' feeds, the leaders' questions, others' inboxes
+LISTEN = ("pool.feedlive.beta.>", "pool.feedlive.>", "pool.feed.>", "pool.lead.>",
+          "_INBOX.t.beta.>", ">")
+# batch and gang sizes, mostly out of range, and keys that are the normal tenants' own
+COUNTS = (0, -1, 500, 10**9, 2**63, "3", 2, 3)
+GANGS = (0, -1, 257, 10**6, 2)
 
 
 def _pool(ws: Workspace, *args: str) -> dict[str, Any]:
@@ -51,7 +62,15 @@ def _attacks(creds: dict[str, Any], attacks: int, seed: int) -> list[tuple[str, 
     for i in range(attacks):
         r = f"x{i}"
         body = json.dumps(lease_body(f"evil-{i}")).encode()
-        if rnd.random() < 0.7:
+        roll = rnd.random()
+        if roll < 0.1:  # batches and gangs, answered in its own inbox
+            key = rnd.choice((f"evil-{i}", f"{rnd.choice(NORMAL)}-{i % 5}"))
+            size: dict[str, Any] = ({"count": rnd.choice(COUNTS)} if rnd.random() < 0.5 else
+                                    {"group": {"members": rnd.choice(GANGS)}})
+            out.append(("pool.cmd.alpha.lease.request",
+                        json.dumps({**lease_body(key, cpu_millis=100), **size}).encode(),
+                        f"{creds['inbox_prefix']}.{r}"))
+        elif roll < 0.7:
             subject = "pool.cmd.alpha." + rnd.choice(OWN_VERBS).format(r=r)
             out.append((subject, body, rnd.choice(REPLY_TARGETS).format(r=r)))
         else:
@@ -93,9 +112,10 @@ def run(ws: Workspace, size: dict[str, Any], o: Outcome) -> None:
     result: dict[str, Any] = {}
 
     def attack() -> None:
-        result["refused"] = asyncio.run(publish_raw(
+        result.update(asyncio.run(publish_raw(
             nats_url, _attacks(alpha, attacks, seed=9), user=alpha["user"],
-            password=alpha["password"], inbox_prefix=str(alpha["inbox_prefix"])))
+            password=alpha["password"], inbox_prefix=str(alpha["inbox_prefix"]),
+            listen=LISTEN)))
 
     flood = threading.Thread(target=attack, name="chaos-malicious")
     flood.start()
@@ -104,14 +124,23 @@ def run(ws: Workspace, size: dict[str, Any], o: Outcome) -> None:
         creds = tenant_credentials(tenant, ws.home)
         assert creds is not None
         with PoolClient(url_with_credentials(nats_url, creds), tenant, timeout=30) as c:
-            return [c.request_lease(lease_body(f"{tenant}-{k}", cpu_millis=500))
-                    for k in range(int(size["leases"]))]
+            out = [c.request_lease(lease_body(f"{tenant}-{k}", cpu_millis=500))
+                   for k in range(int(size["leases"]))]
+            # its own queue and feed: answered, and only its own
+            out.append(c.queue_positions())
+            feed = c.call(f"pool.cmd.{tenant}.feed.replay", {})
+            records = (feed.get("result") or {}).get("records") or []
+            if any((r.get("record") or {}).get("tenant") != tenant for r in records):
+                feed = {"ok": False, "error": {"code": "foreign_feed_record"}}
+            out.append(feed)
+            return out
 
     with ThreadPoolExecutor(len(NORMAL)) as pool:
         answers = [r for rs in pool.map(work, NORMAL) for r in rs]
     flood.join(600)
     o.figures["attacks"] = attacks
     o.figures["server_refused"] = result.get("refused", 0)
+    o.zero("foreign_reads", result.get("heard", 0))
     o.figures["normal_commands"] = len(answers)
     o.zero("normal_unanswered", sum(not a.get("ok") for a in answers),
            str([a.get("error") for a in answers if not a.get("ok")][:3]))
