@@ -283,6 +283,12 @@ class AppCore(Application[UUID]):
             raise UnknownPool(f"no pool named {pool_id!r}")
         return pool
 
+    def _pool_settings(self, pool_id: str) -> Pool:
+        """The pool as requests read it (`_cached`), for a command that only reads its
+        settings (prices, image policy): every commit and release read it from the log, one
+        command at a time behind the pool's fast-forward lock."""
+        return self._cached(Pool.create_id(pool_id), lambda: self._pool(pool_id))
+
     def _lease_if(self, lease_id: str, owned: Callable[[Lease], bool], where: str) -> Lease:
         """The lease `lease_id` when `owned` says it belongs to the asker; else UnknownLease
         (someone else's lease reads as missing: ids are not secrets, ownership is)."""

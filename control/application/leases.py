@@ -192,7 +192,7 @@ class LeaseCommands(GangCommands):
     def _admit_job(self, lease: Lease, spec: JobSpec | None) -> None:
         """The pool's image policy, checked against the node the lease holds: raises
         ImageNotAllowed before anything is recorded."""
-        pool = self._pool(lease.pool_id)
+        pool = self._pool_settings(lease.pool_id)
         node = None if lease.node_id is None else self.find(Node, Node.create_id(lease.node_id))
         pool.admit_image(
             spec.image if spec is not None else None,
@@ -250,7 +250,7 @@ class LeaseCommands(GangCommands):
         acc = find(Account, Account.create_id(lease.tenant_id))
         lid = LeaseId(str(lease.id))
         if acc is not None and acc.has_hold(lid):
-            pool = self._pool(lease.pool_id)
+            pool = self._pool_settings(lease.pool_id)
             node_model = None
             if where is not None:
                 node = next((a for a in out if isinstance(a, Node)), None) or self.find(
