@@ -309,9 +309,9 @@ def run_soak(*, leases: int = 1_000_000, quick: bool = False, probe: bool = Fals
                 driver.run_until(mark)
                 driving += time.monotonic() - t0
                 time.sleep(1.0)  # the scheduler folds the last releases
-                say(f"{mark:,} leases ended ({mark / driving:,.0f}/s; "
-                    f"{time.strftime('%H:%M:%S')})")
                 now_rss = {"leases": mark, "rss_mib": rss_mib(pids["scheduler"])}
+                say(f"{mark:,} leases ended ({mark / driving:,.0f}/s; "
+                    f"{time.strftime('%H:%M:%S')}; scheduler RSS {now_rss['rss_mib']:.1f} MiB)")
                 if any(mark == round(leases * f) for f in SAMPLE_AT):
                     samples.append(now_rss)
                     if probes is not None:
