@@ -163,8 +163,12 @@ class NodeCommands(LeaseCommands):
                 self.save(*changed)
             return out
 
+        # the node as just read: each step's first try uses it, and a try that a concurrent
+        # write refused reads it again (a read of a cached node is a round trip to the log)
+        known: list[Node] = [node]
+
         def beat_node() -> Node:
-            fresh = self.find(Node, Node.create_id(node_id))
+            fresh = known.pop() if known else self.find(Node, Node.create_id(node_id))
             assert fresh is not None
             pool = self._cached(Pool.create_id(fresh.pool_id), lambda: self._pool(fresh.pool_id))
             timeout = pool.config.node_timeout_seconds
@@ -180,15 +184,19 @@ class NodeCommands(LeaseCommands):
             return {"node_state": str(node.state), "register": True, "leases": leases}
         if any(lid not in leases for lid in node.allocations):
             # only then can a lease under reconciliation be one the agent no longer runs
-            leases.update(self.retrying(
-                lambda: self._reconcile_unlisted(node_id, set(leases))))
+            known.append(node)
+            leases.update(self.retrying(lambda: self._reconcile_unlisted(
+                node_id, set(leases), known.pop() if known else None)))
         return {"node_state": str(node.state), "leases": leases}
 
-    def _reconcile_unlisted(self, node_id: str, listed: set[str]) -> dict[str, dict[str, Any]]:
+    def _reconcile_unlisted(self, node_id: str, listed: set[str],
+                            node: Node | None = None) -> dict[str, dict[str, Any]]:
         """A lease being reconciled that the agent no longer runs is confirmed stopped: the
-        heartbeat lists every workload the agent has, adopted and stopping ones included."""
+        heartbeat lists every workload the agent has, adopted and stopping ones included.
+        `node`: the node as the heartbeat just read or saved it (else it is read)."""
         now = self.clock()
-        node = self.find(Node, Node.create_id(node_id))
+        if node is None:
+            node = self.find(Node, Node.create_id(node_id))
         if node is None:
             return {}
         cache: dict[UUID, Aggregate] = {node.id: node}

@@ -147,3 +147,27 @@ def test_cancel_of_a_reserved_lease_frees_its_node(plane: tuple[ControlPlane, Po
     assert alpha.lease(lid, "cancel", {"reason": "changed my mind"})["lease"]["state"] == "cancelled"
     assert cp.scheduler.cycle().placed == 1
     assert alpha.lease(nxt, "get")["lease"]["state"] == "reserved"
+
+
+def test_a_heartbeat_reads_its_node_once_when_nothing_conflicts(
+        plane: tuple[ControlPlane, PoolClient, PoolClient, FakeClock]) -> None:
+    from domain.node import Node
+    from schemas import v1
+
+    cp, _admin, alpha, _clock = plane
+    # a reservation not yet committed: the node holds a lease its agent does not run, so the
+    # heartbeat also looks for leases to reconcile
+    lid = alpha.request_lease(lease_body("held"))["lease"]["lease_id"]
+    assert cp.scheduler.cycle().placed == 1
+    reads: list[object] = []
+    find = cp.app.find
+
+    def counted(cls: type, uid: object) -> object:
+        if cls is Node:
+            reads.append(uid)
+        return find(cls, uid)  # type: ignore[arg-type]
+
+    cp.app.find = counted  # type: ignore[method-assign]
+    answer = cp.app.node_heartbeat("n1", v1.NodeHeartbeat(node_id="n1", seq=1))
+    assert answer["node_state"] == "ready" and lid not in answer["leases"]
+    assert len(reads) == 1  # a cached node's read is a round trip to the log
