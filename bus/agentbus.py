@@ -129,13 +129,22 @@ class ControlLink:
 
     def schedule(self, kind: str, ident: str, at: float, body: bytes = b"") -> None:
         """(Re)arm the timer for `kind`/`ident` to fire at unix time `at`."""
-        subject = f"pool.sched.{kind}.{token(ident)}"
-        hdrs = {HDR_SCHEDULE: f"@at {_rfc3339(at)}",
-                HDR_SCHEDULE_TARGET: f"pool.due.{kind}.{token(ident)}"}
+        self.schedule_many([(kind, ident, at)], body)
+
+    def schedule_many(self, timers: list[tuple[str, str, float]], body: bytes = b"") -> None:
+        """`schedule` each (kind, ident, at), their publishes in flight together and each
+        acknowledged before this returns (in order on the wire, so a timer armed twice ends
+        at its last time)."""
+        if not timers:
+            return
 
         async def go() -> None:
             js = await self.rt.jetstream()
-            await js.publish(subject, body or b"{}", headers=hdrs, timeout=5)
+            await asyncio.gather(*(
+                js.publish(f"pool.sched.{kind}.{token(ident)}", body or b"{}", timeout=5,
+                           headers={HDR_SCHEDULE: f"@at {_rfc3339(at)}",
+                                    HDR_SCHEDULE_TARGET: f"pool.due.{kind}.{token(ident)}"})
+                for kind, ident, at in timers))
 
         self.rt.run(go())
 

@@ -192,9 +192,21 @@ class Dispatcher:
                            headers=hdrs)
             self._outbox.pop(0)
             self.orders_sent += 1
-        while self._timers:
-            self._arm(self._timers[0])
-            self._timers.pop(0)
+        if self._timers:
+            # each aggregate's due time is read from its state now, so an aggregate touched on
+            # several pages is armed once; the timers' publishes are in flight together
+            due: dict[str, tuple[str, str, float]] = {}
+            for agg in self._timers:
+                timer = self._timer(agg)
+                if timer is not None:
+                    key, at = timer
+                    kind, ident = key.split(":", 1)
+                    due[key] = (kind, ident, at)
+            self.link.schedule_many(list(due.values()))
+            for key, (_kind, _ident, at) in due.items():
+                self._armed[key] = at
+            self.timers_armed += len(due)
+            self._timers.clear()
         if self.feed is not None:
             self.feed.flush(self.position)
 
@@ -219,7 +231,9 @@ class Dispatcher:
             self.pools[agg.pool_id] = agg
         return agg
 
-    def _arm(self, agg: Aggregate) -> None:
+    def _timer(self, agg: Aggregate) -> tuple[str, float] | None:
+        """(timer key, due time) when `agg`'s timer must be (re)armed; None when it has none
+        due or is armed for that time already."""
         due: float | None = None
         key = ""
         if isinstance(agg, Lease):
@@ -227,7 +241,7 @@ class Dispatcher:
         elif isinstance(agg, Node):
             pool = self.pools.get(agg.pool_id)
             if pool is None:
-                return
+                return None
             cfg = pool.config
             key = f"node:{agg.node_id}"
             if agg.state is NodeState.LOST:
@@ -238,17 +252,14 @@ class Dispatcher:
         elif isinstance(agg, CapacityReservation):
             pool = self.pools.get(agg.pool_id)
             if pool is None:
-                return
+                return None
             key = f"reservation:{agg.id}"
             due = agg.drain_due_at(pool.config.preemption.grace_seconds)
             if due is not None and agg.end_at <= due:
                 due = None  # deleted or over before its drain would begin
         if due is None or self._armed.get(key) == due:
-            return
-        kind, ident = key.split(":", 1)
-        self.link.schedule(kind, ident, due)
-        self._armed[key] = due
-        self.timers_armed += 1
+            return None
+        return key, due
 
 
 class Reconciler:

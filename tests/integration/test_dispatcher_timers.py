@@ -1,0 +1,74 @@
+"""The dispatcher's deadline timers: what one pass over the log arms, and how it is sent."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from bus.admin import ensure_all_streams
+from bus.agentbus import ControlLink
+from bus.connection import connect
+from bus.local.server import NatsServer
+from bus.subjects import SCHEDULE_STREAM
+from client.api import PoolClient
+from control.application import PoolApp
+from control.bootstrap import app_env
+from control.dispatcher import Dispatcher
+from control.plane import ControlPlane
+from tests.control_plane import FakeClock, lease_body, node_body, setup_pool
+
+
+class _CountingLink(ControlLink):
+    """A link that counts its rounds of timer publishes (each waits for its acks)."""
+
+    rounds = 0
+
+    def schedule_many(self, timers: list[tuple[str, str, float]], body: bytes = b"") -> None:
+        self.rounds += 1
+        super().schedule_many(timers, body)
+
+
+@pytest.fixture()
+def plane(fresh_nats: NatsServer) -> Iterator[ControlPlane]:
+    ensure_all_streams(fresh_nats.url)
+    cp = ControlPlane(fresh_nats.url, clock=FakeClock(), run_scheduler=False,
+                      data_plane=False).start()
+    yield cp
+    cp.stop()
+
+
+def _stored_subjects(url: str, prefix: str) -> set[str]:
+    async def go() -> set[str]:
+        nc = await connect(url)
+        try:
+            info = await nc.jetstream().stream_info(SCHEDULE_STREAM, subjects_filter=f"{prefix}>")
+            return set((info.state.subjects or {}).keys())
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
+def test_the_timers_of_one_page_are_sent_together_and_each_is_stored(
+        fresh_nats: NatsServer, plane: ControlPlane) -> None:
+    url = fresh_nats.url
+    with PoolClient(url) as admin, PoolClient(url, "alpha") as alpha:
+        setup_pool(admin)
+        assert admin.admin("node.register", node_body("n1"))["ok"]
+        ids = alpha.request_lease({**lease_body("five"), "count": 5})["result"]["lease_ids"]
+    assert plane.scheduler.cycle().placed == 5
+    link = _CountingLink(url)
+    dispatcher = Dispatcher(PoolApp(env=app_env(url)), link)
+    try:
+        assert dispatcher.step() > 0
+        # five reservations' commit deadlines and the node's timeout: one round, not six
+        assert link.rounds == 1 and dispatcher.timers_armed == 6
+        stored = _stored_subjects(url, "pool.sched.lease.")
+        assert stored == {f"pool.sched.lease.{lid}" for lid in ids}
+        dispatcher.step()  # nothing new: nothing armed again
+        assert link.rounds == 1 and dispatcher.timers_armed == 6
+    finally:
+        link.close()
+        dispatcher.app.close()
