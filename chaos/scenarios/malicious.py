@@ -15,6 +15,8 @@ from typing import Any
 
 from bus.hostile import count_foreign, publish_raw
 from chaos.harness import ROOT, Outcome, Workspace, _must, lease_body, node_body
+from domain.gang import MAX_GANG_MEMBERS
+from schemas.v1 import MAX_LEASES_PER_REQUEST
 
 NORMAL = ("beta", "gamma")
 # reply subjects aimed at every stream and KV, the JetStream API, others' inboxes and prefixes
@@ -41,8 +43,8 @@ OWN_VERBS = ("lease.request", "lease.{r}.get", "lease.{r}.release", "lease.{r}.c
 LISTEN = ("pool.feedlive.beta.>", "pool.feedlive.>", "pool.feed.>", "pool.lead.>",
           "_INBOX.t.beta.>", ">")
 # batch and gang sizes, mostly out of range, and keys that are the normal tenants' own
-COUNTS = (0, -1, 500, 10**9, 2**63, "3", 2, 3)
-GANGS = (0, -1, 257, 10**6, 2)
+COUNTS = (0, -1, MAX_LEASES_PER_REQUEST + 1, 10**9, 2**63, "3", 2, 3)
+GANGS = (0, -1, MAX_GANG_MEMBERS + 1, 10**6, 2)
 
 
 def _pool(ws: Workspace, *args: str) -> dict[str, Any]:
