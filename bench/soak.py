@@ -53,8 +53,14 @@ def _serve(url: str, roles: list[str], ready: Any, stop: Any, probe: Any = None)
 
 
 def _snapshot(path: str) -> None:
-    """This process's traced allocations (`path`) and its live objects by type (`path`.types)."""
-    gc.collect()
+    """This process's traced allocations (`path`) and its live objects by type (`path`.types),
+    after a full collection; what that collection found unreachable, and the RSS and traced
+    memory before and after it (`path`.gc)."""
+    before = (rss_mib(os.getpid()), tracemalloc.get_traced_memory()[0] / 2**20, gc.get_count())
+    found = gc.collect()
+    after = (rss_mib(os.getpid()), tracemalloc.get_traced_memory()[0] / 2**20)
+    Path(path + ".gc").write_text(json.dumps({"unreachable": found, "before": before,
+                                              "after": after}))
     counts = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
     Path(path + ".types").write_text(json.dumps(dict(counts)))
     tracemalloc.take_snapshot().dump(path)
@@ -74,6 +80,11 @@ def probe_diff(before: str, after: str, top: int = 15) -> list[str]:
     b = json.loads(Path(after + ".types").read_text())
     grew = sorted(((b.get(k, 0) - a.get(k, 0), k) for k in set(a) | set(b)), reverse=True)
     lines.append("  objects that grew: " + ", ".join(f"{k} {d:+,}" for d, k in grew[:top] if d))
+    g = json.loads(Path(after + ".gc").read_text())
+    lines.append(f"  a full collection found {g['unreachable']:,} unreachable objects; RSS "
+                 f"{g['before'][0]:.1f} → {g['after'][0]:.1f} MiB, traced "
+                 f"{g['before'][1]:.1f} → {g['after'][1]:.1f} MiB (collector counts "
+                 f"{g['before'][2]})")
     return lines
 
 
