@@ -21,6 +21,7 @@ class Gateway:
     database_url: str = ""
     views_schema: str = ""
     in_flight: dict[Principal, int] = field(default_factory=dict)
+    streams: dict[Principal, int] = field(default_factory=dict)  # open event streams
 
     _reader: Any = None
     _history: Any = None

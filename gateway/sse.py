@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -23,6 +24,9 @@ from gateway.tokens import Principal
 
 TELEMETRY_IDLE_SECONDS = 0.5  # at the end of the stream, how long before reading on
 KEEPALIVE_SECONDS = 15.0
+# streams one token may hold open at once: each holds a NATS connection or polls the control
+# plane, so one tenant opening them without end would starve every other
+MAX_STREAMS_PER_TOKEN = 16
 # a lease in one of these states changes no more: its stream ends after saying so
 FINAL_STATES = frozenset(str(s) for s in TERMINAL_STATES)
 # the largest stream sequence a replay takes (its after_seq)
@@ -41,8 +45,53 @@ def _last_event_id(request: Request[Any, Any, Any]) -> int:
     return after
 
 
+class _Held:
+    """One open stream of a token, counted in `gw.streams` until released, once: when its
+    events end (or the client goes), or when a response never sent is collected."""
+
+    def __init__(self, gw: Gateway, who: Principal) -> None:
+        self.gw, self.who, self.released = gw, who, False
+        gw.streams[who] = gw.streams.get(who, 0) + 1
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        left = self.gw.streams.get(self.who, 1) - 1
+        if left > 0:
+            self.gw.streams[self.who] = left
+        else:
+            self.gw.streams.pop(self.who, None)
+
+
+async def _counted(held: _Held, events: AsyncIterator[ServerSentEventMessage],
+                   ) -> AsyncGenerator[ServerSentEventMessage, None]:
+    try:
+        async for item in events:
+            yield item
+    finally:
+        held.release()
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+def _stream(gw: Gateway, who: Principal,
+            events: AsyncIterator[ServerSentEventMessage]) -> ServerSentEvent:
+    """`events` as a response, counted against the token's open streams (open_stream checked
+    there was room)."""
+    held = _Held(gw, who)
+    body = _counted(held, events)
+    weakref.finalize(body, held.release)  # a body never iterated never runs its finally
+    return ServerSentEvent(body, headers=_headers())
+
+
 async def open_stream(gw: Gateway, route: HttpRoute, request: Request[Any, Any, Any],
                       who: Principal, ids: dict[str, str]) -> Response[Any]:
+    held = gw.streams.get(who, 0)
+    if held >= MAX_STREAMS_PER_TOKEN:
+        raise Refused("too_many_requests", f"{held} streams of this token are open; close one "
+                      "before opening another")
     if route.operation_id == "streamTelemetry":
         return await _telemetry(gw, request, who)
     if route.operation_id == "streamComputeLeaseLogs":
@@ -109,7 +158,7 @@ async def _lease_events(gw: Gateway, request: Request[Any, Any, Any], who: Princ
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 
-    return ServerSentEvent(events(), headers=_headers())
+    return _stream(gw, who, events())
 
 
 async def _telemetry(gw: Gateway, request: Request[Any, Any, Any],
@@ -173,7 +222,7 @@ async def _replay(gw: Gateway, request: Request[Any, Any, Any], who: Principal,
                 await asyncio.sleep(TELEMETRY_IDLE_SECONDS)
             reply = await page(seq)
 
-    return ServerSentEvent(events(), headers=_headers())
+    return _stream(gw, who, events())
 
 
 async def _logs(gw: Gateway, request: Request[Any, Any, Any], who: Principal,

@@ -53,3 +53,28 @@ def test_a_limit_that_is_not_plain_ascii_digits_is_refused(stack: Stack) -> None
                    for raw in BAD_NUMBERS}
     got = {k: (r.status_code, r.json().get("code")) for k, r in answers.items()}
     assert set(got.values()) == {(422, "invalid_field")}, got
+
+
+def test_a_token_holds_a_bounded_number_of_open_streams(stack: Stack) -> None:
+    """Each open stream holds a NATS connection or polls the control plane: one tenant's token
+    opening streams without end would take the gateway and the server from everyone else."""
+    from contextlib import ExitStack
+
+    from gateway.sse import MAX_STREAMS_PER_TOKEN
+    from tests.gateway_stack import wait_for
+
+    with stack.client("alpha") as a, stack.client("beta") as b, ExitStack() as held:
+        opened = [held.enter_context(a.stream("GET", "/v1/telemetry"))
+                  for _ in range(MAX_STREAMS_PER_TOKEN)]
+        assert {r.status_code for r in opened} == {200}
+        over = a.get("/v1/telemetry")
+        assert (over.status_code, over.json()["code"]) == (429, "too_many_requests")
+        with b.stream("GET", "/v1/telemetry") as other:  # another token is not held back
+            assert other.status_code == 200
+        opened[0].close()
+
+        def reopened() -> bool:
+            with a.stream("GET", "/v1/telemetry") as again:
+                return again.status_code == 200
+
+        assert wait_for(reopened, timeout=10, every=0.2)
