@@ -632,17 +632,21 @@ class JetStreamRecorder:
             start = known.last_seq + 1
             last_seen = (gt, known.last_seq)
         hint = self._seek.pop(subject, None) if self._seek else None
+        hinted = 0
         if (hint is not None and gt is not None and hint.last_version == gt
                 and hint.last_seq >= start):
-            # after a snapshot at version gt: its event's sequence says where the rest starts
-            start = hint.last_seq + 1
-            last_seen = (gt, hint.last_seq)
+            # after a snapshot at version gt: its event's sequence says where the rest starts.
+            # The read starts at that event itself, to check that it is there (a log copied
+            # into another stream is numbered anew): if not, the subject is read from its start
+            hinted = start = hint.last_seq
         # on a replicated stream, the leader says where the subject ends; the direct batches
         # (served by any replica) must reach that far, or the rest is read from the leader
         leader_last = 0
         if await self._replicated():
             last = await self._last_msg(subject)
             leader_last = last[2] if last is not None else 0
+            if hinted and leader_last < start:
+                return await self._select_events(originator_id, gt, lte, desc, limit)
             if leader_last < start:
                 self._remember(
                     subject, _SubjectState(*last_seen) if last_seen else _SubjectState(None, 0)
@@ -654,6 +658,9 @@ class JetStreamRecorder:
         reached = scanned[-1][0] if scanned else start - 1
         if leader_last > reached:
             scanned += await self._leader_tail(subject, reached, leader_last)
+        if hinted and (not scanned or scanned[0][0] != hinted
+                       or scanned[0][1].get(HDR_VERSION) != str(gt)):
+            return await self._select_events(originator_id, gt, lte, desc, limit)
         last_read: _SubjectState | None = None
         for seq, headers, data in scanned:
             if not is_stored_event(headers):

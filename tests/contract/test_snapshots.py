@@ -164,7 +164,8 @@ def test_a_load_after_a_snapshot_reads_only_the_events_after_it(
     reader.recorder.messages_read = 0  # type: ignore[attr-defined]
     acc = reader.find(Account, aid)
     assert acc is not None and acc.version == total
-    assert reader.recorder.messages_read == tail  # type: ignore[attr-defined]
+    # the snapshot's own event (checked to be where the snapshot says) and the events after it
+    assert reader.recorder.messages_read == tail + 1  # type: ignore[attr-defined]
 
     without = AppCore(env=app_env(reader.factory.url,  # type: ignore[attr-defined]
                                   NATS_STREAM=reader.factory.stream,  # type: ignore[attr-defined]
@@ -210,6 +211,31 @@ def test_a_snapshot_of_an_older_schema_is_upcast_or_passed_over(
     acc = reader.find(Account, aid)
     assert acc is not None and _state(acc) == _state(full)
     assert reader.recorder.messages_read == total  # type: ignore[attr-defined]
+
+
+def test_a_snapshot_whose_sequence_names_another_message_loads_the_whole_subject(
+        make_app: Callable[..., AppCore], monkeypatch: pytest.MonkeyPatch) -> None:
+    from bus.jetstream import JetStreamRecorder
+
+    def moved(self: JetStreamRecorder, e: Any) -> str:  # as if the log were renumbered
+        line = real(self, e)
+        if not line:
+            return line
+        name, seq = line.strip().split(": ")
+        return f"{name}: {int(seq) + 5}\r\n"
+
+    real = JetStreamRecorder._event_sequence_line
+    monkeypatch.setattr(JetStreamRecorder, "_event_sequence_line", moved)
+    writer = make_app(interval=100)
+    aid = _account(writer, 300)
+    assert writer.snapshotting.wait() and writer.snapshotting.taken >= 1
+    _account(make_app(interval=0), 20, 300)
+    full = _full(writer, aid)
+
+    reader = make_app(interval=0)
+    acc = reader.find(Account, aid)
+    assert acc is not None and _state(acc) == _state(full)
+    assert reader.recorder.messages_read > full.version  # type: ignore[attr-defined]
 
 
 def test_the_logs_readers_never_see_a_snapshot(make_app: Callable[..., AppCore]) -> None:
