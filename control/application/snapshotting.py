@@ -87,7 +87,8 @@ class Snapshots:
         self.intervals = intervals
         self._known: dict[UUID, int] = {}
         self._pending: set[UUID] = set()
-        self._queue: queue.Queue[UUID | None] = queue.Queue(QUEUE_MAX)
+        # (aggregate, the version that made it due, its interval)
+        self._queue: queue.Queue[tuple[UUID, int, int] | None] = queue.Queue(QUEUE_MAX)
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
         self.taken = 0
@@ -118,7 +119,7 @@ class Snapshots:
                                                 daemon=True)
                 self._thread.start()
             try:
-                self._queue.put_nowait(aid)
+                self._queue.put_nowait((aid, aggregate.version, interval))
             except queue.Full:
                 return
             self._pending.add(aid)
@@ -136,17 +137,32 @@ class Snapshots:
 
     def _run(self) -> None:
         while True:
-            aid = self._queue.get()
-            if aid is None:
+            item = self._queue.get()
+            if item is None:
                 return
+            aid, version, interval = item
             try:
-                self.take(aid)
+                if not self._fresh(aid, version, interval):
+                    self.take(aid)
             except Exception as e:  # noqa: BLE001 - a snapshot is never worth stopping for
                 log.warning("no snapshot of %s: %s", aid, e)
             finally:
                 with self._lock:
                     self._pending.discard(aid)
                     self._lock.notify_all()
+
+    def _fresh(self, aggregate_id: UUID, version: int, interval: int) -> bool:
+        """Whether the latest stored snapshot (read, not decoded) is within `interval` of
+        `version`: another process took it, or this one before it started. A scheduler that
+        starts with many long-lived aggregates asks once about each, and loads none of them."""
+        store = self.app.snapshots
+        if store is None:
+            return True
+        stored = store.recorder.select_events(aggregate_id, desc=True, limit=1)
+        if not stored or version - stored[0].originator_version >= interval:
+            return False
+        self.seen(aggregate_id, stored[0].originator_version)
+        return True
 
     def take(self, aggregate_id: UUID) -> int | None:
         """Load `aggregate_id` as the repository does and save its snapshot; the version saved

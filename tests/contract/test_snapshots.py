@@ -238,6 +238,34 @@ def test_a_snapshot_whose_sequence_names_another_message_loads_the_whole_subject
     assert reader.recorder.messages_read > full.version  # type: ignore[attr-defined]
 
 
+def test_a_process_that_only_saves_takes_no_snapshot_while_the_latest_is_recent(
+        make_app: Callable[..., AppCore]) -> None:
+    writer = make_app(interval=100)
+    aid = _account(writer, 200)
+    assert writer.snapshotting.wait()
+    writer.snapshotting.take(aid)  # at the last version, unless the thread got there first
+    snapshots = writer.snapshots.get(aid, desc=True, limit=1)  # type: ignore[union-attr]
+    latest = next(iter(snapshots)).originator_version
+    assert latest == writer.repository.get(aid).version
+
+    # as the scheduler saves: an aggregate it folded itself, no load through the repository
+    saver = make_app(interval=100)
+    acc = _full(saver, aid)
+    acc.grant("one-more", 5, now=1e6)
+    saver.save(acc)
+    assert saver.snapshotting.wait()
+    assert saver.snapshotting.taken == 0
+    assert saver.snapshotting._known[aid] == latest
+
+    for i in range(120):
+        acc.grant(f"more-{i}", 5, now=1e6 + i)
+    saver.save(acc)
+    assert saver.snapshotting.wait()
+    assert saver.snapshotting.taken == 1
+    snap = next(iter(saver.snapshots.get(aid, desc=True, limit=1)))  # type: ignore[union-attr]
+    assert snap.originator_version == acc.version
+
+
 def test_the_logs_readers_never_see_a_snapshot(make_app: Callable[..., AppCore]) -> None:
     app = make_app(interval=20)
     aids = [_account(app, 90), _node(app, 60), _pool(app, 30)]
