@@ -128,19 +128,17 @@ def _server_msgs(server: Any) -> tuple[int, int] | None:
     return int(varz["in_msgs"]), int(varz["out_msgs"])
 
 
-def _settled(pids: tuple[int | None, int | None], idle: tuple[float, float],
+def _settled(pids: tuple[int | None, int | None], *, below: float = 0.3,
              limit: float = 60.0) -> tuple[tuple[float | None, float | None], float]:
-    """Wait until the plane's CPU use falls back to its idle rate (`idle`, CPU seconds a
-    second, the fleet's heartbeats and the like): the work the requests left behind (the
-    dispatcher's orders, timers and feed records) is done then. The CPU times at that moment,
-    and when it came (monotonic)."""
+    """Wait until the plane uses less than `below` of a core: the work the requests left
+    behind (the dispatcher's orders, timers and feed records) is done then. The CPU times at
+    that moment, and when it came (monotonic)."""
     deadline = time.monotonic() + limit
     while True:
         a = _cpu_seconds(pids[0])
         time.sleep(0.5)
         b = _cpu_seconds(pids[0])
-        if a is None or b is None or (b - a) / 0.5 <= max(2 * idle[0], 0.1) \
-                or time.monotonic() > deadline:
+        if a is None or b is None or (b - a) / 0.5 < below or time.monotonic() > deadline:
             return (b, _cpu_seconds(pids[1])), time.monotonic()
 
 
@@ -256,20 +254,15 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
                   run=f"{run}-warm")
             say(f"saturating: {clients} clients for {seconds:g} s…")
             server_pid = server.proc.pid if server.proc is not None else None
-            # the idle rate of each (the fleet beating), to take out of the settled figures
-            idle0, t_idle = (_cpu_seconds(plane.pid), _cpu_seconds(server_pid)), time.monotonic()
-            time.sleep(2.0)
             cpu0 = (_cpu_seconds(plane.pid), _cpu_seconds(server_pid))
             t0 = time.monotonic()
-            idle = tuple((c - i) / (t0 - t_idle) if c is not None and i is not None else 0.0
-                         for c, i in zip(cpu0, idle0, strict=True))
             msgs0 = _server_msgs(server)
             sat, clients_cpu = _load(url, clients=clients, processes=processes,
                                      seconds=seconds, rate=None, run=f"{run}-sat", count=count)
             cpu1 = (_cpu_seconds(plane.pid), _cpu_seconds(server_pid))
             msgs1 = _server_msgs(server)
             _drain(watcher, sat, 30)
-            cpu2, t2 = _settled((plane.pid, server_pid), (idle[0], idle[1]))
+            cpu2, t2 = _settled((plane.pid, server_pid))
             msgs2 = _server_msgs(server)
             saturated = _phase(sat, watcher.reserved, seconds)
             # CPU per accepted request over the saturating phase, by process: on a shared
@@ -281,14 +274,12 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
                 "server": _per_request_ms(cpu0[1], cpu1[1], n),
                 "clients": _per_request_ms(0.0, clients_cpu, n),
             }
-            # the same from the phase's start until the plane settled (the work the requests
-            # left behind included), less each process's idle rate over that time
+            # the same from the phase's start until the plane settled: the work the requests
+            # left behind included, and whatever else ran meanwhile (the fleet's heartbeats)
             saturated["settled_s"] = t2 - t0
             saturated["settled_cpu_ms_per_request"] = {
-                who: (None if c0 is None or c2 is None or not n else
-                      ((c2 - c0) - rate * (t2 - t0)) * 1000 / n)
-                for who, c0, c2, rate in (("plane", cpu0[0], cpu2[0], idle[0]),
-                                          ("server", cpu0[1], cpu2[1], idle[1]))}
+                "plane": _per_request_ms(cpu0[0], cpu2[0], n),
+                "server": _per_request_ms(cpu0[1], cpu2[1], n)}
             saturated["settled_msgs_per_request"] = (
                 None if msgs0 is None or msgs2 is None or not n else
                 {"in": (msgs2[0] - msgs0[0]) / n, "out": (msgs2[1] - msgs0[1]) / n})
@@ -370,7 +361,7 @@ def table(result: dict[str, Any]) -> str:
         parts = ", ".join(f"{who} {v:.2f}" for who, v in settled.items() if v is not None)
         more = s.get("settled_msgs_per_request")
         lines.append(f"the same until the plane settled ({s['settled_s']:.0f} s after the phase "
-                     f"began, idle rates taken out): {parts}"
+                     f"began, everything it ran meanwhile included): {parts}"
                      + (f"; server messages {more['in']:.1f} in, {more['out']:.1f} out"
                         if more else ""))
     msgs = s.get("server_msgs_per_request")
