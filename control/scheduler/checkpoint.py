@@ -238,7 +238,12 @@ class Checkpointer:
             return False
         if not self.may_write():
             return False
-        taken = self.take(s)
+        try:
+            taken = self.take(s)
+        except Exception:  # the scheduler goes on; the next one is due later
+            self._last_at = time.monotonic()
+            log.exception("scheduler checkpoint not taken")
+            return False
         if taken is None:
             return False
         position, data = taken

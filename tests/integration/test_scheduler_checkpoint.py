@@ -259,3 +259,27 @@ def test_the_unpickler_refuses_anything_but_the_folds_own_types(name: tuple[str,
         _Unpickler(io.BytesIO(forged)).load()
     assert _Unpickler(io.BytesIO(pickle.dumps({"x": frozenset({1})}))).load() == {
         "x": frozenset({1})}
+
+
+def test_a_fold_that_cannot_be_checkpointed_is_logged_and_the_scheduler_goes_on(
+        plane: Plane, caplog: pytest.LogCaptureFixture) -> None:
+    import threading
+
+    cp, admin, clock = plane
+    setup_pool(admin)
+    assert admin.admin("node.register", node_body("n1"))["ok"]
+    s = _scheduler(cp, clock)
+    try:
+        assert s.checkpoints is not None
+        s.checkpoints.every_events = 1
+        s.catch_up()
+        s.reasons["odd"] = {"a lock": threading.Lock()}  # something no pickle takes
+        with caplog.at_level(logging.ERROR, logger="control.scheduler.checkpoint"):
+            assert s.checkpoints.after_cycle(s, idle=True) is False
+        assert "reasons" in caplog.text and s.checkpoints.written == 0
+        with PoolClient(cp.nats_url, "alpha") as a:
+            lid = a.request_lease(lease_body("still"))["lease"]["lease_id"]
+            assert s.cycle().placed == 1
+            assert a.lease(lid, "get")["lease"]["state"] == "reserved"
+    finally:
+        _close(s)
