@@ -4,6 +4,7 @@ back and verified so that only the events after it are folded (docs/architecture
 
 from __future__ import annotations
 
+import copyreg
 import gc
 import hashlib
 import hmac
@@ -15,11 +16,14 @@ import sys
 import threading
 import time
 import types
+import uuid
 import zlib
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
+
+from control.pending import QueuedLease
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +86,28 @@ def code_stamp() -> str:
             h.update(str(f.relative_to(_ROOT)).encode())
             h.update(f.read_bytes())
     return h.hexdigest()
+
+
+def _uuid(value: int) -> uuid.UUID:
+    """A UUID from its integer, as UUID(int=…) makes it, without its checks (a checkpoint
+    holds one per lease and aggregate: the library's own reduction doubled the pickling)."""
+    u = object.__new__(uuid.UUID)
+    object.__setattr__(u, "int", value)
+    object.__setattr__(u, "is_safe", uuid.SafeUUID.unknown)
+    return u
+
+
+def _reduce_uuid(u: uuid.UUID) -> tuple[Any, ...]:
+    return _uuid, (u.int,)
+
+
+def _reduce_queued(q: QueuedLease) -> tuple[Any, ...]:
+    """A compact queued lease by its constructor's arguments, not its slots' state."""
+    return QueuedLease, (q.id, q.requested, q.created_on, q.queued_on, q.queued_at)
+
+
+_DISPATCH: dict[type, Callable[[Any], Any]] = {
+    **copyreg.dispatch_table, uuid.UUID: _reduce_uuid, QueuedLease: _reduce_queued}
 
 
 class _Bound:
@@ -263,7 +289,11 @@ class Checkpointer:
             try:
                 for part, attr, name in bound:
                     setattr(part, attr, _Bound(name))
-                data = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+                buffer = io.BytesIO()
+                pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+                pickler.dispatch_table = _DISPATCH
+                pickler.dump(state)
+                data = buffer.getvalue()
             except (TypeError, AttributeError, pickle.PicklingError) as e:
                 raise TypeError(f"the scheduler's {_unpicklable(state)} cannot be "
                                 f"checkpointed: {e}") from e
