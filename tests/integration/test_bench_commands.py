@@ -75,3 +75,16 @@ def test_the_queued_bench_replays_every_request_and_holds_the_waiting_ones_compa
     assert result["queued"] + result["placed_first_cycle"] == 2000
     assert result["held_compactly"] == result["queued"] > 0  # every waiting one is a record
     assert result["replay_s"] > 0 and result["rss_after_replay_mib"] > result["rss_base_mib"]
+
+
+def test_the_queued_bench_starts_a_scheduler_from_the_checkpoint_beside_the_full_replay() -> None:
+    from bench.queued import run_queued_bench
+
+    result = run_queued_bench(nodes=20, requests=2000, checkpoint=True)
+    restored = result["from_checkpoint"]
+    assert restored["restored_at"] is not None and result["checkpoint_bytes"] > 0
+    # it folds the tail and the first process's placements, not the log again
+    assert 0 < restored["events"] < result["events"]
+    assert restored["queued"] + restored["placed_first_cycle"] == (
+        result["queued"] + restored["tail"])
+    assert "start-up from the checkpoint / full replay" in result["table"]
