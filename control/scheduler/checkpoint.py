@@ -34,6 +34,8 @@ FORMAT = 1
 EVERY_EVENTS = 100_000
 EVERY_SECONDS = 120.0
 BUSY_LIMIT_SECONDS = 600.0
+# and never sooner than this many times the last one held the scheduler's lock
+PAUSE_SHARE = 100
 # the scheduler's attributes that are not its fold: connections, threads, settings given by
 # whoever made it, the batch being built; everything else in the scheduler is checkpointed
 TRANSIENT = frozenset({
@@ -243,7 +245,13 @@ class Checkpointer:
         if position < 1 or at is None or self._at(app, position) != at:
             raise Refused(f"the log no longer holds its position {position} as it was "
                           "(truncated or reset)")
-        state = _Unpickler(io.BytesIO(zlib.decompress(body))).load()
+        collecting = gc.isenabled()
+        gc.disable()  # millions of containers, none garbage: no collection while they arrive
+        try:
+            state = _Unpickler(io.BytesIO(zlib.decompress(body))).load()
+        finally:
+            if collecting:
+                gc.enable()
         if not isinstance(state, dict) or state.get("position") != position:
             raise Refused("its body does not match its head")
         return state
@@ -260,6 +268,8 @@ class Checkpointer:
         waited = time.monotonic() - self._last_at
         if events <= 0 or (events < self.every_events and waited < self.every_seconds):
             return False
+        if waited < PAUSE_SHARE * self.last_pause_seconds:
+            return False  # a deep fold pauses placing for long: at most 1/PAUSE_SHARE of the time
         if not idle and waited < self.busy_limit_seconds:
             return False
         if not self.may_write():

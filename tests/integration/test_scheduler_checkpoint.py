@@ -283,3 +283,22 @@ def test_a_fold_that_cannot_be_checkpointed_is_logged_and_the_scheduler_goes_on(
             assert a.lease(lid, "get")["lease"]["state"] == "reserved"
     finally:
         _close(s)
+
+
+def test_a_checkpoint_that_held_the_lock_long_waits_a_hundred_times_that_for_the_next(
+        plane: Plane) -> None:
+    cp, admin, clock = plane
+    setup_pool(admin)
+    s = _scheduler(cp, clock)
+    try:
+        assert s.checkpoints is not None
+        s.checkpoints.every_events = 1
+        s.catch_up()
+        s.checkpoints.last_pause_seconds = 5.0  # as if the last one paused placing for 5 s
+        assert s.checkpoints.after_cycle(s, idle=True) is False
+        s.checkpoints.last_pause_seconds = 0.0
+        assert s.checkpoints.after_cycle(s, idle=True) is True
+        s.checkpoints.wait(30)
+        assert s.checkpoints.written == 1
+    finally:
+        _close(s)
