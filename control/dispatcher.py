@@ -225,7 +225,7 @@ class Dispatcher:
             # nothing more will be sent for it. A preempted lease is kept: it may be requeued
             # (in the same save or later) and placed again, and that placement needs its orders
             self.aggregates.pop(agg.id, None)
-            self._armed.pop(str(agg.id), None)
+            self._armed.pop(f"lease:{agg.id}", None)
             return None
         if isinstance(agg, Pool):
             self.pools[agg.pool_id] = agg
@@ -257,7 +257,13 @@ class Dispatcher:
             due = agg.drain_due_at(pool.config.preemption.grace_seconds)
             if due is not None and agg.end_at <= due:
                 due = None  # deleted or over before its drain would begin
-        if due is None or self._armed.get(key) == due:
+        if due is None:
+            # nothing is due: what was armed before fires and finds nothing to do; forgetting
+            # it keeps this map to the aggregates that have a timer
+            if key:
+                self._armed.pop(key, None)
+            return None
+        if self._armed.get(key) == due:
             return None
         return key, due
 
