@@ -8,7 +8,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate
@@ -26,6 +26,9 @@ from domain.reservation import CapacityReservation
 from domain.resources import Shape
 from schemas import v1
 from schemas.codec import encode
+
+if TYPE_CHECKING:
+    from control.scheduler.checkpoint import Checkpointer
 
 log = logging.getLogger(__name__)
 
@@ -134,12 +137,40 @@ class Dispatcher:
         self._started = False
         self.orders_sent = 0
         self.timers_armed = 0
+        # where this fold is checkpointed and, at start, restored from
+        # (control.scheduler.checkpoint); None: every start-up replays the whole log
+        self.checkpoints: Checkpointer | None = None
 
     def start(self) -> None:
         self.sent_upto = self.link.load_position(POSITION_KEY)
         if self.feed is not None:
             self.feed.start()
+        if self.checkpoints is not None and not self.position:
+            self.checkpoints.restore(self)  # then only the events after it are folded
         self._started = True
+
+    def checkpoint_state(self) -> dict[str, Any] | None:
+        """The fold a checkpoint holds; None while orders, timers or feed records decided
+        from it have not gone out yet (they are not part of it)."""
+        if self._outbox or self._timers or self._consumers:
+            return None
+        feed = None
+        if self.feed is not None:
+            feed = self.feed.checkpoint_state(self.position)
+            if feed is None:
+                return None
+        return {"position": self.position, "aggregates": self.aggregates, "_fold": self._fold,
+                "pools": self.pools, "_armed": self._armed, "feed": feed}
+
+    def restore_checkpoint(self, state: dict[str, Any]) -> bool:
+        """Take a verified checkpoint's fold; False (nothing taken) when the feed holds fewer
+        records than the checkpoint assumes written, so a full replay writes them."""
+        feed = state.get("feed")
+        if self.feed is not None and not self.feed.restore_checkpoint(feed, state["position"]):
+            return False
+        for name in ("position", "aggregates", "_fold", "pools", "_armed"):
+            setattr(self, name, state[name])
+        return True
 
     def step(self) -> int:
         """Read what is new; returns the number of notifications read. Orders decided from a
@@ -179,6 +210,8 @@ class Dispatcher:
                 break
         if not n and self.feed is not None:
             self.feed.idle()
+        if self.checkpoints is not None:
+            self.checkpoints.after_cycle(self, idle=not n)
         return n
 
     def _flush(self) -> None:

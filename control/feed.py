@@ -93,6 +93,24 @@ class FeedPublisher:
             self.written_upto = position
             self._unsaved = True
 
+    def checkpoint_state(self, position: int) -> dict[str, Any] | None:
+        """What a checkpoint of its follower's fold at `position` keeps of this publisher;
+        None while records up to there are not all stored."""
+        if self._outbox or self.written_upto < position:
+            return None
+        return {"last": self._last}
+
+    def restore_checkpoint(self, state: Any, position: int) -> bool:
+        """Take `state` from a checkpoint at `position`, after `start`; False when the feed
+        does not hold records that far (then the follower folds from the start)."""
+        if not isinstance(state, dict) or self.written_upto < position:
+            log.warning("the lease feed is written up to log sequence %d, short of the "
+                        "checkpoint's %d: replaying the log from the start",
+                        self.written_upto, position)
+            return False
+        self._last = state["last"]
+        return True
+
     def idle(self) -> None:
         """The follower is caught up: keep the position for when the feed's last record has
         aged out of the stream."""

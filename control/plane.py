@@ -304,6 +304,15 @@ class ControlPlane:
         self.dispatcher = (Dispatcher(PoolApp(env=app_env(url["scheduler"]), clock=clock),
                                       self.link, feed=FeedPublisher(FeedWriter(url["scheduler"])))
                            if self.link is not None else None)
+        dispatcher_key = (checkpoint_key(url["scheduler"], "dispatcher")
+                          if self.checkpoint_store is not None else None)
+        if (self.dispatcher is not None and dispatcher_key is not None
+                and checkpoint_every is not None):
+            # its fold checkpointed as the scheduler's is, under a name and key of its own
+            self.dispatcher.checkpoints = Checkpointer(
+                CheckpointStore(url["scheduler"], name="dispatcher"), dispatcher_key,
+                every_events=checkpoint_every[0], every_seconds=checkpoint_every[1],
+                purpose="dispatcher")
         self.reconciler = (Reconciler(self.app if url["reconciler"] == url["commands"] else
                                       PoolApp(env=app_env(url["reconciler"]), clock=clock),
                                       self.reconciler_link)

@@ -1,9 +1,11 @@
-"""The scheduler's checkpoint: its whole fold written at a log position and, at start-up, read
-back and verified so that only the events after it are folded (docs/architecture.md).
+"""Checkpoints of the scheduler's and the dispatcher's folds: written at a log position and,
+at start-up, read back and verified so that only the events after it are folded
+(docs/architecture.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copyreg
 import gc
 import hashlib
@@ -53,17 +55,20 @@ _ROOT = Path(__file__).resolve().parents[2]
 # the code whose objects a checkpoint holds or whose fold made them: any change to it makes
 # older checkpoints foreign
 _SOURCES = ("domain", "control/scheduler", "control/pending.py", "control/reservations.py",
-            "control/quotas.py")
+            "control/quotas.py", "control/dispatcher.py", "control/feed.py")
 
 
 class Folded(Protocol):
-    """What the checkpoint reads and writes: the scheduler (control.scheduler.Folding)."""
+    """What the checkpoint reads and writes: a fold of the log with its position (the
+    scheduler, control.scheduler.Folding; the dispatcher, control.dispatcher.Dispatcher).
+
+    A fold may define `checkpoint_state()` (its state as a dict, or None while it is in the
+    middle of something) and `restore_checkpoint(state)`; without them the checkpoint is every
+    attribute not in the Checkpointer's `transient`, taken under `_lock` when no batch is in
+    flight (`_inflight`) or being built (`_placing`)."""
 
     position: int
     app: Any
-    _lock: Any
-    _inflight: Any
-    _placing: list[Any]
 
 
 class Store(Protocol):
@@ -176,8 +181,11 @@ class Checkpointer:
     def __init__(self, store: Store, key: bytes, *,
                  every_events: int = EVERY_EVENTS, every_seconds: float = EVERY_SECONDS,
                  busy_limit_seconds: float = BUSY_LIMIT_SECONDS,
-                 may_write: Callable[[], bool] = lambda: True) -> None:
+                 may_write: Callable[[], bool] = lambda: True,
+                 purpose: str = "scheduler", transient: frozenset[str] = TRANSIENT) -> None:
         self.store = store
+        self.purpose = purpose  # whose fold: in the log lines and in what the MAC signs
+        self.transient = transient
         self.key = key
         self.every_events = every_events
         self.every_seconds = every_seconds
@@ -205,23 +213,30 @@ class Checkpointer:
         try:
             state = self.load(s.app)
         except Refused as e:
-            log.warning("scheduler checkpoint not used, replaying the log from the start: %s", e)
+            log.warning("%s checkpoint not used, replaying the log from the start: %s",
+                        self.purpose, e)
             return False
         except Exception as e:  # noqa: BLE001 - a bus or decoding failure: replay instead
-            log.warning("scheduler checkpoint not read (%r), replaying the log from the start", e)
+            log.warning("%s checkpoint not read (%r), replaying the log from the start",
+                        self.purpose, e)
             return False
         if state is None:
-            log.info("no scheduler checkpoint: replaying the log from the start")
+            log.info("no %s checkpoint: replaying the log from the start", self.purpose)
             return False
-        for name, value in state.items():
-            setattr(s, name, value)
-        _rebind(s)
+        restore = getattr(s, "restore_checkpoint", None)
+        if restore is not None:
+            if restore(state) is False:
+                return False  # it said why
+        else:
+            for name, value in state.items():
+                setattr(s, name, value)
+            _rebind(s)
         # the fold is long-lived: out of the cyclic collector's sight, as after a replay
         gc.freeze()
         self.restored_at = self.last_position = s.position
         self._last_at = time.monotonic()
-        log.info("scheduler checkpoint at log position %d restored in %.1f s", s.position,
-                 time.perf_counter() - t0)
+        log.info("%s checkpoint at log position %d restored in %.1f s", self.purpose,
+                 s.position, time.perf_counter() - t0)
         return True
 
     def load(self, app: Any) -> dict[str, Any] | None:
@@ -278,23 +293,29 @@ class Checkpointer:
             taken = self.take(s)
         except Exception:  # the scheduler goes on; the next one is due later
             self._last_at = time.monotonic()
-            log.exception("scheduler checkpoint not taken")
+            log.exception("%s checkpoint not taken", self.purpose)
             return False
         if taken is None:
             return False
         position, data = taken
         self._writer = threading.Thread(target=self._write, args=(s.app, position, data),
-                                        name="scheduler-checkpoint", daemon=True)
+                                        name=f"{self.purpose}-checkpoint", daemon=True)
         self._writer.start()
         return True
 
     def take(self, s: Folded) -> tuple[int, bytes] | None:
         """(position, pickled fold) now, or None while a batch is in flight or being built."""
         t0 = time.perf_counter()
-        with s._lock:
-            if s._inflight is not None or s._placing or not s.position:
+        with getattr(s, "_lock", contextlib.nullcontext()):
+            own = getattr(s, "checkpoint_state", None)
+            if own is not None:
+                state = own() if s.position else None
+                if state is None:
+                    return None
+            elif s._inflight is not None or s._placing or not s.position:  # type: ignore[attr-defined]
                 return None
-            state = {k: v for k, v in vars(s).items() if k not in TRANSIENT}
+            else:
+                state = {k: v for k, v in vars(s).items() if k not in self.transient}
             bound = _bound_methods(s)
             try:
                 for part, attr, name in bound:
@@ -305,7 +326,7 @@ class Checkpointer:
                 pickler.dump(state)
                 data = buffer.getvalue()
             except (TypeError, AttributeError, pickle.PicklingError) as e:
-                raise TypeError(f"the scheduler's {_unpicklable(state)} cannot be "
+                raise TypeError(f"the {self.purpose}'s {_unpicklable(state)} cannot be "
                                 f"checkpointed: {e}") from e
             finally:
                 for part, attr, name in bound:
@@ -333,8 +354,8 @@ class Checkpointer:
         try:
             at = self._at(app, position)
             if at is None:
-                log.warning("scheduler checkpoint at log position %d not stored: the log does "
-                            "not show that position", position)
+                log.warning("%s checkpoint at log position %d not stored: the log does "
+                            "not show that position", self.purpose, position)
                 return
             body = zlib.compress(data, 1)
             head: dict[str, Any] = {"format": FORMAT, "code": self.stamp, "position": position,
@@ -343,14 +364,15 @@ class Checkpointer:
             self.store.put(json.dumps(head, sort_keys=True).encode(), body)
             self.written += 1
             self.last_bytes = len(body)
-            log.info("scheduler checkpoint at log position %d stored (%d bytes)", position,
-                     len(body))
+            log.info("%s checkpoint at log position %d stored (%d bytes)", self.purpose,
+                     position, len(body))
         except Exception:
-            log.exception("scheduler checkpoint at log position %d not stored", position)
+            log.exception("%s checkpoint at log position %d not stored", self.purpose, position)
 
     def _mac(self, head: dict[str, Any], body: bytes) -> bytes:
         signed = json.dumps({k: v for k, v in head.items() if k != "mac"}, sort_keys=True)
-        h = hmac.new(self.key, b"computepool scheduler checkpoint\0", hashlib.sha256)
+        h = hmac.new(self.key, f"computepool {self.purpose} checkpoint\0".encode(),
+                     hashlib.sha256)
         h.update(signed.encode())
         h.update(b"\0")
         h.update(body)
