@@ -128,18 +128,40 @@ def _server_msgs(server: Any) -> tuple[int, int] | None:
     return int(varz["in_msgs"]), int(varz["out_msgs"])
 
 
-def _settled(pids: tuple[int | None, int | None], *, below: float = 0.3,
-             limit: float = 60.0) -> tuple[tuple[float | None, float | None], float]:
-    """Wait until the plane uses less than `below` of a core: the work the requests left
-    behind (the dispatcher's orders, timers and feed records) is done then. The CPU times at
-    that moment, and when it came (monotonic)."""
+def _log_end(url: str) -> int:
+    """The event stream's last sequence."""
+    import asyncio
+
+    from bus.connection import connect
+    from bus.subjects import EVENTS_STREAM
+
+    async def go() -> int:
+        nc = await connect(url)
+        try:
+            return int((await nc.jetstream().stream_info(EVENTS_STREAM)).state.last_seq)
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
+def _settled(url: str, pids: tuple[int | None, int | None], *,
+             limit: float = 120.0) -> tuple[tuple[float | None, float | None], float]:
+    """Wait until the dispatcher has followed the log to where it ends now (every order,
+    timer and feed record of the events so far written: it saves its position after them).
+    The CPU times at that moment, and when it came (monotonic)."""
+    from bus.agentbus import ControlLink
+    from control.dispatcher import POSITION_KEY
+
+    end = _log_end(url)
+    link = ControlLink(url)
     deadline = time.monotonic() + limit
-    while True:
-        a = _cpu_seconds(pids[0])
-        time.sleep(0.5)
-        b = _cpu_seconds(pids[0])
-        if a is None or b is None or (b - a) / 0.5 < below or time.monotonic() > deadline:
-            return (b, _cpu_seconds(pids[1])), time.monotonic()
+    try:
+        while link.load_position(POSITION_KEY) < end and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        link.close()
+    return (_cpu_seconds(pids[0]), _cpu_seconds(pids[1])), time.monotonic()
 
 
 def _per_request_ms(before: float | None, after: float | None, requests: int) -> float | None:
@@ -262,7 +284,7 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
             cpu1 = (_cpu_seconds(plane.pid), _cpu_seconds(server_pid))
             msgs1 = _server_msgs(server)
             _drain(watcher, sat, 30)
-            cpu2, t2 = _settled((plane.pid, server_pid))
+            cpu2, t2 = _settled(url, (plane.pid, server_pid))
             msgs2 = _server_msgs(server)
             saturated = _phase(sat, watcher.reserved, seconds)
             # CPU per accepted request over the saturating phase, by process: on a shared
@@ -274,8 +296,8 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
                 "server": _per_request_ms(cpu0[1], cpu1[1], n),
                 "clients": _per_request_ms(0.0, clients_cpu, n),
             }
-            # the same from the phase's start until the plane settled: the work the requests
-            # left behind included, and whatever else ran meanwhile (the fleet's heartbeats)
+            # the same from the phase's start until the dispatcher caught up with the log: the
+            # work the requests left behind included, and whatever else ran meanwhile
             saturated["settled_s"] = t2 - t0
             saturated["settled_cpu_ms_per_request"] = {
                 "plane": _per_request_ms(cpu0[0], cpu2[0], n),
@@ -360,8 +382,8 @@ def table(result: dict[str, Any]) -> str:
     if any(v is not None for v in settled.values()):
         parts = ", ".join(f"{who} {v:.2f}" for who, v in settled.items() if v is not None)
         more = s.get("settled_msgs_per_request")
-        lines.append(f"the same until the plane settled ({s['settled_s']:.0f} s after the phase "
-                     f"began, everything it ran meanwhile included): {parts}"
+        lines.append(f"the same until the dispatcher caught up ({s['settled_s']:.0f} s after the "
+                     f"phase began, everything run meanwhile included): {parts}"
                      + (f"; server messages {more['in']:.1f} in, {more['out']:.1f} out"
                         if more else ""))
     msgs = s.get("server_msgs_per_request")

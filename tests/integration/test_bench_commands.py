@@ -53,9 +53,9 @@ def test_the_e2e_bench_sees_every_accepted_request_reserved() -> None:
     msgs = sat["server_msgs_per_request"]
     assert msgs["in"] >= 1 and msgs["out"] >= 1
     assert "server messages per accepted request" in result["table"]
-    # and until the plane settled: at least the request and its reply again
+    # and until the dispatcher caught up: at least the request and its reply again
     assert sat["settled_s"] > 0 and sat["settled_msgs_per_request"]["in"] >= msgs["in"]
-    assert "until the plane settled" in result["table"]
+    assert "until the dispatcher caught up" in result["table"]
     assert "cores" in result["machine"] and "e2e: accepted requests/s" in result["table"]
 
 
