@@ -30,6 +30,9 @@ RSS_AT = (0.1, 0.5, 1.0)  # fractions of the run where the scheduler's memory is
 SAMPLE_AT = tuple(i / 10 for i in range(1, 11))  # and read, to show where it levels off
 REPLAY_AT = (1 / 3, 2 / 3, 1.0)  # and where a cold scheduler replays the log
 _CTX = multiprocessing.get_context("spawn")  # the parent holds threads: no fork
+# the scheduler's leadership leases: a loaded machine paused it past the default's few
+# seconds, it stepped down and did not lead its pool again (docs/performance.md)
+LEADER_TTL_SECONDS = 30.0
 PROBE_FRAMES = 4  # frames kept per traced allocation with --probe
 _PROBE_FILTERS = [tracemalloc.Filter(False, tracemalloc.__file__),
                   tracemalloc.Filter(False, "<frozen importlib._bootstrap>")]
@@ -44,7 +47,8 @@ def _serve(url: str, roles: list[str], ready: Any, stop: Any, probe: Any = None)
 
     if probe is not None:
         tracemalloc.start(PROBE_FRAMES)
-    plane = ControlPlane(url, roles=roles, data_plane=False).start()
+    plane = ControlPlane(url, roles=roles, data_plane=False,
+                         leader_ttl_seconds=LEADER_TTL_SECONDS).start()
     ready.put(os.getpid())
     while not stop.wait(0.2):
         if probe is not None and not probe.empty():
@@ -86,6 +90,21 @@ def probe_diff(before: str, after: str, top: int = 15) -> list[str]:
                  f"{g['before'][1]:.1f} → {g['after'][1]:.1f} MiB (collector counts "
                  f"{g['before'][2]})")
     return lines
+
+
+def _leader_bucket(url: str) -> None:
+    """The leader bucket, made with LEADER_TTL_SECONDS as its keys' time to live."""
+    from bus.admin import _connect, _run
+    from bus.leader import ensure_leader_bucket
+
+    async def go() -> None:
+        nc = await _connect(url)
+        try:
+            await ensure_leader_bucket(nc.jetstream(), ttl_seconds=LEADER_TTL_SECONDS)
+        finally:
+            await nc.close()
+
+    _run(go())
 
 
 def _replay(url: str, out: Any) -> None:
@@ -279,6 +298,7 @@ def run_soak(*, leases: int = 1_000_000, quick: bool = False, probe: bool = Fals
         driver: _Driver | None = None
         try:
             url = server.url
+            _leader_bucket(url)  # before the streams: they keep a bucket's TTL as it is
             ensure_all_streams(url)
             pids = {}
             probes = _CTX.Queue() if probe else None
