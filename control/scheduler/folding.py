@@ -143,6 +143,12 @@ class Folding:
                     page = self._read(start, limit).result(self._read_timeout)
                 ahead = None
                 if not page:
+                    if own and own[0][0] == start + limit:
+                        # the read ended where our next acknowledged batch begins, so all of
+                        # it is stored, and none of it is an event to fold (an aggregate's
+                        # snapshot, a stray): past it, or the batch is never stepped over
+                        self.position = start + limit - 1
+                        continue
                     return n
                 # a full page may have more behind it; so may any page of a read-ahead
                 # (`prefetch` returns what is stored now, perhaps less): read until one is empty
