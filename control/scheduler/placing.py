@@ -46,6 +46,7 @@ class Placing(Ganging):
         self._held.clear()
         pool = ps.pool
         cfg = pool.config
+        ranks, aging = dict(cfg.priority_classes), float(cfg.aging_seconds_per_rank)
         batch: list[Aggregate] = []
         # node id → the placements on it not yet recorded: one node event per node per batch
         # (`Node.allocate_many`), written when the batch closes, not one event per placement
@@ -105,7 +106,8 @@ class Placing(Ganging):
                                                lease.maximum_runtime_seconds),
                     packing=cfg.packing,  # type: ignore[arg-type]
                     allowed_trust_levels=allowed, lease_id=req.lease_id,
-                    window=self.windows.usable(pool.pool_id, lease, now))
+                    window=self.windows.usable(pool.pool_id, lease, now),
+                    band=band_of(req.priority_class, req.enqueued_at, now, ranks, aging))
             else:
                 node_id, fr = ps.table.place_fast(
                     shape, packing=cfg.packing,  # type: ignore[arg-type]

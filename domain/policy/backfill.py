@@ -297,13 +297,15 @@ class Backfill:
 
     def admits(self, node_id: str, resources: Resources, end_at: float | None,
                lease_id: str | None = None, window: str | None = None, *,
-               heads: bool = True) -> bool:
+               heads: bool = True, band: int | None = None) -> bool:
         """Whether placing `resources` on `node_id` now, until `end_at`, leaves every
         reservation there (but the request's own) able to start on time: it ends before the
         reservation begins, or it fits beside the reservation in what the node will have
         free by then. Windows (`withhold`) other than `window`, the one the request may use,
         are counted together from the earliest one it would overlap. `heads` False: windows
-        only, not the blocked heads' reservations."""
+        only, not the blocked heads' reservations. `band`: the request's own; a lower band's
+        head never holds it back (the queue offers the higher band first, and a head kept
+        from an earlier cycle must not turn that order round)."""
         ws = [w for w in self._windows.get(node_id, ())
               if w.reservation_id != window and (end_at is None or end_at > w.start_at)]
         if ws:
@@ -314,7 +316,7 @@ class Backfill:
             if not (self.capacity_at(node_id, at) - kept).is_non_negative():
                 return False
         for r in self._by_node.get(node_id, ()) if heads else ():
-            if r.lease_id == lease_id:
+            if r.lease_id == lease_id or (band is not None and r.band < band):
                 continue
             if end_at is not None and end_at <= r.start_at:
                 continue
@@ -325,19 +327,21 @@ class Backfill:
 
     def place(self, shape: Shape, end_at: float | None, *, packing: Packing,
               allowed_trust_levels: Iterable[str] | None, lease_id: str | None = None,
-              window: str | None = None) -> tuple[str | None, FilterResult, bool]:
+              window: str | None = None, band: int | None = None
+              ) -> tuple[str | None, FilterResult, bool]:
         """(node, filter result, held back): the node the table would choose for `shape`
         among those `admits` allows (the table's own first choice when admitted, else the
         best of the rest), or None; held back is True when it fits now but only where it
-        would delay a reservation."""
+        would delay a reservation of `band` or above."""
         node_id, fr = self.table.place_fast(shape, packing=packing,
                                             allowed_trust_levels=allowed_trust_levels)
-        if node_id is None or self.admits(node_id, shape.resources, end_at, lease_id, window):
+        if node_id is None or self.admits(node_id, shape.resources, end_at, lease_id, window,
+                                          band=band):
             return node_id, fr, False
         fresh = self.table.filter(shape, allowed_trust_levels=allowed_trust_levels)
         ok = [int(i) for i in fresh.eligible
               if self.admits(self.table.node_id_at(int(i)), shape.resources, end_at, lease_id,
-                             window)]
+                             window, band=band)]
         if not ok:
             return None, fresh, True
         best = self.table.rank(shape, np.asarray(ok, dtype=np.int64), packing, limit=1)

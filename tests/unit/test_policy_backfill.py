@@ -115,6 +115,23 @@ def test_each_band_has_its_own_head() -> None:
     assert (high.node_id, low.node_id) == ("a", "b")  # a node is not promised twice
 
 
+def test_a_lower_bands_head_never_holds_back_a_higher_bands_request() -> None:
+    """A head kept from an earlier cycle protects its start from its own band and below; a
+    request of a higher band, which the queue offers first, is placed over it (a preempted
+    low-priority lease once took back the node freed for the request that preempted it)."""
+    pool = Pool(("a", 8))
+    pool.run("a", "x", 6, end=100.0)
+    bf = pool.backfill()
+    assert bf.blocked("low", shape(8), band=0) is not None
+    bf.begin(10.0, queued=lambda _lid: True)  # the next cycle keeps the low head
+    node, _, held = bf.place(shape(2), 300.0, packing="best-fit", allowed_trust_levels=None,
+                             band=2)
+    assert (node, held) == ("a", False)
+    node, _, held = bf.place(shape(2), 300.0, packing="best-fit", allowed_trust_levels=None,
+                             band=0)
+    assert (node, held) == (None, True)
+
+
 def test_a_head_that_left_the_queue_gives_up_its_reservation() -> None:
     pool = Pool(("a", 8))
     pool.run("a", "x", 8, end=100.0)
