@@ -15,7 +15,7 @@ from typing import Any
 
 from bus.local.server import NatsServer
 
-PER_REQUEST = 499  # leases per request: two events each
+PER_REQUEST = 999  # leases per request (`count`, at most 999): one event each
 
 
 def run_feed_bench(*, requests: int = 40, rounds: int = 3) -> dict[str, Any]:
@@ -52,7 +52,7 @@ def _run(url: str, requests: int, rounds: int) -> dict[str, Any]:
                 assert reply["ok"], reply
     finally:
         plane.stop()
-    records = 2 * PER_REQUEST * requests
+    records = PER_REQUEST * requests
     out: dict[str, list[float]] = {"alone": [], "writing": [], "written": []}
     for _ in range(rounds):
         out["alone"].append(_replay(url, feed=False, fresh=True, records=records))
@@ -118,7 +118,7 @@ async def _forget(url: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.feed", description=__doc__)
     parser.add_argument("--requests", type=int, default=40,
-                        help=f"requests of {PER_REQUEST} leases each (two events a lease)")
+                        help=f"requests of {PER_REQUEST} leases each (one event a lease)")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     print(json.dumps(run_feed_bench(requests=args.requests, rounds=args.rounds), indent=1))
