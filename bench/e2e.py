@@ -101,6 +101,31 @@ def _load(url: str, *, clients: int, processes: int, seconds: float, rate: float
     return records, cpu
 
 
+def _stateless_rate(url: str, *, clients: int, processes: int, seconds: float,
+                    run: str) -> float:
+    """Answered requests/s of the same closed loop against a responder that decodes each
+    request and answers it, storing nothing (bus.bench.serve_stateless_replies): the
+    ceiling the clients, the server and one Python responder set on this machine."""
+    from bus.bench import serve_stateless_replies
+    from bus.subjects import command_subject
+
+    stop, ready = _CTX.Event(), _CTX.Queue()
+    subject = command_subject("any", "lease", "request").replace(".any.", ".*.")
+    proc = _CTX.Process(target=serve_stateless_replies, args=(url, subject, ready, stop),
+                        daemon=True)
+    proc.start()
+    try:
+        ready.get(timeout=60)
+        records, _ = _load(url, clients=clients, processes=processes, seconds=seconds,
+                           rate=None, run=run)
+    finally:
+        stop.set()
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+    return sum(1 for r in records if r[2]) / seconds
+
+
 def _cpu_seconds(pid: int | None) -> float | None:
     """A process's CPU time so far (user + system), from /proc; None where there is none."""
     if pid is None:
@@ -248,6 +273,9 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
             ensure_all_streams(url)
             say("raw atomic batches of 999…")
             raw = raw_atomic_rate(url)
+            say(f"the same clients against a responder that stores nothing, {seconds:g} s…")
+            floor = _stateless_rate(url, clients=clients, processes=processes,
+                                    seconds=seconds, run=f"{run}-floor")
             plane = _CTX.Process(target=_serve_plane, args=(url, ready, stop), daemon=True)
             plane.start()
             procs.append(plane)
@@ -329,7 +357,8 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
         "seconds": seconds, "offered_per_s": rate, "steady_seconds": steady_seconds,
         "heartbeat_seconds": heartbeat_seconds, "register_s": register_s,
         "command_processes": command_processes,
-        "raw_atomic_msgs_per_s": raw, "saturated": saturated, "steady": steady,
+        "raw_atomic_msgs_per_s": raw, "stateless_replies_per_s": floor,
+        "saturated": saturated, "steady": steady,
         "machine": machine_line(), "quick": quick,
         "elapsed_s": time.monotonic() - started,
     }
@@ -374,6 +403,10 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"{label:<58} {text:>10} {goal:>9} {ratio:>7}")
     lines.append(f"{'raw JetStream atomic batch of 999, same server (msgs/s)':<58} "
                  f"{result['raw_atomic_msgs_per_s']:>10,.0f}")
+    floor = result.get("stateless_replies_per_s")
+    if floor:
+        lines.append(f"{'the same clients, a responder storing nothing (replies/s)':<58} "
+                     f"{floor:>10,.0f}   accepted ÷ it: {s['accepted_per_s'] / floor:.3f}")
     cpu = s.get("cpu_ms_per_request") or {}
     if any(v is not None for v in cpu.values()):
         parts = ", ".join(f"{who} {v:.2f}" for who, v in cpu.items() if v is not None)

@@ -5,6 +5,7 @@ Why each figure is a median and a ratio to the raw rate: docs/architecture.md#th
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import statistics
 import tempfile
@@ -77,6 +78,30 @@ async def atomic_batch(nc: Any, messages: list[tuple[str, bytes]]) -> None:
                 raise RuntimeError(reply.data.decode())
         else:
             await nc.publish(subject, data, headers=headers)
+
+
+def serve_stateless_replies(url: str, subject: str, ready: Any, stop: Any) -> None:
+    """In a process of its own: answer every request on `subject` (a queue group) with a
+    lease-shaped reply, decoding the body and storing nothing: the most any responder on
+    this bus could answer the same clients (`pool bench e2e`'s floor row)."""
+
+    async def main() -> None:
+        nc = await connect(url)
+
+        async def answer(msg: Any) -> None:
+            body = json.loads(msg.data)
+            await msg.respond(json.dumps({"ok": True, "lease": {
+                "lease_id": str(uuid.uuid4()),
+                "idempotency_key": body.get("idempotency_key")}}).encode())
+
+        await nc.subscribe(subject, queue="bench-stateless", cb=answer)
+        await nc.flush()
+        ready.put("stateless")
+        while not stop.is_set():
+            await asyncio.sleep(0.1)
+        await nc.drain()
+
+    asyncio.run(main())
 
 
 def raw_atomic_rate(url: str, *, rounds: int = ROUNDS, batches: int = 5, size: int = 999) -> float:

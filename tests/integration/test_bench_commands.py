@@ -49,6 +49,9 @@ def test_the_e2e_bench_sees_every_accepted_request_reserved() -> None:
     assert steady["reserved"] == steady["accepted"] == steady["requests"] == 50
     assert 0 < steady["reserved_p50_ms"] <= steady["reserved_p99_ms"] <= steady["reserved_max_ms"]
     assert result["raw_atomic_msgs_per_s"] > 0
+    # the stateless responder answers the same clients, and faster than a plane that stores
+    assert result["stateless_replies_per_s"] > sat["accepted_per_s"] > 0
+    assert "a responder storing nothing" in result["table"]
     # a request is at least its own message in and its reply out
     msgs = sat["server_msgs_per_request"]
     assert msgs["in"] >= 1 and msgs["out"] >= 1
