@@ -63,7 +63,8 @@ class Embedded:
         return self.nats is not None
 
     def reload_if_changed(self) -> bool:
-        """Apply auth.json to the running server if it changed since the last look."""
+        """Apply auth.json to the running server if it changed since the last look; whether
+        the server was reloaded."""
         path = self.home / AUTH_FILE
         if self.nats is None or not path.exists():
             return False
@@ -71,9 +72,13 @@ class Embedded:
         if mtime == self.auth_mtime:
             return False
         self.auth_mtime = mtime
-        _render_include(self.home)
-        if self.nats.proc is not None and self.nats.proc.poll() is None:
-            self.nats.proc.send_signal(signal.SIGHUP)
+        with _auth_lock(self.home):
+            rewritten = _render_include(self.home)
+        # a reload the CLI already made (it rendered the same file) is not made twice: nats-server
+        # drops every connection still in its handshake at a reload with "Authorization Violation"
+        if not rewritten or self.nats.proc is None or self.nats.proc.poll() is not None:
+            return False
+        self.nats.proc.send_signal(signal.SIGHUP)
         return True
 
     def stop(self) -> None:
@@ -300,14 +305,17 @@ def _auth_lock(home: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _render_include(home: Path, auth: AuthConfig | None = None) -> None:
+def _render_include(home: Path, auth: AuthConfig | None = None) -> bool:
+    """Write the server's users from auth.json; whether the file changed."""
     auth = auth or bus_auth.load(home / AUTH_FILE)
-    if auth is not None:
-        bus_auth.write_server_include(auth, home / "nats" / AUTH_INCLUDE)
+    if auth is None:
+        return False
+    return bus_auth.write_server_include(auth, home / "nats" / AUTH_INCLUDE)
 
 
-def _reload_running_server(home: Path) -> int | None:
-    """SIGHUP the embedded nats-server recorded in endpoints.json; its pid, or None if none runs."""
+def _reload_running_server(home: Path, *, reload: bool = True) -> int | None:
+    """SIGHUP the embedded nats-server recorded in endpoints.json (only look, without
+    `reload`); its pid, or None if none runs."""
     pid = _read_endpoints(home).get("nats_pid")
     if not isinstance(pid, int):
         return None
@@ -318,7 +326,7 @@ def _reload_running_server(home: Path) -> int | None:
     except OSError:
         return None  # gone
     try:
-        os.kill(pid, signal.SIGHUP)
+        os.kill(pid, signal.SIGHUP if reload else 0)
     except ProcessLookupError:
         return None
     return pid
@@ -352,12 +360,14 @@ def _add_user(kind: str, name: str, home: Path | None, rotate: bool) -> Credenti
         # another spelling of an existing name must not be handed that name's user
         creds = users.get(bus_auth.checked_name(kind, name))
         changed = creds is None or rotate
+        rewritten = False
         if changed:
             creds = auth.add_tenant(name) if kind == "tenant" else auth.add_node(name)
             bus_auth.save(auth, path)
-            _render_include(home, auth)
+            rewritten = _render_include(home, auth)
     assert creds is not None
-    if changed and _reload_running_server(home) is not None:
+    # `pool up` may have rendered the same file first and reloaded the server itself
+    if changed and _reload_running_server(home, reload=rewritten) is not None:
         _wait_usable(home, creds)
     return creds
 

@@ -352,9 +352,17 @@ def load_or_create(path: Path) -> AuthConfig:
     return auth
 
 
-def write_server_include(auth: AuthConfig, path: Path) -> None:
-    """The authorization block as its own file, `include`d by the server's configuration."""
-    write_private(path, auth.render() + "\n")
+def write_server_include(auth: AuthConfig, path: Path) -> bool:
+    """The authorization block as its own file, `include`d by the server's configuration;
+    whether the file changed (an unchanged one needs no reload)."""
+    text = auth.render() + "\n"
+    try:
+        if path.read_text() == text:
+            return False
+    except OSError:
+        pass  # none yet
+    write_private(path, text)
+    return True
 
 
 def url_with_credentials(url: str, creds: Credentials) -> str:

@@ -174,3 +174,37 @@ def test_pool_up_pins_each_tenant_to_its_own_subjects(tmp_path: Path) -> None:
         assert not other["ok"]  # alpha's subject names alpha: beta's lease is not found there
     finally:
         _down(proc)
+
+
+def test_a_user_added_while_pool_up_runs_is_loaded_by_one_reload_only(tmp_path: Path) -> None:
+    """nats-server drops every connection still in its handshake at a reload ("Authorization
+    Violation"), so `pool up` must not reload again what the creds command already loaded."""
+    from bus.local import auth as bus_auth
+    from bus.admin import can_connect
+    from local import embedded
+
+    home = tmp_path / "home"
+    old = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("POOL_")}
+    os.environ["POOL_NATS_PORT"] = "0"
+    emb = embedded.start(home, with_postgres=False)
+    try:
+        emb.write_endpoints()
+        creds = embedded.add_tenant("alpha", home)
+        assert can_connect(emb.nats_url, user=creds.user, password=creds.password)
+        assert emb.reload_if_changed() is False  # the same users: no second reload
+
+        # auth.json edited by other means (no include rendered): the next look applies it
+        auth = bus_auth.load(home / embedded.AUTH_FILE)
+        assert auth is not None
+        beta = auth.add_tenant("beta")
+        bus_auth.save(auth, home / embedded.AUTH_FILE)
+        assert emb.reload_if_changed() is True
+        deadline = 50
+        while not can_connect(emb.nats_url, user=beta.user, password=beta.password) and deadline:
+            deadline -= 1
+        assert deadline, "beta's user was never loaded"
+        assert emb.reload_if_changed() is False  # nothing changed since
+    finally:
+        emb.stop()
+        os.environ.pop("POOL_NATS_PORT", None)
+        os.environ.update(old)
