@@ -179,8 +179,8 @@ def test_pool_up_pins_each_tenant_to_its_own_subjects(tmp_path: Path) -> None:
 def test_a_user_added_while_pool_up_runs_is_loaded_by_one_reload_only(tmp_path: Path) -> None:
     """nats-server drops every connection still in its handshake at a reload ("Authorization
     Violation"), so `pool up` must not reload again what the creds command already loaded."""
-    from bus.local import auth as bus_auth
     from bus.admin import can_connect
+    from bus.local import auth as bus_auth
     from local import embedded
 
     home = tmp_path / "home"
