@@ -50,9 +50,11 @@ class Rule:
     why: str
 
 
-# what reading the event log takes: stream info, direct gets, and ordered pull consumers
+# what reading the event log takes: stream info, direct gets (and, on a replicated stream, the
+# leader's own get: bus.jetstream.recorder), and ordered pull consumers
 _READS_LOG = (
-    "$JS.API.STREAM.INFO.POOL_EVENTS", "$JS.API.DIRECT.GET.POOL_EVENTS",
+    "$JS.API.STREAM.INFO.POOL_EVENTS", "$JS.API.STREAM.MSG.GET.POOL_EVENTS",
+    "$JS.API.DIRECT.GET.POOL_EVENTS",
     "$JS.API.DIRECT.GET.POOL_EVENTS.>", "$JS.API.CONSUMER.CREATE.POOL_EVENTS",
     "$JS.API.CONSUMER.CREATE.POOL_EVENTS.>", "$JS.API.CONSUMER.MSG.NEXT.POOL_EVENTS.*",
     "$JS.API.CONSUMER.INFO.POOL_EVENTS.*", "$JS.API.CONSUMER.DELETE.POOL_EVENTS.*",

@@ -247,3 +247,33 @@ def test_pool_cluster_up_prints_three_urls_and_every_stream_at_r3(tmp_path: Path
     assert {s["name"]: s["replicas"] for s in info["streams"]}[EVENTS_STREAM] == 3
     assert all(s["replicas"] == 3 for s in info["streams"])
     assert (tmp_path / "cluster" / "n3" / "jetstream").is_dir()  # data kept for the next start
+
+
+def test_every_role_runs_a_lease_on_a_secured_r3_cluster_without_a_violation(
+    tmp_path: Path,
+) -> None:
+    """`pool cluster up`'s deployment: R3 streams, every role as its own user. On a replicated
+    stream the recorder reads an aggregate's last event from the stream leader (STREAM.MSG.GET,
+    not a direct get), which each role reading the log must be allowed."""
+    from types import SimpleNamespace
+
+    from bus.local.auth import AuthConfig, role_urls, url_with_credentials
+    from tests.security.roles import lease_lifecycle, violations
+
+    auth = AuthConfig()
+    for tenant in ("alpha", "beta"):
+        auth.add_tenant(tenant)
+    auth.add_node("n1")
+    with NatsCluster(tmp_path / "cluster", nodes=3, auth=auth) as c:
+        c.ensure_streams(replicas=3)
+        cp = ControlPlane(url_with_credentials(c.url, auth.roles["commands"]),
+                          leader_ttl_seconds=1.0, role_urls=role_urls(c.url, auth),
+                          responder_url=url_with_credentials(c.url, auth.responder)).start()
+        try:
+            out = lease_lifecycle(SimpleNamespace(url=c.url), auth,  # type: ignore[arg-type]
+                                  tmp_path / "state")
+        finally:
+            cp.stop()
+            close_runtime(c.url)
+        assert out == {"ran": "released", "voided": "voided", "silent": "reconciling"}
+        assert [line for s in c.servers for line in violations(s)] == []
