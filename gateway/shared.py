@@ -25,7 +25,7 @@ class Gateway:
 
     _reader: Any = None
     _history: Any = None
-    service_url: str = ""  # the log's reader connects as the service user
+    service_url: str = ""  # the log's reader connects as the admin role
 
     def history(self) -> Any:
         """The flight recorder's reader (gateway.history.History), or None without a URL."""

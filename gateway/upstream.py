@@ -64,7 +64,9 @@ class Upstream:
             if who.is_admin and self.settings.service_url:
                 return self.settings.service_url, None
             return self.settings.nats_url, None
-        creds = auth.service if who.is_admin else auth.tenants.get(who.tenant)
+        # an admin token speaks as the admin role (operators' commands, reads of the log), not
+        # as the operator who may change streams: the gateway faces the network
+        creds = auth.roles["admin"] if who.is_admin else auth.tenants.get(who.tenant)
         if creds is None:
             raise NotEnrolled(f"tenant {who.tenant!r} has no NATS user here "
                               f"(`pool admin tenant creds {who.tenant}`)")
@@ -77,7 +79,7 @@ class Upstream:
         return url, admin_inbox("operator") if who.is_admin else bus_auth.inbox_prefix(who.tenant)
 
     def service_url(self) -> str:
-        """The URL the service user connects with (the admin's), or '' when unknown."""
+        """The URL the admin role connects with, or '' when unknown."""
         try:
             return self._url_for(Principal("admin"))[0]
         except NotEnrolled:
