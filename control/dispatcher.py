@@ -15,6 +15,7 @@ from eventsourcing.domain import Aggregate
 
 from bus.agentbus import ControlLink
 from bus.headers import HDR_TRACEPARENT
+from bus.transcoder import EventDecoder
 from control.feed import FeedPublisher
 from control.pending import LeaseMemory
 from control.wake import IdleWait, Signal
@@ -129,6 +130,9 @@ class Dispatcher:
         # a lease still queued has no orders and no timer: held compactly (control.pending)
         self.aggregates = LeaseMemory()
         self._fold = Fold(self.aggregates)
+        # the mapper's to_domain_event without its walk over the whole decoded state, as the
+        # scheduler's fold decodes (anything unusual goes through the mapper itself)
+        self._decode = EventDecoder(app.mapper)
         self.pools: dict[str, Pool] = {}
         self._armed: dict[str, float] = {}
         self._outbox: list[AgentOrder] = []
@@ -179,6 +183,7 @@ class Dispatcher:
             self.start()
         self._flush()
         n = 0
+        decode = self._decode
         while True:
             page = self.app.recorder.select_notifications(start=self.position + 1, limit=PAGE)
             if not page:
@@ -188,7 +193,7 @@ class Dispatcher:
                 self.position = note.id
                 if not note.topic.startswith(_TOPICS):
                     continue
-                event = self.app.mapper.to_domain_event(note)
+                event = decode(note)
                 agg = self._apply(event, note.id)
                 if agg is None:
                     continue
