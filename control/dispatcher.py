@@ -4,9 +4,10 @@ What each turns into agent commands and timers: docs/architecture.md#the-work-qu
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -184,10 +185,7 @@ class Dispatcher:
         self._flush()
         n = 0
         decode = self._decode
-        while True:
-            page = self.app.recorder.select_notifications(start=self.position + 1, limit=PAGE)
-            if not page:
-                break
+        for page in self._pages():
             touched: dict[UUID, Aggregate] = {}
             for note in page:
                 self.position = note.id
@@ -211,13 +209,40 @@ class Dispatcher:
             if self.position > self.sent_upto:
                 self.sent_upto = self.position
                 self.link.save_position(POSITION_KEY, self.position)
-            if len(page) < PAGE:
-                break
         if not n and self.feed is not None:
             self.feed.idle()
         if self.checkpoints is not None:
             self.checkpoints.after_cycle(self, idle=not n)
         return n
+
+    def _pages(self) -> Iterator[Sequence[Any]]:
+        """The notifications after `position`, a page at a time, to the end of the log. The
+        first is asked for and awaited, as before: a follower that keeps up reads one short
+        page. Behind a full one, the rest come through the recorder's read-ahead (bus.jetstream's
+        `prefetch`, a pull consumer) when it has one, each page read while the one before is
+        folded and its orders sent; such a page may hold fewer events than are stored, so they
+        are read until one is empty."""
+        recorder = self.app.recorder
+        prefetch = getattr(recorder, "prefetch", None)
+        timeout = float(getattr(recorder, "timeout", 10.0)) + 20.0
+        page = recorder.select_notifications(start=self.position + 1, limit=PAGE)
+        read_ahead = False  # whether `page` came from a read ahead
+        ahead: concurrent.futures.Future[Any] | None = None
+        try:
+            while page:
+                if prefetch is not None and (read_ahead or len(page) == PAGE):
+                    ahead = prefetch(page[-1].id + 1, PAGE)
+                yield page
+                if ahead is None:
+                    if len(page) < PAGE:
+                        return
+                    page = recorder.select_notifications(start=self.position + 1, limit=PAGE)
+                    continue
+                got, ahead = ahead, None
+                page, read_ahead = got.result(timeout), True
+        finally:
+            if ahead is not None:  # left by a fold or a send that raised: not read
+                ahead.cancel()
 
     def _flush(self) -> None:
         while self._consumers:
