@@ -29,10 +29,10 @@ async def _connect(url: str) -> Any:
 
 
 def ensure_all_streams(url: str, *, replicas: int = 1) -> None:
-    """Create or update every stream the system uses at `replicas`: the event log, the agent
-    work queue, the timers with the reconciler's durable consumer, telemetry, the lease feed, the
-    scheduler's checkpoints and the leader bucket. An existing stream with more replicas keeps
-    them (no implicit scale-down)."""
+    """Create or update every stream the system uses at `replicas`: the event log, the
+    snapshots, the agent work queue, the timers with the reconciler's durable consumer,
+    telemetry, the lease feed, the scheduler's checkpoints and the leader bucket. An existing
+    stream with more replicas keeps them (no implicit scale-down)."""
     from bus.agentbus import ensure_data_plane_streams
     from bus.leader import ensure_leader_bucket
     from bus.streams import (
@@ -40,6 +40,7 @@ def ensure_all_streams(url: str, *, replicas: int = 1) -> None:
         ensure_event_stream,
         ensure_stream,
         feed_stream_config,
+        snapshot_stream_config,
     )
     from bus.telemetry import ensure_telemetry_stream
 
@@ -48,6 +49,7 @@ def ensure_all_streams(url: str, *, replicas: int = 1) -> None:
         try:
             js = nc.jetstream()
             await ensure_event_stream(js, replicas=replicas)
+            await ensure_stream(js, snapshot_stream_config(replicas=replicas))
             await ensure_data_plane_streams(js, replicas=replicas)
             await ensure_telemetry_stream(js, replicas=replicas)
             await ensure_stream(js, feed_stream_config(replicas))

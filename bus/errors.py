@@ -55,6 +55,13 @@ class BatchTooLarge(BusError):
     code = "batch_too_large"
 
 
+class SnapshotsUnavailable(BusError):
+    """The snapshot stream is missing (a deployment not yet upgraded): no snapshot is saved,
+    and loads read their aggregates' whole histories."""
+
+    code = "snapshots_unavailable"
+
+
 class PayloadTooLarge(BusError):
     """The message is bigger than the server's max_payload; it was not sent."""
 

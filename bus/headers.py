@@ -17,6 +17,9 @@ HDR_CHECKPOINT_SLOT = "Pool-Checkpoint-Slot"
 # on a snapshot: the log sequence of the aggregate's event at the snapshot's version, so a load
 # reads the events after it from there rather than from the subject's start
 HDR_EVENT_SEQUENCE = "Pool-Event-Sequence"
+# on a snapshot: when the event stream it was taken from was created (its stream info's
+# `created`), so a snapshot that outlived its log (the log made anew) is never applied
+HDR_LOG_CREATED = "Pool-Log-Created"
 HDR_EXPECTED_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 HDR_EXPECTED_LAST_SEQ = "Nats-Expected-Last-Sequence"
 HDR_BATCH_ID = "Nats-Batch-Id"

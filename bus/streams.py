@@ -1,5 +1,5 @@
-"""JetStream stream definitions — the event log, the agents' work queue, the timers, telemetry,
-the tenants' lease feed — and an idempotent ensure helper every process may call at start-up."""
+"""JetStream stream definitions — the event log, the snapshots, the agents' work queue, the
+timers, telemetry, the tenants' lease feed — and an idempotent ensure helper every process may call at start-up."""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ from bus.subjects import (
     FEED_PREFIX,
     FEED_STREAM,
     SCHEDULE_STREAM,
+    SNAPSHOTS_PREFIX,
+    SNAPSHOTS_STREAM,
     TELEMETRY_PREFIX,
     TELEMETRY_STREAM,
     TRACKING_PREFIX,
@@ -62,6 +64,28 @@ def event_stream_config(*, replicas: int = 1, name: str = EVENTS_STREAM) -> Stre
         republish=RePublish(src=f"{EVENTS_PREFIX}.>", dest=f"{APPENDED_PREFIX}.>",
                             headers_only=True),
     )
+
+
+def snapshot_stream_config(*, replicas: int = 1, name: str = SNAPSHOTS_STREAM) -> StreamConfig:
+    """POOL_SNAPSHOTS: the latest snapshot of each account, node and pool on
+    pool.snap.<application>.<id>, one message kept a subject (an older one is discarded when a
+    newer one is stored). Not a source of truth: purging it only costs loads their histories."""
+    return StreamConfig(
+        name=name,
+        subjects=[f"{SNAPSHOTS_PREFIX}.>"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        num_replicas=replicas,
+        max_msgs_per_subject=1,
+        discard=DiscardPolicy.OLD,
+        allow_direct=True,
+    )
+
+
+def snapshot_stream_name(events_stream: str) -> str:
+    """The snapshot stream beside event stream `events_stream`: POOL_SNAPSHOTS beside
+    POOL_EVENTS, `<name>_SNAPSHOTS` beside any other (a test's own log)."""
+    return SNAPSHOTS_STREAM if events_stream == EVENTS_STREAM else f"{events_stream}_SNAPSHOTS"
 
 
 async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:

@@ -29,6 +29,11 @@ LEAD_PREFIX = "pool.lead"
 # the scheduler's checkpoints of its fold (bus.checkpoints): written and read by scheduler users only
 CHECKPOINT_STREAM = "POOL_CHECKPOINTS"
 CHECKPOINT_PREFIX = "pool.ckpt"
+# the latest snapshot of each account, node and pool (bus.jetstream.snapshots), one message a
+# subject: kept apart from the event log, so the log holds only events and the server drops a
+# snapshot once a newer one of its aggregate is stored
+SNAPSHOTS_STREAM = "POOL_SNAPSHOTS"
+SNAPSHOTS_PREFIX = "pool.snap"
 
 _TOKEN = re.compile(r"^[a-z0-9_-]{1,128}$")
 
@@ -47,6 +52,11 @@ def is_token(value: str) -> bool:
 
 def event_subject(aggregate_type: str, aggregate_id: str) -> str:
     return f"{EVENTS_PREFIX}.{token(aggregate_type)}.{token(aggregate_id)}"
+
+
+def snapshot_subject(application_name: str, aggregate_id: str) -> str:
+    """`pool.snap.<application>.<aggregate-id>`: where an aggregate's latest snapshot lives."""
+    return f"{SNAPSHOTS_PREFIX}.{token(application_name)}.{token(aggregate_id)}"
 
 
 def tracking_subject(application_name: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from eventsourcing.persistence import (
@@ -21,11 +22,19 @@ from bus.jetstream.application import (
 )
 from bus.jetstream.natsfast import internals_changed
 from bus.jetstream.recorder import JetStreamAggregateRecorder, JetStreamRecorder
+from bus.jetstream.snapshots import JetStreamSnapshotRecorder
 from bus.jetstream.wire import DEFAULT_URL, MAX_BATCH, REQUEST_TIMEOUT, LogRecord
 from bus.runtime import get_runtime
-from bus.streams import ensure_event_stream
+from bus.streams import (
+    ensure_event_stream,
+    ensure_stream,
+    snapshot_stream_config,
+    snapshot_stream_name,
+)
 from bus.subjects import EVENTS_STREAM
 from bus.transcoder import MsgspecTranscoder
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "MAX_BATCH",
@@ -35,6 +44,7 @@ __all__ = [
     "JetStreamFactory",
     "JetStreamProcessRecorder",
     "JetStreamRecorder",
+    "JetStreamSnapshotRecorder",
     "JetStreamSubscription",
     "JetStreamTrackingRecorder",
     "LogRecord",
@@ -43,11 +53,14 @@ __all__ = [
 
 
 class JetStreamFactory(InfrastructureFactory[JetStreamTrackingRecorder]):
-    """Builds JetStream recorders from NATS_URL / NATS_STREAM / NATS_REPLICAS in the environment."""
+    """Builds JetStream recorders from NATS_URL / NATS_STREAM / NATS_SNAPSHOT_STREAM /
+    NATS_REPLICAS in the environment."""
 
     NATS_URL = "NATS_URL"
     POOL_NATS_URL = "POOL_NATS_URL"
     NATS_STREAM = "NATS_STREAM"
+    # the snapshots' stream (default: bus.streams.snapshot_stream_name of NATS_STREAM)
+    NATS_SNAPSHOT_STREAM = "NATS_SNAPSHOT_STREAM"
     NATS_REPLICAS = "NATS_REPLICAS"
     NATS_TIMEOUT = "NATS_TIMEOUT"
     # a bus runtime of its own (bus.runtime.get_runtime's name) rather than the process's
@@ -58,6 +71,8 @@ class JetStreamFactory(InfrastructureFactory[JetStreamTrackingRecorder]):
         super().__init__(env)
         self.url = self.env.get(self.NATS_URL) or self.env.get(self.POOL_NATS_URL) or DEFAULT_URL
         self.stream = self.env.get(self.NATS_STREAM) or EVENTS_STREAM
+        self.snapshot_stream = (self.env.get(self.NATS_SNAPSHOT_STREAM)
+                                or snapshot_stream_name(self.stream))
         self.replicas = int(self.env.get(self.NATS_REPLICAS) or 1)
         self.timeout = float(self.env.get(self.NATS_TIMEOUT) or REQUEST_TIMEOUT)
         self.app_name = self.env.name or "default"
@@ -78,6 +93,22 @@ class JetStreamFactory(InfrastructureFactory[JetStreamTrackingRecorder]):
         self.runtime.run(go(), self.timeout + 5)
         self._stream_ensured = True
 
+    def _ensure_snapshot_stream(self) -> None:
+        """Create or update the snapshot stream where this factory makes streams. A failure
+        is no reason not to start: without the stream, loads read whole histories
+        (bus.jetstream.snapshots)."""
+        if not strtobool(self.env.get(self.CREATE_TABLE) or "yes"):
+            return
+
+        async def go() -> None:
+            await ensure_stream(await self.runtime.jetstream(), snapshot_stream_config(
+                replicas=self.replicas, name=self.snapshot_stream))
+
+        try:
+            self.runtime.run(go(), self.timeout + 5)
+        except Exception as e:  # noqa: BLE001 - snapshots are an optimisation
+            log.warning("snapshot stream %s not made: %s", self.snapshot_stream, e)
+
     def _kwargs(self, kind: str) -> dict[str, Any]:
         self._ensure_stream()
         return {
@@ -93,12 +124,18 @@ class JetStreamFactory(InfrastructureFactory[JetStreamTrackingRecorder]):
         return MsgspecTranscoder()
 
     def aggregate_recorder(self, purpose: str = "events") -> AggregateRecorder:
-        kind = self.app_name if purpose == "events" else f"{self.app_name}_{purpose}"
-        recorder = JetStreamAggregateRecorder(self.runtime, **self._kwargs(kind))
         if purpose == "snapshots":
+            # snapshots live in a stream of their own, on pool.snap.<application>.<id>
+            kwargs = self._kwargs(self.app_name)
+            self._ensure_snapshot_stream()
+            snapshots = JetStreamSnapshotRecorder(
+                self.runtime, **{**kwargs, "stream": self.snapshot_stream},
+                log_stream=self.stream)
             # snapshots say where their event lies in the application's log (seek_from)
-            recorder.events = self._events
-        return recorder
+            snapshots.events = self._events
+            return snapshots
+        kind = self.app_name if purpose == "events" else f"{self.app_name}_{purpose}"
+        return JetStreamAggregateRecorder(self.runtime, **self._kwargs(kind))
 
     def application_recorder(self) -> ApplicationRecorder:
         topic = self.env.get(self.APPLICATION_RECORDER_TOPIC)

@@ -253,10 +253,15 @@ class JetStreamRecorder:
             state = _SubjectState(None, 0)
         else:
             headers, _, seq = last
-            v = headers.get(HDR_VERSION) or headers.get(HDR_TRACKING_ID)
-            state = _SubjectState(int(v) if v is not None else None, seq)
+            state = _SubjectState(self._version_in(headers), seq)
         self._remember(subject, state)
         return state
+
+    def _version_in(self, headers: dict[str, str]) -> int | None:
+        """The version (or tracking id) a subject's last message records, for the next write's
+        check; None: none this recorder counts."""
+        v = headers.get(HDR_VERSION) or headers.get(HDR_TRACKING_ID)
+        return int(v) if v is not None else None
 
     def seek_from(self, subject: str, version: int, seq: int) -> None:
         """Say that `subject`'s event at `version` is at log sequence `seq` (from a snapshot):

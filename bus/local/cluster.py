@@ -199,9 +199,9 @@ class NatsCluster:
     # -- streams -----------------------------------------------------------------------------
 
     def ensure_streams(self, replicas: int = 3, timeout: float = 30.0) -> None:
-        """Every stream the system uses (events, agent work queue, schedules, telemetry) at
-        `replicas`, retried while a new stream leader is being elected; returns once every
-        replica is current (healthz checks streams and consumers too)."""
+        """Every stream the system uses (events, snapshots, agent work queue, schedules,
+        telemetry) at `replicas`, retried while a new stream leader is being elected; returns
+        once every replica is current (healthz checks streams and consumers too)."""
         from bus.admin import ensure_all_streams
 
         replicas = min(replicas, len(self.servers))

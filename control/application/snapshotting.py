@@ -15,6 +15,7 @@ from uuid import UUID
 from eventsourcing.application import project_aggregate
 from eventsourcing.persistence import EventStore, IntegrityError
 
+from bus.errors import SnapshotsUnavailable
 from domain.account import Account
 from domain.node import Node
 from domain.pool import Pool
@@ -158,6 +159,9 @@ class Snapshots:
         store = self.app.snapshots
         if store is None:
             return True
+        available = getattr(store.recorder, "available", None)
+        if available is not None and not available():
+            return True  # no snapshot stream (said once, by the recorder): no load for nothing
         stored = store.recorder.select_events(aggregate_id, desc=True, limit=1)
         if not stored or version - stored[0].originator_version >= interval:
             return False
@@ -188,6 +192,8 @@ class Snapshots:
             store.put([type(aggregate).Snapshot.take(aggregate)])
         except IntegrityError:
             pass  # another process saved a snapshot at this version or later
+        except SnapshotsUnavailable:
+            pass  # no snapshot stream: the recorder said so once
         except Exception as e:  # noqa: BLE001 - e.g. larger than a message may be: not again
             log.warning("snapshot of %s v%s not saved: %s", aggregate_id, aggregate.version, e)
         else:

@@ -77,8 +77,9 @@ class _ServerMixin:
 
         async def go() -> None:
             js = await rt.jetstream()
-            with contextlib.suppress(Exception):  # the test may never have created it
-                await js.delete_stream(name)
+            for stream in (name, f"{name}_SNAPSHOTS"):
+                with contextlib.suppress(Exception):  # the test may never have created it
+                    await js.delete_stream(stream)
 
         rt.run(go())
 

@@ -40,10 +40,11 @@ def make_app(nats_url: str, unique: str) -> Iterator[Callable[..., AppCore]]:
         app.close()
     rt = get_runtime(nats_url)
 
-    async def drop() -> None:  # the stream's subjects are the log's: one such stream at a time
+    async def drop() -> None:  # the streams' subjects are the log's: one such pair at a time
         js = await rt.jetstream()
-        with contextlib.suppress(Exception):
-            await js.delete_stream(f"SNAP_{unique.upper()}")
+        for name in (f"SNAP_{unique.upper()}", f"SNAP_{unique.upper()}_SNAPSHOTS"):
+            with contextlib.suppress(Exception):
+                await js.delete_stream(name)
 
     rt.run(drop())
 
