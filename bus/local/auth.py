@@ -27,6 +27,8 @@ from bus.subjects import (
     CHECKPOINT_STREAM,
     FEED_LIVE_PREFIX,
     LEAD_PREFIX,
+    SNAPSHOTS_PREFIX,
+    SNAPSHOTS_STREAM,
     is_token,
 )
 
@@ -65,6 +67,14 @@ _READS_FEED = ("$JS.API.STREAM.INFO.POOL_FEED", "$JS.API.DIRECT.GET.POOL_FEED",
                "$JS.API.DIRECT.GET.POOL_FEED.>")
 
 
+# reading the latest snapshot of an account, node or pool (bus.jetstream.snapshots): the
+# stream's info, a direct get by subject, the leader's own get on a replicated stream
+_READS_SNAPSHOTS = (f"$JS.API.STREAM.INFO.{SNAPSHOTS_STREAM}",
+                    f"$JS.API.STREAM.MSG.GET.{SNAPSHOTS_STREAM}",
+                    f"$JS.API.DIRECT.GET.{SNAPSHOTS_STREAM}.>")
+# and saving one: what the roles that save those aggregates may do
+_SNAPSHOTS = (f"{SNAPSHOTS_PREFIX}.>", *_READS_SNAPSHOTS)
+
 # the scheduler's checkpoints (bus.checkpoints): store chunks and a head, read them back
 _CHECKPOINTS = (f"{CHECKPOINT_PREFIX}.>", f"$JS.API.DIRECT.GET.{CHECKPOINT_STREAM}.>")
 
@@ -93,37 +103,40 @@ PERMISSIONS: dict[str, Rule] = {
         "the command responders' connection: receives commands, publishes replies into inboxes "
         "and nowhere else (never the log, timers, work queues, JetStream or KV)"),
     "commands": Rule(
-        ("pool.evt.>", *_READS_LOG, "$JS.API.DIRECT.GET.POOL_TELEMETRY", *_READS_FEED),
+        ("pool.evt.>", *_READS_LOG, *_SNAPSHOTS, "$JS.API.DIRECT.GET.POOL_TELEMETRY",
+         *_READS_FEED),
         (f"{ROLE_INBOXES}.commands.>", "pool.appended.>"),
-        "the command handlers' application: appends decided events, reads the log and "
-        "tenants' telemetry and lease-feed pages"),
+        "the command handlers' application: appends decided events, reads the log, saves and "
+        "reads snapshots, reads tenants' telemetry and lease-feed pages"),
     "scheduler": Rule(
-        ("pool.evt.>", *_READS_LOG, "pool.agent.*.*", "pool.sched.>", "pool.feed.>", *_READS_FEED,
+        ("pool.evt.>", *_READS_LOG, *_SNAPSHOTS, "pool.agent.*.*", "pool.sched.>", "pool.feed.>",
+         *_READS_FEED,
          "$JS.API.CONSUMER.DURABLE.CREATE.POOL_AGENT.*", "$JS.API.CONSUMER.CREATE.POOL_AGENT.>",
          *_kv("pool_leaders", watch=True), *_kv("pool_positions"), f"{LEAD_PREFIX}.>",
          f"{ROLE_INBOXES}.scheduler.>", *_CHECKPOINTS),
         (f"{ROLE_INBOXES}.scheduler.>", "pool.appended.>", f"{LEAD_PREFIX}.>"),
-        "scheduler and dispatcher: placements into the log, agent orders and each node's "
+        "scheduler and dispatcher: placements into the log, snapshots, agent orders and each node's "
         "queue, timers, the tenants' lease feed, leader leases and the positions in KV, "
         "questions to and answers from a pool's leader, the scheduler's checkpoints (the only "
         "user besides the operator that may write or read them); never reads a work queue"),
     "reconciler": Rule(
-        ("pool.evt.>", *_READS_LOG, "pool.sched.>",
+        ("pool.evt.>", *_READS_LOG, *_SNAPSHOTS, "pool.sched.>",
          "$JS.API.CONSUMER.MSG.NEXT.POOL_SCHED.reconciler", "$JS.ACK.POOL_SCHED.reconciler.>"),
         (f"{ROLE_INBOXES}.reconciler.>", "pool.appended.>"),
-        "fired timers from its one consumer, their events into the log, timers re-armed; no "
-        "agent orders, no tenant subjects"),
+        "fired timers from its one consumer, their events into the log, snapshots, timers "
+        "re-armed; no agent orders, no tenant subjects"),
     "projector": Rule(
-        _READS_LOG,
+        (*_READS_LOG, *_READS_SNAPSHOTS),
         (f"{ROLE_INBOXES}.projector.>", "pool.evt.>"),
-        "reads the log (and wakes on its appends) into PostgreSQL; publishes nothing"),
+        "reads the log (and wakes on its appends) into PostgreSQL, and snapshots; publishes "
+        "nothing"),
     "admin": Rule(
-        ("pool.admin.>", *_READS_LOG, "$JS.API.INFO", "$JS.API.STREAM.NAMES",
+        ("pool.admin.>", *_READS_LOG, *_READS_SNAPSHOTS, "$JS.API.INFO", "$JS.API.STREAM.NAMES",
          "$JS.API.STREAM.LIST", "$JS.API.STREAM.INFO.*", "$JS.API.DIRECT.GET.POOL_TELEMETRY"),
         (f"{ADMIN_INBOXES}.operator.>",),
-        "the admin CLI: operators' commands, reads of the log, telemetry and stream state; no "
-        "work queue, timer or KV, and no stream changes (`pool up` and `pool cluster init` "
-        "make the streams as the operator)"),
+        "the admin CLI: operators' commands, reads of the log, snapshots, telemetry and "
+        "stream state; no work queue, timer or KV, and no stream changes (`pool up` and "
+        "`pool cluster init` make the streams as the operator)"),
     "tenant": Rule(
         # replay goes through pool.cmd.<tenant>.telemetry.replay: no JetStream API at all, so
         # no consumer (and no deliver subject)

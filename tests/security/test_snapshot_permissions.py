@@ -1,5 +1,5 @@
 """Snapshots: every role that saves accounts, nodes or pools may write and read their snapshots;
-tenants, nodes and the read-only roles may not write them."""
+the projector and the admin CLI only read them; tenants and nodes may do neither."""
 
 from __future__ import annotations
 
@@ -11,15 +11,19 @@ from typing import Any
 import nats
 import pytest
 
-from bus.local.auth import PERMISSIONS, AuthConfig, url_with_credentials
+from bus.local.auth import PERMISSIONS, AuthConfig, inbox_prefix, role_inbox, url_with_credentials
 from bus.local.server import NatsServer
-from bus.subjects import EVENTS_STREAM, event_subject
+from bus.replies import NODE_INBOXES
+from bus.streams import snapshot_stream_config
+from bus.subjects import SNAPSHOTS_STREAM, snapshot_subject
 from control.application.core import APPLICATION_NAME
 
-SNAPSHOT = event_subject(f"{APPLICATION_NAME}_snapshots", str(uuid.uuid4()))
-# the latest snapshot is one direct get by subject
-LAST_SNAPSHOT = f"$JS.API.DIRECT.GET.{EVENTS_STREAM}.{SNAPSHOT}"
+SNAPSHOT = snapshot_subject(APPLICATION_NAME, str(uuid.uuid4()))
+# the latest snapshot is one direct get by subject (the leader's own get on a replicated stream)
+LAST_SNAPSHOT = f"$JS.API.DIRECT.GET.{SNAPSHOTS_STREAM}.{SNAPSHOT}"
+LEADER_GET = f"$JS.API.STREAM.MSG.GET.{SNAPSHOTS_STREAM}"
 SAVERS = ("commands", "scheduler", "reconciler")
+READERS = (*SAVERS, "projector", "admin")
 
 
 def _allows(patterns: tuple[str, ...] | None, subject: str) -> bool:
@@ -45,11 +49,15 @@ def test_the_table_lets_exactly_the_saving_roles_write_snapshots() -> None:
     for role, rule in PERMISSIONS.items():
         publish = tuple(p.replace("{name}", "alpha") for p in rule.publish or ()) \
             if rule.publish is not None else None
-        if role in SAVERS:
-            assert _allows(publish, SNAPSHOT), role
-            assert _allows(publish, LAST_SNAPSHOT), role
-        elif role != "operator":
-            assert not _allows(publish, SNAPSHOT), role
+        subscribe = tuple(p.replace("{name}", "alpha") for p in rule.subscribe or ()) \
+            if rule.subscribe is not None else None
+        if role == "operator":
+            continue
+        assert _allows(publish, SNAPSHOT) == (role in SAVERS), role
+        for read in (LAST_SNAPSHOT, LEADER_GET):
+            assert _allows(publish, read) == (role in READERS), (role, read)
+        if role not in READERS:
+            assert not _allows(subscribe, SNAPSHOT), role
 
 
 async def _publish_as(url: str, user: str, password: str, subject: str,
@@ -94,3 +102,62 @@ def test_the_server_lets_only_the_saving_roles_write_a_snapshot(tmp_path: Path,
         server.stop()
     assert out == ({"landed": 1, "refused": 0} if who in SAVERS
                    else {"landed": 0, "refused": 1})
+
+
+async def _read_as(url: str, user: str, password: str, inbox: str,
+                   service_url: str) -> dict[str, Any]:
+    """A snapshot stored by the service user, then read as `user`: by a direct get, the
+    leader's get and a subscription to every snapshot subject."""
+    svc = await nats.connect(service_url)
+    js = svc.jetstream()
+    await js.add_stream(snapshot_stream_config())
+    await js.publish(SNAPSHOT, b"snap")
+    errors: list[str] = []
+
+    async def on_error(e: Exception) -> None:
+        errors.append(str(e))
+
+    nc = await nats.connect(url, user=user, password=password, error_cb=on_error,
+                            max_reconnect_attempts=0, inbox_prefix=inbox)
+    got: list[bytes] = []
+    for subject, body in ((LAST_SNAPSHOT, b""), (LEADER_GET, b'{"seq": 1}')):
+        try:
+            reply = await nc.request(subject, body, timeout=1)
+            got.append(reply.data)
+        except Exception:  # noqa: BLE001, S112 - refused: no reply comes back
+            continue
+    heard: list[bytes] = []
+
+    async def seen(msg: Any) -> None:
+        heard.append(msg.data)
+
+    await nc.subscribe(f"{SNAPSHOT.split('.')[0]}.snap.>", cb=seen)
+    await nc.flush()
+    await svc.publish(SNAPSHOT, b"again")
+    await svc.flush()
+    await asyncio.sleep(0.3)
+    for conn in (nc, svc):
+        await conn.close()
+    return {"read": sum(b"snap" in g for g in got), "heard": len(heard),
+            "refused": sum("permissions violation" in e.lower() for e in errors)}
+
+
+@pytest.mark.parametrize("who", [*READERS, "tenant", "node"])
+def test_the_server_lets_only_the_roles_read_a_snapshot(tmp_path: Path, who: str) -> None:
+    auth = AuthConfig()
+    tenant = auth.add_tenant("alpha")
+    node = auth.add_node("n1")
+    server = NatsServer(store_dir=tmp_path / "nats", server_name="pool-snap",
+                        extra_config=auth.render()).start()
+    try:
+        creds = {"tenant": tenant, "node": node}.get(who) or auth.roles[who]
+        inbox = {"tenant": inbox_prefix("alpha"),
+                 "node": f"{NODE_INBOXES}.n1"}.get(who) or role_inbox(who)
+        out = asyncio.run(_read_as(server.url, creds.user, creds.password, inbox,
+                                   url_with_credentials(server.url, auth.service)))
+    finally:
+        server.stop()
+    if who in READERS:
+        assert out["read"] == 2
+    else:  # both gets and the subscription refused, nothing read or heard
+        assert out == {"read": 0, "heard": 0, "refused": 3}
