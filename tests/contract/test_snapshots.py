@@ -1,10 +1,13 @@
 """Snapshots of accounts, nodes and pools against a real nats-server: a load through a snapshot
 equals a load of the whole history, reads only the events after the snapshot, and passes over a
-snapshot whose schema it cannot read; the log's readers never see a snapshot."""
+snapshot whose schema it cannot read, an old one left in the log, or one of another log; the
+latest alone is kept, in a stream of its own, and without that stream loads read histories."""
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import logging
 from collections.abc import Callable, Iterator
 from itertools import chain
 from typing import Any
@@ -13,7 +16,11 @@ from uuid import UUID
 import pytest
 from eventsourcing.application import project_aggregate
 
+from bus.jetstream import JetStreamAggregateRecorder, JetStreamSnapshotRecorder
+from bus.jetstream import snapshots as snapshots_module
 from bus.runtime import get_runtime
+from bus.streams import ensure_stream, snapshot_stream_config
+from bus.subjects import snapshot_subject
 from control.application.core import AppCore
 from control.bootstrap import app_env
 from domain.account import Account
@@ -288,3 +295,136 @@ def test_a_snapshot_that_forgets_a_field_is_not_taken() -> None:
     acc.__dict__["new_field"] = 1
     with pytest.raises(ValueError, match="new_field"):
         Account.Snapshot.take(acc)
+
+
+def _rt_run(app: AppCore, coro_fn: Callable[[Any], Any]) -> Any:
+    """`coro_fn(js)` on the app's bus runtime."""
+    rt = get_runtime(app.factory.url)  # type: ignore[attr-defined]
+
+    async def go() -> Any:
+        return await coro_fn(await rt.jetstream())
+
+    return rt.run(go())
+
+
+def _ahead(app: AppCore, aid: UUID) -> Any:
+    """A snapshot that, applied, would load as an account with a grant the log never had."""
+    acc = copy.deepcopy(_full(app, aid))
+    acc.grant("never-saved", 10**9, now=1e9)
+    return Account.Snapshot.take(acc)
+
+
+def test_a_snapshot_is_kept_in_its_own_stream_and_only_the_latest(
+        make_app: Callable[..., AppCore]) -> None:
+    app = make_app(interval=50)
+    aids = [_account(app, 200), _node(app, 120)]
+    assert app.snapshotting.wait() and app.snapshotting.taken >= 4
+    factory: Any = app.factory
+    info = _rt_run(app, lambda js: js.stream_info(factory.snapshot_stream,
+                                                  subjects_filter=">"))
+    subjects = {snapshot_subject("pool", str(aid)) for aid in aids}
+    # one message per aggregate, on its own subject, however many were taken
+    assert info.state.messages == len(aids)
+    assert set(info.state.subjects or {}) == subjects
+    for aid in aids:
+        snap = next(iter(app.snapshots.get(aid, desc=True, limit=1)))  # type: ignore[union-attr]
+        assert app.repository.get(aid).version - snap.originator_version < 50
+    # and the event log holds only events
+    log = _rt_run(app, lambda js: js.stream_info(factory.stream, subjects_filter=">"))
+    assert all(s.startswith("pool.evt.pool.") for s in log.state.subjects or {})
+
+
+def test_an_old_snapshot_left_in_the_event_stream_is_never_read(
+        make_app: Callable[..., AppCore]) -> None:
+    app = make_app(interval=0)
+    aid = _account(app, 100)
+    full = _full(app, aid)
+    # as the old recorder saved one: pool.evt.pool_snapshots.<id>, the recorder's headers
+    factory: Any = app.factory
+    old = JetStreamAggregateRecorder(factory.runtime, stream=factory.stream,
+                                     kind="pool_snapshots")
+    old.insert_events([app.mapper.to_stored_event(_ahead(app, aid))])
+
+    reader = make_app(interval=0)
+    assert not list(reader.snapshots.get(aid, desc=True, limit=1))  # type: ignore[union-attr]
+    acc = reader.find(Account, aid)
+    assert acc is not None and _state(acc) == _state(full)
+    # nor by the folds: not a notification, not a record
+    recorder: Any = reader.recorder
+    notes = recorder.select_notifications(1, 100_000)
+    assert len(notes) == full.version and not [n for n in notes if "Snapshot" in n.topic]
+    last = recorder.max_notification_id()
+    assert len(list(chain.from_iterable(recorder.read_records(1, last)))) == full.version
+
+
+def test_a_snapshot_of_another_log_is_passed_over_and_replaced(
+        make_app: Callable[..., AppCore], monkeypatch: pytest.MonkeyPatch) -> None:
+    writer = make_app(interval=0)
+    aid = _account(writer, 100)
+    full = _full(writer, aid)
+    # a snapshot stamped with another log's creation, as if the log had been made anew
+    snaps: Any = writer.snapshots.recorder  # type: ignore[union-attr]
+    real = JetStreamSnapshotRecorder._render
+
+    def stamped_elsewhere(self: Any, stored: Any) -> Any:
+        messages, subjects_of, by_subject = real(self, stored)
+        return ([(s, d, lines.replace(self._log_created, "2001-01-01T00:00:00+00:00"))
+                 for s, d, lines in messages], subjects_of, by_subject)
+
+    monkeypatch.setattr(JetStreamSnapshotRecorder, "_render", stamped_elsewhere)
+    snaps.insert_events([writer.mapper.to_stored_event(_ahead(writer, aid))])
+    monkeypatch.setattr(JetStreamSnapshotRecorder, "_render", real)
+
+    reader = make_app(interval=0)
+    assert not list(reader.snapshots.get(aid, desc=True, limit=1))  # type: ignore[union-attr]
+    acc = reader.find(Account, aid)
+    assert acc is not None and _state(acc) == _state(full)
+    assert reader.recorder.messages_read == full.version  # type: ignore[attr-defined]
+
+    # its version does not refuse this log's own snapshot, which replaces it
+    saver = make_app(interval=0)
+    assert saver.snapshotting.take(aid) == full.version
+    assert saver.snapshotting.taken == 1
+    reader = make_app(interval=0)
+    snap = next(iter(reader.snapshots.get(aid, desc=True, limit=1)))  # type: ignore[union-attr]
+    assert snap.originator_version == full.version
+    acc = reader.find(Account, aid)
+    assert acc is not None and _state(acc) == _state(full)
+
+
+def test_without_the_snapshot_stream_loads_read_histories_and_saves_are_skipped(
+        make_app: Callable[..., AppCore], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    writer = make_app(interval=50)
+    aid = _account(writer, 200)
+    assert writer.snapshotting.wait() and writer.snapshotting.taken >= 1
+    factory: Any = writer.factory
+    _rt_run(writer, lambda js: js.delete_stream(factory.snapshot_stream))
+
+    # an old deployment: the operator has not made the stream, and this process may not
+    old = AppCore(env=app_env(factory.url, NATS_STREAM=factory.stream, CREATE_TABLE="no",
+                              POOL_SNAPSHOT_INTERVAL="50"))
+    try:
+        total = _full(writer, aid).version
+        with caplog.at_level(logging.INFO, logger=snapshots_module.__name__):
+            acc = old.find(Account, aid)
+            assert acc is not None and acc.version == total
+            assert old.recorder.messages_read == total  # type: ignore[attr-defined]
+            for _ in range(3):
+                assert not list(old.snapshots.get(aid, desc=True, limit=1))  # type: ignore[union-attr]
+            # saves go on; no snapshot is taken, none attempted, and it is said once
+            _account(old, 120, 200)
+            assert old.snapshotting.wait()
+            assert old.snapshotting.take(aid) is not None
+            assert old.snapshotting.taken == 0
+        said = [r for r in caplog.records if "not usable" in r.getMessage()]
+        assert len(said) == 1
+
+        # the stream made later (an upgrade), looked for again once its time is up
+        _rt_run(old, lambda js: ensure_stream(js, snapshot_stream_config(
+            name=factory.snapshot_stream)))
+        monkeypatch.setattr(snapshots_module, "RECHECK_S", 0.0)
+        assert old.snapshotting.take(aid) == old.repository.get(aid).version
+        assert old.snapshotting.taken == 1
+    finally:
+        old.close()
