@@ -6,10 +6,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from nats.js.errors import NotFoundError
+
 from bus.connection import connect
-from bus.headers import HDR_LOG_SEQUENCE
+from bus.headers import HDR_LOG_CREATED, HDR_LOG_SEQUENCE
 from bus.jetstream.wire import is_stored_event
-from bus.subjects import AGENT_STREAM, EVENTS_STREAM, FEED_STREAM, SCHEDULE_STREAM
+from bus.subjects import (
+    AGENT_STREAM,
+    EVENTS_STREAM,
+    FEED_STREAM,
+    SCHEDULE_STREAM,
+    SNAPSHOTS_STREAM,
+)
 
 
 async def publish_raw(url: str, messages: Sequence[tuple[str, bytes, str]], *, user: str,
@@ -45,14 +53,18 @@ async def publish_raw(url: str, messages: Sequence[tuple[str, bytes, str]], *, u
 
 
 async def count_foreign(url: str) -> dict[str, int]:
-    """Messages in the log, work-queue, timer and lease-feed streams that no control-plane
-    writer made: each of theirs carries headers (an event's, a message id, a schedule, the log
-    sequence a feed record was made from); a stray reply none."""
+    """Messages in the log, snapshot, work-queue, timer and lease-feed streams that no
+    control-plane writer made: each of theirs carries headers (an event's, a snapshot's with
+    its log's creation, a message id, a schedule, the log sequence a feed record was made
+    from); a stray reply none."""
     nc = await connect(url)
     js = nc.jetstream()
     out = {"foreign_messages": 0, "log_messages": 0}
-    for stream in (EVENTS_STREAM, AGENT_STREAM, SCHEDULE_STREAM, FEED_STREAM):
-        state = (await js.stream_info(stream)).state
+    for stream in (EVENTS_STREAM, SNAPSHOTS_STREAM, AGENT_STREAM, SCHEDULE_STREAM, FEED_STREAM):
+        try:
+            state = (await js.stream_info(stream)).state
+        except NotFoundError:
+            continue  # the snapshots of a deployment older than their stream: none to judge
         if stream == EVENTS_STREAM:
             out["log_messages"] = state.messages
         for seq in range(state.first_seq, state.last_seq + 1 if state.messages else 0):
@@ -63,6 +75,8 @@ async def count_foreign(url: str) -> dict[str, int]:
             headers = dict(msg.headers or {})
             if stream == EVENTS_STREAM:
                 ours = is_stored_event(headers)
+            elif stream == SNAPSHOTS_STREAM:
+                ours = is_stored_event(headers) and HDR_LOG_CREATED in headers
             elif stream == FEED_STREAM:
                 ours = HDR_LOG_SEQUENCE in headers
             else:

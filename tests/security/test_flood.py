@@ -13,7 +13,7 @@ from bus.admin import ensure_all_streams
 from bus.headers import HDR_TOPIC
 from bus.local.auth import AuthConfig, inbox_prefix, url_with_credentials
 from bus.local.server import NatsServer
-from bus.subjects import AGENT_STREAM, EVENTS_STREAM, SCHEDULE_STREAM
+from bus.subjects import AGENT_STREAM, EVENTS_STREAM, SCHEDULE_STREAM, SNAPSHOTS_STREAM
 from client.api import PoolClient
 from control.plane import ControlPlane
 from tests.control_plane import lease_body, setup_pool
@@ -24,7 +24,8 @@ TARGETS = ["pool.evt.lease.{r}", "pool.evt.account.{r}", "pool.sched.lease.{r}",
            "pool.agent.gpu-7.start", "pool.agent.{r}.stop", "$KV.pool_leader.{r}",
            "$JS.API.STREAM.DELETE.POOL_EVENTS", "$JS.API.STREAM.PURGE.POOL_EVENTS",
            f"{inbox_prefix('beta')}.{{r}}", "_INBOX.n.gpu-7.{r}", "_INBOX.a.operator.{r}",
-           "pool.cmd.beta.lease.request", "_INBOX.t.alpha", "_INBOX.t.alphax.{r}"]
+           "pool.cmd.beta.lease.request", "_INBOX.t.alpha", "_INBOX.t.alphax.{r}",
+           "pool.snap.pool.{r}", "$JS.API.DIRECT.GET.POOL_SNAPSHOTS.pool.snap.pool.{r}"]
 
 
 async def _flood(server: NatsServer, auth: AuthConfig) -> None:
@@ -44,12 +45,13 @@ async def _flood(server: NatsServer, auth: AuthConfig) -> None:
 
 
 async def _foreign(url: str) -> dict[str, Any]:
-    """Messages of the log without the recorder's headers, and anything on the work queue and
-    timer streams (no scheduler runs here, so nothing may be there)."""
+    """Messages of the log without the recorder's headers, and anything on the work queue,
+    timer and snapshot streams (no scheduler runs here, and no aggregate is due a snapshot, so
+    nothing may be there)."""
     nc = await nats.connect(url)
     js = nc.jetstream()
     out: dict[str, Any] = {"foreign": []}
-    for stream in (AGENT_STREAM, SCHEDULE_STREAM):
+    for stream in (AGENT_STREAM, SCHEDULE_STREAM, SNAPSHOTS_STREAM):
         out[stream] = (await js.stream_info(stream)).state.messages
     state = (await js.stream_info(EVENTS_STREAM)).state
     out["events"] = state.messages
@@ -82,7 +84,7 @@ def test_a_flood_of_crafted_reply_subjects_lands_nothing_and_slows_no_one(
     finally:
         cp.stop()
     assert out["foreign"] == []
-    assert out[AGENT_STREAM] == 0 and out[SCHEDULE_STREAM] == 0
+    assert out[AGENT_STREAM] == 0 and out[SCHEDULE_STREAM] == 0 and out[SNAPSHOTS_STREAM] == 0
     assert cp.commands is not None and cp.commands.refused.count == ATTACKS
 
 
