@@ -145,8 +145,8 @@ class Folding:
                 if not page:
                     if own and own[0][0] == start + limit:
                         # the read ended where our next acknowledged batch begins, so all of
-                        # it is stored, and none of it is an event to fold (an aggregate's
-                        # snapshot, a stray): past it, or the batch is never stepped over
+                        # it is stored, and none of it is an event to fold (a snapshot an
+                        # older log holds, a stray): past it, or the batch is never stepped over
                         self.position = start + limit - 1
                         continue
                     return n

@@ -1,5 +1,6 @@
 """The scheduler's catch-up past messages of the log stream that are not its events (an
-aggregate's snapshot, a stray) lying just before one of its own acknowledged batches."""
+aggregate's snapshot, as logs kept them before POOL_SNAPSHOTS; a stray) lying just before one
+of its own acknowledged batches."""
 
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ def test_a_snapshot_just_before_the_schedulers_own_batch_does_not_stop_its_catch
         catch_up: Callable[[], int] = scheduler.catch_up
 
         async def snapshot() -> None:
-            # as a snapshot thread's save lands between the scheduler's read and its own save
+            # as an older snapshot thread's save landed in the log between the scheduler's read
+            # and its own save
             js = await rt.jetstream()
-            await js.publish("pool.evt.poolapp_snapshots.00000000-0000-0000-0000-000000000001",
+            await js.publish("pool.evt.pool_snapshots.00000000-0000-0000-0000-000000000001",
                              b"{}", headers={"Pool-Topic": "domain.snapshots:StateSnapshot"})
 
         def catch_up_then_snapshot() -> int:
