@@ -11,12 +11,16 @@ from typing import Any
 import nats
 import pytest
 
+from bus.admin import ensure_all_streams
 from bus.local.auth import PERMISSIONS, AuthConfig, inbox_prefix, role_inbox, url_with_credentials
 from bus.local.server import NatsServer
 from bus.replies import NODE_INBOXES
+from bus.runtime import close_runtime
 from bus.streams import snapshot_stream_config
 from bus.subjects import SNAPSHOTS_STREAM, snapshot_subject
-from control.application.core import APPLICATION_NAME
+from control.application.core import APPLICATION_NAME, AppCore
+from control.bootstrap import app_env
+from domain.account import Account
 
 SNAPSHOT = snapshot_subject(APPLICATION_NAME, str(uuid.uuid4()))
 # the latest snapshot is one direct get by subject (the leader's own get on a replicated stream)
@@ -161,3 +165,30 @@ def test_the_server_lets_only_the_roles_read_a_snapshot(tmp_path: Path, who: str
         assert out["read"] == 2
     else:  # both gets and the subscription refused, nothing read or heard
         assert out == {"read": 0, "heard": 0, "refused": 3}
+
+
+def test_a_saving_role_takes_a_snapshot_and_a_reading_role_loads_through_it(
+        secured: tuple[NatsServer, AuthConfig]) -> None:
+    server, auth = secured
+    ensure_all_streams(url_with_credentials(server.url, auth.service))  # as `pool up` does
+    urls = {r: url_with_credentials(server.url, auth.roles[r]) for r in ("commands", "projector")}
+    apps: list[AppCore] = []
+    try:
+        saver = AppCore(env=app_env(urls["commands"], POOL_SNAPSHOT_INTERVAL="5"))
+        apps.append(saver)
+        acc = Account.open(tenant_id="t", now=1.0)  # type: ignore[arg-type]
+        for i in range(12):
+            acc.grant(f"g{i}", 5, now=float(i))
+        saver.save(acc)
+        assert saver.snapshotting.wait() and saver.snapshotting.taken == 1
+        reader = AppCore(env=app_env(urls["projector"]))
+        apps.append(reader)
+        snaps = list(reader.snapshots.get(acc.id, desc=True, limit=1))  # type: ignore[union-attr]
+        assert [s.originator_version for s in snaps] == [acc.version]
+        loaded = reader.repository.get(acc.id)
+        assert loaded.version == acc.version and loaded.balance == acc.balance
+    finally:
+        for app in apps:
+            app.close()
+        for url in urls.values():
+            close_runtime(url)
