@@ -60,8 +60,8 @@ def test_the_cluster_has_a_meta_leader_and_every_stream_at_three_replicas(
     assert len(cluster.urls) == 3 and cluster.url.count(",") == 2
     assert cluster.healthy()[0]
     streams = {s["name"]: s["replicas"] for s in describe_streams(cluster.url)}
-    for name in (EVENTS_STREAM, "POOL_AGENT", "POOL_SCHED", "POOL_TELEMETRY", "KV_pool_leaders",
-                 "KV_pool_positions"):
+    for name in (EVENTS_STREAM, "POOL_SNAPSHOTS", "POOL_AGENT", "POOL_SCHED", "POOL_TELEMETRY",
+                 "KV_pool_leaders", "KV_pool_positions"):
         assert streams.get(name) == 3, (name, streams)
     # every process ensures its streams at start-up with its own default of one replica
     ensure_all_streams(cluster.url, replicas=1)
