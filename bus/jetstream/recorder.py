@@ -102,7 +102,8 @@ class JetStreamRecorder:
         self.runtime = runtime
         self.stream = stream
         # `kind` is the aggregate-type token: select_events gets only an id, so the type token must
-        # be fixed per recorder (application name, or name + "_snapshots" for snapshots)
+        # be fixed per recorder (the application's name; snapshots have subjects of their own,
+        # bus.jetstream.snapshots)
         self.kind = token(kind)
         self._subject_prefix = event_subject(self.kind, "x")[:-1]
         self.tracking_owner = token(tracking_owner)
