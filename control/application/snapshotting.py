@@ -161,7 +161,10 @@ class Snapshots:
             return True
         available = getattr(store.recorder, "available", None)
         if available is not None and not available():
-            return True  # no snapshot stream (said once, by the recorder): no load for nothing
+            # no snapshot stream (said once, by the recorder): no load for nothing, and none
+            # asked for again before another interval of its events
+            self.seen(aggregate_id, version)
+            return True
         stored = store.recorder.select_events(aggregate_id, desc=True, limit=1)
         if not stored or version - stored[0].originator_version >= interval:
             return False

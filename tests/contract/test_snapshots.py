@@ -415,6 +415,8 @@ def test_without_the_snapshot_stream_loads_read_histories_and_saves_are_skipped(
             # saves go on; no snapshot is taken, none attempted, and it is said once
             _account(old, 120, 200)
             assert old.snapshotting.wait()
+            # and a due aggregate is not asked about again before another interval
+            assert old.snapshotting._known[aid] > total
             assert old.snapshotting.take(aid) is not None
             assert old.snapshotting.taken == 0
         said = [r for r in caplog.records if "not usable" in r.getMessage()]
