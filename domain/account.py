@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -21,6 +21,66 @@ _NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:account")
 # the lease movements (holds, settlements, releases) whose transfer ids an account remembers:
 # its latest ones, in log order; grants are remembered for good (docs/architecture.md)
 TRANSFER_WINDOW = 10_000
+
+
+class TransferWindow:
+    """The latest lease movements' transfer ids, oldest first, at most TRANSFER_WINDOW of them.
+    A copy shares the ids with its original until either records one (copy on write), so
+    reading a cached account does not copy the whole window."""
+
+    __slots__ = ("_ids", "_shared")
+
+    def __init__(self, ids: Iterable[str] = ()) -> None:
+        self._ids: OrderedDict[str, None] = OrderedDict.fromkeys(ids)
+        self._shared = False
+
+    def copy(self) -> TransferWindow:
+        other = TransferWindow.__new__(TransferWindow)
+        other._ids = self._ids
+        other._shared = self._shared = True
+        return other
+
+    def __copy__(self) -> TransferWindow:
+        return self.copy()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> TransferWindow:
+        return self.copy()
+
+    def add(self, transfer_id: str) -> None:
+        """`transfer_id` in as the newest, the oldest out once more than TRANSFER_WINDOW."""
+        if self._shared:
+            self._ids = OrderedDict(self._ids)
+            self._shared = False
+        ids = self._ids
+        ids[transfer_id] = None
+        if len(ids) > TRANSFER_WINDOW:
+            ids.popitem(last=False)
+
+    def __contains__(self, transfer_id: object) -> bool:
+        return transfer_id in self._ids
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TransferWindow):
+            return NotImplemented
+        return list(self._ids) == list(other._ids)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"TransferWindow({list(self._ids)!r})"
+
+    def __getstate__(self) -> list[str]:
+        return list(self._ids)
+
+    def __setstate__(self, state: list[str]) -> None:
+        self._ids = OrderedDict.fromkeys(state)
+        self._shared = False
 
 
 class Account(Aggregate):
@@ -49,7 +109,7 @@ class Account(Aggregate):
         self.holds: dict[LeaseId, int] = {}
         self.grant_amounts: dict[str, int] = {}  # transfer id → amount, to tell retries apart
         # the latest TRANSFER_WINDOW lease movements' ids, oldest first
-        self.recent_transfers: OrderedDict[str, None] = OrderedDict()
+        self.recent_transfers = TransferWindow()
 
     def snapshot_state(self) -> dict[str, Any]:
         """The account as plain values (domain.snapshots): the transfer window as a list, in
@@ -67,7 +127,7 @@ class Account(Aggregate):
                 "shortfall": state["shortfall"],
                 "holds": {LeaseId(k): v for k, v in state["holds"].items()},
                 "grant_amounts": dict(state["grant_amounts"]),
-                "recent_transfers": OrderedDict.fromkeys(state["recent_transfers"])}
+                "recent_transfers": TransferWindow(state["recent_transfers"])}
 
     # Queries ----------------------------------------------------------------------------------
 
@@ -193,10 +253,7 @@ class Account(Aggregate):
     def _remember(self, transfer_id: str) -> None:
         """A lease movement's id into the window, the oldest out once it is full: a fold of the
         same events keeps the same ids, so every replica of the account agrees."""
-        recent = self.recent_transfers
-        recent[transfer_id] = None
-        if len(recent) > TRANSFER_WINDOW:
-            recent.popitem(last=False)
+        self.recent_transfers.add(transfer_id)
 
     # Events -----------------------------------------------------------------------------------
 
