@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
-from copy import deepcopy
+import datetime
 from typing import Any
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Repository, project_aggregate
+
+from domain.copies import copy_aggregate, share_values
+from domain.fold import mutate
+
+share_values(datetime.datetime)  # the aggregates' created_on and modified_on
 
 
 class PoolRepository(Repository[UUID]):
     """The library's Repository, except that a cached aggregate is fast-forwarded and copied
     under the same per-aggregate lock. The library copies it after letting go of the lock, so
     a command copying it while another thread fast-forwarded the same object in place failed
-    with "dictionary changed size during iteration"."""
+    with "dictionary changed size during iteration". The cached aggregate is brought up to date
+    by the lean fold of its new events (domain.fold) and copied by domain.copies, not deeply."""
 
     def get(self, aggregate_id: UUID, *, version: int | None = None,
             projector_func: Any = project_aggregate, fastforward_skipping: bool = False,
@@ -35,9 +41,13 @@ class PoolRepository(Repository[UUID]):
                 else:
                     new_events = self.event_store.get(originator_id=aggregate_id,
                                                       gt=aggregate.version)
-                    aggregate = projector_func(aggregate, new_events)
+                    if projector_func is project_aggregate:
+                        for new_event in new_events:
+                            aggregate = mutate(new_event, aggregate)  # type: ignore[arg-type]
+                    else:
+                        aggregate = projector_func(aggregate, new_events)
                     if aggregate is None:
                         raise AggregateNotFoundError(aggregate_id)
-                return deepcopy(aggregate) if copy else aggregate
+                return copy_aggregate(aggregate) if copy else aggregate
         finally:
             self._disuse_fastforward_lock(aggregate_id)
