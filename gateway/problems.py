@@ -43,7 +43,7 @@ STATUS_BY_CODE: dict[str, int] = {
     # what is behind the gateway
     "bus_unavailable": 503, "bus_timeout": 503, "views_unavailable": 503,
     "telemetry_unavailable": 503, "publish_rejected": 503, "bus_error": 503,
-    "batch_too_large": 503,
+    "batch_too_large": 503, "snapshots_unavailable": 503,
     # a bug behind the gateway: logged there, reported here as the upstream's failure
     "internal_error": 502,
 }
