@@ -66,13 +66,13 @@ def event_stream_config(*, replicas: int = 1, name: str = EVENTS_STREAM) -> Stre
     )
 
 
-def snapshot_stream_config(*, replicas: int = 1, name: str = SNAPSHOTS_STREAM) -> StreamConfig:
-    """POOL_SNAPSHOTS: the latest snapshot of each account, node and pool on
-    pool.snap.<application>.<id>, one message kept a subject (an older one is discarded when a
-    newer one is stored). Not a source of truth: purging it only costs loads their histories."""
+
+def _latest_per_subject(name: str, prefix: str, replicas: int) -> StreamConfig:
+    """A stream under `prefix` that keeps only the latest message of each subject (a cache
+    the log can rebuild, never a source of truth)."""
     return StreamConfig(
         name=name,
-        subjects=[f"{SNAPSHOTS_PREFIX}.>"],
+        subjects=[f"{prefix}.>"],
         retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE,
         num_replicas=replicas,
@@ -80,6 +80,12 @@ def snapshot_stream_config(*, replicas: int = 1, name: str = SNAPSHOTS_STREAM) -
         discard=DiscardPolicy.OLD,
         allow_direct=True,
     )
+
+def snapshot_stream_config(*, replicas: int = 1, name: str = SNAPSHOTS_STREAM) -> StreamConfig:
+    """POOL_SNAPSHOTS: the latest snapshot of each account, node and pool on
+    pool.snap.<application>.<id>, one message kept a subject (an older one is discarded when a
+    newer one is stored). Not a source of truth: purging it only costs loads their histories."""
+    return _latest_per_subject(name, SNAPSHOTS_PREFIX, replicas)
 
 
 def snapshot_stream_name(events_stream: str) -> str:
@@ -215,13 +221,4 @@ def checkpoint_stream_config(replicas: int = 1) -> StreamConfig:
     head on pool.ckpt.<name>.head and its chunks on pool.ckpt.<name>.<slot>.<n>, one message
     kept a subject. Not a source of truth: purging it only costs the next start-up a full
     replay."""
-    return StreamConfig(
-        name=CHECKPOINT_STREAM,
-        subjects=[f"{CHECKPOINT_PREFIX}.>"],
-        retention=RetentionPolicy.LIMITS,
-        storage=StorageType.FILE,
-        num_replicas=replicas,
-        max_msgs_per_subject=1,
-        discard=DiscardPolicy.OLD,
-        allow_direct=True,
-    )
+    return _latest_per_subject(CHECKPOINT_STREAM, CHECKPOINT_PREFIX, replicas)
