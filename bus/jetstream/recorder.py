@@ -32,6 +32,7 @@ from bus.headers import (
     HDR_ORIGINATOR_ID,
     HDR_SEQUENCE,
     HDR_STATUS,
+    HDR_SUBJECT,
     HDR_TOPIC,
     HDR_TRACKING_ID,
     HDR_UPSTREAM,
@@ -72,6 +73,8 @@ from bus.subjects import (
 SUBJECT_CACHE_MAX = 50_000
 # where to start reading an aggregate after its snapshot, remembered for at most this many
 SEEK_HINTS_MAX = 10_000
+# the aggregates one multi-subject direct get asks for (the server answers up to 1,024)
+_MULTI_LAST = 256
 
 
 async def _translated(fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
@@ -181,17 +184,26 @@ class JetStreamRecorder:
         return unwatch
 
     def last_topics(self, originator_ids: Sequence[UUID]) -> dict[UUID, str | None]:
-        """The topic of each aggregate's last event (None: it has none), read concurrently:
-        one direct get each, no replay, so a caller can pass over aggregates whose last event
-        rules them out before loading any."""
+        """The topic of each aggregate's last event (None: it has none), no replay, so a caller
+        can pass over aggregates whose last event rules them out before loading any: one
+        multi-subject direct get per `_MULTI_LAST` aggregates. Any replica may answer it, so
+        on a replicated stream a topic may be a moment old: a caller only passes over on it,
+        and loads (from the leader) whatever it acts on."""
+        subjects = [self.subject_for(i) for i in originator_ids]
 
-        async def read() -> list[tuple[dict[str, str], bytes, int] | None]:
-            return list(await asyncio.gather(
-                *(self._last_msg(self.subject_for(i)) for i in originator_ids)))
+        async def read() -> dict[str, dict[str, str]]:
+            out: dict[str, dict[str, str]] = {}
+            unique = list(dict.fromkeys(subjects))
+            for at in range(0, len(unique), _MULTI_LAST):
+                chunk = unique[at:at + _MULTI_LAST]
+                msgs, _ = await self._direct_get({"multi_last": chunk, "batch": len(chunk)})
+                for _seq, headers, _data in msgs:
+                    out[headers.get(HDR_SUBJECT, "")] = headers
+            return out
 
-        got = self.runtime.run(read(), self.timeout + 5)
-        return {i: None if m is None else m[0].get(HDR_TOPIC)
-                for i, m in zip(originator_ids, got, strict=True)}
+        got = self.runtime.run(read(), self.timeout + 5) if subjects else {}
+        return {i: got[s].get(HDR_TOPIC) if s in got else None
+                for i, s in zip(originator_ids, subjects, strict=True)}
 
     # -- low-level reads (loop thread) -------------------------------------------------------
 
@@ -320,6 +332,14 @@ class JetStreamRecorder:
         self, filter_subject: str, start_seq: int, batch: int
     ) -> tuple[list[tuple[int, dict[str, str], bytes]], bool]:
         """Messages with seq ≥ start_seq on `filter_subject`, in order, and whether that was the end."""
+        return await self._direct_get(
+            {"seq": max(start_seq, 1), "next_by_subj": filter_subject, "batch": batch})
+
+    async def _direct_get(
+        self, req: dict[str, Any]
+    ) -> tuple[list[tuple[int, dict[str, str], bytes]], bool]:
+        """One batched direct get (`req` as the server takes it): the messages it answers, in
+        order, and whether the server has none left after them."""
         nc = await self.runtime.connection()
         inbox = nc.new_inbox()
         out: list[tuple[int, dict[str, str], bytes]] = []
@@ -344,7 +364,6 @@ class JetStreamRecorder:
 
         sub = await subscribe_raw(nc, inbox, on_raw)
         try:
-            req = {"seq": max(start_seq, 1), "next_by_subj": filter_subject, "batch": batch}
             await nc.publish(
                 f"$JS.API.DIRECT.GET.{self.stream}", json.dumps(req).encode(), reply=inbox
             )

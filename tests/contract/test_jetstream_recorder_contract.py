@@ -332,3 +332,50 @@ def test_read_records_hold_what_direct_gets_return(tmp_path: Path) -> None:
     finally:
         close_runtime(server.url)
         server.stop()
+
+
+def test_last_topics_names_each_aggregates_last_event_in_few_reads(tmp_path: Path) -> None:
+    """`last_topics` answers the topic of each aggregate's last event (None for one with
+    none), for more aggregates than one multi-subject read holds, repeats and string ids
+    included; and it asks the server once per `_MULTI_LAST`, not once per aggregate."""
+    from eventsourcing.persistence import StoredEvent
+
+    from bus.jetstream import recorder as recorder_module
+
+    server = NatsServer(store_dir=tmp_path / "nats", server_name="topics").start()
+    try:
+        env = Environment(name="main", env={"PERSISTENCE_MODULE": "bus.jetstream",
+                                            "NATS_URL": server.url,
+                                            "NATS_STREAM": "T_TOPICS"})
+        rec = JetStreamFactory(env).application_recorder()
+        n = recorder_module._MULTI_LAST + 44
+        ids: list[Any] = [uuid.uuid4() for _ in range(n)]
+        want: dict[Any, str | None] = {}
+        for i, oid in enumerate(ids):
+            events = [StoredEvent(oid, v, f"tests.topic:E{i % 3}_{v}", b"{}")
+                      for v in range(1, 2 + i % 3)]
+            rec.insert_events(events)
+            want[oid] = events[-1].topic
+        never = [uuid.uuid4(), uuid.uuid4()]
+        want.update(dict.fromkeys(never))
+        rec.insert_events([StoredEvent("acct-9", 1, "tests.topic:Opened", b"{}")])
+        want["acct-9"] = "tests.topic:Opened"
+        asked = [*ids, *never, "acct-9", ids[0]]
+        before = rec.messages_read
+        reads: list[Any] = []
+        direct_get = rec._direct_get  # type: ignore[attr-defined]
+
+        async def counted(req: dict[str, Any]) -> Any:
+            reads.append(req)
+            return await direct_get(req)
+
+        rec._direct_get = counted  # type: ignore[attr-defined]
+        got = rec.last_topics(asked)
+        assert got == {oid: want[oid] for oid in asked}
+        assert len(reads) == 2 and all(len(r["multi_last"]) <= recorder_module._MULTI_LAST
+                                       for r in reads)
+        assert rec.messages_read - before == n + 1  # one message per aggregate that has one
+        assert rec.last_topics([]) == {}
+    finally:
+        close_runtime(server.url)
+        server.stop()
