@@ -7,6 +7,7 @@ from __future__ import annotations
 import codecs
 import json
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +40,17 @@ def _stronger_or_equal(have: str, want: str) -> bool:
     except ValueError:
         return False
 
+
+
+def next_beat(due: float, now: float, interval: float) -> float:
+    """When the beat after one due at `due` and sent at `now` is due: at a fixed rate, so a
+    beat held up (a busy host, a stalled plane) keeps its phase and agents held up together do
+    not beat together from then on; never more than `interval` away. A first beat, or one late
+    by a whole interval, starts a phase of its own, drawn at random."""
+    after = due + interval
+    if after <= now:
+        after = now + interval * random.uniform(0.5, 1.0)
+    return min(after, now + interval)
 
 @dataclass
 class Running:
@@ -446,7 +458,7 @@ class Agent:
 
     def heartbeat(self) -> dict[str, Any]:
         self._seq += 1
-        self._next_beat = self.clock() + self.heartbeat_interval
+        self._next_beat = next_beat(self._next_beat, self.clock(), self.heartbeat_interval)
         # every workload still present is listed, stopping ones too: an unlisted lease under
         # reconciliation is taken as gone, so listing one that still runs keeps it held
         beats = [v1.LeaseBeat(lease_id=lid, epoch=r.handle.epoch,
