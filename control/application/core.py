@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import logging
 import threading
 import time
 import uuid
@@ -35,6 +36,8 @@ from domain.account import Account
 from domain.lease import Lease
 from domain.pool import Pool
 from domain.resources import TenantId
+
+log = logging.getLogger(__name__)
 
 A = TypeVar("A", bound=Aggregate)
 C = TypeVar("C")
@@ -156,6 +159,7 @@ class AppCore(Application[UUID]):
         self._policy_changes: dict[UUID, int] = {}
         self._policy_watches: dict[UUID, Callable[[], None]] = {}
         self._policies_lock = threading.Lock()
+        self._refreshing: set[UUID] = set()  # policies being read again past their time
 
     def construct_repository(self) -> Repository[UUID]:
         """The library's repository, as PoolRepository (a cached aggregate copied under its
@@ -318,6 +322,11 @@ class AppCore(Application[UUID]):
         if hit is not None and hit[1] > time.monotonic():
             return hit[0]  # type: ignore[no-any-return]
         if _ON_LOOP.get() is not None:  # no read, and no lock a worker may hold, on the loop
+            if hit is not None:
+                # past its time but not changed (a change drops it): answered from it while
+                # a thread reads it again, so every request in flight does not leave the loop
+                self._refresh(aggregate_id, load)
+                return hit[0]  # type: ignore[no-any-return]
             raise NeedsRead(f"policy {aggregate_id}")
         watch = getattr(self.recorder, "watch_appends", None)
         if watch is None:
@@ -334,6 +343,24 @@ class AppCore(Application[UUID]):
         if self._policy_changes.get(aggregate_id, 0) == changes:  # nothing stored meanwhile
             self._policies[aggregate_id] = (value, time.monotonic() + POLICY_CACHE_SECONDS)
         return value
+
+    def _refresh(self, aggregate_id: UUID, load: Callable[[], C]) -> None:
+        """Read a cached policy again on a thread of its own, one read per policy at a time."""
+        with self._policies_lock:
+            if aggregate_id in self._refreshing:
+                return
+            self._refreshing.add(aggregate_id)
+
+        def read() -> None:
+            try:
+                self._cached(aggregate_id, load)
+            except Exception:  # the next request past its time tries again
+                log.warning("policy %s not read again", aggregate_id, exc_info=True)
+            finally:
+                with self._policies_lock:
+                    self._refreshing.discard(aggregate_id)
+
+        threading.Thread(target=read, name="pool-policy-read", daemon=True).start()
 
     def close(self) -> None:
         self.snapshotting.close()

@@ -105,3 +105,30 @@ def test_a_malformed_request_is_refused_on_the_loop_with_its_schema_error(
     r = alpha.call("pool.cmd.alpha.lease.request", {"pool_id": "p1"})
     assert not r["ok"] and r["error"]["code"] in ("missing_field", "invalid_field")
     assert _requests(threaded) == 0
+
+
+def test_a_policy_past_its_time_is_read_again_on_a_thread_while_the_loop_answers(
+        plane: Plane, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the cache's time to live an unchanged pool and tenant policy still answer new
+    requests on the loop; one thread per policy reads it again meanwhile."""
+    import time
+
+    from control.application import core
+
+    cp, alpha, threaded = plane
+    assert alpha.request_lease(lease_body("cold"))["ok"]
+    cached = dict(cp.app._policies)
+    assert len(cached) == 2  # the pool and alpha's policy
+    monkeypatch.setattr(core, "POLICY_CACHE_SECONDS", 600.0)
+    for key, (value, _until) in cached.items():
+        cp.app._policies[key] = (value, time.monotonic() - 1)  # past its time
+    on_threads = _requests(threaded)
+    for i in range(5):
+        assert alpha.request_lease(lease_body(f"late-{i}"))["ok"]
+    assert _requests(threaded) == on_threads  # none left the loop
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not all(
+            cp.app._policies[k][1] > time.monotonic() + 300 for k in cached):
+        time.sleep(0.05)
+    assert all(cp.app._policies[k][1] > time.monotonic() + 300 for k in cached)  # read again
+    assert not cp.app._refreshing
