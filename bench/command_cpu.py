@@ -12,6 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from bench.children import end_children
 from bench.e2e import _cpu_seconds
 from bench.soak import _CTX, NODES, POOL, SHAPE, _leader_bucket, _serve
 
@@ -89,11 +90,7 @@ def run_command_cpu(*, leases: int = 300, warm: int = 50) -> dict[str, Any]:
                     result = {"request": req, "commit": com, "release": rel}
             return {"leases": leases, **result}
         finally:
-            stop.set()
-            for p in procs:
-                p.join(30)
-                if p.is_alive():
-                    p.kill()
+            end_children(stop, procs)
             server.stop()
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.children import end_children
 from bench.machine import machine_line
 
 POOL = "bench"
@@ -344,11 +345,7 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
             _drain(watcher, st, 30)
             steady = _phase(st, watcher.reserved, steady_seconds)
         finally:
-            stop.set()
-            for p in procs:
-                p.join(30)
-                if p.is_alive():
-                    p.kill()
+            end_children(stop, procs)
             if watcher is not None:
                 watcher.stop()
             server.stop()

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.children import end_children
 from bench.e2e import _CTX, POOL, SHAPE, TENANTS, _load, _pct, _run_fleet, _serve_plane
 from bench.machine import machine_line
 
@@ -188,11 +189,7 @@ def run_http_bench(*, clients: int = 32, nodes: int = 200, seconds: float = 10.0
             http_path = _figures(_http_load(base, tokens, clients=clients, processes=processes,
                                             seconds=seconds, run=f"{run}-http"), seconds)
         finally:
-            stop.set()
-            for p in procs:
-                p.join(30)
-                if p.is_alive():
-                    p.kill()
+            end_children(stop, procs)
             server.stop()
     result: dict[str, Any] = {
         "clients": clients, "client_processes": processes, "nodes": nodes, "seconds": seconds,

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.children import end_children
 from bench.machine import machine_line
 
 POOL = "soak"
@@ -363,11 +364,7 @@ def run_soak(*, leases: int = 1_000_000, quick: bool = False, probe: bool = Fals
         finally:
             if driver is not None:
                 driver.close()
-            stop.set()
-            for p in procs:
-                p.join(30)
-                if p.is_alive():
-                    p.kill()
+            end_children(stop, procs)
             server.stop()
     loaded = [r for r in rss if r["leases"] > 0]
     # judged once every count-bounded memory is full: from the first tenth past warm_up()
