@@ -27,6 +27,9 @@ from bus.jetstream.wire import (
     _SubjectState,
 )
 
+# at most this many messages a read skips to go on with its consumer rather than make a new one
+_SKIP_MAX = 256
+
 
 class _LogReader:
     """Sequential bulk reads of one recorder's events through a pull consumer of its own.
@@ -58,6 +61,12 @@ class _LogReader:
         self.inbox = ""
         self.consumer: str | None = None
         self.next_seq = 0  # where the consumer's next delivery starts
+        # from here up to next_seq the consumer delivered no event of this recorder: a read
+        # that starts anywhere in between goes on from next_seq
+        self.clear_from = 0
+        # frames below this stream sequence were read another way (direct gets): skipped
+        self.skip_below = 0
+        self.below = 0  # frames of this page below skip_below
         self.dseq = 0  # the consumer sequence of its last delivery
         self.disabled_until = 0.0
         self.want = 0
@@ -108,7 +117,9 @@ class _LogReader:
             raise PublishRejected(f"bulk read gap: consumer sequence {d} after {self.last_d}")
         self.last_d = d
         self.frames += 1
-        if subject.startswith(self.prefix):
+        if seq < self.skip_below:
+            self.below += 1
+        elif subject.startswith(self.prefix):
             try:
                 oid_text, is_uuid, version, topic = _event_fields(headers)
             except (KeyError, ValueError):
@@ -176,6 +187,7 @@ class _LogReader:
                 ids, topics = self.ids, self.topics
                 append = self.records.append
                 learn = bool(self.recorder._cache) or self.recorder.remember_subjects_read
+                skip_below, below = self.skip_below, self.below
                 n = self.frames
                 first = n == 0
                 last = self.last_d
@@ -205,13 +217,17 @@ class _LogReader:
                     if t is None:
                         t = topics[topic] = topic.decode().strip()
                     s = int(seq)
-                    if learn:
-                        self._learned(self.recorder._subject_prefix + text, int(version), s)
-                    append((s, text, True, int(version), t, view[body + int(hlen):end]))
+                    if s < skip_below:
+                        below += 1
+                    else:
+                        if learn:
+                            self._learned(self.recorder._subject_prefix + text, int(version), s)
+                        append((s, text, True, int(version), t, view[body + int(hlen):end]))
                     pos = end + 2
                     n += 1
                     last += 1
                     taken = d
+                self.below = below
                 if n != self.frames:
                     # the consumer sequences of this run: as many as its frames, in a row
                     if int(taken) != last:
@@ -282,7 +298,7 @@ class _LogReader:
             raise PublishRejected(f"bulk reader consumer refused: {info.get('error')}")
         self.consumer = info["name"]
         self.fast = None  # its replies name the new consumer
-        self.next_seq = start
+        self.next_seq = self.clear_from = start
         self.dseq = 0
 
     async def read(self, start: int, limit: int) -> tuple[list[LogRecord], int, int] | None:
@@ -295,11 +311,19 @@ class _LogReader:
         async with self.lock:
             cutting = False
             try:
-                if self.consumer is None or self.next_seq != start:
+                # the consumer goes on where it is when nothing of this recorder lies between
+                # it and `start`, or `start` is a few messages ahead of it (the last page came
+                # from direct gets): those are skipped; anything else is a new consumer
+                if self.consumer is not None and self.clear_from <= start <= self.next_seq:
+                    start = self.next_seq
+                if self.consumer is None or not 0 <= start - self.next_seq <= _SKIP_MAX:
                     await self._open(start)
+                skip = start - self.next_seq
+                self.skip_below = start
+                self.below = 0
                 self.records = []
                 self.frames = 0
-                self.want = limit
+                self.want = limit + skip
                 self.done = loop.create_future()
                 assert self.sid is not None
                 set_frame_cutter(self.nc, self.sid, self._cut)
@@ -315,9 +339,16 @@ class _LogReader:
                         raise PublishRejected(
                             f"bulk read gap: consumer sequence {self.first_d} after {self.dseq}")
                     self.dseq = self.last_d
+                records, frames = self.records, self.frames - self.below
                 if self.frames:
                     self.next_seq = self.last_seq + 1
-                return self.records, self.frames, self.next_seq
+                    self.clear_from = records[-1][0] + 1 if records else max(
+                        self.clear_from, start)
+                if len(records) > limit:
+                    # only where the skipped stretch had gaps in its sequences, which the
+                    # log (no deletes) never has: read the other way
+                    raise PublishRejected("bulk read: a skip past a gap gave more than asked")
+                return records, frames, self.next_seq
             except asyncio.CancelledError:
                 await self._reset()
                 raise

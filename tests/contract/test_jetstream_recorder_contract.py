@@ -334,6 +334,68 @@ def test_read_records_hold_what_direct_gets_return(tmp_path: Path) -> None:
         server.stop()
 
 
+def test_the_bulk_reader_keeps_its_consumer_past_a_direct_page_and_other_messages(
+        tmp_path: Path) -> None:
+    """A follower reads the log page by page from where its last page ended. The bulk reader
+    goes on with the consumer it has when that start lies a few messages ahead of the
+    consumer (the last page came from direct gets, as it does when the consumer had nothing
+    just then) or behind it past only other recorders' messages; the pages still hold
+    exactly what direct gets return."""
+    from eventsourcing.persistence import StoredEvent
+
+    server = NatsServer(store_dir=tmp_path / "nats", server_name="skip").start()
+    try:
+        def env(name: str) -> Environment:
+            return Environment(name=name, env={"PERSISTENCE_MODULE": "bus.jetstream",
+                                               "NATS_URL": server.url,
+                                               "NATS_STREAM": "T_SKIP"})
+
+        main = JetStreamFactory(env("main")).application_recorder()
+        other = JetStreamFactory(env("other")).application_recorder()
+
+        def write(n: int) -> None:
+            for _ in range(n):
+                main.insert_events([StoredEvent(uuid.uuid4(), 1, "tests.topic:E", b"{}")])
+
+        def read_from(start: int) -> list[Any]:
+            return [(n.id, n.originator_id) for n in main.prefetch(start, 100).result()]
+
+        def direct_from(start: int) -> list[Any]:
+            return [(n.id, n.originator_id) for n in main.select_notifications(start, 100)]
+
+        write(5)
+        page = read_from(1)
+        assert page == direct_from(1) and len(page) == 5
+        reader = main.__dict__["_log_reader"]
+        consumer = reader.consumer
+        assert consumer is not None
+        # the next events, read the way an empty consumer page falls back to: direct gets
+        write(7)
+        at = page[-1][0] + 1
+        by_direct = direct_from(at)[:4]
+        write(3)
+        at = by_direct[-1][0] + 1
+        assert read_from(at) == direct_from(at) and len(direct_from(at)) == 6
+        assert reader.consumer == consumer
+        # another recorder's messages after this recorder's last event: read from that event
+        # on, the consumer (already past them) goes on
+        at = direct_from(1)[-1][0] + 1
+        other.insert_events([StoredEvent(uuid.uuid4(), 1, "tests.other:E", b"{}")])
+        other.insert_events([StoredEvent(uuid.uuid4(), 1, "tests.other:E", b"{}")])
+        assert read_from(at) == []
+        write(2)
+        assert read_from(at) == direct_from(at) and len(direct_from(at)) == 2
+        assert reader.consumer == consumer
+        # far ahead of the consumer: a new one, and the same pages
+        write(300)
+        at = (main.max_notification_id() or 0) - 9
+        assert read_from(at) == direct_from(at) and len(direct_from(at)) == 10
+        assert reader.consumer != consumer
+    finally:
+        close_runtime(server.url)
+        server.stop()
+
+
 def test_last_topics_names_each_aggregates_last_event_in_few_reads(tmp_path: Path) -> None:
     """`last_topics` answers the topic of each aggregate's last event (None for one with
     none), for more aggregates than one multi-subject read holds, repeats and string ids
