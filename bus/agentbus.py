@@ -347,11 +347,14 @@ class FleetLink(_Link):
 
     run_timeout = 60.0
     ack_sync = False  # a simulated fleet acks thousands of commands a round
+    PULL_SECONDS = 5.0  # how long a node's pull waits at the server for a command
 
     def __init__(self, url: str) -> None:
         super().__init__(url, "pool-fleet")
         self._js: Any = None
         self._subs: dict[str, Any] = {}
+        self._pulls: dict[str, asyncio.Task[None]] = {}  # per node, its pull in flight
+        self._arrived: dict[str, list[Any]] = {}  # commands pulled since the last round
 
     def connect(self, nodes: list[str]) -> FleetLink:
         async def go() -> None:
@@ -372,21 +375,37 @@ class FleetLink(_Link):
         return self
 
     def fetch_many(self, nodes: list[str], timeout: float = 0.2) -> dict[str, list[AgentCommand]]:
-        """Every listed node's waiting commands, all pulled at once (one round of `timeout`)."""
+        """The listed nodes' commands that arrived by the end of `timeout`. Each listed node
+        keeps one pull in flight, as an idle agent's long fetch does, renewed every
+        `PULL_SECONDS` and at once after each command; a node left out stops pulling."""
 
-        async def one(node: str) -> tuple[str, list[Any]]:
-            try:
-                return node, await self._subs[node].fetch(16, timeout=timeout)
-            except (TimeoutError, NotFoundError):  # nats' TimeoutError is one too
-                return node, []
+        async def pull(node: str) -> None:
+            sub = self._subs[node]
+            while True:
+                try:
+                    # one at a time: a pull for more would hold the first until it is full
+                    msgs = await sub.fetch(1, timeout=self.PULL_SECONDS)
+                except (TimeoutError, NotFoundError):  # nats' TimeoutError is one too
+                    continue
+                except NatsError as e:  # the connection's trouble: the round sees it too
+                    log.debug("fleet pull for %s: %r", node, e)
+                    await asyncio.sleep(0.5)
+                    continue
+                self._arrived.setdefault(node, []).extend(msgs)
 
-        async def go() -> list[tuple[str, list[Any]]]:
-            return await asyncio.gather(*(one(n) for n in nodes if n in self._subs))
+        async def go() -> dict[str, list[Any]]:
+            wanted = {n for n in nodes if n in self._subs}
+            for node in [n for n in self._pulls if n not in wanted]:
+                self._pulls.pop(node).cancel()
+            loop = asyncio.get_running_loop()
+            for node in wanted - self._pulls.keys():
+                self._pulls[node] = loop.create_task(pull(node))
+            await asyncio.sleep(timeout)
+            got, self._arrived = self._arrived, {}
+            return got
 
-        out: dict[str, list[AgentCommand]] = {}
-        for node, msgs in self._run(go(), timeout + 30):
-            out[node] = [self._command(m) for m in msgs]
-        return out
+        return {node: [self._command(m) for m in msgs]
+                for node, msgs in self._run(go(), timeout + 30).items()}
 
     def request(self, node: str, suffix: str, body: bytes, *, timeout: float = 5.0,
                 headers: dict[str, str] | None = None) -> bytes:
