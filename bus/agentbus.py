@@ -388,6 +388,8 @@ class FleetLink(_Link):
                 except (TimeoutError, NotFoundError):  # nats' TimeoutError is one too
                     continue
                 except NatsError as e:  # the connection's trouble: the round sees it too
+                    if self._nc is None or self._nc.is_closed:
+                        return
                     log.debug("fleet pull for %s: %r", node, e)
                     await asyncio.sleep(0.5)
                     continue
@@ -442,6 +444,21 @@ class FleetLink(_Link):
 
     def node(self, node_id: str) -> NodeLink:
         return NodeLink(self, node_id)
+
+    def close(self) -> None:
+        """The nodes' pulls end first, so the connection closes without a thousand of them
+        in flight."""
+
+        async def end_pulls() -> None:
+            pulls = list(self._pulls.values())
+            self._pulls.clear()
+            for task in pulls:
+                task.cancel()
+            await asyncio.gather(*pulls, return_exceptions=True)
+
+        with contextlib.suppress(Exception):  # closing is best effort
+            self._run(end_pulls(), 10)
+        super().close()
 
 
 class NodeLink:
