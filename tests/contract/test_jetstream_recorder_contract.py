@@ -248,6 +248,12 @@ class TestMsgspecTranscoder(contract.TranscoderTestCase):
 # -- bulk record reads ----------------------------------------------------------------------------
 
 
+def _stream_env(url: str, stream: str, name: str = "main") -> Environment:
+    """An application `name`'s environment: its events in `stream` on the server at `url`."""
+    return Environment(name=name, env={"PERSISTENCE_MODULE": "bus.jetstream",
+                                       "NATS_URL": url, "NATS_STREAM": stream})
+
+
 def _direct_records(recorder: Any, start: int = 1) -> list[Any]:
     """Every notification of `recorder` from `start`, by direct gets, as log records."""
     out: list[Any] = []
@@ -272,13 +278,8 @@ def test_read_records_hold_what_direct_gets_return(tmp_path: Path) -> None:
 
     server = NatsServer(store_dir=tmp_path / "nats", server_name="records").start()
     try:
-        def env(name: str) -> Environment:
-            return Environment(name=name, env={"PERSISTENCE_MODULE": "bus.jetstream",
-                                               "NATS_URL": server.url,
-                                               "NATS_STREAM": "T_RECORDS"})
-
-        main = JetStreamFactory(env("main")).process_recorder()
-        other = JetStreamFactory(env("other")).application_recorder()
+        main = JetStreamFactory(_stream_env(server.url, "T_RECORDS")).process_recorder()
+        other = JetStreamFactory(_stream_env(server.url, "T_RECORDS", "other")).application_recorder()
         assert isinstance(main, JetStreamProcessRecorder)
         ids: list[Any] = [uuid.uuid4() for _ in range(30)] + ["acct-1", "Weird Id/2"]
         versions: dict[Any, int] = defaultdict(int)
@@ -345,13 +346,8 @@ def test_the_bulk_reader_keeps_its_consumer_past_a_direct_page_and_other_message
 
     server = NatsServer(store_dir=tmp_path / "nats", server_name="skip").start()
     try:
-        def env(name: str) -> Environment:
-            return Environment(name=name, env={"PERSISTENCE_MODULE": "bus.jetstream",
-                                               "NATS_URL": server.url,
-                                               "NATS_STREAM": "T_SKIP"})
-
-        main = JetStreamFactory(env("main")).application_recorder()
-        other = JetStreamFactory(env("other")).application_recorder()
+        main = JetStreamFactory(_stream_env(server.url, "T_SKIP")).application_recorder()
+        other = JetStreamFactory(_stream_env(server.url, "T_SKIP", "other")).application_recorder()
 
         def write(n: int) -> None:
             for _ in range(n):
@@ -406,9 +402,7 @@ def test_last_topics_names_each_aggregates_last_event_in_few_reads(tmp_path: Pat
 
     server = NatsServer(store_dir=tmp_path / "nats", server_name="topics").start()
     try:
-        env = Environment(name="main", env={"PERSISTENCE_MODULE": "bus.jetstream",
-                                            "NATS_URL": server.url,
-                                            "NATS_STREAM": "T_TOPICS"})
+        env = _stream_env(server.url, "T_TOPICS")
         rec = JetStreamFactory(env).application_recorder()
         n = recorder_module._MULTI_LAST + 44
         ids: list[Any] = [uuid.uuid4() for _ in range(n)]
