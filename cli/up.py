@@ -39,6 +39,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     listen = listen_of(args.http)
     emb = embedded.start(home, with_postgres=not args.no_postgres)
     plane = None
+    child = None
     http = None
     try:
         # the control plane in this process connects as the service user (credentials in the URL)
@@ -46,12 +47,18 @@ def cmd_up(args: argparse.Namespace) -> int:
         ensure_all_streams(service_url, replicas=args.replicas)
         if not args.no_workers:
             from control.plane import ControlPlane
+            from control.processes import PARENT_ROLES, RoleProcess, split_by_default
 
             # each role as its own user; the operator (service user) only made the streams
-            plane = ControlPlane(emb.role_urls.get("commands", service_url),
-                                 database_url=emb.database_url or None,
+            url = emb.role_urls.get("commands", service_url)
+            if not args.one_process and split_by_default():
+                # the scheduler's roles in a process of their own (control/processes.py)
+                child = RoleProcess(url, role_urls=emb.role_urls or None,
+                                    responder_url=emb.responder_url or None).start()
+            plane = ControlPlane(url, database_url=emb.database_url or None,
                                  responder_url=emb.responder_url or None,
-                                 role_urls=emb.role_urls or None).start()
+                                 role_urls=emb.role_urls or None,
+                                 roles=PARENT_ROLES if child is not None else None).start()
         http_notes: list[str] = []
         if listen is not None:
             from cli.gateway import start_beside
@@ -66,6 +73,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             "endpoints": str(home / "endpoints.json"),
             "streams": streams,
             "http_url": http.url if http is not None else None,
+            "scheduler_pid": child.pid if child is not None else None,
         }
         token = next((n.split()[3] for n in http_notes if n.startswith("http: admin token")),
                      None)
@@ -80,13 +88,16 @@ def cmd_up(args: argparse.Namespace) -> int:
                 print(f"stream: {s['name']} ({s['messages']} messages, {s['subjects']})")
             print(f"endpoints: {home / 'endpoints.json'}")
             if plane is not None:
+                where = (f"in process {child.pid}" if child is not None else "in this process")
                 print("control plane: commands on pool.cmd.<tenant>.lease.…, admin on "
-                      "pool.admin.…, scheduler running (try `pool lease --help`)")
+                      f"pool.admin.…, scheduler running {where} (try `pool lease --help`)")
             print("ready: Ctrl-C to stop (data is kept for the next start)", flush=True)
         if args.exit_when_ready:
             return EXIT_OK
         while not stop.wait(0.5):
             emb.reload_if_changed()  # auth.json edited (new tenant or node user): SIGHUP the server
+            if child is not None:
+                child.ensure()  # a scheduler process that died is started again
         print("stopping…", file=sys.stderr)
         return EXIT_OK
     finally:
@@ -94,6 +105,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             http.stop()
         if plane is not None:
             plane.stop()
+        if child is not None:
+            child.stop()
         emb.stop()
         if not args.json:
             print(f"stopped; data kept in {home}", file=sys.stderr)
@@ -356,6 +369,9 @@ def register(sub: Subparsers) -> None:
     up.add_argument("--no-postgres", action="store_true", help="start NATS only")
     up.add_argument("--no-workers", action="store_true",
                     help="servers only: no command service or scheduler")
+    up.add_argument("--one-process", action="store_true",
+                    help="run the scheduler in this process too (default: a process of its own "
+                    "when the machine has two or more cores)")
     up.add_argument("--exit-when-ready", action="store_true", help="start, report, stop")
     up.add_argument("--json", action="store_true", help="print endpoints as JSON")
     up.add_argument("--http", metavar="HOST:PORT",

@@ -8,9 +8,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import nats
+import pytest
 
 
 def _env() -> dict[str, str]:
@@ -117,3 +120,55 @@ def test_a_second_pool_up_on_the_same_home_names_the_holder_and_touches_nothing(
     # once the first has stopped, the home is free again
     proc, _ = _start(home, "--no-postgres")
     assert _interrupt(proc) == 0
+
+
+def _children(pid: int) -> list[int]:
+    """The spawned Python children of `pid` (multiprocessing's resource tracker left out)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid and b"spawn_main" in cmdline:
+            out.append(int(entry.name))
+    return out
+
+
+def _wait_for(check: Callable[[], bool], seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: pool up keeps one process")
+def test_pool_up_runs_the_scheduler_in_a_child_it_restarts_and_stops(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    proc, info = _start(home, "--no-postgres")
+    try:
+        first = info["scheduler_pid"]
+        assert isinstance(first, int) and _children(proc.pid) == [first], info
+        os.kill(first, signal.SIGKILL)  # it dies without a word: pool up starts another
+        _wait_for(lambda: len(_children(proc.pid)) == 1 and _children(proc.pid) != [first],
+                  120, "no new scheduler process within 120 s")
+        second = _children(proc.pid)[0]
+        # the new one serves: still there a moment later, and pool up itself still answers
+        time.sleep(2)
+        assert _children(proc.pid) == [second]
+        assert asyncio.run(_publish_and_count(_service_url(home), publish=True)) == 1
+    finally:
+        assert _interrupt(proc) == 0  # Ctrl-C stops both, the child through the parent
+    assert not Path(f"/proc/{second}").exists()
+
+
+def test_pool_up_one_process_keeps_the_scheduler_in_its_own_process(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "cli.main", "up", "--home", str(tmp_path / "home"),
+         "--no-postgres", "--one-process", "--exit-when-ready", "--json"],
+        check=False, capture_output=True, text=True, env=_env(), timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[0])["scheduler_pid"] is None
