@@ -24,8 +24,8 @@ _CTX = multiprocessing.get_context("spawn")  # the parent holds threads: no fork
 
 
 def _serve_plane(url: str, ready: Any, stop: Any, roles: list[str] | None = None) -> None:
-    """In a process of its own: every control-plane role, as `pool up` runs them (no views),
-    or only `roles` (more command responders sharing the queue group)."""
+    """In a process of its own: every control-plane role (no views), or only `roles` (the
+    scheduler's roles apart, as `pool up` runs them; more command responders)."""
     from control.plane import ControlPlane
 
     plane = ControlPlane(url, database_url=None, roles=roles).start()
@@ -171,7 +171,13 @@ def _log_end(url: str) -> int:
     return asyncio.run(go())
 
 
-def _settled(url: str, pids: tuple[int | None, int | None], *,
+def _cpu_of(pids: list[int | None]) -> float | None:
+    """The CPU time so far of processes together; None when one cannot be read."""
+    times = [_cpu_seconds(pid) for pid in pids]
+    return None if any(t is None for t in times) else sum(t for t in times if t is not None)
+
+
+def _settled(url: str, pids: tuple[list[int | None], int | None], *,
              limit: float = 120.0) -> tuple[tuple[float | None, float | None], float]:
     """Wait until the dispatcher has followed the log to where it ends now (every order,
     timer and feed record of the events so far written: it saves its position after them).
@@ -187,7 +193,7 @@ def _settled(url: str, pids: tuple[int | None, int | None], *,
             time.sleep(0.2)
     finally:
         link.close()
-    return (_cpu_seconds(pids[0]), _cpu_seconds(pids[1])), time.monotonic()
+    return (_cpu_of(pids[0]), _cpu_seconds(pids[1])), time.monotonic()
 
 
 def _per_request_ms(before: float | None, after: float | None, requests: int) -> float | None:
@@ -241,16 +247,19 @@ def _drain(watcher: Any, records: list[Any], timeout: float) -> None:
 def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0,
                   rate: float = 1000.0, steady_seconds: float = 10.0, count: int = 1,
                   processes: int | None = None, heartbeat_seconds: float = 10.0,
-                  command_processes: int = 1,
+                  command_processes: int = 1, one_process: bool | None = None,
                   quick: bool = False,
                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """One run: raw batch ingest, then a saturating closed loop of `clients`, then `rate`
-    requests/s offered for `steady_seconds`; every figure from the same server."""
+    requests/s offered for `steady_seconds`; every figure from the same server. The plane
+    runs as `pool up` runs it: the scheduler's roles in a process of their own unless
+    `one_process` (None: as `pool up` decides on this machine)."""
     from bus.admin import ensure_all_streams
     from bus.bench import raw_atomic_rate
     from bus.loadgen import ReservedWatcher
     from bus.local.server import NatsServer, free_port
     from client.api import PoolClient
+    from control.processes import CHILD_ROLES, PARENT_ROLES, split_by_default
 
     if quick:
         clients, nodes, seconds = min(clients, 8), min(nodes, 20), min(seconds, 2.0)
@@ -260,6 +269,7 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
         raise ValueError("clients, nodes, seconds, rate, steady seconds and command "
                          "processes must be positive")
     processes = processes or max(1, min(clients, os.cpu_count() or 1))
+    split = not one_process if one_process is not None else split_by_default()
     say = progress or (lambda _s: None)
     run = uuid.uuid4().hex[:6]
     started = time.monotonic()
@@ -277,10 +287,19 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
             say(f"the same clients against a responder that stores nothing, {seconds:g} s…")
             floor = _stateless_rate(url, clients=clients, processes=processes,
                                     seconds=seconds, run=f"{run}-floor")
-            plane = _CTX.Process(target=_serve_plane, args=(url, ready, stop), daemon=True)
+            plane = _CTX.Process(target=_serve_plane, daemon=True, args=(
+                url, ready, stop, list(PARENT_ROLES) if split else None))
             plane.start()
             procs.append(plane)
             ready.get(timeout=120)
+            plane_pids: list[int | None] = [plane.pid]
+            if split:
+                apart = _CTX.Process(target=_serve_plane, daemon=True,
+                                     args=(url, ready, stop, list(CHILD_ROLES)))
+                apart.start()
+                procs.append(apart)
+                ready.get(timeout=120)
+                plane_pids.append(apart.pid)
             for _ in range(command_processes - 1):  # more responders in the queue group
                 extra = _CTX.Process(target=_serve_plane, args=(url, ready, stop, ["commands"]),
                                      daemon=True)
@@ -305,15 +324,15 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
                   run=f"{run}-warm")
             say(f"saturating: {clients} clients for {seconds:g} s…")
             server_pid = server.proc.pid if server.proc is not None else None
-            cpu0 = (_cpu_seconds(plane.pid), _cpu_seconds(server_pid))
+            cpu0 = (_cpu_of(plane_pids), _cpu_seconds(server_pid))
             t0 = time.monotonic()
             msgs0 = _server_msgs(server)
             sat, clients_cpu = _load(url, clients=clients, processes=processes,
                                      seconds=seconds, rate=None, run=f"{run}-sat", count=count)
-            cpu1 = (_cpu_seconds(plane.pid), _cpu_seconds(server_pid))
+            cpu1 = (_cpu_of(plane_pids), _cpu_seconds(server_pid))
             msgs1 = _server_msgs(server)
             _drain(watcher, sat, 30)
-            cpu2, t2 = _settled(url, (plane.pid, server_pid))
+            cpu2, t2 = _settled(url, (plane_pids, server_pid))
             msgs2 = _server_msgs(server)
             saturated = _phase(sat, watcher.reserved, seconds)
             # CPU per accepted request over the saturating phase, by process: on a shared
@@ -353,7 +372,7 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
         "clients": clients, "client_processes": processes, "nodes": nodes, "count": count,
         "seconds": seconds, "offered_per_s": rate, "steady_seconds": steady_seconds,
         "heartbeat_seconds": heartbeat_seconds, "register_s": register_s,
-        "command_processes": command_processes,
+        "command_processes": command_processes, "plane_processes": 2 if split else 1,
         "raw_atomic_msgs_per_s": raw, "stateless_replies_per_s": floor,
         "saturated": saturated, "steady": steady,
         "machine": machine_line(), "quick": quick,
@@ -427,7 +446,10 @@ def table(result: dict[str, Any]) -> str:
         f"errors {st['errors'] or 'none'}")
     lines.append(
         f"{result['clients']} clients in {result['client_processes']} processes (one NATS "
-        f"connection each); the plane in one process"
+        f"connection each); "
+        + ("the plane in two processes (the scheduler's roles in one of their own, as "
+           "`pool up` runs it; CPU of both)" if result.get("plane_processes", 1) == 2
+           else "the plane in one process")
         + (f" and {result['command_processes'] - 1} more command process(es)"
            if result["command_processes"] > 1 else "")
         + f"; {result['nodes']} simulated nodes beating every "

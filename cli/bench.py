@@ -68,7 +68,7 @@ def cmd_bench_e2e(args: argparse.Namespace) -> int:
     result = run_e2e_bench(
         clients=args.clients, nodes=args.nodes, seconds=args.seconds, rate=args.rate,
         steady_seconds=args.steady_seconds, count=args.count, quick=args.quick,
-        command_processes=args.command_processes,
+        command_processes=args.command_processes, one_process=args.one_process or None,
         progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)))
     return _report(result, args.json)
 
@@ -218,6 +218,9 @@ def register(sub: Subparsers) -> None:
     be.add_argument("--command-processes", type=int, default=1,
                     help="command responders in all: the plane and N-1 `--role commands` "
                          "processes sharing its queue group (default 1, as `pool up`)")
+    be.add_argument("--one-process", action="store_true",
+                    help="the plane's roles all in one process, as `pool up --one-process` "
+                         "(default: as `pool up` runs them on this machine)")
     be.add_argument("--quick", action="store_true",
                     help="8 clients, 20 nodes, 2 s saturating, 100/s for 2 s")
     be.add_argument("--json", action="store_true")
