@@ -26,6 +26,8 @@ from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableErr
 from bus.connection import connect
 from bus.errors import BusTimeout, BusUnavailable
 from bus.headers import HDR_MSG_ID, HDR_SCHEDULE, HDR_SCHEDULE_TARGET
+from bus.jetstream.natsfast import publish_atomic
+from bus.jetstream.wire import MAX_BATCH
 from bus.replies import admin_inbox, node_inbox
 from bus.runtime import BusRuntime, LoopThread, get_runtime
 from bus.streams import (
@@ -132,19 +134,28 @@ class ControlLink:
         self.schedule_many([(kind, ident, at)], body)
 
     def schedule_many(self, timers: list[tuple[str, str, float]], body: bytes = b"") -> None:
-        """`schedule` each (kind, ident, at), their publishes in flight together and each
-        acknowledged before this returns (in order on the wire, so a timer armed twice ends
-        at its last time)."""
+        """`schedule` each (kind, ident, at), acknowledged before this returns: one atomic
+        batch per MAX_BATCH timers, a timer armed twice at its last time. Where the server
+        refuses the batch (a timer stream from before atomic batches), one publish each."""
         if not timers:
             return
+        latest = {(kind, ident): at for kind, ident, at in timers}
+        messages = [(f"pool.sched.{kind}.{token(ident)}", body or b"{}",
+                     {HDR_SCHEDULE: f"@at {_rfc3339(at)}",
+                      HDR_SCHEDULE_TARGET: f"pool.due.{kind}.{token(ident)}"})
+                    for (kind, ident), at in latest.items()]
 
         async def go() -> None:
-            js = await self.rt.jetstream()
-            await asyncio.gather(*(
-                js.publish(f"pool.sched.{kind}.{token(ident)}", body or b"{}", timeout=5,
-                           headers={HDR_SCHEDULE: f"@at {_rfc3339(at)}",
-                                    HDR_SCHEDULE_TARGET: f"pool.due.{kind}.{token(ident)}"})
-                for kind, ident, at in timers))
+            nc = await self.rt.connection()
+            for i in range(0, len(messages), MAX_BATCH):
+                chunk = messages[i:i + MAX_BATCH]
+                answer = await publish_atomic(nc, chunk, timeout=5)
+                if answer.get("error"):
+                    log.info("timers armed one by one: %s", answer["error"])
+                    js = await self.rt.jetstream()
+                    await asyncio.gather(*(js.publish(subject, payload, timeout=5,
+                                                      headers=dict(headers))
+                                           for subject, payload, headers in chunk))
 
         self.rt.run(go())
 

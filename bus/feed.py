@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,16 +19,13 @@ from bus.agentbus import POSITIONS_BUCKET
 from bus.connection import connect
 from bus.errors import BusError, BusUnavailable, PermissionDenied, PublishRejected
 from bus.headers import (
-    HDR_BATCH_COMMIT,
-    HDR_BATCH_ID,
-    HDR_BATCH_SEQ,
     HDR_EXPECTED_LAST_SEQ,
     HDR_LOG_SEQUENCE,
     HDR_SEQUENCE,
     HDR_STATUS,
     HDR_SUBJECT,
 )
-from bus.jetstream.natsfast import publish_prerendered
+from bus.jetstream.natsfast import publish_atomic
 from bus.runtime import BusRuntime, translate
 from bus.streams import ensure_kv_bucket, ensure_stream, feed_stream_config
 from bus.subjects import (
@@ -143,22 +139,11 @@ class FeedWriter:
 
     async def _batch(self, chunk: Sequence[tuple[str, bytes, int]], expect_last: int) -> int:
         nc = await self.rt.connection()
-        batch_id = uuid.uuid4().hex
-        rendered = []
-        for i, (subject, body, log_seq) in enumerate(chunk, start=1):
-            headers = {HDR_BATCH_ID: batch_id, HDR_BATCH_SEQ: str(i),
-                       HDR_LOG_SEQUENCE: str(log_seq)}
-            if i == 1:
-                headers[HDR_EXPECTED_LAST_SEQ] = str(expect_last)
-            if i == len(chunk):
-                headers[HDR_BATCH_COMMIT] = "1"
-                break
-            # all but the last pre-framed in one write, as the event log's batches are
-            rendered.append((subject, body, "".join(f"{k}: {v}\r\n" for k, v in headers.items())))
-        await publish_prerendered(nc, rendered)  # the runtime translates what fails
-        reply = await nc.request(subject, body, headers=headers, timeout=10)
-        answer = msgspec.json.decode(reply.data)
-        error = answer.get("error") if isinstance(answer, dict) else None
+        messages = [(subject, body, {HDR_LOG_SEQUENCE: str(log_seq)})
+                    for subject, body, log_seq in chunk]
+        messages[0][2][HDR_EXPECTED_LAST_SEQ] = str(expect_last)
+        answer = await publish_atomic(nc, messages)  # the runtime translates what fails
+        error = answer.get("error")
         if error:
             if error.get("err_code") == WRONG_LAST_SEQUENCE:
                 raise FeedConflict(f"the feed moved on: {error.get('description')}")

@@ -170,6 +170,7 @@ def schedule_stream_config(*, replicas: int = 1) -> StreamConfig:
         max_msgs_per_subject=1,
         discard=DiscardPolicy.OLD,
         allow_msg_schedules=True,
+        allow_atomic=True,  # the dispatcher arms a page's timers as one batch
     )
 
 

@@ -4,8 +4,10 @@ Its public-API fallbacks and POOL_NATS_PUBLIC_ONLY: docs/adr/004-nats-internals-
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import version
 from typing import Any
 
@@ -15,7 +17,13 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.protocol.parser import AWAITING_CONTROL_LINE, Parser
 
-from bus.headers import HDR_DESCRIPTION, HDR_STATUS
+from bus.headers import (
+    HDR_BATCH_COMMIT,
+    HDR_BATCH_ID,
+    HDR_BATCH_SEQ,
+    HDR_DESCRIPTION,
+    HDR_STATUS,
+)
 from bus.jetstream.wire import _header_dict
 
 # the nats-py minor releases whose internals this module was written and tested against
@@ -148,6 +156,29 @@ async def publish_prerendered(nc: Any, messages: list[tuple[str, bytes, str]]) -
         chunks.append(payload)
         chunks.append(b"\r\n")
     _send_frames(nc, b"".join(chunks), len(messages))
+
+
+async def publish_atomic(nc: Any, messages: Sequence[tuple[str, bytes, Mapping[str, str]]], *,
+                         timeout: float = 10.0) -> dict[str, Any]:
+    """Publish (subject, payload, headers) as ONE JetStream atomic batch (ADR-50; at most
+    1,000 messages, one stream): all but the last pre-framed in one write, the last a request
+    carrying the commit. Returns the server's ack, with "error" when it refused the batch:
+    nothing of it was stored then."""
+    if not messages:
+        raise ValueError("an atomic batch needs at least one message")
+    batch_id = uuid.uuid4().hex
+    head = []
+    for i, (subject, payload, headers) in enumerate(messages[:-1], 1):
+        lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        head.append((subject, payload,
+                     f"{lines}{HDR_BATCH_ID}: {batch_id}\r\n{HDR_BATCH_SEQ}: {i}\r\n"))
+    await publish_prerendered(nc, head)
+    subject, payload, headers = messages[-1]
+    reply = await nc.request(subject, payload, timeout=timeout, headers={
+        **headers, HDR_BATCH_ID: batch_id, HDR_BATCH_SEQ: str(len(messages)),
+        HDR_BATCH_COMMIT: "1"})
+    answer = json.loads(reply.data or b"{}")
+    return answer if isinstance(answer, dict) else {"error": {"description": repr(answer)}}
 
 
 def _send_frames(nc: Any, frames: bytes, count: int) -> None:

@@ -72,3 +72,54 @@ def test_the_timers_of_one_page_are_sent_together_and_each_is_stored(
     finally:
         link.close()
         dispatcher.app.close()
+
+
+def _last(url: str, subject: str) -> dict[str, str]:
+    async def go() -> dict[str, str]:
+        nc = await connect(url)
+        try:
+            return dict((await nc.jetstream().get_last_msg(SCHEDULE_STREAM, subject)).headers
+                        or {})
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
+def _set_atomic(url: str, allow: bool) -> None:
+    async def go() -> None:
+        nc = await connect(url)
+        try:
+            js = nc.jetstream()
+            config = (await js.stream_info(SCHEDULE_STREAM)).config
+            config.allow_atomic = allow
+            await js.update_stream(config)
+        finally:
+            await nc.close()
+
+    asyncio.run(go())
+
+
+def test_a_round_of_timers_is_one_atomic_batch_and_a_timer_armed_twice_keeps_its_last(
+        fresh_nats: NatsServer) -> None:
+    url = fresh_nats.url
+    ensure_all_streams(url)
+    link = ControlLink(url)
+    try:
+        link.schedule_many([("lease", "a", 4102444800.0), ("lease", "b", 4102444800.0),
+                            ("lease", "a", 4102448400.0)])
+        a, b = _last(url, "pool.sched.lease.a"), _last(url, "pool.sched.lease.b")
+        assert a["Nats-Schedule"] == "@at 2100-01-01T01:00:00.000Z"
+        assert b["Nats-Schedule"] == "@at 2100-01-01T00:00:00.000Z"
+        assert a["Nats-Batch-Id"] == b["Nats-Batch-Id"]  # both in one batch
+        assert _stored_subjects(url, "pool.sched.lease.") == {"pool.sched.lease.a",
+                                                              "pool.sched.lease.b"}
+        # a timer stream made before atomic batches refuses one: the timers go one by one
+        _set_atomic(url, False)
+        link.schedule_many([("lease", "c", 4102444800.0), ("lease", "d", 4102444800.0)])
+        for name in ("c", "d"):
+            headers = _last(url, f"pool.sched.lease.{name}")
+            assert "Nats-Batch-Id" not in headers
+            assert headers["Nats-Schedule"] == "@at 2100-01-01T00:00:00.000Z"
+    finally:
+        link.close()
