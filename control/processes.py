@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import queue
 import signal
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -28,16 +29,20 @@ def split_by_default() -> bool:
 
 def _serve(nats_url: str, options: dict[str, Any], ready: Any, stop: Any) -> None:
     """The child: CHILD_ROLES until `stop` is set or the parent is gone."""
-    # a terminal's Ctrl-C reaches the whole process group: the parent stops this child
-    # through `stop`, after its own roles, so the child ignores the signal itself
+    # a terminal's Ctrl-C and hang-up reach the whole process group: the parent stops this
+    # child through `stop`, after its own roles, so the child ignores them itself; a SIGTERM
+    # sent to it alone stops it as cleanly (and the parent starts another)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    told = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: told.set())
     from control.plane import ControlPlane
 
     plane = ControlPlane(nats_url, roles=CHILD_ROLES, **options).start()
     ready.put(os.getpid())
     parent = multiprocessing.parent_process()
     try:
-        while not stop.wait(0.5):
+        while not stop.wait(0.5) and not told.is_set():
             if parent is not None and not parent.is_alive():
                 break  # killed without a word: nothing is left to serve for
     finally:

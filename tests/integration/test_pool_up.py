@@ -149,20 +149,33 @@ def _wait_for(check: Callable[[], bool], seconds: float, what: str) -> None:
 def test_pool_up_runs_the_scheduler_in_a_child_it_restarts_and_stops(tmp_path: Path) -> None:
     home = tmp_path / "home"
     proc, info = _start(home, "--no-postgres")
+    last = None
     try:
         first = info["scheduler_pid"]
         assert isinstance(first, int) and _children(proc.pid) == [first], info
-        os.kill(first, signal.SIGKILL)  # it dies without a word: pool up starts another
-        _wait_for(lambda: len(_children(proc.pid)) == 1 and _children(proc.pid) != [first],
-                  120, "no new scheduler process within 120 s")
-        second = _children(proc.pid)[0]
-        # the new one serves: still there a moment later, and pool up itself still answers
-        time.sleep(2)
-        assert _children(proc.pid) == [second]
+        os.kill(first, signal.SIGHUP)  # a hang-up is the parent's to act on
+        time.sleep(1)
+        assert _children(proc.pid) == [first]
+        for sig in (signal.SIGKILL, signal.SIGTERM):  # dead without a word, or stopped alone
+            gone = _children(proc.pid)[0]
+            os.kill(gone, sig)
+
+            def replaced(g: int = gone) -> bool:
+                return len(_children(proc.pid)) == 1 and _children(proc.pid) != [g]
+
+            _wait_for(replaced, 120, f"no new scheduler process within 120 s after {sig!r}")
+        last = _children(proc.pid)[0]
+        time.sleep(2)  # the new one stays, and pool up itself still answers
+        assert _children(proc.pid) == [last]
         assert asyncio.run(_publish_and_count(_service_url(home), publish=True)) == 1
+        # a terminal's hang-up reaches both: pool up unwinds and stops the child after it
+        os.kill(last, signal.SIGHUP)
+        proc.send_signal(signal.SIGHUP)
+        assert proc.wait(60) == 129
     finally:
-        assert _interrupt(proc) == 0  # Ctrl-C stops both, the child through the parent
-    assert not Path(f"/proc/{second}").exists()
+        if proc.poll() is None:
+            _interrupt(proc)
+    assert last is not None and not Path(f"/proc/{last}").exists()
 
 
 def test_pool_up_one_process_keeps_the_scheduler_in_its_own_process(tmp_path: Path) -> None:
