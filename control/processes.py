@@ -22,6 +22,12 @@ PARENT_ROLES = ("commands", "projector")
 _CTX = multiprocessing.get_context("spawn")  # the parent holds threads: never fork it
 
 
+class SchedulerProcessFailed(RuntimeError):
+    """The child did not come to serve: it exited first, or took longer than allowed."""
+
+    code = "scheduler_process_failed"
+
+
 def split_by_default() -> bool:
     """Two processes where there are two cores to run them on."""
     return (os.cpu_count() or 1) >= 2
@@ -84,11 +90,11 @@ class RoleProcess:
                 return self
             except queue.Empty:
                 if not self._proc.is_alive():
-                    raise RuntimeError(f"the scheduler process exited with code "
+                    raise SchedulerProcessFailed(f"the scheduler process exited with code "
                                        f"{self._proc.exitcode} before it served") from None
                 if time.monotonic() > deadline:
                     self._halt(5.0)
-                    raise RuntimeError(f"the scheduler process did not serve within "
+                    raise SchedulerProcessFailed(f"the scheduler process did not serve within "
                                        f"{self.start_timeout:g} s") from None
 
     def ensure(self) -> bool:
@@ -102,7 +108,7 @@ class RoleProcess:
         self.restarts += 1
         try:
             self.start()
-        except RuntimeError as e:
+        except SchedulerProcessFailed as e:
             self._retry_at = time.monotonic() + min(60.0, 2.0 ** min(self.restarts, 6))
             log.error("%s; trying again later", e)
             return False
