@@ -11,21 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.proc_children import children as _children
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            out.append(int(d.name))
-    return out
 
 
 def _alive(pid: int) -> bool:

@@ -15,6 +15,8 @@ from pathlib import Path
 import nats
 import pytest
 
+from tests.proc_children import children
+
 
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("POOL_")}
@@ -124,18 +126,7 @@ def test_a_second_pool_up_on_the_same_home_names_the_holder_and_touches_nothing(
 
 def _children(pid: int) -> list[int]:
     """The spawned Python children of `pid` (multiprocessing's resource tracker left out)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (entry / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == pid and b"spawn_main" in cmdline:
-            out.append(int(entry.name))
-    return out
+    return children(pid, marked=b"spawn_main")
 
 
 def _wait_for(check: Callable[[], bool], seconds: float, what: str) -> None:
