@@ -328,9 +328,11 @@ class _LogReader:
                 assert self.sid is not None
                 set_frame_cutter(self.nc, self.sid, self._cut)
                 cutting = True
+                # the messages stepped over count against the pull: asked for `limit` alone,
+                # the server ends it short of the page without a status, and the read waits
                 await self.nc.publish(
                     f"$JS.API.CONSUMER.MSG.NEXT.{self.recorder.stream}.{self.consumer}",
-                    json.dumps({"batch": limit, "no_wait": True}).encode(), reply=self.inbox)
+                    json.dumps({"batch": self.want, "no_wait": True}).encode(), reply=self.inbox)
                 status = await asyncio.wait_for(self.done, self.recorder.timeout)
                 if status is not None:
                     raise PublishRejected(f"bulk read ended with status {status}")

@@ -392,6 +392,46 @@ def test_the_bulk_reader_keeps_its_consumer_past_a_direct_page_and_other_message
         server.stop()
 
 
+def test_a_read_ahead_of_its_consumer_asks_the_server_for_the_messages_it_steps_over(
+        tmp_path: Path) -> None:
+    """A page that starts a few messages ahead of the consumer (the follower stepped over its
+    own batch, or read them by direct gets) steps over those messages: the pull asks for them
+    too, so a page bounded by `limit` ends at once with its events, the consumer kept. (Asked
+    for `limit` alone, the server ended the pull short of the page and said nothing: the read
+    waited for its timeout, dropped the consumer and read by direct gets for a while.)"""
+    from eventsourcing.persistence import StoredEvent
+
+    server = NatsServer(store_dir=tmp_path / "nats", server_name="ahead").start()
+    try:
+        main = JetStreamFactory(_stream_env(server.url, "T_AHEAD")).application_recorder()
+        main.timeout = 3.0  # the old way's wait, kept short
+
+        def write(n: int) -> None:
+            for _ in range(n):
+                main.insert_events([StoredEvent(uuid.uuid4(), 1, "tests.topic:E", b"{}")])
+
+        write(5)
+        first = main.prefetch(1, 100).result()
+        assert len(first) == 5
+        reader = main.__dict__["_log_reader"]
+        consumer = reader.consumer
+        write(7)
+        stored = main.select_notifications(first[-1].id + 1, 100)
+        assert len(stored) == 7
+        at = stored[4].id  # four messages ahead of the consumer
+        page = main.prefetch(at, 2).result()
+        assert [(n.id, n.originator_id) for n in page] == [
+            (n.id, n.originator_id) for n in stored[4:6]]
+        assert reader.consumer == consumer and reader.disabled_until == 0.0
+        # and the consumer goes on from there
+        page = main.prefetch(page[-1].id + 1, 100).result()
+        assert [n.id for n in page] == [stored[6].id]
+        assert reader.consumer == consumer and reader.disabled_until == 0.0
+    finally:
+        close_runtime(server.url)
+        server.stop()
+
+
 def test_last_topics_names_each_aggregates_last_event_in_few_reads(tmp_path: Path) -> None:
     """`last_topics` answers the topic of each aggregate's last event (None for one with
     none), for more aggregates than one multi-subject read holds, repeats and string ids
