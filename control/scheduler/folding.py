@@ -100,18 +100,26 @@ class Folding:
         # (transfer id, lease, amount) each, and their sum
         self._holds: dict[str, list[tuple[str, LeaseId, int]]] = {}
         self._held: dict[str, int] = {}
+        # the last catch-up stopped at a read-ahead page that was short, without an empty
+        # page to say the log held no more: the next cycle follows without waiting
+        self.maybe_behind = False
         self.pages_read_ahead = 0  # pages catch-up took from a read ahead
         self.pages_read_ahead_unused = 0  # reads ahead it could not use (asked for the wrong range)
         # where this fold is checkpointed and, before the first catch-up, restored from
         # (control.scheduler.checkpoint); None: always a full replay
         self.checkpoints: Checkpointer | None = None
 
-    def catch_up(self) -> int:
+    def catch_up(self, *, until_short: bool = False) -> int:
         """Apply every event after `position`; returns how many were read. The ranges our own
-        acknowledged batches occupy are stepped over unread: their events are in memory."""
+        acknowledged batches occupy are stepped over unread: their events are in memory.
+
+        `until_short` (a cycle): stop at the first page that held fewer events than asked
+        for, what the log held when it was read, instead of reading on until a page comes
+        back empty; under a steady stream of requests that chase never ended, and nothing
+        read meanwhile was placed. `maybe_behind` then says the log may hold more."""
         if self.checkpoints is not None and not self.position:
             self.checkpoints.restore(self)  # once: then only the events after it are read
-        n = self._catch_up()
+        n = self._catch_up(until_short)
         if n >= LONG_LIVED_FOLD:
             # a replay (start-up, or a long absence) built state that lives as long as the
             # scheduler: move it out of the cyclic collector's sight, or every full collection
@@ -121,8 +129,9 @@ class Folding:
             gc.freeze()
         return n
 
-    def _catch_up(self) -> int:
+    def _catch_up(self, until_short: bool) -> int:
         n = 0
+        self.maybe_behind = False
         own = self._own
         decode = self._decode
         # the next page, asked for while this one is folded: the server and the bus thread
@@ -151,8 +160,11 @@ class Folding:
                         continue
                     return n
                 # a full page may have more behind it; so may any page of a read-ahead
-                # (`prefetch` returns what is stored now, perhaps less): read until one is empty
-                more = len(page) == limit or self._prefetch is not None
+                # (`prefetch` returns what is stored now, perhaps less): read until one is
+                # empty, or (a cycle's) stop here and say so
+                more = len(page) == limit or (self._prefetch is not None and not until_short)
+                if not more and self._prefetch is not None:
+                    self.maybe_behind = True
                 if more:
                     at, size = self._next_read(page[-1].id)
                     ahead = (at, size, self._read(at, size))

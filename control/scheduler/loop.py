@@ -28,7 +28,7 @@ class Scheduler(Placing):
     def cycle(self) -> CycleReport:
         """Catch up, sweep deadlines, place what fits; one atomic batch per ≤900 messages."""
         with self._lock:
-            self.catch_up()
+            self.catch_up(until_short=True)
             report = CycleReport()
             now = self.clock()
             self._plans_left = self.max_preemption_plans_per_cycle
@@ -177,7 +177,7 @@ class Scheduler(Placing):
                     stop.wait(1.0)
                     continue
                 busy = bool(report.placed or report.rejected or report.voided
-                            or report.expired or report.preempted)
+                            or report.expired or report.preempted or self.maybe_behind)
                 if self.checkpoints is not None:
                     self.checkpoints.after_cycle(self, idle=not busy)
                 if not busy:

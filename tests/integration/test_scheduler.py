@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -417,6 +418,66 @@ def test_a_catch_up_read_ahead_over_small_pages_and_own_batches_folds_what_a_fre
     for x in (s, fresh):
         x.close()
         x.app.close()
+
+
+def test_a_cycle_places_what_a_short_page_held_and_the_next_follows_without_waiting(
+        plane: Plane) -> None:
+    """A read-ahead page may hold fewer events than the log has (what was stored when it was
+    read). A cycle stops at such a page and places what it read, rather than reading on until
+    a page comes back empty (under a steady stream of requests that chase never ended, and
+    nothing was placed meanwhile); it says the log may hold more, and the run loop then goes
+    straight to the next cycle instead of waiting for an append."""
+    import concurrent.futures
+
+    cp, admin, clock = plane
+    setup_pool(admin, tenants={"alpha": 1.0})
+    admin.admin("node.register", node_body("n1", cpu_millis=64000, memory_mib=65536))
+    s = Scheduler(PoolApp(env=app_env(cp.nats_url), clock=clock), clock=clock)
+    s.catch_up()
+    assert s._prefetch is not None
+    real, pages = s._prefetch, []
+
+    def two_at_a_time(start: int, limit: int, stop: int | None = None) -> Any:
+        got: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        page = real(start, limit, stop).result()[:2]
+        pages.append(len(page))
+        got.set_result(page)
+        return got
+
+    s._prefetch = two_at_a_time
+    with PoolClient(cp.nats_url, "alpha") as a:
+        for i in range(5):
+            assert a.request_lease(lease_body(f"r{i}"))["ok"]
+        placed = []
+        while True:
+            pages.clear()
+            report = s.cycle()
+            placed.append(report.placed)
+            assert sum(pages) <= 2  # what a short page held, no more
+            if not s.maybe_behind:
+                break
+        assert placed == [2, 2, 1]
+        # a cycle that placed nothing but stopped short is followed at once: with an idle
+        # wait of a minute and no append signal, the request behind two other events (the
+        # first cycle's whole page) is placed
+        assert admin.admin("node.register", node_body("n2"))["ok"]
+        assert admin.admin("tenant.set", {"tenant": "alpha", "pool_id": "p1",
+                                          "weight": 2.0})["ok"]
+        late = a.request_lease(lease_body("late"))["lease"]["lease_id"]
+        stop = threading.Event()
+        runner = threading.Thread(target=s.run, args=(stop,), kwargs={"interval": 60.0})
+        runner.start()
+        try:
+            for _ in range(100):
+                if a.lease(late, "get")["lease"]["state"] == "reserved":
+                    break
+                stop.wait(0.1)
+            assert a.lease(late, "get")["lease"]["state"] == "reserved"
+        finally:
+            stop.set()
+            runner.join(10)
+    s.close()
+    s.app.close()
 
 
 def test_a_cycle_holds_a_tenants_credits_in_one_event_and_never_past_its_balance(

@@ -5,6 +5,7 @@ of its own acknowledged batches."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from bus.local.server import NatsServer
 from bus.runtime import BusRuntime
@@ -22,7 +23,7 @@ def test_a_snapshot_just_before_the_schedulers_own_batch_does_not_stop_its_catch
         setup_pool(admin, tenants={"alpha": 1.0})
         assert admin.admin("node.register", node_body("n1"))["ok"]
         scheduler = cp.scheduler
-        catch_up: Callable[[], int] = scheduler.catch_up
+        catch_up: Callable[..., int] = scheduler.catch_up
 
         async def snapshot() -> None:
             # as an older snapshot thread's save landed in the log between the scheduler's read
@@ -31,8 +32,8 @@ def test_a_snapshot_just_before_the_schedulers_own_batch_does_not_stop_its_catch
             await js.publish("pool.evt.pool_snapshots.00000000-0000-0000-0000-000000000001",
                              b"{}", headers={"Pool-Topic": "domain.snapshots:StateSnapshot"})
 
-        def catch_up_then_snapshot() -> int:
-            n = catch_up()
+        def catch_up_then_snapshot(**kw: Any) -> int:
+            n = catch_up(**kw)
             rt.run(snapshot())
             return n
 
