@@ -152,7 +152,8 @@ def test_pool_up_runs_the_scheduler_in_a_child_it_restarts_and_stops(tmp_path: P
             os.kill(gone, sig)
 
             def replaced(g: int = gone) -> bool:
-                return len(_children(proc.pid)) == 1 and _children(proc.pid) != [g]
+                kids = _children(proc.pid)  # read once: the old child may be reaped in between
+                return len(kids) == 1 and kids != [g]
 
             _wait_for(replaced, 120, f"no new scheduler process within 120 s after {sig!r}")
         last = _children(proc.pid)[0]
