@@ -90,12 +90,14 @@ class RoleProcess:
                 return self
             except queue.Empty:
                 if not self._proc.is_alive():
-                    raise SchedulerProcessFailed(f"the scheduler process exited with code "
-                                       f"{self._proc.exitcode} before it served") from None
+                    raise SchedulerProcessFailed(
+                        f"the scheduler process exited with code {self._proc.exitcode} "
+                        "before it served") from None
                 if time.monotonic() > deadline:
                     self._halt(5.0)
-                    raise SchedulerProcessFailed(f"the scheduler process did not serve within "
-                                       f"{self.start_timeout:g} s") from None
+                    raise SchedulerProcessFailed(
+                        f"the scheduler process did not serve within {self.start_timeout:g} s"
+                    ) from None
 
     def ensure(self) -> bool:
         """Start it again if it died, waiting longer after each failed try (at most a minute);
