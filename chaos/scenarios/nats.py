@@ -166,8 +166,15 @@ def scenario_nats_kills(ws: Workspace, size: dict[str, Any], o: Outcome) -> None
     k = threading.Thread(target=killer, daemon=True)
     k.start()
     t0 = time.monotonic()
-    n = int(size["commands"])
-    driver.run([f"c{i}" for i in range(n)], int(size["threads"]))
+    n, threads = int(size["commands"]), int(size["threads"])
+    driver.run([f"c{i}" for i in range(n)], threads)
+    # the commands must not outrun the kills: go on until two servers have gone down and come
+    # back while commands were arriving (or the killer gave up, or a bound is reached)
+    bound = time.monotonic() + 120
+    while len(restart_s) < 2 and k.is_alive() and time.monotonic() < bound:
+        more = [f"c{i}" for i in range(n, n + max(1, n // 10))]
+        driver.run(more, threads)
+        n += len(more)
     elapsed = time.monotonic() - t0
     stop.set()
     k.join(90)
