@@ -292,7 +292,7 @@ class ControlPlane:
         # never runs would answer every lease as not found, so it answers them only when told
         # to (`serve_why`: a test that drives the scheduler's cycles by hand)
         self.serve_why = run_scheduler or (bool(serve_why) and "scheduler" in self.roles)
-        if run_scheduler:
+        if run_scheduler or "commands" in self.roles:
             tune_gc()
         # the data plane's side: agent orders (with the scheduler) and durable deadline timers
         self.data_plane = data_plane

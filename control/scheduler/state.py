@@ -37,16 +37,19 @@ OTHERS_DEADLINE_RETRY_SECONDS = 1.0  # a due deadline of a pool led elsewhere, l
 ENDED_REMEMBERED = 10_000  # ended leases whose last state `why` still answers
 # entries the deadline heap may hold beyond twice its live ones before ended leases' are dropped
 DEADLINES_SLACK = 1024
-# the cyclic collector's thresholds in a process that schedules: a placement makes a few
-# dozen short-lived containers (events, their state dicts, stored events), so with CPython's
-# default of 700 a young collection ran every ~20 placements and promoted survivors that the
-# older generations then walked again and again (docs/performance.md)
+# the cyclic collector's thresholds in a process that schedules or answers commands: a
+# placement or a request makes a few dozen short-lived containers (events, their state dicts,
+# stored events), so with CPython's default of 700 a young collection ran every ~20 of them
+# and promoted what was in flight, which the oldest generation then walked again and again:
+# in the commands process a full pass every few seconds, each one stalling every request
+# (docs/performance.md)
 GC_THRESHOLDS = (50_000, 20, 10)
 
 
 def tune_gc() -> None:
     """Raise the collector's thresholds to GC_THRESHOLDS (never lower them): for processes
-    that run the scheduler. Reference counting still frees everything that is not a cycle."""
+    that run the scheduler or the command responders. Reference counting still frees
+    everything that is not a cycle."""
     current = gc.get_threshold()
     if current[0] < GC_THRESHOLDS[0]:
         gc.set_threshold(*GC_THRESHOLDS)
