@@ -52,6 +52,10 @@ def test_the_e2e_bench_sees_every_accepted_request_reserved() -> None:
     # the stateless responder answers the same clients, and faster than a plane that stores
     assert result["stateless_replies_per_s"] > sat["accepted_per_s"] > 0
     assert "a responder storing nothing" in result["table"]
+    # what carrying a request costs the server and the clients, beside the goals' budget
+    floor = result["stateless_cpu_ms_per_reply"]
+    assert floor["server"] > 0 and floor["clients"] > 0
+    assert result["cores"] >= 1 and "CPU per request the goals leave on" in result["table"]
     # a request is at least its own message in and its reply out
     msgs = sat["server_msgs_per_request"]
     assert msgs["in"] >= 1 and msgs["out"] >= 1
