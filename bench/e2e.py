@@ -418,7 +418,17 @@ def rows(result: dict[str, Any]) -> list[tuple[str, float | None, str, str, floa
          st["reserved_max_ms"], "ms", "", None),
         (f"e2e: accepted/s at {result['offered_per_s']:,.0f}/s offered", st["accepted_per_s"],
          "/s", "", raw),
+        # the goal's rate as CPU: what every process together may spend on a request here
+        ("e2e: CPU per accepted request, all processes (ms)", _all_cpu(s), "ms",
+         f"≤ {result.get('cores', 1) * 1000 / GOAL_ACCEPTED:.2f}", None),
     ]
+
+
+def _all_cpu(saturated: dict[str, Any]) -> float | None:
+    """The plane's, the server's and the clients' CPU ms per accepted request, summed."""
+    cpu = saturated.get("cpu_ms_per_request") or {}
+    parts = [cpu.get(who) for who in ("plane", "server", "clients")]
+    return None if any(v is None for v in parts) else sum(v for v in parts if v is not None)
 
 
 def _budget_lines(result: dict[str, Any]) -> list[str]:
@@ -444,7 +454,8 @@ def table(result: dict[str, Any]) -> str:
     lines = [f"{'figure':<58} {'value':>10} {'goal':>9} {'÷ raw':>7}", "-" * 87]
     for label, value, unit, goal, raw in rows(result):
         ratio = f"{value / raw:.3f}" if value is not None and raw and unit == "/s" else ""
-        text = "n/a" if value is None else f"{value:,.1f}" if unit == "ms" else f"{value:,.0f}"
+        text = ("n/a" if value is None else f"{value:,.0f}" if unit != "ms"
+                else f"{value:,.2f}" if value < 10 else f"{value:,.1f}")
         lines.append(f"{label:<58} {text:>10} {goal:>9} {ratio:>7}")
     lines.append(f"{'raw JetStream atomic batch of 999, same server (msgs/s)':<58} "
                  f"{result['raw_atomic_msgs_per_s']:>10,.0f}")

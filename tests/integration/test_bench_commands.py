@@ -39,7 +39,7 @@ def test_the_agent_bench_starts_every_workload_it_sends() -> None:
 
 
 def test_the_e2e_bench_sees_every_accepted_request_reserved() -> None:
-    from bench.e2e import run_e2e_bench
+    from bench.e2e import rows, run_e2e_bench
 
     result = run_e2e_bench(quick=True, seconds=1.0, steady_seconds=1.0, rate=50.0)
     sat, steady = result["saturated"], result["steady"]
@@ -56,6 +56,10 @@ def test_the_e2e_bench_sees_every_accepted_request_reserved() -> None:
     floor = result["stateless_cpu_ms_per_reply"]
     assert floor["server"] > 0 and floor["clients"] > 0
     assert result["cores"] >= 1 and "CPU per request the goals leave on" in result["table"]
+    # and the goal's rate as CPU per request, beside all processes' CPU per request
+    [cpu_row] = [r for r in rows(result) if r[0].startswith("e2e: CPU per accepted request")]
+    assert cpu_row[1] == pytest.approx(sum(sat["cpu_ms_per_request"].values()))
+    assert cpu_row[3] == f"≤ {result['cores'] * 1000 / 5000:.2f}"
     # a request is at least its own message in and its reply out
     msgs = sat["server_msgs_per_request"]
     assert msgs["in"] >= 1 and msgs["out"] >= 1
