@@ -11,7 +11,7 @@ import re
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,6 +123,17 @@ def fleet(n: int, profile: str = "mixed", *, prefix: str = "sim") -> list[SimNod
     return out
 
 
+# a round's longest wait for commands, and its shortest (however close the next beat)
+ROUND_SECONDS, MIN_ROUND_SECONDS = 0.15, 0.005
+
+
+def round_wait(next_beats: Iterable[float], now: float) -> float:
+    """How long a round waits for commands: until the next node's beat is due, within
+    [MIN_ROUND_SECONDS, ROUND_SECONDS]."""
+    due = min(next_beats, default=now + ROUND_SECONDS)
+    return min(ROUND_SECONDS, max(MIN_ROUND_SECONDS, due - now))
+
+
 class SimulatedFleet:
     """Runs every simulated node's Agent from one thread over one connection."""
 
@@ -184,8 +195,11 @@ class SimulatedFleet:
         while not self._stop.is_set():
             t0 = time.monotonic()
             live = [n for n in self.agents if n not in self.silent]
+            # a round ends when the next node's beat is due, as each real agent beats on its
+            # own timer: rounds of a fixed length sent every beat due within one at once
+            wait = round_wait((self.agents[n]._next_beat for n in live), time.time())
             try:
-                got = self.link.fetch_many(live, timeout=0.15)
+                got = self.link.fetch_many(live, timeout=wait)
             except BusError as e:
                 self.errors += 1
                 log.warning("fleet fetch failed: %s", e)
@@ -195,10 +209,16 @@ class SimulatedFleet:
                 self.links[node_id].inbox.extend(got.get(node_id, []))
             self.commands += sum(len(v) for v in got.values())
             t1 = time.monotonic()
+            # only the nodes with something to do step: a command, a workload, a beat due
             # the nodes' round trips overlap: each step's requests wait on the network
-            list(self._pool.map(self._step, live))
+            list(self._pool.map(self._step, self._busy(live, time.time())))
             self.rounds += 1
             self.fetch_s, self.round_s = t1 - t0, time.monotonic() - t0
+
+    def _busy(self, live: list[str], now: float) -> list[str]:
+        """The nodes with something to do at `now`: a command, a workload, a beat due."""
+        return [n for n in live if self.links[n].inbox or self.agents[n].running
+                or self.agents[n]._next_beat <= now]
 
     def _step(self, node_id: str) -> None:
         try:
