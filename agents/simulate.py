@@ -196,7 +196,7 @@ class SimulatedFleet:
             t0 = time.monotonic()
             live = [n for n in self.agents if n not in self.silent]
             # a round ends when the next node's beat is due, as each real agent beats on its
-            # own timer: rounds of a fixed length sent every beat due within one at once
+            # own timer (rounds of a fixed length sent all the beats due within one together)
             wait = round_wait((self.agents[n]._next_beat for n in live), time.time())
             try:
                 got = self.link.fetch_many(live, timeout=wait)
