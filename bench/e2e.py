@@ -420,8 +420,13 @@ def rows(result: dict[str, Any]) -> list[tuple[str, float | None, str, str, floa
          "/s", "", raw),
         # the goal's rate as CPU: what every process together may spend on a request here
         ("e2e: CPU per accepted request, all processes (ms)", _all_cpu(s), "ms",
-         f"≤ {result.get('cores', 1) * 1000 / GOAL_ACCEPTED:.2f}", None),
+         f"≤ {_budget_ms(result, GOAL_ACCEPTED):.2f}", None),
     ]
+
+
+def _budget_ms(result: dict[str, Any], rate: int) -> float:
+    """The CPU ms per request that `rate` requests/s leave on the run's cores."""
+    return float(result.get("cores") or 1) * 1000 / rate
 
 
 def _all_cpu(saturated: dict[str, Any]) -> float | None:
@@ -437,15 +442,14 @@ def _budget_lines(result: dict[str, Any]) -> list[str]:
     floor = result.get("stateless_cpu_ms_per_reply") or {}
     if floor.get("server") is None or floor.get("clients") is None:
         return []
-    cores = result.get("cores") or 1
     carried = floor["server"] + floor["clients"]
     return [
         f"  its CPU ms per reply: server {floor['server']:.2f}, clients {floor['clients']:.2f}"
         + (f", responder {floor['responder']:.2f}" if floor.get("responder") is not None
            else ""),
-        (f"CPU per request the goals leave on {cores} cores: "
-         f"{cores * 1000 / GOAL_ACCEPTED:.2f} ms at {GOAL_ACCEPTED:,} accepted/s, "
-         f"{cores * 1000 / GOAL_RESERVED:.2f} ms at {GOAL_RESERVED:,} reserved/s; carrying a "
+        (f"CPU per request the goals leave on {result.get('cores') or 1} cores: "
+         f"{_budget_ms(result, GOAL_ACCEPTED):.2f} ms at {GOAL_ACCEPTED:,} accepted/s, "
+         f"{_budget_ms(result, GOAL_RESERVED):.2f} ms at {GOAL_RESERVED:,} reserved/s; carrying a "
          f"request that stores nothing took the server and the clients {carried:.2f} ms")]
 
 
