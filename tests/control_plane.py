@@ -72,3 +72,18 @@ def start(nats_url: str, clock: FakeClock) -> ControlPlane:
     """A plane whose scheduler the test drives by hand (`cp.scheduler.cycle()`), answering
     `why` from it."""
     return ControlPlane(nats_url, clock=clock, run_scheduler=False, serve_why=True).start()
+
+
+def threaded_subjects(cp: ControlPlane) -> list[str]:
+    """The subjects the plane's command service answers on a worker thread from now on (the
+    rest it answers on the bus's loop), in order."""
+    assert cp.commands is not None
+    threaded: list[str] = []
+    handler = cp.commands.handler
+
+    def counting(subject: str, body: bytes, headers: dict[str, str]) -> bytes:
+        threaded.append(subject)
+        return handler(subject, body, headers)
+
+    cp.commands.handler = counting
+    return threaded

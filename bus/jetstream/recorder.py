@@ -189,19 +189,20 @@ class JetStreamRecorder:
         multi-subject direct get per `_MULTI_LAST` aggregates. Any replica may answer it, so
         on a replicated stream a topic may be a moment old: a caller only passes over on it,
         and loads (from the leader) whatever it acts on."""
+        if not originator_ids:
+            return {}
+        return self.runtime.run(self.last_topics_async(originator_ids), self.timeout + 5)
+
+    async def last_topics_async(self, originator_ids: Sequence[UUID]) -> dict[UUID, str | None]:
+        """`last_topics` for a caller on the runtime's loop."""
         subjects = [self.subject_for(i) for i in originator_ids]
-
-        async def read() -> dict[str, dict[str, str]]:
-            out: dict[str, dict[str, str]] = {}
-            unique = list(dict.fromkeys(subjects))
-            for at in range(0, len(unique), _MULTI_LAST):
-                chunk = unique[at:at + _MULTI_LAST]
-                msgs, _ = await self._direct_get({"multi_last": chunk, "batch": len(chunk)})
-                for _seq, headers, _data in msgs:
-                    out[headers.get(HDR_SUBJECT, "")] = headers
-            return out
-
-        got = self.runtime.run(read(), self.timeout + 5) if subjects else {}
+        got: dict[str, dict[str, str]] = {}
+        unique = list(dict.fromkeys(subjects))
+        for at in range(0, len(unique), _MULTI_LAST):
+            chunk = unique[at:at + _MULTI_LAST]
+            msgs, _ = await self._direct_get({"multi_last": chunk, "batch": len(chunk)})
+            for _seq, headers, _data in msgs:
+                got[headers.get(HDR_SUBJECT, "")] = headers
         return {i: got[s].get(HDR_TOPIC) if s in got else None
                 for i, s in zip(originator_ids, subjects, strict=True)}
 
@@ -717,6 +718,12 @@ class JetStreamRecorder:
         if limit is not None:
             events = events[:limit]
         return events
+
+    async def select_async(self, originator_id: UUID, gt: int | None = None) -> list[StoredEvent]:
+        """`select_events(originator_id, gt=gt)` for a caller on the runtime's loop (the
+        command service's fast path): the read without a thread in between."""
+        return await _translated(  # type: ignore[no-any-return]
+            self._select_events, originator_id, gt, None, False, None)
 
     def _select_events_sync(
         self,

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import functools
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import Any, Concatenate, ParamSpec, TypeVar
 from uuid import UUID
@@ -33,6 +34,7 @@ from control.application.repository import PoolRepository
 from control.application.snapshotting import Snapshots, SnapshotStore, snapshot_intervals
 from control.errors import UnknownLease, UnknownPool, WriteConflict
 from domain.account import Account
+from domain.copies import copy_aggregate
 from domain.lease import Lease
 from domain.pool import Pool
 from domain.resources import TenantId
@@ -131,13 +133,33 @@ class PendingSave:
         return self._recordings
 
 
-# the saves of a command running on the bus's own loop (AppCore.on_loop), held to be awaited;
-# None elsewhere. A context variable: each asyncio task, and each thread, sees its own
-_ON_LOOP: ContextVar[list[tuple[Any, ...]] | None] = ContextVar("pool_on_loop", default=None)
+class _OnLoop:
+    """One command running on the bus's own loop (AppCore.on_loop): its saves, held to be
+    awaited once it returns, and what awaited reads brought for its next run."""
+
+    __slots__ = ("held", "read", "topics")
+
+    def __init__(self) -> None:
+        self.held: list[tuple[Any, ...]] = []
+        self.read: dict[UUID, Aggregate | None] = {}  # by id; None: there is none
+        self.topics: dict[UUID, str | None] = {}
+
+
+# the command running on the bus's own loop; None elsewhere. A context variable: each
+# asyncio task, and each thread, sees its own
+_ON_LOOP: ContextVar[_OnLoop | None] = ContextVar("pool_on_loop", default=None)
 
 
 class NeedsRead(Exception):
-    """A command running on the bus's loop needed to read the log: run it on a thread."""
+    """A command running on the bus's loop needed to read the log: on_loop reads what it
+    names (an aggregate, or the last topics of some) and runs it again, or the caller runs it
+    on a thread."""
+
+    def __init__(self, what: str, *, aggregate_id: UUID | None = None,
+                 topics: Sequence[UUID] = ()) -> None:
+        super().__init__(what)
+        self.aggregate_id = aggregate_id
+        self.topics = topics
 
 
 class AppCore(Application[UUID]):
@@ -175,9 +197,9 @@ class AppCore(Application[UUID]):
         """The library's `save`, without its runtime-checkable Protocol `isinstance` checks
         (~20 µs an aggregate on Python 3.11): aggregates are known by their class; events and
         keyword arguments go the library's way."""
-        held = _ON_LOOP.get()
-        if held is not None and not kwargs:
-            held.append(objs)  # on the loop: awaited by on_loop once the command returns
+        run = _ON_LOOP.get()
+        if run is not None and not kwargs:
+            run.held.append(objs)  # on the loop: awaited by on_loop once the command returns
             return []
         if kwargs:
             return super().save(*objs, **kwargs)
@@ -204,34 +226,89 @@ class AppCore(Application[UUID]):
             future = submit(stored)
         return PendingSave(self, pe, stored, future)
 
-    async def on_loop(self, command: Callable[[], R]) -> R | None:
-        """`command()` run on the bus's own loop (the command service's fast path), its one
-        save awaited through the recorder's group commit: no thread on the way. None when it
-        would read the log, save more than once, or its save was refused: nothing is
-        written then, and the caller runs the command on a thread, which answers every case."""
+    async def on_loop(self, command: Callable[[], R], *, reads: Sequence[UUID] = (),
+                      runs: int = 1, saves: int = 1) -> R | None:
+        """`command()` run on the bus's own loop (the command service's fast path), its saves
+        awaited in order through the recorder's group commit: no thread on the way.
+
+        `reads`: aggregates read (concurrently, awaited) before it runs. A command that needs
+        another read is run again once it is read, up to `runs` runs in all; the copies read
+        are handed out afresh each run. None when it would need more, would read what only a
+        thread can (a policy not cached, an aggregate not cached), saves more than `saves`
+        times, or a save was refused: the caller then runs the command on a thread, which
+        answers every case. A command allowed more than one save must be one that a thread may
+        run again after its earlier saves landed (each save is atomic, the run is not)."""
         insert = getattr(self.recorder, "insert_async", None)
-        if insert is None:
+        select = getattr(self.recorder, "select_async", None)
+        if insert is None or select is None or not isinstance(self.repository, PoolRepository):
             return None
-        held: list[tuple[Any, ...]] = []
-        token = _ON_LOOP.set(held)
-        try:
-            result = command()
-        except NeedsRead:
+        run = _OnLoop()
+        if reads and not await self._read_on_loop(run, reads):
             return None
-        finally:
-            _ON_LOOP.reset(token)
-        if len(held) != 1:
-            return None if held else result
-        pe = self._collect(held[0])
-        stored = [self.mapper.to_stored_event(e) for e in pe.events]
-        try:
-            ids = await insert(stored)
-        except IntegrityError:
+        for attempt in range(1, runs + 1):
+            run.held = []
+            token = _ON_LOOP.set(run)
+            try:
+                result = command()
+            except NeedsRead as e:
+                if attempt == runs or not await self._read_on_loop(
+                        run, [e.aggregate_id] if e.aggregate_id else [], e.topics):
+                    return None
+                continue
+            finally:
+                _ON_LOOP.reset(token)
+            break
+        else:
             return None
-        done: concurrent.futures.Future[list[int]] = concurrent.futures.Future()
-        done.set_result(ids)
-        PendingSave(self, pe, stored, done).wait()  # the save's after-steps, as `save` does
+        if len(run.held) > saves:
+            return None
+        for objs in run.held:
+            pe = self._collect(objs)
+            stored = [self.mapper.to_stored_event(e) for e in pe.events]
+            try:
+                ids = await insert(stored)
+            except IntegrityError:
+                return None
+            done: concurrent.futures.Future[list[int]] = concurrent.futures.Future()
+            done.set_result(ids)
+            PendingSave(self, pe, stored, done).wait()  # the save's after-steps, as `save` does
         return result
+
+    async def _read_on_loop(self, run: _OnLoop, ids: Sequence[UUID],
+                            topics: Sequence[UUID] = ()) -> bool:
+        """Read `ids` (and the last `topics`) into `run` by awaiting the recorder; False when
+        something could not be read there, or nothing was asked (the caller gives up)."""
+        assert isinstance(self.repository, PoolRepository)
+        if not ids and not topics:
+            return False
+        select = self.recorder.select_async  # type: ignore[attr-defined]
+        ids = list(dict.fromkeys(ids))  # an id twice would wait for its own read's lock
+        if len(ids) == 1:
+            got = [await self.repository.get_on_loop(ids[0], select)]
+        else:
+            got = await asyncio.gather(*(self.repository.get_on_loop(i, select) for i in ids))
+        for aggregate_id, (ok, aggregate) in zip(ids, got, strict=True):
+            if not ok:
+                return False
+            run.read[aggregate_id] = aggregate
+        if topics:
+            last_topics = getattr(self.recorder, "last_topics_async", None)
+            if last_topics is None:
+                return False
+            run.topics.update(await last_topics(topics))
+        return True
+
+    def last_topics(self, aggregate_ids: Sequence[UUID]) -> dict[UUID, str | None] | None:
+        """The topic of each aggregate's last event (the recorder's `last_topics`); None when
+        the recorder cannot say."""
+        run = _ON_LOOP.get()
+        if run is not None:
+            missing = [i for i in aggregate_ids if i not in run.topics]
+            if missing:
+                raise NeedsRead("last topics", topics=missing)
+            return {i: run.topics[i] for i in aggregate_ids}
+        read = getattr(self.recorder, "last_topics", None)
+        return None if read is None else read(aggregate_ids)
 
     def _collect(self, objs: tuple[Any, ...]) -> ProcessingEvent[UUID]:
         pe: ProcessingEvent[UUID] = ProcessingEvent()
@@ -262,8 +339,13 @@ class AppCore(Application[UUID]):
         self.notify(pe.events)  # deprecated in the library, still called by its save
 
     def find(self, cls: type[A], aggregate_id: UUID) -> A | None:
-        if _ON_LOOP.get() is not None:
-            raise NeedsRead(f"{cls.__name__} {aggregate_id}")
+        run = _ON_LOOP.get()
+        if run is not None:
+            if aggregate_id not in run.read:
+                raise NeedsRead(f"{cls.__name__} {aggregate_id}", aggregate_id=aggregate_id)
+            read = run.read[aggregate_id]
+            # a copy each time: an earlier run of the command may have changed the last one
+            return copy_aggregate(read) if isinstance(read, cls) else None
         try:
             agg: object = self.repository.get(aggregate_id)
         except AggregateNotFoundError:

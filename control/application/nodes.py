@@ -20,6 +20,10 @@ from domain.pool import Pool
 from domain.resources import NodeCapabilities, NodeId, PoolId
 from schemas import v1
 
+# a heartbeat listing more leases than this is answered on a thread: reading and copying
+# that many on the bus's loop would hold up every other reply
+BEAT_READS_ON_LOOP = 64
+
 
 class NodeCommands(LeaseCommands):
     """Node registration, enrollment, state, heartbeats and the jobs they report."""
@@ -189,6 +193,23 @@ class NodeCommands(LeaseCommands):
                 node_id, set(leases), known.pop() if known else None)))
         return {"node_state": str(node.state), "leases": leases}
 
+    async def node_heartbeat_async(self, node_id: str,
+                                   hb: v1.NodeHeartbeat) -> dict[str, Any] | None:
+        """`node_heartbeat` on the bus's loop, its node and leases read by awaiting the log;
+        None when it needs what only a thread can do (a node or lease not cached, a policy not
+        cached, a refused save): the caller then runs `node_heartbeat` on a thread. Running it
+        again after some of its saves landed is safe: a heartbeat already recorded is no news."""
+        if len(hb.leases) > BEAT_READS_ON_LOOP:
+            return None
+        ids = [Node.create_id(node_id)]
+        for beat in hb.leases:
+            try:
+                ids.append(UUID(beat.lease_id))
+            except ValueError:
+                return None
+        return await self.on_loop(lambda: self.node_heartbeat(node_id, hb), reads=ids,
+                                  runs=4, saves=3)
+
     def _reconcile_unlisted(self, node_id: str, listed: set[str],
                             node: Node | None = None) -> dict[str, dict[str, Any]]:
         """A lease being reconciled that the agent no longer runs is confirmed stopped: the
@@ -203,11 +224,10 @@ class NodeCommands(LeaseCommands):
         changed: list[Aggregate] = []
         out: dict[str, dict[str, Any]] = {}
         unlisted = [UUID(lid) for lid in node.allocations if lid not in listed]
-        last_topics = getattr(self.recorder, "last_topics", None)
-        if last_topics is not None and unlisted:
+        last = self.last_topics(unlisted) if unlisted else None
+        if last is not None:
             # a lease whose last event is its reservation awaits its commit, no agent runs
             # it: passed over without loading it (a node may hold many such)
-            last = last_topics(unlisted)
             unlisted = [u for u in unlisted if not (last[u] or "").endswith(".LeaseReserved")]
         for uid in unlisted:
             lid = str(uid)

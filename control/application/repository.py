@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import datetime
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Repository, project_aggregate
+from eventsourcing.persistence import StoredEvent
 
 from domain.copies import copy_aggregate, share_values
 from domain.fold import mutate
@@ -49,5 +51,35 @@ class PoolRepository(Repository[UUID]):
                     if aggregate is None:
                         raise AggregateNotFoundError(aggregate_id)
                 return copy_aggregate(aggregate) if copy else aggregate
+        finally:
+            self._disuse_fastforward_lock(aggregate_id)
+
+    async def get_on_loop(
+        self, aggregate_id: UUID,
+        select: Callable[[UUID, int], Awaitable[Sequence[StoredEvent]]],
+    ) -> tuple[bool, Any]:
+        """`get` for a caller on the bus's loop, the new events read by awaiting `select`:
+        (True, a copy of the aggregate), or (False, None) when only a thread can read it (it is
+        not cached, or a thread is bringing it up to date: the lock is never waited for here).
+        The cached aggregate is brought up to date as `get` does."""
+        if self.cache is None or not self.fastforward or self.fastforward_skipping:
+            return False, None
+        lock = self._use_fastforward_lock(aggregate_id)
+        try:
+            if not lock.acquire(blocking=False):
+                return False, None
+            try:
+                try:
+                    aggregate = self.cache.get(aggregate_id)
+                except KeyError:
+                    return False, None
+                to_event = self.event_store.mapper.to_domain_event
+                for stored in await select(aggregate_id, aggregate.version):
+                    aggregate = mutate(to_event(stored), aggregate)  # type: ignore[arg-type]
+                    if aggregate is None:  # discarded: as `get`, which a thread runs
+                        return False, None
+                return True, copy_aggregate(aggregate)
+            finally:
+                lock.release()
         finally:
             self._disuse_fastforward_lock(aggregate_id)

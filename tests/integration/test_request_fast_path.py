@@ -12,7 +12,13 @@ from bus.local.server import NatsServer
 from chaos.invariants import count_events
 from client.api import PoolClient
 from control.plane import ControlPlane
-from tests.control_plane import FakeClock, lease_body, setup_pool, start
+from tests.control_plane import (
+    FakeClock,
+    lease_body,
+    setup_pool,
+    start,
+    threaded_subjects,
+)
 
 Plane = tuple[ControlPlane, PoolClient, list[str]]
 
@@ -20,15 +26,7 @@ Plane = tuple[ControlPlane, PoolClient, list[str]]
 @pytest.fixture()
 def plane(fresh_nats: NatsServer) -> Iterator[Plane]:
     cp = start(fresh_nats.url, FakeClock())
-    assert cp.commands is not None
-    threaded: list[str] = []  # subjects answered by a worker thread
-    handler = cp.commands.handler
-
-    def counting(subject: str, body: bytes, headers: dict[str, str]) -> bytes:
-        threaded.append(subject)
-        return handler(subject, body, headers)
-
-    cp.commands.handler = counting
+    threaded = threaded_subjects(cp)
     admin = PoolClient(fresh_nats.url)
     setup_pool(admin, tenants={"alpha": 1.0})
     admin.close()
