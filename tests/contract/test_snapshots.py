@@ -18,6 +18,7 @@ from eventsourcing.application import project_aggregate
 
 from bus.jetstream import JetStreamAggregateRecorder, JetStreamSnapshotRecorder
 from bus.jetstream import snapshots as snapshots_module
+from bus.local.server import NatsServer
 from bus.runtime import get_runtime
 from bus.streams import ensure_stream, snapshot_stream_config
 from bus.subjects import snapshot_subject
@@ -33,7 +34,10 @@ INTERVAL = 40
 
 
 @pytest.fixture()
-def make_app(nats_url: str, unique: str) -> Iterator[Callable[..., AppCore]]:
+def make_app(fresh_nats: NatsServer, unique: str) -> Iterator[Callable[..., AppCore]]:
+    # a server of its own: these streams take the log's subjects, which a stream that another
+    # test left on the shared server (its plane's log) would already hold
+    nats_url = fresh_nats.url
     apps: list[AppCore] = []
 
     def make(interval: int = INTERVAL) -> AppCore:
