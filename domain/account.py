@@ -4,6 +4,7 @@ Idempotent transfers and the balance rule: docs/architecture.md#pools-prices-and
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
@@ -90,6 +91,7 @@ class Account(Aggregate):
     SNAPSHOT_SCHEMA = 1
 
     @staticmethod
+    @functools.lru_cache(maxsize=1 << 12)  # every placement and settlement asks
     def create_id(tenant_id: str) -> UUID:
         """One account per tenant, found without a lookup table."""
         return uuid.uuid5(_NAMESPACE, str(tenant_id))

@@ -4,6 +4,7 @@ States and verbs: docs/architecture.md#the-node-lifecycle.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Collection, Sequence
 from enum import StrEnum
@@ -48,6 +49,7 @@ class Node(Aggregate):
     SNAPSHOT_SCHEMA = 1
 
     @staticmethod
+    @functools.lru_cache(maxsize=1 << 16)  # every heartbeat and placement asks (a uuid5 each)
     def create_id(node_id: str) -> UUID:
         """The aggregate id for an agent's node id: re-registration finds the same ledger."""
         return uuid.uuid5(_NAMESPACE, str(node_id))

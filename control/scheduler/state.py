@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import gc
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,13 +131,11 @@ class PendingPreemption:
     victims: tuple[str, ...]
 
 
-@functools.lru_cache(maxsize=1 << 16)
 def node_uuid(node_id: str) -> UUID:
-    """Node.create_id, remembered: a uuid5 per placement adds up at thousands per second."""
+    """Node.create_id (remembered there: a uuid5 per placement adds up)."""
     return Node.create_id(node_id)
 
 
-@functools.lru_cache(maxsize=1 << 12)
 def account_uuid(tenant: str) -> UUID:
     return Account.create_id(tenant)
 
