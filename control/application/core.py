@@ -243,7 +243,7 @@ class AppCore(Application[UUID]):
         if insert is None or select is None or not isinstance(self.repository, PoolRepository):
             return None
         run = _OnLoop()
-        if reads and not await self._read_on_loop(run, reads):
+        if reads and not await self._read_on_loop(run, select, reads):
             return None
         for attempt in range(1, runs + 1):
             run.held = []
@@ -252,7 +252,7 @@ class AppCore(Application[UUID]):
                 result = command()
             except NeedsRead as e:
                 if attempt == runs or not await self._read_on_loop(
-                        run, [e.aggregate_id] if e.aggregate_id else [], e.topics):
+                        run, select, [e.aggregate_id] if e.aggregate_id else [], e.topics):
                     return None
                 continue
             finally:
@@ -274,14 +274,13 @@ class AppCore(Application[UUID]):
             PendingSave(self, pe, stored, done).wait()  # the save's after-steps, as `save` does
         return result
 
-    async def _read_on_loop(self, run: _OnLoop, ids: Sequence[UUID],
+    async def _read_on_loop(self, run: _OnLoop, select: Any, ids: Sequence[UUID],
                             topics: Sequence[UUID] = ()) -> bool:
-        """Read `ids` (and the last `topics`) into `run` by awaiting the recorder; False when
+        """Read `ids` (through `select`) and the last `topics` into `run`, awaited; False when
         something could not be read there, or nothing was asked (the caller gives up)."""
         assert isinstance(self.repository, PoolRepository)
         if not ids and not topics:
             return False
-        select = self.recorder.select_async  # type: ignore[attr-defined]
         ids = list(dict.fromkeys(ids))  # an id twice would wait for its own read's lock
         if len(ids) == 1:
             got = [await self.repository.get_on_loop(ids[0], select)]
