@@ -28,6 +28,14 @@ class Batching(Preempting):
         if not unique:
             return True
         try:
+            settled = self._settle(report)  # a batch still in flight from the last cycle
+        except Exception:
+            self._void(unique, [], report, quiet=True)  # planned on an unknown outcome
+            raise
+        if not settled:  # planned on top of a refused batch: void, as `_commit_batch` does
+            self._void(unique, [], report)
+            return False
+        try:
             recordings = self.app.save(*unique)
             report.batches += 1
             self._saved([r.notification.id for r in recordings or ()])

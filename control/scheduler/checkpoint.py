@@ -273,10 +273,9 @@ class Checkpointer:
 
     # -- writing -------------------------------------------------------------------------------
 
-    def after_cycle(self, s: Folded, *, idle: bool) -> bool:
-        """Take a checkpoint if one is due: at an idle moment, or past the busy limit. The
-        fold is pickled under the scheduler's lock (that is the copy); compressing, signing
-        and storing happen on a thread of their own. True when one was taken."""
+    def due(self, s: Folded, *, idle: bool) -> bool:
+        """Whether `after_cycle` would take a checkpoint now (if it may write): a run loop
+        settles its batch in flight first, as `take` takes none while one is."""
         if self._writer is not None and self._writer.is_alive():
             return False
         events = s.position - self.last_position
@@ -285,9 +284,13 @@ class Checkpointer:
             return False
         if waited < PAUSE_SHARE * self.last_pause_seconds:
             return False  # a deep fold pauses placing for long: at most 1/PAUSE_SHARE of the time
-        if not idle and waited < self.busy_limit_seconds:
-            return False
-        if not self.may_write():
+        return idle or waited >= self.busy_limit_seconds
+
+    def after_cycle(self, s: Folded, *, idle: bool) -> bool:
+        """Take a checkpoint if one is due: at an idle moment, or past the busy limit. The
+        fold is pickled under the scheduler's lock (that is the copy); compressing, signing
+        and storing happen on a thread of their own. True when one was taken."""
+        if not self.due(s, idle=idle) or not self.may_write():
             return False
         try:
             taken = self.take(s)

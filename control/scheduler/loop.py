@@ -25,8 +25,13 @@ from domain.lease import Lease, LeaseState
 class Scheduler(Placing):
     """Follows the log through `app`, decides placements, saves them through `app`."""
 
-    def cycle(self) -> CycleReport:
-        """Catch up, sweep deadlines, place what fits; one atomic batch per ≤900 messages."""
+    def cycle(self, *, settle: bool = True) -> CycleReport:
+        """Catch up, sweep deadlines, place what fits; one atomic batch per ≤900 messages.
+
+        `settle=False` (the run loop) returns with the last batch still in flight: the next
+        cycle's read overlaps its round trip, and it is settled before anything is saved on
+        top of it (or by `settle`). With the default, every batch is acknowledged (or
+        voided) when this returns."""
         with self._lock:
             self.catch_up(until_short=True)
             report = CycleReport()
@@ -36,6 +41,17 @@ class Scheduler(Placing):
             for ps in self.pools.values():
                 if self.leads(ps.pool.pool_id):
                     self._place_pool(ps, now, report)
+            if settle:
+                self._settle(report)
+            observability.record_cycle(report)
+            return report
+
+    def settle(self) -> CycleReport:
+        """Wait for the batch a `cycle(settle=False)` left in flight, if any (voided and
+        re-read if it was refused)."""
+        with self._lock:
+            report = CycleReport()
+            self._settle(report)
             observability.record_cycle(report)
             return report
 
@@ -171,16 +187,25 @@ class Scheduler(Placing):
         try:
             while not stop.is_set() and not until():
                 try:
-                    report = self.cycle()
+                    # the last batch stays in flight while the next cycle reads the log
+                    report = self.cycle(settle=False)
+                    busy = bool(report.placed or report.rejected or report.voided
+                                or report.expired or report.preempted or self.maybe_behind)
+                    checkpoints = self.checkpoints
+                    if not busy or (checkpoints is not None
+                                    and checkpoints.due(self, idle=False)):
+                        self.settle()  # before a wait, and before a checkpoint is taken
                 except Exception:
                     log.exception("scheduler cycle failed")
                     stop.wait(1.0)
                     continue
-                busy = bool(report.placed or report.rejected or report.voided
-                            or report.expired or report.preempted or self.maybe_behind)
-                if self.checkpoints is not None:
-                    self.checkpoints.after_cycle(self, idle=not busy)
+                if checkpoints is not None:
+                    checkpoints.after_cycle(self, idle=not busy)
                 if not busy:
                     idle(self.next_due_in())
         finally:
+            try:
+                self.settle()  # what the last cycle sent is acknowledged or voided
+            except Exception:
+                log.exception("the last batch's outcome is not known; the log says")
             observability.unwatch_scheduler(self)

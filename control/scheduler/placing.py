@@ -194,8 +194,7 @@ class Placing(Ganging):
             if len(batch) + len(allocs) + len(self._holds) >= MAX_MESSAGES_PER_BATCH:
                 self._close_batch(batch, allocs, now, report)
                 batch = []
-        self._close_batch(batch, allocs, now, report)
-        self._settle(report)
+        self._close_batch(batch, allocs, now, report)  # in flight until the next is sent
         position = 0
         for req in unplaced:
             lease = self.aggregates.peek(UUID(req.lease_id))
