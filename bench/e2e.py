@@ -35,26 +35,40 @@ def _serve_plane(url: str, ready: Any, stop: Any, roles: list[str] | None = None
     plane.stop()
 
 
-def _run_fleet(url: str, nodes: int, heartbeat_seconds: float, ready: Any, stop: Any) -> None:
-    """In a process of its own: `nodes` simulated agents, registered, then beating."""
+def pool_names(pools: int) -> list[str]:
+    """The run's pools: POOL alone, or POOL-0 … POOL-(n-1)."""
+    return [POOL] if pools == 1 else [f"{POOL}-{i}" for i in range(pools)]
+
+
+def _run_fleet(url: str, nodes: int, heartbeat_seconds: float, ready: Any, stop: Any,
+               pools: list[str]) -> None:
+    """In a process of its own: `nodes` simulated agents dealt over `pools`, registered, then
+    beating."""
     from agents.simulate import SimulatedFleet, fleet
 
-    sim = SimulatedFleet(url, fleet(nodes, "cpu"), pool_id=POOL,
-                         heartbeat_interval=heartbeat_seconds).start()
+    sims = []
+    for k, pool in enumerate(pools):
+        mine = nodes // len(pools) + (1 if k < nodes % len(pools) else 0)
+        prefix = "sim" if len(pools) == 1 else f"sim{k}"
+        sims.append(SimulatedFleet(url, fleet(mine, "cpu", prefix=prefix), pool_id=pool,
+                                   heartbeat_interval=heartbeat_seconds).start())
     ready.put("fleet")
     stop.wait()
-    sim.stop()
+    for sim in sims:
+        sim.stop()
 
 
 class _Body:
-    """Request i's body: a fresh idempotency key per request (picklable for spawn)."""
+    """Request i's body: a fresh idempotency key per request, the pools in turn (picklable
+    for spawn)."""
 
-    def __init__(self, prefix: str, count: int = 1) -> None:
+    def __init__(self, prefix: str, count: int = 1, pools: tuple[str, ...] = (POOL,)) -> None:
         self.prefix = prefix
         self.count = count
+        self.pools = pools
 
     def __call__(self, i: int) -> bytes:
-        body: dict[str, Any] = {"pool_id": POOL, "shape": SHAPE,
+        body: dict[str, Any] = {"pool_id": self.pools[i % len(self.pools)], "shape": SHAPE,
                                 "maximum_runtime_seconds": 3600,
                                 "idempotency_key": f"{self.prefix}-{i}"}
         if self.count > 1:
@@ -63,12 +77,12 @@ class _Body:
 
 
 def _client_process(url: str, clients: int, seconds: float, rate: float | None,
-                    prefix: str, count: int, out: Any) -> None:
+                    prefix: str, count: int, pools: tuple[str, ...], out: Any) -> None:
     from bus.loadgen import run_clients
 
     cpu0 = time.process_time()  # after the imports: what the clients themselves cost
     sent = run_clients(url, tenants=TENANTS, clients=clients, seconds=seconds, rate=rate,
-                       make_body=_Body(prefix, count))
+                       make_body=_Body(prefix, count, pools))
     # with the process's own CPU time: whether the clients, not the plane, are the limit
     out.put(([(s.sent_at, s.replied_at, s.ok, s.lease_ids, s.code) for s in sent],
              time.process_time() - cpu0))
@@ -78,7 +92,8 @@ Record = tuple[float, float, bool, tuple[str, ...], str]
 
 
 def _load(url: str, *, clients: int, processes: int, seconds: float, rate: float | None,
-          run: str, count: int = 1) -> tuple[list[Record], float]:
+          run: str, count: int = 1, pools: tuple[str, ...] = (POOL,)
+          ) -> tuple[list[Record], float]:
     """Client processes sharing `clients` connections (and `rate`, when open loop): their
     records, and the CPU seconds the client processes spent."""
     out = _CTX.Queue()
@@ -89,7 +104,7 @@ def _load(url: str, *, clients: int, processes: int, seconds: float, rate: float
             continue
         share = None if rate is None else rate * mine / clients
         procs.append(_CTX.Process(target=_client_process, daemon=True, args=(
-            url, mine, seconds, share, f"{run}-p{p}", count, out)))
+            url, mine, seconds, share, f"{run}-p{p}", count, pools, out)))
     for proc in procs:
         proc.start()
     records: list[Record] = []
@@ -134,6 +149,32 @@ def _stateless_rate(url: str, *, clients: int, processes: int, seconds: float,
         "server": _per_request_ms(cpu0[0], cpu1[0], answered),
         "clients": _per_request_ms(0.0, clients_cpu, answered),
         "responder": _per_request_ms(cpu0[1], cpu1[1], answered)}
+
+
+def _spread(url: str, pools: list[str], scheduler_pids: list[int | None],
+            timeout: float = 60.0) -> dict[str, int]:
+    """Wait until every pool has a leader and every scheduler process leads one; pool → the
+    leading process's pid. Raises RuntimeError if they are not shared out in `timeout`."""
+    from bus.leader import LeaderElection
+    from control.pool_leaders import pool_election_name
+
+    observers = {pool: LeaderElection(url, name=pool_election_name(pool),
+                                      holder_id="bench-observer") for pool in pools}
+    deadline = time.monotonic() + timeout
+    leaders: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        leaders = {}
+        for pool, observer in observers.items():
+            record = observer.current_leader()
+            holder = str((record or {}).get("holder") or "")
+            pid = holder.rsplit("-", 2)[-2] if holder.count("-") >= 2 else ""
+            if pid.isdigit():
+                leaders[pool] = int(pid)
+        if len(leaders) == len(pools) and set(leaders.values()) >= set(scheduler_pids):
+            return leaders
+        time.sleep(0.5)
+    raise RuntimeError(f"the pools were not shared out over {len(scheduler_pids)} scheduler "
+                       f"processes in {timeout:g} s: {leaders}")
 
 
 def _cpu_seconds(pid: int | None) -> float | None:
@@ -257,12 +298,14 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
                   rate: float = 1000.0, steady_seconds: float = 10.0, count: int = 1,
                   processes: int | None = None, heartbeat_seconds: float = 10.0,
                   command_processes: int = 1, one_process: bool | None = None,
-                  quick: bool = False,
+                  pools: int = 1, scheduler_processes: int = 1, quick: bool = False,
                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """One run: raw batch ingest, then a saturating closed loop of `clients`, then `rate`
     requests/s offered for `steady_seconds`; every figure from the same server. The plane
     runs as `pool up` runs it: the scheduler's roles in a process of their own unless
-    `one_process` (None: as `pool up` decides on this machine)."""
+    `one_process` (None: as `pool up` decides on this machine). With `pools` > 1 the nodes
+    and the requests are dealt over that many pools, and `scheduler_processes` > 1 adds
+    scheduler processes that share the pools' leadership out (control.pool_leaders)."""
     from bus.admin import ensure_all_streams
     from bus.bench import raw_atomic_rate
     from bus.loadgen import ReservedWatcher
@@ -274,11 +317,16 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
         clients, nodes, seconds = min(clients, 8), min(nodes, 20), min(seconds, 2.0)
         rate, steady_seconds = min(rate, 100.0), min(steady_seconds, 2.0)
     if (clients < 1 or nodes < 1 or seconds <= 0 or rate <= 0 or steady_seconds <= 0
-            or command_processes < 1):
-        raise ValueError("clients, nodes, seconds, rate, steady seconds and command "
-                         "processes must be positive")
+            or command_processes < 1 or pools < 1 or scheduler_processes < 1):
+        raise ValueError("clients, nodes, seconds, rate, steady seconds, pools and command "
+                         "and scheduler processes must be positive")
+    if nodes < pools:
+        raise ValueError("every pool needs a node: nodes must be at least pools")
     processes = processes or max(1, min(clients, os.cpu_count() or 1))
     split = not one_process if one_process is not None else split_by_default()
+    if scheduler_processes > 1 and not split:
+        raise ValueError("more scheduler processes need the scheduler apart: not one process")
+    names = pool_names(pools)
     say = progress or (lambda _s: None)
     run = uuid.uuid4().hex[:6]
     started = time.monotonic()
@@ -311,34 +359,46 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
                 procs.append(apart)
                 ready.get(timeout=120)
                 plane_pids.append(apart.pid)
-            for _ in range(command_processes - 1):  # more responders in the queue group
-                extra = _CTX.Process(target=_serve_plane, args=(url, ready, stop, ["commands"]),
-                                     daemon=True)
-                extra.start()
-                procs.append(extra)
-                ready.get(timeout=120)
+            # more responders in the queue group; more schedulers sharing the pools out
+            scheduler_pids = plane_pids[-1:]
+            for roles, n in ((["commands"], command_processes - 1),
+                             (["scheduler"], scheduler_processes - 1)):
+                for _ in range(n):
+                    extra = _CTX.Process(target=_serve_plane, args=(url, ready, stop, roles),
+                                         daemon=True)
+                    extra.start()
+                    procs.append(extra)
+                    ready.get(timeout=120)
+                    plane_pids.append(extra.pid)
+                    if roles == ["scheduler"]:
+                        scheduler_pids.append(extra.pid)
             with PoolClient(url, timeout=30) as admin:
-                got = admin.admin("pool.set", {"pool_id": POOL, "commit_timeout_seconds": 3600,
-                                               "node_timeout_seconds": 600})
-                if not got.get("ok"):
-                    raise RuntimeError(f"pool.set refused: {got}")
+                for pool in names:
+                    got = admin.admin("pool.set", {"pool_id": pool,
+                                                   "commit_timeout_seconds": 3600,
+                                                   "node_timeout_seconds": 600})
+                    if not got.get("ok"):
+                        raise RuntimeError(f"pool.set refused: {got}")
             say(f"registering {nodes} simulated nodes…")
             t0 = time.monotonic()
             fleet = _CTX.Process(target=_run_fleet, daemon=True,
-                                 args=(url, nodes, heartbeat_seconds, ready, stop))
+                                 args=(url, nodes, heartbeat_seconds, ready, stop, names))
             fleet.start()
             procs.append(fleet)
             ready.get(timeout=600)
             register_s = time.monotonic() - t0
+            leaders = (_spread(url, names, scheduler_pids) if scheduler_processes > 1
+                       else None)
             watcher = ReservedWatcher(url).start()
             _load(url, clients=min(clients, 4), processes=1, seconds=0.5, rate=None,
-                  run=f"{run}-warm")
+                  run=f"{run}-warm", pools=tuple(names))
             say(f"saturating: {clients} clients for {seconds:g} s…")
             cpu0 = (_cpu_of(plane_pids), _cpu_seconds(server_pid))
             t0 = time.monotonic()
             msgs0 = _server_msgs(server)
             sat, clients_cpu = _load(url, clients=clients, processes=processes,
-                                     seconds=seconds, rate=None, run=f"{run}-sat", count=count)
+                                     seconds=seconds, rate=None, run=f"{run}-sat", count=count,
+                                     pools=tuple(names))
             cpu1 = (_cpu_of(plane_pids), _cpu_seconds(server_pid))
             msgs1 = _server_msgs(server)
             _drain(watcher, sat, 30)
@@ -370,7 +430,7 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
                 {"in": (msgs1[0] - msgs0[0]) / n, "out": (msgs1[1] - msgs0[1]) / n})
             say(f"steady: {rate:g} requests/s offered for {steady_seconds:g} s…")
             st, _ = _load(url, clients=clients, processes=processes, seconds=steady_seconds,
-                          rate=rate, run=f"{run}-steady", count=count)
+                          rate=rate, run=f"{run}-steady", count=count, pools=tuple(names))
             _drain(watcher, st, 30)
             steady = _phase(st, watcher.reserved, steady_seconds)
         finally:
@@ -382,7 +442,8 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
         "clients": clients, "client_processes": processes, "nodes": nodes, "count": count,
         "seconds": seconds, "offered_per_s": rate, "steady_seconds": steady_seconds,
         "heartbeat_seconds": heartbeat_seconds, "register_s": register_s,
-        "command_processes": command_processes, "plane_processes": 2 if split else 1,
+        "command_processes": command_processes, "plane_processes": len(plane_pids),
+        "pools": pools, "scheduler_processes": scheduler_processes, "pool_leaders": leaders,
         "raw_atomic_msgs_per_s": raw, "stateless_replies_per_s": floor,
         "stateless_cpu_ms_per_reply": floor_cpu, "cores": os.cpu_count() or 1,
         "saturated": saturated, "steady": steady,
@@ -468,6 +529,11 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"{'the same clients, a responder storing nothing (replies/s)':<58} "
                      f"{floor:>10,.0f}   accepted ÷ it: {s['accepted_per_s'] / floor:.3f}")
     lines.extend(_budget_lines(result))
+    if result.get("pools", 1) > 1 or result.get("scheduler_processes", 1) > 1:
+        led = result.get("pool_leaders") or {}
+        by = f"; leaders (pid): {', '.join(f'{p} {pid}' for p, pid in led.items())}" if led else ""
+        lines.append(f"{result['pools']} pools, {result['scheduler_processes']} scheduler "
+                     f"processes{by}")
     cpu = s.get("cpu_ms_per_request") or {}
     if any(v is not None for v in cpu.values()):
         parts = ", ".join(f"{who} {v:.2f}" for who, v in cpu.items() if v is not None)
@@ -489,14 +555,18 @@ def table(result: dict[str, Any]) -> str:
         f"{s['reserved']:,} reserved, errors {s['errors'] or 'none'}; steady: "
         f"{st['requests']:,} sent, {st['accepted']:,} accepted, {st['reserved']:,} reserved, "
         f"errors {st['errors'] or 'none'}")
+    more_commands = result["command_processes"] - 1
+    more_schedulers = result.get("scheduler_processes", 1) - 1
+    planes = result.get("plane_processes", 1)
     lines.append(
         f"{result['clients']} clients in {result['client_processes']} processes (one NATS "
         f"connection each); "
         + ("the plane in two processes (the scheduler's roles in one of their own, as "
-           "`pool up` runs it; CPU of both)" if result.get("plane_processes", 1) == 2
+           "`pool up` runs it)" if planes - more_commands - more_schedulers == 2
            else "the plane in one process")
-        + (f" and {result['command_processes'] - 1} more command process(es)"
-           if result["command_processes"] > 1 else "")
+        + (f", {more_commands} more command process(es)" if more_commands else "")
+        + (f", {more_schedulers} more scheduler process(es)" if more_schedulers else "")
+        + (f" (CPU of all {planes})" if planes > 1 else "")
         + f"; {result['nodes']} simulated nodes beating every "
         f"{result['heartbeat_seconds']:g} s (registered in {result['register_s']:.1f} s); "
         f"{'quick' if result['quick'] else 'full'} sizes, {result['elapsed_s']:.0f} s in all")

@@ -58,17 +58,25 @@ def cmd_bench_e2e(args: argparse.Namespace) -> int:
     from bench.e2e import run_e2e_bench
 
     for flag, value in (("--clients", args.clients), ("--nodes", args.nodes),
-                        ("--count", args.count), ("--command-processes", args.command_processes)):
+                        ("--count", args.count), ("--command-processes", args.command_processes),
+                        ("--pools", args.pools),
+                        ("--scheduler-processes", args.scheduler_processes)):
         if value < 1:
             raise UsageError(f"{flag} must be at least 1")
     for flag, fvalue in (("--seconds", args.seconds), ("--rate", args.rate),
                          ("--steady-seconds", args.steady_seconds)):
         if fvalue <= 0:
             raise UsageError(f"{flag} must be positive")
+    if args.scheduler_processes > 1 and args.one_process:
+        raise UsageError("--scheduler-processes above 1 needs the scheduler in a process of "
+                         "its own: drop --one-process")
+    if args.nodes < args.pools:
+        raise UsageError("--nodes must be at least --pools: every pool needs a node")
     result = run_e2e_bench(
         clients=args.clients, nodes=args.nodes, seconds=args.seconds, rate=args.rate,
         steady_seconds=args.steady_seconds, count=args.count, quick=args.quick,
         command_processes=args.command_processes, one_process=args.one_process or None,
+        pools=args.pools, scheduler_processes=args.scheduler_processes,
         progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)))
     return _report(result, args.json)
 
@@ -218,6 +226,10 @@ def register(sub: Subparsers) -> None:
     be.add_argument("--command-processes", type=int, default=1,
                     help="command responders in all: the plane and N-1 `--role commands` "
                          "processes sharing its queue group (default 1, as `pool up`)")
+    be.add_argument("--pools", type=int, default=1,
+                    help="pools the nodes and the requests are dealt over (default 1)")
+    be.add_argument("--scheduler-processes", type=int, default=1,
+                    help="scheduler processes sharing the pools' leadership out (default 1)")
     be.add_argument("--one-process", action="store_true",
                     help="the plane's roles all in one process, as `pool up --one-process` "
                          "(default: as `pool up` runs them on this machine)")

@@ -70,13 +70,33 @@ def test_the_e2e_bench_sees_every_accepted_request_reserved() -> None:
     assert "cores" in result["machine"] and "e2e: accepted requests/s" in result["table"]
 
 
-def test_pool_bench_e2e_names_a_bad_flag() -> None:
+def test_the_e2e_bench_over_pools_led_by_two_scheduler_processes_places_every_request() -> None:
+    from bench.e2e import pool_names, run_e2e_bench
+
+    result = run_e2e_bench(quick=True, seconds=1.0, steady_seconds=1.0, rate=40.0, pools=4,
+                           scheduler_processes=2)
+    sat, steady = result["saturated"], result["steady"]
+    assert sat["accepted"] > 0 and sat["errors"] == {} and steady["errors"] == {}
+    assert sat["reserved"] == sat["accepted"] and steady["reserved"] == steady["requests"] == 40
+    # every pool led, each scheduler process leading some, and the CPU of all of them counted
+    leaders = result["pool_leaders"]
+    assert sorted(leaders) == pool_names(4) and len(set(leaders.values())) == 2
+    assert result["plane_processes"] == 3 and "1 more scheduler process" in result["table"]
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--clients", "0"], "--clients"),
+    (["--pools", "0"], "--pools"),
+    (["--scheduler-processes", "2", "--one-process"], "--scheduler-processes"),
+    (["--pools", "5", "--nodes", "4"], "--nodes"),
+])
+def test_pool_bench_e2e_names_a_bad_flag(argv: list[str], flag: str) -> None:
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "cli.main", "bench", "e2e", "--clients", "0"],
+    done = subprocess.run([sys.executable, "-m", "cli.main", "bench", "e2e", *argv],
                           capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode != 0 and "--clients" in done.stderr
+    assert done.returncode != 0 and flag in done.stderr
 
 
 def test_the_queued_bench_replays_every_request_and_holds_the_waiting_ones_compactly() -> None:
