@@ -41,11 +41,12 @@ def pool_names(pools: int) -> list[str]:
 
 
 def _run_fleet(url: str, nodes: int, heartbeat_seconds: float, ready: Any, stop: Any,
-               pools: list[str]) -> None:
+               pools: list[str] | None = None) -> None:
     """In a process of its own: `nodes` simulated agents dealt over `pools`, registered, then
     beating."""
     from agents.simulate import SimulatedFleet, fleet
 
+    pools = pools or [POOL]
     sims = []
     for k, pool in enumerate(pools):
         mine = nodes // len(pools) + (1 if k < nodes % len(pools) else 0)
