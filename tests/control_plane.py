@@ -68,6 +68,9 @@ def node_report(nats_url: str, node: str, lease_id: str, verb: str,
         return agent.call(f"pool.node.{node}.lease.{lease_id}.{verb}", body)
 
 
+Plane = tuple[ControlPlane, PoolClient, FakeClock]  # a hand-driven plane, its admin, its clock
+
+
 def start(nats_url: str, clock: FakeClock) -> ControlPlane:
     """A plane whose scheduler the test drives by hand (`cp.scheduler.cycle()`), answering
     `why` from it."""

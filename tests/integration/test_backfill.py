@@ -4,27 +4,12 @@ later requests are placed only where they cannot delay it, and `why` says where 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
 
 import pytest
 
-from bus.local.server import NatsServer
 from cli.main import main
 from client.api import PoolClient
-from control.plane import ControlPlane
-from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
-
-Plane = tuple[ControlPlane, PoolClient, FakeClock]
-
-
-@pytest.fixture()
-def plane(fresh_nats: NatsServer) -> Iterator[Plane]:
-    clock = FakeClock()
-    cp = start(fresh_nats.url, clock)
-    admin = PoolClient(fresh_nats.url)
-    yield cp, admin, clock
-    admin.close()
-    cp.stop()
+from tests.control_plane import Plane, lease_body, node_body, setup_pool
 
 
 def _state(client: PoolClient, lease_id: str) -> str:

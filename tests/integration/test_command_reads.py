@@ -2,30 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 from uuid import UUID
 
 import pytest
 
-from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.plane import ControlPlane
 from domain.pool import Pool
-from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
+from tests.control_plane import Plane, lease_body, node_body, setup_pool
 
-Plane = tuple[ControlPlane, PoolClient, FakeClock]
 JOB = {"job": {"image": "local/job@sha256:" + "a" * 64, "command": ["true"]}}
-
-
-@pytest.fixture()
-def plane(fresh_nats: NatsServer) -> Iterator[Plane]:
-    clock = FakeClock()
-    cp = start(fresh_nats.url, clock)
-    admin = PoolClient(fresh_nats.url)
-    yield cp, admin, clock
-    admin.close()
-    cp.stop()
 
 
 def test_commit_and_release_read_the_pools_settings_once_not_per_command(

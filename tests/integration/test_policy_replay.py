@@ -3,28 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
 from bench.policy import NothingToReplay, workload_from_log
-from bus.local.server import NatsServer
 from cli.main import main
 from client.api import PoolClient
 from control.plane import ControlPlane
-from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
+from tests.control_plane import FakeClock, lease_body, node_body, setup_pool
 
 JOB = {"job": {"image": "busybox@sha256:" + "a" * 64, "command": ["true"]}}
-
-
-@pytest.fixture()
-def plane(fresh_nats: NatsServer) -> Iterator[tuple[ControlPlane, PoolClient, FakeClock]]:
-    clock = FakeClock()
-    cp = start(fresh_nats.url, clock)
-    admin = PoolClient(fresh_nats.url)
-    yield cp, admin, clock
-    admin.close()
-    cp.stop()
 
 
 def _history(cp: ControlPlane, admin: PoolClient, clock: FakeClock) -> tuple[str, str]:

@@ -7,36 +7,20 @@ through the grace period, and place the request only once the agent confirms the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
-from bus.local.server import NatsServer
 from client.api import PoolClient
 from control.plane import ControlPlane
 from tests.control_plane import (
-    FakeClock,
+    Plane,
     lease_body,
     node_body,
     node_report,
     setup_pool,
-    start,
 )
 
-Plane = tuple[ControlPlane, PoolClient, FakeClock]
 WHOLE_NODE = 8000
 PREEMPTION = {"enabled": True, "min_runtime_seconds": 0, "grace_seconds": 10}
-
-
-@pytest.fixture()
-def plane(fresh_nats: NatsServer) -> Iterator[Plane]:
-    clock = FakeClock()
-    cp = start(fresh_nats.url, clock)
-    admin = PoolClient(fresh_nats.url)
-    yield cp, admin, clock
-    admin.close()
-    cp.stop()
 
 
 def _pool(admin: PoolClient, preemption: dict[str, Any] | None = None) -> None:

@@ -4,40 +4,27 @@ partial quotas, non-preemptible tenants and classes, requeue wishes, restarts, r
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from bus.local.server import NatsServer
 from chaos.invariants import check_quotas
 from cli.quotas import shares_of
 from client.api import PoolClient
 from control.plane import ControlPlane
 from tests.control_plane import (
     FakeClock,
+    Plane,
     lease_body,
     node_body,
     node_report,
     setup_pool,
-    start,
 )
 
-Plane = tuple[ControlPlane, PoolClient, FakeClock]
 WHOLE_NODE = 8000
 PREEMPTION = {"enabled": True, "min_runtime_seconds": 0, "grace_seconds": 10}
 JOB = {"image": "local/job@sha256:" + "a" * 64, "command": ["sleep", "30"],
        "checkpoint_policy": {"mode": "periodic", "interval_seconds": 60}}
-
-
-@pytest.fixture()
-def plane(fresh_nats: NatsServer) -> Iterator[Plane]:
-    clock = FakeClock()
-    cp = start(fresh_nats.url, clock)
-    admin = PoolClient(fresh_nats.url)
-    yield cp, admin, clock
-    admin.close()
-    cp.stop()
 
 
 def _nodes(admin: PoolClient, *names: str, cpu_millis: int = WHOLE_NODE) -> None:

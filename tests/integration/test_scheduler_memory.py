@@ -3,29 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from uuid import UUID
 
 import pytest
 
-from bus.local.server import NatsServer
 from client.api import PoolClient
 from control.pending import QueuedLease
 from control.plane import ControlPlane
 from domain.lease import Lease
-from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
-
-Plane = tuple[ControlPlane, PoolClient, FakeClock]
-
-
-@pytest.fixture()
-def plane(fresh_nats: NatsServer) -> Iterator[Plane]:
-    clock = FakeClock()
-    cp = start(fresh_nats.url, clock)
-    admin = PoolClient(fresh_nats.url)
-    yield cp, admin, clock
-    admin.close()
-    cp.stop()
+from tests.control_plane import Plane, lease_body, node_body, setup_pool
 
 
 def test_waiting_requests_stay_compact_and_placed_ones_become_whole_leases(plane: Plane) -> None:

@@ -4,17 +4,12 @@ time on the same node."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
-from bus.local.server import NatsServer
 from client.api import PoolClient
 from control.plane import ControlPlane
 from domain.pool import PoolConfig
 from domain.resources import NodeCapabilities, Resources, Shape
 from sim import DRF, DRF_BACKFILL, Policy, SimNode, SimRequest, Simulator, Tenant, Workload
-from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
+from tests.control_plane import FakeClock, lease_body, node_body, setup_pool
 
 JOB = {"job": {"image": "busybox@sha256:" + "a" * 64, "command": ["true"]}}
 STEP = 60.0
@@ -53,16 +48,6 @@ def _simulated(policy: Policy) -> dict[str, tuple[float, str]]:
         assert o.started_at is not None and o.node_id is not None
         out[o.request.request_id] = (o.started_at, o.node_id)
     return out
-
-
-@pytest.fixture()
-def plane(fresh_nats: NatsServer) -> Iterator[tuple[ControlPlane, PoolClient, FakeClock]]:
-    clock = FakeClock()
-    cp = start(fresh_nats.url, clock)
-    admin = PoolClient(fresh_nats.url)
-    yield cp, admin, clock
-    admin.close()
-    cp.stop()
 
 
 def _scheduled(plane: tuple[ControlPlane, PoolClient, FakeClock], backfill: bool,
