@@ -5,7 +5,6 @@ States and verbs: docs/architecture.md#the-lease-lifecycle.
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -24,6 +23,7 @@ from domain.errors import (
 from domain.errors import LeaseExpired as LeaseExpiredError
 from domain.fold import trigger
 from domain.gang import GangMembership
+from domain.ids import pair_uuid
 from domain.resources import LeaseId, NodeId, PoolId, Resources, Shape, TenantId
 
 _NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:lease")
@@ -147,7 +147,7 @@ class Lease(Aggregate):
     @staticmethod
     def create_id(tenant_id: str, idempotency_key: str) -> UUID:
         """The lease id for a tenant's idempotency key: a retried request finds the same lease."""
-        return uuid.uuid5(_NAMESPACE, json.dumps([str(tenant_id), str(idempotency_key)]))
+        return pair_uuid(_NAMESPACE, str(tenant_id), str(idempotency_key))
 
     @classmethod
     def request(
