@@ -5,13 +5,15 @@ States and verbs: docs/architecture.md#the-lease-lifecycle.
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.domain import Aggregate, event
+from eventsourcing.domain import Aggregate, CanInitAggregate, CanMutateAggregate, event
+from eventsourcing.utils import get_topic
 
 from domain.errors import (
     IllegalTransition,
@@ -188,25 +190,28 @@ class Lease(Aggregate):
             _require_positive_int(name, value)
         if not shape.resources.is_non_negative():
             raise InvalidAmount("a shape cannot ask for negative resources")
-        return cls(
-            tenant_id=str(tenant_id),
-            idempotency_key=idempotency_key,
-            pool_id=str(pool_id),
-            shape=shape.to_dict(),
-            maximum_runtime_seconds=maximum_runtime_seconds,
-            lease_seconds=term,
-            heartbeat_timeout_seconds=heartbeat_timeout_seconds,
-            priority_class=priority_class,
-            preemptible=bool(preemptible),
-            requested_at=float(now),
-            trace_parent=trace_parent,
-            request_digest=request_digest,
-            checkpointable=bool(checkpointable),
-            requeue_when_preempted=bool(requeue_when_preempted),
-            advance_reservation_id=advance_reservation_id,
-            gang=None if gang is None else gang.to_dict(),
-            queued_at=float(now) if queued else None,
-        )
+        fields: dict[str, Any] = {
+            "tenant_id": str(tenant_id),
+            "idempotency_key": idempotency_key,
+            "pool_id": str(pool_id),
+            "shape": shape.to_dict(),
+            "maximum_runtime_seconds": maximum_runtime_seconds,
+            "lease_seconds": term,
+            "heartbeat_timeout_seconds": heartbeat_timeout_seconds,
+            "priority_class": priority_class,
+            "preemptible": bool(preemptible),
+            "requested_at": float(now),
+            "trace_parent": trace_parent,
+            "request_digest": request_digest,
+            "checkpointable": bool(checkpointable),
+            "requeue_when_preempted": bool(requeue_when_preempted),
+            "advance_reservation_id": advance_reservation_id,
+            "gang": None if gang is None else gang.to_dict(),
+            "queued_at": float(now) if queued else None,
+        }
+        if _LEAN_CREATE is None or cls is not Lease:
+            return cls(**fields)
+        return _created(fields)
 
     @event("LeaseRequested")
     def __init__(
@@ -903,3 +908,46 @@ def _require_non_negative_int(name: str, value: object) -> None:
         raise InvalidAmount(
             f"{name} must be a non-negative integer, got {value!r}", reasons=(name,)
         )
+
+
+def _lean_create() -> tuple[str, ...] | None:
+    """LeaseRequested's field names when the library's creation of a Lease is exactly: the
+    event with those fields, a new Lease, the library's base init, then Lease.__init__ with
+    every field it names (the event's apply being the library's no-op, the init not asking
+    for the id, no explicit topic); else None, and `request` goes through the library."""
+    created: Any = Lease.LeaseRequested  # type: ignore[attr-defined]
+    if (getattr(created, "mutate", None) is not CanInitAggregate.mutate
+            or getattr(created, "apply", None) is not CanMutateAggregate.apply
+            or getattr(Lease, "TOPIC", None)):
+        return None
+    params = list(inspect.signature(Lease.__init__).parameters.values())[1:]
+    if any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD or p.name == "id"
+           for p in params):
+        return None
+    names = tuple(created.__dataclass_fields__)
+    base = {"originator_id", "originator_version", "timestamp", "originator_topic"}
+    if set(names) != base | {p.name for p in params}:
+        return None
+    return names
+
+
+_LEAN_CREATE = _lean_create()
+_LEASE_TOPIC = get_topic(Lease)
+
+
+def _created(fields: dict[str, Any]) -> Lease:
+    """What `Lease(**fields)` makes through the library, made directly (the command path
+    creates one a request; the library's generic creation is built for any aggregate)."""
+    created: Any = Lease.LeaseRequested  # type: ignore[attr-defined]
+    oid = Lease.create_id(fields["tenant_id"], fields["idempotency_key"])
+    timestamp = created.create_timestamp()
+    state = {"originator_id": oid, "originator_version": Lease.INITIAL_VERSION,
+             "timestamp": timestamp, "originator_topic": _LEASE_TOPIC, **fields}
+    assert _LEAN_CREATE is not None
+    event_obj = object.__new__(created)
+    object.__setattr__(event_obj, "__dict__", {name: state[name] for name in _LEAN_CREATE})
+    lease = object.__new__(Lease)
+    lease.__base_init__(oid, Lease.INITIAL_VERSION, timestamp)
+    Lease.__init__(lease, **fields)
+    lease._pending_events.append(event_obj)
+    return lease
