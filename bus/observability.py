@@ -154,6 +154,17 @@ def tracer() -> trace.Tracer:
     return trace.get_tracer(INSTRUMENTATION)
 
 
+def tracing() -> bool:
+    """Whether this process records spans: a tracer provider is installed (by `setup` or by
+    whoever embeds us). Without one every span is a no-op that only carries its parent."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+def carries_trace(headers: Mapping[str, str] | None) -> bool:
+    """Whether received headers name a parent trace (a `traceparent` header, any case)."""
+    return bool(headers) and any(k.lower() == TRACEPARENT for k in headers)  # type: ignore[union-attr]
+
+
 def meter() -> metrics.Meter:
     return metrics.get_meter(INSTRUMENTATION)
 
@@ -182,6 +193,8 @@ def valid_traceparent(value: object) -> bool:
 
 def traceparent(context: Context | None = None) -> str | None:
     """The `traceparent` of the current (or given) span, or None when there is no trace."""
+    if trace.get_current_span(context).get_span_context() == trace.INVALID_SPAN_CONTEXT:
+        return None  # what the propagator writes for it: nothing
     value = inject({}, context).get(TRACEPARENT)
     return value if valid_traceparent(value) else None
 

@@ -130,3 +130,64 @@ def test_a_policy_past_its_time_is_read_again_on_a_thread_while_the_loop_answers
         time.sleep(0.05)
     assert all(cp.app._policies[k][1] > time.monotonic() + 300 for k in cached)  # read again
     assert not cp.app._refreshing
+
+
+def test_with_tracing_off_a_request_skips_the_no_op_span_and_keeps_its_parent(
+        plane: Plane, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No tracer provider: a request naming no parent trace is answered on the loop without
+    the span machinery and records no trace; one naming a parent goes through the span, whose
+    no-op carries the parent into the lease as before."""
+    from opentelemetry import trace
+
+    from bus import observability
+    from control import commands
+    from domain import Lease
+
+    cp, alpha, threaded = plane
+    assert alpha.request_lease(lease_body("warm"))["ok"]  # policies cached
+    monkeypatch.setattr(observability, "tracing", lambda: False)
+    monkeypatch.setattr(observability, "tracer", lambda: trace.NoOpTracer())
+    spans: list[str] = []
+    real_use_span = commands.use_span
+
+    def counting(span: Any, *args: Any, **kwargs: Any) -> Any:
+        spans.append("span")
+        return real_use_span(span, *args, **kwargs)
+
+    monkeypatch.setattr(commands, "use_span", counting)
+    on_threads = _requests(threaded)
+
+    r = alpha.request_lease(lease_body("plain"))
+    assert r["ok"] and r["lease"]["state"] == "queued", r
+    assert spans == [] and _requests(threaded) == on_threads
+    assert cp.app.repository.get(Lease.create_id("alpha", "plain")).trace_parent is None
+
+    bad = alpha.call("pool.cmd.alpha.lease.request", {"pool_id": "p1"})
+    assert not bad["ok"] and bad["error"]["code"] in ("missing_field", "invalid_field")
+    assert spans == [] and _requests(threaded) == on_threads
+
+    parent = trace.SpanContext(trace_id=0x1234, span_id=0x5678, is_remote=False,
+                               trace_flags=trace.TraceFlags(1))
+    with trace.use_span(trace.NonRecordingSpan(parent)):
+        r = alpha.request_lease(lease_body("traced"))
+    assert r["ok"], r
+    assert spans == ["span"] and _requests(threaded) == on_threads
+    stored = cp.app.repository.get(Lease.create_id("alpha", "traced")).trace_parent
+    assert stored == f"00-{0x1234:032x}-{0x5678:016x}-01"
+
+
+def test_a_no_op_span_without_a_parent_carries_no_trace() -> None:
+    """What the skipped span would have given a request naming no parent: no traceparent."""
+    from opentelemetry import trace
+
+    from bus import observability
+
+    span = trace.NoOpTracer().start_span("x", context=observability.extract({}))
+    with trace.use_span(span):
+        assert observability.traceparent() is None
+    parent = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+    span = trace.NoOpTracer().start_span(
+        "x", context=observability.extract({"TraceParent": parent}))
+    assert observability.carries_trace({"TraceParent": parent})
+    with trace.use_span(span):
+        assert observability.traceparent() == parent
