@@ -69,8 +69,9 @@ def agent_consumer_name(node_id: str) -> str:
 
 
 def _rfc3339(at: float) -> str:
-    t = dt.datetime.fromtimestamp(at, tz=dt.UTC)
-    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+    """`at` as RFC 3339 in UTC to the millisecond (truncated), as `2026-12-05T15:00:00.123Z`."""
+    # isoformat ends a UTC time with "+00:00"; it pads the year to four digits as %Y does here
+    return dt.datetime.fromtimestamp(at, tz=dt.UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
 @dataclass(frozen=True)
