@@ -157,6 +157,7 @@ def _spread(url: str, pools: list[str], scheduler_pids: list[int | None],
     """Wait until every pool has a leader and every scheduler process leads one; pool → the
     leading process's pid. Raises RuntimeError if they are not shared out in `timeout`."""
     from bus.leader import LeaderElection
+    from control.plane import holder_pid
     from control.pool_leaders import pool_election_name
 
     observers = {pool: LeaderElection(url, name=pool_election_name(pool),
@@ -167,10 +168,9 @@ def _spread(url: str, pools: list[str], scheduler_pids: list[int | None],
         leaders = {}
         for pool, observer in observers.items():
             record = observer.current_leader()
-            holder = str((record or {}).get("holder") or "")
-            pid = holder.rsplit("-", 2)[-2] if holder.count("-") >= 2 else ""
-            if pid.isdigit():
-                leaders[pool] = int(pid)
+            pid = holder_pid(str((record or {}).get("holder") or ""))
+            if pid is not None:
+                leaders[pool] = pid
         if len(leaders) == len(pools) and set(leaders.values()) >= set(scheduler_pids):
             return leaders
         time.sleep(0.5)

@@ -83,6 +83,12 @@ def holder_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
+def holder_pid(holder: str | None) -> int | None:
+    """The pid a `holder_id` names, or None for a holder that is not one (an observer's)."""
+    parts = (holder or "").rsplit("-", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+
+
 class _WhyContext:
     """The route table's Context for the scheduler's routes: `why` and queue positions, from
     its reasons, or for a pool another process leads, from that leader's (`desk`)."""

@@ -17,7 +17,7 @@ import pytest
 from bus.leader import LeaderElection
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.plane import ControlPlane
+from control.plane import ControlPlane, holder_pid
 from control.pool_leaders import assigned, pool_election_name
 from tests.control_plane import lease_body, node_body, setup_pool
 
@@ -65,12 +65,6 @@ def _leaders(url: str) -> dict[str, str | None]:
     return out
 
 
-def _pid_of(holder: str | None) -> int | None:
-    if holder is None:
-        return None
-    return int(holder.rsplit("-", 2)[-2])
-
-
 def _all_placed(alpha: PoolClient, key: str) -> bool:
     ids = [alpha.request_lease(lease_body(f"{key}-{p}", pool=p))["lease"]["lease_id"]
            for p in POOLS]
@@ -89,11 +83,11 @@ def test_two_scheduler_processes_share_four_pools_and_the_survivor_takes_them_al
     try:
         pids = {p.pid for p in procs}
         # each pool one leader, and both processes lead their share
-        assert _wait(lambda: {_pid_of(h) for h in _leaders(url).values()} == pids), \
+        assert _wait(lambda: {holder_pid(h) for h in _leaders(url).values()} == pids), \
             _leaders(url)
         by_pid: dict[int | None, list[str]] = {}
         for pool, holder in _leaders(url).items():
-            by_pid.setdefault(_pid_of(holder), []).append(pool)
+            by_pid.setdefault(holder_pid(holder), []).append(pool)
         assert sorted(len(v) for v in by_pid.values()) == [2, 2], by_pid
         with PoolClient(url, "alpha") as alpha:
             assert _all_placed(alpha, "before")
@@ -103,7 +97,7 @@ def test_two_scheduler_processes_share_four_pools_and_the_survivor_takes_them_al
             victim.wait(10)
             survivor = procs[1].pid
             started = time.monotonic()
-            assert _wait(lambda: all(_pid_of(h) == survivor
+            assert _wait(lambda: all(holder_pid(h) == survivor
                                      for h in _leaders(url).values())), _leaders(url)
             takeover = time.monotonic() - started
             assert _all_placed(alpha, "after")
