@@ -353,6 +353,8 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
             procs.append(plane)
             ready.get(timeout=120)
             plane_pids: list[int | None] = [plane.pid]
+            # each plane process's roles, beside its pid ("all": every role in one process)
+            plane_roles: list[str] = ["+".join(PARENT_ROLES) if split else "all"]
             if split:
                 apart = _CTX.Process(target=_serve_plane, daemon=True,
                                      args=(url, ready, stop, list(CHILD_ROLES)))
@@ -360,6 +362,7 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
                 procs.append(apart)
                 ready.get(timeout=120)
                 plane_pids.append(apart.pid)
+                plane_roles.append("+".join(CHILD_ROLES))
             # more responders in the queue group; more schedulers sharing the pools out
             scheduler_pids = plane_pids[-1:]
             for roles, n in ((["commands"], command_processes - 1),
@@ -371,6 +374,7 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
                     procs.append(extra)
                     ready.get(timeout=120)
                     plane_pids.append(extra.pid)
+                    plane_roles.append("+".join(roles))
                     if roles == ["scheduler"]:
                         scheduler_pids.append(extra.pid)
             with PoolClient(url, timeout=30) as admin:
@@ -395,12 +399,14 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
                   run=f"{run}-warm", pools=tuple(names))
             say(f"saturating: {clients} clients for {seconds:g} s…")
             cpu0 = (_cpu_of(plane_pids), _cpu_seconds(server_pid))
+            each0 = [_cpu_seconds(pid) for pid in plane_pids]
             t0 = time.monotonic()
             msgs0 = _server_msgs(server)
             sat, clients_cpu = _load(url, clients=clients, processes=processes,
                                      seconds=seconds, rate=None, run=f"{run}-sat", count=count,
                                      pools=tuple(names))
             cpu1 = (_cpu_of(plane_pids), _cpu_seconds(server_pid))
+            each1 = [_cpu_seconds(pid) for pid in plane_pids]
             msgs1 = _server_msgs(server)
             _drain(watcher, sat, 30)
             cpu2, t2 = _settled(url, (plane_pids, server_pid))
@@ -415,6 +421,10 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
                 "server": _per_request_ms(cpu0[1], cpu1[1], n),
                 "clients": _per_request_ms(0.0, clients_cpu, n),
             }
+            # the plane's share split by its processes, named by the roles each runs
+            saturated["plane_cpu_ms_per_request"] = [
+                {"roles": roles, "ms": _per_request_ms(a, b, n)}
+                for roles, a, b in zip(plane_roles, each0, each1, strict=True)]
             # the same from the phase's start until the dispatcher caught up with the log: the
             # work the requests left behind included, and whatever else ran meanwhile
             saturated["settled_s"] = t2 - t0
@@ -539,6 +549,10 @@ def table(result: dict[str, Any]) -> str:
     if any(v is not None for v in cpu.values()):
         parts = ", ".join(f"{who} {v:.2f}" for who, v in cpu.items() if v is not None)
         lines.append(f"CPU ms per accepted request at saturation, by process: {parts}")
+    shares = [p for p in s.get("plane_cpu_ms_per_request") or [] if p["ms"] is not None]
+    if len(shares) > 1:
+        lines.append("the plane's, by its processes: "
+                     + ", ".join(f"{p['roles']} {p['ms']:.2f}" for p in shares))
     settled = s.get("settled_cpu_ms_per_request") or {}
     if any(v is not None for v in settled.values()):
         parts = ", ".join(f"{who} {v:.2f}" for who, v in settled.items() if v is not None)

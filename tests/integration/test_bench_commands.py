@@ -82,6 +82,11 @@ def test_the_e2e_bench_over_pools_led_by_two_scheduler_processes_places_every_re
     leaders = result["pool_leaders"]
     assert sorted(leaders) == pool_names(4) and len(set(leaders.values())) == 2
     assert result["plane_processes"] == 3 and "1 more scheduler process" in result["table"]
+    # the plane's CPU split by its processes, named by their roles, adding up to its whole
+    shares = sat["plane_cpu_ms_per_request"]
+    assert [p["roles"] for p in shares][1:] == ["scheduler+reconciler", "scheduler"]
+    assert sum(p["ms"] for p in shares) == pytest.approx(sat["cpu_ms_per_request"]["plane"])
+    assert "the plane's, by its processes: commands+projector " in result["table"]
 
 
 @pytest.mark.parametrize("argv, flag", [
