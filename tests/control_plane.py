@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from bus.replies import node_inbox
 from client.api import PoolClient
+from control.application import PoolApp
+from control.bootstrap import app_env
 from control.plane import ControlPlane
+from control.scheduler import Scheduler
 
 
 @dataclass
@@ -90,3 +95,31 @@ def threaded_subjects(cp: ControlPlane) -> list[str]:
 
     cp.commands.handler = counting
     return threaded
+
+
+def rival_schedulers(cp: ControlPlane, clock: FakeClock, n: int = 2) -> list[Scheduler]:
+    """`n` schedulers of their own on `cp`'s log, each with its own application."""
+    return [Scheduler(PoolApp(env=app_env(cp.nats_url), clock=clock), clock=clock)
+            for _ in range(n)]
+
+
+def race(rivals: list[Scheduler], run: Callable[[Scheduler], None],
+         timeout: float = 60.0) -> None:
+    """`run` each scheduler on a thread of its own, all let go at once; fails when one raised
+    or had not ended within `timeout`."""
+    barrier = threading.Barrier(len(rivals))
+    errors: list[BaseException] = []
+
+    def go(s: Scheduler) -> None:
+        barrier.wait()
+        try:
+            run(s)
+        except Exception as e:  # noqa: BLE001 - a cycle that raised must fail the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=go, args=(s,)) for s in rivals]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads) and not errors, errors

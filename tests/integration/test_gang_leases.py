@@ -4,7 +4,6 @@ partly reserved, also with two schedulers racing."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +17,16 @@ from domain.gang import GangMembership, member_key
 from domain.lease import Lease, LeaseState
 from domain.policy.gang import GangSpec
 from domain.resources import NodeId, PoolId, Shape, TenantId
-from tests.control_plane import FakeClock, lease_body, node_body, node_report, setup_pool, start
+from tests.control_plane import (
+    FakeClock,
+    lease_body,
+    node_body,
+    node_report,
+    race,
+    rival_schedulers,
+    setup_pool,
+    start,
+)
 
 Plane = tuple[ControlPlane, PoolClient, PoolClient, FakeClock]
 PREEMPTION = {"enabled": True, "min_runtime_seconds": 0, "grace_seconds": 10}
@@ -338,8 +346,6 @@ def test_a_high_priority_gang_preempts_lower_work_on_the_nodes_it_chooses(
 
 
 def test_racing_schedulers_never_reserve_part_of_a_gang(plane: Plane) -> None:
-    from control.application import PoolApp
-    from control.bootstrap import app_env
     from control.scheduler import Scheduler
 
     cp, admin, alpha, clock = plane
@@ -349,25 +355,13 @@ def test_racing_schedulers_never_reserve_part_of_a_gang(plane: Plane) -> None:
             alpha.request_lease(lease_body(f"one-{i}", gpu_count=1, cpu_millis=100))
         else:
             alpha.request_lease(gang_body(f"gang-{i}", 2 + i % 3, gpus=2, same="rack"))
-    rivals = [Scheduler(PoolApp(env=app_env(cp.nats_url), clock=clock), clock=clock)
-              for _ in range(2)]
-    barrier = threading.Barrier(len(rivals))
-    errors: list[Exception] = []
+    rivals = rival_schedulers(cp, clock)
 
-    def race(s: Scheduler) -> None:
-        barrier.wait()
-        try:
-            for _ in range(4):
-                s.cycle()
-        except Exception as e:  # noqa: BLE001 - a cycle that raised must fail the test
-            errors.append(e)
+    def four_cycles(s: Scheduler) -> None:
+        for _ in range(4):
+            s.cycle()
 
-    threads = [threading.Thread(target=race, args=(s,)) for s in rivals]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads) and not errors, errors
+    race(rivals, four_cycles)
     placed = _no_partial_gang(cp)
     assert placed >= 4
     report = check_placements(cp.app)

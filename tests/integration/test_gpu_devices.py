@@ -19,7 +19,15 @@ from domain.lease import Lease
 from domain.node import Node
 from domain.resources import LeaseId
 from schemas import v1
-from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
+from tests.control_plane import (
+    FakeClock,
+    lease_body,
+    node_body,
+    race,
+    rival_schedulers,
+    setup_pool,
+    start,
+)
 
 Plane = tuple[ControlPlane, PoolClient, PoolClient, FakeClock]
 
@@ -146,10 +154,7 @@ def test_capacity_by_rack_shows_free_gpus_and_whole_free_nodes_per_rack(
 
 
 def test_racing_schedulers_never_give_one_device_to_two_leases(plane: Plane) -> None:
-    import threading
 
-    from control.application import PoolApp
-    from control.bootstrap import app_env
     from control.scheduler import Scheduler
 
     cp, admin, alpha, clock = plane
@@ -157,25 +162,13 @@ def test_racing_schedulers_never_give_one_device_to_two_leases(plane: Plane) -> 
         assert admin.admin("node.register", gpu_node(f"g{i}"))["ok"]
     for i in range(30):
         alpha.request_lease(lease_body(f"r{i}", gpu_count=1 + i % 2, cpu_millis=100))
-    rivals = [Scheduler(PoolApp(env=app_env(cp.nats_url), clock=clock), clock=clock)
-              for _ in range(2)]
-    barrier = threading.Barrier(len(rivals))
-    errors: list[Exception] = []
+    rivals = rival_schedulers(cp, clock)
 
-    def race(s: Scheduler) -> None:
-        barrier.wait()
-        try:
-            for _ in range(4):
-                s.cycle()
-        except Exception as e:  # noqa: BLE001 - a cycle that raised must fail the test
-            errors.append(e)
+    def four_cycles(s: Scheduler) -> None:
+        for _ in range(4):
+            s.cycle()
 
-    threads = [threading.Thread(target=race, args=(s,)) for s in rivals]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads) and not errors, errors
+    race(rivals, four_cycles)
     report = check_placements(cp.app)  # every node, every instant
     assert report.device_placements > 0
     assert report.device_violations == 0 and report.double_placements == 0, (

@@ -14,7 +14,7 @@ from control.application import PoolApp
 from control.bootstrap import app_env
 from control.plane import ControlPlane
 from control.scheduler import Scheduler
-from tests.control_plane import Plane, lease_body, node_body, setup_pool
+from tests.control_plane import Plane, lease_body, node_body, race, rival_schedulers, setup_pool
 
 
 def _placed_by_tenant(cp: ControlPlane) -> Counter[str]:
@@ -109,20 +109,13 @@ def test_concurrent_schedulers_never_double_place(plane: Plane) -> None:
         for i in range(30):
             a.request_lease(lease_body(f"a{i}"))
             b.request_lease(lease_body(f"b{i}"))
-    rivals = [Scheduler(PoolApp(env=app_env(cp.nats_url), clock=clock), clock=clock) for _ in range(2)]
-    barrier = threading.Barrier(len(rivals))
+    rivals = rival_schedulers(cp, clock)
 
-    def race(s: Scheduler) -> None:
-        barrier.wait()
+    def six_cycles(s: Scheduler) -> None:
         for _ in range(6):
             s.cycle()
 
-    threads = [threading.Thread(target=race, args=(s,)) for s in rivals]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert sum(1 for _ in threads if _.is_alive()) == 0
+    race(rivals, six_cycles)
     report = check_placements(cp.app)  # every node, every instant: leases fit, none held twice
     assert report.double_placements == 0, report.over_allocations + report.double_holds
     assert report.placements > 0

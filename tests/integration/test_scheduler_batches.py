@@ -13,7 +13,7 @@ from client.api import PoolClient
 from control.application import PoolApp
 from control.bootstrap import app_env
 from control.scheduler import Scheduler
-from tests.control_plane import Plane, lease_body, node_body, setup_pool
+from tests.control_plane import Plane, lease_body, node_body, race, rival_schedulers, setup_pool
 
 
 def _twelve_queued_in_small_batches(plane: Plane, monkeypatch: pytest.MonkeyPatch) -> Scheduler:
@@ -105,21 +105,14 @@ def test_racing_schedulers_sending_batches_ahead_never_double_place_nor_lose_wor
             a.request_lease(lease_body(f"a{i}"))
             b.request_lease(lease_body(f"b{i}"))
     monkeypatch.setattr(sched, "MAX_MESSAGES_PER_BATCH", 6)  # many batches in flight per cycle
-    rivals = [Scheduler(PoolApp(env=app_env(cp.nats_url), clock=clock), clock=clock) for _ in range(2)]
-    barrier = threading.Barrier(len(rivals))
+    rivals = rival_schedulers(cp, clock)
 
-    def race(s: Scheduler) -> None:
-        barrier.wait()
+    def eight_cycles(s: Scheduler) -> None:
         for _ in range(8):  # pipelined: each cycle's last batch in flight while the next reads
             s.cycle(settle=not pipelined)
         s.settle()
 
-    threads = [threading.Thread(target=race, args=(s,)) for s in rivals]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads)
+    race(rivals, eight_cycles)
     for _ in range(3):  # whatever a conflict left queued is placed now
         rivals[0].cycle()
     report = check_placements(cp.app)
