@@ -4,15 +4,15 @@ record (its request's fields, the shape shared) until something needs the whole 
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.domain import Aggregate, CanInitAggregate, CanMutateAggregate
+from eventsourcing.domain import Aggregate
 from eventsourcing.utils import get_topic
 
+from domain.creation import initialised, lean_init
 from domain.fold import mutate
 from domain.gang import GangMembership
 from domain.lease import Lease, LeaseState
@@ -65,21 +65,8 @@ _MISSING: Any = _Missing()
 _LEASE_TOPIC = get_topic(Lease)
 
 
-def _lean_init() -> tuple[str, ...] | None:
-    """Lease.__init__'s keyword names when folding a LeaseRequested is exactly: a new Lease,
-    the library's base init, then Lease.__init__ with the event's fields it names (the event
-    class's apply being the library's no-op, the init not asking for the id); else None."""
-    if (getattr(_REQUESTED, "mutate", None) is not CanInitAggregate.mutate
-            or getattr(_REQUESTED, "apply", None) is not CanMutateAggregate.apply):
-        return None
-    params = list(inspect.signature(Lease.__init__).parameters.values())[1:]
-    if any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD or p.name == "id"
-           for p in params):
-        return None
-    return tuple(p.name for p in params)
-
-
-_LEAN_INIT = _lean_init()
+# the request's fields Lease.__init__ takes, when a Lease may be built without the library
+_LEAN_INIT = lean_init(Lease, _REQUESTED)
 _SHAPES_LIMIT = 65_536  # distinct shapes shared; past this, records keep their own
 
 
@@ -336,9 +323,8 @@ class LeaseMemory:
         lease: Aggregate
         if _LEAN_INIT is not None:
             # what CanInitAggregate.mutate does, less its per-call signature filtering
-            lease = Lease.__new__(Lease)
-            lease.__base_init__(originator_id=oid, originator_version=1, timestamp=created_on)
-            Lease.__init__(lease, **{k: kwargs[k] for k in _LEAN_INIT if k in kwargs})
+            lease = initialised(Lease, oid, 1, created_on,
+                                {k: kwargs[k] for k in _LEAN_INIT if k in kwargs})
         else:
             state = {"originator_id": oid, "originator_version": 1, "timestamp": created_on,
                      **kwargs}

@@ -5,16 +5,16 @@ States and verbs: docs/architecture.md#the-lease-lifecycle.
 
 from __future__ import annotations
 
-import inspect
 import uuid
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.domain import Aggregate, CanInitAggregate, CanMutateAggregate, event
+from eventsourcing.domain import Aggregate, event
 from eventsourcing.utils import get_topic
 
+from domain.creation import initialised, lean_init
 from domain.errors import (
     IllegalTransition,
     InvalidAmount,
@@ -911,22 +911,13 @@ def _require_non_negative_int(name: str, value: object) -> None:
 
 
 def _lean_create() -> tuple[str, ...] | None:
-    """LeaseRequested's field names when the library's creation of a Lease is exactly: the
-    event with those fields, a new Lease, the library's base init, then Lease.__init__ with
-    every field it names (the event's apply being the library's no-op, the init not asking
-    for the id, no explicit topic); else None, and `request` goes through the library."""
+    """LeaseRequested's field names when a Lease may be created without the library
+    (`domain.creation.lean_init`) and the event carries exactly the init's fields."""
     created: Any = Lease.LeaseRequested  # type: ignore[attr-defined]
-    if (getattr(created, "mutate", None) is not CanInitAggregate.mutate
-            or getattr(created, "apply", None) is not CanMutateAggregate.apply
-            or getattr(Lease, "TOPIC", None)):
-        return None
-    params = list(inspect.signature(Lease.__init__).parameters.values())[1:]
-    if any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD or p.name == "id"
-           for p in params):
-        return None
+    params = lean_init(Lease, created)
     names = tuple(created.__dataclass_fields__)
     base = {"originator_id", "originator_version", "timestamp", "originator_topic"}
-    if set(names) != base | {p.name for p in params}:
+    if params is None or set(names) != base | set(params):
         return None
     return names
 
@@ -946,8 +937,6 @@ def _created(fields: dict[str, Any]) -> Lease:
     assert _LEAN_CREATE is not None
     event_obj = object.__new__(created)
     object.__setattr__(event_obj, "__dict__", {name: state[name] for name in _LEAN_CREATE})
-    lease = object.__new__(Lease)
-    lease.__base_init__(oid, Lease.INITIAL_VERSION, timestamp)
-    Lease.__init__(lease, **fields)
+    lease = initialised(Lease, oid, Lease.INITIAL_VERSION, timestamp, fields)
     lease._pending_events.append(event_obj)
     return lease
