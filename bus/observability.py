@@ -162,7 +162,7 @@ def tracing() -> bool:
 
 def carries_trace(headers: Mapping[str, str] | None) -> bool:
     """Whether received headers name a parent trace (a `traceparent` header, any case)."""
-    return bool(headers) and any(k.lower() == TRACEPARENT for k in headers)  # type: ignore[union-attr]
+    return headers is not None and any(k.lower() == TRACEPARENT for k in headers)
 
 
 def meter() -> metrics.Meter:
