@@ -283,6 +283,36 @@ def _phase(records: list[Record], reserved: dict[str, float],
     }
 
 
+# request → reserved in its stages, each lease's (the server's stored times, the clients' and
+# the watcher's clocks: one machine)
+STAGES = (("sent_to_stored", "sent → request stored"),
+          ("stored_to_reply", "request stored → reply at the client"),
+          ("stored_to_reserved", "request stored → reservation stored"),
+          ("reserved_to_seen", "reservation stored → seen by the watcher"))
+
+
+def _stages(records: list[Record], watcher: Any) -> dict[str, dict[str, float | None]]:
+    """p50 / p99 ms of each stage of STAGES over the accepted requests' leases."""
+    got: dict[str, list[float]] = {key: [] for key, _ in STAGES}
+    requested, stored, seen = (watcher.requested_stored, watcher.reserved_stored,
+                               watcher.reserved)
+    for sent_at, replied_at, ok, ids, _code in records:
+        if not ok:
+            continue
+        for lid in ids:
+            asked = requested.get(lid)
+            if asked is None:
+                continue
+            got["sent_to_stored"].append(asked - sent_at)
+            got["stored_to_reply"].append(replied_at - asked)
+            placed = stored.get(lid)
+            if placed is not None:
+                got["stored_to_reserved"].append(placed - asked)
+                got["reserved_to_seen"].append(seen[lid] - placed)
+    return {key: {"p50_ms": _ms(_pct(v, 0.5)), "p99_ms": _ms(_pct(v, 0.99))}
+            for key, v in got.items()}
+
+
 def _ms(v: float | None) -> float | None:
     return None if v is None else v * 1000
 
@@ -412,6 +442,7 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
             cpu2, t2 = _settled(url, (plane_pids, server_pid))
             msgs2 = _server_msgs(server)
             saturated = _phase(sat, watcher.reserved, seconds)
+            saturated["stages"] = _stages(sat, watcher)
             # CPU per accepted request over the saturating phase, by process: on a shared
             # machine the steadier measure of what a request costs (the plane's includes its
             # scheduler, dispatcher and the fleet's heartbeats over the same seconds)
@@ -444,6 +475,7 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
                           rate=rate, run=f"{run}-steady", count=count, pools=tuple(names))
             _drain(watcher, st, 30)
             steady = _phase(st, watcher.reserved, steady_seconds)
+            steady["stages"] = _stages(st, watcher)
         finally:
             end_children(stop, procs)
             if watcher is not None:
@@ -525,6 +557,17 @@ def _budget_lines(result: dict[str, Any]) -> list[str]:
          f"request that stores nothing took the server and the clients {carried:.2f} ms")]
 
 
+def _stage_lines(phase: dict[str, Any], where: str) -> list[str]:
+    """The phase's request → reserved in its stages, p50 / p99 ms, on one line."""
+    stages = phase.get("stages") or {}
+    parts = [f"{label} {got['p50_ms']:.1f} / {got['p99_ms']:.1f}" for key, label in STAGES
+             if (got := stages.get(key)) and got["p50_ms"] is not None
+             and got["p99_ms"] is not None]
+    if not parts:
+        return []
+    return [f"request → reserved in stages {where}, p50 / p99 ms: " + "; ".join(parts)]
+
+
 def table(result: dict[str, Any]) -> str:
     s, st = result["saturated"], result["steady"]
     lines = [f"{'figure':<58} {'value':>10} {'goal':>9} {'÷ raw':>7}", "-" * 87]
@@ -561,6 +604,8 @@ def table(result: dict[str, Any]) -> str:
                      f"phase began, everything run meanwhile included): {parts}"
                      + (f"; server messages {more['in']:.1f} in, {more['out']:.1f} out"
                         if more else ""))
+    lines.extend(_stage_lines(s, "at saturation"))
+    lines.extend(_stage_lines(st, f"at {result['offered_per_s']:,.0f}/s offered"))
     msgs = s.get("server_msgs_per_request")
     if msgs:
         lines.append(f"server messages per accepted request at saturation: {msgs['in']:.1f} in, "

@@ -108,13 +108,21 @@ def run_clients(url: str, *, tenants: list[str], clients: int, seconds: float,
     return asyncio.run(_drive(url, tenants, clients, seconds, rate, make_body, timeout))
 
 
+def _stored_at(msg: Any) -> float:
+    """When the server stored a delivered stream message (unix seconds, its own clock)."""
+    return float(msg.metadata.timestamp.timestamp())
+
+
 class ReservedWatcher:
     """Wall-clock time each lease's `LeaseReserved` event reached a headers-only ordered
-    consumer of the event stream (an upper bound on when it was stored)."""
+    consumer of the event stream (an upper bound on when it was stored); beside it, when the
+    server stored that event and the lease's `LeaseRequested` (the stream's own timestamps)."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.reserved: dict[str, float] = {}
+        self.reserved_stored: dict[str, float] = {}
+        self.requested_stored: dict[str, float] = {}
         self.appended = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="bench-watcher",
@@ -134,8 +142,15 @@ class ReservedWatcher:
             t = time.time()
             self.appended += 1
             headers = msg.headers or {}
-            if headers.get(HDR_TOPIC, "").endswith("LeaseReserved"):
-                self.reserved.setdefault(headers.get(HDR_ORIGINATOR_ID, ""), t)
+            topic = headers.get(HDR_TOPIC, "")
+            if topic.endswith("LeaseReserved"):
+                lid = headers.get(HDR_ORIGINATOR_ID, "")
+                if lid not in self.reserved:
+                    self.reserved[lid] = t
+                    self.reserved_stored[lid] = _stored_at(msg)
+            elif topic.endswith("LeaseRequested"):
+                self.requested_stored.setdefault(headers.get(HDR_ORIGINATOR_ID, ""),
+                                                 _stored_at(msg))
 
         js = self._nc.jetstream()
         self._sub = await js.subscribe(f"{EVENTS_PREFIX}.>", stream=EVENTS_STREAM, cb=on_msg,

@@ -68,6 +68,16 @@ def test_the_e2e_bench_sees_every_accepted_request_reserved() -> None:
     assert sat["settled_s"] > 0 and sat["settled_msgs_per_request"]["in"] >= msgs["in"]
     assert "until the dispatcher caught up" in result["table"]
     assert "cores" in result["machine"] and "e2e: accepted requests/s" in result["table"]
+    # request → reserved in its stages, from the server's stored times: a reservation is
+    # stored after its request, and every stage seen for the steady phase's leases
+    for phase in (sat, steady):
+        stages = phase["stages"]
+        assert set(stages) == {"sent_to_stored", "stored_to_reply", "stored_to_reserved",
+                               "reserved_to_seen"}
+        assert all(s["p50_ms"] is not None and s["p50_ms"] <= s["p99_ms"]
+                   for s in stages.values())
+        assert stages["stored_to_reserved"]["p50_ms"] > 0
+    assert "request → reserved in stages at 50/s offered" in result["table"]
 
 
 def test_the_e2e_bench_over_pools_led_by_two_scheduler_processes_places_every_request() -> None:
