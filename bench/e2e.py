@@ -283,19 +283,18 @@ def _phase(records: list[Record], reserved: dict[str, float],
     }
 
 
-# request → reserved in its stages, each lease's (the server's stored times, the clients' and
-# the watcher's clocks: one machine)
+# request → reserved in its stages, each lease's: the server's stored times of its log events
+# (read after the run), the clients' clocks and the tenants' feed watcher's, on one machine
 STAGES = (("sent_to_stored", "sent → request stored"),
           ("stored_to_reply", "request stored → reply at the client"),
           ("stored_to_reserved", "request stored → reservation stored"),
-          ("reserved_to_seen", "reservation stored → seen by the watcher"))
+          ("reserved_to_feed", "reservation stored → on the tenant's feed"))
 
 
-def _stages(records: list[Record], watcher: Any) -> dict[str, dict[str, float | None]]:
+def _stages(records: list[Record], requested: dict[str, float], stored: dict[str, float],
+            seen: dict[str, float]) -> dict[str, dict[str, float | None]]:
     """p50 / p99 ms of each stage of STAGES over the accepted requests' leases."""
     got: dict[str, list[float]] = {key: [] for key, _ in STAGES}
-    requested, stored, seen = (watcher.requested_stored, watcher.reserved_stored,
-                               watcher.reserved)
     for sent_at, replied_at, ok, ids, _code in records:
         if not ok:
             continue
@@ -308,7 +307,8 @@ def _stages(records: list[Record], watcher: Any) -> dict[str, dict[str, float | 
             placed = stored.get(lid)
             if placed is not None:
                 got["stored_to_reserved"].append(placed - asked)
-                got["reserved_to_seen"].append(seen[lid] - placed)
+                if lid in seen:
+                    got["reserved_to_feed"].append(seen[lid] - placed)
     return {key: {"p50_ms": _ms(_pct(v, 0.5)), "p99_ms": _ms(_pct(v, 0.99))}
             for key, v in got.items()}
 
@@ -339,7 +339,7 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
     scheduler processes that share the pools' leadership out (control.pool_leaders)."""
     from bus.admin import ensure_all_streams
     from bus.bench import raw_atomic_rate
-    from bus.loadgen import ReservedWatcher
+    from bus.loadgen import FeedWatcher, stored_times
     from bus.local.server import NatsServer, free_port
     from client.api import PoolClient
     from control.processes import CHILD_ROLES, PARENT_ROLES, split_by_default
@@ -424,9 +424,10 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
             register_s = time.monotonic() - t0
             leaders = (_spread(url, names, scheduler_pids) if scheduler_processes > 1
                        else None)
-            watcher = ReservedWatcher(url).start()
+            watcher = FeedWatcher(url, TENANTS).start()
             _load(url, clients=min(clients, 4), processes=1, seconds=0.5, rate=None,
                   run=f"{run}-warm", pools=tuple(names))
+            log_start = _log_end(url)
             say(f"saturating: {clients} clients for {seconds:g} s…")
             cpu0 = (_cpu_of(plane_pids), _cpu_seconds(server_pid))
             each0 = [_cpu_seconds(pid) for pid in plane_pids]
@@ -442,7 +443,6 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
             cpu2, t2 = _settled(url, (plane_pids, server_pid))
             msgs2 = _server_msgs(server)
             saturated = _phase(sat, watcher.reserved, seconds)
-            saturated["stages"] = _stages(sat, watcher)
             # CPU per accepted request over the saturating phase, by process: on a shared
             # machine the steadier measure of what a request costs (the plane's includes its
             # scheduler, dispatcher and the fleet's heartbeats over the same seconds)
@@ -475,7 +475,10 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
                           rate=rate, run=f"{run}-steady", count=count, pools=tuple(names))
             _drain(watcher, st, 30)
             steady = _phase(st, watcher.reserved, steady_seconds)
-            steady["stages"] = _stages(st, watcher)
+            # the stages, from the log's stored times, read now that the load is over
+            requested, stored = stored_times(url, log_start)
+            for phase, recs in ((saturated, sat), (steady, st)):
+                phase["stages"] = _stages(recs, requested, stored, watcher.reserved)
         finally:
             end_children(stop, procs)
             if watcher is not None:

@@ -12,10 +12,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from nats.errors import Error as NatsError
-from nats.js.api import DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from bus.connection import connect
+from bus.feed import feed_filter
 from bus.headers import HDR_ORIGINATOR_ID, HDR_TOPIC
 from bus.replies import tenant_inbox
 from bus.subjects import EVENTS_PREFIX, EVENTS_STREAM, command_subject
@@ -108,65 +110,65 @@ def run_clients(url: str, *, tenants: list[str], clients: int, seconds: float,
     return asyncio.run(_drive(url, tenants, clients, seconds, rate, make_body, timeout))
 
 
-def _stored_at(msg: Any) -> float:
-    """When the server stored a delivered stream message (unix seconds, its own clock)."""
-    return float(msg.metadata.timestamp.timestamp())
+class _State(msgspec.Struct):
+    """The part of a feed record the watcher reads."""
+
+    lease_id: str
+    state: str
 
 
-class ReservedWatcher:
-    """Wall-clock time each lease's `LeaseReserved` event reached a headers-only ordered
-    consumer of the event stream (an upper bound on when it was stored); beside it, when the
-    server stored that event and the lease's `LeaseRequested` (the stream's own timestamps)."""
+_decode_state = msgspec.json.Decoder(_State).decode
 
-    def __init__(self, url: str) -> None:
+
+class FeedWatcher:
+    """What the tenants see: each tenant's live lease feed (`pool.feedlive.<tenant>.…`, as
+    `pool lease watch` follows it), subscribed to on one connection; the wall-clock time each
+    lease's first `reserved` record arrived."""
+
+    def __init__(self, url: str, tenants: list[str]) -> None:
         self.url = url
+        self.tenants = list(tenants)
         self.reserved: dict[str, float] = {}
-        self.reserved_stored: dict[str, float] = {}
-        self.requested_stored: dict[str, float] = {}
-        self.appended = 0
+        self.records = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="bench-watcher",
                                         daemon=True)
         self._nc: Any = None
-        self._sub: Any = None
+        self._subs: list[Any] = []
 
-    def start(self) -> ReservedWatcher:
+    def start(self) -> FeedWatcher:
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(15)
         return self
 
     async def _start(self) -> None:
         self._nc = await connect(self.url, pending_size=64 * 1024 * 1024)
+        reserved = self.reserved
 
         async def on_msg(msg: Any) -> None:
             t = time.time()
-            self.appended += 1
-            headers = msg.headers or {}
-            topic = headers.get(HDR_TOPIC, "")
-            if topic.endswith("LeaseReserved"):
-                lid = headers.get(HDR_ORIGINATOR_ID, "")
-                if lid not in self.reserved:
-                    self.reserved[lid] = t
-                    self.reserved_stored[lid] = _stored_at(msg)
-            elif topic.endswith("LeaseRequested"):
-                self.requested_stored.setdefault(headers.get(HDR_ORIGINATOR_ID, ""),
-                                                 _stored_at(msg))
+            self.records += 1
+            try:
+                record = _decode_state(msg.data)
+            except msgspec.DecodeError:
+                return
+            if record.state == "reserved" and record.lease_id not in reserved:
+                reserved[record.lease_id] = t
 
-        js = self._nc.jetstream()
-        self._sub = await js.subscribe(f"{EVENTS_PREFIX}.>", stream=EVENTS_STREAM, cb=on_msg,
-                           ordered_consumer=True, deliver_policy=DeliverPolicy.NEW,
-                           headers_only=True, pending_msgs_limit=1_000_000,
-                           pending_bytes_limit=512 * 1024 * 1024)
+        for tenant in self.tenants:
+            self._subs.append(await self._nc.subscribe(
+                feed_filter(tenant, live=True), cb=on_msg, pending_msgs_limit=1_000_000,
+                pending_bytes_limit=512 * 1024 * 1024))
         await self._nc.flush()
 
     def stop(self) -> None:
         async def close() -> None:
-            if self._sub is not None:
+            for sub in self._subs:
                 with contextlib.suppress(NatsError):
-                    await self._sub.unsubscribe()
+                    await sub.unsubscribe()
             if self._nc is not None:
                 await self._nc.close()
-            # the ordered consumer's checks and the client's flusher end with the loop
+            # the client's flusher ends with the loop
             rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             for t in rest:
                 t.cancel()
@@ -177,3 +179,52 @@ class ReservedWatcher:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
+
+
+def stored_times(url: str, after: int, *, timeout: float = 60.0
+                 ) -> tuple[dict[str, float], dict[str, float]]:
+    """When the server stored each lease's `LeaseRequested` and its first `LeaseReserved`
+    after log sequence `after` (the stream's own timestamps, unix seconds), read once the
+    load is over so the reading adds nothing to what was measured."""
+
+    async def go() -> tuple[dict[str, float], dict[str, float]]:
+        nc = await connect(url, pending_size=64 * 1024 * 1024)
+        requested: dict[str, float] = {}
+        reserved: dict[str, float] = {}
+        try:
+            js = nc.jetstream()
+            end = int((await js.stream_info(EVENTS_STREAM)).state.last_seq)
+            if end <= after:
+                return requested, reserved
+            done = asyncio.get_running_loop().create_future()
+
+            async def on_msg(msg: Any) -> None:
+                meta = msg.metadata
+                headers = msg.headers or {}
+                topic = headers.get(HDR_TOPIC, "")
+                lid = headers.get(HDR_ORIGINATOR_ID, "")
+                at = meta.timestamp.timestamp()
+                if topic.endswith("LeaseReserved"):
+                    reserved.setdefault(lid, at)
+                elif topic.endswith("LeaseRequested"):
+                    requested.setdefault(lid, at)
+                if (meta.num_pending == 0 or meta.sequence.stream >= end) and not done.done():
+                    done.set_result(None)
+
+            sub = await js.subscribe(f"{EVENTS_PREFIX}.>", stream=EVENTS_STREAM, cb=on_msg,
+                                     ordered_consumer=True, headers_only=True,
+                                     config=ConsumerConfig(
+                                         deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                                         opt_start_seq=after + 1),
+                                     pending_msgs_limit=1_000_000,
+                                     pending_bytes_limit=512 * 1024 * 1024)
+            try:
+                await asyncio.wait_for(done, timeout)
+            finally:
+                with contextlib.suppress(NatsError):
+                    await sub.unsubscribe()
+        finally:
+            await nc.close()
+        return requested, reserved
+
+    return asyncio.run(go())

@@ -73,7 +73,7 @@ def test_the_e2e_bench_sees_every_accepted_request_reserved() -> None:
     for phase in (sat, steady):
         stages = phase["stages"]
         assert set(stages) == {"sent_to_stored", "stored_to_reply", "stored_to_reserved",
-                               "reserved_to_seen"}
+                               "reserved_to_feed"}
         assert all(s["p50_ms"] is not None and s["p50_ms"] <= s["p99_ms"]
                    for s in stages.values())
         assert stages["stored_to_reserved"]["p50_ms"] > 0
