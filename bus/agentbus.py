@@ -6,6 +6,7 @@ Streams and subjects: docs/architecture.md#the-work-queue-and-the-timers.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import datetime as dt
 import logging
@@ -29,7 +30,7 @@ from bus.headers import HDR_MSG_ID, HDR_SCHEDULE, HDR_SCHEDULE_TARGET
 from bus.jetstream.natsfast import publish_atomic
 from bus.jetstream.wire import MAX_BATCH
 from bus.replies import admin_inbox, node_inbox
-from bus.runtime import BusRuntime, LoopThread, get_runtime
+from bus.runtime import BusRuntime, LoopThread, get_runtime, translated
 from bus.streams import (
     agent_stream_config,
     ensure_kv_bucket,
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 AGENT_VERBS = ("start", "stop", "preempt")
 RECONCILER_CONSUMER = "reconciler"
 POSITIONS_BUCKET = "pool_positions"
+# how long a caller waits for timers started with `schedule_many_started`
+ARM_TIMEOUT_S = 30.0
 
 
 async def ensure_data_plane_streams(js: Any, *, replicas: int = 1) -> None:
@@ -81,6 +84,24 @@ class Due:
     kind: str  # "lease" | "node"
     id: str
     ack: Callable[[], None]
+
+
+class Armed:
+    """Timers being armed (`ControlLink.schedule_many_started`); `wait` until they are."""
+
+    def __init__(self, future: concurrent.futures.Future[None] | None) -> None:
+        self.future = future
+
+    def wait(self, timeout: float = ARM_TIMEOUT_S) -> None:
+        """Return once every timer is stored; raises the bus error that stopped it, or
+        BusTimeout (the arming is then abandoned: the caller arms them again)."""
+        if self.future is None:
+            return
+        try:
+            self.future.result(timeout)
+        except concurrent.futures.TimeoutError as e:
+            self.future.cancel()
+            raise BusTimeout(f"timers not armed in {timeout:g} s") from e
 
 
 class ControlLink:
@@ -138,27 +159,31 @@ class ControlLink:
         """`schedule` each (kind, ident, at), acknowledged before this returns: one atomic
         batch per MAX_BATCH timers, a timer armed twice at its last time. Where the server
         refuses the batch (a timer stream from before atomic batches), one publish each."""
-        if not timers:
-            return
+        if timers:
+            self.rt.run(self._arm(timers, body))
+
+    def schedule_many_started(self, timers: list[tuple[str, str, float]],
+                              body: bytes = b"") -> Armed:
+        """`schedule_many`, started and not waited for: the caller does other bus work (each
+        stream stores its own batches) and then waits on what this returns."""
+        return Armed(self.rt.submit(translated(self._arm, timers, body)) if timers else None)
+
+    async def _arm(self, timers: list[tuple[str, str, float]], body: bytes) -> None:
         latest = {(kind, ident): at for kind, ident, at in timers}
         messages = [(f"pool.sched.{kind}.{token(ident)}", body or b"{}",
                      {HDR_SCHEDULE: f"@at {_rfc3339(at)}",
                       HDR_SCHEDULE_TARGET: f"pool.due.{kind}.{token(ident)}"})
                     for (kind, ident), at in latest.items()]
-
-        async def go() -> None:
-            nc = await self.rt.connection()
-            for i in range(0, len(messages), MAX_BATCH):
-                chunk = messages[i:i + MAX_BATCH]
-                answer = await publish_atomic(nc, chunk, timeout=5)
-                if answer.get("error"):
-                    log.info("timers armed one by one: %s", answer["error"])
-                    js = await self.rt.jetstream()
-                    await asyncio.gather(*(js.publish(subject, payload, timeout=5,
-                                                      headers=dict(headers))
-                                           for subject, payload, headers in chunk))
-
-        self.rt.run(go())
+        nc = await self.rt.connection()
+        for i in range(0, len(messages), MAX_BATCH):
+            chunk = messages[i:i + MAX_BATCH]
+            answer = await publish_atomic(nc, chunk, timeout=5)
+            if answer.get("error"):
+                log.info("timers armed one by one: %s", answer["error"])
+                js = await self.rt.jetstream()
+                await asyncio.gather(*(js.publish(subject, payload, timeout=5,
+                                                  headers=dict(headers))
+                                       for subject, payload, headers in chunk))
 
     def fetch_due(self, batch: int = 100, timeout: float = 1.0) -> list[Due]:
         """Fired timers, waiting up to `timeout` for the first; each must be acked."""

@@ -62,6 +62,19 @@ def translate(exc: BaseException) -> BaseException:
     return exc
 
 
+async def translated(fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    """`fn(*args)`'s result, its nats-py errors raised as bus.errors (as BusRuntime.run does).
+    The coroutine is made here, once this one runs: one refused by a closed runtime (or
+    cancelled before it started) leaves none behind never awaited."""
+    try:
+        return await fn(*args)
+    except BaseException as e:
+        err = translate(e)
+        if err is e:
+            raise
+        raise err from e
+
+
 class LoopThread:
     """An asyncio event loop on a daemon thread: the process's one way from sync code to async.
 

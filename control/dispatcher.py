@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 POSITION_KEY = "dispatcher"
+# how long the saved position may lag behind the fold while no orders are sent
+POSITION_EVERY_S = 0.5
+# within a step, a page's timers are armed with later pages' until this many wait or this long
+# has passed since the last were armed
+TIMERS_BATCH = 500
+TIMERS_EVERY_S = 0.25
 PAGE = 1000
 # Events that only move a deadline later: no timer is re-armed for them. The armed timer fires
 # early, finds nothing due, and the reconciler re-arms it at the new deadline — one publish per
@@ -142,6 +149,8 @@ class Dispatcher:
         self._started = False
         self.orders_sent = 0
         self.timers_armed = 0
+        self._saved_at = time.monotonic()  # when the position was last saved
+        self._timers_at = time.monotonic()  # when timers were last armed
         # where this fold is checkpointed and, at start, restored from
         # (control.scheduler.checkpoint); None: every start-up replays the whole log
         self.checkpoints: Checkpointer | None = None
@@ -205,32 +214,50 @@ class Dispatcher:
                                                self.pools.get(agg.pool_id))
             self._timers += [a for a in touched.values() if a.id in self.aggregates]
             n += len(page)
+            sent = self.orders_sent
+            # a page's timers wait for the next pages' (their deadlines are seconds away, and
+            # each batch costs the server a store of its own) until enough are due or the step
+            # ends; the feed's records go with every page
+            self._flush(timers=len(self._timers) >= TIMERS_BATCH
+                        or time.monotonic() - self._timers_at >= TIMERS_EVERY_S)
+            # orders sent: their position now, or a restart would send them again. Otherwise
+            # at most every POSITION_EVERY_S: a restart folds those events again, and what it
+            # decides from them (timers, feed records) is written only once
+            if self.position > self.sent_upto and (
+                    self.orders_sent > sent
+                    or time.monotonic() - self._saved_at >= POSITION_EVERY_S):
+                self._save_position()
+        if self._timers:
             self._flush()
-            if self.position > self.sent_upto:
-                self.sent_upto = self.position
-                self.link.save_position(POSITION_KEY, self.position)
+        if self.position > self.sent_upto:
+            self._save_position()
         if not n and self.feed is not None:
             self.feed.idle()
         if self.checkpoints is not None:
             self.checkpoints.after_cycle(self, idle=not n)
         return n
 
+    def _save_position(self) -> None:
+        self.sent_upto = self.position
+        self.link.save_position(POSITION_KEY, self.position)
+        self._saved_at = time.monotonic()
+
     def _pages(self) -> Iterator[Sequence[Any]]:
         """The notifications after `position`, a page at a time, to the end of the log. The
-        first is asked for and awaited, as before: a follower that keeps up reads one short
-        page. Behind a full one, the rest come through the recorder's read-ahead (bus.jetstream's
-        `prefetch`, a pull consumer) when it has one, each page read while the one before is
-        folded and its orders sent; such a page may hold fewer events than are stored, so they
-        are read until one is empty."""
+        first is asked for and awaited. Each next one is asked for before the page before it
+        is yielded, through the recorder's read-ahead (bus.jetstream's `prefetch`, a pull
+        consumer) when it has one: it is read while that page is folded and its orders, timers
+        and feed records are stored, which a follower that keeps up with a steady log would
+        otherwise wait for in turn. Such a page may hold fewer events than are stored, so
+        they are read until one is empty."""
         recorder = self.app.recorder
         prefetch = getattr(recorder, "prefetch", None)
         timeout = float(getattr(recorder, "timeout", 10.0)) + 20.0
         page = recorder.select_notifications(start=self.position + 1, limit=PAGE)
-        read_ahead = False  # whether `page` came from a read ahead
         ahead: concurrent.futures.Future[Any] | None = None
         try:
             while page:
-                if prefetch is not None and (read_ahead or len(page) == PAGE):
+                if prefetch is not None:
                     ahead = prefetch(page[-1].id + 1, PAGE)
                 yield page
                 if ahead is None:
@@ -239,12 +266,14 @@ class Dispatcher:
                     page = recorder.select_notifications(start=self.position + 1, limit=PAGE)
                     continue
                 got, ahead = ahead, None
-                page, read_ahead = got.result(timeout), True
+                page = got.result(timeout)
         finally:
             if ahead is not None:  # left by a fold or a send that raised: not read
                 ahead.cancel()
 
-    def _flush(self) -> None:
+    def _flush(self, *, timers: bool = True) -> None:
+        """Send what was decided: agents' consumers, orders, the feed's records and, with
+        `timers`, the timers to arm (else they wait for a later flush)."""
         while self._consumers:
             self.link.ensure_agent_consumer(next(iter(self._consumers)))
             self._consumers.pop()
@@ -255,23 +284,32 @@ class Dispatcher:
                            headers=hdrs)
             self._outbox.pop(0)
             self.orders_sent += 1
-        if self._timers:
-            # each aggregate's due time is read from its state now, so an aggregate touched on
-            # several pages is armed once; the timers' publishes are in flight together
-            due: dict[str, tuple[str, str, float]] = {}
-            for agg in self._timers:
-                timer = self._timer(agg)
-                if timer is not None:
-                    key, at = timer
-                    kind, ident = key.split(":", 1)
-                    due[key] = (kind, ident, at)
-            self.link.schedule_many(list(due.values()))
-            for key, (_kind, _ident, at) in due.items():
-                self._armed[key] = at
-            self.timers_armed += len(due)
-            self._timers.clear()
-        if self.feed is not None:
-            self.feed.flush(self.position)
+        # each aggregate's due time is read from its state now, so an aggregate touched on
+        # several pages is armed once; the timers' publishes are in flight together, and with
+        # the feed's records (another stream): what a tenant sees waits for neither
+        due: dict[str, tuple[str, str, float]] = {}
+        for agg in self._timers if timers else ():
+            timer = self._timer(agg)
+            if timer is not None:
+                key, at = timer
+                kind, ident = key.split(":", 1)
+                due[key] = (kind, ident, at)
+        armed = (self.link.schedule_many_started(list(due.values()))
+                 if timers and self._timers else None)
+        try:
+            if self.feed is not None:
+                self.feed.flush(self.position)
+        finally:
+            # a feed that failed still waits for the timers; what was not armed stays to arm
+            if armed is not None:
+                armed.wait()
+        if armed is None:
+            return
+        for key, (_kind, _ident, at) in due.items():
+            self._armed[key] = at
+        self.timers_armed += len(due)
+        self._timers.clear()
+        self._timers_at = time.monotonic()
 
     def _apply(self, event: Any, log_seq: int) -> Aggregate | None:
         absorbed = self.aggregates.absorb(event)

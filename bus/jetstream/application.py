@@ -32,7 +32,7 @@ from bus.headers import (
 )
 from bus.jetstream.logreader import _LogReader
 from bus.jetstream.natsfast import subscribe_raw, unsubscribe_raw
-from bus.jetstream.recorder import JetStreamAggregateRecorder, JetStreamRecorder, _translated
+from bus.jetstream.recorder import JetStreamAggregateRecorder, JetStreamRecorder
 from bus.jetstream.strays import strays
 from bus.jetstream.wire import (
     _DIRECT_BATCH,
@@ -44,6 +44,7 @@ from bus.jetstream.wire import (
     _uuid_of,
     is_stored_event,
 )
+from bus.runtime import translated
 
 
 class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecorder):
@@ -194,7 +195,7 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
             done: concurrent.futures.Future[list[Notification]] = concurrent.futures.Future()
             done.set_result([])
             return done
-        return self.runtime.submit(_translated(self._read_ahead, start, limit, stop))
+        return self.runtime.submit(translated(self._read_ahead, start, limit, stop))
 
     def read_records(
         self, start: int, stop: int | None = None, *, page_size: int = RECORD_PAGE,
@@ -212,7 +213,7 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
                     concurrent.futures.Future())
                 done.set_result(([], at))
                 return done
-            return self.runtime.submit(_translated(self._read_records, at, page_size, stop))
+            return self.runtime.submit(translated(self._read_records, at, page_size, stop))
 
         ahead = fetch(start)
         try:

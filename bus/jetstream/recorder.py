@@ -8,7 +8,7 @@ import contextlib
 import itertools
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -59,7 +59,7 @@ from bus.jetstream.wire import (
     is_stored_event,
     originator_token,
 )
-from bus.runtime import BusRuntime, translate
+from bus.runtime import BusRuntime, translated
 from bus.subjects import (
     APPENDED_PREFIX,
     EVENTS_PREFIX,
@@ -75,19 +75,6 @@ SUBJECT_CACHE_MAX = 50_000
 SEEK_HINTS_MAX = 10_000
 # the aggregates one multi-subject direct get asks for (the server answers up to 1,024)
 _MULTI_LAST = 256
-
-
-async def _translated(fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
-    """`fn(*args)`'s result, its nats-py errors raised as bus.errors (as BusRuntime.run does).
-    The coroutine is made here, once this one runs: one refused by a closed runtime (or
-    cancelled before it started) leaves none behind never awaited."""
-    try:
-        return await fn(*args)
-    except BaseException as e:
-        err = translate(e)
-        if err is e:
-            raise
-        raise err from e
 
 
 class JetStreamRecorder:
@@ -597,8 +584,8 @@ class JetStreamRecorder:
         if not self._check_insert(stored_events, None):
             return []
         if self.group_commit:
-            return await _translated(self._group.insert, stored_events)  # type: ignore[no-any-return]
-        return await _translated(self._insert, stored_events, None)  # type: ignore[no-any-return]
+            return await translated(self._group.insert, stored_events)  # type: ignore[no-any-return]
+        return await translated(self._insert, stored_events, None)  # type: ignore[no-any-return]
 
     def insert_events_nowait(
         self, stored_events: Sequence[StoredEvent]
@@ -612,7 +599,7 @@ class JetStreamRecorder:
             done: concurrent.futures.Future[list[int]] = concurrent.futures.Future()
             done.set_result([])
             return done
-        return self.runtime.submit(_translated(self._insert, stored_events, None))
+        return self.runtime.submit(translated(self._insert, stored_events, None))
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -722,7 +709,7 @@ class JetStreamRecorder:
     async def select_async(self, originator_id: UUID, gt: int | None = None) -> list[StoredEvent]:
         """`select_events(originator_id, gt=gt)` for a caller on the runtime's loop (the
         command service's fast path): the read without a thread in between."""
-        return await _translated(  # type: ignore[no-any-return]
+        return await translated(  # type: ignore[no-any-return]
             self._select_events, originator_id, gt, None, False, None)
 
     def _select_events_sync(

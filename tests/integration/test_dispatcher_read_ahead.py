@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from bus.admin import ensure_all_streams
+from bus.agentbus import Armed
 from bus.errors import BusUnavailable
 from bus.local.server import NatsServer
 from control.application import PoolApp
@@ -39,8 +40,9 @@ class _Link:
     def ensure_agent_consumer(self, node_id: str) -> None:
         pass
 
-    def schedule_many(self, timers: list[tuple[str, str, float]], body: bytes = b"") -> None:
-        pass
+    def schedule_many_started(self, timers: list[tuple[str, str, float]],
+                              body: bytes = b"") -> Armed:
+        return Armed(None)
 
     def send(self, node_id: str, verb: str, body: bytes, *, msg_id: str,
              headers: dict[str, str] | None = None) -> None:

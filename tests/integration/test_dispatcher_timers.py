@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from bus.admin import ensure_all_streams
-from bus.agentbus import ControlLink
+from bus.agentbus import Armed, ControlLink
 from bus.connection import connect
 from bus.local.server import NatsServer
 from bus.subjects import SCHEDULE_STREAM
@@ -25,9 +25,10 @@ class _CountingLink(ControlLink):
 
     rounds = 0
 
-    def schedule_many(self, timers: list[tuple[str, str, float]], body: bytes = b"") -> None:
+    def schedule_many_started(self, timers: list[tuple[str, str, float]],
+                              body: bytes = b"") -> Armed:
         self.rounds += 1
-        super().schedule_many(timers, body)
+        return super().schedule_many_started(timers, body)
 
 
 @pytest.fixture()
