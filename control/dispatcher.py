@@ -42,6 +42,8 @@ POSITION_EVERY_S = 0.5
 # has passed since the last were armed
 TIMERS_BATCH = 500
 TIMERS_EVERY_S = 0.25
+# a step that keeps finding events ends past this long at a page with no backlog behind it
+STEP_MAX_S = 1.0
 PAGE = 1000
 # Events that only move a deadline later: no timer is re-armed for them. The armed timer fires
 # early, finds nothing due, and the reconciler re-arms it at the new deadline — one publish per
@@ -151,6 +153,8 @@ class Dispatcher:
         self.timers_armed = 0
         self._saved_at = time.monotonic()  # when the position was last saved
         self._timers_at = time.monotonic()  # when timers were last armed
+        # the next page's read, asked for by a step that ended before it came: (start, read)
+        self._ahead: tuple[int, concurrent.futures.Future[Any]] | None = None
         # where this fold is checkpointed and, at start, restored from
         # (control.scheduler.checkpoint); None: every start-up replays the whole log
         self.checkpoints: Checkpointer | None = None
@@ -244,32 +248,46 @@ class Dispatcher:
 
     def _pages(self) -> Iterator[Sequence[Any]]:
         """The notifications after `position`, a page at a time, to the end of the log. The
-        first is asked for and awaited. Each next one is asked for before the page before it
-        is yielded, through the recorder's read-ahead (bus.jetstream's `prefetch`, a pull
-        consumer) when it has one: it is read while that page is folded and its orders, timers
-        and feed records are stored, which a follower that keeps up with a steady log would
-        otherwise wait for in turn. Such a page may hold fewer events than are stored, so
-        they are read until one is empty."""
+        first is asked for and awaited (or was asked for by the step before). Each next one
+        is asked for before the page before it is yielded, through the recorder's read-ahead
+        (bus.jetstream's `prefetch`, a pull consumer) when it has one: it is read while that
+        page is folded and its orders, timers and feed records are stored, which a follower
+        that keeps up with a steady log would otherwise wait for in turn. Such a page may hold
+        fewer events than are stored, so they are read until one is empty. Under a steady log
+        that never happens: past STEP_MAX_S, a short page (no backlog behind it) ends the step
+        and the read asked for after it is left to the next step (`_ahead`), so a step still
+        ends, and with it what a step's end does (timers, position, checkpoint)."""
         recorder = self.app.recorder
         prefetch = getattr(recorder, "prefetch", None)
         timeout = float(getattr(recorder, "timeout", 10.0)) + 20.0
-        page = recorder.select_notifications(start=self.position + 1, limit=PAGE)
-        ahead: concurrent.futures.Future[Any] | None = None
+        carried, self._ahead = self._ahead, None
+        if carried is not None and carried[0] == self.position + 1:
+            page = carried[1].result(timeout)
+        else:
+            if carried is not None:
+                carried[1].cancel()
+            page = recorder.select_notifications(start=self.position + 1, limit=PAGE)
+        ahead: tuple[int, concurrent.futures.Future[Any]] | None = None
+        started = time.monotonic()
         try:
             while page:
                 if prefetch is not None:
-                    ahead = prefetch(page[-1].id + 1, PAGE)
+                    at = page[-1].id + 1
+                    ahead = (at, prefetch(at, PAGE))
                 yield page
                 if ahead is None:
                     if len(page) < PAGE:
                         return
                     page = recorder.select_notifications(start=self.position + 1, limit=PAGE)
                     continue
-                got, ahead = ahead, None
+                if len(page) < PAGE and time.monotonic() - started >= STEP_MAX_S:
+                    self._ahead, ahead = ahead, None
+                    return
+                got, ahead = ahead[1], None
                 page = got.result(timeout)
         finally:
             if ahead is not None:  # left by a fold or a send that raised: not read
-                ahead.cancel()
+                ahead[1].cancel()
 
     def _flush(self, *, timers: bool = True) -> None:
         """Send what was decided: agents' consumers, orders, the feed's records and, with

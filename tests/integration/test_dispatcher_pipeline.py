@@ -1,6 +1,7 @@
 """The dispatcher keeping up with a steady log: the next page read while the last one's
 records are stored, the timers of a step's pages armed together, the position saved when
-orders went out (else at most every POSITION_EVERY_S), and everything armed when it ends."""
+orders went out (else at most every POSITION_EVERY_S), everything armed when a step ends,
+and a step that keeps finding events ended past STEP_MAX_S, its next read left to the next."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ class _Reader:
         return self.recorder.prefetch(start, limit, stop)
 
 
-def _leases(app: PoolApp, n: int, *, commit: bool) -> None:
+def _leases(app: PoolApp, n: int, *, commit: bool, prefix: str = "r") -> None:
     """`n` leases reserved (a commit deadline each) and, with `commit`, committed (a start
     order each)."""
     shape = Shape.build(cpu_millis=1000, memory_mib=1024)
@@ -74,7 +75,7 @@ def _leases(app: PoolApp, n: int, *, commit: bool) -> None:
         batch = []
         for i in range(start, min(n, start + 249)):
             lease = Lease.request(tenant_id=TenantId("acme"), pool_id=PoolId("p1"),
-                                  idempotency_key=f"r{i}", shape=shape,
+                                  idempotency_key=f"{prefix}{i}", shape=shape,
                                   maximum_runtime_seconds=3600, now=0.0, queued=True)
             lease.reserve(1, node_id=NodeId(f"n{i % 7}"), commit_timeout_seconds=4102444800,
                           hold_microcredits=0)
@@ -149,3 +150,26 @@ def test_a_step_arms_its_timers_in_rounds_when_many_wait(
     rounds = [int(e.split()[1]) for e in journal if e.startswith("timers")]
     assert len(rounds) > 1 and sum(rounds) == 1200
     assert all(r >= 700 for r in rounds[:-1])  # a round waits until enough are due
+
+
+def test_a_step_past_its_time_ends_and_the_next_takes_its_read(
+        follower: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    writer, d, link, journal = follower
+    monkeypatch.setattr(dispatcher_module, "STEP_MAX_S", 0.0)
+    _leases(writer, 10, commit=True)  # 30 events, one short page
+    first = d.step()
+    assert first == 30 and d._ahead is not None  # ended with the next read asked for
+    assert [e for e in journal if e.startswith("timers")] == ["timers 10"]  # all armed
+    assert link.saved == [d.position]
+    _leases(writer, 5, commit=True, prefix="s")
+    mark = len(journal)
+    total = first + d.step()
+    # the step after the first began with the read the first had asked for, not its own
+    assert "read" not in journal[mark:]
+    steps = 1
+    while total < 45 and steps < 10:
+        total += d.step()
+        steps += 1
+    assert total == 45 and d.position == writer.recorder.max_notification_id()
+    orders = [e for e in journal if e == "order"]
+    assert len(orders) == 15  # a start each, none twice
