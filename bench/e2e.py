@@ -363,7 +363,8 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="pool-bench-e2e-") as tmp:
         server = NatsServer(store_dir=Path(tmp) / "nats", http_port=free_port()).start()
-        stop = _CTX.Event()
+        stop, fleet_stop = _CTX.Event(), _CTX.Event()
+        fleets: list[Any] = []
         ready = _CTX.Queue()
         procs: list[Any] = []
         watcher = None
@@ -417,9 +418,9 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
             say(f"registering {nodes} simulated nodes…")
             t0 = time.monotonic()
             fleet = _CTX.Process(target=_run_fleet, daemon=True,
-                                 args=(url, nodes, heartbeat_seconds, ready, stop, names))
+                                 args=(url, nodes, heartbeat_seconds, ready, fleet_stop, names))
             fleet.start()
-            procs.append(fleet)
+            fleets.append(fleet)
             ready.get(timeout=600)
             register_s = time.monotonic() - t0
             leaders = (_spread(url, names, scheduler_pids) if scheduler_processes > 1
@@ -480,6 +481,9 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
             for phase, recs in ((saturated, sat), (steady, st)):
                 phase["stages"] = _stages(recs, requested, stored, watcher.reserved)
         finally:
+            # the fleet first: a node's beat in flight when the plane stops would find no
+            # responder and say so
+            end_children(fleet_stop, fleets)
             end_children(stop, procs)
             if watcher is not None:
                 watcher.stop()

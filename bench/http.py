@@ -146,7 +146,8 @@ def run_http_bench(*, clients: int = 32, nodes: int = 200, seconds: float = 10.0
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="pool-bench-http-") as tmp:
         server = NatsServer(store_dir=Path(tmp) / "nats").start()
-        stop = _CTX.Event()
+        stop, fleet_stop = _CTX.Event(), _CTX.Event()
+        fleets: list[Any] = []
         ready = _CTX.Queue()
         procs: list[Any] = []
         try:
@@ -167,9 +168,9 @@ def run_http_bench(*, clients: int = 32, nodes: int = 200, seconds: float = 10.0
                     raise RuntimeError(f"the bench pool was refused: {got}")
             say(f"registering {nodes} simulated nodes…")
             fleet = _CTX.Process(target=_run_fleet, daemon=True,
-                                 args=(url, nodes, 10.0, ready, stop))
+                                 args=(url, nodes, 10.0, ready, fleet_stop))
             fleet.start()
-            procs.append(fleet)
+            fleets.append(fleet)
             ready.get(timeout=600)
             store = TokenStore(Path(tmp) / "http-tokens.json")
             tokens = [store.issue_tenant(t) for t in TENANTS]
@@ -189,6 +190,7 @@ def run_http_bench(*, clients: int = 32, nodes: int = 200, seconds: float = 10.0
             http_path = _figures(_http_load(base, tokens, clients=clients, processes=processes,
                                             seconds=seconds, run=f"{run}-http"), seconds)
         finally:
+            end_children(fleet_stop, fleets)  # before the plane: no beat finds no responder
             end_children(stop, procs)
             server.stop()
     result: dict[str, Any] = {
