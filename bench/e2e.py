@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.children import end_children
+from bench.latency import Record, ms, pct, stage_lines, stages
 from bench.machine import machine_line
 
 POOL = "bench"
@@ -87,9 +88,6 @@ def _client_process(url: str, clients: int, seconds: float, rate: float | None,
     # with the process's own CPU time: whether the clients, not the plane, are the limit
     out.put(([(s.sent_at, s.replied_at, s.ok, s.lease_ids, s.code) for s in sent],
              time.process_time() - cpu0))
-
-
-Record = tuple[float, float, bool, tuple[str, ...], str]
 
 
 def _load(url: str, *, clients: int, processes: int, seconds: float, rate: float | None,
@@ -253,13 +251,6 @@ def _per_request_ms(before: float | None, after: float | None, requests: int) ->
     return (after - before) * 1000 / requests
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def _phase(records: list[Record], reserved: dict[str, float],
            seconds: float) -> dict[str, Any]:
     ok = [r for r in records if r[2]]
@@ -277,44 +268,10 @@ def _phase(records: list[Record], reserved: dict[str, float],
         "requests": len(records), "accepted": len(ok), "leases": len(ids), "errors": errors,
         "accepted_per_s": len(ok) / seconds, "leases_per_s": len(ids) / seconds,
         "reserved": len(waits), "reserved_per_s": in_window / seconds,
-        "reply_p50_ms": _ms(_pct(replies, 0.5)), "reply_p99_ms": _ms(_pct(replies, 0.99)),
-        "reserved_p50_ms": _ms(_pct(waits, 0.5)), "reserved_p99_ms": _ms(_pct(waits, 0.99)),
-        "reserved_max_ms": _ms(max(waits) if waits else None),
+        "reply_p50_ms": ms(pct(replies, 0.5)), "reply_p99_ms": ms(pct(replies, 0.99)),
+        "reserved_p50_ms": ms(pct(waits, 0.5)), "reserved_p99_ms": ms(pct(waits, 0.99)),
+        "reserved_max_ms": ms(max(waits) if waits else None),
     }
-
-
-# request → reserved in its stages, each lease's: the server's stored times of its log events
-# (read after the run), the clients' clocks and the tenants' feed watcher's, on one machine
-STAGES = (("sent_to_stored", "sent → request stored"),
-          ("stored_to_reply", "request stored → reply at the client"),
-          ("stored_to_reserved", "request stored → reservation stored"),
-          ("reserved_to_feed", "reservation stored → on the tenant's feed"))
-
-
-def _stages(records: list[Record], requested: dict[str, float], stored: dict[str, float],
-            seen: dict[str, float]) -> dict[str, dict[str, float | None]]:
-    """p50 / p99 ms of each stage of STAGES over the accepted requests' leases."""
-    got: dict[str, list[float]] = {key: [] for key, _ in STAGES}
-    for sent_at, replied_at, ok, ids, _code in records:
-        if not ok:
-            continue
-        for lid in ids:
-            asked = requested.get(lid)
-            if asked is None:
-                continue
-            got["sent_to_stored"].append(asked - sent_at)
-            got["stored_to_reply"].append(replied_at - asked)
-            placed = stored.get(lid)
-            if placed is not None:
-                got["stored_to_reserved"].append(placed - asked)
-                if lid in seen:
-                    got["reserved_to_feed"].append(seen[lid] - placed)
-    return {key: {"p50_ms": _ms(_pct(v, 0.5)), "p99_ms": _ms(_pct(v, 0.99))}
-            for key, v in got.items()}
-
-
-def _ms(v: float | None) -> float | None:
-    return None if v is None else v * 1000
 
 
 def _drain(watcher: Any, records: list[Any], timeout: float) -> None:
@@ -479,7 +436,7 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
             # the stages, from the log's stored times, read now that the load is over
             requested, stored = stored_times(url, log_start)
             for phase, recs in ((saturated, sat), (steady, st)):
-                phase["stages"] = _stages(recs, requested, stored, watcher.reserved)
+                phase["stages"] = stages(recs, requested, stored, watcher.reserved)
         finally:
             # the fleet first: a node's beat in flight when the plane stops would find no
             # responder and say so
@@ -531,11 +488,11 @@ def rows(result: dict[str, Any]) -> list[tuple[str, float | None, str, str, floa
          "/s", "", raw),
         # the goal's rate as CPU: what every process together may spend on a request here
         ("e2e: CPU per accepted request, all processes (ms)", _all_cpu(s), "ms",
-         f"≤ {_budget_ms(result, GOAL_ACCEPTED):.2f}", None),
+         f"≤ {_budgetms(result, GOAL_ACCEPTED):.2f}", None),
     ]
 
 
-def _budget_ms(result: dict[str, Any], rate: int) -> float:
+def _budgetms(result: dict[str, Any], rate: int) -> float:
     """The CPU ms per request that `rate` requests/s leave on the run's cores."""
     return float(result.get("cores") or 1) * 1000 / rate
 
@@ -559,20 +516,9 @@ def _budget_lines(result: dict[str, Any]) -> list[str]:
         + (f", responder {floor['responder']:.2f}" if floor.get("responder") is not None
            else ""),
         (f"CPU per request the goals leave on {result.get('cores') or 1} cores: "
-         f"{_budget_ms(result, GOAL_ACCEPTED):.2f} ms at {GOAL_ACCEPTED:,} accepted/s, "
-         f"{_budget_ms(result, GOAL_RESERVED):.2f} ms at {GOAL_RESERVED:,} reserved/s; carrying a "
+         f"{_budgetms(result, GOAL_ACCEPTED):.2f} ms at {GOAL_ACCEPTED:,} accepted/s, "
+         f"{_budgetms(result, GOAL_RESERVED):.2f} ms at {GOAL_RESERVED:,} reserved/s; carrying a "
          f"request that stores nothing took the server and the clients {carried:.2f} ms")]
-
-
-def _stage_lines(phase: dict[str, Any], where: str) -> list[str]:
-    """The phase's request → reserved in its stages, p50 / p99 ms, on one line."""
-    stages = phase.get("stages") or {}
-    parts = [f"{label} {got['p50_ms']:.1f} / {got['p99_ms']:.1f}" for key, label in STAGES
-             if (got := stages.get(key)) and got["p50_ms"] is not None
-             and got["p99_ms"] is not None]
-    if not parts:
-        return []
-    return [f"request → reserved in stages {where}, p50 / p99 ms: " + "; ".join(parts)]
 
 
 def table(result: dict[str, Any]) -> str:
@@ -611,8 +557,8 @@ def table(result: dict[str, Any]) -> str:
                      f"phase began, everything run meanwhile included): {parts}"
                      + (f"; server messages {more['in']:.1f} in, {more['out']:.1f} out"
                         if more else ""))
-    lines.extend(_stage_lines(s, "at saturation"))
-    lines.extend(_stage_lines(st, f"at {result['offered_per_s']:,.0f}/s offered"))
+    lines.extend(stage_lines(s, "at saturation"))
+    lines.extend(stage_lines(st, f"at {result['offered_per_s']:,.0f}/s offered"))
     msgs = s.get("server_msgs_per_request")
     if msgs:
         lines.append(f"server messages per accepted request at saturation: {msgs['in']:.1f} in, "

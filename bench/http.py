@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.children import end_children
-from bench.e2e import _CTX, POOL, SHAPE, TENANTS, _load, _pct, _run_fleet, _serve_plane
+from bench.e2e import _CTX, POOL, SHAPE, TENANTS, _load, _run_fleet, _serve_plane
+from bench.latency import pct
 from bench.machine import machine_line
 
 Record = tuple[float, float, bool, tuple[str, ...], str]
@@ -120,7 +121,7 @@ def _figures(records: list[Record], seconds: float) -> dict[str, Any]:
     for r in records:
         if not r[2]:
             errors[r[4]] = errors.get(r[4], 0) + 1
-    p50, p99 = _pct(replies, 0.5), _pct(replies, 0.99)
+    p50, p99 = pct(replies, 0.5), pct(replies, 0.99)
     return {"requests": len(records), "accepted": len(ok), "errors": errors,
             "accepted_per_s": len(ok) / seconds,
             "reply_p50_ms": None if p50 is None else p50 * 1000,
