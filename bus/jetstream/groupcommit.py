@@ -18,6 +18,11 @@ if TYPE_CHECKING:
     from bus.jetstream.recorder import JetStreamRecorder
 
 
+# a round of up to this many single-event saves goes out as plain publishes, one each; a
+# larger one as an atomic batch, cheaper per save once there are many
+EACH_AT_MOST = 16
+
+
 @dataclass
 class _Save:
     """One caller's save: its events, rendered messages and the future of its ids."""
@@ -41,6 +46,9 @@ class GroupCommitter:
         self.batches = 0
         self.saves = 0
         self.refused_batches = 0
+        # rounds of single-event saves sent as plain publishes, and those refused among them
+        self.rounds = 0
+        self.refused_messages = 0
 
     async def insert(self, stored_events: Sequence[StoredEvent]) -> list[int]:
         """Queue the save and wait for its own answer: its notification ids, or its error."""
@@ -111,6 +119,9 @@ class GroupCommitter:
             return
         messages = [m for save in ready for m in save.messages]
         expects = {s: seq for save in ready for s, seq in save.expects.items()}
+        if 1 < len(ready) <= EACH_AT_MOST and len(messages) == len(ready):
+            await self._commit_each(ready, messages, expects)
+            return
         self.batches += 1
         try:
             first = await rec._publish(messages, expects)
@@ -130,6 +141,33 @@ class GroupCommitter:
         for save in ready:
             ids = rec._remember_saved(save.subjects_of, save.events, first)
             first += len(save.events)
+            if not save.future.done():
+                save.future.set_result(ids)
+
+    async def _commit_each(self, ready: list[_Save], messages: list[tuple[str, bytes, str]],
+                           expects: dict[str, int]) -> None:
+        """Saves of one event each, on distinct subjects: a plain publish each, all in flight
+        together, rather than an atomic batch, which costs the server far more than the
+        messages it carries. Each message is atomic alone and answers its own save."""
+        rec = self.recorder
+        self.rounds += 1
+        try:
+            results = await rec._publish_each(messages, expects)
+        except asyncio.CancelledError as e:
+            for save in ready:
+                _fail(save, e)
+            raise
+        except Exception as e:  # noqa: BLE001 - nothing was sent: every save's answer
+            for save in ready:
+                _fail(save, e)
+            return
+        for save, got in zip(ready, results, strict=True):
+            if isinstance(got, BaseException):
+                self.refused_messages += isinstance(got, IntegrityError)
+                _fail(save, got)
+                continue
+            self.saves += 1
+            ids = rec._remember_saved(save.subjects_of, save.events, got)
             if not save.future.done():
                 save.future.set_result(ids)
 

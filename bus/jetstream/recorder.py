@@ -435,6 +435,37 @@ class JetStreamRecorder:
             raise PublishRejected(f"batch ack counted {count} messages, sent {n}")
         return int(ack["seq"]) - n + 1
 
+    async def _publish_each(
+        self, messages: list[tuple[str, bytes, str]], expects: dict[str, int]
+    ) -> list[int | BaseException]:
+        """Publish single-message saves of distinct subjects, all sent before any answer is
+        awaited, each with its own expectation: per message its sequence, or its own error
+        (IntegrityError for a stale expectation); one refusal leaves the others stored."""
+        nc = await self.runtime.connection()
+        rendered = [(subject, payload,
+                     f"{lines}{HDR_EXPECTED_SUBJECT_SEQ}: {expects[subject]}\r\n")
+                    for subject, payload, lines in messages]
+        replies = await asyncio.gather(
+            *(nc.request(subject, payload, headers=_header_dict(lines), timeout=self.timeout)
+              for subject, payload, lines in rendered),
+            return_exceptions=True)
+        out: list[int | BaseException] = []
+        for (subject, _payload, _lines), reply in zip(rendered, replies, strict=True):
+            if isinstance(reply, BaseException):
+                out.append(reply)
+                continue
+            ack = json.loads(reply.data or b"{}")
+            err = ack.get("error")
+            if not err:
+                out.append(int(ack["seq"]))
+            elif err.get("err_code") in _WRONG_LAST_SEQUENCE:
+                self._cache.pop(subject, None)
+                out.append(IntegrityError(
+                    f"concurrent write detected: {err.get('description')}"))
+            else:
+                out.append(PublishRejected(f"JetStream refused the save: {err}"))
+        return out
+
     def _render(
         self, stored_events: Sequence[StoredEvent]
     ) -> tuple[list[tuple[str, bytes, str]], list[str], dict[str, StoredEvent]]:

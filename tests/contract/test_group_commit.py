@@ -82,8 +82,9 @@ def test_concurrent_saves_of_disjoint_aggregates_share_batches_and_all_land_once
     answers = _concurrently([save(c) for c in counters])
     assert not [a for a in answers if isinstance(a, Exception)]
     group = app.recorder._group  # type: ignore[attr-defined]
-    # 40 saves in fewer batches: some rode a batch together (a lone save would take one each)
-    assert group.saves == 1 + 40 and group.batches < 1 + 40
+    # 40 saves in fewer round trips: some rode a batch or a round of plain publishes together
+    # (a lone save would take one each)
+    assert group.saves == 1 + 40 and group.batches + group.rounds < 1 + 40
     # the log by replay: each increment exactly once, and every counter reads back right
     assert count_events(app, {"Incremented"}) == {
         ("Incremented", str(c.id)): 1 for c in counters}
@@ -114,7 +115,9 @@ def test_concurrent_saves_of_one_aggregate_let_one_win_and_answer_the_others_a_c
     assert all(counts[("Incremented", str(o.id))] == 1 for o in others)
 
 
-def test_a_batch_refused_for_one_stale_expectation_answers_the_rest(server: NatsServer) -> None:
+def _stale_and_fresh(server: NatsServer) -> tuple[Counters, list[Any], list[Counter], Counter]:
+    """Six single-event saves, the third (on `stale`) expecting an end another writer has
+    moved past: (the app, the saves, the five fresh counters, the stale one)."""
     app, elsewhere = make_app(server), make_app(server)
     stale = Counter("stale")
     fresh = [Counter(f"f{i}") for i in range(5)]
@@ -128,25 +131,58 @@ def test_a_batch_refused_for_one_stale_expectation_answers_the_rest(server: Nats
         f.increment()
     saves = [[app.mapper.to_stored_event(e) for e in agg.collect_events()]
              for agg in [*fresh[:2], mine, *fresh[2:]]]
+    return app, saves, fresh, stale
+
+
+def _insert_at_once(app: Counters, saves: list[Any]) -> list[Any]:
     rec: Any = app.recorder
     group = rec._group
-    before = group.batches
 
     async def all_at_once() -> list[Any]:
-        # queued in one loop turn: the first batch carries all six, and is refused
+        # queued in one loop turn: the first round carries all six
         return list(await asyncio.gather(*(group.insert(s) for s in saves),
                                          return_exceptions=True))
 
-    answers = rec.runtime.run(all_at_once(), 30)
+    return rec.runtime.run(all_at_once(), 30)  # type: ignore[no-any-return]
+
+
+def _judge(app: Counters, answers: list[Any], fresh: list[Counter], stale: Counter) -> None:
+    """The stale save alone refused; the others stored once each, where their ids say."""
     assert isinstance(answers[2], IntegrityError)
     ids = [a for i, a in enumerate(answers) if i != 2]
     assert all(isinstance(a, list) and len(a) == 1 for a in ids)
     assert len({a[0] for a in ids}) == 5  # each its own position in the log
-    assert group.refused_batches >= 1 and group.batches - before == 2
     counts = count_events(app, {"Incremented"})
     assert counts[("Incremented", str(stale.id))] == 1  # the other writer's, not ours
     assert all(counts[("Incremented", str(f.id))] == 1 for f in fresh)
-    # the notification ids answered are where those events are in the log
     by_id = {n.id: n for n in app.recorder.select_notifications(1, 100)}
-    for agg, answer in zip([*fresh[:2], *fresh[2:]], ids, strict=True):
+    for agg, answer in zip(fresh, ids, strict=True):
         assert by_id[answer[0]].originator_id == agg.id
+
+
+def test_a_small_round_of_single_event_saves_goes_as_plain_publishes_each_answered_alone(
+        server: NatsServer) -> None:
+    """Six saves of one event each: one round of plain publishes, no atomic batch; the
+    stale one is refused by the server alone and the other five are stored."""
+    app, saves, fresh, stale = _stale_and_fresh(server)
+    group: Any = app.recorder._group  # type: ignore[attr-defined]
+    batches, rounds = group.batches, group.rounds
+    answers = _insert_at_once(app, saves)
+    _judge(app, answers, fresh, stale)
+    assert group.rounds - rounds == 1 and group.batches == batches
+    assert group.refused_messages == 1 and group.refused_batches == 0
+
+
+def test_a_batch_refused_for_one_stale_expectation_answers_the_rest(
+        server: NatsServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    import bus.jetstream.groupcommit as groupcommit
+
+    monkeypatch.setattr(groupcommit, "EACH_AT_MOST", 0)  # every round an atomic batch
+    app, saves, fresh, stale = _stale_and_fresh(server)
+    group: Any = app.recorder._group  # type: ignore[attr-defined]
+    before = group.batches
+    answers = _insert_at_once(app, saves)
+    _judge(app, answers, fresh, stale)
+    # refused whole, sorted out, and the five sent again in a second batch
+    assert group.refused_batches >= 1 and group.batches - before == 2
+    assert group.rounds == 0
