@@ -4,6 +4,7 @@ Its public-API fallbacks and POOL_NATS_PUBLIC_ONLY: docs/adr/004-nats-internals-
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import uuid
@@ -41,7 +42,8 @@ def internals_changed() -> str | None:
         return f"nats-py {minor} is not a tested release ({', '.join(TESTED_MINORS)})"
     client = nats.aio.client.Client()
     for name in ("_process_msg", "_pending", "_pending_data_size", "_max_pending_size", "_ps",
-                 "stats"):
+                 "stats", "_resp_map", "_resp_sub_prefix", "_nuid", "_flush_queue",
+                 "_init_request_sub", "_flush_pending"):
         if not hasattr(client, name):
             return f"nats.aio.client.Client.{name}"
     if type(client._ps) is not Parser:
@@ -156,6 +158,57 @@ async def publish_prerendered(nc: Any, messages: list[tuple[str, bytes, str]]) -
         chunks.append(payload)
         chunks.append(b"\r\n")
     _send_frames(nc, b"".join(chunks), len(messages))
+
+
+async def request_each(nc: Any, messages: list[tuple[str, bytes, str]], *,
+                       timeout: float = 10.0) -> list[Msg | BaseException]:
+    """Send (subject, payload, header lines) as requests, each with a reply of its own, and
+    wait for every answer: per message its reply, or its error (a timeout, no responders).
+
+    Fast lane: the frames in ONE write, the replies on nats-py's shared response subscription
+    (no task or `wait_for` per message); public path: one `request` per message, together."""
+    if not FAST:
+        return list(await asyncio.gather(
+            *(nc.request(subject, payload, headers=_header_dict(lines), timeout=timeout)
+              for subject, payload, lines in messages), return_exceptions=True))
+    if not nc._resp_sub_prefix:
+        await nc._init_request_sub()
+    prefix = nc._resp_sub_prefix.decode()
+    loop = asyncio.get_running_loop()
+    futures: list[asyncio.Future[Msg]] = []
+    tokens: list[str] = []
+    chunks: list[bytes] = []
+    resp_map = nc._resp_map
+    for subject, payload, lines in messages:
+        token = nc._nuid.next().decode()
+        future: asyncio.Future[Msg] = loop.create_future()
+        resp_map[token] = future
+        tokens.append(token)
+        futures.append(future)
+        hdr = f"NATS/1.0\r\n{lines}\r\n".encode()
+        chunks.append(f"HPUB {subject} {prefix}{token} {len(hdr)} "
+                      f"{len(hdr) + len(payload)}\r\n".encode())
+        chunks.append(hdr)
+        chunks.append(payload)
+        chunks.append(b"\r\n")
+    try:
+        _send_frames(nc, b"".join(chunks), len(messages))
+        if nc._flush_queue is not None and nc._flush_queue.empty():
+            await nc._flush_pending()  # as nats-py's publish kicks its flusher
+        await asyncio.wait(futures, timeout=timeout)
+    finally:
+        for token in tokens:
+            resp_map.pop(token, None)
+    out: list[Msg | BaseException] = []
+    for future in futures:
+        if not future.done():
+            future.cancel()
+            out.append(nats.errors.TimeoutError())
+            continue
+        msg = future.result()
+        status = msg.headers.get(HDR_STATUS) if msg.headers else None
+        out.append(nats.errors.NoRespondersError() if status == "503" else msg)
+    return out
 
 
 async def publish_atomic(nc: Any, messages: Sequence[tuple[str, bytes, Mapping[str, str]]], *,

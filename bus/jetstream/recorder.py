@@ -41,6 +41,7 @@ from bus.headers import (
 from bus.jetstream.groupcommit import GroupCommitter
 from bus.jetstream.natsfast import (
     publish_prerendered,
+    request_each,
     subscribe_raw,
     unsubscribe_raw,
 )
@@ -445,10 +446,7 @@ class JetStreamRecorder:
         rendered = [(subject, payload,
                      f"{lines}{HDR_EXPECTED_SUBJECT_SEQ}: {expects[subject]}\r\n")
                     for subject, payload, lines in messages]
-        replies = await asyncio.gather(
-            *(nc.request(subject, payload, headers=_header_dict(lines), timeout=self.timeout)
-              for subject, payload, lines in rendered),
-            return_exceptions=True)
+        replies = await request_each(nc, rendered, timeout=self.timeout)
         out: list[int | BaseException] = []
         for (subject, _payload, _lines), reply in zip(rendered, replies, strict=True):
             if isinstance(reply, BaseException):

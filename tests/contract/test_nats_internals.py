@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bus.jetstream import natsfast
+from bus.local.server import NatsServer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,6 +40,38 @@ def test_a_missing_client_internal_is_named(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(nats.aio.client.Client, "__init__", without_pending)
     assert natsfast.internals_changed() == "nats.aio.client.Client._pending"
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast lane", "public path"])
+def test_requests_sent_in_one_write_each_get_their_own_answer(
+        fresh_nats: NatsServer, monkeypatch: pytest.MonkeyPatch, fast: bool) -> None:
+    """Three requests in one call: two stored by a stream, each answered with its own
+    sequence, in the order sent; one to a subject nobody answers gets no-responders."""
+    import asyncio
+    import json
+
+    import nats
+    import nats.errors
+
+    if fast and not natsfast.FAST:
+        pytest.skip("the fast lane is off in this run (POOL_NATS_PUBLIC_ONLY)")
+    monkeypatch.setattr(natsfast, "FAST", fast)
+
+    async def run() -> list[object]:
+        nc = await nats.connect(fresh_nats.url)
+        try:
+            js = nc.jetstream()
+            await js.add_stream(name="EACH", subjects=["each.>"])
+            return await natsfast.request_each(nc, [
+                ("each.a", b"1", "K: a\r\n"), ("nobody.home", b"2", ""),
+                ("each.b", b"3", "K: b\r\n")], timeout=5)
+        finally:
+            await nc.close()
+
+    first, nobody, last = asyncio.run(run())
+    assert isinstance(nobody, nats.errors.NoRespondersError)
+    acks = [json.loads(m.data) for m in (first, last)]  # type: ignore[attr-defined]
+    assert [a["seq"] for a in acks] == [1, 2] and {a["stream"] for a in acks} == {"EACH"}
 
 
 @pytest.mark.slow
