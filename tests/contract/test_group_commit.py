@@ -175,7 +175,7 @@ def test_a_small_round_of_single_event_saves_goes_as_plain_publishes_each_answer
 
 def test_a_batch_refused_for_one_stale_expectation_answers_the_rest(
         server: NatsServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    import bus.jetstream.groupcommit as groupcommit
+    from bus.jetstream import groupcommit
 
     monkeypatch.setattr(groupcommit, "EACH_AT_MOST", 0)  # every round an atomic batch
     app, saves, fresh, stale = _stale_and_fresh(server)
