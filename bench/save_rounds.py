@@ -8,15 +8,13 @@ import asyncio
 import json
 import statistics
 import tempfile
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from bench.machine import machine_line
+from bus.bench import SAVE_ROUND_WAYS as WAYS
+from bus.bench import save_round_ways
 from bus.local.server import NatsServer
-
-WAYS = ("atomic batch", "a request each", "one write")
 
 
 def run_save_rounds(*, size: int = 16, rounds: int = 300, repeats: int = 3) -> dict[str, Any]:
@@ -25,56 +23,15 @@ def run_save_rounds(*, size: int = 16, rounds: int = 300, repeats: int = 3) -> d
     with tempfile.TemporaryDirectory(prefix="pool-bench-rounds-") as tmp:
         server = NatsServer(store_dir=Path(tmp), server_name="pool-bench-rounds").start()
         try:
-            out = asyncio.run(_run(server.url, size, rounds, repeats))
+            out = asyncio.run(save_round_ways(server.url, size, rounds, repeats))
         finally:
             server.stop()
     return {"size": size, "rounds": rounds, "repeats": repeats, "ways": out,
             "one_write_cpu_ratio": statistics.median(
-                w / r for w, r in zip(out["one write"]["cpu_us_per_message"],
-                                      out["a request each"]["cpu_us_per_message"],
-                                      strict=True)),
+                w / r if r else float("nan")
+                for w, r in zip(out["one write"]["cpu_us_per_message"],
+                                out["a request each"]["cpu_us_per_message"], strict=True)),
             "machine": machine_line()}
-
-
-async def _run(url: str, size: int, rounds: int, repeats: int) -> dict[str, dict[str, list[float]]]:
-    import nats
-
-    from bus.jetstream.natsfast import publish_atomic, request_each
-    from bus.jetstream.wire import _header_dict
-
-    nc = await nats.connect(url)
-    try:
-        await nc.jetstream().add_stream(name="ROUNDS", subjects=["rounds.>"],
-                                        allow_atomic=True)
-        # one message per subject, as the group commit's rounds are (a save per aggregate)
-        msgs = [(f"rounds.{i}", b"x" * 300, f"Pool-Id: {i}\r\nPool-Kind: uuid\r\n")
-                for i in range(size)]
-
-        async def batch() -> object:
-            return await publish_atomic(nc, [(s, p, _header_dict(h)) for s, p, h in msgs])
-
-        async def each() -> object:
-            return await asyncio.gather(*(nc.request(s, p, headers=_header_dict(h), timeout=10)
-                                          for s, p, h in msgs))
-
-        async def one_write() -> object:
-            return await request_each(nc, msgs)
-
-        fns: dict[str, Callable[[], Awaitable[object]]] = {
-            "atomic batch": batch, "a request each": each, "one write": one_write}
-        out: dict[str, dict[str, list[float]]] = {
-            w: {"cpu_us_per_message": [], "ms_per_round": []} for w in WAYS}
-        for _ in range(repeats):
-            for way in WAYS:
-                c0, t0 = time.process_time(), time.perf_counter()
-                for _ in range(rounds):
-                    await fns[way]()
-                c1, t1 = time.process_time(), time.perf_counter()
-                out[way]["cpu_us_per_message"].append((c1 - c0) / (rounds * size) * 1e6)
-                out[way]["ms_per_round"].append((t1 - t0) / rounds * 1e3)
-        return out
-    finally:
-        await nc.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,52 @@ async def atomic_batch(nc: Any, messages: list[tuple[str, bytes]]) -> None:
                 raise RuntimeError(reply.data.decode())
         else:
             await nc.publish(subject, data, headers=headers)
+
+
+SAVE_ROUND_WAYS = ("atomic batch", "a request each", "one write")
+
+
+async def save_round_ways(url: str, size: int, rounds: int,
+                          repeats: int) -> dict[str, dict[str, list[float]]]:
+    """One round of `size` one-message saves sent `rounds` times each way (SAVE_ROUND_WAYS),
+    the ways alternated `repeats` times: per way the client's CPU µs per message and the wall
+    ms per round, one figure a repeat (bench/save_rounds.py)."""
+    from bus.jetstream.natsfast import publish_atomic, request_each
+    from bus.jetstream.wire import _header_dict
+
+    nc = await connect(url)
+    try:
+        await nc.jetstream().add_stream(name="ROUNDS", subjects=["rounds.>"],
+                                        allow_atomic=True)
+        # one message per subject, as the group commit's rounds are (a save per aggregate)
+        msgs = [(f"rounds.{i}", b"x" * 300, f"Pool-Id: {i}\r\nPool-Kind: uuid\r\n")
+                for i in range(size)]
+
+        async def batch() -> object:
+            return await publish_atomic(nc, [(s, p, _header_dict(h)) for s, p, h in msgs])
+
+        async def each() -> object:
+            return await asyncio.gather(*(nc.request(s, p, headers=_header_dict(h), timeout=10)
+                                          for s, p, h in msgs))
+
+        async def one_write() -> object:
+            return await request_each(nc, msgs)
+
+        fns: dict[str, Callable[[], Awaitable[object]]] = {
+            "atomic batch": batch, "a request each": each, "one write": one_write}
+        out: dict[str, dict[str, list[float]]] = {
+            w: {"cpu_us_per_message": [], "ms_per_round": []} for w in SAVE_ROUND_WAYS}
+        for _ in range(repeats):
+            for way in SAVE_ROUND_WAYS:
+                c0, t0 = time.process_time(), time.perf_counter()
+                for _ in range(rounds):
+                    await fns[way]()
+                c1, t1 = time.process_time(), time.perf_counter()
+                out[way]["cpu_us_per_message"].append((c1 - c0) / (rounds * size) * 1e6)
+                out[way]["ms_per_round"].append((t1 - t0) / rounds * 1e3)
+        return out
+    finally:
+        await nc.close()
 
 
 def serve_stateless_replies(url: str, subject: str, ready: Any, stop: Any) -> None:
