@@ -180,9 +180,15 @@ class NatsCluster:
             return False, f"meta leader {leader} is not a running server"
         # only the leader's view of its followers is meaningful (a follower reports the others
         # as not current, whatever their state)
-        for peer in views[leader].get("replicas") or []:
+        peers = views[leader].get("replicas") or []
+        for peer in peers:
             if peer.get("name") in names and not peer.get("current"):
                 return False, f"{peer.get('name')} is not current with the meta leader"
+        # a server the leader does not list yet is no peer for placement: an R3 stream created
+        # then is refused ("no suitable peers for placement")
+        missing = names - {leader} - {str(p.get("name")) for p in peers}
+        if missing:
+            return False, f"meta leader {leader} does not list {sorted(missing)} as peers yet"
         return True, f"meta leader {leader}"
 
     def wait_ready(self, timeout: float = 30.0) -> None:
@@ -210,9 +216,11 @@ class NatsCluster:
             try:
                 ensure_all_streams(self.service_url, replicas=replicas)
                 break
-            except Exception:
+            except Exception as e:
                 if time.monotonic() >= deadline:
-                    raise
+                    _, why = self.healthy()
+                    raise BusUnavailable(f"streams not created at R{replicas} within {timeout}s: "
+                                         f"{e} (cluster: {why})") from e
                 time.sleep(0.5)
         self.wait_ready(max(1.0, deadline - time.monotonic()))
 

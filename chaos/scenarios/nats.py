@@ -25,9 +25,12 @@ from chaos.harness import (
 
 def start_cluster(ws: Workspace) -> Any:
     """Three nats-servers from the wheel as one JetStream cluster, every stream at R3."""
+    from uuid import uuid4
+
     from bus.local.cluster import NatsCluster
 
-    cluster = NatsCluster(ws.dir / "cluster", nodes=3)
+    # a name of its own: no server of another run can join this cluster as one of its peers
+    cluster = NatsCluster(ws.dir / "cluster", nodes=3, cluster_name=f"pool-chaos-{uuid4().hex[:8]}")
     ws.after.insert(0, cluster.stop)  # stopped after everything else
     cluster.start()
     cluster.ensure_streams(replicas=3)

@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import pytest
 from eventsourcing.application import Application
@@ -41,9 +41,15 @@ class Ledger(Application[UUID]):
     pass
 
 
+def _name() -> str:
+    """A cluster name of this test's own: a server left running by another test, whose routes
+    name ports this cluster now uses, cannot join it under the same server names."""
+    return f"pool-test-{uuid4().hex[:8]}"
+
+
 @pytest.fixture()
 def cluster(tmp_path: Path) -> Iterator[NatsCluster]:
-    with NatsCluster(tmp_path / "cluster", nodes=3) as c:
+    with NatsCluster(tmp_path / "cluster", nodes=3, cluster_name=_name()) as c:
         c.ensure_streams(replicas=3)
         yield c
         close_runtime(c.url)
@@ -264,7 +270,7 @@ def test_every_role_runs_a_lease_on_a_secured_r3_cluster_without_a_violation(
     for tenant in ("alpha", "beta"):
         auth.add_tenant(tenant)
     auth.add_node("n1")
-    with NatsCluster(tmp_path / "cluster", nodes=3, auth=auth) as c:
+    with NatsCluster(tmp_path / "cluster", nodes=3, auth=auth, cluster_name=_name()) as c:
         c.ensure_streams(replicas=3)
         cp = ControlPlane(url_with_credentials(c.url, auth.roles["commands"]),
                           leader_ttl_seconds=1.0, role_urls=role_urls(c.url, auth),
