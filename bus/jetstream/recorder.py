@@ -8,7 +8,7 @@ import contextlib
 import itertools
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -424,13 +424,9 @@ class JetStreamRecorder:
             headers[HDR_BATCH_COMMIT] = "1"
             reply = await nc.request(subject, payload, headers=headers, timeout=self.timeout)
         ack = json.loads(reply.data or b"{}")
-        err = ack.get("error")
-        if err:
-            if err.get("err_code") in _WRONG_LAST_SEQUENCE:
-                for s in expects:
-                    self._cache.pop(s, None)
-                raise IntegrityError(f"concurrent write detected: {err.get('description')}")
-            raise PublishRejected(f"JetStream refused the save: {err}")
+        refused = self._refusal(ack, expects)
+        if refused is not None:
+            raise refused
         count = int(ack.get("count", 1) or 1)
         if count != n:  # pragma: no cover - the server acks the whole batch or nothing
             raise PublishRejected(f"batch ack counted {count} messages, sent {n}")
@@ -453,16 +449,21 @@ class JetStreamRecorder:
                 out.append(reply)
                 continue
             ack = json.loads(reply.data or b"{}")
-            err = ack.get("error")
-            if not err:
-                out.append(int(ack["seq"]))
-            elif err.get("err_code") in _WRONG_LAST_SEQUENCE:
-                self._cache.pop(subject, None)
-                out.append(IntegrityError(
-                    f"concurrent write detected: {err.get('description')}"))
-            else:
-                out.append(PublishRejected(f"JetStream refused the save: {err}"))
+            refused = self._refusal(ack, (subject,))
+            out.append(int(ack["seq"]) if refused is None else refused)
         return out
+
+    def _refusal(self, ack: dict[str, Any], subjects: Iterable[str]) -> Exception | None:
+        """What a save's JetStream ack refuses, None if it stored the save: a stale expectation is
+        an IntegrityError (the cached ends of `subjects` dropped), anything else PublishRejected."""
+        err = ack.get("error")
+        if not err:
+            return None
+        if err.get("err_code") in _WRONG_LAST_SEQUENCE:
+            for subject in subjects:
+                self._cache.pop(subject, None)
+            return IntegrityError(f"concurrent write detected: {err.get('description')}")
+        return PublishRejected(f"JetStream refused the save: {err}")
 
     def _render(
         self, stored_events: Sequence[StoredEvent]
