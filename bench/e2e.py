@@ -450,6 +450,9 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
         "seconds": seconds, "offered_per_s": rate, "steady_seconds": steady_seconds,
         "heartbeat_seconds": heartbeat_seconds, "register_s": register_s,
         "command_processes": command_processes, "plane_processes": len(plane_pids),
+        # what the plane does not do here: no views are folded (no PostgreSQL), and no lease
+        # is committed, so none is started on a node
+        "views": False, "leases_committed": False,
         "pools": pools, "scheduler_processes": scheduler_processes, "pool_leaders": leaders,
         "raw_atomic_msgs_per_s": raw, "stateless_replies_per_s": floor,
         "stateless_cpu_ms_per_reply": floor_cpu, "cores": os.cpu_count() or 1,
@@ -580,6 +583,9 @@ def table(result: dict[str, Any]) -> str:
         + (f", {more_commands} more command process(es)" if more_commands else "")
         + (f", {more_schedulers} more scheduler process(es)" if more_schedulers else "")
         + (f" (CPU of all {planes})" if planes > 1 else "")
+        + ("; no views folded (no PostgreSQL)" if not result.get("views", True) else "")
+        + ("; leases left reserved (none committed or started)"
+           if not result.get("leases_committed", True) else "")
         + f"; {result['nodes']} simulated nodes beating every "
         f"{result['heartbeat_seconds']:g} s (registered in {result['register_s']:.1f} s); "
         f"{'quick' if result['quick'] else 'full'} sizes, {result['elapsed_s']:.0f} s in all")

@@ -68,6 +68,9 @@ def test_the_e2e_bench_sees_every_accepted_request_reserved() -> None:
     assert sat["settled_s"] > 0 and sat["settled_msgs_per_request"]["in"] >= msgs["in"]
     assert "until the dispatcher caught up" in result["table"]
     assert "cores" in result["machine"] and "e2e: accepted requests/s" in result["table"]
+    # what the plane does not do in this bench is said beside its figures
+    assert result["views"] is False and "no views folded (no PostgreSQL)" in result["table"]
+    assert "leases left reserved (none committed or started)" in result["table"]
     # request → reserved in its stages, from the server's stored times: a reservation is
     # stored after its request, and every stage seen for the steady phase's leases
     for phase in (sat, steady):
