@@ -152,12 +152,18 @@ async def publish_prerendered(nc: Any, messages: list[tuple[str, bytes, str]]) -
         return
     chunks: list[bytes] = []
     for subject, payload, lines in messages:
-        hdr = f"NATS/1.0\r\n{lines}\r\n".encode()
-        chunks.append(f"HPUB {subject} {len(hdr)} {len(hdr) + len(payload)}\r\n".encode())
-        chunks.append(hdr)
-        chunks.append(payload)
-        chunks.append(b"\r\n")
+        _frame(chunks, subject, "", lines, payload)
     _send_frames(nc, b"".join(chunks), len(messages))
+
+
+def _frame(chunks: list[bytes], subject: str, reply: str, lines: str, payload: bytes) -> None:
+    """Append one HPUB frame (with `reply` as its reply subject, if any) to `chunks`."""
+    hdr = f"NATS/1.0\r\n{lines}\r\n".encode()
+    to = f"{subject} {reply} " if reply else f"{subject} "
+    chunks.append(f"HPUB {to}{len(hdr)} {len(hdr) + len(payload)}\r\n".encode())
+    chunks.append(hdr)
+    chunks.append(payload)
+    chunks.append(b"\r\n")
 
 
 async def request_each(nc: Any, messages: list[tuple[str, bytes, str]], *,
@@ -185,12 +191,7 @@ async def request_each(nc: Any, messages: list[tuple[str, bytes, str]], *,
         resp_map[token] = future
         tokens.append(token)
         futures.append(future)
-        hdr = f"NATS/1.0\r\n{lines}\r\n".encode()
-        chunks.append(f"HPUB {subject} {prefix}{token} {len(hdr)} "
-                      f"{len(hdr) + len(payload)}\r\n".encode())
-        chunks.append(hdr)
-        chunks.append(payload)
-        chunks.append(b"\r\n")
+        _frame(chunks, subject, prefix + token, lines, payload)
     try:
         _send_frames(nc, b"".join(chunks), len(messages))
         if nc._flush_queue is not None and nc._flush_queue.empty():
