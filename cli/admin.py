@@ -108,6 +108,8 @@ POOL_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
      "class,… whose leases are never preemption victims"),
     ("--fair-share-half-life", "fair_share_half_life_seconds", 0,
      "seconds: fair share also counts past usage decayed with this half-life (0: none)"),
+    ("--renew-step", "renew_step_seconds", 60,
+     "seconds a renewal must move a deadline to be recorded (smaller moves change nothing)"),
 )
 
 

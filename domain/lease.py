@@ -481,18 +481,23 @@ class Lease(Aggregate):
 
     # Term -------------------------------------------------------------------------------------
 
-    def heartbeat(self, now: float, *, epoch: int, checkpoint_at: float | None = None) -> None:
+    def heartbeat(self, now: float, *, epoch: int, checkpoint_at: float | None = None) -> bool:
         """The agent is alive and the workload runs. A heartbeat from an earlier placement is
         fenced (StaleEpoch); one after the hard deadline is refused (LeaseExpired). A late
-        heartbeat before the reconciler has acted is accepted: it proves the agent is alive."""
+        heartbeat before the reconciler has acted is accepted: it proves the agent is alive.
+        Returns whether it was recorded: one that is no news (`heartbeat_is_news`) changes
+        nothing, so a flood of them costs the log nothing."""
         self._require("heartbeat", WORKLOAD_STATES)
         self._check_epoch(epoch)
         self._require_not_past_deadline(now)
+        if not self.heartbeat_is_news(now, checkpoint_at):
+            return False
         self._heartbeat_recorded(
             at=float(now),
             epoch=epoch,
             checkpoint_at=None if checkpoint_at is None else float(checkpoint_at),
         )
+        return True
 
     def heartbeat_is_news(self, now: float, checkpoint_at: float | None = None) -> bool:
         """Whether a heartbeat at `now` is worth an event: the first of this placement, a new
@@ -505,12 +510,18 @@ class Lease(Aggregate):
             return True
         return now - self.last_heartbeat_at >= self.heartbeat_timeout_seconds / 4
 
-    def renew(self, now: float, extend_seconds: int | None = None) -> bool:
+    def renew(self, now: float, extend_seconds: int | None = None, *,
+              step_seconds: float = 0) -> bool:
         """Extend the deadline to `now + extend_seconds` (default: the lease term).
 
         Clamp-with-flag: a renewal that would pass `started_at + maximum_runtime_seconds` is cut
         to that limit and recorded with `clamped=True` (returned). Only when the deadline is
-        already at the limit does renewal raise RuntimeLimitExceeded. It never shortens."""
+        already at the limit does renewal raise RuntimeLimitExceeded. It never shortens.
+
+        Coalesced: it is recorded only when the deadline moves by at least `step_seconds` (the
+        pool's renewal step), capped at half the extension so that a holder renewing within
+        each extension always moves it in time; a move to the runtime limit is always
+        recorded (there is no later one). A renewal that is not recorded changes nothing."""
         self._require("renew", {S.RUNNING})
         self._require_not_past_deadline(now)
         extend = self.lease_seconds if extend_seconds is None else extend_seconds
@@ -524,11 +535,11 @@ class Lease(Aggregate):
                 reasons=("maximum_runtime_exceeded",),
             )
         wanted = float(now) + extend
-        self._renewed(
-            at=float(now),
-            deadline=max(self.deadline, min(wanted, limit)),
-            clamped=wanted > limit,
-        )
+        deadline = max(self.deadline, min(wanted, limit))
+        moved = deadline - self.deadline
+        if moved <= 0 or (moved < min(step_seconds, extend / 2) and deadline < limit):
+            return wanted > limit
+        self._renewed(at=float(now), deadline=deadline, clamped=wanted > limit)
         return wanted > limit
 
     # Ending -----------------------------------------------------------------------------------

@@ -91,6 +91,9 @@ class PoolConfig:
     non_preemptible_classes: tuple[str, ...] = ()
     # fair share counts usage decayed with this half-life besides current usage; 0: current only
     fair_share_half_life_seconds: int = 0
+    # a renewal is recorded only when it moves the deadline at least this far (the log grows
+    # with real changes only; domain.lease.Lease.renew)
+    renew_step_seconds: int = 60
 
     def __post_init__(self) -> None:
         classes = tuple(sorted((str(k), int(v)) for k, v in dict(self.priority_classes).items()))
@@ -124,6 +127,8 @@ class PoolConfig:
                 found.append(f"non-preemptible class {name!r} is not defined")
         if self.fair_share_half_life_seconds < 0:
             found.append("fair_share_half_life_seconds must not be negative")
+        if self.renew_step_seconds < 0:
+            found.append("renew_step_seconds must not be negative")
         return found
 
     def to_dict(self) -> dict[str, Any]:
@@ -141,6 +146,7 @@ class PoolConfig:
             "lost_node_release_seconds": self.lost_node_release_seconds,
             "non_preemptible_classes": list(self.non_preemptible_classes),
             "fair_share_half_life_seconds": self.fair_share_half_life_seconds,
+            "renew_step_seconds": self.renew_step_seconds,
         }
 
     @classmethod
@@ -160,6 +166,7 @@ class PoolConfig:
             lost_node_release_seconds=int(d.get("lost_node_release_seconds", 300)),
             non_preemptible_classes=tuple(d.get("non_preemptible_classes", ())),
             fair_share_half_life_seconds=int(d.get("fair_share_half_life_seconds", 0)),
+            renew_step_seconds=int(d.get("renew_step_seconds", default.renew_step_seconds)),
         )
 
 

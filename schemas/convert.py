@@ -84,13 +84,14 @@ def pool_config_from_wire(cfg: v1.PoolConfig) -> PoolConfig:
         maximum_runtime_seconds=cfg.maximum_runtime_seconds,
         non_preemptible_classes=tuple(cfg.non_preemptible_classes),
         fair_share_half_life_seconds=cfg.fair_share_half_life_seconds,
+        renew_step_seconds=cfg.renew_step_seconds,
     )
 
 
 _PATCHED_AS_IS = ("packing", "commit_timeout_seconds", "aging_seconds_per_rank",
                   "heartbeat_timeout_seconds", "default_lease_seconds", "node_timeout_seconds",
                   "lost_node_release_seconds", "maximum_runtime_seconds",
-                  "fair_share_half_life_seconds")
+                  "fair_share_half_life_seconds", "renew_step_seconds")
 
 
 def pool_config_patched(base: PoolConfig, patch: v1.PoolPatch) -> PoolConfig:

@@ -466,6 +466,9 @@ class PoolConfig(_Command, frozen=True, kw_only=True):
     non_preemptible_classes: Annotated[list[NameToken], Meta(max_length=32)] = []
     # Fair share also counts past usage decayed with this half-life; 0: current usage only.
     fair_share_half_life_seconds: Annotated[int, Meta(ge=0, le=MAX_RUNTIME_SECONDS)] = 0
+    # A renewal is recorded only when it moves the deadline at least this far (capped at half
+    # the extension asked); one that moves it less answers ok and changes nothing.
+    renew_step_seconds: Annotated[int, Meta(ge=0, le=86_400)] = 60
 
 
 class PreemptionPatch(_Part, frozen=True, kw_only=True):
@@ -495,6 +498,7 @@ class PoolPatch(_Command, frozen=True, kw_only=True):
     maximum_runtime_seconds: RuntimeSeconds | None = None
     non_preemptible_classes: Annotated[list[NameToken], Meta(max_length=32)] | None = None
     fair_share_half_life_seconds: Annotated[int, Meta(ge=0, le=MAX_RUNTIME_SECONDS)] | None = None
+    renew_step_seconds: Annotated[int, Meta(ge=0, le=86_400)] | None = None
 
 
 # Quota keys are domain dimension names: the four scalars or "gpu/<profile>".

@@ -208,9 +208,11 @@ class LeaseCommands(GangCommands):
         now = self.clock()
         lease = self._lease(tenant, lease_id)
         members = self._with_gang(lease, *WORKLOAD_STATES)  # members share their epoch
-        for member in members:
-            member.heartbeat(now, epoch=body.epoch, checkpoint_at=body.last_checkpoint_at)
-        self.save(*members)
+        # only the members it is news for are saved: a flood appends nothing (domain decides)
+        beaten = [m for m in members
+                  if m.heartbeat(now, epoch=body.epoch, checkpoint_at=body.last_checkpoint_at)]
+        if beaten:
+            self.save(*beaten)
         return lease
 
     @retried
@@ -218,9 +220,13 @@ class LeaseCommands(GangCommands):
         now = self.clock()
         lease = self._lease(tenant, lease_id)
         members = self._with_gang(lease, LeaseState.RUNNING)
+        step = self._pool_settings(lease.pool_id).config.renew_step_seconds
         for member in members:
-            member.renew(now, body.extend_seconds)
-        self.save(*members)
+            member.renew(now, body.extend_seconds, step_seconds=step)
+        # a renewal that moved no deadline by the pool's step recorded nothing: nothing to save
+        moved = [m for m in members if m.pending_events]
+        if moved:
+            self.save(*moved)
         return lease
 
     def _settle(self, lease: Lease, now: float, node_id: str | None = None,

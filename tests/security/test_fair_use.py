@@ -1,0 +1,102 @@
+"""No tenant degrades the others: a flood of one tenant's heartbeats and renewals costs the
+log nothing, against a real plane on a real server (issue 40's "log as a free disk")."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import nats
+import pytest
+
+from bus.local.server import NatsServer
+from bus.subjects import EVENTS_PREFIX, EVENTS_STREAM
+from client.api import PoolClient
+from control.plane import ControlPlane
+from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
+
+Plane = tuple[ControlPlane, PoolClient, PoolClient, FakeClock]
+FLOOD = 500
+JOB = {"image": "busybox@sha256:" + "a" * 64, "command": ["sleep", "1d"]}
+
+
+@pytest.fixture()
+def plane(fresh_nats: NatsServer) -> Iterator[Plane]:
+    clock = FakeClock()
+    cp = start(fresh_nats.url, clock)
+    admin = PoolClient(fresh_nats.url)
+    alpha = PoolClient(fresh_nats.url, "alpha")
+    # a term shorter than the maximum runtime, so renewals have room to move the deadline
+    setup_pool(admin, default_lease_seconds=600, heartbeat_timeout_seconds=30,
+               renew_step_seconds=60)
+    for node in ("n1", "n2"):
+        assert admin.admin("node.register", node_body(node))["ok"]
+    yield cp, admin, alpha, clock
+    alpha.close()
+    admin.close()
+    cp.stop()
+
+
+def _events_per_lease(url: str, lease_ids: list[str]) -> dict[str, int]:
+    """How many messages the log's stream holds on each lease's subject."""
+    async def go() -> dict[str, int]:
+        nc = await nats.connect(url)
+        try:
+            info = await nc.jetstream().stream_info(EVENTS_STREAM,
+                                                    subjects_filter=f"{EVENTS_PREFIX}.>")
+            subjects = info.state.subjects or {}
+        finally:
+            await nc.close()
+        return {lid: sum(n for s, n in subjects.items() if s.endswith("." + lid))
+                for lid in lease_ids}
+
+    return asyncio.run(go())
+
+
+def _running(cp: ControlPlane, alpha: PoolClient, body: dict[str, object]) -> list[str]:
+    r = alpha.request_lease(body)
+    assert r["ok"], r
+    ids: list[str] = r["result"]["lease_ids"] if "group" in body else [r["lease"]["lease_id"]]
+    assert cp.scheduler.cycle().placed == len(ids)
+    assert alpha.lease(ids[0], "commit", {"job": JOB})["ok"]
+    return ids
+
+
+def test_a_flood_of_heartbeats_and_renewals_appends_only_real_changes(
+        fresh_nats: NatsServer, plane: Plane) -> None:
+    cp, _admin, alpha, clock = plane
+    (lid,) = _running(cp, alpha, lease_body("flooded", max_runtime=86_400))
+    before = _events_per_lease(fresh_nats.url, [lid])[lid]
+    deadline = alpha.lease(lid, "get")["lease"]["deadline"]
+    # FLOOD of each within 5 s: under a quarter of the heartbeat timeout, and no renewal
+    # moves the deadline by the pool's 60 s step
+    deadlines = set()
+    for _ in range(FLOOD):
+        clock.advance(0.01)
+        beat = alpha.lease(lid, "heartbeat", {"epoch": 1})
+        assert beat["ok"], beat
+        renewed = alpha.lease(lid, "renew", {})
+        assert renewed["ok"], renewed
+        deadlines.add(renewed["lease"]["deadline"])
+    # the first heartbeat of the placement is news; nothing else was
+    assert _events_per_lease(fresh_nats.url, [lid])[lid] == before + 1
+    assert deadlines == {deadline}
+    # real changes still land: a heartbeat a quarter timeout on, a renewal that moves a step
+    clock.advance(60)
+    assert alpha.lease(lid, "heartbeat", {"epoch": 1})["ok"]
+    renewed = alpha.lease(lid, "renew", {})
+    assert renewed["ok"] and renewed["lease"]["deadline"] == clock() + 600
+    assert _events_per_lease(fresh_nats.url, [lid])[lid] == before + 3
+
+
+def test_a_flood_of_heartbeats_on_a_gang_member_appends_nothing_per_member(
+        fresh_nats: NatsServer, plane: Plane) -> None:
+    cp, _admin, alpha, clock = plane
+    ids = _running(cp, alpha, lease_body("gang") | {"group": {"members": 2}})
+    before = _events_per_lease(fresh_nats.url, ids)
+    for _ in range(FLOOD):
+        clock.advance(0.01)
+        beat = alpha.lease(ids[1], "heartbeat", {"epoch": 1})
+        assert beat["ok"], beat
+    after = _events_per_lease(fresh_nats.url, ids)
+    assert after == {lid: before[lid] + 1 for lid in ids}, (before, after)
