@@ -22,6 +22,28 @@ class LeaseCreate(v1.LeaseRequest, frozen=True, kw_only=True):
 Seconds = float | None
 
 
+class LeaseGangMember(Struct, frozen=True, kw_only=True):
+    """One member of a gang as a reply shows it beside any of its members."""
+
+    member: int | None = None
+    lease_id: str
+    state: str
+    epoch: int
+    node_id: str | None = None
+    devices: list[str] = []
+
+
+class LeaseGang(Struct, frozen=True, kw_only=True):
+    """A gang's constraint and its members in member order (schemas.convert.gang_view)."""
+
+    gang_id: str
+    size: int
+    strategy: str
+    same: str | None = None
+    spread: str | None = None
+    members: list[LeaseGangMember]
+
+
 class Lease(Struct, frozen=True, kw_only=True):
     """A lease as the command service shows it (schemas.convert.lease_view)."""
 
@@ -31,7 +53,7 @@ class Lease(Struct, frozen=True, kw_only=True):
     state: str
     epoch: int
     node_id: str | None = None
-    devices: list[Any] = []  # the node's GPU devices the lease holds
+    devices: list[str] = []  # the node's GPU devices the lease holds
     priority_class: str
     preemptible: bool = True
     checkpointable: bool = False
@@ -51,6 +73,7 @@ class Lease(Struct, frozen=True, kw_only=True):
     end_reason: str | None = None
     rejection_code: str | None = None
     version: int
+    gang: LeaseGang | None = None  # a gang member's: every member, its node and devices
 
 
 class Page(Struct, frozen=True, kw_only=True):
