@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
+from gateway import examples
 from gateway.problems import PROBLEM_JSON, STATUS_BY_CODE, TITLES, Problem
 from gateway.routes import ROUTES, HttpRoute
 from gateway.wire import Lease, Page
@@ -28,17 +29,34 @@ def _structs() -> list[type[Struct]]:
     return list(seen.values())
 
 
+# what no code of STATUS_BY_CODE names: a failure of the gateway itself (app._http_error)
+_UNCODED = {500: ("Internal Server Error", "internal_error")}
+
+
+def _json(name: str) -> dict[str, Any]:
+    """A media type whose schema is the component `name`, with its example when there is one."""
+    media: dict[str, Any] = {"schema": {"$ref": REF.format(name=name)}}
+    if name in examples.BY_SCHEMA:
+        media["example"] = examples.BY_SCHEMA[name]
+    return media
+
+
 def _problem_responses(route: HttpRoute) -> dict[str, Any]:
-    # a body names pools, tenants and nodes too: any operation may meet 404 and 409
-    statuses = {400, 401, 403, 404, 409, 422, 429, 503}
+    # a body names pools, tenants and nodes too: any operation may meet 404 and 409; and any
+    # may meet a failure behind the gateway (502) or of the gateway itself (500)
+    statuses = {400, 401, 403, 404, 409, 422, 429, 500, 502, 503}
     if route.body is not None:
         statuses.add(413)
     out: dict[str, Any] = {}
     for s in sorted(statuses):
         codes = sorted(c for c, st in STATUS_BY_CODE.items() if st == s)
+        title = TITLES.get(s) or _UNCODED[s][0]
+        example = examples.problem(s, codes[0] if codes else _UNCODED[s][1], title,
+                                   route.path)
         out[str(s)] = {
-            "description": f"{TITLES.get(s, 'Error')}: " + ", ".join(codes),
-            "content": {PROBLEM_JSON: {"schema": {"$ref": REF.format(name="Problem")}}},
+            "description": f"{title}: " + ", ".join(codes or [_UNCODED[s][1]]),
+            "content": {PROBLEM_JSON: {"schema": {"$ref": REF.format(name="Problem")},
+                                       "example": example}},
         }
     return out
 
@@ -47,15 +65,16 @@ def _ok_response(route: HttpRoute) -> dict[str, Any]:
     if route.reply == "stream":
         return {"description": "A stream of Server-Sent Events (`id`, `event`, `data` JSON)",
                 "content": {"text/event-stream": {"schema": {"type": "string"}}}}
-    schema: dict[str, Any]
+    media: dict[str, Any]
     if route.reply == "lease":
-        schema = {"$ref": REF.format(name="Lease")}
+        media = _json("Lease")
     elif route.reply == "page":
-        schema = {"$ref": REF.format(name="Page")}
+        media = _json("Page")
     else:
-        schema = {"type": "object"}
+        # the command's result: an object whose fields are the command's own (docs/api.md)
+        media = {"schema": {"type": "object", "additionalProperties": True}}
     return {"description": "OK" if route.status == 200 else "Created",
-            "content": {"application/json": {"schema": schema}}}
+            "content": {"application/json": media}}
 
 
 def _parameters(route: HttpRoute) -> list[dict[str, Any]]:
@@ -115,8 +134,7 @@ def document() -> dict[str, Any]:
         if body is not None and r.method == "POST":
             op["requestBody"] = {
                 "required": r.operation_id == "createComputeLease" or r.admin,
-                "content": {"application/json": {
-                    "schema": {"$ref": REF.format(name=body.__name__)}}},
+                "content": {"application/json": _json(body.__name__)},
             }
         paths.setdefault(r.path, {})[r.method.lower()] = op
     return {
