@@ -73,6 +73,11 @@ _ONE = _LEASE + "/{lease_id}"
 _VERBS = ("commit", "heartbeat", "renew", "release", "cancel")
 
 
+def _camel(verb: str) -> str:
+    head, *rest = verb.split("-")
+    return head + "".join(w.capitalize() for w in rest)
+
+
 def _summary(operation: str) -> str:
     return _BY_OPERATION[operation].summary.rstrip(".")
 
@@ -148,7 +153,7 @@ ROUTES: tuple[HttpRoute, ...] = (
     HttpRoute("POST", "/v1/admin/nodes/enrollments", "enrollNode", _summary("adminNodeEnroll"),
               "adminNodeEnroll", admin=True, tag="admin"),
     *(HttpRoute("POST", f"/v1/admin/nodes/{{node_id}}/{verb}",
-                f"{verb.replace('-', '_')}Node", f"{verb.capitalize()} a node",
+                _camel(verb) + "Node", f"{verb.capitalize()} a node",
                 "adminNodeState", admin=True, tag="admin", fixed=(("verb", verb),))
       for verb in NODE_VERBS),
     HttpRoute("GET", "/v1/admin/leases/{lease_id}", "adminGetComputeLease",
