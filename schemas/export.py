@@ -89,9 +89,10 @@ def asyncapi(channel_rows: Iterable[Channel]) -> dict[str, Any]:
         messages[name] = _message(payload)
         channels[channel_id] = {
             "address": address,
-            "parameters": params,
             "messages": {name: {"$ref": f"#/components/messages/{name}"}},
         }
+        if params:  # a channel's parameters are its address's expressions: none, no map
+            channels[channel_id]["parameters"] = params
         op: dict[str, Any] = {
             "action": action,
             "summary": summary,
