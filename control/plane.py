@@ -14,7 +14,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from bus.agentbus import ControlLink
 from bus.appends import AppendSignal
@@ -37,14 +37,15 @@ from control.dispatcher import Dispatcher, Reconciler, run_loop
 from control.errors import ServiceError, UnknownSubject
 from control.feed import FeedPublisher
 from control.pool_leaders import PoolLeadership
-from control.projector import Projector
 from control.routes import ROUTES, Router, subscriptions
 from control.scheduler import Scheduler, tune_gc
 from control.scheduler.checkpoint import EVERY_EVENTS, EVERY_SECONDS, Checkpointer
-from projections.views import VIEWS
 from schemas import v1
 from schemas.codec import SchemaError, encode
 from schemas.feed import FeedReplay
+
+if TYPE_CHECKING:
+    from control.projector import Projector
 
 log = logging.getLogger(__name__)
 
@@ -290,9 +291,14 @@ class ControlPlane:
                                  fast=handler.fast,
                                  loop=get_runtime(url["commands"], "commands").loop)
                          if "commands" in self.roles else None)
-        self.projector = (Projector(url["projector"], database_url,
-                                    views=tuple(projector_views or VIEWS))
-                          if database_url and "projector" in self.roles else None)
+        self.projector: Projector | None = None
+        if database_url and "projector" in self.roles:
+            # imported only here: PostgreSQL's driver is needed only with a database, and the
+            # real-GPU check (local/gpucheck.py) runs on machines that have neither
+            from control.projector import Projector
+            from projections.views import VIEWS
+            self.projector = Projector(url["projector"], database_url,
+                                       views=tuple(projector_views or VIEWS))
         self.run_scheduler = run_scheduler
         # `why` and queue positions come from a scheduler's memory: a process whose scheduler
         # never runs would answer every lease as not found, so it answers them only when told
