@@ -119,8 +119,11 @@ class ProcessRuntime:
     name = "process"
 
     def __init__(self, state_dir: Path, *, bwrap: str | None = None,
-                 cgroups: Cgroups | None = None, slirp: str | None = "") -> None:
+                 cgroups: Cgroups | None = None, slirp: str | None = "",
+                 dev: Path = DEV) -> None:
         self.state_dir = Path(state_dir) / "process"
+        # where the GPUs' device nodes are bound from (a test's stand-in /dev elsewhere)
+        self.dev = dev
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.bwrap = bwrap or shutil.which("bwrap")
         self._children: dict[str, subprocess.Popen[bytes]] = {}
@@ -148,7 +151,7 @@ class ProcessRuntime:
     def binds_gpus(self) -> bool:
         """A sandbox sees only the /dev nodes bound into it: GPUs can be given one by one
         wherever the NVIDIA driver's control device exists and a sandbox can start."""
-        return (DEV / "nvidiactl").exists() and bool(self.isolation_classes())
+        return (self.dev / "nvidiactl").exists() and bool(self.isolation_classes())
 
     def network_egress(self) -> str:
         """The most open egress this runtime enforces: `open` through slirp4netns (the host's
@@ -219,7 +222,7 @@ class ProcessRuntime:
                                 "network (no slirp4netns)", code="egress_unavailable")
         memory = spec.memory_mib * 1024 * 1024
         argv = [self.bwrap, *self._sandbox_args(spec.checkpoint_dir, memory),
-                *gpu_sandbox_args(spec)]
+                *gpu_sandbox_args(spec, self.dev)]
         for k, v in spec.env:
             argv += ["--setenv", k, v]
         wiring = usernet.Wiring() if egress else None
