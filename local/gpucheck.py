@@ -75,8 +75,10 @@ def _check(state: Path, runtime: Any, probe: Any, reserve: Any, gpus: int,
                                            "weight": 1.0}))
             _ok(admin.admin("credits.grant", {"tenant": "gpucheck", "transfer_id": "gpu-check",
                                               "amount_microcredits": 10**12}))
+            # an enrollment allows no GPUs unless it says how many
             _ok(admin.admin("node.enroll", {"node_id": "gpu-check", "pool_id": "gpu",
-                                            "trust_level": "trusted"}))
+                                            "trust_level": "trusted",
+                                            "max_gpus": len(probe.gpus.gpus)}))
             link = AgentLink(server.url, "gpu-check").connect()
             agent = Agent(link, runtime, node_id="gpu-check", pool_id="gpu", probe=probe,
                           state_dir=state / "agent", reserve=reserve, heartbeat_interval=1.0)
