@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from agents.notice import NoticeRefused, write_notice
 from agents.probe import NodeProbe, Reserve
 from agents.runtimes.contract import Runtime, WorkloadError, WorkloadHandle, WorkloadSpec
 from bus.agentbus import AgentCommand, AgentLink
@@ -75,6 +76,7 @@ class AgentStats:
     stops: int = 0
     refused: int = 0
     heartbeats: int = 0
+    notices_refused: int = 0  # a notice whose place in the job's folder held a trap
     startup_seconds: list[float] = field(default_factory=list)
 
 
@@ -372,11 +374,23 @@ class Agent:
             return
         if preempt and run.checkpoint_dir is not None:
             # the notice: checkpoint now; SIGTERM follows, SIGKILL after the grace period
-            try:
-                (run.checkpoint_dir / "PREEMPT").write_text(str(self.clock()))
-            except OSError:
-                pass
+            self._notice(rev.lease_id, run, "PREEMPT", str(self.clock()))
         self._stop_now(run, grace=float(rev.grace_seconds))
+
+    def _notice(self, lease_id: str, run: Running, name: str, text: str) -> None:
+        """Leave a notice in the job's checkpoint folder. The job owns that folder: a FIFO, a
+        link or a directory in the notice's place is refused (logged, counted, and told to
+        the tenant as a `failure` sample), never waited on or followed."""
+        assert run.checkpoint_dir is not None
+        try:
+            write_notice(run.checkpoint_dir, name, text)
+        except NoticeRefused as e:
+            self.stats.notices_refused += 1
+            log.warning("notice %s for lease %s refused: %s", name, lease_id, e)
+            self._telemetry(run.pool_id, run.tenant, lease_id, "failure",
+                            {"reason": e.code, "phase": "notice", "message": str(e)[:500]})
+        except OSError as e:
+            log.warning("notice %s for lease %s not written: %s", name, lease_id, e)
 
     def _stop_now(self, run: Running, grace: float) -> None:
         run.stopping = True
@@ -502,7 +516,7 @@ def _latest_mtime(d: Path, known: float | None) -> float | None:
         for f in d.iterdir():
             if f.name == "PREEMPT":
                 continue
-            m = f.stat().st_mtime
+            m = f.stat(follow_symlinks=False).st_mtime  # the job's links lead nowhere
             if latest is None or m > latest:
                 latest = m
     except OSError:
