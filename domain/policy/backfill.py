@@ -110,6 +110,8 @@ class Backfill:
         self.estimates: dict[object, float | None] = {}
         # node → capacity kept there for advance reservations and maintenance windows
         self._windows: dict[str, list[Withheld]] = {}
+        # whether a lease still waits to be offered this cycle (`begin`'s `queued`)
+        self._queued: Callable[[str], bool] | None = None
 
     def withhold(self, withheld: Iterable[Withheld]) -> None:
         """This cycle's advance reservations and maintenance windows (domain.reservation):
@@ -131,6 +133,7 @@ class Backfill:
         """Start a cycle at `now`: forget heads no longer queued and reserve again for the
         others, in band order (highest first), from the table as it is now."""
         self.now = now
+        self._queued = queued
         self.reservations.clear()
         self._by_node.clear()
         self._earliest.clear()
@@ -305,7 +308,11 @@ class Backfill:
         are counted together from the earliest one it would overlap. `heads` False: windows
         only, not the blocked heads' reservations. `band`: the request's own; a lower band's
         head never holds it back (the queue offers the higher band first, and a head kept
-        from an earlier cycle must not turn that order round)."""
+        from an earlier cycle must not turn that order round). With `band`, neither does a
+        head the queue has not offered yet this cycle: it comes after the request in the
+        current fair order, and a head kept from an earlier cycle, when the tenants' shares
+        were otherwise, must not take every node that frees from a tenant further below its
+        share."""
         ws = [w for w in self._windows.get(node_id, ())
               if w.reservation_id != window and (end_at is None or end_at > w.start_at)]
         if ws:
@@ -316,7 +323,8 @@ class Backfill:
             if not (self.capacity_at(node_id, at) - kept).is_non_negative():
                 return False
         for r in self._by_node.get(node_id, ()) if heads else ():
-            if r.lease_id == lease_id or (band is not None and r.band < band):
+            if r.lease_id == lease_id or (band is not None and (
+                    r.band < band or (self._queued is not None and self._queued(r.lease_id)))):
                 continue
             if end_at is not None and end_at <= r.start_at:
                 continue

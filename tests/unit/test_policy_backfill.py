@@ -123,13 +123,36 @@ def test_a_lower_bands_head_never_holds_back_a_higher_bands_request() -> None:
     pool.run("a", "x", 6, end=100.0)
     bf = pool.backfill()
     assert bf.blocked("low", shape(8), band=0) is not None
-    bf.begin(10.0, queued=lambda _lid: True)  # the next cycle keeps the low head
+    waiting = {"low"}
+    bf.begin(10.0, queued=waiting.__contains__)  # the next cycle keeps the low head
     node, _, held = bf.place(shape(2), 300.0, packing="best-fit", allowed_trust_levels=None,
                              band=2)
     assert (node, held) == ("a", False)
+    waiting.discard("low")  # offered (and blocked again) before the next request of its band
     node, _, held = bf.place(shape(2), 300.0, packing="best-fit", allowed_trust_levels=None,
                              band=0)
     assert (node, held) == (None, True)
+
+
+def test_a_head_the_queue_offers_later_never_holds_back_a_fairer_request() -> None:
+    """A head kept from an earlier cycle, when its tenant was the one furthest below its
+    share, is re-reserved on the node that frees first; a request of its band that the fair
+    queue now offers before it (its tenant is now further below its share) takes that node.
+    Kept heads once took every freed node in turn, and weights 3:2 placed as 1:1."""
+    pool = Pool(("a", 8), ("b", 8))
+    pool.run("a", "x", 8, end=100.0)
+    pool.run("b", "y", 8, end=200.0)
+    bf = pool.backfill()
+    assert bf.blocked("globex-head", shape(8), band=0) is not None
+    pool.table.free("x")  # x ended early: node a is free now
+    waiting = {"globex-head", "acme-next"}
+    bf.begin(10.0, queued=waiting.__contains__)  # the head is kept, re-reserved on a
+    held_on = bf.reservation_of("globex-head")
+    assert held_on is not None and held_on.node_id == "a"
+    waiting.discard("acme-next")  # acme's request is offered first: it is fairer now
+    node, _, held = bf.place(shape(8), 300.0, packing="best-fit", allowed_trust_levels=None,
+                             lease_id="acme-next", band=0)
+    assert (node, held) == ("a", False)
 
 
 def test_a_head_that_left_the_queue_gives_up_its_reservation() -> None:
