@@ -95,6 +95,7 @@ class SimResult:
     reservations_made: int = 0
     held_back: int = 0  # placements refused because they would have delayed a reservation
     extras: dict[str, float] = field(default_factory=dict)
+    placements: list[str] = field(default_factory=list)  # request ids, in placement order
 
 
 class Simulator:
@@ -258,9 +259,13 @@ class Simulator:
                 if bf is None:
                     node_id, fr = self.table.place_fast(req.shape, packing=packing)
                 else:
-                    node_id, fr, held = bf.place(req.shape, end_at, packing=packing,
-                                                 allowed_trust_levels=None,
-                                                 lease_id=req.lease_id)
+                    # its band, as the scheduler passes it: a head offered later never
+                    # holds it back
+                    node_id, fr, held = bf.place(
+                        req.shape, end_at, packing=packing, allowed_trust_levels=None,
+                        lease_id=req.lease_id,
+                        band=band_of(req.priority_class, req.enqueued_at, now, self._ranks,
+                                     cfg.aging_seconds_per_rank))
                     if held:  # it fits now, only not beside a reservation
                         if not head:
                             held_from[req.shape] = min(end_at, held_from.get(req.shape, end_at))
@@ -294,6 +299,7 @@ class Simulator:
                 self.decay.set_usage(req.tenant, now, queue.usage(req.tenant))
             out = self._outcome[req.lease_id]
             out.started_at, out.node_id = now, node_id
+            self.result.placements.append(out.request.request_id)
             self._end_seq += 1
             heapq.heappush(self._ends, (now + out.request.runtime_seconds, self._end_seq,
                                         req.lease_id))
