@@ -26,12 +26,11 @@ def test_the_demo_tells_its_whole_story(
     demo = Demo(tmp_path / "demo", nodes=30, flood=60, live=False, say=lines.append)
     rc = demo.run()
     checks = {name: c for name, c in demo.checks.items()}
-    # fair share is a statistic of a short, small run: reported, not asserted here (the full
-    # demo asserts it); every other outcome is a fact of the log
-    failed = {n: c.detail for n, c in checks.items() if not c.ok and n != "fair_share"}
+    # every outcome is a fact of the log, fair share too (placements judged, not sampled)
+    failed = {n: c.detail for n, c in checks.items() if not c.ok}
     assert not failed, failed
     assert checks["audit"].ok and "audit ok" in "\n".join(lines)
-    assert rc in (0, 1)
+    assert rc == 0
     assert any("where to look next" in line for line in lines)
     # the dashboard came up beside it, and said where
     assert any(line.startswith("dashboard: http://127.0.0.1:") for line in lines)
