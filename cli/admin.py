@@ -110,6 +110,8 @@ POOL_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
      "seconds: fair share also counts past usage decayed with this half-life (0: none)"),
     ("--renew-step", "renew_step_seconds", 60,
      "seconds a renewal must move a deadline to be recorded (smaller moves change nothing)"),
+    ("--max-queued", "max_queued_leases", 10_000,
+     "the most leases one tenant may have queued in the pool (more are refused)"),
 )
 
 

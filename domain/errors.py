@@ -73,6 +73,12 @@ class RuntimeLimitExceeded(DomainError):
     code = "maximum_runtime_exceeded"
 
 
+class QueueLimitExceeded(DomainError):
+    """The request would take the tenant past its pool's max_queued_leases."""
+
+    code = "queue_limit_exceeded"
+
+
 # Capacity -------------------------------------------------------------------------------------
 
 

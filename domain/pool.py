@@ -19,6 +19,7 @@ from domain.errors import (
     ImageNotAllowed,
     InvalidConfiguration,
     PriceNotListed,
+    QueueLimitExceeded,
     QuotaExceeded,
     RuntimeLimitExceeded,
     UnknownPriorityClass,
@@ -94,6 +95,8 @@ class PoolConfig:
     # a renewal is recorded only when it moves the deadline at least this far (the log grows
     # with real changes only; domain.lease.Lease.renew)
     renew_step_seconds: int = 60
+    # the most leases one tenant may have waiting in the pool's queue (the scheduler's memory)
+    max_queued_leases: int = 10_000
 
     def __post_init__(self) -> None:
         classes = tuple(sorted((str(k), int(v)) for k, v in dict(self.priority_classes).items()))
@@ -129,6 +132,8 @@ class PoolConfig:
             found.append("fair_share_half_life_seconds must not be negative")
         if self.renew_step_seconds < 0:
             found.append("renew_step_seconds must not be negative")
+        if self.max_queued_leases <= 0:
+            found.append("max_queued_leases must be positive")
         return found
 
     def to_dict(self) -> dict[str, Any]:
@@ -147,6 +152,7 @@ class PoolConfig:
             "non_preemptible_classes": list(self.non_preemptible_classes),
             "fair_share_half_life_seconds": self.fair_share_half_life_seconds,
             "renew_step_seconds": self.renew_step_seconds,
+            "max_queued_leases": self.max_queued_leases,
         }
 
     @classmethod
@@ -167,6 +173,7 @@ class PoolConfig:
             non_preemptible_classes=tuple(d.get("non_preemptible_classes", ())),
             fair_share_half_life_seconds=int(d.get("fair_share_half_life_seconds", 0)),
             renew_step_seconds=int(d.get("renew_step_seconds", default.renew_step_seconds)),
+            max_queued_leases=int(d.get("max_queued_leases", default.max_queued_leases)),
         )
 
 
@@ -400,6 +407,17 @@ class Pool(Aggregate):
                 f"{self.pool_id}'s maximum runtime of {limit} s ({limit / 3600:g} h)",
                 reasons=("maximum_runtime_seconds",),
             )
+
+    def admit_queue(self, tenant: str, queued: int, count: int) -> None:
+        """Raise QueueLimitExceeded, naming the limit and what is left of it, when `count`
+        more leases would take a tenant with `queued` waiting past max_queued_leases."""
+        limit = self.config.max_queued_leases
+        if queued + count > limit:
+            left = max(0, limit - queued)
+            raise QueueLimitExceeded(
+                f"tenant {tenant} has {queued} leases queued in pool {self.pool_id}, whose "
+                f"max_queued_leases is {limit}: {left} more may queue, this request asks for "
+                f"{count}", reasons=("max_queued_leases",))
 
     def rank_of(self, priority_class: str) -> int:
         try:

@@ -85,13 +85,15 @@ def pool_config_from_wire(cfg: v1.PoolConfig) -> PoolConfig:
         non_preemptible_classes=tuple(cfg.non_preemptible_classes),
         fair_share_half_life_seconds=cfg.fair_share_half_life_seconds,
         renew_step_seconds=cfg.renew_step_seconds,
+        max_queued_leases=cfg.max_queued_leases,
     )
 
 
 _PATCHED_AS_IS = ("packing", "commit_timeout_seconds", "aging_seconds_per_rank",
                   "heartbeat_timeout_seconds", "default_lease_seconds", "node_timeout_seconds",
                   "lost_node_release_seconds", "maximum_runtime_seconds",
-                  "fair_share_half_life_seconds", "renew_step_seconds")
+                  "fair_share_half_life_seconds", "renew_step_seconds",
+                  "max_queued_leases")
 
 
 def pool_config_patched(base: PoolConfig, patch: v1.PoolPatch) -> PoolConfig:

@@ -469,6 +469,9 @@ class PoolConfig(_Command, frozen=True, kw_only=True):
     # A renewal is recorded only when it moves the deadline at least this far (capped at half
     # the extension asked); one that moves it less answers ok and changes nothing.
     renew_step_seconds: Annotated[int, Meta(ge=0, le=86_400)] = 60
+    # The most leases one tenant may have queued in the pool; a request past it is refused
+    # (queue_limit_exceeded) and nothing is recorded.
+    max_queued_leases: Annotated[int, Meta(ge=1, le=1_000_000)] = 10_000
 
 
 class PreemptionPatch(_Part, frozen=True, kw_only=True):
@@ -499,6 +502,7 @@ class PoolPatch(_Command, frozen=True, kw_only=True):
     non_preemptible_classes: Annotated[list[NameToken], Meta(max_length=32)] | None = None
     fair_share_half_life_seconds: Annotated[int, Meta(ge=0, le=MAX_RUNTIME_SECONDS)] | None = None
     renew_step_seconds: Annotated[int, Meta(ge=0, le=86_400)] | None = None
+    max_queued_leases: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
 
 
 # Quota keys are domain dimension names: the four scalars or "gpu/<profile>".

@@ -30,6 +30,7 @@ from eventsourcing.persistence import (
 )
 
 from bus.errors import BusTimeout
+from control.application.queue_book import QueueBook
 from control.application.repository import PoolRepository
 from control.application.snapshotting import Snapshots, SnapshotStore, snapshot_intervals
 from control.errors import UnknownLease, UnknownPool, WriteConflict
@@ -182,6 +183,8 @@ class AppCore(Application[UUID]):
         self._policy_watches: dict[UUID, Callable[[], None]] = {}
         self._policies_lock = threading.Lock()
         self._refreshing: set[UUID] = set()  # policies being read again past their time
+        # the leases this process queued, per tenant and pool: max_queued_leases' count
+        self.queue_book = QueueBook()
 
     def construct_repository(self) -> Repository[UUID]:
         """The library's repository, as PoolRepository (a cached aggregate copied under its

@@ -98,6 +98,11 @@ class LeaseCommands(GangCommands):
                                  isolation=req.shape.runtime)
             if req.reservation_id is not None:
                 self._reservation(req.pool_id, req.reservation_id, tenant=tenant)
+            book = (tenant, req.pool_id)
+            queued = self.queue_book.queued(book)
+            if queued + size > pool.config.max_queued_leases:  # near it: count what still waits
+                queued = self.queue_book.recount(book, self.last_topics)
+            pool.admit_queue(tenant, queued, size)
         except (DomainError, ServiceError):
             # a retry is answered with what it made, whatever the pool says now
             made = self._made(tenant, keys, req, request_digest)
@@ -145,6 +150,7 @@ class LeaseCommands(GangCommands):
             if made is None:
                 raise
             return made
+        self.queue_book.add(book, (lease.id for lease in leases))
         return leases
 
     def _made(self, tenant: str, keys: list[str], req: v1.LeaseRequest,

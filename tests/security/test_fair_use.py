@@ -1,5 +1,5 @@
-"""No tenant degrades the others: a flood of one tenant's heartbeats and renewals costs the
-log nothing, against a real plane on a real server (issue 40's "log as a free disk")."""
+"""No tenant degrades the others, against a real plane on a real server (issue 40): a flood of
+one tenant's heartbeats and renewals costs the log nothing, and its queue has a cap."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ import pytest
 from bus.local.server import NatsServer
 from bus.subjects import EVENTS_PREFIX, EVENTS_STREAM
 from client.api import PoolClient
+from control.application import queue_book
 from control.plane import ControlPlane
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
 
 Plane = tuple[ControlPlane, PoolClient, PoolClient, FakeClock]
 FLOOD = 500
+QUEUE_CAP = 5
 JOB = {"image": "busybox@sha256:" + "a" * 64, "command": ["sleep", "1d"]}
 
 
@@ -27,8 +29,9 @@ def plane(fresh_nats: NatsServer) -> Iterator[Plane]:
     admin = PoolClient(fresh_nats.url)
     alpha = PoolClient(fresh_nats.url, "alpha")
     # a term shorter than the maximum runtime, so renewals have room to move the deadline
-    setup_pool(admin, default_lease_seconds=600, heartbeat_timeout_seconds=30,
-               renew_step_seconds=60)
+    setup_pool(admin, tenants={"alpha": 1.0, "beta": 1.0}, default_lease_seconds=600,
+               heartbeat_timeout_seconds=30, renew_step_seconds=60,
+               max_queued_leases=QUEUE_CAP)
     for node in ("n1", "n2"):
         assert admin.admin("node.register", node_body(node))["ok"]
     yield cp, admin, alpha, clock
@@ -100,3 +103,32 @@ def test_a_flood_of_heartbeats_on_a_gang_member_appends_nothing_per_member(
         assert beat["ok"], beat
     after = _events_per_lease(fresh_nats.url, ids)
     assert after == {lid: before[lid] + 1 for lid in ids}, (before, after)
+
+
+def test_a_tenant_cannot_queue_past_its_pools_cap_and_another_tenant_still_can(
+        fresh_nats: NatsServer, plane: Plane, monkeypatch: pytest.MonkeyPatch) -> None:
+    cp, _admin, alpha, _clock = plane
+    monkeypatch.setattr(queue_book, "RECOUNT_SECONDS", 0.0)  # every request may count again
+    assert alpha.request_lease(lease_body("three") | {"count": 3})["ok"]
+    assert alpha.request_lease(lease_body("two") | {"count": 2})["ok"]
+    stored = cp.app.recorder.max_notification_id()
+    over = alpha.request_lease(lease_body("sixth"))
+    assert not over["ok"] and over["error"]["code"] == "queue_limit_exceeded", over
+    assert "max_queued_leases" in over["error"]["reasons"]  # the limit, named
+    assert "max_queued_leases is 5: 0 more may queue" in over["error"]["message"]
+    flood = [alpha.request_lease(lease_body(f"flood-{i}")) for i in range(50)]
+    assert {r["error"]["code"] for r in flood if not r["ok"]} == {"queue_limit_exceeded"}
+    assert not any(r["ok"] for r in flood)
+    assert cp.app.recorder.max_notification_id() == stored  # refusals append nothing
+    # a retry of a request already made is answered with what it made, at the cap too
+    assert alpha.request_lease(lease_body("two") | {"count": 2})["ok"]
+    with PoolClient(fresh_nats.url, "beta") as beta:  # the cap is per tenant
+        assert beta.request_lease(lease_body("beta-1"))["ok"]
+    # placed leases wait no more: room again, and a count past what is left is refused whole
+    assert cp.scheduler.cycle().placed == 6
+    assert alpha.request_lease(lease_body("four") | {"count": 4})["ok"]
+    two = alpha.request_lease(lease_body("two-more") | {"count": 2})
+    assert not two["ok"] and two["error"]["code"] == "queue_limit_exceeded", two
+    assert "4 leases queued" in two["error"]["message"]
+    assert "1 more may queue, this request asks for 2" in two["error"]["message"]
+    assert alpha.request_lease(lease_body("last"))["ok"]
