@@ -20,6 +20,7 @@ import msgspec
 from agents.notice import NoticeRefused, write_notice
 from agents.probe import NodeProbe, Reserve
 from agents.runtimes.contract import Runtime, WorkloadError, WorkloadHandle, WorkloadSpec
+from agents.workdir import JobFiles
 from bus.agentbus import AgentCommand, AgentLink
 from bus.errors import BusError
 from bus.subjects import telemetry_subject
@@ -66,6 +67,12 @@ class Running:
     output_offset: int = 0  # bytes of the job's output shipped as `output` telemetry
     output_decoder: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
+    # the job's files: its directory (/work) and what to store from it at its end
+    has_workdir: bool = False
+    artifacts: tuple[str, ...] = ()
+    artifact_ttl_seconds: int = 7 * 86_400
+    max_artifact_bytes: int = 1 << 30
+    artifacts_stored: dict[str, Any] | None = None
 
 
 @dataclass
@@ -116,6 +123,8 @@ class Agent:
         self._stopping: list[threading.Thread] = []
         self._lock = threading.RLock()
         self._devices: dict[str, dict[str, Any]] | None = None
+        files = getattr(link, "files", None)
+        self.files = JobFiles(self.state_dir / "files", files() if files is not None else None)
 
     # -- identity and capabilities ------------------------------------------------------------
 
@@ -192,7 +201,10 @@ class Agent:
                 handle=handle, pool_id=meta.get("pool_id", self.pool_id),
                 tenant=meta.get("tenant", "unknown"),
                 checkpoint_dir=Path(meta["checkpoint_dir"]) if meta.get("checkpoint_dir")
-                else None)
+                else None, has_workdir=bool(meta.get("workdir")),
+                artifacts=tuple(meta.get("artifacts") or ()),
+                artifact_ttl_seconds=int(meta.get("artifact_ttl_seconds") or 7 * 86_400),
+                max_artifact_bytes=int(meta.get("max_artifact_bytes") or 0))
             self._started.add(handle.key)
             n += 1
         return n
@@ -308,6 +320,8 @@ class Agent:
             isolation=a.shape.runtime,
             checkpoint_dir=str(self.state_dir / "checkpoints" / a.lease_id),
             labels=(("computepool.tenant", a.tenant), ("computepool.pool", a.pool_id)),
+            workdir=str(self.files.job_dir(f"{a.lease_id}.{a.epoch}.{a.job_number}"))
+            if a.job.workdir is not None or a.job.artifacts else None,
         )
         if spec.key in self._started:
             self.stats.duplicates_ignored += 1  # a redelivery: never start the same job twice
@@ -323,12 +337,27 @@ class Agent:
         if current is not None and not current.stopping:
             # an older job or placement of this lease still runs here: it must go first
             self._stop_now(current, grace=5.0)
+        if spec.workdir is not None:
+            try:
+                ref = a.job.workdir
+                self.files.prepare(spec.key, a.tenant, ref.digest if ref else None,
+                                   ref.size_bytes if ref else 0)
+            except WorkloadError as e:
+                self.stats.refused += 1
+                self._report_end(a.lease_id, a.epoch, failure=f"{e.code}: {e}")
+                self._telemetry(a.pool_id, a.tenant, a.lease_id, "failure",
+                                {"reason": e.code, "phase": "workdir", "message": str(e)[:500]})
+                return
         self._record_started(spec.key)
         self._write_meta(a.lease_id, {"pool_id": a.pool_id, "tenant": a.tenant,
-                                      "checkpoint_dir": spec.checkpoint_dir})
+                                      "checkpoint_dir": spec.checkpoint_dir,
+                                      "workdir": spec.workdir, "artifacts": a.job.artifacts,
+                                      "artifact_ttl_seconds": a.artifact_ttl_seconds,
+                                      "max_artifact_bytes": a.max_artifact_bytes})
         try:
             handle = self.runtime.start(spec)
         except WorkloadError as e:
+            self.files.remove(spec.key)
             self._report_end(a.lease_id, a.epoch, failure=f"{e.code}: {e}")
             self._telemetry(a.pool_id, a.tenant, a.lease_id, "failure",
                             {"reason": e.code, "phase": "start", "message": str(e)[:500]})
@@ -337,7 +366,11 @@ class Agent:
         self.stats.started += 1
         self.stats.startup_seconds.append(startup)
         self.running[a.lease_id] = Running(handle=handle, pool_id=a.pool_id, tenant=a.tenant,
-                                           checkpoint_dir=Path(spec.checkpoint_dir or "."))
+                                           checkpoint_dir=Path(spec.checkpoint_dir or "."),
+                                           has_workdir=spec.workdir is not None,
+                                           artifacts=tuple(a.job.artifacts),
+                                           artifact_ttl_seconds=a.artifact_ttl_seconds,
+                                           max_artifact_bytes=a.max_artifact_bytes)
         log.info("job %s of lease %s (tenant %s) started in %.3f s", a.job_number, a.lease_id,
                  a.tenant, startup)
         self._telemetry(a.pool_id, a.tenant, a.lease_id, "startup",
@@ -419,12 +452,22 @@ class Agent:
                 continue
             log.info("job %s of lease %s exited with %d%s", run.handle.job_number, lid, code,
                      " (stopped)" if run.stopping else "")
+            if run.artifacts_stored is None:
+                # before the end is reported, so a tenant who sees it ended finds them stored;
+                # a failed or preempted job's too (partial results matter)
+                run.artifacts_stored = self.files.store_artifacts(
+                    run.handle.key, run.tenant, lid, run.artifacts,
+                    ttl_seconds=run.artifact_ttl_seconds,
+                    max_bytes=run.max_artifact_bytes).attrs() if run.artifacts else {}
             kind = "execution" if code == 0 or run.stopping else "failure"
             self._telemetry(run.pool_id, run.tenant, lid, kind,
                             {"exit_code": code, "stopped": run.stopping,
-                             "runtime_seconds": round(self.clock() - run.handle.started_at, 3)})
+                             "runtime_seconds": round(self.clock() - run.handle.started_at, 3),
+                             **run.artifacts_stored})
             if self._report_end(lid, run.handle.epoch, exit_code=code):
                 self.runtime.forget(run.handle)
+                if run.has_workdir:
+                    self.files.remove(run.handle.key)
                 del self.running[lid]
 
     def _ship_output(self, lid: str, run: Running, *, final: bool = False) -> None:

@@ -29,6 +29,7 @@ from bus.errors import BusTimeout, BusUnavailable
 from bus.headers import HDR_MSG_ID, HDR_SCHEDULE, HDR_SCHEDULE_TARGET
 from bus.jetstream.natsfast import publish_atomic
 from bus.jetstream.wire import MAX_BATCH
+from bus.objects import FileStore
 from bus.replies import admin_inbox, node_inbox
 from bus.runtime import BusRuntime, LoopThread, get_runtime, translated
 from bus.streams import (
@@ -301,6 +302,10 @@ class _Link:
             self._run(go(), 5)
         except Exception as e:  # noqa: BLE001 - telemetry must never stop an agent
             log.warning("telemetry publish failed: %r", e)
+
+    def files(self) -> FileStore:
+        """The tenants' file buckets over this link's connection (bus.objects)."""
+        return FileStore(self._nc, self._loop.run)
 
     def close(self) -> None:
         async def go() -> None:

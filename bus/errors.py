@@ -72,3 +72,24 @@ class PublishRejected(BusError):
     """JetStream refused a publish for a reason other than a concurrency conflict."""
 
     code = "publish_rejected"
+
+
+# -- the tenants' file buckets (bus.objects) -------------------------------------------------
+
+
+class BucketMissing(BusError):
+    """The tenant's file bucket does not exist: the operator makes it with the tenant's user."""
+
+    code = "bucket_missing"
+
+
+class ObjectMissing(BusError):
+    """No object of that name is stored in the bucket (never stored, deleted or expired)."""
+
+    code = "object_missing"
+
+
+class DigestMismatch(BusError):
+    """An object's bytes do not hash to the digest it is named or recorded by."""
+
+    code = "digest_mismatch"

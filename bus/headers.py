@@ -37,3 +37,7 @@ HDR_STATUS = "Status"
 HDR_DESCRIPTION = "Description"
 # W3C trace context
 HDR_TRACEPARENT = "traceparent"
+# the object store's metadata replaces its predecessor (keeps only the newest per subject)
+HDR_ROLLUP = "Nats-Rollup"
+# a message's own time to live on a stream that allows it (nats-server >= 2.11), e.g. "3600s"
+HDR_TTL = "Nats-TTL"

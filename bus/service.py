@@ -19,6 +19,7 @@ from opentelemetry import propagate
 
 from bus.connection import connect
 from bus.errors import BusTimeout, BusUnavailable, PayloadTooLarge
+from bus.objects import FileStore
 from bus.replies import RefusedReplies, reply_allowed
 from bus.runtime import LoopThread, translate
 
@@ -207,6 +208,10 @@ class Client:
         except NatsError as e:  # nothing nats-shaped leaves bus/
             raise translate(e) from e
         return bytes(msg.data)
+
+    def files(self) -> FileStore:
+        """The tenants' file buckets over this client's connection (bus.objects)."""
+        return FileStore(self._nc, self._loop.run)
 
     def close(self) -> None:
         try:

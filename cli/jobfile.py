@@ -12,7 +12,9 @@ from cli.output import UsageError
 
 # the job's own keys; every other key is the lease request's (schemas/json/LeaseRequest.json)
 JOB_KEYS = ("image", "image_signature", "image_size_bytes", "command", "env",
-            "checkpoint_policy")
+            "checkpoint_policy", "workdir", "artifacts")
+# the job's keys the request does not take; `workdir` is a local folder, packed at run time
+_JOB_ONLY = ("checkpoint_policy", "image_size_bytes", "workdir", "artifacts")
 _AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _UNKNOWN = re.compile(r"Object contains unknown field `(?P<name>[^`]*)`(?: - at `\$(?P<at>.*)`)?$")
 
@@ -61,8 +63,13 @@ def load(path: str, *, key: str | None = None) -> tuple[dict[str, Any], dict[str
         raise UsageError(f"{path}: a job file is a mapping of keys (pool_id, shape, "
                          "maximum_runtime_seconds, command, …)")
     job = {k: doc[k] for k in JOB_KEYS if k in doc}
-    body = {k: v for k, v in doc.items() if k not in ("checkpoint_policy", "image_size_bytes")}
+    body = {k: v for k, v in doc.items() if k not in _JOB_ONLY}
     body["idempotency_key"] = key or str(doc.get("idempotency_key") or uuid.uuid4().hex)
     _check(body, v1.LeaseRequest, path)
+    workdir = job.pop("workdir", None)
     _check(job, v1.JobSpec, path)
+    if workdir is not None:
+        if not isinstance(workdir, str) or not workdir:
+            raise UsageError(f"{path}: workdir: a folder's path (relative to the job file)")
+        job["workdir"] = str(Path(path).parent / workdir)
     return body, job

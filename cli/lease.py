@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from cli import files
 from cli.connect import (
     client_opts,
     pool_client,
@@ -213,8 +214,14 @@ def cmd_lease_run(args: argparse.Namespace) -> int:
             raise UsageError(f"{args.file}: command: the job needs one (or put it after `--`)")
     else:
         job = _job(args)
+    from cli.files import with_files
+
     tenant = tenant_of(args)
+    # a job file's workdir is a local folder too; the flags win over the file
+    workdir, artifacts = job.pop("workdir", None), job.pop("artifacts", None)
     with pool_client(args, tenant) as c:
+        job = with_files(c, tenant, job, args.workdir or workdir, args.artifacts or artifacts,
+                         quiet=args.quiet or args.json)
         return run_lease(c, tenant, body, job, detach=args.detach, as_json=args.json,
                          quiet=args.quiet)
 
@@ -406,7 +413,9 @@ def register(sub: Subparsers) -> None:
                      help="print the lease id once the job is committed, and return")
     run.add_argument("--quiet", "-q", action="store_true",
                      help="no progress lines on stderr")
+    files.add_run_flags(run)
     run.set_defaults(func=cmd_lease_run, job_command=[], count=1)
+    files.register(lease)
     lg = lease.add_parser("logs", help="the job's stdout and stderr (--follow: until it ends)")
     client_opts(lg, tenant=True)
     lg.add_argument("lease_id")

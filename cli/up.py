@@ -24,6 +24,8 @@ from cli.output import (
 
 def cmd_up(args: argparse.Namespace) -> int:
     from bus.admin import describe_streams, ensure_all_streams
+    from bus.local.auth import AuthConfig
+    from bus.objects import ensure_tenant_buckets_sync
     from local import embedded
 
     home = Path(args.home).resolve() if args.home else embedded.pool_home()
@@ -45,6 +47,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         # the control plane in this process connects as the service user (credentials in the URL)
         service_url = emb.service_url or emb.nats_url
         ensure_all_streams(service_url, replicas=args.replicas)
+        # every tenant's file buckets (work directories, artifacts): the operator makes them
+        tenants = sorted((embedded.local_auth(home) or AuthConfig()).tenants)
+        if tenants:
+            ensure_tenant_buckets_sync(service_url, tenants, replicas=args.replicas)
         if not args.no_workers:
             from control.plane import ControlPlane
             from control.processes import PARENT_ROLES, RoleProcess, split_by_default

@@ -11,6 +11,7 @@ from opentelemetry.trace import SpanKind
 
 from bus import observability
 from bus.local.auth import inbox_prefix
+from bus.objects import FileStore
 from bus.replies import admin_inbox
 from bus.service import Client
 from bus.subjects import admin_subject, command_subject
@@ -70,6 +71,11 @@ class PoolClient:
     def queue_positions(self) -> dict[str, Any]:
         """This tenant's waiting leases in queue order, with estimated starts."""
         return self.call(command_subject(self.tenant, "queue"), {})
+
+    def files(self) -> FileStore:
+        """This connection's view of the tenants' file buckets (work directories, artifacts);
+        what it may read and write is what its NATS user may."""
+        return self._client.files()
 
     # -- admin -------------------------------------------------------------------------------
 

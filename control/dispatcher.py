@@ -24,7 +24,7 @@ from control.wake import IdleWait, Signal
 from domain.fold import Fold
 from domain.lease import Lease, LeaseState
 from domain.node import Node, NodeState
-from domain.pool import Pool
+from domain.pool import Pool, PoolConfig
 from domain.reservation import CapacityReservation
 from domain.resources import Shape
 from schemas import v1
@@ -91,6 +91,10 @@ def orders_for(event_name: str, lease: Lease, pool: Pool | None) -> list[AgentOr
         job = lease.job
         spec = job.spec
         policy: Any = getattr(pool, "image_policy", None) if pool is not None else None
+        files = getattr(pool, "config", None) or PoolConfig()
+        workdir = None if spec.workdir_digest is None else v1.WorkdirRef(
+            digest=spec.workdir_digest, size_bytes=spec.workdir_size_bytes or 0,
+            files=spec.workdir_files)
         assignment = v1.LeaseAssignment(
             lease_id=lid, epoch=lease.epoch, shape=wire_shape(lease.requested_shape),
             job=v1.JobSpec(
@@ -99,11 +103,14 @@ def orders_for(event_name: str, lease: Lease, pool: Pool | None) -> list[AgentOr
                 checkpoint_policy=v1.CheckpointPolicy(
                     mode="periodic" if spec.checkpoint_interval_seconds else "none",
                     interval_seconds=spec.checkpoint_interval_seconds),
+                workdir=workdir, artifacts=list(spec.artifacts),
             ),
             deadline_at=lease.deadline or 0.0, tenant=lease.tenant_id, pool_id=lease.pool_id,
             job_number=job.number,
             image_policy=policy.to_dict() if hasattr(policy, "to_dict") else None,
             devices=list(getattr(lease, "devices", ())),
+            artifact_ttl_seconds=files.artifact_ttl_seconds,
+            max_artifact_bytes=files.max_artifact_bytes,
         )
         return [AgentOrder(node, "start", encode(assignment),
                            f"start-{lid}-{lease.epoch}-{job.number}-{job.attempts}", trace)]

@@ -73,6 +73,12 @@ class RuntimeLimitExceeded(DomainError):
     code = "maximum_runtime_exceeded"
 
 
+class WorkdirTooLarge(DomainError):
+    """A job's packed work directory is bigger than its pool's max_workdir_bytes."""
+
+    code = "workdir_too_large"
+
+
 class QueueLimitExceeded(DomainError):
     """The request would take the tenant past its pool's max_queued_leases."""
 

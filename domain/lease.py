@@ -85,13 +85,19 @@ class JobSpec:
     checkpoint_path: str | None = None
     image_signature: str | None = None  # base64, over the image's simple-signing payload
     image_size_bytes: int | None = None  # as declared by the job; the agent re-checks it
+    # the packed work directory in the tenant's bucket, named by its digest (`sha256:<hex>`)
+    workdir_digest: str | None = None
+    workdir_size_bytes: int | None = None
+    workdir_files: int = 0
+    artifacts: tuple[str, ...] = ()  # globs under /work stored at the job's end
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", tuple(str(c) for c in self.command))
         object.__setattr__(self, "env", tuple(sorted((str(k), str(v)) for k, v in self.env)))
+        object.__setattr__(self, "artifacts", tuple(str(a) for a in self.artifacts))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "image": self.image,
             "command": list(self.command),
             "env": {k: v for k, v in self.env},
@@ -100,6 +106,13 @@ class JobSpec:
             "image_signature": self.image_signature,
             "image_size_bytes": self.image_size_bytes,
         }
+        # only when used, so a job without files records the same event as before
+        if self.workdir_digest is not None:
+            d["workdir"] = {"digest": self.workdir_digest, "size_bytes": self.workdir_size_bytes,
+                            "files": self.workdir_files}
+        if self.artifacts:
+            d["artifacts"] = list(self.artifacts)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> JobSpec:
@@ -112,6 +125,11 @@ class JobSpec:
             image_signature=d.get("image_signature"),
             image_size_bytes=None if d.get("image_size_bytes") is None
             else int(d["image_size_bytes"]),
+            workdir_digest=None if not d.get("workdir") else str(d["workdir"]["digest"]),
+            workdir_size_bytes=None if not d.get("workdir")
+            else int(d["workdir"]["size_bytes"]),
+            workdir_files=0 if not d.get("workdir") else int(d["workdir"].get("files", 0)),
+            artifacts=tuple(d.get("artifacts", ())),
         )
 
 

@@ -23,6 +23,7 @@ from domain.errors import (
     QuotaExceeded,
     RuntimeLimitExceeded,
     UnknownPriorityClass,
+    WorkdirTooLarge,
 )
 from domain.policy.images import ImagePolicy, check_image, check_runtime
 from domain.quota import (
@@ -92,6 +93,11 @@ class PoolConfig:
     non_preemptible_classes: tuple[str, ...] = ()
     # fair share counts usage decayed with this half-life besides current usage; 0: current only
     fair_share_half_life_seconds: int = 0
+    # the user's files: the largest packed work directory a job may bring, how long a job's
+    # artifacts are kept, and how many bytes of them one job may store
+    max_workdir_bytes: int = 1 << 30
+    artifact_ttl_seconds: int = 7 * 86_400
+    max_artifact_bytes: int = 1 << 30
     # a renewal is recorded only when it moves the deadline at least this far (the log grows
     # with real changes only; domain.lease.Lease.renew)
     renew_step_seconds: int = 60
@@ -130,6 +136,11 @@ class PoolConfig:
                 found.append(f"non-preemptible class {name!r} is not defined")
         if self.fair_share_half_life_seconds < 0:
             found.append("fair_share_half_life_seconds must not be negative")
+        for name in ("max_workdir_bytes", "max_artifact_bytes"):
+            if getattr(self, name) < 0:
+                found.append(f"{name} must not be negative")
+        if self.artifact_ttl_seconds <= 0:
+            found.append("artifact_ttl_seconds must be positive")
         if self.renew_step_seconds < 0:
             found.append("renew_step_seconds must not be negative")
         if self.max_queued_leases <= 0:
@@ -151,6 +162,9 @@ class PoolConfig:
             "lost_node_release_seconds": self.lost_node_release_seconds,
             "non_preemptible_classes": list(self.non_preemptible_classes),
             "fair_share_half_life_seconds": self.fair_share_half_life_seconds,
+            "max_workdir_bytes": self.max_workdir_bytes,
+            "artifact_ttl_seconds": self.artifact_ttl_seconds,
+            "max_artifact_bytes": self.max_artifact_bytes,
             "renew_step_seconds": self.renew_step_seconds,
             "max_queued_leases": self.max_queued_leases,
         }
@@ -172,6 +186,10 @@ class PoolConfig:
             lost_node_release_seconds=int(d.get("lost_node_release_seconds", 300)),
             non_preemptible_classes=tuple(d.get("non_preemptible_classes", ())),
             fair_share_half_life_seconds=int(d.get("fair_share_half_life_seconds", 0)),
+            max_workdir_bytes=int(d.get("max_workdir_bytes", default.max_workdir_bytes)),
+            artifact_ttl_seconds=int(d.get("artifact_ttl_seconds",
+                                           default.artifact_ttl_seconds)),
+            max_artifact_bytes=int(d.get("max_artifact_bytes", default.max_artifact_bytes)),
             renew_step_seconds=int(d.get("renew_step_seconds", default.renew_step_seconds)),
             max_queued_leases=int(d.get("max_queued_leases", default.max_queued_leases)),
         )
@@ -406,6 +424,17 @@ class Pool(Aggregate):
                 f"maximum_runtime_seconds {maximum_runtime_seconds} s is past pool "
                 f"{self.pool_id}'s maximum runtime of {limit} s ({limit / 3600:g} h)",
                 reasons=("maximum_runtime_seconds",),
+            )
+
+    def admit_workdir(self, size_bytes: int | None) -> None:
+        """Raise WorkdirTooLarge, naming the pool's limit, when a job's packed work directory
+        is bigger than the pool allows."""
+        limit = self.config.max_workdir_bytes
+        if size_bytes is not None and size_bytes > limit:
+            raise WorkdirTooLarge(
+                f"the work directory is {size_bytes} bytes packed, past pool {self.pool_id}'s "
+                f"max_workdir_bytes of {limit} ({limit / 2**20:g} MiB)",
+                reasons=("max_workdir_bytes",),
             )
 
     def admit_queue(self, tenant: str, queued: int, count: int) -> None:

@@ -367,8 +367,14 @@ def _add_user(kind: str, name: str, home: Path | None, rotate: bool) -> Credenti
             rewritten = _render_include(home, auth)
     assert creds is not None
     # `pool up` may have rendered the same file first and reloaded the server itself
-    if changed and _reload_running_server(home, reload=rewritten) is not None:
+    running = _reload_running_server(home, reload=rewritten if changed else False) is not None
+    if changed and running:
         _wait_usable(home, creds)
+    if kind == "tenant" and running:
+        # its file buckets, made by the operator (a tenant may not configure a stream)
+        from bus.objects import ensure_tenant_buckets_sync
+
+        ensure_tenant_buckets_sync(service_url(home), [name])
     return creds
 
 

@@ -84,6 +84,9 @@ def pool_config_from_wire(cfg: v1.PoolConfig) -> PoolConfig:
         maximum_runtime_seconds=cfg.maximum_runtime_seconds,
         non_preemptible_classes=tuple(cfg.non_preemptible_classes),
         fair_share_half_life_seconds=cfg.fair_share_half_life_seconds,
+        max_workdir_bytes=cfg.max_workdir_bytes,
+        artifact_ttl_seconds=cfg.artifact_ttl_seconds,
+        max_artifact_bytes=cfg.max_artifact_bytes,
         renew_step_seconds=cfg.renew_step_seconds,
         max_queued_leases=cfg.max_queued_leases,
     )
@@ -96,9 +99,13 @@ _PATCHED_AS_IS = ("packing", "commit_timeout_seconds", "aging_seconds_per_rank",
                   "max_queued_leases")
 
 
+# the user's files' limits, patched as they are too
+_FILES_PATCHED = ("max_workdir_bytes", "artifact_ttl_seconds", "max_artifact_bytes")
+
+
 def pool_config_patched(base: PoolConfig, patch: v1.PoolPatch) -> PoolConfig:
     """`base` with the settings `patch` names; every other setting as it was."""
-    changes: dict[str, Any] = {name: value for name in _PATCHED_AS_IS
+    changes: dict[str, Any] = {name: value for name in (*_PATCHED_AS_IS, *_FILES_PATCHED)
                                if (value := getattr(patch, name)) is not None}
     if patch.priority_classes is not None:
         classes = dict(patch.priority_classes)

@@ -32,6 +32,8 @@ MAX_RUNTIME_SECONDS = 30 * 24 * 3600  # 30 days
 MAX_PREFERENCES = 16
 MAX_IMAGE_SIZE_BYTES = 1 << 40  # 1 TiB
 MAX_LEASES_PER_REQUEST = 999  # one event each: one atomic batch holds at most 1,000
+MAX_WORKDIR_BYTES = 1 << 40  # 1 TiB: the most any pool may set as its workdir limit
+MAX_ARTIFACT_GLOBS = 32
 
 CURRENT_SCHEMA_VERSION = 1
 
@@ -103,6 +105,18 @@ PublicKeyPem = Annotated[
         max_length=8192,
         description="PEM SubjectPublicKeyInfo: an ECDSA P-256 or Ed25519 public key.",
     ),
+]
+# a packed work directory's name in the tenant's bucket: the SHA-256 of its bytes
+WorkdirDigest = Annotated[
+    str,
+    Meta(pattern=r"^sha256:[0-9a-f]{64}(?!\n)$", max_length=71,
+         description="SHA-256 of the packed work directory (a tar), as `sha256:<hex>`."),
+]
+# relative to /work; no control characters, no leading `/`
+ArtifactGlob = Annotated[
+    str,
+    Meta(pattern=r"^[^/\x00-\x1f\x7f][^\x00-\x1f\x7f]{0,255}(?!\n)$", max_length=256,
+         description="A glob of files, relative to /work, stored as artifacts at the job's end."),
 ]
 EnvName = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}(?!\n)$", max_length=128)]
 EnvValue = Annotated[str, Meta(max_length=4096)]
@@ -336,6 +350,15 @@ class CheckpointPolicy(_Part, frozen=True, kw_only=True):
             raise ValueError("mode 'periodic' requires interval_seconds >= 1")
 
 
+class WorkdirRef(_Part, frozen=True, kw_only=True):
+    """A work directory packed and stored in the tenant's bucket: only its digest and size
+    travel; the agent fetches it by digest and unpacks it as the job's /work."""
+
+    digest: WorkdirDigest
+    size_bytes: Annotated[int, Meta(ge=0, le=MAX_WORKDIR_BYTES)]
+    files: Count = 0
+
+
 class JobSpec(_Part, frozen=True, kw_only=True):
     """The workload that runs on a committed lease; unset fields fall back to the request's."""
 
@@ -345,6 +368,8 @@ class JobSpec(_Part, frozen=True, kw_only=True):
     command: Command = []
     env: Environment = {}
     checkpoint_policy: CheckpointPolicy = msgspec.field(default_factory=CheckpointPolicy)
+    workdir: WorkdirRef | None = None
+    artifacts: Annotated[list[ArtifactGlob], Meta(max_length=MAX_ARTIFACT_GLOBS)] = []
 
 
 class CommitLease(_Command, frozen=True, kw_only=True):
@@ -466,6 +491,12 @@ class PoolConfig(_Command, frozen=True, kw_only=True):
     non_preemptible_classes: Annotated[list[NameToken], Meta(max_length=32)] = []
     # Fair share also counts past usage decayed with this half-life; 0: current usage only.
     fair_share_half_life_seconds: Annotated[int, Meta(ge=0, le=MAX_RUNTIME_SECONDS)] = 0
+    # The largest packed work directory a job may bring; a bigger one is refused at commit.
+    max_workdir_bytes: Annotated[int, Meta(ge=0, le=MAX_WORKDIR_BYTES)] = 1 << 30
+    # How long a job's artifacts are kept in the tenant's bucket before they expire.
+    artifact_ttl_seconds: Annotated[int, Meta(ge=1, le=365 * 86_400)] = 7 * 86_400
+    # The most bytes of artifacts one job stores; files past it are left out and reported.
+    max_artifact_bytes: Annotated[int, Meta(ge=0, le=MAX_WORKDIR_BYTES)] = 1 << 30
     # A renewal is recorded only when it moves the deadline at least this far (capped at half
     # the extension asked); one that moves it less answers ok and changes nothing.
     renew_step_seconds: Annotated[int, Meta(ge=0, le=86_400)] = 60
@@ -501,6 +532,9 @@ class PoolPatch(_Command, frozen=True, kw_only=True):
     maximum_runtime_seconds: RuntimeSeconds | None = None
     non_preemptible_classes: Annotated[list[NameToken], Meta(max_length=32)] | None = None
     fair_share_half_life_seconds: Annotated[int, Meta(ge=0, le=MAX_RUNTIME_SECONDS)] | None = None
+    max_workdir_bytes: Annotated[int, Meta(ge=0, le=MAX_WORKDIR_BYTES)] | None = None
+    artifact_ttl_seconds: Annotated[int, Meta(ge=1, le=365 * 86_400)] | None = None
+    max_artifact_bytes: Annotated[int, Meta(ge=0, le=MAX_WORKDIR_BYTES)] | None = None
     renew_step_seconds: Annotated[int, Meta(ge=0, le=86_400)] | None = None
     max_queued_leases: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
 
@@ -792,6 +826,9 @@ class LeaseAssignment(_Command, frozen=True, kw_only=True):
     image_policy: Annotated[dict[str, Any], Meta(max_length=64)] | None = None
     # the node's GPU devices this lease holds: the workload sees these and no other
     devices: Annotated[list[DeviceId], Meta(max_length=MAX_GPU_COUNT)] = []
+    # the pool's artifact settings in force: how long stored artifacts live, how many bytes
+    artifact_ttl_seconds: Annotated[int, Meta(ge=1, le=365 * 86_400)] = 7 * 86_400
+    max_artifact_bytes: Annotated[int, Meta(ge=0, le=MAX_WORKDIR_BYTES)] = 1 << 30
 
 
 class LeaseRevocation(_Command, frozen=True, kw_only=True):

@@ -53,6 +53,8 @@ class WorkloadSpec:
     checkpoint_dir: str | None = None  # told to the workload through POOL_CHECKPOINT_DIR
     labels: tuple[tuple[str, str], ...] = ()
     max_image_size_bytes: int | None = None  # the pool's image size limit, checked after pull
+    # the job's directory on the host, its /work and working directory (agents/workdir.py)
+    workdir: str | None = None
 
     @property
     def key(self) -> str:

@@ -179,7 +179,8 @@ class ProcessRuntime:
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    def _sandbox_args(self, checkpoint_dir: str | None, tmp_bytes: int = 64 << 20) -> list[str]:
+    def _sandbox_args(self, checkpoint_dir: str | None, tmp_bytes: int = 64 << 20,
+                      workdir: str | None = None) -> list[str]:
         args = ["--unshare-all", "--uid", "65534", "--gid", "65534",
                 "--ro-bind", "/usr", "/usr"]
         for link in ("bin", "lib", "lib64", "sbin"):
@@ -189,10 +190,14 @@ class ProcessRuntime:
             elif target.is_dir():
                 args += ["--ro-bind", str(target), f"/{link}"]
         # /tmp is memory: sized to the shape (its pages count against the memory limit too)
-        args += ["--proc", "/proc", "--dev", "/dev", "--size", str(tmp_bytes), "--tmpfs", "/tmp",
-                 "--chdir", "/tmp",
+        args += ["--proc", "/proc", "--dev", "/dev", "--size", str(tmp_bytes), "--tmpfs", "/tmp"]
+        if workdir is not None:  # the job's files, read-write, and where it starts
+            args += ["--bind", workdir, "/work"]
+        args += ["--chdir", "/work" if workdir is not None else "/tmp",
                  "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin",
                  "--setenv", "HOME", "/tmp"]
+        if workdir is not None:
+            args += ["--setenv", "POOL_WORKDIR", "/work"]
         # never --share-net (the host's own namespace: its loopback services too): egress comes
         # from a user-mode stack attached to the sandbox's own namespace (usernet)
         if checkpoint_dir is not None:
@@ -221,7 +226,7 @@ class ProcessRuntime:
             raise WorkloadError("this node cannot give a sandbox egress without the host's "
                                 "network (no slirp4netns)", code="egress_unavailable")
         memory = spec.memory_mib * 1024 * 1024
-        argv = [self.bwrap, *self._sandbox_args(spec.checkpoint_dir, memory),
+        argv = [self.bwrap, *self._sandbox_args(spec.checkpoint_dir, memory, spec.workdir),
                 *gpu_sandbox_args(spec, self.dev)]
         for k, v in spec.env:
             argv += ["--setenv", k, v]

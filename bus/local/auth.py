@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from bus.errors import NameCollision
+from bus.objects import ARTIFACTS_BUCKET_PREFIX, WORK_BUCKET_PREFIX
 from bus.replies import (
     ADMIN_INBOXES,
     INBOX_ROOT,
@@ -45,7 +46,8 @@ BCRYPT_ROUNDS = 10  # bcrypt's usual cost; nats-server checks it on every connec
 @dataclass(frozen=True)
 class Rule:
     """What one kind of user may publish and subscribe to (None: anything). `{name}` is the
-    user's own tenant or node; `why` is the matrix's last column."""
+    user's own tenant or node; a subject with `{tenant}` is allowed once for every tenant (a
+    node's agent reads any tenant's work directories); `why` is the matrix's last column."""
 
     publish: tuple[str, ...] | None
     subscribe: tuple[str, ...] | None
@@ -77,6 +79,22 @@ _SNAPSHOTS = (f"{SNAPSHOTS_PREFIX}.>", *_READS_SNAPSHOTS)
 
 # the scheduler's checkpoints (bus.checkpoints): store chunks and a head, read them back
 _CHECKPOINTS = (f"{CHECKPOINT_PREFIX}.>", f"$JS.API.DIRECT.GET.{CHECKPOINT_STREAM}.>")
+
+
+def _files_read(bucket: str) -> tuple[str, ...]:
+    """Reading a file bucket's objects (bus.objects): direct gets only, so no consumer."""
+    return (f"$JS.API.DIRECT.GET.OBJ_{bucket}", f"$JS.API.DIRECT.GET.OBJ_{bucket}.>")
+
+
+# the tenant's own file buckets: it stores (and cleans up) its packed work directories and
+# reads its jobs' artifacts, which only the nodes write; the operator makes both buckets
+_TENANT_FILES = (f"$O.{WORK_BUCKET_PREFIX}{{name}}.>",
+                 f"$JS.API.STREAM.PURGE.OBJ_{WORK_BUCKET_PREFIX}{{name}}",
+                 *_files_read(f"{WORK_BUCKET_PREFIX}{{name}}"),
+                 *_files_read(f"{ARTIFACTS_BUCKET_PREFIX}{{name}}"))
+# a node reads every tenant's work directories and writes every tenant's artifacts
+_NODE_FILES = (*_files_read(f"{WORK_BUCKET_PREFIX}{{tenant}}"),
+               f"$O.{ARTIFACTS_BUCKET_PREFIX}{{tenant}}.>")
 
 
 def _kv(bucket: str, *, watch: bool = False) -> tuple[str, ...]:
@@ -140,19 +158,21 @@ PERMISSIONS: dict[str, Rule] = {
     "tenant": Rule(
         # replay goes through pool.cmd.<tenant>.telemetry.replay: no JetStream API at all, so
         # no consumer (and no deliver subject)
-        ("pool.cmd.{name}.>",),
+        ("pool.cmd.{name}.>", *_TENANT_FILES),
         # telemetry and feed subjects carry the tenant as a whole token, so these select
         # exactly its own leases (wildcards cannot match a prefix); the feed's stored records
         # are replayed through pool.cmd.<tenant>.feed.replay, its live ones read here
         (f"{TENANT_INBOXES}.{{name}}.>", "pool.tel.*.*.{name}.>",
          f"{FEED_LIVE_PREFIX}.{{name}}.>"),
-        "its own commands and queries, its own replies, telemetry and lease feed"),
+        "its own commands and queries, its own replies, telemetry and lease feed; its own "
+        "file buckets: work directories read and written, artifacts read"),
     "node": Rule(
         ("pool.node.{name}.>", "pool.tel.*.{name}.>",
          "$JS.API.CONSUMER.MSG.NEXT.POOL_AGENT.agent-{name}",
-         "$JS.ACK.POOL_AGENT.agent-{name}.>", f"{NODE_INBOXES}.{{name}}.>"),
+         "$JS.ACK.POOL_AGENT.agent-{name}.>", f"{NODE_INBOXES}.{{name}}.>", *_NODE_FILES),
         (f"{NODE_INBOXES}.{{name}}.>", "pool.agent.{name}.>"),
-        "its own reports and telemetry; pulls and acks its own work queue only"),
+        "its own reports and telemetry; pulls and acks its own work queue only; reads "
+        "tenants' work directories and writes their jobs' artifacts, never a stream's config"),
 }
 
 
@@ -184,15 +204,22 @@ def speaks_as_role(url: str) -> bool:
     return inbox_of(user) is not None
 
 
-def permissions(kind: str, name: str = "") -> dict[str, object] | None:
-    """The server's `permissions` block for a user of `kind` (None: no restriction)."""
+def permissions(kind: str, name: str = "", tenants: tuple[str, ...] = ()
+                ) -> dict[str, object] | None:
+    """The server's `permissions` block for a user of `kind` (None: no restriction); a
+    `{tenant}` subject is allowed once for each of `tenants`."""
     rule = PERMISSIONS[kind]
     if rule.publish is None and rule.subscribe is None:
         return None
     out: dict[str, object] = {}
     for direction, allowed in (("publish", rule.publish), ("subscribe", rule.subscribe)):
         if allowed is not None:
-            out[direction] = {"allow": [a.replace("{name}", name) for a in allowed]}
+            subjects: list[str] = []
+            for a in allowed:
+                a = a.replace("{name}", name)
+                subjects += [a.replace("{tenant}", t) for t in tenants] if "{tenant}" in a \
+                    else [a]
+            out[direction] = {"allow": subjects}
     return out
 
 
@@ -276,9 +303,11 @@ class AuthConfig:
         server never sees them in plain) and its permissions from PERMISSIONS."""
         users: list[dict[str, object]] = []
 
+        tenants = tuple(sorted(self.tenants))
+
         def add(kind: str, c: Credentials, name: str = "") -> None:
             user: dict[str, object] = {"user": c.user, "password": c.password_hash()}
-            perms = permissions(kind, name)
+            perms = permissions(kind, name, tenants)
             if perms is not None:
                 user["permissions"] = perms
             users.append(user)

@@ -184,6 +184,10 @@ class LeaseCommands(GangCommands):
                 checkpoint_interval_seconds=job.checkpoint_policy.interval_seconds,
                 image_signature=job.image_signature,
                 image_size_bytes=job.image_size_bytes,
+                workdir_digest=job.workdir.digest if job.workdir is not None else None,
+                workdir_size_bytes=job.workdir.size_bytes if job.workdir is not None else None,
+                workdir_files=job.workdir.files if job.workdir is not None else 0,
+                artifacts=tuple(job.artifacts),
             )
         # a gang commits whole: every member starts its job, told its rank and peers' nodes
         members = self._with_gang(lease, LeaseState.RESERVED)
@@ -208,6 +212,8 @@ class LeaseCommands(GangCommands):
             node_trust=node.capabilities.trust_level if node is not None else None,
             isolation=lease.shape.runtime,
         )
+        if spec is not None:
+            pool.admit_workdir(spec.workdir_size_bytes)
 
     @retried
     def heartbeat(self, tenant: str, lease_id: str, body: v1.HeartbeatLease) -> Lease:

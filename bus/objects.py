@@ -1,0 +1,289 @@
+"""The tenants' file buckets in JetStream's object store: work directories in (named by their
+SHA-256) and a job's artifacts out (with a time to live). Buckets, put, get and list.
+
+The layout is the object store's own (`$O.<bucket>.C.<nuid>` chunks, `$O.<bucket>.M.<name>`
+metadata), so `nats object` reads these buckets; reads are direct gets, so a reader needs no
+consumer, and a writer may give every message a TTL (`Nats-TTL`, nats-server >= 2.11).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import logging
+import secrets
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from nats.errors import NoRespondersError
+from nats.js.api import (
+    DiscardPolicy,
+    ObjectInfo,
+    ObjectMetaOptions,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BadRequestError, NoStreamResponseError, NotFoundError
+
+from bus.errors import BucketMissing, DigestMismatch, ObjectMissing
+from bus.headers import HDR_ROLLUP, HDR_TTL
+from bus.runtime import run_sync, translate
+from bus.subjects import token
+
+log = logging.getLogger(__name__)
+
+WORK_BUCKET_PREFIX = "pool_work_"  # a tenant's packed work directories; nodes read them
+ARTIFACTS_BUCKET_PREFIX = "pool_out_"  # a tenant's jobs' artifacts; nodes write them
+CHUNK_BYTES = 256 * 1024  # well under the server's 1 MiB max_payload
+_DIGEST_PREFIX = "SHA-256="
+
+Progress = Callable[[int], None]  # bytes moved so far
+
+
+def work_bucket(tenant: str) -> str:
+    return WORK_BUCKET_PREFIX + token(tenant)
+
+
+def artifacts_bucket(tenant: str) -> str:
+    return ARTIFACTS_BUCKET_PREFIX + token(tenant)
+
+
+def stream_of(bucket: str) -> str:
+    return f"OBJ_{bucket}"
+
+
+def bucket_config(bucket: str, *, replicas: int = 1) -> StreamConfig:
+    """The object store's own stream layout, with direct gets (reads need no consumer) and
+    per-message TTLs (an artifact expires on its own)."""
+    return StreamConfig(
+        name=stream_of(bucket), subjects=[f"$O.{bucket}.C.>", f"$O.{bucket}.M.>"],
+        storage=StorageType.FILE, num_replicas=replicas, discard=DiscardPolicy.NEW,
+        allow_rollup_hdrs=True, allow_direct=True, allow_msg_ttl=True,
+        description=f"computepool files: {bucket}")
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """One object's metadata: its name, size and SHA-256 (hex) of its bytes."""
+
+    name: str
+    size_bytes: int
+    sha256: str
+    chunks: int = 0
+    mtime: str = ""
+
+
+def _meta_subject(bucket: str, name: str) -> str:
+    return f"$O.{bucket}.M.{base64.urlsafe_b64encode(name.encode()).decode()}"
+
+
+def _stored(info: ObjectInfo) -> StoredObject:
+    digest = (info.digest or "").removeprefix(_DIGEST_PREFIX)
+    try:
+        hexed = base64.urlsafe_b64decode(digest).hex()
+    except ValueError:
+        hexed = ""
+    return StoredObject(name=info.name, size_bytes=int(info.size or 0), sha256=hexed,
+                        chunks=int(info.chunks or 0), mtime=info.mtime or "")
+
+
+async def ensure_bucket(js: Any, bucket: str, *, replicas: int = 1) -> None:
+    """Make `bucket` if it is missing (the operator's: a tenant never configures a stream)."""
+    try:
+        await js.stream_info(stream_of(bucket))
+        return
+    except NotFoundError:
+        pass
+    try:
+        await js.add_stream(bucket_config(bucket, replicas=replicas))
+    except BadRequestError:
+        pass  # made meanwhile
+
+
+async def ensure_tenant_buckets(js: Any, tenant: str, *, replicas: int = 1) -> None:
+    await ensure_bucket(js, work_bucket(tenant), replicas=replicas)
+    await ensure_bucket(js, artifacts_bucket(tenant), replicas=replicas)
+
+
+def ensure_tenant_buckets_sync(url: str, tenants: list[str], *, replicas: int = 1) -> None:
+    """`ensure_tenant_buckets` for each tenant, over a connection of its own as the operator."""
+    from bus.connection import connect
+
+    async def go() -> None:
+        nc = await connect(url, reconnect=False)
+        try:
+            js = nc.jetstream()
+            for t in tenants:
+                await ensure_tenant_buckets(js, t, replicas=replicas)
+        finally:
+            await nc.close()
+
+    run_sync(go(), timeout=30)
+
+
+class FileStore:
+    """The file buckets over one connection; every call is synchronous, run on the
+    connection's own loop by `run(coroutine, timeout)`."""
+
+    def __init__(self, nc: Any, run: Callable[[Coroutine[Any, Any, Any], float], Any]) -> None:
+        self._nc = nc
+        self._js = nc.jetstream()
+        self._run = run
+
+    def _call(self, coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
+        try:
+            return self._run(coro, timeout)
+        except (ObjectMissing, BucketMissing, DigestMismatch):
+            raise
+        except Exception as e:
+            err = translate(e)
+            if err is e:
+                raise
+            raise err from e
+
+    # -- metadata ---------------------------------------------------------------------------
+
+    async def _info(self, bucket: str, name: str) -> StoredObject | None:
+        try:
+            msg = await self._js.get_msg(stream_of(bucket), subject=_meta_subject(bucket, name),
+                                         direct=True)
+        except NotFoundError:
+            return None
+        except NoRespondersError as e:  # a stream that is not there answers no direct get
+            raise BucketMissing(f"no bucket {bucket}") from e
+        info = ObjectInfo.from_response(json.loads(msg.data or b"{}"))
+        return None if info.deleted else _stored(info)
+
+    def info(self, bucket: str, name: str, *, timeout: float = 10.0) -> StoredObject | None:
+        """The object's metadata, or None when the bucket holds no object of that name."""
+        return self._call(self._info(bucket, name), timeout)  # type: ignore[no-any-return]
+
+    def list(self, bucket: str, prefix: str = "", *, timeout: float = 30.0) -> list[StoredObject]:
+        """The objects whose names start with `prefix`, in the order they were stored."""
+
+        async def go() -> list[StoredObject]:
+            out: list[StoredObject] = []
+            seq = 1
+            while True:
+                try:
+                    msg = await self._js.get_msg(stream_of(bucket), seq=seq,
+                                                 subject=f"$O.{bucket}.M.>", direct=True,
+                                                 next=True)
+                except NotFoundError:
+                    return out
+                except NoRespondersError as e:
+                    raise BucketMissing(f"no bucket {bucket}") from e
+                info = ObjectInfo.from_response(json.loads(msg.data or b"{}"))
+                if not info.deleted and info.name.startswith(prefix):
+                    out.append(_stored(info))
+                seq = int(msg.seq or seq) + 1
+
+        return self._call(go(), timeout)  # type: ignore[no-any-return]
+
+    # -- bytes ------------------------------------------------------------------------------
+
+    def put(self, bucket: str, name: str, source: Path, *, ttl_seconds: int | None = None,
+            progress: Progress | None = None, timeout: float = 60.0) -> StoredObject:
+        """Store the file `source` as `name` (replacing an object of that name); with
+        `ttl_seconds`, every message of it expires then. A put that fails part-way leaves no
+        object (its chunks are purged where the user may, else they expire with their TTL).
+        The file is read on the caller's thread; `timeout` bounds each chunk's store."""
+        nuid = secrets.token_hex(11)
+        stream = stream_of(bucket)
+        chunk_subject = f"$O.{bucket}.C.{nuid}"
+        headers = {HDR_TTL: f"{int(ttl_seconds)}s"} if ttl_seconds else None
+        h = hashlib.sha256()
+        size = chunks = 0
+
+        async def publish(subject: str, data: bytes, hdrs: dict[str, str] | None) -> None:
+            try:
+                await self._js.publish(subject, data, stream=stream, headers=hdrs)
+            except (NotFoundError, NoStreamResponseError, NoRespondersError) as e:
+                raise BucketMissing(f"no bucket {bucket}") from e
+
+        async def purge() -> None:
+            try:
+                await self._js.purge_stream(stream, subject=chunk_subject)
+            except Exception as e:  # noqa: BLE001 - not this user's to purge: its TTL ends it
+                log.info("chunks of a failed put to %s left to expire: %r", bucket, e)
+
+        try:
+            with open(source, "rb") as f:
+                while data := f.read(CHUNK_BYTES):
+                    h.update(data)
+                    self._call(publish(chunk_subject, data, headers), timeout)
+                    size += len(data)
+                    chunks += 1
+                    if progress is not None:
+                        progress(size)
+            info = ObjectInfo(
+                name=name, bucket=bucket, nuid=nuid, size=size, chunks=chunks,
+                mtime=datetime.now(UTC).isoformat(),
+                digest=_DIGEST_PREFIX + base64.urlsafe_b64encode(h.digest()).decode(),
+                options=ObjectMetaOptions(max_chunk_size=CHUNK_BYTES))
+            self._call(publish(_meta_subject(bucket, name), json.dumps(info.as_dict()).encode(),
+                               {HDR_ROLLUP: "sub", **(headers or {})}), timeout)
+        except BaseException:
+            if chunks:
+                with contextlib.suppress(Exception):
+                    self._call(purge(), timeout)
+            raise
+        return StoredObject(name=name, size_bytes=size, sha256=h.hexdigest(), chunks=chunks,
+                            mtime=info.mtime or "")
+
+    def get(self, bucket: str, name: str, dest: Path, *, progress: Progress | None = None,
+            timeout: float = 60.0) -> StoredObject:
+        """Write the object `name` to `dest` (put in place only once every byte is in and
+        hashes to the object's recorded SHA-256); raises ObjectMissing or DigestMismatch. The
+        file is written on the caller's thread; `timeout` bounds each chunk's fetch."""
+        stream = stream_of(bucket)
+
+        async def meta() -> tuple[StoredObject | None, str]:
+            found = await self._info(bucket, name)
+            if found is None:
+                return None, ""
+            msg = await self._js.get_msg(stream, subject=_meta_subject(bucket, name),
+                                         direct=True)
+            return found, str(ObjectInfo.from_response(json.loads(msg.data or b"{}")).nuid)
+
+        async def chunk(subject: str, seq: int) -> tuple[bytes, int]:
+            try:
+                msg = await self._js.get_msg(stream, seq=seq, subject=subject, direct=True,
+                                             next=True)
+            except NotFoundError:
+                raise ObjectMissing(f"object {name!r} in bucket {bucket} lost chunks "
+                                    "(expired or purged)") from None
+            return msg.data or b"", int(msg.seq or seq)
+
+        found: StoredObject | None
+        found, nuid = self._call(meta(), timeout)
+        if found is None:
+            raise ObjectMissing(f"no object {name!r} in bucket {bucket}")
+        subject = f"$O.{bucket}.C.{nuid}"
+        h = hashlib.sha256()
+        got = 0
+        tmp = dest.with_name(f".{dest.name}.{secrets.token_hex(4)}.part")
+        try:
+            with open(tmp, "wb") as out:
+                seq = 1
+                for _ in range(found.chunks):
+                    data, at = self._call(chunk(subject, seq), timeout)
+                    h.update(data)
+                    out.write(data)
+                    got += len(data)
+                    seq = at + 1
+                    if progress is not None:
+                        progress(got)
+            if got != found.size_bytes or h.hexdigest() != found.sha256:
+                raise DigestMismatch(f"object {name!r} in bucket {bucket}: {got} bytes hashing "
+                                     f"to {h.hexdigest()}, recorded as {found.size_bytes} "
+                                     f"bytes, {found.sha256}")
+            tmp.replace(dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return found

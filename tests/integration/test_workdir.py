@@ -1,0 +1,238 @@
+"""The user's files through a lease, with real components: a secured nats-server (tenant and
+node users as `pool up` makes them), the control plane, an agent running the job in the
+bubblewrap sandbox, and the `pool` binary. A work directory goes in by digest, artifacts come
+back byte-identical, an unchanged directory is not sent again, limits are refused by code, and
+a hostile archive is refused by the agent."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from agents.agent import Agent
+from agents.probe import NodeProbe, Reserve
+from agents.runtimes.process import ProcessRuntime
+from bus.admin import ensure_all_streams
+from bus.agentbus import AgentLink
+from bus.errors import BusError
+from bus.local.auth import AuthConfig, url_with_credentials
+from bus.local.server import NatsServer
+from bus.objects import artifacts_bucket, ensure_tenant_buckets_sync, work_bucket
+from client.api import PoolClient
+from control.plane import ControlPlane
+from tests.control_plane import setup_pool
+
+if ProcessRuntime(Path("/tmp")).available() is not None:
+    pytest.skip(f"process runtime unavailable: {ProcessRuntime(Path('/tmp')).available()}",
+                allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBE = NodeProbe(cpu_millis=4500, cpu_arch="amd64", memory_mib=9216, local_disk_gib=50)
+LIMIT = 8 << 20  # the pool's max_workdir_bytes here
+
+TRAIN = """\
+import csv, hashlib, os
+rows = list(csv.reader(open("data.csv")))
+total = sum(int(r[1]) for r in rows[1:])
+os.makedirs("out", exist_ok=True)
+with open("out/model.txt", "w") as f:
+    f.write(f"rows={len(rows) - 1} total={total} cwd={os.getcwd()}\\n")
+    for k in ("POOL_LEASE_ID", "POOL_TENANT", "POOL_POOL", "POOL_NODE", "POOL_WORKDIR"):
+        f.write(f"{k}={os.environ.get(k)}\\n")
+print("trained on", len(rows) - 1, "rows")
+"""
+
+
+@dataclass
+class Stack:
+    url: str
+    auth: AuthConfig
+    tenant_url: str
+    agent: Agent
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("workdir")
+    auth = AuthConfig()
+    auth.add_tenant("alpha")
+    auth.add_tenant("beta")
+    auth.add_node("n1")
+    server = NatsServer(store_dir=tmp / "nats", server_name="pool-files",
+                        extra_config=auth.render())
+    server.start()
+    service = url_with_credentials(server.url, auth.service)
+    ensure_all_streams(service)
+    ensure_tenant_buckets_sync(service, ["alpha", "beta"])
+    cp = ControlPlane(service, leader_ttl_seconds=1.0).start()
+    with PoolClient(service) as admin:
+        setup_pool(admin, tenants={"alpha": 1.0}, heartbeat_timeout_seconds=5,
+                   max_workdir_bytes=LIMIT, preemption={"enabled": False, "grace_seconds": 2})
+        assert admin.admin("node.enroll", {"node_id": "n1", "pool_id": "p1",
+                                           "trust_level": "trusted"})["ok"]
+    link = AgentLink(url_with_credentials(server.url, auth.nodes["n1"]), "n1").connect()
+    agent = Agent(link, ProcessRuntime(tmp / "n1"), node_id="n1", pool_id="p1", probe=PROBE,
+                  state_dir=tmp / "n1", reserve=Reserve(500, 1024, 0), heartbeat_interval=0.5)
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+    thread.start()
+    yield Stack(server.url, auth, url_with_credentials(server.url, auth.tenants["alpha"]), agent)
+    stop.set()
+    thread.join(15)
+    link.close()
+    cp.stop()
+    server.stop()
+
+
+def _pool(cwd: Path, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POOL_")}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run([sys.executable, "-m", "cli.main", *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _run_args(stack: Stack) -> list[str]:
+    return ["lease", "run", "--nats-url", stack.tenant_url, "--tenant", "alpha", "--pool", "p1",
+            "--cpu-millis", "500", "--memory-mib", "256", "--runtime", "sandboxed",
+            "--max-runtime", "120"]
+
+
+def _project(tmp: Path) -> Path:
+    d = tmp / "project"
+    d.mkdir()
+    (d / "train.py").write_text(TRAIN)
+    lines = ["id,value"] + [f"{i},{i % 97}" for i in range(300_000)]  # about 3 MiB
+    (d / "data.csv").write_text("\n".join(lines) + "\n")
+    (d / "scratch.log").write_text("left out\n")
+    (d / ".poolignore").write_text("*.log\n")
+    return d
+
+
+def _lease_id(out: subprocess.CompletedProcess[str]) -> str:
+    for line in out.stderr.splitlines():
+        if " running on " in line:
+            return line.split("lease ", 1)[1].split()[0]
+    raise AssertionError(out.stderr)
+
+
+def test_a_workdir_goes_in_by_digest_and_artifacts_come_back_byte_identical(
+        stack: Stack, tmp_path: Path) -> None:
+    project = _project(tmp_path)
+    first = _pool(project, *_run_args(stack), "--workdir", ".", "--artifacts", "out/*",
+                  "--", "python3", "train.py")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == "trained on 300000 rows\n"
+    assert "workdir: 3 files," in first.stderr and "bytes uploaded" in first.stderr
+    lid = _lease_id(first)
+
+    got = _pool(tmp_path, "lease", "artifacts", lid, "--get", str(tmp_path / "got"),
+                "--nats-url", stack.tenant_url, "--tenant", "alpha", "--json")
+    assert got.returncode == 0, got.stderr
+    listed = json.loads(got.stdout)["result"]["artifacts"]
+    assert [a["name"] for a in listed] == ["model.txt"] or \
+        [a["name"] for a in listed] == ["out/model.txt"]
+    model = (tmp_path / "got" / "out" / "model.txt").read_bytes()
+    assert hashlib.sha256(model).hexdigest() == listed[0]["sha256"]
+    text = model.decode()
+    # the job read the data from its /work, its working directory, and knew where it ran
+    assert "rows=300000 total=" in text and "cwd=/work" in text
+    assert f"POOL_LEASE_ID={lid}" in text and "POOL_WORKDIR=/work" in text
+
+    # the same directory again: nothing is sent, the node's cache serves it
+    second = _pool(project, *_run_args(stack), "--workdir", ".", "--", "python3", "train.py")
+    assert second.returncode == 0, second.stderr
+    assert "workdir: unchanged" in second.stderr
+
+
+def test_a_workdir_over_the_pools_limit_is_refused_at_commit_with_its_code(
+        stack: Stack, tmp_path: Path) -> None:
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "blob.bin").write_bytes(os.urandom(LIMIT + 1))
+    out = _pool(big, *_run_args(stack), "--workdir", ".", "--", "true")
+    assert out.returncode == 1
+    assert "[workdir_too_large]" in out.stderr and "max_workdir_bytes" in out.stderr, out.stderr
+
+
+def _hostile(kind: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        if kind == "traversal":
+            data = b"owned\n"
+            info = tarfile.TarInfo("../../escaped.txt")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        else:
+            info = tarfile.TarInfo("etc")
+            info.type = tarfile.SYMTYPE
+            info.linkname = "/etc"
+            tar.addfile(info)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("kind", ["traversal", "symlink"])
+def test_a_hostile_archive_is_refused_by_the_agent(stack: Stack, tmp_path: Path,
+                                                   kind: str) -> None:
+    # stored as any tenant could store bytes in its own bucket, under their true digest
+    archive = tmp_path / "hostile.tar"
+    archive.write_bytes(_hostile(kind))
+    digest = "sha256:" + hashlib.sha256(archive.read_bytes()).hexdigest()
+    with PoolClient(stack.tenant_url, "alpha") as alpha:
+        alpha.files().put(work_bucket("alpha"), digest, archive)
+        from tests.control_plane import lease_body
+
+        r = alpha.request_lease(lease_body(f"hostile-{kind}", runtime="sandboxed",
+                                           memory_mib=256))
+        assert r["ok"], r
+        lid = r["lease"]["lease_id"]
+        deadline = time.monotonic() + 15
+        while alpha.lease(lid, "get")["lease"]["state"] != "reserved":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        job = {"command": ["true"], "workdir": {"digest": digest,
+                                                "size_bytes": archive.stat().st_size}}
+        assert alpha.lease(lid, "commit", {"job": job})["ok"]
+        while (lease := alpha.lease(lid, "get")["lease"])["state"] not in ("released",):
+            assert time.monotonic() < deadline + 15, lease
+            time.sleep(0.05)
+        # the tenant is told why, in the lease's failure sample
+        replay = alpha.call("pool.cmd.alpha.telemetry.replay", {"lease": lid, "kind": "failure"})
+    assert lease["end_reason"] == "failed" and lease["exit_code"] is None
+    reasons = [s["event"]["attrs"] for s in replay["result"]["samples"]]
+    assert [(r["reason"], r["phase"]) for r in reasons] == [("workdir_rejected", "workdir")]
+    assert not (tmp_path.parent / "escaped.txt").exists()
+
+
+def test_each_user_reaches_only_the_buckets_its_role_allows(stack: Stack, tmp_path: Path) -> None:
+    f = tmp_path / "f.bin"
+    f.write_bytes(b"x" * 1000)
+    with PoolClient(stack.tenant_url, "alpha") as alpha:
+        files = alpha.files()
+        files.put(work_bucket("alpha"), "mine", f)
+        assert files.info(work_bucket("alpha"), "mine") is not None
+        for bucket in (work_bucket("beta"), artifacts_bucket("beta")):
+            with pytest.raises(BusError):  # the server drops the request: no answer comes
+                files.info(bucket, "mine", timeout=2)
+        with pytest.raises(BusError):  # artifacts are the nodes' to write
+            files.put(artifacts_bucket("alpha"), "forged", f, timeout=2)
+        assert files.info(artifacts_bucket("alpha"), "forged") is None
+    link = AgentLink(url_with_credentials(stack.url, stack.auth.nodes["n1"]), "n1").connect()
+    try:
+        node = link.files()
+        assert node.info(work_bucket("alpha"), "mine") is not None  # reads work directories
+        with pytest.raises(BusError):  # ...but never writes them
+            node.put(work_bucket("alpha"), "mine", f, timeout=2)
+    finally:
+        link.close()
