@@ -300,6 +300,11 @@ class Agent:
                 self.trust_level, want, tenant=a.tenant)
         return reasons
 
+    def _where(self, a: v1.LeaseAssignment) -> tuple[tuple[str, str], ...]:
+        """What the job is told of where it runs (after its own env, so these win)."""
+        return (("POOL_LEASE_ID", a.lease_id), ("POOL_TENANT", a.tenant),
+                ("POOL_POOL", a.pool_id), ("POOL_NODE", self.node_id))
+
     def start(self, a: v1.LeaseAssignment, received: float,
               headers: dict[str, str] | None = None) -> None:
         try:
@@ -312,7 +317,8 @@ class Agent:
             return
         spec = WorkloadSpec(
             lease_id=a.lease_id, epoch=a.epoch, job_number=a.job_number,
-            command=tuple(a.job.command), image=a.job.image, env=tuple(a.job.env.items()),
+            command=tuple(a.job.command), image=a.job.image,
+            env=(*a.job.env.items(), *self._where(a)),
             cpu_millis=a.shape.cpu_millis, memory_mib=max(16, a.shape.memory_mib),
             max_image_size_bytes=(a.image_policy or {}).get("max_image_size_bytes"),
             gpu_count=a.shape.gpu_count, network_egress=a.shape.network.egress,

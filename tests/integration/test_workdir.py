@@ -148,7 +148,8 @@ def test_a_workdir_goes_in_by_digest_and_artifacts_come_back_byte_identical(
     text = model.decode()
     # the job read the data from its /work, its working directory, and knew where it ran
     assert "rows=300000 total=" in text and "cwd=/work" in text
-    assert f"POOL_LEASE_ID={lid}" in text and "POOL_WORKDIR=/work" in text
+    assert f"POOL_LEASE_ID={lid}" in text and "POOL_TENANT=alpha" in text
+    assert "POOL_POOL=p1" in text and "POOL_NODE=n1" in text and "POOL_WORKDIR=/work" in text
 
     # the same directory again: nothing is sent, the node's cache serves it
     second = _pool(project, *_run_args(stack), "--workdir", ".", "--", "python3", "train.py")
