@@ -40,6 +40,50 @@ def postgres_bin() -> Path:
     return Path(found).resolve().parent
 
 
+def _traversable(path: Path) -> bool:
+    """Whether any user may reach `path`: every directory above it is world-searchable."""
+    return all(p.stat().st_mode & 0o001 for p in [path, *path.parents])
+
+
+def reachable_bin(bindir: Path) -> Path:
+    """`bindir` itself when every user can reach it; else a copy of its installation in a
+    world-readable cache, made once per installation. A checkout under a 0700 parent (a clone
+    under /root) holds pgserver's binaries where the unprivileged user PostgreSQL runs as
+    cannot follow; opening up the user's own folders is not ours to do. The copy keeps the
+    wheel's layout (pgserver/pginstall beside pgserver.libs), which the binaries' RPATH
+    ($ORIGIN/../../../pgserver.libs) needs."""
+    if _traversable(bindir):
+        return bindir
+    install = bindir.parent
+    package = install.parent
+    libs = package.parent / f"{package.name}.libs"
+    st = install.stat()
+    root = Path(tempfile.gettempdir()) / f"computepool-pg-{st.st_ino}-{int(st.st_mtime)}"
+    if root.exists() and not _ours(root):
+        # someone else's folder by our name in a shared /tmp: never run what it holds
+        root = Path(tempfile.mkdtemp(prefix="computepool-pg-"))
+    found = root / package.name / install.name / "bin"
+    if not (found / "pg_ctl").exists():
+        staging = Path(tempfile.mkdtemp(prefix="computepool-pg-staging-"))
+        shutil.copytree(install, staging / package.name / install.name, symlinks=True)
+        if libs.is_dir():
+            shutil.copytree(libs, staging / libs.name, symlinks=True)
+        for d in (staging, staging / package.name):
+            d.chmod(0o755)
+        if root.exists():  # our own, empty or half made: fill it in place
+            shutil.rmtree(root)
+        try:
+            staging.rename(root)
+        except OSError:  # another process made it first
+            shutil.rmtree(staging, ignore_errors=True)
+    return found
+
+
+def _ours(path: Path) -> bool:
+    st = path.lstat()
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022 and path.is_dir()
+
+
 def _run_as() -> pwd.struct_passwd | None:
     if os.geteuid() != 0:
         return None
@@ -88,7 +132,10 @@ class PrivatePostgres:
         groups: list[int] | None = None
         if self.user is not None:  # drop root for the tool and the server it starts
             uid, gid, groups = self.user.pw_uid, self.user.pw_gid, []
-        return subprocess.run([str(postgres_bin() / tool), *args], capture_output=True,
+            bindir = reachable_bin(postgres_bin())
+        else:
+            bindir = postgres_bin()
+        return subprocess.run([str(bindir / tool), *args], capture_output=True,
                               text=True, timeout=timeout, cwd="/", check=False,
                               user=uid, group=gid, extra_groups=groups)
 
