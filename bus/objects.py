@@ -185,6 +185,26 @@ class FileStore:
 
         return self._call(go(), timeout)  # type: ignore[no-any-return]
 
+    def delete(self, bucket: str, name: str, *, timeout: float = 10.0) -> bool:
+        """Remove the object `name`, its chunks and its metadata (a purge: this user's
+        bucket only); False when there was none."""
+        stream = stream_of(bucket)
+
+        async def go() -> bool:
+            try:
+                msg = await self._js.get_msg(stream, subject=_meta_subject(bucket, name),
+                                             direct=True)
+            except NotFoundError:
+                return False
+            except NoRespondersError as e:
+                raise BucketMissing(f"no bucket {bucket}") from e
+            nuid = ObjectInfo.from_response(json.loads(msg.data or b"{}")).nuid
+            await self._js.purge_stream(stream, subject=f"$O.{bucket}.C.{nuid}")
+            await self._js.purge_stream(stream, subject=_meta_subject(bucket, name))
+            return True
+
+        return self._call(go(), timeout)  # type: ignore[no-any-return]
+
     # -- bytes ------------------------------------------------------------------------------
 
     def put(self, bucket: str, name: str, source: Path, *, ttl_seconds: int | None = None,

@@ -4,10 +4,12 @@ name it in the job) and `pool lease artifacts ID [--get DEST]` (list, fetch and 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import posixpath
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,18 +39,32 @@ class _Progress:
             print(file=sys.stderr)
 
 
+class JobFiles:
+    """A job with its files: its work directory stored and named, and what to do when the
+    commit is refused (remove what this run stored: nothing is left half-kept)."""
+
+    def __init__(self, job: dict[str, Any], stored: Callable[[], None] | None = None) -> None:
+        self.job = job
+        self._forget = stored
+
+    def commit_refused(self) -> None:
+        if self._forget is not None:
+            self._forget()
+
+
 def with_files(c: Any, tenant: str, job: dict[str, Any], workdir: str | None,
-               artifacts: list[str] | None, *, quiet: bool) -> dict[str, Any]:
+               artifacts: list[str] | None, *, quiet: bool) -> JobFiles:
     """`job` with its work directory packed and stored (by digest) and its artifact globs;
     says what was uploaded, or that nothing was."""
-    from bus.errors import BucketMissing
+    from bus.errors import BucketMissing, BusError
+    from bus.objects import work_bucket
     from client.workdir import upload
 
     job = dict(job)
     if artifacts:
         job["artifacts"] = list(artifacts)
     if not workdir:
-        return job
+        return JobFiles(job)
     root = Path(workdir)
     if not root.is_dir():
         raise UsageError(f"--workdir {workdir}: not a directory")
@@ -61,7 +77,14 @@ def with_files(c: Any, tenant: str, job: dict[str, Any], workdir: str | None,
     if not quiet:
         print(f"pool: {done.line()}", file=sys.stderr, flush=True)
     job["workdir"] = done.job_ref()
-    return job
+    if not done.uploaded:
+        return JobFiles(job)  # another run's: not this one's to remove
+
+    def forget() -> None:
+        with contextlib.suppress(BusError):
+            c.files().delete(work_bucket(tenant), done.packed.digest)
+
+    return JobFiles(job, forget)
 
 
 def _safe_relative(name: str) -> str | None:

@@ -220,10 +220,10 @@ def cmd_lease_run(args: argparse.Namespace) -> int:
     # a job file's workdir is a local folder too; the flags win over the file
     workdir, artifacts = job.pop("workdir", None), job.pop("artifacts", None)
     with pool_client(args, tenant) as c:
-        job = with_files(c, tenant, job, args.workdir or workdir, args.artifacts or artifacts,
-                         quiet=args.quiet or args.json)
-        return run_lease(c, tenant, body, job, detach=args.detach, as_json=args.json,
-                         quiet=args.quiet)
+        files = with_files(c, tenant, job, args.workdir or workdir,
+                           args.artifacts or artifacts, quiet=args.quiet or args.json)
+        return run_lease(c, tenant, body, files.job, detach=args.detach, as_json=args.json,
+                         quiet=args.quiet, on_commit_refused=files.commit_refused)
 
 
 def cmd_lease_logs(args: argparse.Namespace) -> int:

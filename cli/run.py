@@ -182,7 +182,8 @@ def _cancel(c: Any, lease_id: str, say: Callable[[str], None]) -> None:
 
 
 def run_lease(c: Any, tenant: str, body: dict[str, Any], job: dict[str, Any], *,
-              detach: bool, as_json: bool, quiet: bool) -> int:
+              detach: bool, as_json: bool, quiet: bool,
+              on_commit_refused: Callable[[], None] | None = None) -> int:
     """`pool lease run`: request, wait for the reservation, commit the job, stream its output,
     renew as needed, and end with the job's exit code. Ctrl-C cancels the lease."""
 
@@ -200,6 +201,11 @@ def run_lease(c: Any, tenant: str, body: dict[str, Any], job: dict[str, Any], *,
             return report_not_reserved(waited, as_json)
         committed = c.lease(lease_id, "commit", {"job": job})
         if not committed.get("ok"):
+            # the reservation goes back at once, not at the commit timeout, and what this run
+            # stored for the job is removed
+            c.lease(lease_id, "release", {})
+            if on_commit_refused is not None:
+                on_commit_refused()
             return print_envelope(committed, as_json)
         lease = committed["lease"]
         if detach:

@@ -31,8 +31,9 @@ from bus.local.auth import AuthConfig, url_with_credentials
 from bus.local.server import NatsServer
 from bus.objects import artifacts_bucket, ensure_tenant_buckets_sync, work_bucket
 from client.api import PoolClient
+from client.workdir import pack
 from control.plane import ControlPlane
-from tests.control_plane import setup_pool
+from tests.control_plane import lease_body, setup_pool
 
 if ProcessRuntime(Path("/tmp")).available() is not None:
     pytest.skip(f"process runtime unavailable: {ProcessRuntime(Path('/tmp')).available()}",
@@ -162,9 +163,17 @@ def test_a_workdir_over_the_pools_limit_is_refused_at_commit_with_its_code(
     big = tmp_path / "big"
     big.mkdir()
     (big / "blob.bin").write_bytes(os.urandom(LIMIT + 1))
-    out = _pool(big, *_run_args(stack), "--workdir", ".", "--", "true")
+    out = _pool(big, *_run_args(stack), "--key", "too-big", "--workdir", ".", "--", "true")
     assert out.returncode == 1
     assert "[workdir_too_large]" in out.stderr and "max_workdir_bytes" in out.stderr, out.stderr
+    # nothing is left half-kept: the archive this run stored is removed, the lease given back
+    digest = pack(big, tmp_path / "big.tar").digest
+    with PoolClient(stack.tenant_url, "alpha") as alpha:
+        lid = alpha.request_lease(lease_body("too-big", max_runtime=120, runtime="sandboxed",
+                                             cpu_millis=500, memory_mib=256))["lease"]["lease_id"]
+        assert alpha.files().info(work_bucket("alpha"), digest) is None
+        lease = alpha.lease(lid, "get")["lease"]
+    assert (lease["state"], lease["end_reason"]) == ("released", "reservation_released")
 
 
 def _hostile(kind: str) -> bytes:
@@ -192,8 +201,6 @@ def test_a_hostile_archive_is_refused_by_the_agent(stack: Stack, tmp_path: Path,
     digest = "sha256:" + hashlib.sha256(archive.read_bytes()).hexdigest()
     with PoolClient(stack.tenant_url, "alpha") as alpha:
         alpha.files().put(work_bucket("alpha"), digest, archive)
-        from tests.control_plane import lease_body
-
         r = alpha.request_lease(lease_body(f"hostile-{kind}", runtime="sandboxed",
                                            memory_mib=256))
         assert r["ok"], r
