@@ -60,10 +60,13 @@ def cmd_up(args: argparse.Namespace) -> int:
             if not args.one_process and split_by_default():
                 # the scheduler's roles in a process of their own (control/processes.py)
                 child = RoleProcess(url, role_urls=emb.role_urls or None,
-                                    responder_url=emb.responder_url or None).start()
+                                    responder_url=emb.responder_url or None,
+                                    metrics_port=(None if args.metrics_port is None
+                                                  else args.metrics_port + 1)).start()
             plane = ControlPlane(url, database_url=emb.database_url or None,
                                  responder_url=emb.responder_url or None,
                                  role_urls=emb.role_urls or None,
+                                 metrics_port=args.metrics_port,
                                  roles=PARENT_ROLES if child is not None else None).start()
         http_notes: list[str] = []
         if listen is not None:
@@ -346,7 +349,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cp = ControlPlane(url, database_url=db_url, roles=roles, projector_views=views,
                       leader_ttl_seconds=getattr(args, "leader_ttl", 3.0),
                       responder_url=responder, role_urls=role_urls,
-                      checkpoint_every=checkpoint_every).start()
+                      checkpoint_every=checkpoint_every,
+                      metrics_port=getattr(args, "metrics_port", None),
+                      metrics_host=getattr(args, "metrics_host", "127.0.0.1")).start()
     from bus.local.auth import redact
 
     running = [r for r in ("commands", "scheduler", "reconciler", "projector")
@@ -383,6 +388,9 @@ def register(sub: Subparsers) -> None:
     up.add_argument("--http", metavar="HOST:PORT",
                     help="the HTTP API and dashboard (default $POOL_HTTP or 127.0.0.1:8080; "
                     "`off` for none)")
+    up.add_argument("--metrics-port", type=int, metavar="PORT",
+                    help="Prometheus /metrics on 127.0.0.1:PORT (the scheduler's process, "
+                    "when it runs apart, on PORT+1; default: none)")
     up.set_defaults(func=cmd_up)
 
     clu = sub.add_parser("cluster", help="the clustered topology: NATS servers as one JetStream "
@@ -487,4 +495,9 @@ def register_serve(sub: Subparsers) -> None:
     srv.add_argument("--no-checkpoint", action="store_true",
                      help="neither read nor write the scheduler's checkpoint: its start-up "
                      "replays the whole log")
+    srv.add_argument("--metrics-port", type=int, metavar="PORT",
+                     help="Prometheus /metrics on PORT (default: none)")
+    srv.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                     help="the address /metrics listens on (default 127.0.0.1; a container: "
+                     "0.0.0.0)")
     srv.set_defaults(func=cmd_serve)

@@ -45,6 +45,7 @@ from schemas.codec import SchemaError, encode
 from schemas.feed import FeedReplay
 
 if TYPE_CHECKING:
+    from control.metrics import MetricsServer
     from control.projector import Projector
 
 log = logging.getLogger(__name__)
@@ -246,8 +247,13 @@ class ControlPlane:
                  role_urls: Mapping[str, str] | None = None,
                  pool_leaders: bool = True,
                  checkpoint_every: tuple[int, float] | None = (EVERY_EVENTS, EVERY_SECONDS),
-                 serve_why: bool = False) -> None:
+                 serve_why: bool = False, metrics_port: int | None = None,
+                 metrics_host: str = "127.0.0.1") -> None:
         self.roles = parse_roles(roles)
+        # /metrics in the Prometheus text format (control/metrics.py); None: not served
+        self.metrics_at = (metrics_host, metrics_port) if metrics_port is not None else None
+        self.metrics: MetricsServer | None = None
+        self.database_url = database_url
         # the responders' connection: a user that may publish replies into inboxes only
         self.responder_url = responder_url or nats_url
         # each role's connection (its own user, bus.local.auth.PERMISSIONS); nats_url for all
@@ -412,6 +418,8 @@ class ControlPlane:
             self._counted = True
         if self.projector is not None:
             self.projector.start()
+        if self.metrics_at is not None:
+            self.metrics = self._serve_metrics(*self.metrics_at)
         from bus.local.auth import speaks_as_role
 
         for link, role in ((self.link, "scheduler"), (self.reconciler_link, "reconciler")):
@@ -450,7 +458,19 @@ class ControlPlane:
             self._thread.start()
         return self
 
+    def _serve_metrics(self, host: str, port: int) -> MetricsServer:
+        from control.metrics import MetricsServer, registry_for
+
+        def head() -> int | None:
+            return self.app.recorder.max_notification_id()
+
+        return MetricsServer(registry_for(log_head=head, database_url=self.database_url),
+                             port, host)
+
     def stop(self) -> None:
+        if self.metrics is not None:
+            self.metrics.stop()
+            self.metrics = None
         self._stop.set()
         for signal in (self.scheduler_signal, self.dispatcher_signal):
             if signal is not None:

@@ -60,10 +60,12 @@ class RoleProcess:
     it again if it died, `stop()` stops it (and, past a grace, kills it)."""
 
     def __init__(self, nats_url: str, *, role_urls: Mapping[str, str] | None = None,
-                 responder_url: str | None = None, start_timeout: float = 600.0) -> None:
+                 responder_url: str | None = None, start_timeout: float = 600.0,
+                 metrics_port: int | None = None) -> None:
         # passed through the spawn pipe, never on a command line: the URLs hold passwords
         self._args = (nats_url, {"role_urls": dict(role_urls or {}) or None,
-                                 "responder_url": responder_url})
+                                 "responder_url": responder_url,
+                                 "metrics_port": metrics_port})
         self.start_timeout = start_timeout
         self._proc: Any = None
         self._stop: Any = None

@@ -37,19 +37,27 @@ class History:
         self._app: Any = None
         self._lock = threading.Lock()
 
-    def events(self, lease_id: str) -> list[dict[str, Any]]:
-        """Blocking: the caller runs it in a thread. Empty when there is no such lease."""
-        try:
-            originator = uuid.UUID(lease_id)
-        except ValueError:
-            return []
+    def _application(self) -> Any:
         with self._lock:
             if self._app is None:
                 from control.application import PoolApp
                 from control.bootstrap import app_env
 
                 self._app = PoolApp(env=app_env(self.service_url))
-            app = self._app
+            return self._app
+
+    def log_head(self) -> int | None:
+        """Blocking: the log's last sequence (the metrics' log sequence and views' lag)."""
+        head: int | None = self._application().recorder.max_notification_id()
+        return head
+
+    def events(self, lease_id: str) -> list[dict[str, Any]]:
+        """Blocking: the caller runs it in a thread. Empty when there is no such lease."""
+        try:
+            originator = uuid.UUID(lease_id)
+        except ValueError:
+            return []
+        app = self._application()
         out: list[dict[str, Any]] = []
         for event in app.events.get(originator):
             at = getattr(event, "timestamp", None)

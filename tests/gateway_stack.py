@@ -70,7 +70,8 @@ def wait_for(predicate: Any, timeout: float = 10.0, every: float = 0.05) -> Any:
 
 
 @contextlib.contextmanager
-def gateway_stack(home: Path, database_url: str, schema: str) -> Iterator[Stack]:
+def gateway_stack(home: Path, database_url: str, schema: str, *,
+                  metrics_port: int | None = None) -> Iterator[Stack]:
     auth = AuthConfig()
     for t in TENANTS:
         auth.add_tenant(t)
@@ -82,7 +83,7 @@ def gateway_stack(home: Path, database_url: str, schema: str) -> Iterator[Stack]
     stack: list[Any] = []
     try:
         ensure_all_streams(service_url)
-        plane = ControlPlane(service_url, database_url=None).start()
+        plane = ControlPlane(service_url, database_url=None, metrics_port=metrics_port).start()
         stack.append(plane)
         queries = Service(service_url, QUERY_SUBJECTS,
                           CommandHandler(plane.app, database_url=database_url,

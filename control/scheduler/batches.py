@@ -8,6 +8,7 @@ from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import IntegrityError
 
 from bus import observability
+from control import metrics
 from control.pending import QueuedLease
 from control.scheduler.preemption import Preempting
 from control.scheduler.state import CycleReport, InFlight, Placed, account_uuid, node_uuid
@@ -160,6 +161,11 @@ class Batching(Preempting):
 
     def _end_spans(self, placing: list[tuple[Lease, int]], *, saved: bool) -> None:
         for lease, started_ns in placing:
+            if saved:
+                metrics.placed(str(lease.pool_id),
+                               (lease.reserved_at or lease.requested_at) - lease.requested_at)
+            if getattr(lease, "trace_parent", None) is None:  # untraced (older snapshots: none)
+                continue
             # one `place` span per placement, in the trace of the request that asked for it
             span = observability.child_span("place", lease.trace_parent, start_time=started_ns,
                                             attributes={"pool.lease_id": str(lease.id),

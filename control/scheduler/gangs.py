@@ -305,8 +305,7 @@ class Ganging(Batching):
         self._track(ps, lease)
         self.reasons.pop(lid, None)
         heapq.heappush(self._deadlines, (lease.reservation_deadline or now, lid))
-        if lease.trace_parent is not None:
-            self._placing.append((lease, time.time_ns()))
+        self._placing.append((lease, time.time_ns()))
         report.placed += 1
 
     def _gang_peers_expired(self, lease: Lease, now: float, report: CycleReport

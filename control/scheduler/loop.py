@@ -12,6 +12,7 @@ from uuid import UUID
 from eventsourcing.domain import Aggregate
 
 from bus import observability
+from control import metrics
 from control.pending import QueuedLease
 from control.scheduler.placing import Placing
 from control.scheduler.state import OTHERS_DEADLINE_RETRY_SECONDS, CycleReport
@@ -44,6 +45,7 @@ class Scheduler(Placing):
             if settle:
                 self._settle(report)
             observability.record_cycle(report)
+            metrics.record_cycle(report)
             return report
 
     def settle(self) -> CycleReport:
@@ -53,6 +55,7 @@ class Scheduler(Placing):
             report = CycleReport()
             self._settle(report)
             observability.record_cycle(report)
+            metrics.record_cycle(report)
             return report
 
     def _sweep(self, now: float, report: CycleReport) -> None:

@@ -186,8 +186,8 @@ class Placing(Ganging):
             self._track(ps, lease)
             self.reasons.pop(req.lease_id, None)
             heapq.heappush(self._deadlines, (lease.reservation_deadline or now, req.lease_id))
-            if getattr(lease, "trace_parent", None) is not None:  # older snapshots: none
-                self._placing.append((lease, time.time_ns()))
+            # every placement: its span (when traced) and its wait (metrics) once it is saved
+            self._placing.append((lease, time.time_ns()))
             report.placed += 1
             # one entry of `batch` per event, plus one event per node placed on and one per
             # account holding credits
