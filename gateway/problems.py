@@ -40,6 +40,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "domain_error": 409, "service_error": 400,
     "method_not_allowed": 405,
     "too_many_requests": 429,
+    "queue_limit_exceeded": 429,  # room comes back as the tenant's queued leases are placed
     # what is behind the gateway
     "bus_unavailable": 503, "bus_timeout": 503, "views_unavailable": 503,
     "telemetry_unavailable": 503, "publish_rejected": 503, "bus_error": 503,
