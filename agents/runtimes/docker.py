@@ -38,6 +38,7 @@ _RESERVED_LABELS = {LABEL_LEASE, LABEL_EPOCH, LABEL_JOB, LABEL_NODE, LABEL_CHECK
 
 WORKLOAD_USER = "65534:65534"
 CHECKPOINT_MOUNT = "/checkpoint"  # where the workload sees its checkpoint dir, as in `process`
+WORKDIR_MOUNT = "/work"  # where the workload sees its files (agents/workdir.py), as in `process`
 TMPFS_OPTIONS = "rw,nosuid,nodev,size=64m,mode=1777"
 OCI_RUNTIMES = {"container": "runc", "sandboxed": "runsc"}  # isolation class → engine runtime
 
@@ -75,6 +76,9 @@ def container_options(spec: WorkloadSpec, *, oci_runtime: str,
         volumes[spec.checkpoint_dir] = {"bind": CHECKPOINT_MOUNT, "mode": "rw"}
         env["POOL_CHECKPOINT_DIR"] = CHECKPOINT_MOUNT
         labels[LABEL_CHECKPOINT] = spec.checkpoint_dir
+    if spec.workdir is not None:  # the job's files, read-write, and where it starts
+        volumes[spec.workdir] = {"bind": WORKDIR_MOUNT, "mode": "rw"}
+        env["POOL_WORKDIR"] = WORKDIR_MOUNT
     device_requests = []
     if spec.gpu_count > 0:
         if spec.gpu_uuids:
@@ -106,10 +110,23 @@ def container_options(spec: WorkloadSpec, *, oci_runtime: str,
         "init": True,
         "environment": env,
         "volumes": volumes or None,
+        "working_dir": WORKDIR_MOUNT if spec.workdir is not None else None,
         "labels": labels,
         "log_config": LogConfig(type="json-file", config={"max-size": "10m", "max-file": "2"}),
         "detach": True,
     }
+
+
+def _open_to_workload(top: Path) -> None:
+    """Let the workload's uid 65534 write the job's files: the tree the agent just unpacked
+    (nothing of the job's yet, so no link of its making is followed; links are left as they
+    are)."""
+    for here, _dirs, names in os.walk(top, followlinks=False):
+        os.chmod(here, 0o777)
+        for name in names:
+            path = os.path.join(here, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o777 if os.stat(path).st_mode & 0o111 else 0o666)
 
 
 def _parse_docker_time(value: str | None) -> float | None:
@@ -291,6 +308,8 @@ class DockerRuntime:
         if spec.checkpoint_dir is not None:
             os.makedirs(spec.checkpoint_dir, exist_ok=True)
             os.chmod(spec.checkpoint_dir, 0o777)  # the workload's uid 65534 writes there
+        if spec.workdir is not None:
+            _open_to_workload(Path(spec.workdir))
         try:
             container = self.client.containers.create(image_id, **options)
         except docker.errors.APIError as e:

@@ -62,6 +62,13 @@ def test_the_container_options_carry_the_whole_isolation_policy(tmp_path: Path) 
     assert o["volumes"] == {str(tmp_path): {"bind": "/checkpoint", "mode": "rw"}}
     assert o["environment"]["POOL_CHECKPOINT_DIR"] == "/checkpoint"
     assert o["environment"]["A"] == "1"
+    assert o["working_dir"] is None and "POOL_WORKDIR" not in o["environment"]
+
+
+def test_a_job_with_files_gets_them_as_its_working_directory(tmp_path: Path) -> None:
+    o = container_options(spec(workdir=str(tmp_path)), oci_runtime="runc")
+    assert o["volumes"] == {str(tmp_path): {"bind": "/work", "mode": "rw"}}
+    assert o["working_dir"] == "/work" and o["environment"]["POOL_WORKDIR"] == "/work"
 
 
 def test_gpus_are_requested_by_uuid_and_egress_gets_a_network() -> None:
