@@ -495,9 +495,13 @@ def register_serve(sub: Subparsers) -> None:
     srv.add_argument("--no-checkpoint", action="store_true",
                      help="neither read nor write the scheduler's checkpoint: its start-up "
                      "replays the whole log")
+    import os
+
+    port = os.environ.get("POOL_METRICS_PORT", "")
     srv.add_argument("--metrics-port", type=int, metavar="PORT",
-                     help="Prometheus /metrics on PORT (default: none)")
-    srv.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
-                     help="the address /metrics listens on (default 127.0.0.1; a container: "
-                     "0.0.0.0)")
+                     default=int(port) if port.isdigit() else None,
+                     help="Prometheus /metrics on PORT (default: $POOL_METRICS_PORT, else none)")
+    srv.add_argument("--metrics-host", default=os.environ.get("POOL_METRICS_HOST", "127.0.0.1"),
+                     metavar="HOST", help="the address /metrics listens on (default "
+                     "$POOL_METRICS_HOST or 127.0.0.1; in a container: 0.0.0.0)")
     srv.set_defaults(func=cmd_serve)

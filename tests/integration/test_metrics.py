@@ -3,6 +3,8 @@ parser, and its queue depth and leases by state are the views' after a scripted 
 
 from __future__ import annotations
 
+import json
+import re
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -103,3 +105,12 @@ def test_metrics_match_the_views_after_a_scripted_load(stack: Stack, database_ur
     assert plane["pool_scheduler_placements_total"][(("pool", "p1"),)] >= 2
     assert plane["pool_scheduler_request_to_reserved_seconds_count"][(("pool", "p1"),)] >= 2
     assert plane["pool_log_sequence"][()] > 0
+
+    # every series the Grafana dashboard draws is one these endpoints serve
+    root = Path(__file__).resolve().parents[2]
+    dashboard = json.loads((root / "deploy/grafana/dashboards/computepool.json").read_text())
+    drawn = {re.sub(r"_(bucket|total)$", "", name) for panel in dashboard["panels"]
+             for target in panel["targets"] for name in re.findall(r"\bpool_\w+", target["expr"])}
+    served = {f.name for text in (r.text, httpx.get(stack.plane.metrics.url, timeout=10).text)
+              for f in text_string_to_metric_families(text)}
+    assert drawn and drawn <= served, drawn - served
