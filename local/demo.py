@@ -98,11 +98,18 @@ class Demo:
                *, kind: str = "flood", priority: str = "standard",
                pool: str = POOL, group: dict[str, Any] | None = None) -> Tracked | None:
         """Request a lease (a gang's lead, with `group`; committing it commits the gang)."""
-        r = self.clients[tenant].request_lease({
-            "pool_id": pool, "shape": shape, "maximum_runtime_seconds": MAX_RUNTIME,
-            "idempotency_key": key, "priority_class": priority,
-            # preempted work goes back in line, its job restarted on the next placement
-            "preemptible_requeue": kind == "victim", **({"group": group} if group else {})})
+        from bus.errors import BusError
+
+        try:
+            r = self.clients[tenant].request_lease({
+                "pool_id": pool, "shape": shape, "maximum_runtime_seconds": MAX_RUNTIME,
+                "idempotency_key": key, "priority_class": priority,
+                # preempted work goes back in line, its job restarted on the next placement
+                "preemptible_requeue": kind == "victim",
+                **({"group": group} if group else {})})
+        except BusError as e:  # the same key asked again later would be the same lease
+            self.unanswered.append(f"request {key} of {tenant}: {e}")
+            return None
         if not r.get("ok"):
             return None
         t = Tracked(r["lease"]["lease_id"], tenant, job, kind, r["lease"]["state"])
@@ -111,7 +118,15 @@ class Demo:
         return t
 
     def get(self, t: Tracked) -> dict[str, Any]:
-        return dict(self.clients[t.tenant].lease(t.lease_id, "get").get("lease") or {})
+        """The lease as its tenant reads it; {} when the plane did not answer in time (said in
+        the report, and the check that needed it fails naming what it saw)."""
+        from bus.errors import BusError
+
+        try:
+            return dict(self.clients[t.tenant].lease(t.lease_id, "get").get("lease") or {})
+        except BusError as e:
+            self.unanswered.append(f"get of {t.lease_id}: {e}")
+            return {}
 
     # -- set-up ------------------------------------------------------------------------------
 
