@@ -204,7 +204,7 @@ class Agent:
                 else None, has_workdir=bool(meta.get("workdir")),
                 artifacts=tuple(meta.get("artifacts") or ()),
                 artifact_ttl_seconds=int(meta.get("artifact_ttl_seconds") or 7 * 86_400),
-                max_artifact_bytes=int(meta.get("max_artifact_bytes") or 0))
+                max_artifact_bytes=int(meta.get("max_artifact_bytes", 1 << 30)))
             self._started.add(handle.key)
             n += 1
         return n

@@ -158,6 +158,26 @@ def test_a_workdir_goes_in_by_digest_and_artifacts_come_back_byte_identical(
     assert "workdir: unchanged" in second.stderr
 
 
+def test_a_failed_jobs_regular_files_are_kept_and_its_links_and_fifos_are_not(
+        stack: Stack, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    script = ("mkdir -p out && echo partial > out/p.txt && ln -s /etc/passwd out/link && "
+              "mkfifo out/fifo && exit 3")
+    out = _pool(empty, *_run_args(stack), "--key", "partial", "--artifacts", "out/*",
+                "--", "sh", "-c", script)
+    assert out.returncode == 3, out.stderr
+    with PoolClient(stack.tenant_url, "alpha") as alpha:
+        lid = alpha.request_lease(lease_body("partial", max_runtime=120, runtime="sandboxed",
+                                             cpu_millis=500, memory_mib=256))["lease"]["lease_id"]
+        kept = alpha.files().list(artifacts_bucket("alpha"), f"{lid}/")
+        end = alpha.call("pool.cmd.alpha.telemetry.replay", {"lease": lid, "kind": "failure"})
+    assert [(o.name, o.size_bytes) for o in kept] == [(f"{lid}/out/p.txt", 8)]
+    attrs = end["result"]["samples"][-1]["event"]["attrs"]
+    assert attrs["exit_code"] == 3 and attrs["artifacts"] == 1
+    assert attrs["artifacts_left_out_not_regular"] == 2  # the link and the FIFO
+
+
 def test_a_workdir_over_the_pools_limit_is_refused_at_commit_with_its_code(
         stack: Stack, tmp_path: Path) -> None:
     big = tmp_path / "big"
@@ -232,15 +252,15 @@ def test_each_user_reaches_only_the_buckets_its_role_allows(stack: Stack, tmp_pa
         assert files.info(work_bucket("alpha"), "mine") is not None
         for bucket in (work_bucket("beta"), artifacts_bucket("beta")):
             with pytest.raises(BusError):  # the server drops the request: no answer comes
-                files.info(bucket, "mine", timeout=2)
+                files.info(bucket, "mine", timeout=1)
         with pytest.raises(BusError):  # artifacts are the nodes' to write
-            files.put(artifacts_bucket("alpha"), "forged", f, timeout=2)
+            files.put(artifacts_bucket("alpha"), "forged", f, timeout=1)
         assert files.info(artifacts_bucket("alpha"), "forged") is None
     link = AgentLink(url_with_credentials(stack.url, stack.auth.nodes["n1"]), "n1").connect()
     try:
         node = link.files()
         assert node.info(work_bucket("alpha"), "mine") is not None  # reads work directories
         with pytest.raises(BusError):  # ...but never writes them
-            node.put(work_bucket("alpha"), "mine", f, timeout=2)
+            node.put(work_bucket("alpha"), "mine", f, timeout=1)
     finally:
         link.close()
