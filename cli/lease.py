@@ -19,9 +19,13 @@ from cli.output import (
     print_item,
     table,
 )
-from domain.gang import MAX_GANG_MEMBERS
-from domain.policy.gang import STRATEGIES, TOPOLOGY_KEYS
-from schemas.v1 import MAX_LEASES_PER_REQUEST
+
+# the limits and words the flags offer, as domain.gang, domain.policy.gang and schemas.v1 spell
+# them (kept equal by tests/unit/test_cli_start.py): parsing a flag imports neither
+MAX_GANG_MEMBERS = 256
+STRATEGIES: tuple[str, ...] = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+TOPOLOGY_KEYS: tuple[str, ...] = ("rack", "block", "nvlink_domain", "zone", "failure_domain")
+MAX_LEASES_PER_REQUEST = 999
 
 
 def _request_body(args: argparse.Namespace) -> dict[str, Any]:

@@ -6,6 +6,7 @@ Output for people or `--json`, and the exit codes: cli/output.py.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import signal
 import sys
@@ -13,24 +14,15 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cli import (
-    admin,
-    agent,
-    bench,
-    chaos,
-    completion,
-    gateway,
-    images,
-    lease,
-    overview,
-    quotas,
-    report,
-    schemas,
-    telemetry,
-    up,
-    views,
+from cli.output import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    Parser,
+    Subparsers,
+    UsageError,
+    fail,
 )
-from cli.output import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Parser, UsageError, fail
 
 
 class Terminated(KeyboardInterrupt):
@@ -56,29 +48,98 @@ def version() -> str:
         return "unknown (not installed)"
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Every command of `pool --help`, in its order: the name, the `module:function` that adds its
+# parser (and those of its verbs), and its help line. Only the module of the command at hand is
+# imported, so a command starts without the others' imports nor their parsers; the table is
+# checked against the modules by tests/unit/test_cli_start.py.
+COMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("up", "cli.up:register",
+     "start the embedded NATS and PostgreSQL and create the streams"),
+    ("cluster", "cli.up:register",
+     "the clustered topology: NATS servers as one JetStream cluster"),
+    ("demo", "cli.up:register", "run the whole system on the embedded default, live"),
+    ("schemas", "cli.schemas:register", "wire schemas"),
+    ("bench", "cli.bench:register", "benchmarks that print figures"),
+    ("chaos", "cli.chaos:register",
+     "the fault suite: kill, stop and garble a pool, check the log"),
+    ("serve", "cli.up:register_serve",
+     "run the command service and the scheduler (or some of the roles)"),
+    ("gateway", "cli.gateway:register",
+     "serve the HTTP API, its OpenAPI document and the web dashboard"),
+    ("lease", "cli.lease:register", "request and manage leases"),
+    ("admin", "cli.admin:register", "configure pools, tenants and nodes"),
+    ("image", "cli.images:register", "image signing keys and signatures"),
+    ("node", "cli.admin:register_node_credits", "node maintenance"),
+    ("credits", "cli.admin:register_node_credits", "tenant credits"),
+    ("queue", "cli.views:register", "waiting requests, from the PostgreSQL views"),
+    ("balance", "cli.views:register", "tenant credits, from the PostgreSQL views"),
+    ("capacity", "cli.views:register", "node capacity, from the PostgreSQL views"),
+    ("leases", "cli.views:register", "every lease, from the PostgreSQL views"),
+    ("projections", "cli.views:register", "the PostgreSQL views"),
+    ("audit", "cli.views:register", "check the books against the log"),
+    ("report", "cli.report:register", "usage reports from the views"),
+    ("agent", "cli.agent:register", "run this machine as a node"),
+    ("telemetry", "cli.telemetry:register", "samples from node agents"),
+    ("shares", "cli.quotas:register",
+     "each tenant's weight, current share, decayed usage and rank in a pool's fair share"),
+    ("status", "cli.overview:register", ("every component: NATS, streams, scheduler leader, "
+                                         "projector lag, agents seen (exit 1 if one fails)")),
+    ("pools", "cli.overview:register",
+     "pools with their nodes, free capacity and leases, from the PostgreSQL views"),
+    ("nodes", "cli.overview:register",
+     "nodes: state, free capacity, leases, last heartbeat, from the PostgreSQL views"),
+    ("tenants", "cli.overview:register", "tenants: credits and leases, from the PostgreSQL views"),
+    ("completion", "cli.completion:register", "print a shell completion script (bash or zsh)"),
+)
+
+
+def _register(where: str) -> Callable[[Subparsers], None]:
+    module, _, name = where.partition(":")
+    register: Callable[[Subparsers], None] = getattr(importlib.import_module(module), name)
+    return register
+
+
+def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of `pool`: whole (every command's flags) when `words` is None, else the
+    parser `words` need: the commands they name in full, every other one as its help line."""
     p = Parser(
         prog="pool",
         description="computepool: an event-sourced control plane for pooled compute.",
     )
-    p.add_argument("--version", action="version", version=f"pool {version()} (computepool)")
+    p.add_argument("--version", action=_VersionAction)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    # the order of `pool --help`
-    for register in (up.register, schemas.register, bench.register, chaos.register,
-                     up.register_serve, gateway.register, lease.register, admin.register,
-                     images.register,
-                     admin.register_node_credits, views.register, report.register,
-                     agent.register,
-                     telemetry.register, quotas.register, overview.register,
-                     completion.register):
-        register(sub)
+    wanted = None if words is None else next((w for w in words if not w.startswith("-")), "")
+    # the module that adds the command at hand (None: every module, as `completion` needs)
+    module = None if wanted in (None, "completion") else \
+        next((where for name, where, _ in COMMANDS if name == wanted), "")
+    for command, where, help_text in COMMANDS:
+        if command in sub.choices:
+            continue  # added with an earlier command of its module (up: cluster, demo)
+        if module is None or where == module:
+            _register(where)(sub)
+        else:
+            sub.add_parser(command, help=help_text, add_help=False)  # listed, not parsed
     p.set_defaults(root_parser=p)  # for `pool completion`, which walks the whole tree
     return p
 
 
+class _VersionAction(argparse.Action):
+    """`--version`: the installed version, looked up only when asked (importlib.metadata is
+    slow to load)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0,
+                         help=help or "show program's version number and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(f"pool {version()} (computepool)")
+        parser.exit()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
     # `pool lease commit ID … -- sh -c '…'`: argparse (3.11) mishandles `--` under
     # subcommands, so the job's command after it is split off here
@@ -86,6 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in words:
         cut = words.index("--")
         words, tail = words[:cut], words[cut + 1:]
+    parser = build_parser(words)
     try:
         args = parser.parse_args(words)
         if tail is not None:
