@@ -112,6 +112,8 @@ POOL_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
      "seconds a renewal must move a deadline to be recorded (smaller moves change nothing)"),
     ("--max-queued", "max_queued_leases", 10_000,
      "the most leases one tenant may have queued in the pool (more are refused)"),
+    ("--queue-timeout", "queue_timeout_seconds", 7 * 86_400,
+     "seconds a lease may wait queued before it ends queue_timeout (a request may ask less)"),
     ("--max-workdir-bytes", "max_workdir_bytes", 1 << 30,
      "the largest packed work directory a job may bring (--workdir); bigger: refused"),
     ("--artifact-ttl", "artifact_ttl_seconds", 7 * 86_400,

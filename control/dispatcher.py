@@ -19,7 +19,7 @@ from bus.agentbus import ControlLink
 from bus.headers import HDR_TRACEPARENT
 from bus.transcoder import EventDecoder
 from control.feed import FeedPublisher
-from control.pending import LeaseMemory
+from control.pending import LeaseMemory, QueuedLease
 from control.wake import IdleWait, Signal
 from domain.fold import Fold
 from domain.lease import Lease, LeaseState
@@ -154,6 +154,9 @@ class Dispatcher:
         self._armed: dict[str, float] = {}
         self._outbox: list[AgentOrder] = []
         self._timers: list[Aggregate] = []
+        # queued leases (compact) whose queue timeout is to be armed: not kept in `_armed`
+        # once armed, so a queue of millions costs no memory here past its own records
+        self._queue_timers: list[QueuedLease] = []
         self._consumers: set[str] = set()
         self._started = False
         self.orders_sent = 0
@@ -177,7 +180,7 @@ class Dispatcher:
     def checkpoint_state(self) -> dict[str, Any] | None:
         """The fold a checkpoint holds; None while orders, timers or feed records decided
         from it have not gone out yet (they are not part of it)."""
-        if self._outbox or self._timers or self._consumers:
+        if self._outbox or self._timers or self._queue_timers or self._consumers:
             return None
         feed = None
         if self.feed is not None:
@@ -229,7 +232,7 @@ class Dispatcher:
             # a page's timers wait for the next pages' (their deadlines are seconds away, and
             # each batch costs the server a store of its own) until enough are due or the step
             # ends; the feed's records go with every page
-            self._flush(timers=len(self._timers) >= TIMERS_BATCH
+            self._flush(timers=len(self._timers) + len(self._queue_timers) >= TIMERS_BATCH
                         or time.monotonic() - self._timers_at >= TIMERS_EVERY_S)
             # orders sent: their position now, or a restart would send them again. Otherwise
             # at most every POSITION_EVERY_S: a restart folds those events again, and what it
@@ -319,8 +322,16 @@ class Dispatcher:
                 key, at = timer
                 kind, ident = key.split(":", 1)
                 due[key] = (kind, ident, at)
-        armed = (self.link.schedule_many_started(list(due.values()))
-                 if timers and self._timers else None)
+        # a queued lease's queue timeout, if it still waits as it did (else its later
+        # events armed what it has now, above)
+        queue_due: dict[str, tuple[str, str, float]] = {}
+        for record in self._queue_timers if timers else ():
+            key, when = f"lease:{record.id}", record.next_due_at()
+            if (when is not None and key not in due
+                    and self.aggregates.queued.get(record.id) is record):
+                queue_due[key] = ("lease", str(record.id), when)
+        armed = (self.link.schedule_many_started(list(queue_due.values()) + list(due.values()))
+                 if timers and (self._timers or self._queue_timers) else None)
         try:
             if self.feed is not None:
                 self.feed.flush(self.position)
@@ -332,8 +343,9 @@ class Dispatcher:
             return
         for key, (_kind, _ident, at) in due.items():
             self._armed[key] = at
-        self.timers_armed += len(due)
+        self.timers_armed += len(due) + len(queue_due)
         self._timers.clear()
+        self._queue_timers.clear()
         self._timers_at = time.monotonic()
 
     def _apply(self, event: Any, log_seq: int) -> Aggregate | None:
@@ -341,7 +353,10 @@ class Dispatcher:
         if absorbed is not False:
             if self.feed is not None:
                 self.feed.observe(event, absorbed, log_seq)
-            return None  # requested or queued: nothing to send or arm yet
+            # requested or queued: nothing to send; a queue timeout's timer to arm
+            if isinstance(absorbed, QueuedLease) and absorbed.next_due_at() is not None:
+                self._queue_timers.append(absorbed)
+            return None
         agg: Aggregate | None = self._fold.step(event)
         if agg is None:
             return None

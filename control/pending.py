@@ -15,7 +15,7 @@ from eventsourcing.utils import get_topic
 from domain.creation import initialised, lean_init
 from domain.fold import mutate
 from domain.gang import GangMembership
-from domain.lease import Lease, LeaseState
+from domain.lease import Lease, LeaseState, queue_deadline
 from domain.resources import Shape
 
 _REQUESTED: type = Lease.LeaseRequested  # type: ignore[attr-defined]
@@ -37,6 +37,7 @@ _ADVANCE_AT = _FIELDS.index("advance_reservation_id")
 # when a LeaseQueued followed it (two events)
 _QUEUED_AT = _FIELDS.index("queued_at")
 _GANG_AT = _FIELDS.index("gang")
+_QUEUE_TIMEOUT_AT = _FIELDS.index("queue_timeout_seconds")
 _REPEATED_AT = tuple(_FIELDS.index(name) for name in (
     "originator_topic", "tenant_id", "pool_id", "priority_class", "maximum_runtime_seconds",
     "lease_seconds", "heartbeat_timeout_seconds"))
@@ -125,6 +126,11 @@ class QueuedLease:
     def gang(self) -> GangMembership | None:
         value = self.requested[_GANG_AT]
         return None if value is None or value is _MISSING else GangMembership.from_dict(value)
+
+    def next_due_at(self) -> float | None:
+        """When its queue timeout ends its wait (Lease.next_due_at for a queued lease)."""
+        value = self.requested[_QUEUE_TIMEOUT_AT]
+        return None if value is _MISSING else queue_deadline(self.queued_at, value)
 
 
 class LeaseMemory:

@@ -67,6 +67,13 @@ END_REASONS: tuple[str, ...] = ("succeeded", "failed", "released", "reservation_
                                 "cancelled", "preempted", *EXPIRY_REASONS)
 
 
+def queue_deadline(queued_at: float | None, queue_timeout_seconds: int | None) -> float | None:
+    """When a lease queued at `queued_at` has waited `queue_timeout_seconds` (None: never)."""
+    if queued_at is None or queue_timeout_seconds is None:
+        return None
+    return float(queued_at) + queue_timeout_seconds
+
+
 class JobState(StrEnum):
     STARTING = "starting"
     RUNNING = "running"
@@ -190,6 +197,7 @@ class Lease(Aggregate):
         advance_reservation_id: str | None = None,
         gang: GangMembership | None = None,
         queued: bool = False,
+        queue_timeout_seconds: int | None = None,
     ) -> Lease:
         """Record a request. `lease_seconds` is the initial term and default renewal (defaults
         to the maximum runtime); the id is `create_id(tenant_id, idempotency_key)`.
@@ -198,7 +206,8 @@ class Lease(Aggregate):
         of ending it as `preempted`; `checkpointable`: its work resumes from checkpoints;
         `gang`: the gang it is a member of (domain.gang), placed all-or-nothing with it;
         `queued`: admitted to the queue by the same event (one event a request), as
-        `queue(now)` right after would."""
+        `queue(now)` right after would; `queue_timeout_seconds`: how long it may wait in the
+        queue (each time it is queued) before it ends `queue_timeout` (None: for ever)."""
         term = maximum_runtime_seconds if lease_seconds is None else lease_seconds
         for name, value in (
             ("maximum_runtime_seconds", maximum_runtime_seconds),
@@ -206,6 +215,8 @@ class Lease(Aggregate):
             ("heartbeat_timeout_seconds", heartbeat_timeout_seconds),
         ):
             _require_positive_int(name, value)
+        if queue_timeout_seconds is not None:
+            _require_positive_int("queue_timeout_seconds", queue_timeout_seconds)
         if not shape.resources.is_non_negative():
             raise InvalidAmount("a shape cannot ask for negative resources")
         fields: dict[str, Any] = {
@@ -226,6 +237,7 @@ class Lease(Aggregate):
             "advance_reservation_id": advance_reservation_id,
             "gang": None if gang is None else gang.to_dict(),
             "queued_at": float(now) if queued else None,
+            "queue_timeout_seconds": queue_timeout_seconds,
         }
         if _LEAN_CREATE is None or cls is not Lease:
             return cls(**fields)
@@ -259,6 +271,9 @@ class Lease(Aggregate):
         # set when the request is queued by this same event; absent in requests a
         # LeaseQueued event followed (every request before one event a request)
         queued_at: float | None = None,
+        # how long it may wait in the queue before it ends `queue_timeout`; absent before
+        # queue timeouts (such a lease waits for ever)
+        queue_timeout_seconds: int | None = None,
     ) -> None:
         self.tenant_id = TenantId(tenant_id)
         self.idempotency_key = idempotency_key
@@ -279,6 +294,7 @@ class Lease(Aggregate):
         self.request_digest = request_digest
         self.state = LeaseState.REQUESTED if queued_at is None else LeaseState.QUEUED
         self.queued_at: float | None = queued_at
+        self.queue_timeout_seconds = queue_timeout_seconds
         self.attempts = 1
         self.epoch = 0
         # Per placement; reset on each reservation.
@@ -357,8 +373,19 @@ class Lease(Aggregate):
             return job
         return None
 
+    @property
+    def queue_deadline(self) -> float | None:
+        """When a queued lease has waited its queue timeout (None: not queued, or no timeout)."""
+        if self.state is not S.QUEUED or self.queue_timeout_seconds is None:
+            return None
+        return queue_deadline(self.queued_at, self.queue_timeout_seconds)
+
     def expiry_due(self, now: float) -> str | None:
-        """The expiry reason that applies at `now`, or None: what the deadline timer checks."""
+        """The expiry reason that applies at `now`, or None: what the deadline timer checks.
+        For a queued lease, `queue_timeout` once it has waited its queue timeout."""
+        if self.state is S.QUEUED:
+            due = self.queue_deadline
+            return "queue_timeout" if due is not None and now >= due else None
         if self.state is S.RESERVED:
             assert self.reservation_deadline is not None
             return "commit_timeout" if now >= self.reservation_deadline else None
@@ -372,6 +399,8 @@ class Lease(Aggregate):
 
     def next_due_at(self) -> float | None:
         """The next instant at which `expiry_due` may become true: when to schedule the timer."""
+        if self.state is S.QUEUED:
+            return self.queue_deadline
         if self.state is S.RESERVED:
             return self.reservation_deadline
         if self.state in WORKLOAD_STATES:
@@ -401,7 +430,8 @@ class Lease(Aggregate):
         self._queued(at=float(now))
 
     def reject(self, now: float, code: str, reasons: list[str] | None = None) -> None:
-        """Refuse the request before placement (quota, credits, unschedulable shape)."""
+        """Refuse the request before placement (quota, credits, unschedulable shape, or
+        `queue_timeout`: it waited its queue timeout)."""
         self._require("reject", {S.REQUESTED, S.QUEUED})
         self._rejected(at=float(now), code=code, reasons=list(reasons or []))
 

@@ -103,6 +103,8 @@ class PoolConfig:
     renew_step_seconds: int = 60
     # the most leases one tenant may have waiting in the pool's queue (the scheduler's memory)
     max_queued_leases: int = 10_000
+    # how long a lease may wait queued before it ends `queue_timeout` (a request may ask less)
+    queue_timeout_seconds: int = 7 * 86_400
 
     def __post_init__(self) -> None:
         classes = tuple(sorted((str(k), int(v)) for k, v in dict(self.priority_classes).items()))
@@ -145,6 +147,8 @@ class PoolConfig:
             found.append("renew_step_seconds must not be negative")
         if self.max_queued_leases <= 0:
             found.append("max_queued_leases must be positive")
+        if self.queue_timeout_seconds <= 0:
+            found.append("queue_timeout_seconds must be positive")
         return found
 
     def to_dict(self) -> dict[str, Any]:
@@ -167,6 +171,7 @@ class PoolConfig:
             "max_artifact_bytes": self.max_artifact_bytes,
             "renew_step_seconds": self.renew_step_seconds,
             "max_queued_leases": self.max_queued_leases,
+            "queue_timeout_seconds": self.queue_timeout_seconds,
         }
 
     @classmethod
@@ -192,6 +197,8 @@ class PoolConfig:
             max_artifact_bytes=int(d.get("max_artifact_bytes", default.max_artifact_bytes)),
             renew_step_seconds=int(d.get("renew_step_seconds", default.renew_step_seconds)),
             max_queued_leases=int(d.get("max_queued_leases", default.max_queued_leases)),
+            queue_timeout_seconds=int(d.get("queue_timeout_seconds",
+                                            default.queue_timeout_seconds)),
         )
 
 

@@ -308,6 +308,9 @@ class LeaseGroup(_Part, frozen=True, kw_only=True):
                        strategy=self.strategy)  # the policy's own refusals
 
 
+QueueTimeoutSeconds = Annotated[int, Meta(ge=1, le=366 * 86_400)]
+
+
 class LeaseRequest(_Command, frozen=True, kw_only=True):
     """Ask a pool for a time-bounded lease on capacity of the given shape."""
 
@@ -333,6 +336,9 @@ class LeaseRequest(_Command, frozen=True, kw_only=True):
     # a gang of leases placed together (then `count` stays 1): their ids follow from the key
     # and the member index as `count`'s do
     group: LeaseGroup | None = None
+    # How long it may wait queued before it ends `queue_timeout` (left out: the pool's
+    # queue_timeout_seconds, which is also the most it may ask for).
+    queue_timeout_seconds: QueueTimeoutSeconds | None = None
 
     def __post_init__(self) -> None:
         if self.group is not None and self.count != 1:
@@ -503,6 +509,9 @@ class PoolConfig(_Command, frozen=True, kw_only=True):
     # The most leases one tenant may have queued in the pool; a request past it is refused
     # (queue_limit_exceeded) and nothing is recorded.
     max_queued_leases: Annotated[int, Meta(ge=1, le=1_000_000)] = 10_000
+    # How long a lease may wait queued before it ends `queue_timeout`; a request may ask for
+    # less (queue_timeout_seconds), never more.
+    queue_timeout_seconds: QueueTimeoutSeconds = 7 * 86_400
 
 
 class PreemptionPatch(_Part, frozen=True, kw_only=True):
@@ -537,6 +546,7 @@ class PoolPatch(_Command, frozen=True, kw_only=True):
     max_artifact_bytes: Annotated[int, Meta(ge=0, le=MAX_WORKDIR_BYTES)] | None = None
     renew_step_seconds: Annotated[int, Meta(ge=0, le=86_400)] | None = None
     max_queued_leases: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
+    queue_timeout_seconds: QueueTimeoutSeconds | None = None
 
 
 # Quota keys are domain dimension names: the four scalars or "gpu/<profile>".

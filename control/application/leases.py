@@ -84,7 +84,8 @@ class LeaseCommands(GangCommands):
         # fields added later are left out at their defaults, so older digests keep matching
         omit = (("count",) if req.count == 1 else ()) + (
             ("reservation_id",) if req.reservation_id is None else ()) + (
-            ("group",) if req.group is None else ())
+            ("group",) if req.group is None else ()) + (
+            ("queue_timeout_seconds",) if req.queue_timeout_seconds is None else ())
         request_digest = digest(req, omit=omit)
         try:
             pool = self._cached(Pool.create_id(req.pool_id), lambda: self._pool(req.pool_id))
@@ -118,6 +119,9 @@ class LeaseCommands(GangCommands):
             gang = list(GangMembership.members(tenant, req.idempotency_key, GangSpec.build(
                 size, same=req.group.same, spread=req.group.spread,
                 strategy=req.group.strategy)))
+        # the pool's timeout is the default and the most a request may ask for
+        queue_timeout = min(req.queue_timeout_seconds or pool.config.queue_timeout_seconds,
+                            pool.config.queue_timeout_seconds)
         leases = []
         for key, shape_of, member in zip(keys, shapes, gang, strict=True):
             lease = Lease.request(
@@ -139,6 +143,7 @@ class LeaseCommands(GangCommands):
                 advance_reservation_id=req.reservation_id,
                 gang=member,
                 queued=True,  # requested and queued: one event
+                queue_timeout_seconds=queue_timeout,
             )
             leases.append(lease)
         try:
@@ -306,9 +311,10 @@ class LeaseCommands(GangCommands):
 
     @retried
     def reconcile_due(self, lease_id: str) -> str | None:
-        """A lease's deadline timer fired: void an uncommitted reservation (capacity and hold
-        returned) or expire a silent lease into `reconciling` (capacity kept until the agent
-        confirms). Returns what was done, or None when nothing was due (a renewed lease)."""
+        """A lease's deadline timer fired: end a lease that waited its queue timeout
+        (`queue_timeout`), void an uncommitted reservation (capacity and hold returned) or
+        expire a silent lease into `reconciling` (capacity kept until the agent confirms).
+        Returns what was done, or None when nothing was due (a renewed lease)."""
         now = self.clock()
         try:
             lease = self.find(Lease, UUID(lease_id))
@@ -319,6 +325,13 @@ class LeaseCommands(GangCommands):
         reason = lease.expiry_due(now)
         if reason is None:
             return None
+        if lease.state is LeaseState.QUEUED:
+            # waited its queue timeout: it leaves the queue, and a gang's waiting members too
+            members = self._with_gang(lease, LeaseState.QUEUED)
+            for member in members:
+                member.reject(now, reason, ["queue_timeout_seconds"])
+            self.save(*members)
+            return reason
         if lease.state is LeaseState.RESERVED:
             lease.void_reservation(now)
             self.save(lease, *self._settle(lease, now))
