@@ -103,10 +103,10 @@ def test_a_trap_in_the_checkpoint_folder_is_refused_and_the_preemption_goes_on(
         # the agent went on: the victim was stopped, the urgent lease ran and ended
         _wait_for(lambda: _state(alpha, victim) == "preempted")
         _wait_for(lambda: _state(alpha, urgent) == "released")
+    assert host.read_text() == "the host's own\n"  # the link led the write nowhere
     assert agent.stats.notices_refused == 1
     assert any("refused" in r.getMessage() and victim in r.getMessage()
                for r in caplog.records), caplog.text
-    assert host.read_text() == "the host's own\n"
     beats = agent.stats.heartbeats
     _wait_for(lambda: agent.stats.heartbeats > beats + 1)  # and it still beats
 
