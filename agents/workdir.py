@@ -23,6 +23,7 @@ from bus.objects import FileStore, artifacts_bucket, work_bucket
 log = logging.getLogger(__name__)
 
 WORKDIR_IN_SANDBOX = "/work"
+CACHE_BYTES = 10 << 30  # the node's cache of work directories, least recently used out first
 
 
 class WorkdirRejected(WorkloadError):
@@ -52,8 +53,8 @@ def _sha256_of(path: Path) -> str:
 
 
 def check_archive(archive: Path, dest: Path) -> list[tarfile.TarInfo]:
-    """Every member of `archive`, each checked as tarfile's `data` filter checks it (no
-    absolute path, nothing outside `dest`, no link out of it, no device or FIFO), and no
+    """Every member of `archive`, each checked as tarfile's `data` filter checks it (nothing
+    outside `dest`, no link out of it, no device or FIFO), and no absolute or `..` name, no
     sparse file; WorkdirRejected naming the first member that fails."""
     members: list[tarfile.TarInfo] = []
     try:
@@ -61,6 +62,9 @@ def check_archive(archive: Path, dest: Path) -> list[tarfile.TarInfo]:
             for m in tar:
                 if m.issparse() or not (m.isreg() or m.isdir() or m.issym() or m.islnk()):
                     raise WorkdirRejected(f"{m.name!r} is not a file, directory or link")
+                # the filter would strip a leading `/`; an archive that has one is refused
+                if m.name.startswith("/") or ".." in m.name.split("/") or "\x00" in m.name:
+                    raise WorkdirRejected(f"unsafe member name {m.name[:200]!r}")
                 try:
                     tarfile.data_filter(m, str(dest))
                 except tarfile.FilterError as e:
@@ -124,11 +128,13 @@ def _open_regular(dir_fd: int, name: str) -> int | None:
 class JobFiles:
     """The node's cache of work directories and the jobs' own directories, under `root`."""
 
-    def __init__(self, root: Path, store: FileStore | None) -> None:
+    def __init__(self, root: Path, store: FileStore | None, *,
+                 cache_bytes: int = CACHE_BYTES) -> None:
         self.root = Path(root)
         self.cache = self.root / "cache"
         self.jobs = self.root / "jobs"
         self.store = store
+        self.cache_bytes = cache_bytes
 
     def job_dir(self, key: str) -> Path:
         return self.jobs / key
@@ -141,6 +147,7 @@ class JobFiles:
         hexed = digest.removeprefix("sha256:")
         cached = self.cache / f"{hexed}.tar"
         if cached.exists():
+            os.utime(cached)  # used: the last to be evicted
             return cached
         if self.store is None:
             raise WorkdirUnavailable("this agent has no connection to the file buckets")
@@ -158,7 +165,26 @@ class JobFiles:
             raise WorkdirRejected(f"the archive fetched as {digest[:19]}… hashes to "
                                   f"sha256:{got[:12]}… ({size_bytes} bytes expected)")
         part.replace(cached)
+        self._evict(keep=cached)
         return cached
+
+    def _evict(self, keep: Path) -> None:
+        """Remove the least recently used archives until the cache holds at most
+        `cache_bytes` (the one just fetched stays, whatever its size)."""
+        entries = []
+        for f in self.cache.glob("*.tar"):
+            try:
+                st = f.stat()
+            except OSError:
+                continue
+            entries.append((st.st_mtime, st.st_size, f))
+        total = sum(size for _, size, _ in entries)
+        for _, size, f in sorted(entries, key=lambda e: e[0]):
+            if total <= self.cache_bytes:
+                break
+            if f != keep:
+                f.unlink(missing_ok=True)
+                total -= size
 
     def prepare(self, key: str, tenant: str, digest: str | None, size_bytes: int) -> Path:
         """The job's directory, made anew: its work directory unpacked into it, or empty."""
