@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -112,6 +113,13 @@ class Backfill:
         self._windows: dict[str, list[Withheld]] = {}
         # whether a lease still waits to be offered this cycle (`begin`'s `queued`)
         self._queued: Callable[[str], bool] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Kept in the scheduler's checkpoint without `begin`'s `queued`, a method of the
+        queue of this cycle only (the next `begin` gives it again)."""
+        state = dict(self.__dict__)
+        state["_queued"] = None
+        return state
 
     def withhold(self, withheld: Iterable[Withheld]) -> None:
         """This cycle's advance reservations and maintenance windows (domain.reservation):
