@@ -1,5 +1,5 @@
-"""Checks that fold the whole event log: placements against capacity and quotas, effects per key.
-The fault suite and the scheduler tests judge runs with them, from the log alone.
+"""The log's decisions audited: placements against capacity, devices, quotas, gangs and fair
+share, from the log alone; the fault suite, the tests and `pool audit decisions` share them.
 """
 
 from __future__ import annotations
@@ -298,4 +298,77 @@ def check_gangs(app: Any) -> GangReport:
     for gang, waiting in open_round.items():
         report.partial.append(f"gang {gang}: {len(waiting)} of {sizes[gang]} member(s) "
                               "never reserved in the round the log ends in")
+    return report
+
+
+# -- `pool audit decisions`: every check above, and fair share, over one log ------------------
+
+
+@dataclass
+class DecisionReport:
+    """What `pool audit decisions` found: one line a check, and every violation."""
+
+    checks: dict[str, str] = field(default_factory=dict)  # check → its summary
+    violations: dict[str, list[str]] = field(default_factory=dict)  # check → what broke
+
+    @property
+    def ok(self) -> bool:
+        return not any(self.violations.values())
+
+    def lines(self, *, shown: int = 20) -> list[str]:
+        out = []
+        for name, summary in self.checks.items():
+            bad = self.violations.get(name, [])
+            out.append(f"{'✗' if bad else '✓'} {name:<12} {summary}")
+            out += [f"    {v}" for v in bad[:shown]]
+            if len(bad) > shown:
+                out.append(f"    … and {len(bad) - shown} more")
+        out.append("decisions ok" if self.ok else
+                   f"decisions FAILED: {sum(map(len, self.violations.values()))} violation(s)")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "checks": self.checks, "violations": self.violations}
+
+
+def audit_decisions(app: Any, *, pool: str | None = None, tolerance: float = 0.0,
+                    lag_seconds: float | None = None) -> DecisionReport:
+    """Re-derive every placement's soundness from the log: capacity and devices never
+    over-committed, no lease held twice, no tenant past its quota or cohort, every gang
+    placed whole, and in each pool without quotas every placement made while another tenant
+    of the same class waited with the same shape going to the one further below its weighted
+    dominant share (`tolerance`: the share of such placements allowed to miss). `pool`
+    limits the fair-share check to one pool; the others look at the whole log."""
+    from projections.fair_share import DEFAULT_LAG_SECONDS, check_fair_share, records_by_pool
+
+    report = DecisionReport()
+    placed = check_placements(app)
+    report.checks["placements"] = (f"{placed.placements} placements, "
+                                   f"{placed.device_placements} bound to GPU devices")
+    report.violations["placements"] = (placed.over_allocations + placed.double_holds
+                                       + placed.device_conflicts + placed.foreign_devices)
+    quotas = check_quotas(app)
+    report.checks["quotas"] = f"{quotas.placements} placements checked against quotas"
+    report.violations["quotas"] = list(quotas.breaches)
+    gangs = check_gangs(app)
+    report.checks["gangs"] = f"{gangs.gangs} gangs, {gangs.placements} whole placements"
+    report.violations["gangs"] = list(gangs.partial)
+    lag = DEFAULT_LAG_SECONDS if lag_seconds is None else lag_seconds
+    judged, skipped, contended, unfair = [], [], 0, []
+    for name, found in sorted(records_by_pool(app).items()):
+        if pool is not None and name != pool:
+            continue
+        if found.quotas:
+            skipped.append(name)  # nominal quotas and borrowing decide there, not shares
+            continue
+        fair = check_fair_share(found.records, lag_seconds=lag, ran=found.ran,
+                                holds=found.holds)
+        judged.append(name)
+        contended += fair.contended
+        if len(fair.violations) > tolerance * fair.contended:
+            unfair += [f"pool {name}: {v}" for v in fair.violations]
+    report.checks["fair_share"] = (
+        f"{contended} contended placements in {len(judged)} pool(s)"
+        + (f"; not judged where quotas decide: {', '.join(skipped)}" if skipped else ""))
+    report.violations["fair_share"] = unfair
     return report

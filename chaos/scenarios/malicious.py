@@ -89,9 +89,9 @@ def run(ws: Workspace, size: dict[str, Any], o: Outcome) -> None:
     """`pool up` with users; tenant alpha floods its own and others' subjects with crafted reply
     subjects and tries colliding names while beta and gamma request leases."""
     from bus.local.auth import url_with_credentials
-    from chaos.invariants import check_placements
     from client.api import PoolClient
     from local.embedded import tenant_credentials
+    from projections.decisions import check_placements
 
     up = ws.spawn("up", "up", "--no-postgres", "--http", "off")  # NATS is the surface here
     up.wait_ready("ready:")

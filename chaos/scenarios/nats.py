@@ -123,7 +123,7 @@ class LeaseDriver:
     def check(self, log: Any, o: Outcome) -> None:
         """lost: an acknowledged command without its event; duplicates_applied: an event
         twice for one lease (a retry applied again)."""
-        from chaos.invariants import count_events
+        from projections.decisions import count_events
 
         events = count_events(log, {"LeaseRequested", "LeaseCancelled"})
         lost = [k for k in self.acked if events.get(k, 0) == 0]
@@ -134,7 +134,7 @@ class LeaseDriver:
 def scenario_nats_kills(ws: Workspace, size: dict[str, Any], o: Outcome) -> None:
     """A 3-node cluster, R3 streams, two `pool serve` processes; lease commands from several
     clients while one nats-server after another is SIGKILLed and started again."""
-    from chaos.invariants import check_placements, check_quotas
+    from projections.decisions import check_placements, check_quotas
 
     cluster = start_cluster(ws)
     url = cluster.url

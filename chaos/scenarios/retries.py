@@ -18,7 +18,7 @@ def scenario_idempotent_retries(ws: Workspace, size: dict[str, Any], o: Outcome)
     """Every command sent three times with the same key, each with a random client timeout
     (some expire before the reply, while the service is still applying it); the log must hold
     each effect at most once, and every acknowledged one."""
-    from chaos.invariants import count_events
+    from projections.decisions import count_events
 
     url = ws.nats().url
     ws.serve(url, name="serve")

@@ -1,6 +1,6 @@
 """Group commit: concurrent saves share atomic batches, and each caller gets its own answer.
 
-Judged from the log by replay (chaos.invariants): nothing lost, nothing applied twice, every
+Judged from the log by replay (projections.decisions): nothing lost, nothing applied twice, every
 conflict answered to the caller whose expectation failed.
 """
 
@@ -19,7 +19,7 @@ from eventsourcing.persistence import IntegrityError
 
 from bus.local.server import NatsServer
 from bus.runtime import close_runtime
-from chaos.invariants import count_events
+from projections.decisions import count_events
 
 
 class Counter(Aggregate):

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from chaos.harness import percentile
-from chaos.invariants import check_placements
 from chaos.suite import NAMES, run_scenario
+from projections.decisions import check_placements
 
 
 @pytest.mark.faults

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from bus.local.server import NatsServer
-from chaos.invariants import check_gangs, check_placements
 from client.api import PoolClient
 from control.plane import ControlPlane
 from domain.gang import GangMembership, member_key
 from domain.lease import Lease, LeaseState
 from domain.policy.gang import GangSpec
 from domain.resources import NodeId, PoolId, Shape, TenantId
+from projections.decisions import check_gangs, check_placements
 from tests.control_plane import (
     FakeClock,
     lease_body,

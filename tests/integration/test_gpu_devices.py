@@ -11,13 +11,13 @@ import msgspec
 import pytest
 
 from bus.local.server import NatsServer
-from chaos.invariants import check_placements
 from client.api import PoolClient
 from control.dispatcher import orders_for
 from control.plane import ControlPlane
 from domain.lease import Lease
 from domain.node import Node
 from domain.resources import LeaseId
+from projections.decisions import check_placements
 from schemas import v1
 from tests.control_plane import (
     FakeClock,

@@ -12,10 +12,10 @@ import pytest
 
 from bus.local.server import NatsServer
 from bus.replies import node_inbox
-from chaos.invariants import count_events
 from client.api import PoolClient
 from control.plane import ControlPlane
 from domain.node import Node
+from projections.decisions import count_events
 from tests.control_plane import (
     FakeClock,
     lease_body,

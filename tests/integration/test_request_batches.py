@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from bus.local.server import NatsServer
-from chaos.invariants import count_events
 from client.api import PoolClient
 from control.plane import ControlPlane
+from projections.decisions import count_events
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
 
 Plane = tuple[ControlPlane, PoolClient, PoolClient]

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from chaos.invariants import check_placements
 from client.api import PoolClient
 from control.application import PoolApp
 from control.bootstrap import app_env
 from control.plane import ControlPlane
 from control.scheduler import Scheduler
+from projections.decisions import check_placements
 from tests.control_plane import Plane, lease_body, node_body, race, rival_schedulers, setup_pool
 
 
@@ -162,7 +162,7 @@ def test_a_catch_up_read_ahead_over_small_pages_and_own_batches_folds_what_a_fre
     """Catch-up asks for the next page while it folds one; with pages of 3 events the reads
     ahead cross the ranges of the scheduler's own batches, which it steps over unread."""
     import control.scheduler.folding as sched_mod
-    from chaos.invariants import notifications
+    from projections.decisions import notifications
 
     monkeypatch.setattr(sched_mod, "NOTIFICATION_PAGE", 3)
     cp, admin, clock = plane
@@ -277,7 +277,7 @@ def test_a_cycle_holds_a_tenants_credits_in_one_event_and_never_past_its_balance
     """In a priced pool the holds of one tenant's placements in a batch are one
     CreditsHeldBatch on its account; each placement counts the holds before it, so a tenant
     whose credits cover two of three requests gets two placed and the third waits."""
-    from chaos.invariants import notifications
+    from projections.decisions import notifications
 
     cp, admin, _clock = plane
     setup_pool(admin, credits=1300)

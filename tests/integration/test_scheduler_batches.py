@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from chaos.invariants import check_placements
 from client.api import PoolClient
 from control.application import PoolApp
 from control.bootstrap import app_env
 from control.scheduler import Scheduler
+from projections.decisions import check_placements
 from tests.control_plane import Plane, lease_body, node_body, race, rival_schedulers, setup_pool
 
 
@@ -213,7 +213,7 @@ def test_the_run_loop_leaves_no_batch_in_flight_when_it_stops(plane: Plane) -> N
 def test_the_scheduler_steps_over_its_own_batches_and_still_reads_everyone_elses(
     plane: Plane,
 ) -> None:
-    from chaos.invariants import notifications
+    from projections.decisions import notifications
 
     cp, admin, clock = plane
     setup_pool(admin, tenants={"alpha": 1.0})
