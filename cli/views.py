@@ -199,6 +199,24 @@ def cmd_audit_credits(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
+def cmd_audit_decisions(args: argparse.Namespace) -> int:
+    from projections.decisions import audit_decisions
+
+    if not 0.0 <= args.tolerance <= 1.0:
+        raise UsageError(f"--tolerance: {args.tolerance} is not a share between 0 and 1")
+    app = log_app(args)
+    try:
+        report = audit_decisions(app, pool=args.pool, tolerance=args.tolerance,
+                                 lag_seconds=args.lag)
+    finally:
+        close_app(app, args)
+    if args.json:
+        print(json.dumps(report.to_dict()))
+    else:
+        print("\n".join(report.lines()))
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
 def register(sub: Subparsers) -> None:
     """Add the view commands, `projections` and `audit`."""
     from projections.catalog import FILTERS, MAX_LIMIT, TENANT_VIEWS
@@ -250,3 +268,18 @@ def register(sub: Subparsers) -> None:
                     "does not exist yet) and, if the audit is clean, write the new one there")
     db_opts(ac)
     ac.set_defaults(func=cmd_audit_credits)
+    ad = aud.add_parser(
+        "decisions", help="replay every placement: capacity, devices, quotas, gangs, fair share",
+        description="Re-derives from the log that no node or GPU device was over-committed, no "
+        "lease held twice, no tenant placed past its quota or cohort, every gang placed whole, "
+        "and (in pools without quotas) every placement made while another tenant of the same "
+        "class waited with the same shape went to the one further below its weighted share. "
+        "Exit 1 on any violation.")
+    ad.add_argument("--pool", help="judge fair share in this pool only")
+    ad.add_argument("--tolerance", type=float, default=0.0, metavar="SHARE",
+                    help="share of contended placements allowed to miss fair share (default 0)")
+    ad.add_argument("--lag", type=float, default=None, metavar="SECONDS",
+                    help="how far behind the log the scheduler may have been (default 1 s)")
+    ad.add_argument("--nats-url", help="default: $POOL_NATS_URL or the `pool up` endpoints")
+    ad.add_argument("--json", action="store_true")
+    ad.set_defaults(func=cmd_audit_decisions)

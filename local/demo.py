@@ -73,7 +73,8 @@ class Demo:
         self.live = live
         self.checks: dict[str, Check] = {k: Check(k) for k in (
             "fair_share", "preemption", "reclaim", "gpu_devices", "gang", "cancellation",
-            "unsatisfiable", "silent_agent", "out_of_credit", "real_sandbox", "audit")}
+            "unsatisfiable", "silent_agent", "out_of_credit", "real_sandbox", "audit",
+            "decisions")}
         self.tracked: dict[str, Tracked] = {}
         self.fair: FairShareReport | None = None
         self.unanswered: list[str] = []  # commands the plane did not answer in time
@@ -547,6 +548,17 @@ class Demo:
         if fair.contended < need:
             c.detail += f"; too few to judge (want {need})"
 
+    def judge_decisions(self, app: Any) -> None:
+        """`pool audit decisions` over the whole log: every pool's placements sound."""
+        from projections.decisions import audit_decisions
+
+        found = audit_decisions(app)
+        c = self.checks["decisions"]
+        c.ok = found.ok
+        bad = [f"{k}: {v[0]}" for k, v in found.violations.items() if v]
+        c.detail = ("; ".join(f"{k} {s}" for k, s in found.checks.items()) if not bad
+                    else f"{len(bad)} check(s) failed, first {bad[0]}")[:240]
+
     def min_contended(self) -> int:
         """Contended placements the fair-share check needs: a tenth of the flood (the rest
         fill the zone or drain after one tenant's requests are all placed)."""
@@ -567,6 +579,7 @@ class Demo:
                 time.sleep(0.3)
             report = audit_credits(app, database_url=self.emb.database_url)
             self.judge_fair_share(app)
+            self.judge_decisions(app)
         finally:
             summary.close()
             app.close()

@@ -32,6 +32,7 @@ class Requested:
     tenant: str
     shape_key: str  # equal keys: the same requested shape, so one fits wherever the other does
     at: float
+    priority_class: str = ""  # only requests of one class compete by share
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,24 @@ class NodeChanged:
     ready: bool
 
 
-Record = Requested | Placed | Freed | Left | NodeChanged
+@dataclass(frozen=True)
+class Weighted:
+    """A tenant's weight in the pool was set (any scale: only ratios count)."""
+
+    tenant: str
+    weight: float
+
+
+@dataclass(frozen=True)
+class Funds:
+    """A tenant's available credits (granted less held less spent) changed."""
+
+    tenant: str
+    available: int
+    at: float
+
+
+Record = Requested | Placed | Freed | Left | NodeChanged | Weighted | Funds
 
 
 @dataclass
@@ -93,9 +111,11 @@ class FairShareReport:
                 f"placements went to the tenant furthest below its weighted share ({counts})")
 
 
-def check_fair_share(records: Iterable[Record], weights: Mapping[str, float],
+def check_fair_share(records: Iterable[Record], weights: Mapping[str, float] | None = None,
                      totals: Resources = ZERO, *, tenants: tuple[str, ...] | None = None,
-                     lag_seconds: float = DEFAULT_LAG_SECONDS) -> FairShareReport:
+                     lag_seconds: float = DEFAULT_LAG_SECONDS,
+                     ran: set[str] | None = None,
+                     holds: Mapping[str, int] | None = None) -> FairShareReport:
     """Fold `records` (one pool's, in log order). For each placement of one of `tenants` made
     while another of them had a request of the same shape waiting since at least `lag_seconds`
     before it, the placed tenant's weighted dominant share must not exceed the other's.
@@ -103,9 +123,19 @@ def check_fair_share(records: Iterable[Record], weights: Mapping[str, float],
     Lenient where the scheduler's view may lag the log: the placed tenant's share is taken as
     low as it could have been (every release before the placement counted), the waiting
     one's as high as it could have been (its releases in the last `lag_seconds` not counted).
+
+    `weights` as given, else from the records' `Weighted` entries (then `tenants`, if None, is
+    every tenant weighted or requesting). `ran`: only waiting requests in it compete (the
+    leases that were placed at some time). `holds`: each lease's credit hold when placed; with
+    `Funds` records, a waiting request competes only while its tenant had that much available
+    all through the last `lag_seconds` (a tenant waiting for credits is not passed over).
     """
-    names = tuple(tenants if tenants is not None else weights)
-    report = FairShareReport(names, dict(weights))
+    records = list(records)
+    weights = dict(weights) if weights is not None else {
+        r.tenant: r.weight for r in records if isinstance(r, Weighted)}
+    names = tuple(tenants if tenants is not None else sorted(
+        set(weights) | {r.tenant for r in records if isinstance(r, Requested)}))
+    report = FairShareReport(names, weights)
     owner: dict[str, str] = {}
     shape_of: dict[str, str] = {}
     waiting: dict[str, dict[str, tuple[str, float]]] = defaultdict(dict)  # tenant → lease → …
@@ -114,19 +144,25 @@ def check_fair_share(records: Iterable[Record], weights: Mapping[str, float],
     recent: dict[str, deque[tuple[float, Resources]]] = defaultdict(deque)
     nodes: dict[str, tuple[Resources, bool]] = {}
     denominator = [totals]
+    funds: dict[str, deque[tuple[float, int]]] = {}  # tenant → (since, available), recent
 
     def share(tenant: str, amount: Resources) -> float:
         return weighted_dominant_share(amount, denominator[0], weights.get(tenant, 1.0))
 
     for rec in records:
-        if isinstance(rec, NodeChanged):
+        if isinstance(rec, Funds):
+            funds.setdefault(rec.tenant, deque()).append((rec.at, rec.available))
+        elif isinstance(rec, Weighted):
+            weights[rec.tenant] = rec.weight
+        elif isinstance(rec, NodeChanged):
             alloc = rec.allocatable or nodes.get(rec.node, (ZERO, False))[0]
             nodes[rec.node] = (alloc, rec.ready)
             denominator[0] = sum((a for a, ready in nodes.values() if ready), totals)
         elif isinstance(rec, Requested):
             owner[rec.lease_id] = rec.tenant
-            shape_of[rec.lease_id] = rec.shape_key
-            waiting[rec.tenant][rec.lease_id] = (rec.shape_key, rec.at)
+            shape_of[rec.lease_id] = key = f"{rec.priority_class}/{rec.shape_key}"
+            if ran is None or rec.lease_id in ran:
+                waiting[rec.tenant][rec.lease_id] = (key, rec.at)
         elif isinstance(rec, Left):
             tenant = owner.get(rec.lease_id)
             if tenant is not None:
@@ -144,7 +180,7 @@ def check_fair_share(records: Iterable[Record], weights: Mapping[str, float],
             waiting[tenant].pop(rec.lease_id, None)
             if tenant in names:
                 _judge(report, tenant, rec, shape_of.get(rec.lease_id, ""), names, waiting,
-                       usage, recent, share, lag_seconds)
+                       usage, recent, share, lag_seconds, funds, holds or {})
             usage[tenant] = usage[tenant] + rec.resources
             held[rec.lease_id] = rec.resources
     return report
@@ -153,10 +189,23 @@ def check_fair_share(records: Iterable[Record], weights: Mapping[str, float],
 def _judge(report: FairShareReport, tenant: str, rec: Placed, shape_key: str,
            names: tuple[str, ...], waiting: Mapping[str, Mapping[str, tuple[str, float]]],
            usage: Mapping[str, Resources], recent: Mapping[str, deque[tuple[float, Resources]]],
-           share: Any, lag_seconds: float) -> None:
+           share: Any, lag_seconds: float, funds: Mapping[str, deque[tuple[float, int]]],
+           holds: Mapping[str, int]) -> None:
     since = rec.at - lag_seconds
+
+    def afforded(tenant: str, lease_id: str) -> bool:
+        """The tenant could pay the lease's hold all through the window (no credit record:
+        an unpriced pool, or a tenant never funded: nothing to pay)."""
+        q = funds.get(tenant)
+        if not q:
+            return True
+        while len(q) > 1 and q[1][0] <= since:
+            q.popleft()  # the value in force at `since` stays first
+        return min(a for _, a in q) >= holds.get(lease_id, 0)
+
     rivals = [u for u in names if u != tenant and any(
-        key == shape_key and at <= since for key, at in waiting[u].values())]
+        key == shape_key and at <= since and afforded(u, lid)
+        for lid, (key, at) in waiting[u].items())]
     if not rivals:
         return
     report.contended += 1
@@ -180,71 +229,130 @@ def _judge(report: FairShareReport, tenant: str, rec: Placed, shape_key: str,
 
 _ENDS_WAITING = frozenset({"LeaseRejected", "LeaseCancelled", "LeaseExpired",
                            "ReservationVoided"})
-
-
 _NODE_READY = {"NodeUncordoned": True, "MaintenanceEnded": True, "NodeReregistered": True,
                "NodeCordoned": False, "DrainStarted": False, "MaintenanceStarted": False,
                "NodeLost": False}
 
 
-def records_from_log(app: Any, pool_id: str, *, page: int = 5000) -> list[Record]:
-    """The pool's queue entries, placements, releases and node changes from `app`'s whole log,
-    in order."""
-    records: list[Record] = []
-    pool_nodes: set[str] = set()
-    in_pool: dict[str, dict[str, Any]] = {}  # lease → its requested shape
+@dataclass
+class PoolRecords:
+    """One pool's records from the log, and what the audit needs to know besides."""
+
+    records: list[Record] = field(default_factory=list)
+    ran: set[str] = field(default_factory=set)  # leases placed at some time
+    holds: dict[str, int] = field(default_factory=dict)  # lease → its credit hold when placed
+    quotas: bool = False  # a tenant has a quota, borrow limit or cohort: quotas decide there
+
+
+def records_by_pool(app: Any, *, page: int = 5000) -> dict[str, PoolRecords]:
+    """Every pool's queue entries, placements, releases, node changes and tenant weights from
+    `app`'s whole log, in order, in one pass."""
+    pools: dict[str, PoolRecords] = defaultdict(PoolRecords)
+    lease_pool: dict[str, str] = {}
+    requested: dict[str, Requested] = {}
+    node_pool: dict[str, str] = {}
+    policy_of: dict[str, tuple[str, str]] = {}  # tenant policy → (pool, tenant)
+    accounts: dict[str, _Account] = {}
     for n in _notifications(app, page):
         name = n.topic.rsplit(".", 1)[-1]
+        oid = str(n.originator_id)
         if name == "LeaseRequested":
             st = json.loads(n.state)
-            if st.get("pool_id") != pool_id:
-                continue
-            lid = str(n.originator_id)
-            in_pool[lid] = st["shape"]
-            records.append(Requested(lid, str(st["tenant_id"]), _key(st["shape"]),
-                                     float(st.get("requested_at") or 0.0)))
-        elif name == "LeaseRequeued" and str(n.originator_id) in in_pool:
+            pool = lease_pool[oid] = str(st["pool_id"])
+            req = requested[oid] = Requested(
+                oid, str(st["tenant_id"]), _key(st["shape"]),
+                float(st.get("requested_at") or 0.0), str(st.get("priority_class") or ""))
+            pools[pool].records.append(req)
+        elif name == "LeaseRequeued" and oid in lease_pool:
+            first = requested[oid]
+            pools[lease_pool[oid]].records.append(Requested(
+                oid, first.tenant, first.shape_key, float(json.loads(n.state).get("at") or 0),
+                first.priority_class))
+        elif name == "LeaseReserved" and oid in lease_pool:
             st = json.loads(n.state)
-            lid = str(n.originator_id)
-            records.append(Requested(lid, "", _key(in_pool[lid]), float(st.get("at") or 0.0)))
-        elif name == "LeaseReserved" and str(n.originator_id) in in_pool:
-            st = json.loads(n.state)
-            lid = str(n.originator_id)
-            shape = st.get("shape") or in_pool[lid]
-            records.append(Placed(lid, Resources.from_dict(shape["resources"]),
-                                  float(st["at"])))
+            shape = st.get("shape") or json.loads(requested[oid].shape_key)
+            into = pools[lease_pool[oid]]
+            into.records.append(Placed(oid, Resources.from_dict(shape["resources"]),
+                                       float(st["at"])))
+            into.ran.add(oid)
+            into.holds.setdefault(oid, int(st.get("hold_microcredits") or 0))
         elif name == "CapacityFreed":
             st = json.loads(n.state)
-            if str(st["lease_id"]) in in_pool:
-                records.append(Freed(str(st["lease_id"]), float(st["at"])))
-        elif name in _ENDS_WAITING and str(n.originator_id) in in_pool:
-            records.append(Left(str(n.originator_id)))
+            lid = str(st["lease_id"])
+            if lid in lease_pool:
+                pools[lease_pool[lid]].records.append(Freed(lid, float(st["at"])))
+        elif name in _ENDS_WAITING and oid in lease_pool:
+            pools[lease_pool[oid]].records.append(Left(oid))
         elif name == "NodeRegistered":
             st = json.loads(n.state)
-            if st.get("pool_id") == pool_id:
-                pool_nodes.add(str(n.originator_id))
-                records.append(NodeChanged(str(n.originator_id), Resources.from_dict(
-                    st["capabilities"]["allocatable"]), True))
-        elif name in _NODE_READY and str(n.originator_id) in pool_nodes:
-            st = json.loads(n.state)
-            caps = st.get("capabilities")
-            records.append(NodeChanged(str(n.originator_id), Resources.from_dict(
+            pool = node_pool[oid] = str(st["pool_id"])
+            pools[pool].records.append(NodeChanged(
+                oid, Resources.from_dict(st["capabilities"]["allocatable"]), True))
+        elif name in _NODE_READY and oid in node_pool:
+            caps = json.loads(n.state).get("capabilities")
+            pools[node_pool[oid]].records.append(NodeChanged(oid, Resources.from_dict(
                 caps["allocatable"]) if caps else None, _NODE_READY[name]))
-    return _requeues_named(records)
+        elif name in ("TenantPolicySet", "TenantPolicyUpdated"):
+            st = json.loads(n.state)
+            if name == "TenantPolicySet":
+                policy_of[oid] = (str(st["pool_id"]), str(st["tenant_id"]))
+            if oid not in policy_of:
+                continue
+            pool, tenant = policy_of[oid]
+            pools[pool].records.append(Weighted(tenant, float(st.get("weight") or 1)))
+            if st.get("quota") or st.get("borrow_limit") or st.get("cohort"):
+                pools[pool].quotas = True
+        elif name in _CREDIT_EVENTS:
+            st = json.loads(n.state)
+            if name == "AccountOpened":
+                accounts[oid] = _Account(str(st["tenant_id"]))
+            acc = accounts.get(oid)
+            if acc is None:
+                continue
+            acc.apply(name, st)
+            for into in pools.values():
+                into.records.append(Funds(acc.tenant, acc.available, float(
+                    st.get("at") or st.get("opened_at") or 0.0)))
+    return dict(pools)
 
 
-def _requeues_named(records: list[Record]) -> list[Record]:
-    """A requeue record knows its lease, not its tenant: take it from the first request."""
-    tenant_of: dict[str, str] = {}
-    out: list[Record] = []
-    for r in records:
-        if isinstance(r, Requested):
-            if r.tenant:
-                tenant_of[r.lease_id] = r.tenant
-            else:
-                r = Requested(r.lease_id, tenant_of.get(r.lease_id, ""), r.shape_key, r.at)
-        out.append(r)
-    return out
+_CREDIT_EVENTS = frozenset({"AccountOpened", "CreditsGranted", "CreditsHeld", "CreditsHeldBatch",
+                            "CreditsSettled", "HoldReleased"})
+
+
+@dataclass
+class _Account:
+    """A tenant's available credits, folded as domain.account folds them."""
+
+    tenant: str
+    granted: int = 0
+    spent: int = 0
+    holds: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def available(self) -> int:
+        return self.granted - self.spent - sum(self.holds.values())
+
+    def apply(self, name: str, st: Mapping[str, Any]) -> None:
+        if name == "CreditsGranted":
+            self.granted += int(st["amount"])
+        elif name == "CreditsHeld":
+            self.holds[str(st["lease_id"])] = (self.holds.get(str(st["lease_id"]), 0)
+                                               + int(st["amount"]))
+        elif name == "CreditsHeldBatch":
+            for _transfer, lease, amount in st["holds"]:
+                self.holds[str(lease)] = self.holds.get(str(lease), 0) + int(amount)
+        elif name == "CreditsSettled":
+            self.holds.pop(str(st["lease_id"]), None)
+            self.spent += int(st["charged"])
+        elif name == "HoldReleased":
+            self.holds.pop(str(st["lease_id"]), None)
+
+
+def records_from_log(app: Any, pool_id: str, *, page: int = 5000) -> list[Record]:
+    """One pool's records (`records_by_pool`), without its weights: the caller gives them."""
+    found = records_by_pool(app, page=page).get(pool_id)
+    return [r for r in found.records if not isinstance(r, Weighted)] if found else []
 
 
 def _key(shape: Mapping[str, Any]) -> str:

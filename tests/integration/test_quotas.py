@@ -3,15 +3,16 @@ partial quotas, non-preemptible tenants and classes, requeue wishes, restarts, r
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
 import pytest
 
-from chaos.invariants import check_quotas
 from cli.quotas import shares_of
 from client.api import PoolClient
 from control.plane import ControlPlane
+from projections.decisions import check_quotas
 from tests.control_plane import (
     FakeClock,
     Plane,
@@ -420,3 +421,28 @@ def test_without_a_half_life_the_morning_is_first_come_first_served(plane: Plane
     with PoolClient(cp.nats_url, "alpha") as a, PoolClient(cp.nats_url, "beta") as b:
         assert _lease(a, alpha)["state"] == "reserved"
         assert _lease(b, beta)["state"] == "queued"
+
+
+def test_pool_audit_decisions_names_a_placement_past_the_quota(
+        plane: Plane, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from cli.main import main
+
+    cp, admin, _clock = plane
+    setup_pool(admin, tenants={"alpha": 1.0, "beta": 1.0})
+    _cohort(admin, alpha={"borrow_limit": {"cpu_millis": 0}})
+    _nodes(admin, "n1", "n2")
+    args = ["--nats-url", cp.nats_url]
+    with PoolClient(cp.nats_url, "alpha") as a:
+        a.request_lease(lease_body("a0", cpu_millis=WHOLE_NODE))
+        assert cp.scheduler.cycle().placed == 1
+        assert main(["audit", "decisions", *args]) == 0  # within its quota: sound
+        assert "decisions ok" in capsys.readouterr().out
+        monkeypatch.setattr("control.scheduler.placing.quota_wait",
+                            lambda *a, **kw: None)  # a broken gate
+        a.request_lease(lease_body("a1", cpu_millis=WHOLE_NODE))
+        assert cp.scheduler.cycle().placed == 1
+    assert main(["audit", "decisions", "--json", *args]) == 1
+    found = json.loads(capsys.readouterr().out)
+    assert not found["ok"] and found["violations"]["placements"] == []
+    assert found["violations"]["quotas"][0].startswith(
+        "tenant alpha holds 16000 cpu_millis, past its limit 8000")
