@@ -33,12 +33,10 @@ from nats.js.errors import BadRequestError, NoStreamResponseError, NotFoundError
 from bus.errors import BucketMissing, DigestMismatch, ObjectMissing
 from bus.headers import HDR_ROLLUP, HDR_TTL
 from bus.runtime import run_sync, translate
-from bus.subjects import token
+from bus.subjects import ARTIFACTS_BUCKET_PREFIX, WORK_BUCKET_PREFIX, token
 
 log = logging.getLogger(__name__)
 
-WORK_BUCKET_PREFIX = "pool_work_"  # a tenant's packed work directories; nodes read them
-ARTIFACTS_BUCKET_PREFIX = "pool_out_"  # a tenant's jobs' artifacts; nodes write them
 CHUNK_BYTES = 256 * 1024  # well under the server's 1 MiB max_payload
 _DIGEST_PREFIX = "SHA-256="
 

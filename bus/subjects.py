@@ -34,6 +34,10 @@ CHECKPOINT_PREFIX = "pool.ckpt"
 # snapshot once a newer one of its aggregate is stored
 SNAPSHOTS_STREAM = "POOL_SNAPSHOTS"
 SNAPSHOTS_PREFIX = "pool.snap"
+# each tenant's file buckets (bus.objects): its packed work directories, which nodes read, and
+# its jobs' artifacts, which nodes write
+WORK_BUCKET_PREFIX = "pool_work_"
+ARTIFACTS_BUCKET_PREFIX = "pool_out_"
 
 _TOKEN = re.compile(r"^[a-z0-9_-]{1,128}$")
 

@@ -14,7 +14,6 @@ from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from bus.errors import NameCollision
-from bus.objects import ARTIFACTS_BUCKET_PREFIX, WORK_BUCKET_PREFIX
 from bus.replies import (
     ADMIN_INBOXES,
     INBOX_ROOT,
@@ -24,12 +23,14 @@ from bus.replies import (
     tenant_inbox,
 )
 from bus.subjects import (
+    ARTIFACTS_BUCKET_PREFIX,
     CHECKPOINT_PREFIX,
     CHECKPOINT_STREAM,
     FEED_LIVE_PREFIX,
     LEAD_PREFIX,
     SNAPSHOTS_PREFIX,
     SNAPSHOTS_STREAM,
+    WORK_BUCKET_PREFIX,
     is_token,
 )
 
