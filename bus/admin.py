@@ -31,8 +31,9 @@ async def _connect(url: str) -> Any:
 def ensure_all_streams(url: str, *, replicas: int = 1) -> None:
     """Create or update every stream the system uses at `replicas`: the event log, the
     snapshots, the agent work queue, the timers with the reconciler's durable consumer,
-    telemetry, the lease feed, the scheduler's checkpoints and the leader bucket. An existing
-    stream with more replicas keeps them (no implicit scale-down)."""
+    telemetry, the lease feed, the scheduler's checkpoints, the leader bucket and the webhook
+    deliverer's consumer and bucket. An existing stream with more replicas keeps them (no
+    implicit scale-down)."""
     from bus.agentbus import ensure_data_plane_streams
     from bus.leader import ensure_leader_bucket
     from bus.streams import (
@@ -43,6 +44,7 @@ def ensure_all_streams(url: str, *, replicas: int = 1) -> None:
         snapshot_stream_config,
     )
     from bus.telemetry import ensure_telemetry_stream
+    from bus.webhooks import ensure_webhook_consumer
 
     async def go() -> None:
         nc = await _connect(url)
@@ -55,6 +57,7 @@ def ensure_all_streams(url: str, *, replicas: int = 1) -> None:
             await ensure_stream(js, feed_stream_config(replicas))
             await ensure_stream(js, checkpoint_stream_config(replicas))
             await ensure_leader_bucket(js, replicas=replicas)
+            await ensure_webhook_consumer(js, replicas=replicas)
         finally:
             await nc.close()
 

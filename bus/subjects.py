@@ -22,6 +22,7 @@ SCHEDULE_STREAM = "POOL_SCHED"
 # each tenant's feed of its own leases' state changes, stored on pool.feed.<tenant>.lease.<id>
 # and, once stored, republished with its sequence on pool.feedlive.<tenant>.lease.<id>
 FEED_STREAM = "POOL_FEED"
+WEBHOOK_BUCKET = "pool_webhooks"  # the webhook deliveries' state (bus.webhooks)
 FEED_PREFIX = "pool.feed"
 FEED_LIVE_PREFIX = "pool.feedlive"
 # questions one scheduler process asks the leader of a pool (bus.lead); scheduler users only

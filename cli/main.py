@@ -80,6 +80,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("report", "cli.report:register", "usage reports from the views"),
     ("agent", "cli.agent:register", "run this machine as a node"),
     ("telemetry", "cli.telemetry:register", "samples from node agents"),
+    ("webhook", "cli.webhook:register", "POST your lease-feed records to your endpoints"),
     ("shares", "cli.quotas:register",
      "each tenant's weight, current share, decayed usage and rank in a pool's fair share"),
     ("status", "cli.overview:register", ("every component: NATS, streams, scheduler leader, "

@@ -40,6 +40,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     listen = listen_of(args.http)
     emb = embedded.start(home, with_postgres=not args.no_postgres)
+    _webhook_key(home)
     plane = None
     child = None
     http = None
@@ -119,6 +120,23 @@ def cmd_up(args: argparse.Namespace) -> int:
         emb.stop()
         if not args.json:
             print(f"stopped; data kept in {home}", file=sys.stderr)
+
+
+def _webhook_key(home: Path) -> None:
+    """POOL_WEBHOOK_KEY for this `pool up` and its scheduler's process: the one given, else
+    one made once and kept in the home (mode 0600), so endpoints' secrets open after a
+    restart."""
+    import os
+    import secrets
+
+    if os.environ.get("POOL_WEBHOOK_KEY"):
+        return
+    path = home / "webhook.key"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32))
+    os.environ["POOL_WEBHOOK_KEY"] = path.read_text().strip()
 
 
 def _cluster_ports(state: Path, nodes: int) -> list[int] | None:

@@ -70,8 +70,11 @@ class CommandHandler:
     def __init__(self, app: PoolApp, database_url: str | None = None, *,
                  views_schema: str | None = None,
                  telemetry_pages: Callable[..., Any] | None = None,
-                 feed_pages: Callable[..., Any] | None = None) -> None:
+                 feed_pages: Callable[..., Any] | None = None,
+                 webhooks: Any = None) -> None:
         self.app = app
+        # control.webhooks.desk.WebhookDesk: what webhook commands are answered with
+        self.webhooks = webhooks
         self.database_url = database_url
         self.views_schema = views_schema
         self._reader: Any = None

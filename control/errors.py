@@ -95,3 +95,15 @@ class WriteConflict(ServiceError):
     """Concurrent writers kept changing the same aggregates; the command was not applied."""
 
     code = "write_conflict"
+
+
+class WebhooksUnavailable(ServiceError):
+    """This plane cannot take webhooks: no key to seal their secrets (POOL_WEBHOOK_KEY)."""
+
+    code = "webhooks_unavailable"
+
+
+class WebhookAddressRefused(ServiceError):
+    """The endpoint's host resolves to an address the plane does not POST to (SSRF guard)."""
+
+    code = "webhook_address_refused"

@@ -47,6 +47,8 @@ from schemas.feed import FeedReplay
 if TYPE_CHECKING:
     from control.metrics import MetricsServer
     from control.projector import Projector
+    from control.webhooks.settings import WebhookSettings
+    from control.webhooks.worker import Deliverer
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +250,8 @@ class ControlPlane:
                  pool_leaders: bool = True,
                  checkpoint_every: tuple[int, float] | None = (EVERY_EVENTS, EVERY_SECONDS),
                  serve_why: bool = False, metrics_port: int | None = None,
-                 metrics_host: str = "127.0.0.1") -> None:
+                 metrics_host: str = "127.0.0.1",
+                 webhooks: WebhookSettings | None = None) -> None:
         self.roles = parse_roles(roles)
         # /metrics in the Prometheus text format (control/metrics.py); None: not served
         self.metrics_at = (metrics_host, metrics_port) if metrics_port is not None else None
@@ -287,9 +290,17 @@ class ControlPlane:
                      "unset: no checkpoint, every start-up replays the whole log")
         # with a database: the views' projector, and queries answered from those views
         subjects = COMMAND_SUBJECTS + ADMIN_SUBJECTS + (QUERY_SUBJECTS if database_url else [])
+        from control.webhooks import desk_for
+        from control.webhooks.settings import WebhookSettings
+
+        self.webhook_settings = webhooks or WebhookSettings.from_env()
+        feed_pages = _feed_pages(url["commands"])
         handler = CommandHandler(self.app, database_url=database_url,
                                  telemetry_pages=_telemetry_pages(url["commands"]),
-                                 feed_pages=_feed_pages(url["commands"]))
+                                 feed_pages=feed_pages,
+                                 webhooks=desk_for(self.app, url["commands"],
+                                                   self.webhook_settings,
+                                                   lambda: feed_pages("", end=True)))
         # on the loop the application's saves run on: a new lease request is answered there,
         # without a worker thread (handler.fast); every other command goes to the threads
         self.commands = (Service(self.responder_url, subjects, handler,
@@ -335,6 +346,14 @@ class ControlPlane:
                                       PoolApp(env=app_env(url["reconciler"]), clock=clock),
                                       self.reconciler_link)
                            if self.reconciler_link is not None else None)
+        # tenants' webhooks, delivered beside the timers (control/webhooks)
+        self.deliverer: Deliverer | None = None
+        if self.reconciler is not None:
+            from control.webhooks import deliverer_for
+
+            self.deliverer = deliverer_for(self.reconciler.app, url["reconciler"],
+                                           self.webhook_settings, holder=holder_id(),
+                                           leader_ttl_seconds=leader_ttl_seconds)
         # idle workers wake when the log stores an event, not on a timer: one signal each
         self.scheduler_signal = AppendSignal(url["scheduler"]) if run_scheduler else None
         self.dispatcher_signal = (AppendSignal(url["scheduler"]) if self.dispatcher is not None
@@ -438,6 +457,8 @@ class ControlPlane:
                 kwargs={"idle": 0.0, "name": "reconciler"}))
         for t in self._workers:
             t.start()
+        if self.deliverer is not None:
+            self.deliverer.start()
         if self.commands is not None:
             self.commands.start()
         if not self.serve_why:
@@ -479,6 +500,8 @@ class ControlPlane:
             self._thread.join(10)
         for t in self._workers:
             t.join(10)
+        if self.deliverer is not None:
+            self.deliverer.stop()
         for link in (self.link, self.reconciler_link):
             if link is not None:
                 link.close()

@@ -312,6 +312,35 @@ def _credits_grant(ctx: Context, p: Params, cmd: v1.CreditGrant) -> v1.Envelope:
                                        "granted_microcredits": acc.granted})
 
 
+def _webhook_desk(ctx: Context) -> Any:
+    from control.errors import WebhooksUnavailable
+
+    desk = getattr(ctx, "webhooks", None)  # the command service's control.webhooks.desk
+    if desk is None:
+        raise WebhooksUnavailable("webhooks are not served here")
+    return desk
+
+
+def _webhook_add(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
+    return v1.Envelope.success(result=_webhook_desk(ctx).add(p["tenant"], cmd))
+
+
+def _webhook_list(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
+    return v1.Envelope.success(result=_webhook_desk(ctx).listing(p["tenant"]))
+
+
+def _webhook_delete(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
+    return v1.Envelope.success(result=_webhook_desk(ctx).delete(p["tenant"], cmd.endpoint_id))
+
+
+def _webhook_test(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
+    return v1.Envelope.success(result=_webhook_desk(ctx).test(p["tenant"], cmd.endpoint_id))
+
+
+def _webhook_deliveries(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
+    return v1.Envelope.success(result=_webhook_desk(ctx).deliveries(p["tenant"], cmd))
+
+
 # -- the table ---------------------------------------------------------------------------------
 
 LEASE_VERBS: Final = ("commit", "heartbeat", "renew", "release", "cancel", "get")
@@ -355,6 +384,18 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route("pool.cmd.{tenant}.feed.replay", "feed.replay", _feed_replay,
           "A page of the tenant's own lease feed from the stream, after a feed sequence.",
           "replayFeed"),
+    Route("pool.cmd.{tenant}.webhook.add", "webhook.add", _webhook_add,
+          "Register a webhook endpoint for the tenant's lease-feed records of some events "
+          "(its signing secret is in this reply only).", "addWebhook"),
+    Route("pool.cmd.{tenant}.webhook.list", "webhook.list", _webhook_list,
+          "The tenant's webhook endpoints.", "listWebhooks"),
+    Route("pool.cmd.{tenant}.webhook.delete", "webhook.delete", _webhook_delete,
+          "Delete a webhook endpoint.", "deleteWebhook"),
+    Route("pool.cmd.{tenant}.webhook.test", "webhook.test", _webhook_test,
+          "POST a signed test message to a webhook endpoint now.", "testWebhook"),
+    Route("pool.cmd.{tenant}.webhook.deliveries", "webhook.deliveries", _webhook_deliveries,
+          "The state of the latest webhook deliveries: pending, delivered or failed.",
+          "listWebhookDeliveries"),
     # node agents report under their own `pool.node.<node>.…` (their credentials allow no other)
     Route("pool.node.{node}.register", "agent.register", _node_register,
           "A node agent registers its capabilities.", "agentRegister"),

@@ -242,3 +242,24 @@ class ImageNotAllowed(DomainError):
         what = f"image {image!r}" if image else "the job"
         super().__init__(f"{what} is refused by the pool's image policy: "
                          f"{', '.join(self.codes)}", reasons=self.codes)
+
+
+# Webhooks -------------------------------------------------------------------------------------
+
+
+class InvalidWebhook(DomainError):
+    """A webhook endpoint's URL or event names are not ones the pool can deliver to."""
+
+    code = "invalid_webhook"
+
+
+class UnknownWebhook(DomainError):
+    """The tenant has no webhook endpoint of that id."""
+
+    code = "unknown_webhook"
+
+
+class WebhookLimit(DomainError):
+    """The tenant has as many webhook endpoints as the plane allows it."""
+
+    code = "webhook_limit"

@@ -21,6 +21,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "unsupported_schema_version": 422, "invalid_configuration": 422, "invalid_amount": 422,
     "unknown_priority_class": 422, "invalid_reservation": 422, "maximum_runtime_exceeded": 422, "price_not_listed": 422,
     "image_not_allowed": 422, "unschedulable": 422, "quota_exceeded": 422,
+    "invalid_webhook": 422, "webhook_address_refused": 422,
     "payload_too_large": 413,
     # who is asking
     "unauthenticated": 401, "permission_denied": 403, "forbidden": 403,
@@ -28,7 +29,7 @@ STATUS_BY_CODE: dict[str, int] = {
     # what it names
     "lease_not_found": 404, "unknown_pool": 404, "unknown_node": 404, "unknown_command": 404,
     "not_found": 404, "unknown_hold": 404, "unknown_allocation": 404, "unknown_cohort": 404,
-    "unknown_tenant": 404, "unknown_reservation": 404,
+    "unknown_tenant": 404, "unknown_reservation": 404, "unknown_webhook": 404,
     # the state it meets
     "idempotency_conflict": 409, "illegal_transition": 409, "stale_epoch": 409,
     "write_conflict": 409, "lease_expired": 409, "already_allocated": 409,
@@ -36,6 +37,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "node_not_schedulable": 409, "not_due": 409,
     "pool_exists": 409, "reservation_exists": 409, "reservation_deleted": 409, "transfer_conflict": 409, "name_collision": 409,
     "device_unavailable": 409, "node_claim_refused": 403,
+    "webhook_limit": 409,  # room comes back when the tenant deletes an endpoint
     # base classes: a refusal no subclass names more precisely
     "domain_error": 409, "service_error": 400,
     "method_not_allowed": 405,
@@ -44,7 +46,7 @@ STATUS_BY_CODE: dict[str, int] = {
     # what is behind the gateway
     "bus_unavailable": 503, "bus_timeout": 503, "views_unavailable": 503,
     "telemetry_unavailable": 503, "publish_rejected": 503, "bus_error": 503,
-    "batch_too_large": 503, "snapshots_unavailable": 503,
+    "batch_too_large": 503, "snapshots_unavailable": 503, "webhooks_unavailable": 503,
     # a bug behind the gateway: logged there, reported here as the upstream's failure
     "internal_error": 502,
 }

@@ -122,6 +122,20 @@ ROUTES: tuple[HttpRoute, ...] = (
               "Server-Sent Events: the tenant's telemetry samples (filter by lease, kind; "
               "resumes from Last-Event-ID, the stream sequence)", "replayTelemetry", "stream",
               tag="telemetry"),
+    # -- webhooks: the tenant's endpoints for its lease-feed records --------------------------
+    HttpRoute("POST", "/v1/webhooks", "addWebhook", _summary("addWebhook"), "addWebhook",
+              status=201, tag="webhooks"),
+    HttpRoute("GET", "/v1/webhooks", "listWebhooks", _summary("listWebhooks"), "listWebhooks",
+              tag="webhooks"),
+    HttpRoute("GET", "/v1/webhooks/deliveries", "listWebhookDeliveries",
+              _summary("listWebhookDeliveries"), "listWebhookDeliveries", tag="webhooks"),
+    HttpRoute("GET", "/v1/webhooks/{endpoint_id}/deliveries", "listWebhookEndpointDeliveries",
+              "The state of one endpoint's latest deliveries", "listWebhookDeliveries",
+              tag="webhooks"),
+    HttpRoute("POST", "/v1/webhooks/{endpoint_id}/delete", "deleteWebhook",
+              _summary("deleteWebhook"), "deleteWebhook", tag="webhooks"),
+    HttpRoute("POST", "/v1/webhooks/{endpoint_id}/test", "testWebhook", _summary("testWebhook"),
+              "testWebhook", tag="webhooks"),
     # -- admin -----------------------------------------------------------------------------
     HttpRoute("POST", "/v1/admin/pools", "createPool", _summary("adminPoolCreate"),
               "adminPoolCreate", status=201, admin=True, tag="admin"),
@@ -169,4 +183,4 @@ ROUTES: tuple[HttpRoute, ...] = (
 # Path parameters that become subject tokens, and what a bad one reads as.
 NOT_FOUND_CODE = {"lease_id": "lease_not_found", "pool_id": "unknown_pool",
                   "node_id": "unknown_node", "view": "not_found",
-                  "reservation_id": "unknown_reservation"}
+                  "reservation_id": "unknown_reservation", "endpoint_id": "unknown_webhook"}

@@ -15,7 +15,7 @@ from typing import Any, Final, Literal, TypeVar
 import msgspec
 from msgspec import Struct
 
-from schemas import feed, v1
+from schemas import feed, v1, webhook
 
 MAX_PAYLOAD_BYTES: Final = 64 * 1024
 _MAX_MESSAGE_CHARS: Final = 300  # field names are attacker-chosen: keep messages short
@@ -92,6 +92,11 @@ COMMANDS: Final[Mapping[str, CommandSpec]] = {
     "query": CommandSpec(v1.Query),
     "telemetry.replay": CommandSpec(v1.TelemetryReplay),
     "feed.replay": CommandSpec(feed.FeedReplay),
+    "webhook.add": CommandSpec(webhook.WebhookAdd),
+    "webhook.list": CommandSpec(webhook.WebhookList),
+    "webhook.delete": CommandSpec(webhook.WebhookDelete),
+    "webhook.test": CommandSpec(webhook.WebhookTest),
+    "webhook.deliveries": CommandSpec(webhook.WebhookDeliveries),
     "admin.pool": CommandSpec(v1.PoolConfig),
     "admin.pool.set": CommandSpec(v1.PoolPatch),
     "admin.tenant": CommandSpec(v1.TenantConfig),

@@ -30,6 +30,7 @@ from bus.subjects import (
     LEAD_PREFIX,
     SNAPSHOTS_PREFIX,
     SNAPSHOTS_STREAM,
+    WEBHOOK_BUCKET,
     WORK_BUCKET_PREFIX,
     is_token,
 )
@@ -110,6 +111,11 @@ def _kv(bucket: str, *, watch: bool = False) -> tuple[str, ...]:
     return out
 
 
+# the webhook deliverer's leader lease: its own key of the leaders' bucket, read the rest
+_WEBHOOK_LEADER = ("$KV.pool_leaders.webhooks", "$JS.API.STREAM.INFO.KV_pool_leaders",
+                   "$JS.API.STREAM.MSG.GET.KV_pool_leaders", "$JS.API.DIRECT.GET.KV_pool_leaders.>")
+
+
 # The one permission table. Every user the server knows is one of these kinds.
 PERMISSIONS: dict[str, Rule] = {
     "operator": Rule(
@@ -123,10 +129,11 @@ PERMISSIONS: dict[str, Rule] = {
         "and nowhere else (never the log, timers, work queues, JetStream or KV)"),
     "commands": Rule(
         ("pool.evt.>", *_READS_LOG, *_SNAPSHOTS, "$JS.API.DIRECT.GET.POOL_TELEMETRY",
-         *_READS_FEED),
+         *_READS_FEED, *_kv(WEBHOOK_BUCKET, watch=True)),
         (f"{ROLE_INBOXES}.commands.>", "pool.appended.>"),
         "the command handlers' application: appends decided events, reads the log, saves and "
-        "reads snapshots, reads tenants' telemetry and lease-feed pages"),
+        "reads snapshots, reads tenants' telemetry and lease-feed pages and webhook "
+        "deliveries' state"),
     "scheduler": Rule(
         ("pool.evt.>", *_READS_LOG, *_SNAPSHOTS, "pool.agent.*.*", "pool.sched.>", "pool.feed.>",
          *_READS_FEED,
@@ -140,10 +147,14 @@ PERMISSIONS: dict[str, Rule] = {
         "user besides the operator that may write or read them); never reads a work queue"),
     "reconciler": Rule(
         ("pool.evt.>", *_READS_LOG, *_SNAPSHOTS, "pool.sched.>",
-         "$JS.API.CONSUMER.MSG.NEXT.POOL_SCHED.reconciler", "$JS.ACK.POOL_SCHED.reconciler.>"),
+         "$JS.API.CONSUMER.MSG.NEXT.POOL_SCHED.reconciler", "$JS.ACK.POOL_SCHED.reconciler.>",
+         # the webhook deliverer: its consumer on the feed, its bucket, its leader lease
+         "$JS.API.CONSUMER.MSG.NEXT.POOL_FEED.webhooks", "$JS.ACK.POOL_FEED.webhooks.>",
+         *_kv(WEBHOOK_BUCKET, watch=True), *_WEBHOOK_LEADER),
         (f"{ROLE_INBOXES}.reconciler.>", "pool.appended.>"),
         "fired timers from its one consumer, their events into the log, snapshots, timers "
-        "re-armed; no agent orders, no tenant subjects"),
+        "re-armed; the tenants' webhooks from its one consumer on the lease feed; no agent "
+        "orders, no tenant subjects"),
     "projector": Rule(
         (*_READS_LOG, *_READS_SNAPSHOTS),
         (f"{ROLE_INBOXES}.projector.>", "pool.evt.>"),

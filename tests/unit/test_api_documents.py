@@ -24,15 +24,17 @@ from schemas.export import ASYNCAPI_FILE, DEFAULT_DIRECTORY
 
 # Clients are generated from these names (create_compute_lease, …): renaming one breaks them.
 OPERATION_IDS = (
-    "adminGetComputeLease", "adminGetComputeLeaseHistory", "cancelComputeLease",
+    "addWebhook", "adminGetComputeLease", "adminGetComputeLeaseHistory", "cancelComputeLease",
     "commitComputeLease", "cordonNode", "createComputeLease", "createPool", "createReservation",
-    "deleteReservation", "drainNode", "endMaintenanceNode", "enrollNode", "getBalance",
-    "getComputeLease", "getComputeLeaseHistory", "getUsage", "grantCredits",
+    "deleteReservation", "deleteWebhook", "drainNode", "endMaintenanceNode", "enrollNode",
+    "getBalance", "getComputeLease", "getComputeLeaseHistory", "getUsage", "grantCredits",
     "heartbeatComputeLease", "listComputeLeases", "listQueue", "listQueuePositions",
-    "listReservations", "lostNode", "maintenanceNode", "readView", "registerNode",
+    "listReservations", "listWebhookDeliveries", "listWebhookEndpointDeliveries",
+    "listWebhooks", "lostNode", "maintenanceNode", "readView", "registerNode",
     "releaseComputeLease", "renewComputeLease", "setCohort", "setPool", "setPoolImages",
     "setPoolPrices", "setTenant", "showPool", "streamComputeLeaseEvents",
-    "streamComputeLeaseLogs", "streamTelemetry", "uncordonNode", "whyComputeLease",
+    "streamComputeLeaseLogs", "streamTelemetry", "testWebhook", "uncordonNode",
+    "whyComputeLease",
 )
 # the bodies that show an example, by component name
 STRUCTS: dict[str, type[msgspec.Struct]] = {"LeaseCreate": LeaseCreate, "Lease": Lease,
