@@ -15,7 +15,6 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from bus.agentbus import POSITIONS_BUCKET
 from bus.connection import connect
 from bus.errors import BusError, BusUnavailable, PermissionDenied, PublishRejected
 from bus.headers import (
@@ -25,7 +24,6 @@ from bus.headers import (
     HDR_STATUS,
     HDR_SUBJECT,
 )
-from bus.jetstream.natsfast import publish_atomic
 from bus.runtime import BusRuntime, translate
 from bus.streams import ensure_kv_bucket, ensure_stream, feed_stream_config
 from bus.subjects import (
@@ -69,7 +67,8 @@ class FeedPosition:
 
 
 class FeedWriter:
-    """The control plane's side of the feed: a synchronous facade on a bus runtime."""
+    """The control plane's side of the feed: a synchronous facade on a bus runtime. (What only
+    the writer needs is imported here: a tenant's reader loads no eventsourcing.)"""
 
     def __init__(self, url: str, *, runtime: BusRuntime | None = None,
                  replicas: int = 1) -> None:
@@ -85,6 +84,8 @@ class FeedWriter:
         if speaks_as_role(self.rt.url):
             return  # a role's user may not change streams: the operator made them
 
+        from bus.agentbus import POSITIONS_BUCKET
+
         async def go() -> None:
             js = await self.rt.jetstream()
             await ensure_stream(js, feed_stream_config(self.replicas))
@@ -95,6 +96,7 @@ class FeedWriter:
     def position(self) -> FeedPosition:
         """The stream's last sequence and the log sequence its last record was made from; when
         that record has aged out, the saved position (the later of the two is the truth)."""
+        from bus.agentbus import POSITIONS_BUCKET
 
         async def go() -> FeedPosition:
             js = await self.rt.jetstream()
@@ -116,6 +118,7 @@ class FeedWriter:
     def save_position(self, log_seq: int) -> None:
         """Record that the feed is written up to `log_seq` (read back when its last record
         has aged out of the stream)."""
+        from bus.agentbus import POSITIONS_BUCKET
 
         async def go() -> None:
             js = await self.rt.jetstream()
@@ -138,6 +141,8 @@ class FeedWriter:
         return last
 
     async def _batch(self, chunk: Sequence[tuple[str, bytes, int]], expect_last: int) -> int:
+        from bus.jetstream.natsfast import publish_atomic
+
         nc = await self.rt.connection()
         messages = [(subject, body, {HDR_LOG_SEQUENCE: str(log_seq)})
                     for subject, body, log_seq in chunk]

@@ -15,16 +15,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bus.admin import can_connect
 from bus.local import auth as bus_auth
 from bus.local.auth import AuthConfig, Credentials
 from bus.local.server import NatsServer, free_port
-from projections.postgres.embedded import (
-    EmbeddedPostgres,
-    reachable_database_url,
-    start_embedded_postgres,
-)
+
+if TYPE_CHECKING:  # PostgreSQL is loaded only by the start: a tenant's `pool` needs none of it
+    from projections.postgres.embedded import EmbeddedPostgres
 
 DEFAULT_NATS_PORT = 14222
 AUTH_FILE = "auth.json"
@@ -196,6 +195,8 @@ def _start(home: Path, *, with_postgres: bool) -> Embedded:
         notes.append(f"auth: users required; service user {auth.service.user!r}, "
                      f"{len(auth.tenants)} tenant(s), {len(auth.nodes)} node(s) in "
                      f"{home / AUTH_FILE} (add with `pool admin tenant creds TENANT`)")
+    from projections.postgres.embedded import reachable_database_url, start_embedded_postgres
+
     database_url = os.environ.get("POOL_DATABASE_URL", "")
     pg: EmbeddedPostgres | None = None
     if database_url:

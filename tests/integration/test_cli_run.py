@@ -143,3 +143,20 @@ env: {WHO: world}
     out = _pool(plane, "lease", "run", "-f", str(job), "--nats-url", plane, "--tenant", "alpha")
     assert out.returncode == 0, out.stderr
     assert out.stdout == "hello world\n"
+
+
+def test_lease_run_loads_nothing_of_the_scheduler(plane: str) -> None:
+    # a tenant's command starts fast: numpy, eventsourcing, the control plane and PostgreSQL
+    # are the plane's, never loaded by `pool lease run` (nor the domain's aggregates)
+    code = ("import json, sys\nfrom cli.main import main\nrc = main(sys.argv[1:])\n"
+            "sys.stderr.write('\\nMODULES ' + json.dumps(sorted(sys.modules)))\nsys.exit(rc)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POOL_")}
+    out = subprocess.run([sys.executable, "-c", code, "lease", "run", *_lease_args(plane),
+                          "--", "true"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    modules = json.loads(out.stderr.rsplit("MODULES ", 1)[1])
+    heavy = [m for m in modules if m.split(".")[0] in ("numpy", "eventsourcing", "control",
+                                                       "psycopg", "projections")
+             or m in ("domain.lease", "domain.policy.fairness", "domain.policy.placement")]
+    assert heavy == []
