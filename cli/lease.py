@@ -237,10 +237,17 @@ def cmd_lease_logs(args: argparse.Namespace) -> int:
     with pool_client(args, tenant) as c:
         reader = OutputReader(c, tenant, args.lease_id, since=parse_duration(args.since,
                                                                              "--since"))
-        if args.follow:
-            follow_until_done(c, reader, args.lease_id)
-        else:
+        if not args.follow:
             reader.read(_write)
+            return EXIT_OK
+        import time
+
+        # live from here on; what is stored is read after, and what both bring is written once
+        # (a minute's slack for the agent's clock)
+        with c.watch_lease(args.lease_id, output=True) as watch:
+            reader.keep_after = time.time() - 60
+            reader.read(_write)
+            follow_until_done(c, watch, args.lease_id, seen=reader.seen)
     return EXIT_OK
 
 

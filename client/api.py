@@ -5,7 +5,7 @@ Each call returns the reply envelope as a dict; it raises only bus.errors, for t
 from __future__ import annotations
 
 import json
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from opentelemetry.trace import SpanKind
 
@@ -15,6 +15,9 @@ from bus.objects import FileStore
 from bus.replies import admin_inbox
 from bus.service import Client
 from bus.subjects import admin_subject, command_subject
+
+if TYPE_CHECKING:
+    from bus.leasewatch import LeaseWatch
 
 
 class PoolClient:
@@ -71,6 +74,15 @@ class PoolClient:
     def queue_positions(self) -> dict[str, Any]:
         """This tenant's waiting leases in queue order, with estimated starts."""
         return self.call(command_subject(self.tenant, "queue"), {})
+
+    def watch_lease(self, lease_id: str, *, output: bool = False,
+                    after: int = 0) -> LeaseWatch:
+        """One of this tenant's leases as it happens, on this connection: its feed records
+        after `after` and, with `output`, its job's live output (bus/leasewatch.py). Use it
+        as a context manager, or `start()` and `close()` it."""
+        from bus.leasewatch import LeaseWatch
+
+        return LeaseWatch(self._client, self.tenant, lease_id, output=output, after=after)
 
     def files(self) -> FileStore:
         """This connection's view of the tenants' file buckets (work directories, artifacts);
