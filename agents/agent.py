@@ -30,6 +30,10 @@ from schemas.codec import SchemaError, decode_command, encode
 log = logging.getLogger(__name__)
 
 OUTPUT_READ_BYTES = 64 * 1024  # of a job's output per look, per job
+# after a write wakes a job's follower, what else it writes this soon goes out with it: a
+# line reaches its tenant at once, a flood goes out in a few samples a second per job
+OUTPUT_BATCH_SECONDS = 0.005
+FOLLOW_SECONDS = 1.0  # a follower looks whether its job is still this agent's this often
 OUTPUT_CHUNK_CHARS = 1000  # per `output` sample (a telemetry attribute holds ≤ 1,024)
 
 # isolation classes, weakest first: a runtime that gives a stronger one may serve a weaker ask
@@ -206,6 +210,7 @@ class Agent:
                 artifact_ttl_seconds=int(meta.get("artifact_ttl_seconds") or 7 * 86_400),
                 max_artifact_bytes=int(meta.get("max_artifact_bytes", 1 << 30)))
             self._started.add(handle.key)
+            self._follow(handle.lease_id, self.running[handle.lease_id])
             n += 1
         return n
 
@@ -266,6 +271,10 @@ class Agent:
             self.heartbeat()
 
     def handle(self, cmd: AgentCommand) -> None:
+        with self._lock:  # the jobs' followers report from their own threads
+            self._handle(cmd)
+
+    def _handle(self, cmd: AgentCommand) -> None:
         received = time.monotonic()
         try:
             if cmd.verb == "start":
@@ -377,6 +386,7 @@ class Agent:
                                            artifacts=tuple(a.job.artifacts),
                                            artifact_ttl_seconds=a.artifact_ttl_seconds,
                                            max_artifact_bytes=a.max_artifact_bytes)
+        self._follow(a.lease_id, self.running[a.lease_id])
         log.info("job %s of lease %s (tenant %s) started in %.3f s", a.job_number, a.lease_id,
                  a.tenant, startup)
         self._telemetry(a.pool_id, a.tenant, a.lease_id, "startup",
@@ -447,34 +457,70 @@ class Agent:
 
     # -- watching -----------------------------------------------------------------------------
 
+    def _follow(self, lid: str, run: Running) -> None:
+        """A thread that learns of the job's exit and output as they happen (where the runtime
+        can tell: `wait`) and reports them at once; the loop's round is the fallback."""
+        wait = getattr(self.runtime, "wait", None)
+        if wait is None:
+            return
+
+        def follow() -> None:
+            while True:
+                try:
+                    what = wait(run.handle, FOLLOW_SECONDS)
+                except Exception:  # the loop's round still reports it
+                    log.exception("following job %s failed", run.handle.key)
+                    return
+                if what == "output":
+                    time.sleep(OUTPUT_BATCH_SECONDS)
+                with self._lock:
+                    if self.running.get(lid) is not run:
+                        return  # reported, or replaced by a newer job of the lease
+                    try:
+                        if what == "output":
+                            self._ship_output(lid, run)
+                        elif what == "exited":
+                            self._look(lid, run)
+                            return  # reported, or left to the loop's round to retry
+                    except Exception as e:  # noqa: BLE001 - a closed link, at the agent's end
+                        log.info("job %s: left to the loop's round: %r", run.handle.key, e)
+                        return
+
+        threading.Thread(target=follow, name=f"follow-{lid[:8]}", daemon=True).start()
+
     def watch(self) -> None:
         """Report every workload that has exited; keep checkpoint times current."""
-        for lid, run in list(self.running.items()):
-            if run.checkpoint_dir is not None:
-                run.last_checkpoint_at = _latest_mtime(run.checkpoint_dir, run.last_checkpoint_at)
-            code = self.runtime.poll(run.handle)
-            self._ship_output(lid, run, final=code is not None)
-            if code is None:
-                continue
-            log.info("job %s of lease %s exited with %d%s", run.handle.job_number, lid, code,
-                     " (stopped)" if run.stopping else "")
-            if run.artifacts_stored is None:
-                # before the end is reported, so a tenant who sees it ended finds them stored;
-                # a failed or preempted job's too (partial results matter)
-                run.artifacts_stored = self.files.store_artifacts(
-                    run.handle.key, run.tenant, lid, run.artifacts,
-                    ttl_seconds=run.artifact_ttl_seconds,
-                    max_bytes=run.max_artifact_bytes).attrs() if run.artifacts else {}
-            kind = "execution" if code == 0 or run.stopping else "failure"
-            self._telemetry(run.pool_id, run.tenant, lid, kind,
-                            {"exit_code": code, "stopped": run.stopping,
-                             "runtime_seconds": round(self.clock() - run.handle.started_at, 3),
-                             **run.artifacts_stored})
-            if self._report_end(lid, run.handle.epoch, exit_code=code):
-                self.runtime.forget(run.handle)
-                if run.has_workdir:
-                    self.files.remove(run.handle.key)
-                del self.running[lid]
+        with self._lock:
+            for lid, run in list(self.running.items()):
+                self._look(lid, run)
+
+    def _look(self, lid: str, run: Running) -> None:
+        """Ship the job's new output; report its end if it has exited."""
+        if run.checkpoint_dir is not None:
+            run.last_checkpoint_at = _latest_mtime(run.checkpoint_dir, run.last_checkpoint_at)
+        code = self.runtime.poll(run.handle)
+        self._ship_output(lid, run, final=code is not None)
+        if code is None:
+            return
+        log.info("job %s of lease %s exited with %d%s", run.handle.job_number, lid, code,
+                 " (stopped)" if run.stopping else "")
+        if run.artifacts_stored is None:
+            # before the end is reported, so a tenant who sees it ended finds them stored;
+            # a failed or preempted job's too (partial results matter)
+            run.artifacts_stored = self.files.store_artifacts(
+                run.handle.key, run.tenant, lid, run.artifacts,
+                ttl_seconds=run.artifact_ttl_seconds,
+                max_bytes=run.max_artifact_bytes).attrs() if run.artifacts else {}
+        kind = "execution" if code == 0 or run.stopping else "failure"
+        self._telemetry(run.pool_id, run.tenant, lid, kind,
+                        {"exit_code": code, "stopped": run.stopping,
+                         "runtime_seconds": round(self.clock() - run.handle.started_at, 3),
+                         **run.artifacts_stored})
+        if self._report_end(lid, run.handle.epoch, exit_code=code):
+            self.runtime.forget(run.handle)
+            if run.has_workdir:
+                self.files.remove(run.handle.key)
+            del self.running[lid]
 
     def _ship_output(self, lid: str, run: Running, *, final: bool = False) -> None:
         """Publish what the job wrote since the last look as `output` telemetry (its tenant may
@@ -520,6 +566,10 @@ class Agent:
     # -- heartbeats and telemetry ------------------------------------------------------------
 
     def heartbeat(self) -> dict[str, Any]:
+        with self._lock:  # the jobs' followers report from their own threads
+            return self._heartbeat()
+
+    def _heartbeat(self) -> dict[str, Any]:
         self._seq += 1
         self._next_beat = next_beat(self._next_beat, self.clock(), self.heartbeat_interval)
         # every workload still present is listed, stopping ones too: an unlisted lease under

@@ -22,6 +22,7 @@ from agents.runtimes.contract import (
     WorkloadHandle,
     WorkloadSpec,
 )
+from agents.runtimes.events import ProcessEvents
 
 # `trap :` installs a handler (reset on exec), so the supervisor outlives a SIGTERM sent to the
 # group and still records how the sandboxed command ended.
@@ -128,6 +129,7 @@ class ProcessRuntime:
         self.bwrap = bwrap or shutil.which("bwrap")
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._networks: dict[str, subprocess.Popen[bytes]] = {}
+        self._events: dict[str, ProcessEvents] = {}  # each workload's exit and output writes
         self._classes: tuple[str, ...] | None = None
         self.cgroups = cgroups if cgroups is not None else Cgroups.probe()
         # "" finds slirp4netns on PATH; None: no egress from this runtime
@@ -294,7 +296,20 @@ class ProcessRuntime:
         tmp.write_text(json.dumps({**handle.__dict__}))
         tmp.replace(pid_file)
         self._children[handle.key] = proc
+        # opened before anything reaps the child: the pid is surely the supervisor's
+        self._events[handle.key] = ProcessEvents(proc.pid, self._log(handle.key))
         return handle
+
+    def _log(self, key: str) -> Path:
+        return self.state_dir / f"{key}.log"
+
+    def wait(self, handle: WorkloadHandle, timeout: float) -> str | None:
+        """Block until the workload exits ("exited") or writes output ("output"), or `timeout`
+        seconds pass (None). A workload forgotten meanwhile counts as exited."""
+        events = self._events.get(handle.key)
+        if events is None:
+            return "exited"
+        return events.wait(timeout)
 
     def _alive(self, handle: WorkloadHandle) -> bool:
         pid = int(handle.ref)
@@ -357,9 +372,15 @@ class ProcessRuntime:
         for f in sorted(self.state_dir.glob("*.json")):
             try:
                 d = json.loads(f.read_text())
-                out.append(WorkloadHandle(**d))
+                handle = WorkloadHandle(**d)
             except (OSError, ValueError, TypeError):
                 continue
+            out.append(handle)
+            events = ProcessEvents(int(handle.ref), self._log(handle.key))
+            if self._alive(handle):  # checked after the pidfd is open: it is this process's
+                self._events[handle.key] = events
+            else:
+                events.close()
         return out
 
     def forget(self, handle: WorkloadHandle) -> None:
@@ -369,6 +390,9 @@ class ProcessRuntime:
             return  # still running: keep its files so it can be adopted
         if child is not None:
             child.wait()
+        events = self._events.pop(handle.key, None)
+        if events is not None:
+            events.close()
         net = self._networks.pop(handle.key, None)
         if net is not None:  # it ends with the sandbox (its exit fd closed); reap it
             try:
@@ -384,7 +408,7 @@ class ProcessRuntime:
         """Up to `limit` bytes of the job's stdout and stderr from `offset`, and the offset
         after them (the same offset when nothing new was written)."""
         try:
-            with open(self.state_dir / f"{handle.key}.log", "rb") as f:
+            with open(self._log(handle.key), "rb") as f:
                 f.seek(offset)
                 data = f.read(limit)
         except FileNotFoundError:
