@@ -379,6 +379,6 @@ def diff_vs_rebuild(log: Any, db: str, schema: str) -> tuple[int, str]:
 
 
 def count_notifications(log: Any) -> int:
-    from projections.decisions import notifications
+    from projections.replay import notifications
 
     return sum(1 for _ in notifications(log))

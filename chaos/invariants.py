@@ -2,7 +2,6 @@
 implementation for the suite and `pool audit decisions`)."""
 
 from projections.decisions import (
-    PAGE,
     GangReport,
     PlacementReport,
     QuotaReport,
@@ -10,10 +9,8 @@ from projections.decisions import (
     check_placements,
     check_quotas,
     count_events,
-    event_name,
-    notifications,
-    state_of,
 )
+from projections.replay import PAGE, event_name, notifications, state_of
 
 __all__ = ["PAGE", "GangReport", "PlacementReport", "QuotaReport", "check_gangs",
            "check_placements", "check_quotas", "count_events", "event_name", "notifications",

@@ -192,6 +192,11 @@ def cmd_audit_credits(args: argparse.Namespace) -> int:
                                    schema=views_schema_of(args))
     finally:
         close_app(app, args)
+    return _printed(report, args)
+
+
+def _printed(report: Any, args: argparse.Namespace) -> int:
+    """An audit's report as JSON or lines; exit 1 unless it is clean."""
     if args.json:
         print(json.dumps(report.to_dict()))
     else:
@@ -210,11 +215,7 @@ def cmd_audit_decisions(args: argparse.Namespace) -> int:
                                  lag_seconds=args.lag)
     finally:
         close_app(app, args)
-    if args.json:
-        print(json.dumps(report.to_dict()))
-    else:
-        print("\n".join(report.lines()))
-    return EXIT_OK if report.ok else EXIT_FAILED
+    return _printed(report, args)
 
 
 def register(sub: Subparsers) -> None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict, deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from domain.policy.fairness import weighted_dominant_share
 from domain.resources import ZERO, Resources
+from projections.replay import notifications
 
 # a placement's competitor must have waited since before the scheduler's view could have
 # missed it: requests and releases newer than this (by their own clocks) are given the
@@ -253,7 +254,7 @@ def records_by_pool(app: Any, *, page: int = 5000) -> dict[str, PoolRecords]:
     node_pool: dict[str, str] = {}
     policy_of: dict[str, tuple[str, str]] = {}  # tenant policy → (pool, tenant)
     accounts: dict[str, _Account] = {}
-    for n in _notifications(app, page):
+    for n in notifications(app, page=page):
         name = n.topic.rsplit(".", 1)[-1]
         oid = str(n.originator_id)
         if name == "LeaseRequested":
@@ -357,13 +358,3 @@ def records_from_log(app: Any, pool_id: str, *, page: int = 5000) -> list[Record
 
 def _key(shape: Mapping[str, Any]) -> str:
     return json.dumps(shape, sort_keys=True)
-
-
-def _notifications(app: Any, page: int) -> Iterator[Any]:
-    start = 1
-    while True:
-        batch = app.recorder.select_notifications(start, page)
-        if not batch:
-            return
-        yield from batch
-        start = batch[-1].id + 1

@@ -21,7 +21,7 @@ def scenario_agent_stopped(ws: Workspace, size: dict[str, Any], o: Outcome) -> N
     workloads; SIGSTOP the agent past the heartbeat timeout, SIGCONT it. No heartbeat may be
     recorded after a lease expired, and no workload may start twice."""
     from agents.runtimes.process import ProcessRuntime
-    from projections.decisions import event_name, notifications
+    from projections.replay import event_name, notifications
 
     why = ProcessRuntime(ws.dir / "probe").available()
     if why is not None:

@@ -29,7 +29,8 @@ def scenario_scheduler_failover(ws: Workspace, size: dict[str, Any], o: Outcome)
     """Two `pool serve` processes on one log; SIGKILL whichever leads, as soon as it is placing
     a burst, again and again; time until the standby places, and replay the log for capacity."""
     from bus.leader import LeaderElection
-    from projections.decisions import check_gangs, check_placements, check_quotas, event_name
+    from projections.decisions import check_gangs, check_placements, check_quotas
+    from projections.replay import event_name
 
     ttl = float(size["leader_ttl_s"])
     url = ws.nats().url

@@ -162,7 +162,7 @@ def test_a_catch_up_read_ahead_over_small_pages_and_own_batches_folds_what_a_fre
     """Catch-up asks for the next page while it folds one; with pages of 3 events the reads
     ahead cross the ranges of the scheduler's own batches, which it steps over unread."""
     import control.scheduler.folding as sched_mod
-    from projections.decisions import notifications
+    from projections.replay import notifications
 
     monkeypatch.setattr(sched_mod, "NOTIFICATION_PAGE", 3)
     cp, admin, clock = plane
@@ -277,7 +277,7 @@ def test_a_cycle_holds_a_tenants_credits_in_one_event_and_never_past_its_balance
     """In a priced pool the holds of one tenant's placements in a batch are one
     CreditsHeldBatch on its account; each placement counts the holds before it, so a tenant
     whose credits cover two of three requests gets two placed and the third waits."""
-    from projections.decisions import notifications
+    from projections.replay import notifications
 
     cp, admin, _clock = plane
     setup_pool(admin, credits=1300)

@@ -213,7 +213,7 @@ def test_the_run_loop_leaves_no_batch_in_flight_when_it_stops(plane: Plane) -> N
 def test_the_scheduler_steps_over_its_own_batches_and_still_reads_everyone_elses(
     plane: Plane,
 ) -> None:
-    from projections.decisions import notifications
+    from projections.replay import notifications
 
     cp, admin, clock = plane
     setup_pool(admin, tenants={"alpha": 1.0})
