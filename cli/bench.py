@@ -54,6 +54,17 @@ def cmd_bench_agent(args: argparse.Namespace) -> int:
     return _report(result, args.json)
 
 
+def cmd_bench_run(args: argparse.Namespace) -> int:
+    from bench.run import run_run_bench
+
+    if args.runs < 1:
+        raise UsageError("--runs must be at least 1")
+    result = run_run_bench(
+        runs=args.runs, quick=args.quick,
+        progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)))
+    return _report(result, args.json)
+
+
 def cmd_bench_e2e(args: argparse.Namespace) -> int:
     from bench.e2e import run_e2e_bench
 
@@ -286,6 +297,13 @@ def register(sub: Subparsers) -> None:
     ba.add_argument("--quick", action="store_true", help="5 starts per runtime")
     ba.add_argument("--json", action="store_true")
     ba.set_defaults(func=cmd_bench_agent)
+    br = bench.add_parser("run", help="`pool lease run -- true` as a user runs it, whole "
+                          "processes on a plane of its own with a local agent, beside "
+                          "`bwrap … true`; and job exit → its end in the log")
+    br.add_argument("--runs", type=int, default=30, help="runs of each (default 30)")
+    br.add_argument("--quick", action="store_true", help="5 runs of each")
+    br.add_argument("--json", action="store_true")
+    br.set_defaults(func=cmd_bench_run)
     bp = bench.add_parser("projections", help="events/s into the PostgreSQL views, lag, "
                           "rebuild time and credit-audit replay rate")
     bp.add_argument("--events", type=int, default=None,

@@ -5,6 +5,8 @@ They print figures; these tests check behaviour only (everything placed, nothing
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bench.schedule import BACKLOG_LABEL, run_schedule_bench
@@ -137,3 +139,18 @@ def test_the_queued_bench_starts_a_scheduler_from_the_checkpoint_beside_the_full
     assert restored["queued"] + restored["placed_first_cycle"] == (
         result["queued"] + restored["tail"])
     assert "start-up from the checkpoint / full replay" in result["table"]
+
+
+def test_the_run_bench_runs_every_lease_and_times_every_end() -> None:
+    from agents.runtimes.process import ProcessRuntime
+    from bench.run import run_run_bench
+
+    why = ProcessRuntime(Path("/tmp")).available()
+    if why is not None:
+        pytest.skip(f"process runtime unavailable: {why}")
+    result = run_run_bench(quick=True)
+    assert result["lease_run"]["n"] == result["help"]["n"] == result["exit_to_ended"]["n"] == 5
+    # the whole run costs more than the sandbox alone, and more than the end's report
+    assert 0 < result["bwrap"]["p50_ms"] < result["lease_run"]["p50_ms"]
+    assert 0 < result["exit_to_ended"]["p50_ms"] < result["lease_run"]["p50_ms"]
+    assert "pool lease run -- true" in result["table"]
