@@ -14,6 +14,7 @@ from opentelemetry.trace import SpanKind, use_span
 
 from bus import observability
 from bus.errors import BusError
+from control import metrics
 from control.application import PoolApp
 from control.errors import ServiceError, UnknownSubject
 from control.routes import NODE_VERBS, QUERY_VIEWS, ROUTES, Router, subscriptions
@@ -94,6 +95,7 @@ class CommandHandler:
             code, reply = self._answer(subject, body)
             if code:
                 span.set_attribute("pool.error.code", code)
+                metrics.REFUSALS.labels(code).inc()  # a stable code: the labels stay few
             return reply
 
     async def fast(self, subject: str, body: bytes, headers: dict[str, str]) -> bytes | None:

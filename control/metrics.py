@@ -35,6 +35,9 @@ WEBHOOK_DELIVERIES = Counter("pool_webhook_deliveries", "webhook POSTs by outcom
                              "retried, failed: given up)", ["outcome"], registry=PROCESS)
 WEBHOOK_PENDING = Gauge("pool_webhook_pending", "webhook deliveries waiting or in flight",
                         registry=PROCESS)
+REFUSALS = Counter("pool_command_refusals", "commands this process refused, by stable error "
+                   "code (queue_limit_exceeded, quota_exceeded, webhook_limit: limits hit)",
+                   ["code"], registry=PROCESS)
 LIMITS_HIT = Counter("pool_webhook_limits_hit", "webhook records held back by a tenant's "
                      "in-flight cap", registry=PROCESS)
 

@@ -105,6 +105,12 @@ def test_metrics_match_the_views_after_a_scripted_load(stack: Stack, database_ur
     assert plane["pool_scheduler_placements_total"][(("pool", "p1"),)] >= 2
     assert plane["pool_scheduler_request_to_reserved_seconds_count"][(("pool", "p1"),)] >= 2
     assert plane["pool_log_sequence"][()] > 0
+    # a refusal is counted by its stable code
+    with stack.client("alpha") as c:
+        assert c.post("/v1/compute-leases/" + str(uuid.uuid4()) + "/cancel",
+                      json={}).status_code == 404
+    plane = _samples(httpx.get(stack.plane.metrics.url, timeout=10).text)
+    assert plane["pool_command_refusals_total"][(("code", "lease_not_found"),)] >= 1
 
     # every series the Grafana dashboard draws is one these endpoints serve
     root = Path(__file__).resolve().parents[2]
