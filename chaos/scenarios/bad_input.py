@@ -39,6 +39,10 @@ def fuzz_subjects(lease_id: str) -> dict[str, dict[str, Any]]:
         "heartbeat-node": {"node_id": "n1", "seq": 1,
                            "leases": [{"lease_id": lease_id, "epoch": 1}]},
         "offline": {"reason": "fuzz"},
+        # a documentation-range address: refused as reserved, no name to resolve
+        "add": {"url": "https://203.0.113.5/hook", "events": ["ended"]}, "list": {},
+        "delete": {"endpoint_id": "wh-fuzz"}, "test": {"endpoint_id": "wh-fuzz"},
+        "deliveries": {"limit": 10},
     }
     out: dict[str, dict[str, Any]] = {}
     for pattern in [*COMMAND_SUBJECTS, "pool.cmd.*.lease.*.why"]:
@@ -48,6 +52,8 @@ def fuzz_subjects(lease_id: str) -> dict[str, dict[str, Any]]:
         verb = parts[-1]
         if parts[1] == "node" and verb == "heartbeat":
             verb = "heartbeat-node"
+        if verb not in verbs:
+            raise KeyError(f"{pattern}: the fuzz has no valid body for a new route; add one")
         out[subject] = verbs[verb]
     assert ADMIN_SUBJECTS == ["pool.admin.>"]
     admin: dict[str, dict[str, Any]] = {
