@@ -148,11 +148,26 @@ def _exit_to_ended(pool: list[str], env: dict[str, str]) -> float:
     raise RuntimeError(f"no JobExited record for lease {lease_id}: {watched.stdout!r}")
 
 
+def _echo_to_terminal(pool: list[str], env: dict[str, str], lines: int) -> list[float]:
+    """One job that prints the time `lines` times, 50 ms apart: how long each line took from the
+    job's `date` to `pool lease run`'s stdout (read here as it is written; one clock)."""
+    job = f"for i in $(seq {lines}); do date +%s.%N; sleep 0.05; done"
+    proc = subprocess.Popen([*pool, "lease", "run", "--tenant", TENANT, "--pool", POOL,
+                             "--quiet", "--", "sh", "-c", job], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    out = [time.time() - float(line) for line in proc.stdout if line.strip()]
+    if proc.wait(60) != 0 or len(out) != lines:
+        raise RuntimeError(f"the echo job exited {proc.returncode} after {len(out)} lines")
+    return out
+
+
 def run_run_bench(*, runs: int = RUNS, quick: bool = False,
                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """`runs` sequential `pool lease run -- true` (after WARMUP uncounted), each beside a
     `bwrap … true` and a `pool --help` so they share the machine's swing; then `runs` jobs
-    that print the time as they end, for job exit → its end recorded in the log."""
+    that print the time as they end, for job exit → its end recorded in the log; and a job's
+    printed lines → `pool lease run`'s stdout."""
     say = progress or (lambda _s: None)
     if quick:
         runs = QUICK_RUNS
@@ -183,10 +198,12 @@ def run_run_bench(*, runs: int = RUNS, quick: bool = False,
         for _ in range(runs):
             ended_s.append(_exit_to_ended(pool, env))
         say(f"bench run: {runs} jobs timed from exit to their end in the log")
+        echo_s = _echo_to_terminal(pool, env, max(runs, 10))
     rows = {"pool lease run -- true": _quantiles(lease_s),
             "bwrap … true (direct)": _quantiles(bwrap_s),
             "pool --help": _quantiles(help_s),
-            "job exit → JobExited": _quantiles(ended_s)}
+            "job exit → JobExited": _quantiles(ended_s),
+            "job's echo → terminal": _quantiles(echo_s)}
     lines = [f"{'':<26} {'n':>4} {'p50 ms':>8} {'p99 ms':>8} {'min ms':>8} {'max ms':>8}"]
     for name, q in rows.items():
         lines.append(f"{name:<26} {q['n']:4d} {q['p50_ms']:8.1f} {q['p99_ms']:8.1f} "
@@ -195,7 +212,8 @@ def run_run_bench(*, runs: int = RUNS, quick: bool = False,
                  f"machine: {os.cpu_count()} cores")
     return {"runs": runs, "lease_run": rows["pool lease run -- true"],
             "bwrap": rows["bwrap … true (direct)"], "help": rows["pool --help"],
-            "exit_to_ended": rows["job exit → JobExited"], "table": "\n".join(lines)}
+            "exit_to_ended": rows["job exit → JobExited"],
+            "echo_to_terminal": rows["job's echo → terminal"], "table": "\n".join(lines)}
 
 
 def main(argv: list[str] | None = None) -> int:

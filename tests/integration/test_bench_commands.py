@@ -150,6 +150,7 @@ def test_the_run_bench_runs_every_lease_and_times_every_end() -> None:
         pytest.skip(f"process runtime unavailable: {why}")
     result = run_run_bench(quick=True)
     assert result["lease_run"]["n"] == result["help"]["n"] == result["exit_to_ended"]["n"] == 5
+    assert result["echo_to_terminal"]["n"] == 10 and result["echo_to_terminal"]["p50_ms"] > 0
     # the whole run costs more than the sandbox alone, and more than the end's report
     assert 0 < result["bwrap"]["p50_ms"] < result["lease_run"]["p50_ms"]
     assert 0 < result["exit_to_ended"]["p50_ms"] < result["lease_run"]["p50_ms"]
