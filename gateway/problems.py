@@ -22,6 +22,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "unknown_priority_class": 422, "invalid_reservation": 422, "maximum_runtime_exceeded": 422, "price_not_listed": 422,
     "image_not_allowed": 422, "unschedulable": 422, "quota_exceeded": 422,
     "invalid_webhook": 422, "webhook_address_refused": 422,
+    # a job's files: the archive's bytes are not what its digest names; over the pool's limit
+    "digest_mismatch": 422, "workdir_too_large": 413,
     "payload_too_large": 413,
     # who is asking
     "unauthenticated": 401, "permission_denied": 403, "forbidden": 403,
@@ -29,6 +31,8 @@ STATUS_BY_CODE: dict[str, int] = {
     # what it names
     "lease_not_found": 404, "unknown_pool": 404, "unknown_node": 404, "unknown_command": 404,
     "not_found": 404, "unknown_hold": 404, "unknown_allocation": 404, "unknown_cohort": 404,
+    "object_missing": 404,  # a work directory or artifact never stored, deleted or expired
+    "bucket_missing": 409,  # the tenant's file bucket is not made yet: the operator's step
     "unknown_tenant": 404, "unknown_reservation": 404, "unknown_webhook": 404,
     # the state it meets
     "idempotency_conflict": 409, "illegal_transition": 409, "stale_epoch": 409,
