@@ -48,6 +48,9 @@ def tenant_set_body(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         raise UsageError("--borrow-limit and --lend-limit need --cohort")
     if args.cohort:
         body["cohort"] = args.cohort
+    if args.priority_classes:
+        body["priority_classes"] = [c.strip() for c in args.priority_classes.split(",")
+                                    if c.strip()]
     return "tenant.set", body
 
 
@@ -66,6 +69,9 @@ def add_tenant_flags(ts: argparse.ArgumentParser) -> None:
                     "out: all of it)")
     ts.add_argument("--preemptible", action=argparse.BooleanOptionalAction, default=True,
                     help="whether the tenant's leases may be preemption victims (default yes)")
+    ts.add_argument("--priority-classes", metavar="CLASS,…",
+                    help="the priority classes the tenant may request besides the pool's "
+                    "default (default: the pool's default class only)")
     ts.set_defaults(build=tenant_set_body)
 
 

@@ -223,6 +223,12 @@ class UnknownPriorityClass(DomainError):
     code = "unknown_priority_class"
 
 
+class PriorityClassNotAllowed(DomainError):
+    """The pool has the priority class, but the operator has not granted it to the tenant."""
+
+    code = "priority_class_not_allowed"
+
+
 class PriceNotListed(DomainError):
     """The price list has no price for a dimension the shape uses (and no "*" fallback)."""
 

@@ -8,7 +8,7 @@ import functools
 import json
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -19,6 +19,7 @@ from domain.errors import (
     ImageNotAllowed,
     InvalidConfiguration,
     PriceNotListed,
+    PriorityClassNotAllowed,
     QueueLimitExceeded,
     QuotaExceeded,
     RuntimeLimitExceeded,
@@ -464,6 +465,25 @@ class Pool(Aggregate):
                 reasons=(priority_class,),
             ) from None
 
+    def admit_priority_class(self, tenant: str, priority_class: str,
+                             policy: TenantPolicy | None) -> None:
+        """Raise UnknownPriorityClass for a class the pool lacks, and PriorityClassNotAllowed,
+        naming the classes the tenant may use, for one its policy does not grant: a tenant
+        may not pick the top class to jump the queue, nor a non-preemptible one to be immune."""
+        self.rank_of(priority_class)
+        allowed = self.classes_allowed(policy)
+        if priority_class not in allowed:
+            raise PriorityClassNotAllowed(
+                f"tenant {tenant} may not use priority class {priority_class!r} in pool "
+                f"{self.pool_id}; it may use {', '.join(allowed)} (the operator grants others: "
+                f"pool admin tenant set {tenant} --pool {self.pool_id} --priority-classes …)",
+                reasons=(priority_class, *allowed))
+
+    def classes_allowed(self, policy: TenantPolicy | None) -> tuple[str, ...]:
+        """The classes a tenant may request: the pool's default, and those its policy grants."""
+        granted = () if policy is None else policy.priority_classes
+        return tuple(sorted({self.config.default_priority_class, *granted}))
+
     def effective_rank(self, priority_class: str, waited_seconds: float) -> int:
         """Rank plus one per `aging_seconds_per_rank` waited, so nothing starves forever."""
         rank = self.rank_of(priority_class)
@@ -539,8 +559,10 @@ class TenantPolicy(Aggregate):
         lend_limit: QuotaLike = None,
         cohort: str | None = None,
         preemptible: bool = True,
+        priority_classes: Sequence[str] = (),
     ) -> TenantPolicy:
-        settings = _tenant_settings(weight, quota, borrow_limit, lend_limit, cohort, preemptible)
+        settings = _tenant_settings(weight, quota, borrow_limit, lend_limit, cohort, preemptible,
+                                    priority_classes)
         return cls(pool_id=str(pool_id), tenant_id=str(tenant_id), set_at=float(now),
                    **settings)
 
@@ -556,10 +578,12 @@ class TenantPolicy(Aggregate):
         lend_limit: dict[str, Any] | None = None,
         cohort: str | None = None,
         preemptible: bool = True,
+        priority_classes: list[str] | None = None,  # absent before grants: the default only
     ) -> None:
         self.pool_id = PoolId(pool_id)
         self.tenant_id = TenantId(tenant_id)
-        self._apply(weight, quota, borrow_limit, lend_limit, cohort, preemptible)
+        self._apply(weight, quota, borrow_limit, lend_limit, cohort, preemptible,
+                    priority_classes)
 
     def update(
         self,
@@ -571,9 +595,12 @@ class TenantPolicy(Aggregate):
         lend_limit: QuotaLike = None,
         cohort: str | None = None,
         preemptible: bool = True,
+        priority_classes: Sequence[str] = (),
     ) -> None:
-        """Replace every setting together (None quota: unlimited)."""
-        settings = _tenant_settings(weight, quota, borrow_limit, lend_limit, cohort, preemptible)
+        """Replace every setting together (None quota: unlimited; no priority classes: the
+        pool's default class only)."""
+        settings = _tenant_settings(weight, quota, borrow_limit, lend_limit, cohort, preemptible,
+                                    priority_classes)
         self._updated(at=float(now), **settings)
 
     @property
@@ -599,23 +626,28 @@ class TenantPolicy(Aggregate):
         lend_limit: dict[str, Any] | None = None,
         cohort: str | None = None,
         preemptible: bool = True,
+        priority_classes: list[str] | None = None,
     ) -> None:
-        self._apply(weight, quota, borrow_limit, lend_limit, cohort, preemptible)
+        self._apply(weight, quota, borrow_limit, lend_limit, cohort, preemptible,
+                    priority_classes)
 
     def _apply(self, weight: int, quota: dict[str, Any] | None,
                borrow_limit: dict[str, Any] | None, lend_limit: dict[str, Any] | None,
-               cohort: str | None, preemptible: bool) -> None:
+               cohort: str | None, preemptible: bool,
+               priority_classes: list[str] | None) -> None:
         self.weight = weight
         self.quota = limits_from_event(quota)
         self.borrow_limit = limits_from_event(borrow_limit)
         self.lend_limit = limits_from_event(lend_limit)
         self.cohort = cohort
         self.preemptible = preemptible
+        # the classes granted besides the pool's default (Pool.classes_allowed)
+        self.priority_classes: tuple[str, ...] = tuple(priority_classes or ())
 
 
 def _tenant_settings(weight: object, quota: QuotaLike, borrow_limit: QuotaLike,
                      lend_limit: QuotaLike, cohort: str | None,
-                     preemptible: bool) -> dict[str, Any]:
+                     preemptible: bool, priority_classes: Sequence[str]) -> dict[str, Any]:
     """The event fields for a tenant's settings, validated (InvalidConfiguration)."""
     q, b, lend = limits(quota), limits(borrow_limit), limits(lend_limit)
     found = []
@@ -630,7 +662,8 @@ def _tenant_settings(weight: object, quota: QuotaLike, borrow_limit: QuotaLike,
     _require_valid(found)
     return {"weight": weight, "quota": limits_to_dict(q), "borrow_limit": limits_to_dict(b),
             "lend_limit": limits_to_dict(lend), "cohort": cohort,
-            "preemptible": bool(preemptible)}
+            "preemptible": bool(preemptible),
+            "priority_classes": sorted({str(c) for c in priority_classes})}
 
 
 def _require_valid(problems: list[str]) -> None:

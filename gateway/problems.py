@@ -28,6 +28,7 @@ STATUS_BY_CODE: dict[str, int] = {
     # who is asking
     "unauthenticated": 401, "permission_denied": 403, "forbidden": 403,
     "tenant_not_enrolled": 403,
+    "priority_class_not_allowed": 403,  # the operator grants classes per tenant
     # what it names
     "lease_not_found": 404, "unknown_pool": 404, "unknown_node": 404, "unknown_command": 404,
     "not_found": 404, "unknown_hold": 404, "unknown_allocation": 404, "unknown_cohort": 404,

@@ -202,15 +202,20 @@ class Demo:
             self._ok(self.admin.admin("pool.set", {"pool_id": pool, "priority_classes": classes,
                                                    "commit_timeout_seconds": 15, **cfg}), "pool")
             self._ok(self.admin.admin("pool.prices", {"pool_id": pool, **PRICES}), "prices")
+            # the operator grants the demo's tenants every class (a tenant's default: the
+            # pool's default class only)
             for tenant, weight in TENANTS.items():
                 self._ok(self.admin.admin("tenant.set", {"tenant": tenant, "pool_id": pool,
-                                                         "weight": weight}), "tenant")
+                                                         "weight": weight,
+                                                         "priority_classes": sorted(classes)}),
+                         "tenant")
         # the lab's cohort: acme and globex each own half its node and may borrow the other half
         self._ok(self.admin.admin("cohort.set", {"pool_id": LAB, "name": "lab"}), "cohort")
         for tenant in ("acme", "globex"):
             self._ok(self.admin.admin("tenant.set", {
                 "tenant": tenant, "pool_id": LAB, "weight": TENANTS[tenant], "cohort": "lab",
-                "nominal": {"cpu_millis": HALF_LAB["cpu_millis"]}}), "tenant")
+                "nominal": {"cpu_millis": HALF_LAB["cpu_millis"]},
+                "priority_classes": sorted(classes)}), "tenant")
         for tenant in TENANTS:
             self._ok(self.admin.admin("credits.grant", {
                 "tenant": tenant, "amount_microcredits": CREDITS[tenant],

@@ -578,6 +578,9 @@ class TenantConfig(_Command, frozen=True, kw_only=True):
     lend_limit: QuotaLimits | None = None
     # False: none of this tenant's leases is ever chosen as a preemption victim.
     preemptible: bool = True
+    # The priority classes the tenant may request besides the pool's default class (left out:
+    # the default only); a request for another is refused with priority_class_not_allowed.
+    priority_classes: Annotated[list[NameToken], Meta(max_length=32)] | None = None
 
     def __post_init__(self) -> None:
         if self.quota is not None and self.nominal is not None:

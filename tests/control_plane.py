@@ -53,14 +53,13 @@ def lease_body(key: str, pool: str = "p1", *, cpu_millis: int = 1000, memory_mib
 
 def setup_pool(admin: PoolClient, pool: str = "p1", *, tenants: dict[str, float] | None = None,
                credits: int = 10**12, **config: Any) -> None:
-    r = admin.admin("pool.set", {"pool_id": pool,
-                                 "priority_classes": {"preemptible": 0, "standard": 10,
-                                                      "high": 20},
-                                 **config})
+    classes = config.pop("priority_classes", {"preemptible": 0, "standard": 10, "high": 20})
+    r = admin.admin("pool.set", {"pool_id": pool, "priority_classes": classes, **config})
     assert r["ok"], r
     for tenant, weight in (tenants or {"alpha": 1.0}).items():
-        assert admin.admin("tenant.set", {"tenant": tenant, "pool_id": pool,
-                                          "weight": weight})["ok"]
+        # the tests' tenants may use every class (a tenant's default: the pool's default only)
+        assert admin.admin("tenant.set", {"tenant": tenant, "pool_id": pool, "weight": weight,
+                                          "priority_classes": sorted(classes)})["ok"]
         assert admin.admin("credits.grant", {"tenant": tenant, "amount_microcredits": credits,
                                              "transfer_id": f"initial-{tenant}"})["ok"]
 

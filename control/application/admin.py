@@ -102,8 +102,11 @@ class AdminCommands(AppCore):
             "weight": weight, "quota": cfg.quota if cfg.nominal is None else cfg.nominal,
             "borrow_limit": cfg.borrow_limit, "lend_limit": cfg.lend_limit,
             "cohort": cfg.cohort, "preemptible": cfg.preemptible,
+            "priority_classes": cfg.priority_classes or (),
         }
         pool = self._pool(cfg.pool_id)
+        for name in cfg.priority_classes or ():
+            pool.rank_of(name)  # a grant names a class the pool has (unknown_priority_class)
         pol = self.find(TenantPolicy, TenantPolicy.create_id(cfg.pool_id, cfg.tenant))
         if pol is None:
             pol = TenantPolicy.set(pool_id=PoolId(cfg.pool_id), tenant_id=TenantId(cfg.tenant),
@@ -258,14 +261,17 @@ class AdminCommands(AppCore):
                 book.set_cohort(cohort.quota)
         preemptible: dict[str, bool] = {}
         weights: dict[str, float] = {}
+        classes: dict[str, list[str]] = {}
         for name in getattr(pool, "tenants", ()):
             pol = self.find(TenantPolicy, TenantPolicy.create_id(pool.pool_id, name))
             if pol is not None:
                 book.set_tenant(pol.limits)
                 preemptible[name] = pol.preemptible
                 weights[name] = pol.weight / WEIGHT_SCALE
+                classes[name] = list(pool.classes_allowed(pol))
         out = book.in_force()
         for name, row in out["tenants"].items():
             row["preemptible"] = preemptible[name]
             row["weight"] = weights[name]
+            row["priority_classes"] = classes[name]
         return out

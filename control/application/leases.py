@@ -89,10 +89,11 @@ class LeaseCommands(GangCommands):
         request_digest = digest(req, omit=omit)
         try:
             pool = self._cached(Pool.create_id(req.pool_id), lambda: self._pool(req.pool_id))
-            pool.rank_of(req.priority_class)  # an unknown class is refused before any write
-            pool.admit_runtime(req.maximum_runtime_seconds)
             policy_id = TenantPolicy.create_id(req.pool_id, tenant)
             policy = self._cached(policy_id, lambda: self.find(TenantPolicy, policy_id))
+            # an unknown class, or one the operator did not grant, is refused before any write
+            pool.admit_priority_class(tenant, req.priority_class, policy)
+            pool.admit_runtime(req.maximum_runtime_seconds)
             if req.image:  # no node yet: the image, and the isolation the tenant's standing needs
                 pool.admit_image(req.image, signature=req.image_signature,
                                  size_bytes=req.image_size_bytes, tenant=tenant,

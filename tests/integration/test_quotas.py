@@ -92,7 +92,8 @@ def test_a_non_preemptible_tenant_is_never_chosen_as_a_victim(plane: Plane) -> N
     cp, admin, clock = plane
     setup_pool(admin, tenants={"alpha": 1.0, "beta": 1.0, "gamma": 1.0}, preemption=PREEMPTION)
     assert admin.admin("tenant.set", {"tenant": "alpha", "pool_id": "p1",
-                                      "preemptible": False})["ok"]
+                                      "preemptible": False,
+                                      "priority_classes": ["preemptible"]})["ok"]
     _nodes(admin, "n1", "n2")
     with (PoolClient(cp.nats_url, "alpha") as a, PoolClient(cp.nats_url, "gamma") as g,
           PoolClient(cp.nats_url, "beta") as b):
@@ -367,7 +368,7 @@ def test_pool_show_prints_every_limit_in_force(plane: Plane) -> None:
     assert quotas["tenants"]["alpha"] == {
         "nominal": {"cpu_millis": 8000}, "borrow_limit": {"cpu_millis": 4000},
         "lend_limit": {"cpu_millis": 1000}, "cohort": "research", "preemptible": False,
-        "weight": 1.0}
+        "weight": 1.0, "priority_classes": ["standard"]}
     assert quotas["tenants"]["beta"]["nominal"] is None and quotas["tenants"]["beta"]["weight"] == 2.0
 
 

@@ -117,6 +117,8 @@ def test_a_pool_change_reaches_requests_without_waiting_out_the_cache(plane: Pla
     assert not refused["ok"]
     assert admin.admin("pool.set", {"pool_id": "p1", "priority_classes": {
         "preemptible": 0, "standard": 10, "high": 20, "urgent": 30}})["ok"]
+    assert admin.admin("tenant.set", {"tenant": "alpha", "pool_id": "p1",
+                                      "priority_classes": ["urgent"]})["ok"]
     deadline = time.monotonic() + 2.0  # well inside the cache's own lifetime
     n = 0
     while True:

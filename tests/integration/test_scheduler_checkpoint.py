@@ -61,7 +61,8 @@ def _first_half(cp: ControlPlane, admin: PoolClient, clock: FakeClock) -> dict[s
     assert admin.admin("tenant.set", {"tenant": "gamma", "pool_id": "p1", "weight": 1.0,
                                       "cohort": "research", "nominal": {"cpu_millis": WHOLE}})["ok"]
     assert admin.admin("tenant.set", {"tenant": "beta", "pool_id": "p1", "weight": 2.0,
-                                      "quota": {"cpu_millis": 4 * WHOLE}})["ok"]
+                                      "quota": {"cpu_millis": 4 * WHOLE},
+                                      "priority_classes": ["high"]})["ok"]
     for n in ("n1", "n2"):
         assert admin.admin("node.register", node_body(n, cpu_millis=WHOLE))["ok"]
     for i in range(2):

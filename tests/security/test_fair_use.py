@@ -1,10 +1,13 @@
 """No tenant degrades the others, against a real plane on a real server (issue 40): a flood of
-one tenant's heartbeats and renewals costs the log nothing, and its queue has a cap."""
+one tenant's heartbeats and renewals costs the log nothing, its queue has a cap, and it uses only
+the priority classes the operator granted it."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import nats
 import pytest
@@ -132,3 +135,48 @@ def test_a_tenant_cannot_queue_past_its_pools_cap_and_another_tenant_still_can(
     assert "4 leases queued" in two["error"]["message"]
     assert "1 more may queue, this request asks for 2" in two["error"]["message"]
     assert alpha.request_lease(lease_body("last"))["ok"]
+
+
+def _until_ok(request: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
+    """`request(n)` again until it is answered ok or two seconds pass (a policy change reaches
+    the command service's cache when the log stores it)."""
+    deadline = time.monotonic() + 2.0
+    n = 0
+    while True:
+        n += 1
+        r = request(n)
+        if r["ok"] or time.monotonic() > deadline:
+            return r
+        time.sleep(0.01)
+
+
+def test_a_tenant_may_request_only_the_priority_classes_the_operator_granted(
+        fresh_nats: NatsServer, plane: Plane) -> None:
+    cp, admin, _alpha, _clock = plane
+    assert admin.admin("tenant.set", {"tenant": "gamma", "pool_id": "p1"})["ok"]
+    stored = cp.app.recorder.max_notification_id()
+    # gamma was set without grants, delta never: both may use the pool's default class only
+    with PoolClient(fresh_nats.url, "gamma") as gamma, PoolClient(fresh_nats.url, "delta") as delta:
+        for who in (gamma, delta):
+            for cls in ("high", "preemptible"):  # jump the queue; be a cheap victim's peer
+                r = who.request_lease(lease_body(f"{cls}-0", priority=cls))
+                assert not r["ok"] and r["error"]["code"] == "priority_class_not_allowed", r
+                assert set(r["error"]["reasons"]) == {cls, "standard"}  # the class, the allowed
+                assert f"may not use priority class '{cls}'" in r["error"]["message"]
+                assert "it may use standard" in r["error"]["message"]
+        assert cp.app.recorder.max_notification_id() == stored  # refusals append nothing
+        assert gamma.request_lease(lease_body("default"))["ok"]
+        # the operator grants one class: that one is allowed, the others still are not
+        assert admin.admin("tenant.set", {"tenant": "gamma", "pool_id": "p1",
+                                          "priority_classes": ["high"]})["ok"]
+        r = _until_ok(lambda n: gamma.request_lease(lease_body(f"high-{n}", priority="high")))
+        assert r["ok"], r
+        r = gamma.request_lease(lease_body("preemptible-1", priority="preemptible"))
+        assert r["error"]["code"] == "priority_class_not_allowed", r
+        assert set(r["error"]["reasons"]) == {"preemptible", "high", "standard"}
+    shown = admin.admin("pool.show", {"pool_id": "p1"})["result"]["quotas"]["tenants"]
+    assert shown["gamma"]["priority_classes"] == ["high", "standard"]
+    # a grant names a class the pool has
+    bad = admin.admin("tenant.set", {"tenant": "gamma", "pool_id": "p1",
+                                     "priority_classes": ["gold"]})
+    assert bad["error"]["code"] == "unknown_priority_class", bad

@@ -9,8 +9,13 @@ import pytest
 
 from control.pending import LeaseMemory
 from domain import JobSpec, Lease, LeaseState, NodeId, PoolId, Shape, TenantId
-from domain.errors import InvalidAmount, QueueLimitExceeded
-from domain.pool import Pool, PoolConfig
+from domain.errors import (
+    InvalidAmount,
+    PriorityClassNotAllowed,
+    QueueLimitExceeded,
+    UnknownPriorityClass,
+)
+from domain.pool import Pool, PoolConfig, TenantPolicy
 
 SHAPE = Shape.build(cpu_millis=2000, memory_mib=4096)
 
@@ -120,3 +125,30 @@ def test_the_pool_refuses_a_request_past_its_queue_cap_and_says_what_is_left() -
     assert raised.value.code == "queue_limit_exceeded"
     assert raised.value.reasons == ("max_queued_leases",)
     assert "2 more may queue, this request asks for 3" in raised.value.message
+
+
+# Priority classes ----------------------------------------------------------------------------
+
+
+CLASSES = (("preemptible", 0), ("standard", 10), ("high", 20))
+
+
+def test_a_tenant_may_use_the_pools_default_class_and_the_classes_granted_only() -> None:
+    pool = Pool.create(pool_id=PoolId("gpu"), now=0.0, config=PoolConfig(
+        priority_classes=CLASSES, default_priority_class="standard"))
+    policy = TenantPolicy.set(pool_id=PoolId("gpu"), tenant_id=TenantId("acme"), now=0.0)
+    for unset in (None, policy):  # no policy, or one that grants nothing: the default only
+        pool.admit_priority_class("acme", "standard", unset)
+        with pytest.raises(PriorityClassNotAllowed) as raised:
+            pool.admit_priority_class("acme", "high", unset)
+        assert raised.value.code == "priority_class_not_allowed"
+        assert raised.value.reasons == ("high", "standard")
+    policy.update(weight=1, quota=None, now=1.0, priority_classes=["high"])
+    pool.admit_priority_class("acme", "high", policy)
+    with pytest.raises(PriorityClassNotAllowed):
+        pool.admit_priority_class("acme", "preemptible", policy)
+    with pytest.raises(UnknownPriorityClass):  # a class the pool lacks is unknown first
+        pool.admit_priority_class("acme", "gold", policy)
+    # a policy recorded before grants existed replays as granting nothing
+    old = TenantPolicy(pool_id="gpu", tenant_id="acme", weight=1, quota=None, set_at=0.0)
+    assert pool.classes_allowed(old) == ("standard",)
