@@ -18,7 +18,7 @@ from control import metrics
 from control.application import PoolApp
 from control.errors import ServiceError, UnknownSubject
 from control.routes import NODE_VERBS, QUERY_VIEWS, ROUTES, Router, subscriptions
-from domain.errors import DomainError
+from domain.errors import DomainError, RateLimited
 from schemas import v1
 from schemas.codec import SchemaError, encode
 from schemas.feed import FeedReplay
@@ -61,6 +61,7 @@ def _domain_reasons(e: DomainError) -> dict[str, int | str]:
     out: dict[str, int | str] = {}
     for r in getattr(e, "reasons", ()) or ():
         out[str(r)] = 1
+    out.update(getattr(e, "details", {}))  # a limit's numbers (rate_limited: its Retry-After)
     return out
 
 
@@ -115,6 +116,8 @@ class CommandHandler:
                 return encode(e.to_envelope())
             try:
                 envelope = await route.fast(self, params, cmd)
+            except RateLimited as e:  # a flood is answered here, never handed to a thread
+                return failure(e.code, str(e), _domain_reasons(e))
             except Exception:  # noqa: BLE001 - the thread path answers it, errors and all
                 return None
             return None if envelope is None else encode(envelope)
@@ -130,6 +133,10 @@ class CommandHandler:
                 return encode(e.to_envelope())
             try:
                 envelope = await route.fast(self, params, cmd)
+            except RateLimited as e:
+                span.set_attribute("pool.error.code", e.code)
+                span.end()
+                return failure(e.code, str(e), _domain_reasons(e))
             except Exception:  # noqa: BLE001 - the thread path answers it, errors and all
                 envelope = None
         if envelope is None:

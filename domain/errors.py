@@ -4,6 +4,7 @@ Replies carry them as `error.code`, `error.message`, `error.reasons`: docs/api.m
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
@@ -83,6 +84,21 @@ class QueueLimitExceeded(DomainError):
     """The request would take the tenant past its pool's max_queued_leases."""
 
     code = "queue_limit_exceeded"
+
+
+class RateLimited(DomainError):
+    """The tenant sent requests faster than its pool's requests_per_second (past the burst)."""
+
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, rate_per_second: int, burst: int,
+                 retry_after_seconds: float) -> None:
+        super().__init__(message, reasons=("requests_per_second", "request_burst"))
+        self.retry_after_seconds = retry_after_seconds
+        # the reply's reasons carry the limit and when to come back (HTTP Retry-After)
+        self.details: dict[str, int] = {
+            "requests_per_second": rate_per_second, "request_burst": burst,
+            "retry_after_seconds": max(1, math.ceil(retry_after_seconds))}
 
 
 # Capacity -------------------------------------------------------------------------------------

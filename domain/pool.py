@@ -22,6 +22,7 @@ from domain.errors import (
     PriorityClassNotAllowed,
     QueueLimitExceeded,
     QuotaExceeded,
+    RateLimited,
     RuntimeLimitExceeded,
     UnknownPriorityClass,
     WorkdirTooLarge,
@@ -36,6 +37,7 @@ from domain.quota import (
     limits_from_event,
     limits_to_dict,
 )
+from domain.rate import TokenBucket
 from domain.resources import PoolId, Resources, Shape, TenantId
 from domain.snapshots import StateSnapshot
 
@@ -106,6 +108,10 @@ class PoolConfig:
     max_queued_leases: int = 10_000
     # how long a lease may wait queued before it ends `queue_timeout` (a request may ask less)
     queue_timeout_seconds: int = 7 * 86_400
+    # a tenant's lease requests in the pool: this many a second, after a burst of this many
+    # (a token bucket per command-service process)
+    requests_per_second: int = 200
+    request_burst: int = 1000
 
     def __post_init__(self) -> None:
         classes = tuple(sorted((str(k), int(v)) for k, v in dict(self.priority_classes).items()))
@@ -150,6 +156,9 @@ class PoolConfig:
             found.append("max_queued_leases must be positive")
         if self.queue_timeout_seconds <= 0:
             found.append("queue_timeout_seconds must be positive")
+        for name in ("requests_per_second", "request_burst"):
+            if getattr(self, name) <= 0:
+                found.append(f"{name} must be positive")
         return found
 
     def to_dict(self) -> dict[str, Any]:
@@ -173,6 +182,8 @@ class PoolConfig:
             "renew_step_seconds": self.renew_step_seconds,
             "max_queued_leases": self.max_queued_leases,
             "queue_timeout_seconds": self.queue_timeout_seconds,
+            "requests_per_second": self.requests_per_second,
+            "request_burst": self.request_burst,
         }
 
     @classmethod
@@ -200,6 +211,8 @@ class PoolConfig:
             max_queued_leases=int(d.get("max_queued_leases", default.max_queued_leases)),
             queue_timeout_seconds=int(d.get("queue_timeout_seconds",
                                             default.queue_timeout_seconds)),
+            requests_per_second=int(d.get("requests_per_second", default.requests_per_second)),
+            request_burst=int(d.get("request_burst", default.request_burst)),
         )
 
 
@@ -455,6 +468,17 @@ class Pool(Aggregate):
                 f"tenant {tenant} has {queued} leases queued in pool {self.pool_id}, whose "
                 f"max_queued_leases is {limit}: {left} more may queue, this request asks for "
                 f"{count}", reasons=("max_queued_leases",))
+
+    def admit_request_rate(self, tenant: str, bucket: TokenBucket, now: float) -> None:
+        """Take one of the tenant's tokens from `bucket`, or raise RateLimited naming the
+        pool's requests_per_second and request_burst and when a token comes back."""
+        rate, burst = self.config.requests_per_second, self.config.request_burst
+        wait = bucket.take(now, rate_per_second=rate, burst=burst)
+        if wait > 0:
+            raise RateLimited(
+                f"tenant {tenant} sends lease requests to pool {self.pool_id} faster than its "
+                f"requests_per_second of {rate} (request_burst {burst}): retry in {wait:.3g} s",
+                rate_per_second=rate, burst=burst, retry_after_seconds=wait)
 
     def rank_of(self, priority_class: str) -> int:
         try:

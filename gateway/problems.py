@@ -48,6 +48,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "method_not_allowed": 405,
     "too_many_requests": 429,
     "queue_limit_exceeded": 429,  # room comes back as the tenant's queued leases are placed
+    "rate_limited": 429,  # a token comes back within Retry-After seconds
     # what is behind the gateway
     "bus_unavailable": 503, "bus_timeout": 503, "views_unavailable": 503,
     "telemetry_unavailable": 503, "publish_rejected": 503, "bus_error": 503,
@@ -98,5 +99,9 @@ def from_error(error: dict[str, Any] | None, *, instance: str | None = None) -> 
     error = error or {}
     code = str(error.get("code") or "internal_error")
     reasons = error.get("reasons")
-    return problem(code, str(error.get("message") or code),
-                   reasons if isinstance(reasons, dict) else None, instance=instance)
+    reasons = reasons if isinstance(reasons, dict) else None
+    # a refusal that says when to come back (rate_limited) says it the HTTP way too
+    retry = (reasons or {}).get("retry_after_seconds")
+    headers = {"Retry-After": str(retry)} if isinstance(retry, int) else None
+    return problem(code, str(error.get("message") or code), reasons, instance=instance,
+                   headers=headers)

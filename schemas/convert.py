@@ -90,6 +90,8 @@ def pool_config_from_wire(cfg: v1.PoolConfig) -> PoolConfig:
         renew_step_seconds=cfg.renew_step_seconds,
         max_queued_leases=cfg.max_queued_leases,
         queue_timeout_seconds=cfg.queue_timeout_seconds,
+        requests_per_second=cfg.requests_per_second,
+        request_burst=cfg.request_burst,
     )
 
 
@@ -97,7 +99,8 @@ _PATCHED_AS_IS = ("packing", "commit_timeout_seconds", "aging_seconds_per_rank",
                   "heartbeat_timeout_seconds", "default_lease_seconds", "node_timeout_seconds",
                   "lost_node_release_seconds", "maximum_runtime_seconds",
                   "fair_share_half_life_seconds", "renew_step_seconds",
-                  "max_queued_leases", "queue_timeout_seconds")
+                  "max_queued_leases", "queue_timeout_seconds", "requests_per_second",
+                  "request_burst")
 
 
 # the user's files' limits, patched as they are too

@@ -309,6 +309,9 @@ class LeaseGroup(_Part, frozen=True, kw_only=True):
 
 
 QueueTimeoutSeconds = Annotated[int, Meta(ge=1, le=366 * 86_400)]
+# a tenant's lease requests a second in a pool, and how many may come at once
+RequestRate = Annotated[int, Meta(ge=1, le=1_000_000)]
+RequestBurst = Annotated[int, Meta(ge=1, le=1_000_000)]
 
 
 class LeaseRequest(_Command, frozen=True, kw_only=True):
@@ -512,6 +515,10 @@ class PoolConfig(_Command, frozen=True, kw_only=True):
     # How long a lease may wait queued before it ends `queue_timeout`; a request may ask for
     # less (queue_timeout_seconds), never more.
     queue_timeout_seconds: QueueTimeoutSeconds = 7 * 86_400
+    # A tenant's lease requests in the pool, per command-service process: this many a second
+    # after a burst of request_burst; one past them is refused (rate_limited, Retry-After).
+    requests_per_second: RequestRate = 200
+    request_burst: RequestBurst = 1000
 
 
 class PreemptionPatch(_Part, frozen=True, kw_only=True):
@@ -547,6 +554,8 @@ class PoolPatch(_Command, frozen=True, kw_only=True):
     renew_step_seconds: Annotated[int, Meta(ge=0, le=86_400)] | None = None
     max_queued_leases: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
     queue_timeout_seconds: QueueTimeoutSeconds | None = None
+    requests_per_second: RequestRate | None = None
+    request_burst: RequestBurst | None = None
 
 
 # Quota keys are domain dimension names: the four scalars or "gpu/<profile>".

@@ -32,6 +32,7 @@ from eventsourcing.persistence import (
 from bus.errors import BusTimeout
 from control.application.queue_book import QueueBook
 from control.application.repository import PoolRepository
+from control.application.request_rate import RequestRate
 from control.application.snapshotting import Snapshots, SnapshotStore, snapshot_intervals
 from control.errors import UnknownLease, UnknownPool, WriteConflict
 from domain.account import Account
@@ -185,6 +186,8 @@ class AppCore(Application[UUID]):
         self._refreshing: set[UUID] = set()  # policies being read again past their time
         # the leases this process queued, per tenant and pool: max_queued_leases' count
         self.queue_book = QueueBook()
+        # each tenant's lease requests per pool: requests_per_second's token buckets
+        self.request_rate = RequestRate()
 
     def construct_repository(self) -> Repository[UUID]:
         """The library's repository, as PoolRepository (a cached aggregate copied under its

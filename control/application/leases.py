@@ -11,7 +11,7 @@ from control.application.core import A, retried
 from control.application.gangs import GangCommands, member_job
 from control.errors import IdempotencyConflict, ServiceError, UnknownTenant
 from domain.account import Account
-from domain.errors import DomainError
+from domain.errors import DomainError, RateLimited
 from domain.gang import GangMembership
 from domain.lease import WORKLOAD_STATES, JobSpec, Lease, LeaseState
 from domain.node import Node
@@ -73,11 +73,13 @@ class LeaseCommands(GangCommands):
         return self.request_leases(tenant, req, trace_parent=trace_parent)[0]
 
     def request_leases(self, tenant: str, req: v1.LeaseRequest, *,
-                       trace_parent: str | None = None) -> list[Lease]:
+                       trace_parent: str | None = None,
+                       charged: list[tuple[str, str]] | None = None) -> list[Lease]:
         """The `req.count` leases of one request (or the members of its gang, `req.group`),
         accepted in one atomic save: the first has the request's idempotency key, the i-th
         `<key>#<i>` (no client key contains `#`). A retry of the same request answers the
-        leases it made; nothing is appended."""
+        leases it made; nothing is appended. Each request takes a token of the tenant's in the
+        pool first (RateLimited past the pool's rate; `charged` collects the bucket's key)."""
         now = self.clock()
         size = req.count if req.group is None else req.group.members
         keys = [req.idempotency_key, *(f"{req.idempotency_key}#{i}" for i in range(1, size))]
@@ -89,6 +91,10 @@ class LeaseCommands(GangCommands):
         request_digest = digest(req, omit=omit)
         try:
             pool = self._cached(Pool.create_id(req.pool_id), lambda: self._pool(req.pool_id))
+            # first and cheapest: a flood is refused before it costs a read or a decision
+            bucket = self.request_rate.admit(pool, tenant, now)
+            if charged is not None:
+                charged.append(bucket)
             policy_id = TenantPolicy.create_id(req.pool_id, tenant)
             policy = self._cached(policy_id, lambda: self.find(TenantPolicy, policy_id))
             # an unknown class, or one the operator did not grant, is refused before any write
@@ -105,6 +111,8 @@ class LeaseCommands(GangCommands):
             if queued + size > pool.config.max_queued_leases:  # near it: count what still waits
                 queued = self.queue_book.recount(book, self.last_topics)
             pool.admit_queue(tenant, queued, size)
+        except RateLimited:
+            raise  # answered at once: looking for what a retry made would cost a read
         except (DomainError, ServiceError):
             # a retry is answered with what it made, whatever the pool says now
             made = self._made(tenant, keys, req, request_digest)
@@ -362,6 +370,22 @@ class LeaseCommands(GangCommands):
                                    trace_parent: str | None = None) -> list[Lease] | None:
         """`request_leases` on the bus's loop for a new request whose pool and policy are
         cached; None for anything that needs a read (a retry, a refusal, a cold cache): the
-        caller then runs `request_leases` on a thread."""
-        return await self.on_loop(
-            lambda: self.request_leases(tenant, req, trace_parent=trace_parent))
+        caller then runs `request_leases` on a thread, and the token it took is given back
+        (one request, one token)."""
+        charged: list[tuple[str, str]] = []
+        try:
+            made = await self.on_loop(lambda: self.request_leases(
+                tenant, req, trace_parent=trace_parent, charged=charged))
+        except RateLimited:
+            raise
+        except BaseException:
+            self._give_back(charged, req.pool_id)
+            raise
+        if made is None:
+            self._give_back(charged, req.pool_id)
+        return made
+
+    def _give_back(self, charged: list[tuple[str, str]], pool_id: str) -> None:
+        if charged:
+            self.request_rate.give_back(charged, self._cached(
+                Pool.create_id(pool_id), lambda: self._pool(pool_id)))

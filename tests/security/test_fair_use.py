@@ -180,3 +180,39 @@ def test_a_tenant_may_request_only_the_priority_classes_the_operator_granted(
     bad = admin.admin("tenant.set", {"tenant": "gamma", "pool_id": "p1",
                                      "priority_classes": ["gold"]})
     assert bad["error"]["code"] == "unknown_priority_class", bad
+
+
+def test_a_tenant_past_its_request_rate_is_refused_until_a_token_comes_back(
+        fresh_nats: NatsServer, plane: Plane) -> None:
+    cp, admin, alpha, clock = plane
+    # a pool of its own, so no earlier request filled or cached its bucket
+    assert admin.admin("pool.set", {"pool_id": "p2", "priority_classes": {"standard": 10},
+                                    "requests_per_second": 2, "request_burst": 4})["ok"]
+    burst = [alpha.request_lease(lease_body(f"burst-{i}", "p2")) for i in range(4)]
+    assert all(r["ok"] for r in burst), burst  # the burst, each request one token
+    stored = cp.app.recorder.max_notification_id()
+    flood = [alpha.request_lease(lease_body(f"flood-{i}", "p2")) for i in range(200)]
+    assert {r["error"]["code"] for r in flood if not r["ok"]} == {"rate_limited"}
+    assert not any(r["ok"] for r in flood)
+    error = flood[0]["error"]
+    # the limit, named, and when to come back (the gateway's Retry-After)
+    assert error["reasons"] == {"requests_per_second": 2, "request_burst": 4,
+                                "retry_after_seconds": 1}, error
+    assert "faster than its requests_per_second of 2 (request_burst 4)" in error["message"]
+    assert cp.app.recorder.max_notification_id() == stored  # refusals append nothing
+    with PoolClient(fresh_nats.url, "beta") as beta:  # the bucket is the tenant's own
+        assert beta.request_lease(lease_body("beta-1", "p2"))["ok"]
+    clock.advance(0.5)  # one token back at 2 a second
+    assert alpha.request_lease(lease_body("later-1", "p2"))["ok"]
+    assert alpha.request_lease(lease_body("later-2", "p2"))["error"]["code"] == "rate_limited"
+    clock.advance(10)  # never more than the burst comes back
+    again = [alpha.request_lease(lease_body(f"again-{i}", "p2"))["ok"] for i in range(6)]
+    assert again == [True] * 4 + [False] * 2
+
+
+def test_the_gateway_answers_rate_limited_with_429_and_retry_after() -> None:
+    from gateway.problems import from_error
+
+    r = from_error({"code": "rate_limited", "message": "too fast", "reasons": {
+        "requests_per_second": 2, "request_burst": 4, "retry_after_seconds": 3}})
+    assert r.status_code == 429 and r.headers["Retry-After"] == "3"

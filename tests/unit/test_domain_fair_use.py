@@ -13,9 +13,11 @@ from domain.errors import (
     InvalidAmount,
     PriorityClassNotAllowed,
     QueueLimitExceeded,
+    RateLimited,
     UnknownPriorityClass,
 )
 from domain.pool import Pool, PoolConfig, TenantPolicy
+from domain.rate import TokenBucket
 
 SHAPE = Shape.build(cpu_millis=2000, memory_mib=4096)
 
@@ -152,3 +154,27 @@ def test_a_tenant_may_use_the_pools_default_class_and_the_classes_granted_only()
     # a policy recorded before grants existed replays as granting nothing
     old = TenantPolicy(pool_id="gpu", tenant_id="acme", weight=1, quota=None, set_at=0.0)
     assert pool.classes_allowed(old) == ("standard",)
+
+
+# Request rate --------------------------------------------------------------------------------
+
+
+def test_a_token_bucket_lets_a_burst_through_then_refills_at_its_rate_up_to_the_burst() -> None:
+    pool = Pool.create(pool_id=PoolId("gpu"), now=0.0, config=PoolConfig(
+        requests_per_second=10, request_burst=3))
+    bucket = TokenBucket.full(3, now=0.0)
+    for _ in range(3):
+        pool.admit_request_rate("acme", bucket, 0.0)
+    with pytest.raises(RateLimited) as raised:
+        pool.admit_request_rate("acme", bucket, 0.05)  # half a token back
+    assert raised.value.code == "rate_limited"
+    assert raised.value.retry_after_seconds == pytest.approx(0.05)
+    assert raised.value.details == {"requests_per_second": 10, "request_burst": 3,
+                                    "retry_after_seconds": 1}
+    pool.admit_request_rate("acme", bucket, 0.1)  # a whole one now
+    for _ in range(3):  # an hour idle fills only the burst
+        pool.admit_request_rate("acme", bucket, 3600.0)
+    with pytest.raises(RateLimited):
+        pool.admit_request_rate("acme", bucket, 3600.0)
+    assert PoolConfig(requests_per_second=0, request_burst=0).problems() == [
+        "requests_per_second must be positive", "request_burst must be positive"]
