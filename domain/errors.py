@@ -86,6 +86,22 @@ class QueueLimitExceeded(DomainError):
     code = "queue_limit_exceeded"
 
 
+class VoidedReservationLimit(DomainError):
+    """The tenant let the pool's max_voided_reservations time out uncommitted within its
+    window: its new requests wait until the oldest of them leaves the window."""
+
+    code = "voided_reservation_limit"
+
+    def __init__(self, message: str, *, limit: int, window_seconds: int,
+                 retry_after_seconds: float) -> None:
+        super().__init__(message, reasons=("max_voided_reservations",
+                                           "voided_reservation_window_seconds"))
+        self.retry_after_seconds = retry_after_seconds
+        self.details: dict[str, int] = {
+            "max_voided_reservations": limit, "voided_reservation_window_seconds": window_seconds,
+            "retry_after_seconds": max(1, math.ceil(retry_after_seconds))}
+
+
 class RateLimited(DomainError):
     """The tenant sent requests faster than its pool's requests_per_second (past the burst)."""
 

@@ -25,6 +25,7 @@ from domain.errors import (
     RateLimited,
     RuntimeLimitExceeded,
     UnknownPriorityClass,
+    VoidedReservationLimit,
     WorkdirTooLarge,
 )
 from domain.policy.images import ImagePolicy, check_image, check_runtime
@@ -112,6 +113,10 @@ class PoolConfig:
     # (a token bucket per command-service process)
     requests_per_second: int = 200
     request_burst: int = 1000
+    # a tenant that let this many reservations time out uncommitted within the window has its
+    # new requests refused until the oldest leaves it (0: no limit; docs/adr/020-…)
+    max_voided_reservations: int = 20
+    voided_reservation_window_seconds: int = 3600
 
     def __post_init__(self) -> None:
         classes = tuple(sorted((str(k), int(v)) for k, v in dict(self.priority_classes).items()))
@@ -159,6 +164,10 @@ class PoolConfig:
         for name in ("requests_per_second", "request_burst"):
             if getattr(self, name) <= 0:
                 found.append(f"{name} must be positive")
+        if self.max_voided_reservations < 0:
+            found.append("max_voided_reservations must not be negative")
+        if self.voided_reservation_window_seconds <= 0:
+            found.append("voided_reservation_window_seconds must be positive")
         return found
 
     def to_dict(self) -> dict[str, Any]:
@@ -184,6 +193,8 @@ class PoolConfig:
             "queue_timeout_seconds": self.queue_timeout_seconds,
             "requests_per_second": self.requests_per_second,
             "request_burst": self.request_burst,
+            "max_voided_reservations": self.max_voided_reservations,
+            "voided_reservation_window_seconds": self.voided_reservation_window_seconds,
         }
 
     @classmethod
@@ -213,6 +224,10 @@ class PoolConfig:
                                             default.queue_timeout_seconds)),
             requests_per_second=int(d.get("requests_per_second", default.requests_per_second)),
             request_burst=int(d.get("request_burst", default.request_burst)),
+            max_voided_reservations=int(d.get("max_voided_reservations",
+                                              default.max_voided_reservations)),
+            voided_reservation_window_seconds=int(d.get(
+                "voided_reservation_window_seconds", default.voided_reservation_window_seconds)),
         )
 
 
@@ -480,6 +495,34 @@ class Pool(Aggregate):
                 f"requests_per_second of {rate} (request_burst {burst}): retry in {wait:.3g} s",
                 rate_per_second=rate, burst=burst, retry_after_seconds=wait)
 
+    def note_voided_reservation(self, policy: TenantPolicy | None, now: float) -> bool:
+        """Record on the tenant's policy that one of its reservations timed out uncommitted
+        at `now` (the last max_voided_reservations are kept); False when nothing is recorded
+        (no policy, or no limit)."""
+        limit = self.config.max_voided_reservations
+        if policy is None or limit <= 0:
+            return False
+        policy.note_voided_reservation(now, keep=limit)
+        return True
+
+    def admit_after_voids(self, tenant: str, policy: TenantPolicy | None, now: float) -> None:
+        """Raise VoidedReservationLimit, naming the limit, its window and when it lifts, while
+        the tenant has let max_voided_reservations time out uncommitted within the window:
+        holding capacity without committing is not free (docs/adr/020-…)."""
+        limit = self.config.max_voided_reservations
+        window = self.config.voided_reservation_window_seconds
+        if policy is None or limit <= 0:
+            return
+        recent = [at for at in policy.voided_at if at > now - window]
+        if len(recent) < limit:
+            return
+        lifts = recent[-limit] + window
+        raise VoidedReservationLimit(
+            f"tenant {tenant} let {len(recent)} reservations in pool {self.pool_id} time out "
+            f"uncommitted within {window} s, the pool's max_voided_reservations is {limit}: "
+            f"its new requests are refused for {lifts - now:.0f} s more",
+            limit=limit, window_seconds=window, retry_after_seconds=lifts - now)
+
     def rank_of(self, priority_class: str) -> int:
         try:
             return dict(self.config.priority_classes)[priority_class]
@@ -608,6 +651,8 @@ class TenantPolicy(Aggregate):
         self.tenant_id = TenantId(tenant_id)
         self._apply(weight, quota, borrow_limit, lend_limit, cohort, preemptible,
                     priority_classes)
+        # when its latest reservations timed out uncommitted (Pool.admit_after_voids)
+        self.voided_at: tuple[float, ...] = ()
 
     def update(
         self,
@@ -626,6 +671,11 @@ class TenantPolicy(Aggregate):
         settings = _tenant_settings(weight, quota, borrow_limit, lend_limit, cohort, preemptible,
                                     priority_classes)
         self._updated(at=float(now), **settings)
+
+    def note_voided_reservation(self, now: float, *, keep: int) -> None:
+        """One of the tenant's reservations timed out uncommitted at `now`; the latest `keep`
+        such times are remembered (Pool.note_voided_reservation)."""
+        self._reservation_voided(at=float(now), keep=max(1, int(keep)))
 
     @property
     def limits(self) -> TenantQuota:
@@ -654,6 +704,10 @@ class TenantPolicy(Aggregate):
     ) -> None:
         self._apply(weight, quota, borrow_limit, lend_limit, cohort, preemptible,
                     priority_classes)
+
+    @event("TenantReservationVoided")
+    def _reservation_voided(self, at: float, keep: int) -> None:
+        self.voided_at = (*getattr(self, "voided_at", ()), at)[-keep:]
 
     def _apply(self, weight: int, quota: dict[str, Any] | None,
                borrow_limit: dict[str, Any] | None, lend_limit: dict[str, Any] | None,

@@ -92,6 +92,8 @@ def pool_config_from_wire(cfg: v1.PoolConfig) -> PoolConfig:
         queue_timeout_seconds=cfg.queue_timeout_seconds,
         requests_per_second=cfg.requests_per_second,
         request_burst=cfg.request_burst,
+        max_voided_reservations=cfg.max_voided_reservations,
+        voided_reservation_window_seconds=cfg.voided_reservation_window_seconds,
     )
 
 
@@ -100,7 +102,8 @@ _PATCHED_AS_IS = ("packing", "commit_timeout_seconds", "aging_seconds_per_rank",
                   "lost_node_release_seconds", "maximum_runtime_seconds",
                   "fair_share_half_life_seconds", "renew_step_seconds",
                   "max_queued_leases", "queue_timeout_seconds", "requests_per_second",
-                  "request_burst")
+                  "request_burst", "max_voided_reservations",
+                  "voided_reservation_window_seconds")
 
 
 # the user's files' limits, patched as they are too

@@ -519,6 +519,10 @@ class PoolConfig(_Command, frozen=True, kw_only=True):
     # after a burst of request_burst; one past them is refused (rate_limited, Retry-After).
     requests_per_second: RequestRate = 200
     request_burst: RequestBurst = 1000
+    # A tenant that let this many reservations time out uncommitted within the window has
+    # its new requests refused (voided_reservation_limit) until the oldest leaves it; 0: none.
+    max_voided_reservations: Annotated[int, Meta(ge=0, le=1_000_000)] = 20
+    voided_reservation_window_seconds: Annotated[int, Meta(ge=1, le=30 * 86_400)] = 3600
 
 
 class PreemptionPatch(_Part, frozen=True, kw_only=True):
@@ -556,6 +560,8 @@ class PoolPatch(_Command, frozen=True, kw_only=True):
     queue_timeout_seconds: QueueTimeoutSeconds | None = None
     requests_per_second: RequestRate | None = None
     request_burst: RequestBurst | None = None
+    max_voided_reservations: Annotated[int, Meta(ge=0, le=1_000_000)] | None = None
+    voided_reservation_window_seconds: Annotated[int, Meta(ge=1, le=30 * 86_400)] | None = None
 
 
 # Quota keys are domain dimension names: the four scalars or "gpu/<profile>".

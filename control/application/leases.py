@@ -99,6 +99,8 @@ class LeaseCommands(GangCommands):
             policy = self._cached(policy_id, lambda: self.find(TenantPolicy, policy_id))
             # an unknown class, or one the operator did not grant, is refused before any write
             pool.admit_priority_class(tenant, req.priority_class, policy)
+            # a tenant that lets its reservations time out waits out its window
+            pool.admit_after_voids(tenant, policy, now)
             pool.admit_runtime(req.maximum_runtime_seconds)
             if req.image:  # no node yet: the image, and the isolation the tenant's standing needs
                 pool.admit_image(req.image, signature=req.image_signature,
@@ -343,7 +345,11 @@ class LeaseCommands(GangCommands):
             return reason
         if lease.state is LeaseState.RESERVED:
             lease.void_reservation(now)
-            self.save(lease, *self._settle(lease, now))
+            # the tenant's policy remembers it, in the same save (Pool.admit_after_voids)
+            policy = self.find(TenantPolicy, TenantPolicy.create_id(lease.pool_id,
+                                                                   lease.tenant_id))
+            noted = self._pool_settings(lease.pool_id).note_voided_reservation(policy, now)
+            self.save(lease, *self._settle(lease, now), policy if noted else None)
             return "voided"
         lease.expire(now, reason)
         lease.begin_reconciliation(now)

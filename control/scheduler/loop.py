@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 from control.wake import IdleWait, Signal
 from domain.errors import DomainError
 from domain.lease import Lease, LeaseState
+from domain.pool import TenantPolicy
 
 
 class Scheduler(Placing):
@@ -79,6 +80,7 @@ class Scheduler(Placing):
                 if lease.state is LeaseState.RESERVED:
                     lease.void_reservation(now)
                     batch += self._return_capacity(lease, now, charge=False)
+                    batch += self._note_void(lease, now)
                     report.voided += 1
                 else:
                     # never recycled silently: capacity stays held until the agent confirms
@@ -96,6 +98,15 @@ class Scheduler(Placing):
         for item in others:
             heapq.heappush(self._deadlines, item)
         self._save(batch, report)
+
+    def _note_void(self, lease: Lease, now: float) -> list[Aggregate]:
+        """The tenant's policy, noting the reservation that timed out (Pool.admit_after_voids
+        refuses its requests past the pool's limit); nothing without a policy or a limit."""
+        ps = self.pools.get(lease.pool_id)
+        policy = self.aggregates.get(TenantPolicy.create_id(lease.pool_id, lease.tenant_id))
+        if ps is None or not isinstance(policy, TenantPolicy):
+            return []
+        return [policy] if ps.pool.note_voided_reservation(policy, now) else []
 
     def _note_overdue(self, lease: Lease, now: float, report: CycleReport) -> None:
         """A victim past its grace without a stop confirmation keeps its capacity: no expiry

@@ -76,6 +76,7 @@ def _aggregates() -> list[Aggregate]:
     pool.list_member("tenant", "acme", 4)
     policy = TenantPolicy.set(pool_id=PoolId("p1"), tenant_id=TenantId("acme"), now=0, weight=2)
     policy.update(weight=3, quota=None, now=5)
+    policy.note_voided_reservation(6, keep=20)
 
     node = Node.register(node_id=NodeId("n1"), pool_id=PoolId("p1"), capabilities=CAPS, now=0)
     node.allocate(LeaseId("l1"), Resources(cpu_millis=1000, memory_mib=1024), 1)

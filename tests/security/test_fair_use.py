@@ -216,3 +216,46 @@ def test_the_gateway_answers_rate_limited_with_429_and_retry_after() -> None:
     r = from_error({"code": "rate_limited", "message": "too fast", "reasons": {
         "requests_per_second": 2, "request_burst": 4, "retry_after_seconds": 3}})
     assert r.status_code == 429 and r.headers["Retry-After"] == "3"
+
+
+def _until_refused(request: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
+    """`request(n)` again until it is refused or two seconds pass (the void reaches the
+    command service's cache of the tenant's policy when the log stores it)."""
+    deadline = time.monotonic() + 2.0
+    n = 0
+    while True:
+        n += 1
+        r = request(n)
+        if not r["ok"] or time.monotonic() > deadline:
+            return r
+        time.sleep(0.01)
+
+
+def test_a_tenant_that_lets_its_reservations_time_out_is_refused_until_its_window_passes(
+        fresh_nats: NatsServer, plane: Plane) -> None:
+    cp, admin, alpha, clock = plane
+    assert admin.admin("pool.set", {"pool_id": "p1", "max_voided_reservations": 3,
+                                    "voided_reservation_window_seconds": 600,
+                                    "commit_timeout_seconds": 30})["ok"]
+    # three reservations, held and never committed: reserve, let time out, repeat
+    ids = [alpha.request_lease(lease_body(f"hold-{i}", cpu_millis=500))["lease"]["lease_id"]
+           for i in range(3)]
+    assert cp.scheduler.cycle().placed == 3
+    clock.advance(31)
+    # one voided by its deadline timer's handler, two by the scheduler's own sweep
+    assert cp.app.reconcile_due(ids[0]) == "voided"
+    assert cp.scheduler.cycle().voided == 2
+    refused = _until_refused(lambda n: alpha.request_lease(lease_body(f"after-{n}")))
+    assert refused["error"]["code"] == "voided_reservation_limit", refused
+    assert refused["error"]["reasons"] == {"max_voided_reservations": 3,
+                                           "voided_reservation_window_seconds": 600,
+                                           "retry_after_seconds": 600}, refused
+    assert "max_voided_reservations is 3" in refused["error"]["message"]
+    stored = cp.app.recorder.max_notification_id()
+    assert alpha.request_lease(lease_body("again"))["error"]["code"] == (
+        "voided_reservation_limit")
+    assert cp.app.recorder.max_notification_id() == stored  # refusals append nothing
+    with PoolClient(fresh_nats.url, "beta") as beta:  # the record is the tenant's own
+        assert beta.request_lease(lease_body("beta-1"))["ok"]
+    clock.advance(600)  # the voids leave the window
+    assert alpha.request_lease(lease_body("later"))["ok"]

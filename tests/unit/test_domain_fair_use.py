@@ -15,6 +15,7 @@ from domain.errors import (
     QueueLimitExceeded,
     RateLimited,
     UnknownPriorityClass,
+    VoidedReservationLimit,
 )
 from domain.pool import Pool, PoolConfig, TenantPolicy
 from domain.rate import TokenBucket
@@ -178,3 +179,31 @@ def test_a_token_bucket_lets_a_burst_through_then_refills_at_its_rate_up_to_the_
         pool.admit_request_rate("acme", bucket, 3600.0)
     assert PoolConfig(requests_per_second=0, request_burst=0).problems() == [
         "requests_per_second must be positive", "request_burst must be positive"]
+
+
+# Reservations that time out uncommitted -----------------------------------------------------
+
+
+def test_a_tenant_past_its_voided_reservations_waits_out_the_window() -> None:
+    pool = Pool.create(pool_id=PoolId("gpu"), now=0.0, config=PoolConfig(
+        max_voided_reservations=3, voided_reservation_window_seconds=100))
+    policy = TenantPolicy.set(pool_id=PoolId("gpu"), tenant_id=TenantId("acme"), now=0.0)
+    for at in (10.0, 20.0, 30.0, 40.0):  # only the last three are kept
+        assert pool.note_voided_reservation(policy, at)
+    assert policy.voided_at == (20.0, 30.0, 40.0)
+    pool.admit_after_voids("acme", None, 41.0)  # no policy: nothing remembered
+    with pytest.raises(VoidedReservationLimit) as raised:
+        pool.admit_after_voids("acme", policy, 41.0)
+    assert raised.value.code == "voided_reservation_limit"
+    assert raised.value.details == {"max_voided_reservations": 3,
+                                    "voided_reservation_window_seconds": 100,
+                                    "retry_after_seconds": 79}  # 20 leaves at 120
+    assert "max_voided_reservations is 3" in raised.value.message
+    with pytest.raises(VoidedReservationLimit):
+        pool.admit_after_voids("acme", policy, 119.9)
+    pool.admit_after_voids("acme", policy, 120.0)
+    # a pool without the limit records nothing and refuses nothing
+    free = Pool.create(pool_id=PoolId("free"), now=0.0, config=PoolConfig(
+        max_voided_reservations=0))
+    assert not free.note_voided_reservation(policy, 50.0)
+    free.admit_after_voids("acme", policy, 50.0)
