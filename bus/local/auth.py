@@ -42,7 +42,11 @@ RESPONDER_USER = "pool-responder"
 # the control plane's roles and the admin CLI, each its own user `pool-<role>` (PERMISSIONS)
 ROLES = ("commands", "scheduler", "reconciler", "projector", "admin")
 ROLE_INBOXES = f"{INBOX_ROOT}.r"
-BCRYPT_ROUNDS = 10  # bcrypt's usual cost; nats-server checks it on every connect (docs/security.md)
+# bcrypt's cost. Every password here is made by secrets.token_urlsafe(18) (144 random bits),
+# which no work factor makes harder to guess; and nats-server checks the hash on every connect,
+# so the usual cost for people's passwords (10) made each connect of a `pool` command 60-160 ms
+# of server CPU (docs/security.md, docs/performance.md 2026-12-06).
+BCRYPT_ROUNDS = 4
 
 
 @dataclass(frozen=True)
