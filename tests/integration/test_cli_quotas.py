@@ -87,7 +87,9 @@ def test_a_lease_says_whether_it_is_preemptible_checkpointable_and_requeued(
     assert _run(capsys, "admin", "pool", "create", "p", *u,
                 "--priority-classes", "batch=0,standard=10",
                 "--non-preemptible-classes", "standard")[0] == 0
-    assert _run(capsys, "admin", "tenant", "set", "acme", "--pool", "p", *u)[0] == 0
+    # the operator grants the class besides the pool's default (standard)
+    assert _run(capsys, "admin", "tenant", "set", "acme", "--pool", "p", *u,
+                "--priority-classes", "batch")[0] == 0
     leases = {}
     for key, priority in (("b", "batch"), ("s", "standard")):
         rc, out, err = _run(capsys, "lease", "request", "--tenant", "acme", "--pool", "p",
