@@ -259,13 +259,14 @@ class Simulator:
                 if bf is None:
                     node_id, fr = self.table.place_fast(req.shape, packing=packing)
                 else:
-                    # its band, as the scheduler passes it: a head offered later never
-                    # holds it back
+                    # its band and the queue, as the scheduler passes them: a head offered
+                    # later never holds it back
                     node_id, fr, held = bf.place(
                         req.shape, end_at, packing=packing, allowed_trust_levels=None,
                         lease_id=req.lease_id,
                         band=band_of(req.priority_class, req.enqueued_at, now, self._ranks,
-                                     cfg.aging_seconds_per_rank))
+                                     cfg.aging_seconds_per_rank),
+                        offered_later=queue.__contains__)
                     if held:  # it fits now, only not beside a reservation
                         if not head:
                             held_from[req.shape] = min(end_at, held_from.get(req.shape, end_at))

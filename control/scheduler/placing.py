@@ -107,7 +107,8 @@ class Placing(Ganging):
                     packing=cfg.packing,  # type: ignore[arg-type]
                     allowed_trust_levels=allowed, lease_id=req.lease_id,
                     window=self.windows.usable(pool.pool_id, lease, now),
-                    band=band_of(req.priority_class, req.enqueued_at, now, ranks, aging))
+                    band=band_of(req.priority_class, req.enqueued_at, now, ranks, aging),
+                    offered_later=queue.__contains__)
             else:
                 node_id, fr = ps.table.place_fast(
                     shape, packing=cfg.packing,  # type: ignore[arg-type]

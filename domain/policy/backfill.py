@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -111,15 +110,6 @@ class Backfill:
         self.estimates: dict[object, float | None] = {}
         # node → capacity kept there for advance reservations and maintenance windows
         self._windows: dict[str, list[Withheld]] = {}
-        # whether a lease still waits to be offered this cycle (`begin`'s `queued`)
-        self._queued: Callable[[str], bool] | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Kept in the scheduler's checkpoint without `begin`'s `queued`, a method of the
-        queue of this cycle only (the next `begin` gives it again)."""
-        state = dict(self.__dict__)
-        state["_queued"] = None
-        return state
 
     def withhold(self, withheld: Iterable[Withheld]) -> None:
         """This cycle's advance reservations and maintenance windows (domain.reservation):
@@ -141,7 +131,6 @@ class Backfill:
         """Start a cycle at `now`: forget heads no longer queued and reserve again for the
         others, in band order (highest first), from the table as it is now."""
         self.now = now
-        self._queued = queued
         self.reservations.clear()
         self._by_node.clear()
         self._earliest.clear()
@@ -308,7 +297,8 @@ class Backfill:
 
     def admits(self, node_id: str, resources: Resources, end_at: float | None,
                lease_id: str | None = None, window: str | None = None, *,
-               heads: bool = True, band: int | None = None) -> bool:
+               heads: bool = True, band: int | None = None,
+               offered_later: Callable[[str], bool] | None = None) -> bool:
         """Whether placing `resources` on `node_id` now, until `end_at`, leaves every
         reservation there (but the request's own) able to start on time: it ends before the
         reservation begins, or it fits beside the reservation in what the node will have
@@ -316,8 +306,9 @@ class Backfill:
         are counted together from the earliest one it would overlap. `heads` False: windows
         only, not the blocked heads' reservations. `band`: the request's own; a lower band's
         head never holds it back (the queue offers the higher band first, and a head kept
-        from an earlier cycle must not turn that order round). With `band`, neither does a
-        head the queue has not offered yet this cycle: it comes after the request in the
+        from an earlier cycle must not turn that order round). `offered_later`: whether a
+        lease is still to be offered this cycle (the queue's membership while it is popped);
+        such a head never holds the request back either: it comes after the request in the
         current fair order, and a head kept from an earlier cycle, when the tenants' shares
         were otherwise, must not take every node that frees from a tenant further below its
         share."""
@@ -331,8 +322,8 @@ class Backfill:
             if not (self.capacity_at(node_id, at) - kept).is_non_negative():
                 return False
         for r in self._by_node.get(node_id, ()) if heads else ():
-            if r.lease_id == lease_id or (band is not None and (
-                    r.band < band or (self._queued is not None and self._queued(r.lease_id)))):
+            if r.lease_id == lease_id or (band is not None and r.band < band) or (
+                    offered_later is not None and offered_later(r.lease_id)):
                 continue
             if end_at is not None and end_at <= r.start_at:
                 continue
@@ -343,21 +334,22 @@ class Backfill:
 
     def place(self, shape: Shape, end_at: float | None, *, packing: Packing,
               allowed_trust_levels: Iterable[str] | None, lease_id: str | None = None,
-              window: str | None = None, band: int | None = None
+              window: str | None = None, band: int | None = None,
+              offered_later: Callable[[str], bool] | None = None
               ) -> tuple[str | None, FilterResult, bool]:
         """(node, filter result, held back): the node the table would choose for `shape`
         among those `admits` allows (the table's own first choice when admitted, else the
         best of the rest), or None; held back is True when it fits now but only where it
-        would delay a reservation of `band` or above."""
+        would delay a reservation of `band` or above and not offered later (`admits`)."""
         node_id, fr = self.table.place_fast(shape, packing=packing,
                                             allowed_trust_levels=allowed_trust_levels)
         if node_id is None or self.admits(node_id, shape.resources, end_at, lease_id, window,
-                                          band=band):
+                                          band=band, offered_later=offered_later):
             return node_id, fr, False
         fresh = self.table.filter(shape, allowed_trust_levels=allowed_trust_levels)
         ok = [int(i) for i in fresh.eligible
               if self.admits(self.table.node_id_at(int(i)), shape.resources, end_at, lease_id,
-                             window, band=band)]
+                             window, band=band, offered_later=offered_later)]
         if not ok:
             return None, fresh, True
         best = self.table.rank(shape, np.asarray(ok, dtype=np.int64), packing, limit=1)

@@ -123,12 +123,10 @@ def test_a_lower_bands_head_never_holds_back_a_higher_bands_request() -> None:
     pool.run("a", "x", 6, end=100.0)
     bf = pool.backfill()
     assert bf.blocked("low", shape(8), band=0) is not None
-    waiting = {"low"}
-    bf.begin(10.0, queued=waiting.__contains__)  # the next cycle keeps the low head
+    bf.begin(10.0, queued=lambda _lid: True)  # the next cycle keeps the low head
     node, _, held = bf.place(shape(2), 300.0, packing="best-fit", allowed_trust_levels=None,
                              band=2)
     assert (node, held) == ("a", False)
-    waiting.discard("low")  # offered (and blocked again) before the next request of its band
     node, _, held = bf.place(shape(2), 300.0, packing="best-fit", allowed_trust_levels=None,
                              band=0)
     assert (node, held) == (None, True)
@@ -149,9 +147,12 @@ def test_a_head_the_queue_offers_later_never_holds_back_a_fairer_request() -> No
     bf.begin(10.0, queued=waiting.__contains__)  # the head is kept, re-reserved on a
     held_on = bf.reservation_of("globex-head")
     assert held_on is not None and held_on.node_id == "a"
-    waiting.discard("acme-next")  # acme's request is offered first: it is fairer now
     node, _, held = bf.place(shape(8), 300.0, packing="best-fit", allowed_trust_levels=None,
                              lease_id="acme-next", band=0)
+    assert (node, held) == (None, True)  # without the queue's order, the head holds it back
+    waiting.discard("acme-next")  # acme's request is offered first: it is fairer now
+    node, _, held = bf.place(shape(8), 300.0, packing="best-fit", allowed_trust_levels=None,
+                             lease_id="acme-next", band=0, offered_later=waiting.__contains__)
     assert (node, held) == ("a", False)
 
 
