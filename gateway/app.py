@@ -26,6 +26,7 @@ from gateway.routes import NOT_FOUND_CODE, ROUTES, HttpRoute
 from gateway.shared import Gateway, Refused, plain_uint, principal_of
 from gateway.tokens import Principal, TokenStore
 from gateway.upstream import NotEnrolled, Settings, Upstream
+from gateway.wire import Whoami
 from schemas.codec import MAX_PAYLOAD_BYTES, SchemaError, decode
 
 log = logging.getLogger(__name__)
@@ -247,6 +248,8 @@ def _handler(gw: Gateway, route: HttpRoute) -> Handler:
     async def handle(request: Request[Any, Any, Any]) -> Response[Any]:
         try:
             who = principal_of(gw, request)
+            if route.reply == "principal":  # any valid token may ask who it is
+                return _json(Whoami(kind=who.kind, tenant=who.tenant or None))
             if route.admin and not who.is_admin:
                 raise Refused("forbidden", "this operation needs the admin token")
             if not route.admin and who.is_admin:

@@ -4,7 +4,7 @@ Derived from the NATS API's Structs (schemas/v1.py), so a new field reaches both
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from msgspec import Struct
 
@@ -81,3 +81,10 @@ class Page(Struct, frozen=True, kw_only=True):
 
     items: list[dict[str, Any]]
     next_cursor: str | None = None
+
+
+class Whoami(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """`GET /v1/whoami`: who the bearer token speaks for (the tenant, or the admin)."""
+
+    kind: Literal["tenant", "admin"]
+    tenant: str | None = None
