@@ -240,12 +240,10 @@ def cmd_lease_logs(args: argparse.Namespace) -> int:
         if not args.follow:
             reader.read(_write)
             return EXIT_OK
-        import time
-
         # live from here on; what is stored is read after, and what both bring is written once
-        # (a minute's slack for the agent's clock)
+        # (from the watch's start less a minute's slack for the agent's clock)
         with c.watch_lease(args.lease_id, output=True) as watch:
-            reader.keep_after = time.time() - 60
+            reader.keep_after = watch.live_from
             reader.read(_write)
             follow_until_done(c, watch, args.lease_id, seen=reader.seen)
     return EXIT_OK
