@@ -8,6 +8,8 @@ from typing import Any
 from cli import files
 from cli.connect import (
     client_opts,
+    context_of,
+    default_pool,
     pool_client,
     tenant_of,
 )
@@ -39,6 +41,8 @@ def _request_body(args: argparse.Namespace) -> dict[str, Any]:
         if group is not None:
             loaded["group"] = group
         return loaded
+    if args.pool is None:
+        args.pool = default_pool(args) or getattr(args, "pool_fallback", None)
     for flag in ("pool", "cpu_millis", "memory_mib", "max_runtime"):
         if getattr(args, flag) is None:
             raise UsageError(f"--{flag.replace('_', '-')} is required (or -f job.yaml)")
@@ -262,6 +266,9 @@ def cmd_lease_watch(args: argparse.Namespace) -> int:
     if args.after is not None and args.after < 0:
         raise UsageError("--after must be ≥ 0")
     tenant = tenant_of(args)
+    ctx = context_of(args)
+    if ctx is not None:
+        return _watch_over_http(args, ctx)
     lease = None
     if args.lease_id:
         with pool_client(args, tenant) as c:  # an unknown (or another's) lease: refused here
@@ -302,6 +309,32 @@ def cmd_lease_watch(args: argparse.Namespace) -> int:
         return asyncio.run(watch())
     except KeyboardInterrupt:  # how a watch of every lease ends
         return EXIT_OK
+
+
+def _watch_over_http(args: argparse.Namespace, ctx: Any) -> int:
+    """`lease watch ID` through the gateway's event stream of the lease (its feed, as the
+    token's tenant), until the lease ends."""
+    from cli.connect import http_client
+
+    if not args.lease_id:
+        raise UsageError("over HTTP, `lease watch` follows one lease: give its id")
+    with http_client(ctx, args.timeout) as c:
+        reply = c.lease(args.lease_id, "get")
+        if not reply.get("ok"):
+            return print_envelope(reply, args.json)
+        printed = 0
+        for record in c.lease_events(args.lease_id, after=args.after or 0):
+            printed += 1
+            if args.json:
+                print_item(record)
+            else:
+                print(_change_line(record.get("at"), str(record.get("lease_id")),
+                                   record.get("previous_state"), str(record.get("state")),
+                                   record.get("node_id"), record.get("end_reason"),
+                                   record.get("exit_code")), flush=True)
+        if not printed:  # ended before the feed's oldest record
+            _print_lease(reply["lease"], args.json)
+    return EXIT_OK
 
 
 def _print_change(item: Any, as_json: bool) -> None:
@@ -347,16 +380,17 @@ def _change_line(at: float | None, lease_id: str, previous: str | None, state: s
 
 def _shape_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     """The flags of a lease's shape and terms; `lease run` gives the everyday ones defaults."""
-    import os
 
     if defaults:
-        pool = os.environ.get("POOL_POOL", "default")
-        p.add_argument("--pool", default=pool, help=f"pool id (default: $POOL_POOL or {pool})")
+        p.add_argument("--pool", help="pool id (default: $POOL_POOL, the context's pool "
+                       "(`pool login --pool`), or default)")
+        p.set_defaults(pool_fallback="default")
         p.add_argument("--cpu-millis", type=int, default=1000,
                        help="CPU in thousandths of a core (default 1000: one core)")
         p.add_argument("--memory-mib", type=int, default=512, help="memory in MiB (default 512)")
     else:
-        p.add_argument("--pool", help="pool id (required unless -f)")
+        p.add_argument("--pool", help="pool id (default: $POOL_POOL or the context's pool; "
+                       "required otherwise, unless -f)")
         p.add_argument("--cpu-millis", type=int,
                        help="CPU in thousandths of a core (1000: one core; required unless -f)")
         p.add_argument("--memory-mib", type=int, help="memory in MiB (required unless -f)")

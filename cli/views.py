@@ -10,6 +10,7 @@ from typing import Any
 
 from cli.connect import (
     close_app,
+    context_of,
     database_url_of,
     db_opts,
     log_app,
@@ -86,9 +87,13 @@ def cmd_view(args: argparse.Namespace) -> int:
         return cmd_capacity(args)
 
     filters = _filters(args)
-    page = query_url(database_url_of(args), args.view, tenant=args.tenant or None,
-                     filters=filters, limit=args.limit, cursor=args.cursor,
-                     schema=views_schema_of(args))
+    ctx = _tenant_context(args)
+    if ctx is not None:
+        page = _http_page(args, ctx, filters)
+    else:
+        page = query_url(database_url_of(args), args.view, tenant=args.tenant or None,
+                         filters=filters, limit=args.limit, cursor=args.cursor,
+                         schema=views_schema_of(args))
     if args.json:
         print(json.dumps({"ok": True, "result": page}, default=str))
     else:
@@ -101,6 +106,38 @@ def cmd_view(args: argparse.Namespace) -> int:
         if page["next_cursor"]:
             print(f"more: --cursor {page['next_cursor']}")
     return EXIT_OK
+
+
+def _tenant_context(args: argparse.Namespace) -> Any:
+    """The HTTP context a tenant's view is read through (None: the database), when no
+    --database-url or $POOL_DATABASE_URL names the database."""
+    from client.http import VIEW_PATHS
+
+    if args.view not in VIEW_PATHS:
+        return None  # capacity: the operator's, from the database
+    return context_of(args, flag="database_url", env="POOL_DATABASE_URL")
+
+
+def _http_page(args: argparse.Namespace, ctx: Any, filters: dict[str, str]) -> dict[str, Any]:
+    """A page of the token's tenant's view from the gateway, as the database read gives it."""
+    from cli.connect import http_client
+    from cli.run import Refused
+    from client.http import VIEW_FILTERS
+
+    offered = VIEW_FILTERS[args.view]
+    for name in filters:
+        if name not in offered:
+            raise UsageError(f"--filter: over HTTP, {args.view} is filtered only on "
+                             f"{', '.join(offered) or 'nothing'}, not {name!r}")
+    if args.tenant and args.tenant != ctx.tenant:
+        raise UsageError(f"--tenant {args.tenant}: context {ctx.name!r} reads only "
+                         f"{ctx.tenant!r}'s rows")
+    with http_client(ctx) as c:
+        reply = c.view(args.view, filters=filters, limit=args.limit, cursor=args.cursor)
+    if not reply.get("ok"):
+        raise Refused(reply)
+    page: dict[str, Any] = reply["result"]
+    return page
 
 
 def log_strays(app: Any, top: int, page: int = 10_000) -> list[tuple[int, str]]:
