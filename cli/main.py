@@ -82,6 +82,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("projections", "cli.views:register", "the PostgreSQL views"),
     ("audit", "cli.views:register", "check the books against the log"),
     ("report", "cli.report:register", "usage reports from the views"),
+    ("usage", "cli.report:register_usage",
+     "your tenant's use per pool, from the gateway: leases, resource-seconds, credits"),
     ("agent", "cli.agent:register", "run this machine as a node"),
     ("telemetry", "cli.telemetry:register", "samples from node agents"),
     ("webhook", "cli.webhook:register", "POST your lease-feed records to your endpoints"),

@@ -165,6 +165,9 @@ def test_from_a_fresh_home_login_then_run_list_and_read_logs_over_http(laptop: L
     balance = laptop.pool("balance", "--json")
     assert balance.returncode == 0, balance.stderr
     assert json.loads(balance.stdout)["result"]["rows"][0]["tenant"] == "alpha"
+    usage = laptop.pool("usage", "--json")
+    assert usage.returncode == 0, usage.stderr
+    assert json.loads(usage.stdout)["result"]["pools"]["p1"]["leases"] >= 2
     who = laptop.pool("whoami")
     assert who.returncode == 0 and "tenant alpha" in who.stdout and laptop.url in who.stdout
 
