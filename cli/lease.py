@@ -40,7 +40,7 @@ def _request_body(args: argparse.Namespace) -> dict[str, Any]:
         group = _group(args)  # --members … beside a file: the file's request as a gang
         if group is not None:
             loaded["group"] = group
-        return loaded
+        return {**loaded, **_naming(args, loaded.get("labels") or {})}
     if args.pool is None:
         args.pool = default_pool(args) or getattr(args, "pool_fallback", None)
     for flag in ("pool", "cpu_millis", "memory_mib", "max_runtime"):
@@ -78,11 +78,28 @@ def _request_body(args: argparse.Namespace) -> dict[str, Any]:
     group = _group(args)
     if group is not None:
         body["group"] = group
+    body.update(_naming(args, {}))
     for flag, value in (("--cpu-millis", args.cpu_millis), ("--memory-mib", args.memory_mib),
                         ("--max-runtime", args.max_runtime)):
         if value < (1 if flag == "--max-runtime" else 0):
             raise UsageError(f"{flag} must be ≥ {1 if flag == '--max-runtime' else 0}")
     return body
+
+
+def _naming(args: argparse.Namespace, labels: dict[str, str]) -> dict[str, Any]:
+    """`--name N` and `--label k=v …` as the request's fields (the flags win over a file's)."""
+    out: dict[str, Any] = {}
+    if getattr(args, "name", None):
+        out["name"] = args.name
+    given = dict(labels)
+    for item in getattr(args, "label", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--label wants KEY=VALUE, not {item!r}")
+        given[key] = value
+    if given:
+        out["labels"] = given
+    return out
 
 
 def _group(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -418,6 +435,10 @@ def _shape_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
                    help="the request (and the job) from a YAML file whose keys are those of "
                    "schemas/json/LeaseRequest.json (command, env, checkpoint_policy for the "
                    "job); the shape flags are then not used")
+    p.add_argument("--name", help="what you call the lease: shown in `pool leases`, and "
+                   "filtered by (`pool leases --name N`); need not be unique")
+    p.add_argument("--label", "-l", action="append", metavar="KEY=VALUE",
+                   help="a label of the lease (repeatable): `pool leases -l KEY=VALUE`")
     p.add_argument("--priority", default="standard", help="priority class")
     p.add_argument("--key", help="idempotency key (default: a new random one)")
     p.add_argument("--image", help="image reference, pinned by digest")

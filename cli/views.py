@@ -31,17 +31,17 @@ VIEW_TABLE_COLUMNS = {
     "capacity": ("node_id", "pool", "state", "zone", "cpu_millis_allocated",
                  "cpu_millis_allocatable", "memory_mib_allocated", "memory_mib_allocatable",
                  "gpu_count_allocated", "gpu_count_allocatable", "last_heartbeat_at"),
-    "leases": ("lease_id", "tenant", "state", "node_id", "shape", "started_at", "exit_code",
-               "end_reason"),
+    "leases": ("lease_id", "name", "tenant", "state", "node_id", "shape", "started_at",
+               "exit_code", "end_reason"),
 }
 # `-o wide`: every column worth a glance
 WIDE_COLUMNS = {
     "queue": (*VIEW_TABLE_COLUMNS["queue"], "attempts", "requested_at"),
     "balance": (*VIEW_TABLE_COLUMNS["balance"], "holds"),
     "capacity": (*VIEW_TABLE_COLUMNS["capacity"], "failure_domain", "gpu_model", "allocations"),
-    "leases": ("lease_id", "tenant", "pool", "priority_class", "state", "node_id", "shape",
-               "attempts", "requested_at", "started_at", "ended_at", "exit_code", "end_reason",
-               "credits_held", "credits_charged"),
+    "leases": ("lease_id", "name", "labels", "tenant", "pool", "priority_class", "state",
+               "node_id", "shape", "attempts", "requested_at", "started_at", "ended_at",
+               "exit_code", "end_reason", "credits_held", "credits_charged"),
 }
 # newest first where a view has a time to order by (within the page read)
 NEWEST_FIRST = {"queue": "requested_at", "leases": "requested_at"}
@@ -63,6 +63,14 @@ def _filters(args: argparse.Namespace) -> dict[str, str]:
         if "\x00" in value:
             raise UsageError(f"--filter {name}: the value holds a NUL character")
         filters[name] = value
+    if getattr(args, "name", None):
+        filters["name"] = args.name
+    labels = list(getattr(args, "label", None) or [])
+    for item in labels:
+        if "=" not in item or item.startswith("="):
+            raise UsageError(f"--label wants KEY=VALUE, not {item!r}")
+    if labels:
+        filters["label"] = ",".join([*filter(None, [filters.get("label", "")]), *labels])
     return filters
 
 
@@ -273,6 +281,10 @@ def register(sub: Subparsers) -> None:
         vp.add_argument("--cursor", help="where the previous page ended (its `more:` line)")
         vp.add_argument("--output", "-o", choices=["table", "wide"], default="table",
                         help="wide: every column worth a glance")
+        if view == "leases":
+            vp.add_argument("--name", help="only leases of this name (`lease run --name`)")
+            vp.add_argument("--label", "-l", action="append", metavar="KEY=VALUE",
+                            help="only leases with this label (repeatable: every one)")
         if view == "capacity":
             from cli.capacity import add_by_options
 

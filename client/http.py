@@ -23,7 +23,7 @@ VIEW_PATHS = {"leases": LEASES, "queue": "/v1/queue", "balance": "/v1/balance"}
 # the filters each answers (gateway.routes' LEASE_FILTERS and QUEUE_FILTERS; a test keeps them
 # equal, and the CLI need not import the gateway to know them)
 VIEW_FILTERS: dict[str, tuple[str, ...]] = {
-    "leases": ("state", "pool", "priority_class", "node_id"),
+    "leases": ("state", "pool", "priority_class", "node_id", "name", "label"),
     "queue": ("pool", "priority_class", "state"), "balance": ()}
 
 

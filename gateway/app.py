@@ -51,7 +51,8 @@ def _query_args(route: HttpRoute, request: Request[Any, Any, Any]) -> dict[str, 
     q = request.query_params
     filters: dict[str, str] = {}
     for name in route.query:
-        value = q.get(name)
+        # a repeated label (`?label=a=1&label=b=2`): the leases holding every pair
+        value = ",".join(q.getall(name)) if name == "label" and name in q else q.get(name)
         if value is not None:
             if len(value) > 256 or not value.isprintable():
                 raise Refused("invalid_field", f"query parameter {name!r} is not valid",

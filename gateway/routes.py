@@ -16,7 +16,7 @@ from gateway.wire import LeaseCreate
 
 Reply = Literal["lease", "result", "page", "row", "stream", "principal"]
 
-LEASE_FILTERS = ("state", "pool", "priority_class", "node_id")
+LEASE_FILTERS = ("state", "pool", "priority_class", "node_id", "name", "label")
 QUEUE_FILTERS = ("pool", "priority_class", "state")
 _BY_OPERATION = {r.operation: r for r in NATS_ROUTES}
 # path parameters by the subject parameter they fill

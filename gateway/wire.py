@@ -54,6 +54,8 @@ class Lease(Struct, frozen=True, kw_only=True):
     epoch: int
     node_id: str | None = None
     devices: list[str] = []  # the node's GPU devices the lease holds
+    name: str | None = None
+    labels: dict[str, str] = {}
     priority_class: str
     preemptible: bool = True
     checkpointable: bool = False

@@ -292,3 +292,26 @@ def test_ctrl_c_on_lease_run_over_http_cancels_the_lease(laptop: Laptop) -> None
     lease_id = err.split("lease ")[1].split()[0]
     got = laptop.pool("lease", "get", lease_id, "--json")
     assert json.loads(got.stdout)["lease"]["state"] == "cancelled", got.stdout
+
+
+def test_names_and_labels_are_shown_and_filter_the_list_over_http(laptop: Laptop) -> None:
+    _login(laptop)
+    tag = uuid.uuid4().hex[:8]
+    for name, labels in ((f"train-{tag}", ["team=vision", f"run={tag}"]),
+                         (f"eval-{tag}", ["team=speech", f"run={tag}"])):
+        ran = laptop.pool("lease", "run", "-q", "--max-runtime", "60", "--name", name,
+                          *(f"--label={x}" for x in labels), "--", "true")
+        assert ran.returncode == 0, ran.stderr
+
+    def names(*argv: str) -> set[str]:
+        got = laptop.pool("leases", "--json", *argv)
+        assert got.returncode == 0, got.stderr
+        return {r["name"] for r in json.loads(got.stdout)["result"]["rows"]}
+
+    assert names("-l", f"run={tag}") == {f"train-{tag}", f"eval-{tag}"}
+    assert names("-l", f"run={tag}", "-l", "team=vision") == {f"train-{tag}"}
+    assert names("--name", f"eval-{tag}") == {f"eval-{tag}"}
+    table = laptop.pool("leases", "--name", f"train-{tag}", "-o", "wide").stdout
+    assert f"train-{tag}" in table and "team=vision" in table
+    bad = laptop.pool("lease", "run", "--name", "no spaces", "--", "true")
+    assert bad.returncode == 1 and "--name" in bad.stderr, bad.stderr
