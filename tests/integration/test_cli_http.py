@@ -91,12 +91,14 @@ def laptop(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Itera
                                             views_schema=schema), queue="pool-queries").start())
         parts.append(Projector(service, database_url, schema=schema).start())
         with PoolClient(service) as admin:
-            setup_pool(admin, tenants={"alpha": 1.0, "beta": 1.0}, heartbeat_timeout_seconds=5,
+            # the pool a request names when neither it nor the context names one
+            setup_pool(admin, "default", tenants={"alpha": 1.0, "beta": 1.0},
+                       heartbeat_timeout_seconds=5,
                        preemption={"enabled": False, "grace_seconds": 2})
-            assert admin.admin("node.enroll", {"node_id": "n1", "pool_id": "p1",
+            assert admin.admin("node.enroll", {"node_id": "n1", "pool_id": "default",
                                                "trust_level": "trusted"})["ok"]
         link = AgentLink(url_with_credentials(server.url, auth.nodes["n1"]), "n1").connect()
-        agent = Agent(link, ProcessRuntime(tmp / "n1"), node_id="n1", pool_id="p1",
+        agent = Agent(link, ProcessRuntime(tmp / "n1"), node_id="n1", pool_id="default",
                       probe=PROBE, state_dir=tmp / "n1", reserve=Reserve(500, 1024, 0),
                       heartbeat_interval=0.5)
         thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
@@ -123,7 +125,7 @@ def laptop(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Itera
 
 
 def _login(laptop: Laptop) -> None:
-    done = laptop.pool("login", laptop.url, "--token-stdin", "--pool", "p1", "--name", "lab",
+    done = laptop.pool("login", laptop.url, "--token-stdin", "--name", "lab",
                        stdin=laptop.tokens["alpha"] + "\n")
     assert done.returncode == 0, done.stderr
     assert "tenant alpha" in done.stdout
@@ -135,7 +137,7 @@ def test_from_a_fresh_home_login_then_run_list_and_read_logs_over_http(laptop: L
     assert stat.S_IMODE(config.stat().st_mode) == 0o600
     assert not (laptop.home / ".pool").exists()
 
-    ran = laptop.pool("lease", "run", "--max-runtime", "120", "--", "echo", "hi")
+    ran = laptop.pool("lease", "run", "--", "echo", "hi")
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout == "hi\n"
     failed = laptop.pool("lease", "run", "-q", "--max-runtime", "120", "--",
@@ -167,13 +169,17 @@ def test_from_a_fresh_home_login_then_run_list_and_read_logs_over_http(laptop: L
     assert json.loads(balance.stdout)["result"]["rows"][0]["tenant"] == "alpha"
     usage = laptop.pool("usage", "--json")
     assert usage.returncode == 0, usage.stderr
-    assert json.loads(usage.stdout)["result"]["pools"]["p1"]["leases"] >= 2
+    assert json.loads(usage.stdout)["result"]["pools"]["default"]["leases"] >= 2
     who = laptop.pool("whoami")
     assert who.returncode == 0 and "tenant alpha" in who.stdout and laptop.url in who.stdout
 
 
 def test_a_request_is_cancelled_and_released_over_http(laptop: Laptop) -> None:
     _login(laptop)
+    # `lease request` has no everyday pool: the context's (`login --pool`) stands in for it
+    again_login = laptop.pool("login", laptop.url, "--token-stdin", "--name", "lab",
+                              "--pool", "default", stdin=laptop.tokens["alpha"] + "\n")
+    assert again_login.returncode == 0, again_login.stderr
     req = laptop.pool("lease", "request", "--cpu-millis", "100", "--memory-mib", "64",
                       "--max-runtime", "60", "--runtime", "sandboxed", "--wait", "--json")
     assert req.returncode == 0, req.stderr
@@ -205,11 +211,12 @@ def test_another_tenants_token_cannot_read_this_tenants_lease(
     laptop: Laptop, tmp_path: Path,
 ) -> None:
     _login(laptop)
-    req = laptop.pool("lease", "request", "--cpu-millis", "100", "--memory-mib", "64",
-                      "--max-runtime", "60", "--runtime", "sandboxed", "--json")
+    req = laptop.pool("lease", "request", "--pool", "default", "--cpu-millis", "100",
+                      "--memory-mib", "64", "--max-runtime", "60", "--runtime", "sandboxed",
+                      "--json")
     assert req.returncode == 0, req.stderr
     lease_id = json.loads(req.stdout)["lease"]["lease_id"]
-    beta = laptop.pool("login", laptop.url, "--token-stdin", "--pool", "p1",
+    beta = laptop.pool("login", laptop.url, "--token-stdin",
                        stdin=laptop.tokens["beta"] + "\n", home=tmp_path)
     assert beta.returncode == 0, beta.stderr
     for verb in ("get", "why", "logs", "watch", "cancel"):
