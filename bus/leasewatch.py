@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Self
@@ -74,8 +75,12 @@ class LeaseWatch:
         self._queue: queue.SimpleQueue[Output | Change | BaseException] = queue.SimpleQueue()
         self._task: Any = None
         self._sub: Any = None
+        self.live_from = 0.0
 
     def start(self) -> Self:
+        # the output stamped from here on (less a minute's slack for the agent's clock) is
+        # what may come live; a reader of the stored output counts what it wrote from then
+        self.live_from = time.time() - 60
         loop = self._client._loop  # the same package's connection and loop
 
         async def subscribe() -> None:

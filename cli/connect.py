@@ -19,7 +19,53 @@ def nats_url_of(args: argparse.Namespace) -> str:
     return str(url)
 
 
+def context_of(args: argparse.Namespace, *, flag: str = "nats_url",
+               env: str = "POOL_NATS_URL") -> Any:
+    """The saved HTTP context (client.contexts.Context) a tenant command speaks through, or
+    None for NATS. First of: --NATS-URL (NATS), --context, $POOL_NATS_URL (NATS),
+    $POOL_CONTEXT, the current context (`pool login`, `pool context use`); `flag` and `env`
+    name the server a command would otherwise reach (the views' --database-url)."""
+    import os
+
+    from client import contexts
+
+    named = getattr(args, "context", None)
+    if getattr(args, flag, None) and not named:
+        return None
+    if not named and os.environ.get(env):
+        return None
+    named = named or os.environ.get("POOL_CONTEXT") or None
+    try:
+        return contexts.load().pick(named)
+    except contexts.ContextError as e:
+        raise UsageError(f"{'--context' if getattr(args, 'context', None) else 'POOL_CONTEXT'}"
+                         f": {e}" if named else str(e)) from None
+
+
+def http_client(ctx: Any, timeout: float = 10.0) -> Any:
+    """The tenant's client over the gateway's HTTP API, as its context says."""
+    from client.http import HttpClient
+
+    return HttpClient(ctx.url, ctx.token, tenant=ctx.tenant, timeout=timeout)
+
+
+def default_pool(args: argparse.Namespace) -> str | None:
+    """A request's pool when --pool is not given: $POOL_POOL, else the context's."""
+    import os
+
+    if os.environ.get("POOL_POOL"):
+        return os.environ["POOL_POOL"]
+    ctx = context_of(args)
+    return (ctx.pool or None) if ctx is not None else None
+
+
 def pool_client(args: argparse.Namespace, tenant: str = "") -> Any:
+    """The client a command speaks through: over HTTP with a context (tenant commands), else
+    over NATS; both answer the same calls with the same envelopes."""
+    if tenant:
+        ctx = context_of(args)
+        if ctx is not None:
+            return http_client(ctx, args.timeout)
     from bus.local.auth import inbox_prefix
     from client.api import PoolClient
     from local import embedded
@@ -66,6 +112,15 @@ def tenant_connection(args: argparse.Namespace, tenant: str) -> tuple[str, dict[
 def tenant_of(args: argparse.Namespace) -> str:
     import os
 
+    ctx = context_of(args)
+    if ctx is not None:  # the token decides: a gateway acts only for its tenant
+        if not ctx.tenant:
+            raise UsageError(f"context {ctx.name!r} holds the admin token, which acts for no "
+                             "tenant: `pool login URL` with a tenant's token")
+        if getattr(args, "tenant", None) and args.tenant != ctx.tenant:
+            raise UsageError(f"--tenant {args.tenant}: context {ctx.name!r} speaks for "
+                             f"{ctx.tenant!r} (its token decides)")
+        return str(ctx.tenant)
     t = args.tenant or os.environ.get("POOL_TENANT", "")
     if not t:
         raise UsageError("no tenant: pass --tenant or set POOL_TENANT")

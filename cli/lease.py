@@ -8,6 +8,8 @@ from typing import Any
 from cli import files
 from cli.connect import (
     client_opts,
+    context_of,
+    default_pool,
     pool_client,
     tenant_of,
 )
@@ -38,7 +40,9 @@ def _request_body(args: argparse.Namespace) -> dict[str, Any]:
         group = _group(args)  # --members … beside a file: the file's request as a gang
         if group is not None:
             loaded["group"] = group
-        return loaded
+        return {**loaded, **_naming(args, loaded.get("labels") or {})}
+    if args.pool is None:
+        args.pool = default_pool(args) or getattr(args, "pool_fallback", None)
     for flag in ("pool", "cpu_millis", "memory_mib", "max_runtime"):
         if getattr(args, flag) is None:
             raise UsageError(f"--{flag.replace('_', '-')} is required (or -f job.yaml)")
@@ -74,11 +78,28 @@ def _request_body(args: argparse.Namespace) -> dict[str, Any]:
     group = _group(args)
     if group is not None:
         body["group"] = group
+    body.update(_naming(args, {}))
     for flag, value in (("--cpu-millis", args.cpu_millis), ("--memory-mib", args.memory_mib),
                         ("--max-runtime", args.max_runtime)):
         if value < (1 if flag == "--max-runtime" else 0):
             raise UsageError(f"{flag} must be ≥ {1 if flag == '--max-runtime' else 0}")
     return body
+
+
+def _naming(args: argparse.Namespace, labels: dict[str, str]) -> dict[str, Any]:
+    """`--name N` and `--label k=v …` as the request's fields (the flags win over a file's)."""
+    out: dict[str, Any] = {}
+    if getattr(args, "name", None):
+        out["name"] = args.name
+    given = dict(labels)
+    for item in getattr(args, "label", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--label wants KEY=VALUE, not {item!r}")
+        given[key] = value
+    if given:
+        out["labels"] = given
+    return out
 
 
 def _group(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -240,12 +261,10 @@ def cmd_lease_logs(args: argparse.Namespace) -> int:
         if not args.follow:
             reader.read(_write)
             return EXIT_OK
-        import time
-
         # live from here on; what is stored is read after, and what both bring is written once
-        # (a minute's slack for the agent's clock)
+        # (from the watch's start less a minute's slack for the agent's clock)
         with c.watch_lease(args.lease_id, output=True) as watch:
-            reader.keep_after = time.time() - 60
+            reader.keep_after = watch.live_from
             reader.read(_write)
             follow_until_done(c, watch, args.lease_id, seen=reader.seen)
     return EXIT_OK
@@ -264,6 +283,9 @@ def cmd_lease_watch(args: argparse.Namespace) -> int:
     if args.after is not None and args.after < 0:
         raise UsageError("--after must be ≥ 0")
     tenant = tenant_of(args)
+    ctx = context_of(args)
+    if ctx is not None:
+        return _watch_over_http(args, ctx)
     lease = None
     if args.lease_id:
         with pool_client(args, tenant) as c:  # an unknown (or another's) lease: refused here
@@ -304,6 +326,32 @@ def cmd_lease_watch(args: argparse.Namespace) -> int:
         return asyncio.run(watch())
     except KeyboardInterrupt:  # how a watch of every lease ends
         return EXIT_OK
+
+
+def _watch_over_http(args: argparse.Namespace, ctx: Any) -> int:
+    """`lease watch ID` through the gateway's event stream of the lease (its feed, as the
+    token's tenant), until the lease ends."""
+    from cli.connect import http_client
+
+    if not args.lease_id:
+        raise UsageError("over HTTP, `lease watch` follows one lease: give its id")
+    with http_client(ctx, args.timeout) as c:
+        reply = c.lease(args.lease_id, "get")
+        if not reply.get("ok"):
+            return print_envelope(reply, args.json)
+        printed = 0
+        for record in c.lease_events(args.lease_id, after=args.after or 0):
+            printed += 1
+            if args.json:
+                print_item(record)
+            else:
+                print(_change_line(record.get("at"), str(record.get("lease_id")),
+                                   record.get("previous_state"), str(record.get("state")),
+                                   record.get("node_id"), record.get("end_reason"),
+                                   record.get("exit_code")), flush=True)
+        if not printed:  # ended before the feed's oldest record
+            _print_lease(reply["lease"], args.json)
+    return EXIT_OK
 
 
 def _print_change(item: Any, as_json: bool) -> None:
@@ -349,16 +397,17 @@ def _change_line(at: float | None, lease_id: str, previous: str | None, state: s
 
 def _shape_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     """The flags of a lease's shape and terms; `lease run` gives the everyday ones defaults."""
-    import os
 
     if defaults:
-        pool = os.environ.get("POOL_POOL", "default")
-        p.add_argument("--pool", default=pool, help=f"pool id (default: $POOL_POOL or {pool})")
+        p.add_argument("--pool", help="pool id (default: $POOL_POOL, the context's pool "
+                       "(`pool login --pool`), or default)")
+        p.set_defaults(pool_fallback="default")
         p.add_argument("--cpu-millis", type=int, default=1000,
                        help="CPU in thousandths of a core (default 1000: one core)")
         p.add_argument("--memory-mib", type=int, default=512, help="memory in MiB (default 512)")
     else:
-        p.add_argument("--pool", help="pool id (required unless -f)")
+        p.add_argument("--pool", help="pool id (default: $POOL_POOL or the context's pool; "
+                       "required otherwise, unless -f)")
         p.add_argument("--cpu-millis", type=int,
                        help="CPU in thousandths of a core (1000: one core; required unless -f)")
         p.add_argument("--memory-mib", type=int, help="memory in MiB (required unless -f)")
@@ -386,6 +435,10 @@ def _shape_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
                    help="the request (and the job) from a YAML file whose keys are those of "
                    "schemas/json/LeaseRequest.json (command, env, checkpoint_policy for the "
                    "job); the shape flags are then not used")
+    p.add_argument("--name", help="what you call the lease: shown in `pool leases`, and "
+                   "filtered by (`pool leases --name N`); need not be unique")
+    p.add_argument("--label", "-l", action="append", metavar="KEY=VALUE",
+                   help="a label of the lease (repeatable): `pool leases -l KEY=VALUE`")
     p.add_argument("--priority", default="standard", help="priority class")
     p.add_argument("--key", help="idempotency key (default: a new random one)")
     p.add_argument("--image", help="image reference, pinned by digest")

@@ -66,6 +66,10 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
      "run the command service and the scheduler (or some of the roles)"),
     ("gateway", "cli.gateway:register",
      "serve the HTTP API, its OpenAPI document and the web dashboard"),
+    ("login", "cli.contexts:register",
+     "check a token against a gateway and save it as the current context"),
+    ("context", "cli.contexts:register", "saved contexts: list, use, delete"),
+    ("whoami", "cli.contexts:register", "who tenant commands speak as, asked of the gateway"),
     ("lease", "cli.lease:register", "request and manage leases"),
     ("admin", "cli.admin:register", "configure pools, tenants and nodes"),
     ("image", "cli.images:register", "image signing keys and signatures"),
@@ -78,6 +82,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("projections", "cli.views:register", "the PostgreSQL views"),
     ("audit", "cli.views:register", "check the books against the log"),
     ("report", "cli.report:register", "usage reports from the views"),
+    ("usage", "cli.report:register_usage",
+     "your tenant's use per pool, from the gateway: leases, resource-seconds, credits"),
     ("agent", "cli.agent:register", "run this machine as a node"),
     ("telemetry", "cli.telemetry:register", "samples from node agents"),
     ("webhook", "cli.webhook:register", "POST your lease-feed records to your endpoints"),
@@ -108,9 +114,12 @@ def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
         description="computepool: an event-sourced control plane for pooled compute.",
     )
     p.add_argument("--version", action=_VersionAction)
+    p.add_argument("--context", metavar="NAME",
+                   help="the saved context tenant commands speak through (default: "
+                   "$POOL_CONTEXT, else the current one; `pool context list`)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    wanted = None if words is None else next((w for w in words if not w.startswith("-")), "")
+    wanted = None if words is None else _command_word(words)
     # the module that adds the command at hand (None: every module, as `completion` needs)
     module = None if wanted in (None, "completion") else \
         next((where for name, where, _ in COMMANDS if name == wanted), "")
@@ -123,6 +132,18 @@ def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
             sub.add_parser(command, help=help_text, add_help=False)  # listed, not parsed
     p.set_defaults(root_parser=p)  # for `pool completion`, which walks the whole tree
     return p
+
+
+def _command_word(words: Sequence[str]) -> str:
+    """The command `words` name: the first word that is neither a flag of `pool` itself nor
+    the value of one (`pool --context lab leases`)."""
+    it = iter(words)
+    for w in it:
+        if w == "--context":
+            next(it, None)
+        elif not w.startswith("-"):
+            return w
+    return ""
 
 
 class _VersionAction(argparse.Action):

@@ -62,6 +62,41 @@ def cmd_report_usage(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+USAGE_COLUMNS = ("pool", "leases", "by_state", "run_seconds", "cpu_core_seconds",
+                 "memory_gib_seconds", "gpu_seconds", "credits_charged_microcredits")
+
+
+def cmd_usage(args: argparse.Namespace) -> int:
+    """`pool usage`: the token's tenant's use per pool, from the gateway (GET /v1/usage)."""
+    from cli.connect import context_of, http_client
+    from cli.output import print_envelope
+
+    ctx = context_of(args)
+    if ctx is None:
+        raise UsageError("`pool usage` asks the gateway: `pool login URL` first (an operator's "
+                         "report of every tenant: `pool report usage`)")
+    with http_client(ctx, args.timeout) as c:
+        reply = c.usage(args.pool)
+    if args.json or not reply.get("ok"):
+        return print_envelope(reply, args.json)
+    result = reply["result"]
+    rows = [{"pool": pool, **row} for pool, row in (result.get("pools") or {}).items()]
+    print(table(rows, USAGE_COLUMNS))
+    if result.get("truncated"):
+        print(f"(the first {result.get('leases_read')} leases only)")
+    return EXIT_OK
+
+
+def register_usage(sub: Subparsers) -> None:
+    """Add `usage`."""
+    us = sub.add_parser("usage", help="your tenant's use per pool, from the gateway: leases, "
+                        "resource-seconds, credits")
+    us.add_argument("--pool", help="only this pool")
+    us.add_argument("--timeout", type=float, default=10.0)
+    us.add_argument("--json", action="store_true")
+    us.set_defaults(func=cmd_usage)
+
+
 def register(sub: Subparsers) -> None:
     """Add `report` and its reports."""
     from projections.usage import GROUPINGS

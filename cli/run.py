@@ -167,7 +167,7 @@ class OutputReader:
                                     "after_seq": self.after_seq, "limit": 500}
             if self.since is not None and self.after_seq == 0:
                 body["since"] = self.since
-            reply = self.c.call(self.subject, body)
+            reply = self.c.replay_telemetry(body)
             if not reply.get("ok"):
                 raise Refused(reply)
             result = reply.get("result") or {}

@@ -10,6 +10,7 @@ from typing import Any
 
 from cli.connect import (
     close_app,
+    context_of,
     database_url_of,
     db_opts,
     log_app,
@@ -30,17 +31,17 @@ VIEW_TABLE_COLUMNS = {
     "capacity": ("node_id", "pool", "state", "zone", "cpu_millis_allocated",
                  "cpu_millis_allocatable", "memory_mib_allocated", "memory_mib_allocatable",
                  "gpu_count_allocated", "gpu_count_allocatable", "last_heartbeat_at"),
-    "leases": ("lease_id", "tenant", "state", "node_id", "shape", "started_at", "exit_code",
-               "end_reason"),
+    "leases": ("lease_id", "name", "tenant", "state", "node_id", "shape", "started_at",
+               "exit_code", "end_reason"),
 }
 # `-o wide`: every column worth a glance
 WIDE_COLUMNS = {
     "queue": (*VIEW_TABLE_COLUMNS["queue"], "attempts", "requested_at"),
     "balance": (*VIEW_TABLE_COLUMNS["balance"], "holds"),
     "capacity": (*VIEW_TABLE_COLUMNS["capacity"], "failure_domain", "gpu_model", "allocations"),
-    "leases": ("lease_id", "tenant", "pool", "priority_class", "state", "node_id", "shape",
-               "attempts", "requested_at", "started_at", "ended_at", "exit_code", "end_reason",
-               "credits_held", "credits_charged"),
+    "leases": ("lease_id", "name", "labels", "tenant", "pool", "priority_class", "state",
+               "node_id", "shape", "attempts", "requested_at", "started_at", "ended_at",
+               "exit_code", "end_reason", "credits_held", "credits_charged"),
 }
 # newest first where a view has a time to order by (within the page read)
 NEWEST_FIRST = {"queue": "requested_at", "leases": "requested_at"}
@@ -62,6 +63,14 @@ def _filters(args: argparse.Namespace) -> dict[str, str]:
         if "\x00" in value:
             raise UsageError(f"--filter {name}: the value holds a NUL character")
         filters[name] = value
+    if getattr(args, "name", None):
+        filters["name"] = args.name
+    labels = list(getattr(args, "label", None) or [])
+    for item in labels:
+        if "=" not in item or item.startswith("="):
+            raise UsageError(f"--label wants KEY=VALUE, not {item!r}")
+    if labels:
+        filters["label"] = ",".join([*filter(None, [filters.get("label", "")]), *labels])
     return filters
 
 
@@ -86,9 +95,13 @@ def cmd_view(args: argparse.Namespace) -> int:
         return cmd_capacity(args)
 
     filters = _filters(args)
-    page = query_url(database_url_of(args), args.view, tenant=args.tenant or None,
-                     filters=filters, limit=args.limit, cursor=args.cursor,
-                     schema=views_schema_of(args))
+    ctx = _tenant_context(args)
+    if ctx is not None:
+        page = _http_page(args, ctx, filters)
+    else:
+        page = query_url(database_url_of(args), args.view, tenant=args.tenant or None,
+                         filters=filters, limit=args.limit, cursor=args.cursor,
+                         schema=views_schema_of(args))
     if args.json:
         print(json.dumps({"ok": True, "result": page}, default=str))
     else:
@@ -101,6 +114,38 @@ def cmd_view(args: argparse.Namespace) -> int:
         if page["next_cursor"]:
             print(f"more: --cursor {page['next_cursor']}")
     return EXIT_OK
+
+
+def _tenant_context(args: argparse.Namespace) -> Any:
+    """The HTTP context a tenant's view is read through (None: the database), when no
+    --database-url or $POOL_DATABASE_URL names the database."""
+    from client.http import VIEW_PATHS
+
+    if args.view not in VIEW_PATHS:
+        return None  # capacity: the operator's, from the database
+    return context_of(args, flag="database_url", env="POOL_DATABASE_URL")
+
+
+def _http_page(args: argparse.Namespace, ctx: Any, filters: dict[str, str]) -> dict[str, Any]:
+    """A page of the token's tenant's view from the gateway, as the database read gives it."""
+    from cli.connect import http_client
+    from cli.run import Refused
+    from client.http import VIEW_FILTERS
+
+    offered = VIEW_FILTERS[args.view]
+    for name in filters:
+        if name not in offered:
+            raise UsageError(f"--filter: over HTTP, {args.view} is filtered only on "
+                             f"{', '.join(offered) or 'nothing'}, not {name!r}")
+    if args.tenant and args.tenant != ctx.tenant:
+        raise UsageError(f"--tenant {args.tenant}: context {ctx.name!r} reads only "
+                         f"{ctx.tenant!r}'s rows")
+    with http_client(ctx) as c:
+        reply = c.view(args.view, filters=filters, limit=args.limit, cursor=args.cursor)
+    if not reply.get("ok"):
+        raise Refused(reply)
+    page: dict[str, Any] = reply["result"]
+    return page
 
 
 def log_strays(app: Any, top: int, page: int = 10_000) -> list[tuple[int, str]]:
@@ -236,6 +281,10 @@ def register(sub: Subparsers) -> None:
         vp.add_argument("--cursor", help="where the previous page ended (its `more:` line)")
         vp.add_argument("--output", "-o", choices=["table", "wide"], default="table",
                         help="wide: every column worth a glance")
+        if view == "leases":
+            vp.add_argument("--name", help="only leases of this name (`lease run --name`)")
+            vp.add_argument("--label", "-l", action="append", metavar="KEY=VALUE",
+                            help="only leases with this label (repeatable: every one)")
         if view == "capacity":
             from cli.capacity import add_by_options
 

@@ -89,6 +89,10 @@ class PoolClient:
         what it may read and write is what its NATS user may."""
         return self._client.files()
 
+    def replay_telemetry(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A page of this tenant's telemetry samples (a lease's job output among them)."""
+        return self.call(command_subject(self.tenant, "telemetry", "replay"), body)
+
     # -- admin -------------------------------------------------------------------------------
 
     def admin(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:

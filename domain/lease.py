@@ -171,6 +171,11 @@ _EXPIRY_AWARE_VERBS = frozenset(
 class Lease(Aggregate):
     """A tenant's claim on capacity; see the module docstring for the state machine."""
 
+    # what its tenant calls it; the class's values stand for a lease restored from a snapshot
+    # taken before names and labels (never changed in place)
+    name: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()  # sorted (key, value)
+
     @staticmethod
     def create_id(tenant_id: str, idempotency_key: str) -> UUID:
         """The lease id for a tenant's idempotency key: a retried request finds the same lease."""
@@ -198,6 +203,8 @@ class Lease(Aggregate):
         gang: GangMembership | None = None,
         queued: bool = False,
         queue_timeout_seconds: int | None = None,
+        name: str | None = None,
+        labels: dict[str, str] | None = None,
     ) -> Lease:
         """Record a request. `lease_seconds` is the initial term and default renewal (defaults
         to the maximum runtime); the id is `create_id(tenant_id, idempotency_key)`.
@@ -207,14 +214,15 @@ class Lease(Aggregate):
         `gang`: the gang it is a member of (domain.gang), placed all-or-nothing with it;
         `queued`: admitted to the queue by the same event (one event a request), as
         `queue(now)` right after would; `queue_timeout_seconds`: how long it may wait in the
-        queue (each time it is queued) before it ends `queue_timeout` (None: for ever)."""
+        queue (each time it is queued) before it ends `queue_timeout` (None: for ever);
+        `name` and `labels`: what the tenant calls it, to find it by in lists."""
         term = maximum_runtime_seconds if lease_seconds is None else lease_seconds
-        for name, value in (
+        for field_name, value in (
             ("maximum_runtime_seconds", maximum_runtime_seconds),
             ("lease_seconds", term),
             ("heartbeat_timeout_seconds", heartbeat_timeout_seconds),
         ):
-            _require_positive_int(name, value)
+            _require_positive_int(field_name, value)
         if queue_timeout_seconds is not None:
             _require_positive_int("queue_timeout_seconds", queue_timeout_seconds)
         if not shape.resources.is_non_negative():
@@ -238,6 +246,8 @@ class Lease(Aggregate):
             "gang": None if gang is None else gang.to_dict(),
             "queued_at": float(now) if queued else None,
             "queue_timeout_seconds": queue_timeout_seconds,
+            "name": name,
+            "labels": dict(labels) if labels else None,
         }
         if _LEAN_CREATE is None or cls is not Lease:
             return cls(**fields)
@@ -274,6 +284,9 @@ class Lease(Aggregate):
         # how long it may wait in the queue before it ends `queue_timeout`; absent before
         # queue timeouts (such a lease waits for ever)
         queue_timeout_seconds: int | None = None,
+        # what the tenant calls it (a name, labels); absent before names and labels
+        name: str | None = None,
+        labels: dict[str, str] | None = None,
     ) -> None:
         self.tenant_id = TenantId(tenant_id)
         self.idempotency_key = idempotency_key
@@ -295,6 +308,8 @@ class Lease(Aggregate):
         self.state = LeaseState.REQUESTED if queued_at is None else LeaseState.QUEUED
         self.queued_at: float | None = queued_at
         self.queue_timeout_seconds = queue_timeout_seconds
+        self.name = name
+        self.labels = tuple(sorted((labels or {}).items()))
         self.attempts = 1
         self.epoch = 0
         # Per placement; reset on each reservation.

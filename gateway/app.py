@@ -26,6 +26,7 @@ from gateway.routes import NOT_FOUND_CODE, ROUTES, HttpRoute
 from gateway.shared import Gateway, Refused, plain_uint, principal_of
 from gateway.tokens import Principal, TokenStore
 from gateway.upstream import NotEnrolled, Settings, Upstream
+from gateway.wire import Whoami
 from schemas.codec import MAX_PAYLOAD_BYTES, SchemaError, decode
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,8 @@ def _query_args(route: HttpRoute, request: Request[Any, Any, Any]) -> dict[str, 
     q = request.query_params
     filters: dict[str, str] = {}
     for name in route.query:
-        value = q.get(name)
+        # a repeated label (`?label=a=1&label=b=2`): the leases holding every pair
+        value = ",".join(q.getall(name)) if name == "label" and name in q else q.get(name)
         if value is not None:
             if len(value) > 256 or not value.isprintable():
                 raise Refused("invalid_field", f"query parameter {name!r} is not valid",
@@ -247,6 +249,8 @@ def _handler(gw: Gateway, route: HttpRoute) -> Handler:
     async def handle(request: Request[Any, Any, Any]) -> Response[Any]:
         try:
             who = principal_of(gw, request)
+            if route.reply == "principal":  # any valid token may ask who it is
+                return _json(Whoami(kind=who.kind, tenant=who.tenant or None))
             if route.admin and not who.is_admin:
                 raise Refused("forbidden", "this operation needs the admin token")
             if not route.admin and who.is_admin:

@@ -11,7 +11,7 @@ from msgspec import Struct
 from gateway import examples
 from gateway.problems import PROBLEM_JSON, STATUS_BY_CODE, TITLES, Problem
 from gateway.routes import ROUTES, HttpRoute
-from gateway.wire import Lease, Page
+from gateway.wire import Lease, Page, Whoami
 from schemas.codec import MAX_PAYLOAD_BYTES
 
 REF = "#/components/schemas/{name}"
@@ -24,7 +24,7 @@ def _structs() -> list[type[Struct]]:
         body = r.doc_body or r.body
         if body is not None and r.method == "POST":
             seen[body.__name__] = body
-    for t in (Lease, Page, Problem):
+    for t in (Lease, Page, Problem, Whoami):
         seen[t.__name__] = t
     return list(seen.values())
 
@@ -70,6 +70,8 @@ def _ok_response(route: HttpRoute) -> dict[str, Any]:
         media = _json("Lease")
     elif route.reply == "page":
         media = _json("Page")
+    elif route.reply == "principal":
+        media = _json("Whoami")
     else:
         # the command's result: an object whose fields are the command's own (docs/api.md)
         media = {"schema": {"type": "object", "additionalProperties": True}}

@@ -14,9 +14,9 @@ from control.routes import ROUTES as NATS_ROUTES
 from control.routes import Route as NatsRoute
 from gateway.wire import LeaseCreate
 
-Reply = Literal["lease", "result", "page", "row", "stream"]
+Reply = Literal["lease", "result", "page", "row", "stream", "principal"]
 
-LEASE_FILTERS = ("state", "pool", "priority_class", "node_id")
+LEASE_FILTERS = ("state", "pool", "priority_class", "node_id", "name", "label")
 QUEUE_FILTERS = ("pool", "priority_class", "state")
 _BY_OPERATION = {r.operation: r for r in NATS_ROUTES}
 # path parameters by the subject parameter they fill
@@ -54,7 +54,7 @@ class HttpRoute:
     def body(self) -> type[Struct] | None:
         """The Struct a body is decoded with: the NATS route's (None for reads by query)."""
         r = self.route
-        if r is None or self.reply in ("page", "row", "stream"):
+        if r is None or self.reply in ("page", "row", "stream", "principal"):
             return None
         return r.struct
 
@@ -83,6 +83,10 @@ def _summary(operation: str) -> str:
 
 
 ROUTES: tuple[HttpRoute, ...] = (
+    # any token: what `pool login` checks a token with
+    HttpRoute("GET", "/v1/whoami", "whoami",
+              "Who the bearer token speaks for: a tenant, or the admin", "", "principal",
+              tag="auth"),
     HttpRoute("POST", _LEASE, "createComputeLease",
               "Ask a pool for a lease on capacity of a shape (Idempotency-Key: retries are safe)",
               "requestLease", "lease", 201, doc_body=LeaseCreate),

@@ -4,7 +4,7 @@ Derived from the NATS API's Structs (schemas/v1.py), so a new field reaches both
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from msgspec import Struct
 
@@ -54,6 +54,8 @@ class Lease(Struct, frozen=True, kw_only=True):
     epoch: int
     node_id: str | None = None
     devices: list[str] = []  # the node's GPU devices the lease holds
+    name: str | None = None
+    labels: dict[str, str] = {}
     priority_class: str
     preemptible: bool = True
     checkpointable: bool = False
@@ -81,3 +83,10 @@ class Page(Struct, frozen=True, kw_only=True):
 
     items: list[dict[str, Any]]
     next_cursor: str | None = None
+
+
+class Whoami(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """`GET /v1/whoami`: who the bearer token speaks for (the tenant, or the admin)."""
+
+    kind: Literal["tenant", "admin"]
+    tenant: str | None = None

@@ -11,7 +11,9 @@ FILTERS = {
     "queue": ("pool", "priority_class", "state", "lease_id"),
     "balance": (),
     "capacity": ("pool", "state", "zone", "failure_domain", "gpu_model", "node_id"),
-    "leases": ("pool", "state", "node_id", "priority_class", "lease_id", "gang_id"),
+    # label: `k=v[,k=v…]`, the leases whose labels hold every pair
+    "leases": ("pool", "state", "node_id", "priority_class", "lease_id", "gang_id", "name",
+               "label"),
     "gangs": ("pool", "state", "gang_id"),
 }
 COLUMNS = {
@@ -28,9 +30,11 @@ COLUMNS = {
                "attempts", "shape", "requested_at", "reserved_at", "started_at",
                "run_ended_at", "ended_at", "deadline", "hold_microcredits", "credits_held",
                "credits_charged", "credits_released", "credits_shortfall", "end_reason",
-               "exit_code", "gang_id", "gang_member"),
+               "exit_code", "gang_id", "gang_member", "name", "labels"),
     # one row per gang, its members (member, lease_id, state, node_id) as a JSON list
     "gangs": ("gang_id", "tenant", "pool", "size", "state", "members", "requested_at"),
 }
 TENANT_VIEWS = ("queue", "balance", "leases", "gangs")
+# filters that are no column of their own: how each is matched (projections.queries)
+LABEL_FILTER = "label"
 MAX_LIMIT = 1000  # rows in one page

@@ -4,6 +4,7 @@ Tenant scoping, filters and paging: docs/architecture.md#the-views.
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
@@ -11,7 +12,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from projections.catalog import COLUMNS, FILTERS, KEYS, MAX_LIMIT, TENANT_VIEWS
+from projections.catalog import COLUMNS, FILTERS, KEYS, LABEL_FILTER, MAX_LIMIT, TENANT_VIEWS
 from projections.errors import BadQuery, ViewsUnavailable
 from projections.views import DEFAULT_SCHEMA
 from projections.views.schema import check_readable
@@ -30,6 +31,10 @@ def query(conn: psycopg.Connection[Any], view: str, *, tenant: str | None,
         where.append(sql.SQL("tenant = %s"))
         params.append(tenant)
     for name, value in sorted((filters or {}).items()):
+        if name == LABEL_FILTER:
+            where.append(sql.SQL("labels @> %s::jsonb"))
+            params.append(json.dumps(label_pairs(value)))
+            continue
         where.append(sql.SQL("{} = %s").format(sql.Identifier(name)))
         params.append(value)
     if cursor:
@@ -51,6 +56,17 @@ def query(conn: psycopg.Connection[Any], view: str, *, tenant: str | None,
             "next_cursor": str(rows[-1][key]) if more and rows else None}
 
 
+def label_pairs(text: str) -> dict[str, str]:
+    """`team=vision,env=prod` as the labels a lease must hold (each pair)."""
+    pairs: dict[str, str] = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise BadQuery(f"label filter {text!r}: each label is KEY=VALUE, pairs joined by ','")
+        pairs[key.strip()] = value.strip()
+    return pairs
+
+
 def _check(view: str, *, tenant: str | None, filters: dict[str, str], limit: int,
            cursor: str | None) -> None:
     """Refuse what the view cannot answer before any SQL is sent."""
@@ -63,6 +79,8 @@ def _check(view: str, *, tenant: str | None, filters: dict[str, str], limit: int
                            f"it offers {', '.join(FILTERS[view]) or 'no filters'}")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise BadQuery(f"limit must be a whole number of rows from 1 to {MAX_LIMIT}, not {limit!r}")
+    if LABEL_FILTER in filters:
+        label_pairs(filters[LABEL_FILTER])
     texts = {"tenant": tenant, "cursor": cursor, **filters}
     for name, value in texts.items():
         if value is not None and (not isinstance(value, str) or "\x00" in value):

@@ -22,6 +22,8 @@ def lease_view(lease: Lease) -> dict[str, Any]:
         "epoch": lease.epoch,
         "node_id": lease.node_id,
         "devices": list(lease.devices),  # the node's GPU devices it holds
+        "name": lease.name,
+        "labels": dict(lease.labels),
         "priority_class": lease.priority_class,
         "preemptible": lease.preemptible,
         "checkpointable": lease.checkpointable,

@@ -128,6 +128,10 @@ ShortText = Annotated[str, Meta(max_length=256)]
 Count = Annotated[int, Meta(ge=0, le=2**53)]  # sequence numbers, epochs, quota amounts
 LabelKey = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,62}(?!\n)$", max_length=63)]
 LabelValue = Annotated[str, Meta(max_length=256)]
+# a lease's name: what its tenant calls it (not unique; lists are filtered by it)
+LeaseName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}(?!\n)$",
+                                max_length=63)]
+MAX_LEASE_LABELS = 16
 UnixSeconds = Annotated[float, Meta(ge=0, le=1e11, description="Seconds since the Unix epoch.")]
 
 CpuMillis = Annotated[int, Meta(ge=0, le=MAX_CPU_MILLIS, description="1000 = one CPU core.")]
@@ -342,6 +346,10 @@ class LeaseRequest(_Command, frozen=True, kw_only=True):
     # How long it may wait queued before it ends `queue_timeout` (left out: the pool's
     # queue_timeout_seconds, which is also the most it may ask for).
     queue_timeout_seconds: QueueTimeoutSeconds | None = None
+    # what the tenant calls it: shown in lists, and what they are filtered by (`?name=`,
+    # `?label=k=v`)
+    name: LeaseName | None = None
+    labels: Annotated[dict[LabelKey, LabelValue], Meta(max_length=MAX_LEASE_LABELS)] = {}
 
     def __post_init__(self) -> None:
         if self.group is not None and self.count != 1:

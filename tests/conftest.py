@@ -15,6 +15,20 @@ import pytest
 from bus.local.server import NatsServer
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_saved_contexts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A config home of the session's own: a context the developer saved with `pool login`
+    must not send the suite's `pool` commands to their gateway (the `pool` processes the tests
+    start inherit it)."""
+    previous = os.environ.get("XDG_CONFIG_HOME")
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("config"))
+    yield
+    if previous is None:
+        os.environ.pop("XDG_CONFIG_HOME", None)
+    else:
+        os.environ["XDG_CONFIG_HOME"] = previous
+
+
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
     """One nats-server 2.15 (from the wheel) for the whole session, JetStream on file storage."""

@@ -155,6 +155,8 @@ class LeaseCommands(GangCommands):
                 gang=member,
                 queued=True,  # requested and queued: one event
                 queue_timeout_seconds=queue_timeout,
+                name=req.name,
+                labels=req.labels,
             )
             leases.append(lease)
         try:

@@ -67,7 +67,7 @@ _LEASE_STATE_COLS: tuple[tuple[str, str], ...] = (
     ("started_at", "float8"), ("run_ended_at", "float8"), ("ended_at", "float8"),
     ("deadline", "float8"), ("last_heartbeat_at", "float8"), ("hold_microcredits", "bigint"),
     ("end_reason", "text"), ("exit_code", "integer"), ("version", "integer"),
-    ("gang_id", "text"), ("gang_member", "integer"),
+    ("gang_id", "text"), ("gang_member", "integer"), ("name", "text"), ("labels", "jsonb"),
 )
 
 
@@ -189,6 +189,7 @@ def lease_state_row(lease: Lease) -> tuple[Any, ...]:
         _f(lease.ended_at), _f(lease.deadline), _f(lease.last_heartbeat_at),
         lease.hold_microcredits, lease.end_reason, lease.exit_code, lease.version,
         *((None, None) if lease.gang is None else (lease.gang.gang_id, lease.gang.member)),
+        lease.name, dict(lease.labels),
     )
 
 

@@ -65,6 +65,9 @@ def _ddl(view: str) -> str:
             ALTER TABLE {s}.leases ADD COLUMN IF NOT EXISTS gang_member INTEGER;
             CREATE INDEX IF NOT EXISTS leases_gang ON {s}.leases (gang_id)
                 WHERE gang_id IS NOT NULL;
+            ALTER TABLE {s}.leases ADD COLUMN IF NOT EXISTS name TEXT;
+            ALTER TABLE {s}.leases ADD COLUMN IF NOT EXISTS labels JSONB NOT NULL
+                DEFAULT '{{}}'::jsonb;
             """ + GANGS_DDL,
     }[view]
 

@@ -120,6 +120,18 @@ def test_without_a_valid_token_nothing_is_answered_and_tenants_cannot_use_admin(
             assert r.headers["www-authenticate"].startswith("Bearer")
 
 
+def test_whoami_names_the_tokens_tenant_or_the_admin_and_refuses_a_wrong_one(
+    stack: Stack,
+) -> None:
+    import httpx
+
+    with stack.client("alpha") as a, stack.client("admin") as adm:
+        assert a.get("/v1/whoami").json() == {"kind": "tenant", "tenant": "alpha"}
+        assert adm.get("/v1/whoami").json() == {"kind": "admin"}
+    r = httpx.get(stack.url + "/v1/whoami", headers={"Authorization": "Bearer cpt_wrong"})
+    assert r.status_code == 401 and r.json()["code"] == "unauthenticated"
+
+
 @pytest.mark.parametrize(("body", "status", "code"), [
     (b"{not json", 400, "malformed_json"),
     (b"[]", 422, "invalid_field"),

@@ -33,7 +33,7 @@ OPERATION_IDS = (
     "listWebhooks", "lostNode", "maintenanceNode", "readView", "registerNode",
     "releaseComputeLease", "renewComputeLease", "setCohort", "setPool", "setPoolImages",
     "setPoolPrices", "setTenant", "showPool", "streamComputeLeaseEvents",
-    "streamComputeLeaseLogs", "streamTelemetry", "testWebhook", "uncordonNode",
+    "streamComputeLeaseLogs", "streamTelemetry", "testWebhook", "uncordonNode", "whoami",
     "whyComputeLease",
 )
 # the bodies that show an example, by component name

@@ -1,0 +1,208 @@
+"""The tenant's client over the gateway's HTTP API: the same calls and reply envelopes as
+client.api.PoolClient, so a command does not care which transport it was given.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Self
+from urllib.parse import quote
+
+import httpx
+
+if TYPE_CHECKING:  # imported where used: a one-shot command needs neither nats nor msgspec
+    from client.httpwatch import HttpLeaseWatch
+
+LEASES = "/v1/compute-leases"
+# the lease verbs the HTTP API answers, and how: GET (a read) or POST (a command)
+_READS = {"get": "", "why": "/why"}
+_COMMANDS = ("commit", "heartbeat", "renew", "release", "cancel")
+# the views a tenant reads, by the path that answers them
+VIEW_PATHS = {"leases": LEASES, "queue": "/v1/queue", "balance": "/v1/balance"}
+# the filters each answers (gateway.routes' LEASE_FILTERS and QUEUE_FILTERS; a test keeps them
+# equal, and the CLI need not import the gateway to know them)
+VIEW_FILTERS: dict[str, tuple[str, ...]] = {
+    "leases": ("state", "pool", "priority_class", "node_id", "name", "label"),
+    "queue": ("pool", "priority_class", "state"), "balance": ()}
+
+
+class HttpTransportError(Exception):
+    """The gateway could not be asked: no answer, or an answer that is not the API's."""
+
+    code = "gateway_unreachable"
+
+
+class NotOverHttp(Exception):
+    """What this client cannot do over the HTTP API yet."""
+
+    code = "not_over_http"
+
+
+def _envelope_error(r: httpx.Response) -> dict[str, Any]:
+    """A problem+json refusal as the envelope's error (the command service's code)."""
+    try:
+        p = r.json()
+    except ValueError:
+        p = {}
+    if not isinstance(p, dict) or "code" not in p:
+        return {"ok": False, "error": {"code": "http_" + str(r.status_code),
+                                       "message": f"HTTP {r.status_code} from {r.url}",
+                                       "reasons": {}}}
+    reasons = p.get("reasons") if isinstance(p.get("reasons"), dict) else {}
+    return {"ok": False, "error": {"code": str(p["code"]),
+                                   "message": str(p.get("detail") or p["code"]),
+                                   "reasons": reasons}}
+
+
+class HttpClient:
+    """Speaks for the tenant its bearer token names, through one gateway."""
+
+    def __init__(self, url: str, token: str, *, tenant: str = "", timeout: float = 10.0) -> None:
+        self.url = url.rstrip("/")
+        self.tenant = tenant
+        self.timeout = timeout
+        # a plain-http gateway is never spoken TLS to (no redirects are followed): loading the
+        # CA certificates would only cost every command a fifth of a second
+        tls = self.url.lower().startswith("https://")
+        self._http = httpx.Client(base_url=self.url, timeout=timeout, verify=tls,
+                                  headers={"Authorization": f"Bearer {token}",
+                                           "Accept": "application/json"})
+
+    def _send(self, method: str, path: str, *, body: dict[str, Any] | None = None,
+              params: dict[str, Any] | None = None) -> httpx.Response:
+        try:
+            return self._http.request(method, path, json=body, params=params)
+        except httpx.HTTPError as e:
+            raise HttpTransportError(f"{self.url}: {e or type(e).__name__}") from e
+
+    def _reply(self, r: httpx.Response, key: str) -> dict[str, Any]:
+        if r.is_success:
+            try:
+                return {"ok": True, key: r.json()}
+            except ValueError:
+                raise HttpTransportError(f"{self.url} answered {r.status_code} without JSON: "
+                                         "is it the computepool HTTP API?") from None
+        return _envelope_error(r)
+
+    def whoami(self) -> dict[str, Any]:
+        """Who the token speaks for: `{"kind": "tenant", "tenant": …}` or the admin."""
+        return self._reply(self._send("GET", "/v1/whoami"), "result")
+
+    # -- tenant (as client.api.PoolClient) ---------------------------------------------------
+
+    def request_lease(self, body: dict[str, Any]) -> dict[str, Any]:
+        if body.get("count", 1) != 1:
+            raise NotOverHttp("--count: a batch of leases is requested over NATS only; "
+                              "request them one by one")
+        return self._reply(self._send("POST", LEASES, body=body), "lease")
+
+    def lease(self, lease_id: str, verb: str, body: dict[str, Any] | None = None
+              ) -> dict[str, Any]:
+        path = f"{LEASES}/{quote(lease_id, safe='')}"
+        if verb in _READS:
+            return self._reply(self._send("GET", path + _READS[verb]),
+                               "lease" if verb == "get" else "result")
+        if verb not in _COMMANDS:
+            raise NotOverHttp(f"lease {verb}: not in the HTTP API")
+        return self._reply(self._send("POST", f"{path}/{verb}", body=body or {}), "lease")
+
+    def queue_positions(self) -> dict[str, Any]:
+        return self._reply(self._send("GET", "/v1/queue/positions"), "result")
+
+    def watch_lease(self, lease_id: str, *, output: bool = False,
+                    after: int = 0) -> HttpLeaseWatch:
+        """One of this tenant's leases as it happens, through the gateway's streams: as
+        client.api.PoolClient.watch_lease, the same items and calls."""
+        from client.httpwatch import HttpLeaseWatch
+
+        return HttpLeaseWatch(self._http, lease_id, output=output, after=after)
+
+    def replay_telemetry(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A lease's job output stored after `after_seq` (and from `since`), read to its end
+        from the gateway's log stream, as one page that is at its end."""
+        from client.httpwatch import sse_events
+        lease, kind = body.get("lease"), body.get("kind")
+        if not isinstance(lease, str) or kind != "output":
+            raise NotOverHttp("telemetry replay: only a lease's output is read over HTTP")
+        params: dict[str, Any] = {"follow": "0"}
+        if body.get("since") is not None:
+            params["since"] = body["since"]
+        headers = {"Accept": "text/event-stream"}
+        if body.get("after_seq"):
+            headers["Last-Event-ID"] = str(int(body["after_seq"]))
+        samples: list[dict[str, Any]] = []
+        try:
+            with self._http.stream("GET", f"{LEASES}/{quote(lease, safe='')}/logs",
+                                   params=params, headers=headers) as r:
+                if not r.is_success:
+                    r.read()
+                    return _envelope_error(r)
+                for event in sse_events(r.iter_lines()):
+                    if event.get("event") == "error":
+                        err = json.loads(event["data"])
+                        return {"ok": False, "error": {**err, "reasons": {}}}
+                    samples.append(json.loads(event["data"]))
+        except httpx.HTTPError as e:
+            raise HttpTransportError(f"{self.url}: {e or type(e).__name__}") from e
+        return {"ok": True, "result": {"samples": samples, "at_end": True}}
+
+    def lease_events(self, lease_id: str, after: int = 0) -> Iterator[dict[str, Any]]:
+        """The lease's feed records after feed sequence `after`, each with its `seq`, until
+        the lease ends (the gateway closes the stream then). A refusal raises."""
+        from client.httpwatch import StreamRefused, refusal, sse_events
+        headers = {"Accept": "text/event-stream"}
+        if after:
+            headers["Last-Event-ID"] = str(after)
+        try:
+            with httpx.Client(base_url=self.url, timeout=httpx.Timeout(self.timeout, read=None),
+                              headers={**self._http.headers, **headers}) as http, \
+                    http.stream("GET", f"{LEASES}/{quote(lease_id, safe='')}/events") as r:
+                if not r.is_success:
+                    raise refusal(r)
+                for event in sse_events(r.iter_lines()):
+                    data = json.loads(event["data"])
+                    if event.get("event") == "error":
+                        raise StreamRefused(str(data.get("code")), str(data.get("message")))
+                    yield {"seq": int(event.get("id") or 0), **data}
+        except httpx.HTTPError as e:
+            raise HttpTransportError(f"{self.url}: {e or type(e).__name__}") from e
+
+    def view(self, name: str, *, filters: dict[str, str] | None = None, limit: int = 100,
+             cursor: str | None = None) -> dict[str, Any]:
+        """A page of one of the tenant's views, as the NATS query answers it (`rows`,
+        `next_cursor`)."""
+        if name not in VIEW_PATHS:
+            raise NotOverHttp(f"the {name} view: a tenant reads only "
+                              f"{', '.join(VIEW_PATHS)} over HTTP")
+        params: dict[str, Any] = dict(filters or {})
+        if name != "balance":
+            params["limit"] = limit
+            if cursor:
+                params["cursor"] = cursor
+        reply = self._reply(self._send("GET", VIEW_PATHS[name], params=params), "result")
+        if not reply["ok"]:
+            return reply
+        got = reply["result"]
+        if name == "balance":
+            return {"ok": True, "result": {"rows": [got], "next_cursor": None}}
+        return {"ok": True, "result": {"rows": got.get("items") or [],
+                                       "next_cursor": got.get("next_cursor")}}
+
+    def usage(self, pool: str | None = None) -> dict[str, Any]:
+        return self._reply(self._send("GET", "/v1/usage",
+                                      params={"pool": pool} if pool else None), "result")
+
+    def files(self) -> Any:
+        raise NotOverHttp("work directories and artifacts move over NATS only, not yet over "
+                          "the HTTP API")
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+

@@ -1,0 +1,324 @@
+"""From a laptop: `pool login URL --token-stdin`, then the tenant commands over the gateway's
+HTTP API alone, from a fresh HOME with no POOL_* variables and no .pool directory, against a
+real plane, gateway, views and agent running jobs in the bubblewrap sandbox."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents.agent import Agent
+from agents.probe import NodeProbe, Reserve
+from agents.runtimes.process import ProcessRuntime
+from bus.admin import ensure_all_streams
+from bus.agentbus import AgentLink
+from bus.local.auth import AuthConfig, save, url_with_credentials
+from bus.local.server import NatsServer
+from bus.service import Service
+from client.api import PoolClient
+from control.commands import QUERY_SUBJECTS, CommandHandler
+from control.plane import ControlPlane
+from control.projector import Projector
+from gateway.app import create_app
+from gateway.server import ServerThread
+from gateway.tokens import TokenStore
+from gateway.upstream import Settings
+from tests.control_plane import setup_pool
+
+if ProcessRuntime(Path("/tmp")).available() is not None:
+    pytest.skip(f"process runtime unavailable: {ProcessRuntime(Path('/tmp')).available()}",
+                allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBE = NodeProbe(cpu_millis=4500, cpu_arch="amd64", memory_mib=9216, local_disk_gib=50)
+
+
+@dataclass
+class Laptop:
+    url: str  # the gateway's
+    tokens: dict[str, str]  # tenant → bearer token
+    home: Path  # a fresh HOME for alpha's CLI
+    service_url: str
+
+    def pool(self, *argv: str, stdin: str | None = None, home: Path | None = None,
+             env: dict[str, str] | None = None, timeout: float = 90,
+             ) -> subprocess.CompletedProcess[str]:
+        """The `pool` command as a new user runs it: no POOL_* variables, a fresh HOME, and
+        a working directory with no .pool in it."""
+        home = home or self.home
+        environ = {k: v for k, v in os.environ.items()
+                   if not k.startswith("POOL_") and k != "XDG_CONFIG_HOME"}
+        environ.update(HOME=str(home), PYTHONPATH=str(ROOT), **(env or {}))
+        return subprocess.run([sys.executable, "-m", "cli.main", *argv], cwd=home, env=environ,
+                              input=stdin, capture_output=True, text=True, timeout=timeout,
+                              check=False)
+
+
+@pytest.fixture(scope="module")
+def laptop(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Iterator[Laptop]:
+    from projections.views import drop_schema
+
+    tmp = tmp_path_factory.mktemp("laptop")
+    schema = "views_http_" + uuid.uuid4().hex[:8]
+    auth = AuthConfig()
+    for t in ("alpha", "beta"):
+        auth.add_tenant(t)
+    auth.add_node("n1")
+    save(auth, tmp / "auth.json")
+    server = NatsServer(store_dir=tmp / "nats", server_name="pool-laptop",
+                        extra_config=auth.render())
+    server.start()
+    service = url_with_credentials(server.url, auth.service)
+    parts: list[Any] = []
+    stop = threading.Event()
+    try:
+        ensure_all_streams(service)
+        parts.append(ControlPlane(service, leader_ttl_seconds=1.0).start())
+        parts.append(Service(service, QUERY_SUBJECTS,
+                             CommandHandler(parts[0].app, database_url=database_url,
+                                            views_schema=schema), queue="pool-queries").start())
+        parts.append(Projector(service, database_url, schema=schema).start())
+        with PoolClient(service) as admin:
+            # the pool a request names when neither it nor the context names one
+            setup_pool(admin, "default", tenants={"alpha": 1.0, "beta": 1.0},
+                       heartbeat_timeout_seconds=5,
+                       preemption={"enabled": False, "grace_seconds": 2})
+            assert admin.admin("node.enroll", {"node_id": "n1", "pool_id": "default",
+                                               "trust_level": "trusted"})["ok"]
+        link = AgentLink(url_with_credentials(server.url, auth.nodes["n1"]), "n1").connect()
+        agent = Agent(link, ProcessRuntime(tmp / "n1"), node_id="n1", pool_id="default",
+                      probe=PROBE, state_dir=tmp / "n1", reserve=Reserve(500, 1024, 0),
+                      heartbeat_interval=0.5)
+        thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+        thread.start()
+        store = TokenStore(tmp / "http-tokens.json")
+        tokens = {t: store.issue_tenant(t) for t in ("alpha", "beta")}
+        app = create_app(Settings(server.url, auth_path=tmp / "auth.json"), store,
+                         database_url=database_url, views_schema=schema, dashboard=False)
+        http = ServerThread(app, port=0).start()
+        parts.append(http)
+        home = tmp / "home"
+        home.mkdir()
+        yield Laptop(http.url, tokens, home, service)
+        stop.set()
+        thread.join(15)
+        link.close()
+    finally:
+        stop.set()
+        for part in reversed(parts):
+            with contextlib.suppress(Exception):
+                part.stop()
+        server.stop()
+        drop_schema(database_url, schema)
+
+
+def _login(laptop: Laptop) -> None:
+    done = laptop.pool("login", laptop.url, "--token-stdin", "--name", "lab",
+                       stdin=laptop.tokens["alpha"] + "\n")
+    assert done.returncode == 0, done.stderr
+    assert "tenant alpha" in done.stdout
+
+
+def test_from_a_fresh_home_login_then_run_list_and_read_logs_over_http(laptop: Laptop) -> None:
+    _login(laptop)
+    config = laptop.home / ".config" / "computepool" / "config.toml"
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+    assert not (laptop.home / ".pool").exists()
+
+    ran = laptop.pool("lease", "run", "--", "echo", "hi")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == "hi\n"
+    failed = laptop.pool("lease", "run", "-q", "--max-runtime", "120", "--",
+                         "sh", "-c", "echo out; exit 3")
+    assert failed.returncode == 3 and failed.stdout == "out\n", failed.stderr
+
+    listed = laptop.pool("leases", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)["result"]["rows"]
+    assert rows and all(r["tenant"] == "alpha" for r in rows)
+    done = [r for r in rows if r.get("exit_code") == 0]
+    assert done, rows
+    lease_id = done[0]["lease_id"]
+    assert "lease_id" in laptop.pool("leases").stdout
+
+    logs = laptop.pool("lease", "logs", lease_id)
+    assert logs.returncode == 0 and logs.stdout == "hi\n", logs.stderr
+    got = laptop.pool("lease", "get", lease_id, "--json")
+    assert got.returncode == 0 and json.loads(got.stdout)["lease"]["state"] == "released"
+    why = laptop.pool("lease", "why", lease_id)
+    assert why.returncode == 0, why.stderr
+    watched = laptop.pool("lease", "watch", lease_id)
+    assert watched.returncode == 0 and "released" in watched.stdout, watched.stderr
+
+    queue = laptop.pool("queue")
+    assert queue.returncode == 0 and "lease_id" in queue.stdout, queue.stderr
+    balance = laptop.pool("balance", "--json")
+    assert balance.returncode == 0, balance.stderr
+    assert json.loads(balance.stdout)["result"]["rows"][0]["tenant"] == "alpha"
+    usage = laptop.pool("usage", "--json")
+    assert usage.returncode == 0, usage.stderr
+    assert json.loads(usage.stdout)["result"]["pools"]["default"]["leases"] >= 2
+    who = laptop.pool("whoami")
+    assert who.returncode == 0 and "tenant alpha" in who.stdout and laptop.url in who.stdout
+
+
+def test_a_request_is_cancelled_and_released_over_http(laptop: Laptop) -> None:
+    _login(laptop)
+    # `lease request` has no everyday pool: the context's (`login --pool`) stands in for it
+    again_login = laptop.pool("login", laptop.url, "--token-stdin", "--name", "lab",
+                              "--pool", "default", stdin=laptop.tokens["alpha"] + "\n")
+    assert again_login.returncode == 0, again_login.stderr
+    req = laptop.pool("lease", "request", "--cpu-millis", "100", "--memory-mib", "64",
+                      "--max-runtime", "60", "--runtime", "sandboxed", "--wait", "--json")
+    assert req.returncode == 0, req.stderr
+    lease_id = json.loads(req.stdout)["lease"]["lease_id"]
+    assert json.loads(req.stdout)["lease"]["state"] == "reserved"
+    released = laptop.pool("lease", "release", lease_id)
+    assert released.returncode == 0, released.stderr
+    again = laptop.pool("lease", "cancel", lease_id)
+    assert again.returncode == 1 and "pool: error [" in again.stderr
+
+
+def test_a_wrong_token_or_url_is_refused_in_one_line_naming_the_flag(
+    laptop: Laptop, tmp_path: Path,
+) -> None:
+    wrong = laptop.pool("login", laptop.url, "--token-stdin", stdin="cpt_wrong\n",
+                        home=tmp_path)
+    assert wrong.returncode == 1
+    assert wrong.stderr.count("\n") == 1 and "[unauthenticated]" in wrong.stderr
+    assert "--token-stdin" in wrong.stderr
+    assert not (tmp_path / ".config").exists()
+    nothing = laptop.pool("login", "http://127.0.0.1:9", "--token", "cpt_x", home=tmp_path)
+    assert nothing.returncode == 1 and "[gateway_unreachable]" in nothing.stderr
+    assert nothing.stderr.count("\n") == 1 and "URL" in nothing.stderr
+    bad = laptop.pool("login", "ftp://x", "--token", "cpt_x", home=tmp_path)
+    assert bad.returncode == 1 and "[bad_url]" in bad.stderr
+
+
+def test_another_tenants_token_cannot_read_this_tenants_lease(
+    laptop: Laptop, tmp_path: Path,
+) -> None:
+    _login(laptop)
+    req = laptop.pool("lease", "request", "--pool", "default", "--cpu-millis", "100",
+                      "--memory-mib", "64", "--max-runtime", "60", "--runtime", "sandboxed",
+                      "--json")
+    assert req.returncode == 0, req.stderr
+    lease_id = json.loads(req.stdout)["lease"]["lease_id"]
+    beta = laptop.pool("login", laptop.url, "--token-stdin",
+                       stdin=laptop.tokens["beta"] + "\n", home=tmp_path)
+    assert beta.returncode == 0, beta.stderr
+    for verb in ("get", "why", "logs", "watch", "cancel"):
+        got = laptop.pool("lease", verb, lease_id, home=tmp_path)
+        assert got.returncode == 1, (verb, got.stdout)
+        assert "[lease_not_found]" in got.stderr, (verb, got.stderr)
+    listed = laptop.pool("leases", "--json", home=tmp_path)
+    assert lease_id not in listed.stdout
+    assert laptop.pool("lease", "cancel", lease_id).returncode == 0
+
+
+def test_contexts_are_listed_used_deleted_and_picked_by_flag_or_variable(
+    laptop: Laptop, tmp_path: Path,
+) -> None:
+    for name, tenant in (("a", "alpha"), ("b", "beta")):
+        done = laptop.pool("login", laptop.url, "--token-stdin", "--name", name,
+                           stdin=laptop.tokens[tenant] + "\n", home=tmp_path)
+        assert done.returncode == 0, done.stderr
+    listed = laptop.pool("context", "list", home=tmp_path)
+    assert "cpt_" not in listed.stdout
+    assert [line.split()[:2] for line in listed.stdout.splitlines()[1:]] == [["a", laptop.url],
+                                                                             ["*", "b"]]
+    assert "tenant beta" in laptop.pool("whoami", home=tmp_path).stdout
+    assert "tenant alpha" in laptop.pool("--context", "a", "whoami", home=tmp_path).stdout
+    assert "tenant alpha" in laptop.pool("whoami", home=tmp_path,
+                                         env={"POOL_CONTEXT": "a"}).stdout
+    assert laptop.pool("context", "use", "a", home=tmp_path).returncode == 0
+    assert "tenant alpha" in laptop.pool("whoami", home=tmp_path).stdout
+    unknown = laptop.pool("--context", "zz", "whoami", home=tmp_path)
+    assert unknown.returncode == 2 and "--context" in unknown.stderr
+    assert laptop.pool("context", "delete", "a", home=tmp_path).returncode == 0
+    listed = laptop.pool("context", "list", "--json", home=tmp_path)
+    assert json.loads(listed.stdout)["result"]["current"] is None
+
+
+def test_logs_follow_a_running_job_over_http_writing_each_line_once(laptop: Laptop) -> None:
+    _login(laptop)
+    run = laptop.pool("lease", "run", "-d", "--max-runtime", "120", "--", "sh", "-c",
+                      "for i in 1 2 3; do echo $i; sleep 1; done")
+    assert run.returncode == 0, run.stderr
+    lease_id = run.stdout.strip()
+    logs = laptop.pool("lease", "logs", lease_id, "--follow")
+    assert logs.returncode == 0, logs.stderr
+    assert logs.stdout == "1\n2\n3\n"
+    again = laptop.pool("lease", "logs", lease_id, "--follow")  # ended: what is stored, once
+    assert again.stdout == "1\n2\n3\n"
+
+
+def test_a_request_no_node_can_hold_ends_at_once_saying_why_over_http(laptop: Laptop) -> None:
+    _login(laptop)
+    ran = laptop.pool("lease", "run", "--cpu-millis", "64000", "--max-runtime", "60", "--",
+                      "true")
+    assert ran.returncode == 1
+    assert "[not_reserved]" in ran.stderr and "insufficient_cpu" in ran.stderr, ran.stderr
+
+
+def test_ctrl_c_on_lease_run_over_http_cancels_the_lease(laptop: Laptop) -> None:
+    import signal
+    import time
+
+    _login(laptop)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("POOL_") and k != "XDG_CONFIG_HOME"}
+    env.update(HOME=str(laptop.home), PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "lease", "run", "--max-runtime",
+                             "120", "--", "sh", "-c", "echo started; sleep 60"],
+                            cwd=laptop.home, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "started\n"
+        proc.send_signal(signal.SIGINT)
+        start = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130, err
+        assert time.monotonic() - start < 20
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lease_id = err.split("lease ")[1].split()[0]
+    got = laptop.pool("lease", "get", lease_id, "--json")
+    assert json.loads(got.stdout)["lease"]["state"] == "cancelled", got.stdout
+
+
+def test_names_and_labels_are_shown_and_filter_the_list_over_http(laptop: Laptop) -> None:
+    _login(laptop)
+    tag = uuid.uuid4().hex[:8]
+    for name, labels in ((f"train-{tag}", ["team=vision", f"run={tag}"]),
+                         (f"eval-{tag}", ["team=speech", f"run={tag}"])):
+        ran = laptop.pool("lease", "run", "-q", "--max-runtime", "60", "--name", name,
+                          *(f"--label={x}" for x in labels), "--", "true")
+        assert ran.returncode == 0, ran.stderr
+
+    def names(*argv: str) -> set[str]:
+        got = laptop.pool("leases", "--json", *argv)
+        assert got.returncode == 0, got.stderr
+        return {r["name"] for r in json.loads(got.stdout)["result"]["rows"]}
+
+    assert names("-l", f"run={tag}") == {f"train-{tag}", f"eval-{tag}"}
+    assert names("-l", f"run={tag}", "-l", "team=vision") == {f"train-{tag}"}
+    assert names("--name", f"eval-{tag}") == {f"eval-{tag}"}
+    table = laptop.pool("leases", "--name", f"train-{tag}", "-o", "wide").stdout
+    assert f"train-{tag}" in table and "team=vision" in table
+    bad = laptop.pool("lease", "run", "--name", "no spaces", "--", "true")
+    assert bad.returncode == 1 and "--name" in bad.stderr, bad.stderr
