@@ -161,8 +161,37 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+# A command's first second runs without the cyclic garbage collector: its passes over what the
+# imports allocate (none of it garbage) were a tenth of `pool lease run -- true`; a command that
+# runs longer gets it back (docs/performance.md, 2026-12-06).
+GC_PAUSE_SECONDS = 1.0
+
+
+def _pause_gc() -> None:
+    import gc
+
+    gc.disable()
+    timer = threading.Timer(GC_PAUSE_SECONDS, gc.enable)
+    timer.daemon = True
+    timer.start()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    words = list(sys.argv[1:] if argv is None else argv)
+    """Run `pool ARGV`; with no `argv`, as the program (sys.argv), its garbage collector paused
+    for a short command's life and its objects left alone at exit."""
+    if argv is None:
+        _pause_gc()
+        try:
+            return _main(sys.argv[1:])
+        finally:
+            import gc
+
+            gc.freeze()  # the interpreter's exit need not walk them: the process ends
+    return _main(argv)
+
+
+def _main(argv: Sequence[str]) -> int:
+    words = list(argv)
     # `pool lease commit ID … -- sh -c '…'`: argparse (3.11) mishandles `--` under
     # subcommands, so the job's command after it is split off here
     tail: list[str] | None = None
