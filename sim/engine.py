@@ -162,7 +162,7 @@ class Simulator:
             if not upcoming:
                 break  # only requests that can never be placed are left
             # the scheduler wakes at the first cycle boundary at or after the next event
-            at = max(self.clock.now, -(-upcoming[0] // step) * step)
+            at = max(self.clock.now, -(-min(upcoming) // step) * step)
             self.clock.advance_to(at)
             now = self.clock()
             while self._ends and self._ends[0][0] <= now:
