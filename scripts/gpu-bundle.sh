@@ -46,6 +46,7 @@ pycparser==3.12
 opentelemetry-api==1.45.2
 numpy==2.4.6
 nvidia-ml-py==13.615.71
+prometheus_client==0.26.0
 "
 # bwrap links libselinux and libcap (libselinux links libpcre2-8); a bare image may lack them
 DEBS="bubblewrap libcap2 libselinux1 libpcre2-8-0"
