@@ -34,6 +34,19 @@ FastHandler = Callable[[str, bytes, dict[str, str]], Awaitable[bytes | None]]
 INTERNAL_ERROR = json.dumps(
     {"ok": False, "error": {"code": "internal_error", "message": "the service failed", "reasons": {}}}
 ).encode()
+# A request still unanswered after this long is answered `bus_timeout` (the outcome is
+# unknown: a retry with the same idempotency key tells) while its worker goes on. Each bus call
+# a handler makes has its own timeout, but in a quorum loss several in a row outlasted a
+# client's patience, and a client that hears nothing cannot tell a lost request from a slow one.
+ANSWER_WITHIN_SECONDS = 25.0
+
+
+def _timed_out(seconds: float) -> bytes:
+    return json.dumps({"ok": False, "error": {
+        "code": "bus_timeout",
+        "message": f"not finished within {seconds:g} s; the outcome is unknown: retry with "
+                   "the same idempotency key",
+        "reasons": {"answer_within_seconds": seconds}}}).encode()
 
 
 async def _connect(url: str, **options: Any) -> Any:
@@ -54,8 +67,10 @@ class Service:
         connect_options: dict[str, Any] | None = None,
         fast: FastHandler | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
+        answer_within_seconds: float = ANSWER_WITHIN_SECONDS,
     ) -> None:
         self.url, self.subjects, self.handler, self.queue = url, subjects, handler, queue
+        self.answer_within_seconds = answer_within_seconds
         # one request in flight per worker thread, however many subjects deliver them
         self.threads = threads
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="pool-cmd")
@@ -124,10 +139,16 @@ class Service:
                 except Exception:  # noqa: BLE001 - the worker thread answers it instead
                     reply = None
             if reply is None:
+                work = loop.run_in_executor(
+                    self._pool, self.handler, msg.subject, msg.data, headers
+                )
                 try:
-                    reply = await loop.run_in_executor(
-                        self._pool, self.handler, msg.subject, msg.data, headers
-                    )
+                    reply = await asyncio.wait_for(asyncio.shield(work),
+                                                   timeout=self.answer_within_seconds)
+                except TimeoutError:
+                    # answered now; the worker finishes (or fails) on its own, unheard
+                    work.add_done_callback(_consumed)
+                    reply = _timed_out(self.answer_within_seconds)
                 except Exception:  # noqa: BLE001 - a handler bug must not stop the service
                     reply = INTERNAL_ERROR
             self.handled += 1
@@ -159,6 +180,12 @@ class Service:
             if self._own_loop is not None:
                 self._own_loop.close()
             self._pool.shutdown(wait=True)
+
+
+def _consumed(fut: asyncio.Future[Any]) -> None:
+    """Read a late worker's outcome, so that its failure is not reported as never retrieved."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _traced(headers: dict[str, str] | None) -> dict[str, str] | None:
