@@ -45,12 +45,19 @@ class NatsCluster:
         self.cluster_name = cluster_name
         # with `auth`, every server requires its users (each server's own copy of auth.conf)
         self.auth = auth
-        client_ports = ports or [free_port(host) for _ in range(nodes)]
-        if len(client_ports) != nodes:
+        self._host, self._fixed_ports = host, ports
+        self._extra = 'include "auth.conf"' if auth is not None else ""
+        if ports is not None and len(ports) != nodes:
             raise ValueError("one client port per server")
+        self.servers: list[NatsServer] = self._servers(nodes)
+
+    def _servers(self, nodes: int) -> list[NatsServer]:
+        """The servers at freshly chosen loopback ports (the client ports given, if any)."""
+        host, cluster_name = self._host, self.cluster_name
+        client_ports = self._fixed_ports or [free_port(host) for _ in range(nodes)]
         cluster_ports = [free_port(host) for _ in range(nodes)]
         routes = [f"nats-route://{host}:{p}" for p in cluster_ports]
-        self.servers: list[NatsServer] = [
+        return [
             NatsServer(
                 store_dir=self.store_root / f"n{i + 1}",
                 port=client_ports[i],
@@ -61,7 +68,7 @@ class NatsCluster:
                 cluster_port=cluster_ports[i],
                 routes=[r for j, r in enumerate(routes) if j != i],
                 http_port=free_port(host),
-                extra_config='include "auth.conf"' if auth is not None else "",
+                extra_config=self._extra,
             )
             for i in range(nodes)
         ]
@@ -90,18 +97,37 @@ class NatsCluster:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self, timeout: float = 30.0) -> Self:
-        """Start every server, then wait for a meta leader with all peers current."""
-        try:
-            for s in self.servers:
-                if self.auth is not None:
-                    write_server_include(self.auth, s.store_dir / "auth.conf")
-                s.start()
-            self.wait_ready(timeout)
-        except BaseException:
-            self.stop()
-            raise
+    def start(self, timeout: float = 30.0, *, tries: int = 3) -> Self:
+        """Start every server, then wait for a meta leader with all peers current. A port
+        taken between its choice and the server's bind (another process's, on a busy machine)
+        makes a server exit at start: the first start then tries again on new ports."""
+        for attempt in range(tries):
+            try:
+                for s in self.servers:
+                    if self.auth is not None:
+                        write_server_include(self.auth, s.store_dir / "auth.conf")
+                    s.start()
+                self.wait_ready(timeout)
+                return self
+            except BusUnavailable:
+                self.stop()
+                if attempt + 1 == tries or not self._port_was_taken():
+                    raise
+                self.servers = self._servers(len(self.servers))
+            except BaseException:
+                self.stop()
+                raise
         return self
+
+    def _port_was_taken(self) -> bool:
+        """Whether a server's log says one of its ports was already in use."""
+        for s in self.servers:
+            try:
+                if b"address already in use" in s.log_path.read_bytes():
+                    return True
+            except OSError:
+                continue
+        return False
 
     def stop(self) -> None:
         for s in self.servers:
