@@ -41,12 +41,25 @@ INTERNAL_ERROR = json.dumps(
 ANSWER_WITHIN_SECONDS = 25.0
 
 
-def _timed_out(seconds: float) -> bytes:
+# Requests waiting for a worker or being worked on, at most; one more is refused at once.
+MAX_WAITING = 4096
+
+
+def _timed_out(seconds: float, *, started: bool) -> bytes:
+    message = (f"not finished within {seconds:g} s; the outcome is unknown: retry with the "
+               "same idempotency key" if started else
+               f"no worker was free within {seconds:g} s; the command was not started: retry")
     return json.dumps({"ok": False, "error": {
-        "code": "bus_timeout",
-        "message": f"not finished within {seconds:g} s; the outcome is unknown: retry with "
-                   "the same idempotency key",
-        "reasons": {"answer_within_seconds": seconds}}}).encode()
+        "code": "bus_timeout", "message": message,
+        "reasons": {"answer_within_seconds": seconds, "started": started}}}).encode()
+
+
+def _busy(limit: int) -> bytes:
+    return json.dumps({"ok": False, "error": {
+        "code": "bus_unavailable",
+        "message": f"the service already holds {limit} requests; this one was not started: "
+                   "retry after a moment",
+        "reasons": {"max_waiting": limit}}}).encode()
 
 
 async def _connect(url: str, **options: Any) -> Any:
@@ -68,9 +81,10 @@ class Service:
         fast: FastHandler | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
         answer_within_seconds: float = ANSWER_WITHIN_SECONDS,
+        max_waiting: int = MAX_WAITING,
     ) -> None:
         self.url, self.subjects, self.handler, self.queue = url, subjects, handler, queue
-        self.answer_within_seconds = answer_within_seconds
+        self.answer_within_seconds, self.max_waiting = answer_within_seconds, max_waiting
         # one request in flight per worker thread, however many subjects deliver them
         self.threads = threads
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="pool-cmd")
@@ -118,47 +132,63 @@ class Service:
         await self._answer_soon(msg)
 
     async def _answer_soon(self, msg: Any) -> None:
-        """Hand the request to a task: nats-py awaits a subscription's callback before it
-        delivers that subscription's next message, so answering inline would serve one
-        request at a time. A free worker slot is awaited here, which holds back intake when
-        every worker is busy."""
-        assert self._slots is not None
-        await self._slots.acquire()
-        task = asyncio.ensure_future(self._answer(msg))
+        """Hand the request to a task at once: nats-py awaits a subscription's callback before
+        it delivers that subscription's next message, so waiting here for a free worker would
+        let later requests age unseen in its queue. The answer is due `answer_within_seconds`
+        after this moment, whether the time went waiting for a worker or working."""
+        if len(self._in_flight) >= self.max_waiting:
+            # a flood beyond what the workers can answer in time: refused now, not started
+            await self._publish(msg.reply, _busy(self.max_waiting))
+            return
+        task = asyncio.ensure_future(self._answer(msg, self._on.time()))
         self._in_flight.add(task)
         task.add_done_callback(self._in_flight.discard)
 
-    async def _answer(self, msg: Any) -> None:
+    async def _answer(self, msg: Any, arrived: float) -> None:
+        assert self._slots is not None
+        loop = asyncio.get_running_loop()
+        due = arrived + self.answer_within_seconds
         try:
-            loop = asyncio.get_running_loop()
+            await asyncio.wait_for(self._slots.acquire(), timeout=max(0.0, due - loop.time()))
+        except TimeoutError:
+            # every worker stayed busy: the command was never started
+            await self._publish(msg.reply, _timed_out(self.answer_within_seconds, started=False))
+            return
+        try:
             headers = dict(msg.headers or {})
             reply: bytes | None = None
             if self.fast is not None:
-                try:
-                    reply = await self.fast(msg.subject, msg.data, headers)
-                except Exception:  # noqa: BLE001 - the worker thread answers it instead
-                    reply = None
+                reply = await self._within(self.fast(msg.subject, msg.data, headers), due,
+                                           on_error=None)
             if reply is None:
                 work = loop.run_in_executor(
                     self._pool, self.handler, msg.subject, msg.data, headers
                 )
-                try:
-                    reply = await asyncio.wait_for(asyncio.shield(work),
-                                                   timeout=self.answer_within_seconds)
-                except TimeoutError:
-                    # answered now; the worker finishes (or fails) on its own, unheard
-                    work.add_done_callback(_consumed)
-                    reply = _timed_out(self.answer_within_seconds)
-                except Exception:  # noqa: BLE001 - a handler bug must not stop the service
-                    reply = INTERNAL_ERROR
+                reply = await self._within(work, due, on_error=INTERNAL_ERROR) or INTERNAL_ERROR
             self.handled += 1
-            try:
-                await self._nc.publish(msg.reply, reply)
-            except NatsError:
-                pass  # the requester is gone; the command's effect (if any) is already durable
+            await self._publish(msg.reply, reply)
         finally:
-            assert self._slots is not None
             self._slots.release()
+
+    async def _within(self, work: Awaitable[bytes | None], due: float,
+                      on_error: bytes | None) -> bytes | None:
+        """`work`'s answer, or `bus_timeout` once `due` has passed (the work goes on, unheard),
+        or `on_error` when it fails: a handler bug must not stop the service."""
+        fut = asyncio.ensure_future(work)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut),
+                                          timeout=max(0.0, due - self._on.time()))
+        except TimeoutError:
+            fut.add_done_callback(_consumed)
+            return _timed_out(self.answer_within_seconds, started=True)
+        except Exception:  # noqa: BLE001 - see the docstring
+            return on_error
+
+    async def _publish(self, reply: str, body: bytes) -> None:
+        try:
+            await self._nc.publish(reply, body)
+        except NatsError:
+            pass  # the requester is gone; the command's effect (if any) is already durable
 
     def stop(self) -> None:
         async def _close() -> None:

@@ -30,10 +30,80 @@ def test_a_request_past_the_deadline_is_answered_bus_timeout_and_the_next_is_ser
         late = json.loads(client.request(subject, b"slow", timeout=5))
         assert time.monotonic() - t0 < 3
         assert late["ok"] is False and late["error"]["code"] == "bus_timeout"
-        assert late["error"]["reasons"] == {"answer_within_seconds": 0.5}
+        assert late["error"]["reasons"] == {"answer_within_seconds": 0.5, "started": True}
         assert json.loads(client.request(subject, b"quick", timeout=5))["result"] == {
             "echo": "quick"}
     finally:
         release.set()
         client.close()
+        service.stop()
+
+
+def test_requests_waiting_for_a_busy_worker_are_answered_by_the_same_deadline(
+        nats_url: str, unique: str) -> None:
+    """The clock runs from arrival: a request queued behind a stuck worker is not given a
+    fresh deadline once it reaches one (in a quorum loss such waits added up past 45 s)."""
+    release = threading.Event()
+
+    def handler(subject: str, body: bytes, headers: dict[str, str]) -> bytes:
+        release.wait(10)
+        return b'{"ok": true, "result": {}}'
+
+    tenant = f"t{unique}"
+    subject = f"pool.cmd.{tenant}.deadline-queue"
+    service = Service(nats_url, [subject], handler, queue=f"q-{unique}", threads=1,
+                      answer_within_seconds=0.5).start()
+    clients = [Client(nats_url, inbox_prefix=tenant_inbox(tenant)) for _ in range(4)]
+    answers: list[tuple[float, dict]] = []
+
+    def ask(client: Client) -> None:
+        t0 = time.monotonic()
+        reply = json.loads(client.request(subject, b"x", timeout=5))
+        answers.append((time.monotonic() - t0, reply))
+
+    try:
+        threads = [threading.Thread(target=ask, args=(c,)) for c in clients]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert len(answers) == 4
+        # one worker, four requests: one (or more) times out working, the rest waiting
+        assert all(r["error"]["code"] == "bus_timeout" for _, r in answers)
+        assert max(s for s, _ in answers) < 1.5, sorted(s for s, _ in answers)
+        assert {r["error"]["reasons"]["started"] for _, r in answers} == {True, False}
+    finally:
+        release.set()
+        for c in clients:
+            c.close()
+        service.stop()
+
+
+def test_a_flood_beyond_what_the_service_holds_is_refused_at_once(
+        nats_url: str, unique: str) -> None:
+    release = threading.Event()
+
+    def handler(subject: str, body: bytes, headers: dict[str, str]) -> bytes:
+        release.wait(10)
+        return b'{"ok": true, "result": {}}'
+
+    tenant = f"t{unique}"
+    subject = f"pool.cmd.{tenant}.deadline-flood"
+    service = Service(nats_url, [subject], handler, queue=f"q-{unique}", threads=1,
+                      answer_within_seconds=5, max_waiting=1).start()
+    first, second = (Client(nats_url, inbox_prefix=tenant_inbox(tenant)) for _ in range(2))
+    try:
+        held = threading.Thread(target=lambda: first.request(subject, b"x", timeout=10))
+        held.start()
+        time.sleep(0.3)  # the first holds the one place
+        t0 = time.monotonic()
+        refused = json.loads(second.request(subject, b"y", timeout=5))
+        assert time.monotonic() - t0 < 1
+        assert refused["error"]["code"] == "bus_unavailable"
+        assert refused["error"]["reasons"] == {"max_waiting": 1}
+    finally:
+        release.set()
+        held.join(10)
+        first.close()
+        second.close()
         service.stop()
