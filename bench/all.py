@@ -20,12 +20,12 @@ def _fmt(v: float | None, unit: str) -> str:
 def run_all(*, quick: bool = False, database_url: str | None = None,
             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     from bench.agent import run_agent_bench
+    from bench.bus_rates import run_eventlog_bench
     from bench.e2e import rows as e2e_rows
     from bench.e2e import run_e2e_bench
     from bench.machine import machine_line
     from bench.projections import run_projections_bench
     from bench.schedule import BACKLOG_LABEL, run_schedule_bench
-    from bus.bench import run_eventlog_bench
 
     say = progress or (lambda _s: None)
     started = time.monotonic()

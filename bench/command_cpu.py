@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.children import end_children
-from bench.e2e import _cpu_seconds
-from bench.soak import _CTX, NODES, POOL, SHAPE, _leader_bucket, _serve
+from bench.e2e import cpu_seconds
+from bench.soak import CTX, NODES, POOL, SHAPE, leader_bucket, serve
 
 TENANT = "c0"
 JOB = {"image": "local/job@sha256:" + "a" * 64, "command": ["true"]}
@@ -42,14 +42,14 @@ def _setup(admin: Any) -> None:
 def _step(pid: int, calls: list[Any]) -> dict[str, float]:
     """Run `calls` one after another: median wall ms each, responder CPU ms per call."""
     walls = []
-    cpu0 = _cpu_seconds(pid) or 0.0
+    cpu0 = cpu_seconds(pid) or 0.0
     for call in calls:
         t0 = time.perf_counter()
         got = call()
         walls.append(time.perf_counter() - t0)
         if not got.get("ok"):
             raise RuntimeError(f"refused: {got}")
-    cpu = (_cpu_seconds(pid) or 0.0) - cpu0
+    cpu = (cpu_seconds(pid) or 0.0) - cpu0
     return {"wall_ms": statistics.median(walls) * 1000, "cpu_ms": cpu / len(calls) * 1000}
 
 
@@ -62,14 +62,14 @@ def run_command_cpu(*, leases: int = 300, warm: int = 50) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory(prefix="pool-bench-cmdcpu-") as tmp:
         server = NatsServer(store_dir=Path(tmp) / "nats").start()
-        stop, ready = _CTX.Event(), _CTX.Queue()
+        stop, ready = CTX.Event(), CTX.Queue()
         procs, pids = [], {}
         try:
             url = server.url
-            _leader_bucket(url)
+            leader_bucket(url)
             ensure_all_streams(url)
             for role in ("scheduler", "commands"):
-                p = _CTX.Process(target=_serve, daemon=True, args=(url, [role], ready, stop))
+                p = CTX.Process(target=serve, daemon=True, args=(url, [role], ready, stop))
                 p.start()
                 procs.append(p)
                 pids[role] = ready.get(timeout=120)

@@ -22,10 +22,10 @@ POOL = "bench"
 TENANTS = ["t0", "t1", "t2", "t3"]
 SHAPE = {"cpu_millis": 100, "memory_mib": 64}  # small: the fleet holds every request of a run
 GOAL_ACCEPTED, GOAL_RESERVED = 5000, 3000  # issue 15's goals for this machine, per second
-_CTX = multiprocessing.get_context("spawn")  # the parent holds threads: no fork
+CTX = multiprocessing.get_context("spawn")  # the parent holds threads: no fork
 
 
-def _serve_plane(url: str, ready: Any, stop: Any, roles: list[str] | None = None) -> None:
+def serve_plane(url: str, ready: Any, stop: Any, roles: list[str] | None = None) -> None:
     """In a process of its own: every control-plane role (no views), or only `roles` (the
     scheduler's roles apart, as `pool up` runs them; more command responders)."""
     from control.plane import ControlPlane
@@ -41,7 +41,7 @@ def pool_names(pools: int) -> list[str]:
     return [POOL] if pools == 1 else [f"{POOL}-{i}" for i in range(pools)]
 
 
-def _run_fleet(url: str, nodes: int, heartbeat_seconds: float, ready: Any, stop: Any,
+def run_fleet(url: str, nodes: int, heartbeat_seconds: float, ready: Any, stop: Any,
                pools: list[str] | None = None) -> None:
     """In a process of its own: `nodes` simulated agents dealt over `pools`, registered, then
     beating."""
@@ -80,7 +80,7 @@ class _Body:
 
 def _client_process(url: str, clients: int, seconds: float, rate: float | None,
                     prefix: str, count: int, pools: tuple[str, ...], out: Any) -> None:
-    from bus.loadgen import run_clients
+    from bench.loadgen import run_clients
 
     cpu0 = time.process_time()  # after the imports: what the clients themselves cost
     sent = run_clients(url, tenants=TENANTS, clients=clients, seconds=seconds, rate=rate,
@@ -90,19 +90,19 @@ def _client_process(url: str, clients: int, seconds: float, rate: float | None,
              time.process_time() - cpu0))
 
 
-def _load(url: str, *, clients: int, processes: int, seconds: float, rate: float | None,
+def run_load(url: str, *, clients: int, processes: int, seconds: float, rate: float | None,
           run: str, count: int = 1, pools: tuple[str, ...] = (POOL,)
           ) -> tuple[list[Record], float]:
     """Client processes sharing `clients` connections (and `rate`, when open loop): their
     records, and the CPU seconds the client processes spent."""
-    out = _CTX.Queue()
+    out = CTX.Queue()
     procs = []
     for p in range(processes):
         mine = clients // processes + (1 if p < clients % processes else 0)
         if mine == 0:
             continue
         share = None if rate is None else rate * mine / clients
-        procs.append(_CTX.Process(target=_client_process, daemon=True, args=(
+        procs.append(CTX.Process(target=_client_process, daemon=True, args=(
             url, mine, seconds, share, f"{run}-p{p}", count, pools, out)))
     for proc in procs:
         proc.start()
@@ -120,24 +120,24 @@ def _load(url: str, *, clients: int, processes: int, seconds: float, rate: float
 def _stateless_rate(url: str, *, clients: int, processes: int, seconds: float,
                     run: str, server_pid: int | None = None) -> tuple[float, dict[str, Any]]:
     """Answered requests/s of the same closed loop against a responder that decodes each
-    request and answers it, storing nothing (bus.bench.serve_stateless_replies): the
+    request and answers it, storing nothing (bench.bus_rates.serve_stateless_replies): the
     ceiling the clients, the server and one Python responder set on this machine. With it,
     the CPU ms per answered request of the server, the clients and the responder: what any
     plane's request costs before the plane does anything."""
-    from bus.bench import serve_stateless_replies
+    from bench.bus_rates import serve_stateless_replies
     from bus.subjects import command_subject
 
-    stop, ready = _CTX.Event(), _CTX.Queue()
+    stop, ready = CTX.Event(), CTX.Queue()
     subject = command_subject("any", "lease", "request").replace(".any.", ".*.")
-    proc = _CTX.Process(target=serve_stateless_replies, args=(url, subject, ready, stop),
+    proc = CTX.Process(target=serve_stateless_replies, args=(url, subject, ready, stop),
                         daemon=True)
     proc.start()
     try:
         ready.get(timeout=60)
-        cpu0 = (_cpu_seconds(server_pid), _cpu_seconds(proc.pid))
-        records, clients_cpu = _load(url, clients=clients, processes=processes,
+        cpu0 = (cpu_seconds(server_pid), cpu_seconds(proc.pid))
+        records, clients_cpu = run_load(url, clients=clients, processes=processes,
                                      seconds=seconds, rate=None, run=run)
-        cpu1 = (_cpu_seconds(server_pid), _cpu_seconds(proc.pid))
+        cpu1 = (cpu_seconds(server_pid), cpu_seconds(proc.pid))
     finally:
         stop.set()
         proc.join(10)
@@ -176,7 +176,7 @@ def _spread(url: str, pools: list[str], scheduler_pids: list[int | None],
                        f"processes in {timeout:g} s: {leaders}")
 
 
-def _cpu_seconds(pid: int | None) -> float | None:
+def cpu_seconds(pid: int | None) -> float | None:
     """A process's CPU time so far (user + system), from /proc; None where there is none."""
     if pid is None:
         return None
@@ -222,7 +222,7 @@ def _log_end(url: str) -> int:
 
 def _cpu_of(pids: list[int | None]) -> float | None:
     """The CPU time so far of processes together; None when one cannot be read."""
-    times = [_cpu_seconds(pid) for pid in pids]
+    times = [cpu_seconds(pid) for pid in pids]
     return None if any(t is None for t in times) else sum(t for t in times if t is not None)
 
 
@@ -242,7 +242,7 @@ def _settled(url: str, pids: tuple[list[int | None], int | None], *,
             time.sleep(0.2)
     finally:
         link.close()
-    return (_cpu_of(pids[0]), _cpu_seconds(pids[1])), time.monotonic()
+    return (_cpu_of(pids[0]), cpu_seconds(pids[1])), time.monotonic()
 
 
 def _per_request_ms(before: float | None, after: float | None, requests: int) -> float | None:
@@ -294,9 +294,9 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
     `one_process` (None: as `pool up` decides on this machine). With `pools` > 1 the nodes
     and the requests are dealt over that many pools, and `scheduler_processes` > 1 adds
     scheduler processes that share the pools' leadership out (control.pool_leaders)."""
+    from bench.bus_rates import raw_atomic_rate
+    from bench.loadgen import FeedWatcher, stored_times
     from bus.admin import ensure_all_streams
-    from bus.bench import raw_atomic_rate
-    from bus.loadgen import FeedWatcher, stored_times
     from bus.local.server import NatsServer, free_port
     from client.api import PoolClient
     from control.processes import CHILD_ROLES, PARENT_ROLES, split_by_default
@@ -320,9 +320,9 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="pool-bench-e2e-") as tmp:
         server = NatsServer(store_dir=Path(tmp) / "nats", http_port=free_port()).start()
-        stop, fleet_stop = _CTX.Event(), _CTX.Event()
+        stop, fleet_stop = CTX.Event(), CTX.Event()
         fleets: list[Any] = []
-        ready = _CTX.Queue()
+        ready = CTX.Queue()
         procs: list[Any] = []
         watcher = None
         try:
@@ -335,7 +335,7 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
             floor, floor_cpu = _stateless_rate(url, clients=clients, processes=processes,
                                                seconds=seconds, run=f"{run}-floor",
                                                server_pid=server_pid)
-            plane = _CTX.Process(target=_serve_plane, daemon=True, args=(
+            plane = CTX.Process(target=serve_plane, daemon=True, args=(
                 url, ready, stop, list(PARENT_ROLES) if split else None))
             plane.start()
             procs.append(plane)
@@ -344,7 +344,7 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
             # each plane process's roles, beside its pid ("all": every role in one process)
             plane_roles: list[str] = ["+".join(PARENT_ROLES) if split else "all"]
             if split:
-                apart = _CTX.Process(target=_serve_plane, daemon=True,
+                apart = CTX.Process(target=serve_plane, daemon=True,
                                      args=(url, ready, stop, list(CHILD_ROLES)))
                 apart.start()
                 procs.append(apart)
@@ -356,7 +356,7 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
             for roles, n in ((["commands"], command_processes - 1),
                              (["scheduler"], scheduler_processes - 1)):
                 for _ in range(n):
-                    extra = _CTX.Process(target=_serve_plane, args=(url, ready, stop, roles),
+                    extra = CTX.Process(target=serve_plane, args=(url, ready, stop, roles),
                                          daemon=True)
                     extra.start()
                     procs.append(extra)
@@ -374,7 +374,7 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
                         raise RuntimeError(f"pool.set refused: {got}")
             say(f"registering {nodes} simulated nodes…")
             t0 = time.monotonic()
-            fleet = _CTX.Process(target=_run_fleet, daemon=True,
+            fleet = CTX.Process(target=run_fleet, daemon=True,
                                  args=(url, nodes, heartbeat_seconds, ready, fleet_stop, names))
             fleet.start()
             fleets.append(fleet)
@@ -383,19 +383,19 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
             leaders = (_spread(url, names, scheduler_pids) if scheduler_processes > 1
                        else None)
             watcher = FeedWatcher(url, TENANTS).start()
-            _load(url, clients=min(clients, 4), processes=1, seconds=0.5, rate=None,
+            run_load(url, clients=min(clients, 4), processes=1, seconds=0.5, rate=None,
                   run=f"{run}-warm", pools=tuple(names))
             log_start = _log_end(url)
             say(f"saturating: {clients} clients for {seconds:g} s…")
-            cpu0 = (_cpu_of(plane_pids), _cpu_seconds(server_pid))
-            each0 = [_cpu_seconds(pid) for pid in plane_pids]
+            cpu0 = (_cpu_of(plane_pids), cpu_seconds(server_pid))
+            each0 = [cpu_seconds(pid) for pid in plane_pids]
             t0 = time.monotonic()
             msgs0 = _server_msgs(server)
-            sat, clients_cpu = _load(url, clients=clients, processes=processes,
+            sat, clients_cpu = run_load(url, clients=clients, processes=processes,
                                      seconds=seconds, rate=None, run=f"{run}-sat", count=count,
                                      pools=tuple(names))
-            cpu1 = (_cpu_of(plane_pids), _cpu_seconds(server_pid))
-            each1 = [_cpu_seconds(pid) for pid in plane_pids]
+            cpu1 = (_cpu_of(plane_pids), cpu_seconds(server_pid))
+            each1 = [cpu_seconds(pid) for pid in plane_pids]
             msgs1 = _server_msgs(server)
             _drain(watcher, sat, 30)
             cpu2, t2 = _settled(url, (plane_pids, server_pid))
@@ -429,7 +429,7 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
                 None if msgs0 is None or msgs1 is None or not n else
                 {"in": (msgs1[0] - msgs0[0]) / n, "out": (msgs1[1] - msgs0[1]) / n})
             say(f"steady: {rate:g} requests/s offered for {steady_seconds:g} s…")
-            st, _ = _load(url, clients=clients, processes=processes, seconds=steady_seconds,
+            st, _ = run_load(url, clients=clients, processes=processes, seconds=steady_seconds,
                           rate=rate, run=f"{run}-steady", count=count, pools=tuple(names))
             _drain(watcher, st, 30)
             steady = _phase(st, watcher.reserved, steady_seconds)

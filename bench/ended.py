@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.queued import _in_process, _write_log
+from bench.queued import in_process, write_log
 from bus.local.server import NatsServer
 
 STEPS = (10_000, 30_000, 100_000)  # ended leases in the log at each measurement
@@ -53,7 +53,7 @@ def _start_dispatcher(url: str, out: Any, key: bytes | None, write: bool) -> Non
     """In a process of its own: a fresh dispatcher (lease feed included) folds the log to its
     end, from the checkpoint when `key` is given and not `write`; with `write`, it checkpoints
     its fold after the replay. Orders and feed records already sent are not sent again."""
-    from bench.queued import _rss_mib
+    from bench.queued import rss_mib
     from bus.agentbus import ControlLink
     from bus.checkpoints import CheckpointStore
     from bus.feed import FeedWriter
@@ -79,7 +79,7 @@ def _start_dispatcher(url: str, out: Any, key: bytes | None, write: bool) -> Non
         if not n:
             break
     replay_s, replay_cpu_s = time.perf_counter() - t0, time.process_time() - c0
-    rss, _ = _rss_mib()
+    rss, _ = rss_mib()
     written: dict[str, Any] = {}
     if checkpoints is not None and write:
         assert checkpoints.write_now(dispatcher)
@@ -119,7 +119,7 @@ def run_ended_bench(*, steps: Sequence[int] = STEPS, quick: bool = False,
         try:
             url = server.url
             ensure_all_streams(url)
-            _write_log(url, NODES, 0, say)
+            write_log(url, NODES, 0, say)
             ended = 0
             key = os.urandom(32)
             for step in sorted(steps):
@@ -127,7 +127,7 @@ def run_ended_bench(*, steps: Sequence[int] = STEPS, quick: bool = False,
                 ended = step
                 close_runtime(url)
                 say(f"bench ended: {ended:,} leases ended; a fresh scheduler replays them")
-                full = _in_process(url, key, write=True)
+                full = in_process(url, key, write=True)
                 dfull: dict[str, Any] = {}
                 if dispatcher:
                     say(f"bench ended: {ended:,} leases ended; dispatchers replay them")
@@ -136,7 +136,7 @@ def run_ended_bench(*, steps: Sequence[int] = STEPS, quick: bool = False,
                 _end_leases(url, ended, TAIL)
                 ended += TAIL
                 close_runtime(url)
-                restored = _in_process(url, key)
+                restored = in_process(url, key)
                 if dispatcher:
                     _dispatcher_in_process(url, None)  # sends the tail's orders: not timed
                     drestored = _dispatcher_in_process(url, key)

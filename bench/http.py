@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.children import end_children
-from bench.e2e import _CTX, POOL, SHAPE, TENANTS, _load, _run_fleet, _serve_plane
+from bench.e2e import CTX, POOL, SHAPE, TENANTS, run_fleet, run_load, serve_plane
 from bench.latency import pct
 from bench.machine import machine_line
 
@@ -97,12 +97,12 @@ def _http_client_process(base: str, tokens: list[str], clients: int, seconds: fl
 
 def _http_load(base: str, tokens: list[str], *, clients: int, processes: int, seconds: float,
                run: str) -> list[Record]:
-    out = _CTX.Queue()
+    out = CTX.Queue()
     procs = []
     for p in range(processes):
         mine = clients // processes + (1 if p < clients % processes else 0)
         if mine:
-            procs.append(_CTX.Process(target=_http_client_process, daemon=True,
+            procs.append(CTX.Process(target=_http_client_process, daemon=True,
                                       args=(base, tokens, mine, seconds, f"{run}-p{p}", out)))
     for proc in procs:
         proc.start()
@@ -147,14 +147,14 @@ def run_http_bench(*, clients: int = 32, nodes: int = 200, seconds: float = 10.0
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="pool-bench-http-") as tmp:
         server = NatsServer(store_dir=Path(tmp) / "nats").start()
-        stop, fleet_stop = _CTX.Event(), _CTX.Event()
+        stop, fleet_stop = CTX.Event(), CTX.Event()
         fleets: list[Any] = []
-        ready = _CTX.Queue()
+        ready = CTX.Queue()
         procs: list[Any] = []
         try:
             url = server.url
             ensure_all_streams(url)
-            plane = _CTX.Process(target=_serve_plane, args=(url, ready, stop), daemon=True)
+            plane = CTX.Process(target=serve_plane, args=(url, ready, stop), daemon=True)
             plane.start()
             procs.append(plane)
             ready.get(timeout=120)
@@ -168,24 +168,24 @@ def run_http_bench(*, clients: int = 32, nodes: int = 200, seconds: float = 10.0
                 if not got.get("ok"):
                     raise RuntimeError(f"the bench pool was refused: {got}")
             say(f"registering {nodes} simulated nodes…")
-            fleet = _CTX.Process(target=_run_fleet, daemon=True,
+            fleet = CTX.Process(target=run_fleet, daemon=True,
                                  args=(url, nodes, 10.0, ready, fleet_stop))
             fleet.start()
             fleets.append(fleet)
             ready.get(timeout=600)
             store = TokenStore(Path(tmp) / "http-tokens.json")
             tokens = [store.issue_tenant(t) for t in TENANTS]
-            gw = _CTX.Process(target=_serve_gateway, daemon=True,
+            gw = CTX.Process(target=_serve_gateway, daemon=True,
                               args=(url, str(store.path), free_port(), ready, stop))
             gw.start()
             procs.append(gw)
             base = f"http://127.0.0.1:{ready.get(timeout=120)}"
-            _load(url, clients=min(clients, 4), processes=1, seconds=0.5, rate=None,
+            run_load(url, clients=min(clients, 4), processes=1, seconds=0.5, rate=None,
                   run=f"{run}-warm")
             _http_load(base, tokens, clients=min(clients, 4), processes=1, seconds=0.5,
                        run=f"{run}-hwarm")
             say(f"NATS: {clients} clients for {seconds:g} s…")
-            nats_path = _figures(_load(url, clients=clients, processes=processes,
+            nats_path = _figures(run_load(url, clients=clients, processes=processes,
                                        seconds=seconds, rate=None, run=f"{run}-nats")[0], seconds)
             say(f"HTTP: {clients} clients for {seconds:g} s…")
             http_path = _figures(_http_load(base, tokens, clients=clients, processes=processes,

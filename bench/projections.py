@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bus.bench import raw_atomic_rate
+from bench.bus_rates import raw_atomic_rate
 from bus.local.server import NatsServer
 from domain.account import Account
 from domain.lease import Lease, LeaseState

@@ -19,7 +19,7 @@ SUBMIT_BATCH = 999  # leases per save: one event each (requested and queued), un
 SHAPES = ((1000, 2048), (2000, 4096), (4000, 8192), (500, 1024))
 
 
-def _rss_mib() -> tuple[float, float]:
+def rss_mib() -> tuple[float, float]:
     """(current RSS, peak RSS) of this process in MiB, from /proc (Linux)."""
     now = peak = 0.0
     with open("/proc/self/status") as f:
@@ -31,9 +31,9 @@ def _rss_mib() -> tuple[float, float]:
     return now, peak
 
 
-def _write_log(url: str, nodes: int, requests: int, say: Callable[[str], None]) -> float:
+def write_log(url: str, nodes: int, requests: int, say: Callable[[str], None]) -> float:
     """Pool, tenants, nodes and `requests` queued leases; seconds spent writing requests."""
-    from bench.schedule import TENANTS, _node
+    from bench.schedule import TENANTS, make_node
     from control.application import PoolApp
     from control.bootstrap import app_env
     from domain.account import Account
@@ -55,7 +55,7 @@ def _write_log(url: str, nodes: int, requests: int, say: Callable[[str], None]) 
         setup.append(acc)
     app.save(*setup)
     for start in range(0, nodes, 999):
-        app.save(*[_node(i, now) for i in range(start, min(nodes, start + 999))])
+        app.save(*[make_node(i, now) for i in range(start, min(nodes, start + 999))])
     shapes = [Shape.build(cpu_millis=c, memory_mib=m) for c, m in SHAPES]
     t0 = time.perf_counter()
     for start in range(0, requests, SUBMIT_BATCH):
@@ -96,12 +96,12 @@ def _start_scheduler(url: str, out: Any, key: bytes | None = None, write: bool =
         if write:
             checkpoints.tried = True  # the full replay: nothing is read
         scheduler.checkpoints = checkpoints
-    base, _ = _rss_mib()  # the code loaded, nothing read yet
+    base, _ = rss_mib()  # the code loaded, nothing read yet
     t0, c0 = time.perf_counter(), time.process_time()
     events = scheduler.catch_up()
     replay_s = time.perf_counter() - t0
     replay_cpu_s = time.process_time() - c0  # this process's CPU: less hostage to a busy box
-    after_replay, _ = _rss_mib()
+    after_replay, _ = rss_mib()
     written: dict[str, Any] = {}
     if checkpoints is not None and write:
         w0 = time.perf_counter()
@@ -114,7 +114,7 @@ def _start_scheduler(url: str, out: Any, key: bytes | None = None, write: bool =
     t1 = time.perf_counter()
     report = scheduler.cycle()
     cycle_s = time.perf_counter() - t1
-    after_cycle, peak = _rss_mib()
+    after_cycle, peak = rss_mib()
     memory: Any = scheduler.aggregates
     queued = sum(len(ps.queue or ()) for ps in scheduler.pools.values())
     out.put({"events": events, "replay_s": replay_s, "replay_cpu_s": replay_cpu_s,
@@ -127,7 +127,7 @@ def _start_scheduler(url: str, out: Any, key: bytes | None = None, write: bool =
     app.close()
 
 
-def _in_process(url: str, key: bytes | None = None, write: bool = False) -> dict[str, Any]:
+def in_process(url: str, key: bytes | None = None, write: bool = False) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
     out: Any = ctx.Queue()
     proc = ctx.Process(target=_start_scheduler, args=(url, out, key, write), daemon=True)
@@ -171,13 +171,13 @@ def run_queued_bench(*, nodes: int = 10_000, requests: int = 1_000_000, quick: b
 
             ensure_all_streams(server.url)
             say(f"bench queued: writing {nodes:,} nodes and {requests:,} queued requests")
-            write_s = _write_log(server.url, nodes, requests, say)
+            write_s = write_log(server.url, nodes, requests, say)
             from bus.runtime import close_runtime
 
             close_runtime(server.url)
             say("bench queued: a fresh scheduler process replays the log")
             key = os.urandom(32) if checkpoint else None
-            result = _in_process(server.url, key, write=checkpoint)
+            result = in_process(server.url, key, write=checkpoint)
             restored: dict[str, Any] = {}
             if checkpoint:
                 tail = max(1, requests // 100)
@@ -185,7 +185,7 @@ def run_queued_bench(*, nodes: int = 10_000, requests: int = 1_000_000, quick: b
                     "starts from the checkpoint")
                 _write_tail(server.url, requests, tail)
                 close_runtime(server.url)
-                restored = _in_process(server.url, key)
+                restored = in_process(server.url, key)
                 restored["tail"] = tail
         finally:
             server.stop()

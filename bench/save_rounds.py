@@ -11,9 +11,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.bus_rates import SAVE_ROUND_WAYS as WAYS
+from bench.bus_rates import save_round_ways
 from bench.machine import machine_line
-from bus.bench import SAVE_ROUND_WAYS as WAYS
-from bus.bench import save_round_ways
 from bus.local.server import NatsServer
 
 

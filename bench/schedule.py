@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bus.bench import raw_atomic_rate
+from bench.bus_rates import raw_atomic_rate
 from bus.local.server import NatsServer
 from control.application import PoolApp
 from control.bootstrap import app_env
@@ -31,7 +31,7 @@ BACKLOG_LABEL = "placements/s, scheduler alone, log written beforehand"
 SUBMIT_BATCH = 999  # leases per save: one event each (as the front door writes them)
 
 
-def _node(i: int, now: float) -> Node:
+def make_node(i: int, now: float) -> Node:
     zone = f"z{i % 3}"
     caps = NodeCapabilities(
         allocatable=Resources(cpu_millis=32000, memory_mib=131072, local_disk_gib=500),
@@ -121,7 +121,7 @@ def _run(url: str, nodes: int, requests: int, rate: float, steady_seconds: float
     producer.save(*setup)
     say(f"bench schedule: registering {nodes} nodes")
     for start in range(0, nodes, 999):
-        producer.save(*[_node(i, now) for i in range(start, min(nodes, start + 999))])
+        producer.save(*[make_node(i, now) for i in range(start, min(nodes, start + 999))])
 
     sched_app = PoolApp(env=app_env(url))
     scheduler = Scheduler(sched_app)

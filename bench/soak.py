@@ -30,7 +30,7 @@ TENANTS = [f"s{i}" for i in range(8)]
 RSS_AT = (0.1, 0.5, 1.0)  # fractions of the run where the scheduler's memory is judged
 SAMPLE_AT = tuple(i / 10 for i in range(1, 11))  # and read, to show where it levels off
 REPLAY_AT = (1 / 3, 2 / 3, 1.0)  # and where a cold scheduler replays the log
-_CTX = multiprocessing.get_context("spawn")  # the parent holds threads: no fork
+CTX = multiprocessing.get_context("spawn")  # the parent holds threads: no fork
 # the scheduler's leadership leases: a loaded machine paused it past the default's few
 # seconds, it stepped down and did not lead its pool again (docs/performance.md)
 LEADER_TTL_SECONDS = 30.0
@@ -39,7 +39,7 @@ _PROBE_FILTERS = [tracemalloc.Filter(False, tracemalloc.__file__),
                   tracemalloc.Filter(False, "<frozen importlib._bootstrap>")]
 
 
-def _serve(url: str, roles: list[str], ready: Any, stop: Any, probe: Any = None) -> None:
+def serve(url: str, roles: list[str], ready: Any, stop: Any, probe: Any = None) -> None:
     """In a process of its own: control-plane `roles` without the data plane (no agents: a
     tenant's commit starts the lease, its release ends it). With `probe` (a queue of file
     paths), memory allocations are traced and each path asked for gets a snapshot of them and
@@ -93,19 +93,19 @@ def probe_diff(before: str, after: str, top: int = 15) -> list[str]:
     return lines
 
 
-def _leader_bucket(url: str) -> None:
+def leader_bucket(url: str) -> None:
     """The leader bucket, made with LEADER_TTL_SECONDS as its keys' time to live."""
-    from bus.admin import _connect, _run
+    from bus.admin import admin_connect, admin_run
     from bus.leader import ensure_leader_bucket
 
     async def go() -> None:
-        nc = await _connect(url)
+        nc = await admin_connect(url)
         try:
             await ensure_leader_bucket(nc.jetstream(), ttl_seconds=LEADER_TTL_SECONDS)
         finally:
             await nc.close()
 
-    _run(go())
+    admin_run(go())
 
 
 def _replay(url: str, out: Any) -> None:
@@ -293,18 +293,18 @@ def run_soak(*, leases: int = 1_000_000, quick: bool = False, probe: bool = Fals
     snaps: list[str] = []
     with tempfile.TemporaryDirectory(prefix="pool-bench-soak-") as tmp:
         server = NatsServer(store_dir=Path(tmp) / "nats").start()
-        stop = _CTX.Event()
-        ready = _CTX.Queue()
+        stop = CTX.Event()
+        ready = CTX.Queue()
         procs: list[Any] = []
         driver: _Driver | None = None
         try:
             url = server.url
-            _leader_bucket(url)  # before the streams: they keep a bucket's TTL as it is
+            leader_bucket(url)  # before the streams: they keep a bucket's TTL as it is
             ensure_all_streams(url)
             pids = {}
-            probes = _CTX.Queue() if probe else None
+            probes = CTX.Queue() if probe else None
             for role in ("scheduler", "commands"):
-                p = _CTX.Process(target=_serve, daemon=True, args=(
+                p = CTX.Process(target=serve, daemon=True, args=(
                     url, [role], ready, stop, probes if role == "scheduler" else None))
                 p.start()
                 procs.append(p)
@@ -355,8 +355,8 @@ def run_soak(*, leases: int = 1_000_000, quick: bool = False, probe: bool = Fals
                 if any(mark == round(leases * f) for f in RSS_AT):
                     rss.append(now_rss)
                 if any(mark == round(leases * f) for f in REPLAY_AT):
-                    out = _CTX.Queue()
-                    p = _CTX.Process(target=_replay, args=(url, out), daemon=True)
+                    out = CTX.Queue()
+                    p = CTX.Process(target=_replay, args=(url, out), daemon=True)
                     p.start()
                     took, events = out.get(timeout=3600)
                     p.join(30)

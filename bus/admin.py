@@ -17,13 +17,13 @@ from bus.subjects import EVENTS_STREAM
 T = TypeVar("T")
 
 
-def _run(coro: Coroutine[Any, Any, T]) -> T:
+def admin_run(coro: Coroutine[Any, Any, T]) -> T:
     """`coro` on the process's shared loop thread, nats errors (a timeout while a cluster
     elects a leader) as bus.errors."""
     return run_sync(coro)
 
 
-async def _connect(url: str) -> Any:
+async def admin_connect(url: str) -> Any:
     # a cluster's URL list may name a server that is down: the next one is tried, quietly
     return await connect(url, max_reconnect_attempts=0)
 
@@ -47,7 +47,7 @@ def ensure_all_streams(url: str, *, replicas: int = 1) -> None:
     from bus.webhooks import ensure_webhook_consumer
 
     async def go() -> None:
-        nc = await _connect(url)
+        nc = await admin_connect(url)
         try:
             js = nc.jetstream()
             await ensure_event_stream(js, replicas=replicas)
@@ -61,14 +61,14 @@ def ensure_all_streams(url: str, *, replicas: int = 1) -> None:
         finally:
             await nc.close()
 
-    _run(go())
+    admin_run(go())
 
 
 def describe_streams(url: str) -> list[dict[str, Any]]:
     """Name, message count, last sequence and subjects of each stream on the server."""
 
     async def go() -> list[dict[str, Any]]:
-        nc = await _connect(url)
+        nc = await admin_connect(url)
         try:
             jsm = nc.jsm()
             out = []
@@ -86,7 +86,7 @@ def describe_streams(url: str) -> list[dict[str, Any]]:
         finally:
             await nc.close()
 
-    return _run(go())
+    return admin_run(go())
 
 
 async def _quiet(_exc: Exception) -> None:
@@ -113,7 +113,7 @@ def leaders(url: str, bucket: str = "pool_leaders") -> dict[str, dict[str, Any]]
     import json
 
     async def go() -> dict[str, dict[str, Any]]:
-        nc = await _connect(url)
+        nc = await admin_connect(url)
         try:
             try:
                 kv = await nc.jetstream().key_value(bucket)
@@ -132,4 +132,4 @@ def leaders(url: str, bucket: str = "pool_leaders") -> dict[str, dict[str, Any]]
         finally:
             await nc.close()
 
-    return _run(go())
+    return admin_run(go())

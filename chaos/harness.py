@@ -283,7 +283,7 @@ def setup_pool(admin: Any, tenants: list[str], *, nodes: int = 0, pool: str = "p
     def admin_call(path: str, body: dict[str, Any]) -> dict[str, Any]:
         # each command reads what the one before wrote, possibly on another replica: the
         # recorder confirms reads with the stream leader, so no waiting is needed here
-        return _must(admin.admin(path, body))
+        return must(admin.admin(path, body))
 
     admin_call("pool.set", cfg)
     for t in tenants:
@@ -294,7 +294,7 @@ def setup_pool(admin: Any, tenants: list[str], *, nodes: int = 0, pool: str = "p
         admin_call("node.register", node_body(f"n{i}", pool, gpus=gpus))
 
 
-def _must(reply: dict[str, Any]) -> dict[str, Any]:
+def must(reply: dict[str, Any]) -> dict[str, Any]:
     if not reply.get("ok"):
         raise RuntimeError(f"set-up command refused: {reply.get('error')}")
     return reply

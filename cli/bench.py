@@ -21,7 +21,7 @@ def _report(result: dict[str, Any], as_json: bool) -> int:
 
 
 def cmd_bench_eventlog(args: argparse.Namespace) -> int:
-    from bus.bench import run_eventlog_bench
+    from bench.bus_rates import run_eventlog_bench
 
     result = run_eventlog_bench(
         nats_url=args.nats_url,

@@ -252,20 +252,20 @@ def cmd_lease_run(args: argparse.Namespace) -> int:
 
 
 def cmd_lease_logs(args: argparse.Namespace) -> int:
-    from cli.run import OutputReader, _write, follow_until_done, parse_duration
+    from cli.run import OutputReader, follow_until_done, parse_duration, write_out
 
     tenant = tenant_of(args)
     with pool_client(args, tenant) as c:
         reader = OutputReader(c, tenant, args.lease_id, since=parse_duration(args.since,
                                                                              "--since"))
         if not args.follow:
-            reader.read(_write)
+            reader.read(write_out)
             return EXIT_OK
         # live from here on; what is stored is read after, and what both bring is written once
         # (from the watch's start less a minute's slack for the agent's clock)
         with c.watch_lease(args.lease_id, output=True) as watch:
             reader.keep_after = watch.live_from
-            reader.read(_write)
+            reader.read(write_out)
             follow_until_done(c, watch, args.lease_id, seen=reader.seen)
     return EXIT_OK
 

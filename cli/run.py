@@ -184,7 +184,7 @@ class OutputReader:
                 return True
 
 
-def _write(text: str) -> None:
+def write_out(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
 
@@ -243,7 +243,7 @@ def follow_until_done(c: Any, watch: LeaseWatch, lease_id: str, *,
                 if state in FINAL_STATES and ended is None:
                     ended = _record_lease(item.record)
         if text:
-            _write("".join(text))
+            write_out("".join(text))
         if ended is not None:
             return ended
 

@@ -89,7 +89,7 @@ _CREDIT_STRUCTS: dict[str, type[msgspec.Struct]] = {
 _OPENED, _GRANTED, _HELD, _SETTLED, _RELEASED, _HELD_BATCH = range(6)
 _CODES = {"AccountOpened": _OPENED, "CreditsGranted": _GRANTED, "CreditsHeld": _HELD,
           "CreditsSettled": _SETTLED, "HoldReleased": _RELEASED, "CreditsHeldBatch": _HELD_BATCH}
-_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 # a log record (bus.jetstream.LogRecord): seq, originator id text, uuid?, version, topic, state
 Record = tuple[int, str, bool, int, str, bytes]
 
@@ -181,8 +181,8 @@ class CreditAudit:
         new = object.__new__
         for rec in records:
             seq, oid, _u, _v, topic, data = rec
-            kind = topics.get(topic, _UNSEEN)
-            if kind is _UNSEEN:
+            kind = topics.get(topic, UNSEEN)
+            if kind is UNSEEN:
                 kind = topics[topic] = self._credit_kind(topic)
             if kind is None:
                 got = pending.get(oid)
@@ -239,7 +239,7 @@ class CreditAudit:
                 if held is None:
                     holds[lid] = (amount, seq)
                 else:
-                    holds[lid] = (held[0] + amount, [*_seq_list(held[1]), seq])
+                    holds[lid] = (held[0] + amount, [*seq_list(held[1]), seq])
                 c.held += amount
                 spend.held += amount
                 continue
@@ -256,7 +256,7 @@ class CreditAudit:
                 spend.released += amount
                 if amount != hold:
                     self.report.discrepancies.append(Discrepancy(
-                        "release_split", tenant, hold, amount, [*_seq_list(held[1]), seq], lid))
+                        "release_split", tenant, hold, amount, [*seq_list(held[1]), seq], lid))
                 continue
             charged, released, shortfall = ev.charged, ev.released, ev.shortfall
             c.spent += charged
@@ -267,14 +267,14 @@ class CreditAudit:
             if charged + released != hold:
                 self.report.discrepancies.append(Discrepancy(
                     "settle_split", tenant, hold, charged + released,
-                    [*_seq_list(held[1]), seq], lid, "charged + released must equal the hold"))
+                    [*seq_list(held[1]), seq], lid, "charged + released must equal the hold"))
             self._pending_count = count  # folding on demand takes from what is pending
             if lid in pending or lid in folded:
                 lease = self._fold(lid)
-            elif _CANONICAL_UUID.fullmatch(lid):
+            elif CANONICAL_UUID.fullmatch(lid):
                 lease = None  # no event of this lease so far
             else:  # another spelling of a UUID: the lease's own
-                lease = self._fold(_uuid_text(lid))
+                lease = self._fold(uuid_text(lid))
             why: str | tuple[Any, ...] = "no lease in the log"
             expected = 0
             if isinstance(lease, Lease):
@@ -286,7 +286,7 @@ class CreditAudit:
             if charged + shortfall != expected:
                 self.report.discrepancies.append(Discrepancy(
                     "charge", tenant, expected, charged + shortfall,
-                    [*_seq_list(held[1]), seq], lid,
+                    [*seq_list(held[1]), seq], lid,
                     why if isinstance(why, str) else _why(*why)))
         self._pending_count = count
 
@@ -306,7 +306,7 @@ class CreditAudit:
             if held is None:
                 holds[lid] = (amount, seq)
             else:
-                holds[lid] = (held[0] + amount, [*_seq_list(held[1]), seq])
+                holds[lid] = (held[0] + amount, [*seq_list(held[1]), seq])
             c.held += amount
             spend.held += amount
 
@@ -389,15 +389,15 @@ class CreditAudit:
             pool.price_list_version, lease.started_at, end, seconds)
 
 
-_UNSEEN: Any = object()
+UNSEEN: Any = object()
 _NAMES = {code: name for name, code in _CODES.items()}
 
 
-def _seq_list(seqs: int | list[int]) -> list[int]:
+def seq_list(seqs: int | list[int]) -> list[int]:
     return [seqs] if type(seqs) is int else seqs  # type: ignore[return-value]
 
 
-def _uuid_text(text: str) -> str:
+def uuid_text(text: str) -> str:
     try:
         return str(UUID(text))
     except ValueError:

@@ -16,12 +16,12 @@ from uuid import UUID
 from domain.node import Node
 from domain.pool import Pool
 from projections.audit import (
-    _CANONICAL_UUID,
-    _UNSEEN,
+    CANONICAL_UUID,
+    UNSEEN,
     CreditAudit,
     Record,
-    _seq_list,
-    _uuid_text,
+    seq_list,
+    uuid_text,
 )
 from projections.audit_report import TenantCredits
 from projections.errors import CheckpointInvalid, CheckpointMismatch
@@ -127,15 +127,15 @@ class ChainedAudit(CreditAudit):
         for holds in cp.holds.values():
             for lid in holds:
                 # held before the checkpoint: its settlement folds it from its version there
-                self._folded.setdefault(_uuid_text(lid), None)
+                self._folded.setdefault(uuid_text(lid), None)
 
     def _fold_records(self, records: Sequence[Record]) -> None:
         topics = self._topics
         chain = self.chain
         n = 0
         for seq, oid, _u, _v, topic, data in records:
-            kind = topics.get(topic, _UNSEEN)
-            if kind is _UNSEEN:
+            kind = topics.get(topic, UNSEEN)
+            if kind is UNSEEN:
                 kind = topics[topic] = self._credit_kind(topic)
             if kind is not None:
                 chain = chain_step(chain, seq, oid, topic, data)
@@ -147,7 +147,7 @@ class ChainedAudit(CreditAudit):
     def _fold(self, key: str) -> Any:
         version = self._base.pop(key, None)
         if version is not None and self._folded.get(key) is None:
-            oid: Any = UUID(key) if _CANONICAL_UUID.fullmatch(key) else key
+            oid: Any = UUID(key) if CANONICAL_UUID.fullmatch(key) else key
             agg = self.app.repository.get(oid, version=version)
             self.folder.aggregates[agg.id] = agg  # events after the checkpoint fold onto it
             self._folded[key] = agg
@@ -169,10 +169,10 @@ class ChainedAudit(CreditAudit):
         for tenant, open_holds in self.holds.items():
             if not open_holds:
                 continue
-            holds[tenant] = {lid: [amount, *_seq_list(seqs)]
+            holds[tenant] = {lid: [amount, *seq_list(seqs)]
                              for lid, (amount, seqs) in open_holds.items()}
             for lid in open_holds:
-                key = _uuid_text(lid)
+                key = uuid_text(lid)
                 waiting = self._pending.get(key)
                 agg = self._folded.get(key)
                 if waiting:

@@ -30,19 +30,19 @@ from bus.headers import (
     HDR_TRACKING_ID,
     HDR_VERSION,
 )
-from bus.jetstream.logreader import _LogReader
+from bus.jetstream.logreader import LogReader
 from bus.jetstream.natsfast import subscribe_raw, unsubscribe_raw
 from bus.jetstream.recorder import JetStreamAggregateRecorder, JetStreamRecorder
 from bus.jetstream.strays import strays
 from bus.jetstream.wire import (
-    _DIRECT_BATCH,
-    _UUIDS,
+    DIRECT_BATCH,
     RECORD_PAGE,
+    UUIDS,
     LogRecord,
-    _record_of,
-    _SubjectState,
-    _uuid_of,
+    SubjectState,
     is_stored_event,
+    record_of,
+    uuid_of,
 )
 from bus.runtime import translated
 
@@ -69,7 +69,7 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
         seq = start
         while len(out) < limit:
             # without a topic filter every message of ours counts, so ask for what is missing
-            batch = min(_DIRECT_BATCH, limit - len(out)) if not wanted else _DIRECT_BATCH
+            batch = min(DIRECT_BATCH, limit - len(out)) if not wanted else DIRECT_BATCH
             # the whole stream in order, filtered here: the server's next-by-subject with a
             # wildcard costs it more per message than an unfiltered scan (docs/performance.md)
             msgs, at_end = await self._direct_batch(">", seq, batch)
@@ -86,11 +86,11 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
                 if wanted and topic not in wanted:
                     continue
                 text = headers[HDR_ORIGINATOR_ID]
-                oid: UUID | str = _uuid_of(text) if headers.get(HDR_ID_KIND) == "uuid" else text
+                oid: UUID | str = uuid_of(text) if headers.get(HDR_ID_KIND) == "uuid" else text
                 version = int(headers[HDR_VERSION])
                 # a follower that reads the log learns each subject's end as it goes, so its
                 # next write carries the right expectation instead of a guaranteed conflict
-                self._remember(subject, _SubjectState(version, s))
+                self._remember(subject, SubjectState(version, s))
                 # the Notification a frozen dataclass's __init__ makes, built in one step, with
                 # one UUID per aggregate rather than one parse per event
                 n = new(Notification)
@@ -131,11 +131,11 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
         """The next page of a sequential read, as log records, and where the next page starts:
         from the bulk reader's consumer when it can, else (or when the consumer has nothing
         now) with direct gets, which are exact."""
-        reader: _LogReader | None = self.__dict__.get("_log_reader")
+        reader: LogReader | None = self.__dict__.get("_log_reader")
         if reader is None:
             # the whole stream, filtered here: a wildcard filter costs the server far more per
             # message than delivering everything (docs/performance.md)
-            reader = self.__dict__["_log_reader"] = _LogReader(self, ">")
+            reader = self.__dict__["_log_reader"] = LogReader(self, ">")
         out: list[LogRecord] = []
         at = start
         while len(out) < limit and (stop is None or at <= stop):
@@ -151,7 +151,7 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
                 break
         if not out:
             direct = await self._select_notifications(start, limit, stop, ())
-            return [_record_of(n) for n in direct], (direct[-1].id + 1 if direct else start)
+            return [record_of(n) for n in direct], (direct[-1].id + 1 if direct else start)
         return out, at
 
     async def _read_ahead(self, start: int, limit: int, stop: int | None) -> list[Notification]:
@@ -161,7 +161,7 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
     @staticmethod
     def _notifications_from(records: list[LogRecord]) -> list[Notification]:
         new, setattr_ = object.__new__, object.__setattr__
-        uuids = _UUIDS
+        uuids = UUIDS
         out: list[Notification] = []
         append = out.append
         for seq, text, is_uuid, version, topic, data in records:
@@ -342,7 +342,7 @@ class JetStreamTrackingRecorder(JetStreamRecorder, TrackingRecorder):
             return None
         headers, _, seq = last
         tid = int(headers[HDR_TRACKING_ID])
-        self._remember(subject, _SubjectState(tid, seq))
+        self._remember(subject, SubjectState(tid, seq))
         return tid
 
     def max_tracking_id(self, application_name: str) -> int | None:

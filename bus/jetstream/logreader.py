@@ -11,8 +11,8 @@ from typing import Any
 from bus.errors import PublishRejected
 from bus.headers import HDR_ID_KIND, HDR_ORIGINATOR_ID, HDR_TOPIC, HDR_VERSION
 from bus.jetstream.natsfast import (
-    _LOG_READER_IDLE_NS,
-    _READ_SIZE,
+    LOG_READER_IDLE_NS,
+    READ_SIZE,
     set_frame_cutter,
     subscribe_raw_msgs,
     widen_reads,
@@ -20,18 +20,18 @@ from bus.jetstream.natsfast import (
 from bus.jetstream.recorder import SUBJECT_CACHE_MAX, JetStreamRecorder
 from bus.jetstream.strays import strays
 from bus.jetstream.wire import (
-    _RECORD_IDS_LIMIT,
-    _UUID_TEXT,
+    RECORD_IDS_LIMIT,
+    UUID_TEXT,
     LogRecord,
-    _event_fields,
-    _SubjectState,
+    SubjectState,
+    event_fields,
 )
 
 # at most this many messages a read skips to go on with its consumer rather than make a new one
 _SKIP_MAX = 256
 
 
-class _LogReader:
+class LogReader:
     """Sequential bulk reads of one recorder's events through a pull consumer of its own.
 
     A direct get costs the server about three times what delivering the same message to a
@@ -121,7 +121,7 @@ class _LogReader:
             self.below += 1
         elif subject.startswith(self.prefix):
             try:
-                oid_text, is_uuid, version, topic = _event_fields(headers)
+                oid_text, is_uuid, version, topic = event_fields(headers)
             except (KeyError, ValueError):
                 # a stray: skipped and reported; the subject's end is looked up again on its
                 # next write rather than remembered from a message that is no event
@@ -158,11 +158,11 @@ class _LogReader:
         known = cache.get(subject)
         if known is None:
             if self.recorder.remember_subjects_read:
-                cache[subject] = _SubjectState(version, seq)
+                cache[subject] = SubjectState(version, seq)
                 if len(cache) > SUBJECT_CACHE_MAX:
                     self.recorder.trim_cache()
         elif seq >= known.last_seq:
-            cache[subject] = _SubjectState(version, seq)
+            cache[subject] = SubjectState(version, seq)
 
     def _cut(self, view: bytes, pos: int) -> int:
         """Take this reader's frames from view[pos:]; the position after the last one taken."""
@@ -208,9 +208,9 @@ class _LogReader:
                         first = False
                     text = ids.get(token)
                     if text is None:
-                        if not _UUID_TEXT.fullmatch(token):
+                        if not UUID_TEXT.fullmatch(token):
                             break  # not a UUID's canonical text: field by field
-                        if len(ids) >= _RECORD_IDS_LIMIT:
+                        if len(ids) >= RECORD_IDS_LIMIT:
                             ids.clear()
                         text = ids[token] = token.decode()
                     t = topics.get(topic)
@@ -275,7 +275,7 @@ class _LogReader:
         nc = await self.recorder.runtime.connection()
         # nats-py reads 32 kB from the socket at a time: one event-loop turn and one parse per
         # ~50 events of a page; up to 256 kB cuts those turns (docs/performance.md)
-        widen_reads(nc, _READ_SIZE)
+        widen_reads(nc, READ_SIZE)
         if nc is not self.nc or self.sid is None:
             self.nc = nc
             self.inbox = nc.new_inbox()
@@ -285,7 +285,7 @@ class _LogReader:
         config = {
             "deliver_policy": "by_start_sequence", "opt_start_seq": start,
             "ack_policy": "none", "filter_subject": self.filter_subject,
-            "inactive_threshold": _LOG_READER_IDLE_NS, "mem_storage": True,
+            "inactive_threshold": LOG_READER_IDLE_NS, "mem_storage": True,
             "num_replicas": 1, "max_waiting": 4,
         }
         reply = await nc.request(

@@ -25,7 +25,7 @@ from bus.headers import (
     HDR_DESCRIPTION,
     HDR_STATUS,
 )
-from bus.jetstream.wire import _header_dict
+from bus.jetstream.wire import header_dict
 
 # the nats-py minor releases whose internals this module was written and tested against
 TESTED_MINORS = ("2.16",)
@@ -148,7 +148,7 @@ async def publish_prerendered(nc: Any, messages: list[tuple[str, bytes, str]]) -
     much as the server's whole batch); public path: one `publish` per message."""
     if not FAST:
         for subject, payload, lines in messages:
-            await nc.publish(subject, payload, headers=_header_dict(lines))
+            await nc.publish(subject, payload, headers=header_dict(lines))
         return
     chunks: list[bytes] = []
     for subject, payload, lines in messages:
@@ -175,7 +175,7 @@ async def request_each(nc: Any, messages: list[tuple[str, bytes, str]], *,
     (no task or `wait_for` per message); public path: one `request` per message, together."""
     if not FAST:
         return list(await asyncio.gather(
-            *(nc.request(subject, payload, headers=_header_dict(lines), timeout=timeout)
+            *(nc.request(subject, payload, headers=header_dict(lines), timeout=timeout)
               for subject, payload, lines in messages), return_exceptions=True))
     if not nc._resp_sub_prefix:
         await nc._init_request_sub()
@@ -364,7 +364,7 @@ class _RawRouter:
         return router
 
 
-_READ_SIZE = 262_144  # bytes per read from the socket while bulk reads run
-_LOG_READER_IDLE_NS = 30_000_000_000  # a bulk reader's consumer goes away 30 s after its last read
+READ_SIZE = 262_144  # bytes per read from the socket while bulk reads run
+LOG_READER_IDLE_NS = 30_000_000_000  # a bulk reader's consumer goes away 30 s after its last read
 
 

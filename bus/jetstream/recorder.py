@@ -47,18 +47,18 @@ from bus.jetstream.natsfast import (
 )
 from bus.jetstream.strays import strays
 from bus.jetstream.wire import (
-    _DIRECT_BATCH,
-    _UNWRITTEN,
-    _WRONG_LAST_SEQUENCE,
+    DIRECT_BATCH,
     MAX_BATCH,
     REQUEST_TIMEOUT,
-    _header_dict,
-    _header_value,
-    _parse_headers,
-    _stored_event_from,
-    _SubjectState,
+    UNWRITTEN,
+    WRONG_LAST_SEQUENCE,
+    SubjectState,
+    header_dict,
+    header_value,
     is_stored_event,
     originator_token,
+    parse_headers,
+    stored_event_from,
 )
 from bus.runtime import BusRuntime, translated
 from bus.subjects import (
@@ -101,12 +101,12 @@ class JetStreamRecorder:
         self.timeout = timeout
         # only touched on the runtime's loop thread, so it needs no lock; at most
         # SUBJECT_CACHE_MAX subjects (trim_cache)
-        self._cache: dict[str, _SubjectState] = {}
+        self._cache: dict[str, SubjectState] = {}
         # per subject this process wrote, the end its last save expected: still a true point
         # of the subject after that save landed or was refused, so the fast-forward of a copy
         # at that version reads only what came after it, not the subject from its start
         # (bounded with the cache, trim_cache)
-        self._before: dict[str, _SubjectState] = {}
+        self._before: dict[str, SubjectState] = {}
         # a writer that follows the whole log (the scheduler) sets this: read-ahead pages then
         # record every subject's end they pass, as direct gets do, so its next write to an
         # aggregate it only read carries the right expectation without a look-up first
@@ -124,10 +124,10 @@ class JetStreamRecorder:
         self.events: JetStreamRecorder | None = None
         # per event subject (version, sequence) of the event a snapshot was read at (loop
         # thread only): a load for the events after that version starts after that sequence
-        self._seek: dict[str, _SubjectState] = {}
+        self._seek: dict[str, SubjectState] = {}
         # per subject (version, sequence) of the last event a read of it returned (loop thread):
         # what a snapshot of the aggregate just loaded is at, whatever was saved since
-        self._last_read: dict[str, _SubjectState] = {}
+        self._last_read: dict[str, SubjectState] = {}
 
     # -- subjects ----------------------------------------------------------------------------
 
@@ -246,16 +246,16 @@ class JetStreamRecorder:
             seq = int(raw.seq) + 1
         return out
 
-    async def _subject_state(self, subject: str) -> _SubjectState:
+    async def _subject_state(self, subject: str) -> SubjectState:
         state = self._cache.get(subject)
         if state is not None:
             return state
         last = await self._last_msg(subject)
         if last is None:
-            state = _SubjectState(None, 0)
+            state = SubjectState(None, 0)
         else:
             headers, _, seq = last
-            state = _SubjectState(self._version_in(headers), seq)
+            state = SubjectState(self._version_in(headers), seq)
         self._remember(subject, state)
         return state
 
@@ -269,7 +269,7 @@ class JetStreamRecorder:
         """Say that `subject`'s event at `version` is at log sequence `seq` (from a snapshot):
         the next read of its events after `version` starts there (loop thread)."""
         hints = self._seek
-        hints[subject] = _SubjectState(version, seq)
+        hints[subject] = SubjectState(version, seq)
         if len(hints) > SEEK_HINTS_MAX:
             del hints[next(iter(hints))]
 
@@ -286,7 +286,7 @@ class JetStreamRecorder:
                 return f"{HDR_EVENT_SEQUENCE}: {at.last_seq}\r\n"
         return ""
 
-    def _remember(self, subject: str, state: _SubjectState) -> None:
+    def _remember(self, subject: str, state: SubjectState) -> None:
         cache = self._cache
         known = cache.get(subject)
         # a slower concurrent call must not move the cache backwards
@@ -337,7 +337,7 @@ class JetStreamRecorder:
         def on_raw(data: bytes, raw_headers: bytes | None) -> None:
             if done.done():
                 return
-            headers = _parse_headers(raw_headers)
+            headers = parse_headers(raw_headers)
             status = headers.get(HDR_STATUS)
             if status:
                 if status == "404":
@@ -371,7 +371,7 @@ class JetStreamRecorder:
         """Async generator over (seq, headers, data) from start_seq to the end (or stop_seq)."""
         seq = start_seq
         while True:
-            msgs, at_end = await self._direct_batch(filter_subject, seq, _DIRECT_BATCH)
+            msgs, at_end = await self._direct_batch(filter_subject, seq, DIRECT_BATCH)
             for m in msgs:
                 if stop_seq is not None and m[0] > stop_seq:
                     return
@@ -402,7 +402,7 @@ class JetStreamRecorder:
         if n == 1:
             # fast path: a plain publish with an expectation is already atomic
             subject, payload, lines = rendered[0]
-            reply = await nc.request(subject, payload, headers=_header_dict(lines),
+            reply = await nc.request(subject, payload, headers=header_dict(lines),
                                      timeout=self.timeout)
         else:
             batch_id = uuid.uuid4().hex
@@ -418,7 +418,7 @@ class JetStreamRecorder:
                 head.append((subject, payload, f"{lines}{batch_lines}{i}\r\n"))
             await publish_prerendered(nc, head)
             subject, payload, lines = rendered[-1]
-            headers = _header_dict(lines)
+            headers = header_dict(lines)
             headers[HDR_BATCH_ID] = batch_id
             headers[HDR_BATCH_SEQ] = str(n)
             headers[HDR_BATCH_COMMIT] = "1"
@@ -459,7 +459,7 @@ class JetStreamRecorder:
         err = ack.get("error")
         if not err:
             return None
-        if err.get("err_code") in _WRONG_LAST_SEQUENCE:
+        if err.get("err_code") in WRONG_LAST_SEQUENCE:
             for subject in subjects:
                 self._cache.pop(subject, None)
             return IntegrityError(f"concurrent write detected: {err.get('description')}")
@@ -487,12 +487,12 @@ class JetStreamRecorder:
                 else:
                     kind = "uuid" if isinstance(oid, UUID) else "str"
                     known = (self.subject_for(oid),
-                             (f"{HDR_ORIGINATOR_ID}: {_header_value(str(oid))}\r\n"
+                             (f"{HDR_ORIGINATOR_ID}: {header_value(str(oid))}\r\n"
                               f"{HDR_ID_KIND}: {kind}\r\n"))
                 per_originator[oid] = known
             topic = topic_lines.get(e.topic)
             if topic is None:
-                topic = topic_lines[e.topic] = f"{HDR_TOPIC}: {_header_value(e.topic)}\r\n"
+                topic = topic_lines[e.topic] = f"{HDR_TOPIC}: {header_value(e.topic)}\r\n"
             subjects_of.append(known[0])
             lines = f"{known[1]}{HDR_VERSION}: {e.originator_version}\r\n{topic}"
             if self.events is not None:
@@ -521,7 +521,7 @@ class JetStreamRecorder:
         cache = self._cache
         before = self._before
         for s, first_event in by_subject.items():
-            state = cache.get(s, _UNWRITTEN)
+            state = cache.get(s, UNWRITTEN)
             if (state.last_version is not None
                     and first_event.originator_version <= state.last_version):
                 raise IntegrityError(
@@ -542,7 +542,7 @@ class JetStreamRecorder:
         for s, e, seq in zip(subjects_of, stored_events, ids, strict=True):
             last_by_subject[s] = (e.originator_version, seq)
         for s, (version, seq) in last_by_subject.items():
-            self._remember(s, _SubjectState(version, seq))
+            self._remember(s, SubjectState(version, seq))
         return ids
 
     async def _insert(
@@ -569,14 +569,14 @@ class JetStreamRecorder:
                     trk_subject,
                     str(tracking.notification_id).encode(),
                     (f"{HDR_TRACKING_ID}: {tracking.notification_id}\r\n"
-                     f"{HDR_UPSTREAM}: {_header_value(tracking.application_name)}\r\n"),
+                     f"{HDR_UPSTREAM}: {header_value(tracking.application_name)}\r\n"),
                 )
             )
         first = await self._publish(messages, expects)
         ids = self._remember_saved(subjects_of, stored_events, first)
         if tracking is not None and trk_subject is not None:
             self._remember(trk_subject,
-                           _SubjectState(tracking.notification_id, first + len(stored_events)))
+                           SubjectState(tracking.notification_id, first + len(stored_events)))
         return ids
 
     def _check_insert(
@@ -646,15 +646,15 @@ class JetStreamRecorder:
             # the last event (e.g. the latest snapshot) is one direct get
             last = await self._last_msg(subject)
             if last is None:
-                self._remember(subject, _SubjectState(None, 0))
+                self._remember(subject, SubjectState(None, 0))
                 return []
             headers, data, seq = last
             if not is_stored_event(headers):
                 # a stray is the subject's last message: read the subject to its last event
                 strays().report(seq, subject)
                 return (await self._select_events(originator_id, gt, lte, False, None))[-1:]
-            e = _stored_event_from(headers, data)
-            self._remember(subject, _SubjectState(e.originator_version, seq))
+            e = stored_event_from(headers, data)
+            self._remember(subject, SubjectState(e.originator_version, seq))
             at = headers.get(HDR_EVENT_SEQUENCE)
             if self.events is not None and at is not None and at.isdigit():
                 self.events.seek_from(self.events.subject_for(e.originator_id),
@@ -692,7 +692,7 @@ class JetStreamRecorder:
                 return await self._select_events(originator_id, gt, lte, desc, limit)
             if leader_last < start:
                 self._remember(
-                    subject, _SubjectState(*last_seen) if last_seen else _SubjectState(None, 0)
+                    subject, SubjectState(*last_seen) if last_seen else SubjectState(None, 0)
                 )
                 return []
         scanned: list[tuple[int, dict[str, str], bytes]] = []
@@ -704,7 +704,7 @@ class JetStreamRecorder:
         if hinted and (not scanned or scanned[0][0] != hinted
                        or scanned[0][1].get(HDR_VERSION) != str(gt)):
             return await self._select_events(originator_id, gt, lte, desc, limit)
-        last_read: _SubjectState | None = None
+        last_read: SubjectState | None = None
         for seq, headers, data in scanned:
             if not is_stored_event(headers):
                 # a stray on this aggregate's subject: skipped, but it is the subject's end
@@ -712,14 +712,14 @@ class JetStreamRecorder:
                 strays().report(seq, subject)
                 last_seen = (last_seen[0] if last_seen else None, seq)
                 continue
-            e = _stored_event_from(headers, data)
+            e = stored_event_from(headers, data)
             last_seen = (e.originator_version, seq)
             if gt is not None and e.originator_version <= gt:
                 continue
             if lte is not None and e.originator_version > lte:
                 continue
             events.append(e)
-            last_read = _SubjectState(e.originator_version, seq)
+            last_read = SubjectState(e.originator_version, seq)
         if last_read is not None and not desc and limit is None:
             reads = self._last_read
             reads.pop(subject, None)
@@ -728,7 +728,7 @@ class JetStreamRecorder:
                 del reads[next(iter(reads))]
         # the scan read to the end of the subject, so this is its true last message
         self._remember(
-            subject, _SubjectState(*last_seen) if last_seen else _SubjectState(None, 0)
+            subject, SubjectState(*last_seen) if last_seen else SubjectState(None, 0)
         )
         if desc:
             events.reverse()

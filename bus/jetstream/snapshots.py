@@ -17,11 +17,11 @@ from bus.errors import SnapshotsUnavailable
 from bus.headers import HDR_EVENT_SEQUENCE, HDR_LOG_CREATED
 from bus.jetstream.recorder import JetStreamRecorder
 from bus.jetstream.wire import (
-    _header_value,
-    _stored_event_from,
-    _SubjectState,
+    SubjectState,
+    header_value,
     is_stored_event,
     originator_token,
+    stored_event_from,
 )
 from bus.runtime import BusRuntime
 from bus.subjects import EVENTS_STREAM, SNAPSHOTS_STREAM, snapshot_subject
@@ -113,7 +113,7 @@ class JetStreamSnapshotRecorder(JetStreamRecorder, AggregateRecorder):
         self, stored_events: Sequence[StoredEvent]
     ) -> tuple[list[tuple[str, bytes, str]], list[str], dict[str, StoredEvent]]:
         messages, subjects_of, by_subject = super()._render(stored_events)
-        stamp = f"{HDR_LOG_CREATED}: {_header_value(self._log_created or '')}\r\n"
+        stamp = f"{HDR_LOG_CREATED}: {header_value(self._log_created or '')}\r\n"
         return [(s, d, lines + stamp) for s, d, lines in messages], subjects_of, by_subject
 
     async def _insert(
@@ -150,14 +150,14 @@ class JetStreamSnapshotRecorder(JetStreamRecorder, AggregateRecorder):
             self._unusable()
             return []
         if last is None:
-            self._remember(subject, _SubjectState(None, 0))
+            self._remember(subject, SubjectState(None, 0))
             return []
         headers, data, seq = last
         if not self._ours(headers):
-            self._remember(subject, _SubjectState(None, seq))
+            self._remember(subject, SubjectState(None, seq))
             return []
-        e = _stored_event_from(headers, data)
-        self._remember(subject, _SubjectState(e.originator_version, seq))
+        e = stored_event_from(headers, data)
+        self._remember(subject, SubjectState(e.originator_version, seq))
         at = headers.get(HDR_EVENT_SEQUENCE)
         if self.events is not None and at is not None and at.isdigit():
             self.events.seek_from(self.events.subject_for(e.originator_id),

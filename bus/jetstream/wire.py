@@ -29,15 +29,15 @@ MAX_BATCH = 1000
 
 
 # JetStream's "wrong last sequence" answers: 10071 for a plain publish, 10164 inside a batch
-_WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
+WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 REQUEST_TIMEOUT = 10.0
-_DIRECT_BATCH = 1000
+DIRECT_BATCH = 1000
 
 
 @dataclass
-class _SubjectState:
+class SubjectState:
     """What this process last saw at the end of one subject."""
 
     last_version: int | None
@@ -60,7 +60,7 @@ def is_stored_event(headers: dict[str, str]) -> bool:
             and version is not None and version.isdigit())
 
 
-def _stored_event_from(headers: dict[str, str], data: bytes) -> StoredEvent:
+def stored_event_from(headers: dict[str, str], data: bytes) -> StoredEvent:
     oid: UUID | str = headers[HDR_ORIGINATOR_ID]
     if headers.get(HDR_ID_KIND) == "uuid":
         oid = UUID(oid)  # type: ignore[arg-type]
@@ -75,14 +75,14 @@ def _stored_event_from(headers: dict[str, str], data: bytes) -> StoredEvent:
 _VALUE_NEWLINES = str.maketrans({"\r": " ", "\n": " "})
 
 
-def _header_value(v: str) -> str:
+def header_value(v: str) -> str:
     """`v` as nats-py would send it as a header value: trimmed, CR/LF turned into spaces."""
     if "\r" in v or "\n" in v or v != v.strip():
         return v.strip().translate(_VALUE_NEWLINES)
     return v
 
 
-def _header_dict(lines: str) -> dict[str, str]:
+def header_dict(lines: str) -> dict[str, str]:
     """Header lines as `_publish` renders them ("Key: value\\r\\n"…) back as a dict, for the
     one message that goes through nats-py's request. Keys never hold ": "; values may."""
     out: dict[str, str] = {}
@@ -93,7 +93,7 @@ def _header_dict(lines: str) -> dict[str, str]:
     return out
 
 
-def _parse_headers(raw: bytes | None) -> dict[str, str]:
+def parse_headers(raw: bytes | None) -> dict[str, str]:
     """A NATS header block as nats-py parses it (inline status as "Status"/"Description"),
     for the few well-formed headers a JetStream direct get carries: a split, not a scan."""
     if not raw:
@@ -119,22 +119,22 @@ _KEY_ID = "\r\n" + HDR_ORIGINATOR_ID + ":"
 _KEY_KIND = "\r\n" + HDR_ID_KIND + ":"
 _KEY_VERSION = "\r\n" + HDR_VERSION + ":"
 _KEY_TOPIC = "\r\n" + HDR_TOPIC + ":"
-_UUIDS: dict[str, UUID] = {}  # ids seen in log reads: one parse per aggregate, not per event
+UUIDS: dict[str, UUID] = {}  # ids seen in log reads: one parse per aggregate, not per event
 
 
-def _uuid_of(text: str) -> UUID:
+def uuid_of(text: str) -> UUID:
     """UUID(text), one object per id while few ids are seen (every entry of the table is one
     more object for the cyclic collector to walk, so it is emptied once it grows)."""
-    got = _UUIDS.get(text)
+    got = UUIDS.get(text)
     if got is None:
-        if len(_UUIDS) >= 20_000:
-            _UUIDS.clear()
-        got = _UUIDS[text] = UUID(text)
+        if len(UUIDS) >= 20_000:
+            UUIDS.clear()
+        got = UUIDS[text] = UUID(text)
     return got
 
 
 def _header(text: str, key: str) -> str | None:
-    """The value of `key` ("\r\nName:") in a header block's text, as _parse_headers gives it."""
+    """The value of `key` ("\r\nName:") in a header block's text, as parse_headers gives it."""
     i = text.find(key)
     if i < 0:
         return None
@@ -148,20 +148,20 @@ def _header(text: str, key: str) -> str | None:
 LogRecord = tuple[int, str, bool, int, str, bytes]
 
 RECORD_PAGE = 2000  # records per page of read_records
-_RECORD_IDS_LIMIT = 10_000  # subject token → id text, per reader; cleared when it grows past this
-_UUID_TEXT = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+RECORD_IDS_LIMIT = 10_000  # subject token → id text, per reader; cleared when it grows past this
+UUID_TEXT = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
-_UNWRITTEN = _SubjectState(None, 0)  # a subject with no message, as a save expects it
+UNWRITTEN = SubjectState(None, 0)  # a subject with no message, as a save expects it
 
 
-def _record_of(n: Notification) -> LogRecord:
+def record_of(n: Notification) -> LogRecord:
     oid = n.originator_id
     is_uuid = isinstance(oid, UUID)
     return (n.id, str(oid), is_uuid, n.originator_version, n.topic, n.state)
 
 
-def _event_fields(raw: bytes) -> tuple[str, bool, int, str]:
+def event_fields(raw: bytes) -> tuple[str, bool, int, str]:
     """(originator id text, uuid?, version, topic) of a stored event's header block, as
     the direct gets read it (a UUID id as its canonical text)."""
     text = raw.decode("utf-8", "replace")

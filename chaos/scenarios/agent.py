@@ -11,7 +11,7 @@ from collections import Counter
 from functools import partial
 from typing import Any
 
-from chaos.harness import ROOT, Outcome, Workspace, _must, lease_body, wait_for
+from chaos.harness import ROOT, Outcome, Workspace, lease_body, must, wait_for
 
 # -- 6. agent stopped past its lease's grace --------------------------------------------------------
 
@@ -41,12 +41,12 @@ def scenario_agent_stopped(ws: Workspace, size: dict[str, Any], o: Outcome) -> N
         return json.loads(lines[-1]) if lines else {"ok": False, "error": {"code": "no_output",
                                                                           "message": out.stderr}}
 
-    _must(pool("admin", "pool", "create", "p1", "--priority-classes", "standard=10",
+    must(pool("admin", "pool", "create", "p1", "--priority-classes", "standard=10",
                "--heartbeat-timeout", "2", "--node-timeout", "600"))
-    _must(pool("admin", "tenant", "set", "acme", "--pool", "p1"))
-    _must(pool("credits", "grant", "acme", "1000000000000"))
+    must(pool("admin", "tenant", "set", "acme", "--pool", "p1"))
+    must(pool("credits", "grant", "acme", "1000000000000"))
     # the operator enrolls the node before its agent may register
-    _must(pool("admin", "node", "creds", "n1", "--pool", "p1", "--trust", "trusted"))
+    must(pool("admin", "node", "creds", "n1", "--pool", "p1", "--trust", "trusted"))
     state = ws.home / "agents" / "n1"
     agent = ws.spawn("agent", "agent", "run", "--node-id", "n1", "--pool", "p1",
                      "--heartbeat-interval", "0.5", "--reserve-memory-mib", "0")
@@ -84,12 +84,12 @@ def scenario_agent_stopped(ws: Workspace, size: dict[str, Any], o: Outcome) -> N
         for k in range(int(size["leases"])):
             body = lease_body(f"k{r}-{k}", cpu_millis=200, memory_mib=64)
             body["shape"]["runtime"] = "sandboxed"
-            batch.append(_must(acme.request_lease(body))["lease"]["lease_id"])
+            batch.append(must(acme.request_lease(body))["lease"]["lease_id"])
         for lid in batch:
             if not wait_for(partial(all_in, "reserved", [lid]), 30, 0.2):
                 o.problems.append(f"lease {lid} was not reserved within 30 s")
                 return
-            _must(acme.lease(lid, "commit", {"job": {
+            must(acme.lease(lid, "commit", {"job": {
                 "image": "local/job@sha256:" + "b" * 64, "command": ["sleep", "300"]}}))
         if not wait_for(partial(all_started, batch),
                         30, 0.2):

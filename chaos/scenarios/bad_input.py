@@ -11,10 +11,10 @@ from bus.errors import BusError
 from chaos.harness import (
     Outcome,
     Workspace,
-    _must,
     error_code,
     known_codes,
     lease_body,
+    must,
     node_body,
     setup_pool,
 )
@@ -177,7 +177,7 @@ def scenario_bad_input(ws: Workspace, size: dict[str, Any], o: Outcome) -> None:
     admin = ws.client(url)
     setup_pool(admin, ["alpha"], nodes=1)
     alpha = ws.client(url, "alpha")
-    lease_id = _must(alpha.request_lease(lease_body("fuzz-lease")))["lease"]["lease_id"]
+    lease_id = must(alpha.request_lease(lease_body("fuzz-lease")))["lease"]["lease_id"]
     subjects = fuzz_subjects(lease_id)
     known = known_codes()
     # each subject is asked from the inbox the service answers it on (a tenant's, a node's or

@@ -14,9 +14,9 @@ from chaos.harness import (
     Outcome,
     Proc,
     Workspace,
-    _must,
     error_code,
     lease_body,
+    must,
     percentile,
     setup_pool,
     wait_for,
@@ -42,9 +42,9 @@ def scenario_scheduler_failover(ws: Workspace, size: dict[str, Any], o: Outcome)
     # the tenants share a cohort with half the GPUs each, alpha borrowing at most a quarter
     # more: the replay also checks that no placement took a tenant past its quota
     gpus = int(size["nodes"]) * 4
-    _must(admin.admin("cohort.set", {"pool_id": "p1", "name": "chaos"}))
+    must(admin.admin("cohort.set", {"pool_id": "p1", "name": "chaos"}))
     for t, extra in (("alpha", {"borrow_limit": {"gpu_count": gpus // 4}}), ("beta", {})):
-        _must(admin.admin("tenant.set", {"tenant": t, "pool_id": "p1", "cohort": "chaos",
+        must(admin.admin("tenant.set", {"tenant": t, "pool_id": "p1", "cohort": "chaos",
                                          "nominal": {"gpu_count": gpus // 2}, **extra}))
     log = ws.log_reader(url)
     observer = LeaderElection(url, name="scheduler", holder_id="chaos-observer", ttl_seconds=ttl)

@@ -13,8 +13,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from bus.hostile import count_foreign, publish_raw
-from chaos.harness import ROOT, Outcome, Workspace, _must, lease_body, node_body
+from chaos.harness import ROOT, Outcome, Workspace, lease_body, must, node_body
+from chaos.hostile import count_foreign, publish_raw
 from domain.gang import MAX_GANG_MEMBERS
 from schemas.v1 import MAX_LEASES_PER_REQUEST
 
@@ -99,14 +99,14 @@ def run(ws: Workspace, size: dict[str, Any], o: Outcome) -> None:
     nats_url = str(endpoints["nats_url"])
     service_url = str(endpoints.get("service_url") or nats_url)
     ws.urls.add(service_url)
-    _must(_pool(ws, "admin", "pool", "create", "p1", "--priority-classes", "standard=10"))
+    must(_pool(ws, "admin", "pool", "create", "p1", "--priority-classes", "standard=10"))
     admin = ws.client(service_url)
     for i in range(int(size["nodes"])):
-        _must(admin.admin("node.register", node_body(f"n{i}")))
+        must(admin.admin("node.register", node_body(f"n{i}")))
     for t in ("alpha", *NORMAL):
-        _must(_pool(ws, "admin", "tenant", "set", t, "--pool", "p1"))
-        _must(_pool(ws, "credits", "grant", t, "1000000000000"))
-    alpha = _must(_pool(ws, "admin", "tenant", "creds", "alpha"))["result"]
+        must(_pool(ws, "admin", "tenant", "set", t, "--pool", "p1"))
+        must(_pool(ws, "credits", "grant", t, "1000000000000"))
+    alpha = must(_pool(ws, "admin", "tenant", "creds", "alpha"))["result"]
     # colliding names: another spelling of a tenant, a node named like a tenant's user
     collisions = [_pool(ws, "admin", "tenant", "creds", name) for name in ("Beta", "be.ta")]
     o.figures["collisions_refused"] = sum(

@@ -61,7 +61,29 @@ def _offenders(where: tuple[str, ...], roots: tuple[str, ...]) -> list[str]:
 
 
 def test_only_bus_speaks_nats() -> None:
-    assert _offenders(("bus",), ("nats",)) == []
+    # in the product; the tooling (bench/'s load generators, chaos/'s hostile clients) speaks
+    # raw NATS on purpose, and ships in none of the product's folders
+    assert _offenders(("bus", "bench", "chaos"), ("nats",)) == []
+
+
+def test_the_product_ships_no_tooling() -> None:
+    product = ("domain", "schemas", "bus", "control", "projections", "agents", "client",
+               "gateway")
+    assert sorted(f"{name} imports {dep}" for name, deps in IMPORTS.items()
+                  if name.split(".")[0] in product
+                  for dep in deps if dep.split(".")[0] in ("bench", "chaos", "tests")) == []
+
+
+def test_no_private_name_is_imported_from_another_module() -> None:
+    """A `_name` is its module's own: another module that needs it needs a public name."""
+    found = []
+    for name, path in MODULES.items():
+        for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                    and node.module.split(".")[0] in PACKAGES:
+                found += [f"{name} imports {node.module}.{a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    assert found == []
 
 
 def test_only_projections_speak_sql() -> None:

@@ -89,7 +89,7 @@ async def save_round_ways(url: str, size: int, rounds: int,
     the ways alternated `repeats` times: per way the client's CPU µs per message and the wall
     ms per round, one figure a repeat (bench/save_rounds.py)."""
     from bus.jetstream.natsfast import publish_atomic, request_each
-    from bus.jetstream.wire import _header_dict
+    from bus.jetstream.wire import header_dict
 
     nc = await connect(url)
     try:
@@ -100,10 +100,10 @@ async def save_round_ways(url: str, size: int, rounds: int,
                 for i in range(size)]
 
         async def batch() -> object:
-            return await publish_atomic(nc, [(s, p, _header_dict(h)) for s, p, h in msgs])
+            return await publish_atomic(nc, [(s, p, header_dict(h)) for s, p, h in msgs])
 
         async def each() -> object:
-            return await asyncio.gather(*(nc.request(s, p, headers=_header_dict(h), timeout=10)
+            return await asyncio.gather(*(nc.request(s, p, headers=header_dict(h), timeout=10)
                                           for s, p, h in msgs))
 
         async def one_write() -> object:
