@@ -98,22 +98,16 @@ def _plain_docker_run(image: str, starts: int) -> dict[str, Any]:
 @contextmanager
 def _docker_image(root: Path) -> Iterator[tuple[Any, str] | str]:
     """(client, image ref by digest), or a one-line reason why docker cannot be measured."""
-    import sys
-
-    # the image is built by the test helpers of the source checkout this bench runs from
-    checkout = str(Path(__file__).resolve().parents[1])
-    if (Path(checkout) / "tests" / "docker_engine.py").exists() and checkout not in sys.path:
-        sys.path.append(checkout)
     try:
         import docker
 
-        from tests.docker_engine import (
+        from bench.docker_engine import (
             LocalRegistry,
             busybox_by_digest,
             busybox_unavailable,
             engine_unavailable,
         )
-    except ImportError as e:  # the bench runs from the repository, where tests/ is
+    except ImportError as e:  # the docker SDK is an optional extra
         yield f"docker helpers unavailable ({e})"
         return
     why = engine_unavailable() or busybox_unavailable() or LocalRegistry.unavailable()

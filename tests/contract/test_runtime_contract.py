@@ -32,7 +32,7 @@ def kind(request: pytest.FixtureRequest,
             pytest.skip(why)
         yield {"name": "process", "image": None, "isolation": "sandboxed"}
         return
-    from tests.docker_engine import (
+    from bench.docker_engine import (
         LocalRegistry,
         busybox_by_digest,
         busybox_unavailable,

@@ -18,18 +18,18 @@ import pytest
 from agents.agent import Agent
 from agents.probe import NodeProbe, Reserve
 from agents.runtimes.docker import LABEL_NODE, DockerRuntime
+from bench.docker_engine import (
+    LocalRegistry,
+    busybox_by_digest,
+    busybox_unavailable,
+    engine_unavailable,
+)
 from bus.admin import ensure_all_streams
 from bus.agentbus import AgentLink
 from bus.local.server import NatsServer
 from client.api import PoolClient
 from control.plane import ControlPlane
 from tests.control_plane import setup_pool
-from tests.docker_engine import (
-    LocalRegistry,
-    busybox_by_digest,
-    busybox_unavailable,
-    engine_unavailable,
-)
 
 _WHY = engine_unavailable() or busybox_unavailable() or LocalRegistry.unavailable()
 if _WHY is not None:

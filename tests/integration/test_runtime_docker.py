@@ -19,7 +19,7 @@ import pytest
 
 from agents.runtimes.contract import ImageRejected, WorkloadError, WorkloadHandle, WorkloadSpec
 from agents.runtimes.docker import LABEL_NODE, DockerRuntime, time_plain_docker_run
-from tests.docker_engine import (
+from bench.docker_engine import (
     LocalRegistry,
     busybox_by_digest,
     busybox_unavailable,
