@@ -1,6 +1,6 @@
 """`python -m bench.ended`: a scheduler's (and, `--dispatcher`, the dispatcher's) start-up after
 a growing number of ended leases, by a full replay and from a checkpoint, side by side in one run
-(docs/performance.md)."""
+(docs/performance-log.md)."""
 
 from __future__ import annotations
 

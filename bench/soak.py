@@ -32,7 +32,7 @@ SAMPLE_AT = tuple(i / 10 for i in range(1, 11))  # and read, to show where it le
 REPLAY_AT = (1 / 3, 2 / 3, 1.0)  # and where a cold scheduler replays the log
 CTX = multiprocessing.get_context("spawn")  # the parent holds threads: no fork
 # the scheduler's leadership leases: a loaded machine paused it past the default's few
-# seconds, it stepped down and did not lead its pool again (docs/performance.md)
+# seconds, it stepped down and did not lead its pool again (docs/performance-log.md)
 LEADER_TTL_SECONDS = 30.0
 PROBE_FRAMES = 4  # frames kept per traced allocation with --probe
 _PROBE_FILTERS = [tracemalloc.Filter(False, tracemalloc.__file__),

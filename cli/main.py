@@ -163,7 +163,7 @@ class _VersionAction(argparse.Action):
 
 # A command's first second runs without the cyclic garbage collector: its passes over what the
 # imports allocate (none of it garbage) were a tenth of `pool lease run -- true`; a command that
-# runs longer gets it back (docs/performance.md, 2026-12-06).
+# runs longer gets it back (docs/performance-log.md, 2026-12-06).
 GC_PAUSE_SECONDS = 1.0
 
 

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 FREEZE_AFTER_EVENTS = 20_000
 # while behind (the last read came back full), batches of up to this many times batch_size:
 # fewer rows per event to write (an account, node or lease touched again within the batch is
-# written once) and fewer transactions (docs/performance.md)
+# written once) and fewer transactions (docs/performance-log.md)
 CATCH_UP_FACTOR = 4
 
 class Projector:
@@ -154,7 +154,7 @@ class Projector:
                         if folded >= FREEZE_AFTER_EVENTS:
                             # caught up after a long fold: what the views keep in memory lives
                             # on; move it out of the cyclic collector's sight, as the scheduler
-                            # does, or every full collection re-walks it (docs/performance.md)
+                            # does, or every full collection re-walks it (docs/performance-log.md)
                             gc.freeze()
                         folded = 0
                         self._wake.wait(self.poll_seconds)

@@ -421,7 +421,7 @@ def _gc_paused_and_aged() -> Iterator[None]:
     """views.gc_paused, and at its end the fold's survivors (the report, the folded
     aggregates) put in the oldest generation without a scan: with the collector back on, the
     first allocation would otherwise start a collection of the youngest generation that walks
-    every one of them (figures: docs/performance.md), and a later one of the middle generation
+    every one of them (figures: docs/performance-log.md), and a later one of the middle generation
     walks them again.
 
     freeze() then unfreeze() moves every tracked object to the oldest generation in O(1); the

@@ -71,7 +71,7 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
             # without a topic filter every message of ours counts, so ask for what is missing
             batch = min(DIRECT_BATCH, limit - len(out)) if not wanted else DIRECT_BATCH
             # the whole stream in order, filtered here: the server's next-by-subject with a
-            # wildcard costs it more per message than an unfiltered scan (docs/performance.md)
+            # wildcard costs it more per message than an unfiltered scan (docs/performance-log.md)
             msgs, at_end = await self._direct_batch(">", seq, batch)
             for s, headers, data in msgs:
                 if stop is not None and s > stop:
@@ -134,7 +134,7 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
         reader: LogReader | None = self.__dict__.get("_log_reader")
         if reader is None:
             # the whole stream, filtered here: a wildcard filter costs the server far more per
-            # message than delivering everything (docs/performance.md)
+            # message than delivering everything (docs/performance-log.md)
             reader = self.__dict__["_log_reader"] = LogReader(self, ">")
         out: list[LogRecord] = []
         at = start

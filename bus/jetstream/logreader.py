@@ -274,7 +274,7 @@ class LogReader:
         await self._reset()
         nc = await self.recorder.runtime.connection()
         # nats-py reads 32 kB from the socket at a time: one event-loop turn and one parse per
-        # ~50 events of a page; up to 256 kB cuts those turns (docs/performance.md)
+        # ~50 events of a page; up to 256 kB cuts those turns (docs/performance-log.md)
         widen_reads(nc, READ_SIZE)
         if nc is not self.nc or self.sid is None:
             self.nc = nc

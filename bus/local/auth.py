@@ -45,7 +45,7 @@ ROLE_INBOXES = f"{INBOX_ROOT}.r"
 # bcrypt's cost. Every password here is made by secrets.token_urlsafe(18) (144 random bits),
 # which no work factor makes harder to guess; and nats-server checks the hash on every connect,
 # so the usual cost for people's passwords (10) made each connect of a `pool` command 60-160 ms
-# of server CPU (docs/security.md, docs/performance.md 2026-12-06).
+# of server CPU (docs/security.md, docs/performance-log.md 2026-12-06).
 BCRYPT_ROUNDS = 4
 
 

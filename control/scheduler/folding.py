@@ -123,7 +123,7 @@ class Folding:
         if n >= LONG_LIVED_FOLD:
             # a replay (start-up, or a long absence) built state that lives as long as the
             # scheduler: move it out of the cyclic collector's sight, or every full collection
-            # re-walks millions of objects (docs/performance.md).
+            # re-walks millions of objects (docs/performance-log.md).
             # Freed objects are still freed by reference counting; only reference cycles
             # that exist now and die later would stay (the fold's aggregates hold none)
             gc.freeze()

@@ -41,7 +41,7 @@ DEADLINES_SLACK = 1024
 # stored events), so with CPython's default of 700 a young collection ran every ~20 of them
 # and promoted what was in flight, which the oldest generation then walked again and again:
 # in the commands process a full pass every few seconds, each one stalling every request
-# (docs/performance.md)
+# (docs/performance-log.md)
 GC_THRESHOLDS = (50_000, 20, 10)
 
 

@@ -49,7 +49,7 @@ def credit_extractor(cls: type) -> Any:
 # ANY(%s). Keys are unique within each statement, so every row is affected at most once, exactly
 # as the per-row upserts it replaces. The rows travel as one JSON text encoded by msgspec (C):
 # psycopg dumps an array parameter value by value in Python, which costs more per row than the
-# JSON (figures: docs/performance.md), and PostgreSQL's cost per row is the same either way.
+# JSON (figures: docs/performance-log.md), and PostgreSQL's cost per row is the same either way.
 # Numbers go through JSON's text exactly (integers as they are, floats by shortest round-trip
 # repr), jsonb columns are nested JSON values, and SQL NULL is JSON null.
 _encode_json = msgspec.json.encode

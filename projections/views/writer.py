@@ -404,7 +404,7 @@ def gc_paused() -> Iterator[None]:
 
     Such a fold keeps many objects alive (aggregates, per-lease figures) and makes (almost) no
     reference cycles, so the collector would only re-scan a growing heap (figures:
-    docs/performance.md). Any cyclic garbage of other threads waits for the end; the previous
+    docs/performance-log.md). Any cyclic garbage of other threads waits for the end; the previous
     setting comes back."""
     was = gc.isenabled()
     gc.disable()
