@@ -79,6 +79,38 @@ def test_every_pool_command_in_the_readme_parses() -> None:
             pytest.fail(f"README command does not parse: {shlex.join(words)}")
 
 
+def _table_cells(text: str) -> list[str]:
+    """Every cell of every Markdown table in the text (`\\|` inside a cell is not a border)."""
+    return [cell.strip() for line in text.splitlines() if line.startswith("|")
+            for cell in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+
+
+def test_every_readme_table_cell_is_short() -> None:
+    long = [cell for cell in _table_cells(README) if len(cell) > 200]
+    assert not long, (f"{len(long)} README table cells exceed 200 characters; move the detail "
+                      f"into docs/performance.md or another docs/ page: {long[0][:80]}…")
+
+
+def test_every_command_of_the_headline_figures_parses() -> None:
+    from cli.main import build_parser
+
+    spans = re.findall(r"`([^`]+)`", "\n".join(_table_cells(_section("Headline figures"))))
+    pool = [shlex.split(span) for span in spans if span.startswith("pool ")]
+    modules = [span.split()[2] for span in spans if span.startswith("python -m ")]
+    assert pool and modules
+    parser = build_parser()
+    for words in pool:
+        argv = words[1:]
+        if "--" in argv:
+            argv = argv[:argv.index("--")]
+        try:
+            parser.parse_args(argv)
+        except SystemExit:
+            pytest.fail(f"README figure's command does not parse: {shlex.join(words)}")
+    for module in modules:
+        assert (ROOT / (module.replace(".", "/") + ".py")).exists(), f"no module {module}"
+
+
 def _env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("POOL_") and k != "VIRTUAL_ENV"}
