@@ -209,10 +209,11 @@ function render(story) {
   }
 }
 
-let loading = false, again = false;
+let loading = false, again = false, lastLoad = 0, timer = 0;
 async function load() {
   if (loading) { again = true; return; }
   loading = true;
+  lastLoad = Date.now();
   try {
     const got = await fetch("/dashboard/leases/" + encodeURIComponent(leaseId));
     if (got.ok) render(await got.json());
@@ -223,6 +224,12 @@ async function load() {
   }
 }
 
+// a busy fleet's snapshots come every half second: read the lease again at most once a second
+function poke() {
+  clearTimeout(timer);
+  timer = setTimeout(load, Math.max(0, 1000 - (Date.now() - lastLoad)));
+}
+
 // live: the dashboard's snapshot stream; each snapshot means something moved, so read again
 const source = new EventSource("/dashboard/stream");
 const connected = (on) => {
@@ -230,6 +237,6 @@ const connected = (on) => {
   liveDot.title = on ? "live: connected" : "live: not connected";
 };
 source.onopen = () => connected(true);
-source.addEventListener("snapshot", () => { connected(true); load(); });
+source.addEventListener("snapshot", () => { connected(true); poke(); });
 source.onerror = () => connected(source.readyState === EventSource.OPEN);
 load();
