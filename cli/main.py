@@ -81,6 +81,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("leases", "cli.views:register", "every lease, from the PostgreSQL views"),
     ("projections", "cli.views:register", "the PostgreSQL views"),
     ("audit", "cli.views:register", "check the books against the log"),
+    ("whatif", "cli.whatif:register",
+     "replay a window of a pool's real requests under another policy, beside what happened"),
     ("report", "cli.report:register", "usage reports from the views"),
     ("usage", "cli.report:register_usage",
      "your tenant's use per pool, from the gateway: leases, resource-seconds, credits"),
