@@ -303,6 +303,37 @@ class _Link:
         except Exception as e:  # noqa: BLE001 - telemetry must never stop an agent
             log.warning("telemetry publish failed: %r", e)
 
+    def send(self, subject: str, body: bytes) -> None:
+        """A core publish that must not be lost silently (a session's frames): BusUnavailable
+        when it cannot be handed to the connection."""
+
+        async def go() -> None:
+            await self._nc.publish(subject, body)
+
+        self._run(go(), 5)
+
+    def subscribe(self, subject: str, on_data: Callable[[str, bytes], None]) -> Callable[[], None]:
+        """Call `on_data(subject, data)` (on the link's loop thread: it must not block) for each
+        message on `subject`; returns what ends the subscription."""
+
+        async def cb(msg: Any) -> None:
+            on_data(msg.subject, bytes(msg.data))
+
+        async def go() -> Any:
+            return await self._nc.subscribe(subject, cb=cb,
+                                            pending_bytes_limit=256 * 1024 * 1024)
+
+        sub = self._run(go(), 5)
+
+        def end() -> None:
+            async def stop() -> None:
+                await sub.unsubscribe()
+
+            with contextlib.suppress(Exception):  # ending is best effort
+                self._run(stop(), 5)
+
+        return end
+
     def files(self) -> FileStore:
         """The tenants' file buckets over this link's connection (bus.objects)."""
         return FileStore(self._nc, self._loop.run)
