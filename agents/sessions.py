@@ -126,13 +126,14 @@ class Session:
         try:
             self.entry = self.agent.runtime.enter(self.run_.handle)  # type: ignore[attr-defined]
             self._unsubscribe = self.agent.link.subscribe(inn, self._on_data)
+            # ready before the command starts: its first output must come after it
+            self.send(wire.READY)
             self.begin()
         except (WorkloadError, OSError, BusError) as e:
             code = getattr(e, "code", "exec_failed")
             self.send(wire.ERROR, json.dumps({"code": code, "message": str(e)[:500]}).encode())
             self._finish()
             return
-        self.send(wire.READY)
         last = time.monotonic()
         try:
             while not self.done.is_set():
