@@ -3,6 +3,8 @@ port-forward into a running lease's sandbox, relayed over the session's subject 
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import contextlib
 import fcntl
 import json
@@ -33,6 +35,7 @@ log = logging.getLogger(__name__)
 MAX_SESSIONS_PER_LEASE = 16
 MAX_CONNECTIONS = 256  # of one port-forward at once
 READ_BYTES = wire.CHUNK_BYTES
+SEND_WINDOW = 64  # frames handed to the link and not yet on the connection
 _SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "HUP": signal.SIGHUP,
             "QUIT": signal.SIGQUIT, "KILL": signal.SIGKILL}
 
@@ -105,16 +108,22 @@ class Session:
         self.entry: SandboxEntry | None = None
         self._unsubscribe: Any = None
         self._send_lock = threading.Lock()
+        self._sent: collections.deque[concurrent.futures.Future[None]] = collections.deque()
 
     def start(self) -> None:
         threading.Thread(target=self._main, name=f"session-{self.session_id[:8]}",
                          daemon=True).start()
 
     def send(self, kind: bytes, payload: bytes = b"", conn: int | None = None) -> None:
+        """Hand a frame to the link without waiting for each (a round trip to the link's loop
+        per frame capped a forward's throughput); at most SEND_WINDOW are in flight."""
         with self._send_lock:  # one publisher at a time keeps the frames in order
             try:
-                self.agent.link.send(self.out, wire.frame(kind, payload, conn))
-            except BusError as e:
+                self._sent.append(self.agent.link.send_soon(self.out,
+                                                            wire.frame(kind, payload, conn)))
+                while len(self._sent) > SEND_WINDOW or (self._sent and self._sent[0].done()):
+                    self._sent.popleft().result(10)
+            except (BusError, concurrent.futures.TimeoutError) as e:
                 log.info("session %s: cannot send: %s", self.session_id, e)
                 self.done.set()
 

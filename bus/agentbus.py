@@ -306,11 +306,18 @@ class _Link:
     def send(self, subject: str, body: bytes) -> None:
         """A core publish that must not be lost silently (a session's frames): BusUnavailable
         when it cannot be handed to the connection."""
+        self._run(self._publish(subject, body), 5)
 
-        async def go() -> None:
+    def send_soon(self, subject: str, body: bytes) -> concurrent.futures.Future[None]:
+        """`send` without waiting: what it returns says when it was handed over (or why not).
+        Sends from one thread keep their order (the loop starts them in turn)."""
+        return self._loop.submit(self._publish(subject, body))
+
+    async def _publish(self, subject: str, body: bytes) -> None:
+        try:
             await self._nc.publish(subject, body)
-
-        self._run(go(), 5)
+        except (NatsError, OSError) as e:
+            raise BusUnavailable(f"NATS: {e!r}") from e
 
     def subscribe(self, subject: str, on_data: Callable[[str, bytes], None]) -> Callable[[], None]:
         """Call `on_data(subject, data)` (on the link's loop thread: it must not block) for each

@@ -180,7 +180,8 @@ async def run_forward(url: str, tenant: str, lease_id: str, remote: int, *, loca
                         return
             finally:
                 up.cancel()
-        except (OSError, TimeoutError):
+        except (OSError, TimeoutError, asyncio.CancelledError):
+            # cancelled: the forward is ending (3.11's streams would log a cancelled handler)
             return
         finally:
             conns.pop(cid, None)
