@@ -143,14 +143,17 @@ class Session:
             self.send(wire.ERROR, json.dumps({"code": code, "message": str(e)[:500]}).encode())
             self._finish()
             return
-        last = time.monotonic()
+        last = looked = time.monotonic()
         try:
             while not self.done.is_set():
+                now = time.monotonic()
+                if now - looked >= 0.5:  # also while frames keep coming
+                    looked = now
+                    if now - last > wire.IDLE_SECONDS or not self._lease_here():
+                        break
                 try:
                     kind, conn, payload = self.inbox.get(timeout=0.5)
                 except queue.Empty:
-                    if time.monotonic() - last > wire.IDLE_SECONDS or not self._lease_here():
-                        break
                     continue
                 last = time.monotonic()
                 if kind == wire.CLOSE:

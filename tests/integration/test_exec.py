@@ -309,3 +309,22 @@ def _tries(p: Plane, who: str, inbox: str, tries: list[tuple[str, str]]) -> dict
         return out
 
     return asyncio.run(go())
+
+
+def test_an_exec_ends_with_its_lease(plane: Plane) -> None:
+    with plane.tenant("alpha") as alpha:
+        lid = _commit(alpha, "short", ["sleep", "60"])
+        wait_for(lambda: alpha.lease(lid, "get")["lease"]["state"] == "running")
+        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "lease", "exec", lid,
+                                 *plane.args(), "--", "sh", "-c", "echo up; sleep 30"],
+                                cwd=ROOT, env=plane.env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None and proc.stdout.readline() == "up\n"
+            t0 = time.monotonic()
+            assert alpha.lease(lid, "cancel", {})["ok"]
+            code = proc.wait(15)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert code != 0 and time.monotonic() - t0 < 10
