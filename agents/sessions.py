@@ -109,6 +109,11 @@ class Session:
         self._unsubscribe: Any = None
         self._send_lock = threading.Lock()
         self._sent: collections.deque[concurrent.futures.Future[None]] = collections.deque()
+        self._credit = threading.Condition()
+        self._out_bytes = 0  # data bytes sent to the tenant, and acknowledged by it
+        self._out_acked = 0
+        self._in_bytes = 0  # data bytes taken from the tenant, and acknowledged to it
+        self._in_acked = 0
 
     def start(self) -> None:
         threading.Thread(target=self._main, name=f"session-{self.session_id[:8]}",
@@ -117,6 +122,13 @@ class Session:
     def send(self, kind: bytes, payload: bytes = b"", conn: int | None = None) -> None:
         """Hand a frame to the link without waiting for each (a round trip to the link's loop
         per frame capped a forward's throughput); at most SEND_WINDOW are in flight."""
+        if kind in wire.DATA:  # wait for the tenant to take what it was sent (flow control)
+            with self._credit:
+                while self._out_bytes - self._out_acked > wire.WINDOW_BYTES:
+                    if self.done.is_set():
+                        return
+                    self._credit.wait(0.5)
+                self._out_bytes += len(payload)
         with self._send_lock:  # one publisher at a time keeps the frames in order
             try:
                 self._sent.append(self.agent.link.send_soon(self.out,
@@ -128,7 +140,13 @@ class Session:
                 self.done.set()
 
     def _on_data(self, subject: str, data: bytes) -> None:
-        self.inbox.put(wire.parse(data))
+        kind, conn, payload = wire.parse(data)
+        if kind == wire.ACK:  # here, not queued: a sender waiting for it may hold the queue
+            with contextlib.suppress(ValueError), self._credit:
+                self._out_acked = max(self._out_acked, int(payload))
+                self._credit.notify_all()
+        else:
+            self.inbox.put((kind, conn, payload))
 
     def _main(self) -> None:
         inn = session_subject(self.order.tenant, self.agent.node_id, self.session_id, "in")
@@ -160,6 +178,11 @@ class Session:
                     break
                 if kind != wire.PING:
                     self.handle(kind, conn, payload)
+                if kind in wire.DATA:
+                    self._in_bytes += len(payload)
+                    if self._in_bytes - self._in_acked >= wire.ACK_EVERY_BYTES:
+                        self._in_acked = self._in_bytes
+                        self.send(wire.ACK, str(self._in_bytes).encode())
         except Exception:  # a session's failure is the session's, never the agent's
             log.exception("session %s failed", self.session_id)
         finally:
@@ -170,6 +193,8 @@ class Session:
 
     def _finish(self) -> None:
         self.done.set()
+        with self._credit:
+            self._credit.notify_all()
         if self._unsubscribe is not None:
             self._unsubscribe()
         self.end()
@@ -230,8 +255,9 @@ class ExecSession(Session):
 
         def waiter() -> None:
             code = self.proc.wait()
-            for r in readers:
-                r.join(5)
+            for r in readers:  # all of its output before its exit code (they may wait for credit)
+                while r.is_alive() and not self.done.is_set():
+                    r.join(0.5)
             self.send(wire.EXIT, str(code).encode())
             self.done.set()
 

@@ -19,6 +19,8 @@ from typing import Any
 from bus.errors import BusTimeout, BusUnavailable, SessionRefused
 from bus.subjects import SESSION_PREFIX, command_subject, is_token
 
+# both ways: the bytes of data frames the sender's peer has taken so far (flow control)
+ACK = b"a"
 # tenant → node
 STDIN, EOF, RESIZE, SIGNAL, PING, CLOSE = b"i", b"e", b"z", b"k", b"p", b"q"
 CONN_OPEN, CONN_DATA, CONN_CLOSE = b"c", b"d", b"x"
@@ -27,6 +29,12 @@ READY, STDOUT, STDERR, EXIT, ERROR = b"r", b"o", b"E", b"X", b"!"
 CONN_OPENED, CONN_BYTES, CONN_CLOSED = b"C", b"D", b"F"
 _WITH_CONN = frozenset({CONN_OPEN, CONN_DATA, CONN_CLOSE, CONN_OPENED, CONN_BYTES, CONN_CLOSED})
 CHUNK_BYTES = 256 * 1024  # of data per frame: well under the server's 1 MiB max_payload
+DATA = frozenset({STDIN, CONN_DATA, STDOUT, STDERR, CONN_BYTES})
+# each side sends at most WINDOW_BYTES of data its peer has not acknowledged, and acknowledges
+# what it has taken every ACK_EVERY_BYTES: a slow reader slows its writer instead of growing
+# the server's buffers until it drops the connection
+WINDOW_BYTES = 8 << 20
+ACK_EVERY_BYTES = 1 << 20
 PING_SECONDS = 5.0  # the tenant's keep-alive; the node ends a session silent for IDLE_SECONDS
 IDLE_SECONDS = 30.0
 READY_SECONDS = 15.0  # from the request to the node's first frame
@@ -73,6 +81,11 @@ class TenantSession:
         self._early: list[tuple[str, bytes]] = []
         self._sub: Any = None
         self._pinger: asyncio.Task[None] | None = None
+        self._sent = 0  # data bytes sent, and acknowledged by the node
+        self._acked = 0
+        self._credit = asyncio.Event()
+        self._taken = 0  # data bytes taken from the node, and acknowledged to it
+        self._taken_acked = 0
 
     async def open(self, body: dict[str, Any], timeout: float = READY_SECONDS) -> dict[str, Any]:
         """Ask the plane for the session (`body`: a SessionOpen less its id), wait for the
@@ -119,20 +132,41 @@ class TenantSession:
 
     def _accept(self, subject: str, data: bytes) -> None:
         # any node may publish on its own `out` subjects: only the lease's node is heard
-        if subject.split(".")[3:4] == [self.node]:
-            self._frames.put_nowait(parse(data))
+        if subject.split(".")[3:4] != [self.node]:
+            return
+        kind, conn, payload = parse(data)
+        if kind == ACK:
+            try:
+                self._acked = max(self._acked, int(payload))
+            except ValueError:
+                return
+            self._credit.set()
+        else:
+            self._frames.put_nowait((kind, conn, payload))
 
     async def send(self, kind: bytes, payload: bytes = b"", conn: int | None = None) -> None:
         assert self._in, "open() first"
         for i in range(0, max(1, len(payload)), CHUNK_BYTES):
-            await self.nc.publish(self._in, frame(kind, payload[i:i + CHUNK_BYTES], conn))
+            part = payload[i:i + CHUNK_BYTES]
+            if kind in DATA:
+                while self._sent - self._acked > WINDOW_BYTES:
+                    self._credit.clear()
+                    await asyncio.wait_for(self._credit.wait(), IDLE_SECONDS)
+                self._sent += len(part)
+            await self.nc.publish(self._in, frame(kind, part, conn))
 
     async def recv(self, timeout: float | None = None) -> tuple[bytes, int | None, bytes]:
         """The next frame from the node; BusTimeout after `timeout` seconds."""
         try:
-            return await asyncio.wait_for(self._frames.get(), timeout)
+            got = await asyncio.wait_for(self._frames.get(), timeout)
         except TimeoutError as e:
             raise BusTimeout("the session's node sent nothing in time") from e
+        if got[0] in DATA:
+            self._taken += len(got[2])
+            if self._taken - self._taken_acked >= ACK_EVERY_BYTES and self._in:
+                self._taken_acked = self._taken
+                await self.nc.publish(self._in, frame(ACK, str(self._taken).encode()))
+        return got
 
     async def _ping(self) -> None:
         while True:
