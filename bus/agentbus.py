@@ -333,6 +333,9 @@ class _Link:
         sub = self._run(go(), 5)
 
         def end() -> None:
+            if self._nc is None or self._nc.is_closed:
+                return  # the link closed first: the subscription went with it
+
             async def stop() -> None:
                 await sub.unsubscribe()
 

@@ -47,6 +47,7 @@ PROBE = NodeProbe(cpu_millis=4500, cpu_arch="amd64", memory_mib=9216, local_disk
 class Plane:
     def __init__(self, server: NatsServer, auth: AuthConfig, lease_id: str, ended: str) -> None:
         self.server, self.auth, self.lease_id, self.ended = server, auth, lease_id, ended
+        self.leases: list[str] = []  # every lease committed, cancelled at the end
 
     def args(self, tenant: str = "alpha") -> list[str]:
         return ["--nats-url", self.server.url, "--tenant", tenant]
@@ -64,9 +65,12 @@ class Plane:
                           timeout=15, inbox_prefix=tenant_inbox(tenant).encode())
 
 
-def _commit(alpha: PoolClient, key: str, command: list[str]) -> str:
+def _commit(alpha: PoolClient, key: str, command: list[str],
+            leases: list[str] | None = None) -> str:
     lid = str(alpha.request_lease(lease_body(key, runtime="sandboxed", memory_mib=256))
               ["lease"]["lease_id"])
+    if leases is not None:
+        leases.append(lid)
     wait_for(lambda: alpha.lease(lid, "get")["lease"]["state"] == "reserved")
     assert alpha.lease(lid, "commit", {"job": {"command": command}})["ok"]
     return lid
@@ -110,10 +114,15 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
         p = Plane(server, auth, "", "")
         with p.tenant("alpha") as alpha:
             p.ended = _commit(alpha, "ended", ["true"])
-            p.lease_id = _commit(alpha, "web", ["python3", "-m", "http.server", "8000"])
+            p.lease_id = _commit(alpha, "web", ["python3", "-m", "http.server", "8000"],
+                                 p.leases)
             wait_for(lambda: alpha.lease(p.ended, "get")["lease"]["state"] == "released")
             wait_for(lambda: alpha.lease(p.lease_id, "get")["lease"]["state"] == "running")
         yield p
+        with p.tenant("alpha") as alpha:  # the agent leaves running jobs to its next start
+            for lid in p.leases:
+                alpha.lease(lid, "cancel", {})
+            wait_for(lambda: not agent.running, timeout=30)
     finally:
         stop.set()
         if thread is not None:
@@ -313,7 +322,7 @@ def _tries(p: Plane, who: str, inbox: str, tries: list[tuple[str, str]]) -> dict
 
 def test_an_exec_ends_with_its_lease(plane: Plane) -> None:
     with plane.tenant("alpha") as alpha:
-        lid = _commit(alpha, "short", ["sleep", "60"])
+        lid = _commit(alpha, "short", ["sleep", "60"], plane.leases)
         wait_for(lambda: alpha.lease(lid, "get")["lease"]["state"] == "running")
         proc = subprocess.Popen([sys.executable, "-m", "cli.main", "lease", "exec", lid,
                                  *plane.args(), "--", "sh", "-c", "echo up; sleep 30"],
