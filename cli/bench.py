@@ -65,6 +65,19 @@ def cmd_bench_run(args: argparse.Namespace) -> int:
     return _report(result, args.json)
 
 
+def cmd_bench_exec(args: argparse.Namespace) -> int:
+    from bench.exec import run_exec_bench
+
+    if args.runs < 1:
+        raise UsageError("--runs must be at least 1")
+    if args.mib is not None and not 1 <= args.mib <= 4096:
+        raise UsageError("--mib must be 1-4096")
+    result = run_exec_bench(
+        runs=args.runs, quick=args.quick, mib=args.mib,
+        progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)))
+    return _report(result, args.json)
+
+
 def cmd_bench_e2e(args: argparse.Namespace) -> int:
     from bench.e2e import run_e2e_bench
 
@@ -297,6 +310,14 @@ def register(sub: Subparsers) -> None:
     ba.add_argument("--quick", action="store_true", help="5 starts per runtime")
     ba.add_argument("--json", action="store_true")
     ba.set_defaults(func=cmd_bench_agent)
+    bx = bench.add_parser("exec", help="exec round trip of `true` into a running job (client "
+                          "and whole `pool lease exec`), beside `docker exec` where a daemon "
+                          "answers; port-forward throughput beside a direct loopback echo")
+    bx.add_argument("--runs", type=int, default=30, help="execs of each (default 30)")
+    bx.add_argument("--mib", type=int, help="MiB echoed through the forward (default 32)")
+    bx.add_argument("--quick", action="store_true", help="5 execs, 8 MiB")
+    bx.add_argument("--json", action="store_true")
+    bx.set_defaults(func=cmd_bench_exec)
     br = bench.add_parser("run", help="`pool lease run -- true` as a user runs it, whole "
                           "processes on a plane of its own with a local agent, beside "
                           "`bwrap … true`; and job exit → its end in the log")

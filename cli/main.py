@@ -205,7 +205,8 @@ def _main(argv: Sequence[str]) -> int:
         args = parser.parse_args(words)
         if tail is not None:
             if not hasattr(args, "job_command"):
-                parser.error("`-- COMMAND` is only taken by `pool lease run` and `lease commit`")
+                parser.error("`-- COMMAND` is only taken by `pool lease run`, `lease commit` "
+                             "and `lease exec`")
             args.job_command = tail
     except SystemExit as e:  # --help (0) or a usage error (2), already printed
         return e.code if isinstance(e.code, int) else EXIT_USAGE
