@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.run import POOL, TENANT, _pool_argv, _quantiles, _timed, local_plane
+from bench.run import POOL, TENANT, local_plane, pool_argv, quantiles, timed
 
 RUNS = 30
 QUICK_RUNS = 5
@@ -161,7 +161,7 @@ def _docker_exec(runs: int) -> list[float] | None:
     try:
         out = []
         for i in range(WARMUP + runs):
-            took, _ = _timed([docker, "exec", cid, "true"], dict(os.environ))
+            took, _ = timed([docker, "exec", cid, "true"], dict(os.environ))
             if i >= WARMUP:
                 out.append(took)
         return out
@@ -181,11 +181,11 @@ def run_exec_bench(*, runs: int = RUNS, quick: bool = False, mib: int | None = N
     if quick:
         runs = QUICK_RUNS
     mib = mib or (QUICK_FORWARD_MIB if quick else FORWARD_MIB)
-    pool = _pool_argv()
+    pool = pool_argv()
     with tempfile.TemporaryDirectory(prefix="pool-bench-exec-") as tmp, \
             local_plane(Path(tmp) / "home", say) as env:
         home = Path(env["POOL_HOME"])
-        _, out = _timed([*pool, "lease", "run", "--tenant", TENANT, "--pool", POOL, "--quiet",
+        _, out = timed([*pool, "lease", "run", "--tenant", TENANT, "--pool", POOL, "--quiet",
                          "--detach", "--", "python3", "-c", ECHO], env)
         lease_id = out.stdout.strip()
         if out.returncode != 0 or not lease_id:
@@ -202,20 +202,20 @@ def run_exec_bench(*, runs: int = RUNS, quick: bool = False, mib: int | None = N
             cli_s = []
             argv = [*pool, "lease", "exec", lease_id, "--tenant", TENANT, "--", "true"]
             for _ in range(runs):
-                took, done = _timed(argv, env)
+                took, done = timed(argv, env)
                 if done.returncode != 0:
                     raise RuntimeError(f"`pool lease exec -- true` exited {done.returncode}: "
                                        f"{done.stderr.strip()}")
                 cli_s.append(took)
-            help_s = [_timed([*pool, "--help"], env)[0] for _ in range(runs)]
+            help_s = [timed([*pool, "--help"], env)[0] for _ in range(runs)]
         finally:
-            _timed([*pool, "lease", "cancel", lease_id, "--tenant", TENANT], env)
+            timed([*pool, "lease", "cancel", lease_id, "--tenant", TENANT], env)
     docker = _docker_exec(runs)
-    rows = {"exec true (client)": _quantiles(measured["exec_s"]),
-            "pool lease exec -- true": _quantiles(cli_s),
-            "pool --help": _quantiles(help_s)}
+    rows = {"exec true (client)": quantiles(measured["exec_s"]),
+            "pool lease exec -- true": quantiles(cli_s),
+            "pool --help": quantiles(help_s)}
     if docker is not None:
-        rows["docker exec C true"] = _quantiles(docker)
+        rows["docker exec C true"] = quantiles(docker)
     lines = [f"{'':<26} {'n':>4} {'p50 ms':>8} {'p99 ms':>8} {'min ms':>8} {'max ms':>8}"]
     for name, q in rows.items():
         lines.append(f"{name:<26} {q['n']:4d} {q['p50_ms']:8.1f} {q['p99_ms']:8.1f} "
