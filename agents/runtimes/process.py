@@ -25,9 +25,18 @@ from agents.runtimes.contract import (
 from agents.runtimes.events import ProcessEvents
 
 # `trap :` installs a handler (reset on exec), so the supervisor outlives a SIGTERM sent to the
-# group and still records how the sandboxed command ended.
-_SUPERVISOR = 'trap : TERM INT HUP; "$@"; rc=$?; echo $rc > "$POOL_EXIT_FILE.tmp"; ' \
-              'mv "$POOL_EXIT_FILE.tmp" "$POOL_EXIT_FILE"'
+# group and still records how the sandboxed command ended. The command's output goes through
+# a pipe of which the log keeps the first $POOL_OUTPUT_CAP bytes (written as read: stdbuf),
+# then one marker line; the rest is read and dropped, so the job never blocks on it (the
+# reader ignores TERM: it lasts as long as the job writes).
+_SUPERVISOR = (
+    'trap : TERM INT HUP; '
+    '{ trap : TERM INT HUP; "$@"; echo $? > "$POOL_EXIT_FILE.tmp"; } 2>&1 | '
+    '{ trap "" TERM INT HUP; stdbuf -o0 head -c "$POOL_OUTPUT_CAP"; '
+    'if [ "$(head -c 1 | wc -c)" -gt 0 ]; then '
+    'printf "\\n[pool: output past %s bytes dropped (max_output_bytes)]\\n" "$POOL_OUTPUT_CAP"; '
+    'cat > /dev/null; fi; }; '
+    'mv "$POOL_EXIT_FILE.tmp" "$POOL_EXIT_FILE"')
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # what every CUDA process needs besides its GPUs' own /dev/nvidia<minor>
 GPU_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
@@ -270,7 +279,8 @@ class ProcessRuntime:
                     stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                     # the child only joins its cgroups and calls setrlimit before exec
                     start_new_session=True, preexec_fn=limits,  # noqa: PLW1509
-                    env={"POOL_EXIT_FILE": str(exit_file), "PATH": "/usr/bin:/bin"},
+                    env={"POOL_EXIT_FILE": str(exit_file), "PATH": "/usr/bin:/bin",
+                         "POOL_OUTPUT_CAP": str(max(0, spec.output_cap_bytes))},
                     pass_fds=wiring.child_fds() if wiring is not None else (),
                 )
             except OSError as e:
@@ -368,6 +378,10 @@ class ProcessRuntime:
             pass
 
     def adopt(self) -> list[WorkloadHandle]:
+        # output of workloads forgotten before their log was (an agent stopped in between)
+        for f in self.state_dir.glob("*.log"):
+            if not f.with_suffix(".json").exists():
+                f.unlink(missing_ok=True)
         out = []
         for f in sorted(self.state_dir.glob("*.json")):
             try:
@@ -403,6 +417,7 @@ class ProcessRuntime:
         self.cgroups.remove(handle.key)
         pid_file.unlink(missing_ok=True)
         exit_file.unlink(missing_ok=True)
+        self._log(handle.key).unlink(missing_ok=True)  # forgotten once its output was shipped
 
     def read_output(self, handle: WorkloadHandle, offset: int, limit: int) -> tuple[bytes, int]:
         """Up to `limit` bytes of the job's stdout and stderr from `offset`, and the offset
