@@ -424,6 +424,8 @@ async def _replay_via_service(
             err = env.get("error") or {}
             raise ReplayRefused(str(err.get("code")), str(err.get("message")))
         result = env.get("result") or {}
+        # past samples left out as not their lease's node's: never asked for again
+        after = max(after, int(result.get("last_seq") or 0))
         for s in result.get("samples", []):
             after = max(after, int(s["seq"]))
             await queue.put(TelemetrySample.from_message(

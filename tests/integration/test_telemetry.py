@@ -30,6 +30,7 @@ from bus.subjects import TELEMETRY_STREAM, telemetry_subject
 from bus.telemetry import TelemetryPublisher, TelemetrySample, follow
 from control.plane import ControlPlane
 from schemas import v1
+from tests.placed import place_on
 
 
 @pytest.fixture()
@@ -53,6 +54,8 @@ def _sample(kind: str = "startup", **attrs: str) -> v1.TelemetryEvent:
 
 def _publish(url: str, auth: AuthConfig, node: str, tenant: str, lease: str,
              kind: str = "startup", *, as_node: str | None = None) -> None:
+    # the lease held by the node, as its feed says: what a replay checks a sample against
+    place_on(url_with_credentials(url, auth.service), tenant, lease, node)
     pub = TelemetryPublisher(url_with_credentials(url, auth.nodes[as_node or node]))
     try:
         pub.publish(pool="p1", node=node, tenant=tenant, lease=lease, kind=kind,
@@ -325,6 +328,9 @@ def test_pool_telemetry_follow_replays_a_sample_and_ctrl_c_exits_cleanly(tmp_pat
         assert TELEMETRY_STREAM in {s["name"] for s in info["streams"]}
         node = json.loads(_pool(home, "admin", "node", "creds", "n1", "--json").stdout)["result"]
         assert _pool(home, "admin", "tenant", "creds", "alpha", "--json").returncode == 0
+        from local.embedded import service_url
+
+        place_on(service_url(home), "alpha", "lease-1", "n1")  # the node holds the lease
         pub = TelemetryPublisher(info["nats_url"].replace(
             "nats://", f"nats://{node['user']}:{node['password']}@"))
         pub.publish(pool="p1", node="n1", tenant="alpha", lease="lease-1", kind="utilization",
