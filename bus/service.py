@@ -82,12 +82,13 @@ class Service:
         loop: asyncio.AbstractEventLoop | None = None,
         answer_within_seconds: float = ANSWER_WITHIN_SECONDS,
         max_waiting: int = MAX_WAITING,
+        name: str = "pool-cmd",
     ) -> None:
         self.url, self.subjects, self.handler, self.queue = url, subjects, handler, queue
         self.answer_within_seconds, self.max_waiting = answer_within_seconds, max_waiting
         # one request in flight per worker thread, however many subjects deliver them
         self.threads = threads
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="pool-cmd")
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=name)
         self._slots: asyncio.Semaphore | None = None
         self._subs: list[Any] = []
         self._in_flight: set[asyncio.Future[None]] = set()

@@ -31,6 +31,10 @@ _SERVED = subscriptions(["commands"])
 ADMIN_SUBJECTS = [s for s in _SERVED if s.startswith("pool.admin.")]
 COMMAND_SUBJECTS = [s for s in _SERVED if s not in ADMIN_SUBJECTS]
 QUERY_SUBJECTS = subscriptions(["queries"])
+# the lanes (control/plane.py): node agents' reports, and tenants' reads of the streams (with
+# the queries above), each answered apart from the tenants' and operators' commands
+NODE_SUBJECTS = [s for s in COMMAND_SUBJECTS if s.startswith("pool.node.")]
+READ_SUBJECTS = [s for s in COMMAND_SUBJECTS if s.endswith((".telemetry.replay", ".feed.replay"))]
 _ROUTER = Router(ROUTES, served_by=("commands", "queries"))
 
 
