@@ -13,6 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from agents.runtimes import egress as egress_filter
 from agents.runtimes import usernet
 from agents.runtimes.cgroups import Cgroups, join
 from agents.runtimes.contract import (
@@ -143,6 +144,10 @@ class ProcessRuntime:
         self.cgroups = cgroups if cgroups is not None else Cgroups.probe()
         # "" finds slirp4netns on PATH; None: no egress from this runtime
         self.slirp = usernet.available() if slirp == "" else slirp
+        # what keeps a sandbox with egress off private ranges, link-local and this host's own
+        # addresses (iptables-restore in its namespace); without it, no egress at all
+        self.egress_filter = egress_filter.available()
+        self.egress_allow = egress_filter.allowed_by_operator()
 
     # -- capabilities -----------------------------------------------------------------------
 
@@ -167,7 +172,7 @@ class ProcessRuntime:
     def network_egress(self) -> str:
         """The most open egress this runtime enforces: `open` through slirp4netns (the host's
         loopback unreachable), else `none` (a job asking for egress is refused)."""
-        return "open" if self.slirp else "none"
+        return "open" if self.slirp and self.egress_filter else "none"
 
     def limitations(self) -> list[str]:
         """What this runtime cannot enforce here, one line each (said at the agent's start)."""
@@ -181,6 +186,9 @@ class ProcessRuntime:
             out.append("processes bounded only by RLIMIT_NPROC (counted per host user)")
         if not self.slirp:
             out.append("no slirp4netns: jobs that ask for egress are refused, none advertised")
+        elif not self.egress_filter:
+            out.append("no iptables-restore to keep sandboxes off private and host addresses: "
+                       "jobs that ask for egress are refused, none advertised")
         return out
 
     def isolation_classes(self) -> tuple[str, ...]:
@@ -236,6 +244,9 @@ class ProcessRuntime:
         if egress and not self.slirp:
             raise WorkloadError("this node cannot give a sandbox egress without the host's "
                                 "network (no slirp4netns)", code="egress_unavailable")
+        if egress and not self.egress_filter:
+            raise WorkloadError("this node cannot keep a sandbox's egress off private and host "
+                                "addresses (no iptables-restore)", code="egress_unavailable")
         memory = spec.memory_mib * 1024 * 1024
         argv = [self.bwrap, *self._sandbox_args(spec.checkpoint_dir, memory, spec.workdir),
                 *gpu_sandbox_args(spec, self.dev)]
@@ -290,7 +301,10 @@ class ProcessRuntime:
         if wiring is not None:
             assert self.slirp is not None
             try:
-                self._networks[spec.key] = wiring.connect(self.slirp, proc.pid)
+                assert self.egress_filter is not None
+                rules = egress_filter.ruleset(egress_filter.host_addresses(), self.egress_allow)
+                self._networks[spec.key] = wiring.connect(self.slirp, proc.pid,
+                                                          (self.egress_filter, rules))
             except (WorkloadError, OSError) as e:
                 self._signal(proc.pid, signal.SIGKILL)
                 proc.wait()
