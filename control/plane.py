@@ -64,6 +64,14 @@ COMMAND_WORKERS = 64
 # workers: node heartbeats and reports never wait behind tenants' commands or queries)
 NODE_WORKERS = 16
 READ_WORKERS = 8
+# a tenant's reads one process answers at once (waiting included); one more is refused
+# (concurrency_limit): a burst of one tenant's queries cannot fill the read lane
+READS_PER_TENANT = 4
+
+
+def _tenant_of(subject: str) -> str:
+    """The tenant token of `pool.cmd.<tenant>.…` (the server pinned it to the requester)."""
+    return subject.split(".", 3)[2]
 # started planes per NATS URL in this process: they share its bus runtimes, which only the
 # last one to stop may close
 _live: Counter[str] = Counter()
@@ -324,7 +332,8 @@ class ControlPlane:
                                  queue="pool-nodes", threads=NODE_WORKERS,
                                  fast=handler.fast, loop=on, name="pool-node")
             self.reads = Service(self.responder_url, reads, handler, queue="pool-reads",
-                                 threads=READ_WORKERS, loop=on, name="pool-read")
+                                 threads=READ_WORKERS, loop=on, name="pool-read",
+                                 per_key=(_tenant_of, READS_PER_TENANT))
             # one count of requests refused for their reply subject, whichever lane took them
             self.nodes.refused = self.reads.refused = self.commands.refused
         self.projector: Projector | None = None
