@@ -147,7 +147,13 @@ class ProcessRuntime:
         # what keeps a sandbox with egress off private ranges, link-local and this host's own
         # addresses (iptables-restore in its namespace); without it, no egress at all
         self.egress_filter = egress_filter.available()
-        self.egress_allow = egress_filter.allowed_by_operator()
+        self.egress_allow: list[str] = []
+        self.egress_problem: str | None = None
+        try:
+            self.egress_allow = egress_filter.allowed_by_operator()
+        except ValueError as e:  # a typo must not open more than meant: no egress at all
+            self.egress_problem = f"{egress_filter.ALLOW_ENV}: {e}"
+            self.egress_filter = None
 
     # -- capabilities -----------------------------------------------------------------------
 
@@ -186,6 +192,8 @@ class ProcessRuntime:
             out.append("processes bounded only by RLIMIT_NPROC (counted per host user)")
         if not self.slirp:
             out.append("no slirp4netns: jobs that ask for egress are refused, none advertised")
+        elif self.egress_problem is not None:
+            out.append(f"{self.egress_problem}: jobs that ask for egress are refused")
         elif not self.egress_filter:
             out.append("no iptables-restore to keep sandboxes off private and host addresses: "
                        "jobs that ask for egress are refused, none advertised")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.runtimes.contract import WorkloadSpec
+from agents.runtimes.contract import WorkloadError, WorkloadSpec
 from agents.runtimes.egress import ruleset
 from agents.runtimes.process import ProcessRuntime
 
@@ -156,3 +156,16 @@ def test_the_filter_refuses_the_metadata_address_and_keeps_the_resolver() -> Non
         lines.index("-A OUTPUT -d 10.0.0.0/8 -j REJECT --reject-with icmp-admin-prohibited")
     assert "-A OUTPUT -d 10.0.2.3/32 -p udp --dport 53 -j ACCEPT" in lines
     assert not any("127.0.0.1/32" in line for line in lines)  # loopback: the sandbox's own
+
+
+def test_a_bad_allow_list_gives_no_egress_at_all(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POOL_EGRESS_ALLOW", "10.0.0.0/8,not-a-network")
+    rt = ProcessRuntime(tmp_path / "state")
+    assert rt.network_egress() == "none"
+    assert any("POOL_EGRESS_ALLOW" in line for line in rt.limitations())
+    spec = WorkloadSpec(lease_id="l1", epoch=1, job_number=1, command=("true",),
+                        network_egress="open")
+    with pytest.raises(WorkloadError) as e:
+        rt.start(spec)
+    assert e.value.code == "egress_unavailable"
