@@ -352,8 +352,10 @@ class Agent:
             return
         current = self.running.get(a.lease_id)
         if current is not None and not current.stopping:
-            # an older job or placement of this lease still runs here: it must go first
+            # an older job or placement of this lease still runs here: it must go first; what
+            # it wrote so far is still shipped, then its output is followed no more
             self._stop_now(current, grace=5.0)
+            self.output.finish(current.handle.key)
         if spec.workdir is not None:
             try:
                 ref = a.job.workdir
