@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ from bus.admin import ensure_all_streams
 from bus.leasewatch import Output
 from bus.local.auth import AuthConfig, inbox_prefix, url_with_credentials
 from bus.local.server import NatsServer
-from bus.telemetry import TelemetryPublisher
+from bus.telemetry import TelemetryPublisher, TelemetrySample, follow
 from client.api import PoolClient
 from control.plane import ControlPlane
 from schemas import v1
@@ -119,3 +120,23 @@ def test_a_lease_watch_shows_live_output_only_from_the_lease_s_node(
         assert texts == ["mine\n"]
     finally:
         client.close()
+
+
+def test_a_tenant_s_live_telemetry_shows_only_its_leases_nodes(
+        secured: tuple[NatsServer, AuthConfig, ControlPlane]) -> None:
+    server, auth, _ = secured
+    place_on(url_with_credentials(server.url, auth.service), "alpha", "l3", "n1")
+    a = auth.tenants["alpha"]
+    got: list[TelemetrySample] = []
+
+    def publish() -> None:
+        _output(server, auth, "n2", "l3", FORGED)
+        _output(server, auth, "n1", "l3", "mine\n")
+
+    def ready() -> None:
+        threading.Thread(target=publish, daemon=True).start()
+
+    follow(server.url, got.append, tenant="alpha", user=a.user, password=a.password,
+           inbox_prefix=inbox_prefix("alpha"), on_ready=ready, max_samples=2, duration_s=2)
+    assert [(s.node, s.event.attrs["text"] if s.event else None) for s in got] == \
+        [("n1", "mine\n")]
