@@ -4,7 +4,6 @@ Its loop, heartbeats and re-adoption: docs/architecture.md#the-node-agent.
 
 from __future__ import annotations
 
-import codecs
 import json
 import logging
 import random
@@ -18,6 +17,7 @@ from typing import Any
 import msgspec
 
 from agents.notice import NoticeRefused, write_notice
+from agents.output import OutputShipper, Stream
 from agents.probe import NodeProbe, Reserve
 from agents.runtimes.contract import Runtime, WorkloadError, WorkloadHandle, WorkloadSpec
 from agents.sessions import Sessions
@@ -31,12 +31,7 @@ from schemas.session import SessionOrder
 
 log = logging.getLogger(__name__)
 
-OUTPUT_READ_BYTES = 64 * 1024  # of a job's output per look, per job
-# after a write wakes a job's follower, what else it writes this soon goes out with it: a
-# line reaches its tenant at once, a flood goes out in a few samples a second per job
-OUTPUT_BATCH_SECONDS = 0.005
 FOLLOW_SECONDS = 1.0  # a follower looks whether its job is still this agent's this often
-OUTPUT_CHUNK_CHARS = 1000  # per `output` sample (a telemetry attribute holds ≤ 1,024)
 
 # isolation classes, weakest first: a runtime that gives a stronger one may serve a weaker ask
 _STRENGTH = ("container", "sandboxed", "microvm", "dedicated-host")
@@ -70,9 +65,9 @@ class Running:
     checkpoint_dir: Path | None = None
     last_checkpoint_at: float | None = None
     stopping: bool = False
-    output_offset: int = 0  # bytes of the job's output shipped as `output` telemetry
-    output_decoder: codecs.IncrementalDecoder = field(
-        default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
+    # the most bytes of the job's output kept and shipped; True once all of it was shipped
+    max_output_bytes: int = 64 << 20
+    output_shipped: bool = False
     # the job's files: its directory (/work) and what to store from it at its end
     has_workdir: bool = False
     artifacts: tuple[str, ...] = ()
@@ -103,8 +98,12 @@ class Agent:
                  probe: NodeProbe, state_dir: Path, labels: dict[str, str] | None = None,
                  reserve: Reserve = _DEFAULT_RESERVE, trust_level: str = "trusted",
                  heartbeat_interval: float = 2.0, utilization_every: int = 5,
-                 clock: Callable[[], float] = time.time, time_slice_replicas: int = 0) -> None:
+                 clock: Callable[[], float] = time.time, time_slice_replicas: int = 0,
+                 output: OutputShipper | None = None) -> None:
         self.link = link
+        # the jobs' output, shipped by a thread of its own (never the heartbeat's, never
+        # under the agent's lock), capped per job and paced for all of them together
+        self.output = output or OutputShipper()
         self.time_slice_replicas = time_slice_replicas
         self.runtime = runtime
         self.node_id = node_id
@@ -211,7 +210,8 @@ class Agent:
                 else None, has_workdir=bool(meta.get("workdir")),
                 artifacts=tuple(meta.get("artifacts") or ()),
                 artifact_ttl_seconds=int(meta.get("artifact_ttl_seconds") or 7 * 86_400),
-                max_artifact_bytes=int(meta.get("max_artifact_bytes", 1 << 30)))
+                max_artifact_bytes=int(meta.get("max_artifact_bytes", 1 << 30)),
+                max_output_bytes=int(meta.get("max_output_bytes", 64 << 20)))
             self._started.add(handle.key)
             self._follow(handle.lease_id, self.running[handle.lease_id])
             n += 1
@@ -239,6 +239,7 @@ class Agent:
                 stop.wait(0.5)
         for t in self._stopping:
             t.join(10)
+        self.output.close()
         self.deregister()
 
     def deregister(self) -> None:
@@ -344,6 +345,7 @@ class Agent:
             labels=(("computepool.tenant", a.tenant), ("computepool.pool", a.pool_id)),
             workdir=str(self.files.job_dir(f"{a.lease_id}.{a.epoch}.{a.job_number}"))
             if a.job.workdir is not None or a.job.artifacts else None,
+            output_cap_bytes=a.max_output_bytes,
         )
         if spec.key in self._started:
             self.stats.duplicates_ignored += 1  # a redelivery: never start the same job twice
@@ -357,8 +359,10 @@ class Agent:
             return
         current = self.running.get(a.lease_id)
         if current is not None and not current.stopping:
-            # an older job or placement of this lease still runs here: it must go first
+            # an older job or placement of this lease still runs here: it must go first; what
+            # it wrote so far is still shipped, then its output is followed no more
             self._stop_now(current, grace=5.0)
+            self.output.finish(current.handle.key)
         if spec.workdir is not None:
             try:
                 ref = a.job.workdir
@@ -375,7 +379,8 @@ class Agent:
                                       "checkpoint_dir": spec.checkpoint_dir,
                                       "workdir": spec.workdir, "artifacts": a.job.artifacts,
                                       "artifact_ttl_seconds": a.artifact_ttl_seconds,
-                                      "max_artifact_bytes": a.max_artifact_bytes})
+                                      "max_artifact_bytes": a.max_artifact_bytes,
+                                      "max_output_bytes": a.max_output_bytes})
         try:
             handle = self.runtime.start(spec)
         except WorkloadError as e:
@@ -392,7 +397,8 @@ class Agent:
                                            has_workdir=spec.workdir is not None,
                                            artifacts=tuple(a.job.artifacts),
                                            artifact_ttl_seconds=a.artifact_ttl_seconds,
-                                           max_artifact_bytes=a.max_artifact_bytes)
+                                           max_artifact_bytes=a.max_artifact_bytes,
+                                           max_output_bytes=a.max_output_bytes)
         self._follow(a.lease_id, self.running[a.lease_id])
         log.info("job %s of lease %s (tenant %s) started in %.3f s", a.job_number, a.lease_id,
                  a.tenant, startup)
@@ -467,6 +473,7 @@ class Agent:
     def _follow(self, lid: str, run: Running) -> None:
         """A thread that learns of the job's exit and output as they happen (where the runtime
         can tell: `wait`) and reports them at once; the loop's round is the fallback."""
+        self._ship(lid, run)
         wait = getattr(self.runtime, "wait", None)
         if wait is None:
             return
@@ -479,14 +486,13 @@ class Agent:
                     log.exception("following job %s failed", run.handle.key)
                     return
                 if what == "output":
-                    time.sleep(OUTPUT_BATCH_SECONDS)
+                    self.output.poke()
+                    continue
                 with self._lock:
                     if self.running.get(lid) is not run:
                         return  # reported, or replaced by a newer job of the lease
                     try:
-                        if what == "output":
-                            self._ship_output(lid, run)
-                        elif what == "exited":
+                        if what == "exited":
                             self._look(lid, run)
                             return  # reported, or left to the loop's round to retry
                     except Exception as e:  # noqa: BLE001 - a closed link, at the agent's end
@@ -506,9 +512,14 @@ class Agent:
         if run.checkpoint_dir is not None:
             run.last_checkpoint_at = _latest_mtime(run.checkpoint_dir, run.last_checkpoint_at)
         code = self.runtime.poll(run.handle)
-        self._ship_output(lid, run, final=code is not None)
         if code is None:
+            self.output.poke()
             return
+        # every output sample goes out before the end is reported (a follower of the lease's
+        # feed reads them in that order): the shipper reports it once the output is shipped
+        if not run.output_shipped and self.output.finish(run.handle.key):
+            return
+        run.output_shipped = True
         log.info("job %s of lease %s exited with %d%s", run.handle.job_number, lid, code,
                  " (stopped)" if run.stopping else "")
         if run.artifacts_stored is None:
@@ -524,29 +535,34 @@ class Agent:
                          "runtime_seconds": round(self.clock() - run.handle.started_at, 3),
                          **run.artifacts_stored})
         if self._report_end(lid, run.handle.epoch, exit_code=code):
-            self.runtime.forget(run.handle)
+            self.output.forget(run.handle.key)
+            self.runtime.forget(run.handle)  # its stored output too: all of it was shipped
             if run.has_workdir:
                 self.files.remove(run.handle.key)
             del self.running[lid]
 
-    def _ship_output(self, lid: str, run: Running, *, final: bool = False) -> None:
-        """Publish what the job wrote since the last look as `output` telemetry (its tenant may
-        read it: `pool lease logs`); at the job's end, all that is left."""
+    def _ship(self, lid: str, run: Running) -> None:
+        """Hand the job's output to the shipper: `output` telemetry its tenant may read
+        (`pool lease logs`), at most `max_output_bytes` of it; once its job has exited and all
+        of it is shipped, the end is reported from the shipper's thread."""
         read = getattr(self.runtime, "read_output", None)
         if read is None:
+            run.output_shipped = True
             return
-        while True:
-            try:
-                data, run.output_offset = read(run.handle, run.output_offset, OUTPUT_READ_BYTES)
-            except OSError:
-                return
-            text = run.output_decoder.decode(data, final=final and not data)
-            for i in range(0, len(text), OUTPUT_CHUNK_CHARS):
-                self._telemetry(run.pool_id, run.tenant, lid, "output",
-                                {"text": text[i:i + OUTPUT_CHUNK_CHARS],
-                                 "job": run.handle.job_number})
-            if not data or not final:
-                return
+
+        def send(text: str) -> None:
+            self._telemetry(run.pool_id, run.tenant, lid, "output",
+                            {"text": text, "job": run.handle.job_number})
+
+        def shipped() -> None:
+            run.output_shipped = True
+            with self._lock:
+                if self.running.get(lid) is run:
+                    self._look(lid, run)  # a failed report: the loop's round retries
+
+        self.output.follow(run.handle.key, Stream(
+            read=lambda offset, limit: read(run.handle, offset, limit), send=send,
+            cap_bytes=run.max_output_bytes, on_done=shipped))
 
     def _report_end(self, lease_id: str, epoch: int, *, exit_code: int | None = None,
                     failure: str | None = None) -> bool:

@@ -51,6 +51,7 @@ class _Sample(msgspec.Struct):
 
 
 _decode_sample = msgspec.json.Decoder(_Sample).decode
+MAX_WAITING = 1000  # output samples of a node the feed has not named (yet) kept per watch
 
 
 def output_filter(tenant: str, lease: str) -> str:
@@ -76,6 +77,10 @@ class LeaseWatch:
         self._task: Any = None
         self._sub: Any = None
         self.live_from = 0.0
+        # a node speaks only for the leases it holds: output is handed over once the feed
+        # (the control plane's word) names its node as the lease's; till then it waits here
+        self._nodes: set[str] = set()
+        self._waiting: list[tuple[str, Output]] = []
 
     def start(self) -> Self:
         # the output stamped from here on (less a minute's slack for the agent's clock) is
@@ -101,8 +106,25 @@ class LeaseWatch:
         except msgspec.DecodeError:
             return
         text = sample.attrs.get("text")
-        if isinstance(text, str):
+        if not isinstance(text, str):
+            return
+        parts = msg.subject.split(".")
+        node = parts[3] if len(parts) == 7 else ""
+        if node in self._nodes:
             self._queue.put(Output(text, sample.at, sample.seq))
+        elif node:
+            self._waiting.append((node, Output(text, sample.at, sample.seq)))
+            del self._waiting[:-MAX_WAITING]  # a forger's flood: the oldest go
+
+    def _placed(self, node: str | None) -> None:
+        """The feed names `node` as the lease's: its output waiting so far is handed over."""
+        if not node or node in self._nodes:
+            return
+        self._nodes.add(node)
+        for n, out in self._waiting:
+            if n == node:
+                self._queue.put(out)
+        self._waiting = [(n, out) for n, out in self._waiting if n != node]
 
     async def _follow(self, nc: Any) -> None:
         follower = FeedFollower(nc, self.tenant, lease=self.lease_id, after=self._after)
@@ -110,6 +132,7 @@ class LeaseWatch:
         try:
             async for item in items:
                 if item.record is not None:
+                    self._placed(item.record.node_id)
                     self._queue.put(Change(item.seq, item.record))
         except asyncio.CancelledError:
             raise

@@ -62,6 +62,14 @@ def _busy(limit: int) -> bytes:
         "reasons": {"max_waiting": limit}}}).encode()
 
 
+def _over(limit: int) -> bytes:
+    return json.dumps({"ok": False, "error": {
+        "code": "concurrency_limit",
+        "message": f"{limit} of your requests of this kind are already being answered; "
+                   "this one was not started: retry when one is",
+        "reasons": {"max_concurrent": limit}}}).encode()
+
+
 async def _connect(url: str, **options: Any) -> Any:
     return await connect(url, **options)
 
@@ -82,12 +90,18 @@ class Service:
         loop: asyncio.AbstractEventLoop | None = None,
         answer_within_seconds: float = ANSWER_WITHIN_SECONDS,
         max_waiting: int = MAX_WAITING,
+        name: str = "pool-cmd",
+        per_key: tuple[Callable[[str], str], int] | None = None,
     ) -> None:
         self.url, self.subjects, self.handler, self.queue = url, subjects, handler, queue
         self.answer_within_seconds, self.max_waiting = answer_within_seconds, max_waiting
+        # (key of a subject, limit): at most `limit` requests of one key waiting or worked on
+        # (a tenant's reads: one tenant's burst cannot fill the lane), one more refused at once
+        self.per_key = per_key
+        self._by_key: dict[str, int] = {}
         # one request in flight per worker thread, however many subjects deliver them
         self.threads = threads
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="pool-cmd")
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=name)
         self._slots: asyncio.Semaphore | None = None
         self._subs: list[Any] = []
         self._in_flight: set[asyncio.Future[None]] = set()
@@ -140,9 +154,26 @@ class Service:
             # a flood beyond what the workers can answer in time: refused now, not started
             await self._publish(msg.reply, _busy(self.max_waiting))
             return
+        key = None
+        if self.per_key is not None:
+            key_of, limit = self.per_key
+            key = key_of(msg.subject)
+            if self._by_key.get(key, 0) >= limit:
+                await self._publish(msg.reply, _over(limit))
+                return
+            self._by_key[key] = self._by_key.get(key, 0) + 1
         task = asyncio.ensure_future(self._answer(msg, self._on.time()))
         self._in_flight.add(task)
         task.add_done_callback(self._in_flight.discard)
+        if key is not None:
+            task.add_done_callback(lambda _: self._release(key))
+
+    def _release(self, key: str) -> None:
+        left = self._by_key.get(key, 1) - 1
+        if left > 0:
+            self._by_key[key] = left
+        else:
+            self._by_key.pop(key, None)
 
     async def _answer(self, msg: Any, arrived: float) -> None:
         assert self._slots is not None

@@ -424,12 +424,64 @@ async def _replay_via_service(
             err = env.get("error") or {}
             raise ReplayRefused(str(err.get("code")), str(err.get("message")))
         result = env.get("result") or {}
+        # past samples left out as not their lease's node's: never asked for again
+        after = max(after, int(result.get("last_seq") or 0))
         for s in result.get("samples", []):
             after = max(after, int(s["seq"]))
             await queue.put(TelemetrySample.from_message(
                 s["subject"], msgspec.json.encode(s.get("event")), {}, int(s["seq"])))
         if result.get("at_end", True):
             await asyncio.sleep(REPLAY_POLL_S)
+
+
+class _HeldBy:
+    """Whether a node held a lease, as the tenant's lease feed says (read through the control
+    plane's `feed.replay`, the only writer of the feed): a live sample from a node the feed
+    does not name is another node's forgery. A node not named is asked about again at most
+    once a second (a placement's record may trail its first sample by a moment)."""
+
+    RETRY_S = 1.0
+    MAX_LEASES = 10_000
+
+    def __init__(self, nc: Client, tenant: str) -> None:
+        self._nc, self._tenant = nc, tenant
+        self._nodes: dict[str, set[str]] = {}
+        self._asked: dict[tuple[str, str], float] = {}
+
+    async def held(self, lease: str, node: str) -> bool:
+        if node in self._nodes.get(lease, ()):
+            return True
+        now = asyncio.get_running_loop().time()
+        if now - self._asked.get((lease, node), -self.RETRY_S) < self.RETRY_S:
+            return False
+        if len(self._asked) > self.MAX_LEASES:
+            self._asked.clear()
+        self._asked[(lease, node)] = now
+        if len(self._nodes) > self.MAX_LEASES:
+            self._nodes.clear()
+        self._nodes[lease] = nodes = await self._read(lease)
+        return node in nodes
+
+    async def _read(self, lease: str) -> set[str]:
+        nodes: set[str] = set()
+        after = 0
+        subject = command_subject(self._tenant, "feed", "replay")
+        while True:
+            try:
+                reply = await self._nc.request(subject, msgspec.json.encode(
+                    {"lease": lease, "after_seq": after, "limit": 500}), timeout=5)
+                env = msgspec.json.decode(reply.data)
+            except (nats.errors.Error, TimeoutError, msgspec.DecodeError):
+                return nodes  # unknown: nothing shown from it until it can be told
+            result = (env.get("result") or {}) if env.get("ok") else {}
+            records = result.get("records") or []
+            for r in records:
+                after = max(after, int(r.get("seq") or 0))
+                node = (r.get("record") or {}).get("node_id")
+                if isinstance(node, str):
+                    nodes.add(node)
+            if result.get("at_end", True) or not records:
+                return nodes
 
 
 async def follow_telemetry(
@@ -461,8 +513,14 @@ async def follow_telemetry(
     loop = asyncio.get_running_loop()
     refused = refused if refused is not None else loop.create_future()
 
+    # a tenant's live samples pass only from the nodes its leases' feeds name
+    held = _HeldBy(nc, as_tenant) if as_tenant is not None and since is None else None
+
     async def on_core(msg: Msg) -> None:
-        await queue.put(TelemetrySample.from_message(msg.subject, msg.data, msg.headers, None))
+        sample = TelemetrySample.from_message(msg.subject, msg.data, msg.headers, None)
+        if held is not None and not await held.held(sample.lease, sample.node):
+            return
+        await queue.put(sample)
 
     def check_refused() -> None:
         if refused.done():

@@ -128,6 +128,8 @@ POOL_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
      "seconds a job's stored artifacts are kept before they expire"),
     ("--max-artifact-bytes", "max_artifact_bytes", 1 << 30,
      "the most bytes of artifacts one job stores; files past it are left out"),
+    ("--max-output-bytes", "max_output_bytes", 64 << 20,
+     "the most bytes of a job's output its node keeps and ships; the rest is dropped"),
 )
 
 

@@ -171,6 +171,8 @@ class OutputReader:
             if not reply.get("ok"):
                 raise Refused(reply)
             result = reply.get("result") or {}
+            # past samples left out as not their lease's node's: never asked for again
+            self.after_seq = max(self.after_seq, int(result.get("last_seq") or 0))
             for sample in result.get("samples") or []:
                 self.after_seq = max(self.after_seq, int(sample.get("seq") or 0))
                 event = sample.get("event") or {}
@@ -180,13 +182,16 @@ class OutputReader:
                     at = float(event.get("at") or 0.0)
                     if self.keep_after is not None and at >= self.keep_after:
                         self.seen[(at, int(event.get("seq") or 0), text)] += 1
-            if result.get("at_end", True) or not result.get("samples"):
+            if result.get("at_end", True):
+                return True
+            if not result.get("samples") and not result.get("last_seq"):
                 return True
 
 
 def write_out(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
+    from cli.terminal import write_output
+
+    write_output(text)  # a job's escape sequences are shown, never run, on a terminal
 
 
 def _renew_due_at(lease: dict[str, Any]) -> float | None:

@@ -16,6 +16,7 @@ from cli.output import (
     parse_since,
     print_item,
 )
+from cli.terminal import terminal_safe
 
 
 def _format_sample(sample: Any) -> str:
@@ -23,8 +24,9 @@ def _format_sample(sample: Any) -> str:
 
     ev = sample.event
     if ev is None:
-        return f"{'?':<12}  {sample.kind:<11}  {sample.node}  {sample.tenant}/{sample.lease}  " \
-               f"undecodable: {sample.error}"
+        return terminal_safe(f"{'?':<12}  {sample.kind:<11}  {sample.node}  "
+                             f"{sample.tenant}/{sample.lease}  undecodable: {sample.error}",
+                             one_line=True)
     at = dt.datetime.fromtimestamp(ev.at, dt.UTC).strftime("%H:%M:%S.%f")[:-3]
     details = []
     if ev.utilization is not None:
@@ -32,8 +34,10 @@ def _format_sample(sample: Any) -> str:
                     ((f, getattr(ev.utilization, f)) for f in ev.utilization.__struct_fields__)
                     if v is not None]
     details += [f"{k}={v}" for k, v in ev.attrs.items()]
-    return (f"{at:<12}  {sample.kind:<11}  {sample.pool}/{sample.node}  "
-            f"{sample.tenant}/{sample.lease}  {' '.join(details)}").rstrip()
+    # one line a sample, whatever a node or job put in it
+    return terminal_safe(f"{at:<12}  {sample.kind:<11}  {sample.pool}/{sample.node}  "
+                         f"{sample.tenant}/{sample.lease}  {' '.join(details)}".rstrip(),
+                         one_line=True)
 
 
 def cmd_telemetry_follow(args: argparse.Namespace) -> int:

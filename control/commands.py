@@ -18,6 +18,7 @@ from control import metrics
 from control.application import PoolApp
 from control.errors import ServiceError, UnknownSubject
 from control.routes import NODE_VERBS, QUERY_VIEWS, ROUTES, Router, subscriptions
+from control.telemetry_binding import LeaseNodes
 from domain.errors import DomainError, RateLimited
 from schemas import v1
 from schemas.codec import SchemaError, encode
@@ -30,6 +31,10 @@ _SERVED = subscriptions(["commands"])
 ADMIN_SUBJECTS = [s for s in _SERVED if s.startswith("pool.admin.")]
 COMMAND_SUBJECTS = [s for s in _SERVED if s not in ADMIN_SUBJECTS]
 QUERY_SUBJECTS = subscriptions(["queries"])
+# the lanes (control/plane.py): node agents' reports, and tenants' reads of the streams (with
+# the queries above), each answered apart from the tenants' and operators' commands
+NODE_SUBJECTS = [s for s in COMMAND_SUBJECTS if s.startswith("pool.node.")]
+READ_SUBJECTS = [s for s in COMMAND_SUBJECTS if s.endswith((".telemetry.replay", ".feed.replay"))]
 _ROUTER = Router(ROUTES, served_by=("commands", "queries"))
 
 
@@ -85,6 +90,7 @@ class CommandHandler:
         # (tenant, lease=, after_seq=, limit=) → bus.telemetry.TelemetryPage of the feed;
         # (tenant, end=True) → the feed's last sequence
         self.feed_pages = feed_pages
+        self._lease_nodes = LeaseNodes(feed_pages) if feed_pages is not None else None
 
     def __call__(self, subject: str, body: bytes, headers: dict[str, str]) -> bytes:
         # a span per command, child of the requester's `traceparent` header when it sent one
@@ -205,14 +211,23 @@ class CommandHandler:
         filt = telemetry_filter(pool=q.pool, node=q.node, tenant=tenant, lease=q.lease,
                                 kind=q.kind)
         page = self.telemetry_pages(filt, after_seq=q.after_seq, since=q.since, limit=q.limit)
+        stored = page.samples
+        if self._lease_nodes is not None:
+            # a node speaks only for the leases it held: the rest is another's forgery
+            stored, forged = self._lease_nodes.keep(tenant, stored)
+            if forged:
+                metrics.REFUSALS.labels("telemetry_not_held").inc(forged)
+        last = max((seq for seq, _, _ in page.samples), default=0)
         samples = []
-        for seq, subject, data in page.samples:
+        for seq, subject, data in stored:
             try:
                 event = msgspec.json.decode(data)
             except msgspec.DecodeError:
                 event = None  # an agent's garbled sample: its place in the stream still shows
             samples.append({"seq": seq, "subject": subject, "event": event})
-        return v1.Envelope.success(result={"samples": samples, "at_end": page.at_end})
+        # `last_seq`: where the next page starts, forged samples skipped included
+        return v1.Envelope.success(result={"samples": samples, "at_end": page.at_end,
+                                           "last_seq": last})
 
     def feed_replay(self, tenant: str, q: FeedReplay) -> v1.Envelope:
         """A page of the tenant's own lease feed: the tenant token is the subject's, so a

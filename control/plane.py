@@ -29,7 +29,9 @@ from control.bootstrap import app_env
 from control.commands import (
     ADMIN_SUBJECTS,
     COMMAND_SUBJECTS,
+    NODE_SUBJECTS,
     QUERY_SUBJECTS,
+    READ_SUBJECTS,
     CommandHandler,
     failure,
 )
@@ -58,6 +60,18 @@ SCHEDULER_SUBJECTS = subscriptions(["scheduler"])
 ROLES = ("commands", "scheduler", "reconciler", "projector")
 # requests one command process works on at once: their saves share atomic batches
 COMMAND_WORKERS = 64
+# the node lane's and the read lane's workers (each lane its own queue group and pool of
+# workers: node heartbeats and reports never wait behind tenants' commands or queries)
+NODE_WORKERS = 16
+READ_WORKERS = 8
+# a tenant's reads one process answers at once (waiting included); one more is refused
+# (concurrency_limit): a burst of one tenant's queries cannot fill the read lane
+READS_PER_TENANT = 4
+
+
+def _tenant_of(subject: str) -> str:
+    """The tenant token of `pool.cmd.<tenant>.…` (the server pinned it to the requester)."""
+    return subject.split(".", 3)[2]
 # started planes per NATS URL in this process: they share its bus runtimes, which only the
 # last one to stop may close
 _live: Counter[str] = Counter()
@@ -288,8 +302,12 @@ class ControlPlane:
         elif checkpoint_every and run_scheduler:
             log.info("the scheduler connects without a password and POOL_CHECKPOINT_KEY is "
                      "unset: no checkpoint, every start-up replays the whole log")
-        # with a database: the views' projector, and queries answered from those views
-        subjects = COMMAND_SUBJECTS + ADMIN_SUBJECTS + (QUERY_SUBJECTS if database_url else [])
+        # three lanes, each a queue group with workers of its own: node agents' reports,
+        # tenants' and operators' commands, and reads (queries from the views, with a
+        # database; replays of the streams), so a burst of one waits only behind its own
+        reads = READ_SUBJECTS + (QUERY_SUBJECTS if database_url else [])
+        commands = [s for s in COMMAND_SUBJECTS
+                    if s not in NODE_SUBJECTS and s not in READ_SUBJECTS] + ADMIN_SUBJECTS
         from control.webhooks import desk_for
         from control.webhooks.settings import WebhookSettings
 
@@ -301,13 +319,23 @@ class ControlPlane:
                                  webhooks=desk_for(self.app, url["commands"],
                                                    self.webhook_settings,
                                                    lambda: feed_pages("", end=True)))
-        # on the loop the application's saves run on: a new lease request is answered there,
-        # without a worker thread (handler.fast); every other command goes to the threads
-        self.commands = (Service(self.responder_url, subjects, handler,
-                                 queue="pool-commands", threads=COMMAND_WORKERS,
-                                 fast=handler.fast,
-                                 loop=get_runtime(url["commands"], "commands").loop)
-                         if "commands" in self.roles else None)
+        # on the loop the application's saves run on: a new lease request or a heartbeat that
+        # changes nothing is answered there, without a worker thread (handler.fast); every
+        # other command goes to its lane's threads
+        self.commands = self.nodes = self.reads = None
+        if "commands" in self.roles:
+            on = get_runtime(url["commands"], "commands").loop
+            self.commands = Service(self.responder_url, commands, handler,
+                                    queue="pool-commands", threads=COMMAND_WORKERS,
+                                    fast=handler.fast, loop=on)
+            self.nodes = Service(self.responder_url, NODE_SUBJECTS, handler,
+                                 queue="pool-nodes", threads=NODE_WORKERS,
+                                 fast=handler.fast, loop=on, name="pool-node")
+            self.reads = Service(self.responder_url, reads, handler, queue="pool-reads",
+                                 threads=READ_WORKERS, loop=on, name="pool-read",
+                                 per_key=(_tenant_of, READS_PER_TENANT))
+            # one count of requests refused for their reply subject, whichever lane took them
+            self.nodes.refused = self.reads.refused = self.commands.refused
         self.projector: Projector | None = None
         if database_url and "projector" in self.roles:
             # imported only here: PostgreSQL's driver is needed only with a database, and the
@@ -431,6 +459,11 @@ class ControlPlane:
     def _urls(self) -> set[str]:
         return {self.nats_url, *self.role_urls.values()}
 
+    @property
+    def lanes(self) -> list[Service]:
+        """The command services this process runs: nodes, commands, reads (or none)."""
+        return [s for s in (self.nodes, self.commands, self.reads) if s is not None]
+
     def start(self) -> Self:
         with _live_lock:
             _live.update(self._urls())
@@ -459,8 +492,8 @@ class ControlPlane:
             t.start()
         if self.deliverer is not None:
             self.deliverer.start()
-        if self.commands is not None:
-            self.commands.start()
+        for lane in self.lanes:
+            lane.start()
         if not self.serve_why:
             pass  # `why` is answered by the processes that run a scheduler
         elif self.election is None:
@@ -509,8 +542,8 @@ class ControlPlane:
             self.election.stop(release=True)
         if self.pool_leadership is not None:
             self.pool_leadership.stop(release=True)
-        if self.commands is not None:
-            self.commands.stop()
+        for lane in self.lanes:
+            lane.stop()
         self._serve_why(False)
         if self.desk is not None:
             self.desk.close()

@@ -117,6 +117,8 @@ class PoolConfig:
     # new requests refused until the oldest leaves it (0: no limit; docs/adr/020-…)
     max_voided_reservations: int = 20
     voided_reservation_window_seconds: int = 3600
+    # a job's output its node stores and ships to the tenant, per job; the rest is dropped
+    max_output_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
         classes = tuple(sorted((str(k), int(v)) for k, v in dict(self.priority_classes).items()))
@@ -150,7 +152,7 @@ class PoolConfig:
                 found.append(f"non-preemptible class {name!r} is not defined")
         if self.fair_share_half_life_seconds < 0:
             found.append("fair_share_half_life_seconds must not be negative")
-        for name in ("max_workdir_bytes", "max_artifact_bytes"):
+        for name in ("max_workdir_bytes", "max_artifact_bytes", "max_output_bytes"):
             if getattr(self, name) < 0:
                 found.append(f"{name} must not be negative")
         if self.artifact_ttl_seconds <= 0:
@@ -195,6 +197,7 @@ class PoolConfig:
             "request_burst": self.request_burst,
             "max_voided_reservations": self.max_voided_reservations,
             "voided_reservation_window_seconds": self.voided_reservation_window_seconds,
+            "max_output_bytes": self.max_output_bytes,
         }
 
     @classmethod
@@ -228,6 +231,7 @@ class PoolConfig:
                                               default.max_voided_reservations)),
             voided_reservation_window_seconds=int(d.get(
                 "voided_reservation_window_seconds", default.voided_reservation_window_seconds)),
+            max_output_bytes=int(d.get("max_output_bytes", default.max_output_bytes)),
         )
 
 

@@ -52,6 +52,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "queue_limit_exceeded": 429,  # room comes back as the tenant's queued leases are placed
     "rate_limited": 429,  # a token comes back within Retry-After seconds
     "voided_reservation_limit": 429,  # lifts when the oldest void leaves the window
+    "concurrency_limit": 429,  # a tenant's reads at once: room comes back as they finish
     # what is behind the gateway
     "bus_unavailable": 503, "bus_timeout": 503, "views_unavailable": 503,
     "telemetry_unavailable": 503, "publish_rejected": 503, "bus_error": 503,

@@ -213,6 +213,8 @@ async def _replay(gw: Gateway, request: Request[Any, Any, Any], who: Principal,
                     else "sample")
             if samples:
                 quiet_since = time.monotonic()
+            # past samples left out as not the lease's node's (last_seq): never read again
+            seq = max(seq, int(result.get("last_seq") or 0))
             if not samples or result.get("at_end"):
                 if until is not None and await until():
                     return

@@ -96,6 +96,7 @@ def pool_config_from_wire(cfg: v1.PoolConfig) -> PoolConfig:
         request_burst=cfg.request_burst,
         max_voided_reservations=cfg.max_voided_reservations,
         voided_reservation_window_seconds=cfg.voided_reservation_window_seconds,
+        max_output_bytes=cfg.max_output_bytes,
     )
 
 
@@ -109,7 +110,8 @@ _PATCHED_AS_IS = ("packing", "commit_timeout_seconds", "aging_seconds_per_rank",
 
 
 # the user's files' limits, patched as they are too
-_FILES_PATCHED = ("max_workdir_bytes", "artifact_ttl_seconds", "max_artifact_bytes")
+_FILES_PATCHED = ("max_workdir_bytes", "artifact_ttl_seconds", "max_artifact_bytes",
+                  "max_output_bytes")
 
 
 def pool_config_patched(base: PoolConfig, patch: v1.PoolPatch) -> PoolConfig:

@@ -33,6 +33,8 @@ MAX_PREFERENCES = 16
 MAX_IMAGE_SIZE_BYTES = 1 << 40  # 1 TiB
 MAX_LEASES_PER_REQUEST = 999  # one event each: one atomic batch holds at most 1,000
 MAX_WORKDIR_BYTES = 1 << 40  # 1 TiB: the most any pool may set as its workdir limit
+# a job's output kept on its node and shipped to its tenant (pool setting max_output_bytes)
+OutputBytes = Annotated[int, Meta(ge=0, le=1 << 34)]
 MAX_ARTIFACT_GLOBS = 32
 
 CURRENT_SCHEMA_VERSION = 1
@@ -531,6 +533,9 @@ class PoolConfig(_Command, frozen=True, kw_only=True):
     # its new requests refused (voided_reservation_limit) until the oldest leaves it; 0: none.
     max_voided_reservations: Annotated[int, Meta(ge=0, le=1_000_000)] = 20
     voided_reservation_window_seconds: Annotated[int, Meta(ge=1, le=30 * 86_400)] = 3600
+    # The most bytes of a job's output its node stores and ships to the tenant; the rest is
+    # dropped, with one marker line saying so.
+    max_output_bytes: OutputBytes = 64 << 20
 
 
 class PreemptionPatch(_Part, frozen=True, kw_only=True):
@@ -570,6 +575,7 @@ class PoolPatch(_Command, frozen=True, kw_only=True):
     request_burst: RequestBurst | None = None
     max_voided_reservations: Annotated[int, Meta(ge=0, le=1_000_000)] | None = None
     voided_reservation_window_seconds: Annotated[int, Meta(ge=1, le=30 * 86_400)] | None = None
+    max_output_bytes: OutputBytes | None = None
 
 
 # Quota keys are domain dimension names: the four scalars or "gpu/<profile>".
@@ -865,6 +871,8 @@ class LeaseAssignment(_Command, frozen=True, kw_only=True):
     # the pool's artifact settings in force: how long stored artifacts live, how many bytes
     artifact_ttl_seconds: Annotated[int, Meta(ge=1, le=365 * 86_400)] = 7 * 86_400
     max_artifact_bytes: Annotated[int, Meta(ge=0, le=MAX_WORKDIR_BYTES)] = 1 << 30
+    # the pool's output cap: the job's output past it is neither stored nor shipped
+    max_output_bytes: OutputBytes = 64 << 20
 
 
 class LeaseRevocation(_Command, frozen=True, kw_only=True):

@@ -86,13 +86,15 @@ def threaded_subjects(cp: ControlPlane) -> list[str]:
     rest it answers on the bus's loop), in order."""
     assert cp.commands is not None
     threaded: list[str] = []
-    handler = cp.commands.handler
+    for lane in cp.lanes:  # nodes, commands, reads: each hands its own to its threads
+        handler = lane.handler
 
-    def counting(subject: str, body: bytes, headers: dict[str, str]) -> bytes:
-        threaded.append(subject)
-        return handler(subject, body, headers)
+        def counting(subject: str, body: bytes, headers: dict[str, str],
+                     handler: Any = handler) -> bytes:
+            threaded.append(subject)
+            return handler(subject, body, headers)  # type: ignore[no-any-return]
 
-    cp.commands.handler = counting
+        lane.handler = counting
     return threaded
 
 

@@ -55,6 +55,8 @@ class WorkloadSpec:
     max_image_size_bytes: int | None = None  # the pool's image size limit, checked after pull
     # the job's directory on the host, its /work and working directory (agents/workdir.py)
     workdir: str | None = None
+    # the most bytes of the job's stdout and stderr the node keeps; the rest is dropped
+    output_cap_bytes: int = 64 << 20
 
     @property
     def key(self) -> str:

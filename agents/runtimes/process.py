@@ -13,6 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from agents.runtimes import egress as egress_filter
 from agents.runtimes import usernet
 from agents.runtimes.cgroups import Cgroups, join
 from agents.runtimes.contract import (
@@ -26,9 +27,18 @@ from agents.runtimes.enter import EntryRefused, SandboxEntry
 from agents.runtimes.events import ProcessEvents
 
 # `trap :` installs a handler (reset on exec), so the supervisor outlives a SIGTERM sent to the
-# group and still records how the sandboxed command ended.
-_SUPERVISOR = 'trap : TERM INT HUP; "$@"; rc=$?; echo $rc > "$POOL_EXIT_FILE.tmp"; ' \
-              'mv "$POOL_EXIT_FILE.tmp" "$POOL_EXIT_FILE"'
+# group and still records how the sandboxed command ended. The command's output goes through
+# a pipe of which the log keeps the first $POOL_OUTPUT_CAP bytes (written as read: stdbuf),
+# then one marker line; the rest is read and dropped, so the job never blocks on it (the
+# reader ignores TERM: it lasts as long as the job writes).
+_SUPERVISOR = (
+    'trap : TERM INT HUP; '
+    '{ trap : TERM INT HUP; "$@"; echo $? > "$POOL_EXIT_FILE.tmp"; } 2>&1 | '
+    '{ trap "" TERM INT HUP; stdbuf -o0 head -c "$POOL_OUTPUT_CAP"; '
+    'if [ "$(head -c 1 | wc -c)" -gt 0 ]; then '
+    'printf "\\n[pool: output past %s bytes dropped (max_output_bytes)]\\n" "$POOL_OUTPUT_CAP"; '
+    'cat > /dev/null; fi; }; '
+    'mv "$POOL_EXIT_FILE.tmp" "$POOL_EXIT_FILE"')
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # what every CUDA process needs besides its GPUs' own /dev/nvidia<minor>
 GPU_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
@@ -135,6 +145,16 @@ class ProcessRuntime:
         self.cgroups = cgroups if cgroups is not None else Cgroups.probe()
         # "" finds slirp4netns on PATH; None: no egress from this runtime
         self.slirp = usernet.available() if slirp == "" else slirp
+        # what keeps a sandbox with egress off private ranges, link-local and this host's own
+        # addresses (iptables-restore in its namespace); without it, no egress at all
+        self.egress_filter = egress_filter.available()
+        self.egress_allow: list[str] = []
+        self.egress_problem: str | None = None
+        try:
+            self.egress_allow = egress_filter.allowed_by_operator()
+        except ValueError as e:  # a typo must not open more than meant: no egress at all
+            self.egress_problem = f"{egress_filter.ALLOW_ENV}: {e}"
+            self.egress_filter = None
 
     # -- capabilities -----------------------------------------------------------------------
 
@@ -159,7 +179,7 @@ class ProcessRuntime:
     def network_egress(self) -> str:
         """The most open egress this runtime enforces: `open` through slirp4netns (the host's
         loopback unreachable), else `none` (a job asking for egress is refused)."""
-        return "open" if self.slirp else "none"
+        return "open" if self.slirp and self.egress_filter else "none"
 
     def limitations(self) -> list[str]:
         """What this runtime cannot enforce here, one line each (said at the agent's start)."""
@@ -173,6 +193,11 @@ class ProcessRuntime:
             out.append("processes bounded only by RLIMIT_NPROC (counted per host user)")
         if not self.slirp:
             out.append("no slirp4netns: jobs that ask for egress are refused, none advertised")
+        elif self.egress_problem is not None:
+            out.append(f"{self.egress_problem}: jobs that ask for egress are refused")
+        elif not self.egress_filter:
+            out.append("no iptables-restore to keep sandboxes off private and host addresses: "
+                       "jobs that ask for egress are refused, none advertised")
         return out
 
     def isolation_classes(self) -> tuple[str, ...]:
@@ -228,6 +253,9 @@ class ProcessRuntime:
         if egress and not self.slirp:
             raise WorkloadError("this node cannot give a sandbox egress without the host's "
                                 "network (no slirp4netns)", code="egress_unavailable")
+        if egress and not self.egress_filter:
+            raise WorkloadError("this node cannot keep a sandbox's egress off private and host "
+                                "addresses (no iptables-restore)", code="egress_unavailable")
         memory = spec.memory_mib * 1024 * 1024
         argv = [self.bwrap, *self._sandbox_args(spec.checkpoint_dir, memory, spec.workdir),
                 *gpu_sandbox_args(spec, self.dev)]
@@ -271,7 +299,8 @@ class ProcessRuntime:
                     stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                     # the child only joins its cgroups and calls setrlimit before exec
                     start_new_session=True, preexec_fn=limits,  # noqa: PLW1509
-                    env={"POOL_EXIT_FILE": str(exit_file), "PATH": "/usr/bin:/bin"},
+                    env={"POOL_EXIT_FILE": str(exit_file), "PATH": "/usr/bin:/bin",
+                         "POOL_OUTPUT_CAP": str(max(0, spec.output_cap_bytes))},
                     pass_fds=wiring.child_fds() if wiring is not None else (),
                 )
             except OSError as e:
@@ -281,7 +310,10 @@ class ProcessRuntime:
         if wiring is not None:
             assert self.slirp is not None
             try:
-                self._networks[spec.key] = wiring.connect(self.slirp, proc.pid)
+                assert self.egress_filter is not None
+                rules = egress_filter.ruleset(egress_filter.host_addresses(), self.egress_allow)
+                self._networks[spec.key] = wiring.connect(self.slirp, proc.pid,
+                                                          (self.egress_filter, rules))
             except (WorkloadError, OSError) as e:
                 self._signal(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -369,6 +401,10 @@ class ProcessRuntime:
             pass
 
     def adopt(self) -> list[WorkloadHandle]:
+        # output of workloads forgotten before their log was (an agent stopped in between)
+        for f in self.state_dir.glob("*.log"):
+            if not f.with_suffix(".json").exists():
+                f.unlink(missing_ok=True)
         out = []
         for f in sorted(self.state_dir.glob("*.json")):
             try:
@@ -404,6 +440,7 @@ class ProcessRuntime:
         self.cgroups.remove(handle.key)
         pid_file.unlink(missing_ok=True)
         exit_file.unlink(missing_ok=True)
+        self._log(handle.key).unlink(missing_ok=True)  # forgotten once its output was shipped
 
     def read_output(self, handle: WorkloadHandle, offset: int, limit: int) -> tuple[bytes, int]:
         """Up to `limit` bytes of the job's stdout and stderr from `offset`, and the offset

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import time
 
+from agents.runtimes import egress
 from agents.runtimes.contract import WorkloadError
 
 _TIMEOUT_S = 10.0
@@ -48,14 +49,18 @@ class Wiring:
     def child_fds(self) -> tuple[int, ...]:
         return (self.block_r, self.exit_w)
 
-    def connect(self, slirp: str, pid: int) -> subprocess.Popen[bytes]:
-        """Once the supervisor `pid` runs: attach slirp4netns to its namespace (no route to the
-        host's loopback), wait until it is up, then let the command run. Raises WorkloadError
-        (code egress_failed) when it cannot; the sandbox then must be killed."""
+    def connect(self, slirp: str, pid: int,
+                filter_rules: tuple[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Once the supervisor `pid` runs: load `filter_rules` (iptables-restore and its
+        input: agents/runtimes/egress.py) into its namespace, attach slirp4netns to it (no
+        route to the host's loopback), wait until it is up, then let the command run. Raises
+        WorkloadError (code egress_failed) when it cannot; the sandbox then must be killed."""
         for fd in self.child_fds():
             os.close(fd)
         try:
             _wait_own_namespace(pid)
+            if filter_rules is not None:  # before any packet can leave
+                egress.install(filter_rules[0], pid, filter_rules[1])
             ready_r, ready_w = os.pipe()
             try:
                 net = subprocess.Popen(

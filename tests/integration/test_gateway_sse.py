@@ -14,6 +14,7 @@ import pytest
 from bus.telemetry import TelemetryPublisher
 from schemas import v1
 from tests.gateway_stack import Stack, gateway_stack, sse_events
+from tests.placed import place_on
 
 BODY = {"pool_id": "p1", "shape": {"cpu_millis": 100, "memory_mib": 64},
         "maximum_runtime_seconds": 600}
@@ -65,6 +66,8 @@ def test_a_lease_stream_shows_each_change_and_resumes_after_the_last_seen(stack:
 
 def test_telemetry_streams_only_the_tenants_own_and_resumes_by_sequence(stack: Stack) -> None:
     lease = "tel-" + uuid.uuid4().hex[:8]
+    for tenant in ("alpha", "beta"):
+        place_on(stack.service_url, tenant, lease, "n1")
     pub = TelemetryPublisher(stack.service_url)
     try:
         for i in range(3):
@@ -93,6 +96,7 @@ def test_telemetry_streams_only_the_tenants_own_and_resumes_by_sequence(stack: S
 def test_a_leases_logs_stream_its_output_to_its_tenant_only_and_resume(stack: Stack) -> None:
     with stack.client("alpha") as c:
         lid = c.post("/v1/compute-leases", json=BODY).json()["lease_id"]
+    place_on(stack.service_url, "alpha", lid, "n1")
     pub = TelemetryPublisher(stack.service_url)
     try:
         for line in ("one\n", "two\n", "three\n"):

@@ -30,6 +30,7 @@ from bus.subjects import TELEMETRY_STREAM, telemetry_subject
 from bus.telemetry import TelemetryPublisher, TelemetrySample, follow
 from control.plane import ControlPlane
 from schemas import v1
+from tests.placed import place_on
 
 
 @pytest.fixture()
@@ -53,6 +54,8 @@ def _sample(kind: str = "startup", **attrs: str) -> v1.TelemetryEvent:
 
 def _publish(url: str, auth: AuthConfig, node: str, tenant: str, lease: str,
              kind: str = "startup", *, as_node: str | None = None) -> None:
+    # the lease held by the node, as its feed says: what a replay checks a sample against
+    place_on(url_with_credentials(url, auth.service), tenant, lease, node)
     pub = TelemetryPublisher(url_with_credentials(url, auth.nodes[as_node or node]))
     try:
         pub.publish(pool="p1", node=node, tenant=tenant, lease=lease, kind=kind,
@@ -92,8 +95,14 @@ def test_a_tenant_follows_its_own_leases_and_is_refused_on_anothers(
     secured: tuple[NatsServer, AuthConfig],
 ) -> None:
     server, auth = secured
-    got = _follow_live_while(lambda: _publish(server.url, auth, "n1", "alpha", "la"),
-                             server.url, tenant="alpha", **_as_tenant(auth, "alpha"))
+    # a tenant's live samples are checked against its leases' feeds, read through the plane
+    cp = ControlPlane(url_with_credentials(server.url, auth.service), roles=["commands"],
+                      data_plane=False).start()
+    try:
+        got = _follow_live_while(lambda: _publish(server.url, auth, "n1", "alpha", "la"),
+                                 server.url, tenant="alpha", **_as_tenant(auth, "alpha"))
+    finally:
+        cp.stop()
     assert [(s.tenant, s.lease, s.kind) for s in got] == [("alpha", "la", "startup")]
     assert got[0].event is not None and got[0].event.attrs == {"lease": "la"}
 
@@ -325,6 +334,9 @@ def test_pool_telemetry_follow_replays_a_sample_and_ctrl_c_exits_cleanly(tmp_pat
         assert TELEMETRY_STREAM in {s["name"] for s in info["streams"]}
         node = json.loads(_pool(home, "admin", "node", "creds", "n1", "--json").stdout)["result"]
         assert _pool(home, "admin", "tenant", "creds", "alpha", "--json").returncode == 0
+        from local.embedded import service_url
+
+        place_on(service_url(home), "alpha", "lease-1", "n1")  # the node holds the lease
         pub = TelemetryPublisher(info["nats_url"].replace(
             "nats://", f"nats://{node['user']}:{node['password']}@"))
         pub.publish(pool="p1", node="n1", tenant="alpha", lease="lease-1", kind="utilization",

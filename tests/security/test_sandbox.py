@@ -166,6 +166,13 @@ def test_a_node_without_user_mode_networking_refuses_egress(tmp_path: Path) -> N
 def test_a_jobs_log_is_readable_by_its_owner_only(runtime: ProcessRuntime,
                                                   tmp_path: Path) -> None:
     spec = _spec(tmp_path, "echo secret")
-    assert _run(runtime, spec) == 0
-    mode = stat.S_IMODE(os.stat(runtime.state_dir / f"{spec.key}.log").st_mode)
-    assert mode == 0o600, oct(mode)
+    h = runtime.start(spec)
+    try:
+        assert _wait(runtime, h) == 0
+        mode = stat.S_IMODE(os.stat(runtime.state_dir / f"{spec.key}.log").st_mode)
+        assert mode == 0o600, oct(mode)
+    finally:
+        runtime.stop(h, 0)
+        runtime.forget(h)
+    # forgotten (its output shipped): the log is gone with it
+    assert not (runtime.state_dir / f"{spec.key}.log").exists()

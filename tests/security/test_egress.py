@@ -1,0 +1,171 @@
+"""A sandbox with egress reaches the internet but not private ranges, link-local (the cloud
+metadata address) or the host's own addresses. The "internet" and the private hosts are test
+hosts of this test's own: a network namespace joined to the host by a veth pair, holding a
+documentation address (198.51.100.0/24, public to the filter), a 10/8 and a 169.254/16 one."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from agents.runtimes.contract import WorkloadError, WorkloadSpec
+from agents.runtimes.egress import ruleset
+from agents.runtimes.process import ProcessRuntime
+
+if ProcessRuntime(Path("/tmp")).available() is not None:
+    pytest.skip("process runtime unavailable (bubblewrap)", allow_module_level=True)
+
+PORT = 18080
+SERVER = (
+    "import socket\n"
+    "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    f"s.bind(('0.0.0.0', {PORT})); s.listen(16)\n"
+    "while True:\n"
+    "    c, _ = s.accept(); c.sendall(b'hello\\n'); c.close()\n"
+)
+
+
+@dataclass
+class Hosts:
+    public: str  # the test's stand-in for an internet host
+    private: str
+    link_local: str
+    own: str  # an address of this host's, with a service listening on it
+    own_port: int
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
+
+
+@pytest.fixture()
+def hosts() -> Iterator[Hosts]:
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("test hosts need root and iproute2 (a network namespace and a veth pair)")
+    tag = uuid.uuid4().hex[:6]
+    ns, outer, inner = f"cpeg{tag}", f"cpe{tag}", f"cpn{tag}"
+    k = random.randrange(64)
+    pairs = [(f"198.51.100.{4 * k + 1}", f"198.51.100.{4 * k + 2}", 30),
+             (f"10.201.{k}.1", f"10.201.{k}.2", 24),
+             (f"169.254.{100 + k}.1", f"169.254.{100 + k}.2", 24)]
+    _ip("netns", "add", ns)
+    server = None
+    own = socket.socket()
+    try:
+        _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
+        _ip("link", "set", inner, "netns", ns)
+        for mine, theirs, bits in pairs:
+            _ip("addr", "add", f"{mine}/{bits}", "dev", outer)
+            _ip("-n", ns, "addr", "add", f"{theirs}/{bits}", "dev", inner)
+        _ip("link", "set", outer, "up")
+        _ip("-n", ns, "link", "set", inner, "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+        server = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", SERVER])
+        deadline = time.monotonic() + 10
+        while True:  # the test host answers before the test begins
+            try:
+                socket.create_connection((pairs[0][1], PORT), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        own.bind((pairs[0][0], 0))
+        own.listen(8)
+
+        def serve() -> None:
+            while True:
+                try:
+                    c, _ = own.accept()
+                except OSError:
+                    return
+                c.sendall(b"hello\n")
+                c.close()
+
+        threading.Thread(target=serve, daemon=True).start()
+        yield Hosts(public=pairs[0][1], private=pairs[1][1], link_local=pairs[2][1],
+                    own=pairs[0][0], own_port=own.getsockname()[1])
+    finally:
+        own.close()
+        if server is not None:
+            server.kill()
+            server.wait()
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+        subprocess.run(["ip", "link", "del", outer], capture_output=True, check=False)
+
+
+def _reach(tmp_path: Path, targets: list[tuple[str, int]]) -> str:
+    rt = ProcessRuntime(tmp_path / "state")
+    if rt.network_egress() == "none":
+        pytest.skip(f"no egress from the sandbox here: {rt.limitations()}")
+    script = (
+        "import os, socket\n"
+        "out = open(os.environ['POOL_CHECKPOINT_DIR'] + '/net', 'w')\n"
+        f"for host, port in {targets!r}:\n"
+        "    try:\n"
+        "        c = socket.create_connection((host, port), timeout=3)\n"
+        "        out.write(('REACHED ' if c.recv(6) == b'hello\\n' else 'silent ') + host + '\\n')\n"
+        "        c.close()\n"
+        "    except OSError as e:\n"
+        "        out.write('refused ' + host + ' ' + type(e).__name__ + '\\n')\n"
+    )
+    checkpoint = tmp_path / "ck"
+    spec = WorkloadSpec(lease_id=f"l{uuid.uuid4().hex[:12]}", epoch=1, job_number=1,
+                        command=("python3", "-c", script), memory_mib=64,
+                        checkpoint_dir=str(checkpoint), network_egress="open")
+    h = rt.start(spec)
+    try:
+        deadline = time.monotonic() + 30
+        while rt.poll(h) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert rt.poll(h) == 0, rt.read_output(h, 0, 4096)
+    finally:
+        rt.stop(h, 0)
+        rt.forget(h)
+    return (checkpoint / "net").read_text()
+
+
+def test_egress_reaches_a_public_host_but_no_private_link_local_or_own_address(
+        hosts: Hosts, tmp_path: Path) -> None:
+    seen = _reach(tmp_path, [(hosts.public, PORT), (hosts.private, PORT),
+                             (hosts.link_local, PORT), (hosts.own, hosts.own_port)])
+    assert f"REACHED {hosts.public}\n" in seen, seen  # the egress works
+    for denied in (hosts.private, hosts.link_local, hosts.own):
+        assert f"refused {denied} " in seen, seen
+
+
+def test_the_filter_refuses_the_metadata_address_and_keeps_the_resolver() -> None:
+    rules = ruleset(["192.0.2.7", "127.0.0.1"], ["10.9.0.0/16"])
+    lines = rules.splitlines()
+    assert "-A OUTPUT -d 169.254.0.0/16 -j REJECT --reject-with icmp-admin-prohibited" in lines
+    assert "-A OUTPUT -d 192.0.2.7/32 -j REJECT --reject-with icmp-admin-prohibited" in lines
+    # an operator's exception comes before the ranges it cuts out of; the resolver too
+    assert lines.index("-A OUTPUT -d 10.9.0.0/16 -j ACCEPT") < \
+        lines.index("-A OUTPUT -d 10.0.0.0/8 -j REJECT --reject-with icmp-admin-prohibited")
+    assert "-A OUTPUT -d 10.0.2.3/32 -p udp --dport 53 -j ACCEPT" in lines
+    assert not any("127.0.0.1/32" in line for line in lines)  # loopback: the sandbox's own
+
+
+def test_a_bad_allow_list_gives_no_egress_at_all(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POOL_EGRESS_ALLOW", "10.0.0.0/8,not-a-network")
+    rt = ProcessRuntime(tmp_path / "state")
+    assert rt.network_egress() == "none"
+    assert any("POOL_EGRESS_ALLOW" in line for line in rt.limitations())
+    spec = WorkloadSpec(lease_id="l1", epoch=1, job_number=1, command=("true",),
+                        network_egress="open")
+    with pytest.raises(WorkloadError) as e:
+        rt.start(spec)
+    assert e.value.code == "egress_unavailable"
