@@ -62,13 +62,13 @@ async def _beta_tries(server: NatsServer, auth: AuthConfig) -> dict[str, Any]:
     reply = await beta.request("pool.cmd.beta.feed.replay", b"{}", timeout=5)
     own = msgspec.json.decode(reply.data)
     # alpha's next record, stored while beta listens wherever the server let it
-    await asyncio.to_thread(_write, server, auth, [("alpha", "l2")])
+    await asyncio.to_thread(write_out, server, auth, [("alpha", "l2")])
     await asyncio.sleep(0.3)
     await beta.close()
     return {"refused": refused, "got": got, "own": own}
 
 
-def _write(server: NatsServer, auth: AuthConfig, leases: list[tuple[str, str]]) -> None:
+def write_out(server: NatsServer, auth: AuthConfig, leases: list[tuple[str, str]]) -> None:
     url = service_url(server, auth)
     rt = BusRuntime(url)
     try:
@@ -86,7 +86,7 @@ def test_a_tenant_cannot_read_another_tenants_feed(
 ) -> None:
     server, auth = secured
     ensure_all_streams(service_url(server, auth))
-    _write(server, auth, [("alpha", "l1"), ("beta", "b1")])
+    write_out(server, auth, [("alpha", "l1"), ("beta", "b1")])
     cp = ControlPlane(service_url(server, auth), roles=["commands"], data_plane=False,
                       responder_url=url_with_credentials(server.url, auth.responder)).start()
     try:
@@ -111,7 +111,7 @@ async def _alpha_follows(server: NatsServer, auth: AuthConfig) -> list[str]:
 
     await alpha.subscribe("pool.feedlive.alpha.>", cb=on_msg)
     await alpha.flush()
-    await asyncio.to_thread(_write, server, auth, [("alpha", "l3"), ("beta", "b3")])
+    await asyncio.to_thread(write_out, server, auth, [("alpha", "l3"), ("beta", "b3")])
     await asyncio.sleep(0.3)
     await alpha.close()
     return got

@@ -7,7 +7,7 @@ import io
 import time
 from types import SimpleNamespace
 
-from cli.run import _write
+from cli.run import write_out
 from cli.telemetry import _format_sample
 from cli.terminal import terminal_safe, write_output
 from schemas import v1
@@ -41,7 +41,7 @@ def test_pool_lease_logs_writes_through_the_escaping_writer() -> None:
     tty = Tty()
     old, sys.stdout = sys.stdout, tty
     try:
-        _write(HOSTILE)
+        write_out(HOSTILE)
     finally:
         sys.stdout = old
     assert "\x1b" not in tty.getvalue() and tty.getvalue().endswith("done\n")
