@@ -34,25 +34,7 @@ class JetStreamRecorder(Saves):
         subject = self.subject_for(originator_id)
         if desc and limit == 1 and lte is None:
             # the last event (e.g. the latest snapshot) is one direct get
-            last = await self._last_msg(subject)
-            if last is None:
-                self._remember(subject, SubjectState(None, 0))
-                return []
-            headers, data, seq = last
-            if not is_stored_event(headers):
-                # a stray is the subject's last message: read the subject to its last event
-                strays().report(seq, subject)
-                return (await self._select_events(originator_id, gt, lte, False, None))[-1:]
-            e = stored_event_from(headers, data)
-            self._remember(subject, SubjectState(e.originator_version, seq))
-            at = headers.get(HDR_EVENT_SEQUENCE)
-            if self.events is not None and at is not None and at.isdigit():
-                self.events.seek_from(self.events.subject_for(e.originator_id),
-                                      e.originator_version, int(at))
-            if gt is not None and e.originator_version <= gt:
-                return []
-            return [e]
-        events: list[StoredEvent] = []
+            return await self._select_last(originator_id, subject, gt)
         last_seen: tuple[int | None, int] | None = None
         start = 1
         known = self._cache.get(subject)
@@ -94,6 +76,45 @@ class JetStreamRecorder(Saves):
         if hinted and (not scanned or scanned[0][0] != hinted
                        or scanned[0][1].get(HDR_VERSION) != str(gt)):
             return await self._select_events(originator_id, gt, lte, desc, limit)
+        return self._kept(subject, scanned, gt, lte, desc, limit, last_seen)
+
+    async def _select_last(
+        self, originator_id: UUID | str, subject: str, gt: int | None
+    ) -> list[StoredEvent]:
+        """The aggregate's last event after `gt` (none: []), one direct get; a snapshot's says
+        where its aggregate's later events start."""
+        last = await self._last_msg(subject)
+        if last is None:
+            self._remember(subject, SubjectState(None, 0))
+            return []
+        headers, data, seq = last
+        if not is_stored_event(headers):
+            # a stray is the subject's last message: read the subject to its last event
+            strays().report(seq, subject)
+            return (await self._select_events(originator_id, gt, None, False, None))[-1:]
+        e = stored_event_from(headers, data)
+        self._remember(subject, SubjectState(e.originator_version, seq))
+        at = headers.get(HDR_EVENT_SEQUENCE)
+        if self.events is not None and at is not None and at.isdigit():
+            self.events.seek_from(self.events.subject_for(e.originator_id),
+                                  e.originator_version, int(at))
+        if gt is not None and e.originator_version <= gt:
+            return []
+        return [e]
+
+    def _kept(
+        self,
+        subject: str,
+        scanned: list[tuple[int, dict[str, str], bytes]],
+        gt: int | None,
+        lte: int | None,
+        desc: bool,
+        limit: int | None,
+        last_seen: tuple[int | None, int] | None,
+    ) -> list[StoredEvent]:
+        """The events of a scan to the subject's end that the read asked for; the subject's
+        true end is remembered for the next write."""
+        events: list[StoredEvent] = []
         last_read: SubjectState | None = None
         for seq, headers, data in scanned:
             if not is_stored_event(headers):
