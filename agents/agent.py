@@ -20,12 +20,14 @@ import msgspec
 from agents.notice import NoticeRefused, write_notice
 from agents.probe import NodeProbe, Reserve
 from agents.runtimes.contract import Runtime, WorkloadError, WorkloadHandle, WorkloadSpec
+from agents.sessions import Sessions
 from agents.workdir import JobFiles
 from bus.agentbus import AgentCommand, AgentLink
 from bus.errors import BusError
 from bus.subjects import telemetry_subject
 from schemas import v1
 from schemas.codec import SchemaError, decode_command, encode
+from schemas.session import SessionOrder
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +131,7 @@ class Agent:
         self._devices: dict[str, dict[str, Any]] | None = None
         files = getattr(link, "files", None)
         self.files = JobFiles(self.state_dir / "files", files() if files is not None else None)
+        self.sessions = Sessions(self)  # exec and port-forward into the running jobs
 
     # -- identity and capabilities ------------------------------------------------------------
 
@@ -281,6 +284,10 @@ class Agent:
                 body = decode_command("agent.assign", cmd.body)
                 assert isinstance(body, v1.LeaseAssignment)
                 self.start(body, received, cmd.headers)
+            elif cmd.verb == "session":
+                order = decode_command("agent.session", cmd.body)
+                assert isinstance(order, SessionOrder)
+                self.sessions.open(order)
             elif cmd.verb in ("stop", "preempt"):
                 rev = decode_command("agent.revoke", cmd.body)
                 assert isinstance(rev, v1.LeaseRevocation)

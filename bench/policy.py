@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from domain.lease import Lease
@@ -51,10 +51,22 @@ class NothingToReplay(ValueError):
     code = "nothing_to_replay"
 
 
-def workload_from_log(app: Any, pool_id: str | None = None) -> tuple[Workload, PoolConfig]:
+@dataclass
+class PoolLog:
+    """One pool as the log leaves it: its leases folded whole, its nodes, tenant weights (as
+    `tenant set` gave them) and settings, and when each lease was first placed."""
+
+    pool_id: str
+    leases: list[Lease]
+    nodes: list[SimNode]
+    weights: dict[str, float]
+    config: PoolConfig
+    first_reserved_at: dict[str, float] = field(default_factory=dict)  # lease id → epoch
+
+
+def pool_from_log(app: Any, pool_id: str | None = None) -> PoolLog:
     """The leases of one pool (the named one, else the one with the most leases) folded from
-    the log by the scheduler's own catch-up, with that pool's nodes, tenant weights and
-    settings, as a workload to replay: what-if, under another policy."""
+    the log, with the pool's nodes, weights and settings from the scheduler's own catch-up."""
     from control.application import WEIGHT_SCALE
     from control.scheduler import Scheduler
 
@@ -65,7 +77,8 @@ def workload_from_log(app: Any, pool_id: str | None = None) -> tuple[Workload, P
         scheduler.close()
     # the scheduler forgets ended leases and holds queued ones compactly: the leases are
     # folded here, whole, from every event of theirs
-    leases = _fold_leases(app)
+    first: dict[str, float] = {}
+    leases = _fold_leases(app, first_reserved_at=first)
     if pool_id is None:
         counts: dict[str, int] = {}
         for lease in leases:
@@ -81,14 +94,25 @@ def workload_from_log(app: Any, pool_id: str | None = None) -> tuple[Workload, P
     mine = [lease for lease in leases if lease.pool_id == pool_id]
     if not mine:
         raise NothingToReplay(f"pool {pool_id!r} has no lease in the log")
-    weights = {t: w / WEIGHT_SCALE for t, w in state.weights.items()}  # as tenant set gave them
-    workload = from_leases(mine, nodes, weights)
-    return replace(workload, description=f"pool {pool_id}: {workload.description}, "
-                   f"{len(nodes)} nodes"), state.pool.config
+    weights = {t: w / WEIGHT_SCALE for t, w in state.weights.items()}
+    return PoolLog(pool_id, mine, nodes, weights, state.pool.config,
+                   {k: v for k, v in first.items() if k in {str(x.id) for x in mine}})
 
 
-def _fold_leases(app: Any, page: int = 1000) -> list[Lease]:
-    """Every lease in the log as its events leave it (the library's own fold)."""
+def workload_from_log(app: Any, pool_id: str | None = None) -> tuple[Workload, PoolConfig]:
+    """The leases of one pool (`pool_from_log`) as a workload to replay: what-if, under
+    another policy."""
+    log = pool_from_log(app, pool_id)
+    workload = from_leases(log.leases, log.nodes, log.weights)
+    return replace(workload, description=f"pool {log.pool_id}: {workload.description}, "
+                   f"{len(log.nodes)} nodes"), log.config
+
+
+def _fold_leases(app: Any, page: int = 1000, *,
+                 first_reserved_at: dict[str, float] | None = None) -> list[Lease]:
+    """Every lease in the log as its events leave it (the library's own fold); when each was
+    first reserved goes into `first_reserved_at` (a requeue's placement replaces the lease's
+    own `reserved_at`)."""
     found: dict[Any, Lease] = {}
     start = 1
     while True:
@@ -102,6 +126,9 @@ def _fold_leases(app: Any, page: int = 1000) -> list[Lease]:
             lease = event.mutate(found.get(event.originator_id))
             if isinstance(lease, Lease):
                 found[lease.id] = lease
+                if (first_reserved_at is not None and lease.reserved_at is not None
+                        and str(lease.id) not in first_reserved_at):
+                    first_reserved_at[str(lease.id)] = lease.reserved_at
         start = notifications[-1].id + 1
 
 

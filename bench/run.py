@@ -27,13 +27,13 @@ TENANT, POOL, NODE = "bench", "bench", "local-1"
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _pool_argv() -> list[str]:
+def pool_argv() -> list[str]:
     """The `pool` command as installed beside this Python, else this checkout's module."""
     script = Path(sys.executable).with_name("pool")
     return [str(script)] if script.exists() else [sys.executable, "-m", "cli.main"]
 
 
-def _quantiles(xs: Sequence[float]) -> dict[str, float]:
+def quantiles(xs: Sequence[float]) -> dict[str, float]:
     s = sorted(xs)
     if not s:
         return {"n": 0, "p50_ms": float("nan"), "p99_ms": float("nan"),
@@ -43,7 +43,7 @@ def _quantiles(xs: Sequence[float]) -> dict[str, float]:
             "min_ms": s[0] * 1000, "max_ms": s[-1] * 1000}
 
 
-def _timed(argv: Sequence[str], env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess[str]]:
+def timed(argv: Sequence[str], env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess[str]]:
     t0 = time.perf_counter()
     out = subprocess.run(list(argv), env=env, capture_output=True, text=True, timeout=120,
                          check=False)
@@ -60,7 +60,7 @@ def local_plane(home: Path, say: Callable[[str], None]) -> Iterator[dict[str, st
     # this checkout's code, also where an editable install of another one is on the path
     env.update(POOL_HOME=str(home), POOL_NATS_PORT=str(free_port()),
                POOL_OTEL_EXPORTER="none", PYTHONPATH=str(ROOT))
-    pool = _pool_argv()
+    pool = pool_argv()
     procs: list[subprocess.Popen[str]] = []
     logs = home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -96,7 +96,7 @@ def local_plane(home: Path, say: Callable[[str], None]) -> Iterator[dict[str, st
         # the agent is up once it has registered: wait until a lease can be placed
         deadline = time.monotonic() + 60
         while True:
-            _, out = _timed([*pool, "lease", "run", "--tenant", TENANT, "--pool", POOL,
+            _, out = timed([*pool, "lease", "run", "--tenant", TENANT, "--pool", POOL,
                              "--quiet", "--", "true"], env)
             if out.returncode == 0:
                 break
@@ -132,14 +132,14 @@ def _exit_to_ended(pool: list[str], env: dict[str, str]) -> float:
     """One job that prints the time and exits: how long after its last line the control plane
     recorded its end (the feed record of the `JobExited` event, as `pool lease watch` shows
     it; one clock, this machine's)."""
-    _, out = _timed([*pool, "lease", "run", "--tenant", TENANT, "--pool", POOL, "--quiet",
+    _, out = timed([*pool, "lease", "run", "--tenant", TENANT, "--pool", POOL, "--quiet",
                      "--json", "--", "sh", "-c", "date +%s.%N"], env)
     if out.returncode != 0:
         raise RuntimeError(f"the timing job exited {out.returncode}: {out.stderr.strip()}")
     lines = out.stdout.splitlines()
     printed = float(lines[0])
     lease_id = json.loads(lines[-1])["lease"]["lease_id"]
-    _, watched = _timed([*pool, "lease", "watch", lease_id, "--tenant", TENANT, "--json"], env)
+    _, watched = timed([*pool, "lease", "watch", lease_id, "--tenant", TENANT, "--json"], env)
     for line in watched.stdout.splitlines():
         record = json.loads(line)
         record = record.get("result", record)
@@ -171,7 +171,7 @@ def run_run_bench(*, runs: int = RUNS, quick: bool = False,
     say = progress or (lambda _s: None)
     if quick:
         runs = QUICK_RUNS
-    pool = _pool_argv()
+    pool = pool_argv()
     bwrap = _bwrap_true()
     lease_s: list[float] = []
     bwrap_s: list[float] = []
@@ -182,16 +182,16 @@ def run_run_bench(*, runs: int = RUNS, quick: bool = False,
         run = [*pool, "lease", "run", "--tenant", TENANT, "--pool", POOL, "--quiet", "--",
                "true"]
         for i in range(WARMUP + runs):
-            took, out = _timed(run, env)
+            took, out = timed(run, env)
             if out.returncode != 0:
                 raise RuntimeError(f"`pool lease run -- true` exited {out.returncode}: "
                                    f"{out.stderr.strip()}")
             if i >= WARMUP:
                 lease_s.append(took)
                 if bwrap is not None:
-                    took, _ = _timed(bwrap, env)
+                    took, _ = timed(bwrap, env)
                     bwrap_s.append(took)
-                took, _ = _timed([*pool, "--help"], env)
+                took, _ = timed([*pool, "--help"], env)
                 help_s.append(took)
             if (i + 1) % 10 == 0:
                 say(f"bench run: {i + 1}/{WARMUP + runs}")
@@ -199,11 +199,11 @@ def run_run_bench(*, runs: int = RUNS, quick: bool = False,
             ended_s.append(_exit_to_ended(pool, env))
         say(f"bench run: {runs} jobs timed from exit to their end in the log")
         echo_s = _echo_to_terminal(pool, env, max(runs, 10))
-    rows = {"pool lease run -- true": _quantiles(lease_s),
-            "bwrap … true (direct)": _quantiles(bwrap_s),
-            "pool --help": _quantiles(help_s),
-            "job exit → JobExited": _quantiles(ended_s),
-            "job's echo → terminal": _quantiles(echo_s)}
+    rows = {"pool lease run -- true": quantiles(lease_s),
+            "bwrap … true (direct)": quantiles(bwrap_s),
+            "pool --help": quantiles(help_s),
+            "job exit → JobExited": quantiles(ended_s),
+            "job's echo → terminal": quantiles(echo_s)}
     lines = [f"{'':<26} {'n':>4} {'p50 ms':>8} {'p99 ms':>8} {'min ms':>8} {'max ms':>8}"]
     for name, q in rows.items():
         lines.append(f"{name:<26} {q['n']:4d} {q['p50_ms']:8.1f} {q['p99_ms']:8.1f} "

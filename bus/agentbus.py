@@ -303,6 +303,47 @@ class _Link:
         except Exception as e:  # noqa: BLE001 - telemetry must never stop an agent
             log.warning("telemetry publish failed: %r", e)
 
+    def send(self, subject: str, body: bytes) -> None:
+        """A core publish that must not be lost silently (a session's frames): BusUnavailable
+        when it cannot be handed to the connection."""
+        self._run(self._publish(subject, body), 5)
+
+    def send_soon(self, subject: str, body: bytes) -> concurrent.futures.Future[None]:
+        """`send` without waiting: what it returns says when it was handed over (or why not).
+        Sends from one thread keep their order (the loop starts them in turn)."""
+        return self._loop.submit(self._publish(subject, body))
+
+    async def _publish(self, subject: str, body: bytes) -> None:
+        try:
+            await self._nc.publish(subject, body)
+        except (NatsError, OSError) as e:
+            raise BusUnavailable(f"NATS: {e!r}") from e
+
+    def subscribe(self, subject: str, on_data: Callable[[str, bytes], None]) -> Callable[[], None]:
+        """Call `on_data(subject, data)` (on the link's loop thread: it must not block) for each
+        message on `subject`; returns what ends the subscription."""
+
+        async def cb(msg: Any) -> None:
+            on_data(msg.subject, bytes(msg.data))
+
+        async def go() -> Any:
+            return await self._nc.subscribe(subject, cb=cb,
+                                            pending_bytes_limit=256 * 1024 * 1024)
+
+        sub = self._run(go(), 5)
+
+        def end() -> None:
+            if self._nc is None or self._nc.is_closed:
+                return  # the link closed first: the subscription went with it
+
+            async def stop() -> None:
+                await sub.unsubscribe()
+
+            with contextlib.suppress(Exception):  # ending is best effort
+                self._run(stop(), 5)
+
+        return end
+
     def files(self) -> FileStore:
         """The tenants' file buckets over this link's connection (bus.objects)."""
         return FileStore(self._nc, self._loop.run)

@@ -93,3 +93,14 @@ class DigestMismatch(BusError):
     """An object's bytes do not hash to the digest it is named or recorded by."""
 
     code = "digest_mismatch"
+
+
+class SessionRefused(BusError):
+    """An interactive session was refused by the plane or the lease's node; `code` says why."""
+
+    code = "session_refused"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code

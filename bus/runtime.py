@@ -90,7 +90,11 @@ class LoopThread:
         if threading.current_thread() is self.thread:
             coro.close()
             raise RuntimeError(f"{self.thread.name}: run called from its own loop (would deadlock)")
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        except RuntimeError:  # the loop is closed (a late call at shutdown): never scheduled
+            coro.close()
+            raise
         try:
             return fut.result(timeout)
         except concurrent.futures.TimeoutError as e:

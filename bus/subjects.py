@@ -127,3 +127,18 @@ def lead_subject(pool: str, verb: str) -> str:
 def lead_filter(pool: str) -> str:
     """`pool.lead.<pool>.*`: every question for the leader of `pool`."""
     return f"{LEAD_PREFIX}.{token(pool)}.*"
+
+
+SESSION_PREFIX = "pool.sess"
+
+
+def session_subject(tenant: str, node: str, session_id: str, direction: str) -> str:
+    """`pool.sess.<tenant>.<node>.<session>.<in|out>`: one interactive session's bytes, `in`
+    from its tenant to the node, `out` back. Tenant and node are whole tokens, so the server's
+    permissions give each only its own (bus.local.auth)."""
+    if direction not in ("in", "out"):
+        raise InvalidSubject(f"no session direction {direction!r}")
+    for part in (tenant, node, session_id):
+        if not is_token(part):
+            raise InvalidSubject(f"not a subject token: {part!r}")
+    return f"{SESSION_PREFIX}.{tenant}.{node}.{session_id}.{direction}"

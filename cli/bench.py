@@ -65,6 +65,19 @@ def cmd_bench_run(args: argparse.Namespace) -> int:
     return _report(result, args.json)
 
 
+def cmd_bench_exec(args: argparse.Namespace) -> int:
+    from bench.exec import run_exec_bench
+
+    if args.runs < 1:
+        raise UsageError("--runs must be at least 1")
+    if args.mib is not None and not 1 <= args.mib <= 4096:
+        raise UsageError("--mib must be 1-4096")
+    result = run_exec_bench(
+        runs=args.runs, quick=args.quick, mib=args.mib,
+        progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)))
+    return _report(result, args.json)
+
+
 def cmd_bench_e2e(args: argparse.Namespace) -> int:
     from bench.e2e import run_e2e_bench
 
@@ -192,7 +205,7 @@ def register(sub: Subparsers) -> None:
     )
     bench.required = True
     for add in (_add_eventlog, _add_schedule, _add_http, _add_e2e, _add_soak, _add_policy,
-                _add_gang, _add_all, _add_agent, _add_run, _add_projections):
+                _add_gang, _add_all, _add_agent, _add_exec, _add_run, _add_projections):
         add(bench)
 
 
@@ -336,6 +349,18 @@ def _add_agent(bench: Subparsers) -> None:
     ba.add_argument("--quick", action="store_true", help="5 starts per runtime")
     ba.add_argument("--json", action="store_true")
     ba.set_defaults(func=cmd_bench_agent)
+
+
+def _add_exec(bench: Subparsers) -> None:
+    """Add `bench exec` and its flags."""
+    bx = bench.add_parser("exec", help="exec round trip of `true` into a running job (client "
+                          "and whole `pool lease exec`), beside `docker exec` where a daemon "
+                          "answers; port-forward throughput beside a direct loopback echo")
+    bx.add_argument("--runs", type=int, default=30, help="execs of each (default 30)")
+    bx.add_argument("--mib", type=int, help="MiB echoed through the forward (default 32)")
+    bx.add_argument("--quick", action="store_true", help="5 execs, 8 MiB")
+    bx.add_argument("--json", action="store_true")
+    bx.set_defaults(func=cmd_bench_exec)
 
 
 def _add_run(bench: Subparsers) -> None:

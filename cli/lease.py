@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from cli import files
+from cli import files, session
 from cli.connect import (
     client_opts,
     context_of,
@@ -480,6 +480,7 @@ def register(sub: Subparsers) -> None:
     files.add_run_flags(run)
     run.set_defaults(func=cmd_lease_run, job_command=[], count=1)
     files.register(lease)
+    session.register(lease)
     lg = lease.add_parser("logs", help="the job's stdout and stderr (--follow: until it ends)")
     client_opts(lg, tenant=True)
     lg.add_argument("lease_id")

@@ -81,6 +81,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("leases", "cli.views:register", "every lease, from the PostgreSQL views"),
     ("projections", "cli.views:register", "the PostgreSQL views"),
     ("audit", "cli.views:register", "check the books against the log"),
+    ("whatif", "cli.whatif:register",
+     "replay a window of a pool's real requests under another policy, beside what happened"),
     ("report", "cli.report:register", "usage reports from the views"),
     ("usage", "cli.report:register_usage",
      "your tenant's use per pool, from the gateway: leases, resource-seconds, credits"),
@@ -203,7 +205,8 @@ def _main(argv: Sequence[str]) -> int:
         args = parser.parse_args(words)
         if tail is not None:
             if not hasattr(args, "job_command"):
-                parser.error("`-- COMMAND` is only taken by `pool lease run` and `lease commit`")
+                parser.error("`-- COMMAND` is only taken by `pool lease run`, `lease commit` "
+                             "and `lease exec`")
             args.job_command = tail
     except SystemExit as e:  # --help (0) or a usage error (2), already printed
         return e.code if isinstance(e.code, int) else EXIT_USAGE

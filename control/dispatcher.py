@@ -30,6 +30,7 @@ from domain.reservation import CapacityReservation
 from domain.resources import Shape
 from schemas import v1
 from schemas.codec import encode
+from schemas.session import SessionOrder
 
 if TYPE_CHECKING:
     from control.scheduler.checkpoint import Checkpointer
@@ -49,7 +50,8 @@ PAGE = 1000
 # Events that only move a deadline later: no timer is re-armed for them. The armed timer fires
 # early, finds nothing due, and the reconciler re-arms it at the new deadline — one publish per
 # deadline instead of one per heartbeat.
-LATER_ONLY = frozenset({"HeartbeatRecorded", "LeaseRenewed", "NodeHeartbeatRecorded"})
+LATER_ONLY = frozenset({"HeartbeatRecorded", "LeaseRenewed", "NodeHeartbeatRecorded",
+                        "SessionOpened"})
 # Only these aggregates matter here; their topics name their module.
 _TOPICS = ("domain.lease", "domain.node", "domain.pool", "domain.reservation")
 
@@ -119,6 +121,14 @@ def orders_for(event_name: str, lease: Lease, pool: Pool | None) -> list[AgentOr
         body = v1.LeaseRevocation(lease_id=lid, epoch=lease.epoch, grace_seconds=grace,
                                   reason=lease.stop_reason or "cancelled")
         return [AgentOrder(node, "stop", encode(body), f"stop-{lid}-{lease.epoch}", trace)]
+    if event_name == "SessionOpened" and lease.last_session is not None \
+            and lease.state is LeaseState.RUNNING:
+        s = lease.last_session
+        order = SessionOrder(lease_id=lid, epoch=int(s["epoch"]), tenant=lease.tenant_id,
+                             session_id=s["session_id"], kind=s["kind"],
+                             command=list(s["command"]), tty=bool(s["tty"]), rows=s["rows"],
+                             cols=s["cols"], port=s["port"])
+        return [AgentOrder(node, "session", encode(order), f"session-{s['session_id']}", trace)]
     if event_name == "PreemptionNoticed":
         at = lease.preemption_noticed_at if hasattr(lease, "preemption_noticed_at") else None
         left = grace

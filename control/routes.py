@@ -17,6 +17,7 @@ from schemas import v1
 from schemas.codec import COMMANDS, CommandSpec, decode_with
 from schemas.export import Channel
 from schemas.feed import FeedReplay
+from schemas.session import SessionOpen
 
 if TYPE_CHECKING:
     from control.application import PoolApp
@@ -176,6 +177,17 @@ def _lease_verb(verb: str) -> Handler:
 
 def _why(ctx: Context, p: Params, cmd: v1.WhyLease) -> v1.Envelope:
     return ctx.why(p["tenant"], p["lease_id"])
+
+
+def _session(ctx: Context, p: Params, cmd: SessionOpen) -> v1.Envelope:
+    from bus.subjects import session_subject
+
+    lease = ctx.app.open_session(p["tenant"], p["lease_id"], cmd)
+    node = str(lease.node_id)
+    return v1.Envelope.success(result={
+        "session_id": cmd.session_id, "lease_id": p["lease_id"], "node_id": node,
+        "to_node": session_subject(p["tenant"], node, cmd.session_id, "in"),
+        "from_node": session_subject(p["tenant"], node, cmd.session_id, "out")})
 
 
 def _queue_positions(ctx: Context, p: Params, cmd: v1.QueuePositions) -> v1.Envelope:
@@ -373,6 +385,10 @@ ROUTES: Final[tuple[Route, ...]] = (
       for verb in LEASE_VERBS),
     Route("pool.cmd.{tenant}.lease.{lease_id}.why", "lease.why", _why,
           "Explain why a lease is pending.", "whyLease", served_by="scheduler"),
+    Route("pool.cmd.{tenant}.lease.{lease_id}.session", "lease.session", _session,
+          "Open an exec or port-forward session into a running lease; its bytes go over"
+          " pool.sess.{tenant}.{node}.{session}.in|out, which only that tenant and node may use.",
+          "openSession"),
     Route("pool.cmd.{tenant}.queue", "lease.queue", _queue_positions,
           "The tenant's waiting leases: place in the queue and estimated start.",
           "queuePositions", served_by="scheduler"),
@@ -455,6 +471,9 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route("pool.agent.{node}.preempt", "agent.revoke", None,
           "The pool tells an agent to stop a lease it preempts, within the grace.",
           "agentPreempt", served_by="agent"),
+    Route("pool.agent.{node}.session", "agent.session", None,
+          "The pool tells the lease's agent to join an exec or port-forward session.",
+          "agentSession", served_by="agent"),
     Route("pool.tel.{pool}.{node}.{tenant}.{lease}.{kind}", "telemetry", None,
           "Queue, startup, execution, utilization and failure events from node agents"
           " (the tenant token lets NATS permissions give each tenant only its own leases).",

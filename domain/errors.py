@@ -117,6 +117,19 @@ class RateLimited(DomainError):
             "retry_after_seconds": max(1, math.ceil(retry_after_seconds))}
 
 
+class SessionLimit(DomainError):
+    """A lease took more exec and port-forward sessions than its window allows."""
+
+    code = "session_limit"
+
+    def __init__(self, message: str, *, limit: int, window_seconds: int,
+                 retry_after_seconds: float) -> None:
+        super().__init__(message, reasons=("sessions_per_window",))
+        self.details: dict[str, int] = {
+            "sessions_per_window": limit, "session_window_seconds": window_seconds,
+            "retry_after_seconds": max(1, math.ceil(retry_after_seconds))}
+
+
 # Capacity -------------------------------------------------------------------------------------
 
 

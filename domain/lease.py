@@ -20,6 +20,7 @@ from domain.errors import (
     InvalidAmount,
     NotDue,
     RuntimeLimitExceeded,
+    SessionLimit,
     StaleEpoch,
 )
 from domain.errors import LeaseExpired as LeaseExpiredError
@@ -162,9 +163,13 @@ class Job:
 
 # Verbs a tenant or agent may use on a live lease; on an expired lease they are answered with
 # LeaseExpired (so the agent knows to stop) rather than a bare IllegalTransition.
+# exec and port-forward sessions one lease may open per window: each is an event in the log
+SESSIONS_PER_WINDOW = 30
+SESSION_WINDOW_SECONDS = 60
+
 _EXPIRY_AWARE_VERBS = frozenset(
     {"commit", "heartbeat", "renew", "release", "run_job", "job_started", "job_exited",
-     "job_failed", "cancel", "notice_preemption"}
+     "job_failed", "cancel", "notice_preemption", "open_session"}
 )
 
 
@@ -175,6 +180,12 @@ class Lease(Aggregate):
     # taken before names and labels (never changed in place)
     name: str | None = None
     labels: tuple[tuple[str, str], ...] = ()  # sorted (key, value)
+    # the latest interactive session opened into the running job (exec, port-forward): what
+    # the dispatcher tells the lease's node; who, when and what, never the bytes
+    last_session: dict[str, Any] | None = None
+    # sessions opened in the current window (each is an event in the log: a fair-use limit)
+    session_window_at: float | None = None
+    sessions_in_window: int = 0
 
     @staticmethod
     def create_id(tenant_id: str, idempotency_key: str) -> UUID:
@@ -605,6 +616,26 @@ class Lease(Aggregate):
         self._renewed(at=float(now), deadline=deadline, clamped=wanted > limit)
         return wanted > limit
 
+    def open_session(self, now: float, *, session_id: str, kind: str,
+                     command: tuple[str, ...] = (), tty: bool = False, port: int | None = None,
+                     rows: int | None = None, cols: int | None = None) -> None:
+        """Record that the tenant opened an interactive session (`exec` of `command`, or a
+        `forward` to `port`) into the running job; only a running, unexpired lease takes one."""
+        self._require("open_session", {S.RUNNING})
+        self._require_not_past_deadline(now)
+        if kind not in ("exec", "forward"):
+            raise IllegalTransition(self.state, "open_session", detail=f"no session kind {kind!r}")
+        at = self.session_window_at
+        if at is not None and now - at < SESSION_WINDOW_SECONDS \
+                and self.sessions_in_window >= SESSIONS_PER_WINDOW:
+            raise SessionLimit(
+                f"at most {SESSIONS_PER_WINDOW} sessions per {SESSION_WINDOW_SECONDS} s into "
+                "one lease", limit=SESSIONS_PER_WINDOW, window_seconds=SESSION_WINDOW_SECONDS,
+                retry_after_seconds=at + SESSION_WINDOW_SECONDS - now)
+        self._session_opened(at=float(now), session_id=session_id, kind=kind,
+                             command=list(command), tty=tty, port=port, rows=rows, cols=cols,
+                             epoch=self.epoch)
+
     # Ending -----------------------------------------------------------------------------------
 
     def release(
@@ -883,6 +914,17 @@ class Lease(Aggregate):
         self.last_heartbeat_at = at
         if checkpoint_at is not None:
             self.last_checkpoint_at = max(checkpoint_at, self.last_checkpoint_at or checkpoint_at)
+
+    @event("SessionOpened")
+    def _session_opened(self, at: float, session_id: str, kind: str, command: list[str],
+                        tty: bool, port: int | None, rows: int | None, cols: int | None,
+                        epoch: int) -> None:
+        self.last_session = {"session_id": session_id, "kind": kind, "command": command,
+                             "tty": tty, "port": port, "rows": rows, "cols": cols,
+                             "epoch": epoch, "at": at}
+        if self.session_window_at is None or at - self.session_window_at >= SESSION_WINDOW_SECONDS:
+            self.session_window_at, self.sessions_in_window = at, 0
+        self.sessions_in_window += 1
 
     @event("LeaseRenewed")
     def _renewed(self, at: float, deadline: float, clamped: bool) -> None:

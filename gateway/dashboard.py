@@ -63,8 +63,11 @@ _FLEET = """<main>
 <script src="/static/common.js"></script><script src="/static/dashboard.js"></script></body></html>"""
 
 _LEASE = """<main data-lease="{lease_id}">
-<section><h2>Lease <code>{lease_id}</code></h2><table id="lease"></table></section>
-<section><h2>Why it waits</h2><pre id="why"></pre></section>
+<section><h2>Lease <code>{lease_id}</code> <span id="state"></span></h2>
+<ol id="timeline" class="timeline" aria-label="the lease's life"></ol>
+<table id="lease"></table></section>
+<section id="why-box"><h2>Why it waits</h2><p id="why" class="muted"></p>
+<table id="why-filters"></table></section>
 <section><h2>Flight recorder</h2><p class="muted">Every event of this lease in the log.</p>
 <table id="history"></table></section>
 <section><h2>Live changes</h2><table id="changes"></table></section>
@@ -119,6 +122,17 @@ def handlers(gw: Gateway) -> list[Any]:
         return _page(_HEAD.format(title=f"lease {html.escape(lease_id[:64])}", who=_who(who))
                      + _LEASE.format(lease_id=html.escape(lease_id[:128])))
 
+    async def lease_story(request: Request[Any, Any, Any]) -> Response[Any]:
+        from gateway.lease_page import story
+
+        try:
+            who = principal_of(gw, request)
+            found = await story(gw, who, str(request.path_params.get("lease_id", "")))
+        except Refused as e:
+            return problem(e.code, e.detail)
+        return Response(msgspec.json.encode(found), media_type="application/json",
+                        headers={"Cache-Control": "no-store"})
+
     async def state(request: Request[Any, Any, Any]) -> Response[Any]:
         try:
             who = principal_of(gw, request)
@@ -153,4 +167,5 @@ def handlers(gw: Gateway) -> list[Any]:
     return [route("/", "GET", index), route("/login", "POST", login),
             route("/logout", "POST", logout),
             route("/leases/{lease_id:str}", "GET", lease_page),
+            route("/dashboard/leases/{lease_id:str}", "GET", lease_story),
             route("/dashboard/state", "GET", state), route("/dashboard/stream", "GET", stream)]

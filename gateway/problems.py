@@ -43,6 +43,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "pool_exists": 409, "reservation_exists": 409, "reservation_deleted": 409, "transfer_conflict": 409, "name_collision": 409,
     "device_unavailable": 409, "node_claim_refused": 403,
     "webhook_limit": 409,  # room comes back when the tenant deletes an endpoint
+    "session_refused": 409,  # the lease's node would not open an exec or port-forward
+    "session_limit": 429,  # each session is an event in the log: a window per lease
     # base classes: a refusal no subclass names more precisely
     "domain_error": 409, "service_error": 400,
     "method_not_allowed": 405,

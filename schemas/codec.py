@@ -15,7 +15,7 @@ from typing import Any, Final, Literal, TypeVar
 import msgspec
 from msgspec import Struct
 
-from schemas import feed, v1, webhook
+from schemas import feed, session, v1, webhook
 
 MAX_PAYLOAD_BYTES: Final = 64 * 1024
 _MAX_MESSAGE_CHARS: Final = 300  # field names are attacker-chosen: keep messages short
@@ -89,6 +89,7 @@ COMMANDS: Final[Mapping[str, CommandSpec]] = {
     "lease.get": CommandSpec(v1.GetLease),
     "lease.why": CommandSpec(v1.WhyLease),
     "lease.queue": CommandSpec(v1.QueuePositions),
+    "lease.session": CommandSpec(session.SessionOpen),
     "query": CommandSpec(v1.Query),
     "telemetry.replay": CommandSpec(v1.TelemetryReplay),
     "feed.replay": CommandSpec(feed.FeedReplay),
@@ -115,6 +116,7 @@ COMMANDS: Final[Mapping[str, CommandSpec]] = {
     "agent.drain": CommandSpec(v1.NodeDrain),
     "agent.assign": CommandSpec(v1.LeaseAssignment),
     "agent.revoke": CommandSpec(v1.LeaseRevocation),
+    "agent.session": CommandSpec(session.SessionOrder),
     "node.stopped": CommandSpec(v1.LeaseStopped),
     "node.started": CommandSpec(v1.JobStarted),
     "node.exited": CommandSpec(v1.JobExited),

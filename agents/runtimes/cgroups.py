@@ -102,6 +102,11 @@ class Cgroups:
                 _write(d / "pids.max", str(pids))
         return sorted({str(d / "cgroup.procs") for d in dirs.values()})
 
+    def procs_files(self, key: str) -> list[str]:
+        """The `cgroup.procs` files of workload `key`'s groups: what a process joins to count
+        against its limits (an exec into the workload)."""
+        return sorted(str(d / "cgroup.procs") for d in self._dirs(key).values())
+
     def pids(self, key: str) -> list[int]:
         """Every process left in the workload's group (a job that left its process group too)."""
         out: set[int] = set()

@@ -22,6 +22,7 @@ from agents.runtimes.contract import (
     WorkloadHandle,
     WorkloadSpec,
 )
+from agents.runtimes.enter import EntryRefused, SandboxEntry
 from agents.runtimes.events import ProcessEvents
 
 # `trap :` installs a handler (reset on exec), so the supervisor outlives a SIGTERM sent to the
@@ -414,6 +415,14 @@ class ProcessRuntime:
         except FileNotFoundError:
             return b"", offset
         return data, offset + len(data)
+
+    def enter(self, handle: WorkloadHandle) -> SandboxEntry:
+        """Handles on the running workload's sandbox, to run a command or open a connection
+        inside it (agents/sessions.py); EntryRefused when it is not running."""
+        if not self._alive(handle):
+            raise EntryRefused("the job's sandbox is not running")
+        return SandboxEntry(int(handle.ref), handle.extra.get("start_ticks"),
+                            self.cgroups.procs_files(handle.key))
 
     def usage(self, handle: WorkloadHandle) -> Usage:
         pgid = int(handle.ref)

@@ -28,6 +28,7 @@ from bus.subjects import (
     CHECKPOINT_STREAM,
     FEED_LIVE_PREFIX,
     LEAD_PREFIX,
+    SESSION_PREFIX,
     SNAPSHOTS_PREFIX,
     SNAPSHOTS_STREAM,
     WEBHOOK_BUCKET,
@@ -174,21 +175,24 @@ PERMISSIONS: dict[str, Rule] = {
     "tenant": Rule(
         # replay goes through pool.cmd.<tenant>.telemetry.replay: no JetStream API at all, so
         # no consumer (and no deliver subject)
-        ("pool.cmd.{name}.>", *_TENANT_FILES),
+        ("pool.cmd.{name}.>", *_TENANT_FILES, f"{SESSION_PREFIX}.{{name}}.*.*.in"),
         # telemetry and feed subjects carry the tenant as a whole token, so these select
         # exactly its own leases (wildcards cannot match a prefix); the feed's stored records
         # are replayed through pool.cmd.<tenant>.feed.replay, its live ones read here
         (f"{TENANT_INBOXES}.{{name}}.>", "pool.tel.*.*.{name}.>",
-         f"{FEED_LIVE_PREFIX}.{{name}}.>"),
+         f"{FEED_LIVE_PREFIX}.{{name}}.>", f"{SESSION_PREFIX}.{{name}}.*.*.out"),
         "its own commands and queries, its own replies, telemetry and lease feed; its own "
-        "file buckets: work directories read and written, artifacts read"),
+        "file buckets: work directories read and written, artifacts read; its own sessions' "
+        "bytes to the node (`in`) and back (`out`)"),
     "node": Rule(
         ("pool.node.{name}.>", "pool.tel.*.{name}.>",
          "$JS.API.CONSUMER.MSG.NEXT.POOL_AGENT.agent-{name}",
-         "$JS.ACK.POOL_AGENT.agent-{name}.>", f"{NODE_INBOXES}.{{name}}.>", *_NODE_FILES),
-        (f"{NODE_INBOXES}.{{name}}.>", "pool.agent.{name}.>"),
+         "$JS.ACK.POOL_AGENT.agent-{name}.>", f"{NODE_INBOXES}.{{name}}.>", *_NODE_FILES,
+         f"{SESSION_PREFIX}.*.{{name}}.*.out"),
+        (f"{NODE_INBOXES}.{{name}}.>", "pool.agent.{name}.>", f"{SESSION_PREFIX}.*.{{name}}.*.in"),
         "its own reports and telemetry; pulls and acks its own work queue only; reads "
-        "tenants' work directories and writes their jobs' artifacts, never a stream's config"),
+        "tenants' work directories and writes their jobs' artifacts, never a stream's config; "
+        "the sessions the plane sent it (its own node token): reads `in`, writes `out`"),
 }
 
 

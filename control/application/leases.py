@@ -22,6 +22,7 @@ from domain.resources import LeaseId, PoolId, TenantId
 from domain.transfer import CreditTransfer
 from schemas import v1
 from schemas.codec import digest
+from schemas.session import SessionOpen
 
 
 def _retried(lease: Lease, req: v1.LeaseRequest, request_digest: str) -> Lease:
@@ -257,6 +258,17 @@ class LeaseCommands(GangCommands):
         moved = [m for m in members if m.pending_events]
         if moved:
             self.save(*moved)
+        return lease
+
+    @retried
+    def open_session(self, tenant: str, lease_id: str, body: SessionOpen) -> Lease:
+        """Record an interactive session into the tenant's running lease; the dispatcher tells
+        the lease's node from the event (docs/exec.md)."""
+        lease = self._lease(tenant, lease_id)
+        lease.open_session(self.clock(), session_id=body.session_id, kind=body.kind,
+                           command=tuple(body.command), tty=body.tty, port=body.port,
+                           rows=body.rows, cols=body.cols)
+        self.save(lease)
         return lease
 
     def _settle(self, lease: Lease, now: float, node_id: str | None = None,

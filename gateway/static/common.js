@@ -31,9 +31,41 @@ function table(id, columns, rows, cell) {
   }
 }
 const when = (s) => s ? new Date(s * 1000).toLocaleTimeString() : "";
+const trim = (x) => (x < 10 ? +x.toFixed(2) : +x.toFixed(1)).toString();
+// a shape as people say it: `8 CPU · 32 GiB · 1×A100-40GB` (as the CLI prints it)
 const amounts = (shape) => {
-  const r = (shape && (shape.resources || shape)) || {};
-  return [r.cpu_millis ? (r.cpu_millis / 1000) + " cpu" : "",
-          r.memory_mib ? r.memory_mib + " MiB" : "",
-          r.gpu_count ? r.gpu_count + " gpu" : ""].filter(Boolean).join(" · ");
+  if (!shape) return "";
+  const r = shape.resources || shape, parts = [];
+  if (r.cpu_millis != null) parts.push(trim(r.cpu_millis / 1000) + " CPU");
+  if (r.memory_mib != null) parts.push(r.memory_mib >= 1024 ? trim(r.memory_mib / 1024) +
+                                       " GiB" : r.memory_mib + " MiB");
+  if (r.gpu_count) {
+    const part = shape.gpu_partition && shape.gpu_partition !== "none" ? shape.gpu_partition : "";
+    const gib = shape.gpu_memory_gib_min;
+    parts.push(r.gpu_count + "×" + String(part || shape.gpu_model || "GPU").toUpperCase() +
+               (gib && !part ? "-" + gib + "GB" : ""));
+  }
+  if (r.local_disk_gib) parts.push(r.local_disk_gib + " GiB disk");
+  return parts.join(" · ");
 };
+// `45 s`, `3 min 10 s`, `2 h 05 min`, `3.2 d`
+const duration = (s) => {
+  if (s == null || !isFinite(s)) return "";
+  s = Math.max(0, Math.round(s));
+  if (s < 60) return s + " s";
+  if (s < 3600) return Math.floor(s / 60) + " min" + (s % 60 ? " " + (s % 60) + " s" : "");
+  if (s < 86400) return Math.floor(s / 3600) + " h " +
+    String(Math.floor(s % 3600 / 60)).padStart(2, "0") + " min";
+  return (s / 86400).toFixed(1) + " d";
+};
+// an epoch time as local `2026-12-06 14:03:05`
+const stamp = (s) => {
+  if (!s) return "";
+  const d = new Date(s * 1000), p = (n) => String(n).padStart(2, "0");
+  return d.getFullYear() + "-" + p(d.getMonth() + 1) + "-" + p(d.getDate()) + " " +
+    p(d.getHours()) + ":" + p(d.getMinutes()) + ":" + p(d.getSeconds());
+};
+// micro-credits as credits: `1.5 credits`
+const credits = (micro) => micro == null ? "" :
+  (micro / 1e6).toLocaleString("en", {maximumFractionDigits: 6}) + " credits";
+const words = (x) => String(x == null ? "" : x).replace(/_/g, " ");

@@ -130,10 +130,85 @@ def test_the_dashboard_shows_a_new_lease_live_and_each_tenant_only_its_own(
         assert _errors(browser) == []
 
         browser.get(f"{stack.url}/leases/{theirs}")
-        recorder = _wait(browser, lambda: "LeaseRequested" in browser.find_element(
+        recorder = _wait(browser, lambda: "requested 0.5 CPU" in browser.find_element(
             By.ID, "history").get_attribute("textContent"), 10)
         assert recorder, "the lease page shows no flight recorder"
         assert _errors(browser) == []
         for lease in [lid, big]:
             alpha.post(f"/v1/compute-leases/{lease}/cancel", json={})
         beta.post(f"/v1/compute-leases/{theirs}/cancel", json={})
+
+
+JOB = {"job": {"image": "busybox@sha256:" + "a" * 64, "command": ["true"]}}
+STORY_FIELDS = ("state", "node", "shape", "epoch", "attempts", "requested", "waited", "reserved",
+                "started", "ended", "credits", "end reason")
+
+
+_READ_PAGE = """
+const text = (id) => (document.getElementById(id) || {}).textContent || "";
+const fields = {};
+for (const tr of document.querySelectorAll("#lease tr[data-field]"))
+  fields[tr.dataset.field] = tr.querySelectorAll("td")[1].textContent;
+return {fields, stages: [...document.querySelectorAll("#timeline .stage b")].map(
+  (e) => e.textContent), history: text("history"), why: text("why"),
+  live: document.getElementById("live").className};
+"""
+
+
+def _story(driver: Any) -> dict[str, Any]:
+    """The lease page as it reads at one moment (it redraws as the live stream moves, so in
+    one script): its fields, timeline stages, recorder, why and live dot."""
+    page: dict[str, Any] = driver.execute_script(_READ_PAGE)
+    return page
+
+
+def _placed(client: Any, lease_id: str) -> str:
+    got = _wait(None, lambda: client.get(f"/v1/compute-leases/{lease_id}").json()["state"]
+                not in ("requested", "queued") and
+                client.get(f"/v1/compute-leases/{lease_id}").json()["state"], 10)
+    return str(got)
+
+
+def test_the_lease_page_tells_a_queued_and_an_ended_lease_s_story(
+        stack: Stack, browser: Any) -> None:
+    with stack.client("alpha") as alpha:
+        done = alpha.post("/v1/compute-leases", json=_body(1000, 2048)).json()["lease_id"]
+        assert _placed(alpha, done) == "reserved"
+        assert alpha.post(f"/v1/compute-leases/{done}/commit", json=JOB).status_code == 200
+        assert alpha.post(f"/v1/compute-leases/{done}/release",
+                          json={"exit_code": 0}).status_code == 200
+        # two that fill both nodes, and one that waits behind them
+        fill = [alpha.post("/v1/compute-leases", json=_body(7000, 1024)).json()["lease_id"]
+                for _ in range(2)]
+        waits = alpha.post("/v1/compute-leases", json=_body(7000, 1024)).json()["lease_id"]
+        try:
+            for who, lease, state in (("alpha", waits, "queued"), ("alpha", done, "released"),
+                                      ("admin", waits, "queued")):
+                if who != "alpha" or lease == waits:
+                    _sign_in(browser, stack, who)
+                browser.get(f"{stack.url}/leases/{lease}")
+                page = _wait(browser, lambda want=state: (p := _story(browser))["fields"].get(
+                    "state") == want and "on" in p["live"].split() and p, 10)
+                assert page, f"the page of a {state} lease shows no story, or is not live"
+                story, stages = page["fields"], page["stages"]
+                for field in STORY_FIELDS:
+                    value = story.get(field, "").strip()
+                    assert value and not any(w in value for w in ("undefined", "NaN", "null")), \
+                        (state, field, value)
+                assert "CPU" in story["shape"] and "GiB" in story["shape"], story["shape"]
+                assert stages[0].startswith("queued") and "requested" in page["history"]
+                if state == "queued":
+                    assert "Position" in page["why"] and "nodes" in page["why"], page["why"]
+                    assert story["started"] == "not yet"
+                else:
+                    assert stages == [
+                        "queued", "reserved", "running", "released"], stages
+                    assert "released: succeeded, exit code 0" in page["history"]
+                    assert "not waiting" in page["why"]
+                shot = os.environ.get("POOL_LEASE_PAGE_SCREENSHOT")
+                if shot:
+                    browser.save_screenshot(shot.replace(".png", f"-{who}-{state}.png"))
+                assert _errors(browser) == []
+        finally:
+            for lease in [*fill, waits]:
+                alpha.post(f"/v1/compute-leases/{lease}/cancel", json={})

@@ -99,6 +99,8 @@ def _aggregates() -> list[Aggregate]:
     done.job_started(11, epoch=done.epoch)
     done.heartbeat(12, epoch=done.epoch, checkpoint_at=12)
     done.renew(13)
+    done.open_session(13.5, session_id="0123456789abcdef0123456789abcdef", kind="exec",
+                      command=("sh",), tty=True, rows=24, cols=80)
     done.job_exited(14, epoch=done.epoch, exit_code=0)
     done.run_job(15, JOB)
     done.job_failed(16, epoch=done.epoch, reason="oom")

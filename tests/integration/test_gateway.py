@@ -222,6 +222,22 @@ def test_the_dashboard_snapshot_shows_a_tenant_only_its_own(stack: Stack) -> Non
             c.post(f"/v1/compute-leases/{lid}/cancel", json={})
 
 
+def test_a_lease_page_s_story_is_read_only_by_its_tenant_or_the_admin(stack: Stack) -> None:
+    with stack.client("alpha") as a, stack.client("beta") as b, stack.client("admin") as adm:
+        lid = a.post("/v1/compute-leases", json=CONCEPT_BODY).json()["lease_id"]
+        assert a.post(f"/v1/compute-leases/{lid}/cancel", json={"reason": "test"}).is_success
+        story = wait_for(lambda: (s := a.get(f"/dashboard/leases/{lid}").json())
+                         and s["row"].get("state") == "cancelled" and s)
+        assert story and story["lease"]["state"] == "cancelled"
+        assert story["events"][0]["type"] == "LeaseRequested" and story["why"] == {}
+        assert "credits_held" in story["row"] and story["row"]["ended_at"]
+        for who, path in ((b, lid), (b, lid.upper()), (a, "../v1/whoami"), (a, "x" * 100)):
+            got = who.get(f"/dashboard/leases/{path}")
+            assert got.status_code == 404 and "row" not in got.json(), (path, got.text)
+        seen = adm.get(f"/dashboard/leases/{lid}").json()
+        assert seen["lease"]["lease_id"] == lid and seen["events"] == story["events"]
+
+
 def test_usage_counts_a_tenants_own_leases_and_what_they_ran(stack: Stack) -> None:
     with stack.client("alpha") as a, stack.client("beta") as b:
         lid = a.post("/v1/compute-leases", json=CONCEPT_BODY).json()["lease_id"]

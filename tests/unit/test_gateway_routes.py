@@ -13,12 +13,15 @@ from schemas import v1
 # what clients send: tenants' `pool.cmd.…` and the operator's `pool.admin.…` (agents' own
 # `pool.node.…` reports, the orders sent to agents and the telemetry stream are not for HTTP)
 CLIENT_PREFIXES = ("pool.cmd.", "pool.admin.")
+# routes whose bytes flow on a NATS subject pair after the answer (docs/exec.md): over HTTP
+# they need the gateway's WebSocket bridge, not built yet
+NATS_ONLY = {"openSession"}
 
 
 def test_every_client_facing_nats_route_has_an_http_route() -> None:
     mounted = {r.nats for r in ROUTES if r.nats}
     offered = {r.operation for r in NATS_ROUTES if r.subject.startswith(CLIENT_PREFIXES)}
-    assert offered - mounted == set()
+    assert offered - mounted == NATS_ONLY
     assert mounted <= {r.operation for r in NATS_ROUTES}
 
 

@@ -1,0 +1,367 @@
+"""`pool lease exec` (pipes and -it) and `pool lease port-forward` into a job running in the
+bubblewrap sandbox, and who may not: another tenant, a finished lease, another node. One
+secured plane (every role, tenant and node its own NATS user) for the module."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import os
+import pty
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from agents.agent import Agent
+from agents.probe import NodeProbe, Reserve
+from agents.runtimes.process import ProcessRuntime
+from bus.admin import ensure_all_streams
+from bus.agentbus import AgentLink
+from bus.local.auth import AuthConfig, role_urls, url_with_credentials
+from bus.local.server import NatsServer
+from bus.replies import node_inbox, tenant_inbox
+from client.api import PoolClient
+from control.plane import ControlPlane
+from tests.control_plane import lease_body
+from tests.security.roles import VIOLATION, wait_for
+
+if ProcessRuntime(Path("/tmp")).available() is not None:
+    pytest.skip(f"process runtime unavailable: {ProcessRuntime(Path('/tmp')).available()}",
+                allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBE = NodeProbe(cpu_millis=4500, cpu_arch="amd64", memory_mib=9216, local_disk_gib=50)
+
+
+class Plane:
+    def __init__(self, server: NatsServer, auth: AuthConfig, lease_id: str, ended: str) -> None:
+        self.server, self.auth, self.lease_id, self.ended = server, auth, lease_id, ended
+        self.leases: list[str] = []  # every lease committed, cancelled at the end
+
+    def args(self, tenant: str = "alpha") -> list[str]:
+        return ["--nats-url", self.server.url, "--tenant", tenant]
+
+    def env(self, tenant: str = "alpha") -> dict[str, str]:
+        c = self.auth.tenants[tenant]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("POOL_")}
+        # the tenant's own user, as a laptop with NATS credentials has it
+        env.update(POOL_NATS_USER=c.user, POOL_NATS_PASSWORD=c.password)
+        return env
+
+    def tenant(self, tenant: str) -> PoolClient:
+        c = self.auth.tenants[tenant]
+        return PoolClient(self.server.url, tenant, user=c.user, password=c.password,
+                          timeout=15, inbox_prefix=tenant_inbox(tenant).encode())
+
+
+def _commit(alpha: PoolClient, key: str, command: list[str],
+            leases: list[str] | None = None) -> str:
+    lid = str(alpha.request_lease(lease_body(key, runtime="sandboxed", memory_mib=256))
+              ["lease"]["lease_id"])
+    if leases is not None:
+        leases.append(lid)
+    wait_for(lambda: alpha.lease(lid, "get")["lease"]["state"] == "reserved")
+    assert alpha.lease(lid, "commit", {"job": {"command": command}})["ok"]
+    return lid
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
+    tmp = tmp_path_factory.mktemp("exec")
+    auth = AuthConfig()
+    for tenant in ("alpha", "beta"):
+        auth.add_tenant(tenant)
+    for node in ("n1", "n2"):
+        auth.add_node(node)
+    server = NatsServer(store_dir=tmp / "nats", server_name="pool-exec",
+                        extra_config=auth.render()).start()
+    ensure_all_streams(url_with_credentials(server.url, auth.service))
+    cp = ControlPlane(url_with_credentials(server.url, auth.roles["commands"]),
+                      leader_ttl_seconds=1.0, role_urls=role_urls(server.url, auth),
+                      responder_url=url_with_credentials(server.url, auth.responder)).start()
+    link = AgentLink(url_with_credentials(server.url, auth.nodes["n1"]), "n1").connect()
+    stop = threading.Event()
+    thread = None
+    try:
+        with PoolClient(url_with_credentials(server.url, auth.roles["admin"]),
+                        timeout=15) as admin:
+            assert admin.admin("pool.set", {"pool_id": "p1",
+                                            "priority_classes": {"standard": 10}})["ok"]
+            for tenant in ("alpha", "beta"):
+                assert admin.admin("tenant.set", {"tenant": tenant, "pool_id": "p1",
+                                                  "weight": 1.0})["ok"]
+                assert admin.admin("credits.grant", {
+                    "tenant": tenant, "amount_microcredits": 10**12,
+                    "transfer_id": f"initial-{tenant}"})["ok"]
+            assert admin.admin("node.enroll", {"node_id": "n1", "pool_id": "p1",
+                                               "trust_level": "trusted"})["ok"]
+        agent = Agent(link, ProcessRuntime(tmp / "n1"), node_id="n1", pool_id="p1",
+                      probe=PROBE, state_dir=tmp / "n1", reserve=Reserve(500, 1024, 0),
+                      heartbeat_interval=0.5)
+        thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+        thread.start()
+        p = Plane(server, auth, "", "")
+        with p.tenant("alpha") as alpha:
+            p.ended = _commit(alpha, "ended", ["true"])
+            p.lease_id = _commit(alpha, "web", ["python3", "-m", "http.server", "8000"],
+                                 p.leases)
+            wait_for(lambda: alpha.lease(p.ended, "get")["lease"]["state"] == "released")
+            wait_for(lambda: alpha.lease(p.lease_id, "get")["lease"]["state"] == "running")
+        yield p
+        with p.tenant("alpha") as alpha:  # the agent leaves running jobs to its next start
+            for lid in p.leases:
+                alpha.lease(lid, "cancel", {})
+            wait_for(lambda: not agent.running, timeout=30)
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join(15)
+        link.close()
+        cp.stop()
+        server.stop()
+
+
+def _pool(p: Plane, *argv: str, tenant: str = "alpha", timeout: float = 30,
+          **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cli.main", *argv], cwd=ROOT,
+                          env=p.env(tenant), capture_output=True, text=True, timeout=timeout,
+                          check=False, **kw)
+
+
+def test_exec_prints_the_output_and_exits_with_the_command_s_code(plane: Plane) -> None:
+    out = _pool(plane, "lease", "exec", plane.lease_id, *plane.args(), "--",
+                "sh", "-c", "echo in; echo err >&2; id -u; exit 4")
+    assert out.returncode == 4, out.stderr
+    assert out.stdout == "in\n65534\n"
+    assert out.stderr == "err\n"
+
+
+def test_exec_runs_in_the_job_s_sandbox_and_passes_stdin_with_i(plane: Plane) -> None:
+    # the job's own network namespace (its server answers on its loopback) and environment
+    out = _pool(plane, "lease", "exec", "-i", plane.lease_id, *plane.args(), "--",
+                "sh", "-c", "cat; echo $POOL_LEASE_ID; python3 -c \"import urllib.request;"
+                "print(urllib.request.urlopen('http://127.0.0.1:8000/').status)\"",
+                input="from-stdin\n")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"from-stdin\n{plane.lease_id}\n200\n"
+
+
+def test_each_exec_is_an_event_in_the_lease_s_log(plane: Plane) -> None:
+    from control.application import PoolApp
+    from control.bootstrap import app_env
+    from projections.replay import event_name, notifications, state_of
+
+    assert _pool(plane, "lease", "exec", plane.lease_id, *plane.args(), "--",
+                 "echo", "logged-bytes").returncode == 0
+    app = PoolApp(env=app_env(url_with_credentials(plane.server.url, plane.auth.service)))
+    try:
+        events = [(event_name(n.topic), state_of(n)) for n in notifications(app)]
+    finally:
+        app.close()
+    opened = [body for name, body in events if name == "SessionOpened"]
+    assert opened and opened[-1]["command"] == ["echo", "logged-bytes"]
+    assert opened[-1]["kind"] == "exec" and opened[-1]["at"] > 0
+    # the command is in the log; what it printed is not
+    assert sum("logged-bytes" in json.dumps(body) for _, body in events) == 1
+
+
+def test_exec_it_gives_a_terminal_and_ctrl_d_ends_it(plane: Plane) -> None:
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the CLI on a terminal of its own
+        os.chdir(ROOT)
+        os.execve(sys.executable, [sys.executable, "-m", "cli.main", "lease", "exec", "-it",
+                                   plane.lease_id, *plane.args(), "--", "sh"], plane.env())
+    import fcntl
+    import struct
+    import termios
+
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 101, 0, 0))
+    seen = b""
+
+    def read_until(needle: bytes, timeout: float = 10) -> None:
+        nonlocal seen
+        deadline = time.monotonic() + timeout
+        while needle not in seen and time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    seen += os.read(fd, 4096)
+                except OSError:
+                    break
+        assert needle in seen, seen
+
+    read_until(b"$ ")
+    os.write(fd, b"tty; stty size\r")
+    read_until(b"33 101")
+    assert b"/dev/pts/" in seen
+    os.write(fd, b"sleep 30\r")
+    time.sleep(0.3)
+    os.write(fd, b"\x03")  # Ctrl-C ends the sleep, not the session
+    os.write(fd, b"echo after-$?\r")
+    read_until(b"after-130")
+    os.write(fd, b"\x04")  # Ctrl-D: the shell ends, and with it the session
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if select.select([fd], [], [], 0.1)[0]:
+            try:
+                os.read(fd, 4096)
+            except OSError:
+                pass
+    else:
+        os.kill(pid, 9)
+        raise AssertionError(f"exec -it did not end on Ctrl-D: {seen!r}")
+    os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_port_forward_serves_20_concurrent_requests(plane: Plane) -> None:
+    local = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "lease", "port-forward",
+                             plane.lease_id, f"{local}:8000", *plane.args(), "--json"],
+                            cwd=ROOT, env=plane.env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        ready = json.loads(proc.stdout.readline())
+        assert ready["ok"] and ready["result"]["local"] == f"127.0.0.1:{local}", ready
+
+        def get(_: int) -> int:
+            with urllib.request.urlopen(f"http://127.0.0.1:{local}/", timeout=10) as r:
+                return int(r.status) if b"Directory listing" in r.read() else -1
+
+        with concurrent.futures.ThreadPoolExecutor(20) as pool:
+            assert list(pool.map(get, range(20))) == [200] * 20
+    finally:
+        proc.send_signal(2)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+
+
+def test_a_finished_lease_is_refused(plane: Plane) -> None:
+    out = _pool(plane, "lease", "exec", plane.ended, *plane.args(), "--json", "--", "true")
+    assert out.returncode == 1
+    assert json.loads(out.stdout)["error"]["code"] == "illegal_transition", out.stdout
+
+
+def test_another_tenant_cannot_open_or_join_a_session(plane: Plane) -> None:
+    # through the CLI: beta's own subject knows no such lease
+    out = _pool(plane, "lease", "exec", plane.lease_id, *plane.args("beta"), "--json", "--",
+                "true", tenant="beta")
+    assert out.returncode == 1 and json.loads(out.stdout)["error"]["code"] == "lease_not_found"
+    # and on alpha's subjects: the server refuses each
+    assert all(_tries(plane, "beta", tenant_inbox("beta"), [
+        ("pub", f"pool.cmd.alpha.lease.{plane.lease_id}.session"),
+        ("pub", "pool.sess.alpha.n1.0123456789abcdef0123456789abcdef.in"),
+        ("sub", "pool.sess.alpha.n1.*.out"),
+        ("sub", "pool.sess.alpha.>"),
+    ]).values())
+
+
+def test_a_node_that_does_not_hold_the_lease_cannot_join_its_sessions(plane: Plane) -> None:
+    refused = _tries(plane, "n2", node_inbox("n2"), [
+        ("sub", "pool.sess.alpha.n1.*.in"),
+        ("sub", "pool.sess.*.n1.>"),
+        ("pub", "pool.sess.alpha.n1.0123456789abcdef0123456789abcdef.out"),
+    ])
+    assert all(refused.values()), refused
+
+
+def _tries(p: Plane, who: str, inbox: str, tries: list[tuple[str, str]]) -> dict[str, bool]:
+    """Each (pub|sub, subject) tried as `who` (a tenant or a node): whether the server
+    refused it (a permissions violation reported to that connection)."""
+    creds = p.auth.tenants.get(who) or p.auth.nodes[who]
+
+    async def go() -> dict[str, bool]:
+        errors: list[str] = []
+
+        async def on_error(e: Exception) -> None:
+            errors.append(str(e))
+
+        nc = await nats.connect(p.server.url, user=creds.user, password=creds.password,
+                                inbox_prefix=inbox.encode(), error_cb=on_error)
+        out: dict[str, bool] = {}
+        try:
+            for how, subject in tries:
+                before = len(errors)
+                if how == "pub":
+                    await nc.publish(subject, b"i")
+                else:
+                    await nc.subscribe(subject)
+                await nc.flush()
+                await asyncio.sleep(0.1)
+                out[f"{how} {subject}"] = any(VIOLATION.lower() in e.lower()
+                                              for e in errors[before:])
+        finally:
+            await nc.close()
+        return out
+
+    return asyncio.run(go())
+
+
+def test_an_exec_ends_with_its_lease(plane: Plane) -> None:
+    with plane.tenant("alpha") as alpha:
+        lid = _commit(alpha, "short", ["sleep", "60"], plane.leases)
+        wait_for(lambda: alpha.lease(lid, "get")["lease"]["state"] == "running")
+        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "lease", "exec", lid,
+                                 *plane.args(), "--", "sh", "-c", "echo up; sleep 30"],
+                                cwd=ROOT, env=plane.env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None and proc.stdout.readline() == "up\n"
+            t0 = time.monotonic()
+            assert alpha.lease(lid, "cancel", {})["ok"]
+            code = proc.wait(15)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert code != 0 and time.monotonic() - t0 < 10
+
+
+def test_a_slow_reader_gets_every_byte(plane: Plane) -> None:
+    # twice the flow-control window, read only after a pause: nothing is dropped
+    from bus import sessions as wire
+
+    size = 2 * wire.WINDOW_BYTES
+    c = plane.auth.tenants["alpha"]
+
+    async def go() -> tuple[int, bytes]:
+        nc = await nats.connect(plane.server.url, user=c.user, password=c.password,
+                                inbox_prefix=tenant_inbox("alpha").encode())
+        try:
+            s = wire.TenantSession(nc, "alpha", plane.lease_id)
+            await s.open({"kind": "exec", "command": ["head", "-c", str(size), "/dev/zero"]})
+            await s.send(wire.EOF)
+            await asyncio.sleep(1.0)
+            got = 0
+            while True:
+                kind, _, payload = await s.recv(10)
+                if kind == wire.STDOUT:
+                    got += len(payload)
+                elif kind == wire.EXIT:
+                    return got, payload
+        finally:
+            await nc.close()
+
+    assert asyncio.run(go()) == (size, b"0")
