@@ -11,7 +11,7 @@ from typing import Any
 
 from domain.lease import Lease
 from domain.node import Node
-from domain.pool import PoolConfig
+from domain.poolconfig import PoolConfig
 from sim import (
     DRF,
     DRF_BACKFILL,

@@ -19,7 +19,8 @@ from bus.local.server import NatsServer
 from domain.account import Account
 from domain.lease import Lease, LeaseState
 from domain.node import Node
-from domain.pool import Pool, PoolConfig
+from domain.pool import Pool
+from domain.poolconfig import PoolConfig
 from domain.resources import LeaseId, NodeCapabilities, NodeId, PoolId, Resources, Shape, TenantId
 
 SAVE_LIMIT = 999  # events per save: one atomic batch, under the 1000-message limit

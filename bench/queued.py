@@ -38,7 +38,8 @@ def write_log(url: str, nodes: int, requests: int, say: Callable[[str], None]) -
     from control.bootstrap import app_env
     from domain.account import Account
     from domain.lease import Lease
-    from domain.pool import Pool, PoolConfig, TenantPolicy
+    from domain.pool import Pool, TenantPolicy
+    from domain.poolconfig import PoolConfig
     from domain.resources import PoolId, Shape, TenantId
 
     app = PoolApp(env=app_env(url))

@@ -22,7 +22,9 @@ from control.scheduler import Scheduler, tune_gc
 from domain.account import Account
 from domain.lease import Lease, LeaseState
 from domain.node import Node
-from domain.pool import Pool, PoolConfig, PriceList, TenantPolicy
+from domain.pool import Pool, TenantPolicy
+from domain.poolconfig import PoolConfig
+from domain.prices import PriceList
 from domain.resources import NodeCapabilities, NodeId, PoolId, Resources, Shape, TenantId
 
 TENANTS = (("alpha", 3), ("beta", 2), ("gamma", 1))

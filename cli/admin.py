@@ -14,6 +14,7 @@ from cli.connect import (
 )
 from cli.output import (
     EXIT_OK,
+    Parser,
     Subparsers,
     UsageError,
     parse_kv,
@@ -239,6 +240,23 @@ def register(sub: Subparsers) -> None:
     adm = sub.add_parser("admin", help="configure pools, tenants and nodes").add_subparsers(
         dest="sub", metavar="WHAT")
     adm.required = True
+    show = _add_pool(adm)
+    aten, ts = _add_tenant(adm)
+    from cli.quotas import register_admin
+
+    register_admin(adm, show, ts)
+    from cli import reservation
+
+    reservation.register_admin(adm)
+    _add_tenant_creds(aten)
+    from cli.gateway import register_tokens
+
+    register_tokens(adm, aten)
+    _add_node(adm)
+
+
+def _add_pool(adm: Subparsers) -> Parser:
+    """Add `admin pool` and its verbs; the `show` parser, which quotas extend."""
     apool = adm.add_parser("pool", help="pool settings").add_subparsers(dest="verb", metavar="VERB")
     apool.required = True
     for verb, help_text in (
@@ -264,6 +282,17 @@ def register(sub: Subparsers) -> None:
             else:
                 ps.add_argument(flag, type=int, default=default, metavar="SECONDS", help=help_)
         ps.set_defaults(func=cmd_admin, build=_pool_body)
+    _add_pool_prices(apool)
+    show = apool.add_parser("show", help="every setting in force")
+    client_opts(show)
+    show.add_argument("pool_id")
+    show.set_defaults(func=cmd_admin, build=lambda a: ("pool.show", {"pool_id": a.pool_id}))
+    _add_pool_images(apool)
+    return show
+
+
+def _add_pool_prices(apool: Subparsers) -> None:
+    """Add `admin pool prices`."""
     pp = apool.add_parser(
         "prices", help="publish the pool's price list (a new version; leases hold credits "
         "for their whole maximum runtime at these prices)",
@@ -285,10 +314,10 @@ def register(sub: Subparsers) -> None:
     pp.add_argument("--gpu-partition-second", action="append", metavar="PROFILE=MICROCREDITS",
                     help="per GPU partition (MIG profile, time-slice) per second (repeatable)")
     pp.set_defaults(func=cmd_admin, build=_pool_prices)
-    show = apool.add_parser("show", help="every setting in force")
-    client_opts(show)
-    show.add_argument("pool_id")
-    show.set_defaults(func=cmd_admin, build=lambda a: ("pool.show", {"pool_id": a.pool_id}))
+
+
+def _add_pool_images(apool: Subparsers) -> None:
+    """Add `admin pool images`."""
     pim = apool.add_parser("images", help="replace the pool's image policy (registries, signing "
                            "keys, size limit, isolation by trust level)")
     client_opts(pim)
@@ -312,6 +341,10 @@ def register(sub: Subparsers) -> None:
     pim.add_argument("--untrusted-isolation", default="sandboxed",
                      choices=["container", "sandboxed", "microvm", "dedicated-host"])
     pim.set_defaults(func=cmd_admin, build=_pool_images)
+
+
+def _add_tenant(adm: Subparsers) -> tuple[Subparsers, Parser]:
+    """Add `admin tenant` and its `set` verb; both, which the other groups extend."""
     aten = adm.add_parser("tenant", help="tenant settings").add_subparsers(dest="verb", metavar="VERB")
     aten.required = True
     ts = aten.add_parser("set", help="a tenant's weight, quota and cohort in a pool")
@@ -321,21 +354,21 @@ def register(sub: Subparsers) -> None:
     ts.add_argument("--weight", type=float, default=1.0)
     ts.add_argument("--quota", help="dimension=amount,… e.g. cpu_millis=64000,gpu_count=4")
     ts.set_defaults(func=cmd_admin, build=_tenant_set, after=_tenant_user_after_set)
-    from cli.quotas import register_admin
+    return aten, ts
 
-    register_admin(adm, show, ts)
-    from cli import reservation
 
-    reservation.register_admin(adm)
+def _add_tenant_creds(aten: Subparsers) -> None:
+    """Add `admin tenant creds`."""
     tc = aten.add_parser("creds", help="the tenant's NATS user on this machine's `pool up` "
                          "(created and loaded into the running server if new)")
     tc.add_argument("name", metavar="tenant_id")
     tc.add_argument("--rotate", action="store_true", help="replace the password")
     tc.add_argument("--json", action="store_true")
     tc.set_defaults(func=cmd_creds, kind="tenant")
-    from cli.gateway import register_tokens
 
-    register_tokens(adm, aten)
+
+def _add_node(adm: Subparsers) -> None:
+    """Add `admin node` and its verbs."""
     anode = adm.add_parser("node", help="nodes").add_subparsers(dest="verb", metavar="VERB")
     anode.required = True
     nr = anode.add_parser("register", help="register a node from a NodeRegistration JSON file")

@@ -204,6 +204,13 @@ def register(sub: Subparsers) -> None:
         dest="sub", metavar="BENCH"
     )
     bench.required = True
+    for add in (_add_eventlog, _add_schedule, _add_http, _add_e2e, _add_soak, _add_policy,
+                _add_gang, _add_all, _add_agent, _add_exec, _add_run, _add_projections):
+        add(bench)
+
+
+def _add_eventlog(bench: Subparsers) -> None:
+    """Add `bench eventlog` and its flags."""
     ev = bench.add_parser(
         "eventlog",
         help="raw JetStream publish vs eventsourcing saves vs atomic multi-aggregate saves",
@@ -214,6 +221,10 @@ def register(sub: Subparsers) -> None:
     ev.add_argument("--quick", action="store_true", help="a small size for CI")
     ev.add_argument("--json", action="store_true")
     ev.set_defaults(func=cmd_bench_eventlog)
+
+
+def _add_schedule(bench: Subparsers) -> None:
+    """Add `bench schedule` and its flags."""
     sb = bench.add_parser("schedule", help="placements/s, latency and RSS of the scheduler")
     sb.add_argument("--nodes", type=int, default=10000)
     sb.add_argument("--requests", type=int, default=100000)
@@ -230,6 +241,10 @@ def register(sub: Subparsers) -> None:
                          "on (default 0: current usage only)")
     sb.add_argument("--json", action="store_true")
     sb.set_defaults(func=cmd_bench_schedule)
+
+
+def _add_http(bench: Subparsers) -> None:
+    """Add `bench http` and its flags."""
     bh = bench.add_parser("http", help="the HTTP gateway beside the NATS path: requests/s and "
                           "reply p50/p99 of the same clients on each, in one run")
     bh.add_argument("--clients", type=int, default=32, help="concurrent clients (default 32)")
@@ -238,6 +253,10 @@ def register(sub: Subparsers) -> None:
     bh.add_argument("--quick", action="store_true", help="4 clients, 10 nodes, 1.5 s each")
     bh.add_argument("--json", action="store_true")
     bh.set_defaults(func=cmd_bench_http)
+
+
+def _add_e2e(bench: Subparsers) -> None:
+    """Add `bench e2e` and its flags."""
     be = bench.add_parser("e2e", help="what users see: concurrent clients requesting leases "
                           "on the public subjects against the whole control plane")
     be.add_argument("--clients", type=int, default=64, help="concurrent clients (default 64)")
@@ -261,6 +280,10 @@ def register(sub: Subparsers) -> None:
                     help="8 clients, 20 nodes, 2 s saturating, 100/s for 2 s")
     be.add_argument("--json", action="store_true")
     be.set_defaults(func=cmd_bench_e2e)
+
+
+def _add_soak(bench: Subparsers) -> None:
+    """Add `bench soak` and its flags."""
     bso = bench.add_parser("soak", help="many leases through request → reserve → commit → "
                            "release: the scheduler's RSS and a cold start-up's replay as they go")
     bso.add_argument("--leases", type=int, default=1_000_000,
@@ -271,6 +294,10 @@ def register(sub: Subparsers) -> None:
                      "tenth to each later one (slower; the RSS figures then include the tracing)")
     bso.add_argument("--json", action="store_true")
     bso.set_defaults(func=cmd_bench_soak)
+
+
+def _add_policy(bench: Subparsers) -> None:
+    """Add `bench policy` and its flags."""
     bpo = bench.add_parser("policy", help="a synthetic month replayed through each scheduling "
                            "policy on a virtual clock: utilisation, waits, fairness")
     bpo.add_argument("--quick", action="store_true",
@@ -290,6 +317,10 @@ def register(sub: Subparsers) -> None:
                      "`pool up` endpoints")
     bpo.add_argument("--json", action="store_true")
     bpo.set_defaults(func=cmd_bench_policy)
+
+
+def _add_gang(bench: Subparsers) -> None:
+    """Add `bench gang` and its flags."""
     bg = bench.add_parser("gang", help="1-GPU leases and 2×8/4×8/16×8 gangs on 1,000 nodes × 8 "
                           "GPUs in racks of 16, on a virtual clock, with and without the "
                           "gang hold guard: placements/s, waits, utilisation, starvation")
@@ -297,6 +328,10 @@ def register(sub: Subparsers) -> None:
     bg.add_argument("--seed", type=int, default=7, help="the workload's seed (default 7)")
     bg.add_argument("--json", action="store_true")
     bg.set_defaults(func=cmd_bench_gang)
+
+
+def _add_all(bench: Subparsers) -> None:
+    """Add `bench all` and its flags."""
     bal = bench.add_parser("all", help="every benchmark in one run: one table of figures, "
                            "goals and ratios to the raw JetStream rate")
     bal.add_argument("--quick", action="store_true", help="the CI sizes")
@@ -304,12 +339,20 @@ def register(sub: Subparsers) -> None:
                      "(default: pool up's, else an embedded one)")
     bal.add_argument("--json", action="store_true")
     bal.set_defaults(func=cmd_bench_all)
+
+
+def _add_agent(bench: Subparsers) -> None:
+    """Add `bench agent` and its flags."""
     ba = bench.add_parser("agent", help="start overhead: start command → workload running, "
                           "process and docker runtimes, next to a plain docker run")
     ba.add_argument("--starts", type=int, default=30, help="starts per runtime")
     ba.add_argument("--quick", action="store_true", help="5 starts per runtime")
     ba.add_argument("--json", action="store_true")
     ba.set_defaults(func=cmd_bench_agent)
+
+
+def _add_exec(bench: Subparsers) -> None:
+    """Add `bench exec` and its flags."""
     bx = bench.add_parser("exec", help="exec round trip of `true` into a running job (client "
                           "and whole `pool lease exec`), beside `docker exec` where a daemon "
                           "answers; port-forward throughput beside a direct loopback echo")
@@ -318,6 +361,10 @@ def register(sub: Subparsers) -> None:
     bx.add_argument("--quick", action="store_true", help="5 execs, 8 MiB")
     bx.add_argument("--json", action="store_true")
     bx.set_defaults(func=cmd_bench_exec)
+
+
+def _add_run(bench: Subparsers) -> None:
+    """Add `bench run` and its flags."""
     br = bench.add_parser("run", help="`pool lease run -- true` as a user runs it, whole "
                           "processes on a plane of its own with a local agent, beside "
                           "`bwrap … true`; and job exit → its end in the log")
@@ -325,6 +372,10 @@ def register(sub: Subparsers) -> None:
     br.add_argument("--quick", action="store_true", help="5 runs of each")
     br.add_argument("--json", action="store_true")
     br.set_defaults(func=cmd_bench_run)
+
+
+def _add_projections(bench: Subparsers) -> None:
+    """Add `bench projections` and its flags."""
     bp = bench.add_parser("projections", help="events/s into the PostgreSQL views, lag, "
                           "rebuild time and credit-audit replay rate")
     bp.add_argument("--events", type=int, default=None,

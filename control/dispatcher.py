@@ -24,7 +24,8 @@ from control.wake import IdleWait, Signal
 from domain.fold import Fold
 from domain.lease import Lease, LeaseState
 from domain.node import Node, NodeState
-from domain.pool import Pool, PoolConfig
+from domain.pool import Pool
+from domain.poolconfig import PoolConfig
 from domain.reservation import CapacityReservation
 from domain.resources import Shape
 from schemas import v1

@@ -77,110 +77,29 @@ class Projector:
         collection pauses the projector for the whole heap right after."""
         stop = stop or self._stop
         self.views.setup()
-        recorder = self.app.recorder
-        watch = getattr(recorder, "watch", None)
+        watch = getattr(self.app.recorder, "watch", None)
         unwatch = watch(self._wake.set) if watch is not None else None
-        prefetch = getattr(recorder, "prefetch", None)
-        ahead: tuple[int, Any] | None = None  # (start, the read of the batch from there)
-        size = self.batch_size  # of the next read: larger while behind (CATCH_UP_FACTOR)
-        folded = 0  # events applied since the last catch-up ended
-        writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pool-projector-w")
-        # the write in flight and the last id of its batch; the views' positions once it commits
-        inflight: tuple[concurrent.futures.Future[int], int] | None = None
-        pos: dict[str, tuple[int, int]] | None = None
-        gc_was: bool | None = None  # whether the collector ran before this catch-up paused it
-
-        def pause_gc() -> None:
-            nonlocal gc_was
-            if gc_was is None:
-                gc_was = gc.isenabled()
-                gc.disable()
-
-        def resume_gc(freeze: bool = False) -> None:
-            nonlocal gc_was
-            if gc_was is not None:
-                if freeze:
-                    # what the catch-up built sits in the youngest generation, unscanned: moved
-                    # out of the collector's sight first, or its next pass walks all of it
-                    gc.freeze()
-                if gc_was:
-                    gc.enable()
-                gc_was = None
-
-        def settle() -> None:
-            """Wait for the write in flight (its error raises here)."""
-            nonlocal inflight
-            if inflight is not None:
-                fut, last = inflight
-                inflight = None
-                fut.result()
-                self.position = last
-
-        def reset() -> None:
-            """After a failure: nothing in flight, no fold ahead of the committed views."""
-            nonlocal ahead, pos
-            try:
-                settle()
-            except Exception:  # its batch is read again from the positions
-                log.debug("projector write failed", exc_info=True)
-            ahead = None
-            pos = None
-            self.views.folder.clear()
-
+        stages = _Stages(self)
         try:
             while not stop.is_set():
                 # cleared before reading: an append from now on wakes the wait below
                 self._wake.clear()
                 try:
-                    if pos is None:
-                        settle()
-                        pos = self.views.view_positions()
-                    start = min((at for at, _ in pos.values()), default=0) + 1
-                    if ahead is not None and ahead[0] == start:
-                        batch = ahead[1].result()
-                    else:
-                        size = self.batch_size
-                        batch = recorder.select_notifications(start, size)
-                    ahead = None
-                    behind = len(batch) >= size
-                    size = self.batch_size * CATCH_UP_FACTOR if behind else self.batch_size
-                    if behind:
-                        pause_gc()
-                    else:
-                        resume_gc(freeze=folded >= FREEZE_AFTER_EVENTS)
-                    if not batch:
-                        settle()
-                        self.position = start - 1
-                        if folded >= FREEZE_AFTER_EVENTS:
-                            # caught up after a long fold: what the views keep in memory lives
-                            # on; move it out of the cyclic collector's sight, as the scheduler
-                            # does, or every full collection re-walks it (docs/performance-log.md)
-                            gc.freeze()
-                        folded = 0
+                    if not stages.advance():
                         self._wake.wait(self.poll_seconds)
-                        continue
-                    if prefetch is not None and behind:
-                        ahead = (batch[-1].id + 1, prefetch(batch[-1].id + 1, size))
-                    prepared = self.views.prepare(batch, pos)  # while the previous one writes
-                    settle()
-                    inflight = (writer.submit(self.views.process, batch, read_from=start,
-                                              prepared=prepared), batch[-1].id)
-                    pos = prepared.after
-                    folded += len(batch)
                 except PositionMoved:
-                    reset()
+                    stages.reset()
                 except Exception:  # the bus or the database may be away; retry
                     log.exception("projector batch failed; retrying")
-                    reset()
+                    stages.reset()
                     self.views.close()
                     stop.wait(1.0)
             try:
-                settle()
+                stages.settle()
             except Exception:  # stopping: the next run resumes from the views
                 log.warning("projector's last write failed", exc_info=True)
         finally:
-            writer.shutdown(wait=True)
-            resume_gc()
+            stages.close()
             if unwatch is not None:
                 unwatch()
 
@@ -205,6 +124,107 @@ class Projector:
             self._thread.join(10)
         self.views.close()
         self.app.close()
+
+
+class _Stages:
+    """One run of `Projector.run_forever`'s two overlapping stages: the read and fold of the
+    next batch on the caller's thread, the write of the previous one on a writer thread."""
+
+    def __init__(self, projector: Projector) -> None:
+        self.projector = projector
+        self.views = projector.views
+        self.recorder = projector.app.recorder
+        self.prefetch = getattr(self.recorder, "prefetch", None)
+        self.ahead: tuple[int, Any] | None = None  # (start, the read of the batch from there)
+        # of the next read: larger while behind (CATCH_UP_FACTOR)
+        self.size = projector.batch_size
+        self.folded = 0  # events applied since the last catch-up ended
+        self.writer = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="pool-projector-w")
+        # the write in flight and the last id of its batch; the views' positions once it commits
+        self.inflight: tuple[concurrent.futures.Future[int], int] | None = None
+        self.pos: dict[str, tuple[int, int]] | None = None
+        # whether the collector ran before this catch-up paused it
+        self.gc_was: bool | None = None
+
+    def pause_gc(self) -> None:
+        if self.gc_was is None:
+            self.gc_was = gc.isenabled()
+            gc.disable()
+
+    def resume_gc(self, freeze: bool = False) -> None:
+        if self.gc_was is not None:
+            if freeze:
+                # what the catch-up built sits in the youngest generation, unscanned: moved
+                # out of the collector's sight first, or its next pass walks all of it
+                gc.freeze()
+            if self.gc_was:
+                gc.enable()
+            self.gc_was = None
+
+    def settle(self) -> None:
+        """Wait for the write in flight (its error raises here)."""
+        if self.inflight is not None:
+            fut, last = self.inflight
+            self.inflight = None
+            fut.result()
+            self.projector.position = last
+
+    def reset(self) -> None:
+        """After a failure: nothing in flight, no fold ahead of the committed views."""
+        try:
+            self.settle()
+        except Exception:  # its batch is read again from the positions
+            log.debug("projector write failed", exc_info=True)
+        self.ahead = None
+        self.pos = None
+        self.views.folder.clear()
+
+    def advance(self) -> bool:
+        """Read and fold the next batch and hand it to the writer; False when the log had
+        nothing new (the caller waits for an append)."""
+        batch_size = self.projector.batch_size
+        if self.pos is None:
+            self.settle()
+            self.pos = self.views.view_positions()
+        pos = self.pos
+        start = min((at for at, _ in pos.values()), default=0) + 1
+        if self.ahead is not None and self.ahead[0] == start:
+            batch = self.ahead[1].result()
+        else:
+            self.size = batch_size
+            batch = self.recorder.select_notifications(start, self.size)
+        self.ahead = None
+        behind = len(batch) >= self.size
+        self.size = batch_size * CATCH_UP_FACTOR if behind else batch_size
+        if behind:
+            self.pause_gc()
+        else:
+            self.resume_gc(freeze=self.folded >= FREEZE_AFTER_EVENTS)
+        if not batch:
+            self.settle()
+            self.projector.position = start - 1
+            if self.folded >= FREEZE_AFTER_EVENTS:
+                # caught up after a long fold: what the views keep in memory lives on; move it
+                # out of the cyclic collector's sight, as the scheduler does, or every full
+                # collection re-walks it (docs/performance-log.md)
+                gc.freeze()
+            self.folded = 0
+            return False
+        if self.prefetch is not None and behind:
+            self.ahead = (batch[-1].id + 1, self.prefetch(batch[-1].id + 1, self.size))
+        prepared = self.views.prepare(batch, pos)  # while the previous one writes
+        self.settle()
+        self.inflight = (self.writer.submit(self.views.process, batch, read_from=start,
+                                            prepared=prepared), batch[-1].id)
+        self.pos = prepared.after
+        self.folded += len(batch)
+        return True
+
+    def close(self) -> None:
+        """Stop the writer thread (after its write) and give the collector back."""
+        self.writer.shutdown(wait=True)
+        self.resume_gc()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

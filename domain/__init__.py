@@ -43,7 +43,9 @@ if TYPE_CHECKING:
         LeaseState,
     )
     from domain.node import Node, NodeState
-    from domain.pool import Pool, PoolConfig, PreemptionSettings, PriceList, TenantPolicy
+    from domain.pool import Pool, TenantPolicy
+    from domain.poolconfig import PoolConfig, PreemptionSettings
+    from domain.prices import PriceList
     from domain.resources import (
         ZERO,
         LeaseId,
@@ -82,10 +84,10 @@ _HOMES: dict[str, str] = {
     "NotDue": "domain.errors",
     "OverAllocation": "domain.errors",
     "Pool": "domain.pool",
-    "PoolConfig": "domain.pool",
+    "PoolConfig": "domain.poolconfig",
     "PoolId": "domain.resources",
-    "PreemptionSettings": "domain.pool",
-    "PriceList": "domain.pool",
+    "PreemptionSettings": "domain.poolconfig",
+    "PriceList": "domain.prices",
     "PriceNotListed": "domain.errors",
     "QuotaExceeded": "domain.errors",
     "Resources": "domain.resources",

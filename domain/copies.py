@@ -12,7 +12,8 @@ from uuid import UUID
 from domain.account import TransferWindow
 from domain.gang import GangMembership
 from domain.lease import Job, JobSpec
-from domain.pool import PoolConfig, PreemptionSettings, PriceList
+from domain.poolconfig import PoolConfig, PreemptionSettings
+from domain.prices import PriceList
 from domain.resources import Device, NodeCapabilities, Resources, Shape
 
 T = TypeVar("T")

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
@@ -18,7 +16,6 @@ from eventsourcing.domain import Aggregate, event
 from domain.errors import (
     ImageNotAllowed,
     InvalidConfiguration,
-    PriceNotListed,
     PriorityClassNotAllowed,
     QueueLimitExceeded,
     QuotaExceeded,
@@ -29,6 +26,8 @@ from domain.errors import (
     WorkdirTooLarge,
 )
 from domain.policy.images import ImagePolicy, check_image, check_runtime
+from domain.poolconfig import PoolConfig
+from domain.prices import PriceList
 from domain.quota import (
     Limits,
     TenantQuota,
@@ -46,280 +45,7 @@ _POOL_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:pool")
 _TENANT_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:tenant-policy")
 _IDS_CACHED = 4096  # pool and tenant-policy ids remembered (a name's uuid5 costs a hash)
 
-PACKING_POLICIES: tuple[str, ...] = ("best-fit", "spread")
 QuotaLike = Mapping[str, int] | Resources | Limits | None  # see domain.quota.limits
-FALLBACK = "*"  # price-table key used for a GPU model or partition profile not listed
-
-
-# Value objects --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PreemptionSettings:
-    enabled: bool = False
-    min_runtime_seconds: int = 0  # a victim must have run this long in its placement
-    grace_seconds: int = 30  # time a victim gets to checkpoint and stop
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "enabled": self.enabled,
-            "min_runtime_seconds": self.min_runtime_seconds,
-            "grace_seconds": self.grace_seconds,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PreemptionSettings:
-        return cls(
-            enabled=bool(d.get("enabled", False)),
-            min_runtime_seconds=int(d.get("min_runtime_seconds", 0)),
-            grace_seconds=int(d.get("grace_seconds", 30)),
-        )
-
-
-@dataclass(frozen=True)
-class PoolConfig:
-    """A pool's scheduling and lifecycle settings. Higher priority rank = more important."""
-
-    packing: str = "best-fit"
-    commit_timeout_seconds: int = 30
-    heartbeat_timeout_seconds: int = 30
-    # capped at each lease's maximum runtime: by default a commit grants the whole of it
-    default_lease_seconds: int = 30 * 24 * 3600
-    maximum_runtime_seconds: int = 86_400  # the longest runtime a request may ask for
-    priority_classes: tuple[tuple[str, int], ...] = (("default", 0),)  # sorted (name, rank)
-    default_priority_class: str = "default"
-    preemption: PreemptionSettings = field(default_factory=PreemptionSettings)
-    aging_seconds_per_rank: int = 0  # waiting this long raises effective rank by 1; 0: none
-    node_timeout_seconds: int = 30  # a node silent this long is lost: no new placements
-    # a lost node's leases are released without the agent's word only after this long
-    lost_node_release_seconds: int = 300
-    # leases of these priority classes are never preemption victims
-    non_preemptible_classes: tuple[str, ...] = ()
-    # fair share counts usage decayed with this half-life besides current usage; 0: current only
-    fair_share_half_life_seconds: int = 0
-    # the user's files: the largest packed work directory a job may bring, how long a job's
-    # artifacts are kept, and how many bytes of them one job may store
-    max_workdir_bytes: int = 1 << 30
-    artifact_ttl_seconds: int = 7 * 86_400
-    max_artifact_bytes: int = 1 << 30
-    # a renewal is recorded only when it moves the deadline at least this far (the log grows
-    # with real changes only; domain.lease.Lease.renew)
-    renew_step_seconds: int = 60
-    # the most leases one tenant may have waiting in the pool's queue (the scheduler's memory)
-    max_queued_leases: int = 10_000
-    # how long a lease may wait queued before it ends `queue_timeout` (a request may ask less)
-    queue_timeout_seconds: int = 7 * 86_400
-    # a tenant's lease requests in the pool: this many a second, after a burst of this many
-    # (a token bucket per command-service process)
-    requests_per_second: int = 200
-    request_burst: int = 1000
-    # a tenant that let this many reservations time out uncommitted within the window has its
-    # new requests refused until the oldest leaves it (0: no limit; docs/adr/020-…)
-    max_voided_reservations: int = 20
-    voided_reservation_window_seconds: int = 3600
-    # a job's output its node stores and ships to the tenant, per job; the rest is dropped
-    max_output_bytes: int = 64 << 20
-
-    def __post_init__(self) -> None:
-        classes = tuple(sorted((str(k), int(v)) for k, v in dict(self.priority_classes).items()))
-        object.__setattr__(self, "priority_classes", classes)
-        object.__setattr__(self, "non_preemptible_classes",
-                           tuple(sorted({str(c) for c in self.non_preemptible_classes})))
-
-    def class_preemptible(self, priority_class: str) -> bool:
-        return priority_class not in self.non_preemptible_classes
-
-    def problems(self) -> list[str]:
-        """Every inconsistency, as reason strings; empty when the config is valid."""
-        found = []
-        if self.packing not in PACKING_POLICIES:
-            found.append(f"packing must be one of {', '.join(PACKING_POLICIES)}")
-        for name in ("commit_timeout_seconds", "heartbeat_timeout_seconds",
-                     "default_lease_seconds", "maximum_runtime_seconds",
-                     "node_timeout_seconds", "lost_node_release_seconds"):
-            if getattr(self, name) <= 0:
-                found.append(f"{name} must be positive")
-        if self.aging_seconds_per_rank < 0:
-            found.append("aging_seconds_per_rank must not be negative")
-        if not self.priority_classes:
-            found.append("at least one priority class is required")
-        if self.default_priority_class not in dict(self.priority_classes):
-            found.append(f"default priority class {self.default_priority_class!r} is not defined")
-        if self.preemption.min_runtime_seconds < 0 or self.preemption.grace_seconds < 0:
-            found.append("preemption times must not be negative")
-        for name in self.non_preemptible_classes:
-            if name not in dict(self.priority_classes):
-                found.append(f"non-preemptible class {name!r} is not defined")
-        if self.fair_share_half_life_seconds < 0:
-            found.append("fair_share_half_life_seconds must not be negative")
-        for name in ("max_workdir_bytes", "max_artifact_bytes", "max_output_bytes"):
-            if getattr(self, name) < 0:
-                found.append(f"{name} must not be negative")
-        if self.artifact_ttl_seconds <= 0:
-            found.append("artifact_ttl_seconds must be positive")
-        if self.renew_step_seconds < 0:
-            found.append("renew_step_seconds must not be negative")
-        if self.max_queued_leases <= 0:
-            found.append("max_queued_leases must be positive")
-        if self.queue_timeout_seconds <= 0:
-            found.append("queue_timeout_seconds must be positive")
-        for name in ("requests_per_second", "request_burst"):
-            if getattr(self, name) <= 0:
-                found.append(f"{name} must be positive")
-        if self.max_voided_reservations < 0:
-            found.append("max_voided_reservations must not be negative")
-        if self.voided_reservation_window_seconds <= 0:
-            found.append("voided_reservation_window_seconds must be positive")
-        return found
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "packing": self.packing,
-            "commit_timeout_seconds": self.commit_timeout_seconds,
-            "heartbeat_timeout_seconds": self.heartbeat_timeout_seconds,
-            "default_lease_seconds": self.default_lease_seconds,
-            "maximum_runtime_seconds": self.maximum_runtime_seconds,
-            "priority_classes": {k: v for k, v in self.priority_classes},
-            "default_priority_class": self.default_priority_class,
-            "preemption": self.preemption.to_dict(),
-            "aging_seconds_per_rank": self.aging_seconds_per_rank,
-            "node_timeout_seconds": self.node_timeout_seconds,
-            "lost_node_release_seconds": self.lost_node_release_seconds,
-            "non_preemptible_classes": list(self.non_preemptible_classes),
-            "fair_share_half_life_seconds": self.fair_share_half_life_seconds,
-            "max_workdir_bytes": self.max_workdir_bytes,
-            "artifact_ttl_seconds": self.artifact_ttl_seconds,
-            "max_artifact_bytes": self.max_artifact_bytes,
-            "renew_step_seconds": self.renew_step_seconds,
-            "max_queued_leases": self.max_queued_leases,
-            "queue_timeout_seconds": self.queue_timeout_seconds,
-            "requests_per_second": self.requests_per_second,
-            "request_burst": self.request_burst,
-            "max_voided_reservations": self.max_voided_reservations,
-            "voided_reservation_window_seconds": self.voided_reservation_window_seconds,
-            "max_output_bytes": self.max_output_bytes,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PoolConfig:
-        default = cls()
-        return cls(
-            packing=str(d.get("packing", default.packing)),
-            commit_timeout_seconds=int(d.get("commit_timeout_seconds", 30)),
-            heartbeat_timeout_seconds=int(d.get("heartbeat_timeout_seconds", 30)),
-            default_lease_seconds=int(d.get("default_lease_seconds", 300)),
-            maximum_runtime_seconds=int(d.get("maximum_runtime_seconds", 86_400)),
-            priority_classes=tuple(dict(d.get("priority_classes", {"default": 0})).items()),
-            default_priority_class=str(d.get("default_priority_class", "default")),
-            preemption=PreemptionSettings.from_dict(dict(d.get("preemption", {}))),
-            aging_seconds_per_rank=int(d.get("aging_seconds_per_rank", 0)),
-            node_timeout_seconds=int(d.get("node_timeout_seconds", 30)),
-            lost_node_release_seconds=int(d.get("lost_node_release_seconds", 300)),
-            non_preemptible_classes=tuple(d.get("non_preemptible_classes", ())),
-            fair_share_half_life_seconds=int(d.get("fair_share_half_life_seconds", 0)),
-            max_workdir_bytes=int(d.get("max_workdir_bytes", default.max_workdir_bytes)),
-            artifact_ttl_seconds=int(d.get("artifact_ttl_seconds",
-                                           default.artifact_ttl_seconds)),
-            max_artifact_bytes=int(d.get("max_artifact_bytes", default.max_artifact_bytes)),
-            renew_step_seconds=int(d.get("renew_step_seconds", default.renew_step_seconds)),
-            max_queued_leases=int(d.get("max_queued_leases", default.max_queued_leases)),
-            queue_timeout_seconds=int(d.get("queue_timeout_seconds",
-                                            default.queue_timeout_seconds)),
-            requests_per_second=int(d.get("requests_per_second", default.requests_per_second)),
-            request_burst=int(d.get("request_burst", default.request_burst)),
-            max_voided_reservations=int(d.get("max_voided_reservations",
-                                              default.max_voided_reservations)),
-            voided_reservation_window_seconds=int(d.get(
-                "voided_reservation_window_seconds", default.voided_reservation_window_seconds)),
-            max_output_bytes=int(d.get("max_output_bytes", default.max_output_bytes)),
-        )
-
-
-# Prices are per second of one unit; resources come in millis / MiB, so the sum is kept over a
-# common denominator and divided (rounding up) once, never per term.
-_CPU_UNIT = 1000  # millis per core
-_MEMORY_UNIT = 1024  # MiB per GiB
-_DENOMINATOR = _CPU_UNIT * _MEMORY_UNIT
-
-
-@dataclass(frozen=True)
-class PriceList:
-    """Micro-credits per second: per core (1000 cpu_millis), per GiB of memory, per GiB of local
-    disk, per whole GPU by model and per GPU partition by profile ("*" prices any unlisted)."""
-
-    cpu_core_second: int = 0
-    memory_gib_second: int = 0
-    local_disk_gib_second: int = 0
-    gpu_second: tuple[tuple[str, int], ...] = ((FALLBACK, 0),)  # sorted (model, price)
-    gpu_partition_second: tuple[tuple[str, int], ...] = ((FALLBACK, 0),)  # (profile, price)
-
-    def __post_init__(self) -> None:
-        for name in ("gpu_second", "gpu_partition_second"):
-            table = tuple(sorted((str(k), int(v)) for k, v in dict(getattr(self, name)).items()))
-            object.__setattr__(self, name, table)
-
-    def problems(self) -> list[str]:
-        prices = [self.cpu_core_second, self.memory_gib_second, self.local_disk_gib_second]
-        prices += [v for _, v in self.gpu_second] + [v for _, v in self.gpu_partition_second]
-        if any(not isinstance(p, int) or isinstance(p, bool) or p < 0 for p in prices):
-            return ["prices must be non-negative integers"]
-        return []
-
-    def gpu_price(self, model: str | None) -> int:
-        """Price of one GPU-second. An unknown model (None: "any") is priced at the dearest
-        listed model, so a hold made before placement still covers the charge."""
-        table = dict(self.gpu_second)
-        if model is None:
-            if not table:
-                raise PriceNotListed("no GPU prices are listed", reasons=("gpu_count",))
-            return max(table.values())
-        return _lookup(table, model, "gpu_count")
-
-    def partition_price(self, profile: str) -> int:
-        return _lookup(dict(self.gpu_partition_second), profile, f"gpu/{profile}")
-
-    def charge(self, resources: Resources, seconds: float, *, gpu_model: str | None) -> int:
-        """What `resources` cost for `seconds`, billed per started second, rounded up."""
-        whole_seconds = max(0, math.ceil(seconds))
-        numerator = (
-            resources.cpu_millis * self.cpu_core_second * _MEMORY_UNIT
-            + resources.memory_mib * self.memory_gib_second * _CPU_UNIT
-            + resources.local_disk_gib * self.local_disk_gib_second * _DENOMINATOR
-        )
-        if resources.gpu_count:
-            numerator += resources.gpu_count * self.gpu_price(gpu_model) * _DENOMINATOR
-        for dimension, amount in resources.extended:
-            if not dimension.startswith("gpu/"):
-                raise PriceNotListed(f"no price for dimension {dimension}", reasons=(dimension,))
-            numerator += amount * self.partition_price(dimension[4:]) * _DENOMINATOR
-        return -(-numerator * whole_seconds // _DENOMINATOR)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "cpu_core_second": self.cpu_core_second,
-            "memory_gib_second": self.memory_gib_second,
-            "local_disk_gib_second": self.local_disk_gib_second,
-            "gpu_second": {k: v for k, v in self.gpu_second},
-            "gpu_partition_second": {k: v for k, v in self.gpu_partition_second},
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PriceList:
-        return cls(
-            cpu_core_second=int(d.get("cpu_core_second", 0)),
-            memory_gib_second=int(d.get("memory_gib_second", 0)),
-            local_disk_gib_second=int(d.get("local_disk_gib_second", 0)),
-            gpu_second=tuple(dict(d.get("gpu_second", {FALLBACK: 0})).items()),
-            gpu_partition_second=tuple(dict(d.get("gpu_partition_second", {FALLBACK: 0})).items()),
-        )
-
-
-def _lookup(table: dict[str, int], key: str, dimension: str) -> int:
-    if key in table:
-        return table[key]
-    if FALLBACK in table:
-        return table[FALLBACK]
-    raise PriceNotListed(f"no price for {dimension} {key!r}", reasons=(dimension,))
 
 
 # Pool -----------------------------------------------------------------------------------------

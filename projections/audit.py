@@ -172,7 +172,6 @@ class CreditAudit:
         per event of the whole log."""
         topics = self._topics
         pending = self._pending
-        folded = self._folded
         accounts = self._accounts
         leases = self.report.leases
         fast = self._fast
@@ -258,37 +257,45 @@ class CreditAudit:
                     self.report.discrepancies.append(Discrepancy(
                         "release_split", tenant, hold, amount, [*seq_list(held[1]), seq], lid))
                 continue
-            charged, released, shortfall = ev.charged, ev.released, ev.shortfall
-            c.spent += charged
-            c.shortfall += shortfall
-            spend.charged += charged
-            spend.released += released
-            spend.shortfall += shortfall
-            if charged + released != hold:
-                self.report.discrepancies.append(Discrepancy(
-                    "settle_split", tenant, hold, charged + released,
-                    [*seq_list(held[1]), seq], lid, "charged + released must equal the hold"))
             self._pending_count = count  # folding on demand takes from what is pending
-            if lid in pending or lid in folded:
-                lease = self._fold(lid)
-            elif CANONICAL_UUID.fullmatch(lid):
-                lease = None  # no event of this lease so far
-            else:  # another spelling of a UUID: the lease's own
-                lease = self._fold(uuid_text(lid))
-            why: str | tuple[Any, ...] = "no lease in the log"
-            expected = 0
-            if isinstance(lease, Lease):
-                expected, plv, why = self._expected_charge(lease, lid, ev.at)
-                spend.expected += expected
-                if plv is not None:
-                    spend.price_list_versions.append(plv)
+            self._settled(ev, seq, lid, c, spend, tenant, held)
             count = self._pending_count
-            if charged + shortfall != expected:
-                self.report.discrepancies.append(Discrepancy(
-                    "charge", tenant, expected, charged + shortfall,
-                    [*seq_list(held[1]), seq], lid,
-                    why if isinstance(why, str) else _why(*why)))
         self._pending_count = count
+
+    def _settled(self, ev: Any, seq: int, lid: str, c: TenantCredits, spend: LeaseSpend,
+                 tenant: str, held: tuple[int, Any]) -> None:
+        """A lease's hold settled (charged, released, short): the tenant's and the lease's sums,
+        and what the lease's own events say it should have cost. Once per lease, so out of the
+        fold's loop; it may fold pending leases (`_pending_count` says how many remain)."""
+        hold = held[0]
+        charged, released, shortfall = ev.charged, ev.released, ev.shortfall
+        c.spent += charged
+        c.shortfall += shortfall
+        spend.charged += charged
+        spend.released += released
+        spend.shortfall += shortfall
+        if charged + released != hold:
+            self.report.discrepancies.append(Discrepancy(
+                "settle_split", tenant, hold, charged + released,
+                [*seq_list(held[1]), seq], lid, "charged + released must equal the hold"))
+        if lid in self._pending or lid in self._folded:
+            lease = self._fold(lid)
+        elif CANONICAL_UUID.fullmatch(lid):
+            lease = None  # no event of this lease so far
+        else:  # another spelling of a UUID: the lease's own
+            lease = self._fold(uuid_text(lid))
+        why: str | tuple[Any, ...] = "no lease in the log"
+        expected = 0
+        if isinstance(lease, Lease):
+            expected, plv, why = self._expected_charge(lease, lid, ev.at)
+            spend.expected += expected
+            if plv is not None:
+                spend.price_list_versions.append(plv)
+        if charged + shortfall != expected:
+            self.report.discrepancies.append(Discrepancy(
+                "charge", tenant, expected, charged + shortfall,
+                [*seq_list(held[1]), seq], lid,
+                why if isinstance(why, str) else _why(*why)))
 
     def _held_batch(self, ev: Any, seq: int, c: TenantCredits,
                     holds: dict[str, tuple[int, Any]], tenant: str) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from domain.lease import Lease
 from domain.policy.images import DEFAULT_ISOLATION_BY_TRUST, ImagePolicy
-from domain.pool import PoolConfig, PreemptionSettings
+from domain.poolconfig import PoolConfig, PreemptionSettings
 from schemas import v1
 
 

@@ -20,7 +20,7 @@ from domain.policy.backfill import (
 )
 from domain.policy.fairness import DecayedUsage, FairQueue, PendingRequest, quota_check
 from domain.policy.placement import FilterResult, NodeTable, Packing
-from domain.pool import PoolConfig
+from domain.poolconfig import PoolConfig
 from domain.resources import ZERO, NodeId, PoolId, Resources, Shape, TenantId
 from sim.workload import SimRequest, Workload
 

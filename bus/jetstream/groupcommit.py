@@ -15,7 +15,7 @@ from eventsourcing.persistence import IntegrityError, StoredEvent
 from bus.jetstream.wire import MAX_BATCH
 
 if TYPE_CHECKING:
-    from bus.jetstream.recorder import JetStreamRecorder
+    from bus.jetstream.saves import Saves
 
 
 # a round of up to this many single-event saves goes out as plain publishes, one each; a
@@ -38,7 +38,7 @@ class _Save:
 class GroupCommitter:
     """The queue of one recorder's saves and the one task that drains it."""
 
-    def __init__(self, recorder: JetStreamRecorder) -> None:
+    def __init__(self, recorder: Saves) -> None:
         self.recorder = recorder
         self._queue: deque[_Save] = deque()
         self._draining = False

@@ -17,8 +17,9 @@ from bus.jetstream.natsfast import (
     subscribe_raw_msgs,
     widen_reads,
 )
-from bus.jetstream.recorder import SUBJECT_CACHE_MAX, JetStreamRecorder
+from bus.jetstream.recorder import JetStreamRecorder
 from bus.jetstream.strays import strays
+from bus.jetstream.subjectcache import SUBJECT_CACHE_MAX
 from bus.jetstream.wire import (
     RECORD_IDS_LIMIT,
     UUID_TEXT,

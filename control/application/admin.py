@@ -20,7 +20,9 @@ from domain.errors import DomainError
 from domain.lease import Lease, LeaseState
 from domain.node import Node
 from domain.policy.backfill import lease_end_estimate
-from domain.pool import Pool, PoolConfig, PriceList, TenantPolicy
+from domain.pool import Pool, TenantPolicy
+from domain.poolconfig import PoolConfig
+from domain.prices import PriceList
 from domain.quota import QuotaBook
 from domain.reservation import CapacityReservation
 from domain.resources import PoolId, Resources, TenantId

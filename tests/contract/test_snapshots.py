@@ -26,7 +26,9 @@ from control.application.core import AppCore
 from control.bootstrap import app_env
 from domain.account import Account
 from domain.node import Node
-from domain.pool import Pool, PoolConfig, PriceList
+from domain.pool import Pool
+from domain.poolconfig import PoolConfig
+from domain.prices import PriceList
 from domain.resources import Device, LeaseId, NodeCapabilities, NodeId, PoolId, Resources
 from domain.snapshots import StateSnapshot
 

@@ -12,7 +12,7 @@ from eventsourcing.application import Application
 from eventsourcing.domain import Aggregate, event
 from eventsourcing.persistence import IntegrityError
 
-import bus.jetstream.recorder as recorder_module
+import bus.jetstream.subjectcache as subjectcache_module
 from bus.local.server import NatsServer
 from bus.runtime import close_runtime
 
@@ -34,7 +34,7 @@ class Counters(Application[UUID]):
 
 @pytest.fixture()
 def app(fresh_nats: NatsServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Counters]:
-    monkeypatch.setattr(recorder_module, "SUBJECT_CACHE_MAX", 8)
+    monkeypatch.setattr(subjectcache_module, "SUBJECT_CACHE_MAX", 8)
     a = Counters(env={"PERSISTENCE_MODULE": "bus.jetstream", "NATS_URL": fresh_nats.url,
                       "NATS_STREAM": "CACHE_T"})
     yield a

@@ -17,7 +17,9 @@ from control.dispatcher import _TOPICS, Dispatcher
 from domain.lease import JobSpec, Lease
 from domain.node import Node
 from domain.policy.images import ImagePolicy
-from domain.pool import Pool, PoolConfig, PriceList, TenantPolicy
+from domain.pool import Pool, TenantPolicy
+from domain.poolconfig import PoolConfig
+from domain.prices import PriceList
 from domain.reservation import CapacityReservation
 from domain.resources import (
     LeaseId,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from client.api import PoolClient
 from control.plane import ControlPlane
-from domain.pool import PoolConfig
+from domain.poolconfig import PoolConfig
 from domain.resources import NodeCapabilities, Resources, Shape
 from sim import DRF, DRF_BACKFILL, Policy, SimNode, SimRequest, Simulator, Tenant, Workload
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool

@@ -17,7 +17,8 @@ from domain.errors import (
     UnknownPriorityClass,
     VoidedReservationLimit,
 )
-from domain.pool import Pool, PoolConfig, TenantPolicy
+from domain.pool import Pool, TenantPolicy
+from domain.poolconfig import PoolConfig
 from domain.rate import TokenBucket
 
 SHAPE = Shape.build(cpu_millis=2000, memory_mib=4096)

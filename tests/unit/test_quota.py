@@ -7,7 +7,8 @@ import pytest
 
 from domain.errors import InvalidConfiguration, QuotaExceeded, RuntimeLimitExceeded
 from domain.lease import JobSpec, Lease, LeaseState
-from domain.pool import Pool, PoolConfig, TenantPolicy
+from domain.pool import Pool, TenantPolicy
+from domain.poolconfig import PoolConfig
 from domain.quota import (
     CohortQuota,
     QuotaBook,

@@ -49,16 +49,34 @@ class Filtering(Table):
             return FilterResult(0, empty, {}, False, 0, empty)
         failures: dict[str, int] = {}
 
+        ready = self._ready(n, failures)
+        static_ok = self._static_ok(shape, n, allowed_trust_levels, failures)
+        fits_empty, fits_now = self._fits(shape, n, failures)
+
+        could = static_ok & fits_empty
+        fit_when_empty = int(np.count_nonzero(could))
+        ok_now = could & ready
+        eligible = np.flatnonzero(ok_now & fits_now).astype(np.int64, copy=False)
+        busy = np.flatnonzero(ok_now & ~fits_now).astype(np.int64, copy=False)
+        return FilterResult(n, eligible, failures, fit_when_empty == 0, fit_when_empty, busy)
+
+    def _ready(self, n: int, failures: dict[str, int]) -> BoolArray:
+        """The nodes ready for placements; the others counted by their state's reason."""
         # Node state: transient, so it never makes a request unsatisfiable.
         state = self._state[:n]
-        ready = state == READY
+        ready: BoolArray = state == READY
         if not ready.all():
             per_state = np.bincount(state, minlength=len(NODE_STATES))
             for s, code in zip(NODE_STATES[1:], R.STATE_REASONS):
                 c = int(per_state[NODE_STATES.index(s)])
                 if c:
                     failures[code] = c
+        return ready
 
+    def _static_ok(self, shape: Shape, n: int, allowed_trust_levels: Iterable[str] | None,
+                   failures: dict[str, int]) -> BoolArray:
+        """The nodes whose fixed properties suit `shape` (architecture, GPU model and memory,
+        partitions, isolation, network, place); each failing filter counted."""
         static_ok = np.ones(n, dtype=np.bool_)
 
         def static(code: str, fail: BoolArray) -> None:
@@ -101,7 +119,12 @@ class Filtering(Table):
             static(R.REGION_MISMATCH, self._region[:n] != region)
         if shape.zone is not None:
             static(R.ZONE_MISMATCH, self._zone[:n] != self._codes["zone"].lookup(shape.zone))
+        return static_ok
 
+    def _fits(self, shape: Shape, n: int,
+              failures: dict[str, int]) -> tuple[BoolArray, BoolArray]:
+        """Per node whether `shape`'s resources fit it empty and fit it now; the nodes too busy
+        or too small counted per capacity reason."""
         # Capacity: "never fits" (allocatable < request) versus "busy" (free < request).
         fits_empty = np.ones(n, dtype=np.bool_)
         fits_now = np.ones(n, dtype=np.bool_)
@@ -130,10 +153,4 @@ class Filtering(Table):
                 c = int(np.count_nonzero(mask))
                 if c:
                     failures[code] = c
-
-        could = static_ok & fits_empty
-        fit_when_empty = int(np.count_nonzero(could))
-        ok_now = could & ready
-        eligible = np.flatnonzero(ok_now & fits_now).astype(np.int64, copy=False)
-        busy = np.flatnonzero(ok_now & ~fits_now).astype(np.int64, copy=False)
-        return FilterResult(n, eligible, failures, fit_when_empty == 0, fit_when_empty, busy)
+        return fits_empty, fits_now
