@@ -38,6 +38,8 @@ _ADVANCE_AT = _FIELDS.index("advance_reservation_id")
 _QUEUED_AT = _FIELDS.index("queued_at")
 _GANG_AT = _FIELDS.index("gang")
 _QUEUE_TIMEOUT_AT = _FIELDS.index("queue_timeout_seconds")
+_ARRAY_AT = _FIELDS.index("array_id")
+_MAX_RUNNING_AT = _FIELDS.index("max_running")
 _REPEATED_AT = tuple(_FIELDS.index(name) for name in (
     "originator_topic", "tenant_id", "pool_id", "priority_class", "maximum_runtime_seconds",
     "lease_seconds", "heartbeat_timeout_seconds"))
@@ -126,6 +128,16 @@ class QueuedLease:
     def gang(self) -> GangMembership | None:
         value = self.requested[_GANG_AT]
         return None if value is None or value is _MISSING else GangMembership.from_dict(value)
+
+    @property
+    def array_id(self) -> str | None:
+        value = self.requested[_ARRAY_AT]
+        return None if value is None or value is _MISSING else str(value)
+
+    @property
+    def max_running(self) -> int | None:
+        value = self.requested[_MAX_RUNNING_AT]
+        return None if value is None or value is _MISSING else int(value)
 
     def next_due_at(self) -> float | None:
         """When its queue timeout ends its wait (Lease.next_due_at for a queued lease)."""

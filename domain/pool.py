@@ -16,6 +16,7 @@ from uuid import UUID
 from eventsourcing.domain import Aggregate, event
 
 from domain.errors import (
+    AttemptLimitExceeded,
     ImageNotAllowed,
     InvalidConfiguration,
     PriceNotListed,
@@ -117,6 +118,8 @@ class PoolConfig:
     # new requests refused until the oldest leaves it (0: no limit; docs/adr/020-…)
     max_voided_reservations: int = 20
     voided_reservation_window_seconds: int = 3600
+    # the most attempts a request's retry policy may ask for (domain.retry)
+    max_attempts: int = 10
 
     def __post_init__(self) -> None:
         classes = tuple(sorted((str(k), int(v)) for k, v in dict(self.priority_classes).items()))
@@ -168,6 +171,8 @@ class PoolConfig:
             found.append("max_voided_reservations must not be negative")
         if self.voided_reservation_window_seconds <= 0:
             found.append("voided_reservation_window_seconds must be positive")
+        if self.max_attempts <= 0:
+            found.append("max_attempts must be positive")
         return found
 
     def to_dict(self) -> dict[str, Any]:
@@ -195,6 +200,7 @@ class PoolConfig:
             "request_burst": self.request_burst,
             "max_voided_reservations": self.max_voided_reservations,
             "voided_reservation_window_seconds": self.voided_reservation_window_seconds,
+            "max_attempts": self.max_attempts,
         }
 
     @classmethod
@@ -228,6 +234,7 @@ class PoolConfig:
                                               default.max_voided_reservations)),
             voided_reservation_window_seconds=int(d.get(
                 "voided_reservation_window_seconds", default.voided_reservation_window_seconds)),
+            max_attempts=int(d.get("max_attempts", default.max_attempts)),
         )
 
 
@@ -472,6 +479,15 @@ class Pool(Aggregate):
                 f"max_workdir_bytes of {limit} ({limit / 2**20:g} MiB)",
                 reasons=("max_workdir_bytes",),
             )
+
+    def admit_attempts(self, max_attempts: int) -> None:
+        """Raise AttemptLimitExceeded when a retry policy asks for more attempts than the
+        pool's max_attempts."""
+        limit = self.config.max_attempts
+        if max_attempts > limit:
+            raise AttemptLimitExceeded(
+                f"retries.max_attempts {max_attempts} is past pool {self.pool_id}'s "
+                f"max_attempts of {limit}", reasons=("max_attempts",))
 
     def admit_queue(self, tenant: str, queued: int, count: int) -> None:
         """Raise QueueLimitExceeded, naming the limit and what is left of it, when `count`

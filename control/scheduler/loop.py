@@ -66,8 +66,8 @@ class Scheduler(Placing):
         while self._deadlines and self._deadlines[0][0] <= now:
             _due, lid = heapq.heappop(self._deadlines)
             lease = self.aggregates.get(UUID(lid))
-            if not isinstance(lease, Lease):
-                continue
+            if not isinstance(lease, Lease) or lease.state is LeaseState.HELD:
+                continue  # a held lease's timer is the reconciler's (it queues it)
             if not self.leads(lease.pool_id):
                 # another scheduler's pool: looked at again later, in case this one takes it
                 others.append((now + OTHERS_DEADLINE_RETRY_SECONDS, lid))
