@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
+from bus.local.server import NatsServer
 from client.api import PoolClient
+from control.plane import ControlPlane
+from tests.control_plane import lease_body, setup_pool
+from tests.integration.test_agent import AgentThread, wait_for
 from tests.integration.test_cli_run import _lease_args, _pool, plane
 
 __all__ = ["plane"]  # the fixture, shared with the `lease run` tests
@@ -19,6 +24,8 @@ def _ended(out: str) -> dict[str, object]:
 
 
 def test_a_job_failing_twice_then_succeeding_ends_succeeded_on_attempt_3(plane: str) -> None:
+    with PoolClient(plane) as admin:  # priced, so each attempt holds and spends credits
+        assert admin.admin("pool.prices", {"pool_id": "p1", "cpu_core_second": 1000})["ok"]
     out = _pool(plane, "lease", "run", *_lease_args(plane), "--retries", "3",
                 "--retry-on", "failed", "--json", "--",
                 "sh", "-c", 'echo "attempt $POOL_ATTEMPT"; [ "$POOL_ATTEMPT" -ge 3 ]')
@@ -31,6 +38,11 @@ def test_a_job_failing_twice_then_succeeding_ends_succeeded_on_attempt_3(plane: 
     assert isinstance(ends, list)
     assert [(e["attempt"], e["end_reason"], e["exit_code"]) for e in ends] == [
         (1, "failed", 1), (2, "failed", 1)]
+    # each attempt held and settled on its own: the credit audit balances
+    audit = _pool(plane, "audit", "credits", "--no-views", "--nats-url", plane, "--json")
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    alpha = json.loads(audit.stdout)["tenants"]["alpha"]
+    assert alpha["held"] == 0 and alpha["spent"] > 0, alpha
 
 
 def test_a_job_failing_every_time_ends_failed_after_max_attempts(plane: str) -> None:
@@ -116,3 +128,41 @@ def test_an_array_never_has_more_than_max_running_leases_holding_capacity(plane:
     report = json.loads(audit.stdout)
     assert audit.returncode == 0 and report["ok"], audit.stdout
     assert report["checks"]["workflows"].startswith("1 throttled arrays")
+
+
+def test_a_job_whose_node_is_lost_runs_again_on_another_node(
+        fresh_nats: NatsServer, tmp_path: Path) -> None:
+    url = fresh_nats.url
+    cp = ControlPlane(url, leader_ttl_seconds=1.0).start()
+    admin, alpha = PoolClient(url), PoolClient(url, "alpha")
+    setup_pool(admin, tenants={"alpha": 1.0}, heartbeat_timeout_seconds=30,
+               node_timeout_seconds=2, lost_node_release_seconds=1,
+               preemption={"enabled": False, "grace_seconds": 1})
+    n1 = AgentThread(url, "n1", tmp_path / "n1").start()
+    n2: AgentThread | None = None
+    try:
+        body = lease_body("lost", runtime="sandboxed", memory_mib=256, max_runtime=120) | {
+            "retries": {"max_attempts": 2, "on": ["node_lost"]}}
+        # the first attempt outlives its node; the second ends at once
+        r = alpha.request_lease(body)
+        assert r["ok"], r
+        lid = str(r["lease"]["lease_id"])
+        wait_for(lambda: alpha.lease(lid, "get")["lease"]["state"] == "reserved")
+        assert alpha.lease(lid, "commit", {"job": {
+            "command": ["sh", "-c", '[ "$POOL_ATTEMPT" -ge 2 ] || sleep 6']}})["ok"]
+        wait_for(lambda: n1.agent.running.get(lid) is not None)
+        n2 = AgentThread(url, "n2", tmp_path / "n2").start()
+        n1.stop()  # silent from now on: its node is lost, and the lease with it
+        lease = wait_for(lambda: (got := alpha.lease(lid, "get")["lease"])["state"] == "released"
+                         and got, timeout=30)
+        assert (lease["end_reason"], lease["attempts"], lease["node_id"]) == (
+            "succeeded", 2, "n2")
+        assert [(e["end_reason"], e["node_id"]) for e in lease["attempt_ends"]] == [
+            ("node_lost", "n1")]
+    finally:
+        for agent in (n1, n2):
+            if agent is not None and agent.thread.is_alive():
+                agent.stop()
+        alpha.close()
+        admin.close()
+        cp.stop()
