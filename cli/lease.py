@@ -411,8 +411,15 @@ def _print_change(item: Any, as_json: bool) -> None:
     if r is None:
         print(f"{item.seq}  undecodable record on {item.subject}: {item.error}", flush=True)
         return
-    print(_change_line(r.at, r.lease_id, r.previous_state, r.state, r.node_id, r.end_reason,
-                       r.exit_code), flush=True)
+    line = _change_line(r.at, r.lease_id, r.previous_state, r.state, r.node_id, r.end_reason,
+                        r.exit_code)
+    if r.attempt_end_reason:  # a retry: how the attempt before ended
+        line += f"  attempt {r.attempt - 1} {r.attempt_end_reason}, attempt {r.attempt} next"
+    elif r.attempt > 1:
+        line += f"  attempt {r.attempt}"
+    if r.held_reason:
+        line += f"  ({r.held_reason})"
+    print(line, flush=True)
 
 
 def _print_lease(lease: dict[str, Any], as_json: bool) -> None:

@@ -38,6 +38,11 @@ def test_a_job_failing_twice_then_succeeding_ends_succeeded_on_attempt_3(plane: 
     assert isinstance(ends, list)
     assert [(e["attempt"], e["end_reason"], e["exit_code"]) for e in ends] == [
         (1, "failed", 1), (2, "failed", 1)]
+    # the feed tells each retry: how the attempt before it ended
+    watched = _pool(plane, "lease", "watch", str(lease["lease_id"]), "--nats-url", plane,
+                    "--tenant", "alpha")
+    assert "attempt 1 failed, attempt 2 next" in watched.stdout, watched.stdout
+    assert "attempt 2 failed, attempt 3 next" in watched.stdout, watched.stdout
     # each attempt held and settled on its own: the credit audit balances
     audit = _pool(plane, "audit", "credits", "--no-views", "--nats-url", plane, "--json")
     assert audit.returncode == 0, audit.stdout + audit.stderr
