@@ -235,6 +235,15 @@ class LeaseMemory:
             return agg
         return self.queued.get(oid)
 
+    def requested(self, oid: UUID) -> dict[str, Any] | None:
+        """The request's fields of a lease held compactly before its LeaseQueued (one held
+        for its dependencies, or requested and not yet queued); None for any other."""
+        held = self._requested.get(oid)
+        if held is None:
+            return None
+        return {name: value for name, value in zip(_FIELDS, held[0], strict=True)
+                if value is not _MISSING}
+
     def absorb(self, event: Any) -> QueuedLease | bool:
         """Fold `event` compactly if it is a lease's LeaseRequested or the LeaseQueued after it:
         the new QueuedLease (a request queued by its own event, or its LeaseQueued), True for

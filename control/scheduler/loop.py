@@ -19,6 +19,7 @@ from control.scheduler.state import OTHERS_DEADLINE_RETRY_SECONDS, CycleReport
 
 log = logging.getLogger(__name__)
 from control.wake import IdleWait, Signal
+from domain.dependency import WAITING_FOR_DEPENDENCY
 from domain.errors import DomainError
 from domain.lease import Lease, LeaseState
 from domain.pool import TenantPolicy
@@ -125,6 +126,10 @@ class Scheduler(Placing):
             except ValueError:
                 return None
             if not isinstance(lease, (Lease, QueuedLease)):
+                held = self.aggregates.requested(UUID(lease_id))
+                if held is not None and held.get("tenant_id") == tenant:
+                    return {"lease_id": lease_id, "state": "held" if held.get("held_reason")
+                            else "requested", "reasons": self._held_reasons(held)}
                 ended = self._ended.get(lease_id)
                 return dict(ended[1]) if ended is not None and ended[0] == tenant else None
             if lease.tenant_id != tenant:
@@ -135,6 +140,11 @@ class Scheduler(Placing):
                 out["reasons"] = reasons
             elif isinstance(lease, Lease) and lease.state is LeaseState.REJECTED:
                 out["reasons"] = {"rejection_code": lease.rejection_code}
+            elif isinstance(lease, Lease) and lease.state is LeaseState.HELD:
+                out["reasons"] = self._held_reasons({
+                    "held_reason": lease.held_reason, "after": lease.after})
+                if lease.held_until is not None:
+                    out["reasons"]["held_until"] = lease.held_until
             elif lease.state in (LeaseState.QUEUED, LeaseState.REQUESTED):
                 # waiting, but no cycle has looked at it yet: its place is not known either
                 out["reasons"] = {"not_yet_examined": True}
@@ -149,6 +159,17 @@ class Scheduler(Placing):
                 if start is not None:
                     out["estimated_start_in_seconds"] = max(0.0, start - self.clock())
             return out
+
+    def _held_reasons(self, held: dict[str, Any]) -> dict[str, Any]:
+        """Why a held lease is out of the queue: its held reason and, waiting for other
+        leases, those of them that have not ended (as far as this fold knows)."""
+        reason = held.get("held_reason")
+        out: dict[str, Any] = {"tenant": [reason] if reason else []}
+        after = [str(d[0]) for d in held.get("after") or () if d]
+        if after and reason == WAITING_FOR_DEPENDENCY:
+            live = [d for d in after if _is_uuid(d) and UUID(d) in self.aggregates]
+            out["waiting_for"] = live or after
+        return out
 
     def pool_of(self, tenant: str, lease_id: str) -> str | None:
         """The pool of this tenant's lease, while it is held in memory (None: no such lease)."""
@@ -223,3 +244,11 @@ class Scheduler(Placing):
             except Exception:
                 log.exception("the last batch's outcome is not known; the log says")
             observability.unwatch_scheduler(self)
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        UUID(text)
+    except ValueError:
+        return False
+    return True

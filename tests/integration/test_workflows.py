@@ -77,12 +77,16 @@ def _wait_for(c: PoolClient, lease_id: str, states: set[str],
 def test_b_runs_after_a_succeeds_and_c_waiting_for_a_failure_ends_dependency_failed(
         plane: str) -> None:
     a = _pool(plane, "lease", "run", *_lease_args(plane), "--detach", "--",
-              "sh", "-c", "sleep 1").stdout.strip()
+              "sh", "-c", "sleep 2").stdout.strip()
     c_req = _pool(plane, "lease", "request", *_lease_args(plane), "--after", f"{a}:notok",
                   "--json")
     assert c_req.returncode == 0, c_req.stderr
     c_id = json.loads(c_req.stdout)["lease"]["lease_id"]
     assert json.loads(c_req.stdout)["lease"]["state"] == "held"
+    with PoolClient(plane, "alpha") as c:
+        why = c.lease(c_id, "why")["result"]
+        assert why["state"] == "held", why
+        assert why["reasons"] == {"tenant": ["waiting_for_dependency"], "waiting_for": [a]}
     b = _pool(plane, "lease", "run", *_lease_args(plane), "--after", f"{a}:ok", "--json",
               "--", "echo", "b")
     assert b.returncode == 0, b.stderr
