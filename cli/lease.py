@@ -129,21 +129,25 @@ def _workflow(args: argparse.Namespace) -> dict[str, Any]:
                     raise UsageError(f"--{flag.replace('_', '-')} must be 0 to 86400 seconds")
                 policy[name] = value
         out["retries"] = policy
-    after = []
-    for item in getattr(args, "after", None) or []:
-        lease_id, _, condition = item.partition(":")
-        condition = condition or "ok"
-        if not lease_id or condition not in DEPENDENCY_CONDITIONS:
-            raise UsageError(f"--after wants ID[:ok|:any|:notok], not {item!r}")
-        after.append({"lease_id": lease_id, "condition": condition})
+    after = [_dependency("--after", item) for item in getattr(args, "after", None) or []]
     if after:
         out["after"] = after
+    if getattr(args, "after_each", None):
+        out["after_each"] = _dependency("--after-each", args.after_each)
     max_running = getattr(args, "max_running", None)
     if max_running is not None:
         if not 1 <= max_running <= MAX_LEASES_PER_REQUEST:
             raise UsageError(f"--max-running must be between 1 and {MAX_LEASES_PER_REQUEST}")
         out["max_running"] = max_running
     return out
+
+
+def _dependency(flag: str, item: str) -> dict[str, str]:
+    lease_id, _, condition = item.partition(":")
+    condition = condition or "ok"
+    if not lease_id or condition not in DEPENDENCY_CONDITIONS:
+        raise UsageError(f"{flag} wants ID[:ok|:any|:notok], not {item!r}")
+    return {"lease_id": lease_id, "condition": condition}
 
 
 def _group(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -578,6 +582,9 @@ def register(sub: Subparsers) -> None:
     rq.add_argument("--count", type=int, default=1,
                     help=f"leases to request at once, each its own lease (1 to "
                          f"{MAX_LEASES_PER_REQUEST}; ids follow from --key and the index)")
+    rq.add_argument("--after-each", metavar="ID[:ok|:any|:notok]",
+                    help="with --count N: lease i waits for lease i of the array of N whose "
+                    "first lease is ID (as --after does)")
     rq.add_argument("--max-running", type=int, metavar="K",
                     help="with --count: at most K of these leases reserved or running at once")
     rq.add_argument("--members", type=int, metavar="N",

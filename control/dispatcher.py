@@ -400,12 +400,14 @@ class Dispatcher:
         for dep in after:
             if isinstance(dep, (list, tuple)) and dep:
                 self._waiting.setdefault(str(dep[0]), []).append(waiter)
-        self._dependency_timers[waiter] = float(getattr(event, "requested_at", 0.0) or 0.0)
+        # a check due at once: the time is the server's to fire it, not a deadline of the
+        # lease's, so it is this machine's now (whatever clock the domain was given)
+        self._dependency_timers[waiter] = time.time()
 
     def _wake_waiters(self, lease: Lease) -> None:
         """`lease` ended: the leases that wait for it are checked (their timers fire now)."""
         for waiter in self._waiting.pop(str(lease.id), ()):
-            self._dependency_timers[waiter] = float(lease.ended_at or 0.0)
+            self._dependency_timers[waiter] = time.time()
 
     def _timer(self, agg: Aggregate) -> tuple[str, float] | None:
         """(timer key, due time) when `agg`'s timer must be (re)armed; None when it has none

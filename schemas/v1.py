@@ -382,6 +382,8 @@ class LeaseRequest(_Command, frozen=True, kw_only=True):
     retries: RetryPolicy | None = None
     # existing leases of the tenant it waits for: held, not queued, until they ended as asked
     after: Annotated[list[LeaseDependency], Meta(max_length=MAX_DEPENDENCIES)] = []
+    # another array of the same size, named by its first lease: lease i waits for its lease i
+    after_each: LeaseDependency | None = None
     # of a batch (`count`): at most this many of its leases reserved or running at once
     max_running: Annotated[int, Meta(ge=1, le=MAX_LEASES_PER_REQUEST)] | None = None
 
@@ -389,8 +391,10 @@ class LeaseRequest(_Command, frozen=True, kw_only=True):
         if self.group is not None and self.count != 1:
             raise ValueError("a request is a gang (group) or a batch (count), not both")
         if self.group is not None and (self.retries is not None or self.after
+                                       or self.after_each is not None
                                        or self.max_running is not None):
-            raise ValueError("a gang (group) takes no retries, after or max_running")
+            raise ValueError("a gang (group) takes no retries, after, after_each or "
+                             "max_running")
 
 
 class CheckpointPolicy(_Part, frozen=True, kw_only=True):

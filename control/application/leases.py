@@ -9,7 +9,12 @@ from eventsourcing.persistence import IntegrityError
 
 from control.application.core import A, retried
 from control.application.gangs import GangCommands, member_job
-from control.application.workflows import dependencies, resolve_held, retry_policy
+from control.application.workflows import (
+    dependencies,
+    each_dependency,
+    resolve_held,
+    retry_policy,
+)
 from control.errors import IdempotencyConflict, ServiceError, UnknownTenant
 from domain.account import Account
 from domain.errors import DomainError, RateLimited
@@ -91,6 +96,7 @@ class LeaseCommands(GangCommands):
             ("queue_timeout_seconds",) if req.queue_timeout_seconds is None else ()) + (
             ("retries",) if req.retries is None else ()) + (
             ("after",) if not req.after else ()) + (
+            ("after_each",) if req.after_each is None else ()) + (
             ("max_running",) if req.max_running is None else ())
         request_digest = digest(req, omit=omit)
         try:
@@ -114,6 +120,7 @@ class LeaseCommands(GangCommands):
                 self._reservation(req.pool_id, req.reservation_id, tenant=tenant)
             retries = retry_policy(pool, req)
             after = dependencies(self, tenant, req)
+            pairs = each_dependency(self, tenant, req, size)
             book = (tenant, req.pool_id)
             queued = self.queue_book.queued(book)
             if queued + size > pool.config.max_queued_leases:  # near it: count what still waits
@@ -143,7 +150,7 @@ class LeaseCommands(GangCommands):
         array_id = (str(Lease.create_id(tenant, keys[0])) if req.max_running is not None
                     else None)
         leases = []
-        for key, shape_of, member in zip(keys, shapes, gang, strict=True):
+        for i, (key, shape_of, member) in enumerate(zip(keys, shapes, gang, strict=True)):
             lease = Lease.request(
                 tenant_id=TenantId(tenant),
                 pool_id=PoolId(req.pool_id),
@@ -167,7 +174,7 @@ class LeaseCommands(GangCommands):
                 name=req.name,
                 labels=req.labels,
                 retries=retries,
-                after=after,
+                after=after if pairs is None else tuple(dict.fromkeys((*after, pairs[i]))),
                 array_id=array_id,
                 max_running=req.max_running,
             )

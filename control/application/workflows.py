@@ -30,18 +30,41 @@ def dependencies(app: Any, tenant: str, req: v1.LeaseRequest) -> tuple[Dependenc
     """The leases the request waits for, each an existing lease of `tenant` (else
     UnknownDependency: another tenant's lease reads as unknown). A lease can name only leases
     made before it, so no cycle can form."""
-    out: list[Dependency] = []
-    for ref in req.after:
-        try:
-            oid = UUID(ref.lease_id)
-        except ValueError:
-            oid = None
-        found = None if oid is None else app.find(Lease, oid)
-        if not isinstance(found, Lease) or found.tenant_id != tenant:
-            raise UnknownDependency(f"after: no lease {ref.lease_id!r} of tenant {tenant!r}",
-                                    reasons={"after": ref.lease_id})
-        out.append(Dependency(str(oid), ref.condition))
-    return tuple(dict.fromkeys(out))
+    return tuple(dict.fromkeys(
+        Dependency(str(_own_lease(app, tenant, ref.lease_id, "after").id), ref.condition)
+        for ref in req.after))
+
+
+def each_dependency(app: Any, tenant: str, req: v1.LeaseRequest,
+                    size: int) -> tuple[Dependency, ...] | None:
+    """`after_each`: for each of the request's `size` leases, the lease of the same index in
+    the array `req.after_each` names by its first lease; that array must be the tenant's and
+    of the same size (else UnknownDependency). An array is saved whole, so its first and last
+    leases, and none past them, say it is there."""
+    ref = req.after_each
+    if ref is None:
+        return None
+    lead = _own_lease(app, tenant, ref.lease_id, "after_each")
+    key = lead.idempotency_key
+    ids = [str(lead.id), *(str(Lease.create_id(tenant, f"{key}#{i}")) for i in range(1, size))]
+    if ("#" in key or app.find(Lease, UUID(ids[-1])) is None
+            or app.find(Lease, Lease.create_id(tenant, f"{key}#{size}")) is not None):
+        raise UnknownDependency(
+            f"after_each: lease {ref.lease_id!r} is not the first of an array of {size} "
+            f"leases of tenant {tenant!r}", reasons={"after_each": ref.lease_id})
+    return tuple(Dependency(i, ref.condition) for i in ids)
+
+
+def _own_lease(app: Any, tenant: str, lease_id: str, field: str) -> Lease:
+    try:
+        oid = UUID(lease_id)
+    except ValueError:
+        oid = None
+    found = None if oid is None else app.find(Lease, oid)
+    if not isinstance(found, Lease) or found.tenant_id != tenant:
+        raise UnknownDependency(f"{field}: no lease {lease_id!r} of tenant {tenant!r}",
+                                reasons={field: lease_id})
+    return found
 
 
 def resolve_held(app: Any, lease: Lease, now: float) -> str | None:

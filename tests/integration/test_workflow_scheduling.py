@@ -3,6 +3,8 @@ its last attempt ended on while another fits, and its job restarts without a com
 
 from __future__ import annotations
 
+import time
+
 from client.api import PoolClient
 from tests.control_plane import Plane, lease_body, node_body, node_report, setup_pool
 
@@ -37,3 +39,34 @@ def test_a_retry_avoids_the_node_its_attempt_failed_on_unless_nothing_else_fits(
         # nothing else fits: back on the node it failed on last
         assert (lease["node_id"], lease["attempts"]) == ("big", 3)
         assert [e["node_id"] for e in lease["attempt_ends"]] == ["small", "big"]
+
+
+def test_after_each_starts_each_index_after_its_pair(plane: Plane) -> None:
+    cp, admin, _clock = plane
+    setup_pool(admin)
+    admin.admin("node.register", node_body("n1"))
+    with PoolClient(cp.nats_url, "alpha") as a:
+        first = a.request_lease(lease_body("first", cpu_millis=500) | {"count": 3})
+        firsts = first["result"]["lease_ids"]
+        second = a.request_lease(lease_body("second", cpu_millis=500) | {
+            "count": 3, "after_each": {"lease_id": firsts[0], "condition": "ok"}})
+        seconds = second["result"]["lease_ids"]
+        assert {a.lease(i, "get")["lease"]["state"] for i in seconds} == {"held"}
+        cp.scheduler.cycle()
+        for lid in firsts:
+            assert a.lease(lid, "commit", {})["ok"]
+        assert a.lease(firsts[1], "release", {"exit_code": 0})["ok"]  # succeeded
+        assert a.lease(firsts[0], "release", {"exit_code": 3})["ok"]  # failed
+
+        def states() -> list[str]:
+            return [a.lease(i, "get")["lease"]["state"] for i in seconds]
+
+        deadline = time.monotonic() + 15
+        while states() != ["rejected", "queued", "held"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert states() == ["rejected", "queued", "held"]
+        assert a.lease(seconds[0], "get")["lease"]["end_reason"] == "dependency_failed"
+        # an array of another size, or no array's first lease, is refused
+        other = a.request_lease(lease_body("third", cpu_millis=500) | {
+            "count": 2, "after_each": {"lease_id": firsts[0]}})
+        assert other["error"]["code"] == "unknown_dependency"
