@@ -70,3 +70,14 @@ def test_after_each_starts_each_index_after_its_pair(plane: Plane) -> None:
         other = a.request_lease(lease_body("third", cpu_millis=500) | {
             "count": 2, "after_each": {"lease_id": firsts[0]}})
         assert other["error"]["code"] == "unknown_dependency"
+
+
+def test_another_tenant_s_lease_cannot_be_waited_for(plane: Plane) -> None:
+    cp, admin, _clock = plane
+    setup_pool(admin, tenants={"alpha": 1.0, "beta": 1.0})
+    with PoolClient(cp.nats_url, "alpha") as a, PoolClient(cp.nats_url, "beta") as b:
+        theirs = a.request_lease(lease_body("alpha-1"))["lease"]["lease_id"]
+        for field in ({"after": [{"lease_id": theirs}]}, {"after_each": {"lease_id": theirs}}):
+            refused = b.request_lease(lease_body("beta-1") | field)
+            assert refused["error"]["code"] == "unknown_dependency", refused
+            assert "alpha" not in refused["error"]["message"]  # nothing of the other tenant
