@@ -32,6 +32,11 @@ from schemas.codec import encode
 
 _REQUESTED: type = Lease.LeaseRequested  # type: ignore[attr-defined]
 
+
+def _after(workflow: Any) -> Any:
+    """The leases a request waits for, from its event's `workflow` (None: none)."""
+    return workflow.get("after") if isinstance(workflow, dict) else None
+
 if TYPE_CHECKING:
     from control.scheduler.checkpoint import Checkpointer
 
@@ -365,7 +370,8 @@ class Dispatcher:
         self._timers_at = time.monotonic()
 
     def _apply(self, event: Any, log_seq: int) -> Aggregate | None:
-        after = getattr(event, "after", None) if type(event) is _REQUESTED else None
+        after = (_after(getattr(event, "workflow", None)) if type(event) is _REQUESTED
+                 else None)
         if after:
             self._note_waiter(event, after)
         absorbed = self.aggregates.absorb(event)

@@ -11,6 +11,7 @@ import msgspec
 from bus.feed import BATCH_MAX, FeedConflict, FeedWriter
 from bus.subjects import feed_lease_prefix
 from control.pending import QueuedLease
+from domain.dependency import WAITING_FOR_DEPENDENCY
 from domain.lease import Lease, LeaseState
 from schemas.feed import FeedRecord
 
@@ -130,7 +131,9 @@ class FeedPublisher:
         name = type(event).__name__
         if lease is True:  # a LeaseRequested, held compactly
             # held (waiting for other leases) or, before a LeaseQueued, requested
-            held = getattr(event, "held_reason", None)
+            workflow = getattr(event, "workflow", None)
+            held = (WAITING_FOR_DEPENDENCY if isinstance(workflow, dict)
+                    and workflow.get("after") else None)
             state = "requested" if held is None else "held"
             self._last[oid] = (state, None, None, None, 0)
             if not wanted:

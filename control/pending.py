@@ -38,8 +38,7 @@ _ADVANCE_AT = _FIELDS.index("advance_reservation_id")
 _QUEUED_AT = _FIELDS.index("queued_at")
 _GANG_AT = _FIELDS.index("gang")
 _QUEUE_TIMEOUT_AT = _FIELDS.index("queue_timeout_seconds")
-_ARRAY_AT = _FIELDS.index("array_id")
-_MAX_RUNNING_AT = _FIELDS.index("max_running")
+_WORKFLOW_AT = _FIELDS.index("workflow")
 _REPEATED_AT = tuple(_FIELDS.index(name) for name in (
     "originator_topic", "tenant_id", "pool_id", "priority_class", "maximum_runtime_seconds",
     "lease_seconds", "heartbeat_timeout_seconds"))
@@ -131,13 +130,18 @@ class QueuedLease:
 
     @property
     def array_id(self) -> str | None:
-        value = self.requested[_ARRAY_AT]
-        return None if value is None or value is _MISSING else str(value)
+        value = self._workflow.get("array_id")
+        return None if value is None else str(value)
 
     @property
     def max_running(self) -> int | None:
-        value = self.requested[_MAX_RUNNING_AT]
-        return None if value is None or value is _MISSING else int(value)
+        value = self._workflow.get("max_running")
+        return None if value is None else int(value)
+
+    @property
+    def _workflow(self) -> dict[str, Any]:
+        value = self.requested[_WORKFLOW_AT]
+        return value if type(value) is dict else {}
 
     def next_due_at(self) -> float | None:
         """When its queue timeout ends its wait (Lease.next_due_at for a queued lease)."""

@@ -180,12 +180,10 @@ class Lease(Aggregate):
     # taken before names and labels (never changed in place)
     name: str | None = None
     labels: tuple[tuple[str, str], ...] = ()  # sorted (key, value)
-    # retries, dependencies and array throttles (absent before them): the request's own
-    # values, as its event has them (a compact queued lease reads them back from here)
-    retries: dict[str, Any] | None = None
-    after: list[list[str]] | None = None
-    array_id: str | None = None
-    max_running: int | None = None
+    # retries, dependencies and array throttles, as the request's event has them (one field,
+    # so a request without them costs the log one null): {"retries": RetryPolicy.to_dict(),
+    # "after": [[lease id, condition], …], "array_id": …, "max_running": …}; absent before them
+    workflow: dict[str, Any] | None = None
     held_reason: str | None = None
     held_until: float | None = None
     attempt_ends: tuple[AttemptEnd, ...] = ()
@@ -275,14 +273,15 @@ class Lease(Aggregate):
             "name": name,
             "labels": dict(labels) if labels else None,
         }
-        fields.update(retries=None if retries is None else retries.to_dict(), after=None,
-                      held_reason=None, array_id=None, max_running=None)
+        workflow: dict[str, Any] = {}
+        if retries is not None:
+            workflow["retries"] = retries.to_dict()
         if after:
-            fields["after"] = [d.to_list() for d in after]
-            fields["held_reason"] = WAITING_FOR_DEPENDENCY
-            fields["queued_at"] = None  # queued once they are met (`queue_held`)
+            workflow["after"] = [d.to_list() for d in after]
+            fields["queued_at"] = None  # held, queued once they are met (`queue_held`)
         if array_id is not None and max_running is not None:
-            fields["array_id"], fields["max_running"] = array_id, max_running
+            workflow["array_id"], workflow["max_running"] = array_id, max_running
+        fields["workflow"] = workflow or None
         if _LEAN_CREATE is None or cls is not Lease:
             return cls(**fields)
         return _created(fields)
@@ -321,14 +320,9 @@ class Lease(Aggregate):
         # what the tenant calls it (a name, labels); absent before names and labels
         name: str | None = None,
         labels: dict[str, str] | None = None,
-        # a retry policy (domain.retry.RetryPolicy.to_dict); absent before retries
-        retries: dict[str, Any] | None = None,
-        # [[lease id, condition], …] it waits for, held until then; absent before dependencies
-        after: list[list[str]] | None = None,
-        held_reason: str | None = None,
-        # the array (its first lease's id) whose leases hold capacity at most max_running at once
-        array_id: str | None = None,
-        max_running: int | None = None,
+        # its retry policy, the leases it waits for (held until then) and its array's throttle
+        # (see the class attribute); absent before them
+        workflow: dict[str, Any] | None = None,
     ) -> None:
         self.tenant_id = TenantId(tenant_id)
         self.idempotency_key = idempotency_key
@@ -348,13 +342,10 @@ class Lease(Aggregate):
         self.trace_parent = trace_parent
         self.request_digest = request_digest
         self.state = LeaseState.REQUESTED if queued_at is None else LeaseState.QUEUED
-        if held_reason is not None:
+        self.workflow = workflow
+        if workflow and workflow.get("after"):
             self.state = LeaseState.HELD
-        self.retries = retries
-        self.after = after
-        self.held_reason = held_reason
-        self.array_id = array_id
-        self.max_running = max_running
+            self.held_reason = WAITING_FOR_DEPENDENCY
         self.queued_at: float | None = queued_at
         self.queue_timeout_seconds = queue_timeout_seconds
         self.name = name
@@ -412,11 +403,27 @@ class Lease(Aggregate):
 
     @property
     def retry_policy(self) -> RetryPolicy | None:
-        return None if not self.retries else RetryPolicy.from_dict(self.retries)
+        policy = (self.workflow or {}).get("retries")
+        return None if not policy else RetryPolicy.from_dict(policy)
+
+    @property
+    def after(self) -> list[list[str]]:
+        """The leases it waits for, as recorded: [[lease id, condition], …]."""
+        return list((self.workflow or {}).get("after") or ())
 
     @property
     def dependencies(self) -> tuple[Dependency, ...]:
-        return tuple(Dependency.from_value(v) for v in self.after or ())
+        return tuple(Dependency.from_value(v) for v in self.after)
+
+    @property
+    def array_id(self) -> str | None:
+        value = (self.workflow or {}).get("array_id")
+        return None if value is None else str(value)
+
+    @property
+    def max_running(self) -> int | None:
+        value = (self.workflow or {}).get("max_running")
+        return None if value is None else int(value)
 
     @property
     def runtime_limit_at(self) -> float | None:

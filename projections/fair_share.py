@@ -262,14 +262,15 @@ def records_by_pool(app: Any, *, page: int = 5000) -> dict[str, PoolRecords]:
             st = json.loads(n.state)
             pool = lease_pool[oid] = str(st["pool_id"])
             klass = str(st.get("priority_class") or "")
-            if st.get("array_id") and st.get("max_running"):
+            flow = st.get("workflow") or {}
+            if flow.get("array_id") and flow.get("max_running"):
                 # its waits are its array's throttle's, not fair share's: a class of its own
                 # array, so it is never another tenant's rival nor judged against one
-                klass = f"{klass}@array:{st['array_id']}"
+                klass = f"{klass}@array:{flow['array_id']}"
             req = requested[oid] = Requested(
                 oid, str(st["tenant_id"]), _key(st["shape"]),
                 float(st.get("requested_at") or 0.0), klass)
-            if st.get("held_reason"):
+            if flow.get("after"):
                 held.add(oid)  # waits for other leases: in the queue from its LeaseQueued
             else:
                 pools[pool].records.append(req)

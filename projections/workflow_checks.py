@@ -57,7 +57,7 @@ def check_workflows(app: Any) -> WorkflowReport:
         name = event_name(n.topic)
         oid = n.originator_id
         if name == "LeaseRequested":
-            fields = state_of(n)
+            fields = state_of(n).get("workflow") or {}
             if fields.get("array_id") and fields.get("max_running"):
                 array = str(fields["array_id"])
                 if array not in holding:

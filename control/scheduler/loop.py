@@ -128,8 +128,10 @@ class Scheduler(Placing):
             if not isinstance(lease, (Lease, QueuedLease)):
                 held = self.aggregates.requested(UUID(lease_id))
                 if held is not None and held.get("tenant_id") == tenant:
-                    return {"lease_id": lease_id, "state": "held" if held.get("held_reason")
-                            else "requested", "reasons": self._held_reasons(held)}
+                    flow = held.get("workflow") or {}
+                    reason = WAITING_FOR_DEPENDENCY if flow.get("after") else None
+                    return {"lease_id": lease_id, "state": "held" if reason else "requested",
+                            "reasons": self._held_reasons(reason, flow.get("after"))}
                 ended = self._ended.get(lease_id)
                 return dict(ended[1]) if ended is not None and ended[0] == tenant else None
             if lease.tenant_id != tenant:
@@ -141,8 +143,7 @@ class Scheduler(Placing):
             elif isinstance(lease, Lease) and lease.state is LeaseState.REJECTED:
                 out["reasons"] = {"rejection_code": lease.rejection_code}
             elif isinstance(lease, Lease) and lease.state is LeaseState.HELD:
-                out["reasons"] = self._held_reasons({
-                    "held_reason": lease.held_reason, "after": lease.after})
+                out["reasons"] = self._held_reasons(lease.held_reason, lease.after)
                 if lease.held_until is not None:
                     out["reasons"]["held_until"] = lease.held_until
             elif lease.state in (LeaseState.QUEUED, LeaseState.REQUESTED):
@@ -160,12 +161,11 @@ class Scheduler(Placing):
                     out["estimated_start_in_seconds"] = max(0.0, start - self.clock())
             return out
 
-    def _held_reasons(self, held: dict[str, Any]) -> dict[str, Any]:
+    def _held_reasons(self, reason: str | None, waits_for: Any) -> dict[str, Any]:
         """Why a held lease is out of the queue: its held reason and, waiting for other
         leases, those of them that have not ended (as far as this fold knows)."""
-        reason = held.get("held_reason")
         out: dict[str, Any] = {"tenant": [reason] if reason else []}
-        after = [str(d[0]) for d in held.get("after") or () if d]
+        after = [str(d[0]) for d in waits_for or () if d]
         if after and reason == WAITING_FOR_DEPENDENCY:
             live = [d for d in after if _is_uuid(d) and UUID(d) in self.aggregates]
             out["waiting_for"] = live or after

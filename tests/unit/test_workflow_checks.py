@@ -33,7 +33,7 @@ class _Log:
 
 def test_an_array_past_its_max_running_is_caught() -> None:
     a, b, c = uuid4(), uuid4(), uuid4()
-    array = {"array_id": str(a), "max_running": 2}
+    array = {"workflow": {"array_id": str(a), "max_running": 2}}
     log = _Log([(a, "LeaseRequested", array), (b, "LeaseRequested", array),
                 (c, "LeaseRequested", array), (a, "LeaseReserved", {}),
                 (b, "LeaseReserved", {}), (a, "LeaseRetried", {}), (c, "LeaseReserved", {}),
@@ -47,8 +47,8 @@ def test_an_array_past_its_max_running_is_caught() -> None:
 def test_a_lease_reserved_before_its_dependency_ended_as_asked_is_caught() -> None:
     first, ok, notok = uuid4(), uuid4(), uuid4()
     log = _Log([(first, "LeaseRequested", {}),
-                (ok, "LeaseRequested", {"after": [[str(first), "ok"]]}),
-                (notok, "LeaseRequested", {"after": [[str(first), "notok"]]}),
+                (ok, "LeaseRequested", {"workflow": {"after": [[str(first), "ok"]]}}),
+                (notok, "LeaseRequested", {"workflow": {"after": [[str(first), "notok"]]}}),
                 (notok, "LeaseReserved", {}),  # too early: first has not ended
                 (first, "LeaseReleased", {"reason": "succeeded"}),
                 (ok, "LeaseReserved", {})])
