@@ -320,7 +320,8 @@ class Agent:
     def _where(self, a: v1.LeaseAssignment) -> tuple[tuple[str, str], ...]:
         """What the job is told of where it runs (after its own env, so these win)."""
         return (("POOL_LEASE_ID", a.lease_id), ("POOL_TENANT", a.tenant),
-                ("POOL_POOL", a.pool_id), ("POOL_NODE", self.node_id))
+                ("POOL_POOL", a.pool_id), ("POOL_NODE", self.node_id),
+                ("POOL_ATTEMPT", str(a.attempt)))
 
     def start(self, a: v1.LeaseAssignment, received: float,
               headers: dict[str, str] | None = None) -> None:

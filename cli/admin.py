@@ -119,6 +119,8 @@ POOL_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
      "a tenant's lease requests a second, per command service, after --request-burst"),
     ("--request-burst", "request_burst", 1000,
      "how many lease requests a tenant may send at once before --requests-per-second applies"),
+    ("--max-attempts", "max_attempts", 10,
+     "the most attempts a request's retry policy may ask for (--retries)"),
     ("--max-voided", "max_voided_reservations", 20,
      "timed-out reservations a tenant may have in --voided-window before it is refused"),
     ("--voided-window", "voided_reservation_window_seconds", 3600,

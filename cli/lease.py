@@ -28,6 +28,9 @@ MAX_GANG_MEMBERS = 256
 STRATEGIES: tuple[str, ...] = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 TOPOLOGY_KEYS: tuple[str, ...] = ("rack", "block", "nvlink_domain", "zone", "failure_domain")
 MAX_LEASES_PER_REQUEST = 999
+RETRY_REASONS: tuple[str, ...] = ("failed", "node_lost", "heartbeat_lost", "preempted",
+                                  "deadline")
+DEPENDENCY_CONDITIONS: tuple[str, ...] = ("ok", "any", "notok")
 
 
 def _request_body(args: argparse.Namespace) -> dict[str, Any]:
@@ -40,7 +43,7 @@ def _request_body(args: argparse.Namespace) -> dict[str, Any]:
         group = _group(args)  # --members … beside a file: the file's request as a gang
         if group is not None:
             loaded["group"] = group
-        return {**loaded, **_naming(args, loaded.get("labels") or {})}
+        return {**loaded, **_naming(args, loaded.get("labels") or {}), **_workflow(args)}
     if args.pool is None:
         args.pool = default_pool(args) or getattr(args, "pool_fallback", None)
     for flag in ("pool", "cpu_millis", "memory_mib", "max_runtime"):
@@ -79,6 +82,7 @@ def _request_body(args: argparse.Namespace) -> dict[str, Any]:
     if group is not None:
         body["group"] = group
     body.update(_naming(args, {}))
+    body.update(_workflow(args))
     for flag, value in (("--cpu-millis", args.cpu_millis), ("--memory-mib", args.memory_mib),
                         ("--max-runtime", args.max_runtime)):
         if value < (1 if flag == "--max-runtime" else 0):
@@ -100,6 +104,50 @@ def _naming(args: argparse.Namespace, labels: dict[str, str]) -> dict[str, Any]:
     if given:
         out["labels"] = given
     return out
+
+
+def _workflow(args: argparse.Namespace) -> dict[str, Any]:
+    """`--retries N --retry-on … --retry-backoff S`, `--after ID[:ok|:any|:notok]` and
+    `--max-running K` as the request's fields (the flags win over a file's)."""
+    out: dict[str, Any] = {}
+    retries = getattr(args, "retries", None)
+    on = [r for item in getattr(args, "retry_on", None) or [] for r in item.split(",") if r]
+    if retries is None and (on or getattr(args, "retry_backoff", None) is not None):
+        raise UsageError("--retry-on and --retry-backoff shape a retry policy: add --retries N")
+    if retries is not None:
+        if not 1 <= retries <= 100:
+            raise UsageError("--retries must be between 1 and 100 (attempts in all)")
+        for reason in on:
+            if reason not in RETRY_REASONS:
+                raise UsageError(f"--retry-on {reason!r}: one of {', '.join(RETRY_REASONS)}")
+        policy: dict[str, Any] = {"max_attempts": retries, "on": on or ["failed"]}
+        for flag, name in (("retry_backoff", "backoff_seconds"),
+                           ("retry_backoff_max", "backoff_max_seconds")):
+            value = getattr(args, flag, None)
+            if value is not None:
+                if not 0 <= value <= 86_400:
+                    raise UsageError(f"--{flag.replace('_', '-')} must be 0 to 86400 seconds")
+                policy[name] = value
+        out["retries"] = policy
+    after = [_dependency("--after", item) for item in getattr(args, "after", None) or []]
+    if after:
+        out["after"] = after
+    if getattr(args, "after_each", None):
+        out["after_each"] = _dependency("--after-each", args.after_each)
+    max_running = getattr(args, "max_running", None)
+    if max_running is not None:
+        if not 1 <= max_running <= MAX_LEASES_PER_REQUEST:
+            raise UsageError(f"--max-running must be between 1 and {MAX_LEASES_PER_REQUEST}")
+        out["max_running"] = max_running
+    return out
+
+
+def _dependency(flag: str, item: str) -> dict[str, str]:
+    lease_id, _, condition = item.partition(":")
+    condition = condition or "ok"
+    if not lease_id or condition not in DEPENDENCY_CONDITIONS:
+        raise UsageError(f"{flag} wants ID[:ok|:any|:notok], not {item!r}")
+    return {"lease_id": lease_id, "condition": condition}
 
 
 def _group(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -129,6 +177,8 @@ def cmd_lease_request(args: argparse.Namespace) -> int:
         if "group" in body:
             raise UsageError("a request is a gang (--members) or a batch (--count), not both")
         body["count"] = args.count
+    elif "max_running" in body:
+        raise UsageError("--max-running throttles an array: add --count N")
     if args.wait and "group" in body:
         raise UsageError("--wait takes one lease: leave it out for a gang (`pool lease get`)")
     with pool_client(args, tenant_of(args)) as c:
@@ -365,8 +415,15 @@ def _print_change(item: Any, as_json: bool) -> None:
     if r is None:
         print(f"{item.seq}  undecodable record on {item.subject}: {item.error}", flush=True)
         return
-    print(_change_line(r.at, r.lease_id, r.previous_state, r.state, r.node_id, r.end_reason,
-                       r.exit_code), flush=True)
+    line = _change_line(r.at, r.lease_id, r.previous_state, r.state, r.node_id, r.end_reason,
+                        r.exit_code)
+    if r.attempt_end_reason:  # a retry: how the attempt before ended
+        line += f"  attempt {r.attempt - 1} {r.attempt_end_reason}, attempt {r.attempt} next"
+    elif r.attempt > 1:
+        line += f"  attempt {r.attempt}"
+    if r.held_reason:
+        line += f"  ({r.held_reason})"
+    print(line, flush=True)
 
 
 def _print_lease(lease: dict[str, Any], as_json: bool) -> None:
@@ -450,6 +507,21 @@ def _shape_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     p.add_argument("--requeue-on-preemption", action="store_true",
                    help="when preempted, go back in the queue and restart the job on the next "
                    "placement (default: end as preempted)")
+    p.add_argument("--retries", type=int, metavar="N",
+                   help="run it again when an attempt ends badly, up to N attempts in all "
+                   "(the job sees POOL_ATTEMPT=1, 2, …)")
+    p.add_argument("--retry-on", action="append", metavar="REASON,…",
+                   help=f"with --retries: the end reasons retried on ({', '.join(RETRY_REASONS)}; "
+                   "default failed)")
+    p.add_argument("--retry-backoff", type=int, metavar="SECONDS",
+                   help="with --retries: the first retry waits SECONDS, each next one twice as "
+                   "long (default 0)")
+    p.add_argument("--retry-backoff-max", type=int, metavar="SECONDS",
+                   help="with --retries: the longest wait between attempts (default 3600)")
+    p.add_argument("--after", action="append", metavar="ID[:ok|:any|:notok]",
+                   help="wait (held) until lease ID succeeded (ok, the default), ended "
+                   "otherwise (notok) or ended at all (any); repeatable; a dependency that can "
+                   "no longer be met ends it dependency_failed")
     p.add_argument("--reservation", metavar="ID",
                    help="an advance reservation of the tenant's whose capacity it may use "
                    "while its window is open (`pool admin reservation create`)")
@@ -511,6 +583,11 @@ def register(sub: Subparsers) -> None:
     rq.add_argument("--count", type=int, default=1,
                     help=f"leases to request at once, each its own lease (1 to "
                          f"{MAX_LEASES_PER_REQUEST}; ids follow from --key and the index)")
+    rq.add_argument("--after-each", metavar="ID[:ok|:any|:notok]",
+                    help="with --count N: lease i waits for lease i of the array of N whose "
+                    "first lease is ID (as --after does)")
+    rq.add_argument("--max-running", type=int, metavar="K",
+                    help="with --count: at most K of these leases reserved or running at once")
     rq.add_argument("--members", type=int, metavar="N",
                     help=f"a gang of N leases (1 to {MAX_GANG_MEMBERS}), one node each, placed "
                     "all-or-nothing and committed, renewed, preempted and requeued together")

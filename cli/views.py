@@ -322,7 +322,8 @@ def register(sub: Subparsers) -> None:
         "decisions", help="replay every placement: capacity, devices, quotas, gangs, fair share",
         description="Re-derives from the log that no node or GPU device was over-committed, no "
         "lease held twice, no tenant placed past its quota or cohort, every gang placed whole, "
-        "and (in pools without quotas) every placement made while another tenant of the same "
+        "no array past its max_running, no lease reserved before the leases it waits for ended "
+        "as it asked, and (in pools without quotas) every placement made while another tenant of the same "
         "class waited with the same shape went to the one further below its weighted share. "
         "Exit 1 on any violation.")
     ad.add_argument("--pool", help="judge fair share in this pool only")

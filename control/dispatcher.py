@@ -32,6 +32,13 @@ from schemas import v1
 from schemas.codec import encode
 from schemas.session import SessionOrder
 
+_REQUESTED: type = Lease.LeaseRequested  # type: ignore[attr-defined]
+
+
+def _after(workflow: Any) -> Any:
+    """The leases a request waits for, from its event's `workflow` (None: none)."""
+    return workflow.get("after") if isinstance(workflow, dict) else None
+
 if TYPE_CHECKING:
     from control.scheduler.checkpoint import Checkpointer
 
@@ -115,6 +122,7 @@ def orders_for(event_name: str, lease: Lease, pool: Pool | None) -> list[AgentOr
             artifact_ttl_seconds=files.artifact_ttl_seconds,
             max_artifact_bytes=files.max_artifact_bytes,
             max_output_bytes=files.max_output_bytes,
+            attempt=max(1, int(getattr(lease, "attempts", 1) or 1)),
         )
         return [AgentOrder(node, "start", encode(assignment),
                            f"start-{lid}-{lease.epoch}-{job.number}-{job.attempts}", trace)]
@@ -169,6 +177,11 @@ class Dispatcher:
         # queued leases (compact) whose queue timeout is to be armed: not kept in `_armed`
         # once armed, so a queue of millions costs no memory here past its own records
         self._queue_timers: list[QueuedLease] = []
+        # held leases waiting for others (domain.dependency): a lease's id → the leases that
+        # wait for it, each timer armed when it ends (and once when the waiter is requested,
+        # for a lease that had ended already), so the reconciler queues or ends the waiter
+        self._waiting: dict[str, list[str]] = {}
+        self._dependency_timers: dict[str, float] = {}
         self._consumers: set[str] = set()
         self._started = False
         self.orders_sent = 0
@@ -192,7 +205,8 @@ class Dispatcher:
     def checkpoint_state(self) -> dict[str, Any] | None:
         """The fold a checkpoint holds; None while orders, timers or feed records decided
         from it have not gone out yet (they are not part of it)."""
-        if self._outbox or self._timers or self._queue_timers or self._consumers:
+        if (self._outbox or self._timers or self._queue_timers or self._consumers
+                or self._dependency_timers):
             return None
         feed = None
         if self.feed is not None:
@@ -200,7 +214,8 @@ class Dispatcher:
             if feed is None:
                 return None
         return {"position": self.position, "aggregates": self.aggregates, "_fold": self._fold,
-                "pools": self.pools, "_armed": self._armed, "feed": feed}
+                "pools": self.pools, "_armed": self._armed, "feed": feed,
+                "_waiting": self._waiting}
 
     def restore_checkpoint(self, state: dict[str, Any]) -> bool:
         """Take a verified checkpoint's fold; False (nothing taken) when the feed holds fewer
@@ -210,6 +225,7 @@ class Dispatcher:
             return False
         for name in ("position", "aggregates", "_fold", "pools", "_armed"):
             setattr(self, name, state[name])
+        self._waiting = state.get("_waiting") or {}
         return True
 
     def step(self) -> int:
@@ -244,7 +260,8 @@ class Dispatcher:
             # a page's timers wait for the next pages' (their deadlines are seconds away, and
             # each batch costs the server a store of its own) until enough are due or the step
             # ends; the feed's records go with every page
-            self._flush(timers=len(self._timers) + len(self._queue_timers) >= TIMERS_BATCH
+            self._flush(timers=len(self._timers) + len(self._queue_timers)
+                        + len(self._dependency_timers) >= TIMERS_BATCH
                         or time.monotonic() - self._timers_at >= TIMERS_EVERY_S)
             # orders sent: their position now, or a restart would send them again. Otherwise
             # at most every POSITION_EVERY_S: a restart folds those events again, and what it
@@ -253,7 +270,7 @@ class Dispatcher:
                     self.orders_sent > sent
                     or time.monotonic() - self._saved_at >= POSITION_EVERY_S):
                 self._save_position()
-        if self._timers:
+        if self._timers or self._dependency_timers:
             self._flush()
         if self.position > self.sent_upto:
             self._save_position()
@@ -342,8 +359,11 @@ class Dispatcher:
             if (when is not None and key not in due
                     and self.aggregates.queued.get(record.id) is record):
                 queue_due[key] = ("lease", str(record.id), when)
+        for lid, when in self._dependency_timers.items() if timers else ():
+            queue_due.setdefault(f"lease:{lid}", ("lease", lid, when))
         armed = (self.link.schedule_many_started(list(queue_due.values()) + list(due.values()))
-                 if timers and (self._timers or self._queue_timers) else None)
+                 if timers and (self._timers or self._queue_timers or self._dependency_timers)
+                 else None)
         try:
             if self.feed is not None:
                 self.feed.flush(self.position)
@@ -358,9 +378,14 @@ class Dispatcher:
         self.timers_armed += len(due) + len(queue_due)
         self._timers.clear()
         self._queue_timers.clear()
+        self._dependency_timers.clear()
         self._timers_at = time.monotonic()
 
     def _apply(self, event: Any, log_seq: int) -> Aggregate | None:
+        after = (_after(getattr(event, "workflow", None)) if type(event) is _REQUESTED
+                 else None)
+        if after:
+            self._note_waiter(event, after)
         absorbed = self.aggregates.absorb(event)
         if absorbed is not False:
             if self.feed is not None:
@@ -374,6 +399,8 @@ class Dispatcher:
             return None
         if self.feed is not None and isinstance(agg, Lease):
             self.feed.observe(event, agg, log_seq)
+        if isinstance(agg, Lease) and agg.is_terminal:
+            self._wake_waiters(agg)
         if isinstance(agg, Lease) and agg.is_terminal and agg.state is not LeaseState.PREEMPTED:
             # nothing more will be sent for it. A preempted lease is kept: it may be requeued
             # (in the same save or later) and placed again, and that placement needs its orders
@@ -383,6 +410,22 @@ class Dispatcher:
         if isinstance(agg, Pool):
             self.pools[agg.pool_id] = agg
         return agg
+
+    def _note_waiter(self, event: Any, after: Any) -> None:
+        """A lease requested to wait for others: remembered under each, and checked once now
+        (one it names may have ended before this request was folded)."""
+        waiter = str(event.originator_id)
+        for dep in after:
+            if isinstance(dep, (list, tuple)) and dep:
+                self._waiting.setdefault(str(dep[0]), []).append(waiter)
+        # a check due at once: the time is the server's to fire it, not a deadline of the
+        # lease's, so it is this machine's now (whatever clock the domain was given)
+        self._dependency_timers[waiter] = time.time()
+
+    def _wake_waiters(self, lease: Lease) -> None:
+        """`lease` ended: the leases that wait for it are checked (their timers fire now)."""
+        for waiter in self._waiting.pop(str(lease.id), ()):
+            self._dependency_timers[waiter] = time.time()
 
     def _timer(self, agg: Aggregate) -> tuple[str, float] | None:
         """(timer key, due time) when `agg`'s timer must be (re)armed; None when it has none

@@ -52,6 +52,13 @@ class UnknownLease(ServiceError):
     code = "lease_not_found"
 
 
+class UnknownDependency(ServiceError):
+    """`after` names no lease of this tenant (another tenant's lease reads the same), so
+    only leases that already exist may be waited for, and no cycle can form."""
+
+    code = "unknown_dependency"
+
+
 class UnknownNode(ServiceError):
     """No node of that id has registered."""
 

@@ -11,6 +11,7 @@ import msgspec
 from bus.feed import BATCH_MAX, FeedConflict, FeedWriter
 from bus.subjects import feed_lease_prefix
 from control.pending import QueuedLease
+from domain.dependency import WAITING_FOR_DEPENDENCY
 from domain.lease import Lease, LeaseState
 from schemas.feed import FeedRecord
 
@@ -18,11 +19,15 @@ log = logging.getLogger(__name__)
 
 _encode = msgspec.json.Encoder().encode
 # what a reader is told about: a change of any of these is one record
-_Seen = tuple[str, int | None, str | None, str | None, int]
+_Seen = tuple[str, int | None, str | None, str | None, int] | tuple[
+    str, int | None, str | None, str | None, int, int]
 
 
 def _seen(lease: Lease) -> _Seen:
-    return (str(lease.state), lease.exit_code, lease.end_reason, lease.node_id, lease.epoch)
+    if lease.attempts == 1:
+        return (str(lease.state), lease.exit_code, lease.end_reason, lease.node_id, lease.epoch)
+    return (str(lease.state), lease.exit_code, lease.end_reason, lease.node_id, lease.epoch,
+            lease.attempts)
 
 
 def _event_at(event: Any) -> float:
@@ -125,14 +130,20 @@ class FeedPublisher:
         oid = event.originator_id
         name = type(event).__name__
         if lease is True:  # a LeaseRequested, held compactly
-            self._last[oid] = ("requested", None, None, None, 0)
+            # held (waiting for other leases) or, before a LeaseQueued, requested
+            workflow = getattr(event, "workflow", None)
+            held = (WAITING_FOR_DEPENDENCY if isinstance(workflow, dict)
+                    and workflow.get("after") else None)
+            state = "requested" if held is None else "held"
+            self._last[oid] = (state, None, None, None, 0)
             if not wanted:
                 return None
             at = _event_at(event)
             return FeedRecord(lease_id=str(oid), tenant=event.tenant_id, pool_id=event.pool_id,
-                              state="requested", event=name, version=1, log_sequence=log_seq,
-                              at=at)
+                              state=state, event=name, version=1, log_sequence=log_seq,
+                              at=at, held_reason=held)
         if isinstance(lease, QueuedLease):
+            before_queued = self._last.get(oid)
             self._last[oid] = ("queued", None, None, None, 0)
             if not wanted:
                 return None
@@ -140,7 +151,9 @@ class FeedPublisher:
             # queued by its LeaseQueued (version 2), or by its own request (one event)
             return FeedRecord(lease_id=str(oid), tenant=lease.tenant_id, pool_id=lease.pool_id,
                               state="queued",
-                              previous_state="requested" if lease.version == 2 else None,
+                              # requested, or held (waiting for other leases)
+                              previous_state=((before_queued or ("requested",))[0]
+                                              if lease.version == 2 else None),
                               event=name, version=lease.version, log_sequence=log_seq, at=at)
         if not isinstance(lease, Lease):
             return None
@@ -159,4 +172,7 @@ class FeedPublisher:
             event=name, end_reason=lease.end_reason, stop_reason=lease.stop_reason,
             rejection_code=lease.rejection_code, node_id=lease.node_id,
             devices=list(lease.devices), epoch=lease.epoch, exit_code=lease.exit_code,
-            version=lease.version, log_sequence=log_seq, at=at)
+            version=lease.version, log_sequence=log_seq, at=at, attempt=lease.attempts,
+            attempt_end_reason=(lease.attempt_ends[-1][1]
+                                if name == "LeaseRetried" and lease.attempt_ends else None),
+            held_reason=lease.held_reason)

@@ -38,6 +38,7 @@ _ADVANCE_AT = _FIELDS.index("advance_reservation_id")
 _QUEUED_AT = _FIELDS.index("queued_at")
 _GANG_AT = _FIELDS.index("gang")
 _QUEUE_TIMEOUT_AT = _FIELDS.index("queue_timeout_seconds")
+_WORKFLOW_AT = _FIELDS.index("workflow")
 _REPEATED_AT = tuple(_FIELDS.index(name) for name in (
     "originator_topic", "tenant_id", "pool_id", "priority_class", "maximum_runtime_seconds",
     "lease_seconds", "heartbeat_timeout_seconds"))
@@ -126,6 +127,21 @@ class QueuedLease:
     def gang(self) -> GangMembership | None:
         value = self.requested[_GANG_AT]
         return None if value is None or value is _MISSING else GangMembership.from_dict(value)
+
+    @property
+    def array_id(self) -> str | None:
+        value = self._workflow.get("array_id")
+        return None if value is None else str(value)
+
+    @property
+    def max_running(self) -> int | None:
+        value = self._workflow.get("max_running")
+        return None if value is None else int(value)
+
+    @property
+    def _workflow(self) -> dict[str, Any]:
+        value = self.requested[_WORKFLOW_AT]
+        return value if type(value) is dict else {}
 
     def next_due_at(self) -> float | None:
         """When its queue timeout ends its wait (Lease.next_due_at for a queued lease)."""
@@ -222,6 +238,15 @@ class LeaseMemory:
         if agg is not None:
             return agg
         return self.queued.get(oid)
+
+    def requested(self, oid: UUID) -> dict[str, Any] | None:
+        """The request's fields of a lease held compactly before its LeaseQueued (one held
+        for its dependencies, or requested and not yet queued); None for any other."""
+        held = self._requested.get(oid)
+        if held is None:
+            return None
+        return {name: value for name, value in zip(_FIELDS, held[0], strict=True)
+                if value is not _MISSING}
 
     def absorb(self, event: Any) -> QueuedLease | bool:
         """Fold `event` compactly if it is a lease's LeaseRequested or the LeaseQueued after it:

@@ -86,6 +86,12 @@ class QueueLimitExceeded(DomainError):
     code = "queue_limit_exceeded"
 
 
+class AttemptLimitExceeded(DomainError):
+    """A retry policy asks for more attempts than its pool's max_attempts."""
+
+    code = "max_attempts_exceeded"
+
+
 class VoidedReservationLimit(DomainError):
     """The tenant let the pool's max_voided_reservations time out uncommitted within its
     window: its new requests wait until the oldest of them leaves the window."""

@@ -15,6 +15,7 @@ from eventsourcing.domain import Aggregate, event
 from eventsourcing.utils import get_topic
 
 from domain.creation import initialised, lean_init
+from domain.dependency import WAITING_FOR_DEPENDENCY, Dependency
 from domain.errors import (
     IllegalTransition,
     InvalidAmount,
@@ -28,12 +29,14 @@ from domain.fold import trigger
 from domain.gang import GangMembership
 from domain.ids import pair_uuid
 from domain.resources import LeaseId, NodeId, PoolId, Resources, Shape, TenantId
+from domain.retry import RETRY_BACKOFF, RetryPolicy, next_attempt
 
 _NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:lease")
 
 
 class LeaseState(StrEnum):
     REQUESTED = "requested"
+    HELD = "held"  # out of the queue until its dependencies are met or its backoff is over
     QUEUED = "queued"
     RESERVED = "reserved"
     RUNNING = "running"
@@ -171,6 +174,8 @@ _EXPIRY_AWARE_VERBS = frozenset(
     {"commit", "heartbeat", "renew", "release", "run_job", "job_started", "job_exited",
      "job_failed", "cancel", "notice_preemption", "open_session"}
 )
+# One ended attempt of a lease that was retried: (attempt, end reason, node, exit code, at).
+AttemptEnd = tuple[int, str, str | None, int | None, float]
 
 
 class Lease(Aggregate):
@@ -186,6 +191,15 @@ class Lease(Aggregate):
     # sessions opened in the current window (each is an event in the log: a fair-use limit)
     session_window_at: float | None = None
     sessions_in_window: int = 0
+    # retries, dependencies and array throttles, as the request's event has them (one field,
+    # so a request without them costs the log one null): {"retries": RetryPolicy.to_dict(),
+    # "after": [[lease id, condition], …], "array_id": …, "max_running": …}; absent before them
+    workflow: dict[str, Any] | None = None
+    held_reason: str | None = None
+    held_until: float | None = None
+    attempt_ends: tuple[AttemptEnd, ...] = ()
+    avoid_node: str | None = None
+    retrying = False
 
     @staticmethod
     def create_id(tenant_id: str, idempotency_key: str) -> UUID:
@@ -216,6 +230,10 @@ class Lease(Aggregate):
         queue_timeout_seconds: int | None = None,
         name: str | None = None,
         labels: dict[str, str] | None = None,
+        retries: RetryPolicy | None = None,
+        after: tuple[Dependency, ...] = (),
+        array_id: str | None = None,
+        max_running: int | None = None,
     ) -> Lease:
         """Record a request. `lease_seconds` is the initial term and default renewal (defaults
         to the maximum runtime); the id is `create_id(tenant_id, idempotency_key)`.
@@ -226,7 +244,11 @@ class Lease(Aggregate):
         `queued`: admitted to the queue by the same event (one event a request), as
         `queue(now)` right after would; `queue_timeout_seconds`: how long it may wait in the
         queue (each time it is queued) before it ends `queue_timeout` (None: for ever);
-        `name` and `labels`: what the tenant calls it, to find it by in lists."""
+        `name` and `labels`: what the tenant calls it, to find it by in lists; `retries`:
+        when an attempt that ends badly runs again (domain.retry); `after`: the leases it
+        waits for, `held` (not queued) until they ended as it asks (domain.dependency);
+        `array_id` and `max_running`: at most that many of the array's leases hold capacity
+        at once."""
         term = maximum_runtime_seconds if lease_seconds is None else lease_seconds
         for field_name, value in (
             ("maximum_runtime_seconds", maximum_runtime_seconds),
@@ -238,6 +260,8 @@ class Lease(Aggregate):
             _require_positive_int("queue_timeout_seconds", queue_timeout_seconds)
         if not shape.resources.is_non_negative():
             raise InvalidAmount("a shape cannot ask for negative resources")
+        if max_running is not None:
+            _require_positive_int("max_running", max_running)
         fields: dict[str, Any] = {
             "tenant_id": str(tenant_id),
             "idempotency_key": idempotency_key,
@@ -260,6 +284,15 @@ class Lease(Aggregate):
             "name": name,
             "labels": dict(labels) if labels else None,
         }
+        workflow: dict[str, Any] = {}
+        if retries is not None:
+            workflow["retries"] = retries.to_dict()
+        if after:
+            workflow["after"] = [d.to_list() for d in after]
+            fields["queued_at"] = None  # held, queued once they are met (`queue_held`)
+        if array_id is not None and max_running is not None:
+            workflow["array_id"], workflow["max_running"] = array_id, max_running
+        fields["workflow"] = workflow or None
         if _LEAN_CREATE is None or cls is not Lease:
             return cls(**fields)
         return _created(fields)
@@ -298,6 +331,9 @@ class Lease(Aggregate):
         # what the tenant calls it (a name, labels); absent before names and labels
         name: str | None = None,
         labels: dict[str, str] | None = None,
+        # its retry policy, the leases it waits for (held until then) and its array's throttle
+        # (see the class attribute); absent before them
+        workflow: dict[str, Any] | None = None,
     ) -> None:
         self.tenant_id = TenantId(tenant_id)
         self.idempotency_key = idempotency_key
@@ -317,6 +353,10 @@ class Lease(Aggregate):
         self.trace_parent = trace_parent
         self.request_digest = request_digest
         self.state = LeaseState.REQUESTED if queued_at is None else LeaseState.QUEUED
+        self.workflow = workflow
+        if workflow and workflow.get("after"):
+            self.state = LeaseState.HELD
+            self.held_reason = WAITING_FOR_DEPENDENCY
         self.queued_at: float | None = queued_at
         self.queue_timeout_seconds = queue_timeout_seconds
         self.name = name
@@ -373,6 +413,30 @@ class Lease(Aggregate):
         return self.state in CAPACITY_HOLDING_STATES
 
     @property
+    def retry_policy(self) -> RetryPolicy | None:
+        policy = (self.workflow or {}).get("retries")
+        return None if not policy else RetryPolicy.from_dict(policy)
+
+    @property
+    def after(self) -> list[list[str]]:
+        """The leases it waits for, as recorded: [[lease id, condition], …]."""
+        return list((self.workflow or {}).get("after") or ())
+
+    @property
+    def dependencies(self) -> tuple[Dependency, ...]:
+        return tuple(Dependency.from_value(v) for v in self.after)
+
+    @property
+    def array_id(self) -> str | None:
+        value = (self.workflow or {}).get("array_id")
+        return None if value is None else str(value)
+
+    @property
+    def max_running(self) -> int | None:
+        value = (self.workflow or {}).get("max_running")
+        return None if value is None else int(value)
+
+    @property
     def runtime_limit_at(self) -> float | None:
         """When the current placement reaches its maximum runtime; no renewal goes past it."""
         if self.started_at is None:
@@ -383,7 +447,7 @@ class Lease(Aggregate):
     def restarts_on_placement(self) -> bool:
         """A requeued lease whose job a preemption interrupted: its next placement restarts
         that job on its own (`commit` without a job) instead of waiting for a commit."""
-        return (self.state is S.QUEUED and self.requeue_on_preemption
+        return (self.state is S.QUEUED and (self.requeue_on_preemption or self.retrying)
                 and self._job_to_restart() is not None)
 
     def _job_to_restart(self) -> Job | None:
@@ -392,6 +456,8 @@ class Lease(Aggregate):
         job = self.job
         if job is None or job.is_active:
             return None
+        if self.retrying:  # a retry runs the job its last attempt ended with, whatever ended it
+            return job
         if job.failure_reason == "preempted":
             return job
         if self.interrupted_job == job.number and not (
@@ -412,6 +478,9 @@ class Lease(Aggregate):
         if self.state is S.QUEUED:
             due = self.queue_deadline
             return "queue_timeout" if due is not None and now >= due else None
+        if self.state is S.HELD:
+            until = self.held_until
+            return RETRY_BACKOFF if until is not None and now >= until else None
         if self.state is S.RESERVED:
             assert self.reservation_deadline is not None
             return "commit_timeout" if now >= self.reservation_deadline else None
@@ -427,6 +496,8 @@ class Lease(Aggregate):
         """The next instant at which `expiry_due` may become true: when to schedule the timer."""
         if self.state is S.QUEUED:
             return self.queue_deadline
+        if self.state is S.HELD:
+            return self.held_until  # a backoff's end; a dependency has no time
         if self.state is S.RESERVED:
             return self.reservation_deadline
         if self.state in WORKLOAD_STATES:
@@ -455,10 +526,19 @@ class Lease(Aggregate):
         self._require("queue", {S.REQUESTED})
         self._queued(at=float(now))
 
+    def queue_held(self, now: float) -> None:
+        """A held lease joins the queue: its dependencies are met, or its backoff is over (its
+        wait for capacity starts now)."""
+        self._require("queue_held", {S.HELD})
+        if self.held_until is not None and now < self.held_until:
+            raise NotDue(f"its retry backoff lasts until {self.held_until}",
+                         reasons=(RETRY_BACKOFF,))
+        self._queued(at=float(now))
+
     def reject(self, now: float, code: str, reasons: list[str] | None = None) -> None:
-        """Refuse the request before placement (quota, credits, unschedulable shape, or
-        `queue_timeout`: it waited its queue timeout)."""
-        self._require("reject", {S.REQUESTED, S.QUEUED})
+        """Refuse the request before placement (quota, credits, unschedulable shape,
+        `queue_timeout`: it waited its queue timeout, or `dependency_failed`)."""
+        self._require("reject", {S.REQUESTED, S.QUEUED, S.HELD})
         self._rejected(at=float(now), code=code, reasons=list(reasons or []))
 
     # Placement --------------------------------------------------------------------------------
@@ -655,15 +735,17 @@ class Lease(Aggregate):
         if self.job is not None and self.job.is_active and exit_code is None:
             raise IllegalTransition(self.state, "release", reasons=("job_active",),
                                     detail="the job is still active; cancel to stop it")
-        self._released(at=float(now), exit_code=exit_code,
-                       reason=_outcome(exit_code, self.job))
+        outcome = _outcome(exit_code, self.job)
+        if not self._retry(float(now), outcome, exit_code):
+            self._released(at=float(now), exit_code=exit_code, reason=outcome)
 
     def cancel(self, now: float, reason: str = "cancelled") -> bool:
         """Cancel the lease. Before it runs this ends it at once; a running lease first goes to
         `stopping` until the agent confirms. Repeating a cancel is a no-op (returns False)."""
         if self.state in (S.STOPPING, S.CANCELLED):
             return False
-        self._require("cancel", {S.REQUESTED, S.QUEUED, S.RESERVED, S.RUNNING, S.PREEMPTING})
+        self._require("cancel", {S.REQUESTED, S.HELD, S.QUEUED, S.RESERVED, S.RUNNING,
+                                 S.PREEMPTING})
         if self.state in (S.RUNNING, S.PREEMPTING):
             self._stop_requested(at=float(now), reason=reason)
         else:
@@ -684,14 +766,15 @@ class Lease(Aggregate):
         if self.state is S.STOPPING:
             self._cancelled(at=at, reason=self.stop_reason or "cancelled")
         elif self.state is S.PREEMPTING:
-            self._preempted(at=at)
+            if self.requeue_on_preemption or not self._retry(at, "preempted", None):
+                self._preempted(at=at)
             if self.requeue_on_preemption:
                 self._requeued(at=at, attempts=self.attempts + 1)
         elif (self.gang is not None and self.requeue_when_preempted
               and self.expiry_reason in ("node_lost", "heartbeat_lost")):
             # a gang that goes back in line goes whole: the member its node took with it too
             self._requeued(at=at, attempts=self.attempts + 1)
-        else:
+        elif not self._retry(at, self.expiry_reason or "expired", None):
             self._released(at=at, exit_code=None, reason=self.expiry_reason or "expired")
         return self.state
 
@@ -776,6 +859,19 @@ class Lease(Aggregate):
             and now >= self.grace_deadline
         )
 
+    def _retry(self, at: float, reason: str, exit_code: int | None) -> bool:
+        """Run the lease again when its retry policy says an attempt ending so earns it
+        (domain.retry.next_attempt): queued at once, or held through a backoff. Each attempt's
+        end is kept; the next one avoids this node where another fits. False: it ends."""
+        decision = next_attempt(self.retry_policy, reason=reason, attempt=self.attempts,
+                                retries_done=len(self.attempt_ends), ended_at=at)
+        if decision is None:
+            return False
+        self._retried(at=at, attempt=decision.attempt, reason=reason, exit_code=exit_code,
+                      node_id=None if self.node_id is None else str(self.node_id),
+                      held_until=decision.queue_at if decision.held else None)
+        return True
+
     # Guards -----------------------------------------------------------------------------------
 
     def _require(self, verb: str, allowed: set[LeaseState] | frozenset[LeaseState]) -> None:
@@ -834,6 +930,9 @@ class Lease(Aggregate):
 
     @event("LeaseQueued")
     def _queued(self, at: float) -> None:
+        if self.state is S.HELD:
+            self.held_reason = None
+            self.held_until = None
         self.state = S.QUEUED
         self.queued_at = at
 
@@ -883,6 +982,7 @@ class Lease(Aggregate):
         self.started_at = at
         self.deadline = deadline
         self.interrupted_job = None
+        self.retrying = False
         if job_spec is not None and job_number is not None:
             self.job = Job(number=job_number, spec=JobSpec.from_dict(job_spec), submitted_at=at,
                            attempts=job_attempt or 1)
@@ -1001,6 +1101,34 @@ class Lease(Aggregate):
         self.end_reason = None
         self.ended_at = None
         self.exit_code = None
+
+
+    @event("LeaseRetried")
+    def _retried(self, at: float, attempt: int, reason: str, exit_code: int | None,
+                 node_id: str | None, held_until: float | None) -> None:
+        if self.state in WORKLOAD_STATES:
+            self.run_ended_at = at
+        self._end_job(at, exit_code=exit_code, failure=reason)
+        self.attempt_ends = (*self.attempt_ends,
+                             (self.attempts, reason, node_id, exit_code, at))
+        self.attempts = attempt
+        self.retrying = True
+        self.avoid_node = node_id
+        self.node_id = None  # the old placement is history; the next reserve picks anew
+        self.devices = ()
+        self.expiry_reason = None
+        self.end_reason = None
+        self.ended_at = None
+        self.exit_code = None
+        self.stop_reason = None
+        self.requeue_on_preemption = False
+        if held_until is not None:
+            self.state = S.HELD
+            self.held_reason = RETRY_BACKOFF
+            self.held_until = held_until
+        else:
+            self.state = S.QUEUED
+            self.queued_at = at
 
 
 def _outcome(exit_code: int | None, job: Job | None) -> str:

@@ -14,6 +14,7 @@ from uuid import UUID
 from eventsourcing.domain import Aggregate, event
 
 from domain.errors import (
+    AttemptLimitExceeded,
     ImageNotAllowed,
     InvalidConfiguration,
     PriorityClassNotAllowed,
@@ -202,6 +203,15 @@ class Pool(Aggregate):
                 f"max_workdir_bytes of {limit} ({limit / 2**20:g} MiB)",
                 reasons=("max_workdir_bytes",),
             )
+
+    def admit_attempts(self, max_attempts: int) -> None:
+        """Raise AttemptLimitExceeded when a retry policy asks for more attempts than the
+        pool's max_attempts."""
+        limit = self.config.max_attempts
+        if max_attempts > limit:
+            raise AttemptLimitExceeded(
+                f"retries.max_attempts {max_attempts} is past pool {self.pool_id}'s "
+                f"max_attempts of {limit}", reasons=("max_attempts",))
 
     def admit_queue(self, tenant: str, queued: int, count: int) -> None:
         """Raise QueueLimitExceeded, naming the limit and what is left of it, when `count`

@@ -74,6 +74,8 @@ class PoolConfig:
     voided_reservation_window_seconds: int = 3600
     # a job's output its node stores and ships to the tenant, per job; the rest is dropped
     max_output_bytes: int = 64 << 20
+    # the most attempts a request's retry policy may ask for (domain.retry)
+    max_attempts: int = 10
 
     def __post_init__(self) -> None:
         classes = tuple(sorted((str(k), int(v)) for k, v in dict(self.priority_classes).items()))
@@ -125,6 +127,8 @@ class PoolConfig:
             found.append("max_voided_reservations must not be negative")
         if self.voided_reservation_window_seconds <= 0:
             found.append("voided_reservation_window_seconds must be positive")
+        if self.max_attempts <= 0:
+            found.append("max_attempts must be positive")
         return found
 
     def to_dict(self) -> dict[str, Any]:
@@ -153,6 +157,7 @@ class PoolConfig:
             "max_voided_reservations": self.max_voided_reservations,
             "voided_reservation_window_seconds": self.voided_reservation_window_seconds,
             "max_output_bytes": self.max_output_bytes,
+            "max_attempts": self.max_attempts,
         }
 
     @classmethod
@@ -187,4 +192,5 @@ class PoolConfig:
             voided_reservation_window_seconds=int(d.get(
                 "voided_reservation_window_seconds", default.voided_reservation_window_seconds)),
             max_output_bytes=int(d.get("max_output_bytes", default.max_output_bytes)),
+            max_attempts=int(d.get("max_attempts", default.max_attempts)),
         )

@@ -35,6 +35,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "object_missing": 404,  # a work directory or artifact never stored, deleted or expired
     "bucket_missing": 409,  # the tenant's file bucket is not made yet: the operator's step
     "unknown_tenant": 404, "unknown_reservation": 404, "unknown_webhook": 404,
+    "unknown_dependency": 404,
     # the state it meets
     "idempotency_conflict": 409, "illegal_transition": 409, "stale_epoch": 409,
     "write_conflict": 409, "lease_expired": 409, "already_allocated": 409,
@@ -53,6 +54,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "rate_limited": 429,  # a token comes back within Retry-After seconds
     "voided_reservation_limit": 429,  # lifts when the oldest void leaves the window
     "concurrency_limit": 429,  # a tenant's reads at once: room comes back as they finish
+    "max_attempts_exceeded": 422,  # the pool's max_attempts: a smaller --retries fits
     # what is behind the gateway
     "bus_unavailable": 503, "bus_timeout": 503, "views_unavailable": 503,
     "telemetry_unavailable": 503, "publish_rejected": 503, "bus_error": 503,

@@ -75,6 +75,14 @@ class Lease(Struct, frozen=True, kw_only=True):
     end_reason: str | None = None
     rejection_code: str | None = None
     version: int
+    # each retried attempt's end: {attempt, end_reason, node_id, exit_code, ended_at}
+    attempt_ends: list[dict[str, Any]] = []
+    # why a held lease waits out of the queue (waiting_for_dependency, retry_backoff), and
+    # until when a backoff lasts
+    held_reason: str | None = None
+    held_until: Seconds = None
+    after: list[list[str]] = []  # [lease id, ok|any|notok] it waits for
+    max_running: int | None = None  # its array's throttle
     gang: LeaseGang | None = None  # a gang member's: every member, its node and devices
 
 

@@ -329,6 +329,12 @@ def audit_decisions(app: Any, *, pool: str | None = None, tolerance: float = 0.0
     gangs = check_gangs(app)
     report.checks["gangs"] = f"{gangs.gangs} gangs, {gangs.placements} whole placements"
     report.violations["gangs"] = list(gangs.partial)
+    from projections.workflow_checks import check_workflows
+
+    flows = check_workflows(app)
+    report.checks["workflows"] = (f"{flows.arrays} throttled arrays, "
+                                  f"{flows.dependents_placed} dependent placements")
+    report.violations["workflows"] = flows.over_throttle + flows.early_starts
     lag = DEFAULT_LAG_SECONDS if lag_seconds is None else lag_seconds
     judged, skipped, contended, unfair = [], [], 0, []
     for name, found in sorted(records_by_pool(app).items()):

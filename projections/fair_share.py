@@ -251,6 +251,7 @@ def records_by_pool(app: Any, *, page: int = 5000) -> dict[str, PoolRecords]:
     pools: dict[str, PoolRecords] = defaultdict(PoolRecords)
     lease_pool: dict[str, str] = {}
     requested: dict[str, Requested] = {}
+    held: set[str] = set()  # held leases (dependencies, a retry's backoff): not waiting
     node_pool: dict[str, str] = {}
     policy_of: dict[str, tuple[str, str]] = {}  # tenant policy → (pool, tenant)
     accounts: dict[str, _Account] = {}
@@ -260,14 +261,29 @@ def records_by_pool(app: Any, *, page: int = 5000) -> dict[str, PoolRecords]:
         if name == "LeaseRequested":
             st = json.loads(n.state)
             pool = lease_pool[oid] = str(st["pool_id"])
+            klass = str(st.get("priority_class") or "")
+            flow = st.get("workflow") or {}
+            if flow.get("array_id") and flow.get("max_running"):
+                # its waits are its array's throttle's, not fair share's: a class of its own
+                # array, so it is never another tenant's rival nor judged against one
+                klass = f"{klass}@array:{flow['array_id']}"
             req = requested[oid] = Requested(
                 oid, str(st["tenant_id"]), _key(st["shape"]),
-                float(st.get("requested_at") or 0.0), str(st.get("priority_class") or ""))
-            pools[pool].records.append(req)
-        elif name == "LeaseRequeued" and oid in lease_pool:
+                float(st.get("requested_at") or 0.0), klass)
+            if flow.get("after"):
+                held.add(oid)  # waits for other leases: in the queue from its LeaseQueued
+            else:
+                pools[pool].records.append(req)
+        elif (name == "LeaseRequeued" or (name == "LeaseQueued" and oid in held)
+              or name == "LeaseRetried") and oid in lease_pool:
+            st = json.loads(n.state)
+            held.discard(oid)
+            if name == "LeaseRetried" and st.get("held_until") is not None:
+                held.add(oid)  # back in the queue when its backoff ends (a LeaseQueued)
+                continue
             first = requested[oid]
             pools[lease_pool[oid]].records.append(Requested(
-                oid, first.tenant, first.shape_key, float(json.loads(n.state).get("at") or 0),
+                oid, first.tenant, first.shape_key, float(st.get("at") or 0),
                 first.priority_class))
         elif name == "LeaseReserved" and oid in lease_pool:
             st = json.loads(n.state)

@@ -38,7 +38,14 @@ def lease_view(lease: Lease) -> dict[str, Any]:
         "last_heartbeat_at": lease.last_heartbeat_at,
         "last_checkpoint_at": lease.last_checkpoint_at,
         "hold_microcredits": lease.hold_microcredits,
-        "attempts": lease.attempts,
+        "attempts": lease.attempts,  # the attempt it is on: 2, 3, … once retried
+        # each retried attempt's end: [{attempt, end_reason, node_id, exit_code, ended_at}]
+        "attempt_ends": [{"attempt": a, "end_reason": r, "node_id": n, "exit_code": c,
+                          "ended_at": at} for a, r, n, c, at in lease.attempt_ends],
+        "held_reason": lease.held_reason,
+        "held_until": lease.held_until,
+        "after": [list(d) for d in lease.after or ()],
+        "max_running": lease.max_running,
         "exit_code": lease.exit_code,
         "end_reason": lease.end_reason,
         "rejection_code": lease.rejection_code,
@@ -97,6 +104,7 @@ def pool_config_from_wire(cfg: v1.PoolConfig) -> PoolConfig:
         max_voided_reservations=cfg.max_voided_reservations,
         voided_reservation_window_seconds=cfg.voided_reservation_window_seconds,
         max_output_bytes=cfg.max_output_bytes,
+        max_attempts=cfg.max_attempts,
     )
 
 
@@ -106,7 +114,7 @@ _PATCHED_AS_IS = ("packing", "commit_timeout_seconds", "aging_seconds_per_rank",
                   "fair_share_half_life_seconds", "renew_step_seconds",
                   "max_queued_leases", "queue_timeout_seconds", "requests_per_second",
                   "request_burst", "max_voided_reservations",
-                  "voided_reservation_window_seconds")
+                  "voided_reservation_window_seconds", "max_attempts")
 
 
 # the user's files' limits, patched as they are too

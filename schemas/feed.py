@@ -34,6 +34,11 @@ class FeedRecord(Struct, frozen=True, kw_only=True):
     devices: Annotated[list[Annotated[str, Meta(max_length=128)]], Meta(max_length=64)] = []
     epoch: Count = 0
     exit_code: Annotated[int, Meta(ge=-(2**31), le=2**31 - 1)] | None = None
+    # which attempt of the lease (2, 3, … once retried); a retry's record names how the
+    # attempt before it ended; a held lease says why it is held
+    attempt: Annotated[int, Meta(ge=1, le=2**31)] = 1
+    attempt_end_reason: ReasonText | None = None
+    held_reason: ReasonText | None = None
     # the lease's version after the change, and the event's sequence in the log
     version: Count
     log_sequence: Count

@@ -293,6 +293,34 @@ TopologyKey = Literal["rack", "block", "nvlink_domain", "zone", "failure_domain"
 GangStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 
 
+RetryReason = Literal["failed", "node_lost", "heartbeat_lost", "preempted", "deadline"]
+MAX_ATTEMPTS_LIMIT = 100  # the most any pool may allow (PoolConfig.max_attempts)
+
+
+class RetryPolicy(_Part, frozen=True, kw_only=True):
+    """Run the lease again when an attempt ends with one of the reasons in `on`, up to
+    `max_attempts` attempts in all; the n-th retry waits backoff_seconds * 2^(n-1) (at most
+    backoff_max_seconds) before it queues again."""
+
+    max_attempts: Annotated[int, Meta(ge=1, le=MAX_ATTEMPTS_LIMIT)]
+    on: Annotated[list[RetryReason], Meta(min_length=1, max_length=5)] = msgspec.field(
+        default_factory=lambda: ["failed"])
+    backoff_seconds: Annotated[int, Meta(ge=0, le=86_400)] = 0
+    backoff_max_seconds: Annotated[int, Meta(ge=0, le=86_400)] = 3600
+
+
+DependencyCondition = Literal["ok", "any", "notok"]
+MAX_DEPENDENCIES = 64
+
+
+class LeaseDependency(_Part, frozen=True, kw_only=True):
+    """Wait for another lease of the same tenant to end: `ok` (it succeeded), `notok` (it
+    ended any other way) or `any`."""
+
+    lease_id: SubjectToken
+    condition: DependencyCondition = "ok"
+
+
 class LeaseGroup(_Part, frozen=True, kw_only=True):
     """A gang: `members` leases, one node each, placed all-or-nothing in one atomic save and
     committed, renewed, preempted and requeued together. `same` packs them into one value
@@ -352,10 +380,23 @@ class LeaseRequest(_Command, frozen=True, kw_only=True):
     # `?label=k=v`)
     name: LeaseName | None = None
     labels: Annotated[dict[LabelKey, LabelValue], Meta(max_length=MAX_LEASE_LABELS)] = {}
+    # run again when an attempt ends badly (not for a gang, which requeues whole)
+    retries: RetryPolicy | None = None
+    # existing leases of the tenant it waits for: held, not queued, until they ended as asked
+    after: Annotated[list[LeaseDependency], Meta(max_length=MAX_DEPENDENCIES)] = []
+    # another array of the same size, named by its first lease: lease i waits for its lease i
+    after_each: LeaseDependency | None = None
+    # of a batch (`count`): at most this many of its leases reserved or running at once
+    max_running: Annotated[int, Meta(ge=1, le=MAX_LEASES_PER_REQUEST)] | None = None
 
     def __post_init__(self) -> None:
         if self.group is not None and self.count != 1:
             raise ValueError("a request is a gang (group) or a batch (count), not both")
+        if self.group is not None and (self.retries is not None or self.after
+                                       or self.after_each is not None
+                                       or self.max_running is not None):
+            raise ValueError("a gang (group) takes no retries, after, after_each or "
+                             "max_running")
 
 
 class CheckpointPolicy(_Part, frozen=True, kw_only=True):
@@ -536,6 +577,8 @@ class PoolConfig(_Command, frozen=True, kw_only=True):
     # The most bytes of a job's output its node stores and ships to the tenant; the rest is
     # dropped, with one marker line saying so.
     max_output_bytes: OutputBytes = 64 << 20
+    # The most attempts a request's retry policy may ask for (max_attempts_exceeded past it).
+    max_attempts: Annotated[int, Meta(ge=1, le=MAX_ATTEMPTS_LIMIT)] = 10
 
 
 class PreemptionPatch(_Part, frozen=True, kw_only=True):
@@ -576,6 +619,7 @@ class PoolPatch(_Command, frozen=True, kw_only=True):
     max_voided_reservations: Annotated[int, Meta(ge=0, le=1_000_000)] | None = None
     voided_reservation_window_seconds: Annotated[int, Meta(ge=1, le=30 * 86_400)] | None = None
     max_output_bytes: OutputBytes | None = None
+    max_attempts: Annotated[int, Meta(ge=1, le=MAX_ATTEMPTS_LIMIT)] | None = None
 
 
 # Quota keys are domain dimension names: the four scalars or "gpu/<profile>".
@@ -873,6 +917,8 @@ class LeaseAssignment(_Command, frozen=True, kw_only=True):
     max_artifact_bytes: Annotated[int, Meta(ge=0, le=MAX_WORKDIR_BYTES)] = 1 << 30
     # the pool's output cap: the job's output past it is neither stored nor shipped
     max_output_bytes: OutputBytes = 64 << 20
+    # which attempt of the lease this is (1, then 2, … as it is retried): the job's POOL_ATTEMPT
+    attempt: Annotated[int, Meta(ge=1, le=2**31)] = 1
 
 
 class LeaseRevocation(_Command, frozen=True, kw_only=True):

@@ -9,6 +9,12 @@ from eventsourcing.persistence import IntegrityError
 
 from control.application.core import A, retried
 from control.application.gangs import GangCommands, member_job
+from control.application.workflows import (
+    dependencies,
+    each_dependency,
+    resolve_held,
+    retry_policy,
+)
 from control.errors import IdempotencyConflict, ServiceError, UnknownTenant
 from domain.account import Account
 from domain.errors import DomainError, RateLimited
@@ -88,7 +94,11 @@ class LeaseCommands(GangCommands):
         omit = (("count",) if req.count == 1 else ()) + (
             ("reservation_id",) if req.reservation_id is None else ()) + (
             ("group",) if req.group is None else ()) + (
-            ("queue_timeout_seconds",) if req.queue_timeout_seconds is None else ())
+            ("queue_timeout_seconds",) if req.queue_timeout_seconds is None else ()) + (
+            ("retries",) if req.retries is None else ()) + (
+            ("after",) if not req.after else ()) + (
+            ("after_each",) if req.after_each is None else ()) + (
+            ("max_running",) if req.max_running is None else ())
         request_digest = digest(req, omit=omit)
         try:
             pool = self._cached(Pool.create_id(req.pool_id), lambda: self._pool(req.pool_id))
@@ -109,6 +119,9 @@ class LeaseCommands(GangCommands):
                                  isolation=req.shape.runtime)
             if req.reservation_id is not None:
                 self._reservation(req.pool_id, req.reservation_id, tenant=tenant)
+            retries = retry_policy(pool, req)
+            after = dependencies(self, tenant, req)
+            pairs = each_dependency(self, tenant, req, size)
             book = (tenant, req.pool_id)
             queued = self.queue_book.queued(book)
             if queued + size > pool.config.max_queued_leases:  # near it: count what still waits
@@ -134,8 +147,11 @@ class LeaseCommands(GangCommands):
         # the pool's timeout is the default and the most a request may ask for
         queue_timeout = min(req.queue_timeout_seconds or pool.config.queue_timeout_seconds,
                             pool.config.queue_timeout_seconds)
+        # an array throttled by max_running is named by its first lease
+        array_id = (str(Lease.create_id(tenant, keys[0])) if req.max_running is not None
+                    else None)
         leases = []
-        for key, shape_of, member in zip(keys, shapes, gang, strict=True):
+        for i, (key, shape_of, member) in enumerate(zip(keys, shapes, gang, strict=True)):
             lease = Lease.request(
                 tenant_id=TenantId(tenant),
                 pool_id=PoolId(req.pool_id),
@@ -158,6 +174,10 @@ class LeaseCommands(GangCommands):
                 queue_timeout_seconds=queue_timeout,
                 name=req.name,
                 labels=req.labels,
+                retries=retries,
+                after=after if pairs is None else tuple(dict.fromkeys((*after, pairs[i]))),
+                array_id=array_id,
+                max_running=req.max_running,
             )
             leases.append(lease)
         try:
@@ -315,8 +335,9 @@ class LeaseCommands(GangCommands):
     def release(self, tenant: str, lease_id: str, body: v1.ReleaseLease) -> Lease:
         now = self.clock()
         lease = self._lease(tenant, lease_id)
+        node_id = lease.node_id  # a retried attempt forgets its placement
         lease.release(now, body.exit_code)
-        self.save(lease, *self._settle(lease, now))
+        self.save(lease, *self._settle(lease, now, node_id))
         return lease
 
     @retried
@@ -347,6 +368,8 @@ class LeaseCommands(GangCommands):
             return None
         if lease is None:
             return None
+        if lease.state is LeaseState.HELD:  # a backoff over, or a dependency's lease ended
+            return resolve_held(self, lease, now)
         reason = lease.expiry_due(now)
         if reason is None:
             return None

@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterable, Sequence
 from uuid import UUID
 
 # a lease whose last event is one of these still waits in its pool's queue
-WAITING_EVENTS: tuple[str, ...] = (".LeaseRequested", ".LeaseQueued", ".LeaseRequeued")
+WAITING_EVENTS: tuple[str, ...] = (".LeaseRequested", ".LeaseQueued", ".LeaseRequeued",
+                                   ".LeaseRetried")
 # a tenant at its limit is counted again at most this often; in between its requests are
 # judged on the last count plus what was queued since (which only counts too many)
 RECOUNT_SECONDS = 1.0

@@ -33,6 +33,7 @@ from domain.cohort import Cohort
 from domain.fold import Fold
 from domain.lease import Lease, LeaseState
 from domain.node import Node
+from domain.policy import reasons as R
 from domain.policy.fairness import PendingRequest
 from domain.pool import Pool, TenantPolicy
 from domain.reservation import CapacityReservation
@@ -64,6 +65,8 @@ class Folding:
         self._deadlines: list[tuple[float, str]] = []
         self._deadlines_kept = 0  # its size after the last compaction
         self._usage: dict[str, tuple[str, Resources]] = {}  # lease -> (tenant, resources)
+        # array (`max_running`) -> its leases holding capacity: the throttle's count
+        self._array_holding: dict[str, set[str]] = {}
         # requester lease -> the preemption started for it; one at a time per request
         self._preempting_for: dict[str, PendingPreemption] = {}
         self.max_examined_per_cycle = 5000
@@ -353,10 +356,28 @@ class Folding:
         heapq.heapify(self._deadlines)
         self._deadlines_kept = len(self._deadlines)
 
+    def _throttled(self, array: str, lease: Lease | QueuedLease) -> dict[str, Any] | None:
+        """Why a lease of a throttled array waits: `max_running` of it hold capacity already;
+        None when it may be placed."""
+        limit = lease.max_running
+        holding = self._array_holding.get(array)
+        if limit is None or holding is None or len(holding) < limit:
+            return None
+        return {"tenant": [R.ARRAY_THROTTLED], "max_running": limit, "array_id": array}
+
     def _track(self, ps: PoolState, lease: Lease) -> None:
-        """Keep each tenant's usage (the DRF numerator) = its capacity-holding leases."""
+        """Keep each tenant's usage (the DRF numerator) = its capacity-holding leases, and
+        each throttled array's leases that hold capacity."""
         self.windows.track(lease)
         lid = str(lease.id)
+        if lease.array_id is not None:
+            holding = self._array_holding.setdefault(lease.array_id, set())
+            if lease.holds_capacity:
+                holding.add(lid)
+            else:
+                holding.discard(lid)
+                if not holding:
+                    del self._array_holding[lease.array_id]
         tracked = self._usage.get(lid)
         holds = lease.holds_capacity
         assert ps.queue is not None

@@ -19,6 +19,7 @@ from control.scheduler.state import OTHERS_DEADLINE_RETRY_SECONDS, CycleReport
 
 log = logging.getLogger(__name__)
 from control.wake import IdleWait, Signal
+from domain.dependency import WAITING_FOR_DEPENDENCY
 from domain.errors import DomainError
 from domain.lease import Lease, LeaseState
 from domain.pool import TenantPolicy
@@ -66,8 +67,8 @@ class Scheduler(Placing):
         while self._deadlines and self._deadlines[0][0] <= now:
             _due, lid = heapq.heappop(self._deadlines)
             lease = self.aggregates.get(UUID(lid))
-            if not isinstance(lease, Lease):
-                continue
+            if not isinstance(lease, Lease) or lease.state is LeaseState.HELD:
+                continue  # a held lease's timer is the reconciler's (it queues it)
             if not self.leads(lease.pool_id):
                 # another scheduler's pool: looked at again later, in case this one takes it
                 others.append((now + OTHERS_DEADLINE_RETRY_SECONDS, lid))
@@ -125,6 +126,12 @@ class Scheduler(Placing):
             except ValueError:
                 return None
             if not isinstance(lease, (Lease, QueuedLease)):
+                held = self.aggregates.requested(UUID(lease_id))
+                if held is not None and held.get("tenant_id") == tenant:
+                    flow = held.get("workflow") or {}
+                    reason = WAITING_FOR_DEPENDENCY if flow.get("after") else None
+                    return {"lease_id": lease_id, "state": "held" if reason else "requested",
+                            "reasons": self._held_reasons(reason, flow.get("after"))}
                 ended = self._ended.get(lease_id)
                 return dict(ended[1]) if ended is not None and ended[0] == tenant else None
             if lease.tenant_id != tenant:
@@ -135,6 +142,10 @@ class Scheduler(Placing):
                 out["reasons"] = reasons
             elif isinstance(lease, Lease) and lease.state is LeaseState.REJECTED:
                 out["reasons"] = {"rejection_code": lease.rejection_code}
+            elif isinstance(lease, Lease) and lease.state is LeaseState.HELD:
+                out["reasons"] = self._held_reasons(lease.held_reason, lease.after)
+                if lease.held_until is not None:
+                    out["reasons"]["held_until"] = lease.held_until
             elif lease.state in (LeaseState.QUEUED, LeaseState.REQUESTED):
                 # waiting, but no cycle has looked at it yet: its place is not known either
                 out["reasons"] = {"not_yet_examined": True}
@@ -149,6 +160,16 @@ class Scheduler(Placing):
                 if start is not None:
                     out["estimated_start_in_seconds"] = max(0.0, start - self.clock())
             return out
+
+    def _held_reasons(self, reason: str | None, waits_for: Any) -> dict[str, Any]:
+        """Why a held lease is out of the queue: its held reason and, waiting for other
+        leases, those of them that have not ended (as far as this fold knows)."""
+        out: dict[str, Any] = {"tenant": [reason] if reason else []}
+        after = [str(d[0]) for d in waits_for or () if d]
+        if after and reason == WAITING_FOR_DEPENDENCY:
+            live = [d for d in after if _is_uuid(d) and UUID(d) in self.aggregates]
+            out["waiting_for"] = live or after
+        return out
 
     def pool_of(self, tenant: str, lease_id: str) -> str | None:
         """The pool of this tenant's lease, while it is held in memory (None: no such lease)."""
@@ -223,3 +244,11 @@ class Scheduler(Placing):
             except Exception:
                 log.exception("the last batch's outcome is not known; the log says")
             observability.unwatch_scheduler(self)
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        UUID(text)
+    except ValueError:
+        return False
+    return True

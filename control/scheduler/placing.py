@@ -35,6 +35,27 @@ from domain.resources import TRUST_LEVELS, LeaseId, NodeId, Resources
 class Placing(Ganging):
     """One pool's queue placed in a cycle: fit, fair order, backfill, waits and their reasons."""
 
+    def _place_one(self, ps: PoolState, bf: Backfill | None, shape: Any,
+                   lease: Lease | QueuedLease, lease_id: str,
+                   allowed: tuple[str, ...] | None, band: Any, now: float,
+                   ) -> tuple[str | None, FilterResult, bool]:
+        """The node one lease is placed on now: through backfill's admission when `bf` is
+        given (held True: it fits only where a reservation keeps it out), else the fast path."""
+        cfg = ps.pool.config
+        if bf is not None:
+            assert ps.queue is not None
+            return bf.place(
+                shape, placed_end_estimate(now, cfg.commit_timeout_seconds,
+                                           lease.maximum_runtime_seconds),
+                packing=cfg.packing,  # type: ignore[arg-type]
+                allowed_trust_levels=allowed, lease_id=lease_id,
+                window=self.windows.usable(ps.pool.pool_id, lease, now),
+                band=band, offered_later=ps.queue.__contains__)
+        got, result = ps.table.place_fast(
+            shape, packing=cfg.packing,  # type: ignore[arg-type]
+            allowed_trust_levels=allowed)
+        return got, result, False
+
     def _place_pool(self, ps: PoolState, now: float, report: CycleReport) -> None:
         queue = ps.queue
         if queue is None or not len(queue):
@@ -99,20 +120,29 @@ class Placing(Ganging):
                                                                tenant=req.tenant)
                 allowed = trust_of[trust_key] = (
                     None if len(trust) == len(TRUST_LEVELS) else tuple(sorted(trust)))
-            held = False
-            if guarded:
-                node_id, fr, held = bf.place(
-                    shape, placed_end_estimate(now, cfg.commit_timeout_seconds,
-                                               lease.maximum_runtime_seconds),
-                    packing=cfg.packing,  # type: ignore[arg-type]
-                    allowed_trust_levels=allowed, lease_id=req.lease_id,
-                    window=self.windows.usable(pool.pool_id, lease, now),
-                    band=band_of(req.priority_class, req.enqueued_at, now, ranks, aging),
-                    offered_later=queue.__contains__)
+            array = lease.array_id
+            if array is not None and (why := self._throttled(array, lease)) is not None:
+                self._wait(req, why, unplaced)
+                continue
+            band = (band_of(req.priority_class, req.enqueued_at, now, ranks, aging) if guarded
+                    else None)
+            where = (bf if guarded else None, shape, lease, req.lease_id, allowed, band, now)
+            # a retry keeps off the node its last attempt ended on, unless nothing else fits
+            avoid = getattr(lease, "avoid_node", None)
+            if avoid and avoid in ps.table and ps.table.state_of(avoid) == "ready":
+                ps.table.set_state(avoid, "cordoned")
+                try:
+                    elsewhere = ps.table.place_fast(
+                        shape, packing=cfg.packing,  # type: ignore[arg-type]
+                        allowed_trust_levels=allowed)[0] is not None
+                    if elsewhere:
+                        node_id, fr, held = self._place_one(ps, *where)
+                finally:
+                    ps.table.set_state(avoid, "ready")
+                if not elsewhere:
+                    node_id, fr, held = self._place_one(ps, *where)
             else:
-                node_id, fr = ps.table.place_fast(
-                    shape, packing=cfg.packing,  # type: ignore[arg-type]
-                    allowed_trust_levels=allowed)
+                node_id, fr, held = self._place_one(ps, *where)
             if node_id is None and held:
                 # it fits now, but only where it would delay a blocked head's reservation
                 # or run into an advance reservation or maintenance window (named in `why`)

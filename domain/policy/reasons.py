@@ -43,6 +43,8 @@ WAITING_FOR_CAPACITY = "waiting_for_capacity"
 # it fits now, but only on capacity held for a blocked request's reservation (backfill)
 WAITING_FOR_RESERVATION = "waiting_for_reservation"
 WAITING_FOR_RECLAIM = "waiting_for_reclaim"  # borrowers noticed so an owner gets its quota
+# its array (`--count N --max-running K`) has K leases reserved or running already
+ARRAY_THROTTLED = "array_throttled"
 
 # Node state name → the code a node in that state fails with.
 NODE_STATE_REASONS: Mapping[str, str] = {
