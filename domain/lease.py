@@ -97,11 +97,21 @@ class JobSpec:
     workdir_size_bytes: int | None = None
     workdir_files: int = 0
     artifacts: tuple[str, ...] = ()  # globs under /work stored at the job's end
+    # the tenant's secrets the job gets, by name only (their values are never in the log):
+    # sorted (variable, name), (name, path under /run/secrets) and (name, version)
+    secret_env: tuple[tuple[str, str], ...] = ()
+    secret_files: tuple[tuple[str, str], ...] = ()
+    secret_versions: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", tuple(str(c) for c in self.command))
         object.__setattr__(self, "env", tuple(sorted((str(k), str(v)) for k, v in self.env)))
         object.__setattr__(self, "artifacts", tuple(str(a) for a in self.artifacts))
+        for name in ("secret_env", "secret_files"):
+            pairs = getattr(self, name)
+            object.__setattr__(self, name, tuple(sorted((str(k), str(v)) for k, v in pairs)))
+        object.__setattr__(self, "secret_versions",
+                           tuple(sorted((str(k), int(v)) for k, v in self.secret_versions)))
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -119,6 +129,9 @@ class JobSpec:
                             "files": self.workdir_files}
         if self.artifacts:
             d["artifacts"] = list(self.artifacts)
+        if self.secret_versions:
+            d["secrets"] = {"env": dict(self.secret_env), "files": dict(self.secret_files),
+                            "versions": dict(self.secret_versions)}
         return d
 
     @classmethod
@@ -137,6 +150,9 @@ class JobSpec:
             else int(d["workdir"]["size_bytes"]),
             workdir_files=0 if not d.get("workdir") else int(d["workdir"].get("files", 0)),
             artifacts=tuple(d.get("artifacts", ())),
+            secret_env=tuple(dict((d.get("secrets") or {}).get("env", {})).items()),
+            secret_files=tuple(dict((d.get("secrets") or {}).get("files", {})).items()),
+            secret_versions=tuple(dict((d.get("secrets") or {}).get("versions", {})).items()),
         )
 
 

@@ -35,6 +35,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "object_missing": 404,  # a work directory or artifact never stored, deleted or expired
     "bucket_missing": 409,  # the tenant's file bucket is not made yet: the operator's step
     "unknown_tenant": 404, "unknown_reservation": 404, "unknown_webhook": 404,
+    "secret_unknown": 404,  # a secret the tenant never set, deleted, or a version not kept
     # the state it meets
     "idempotency_conflict": 409, "illegal_transition": 409, "stale_epoch": 409,
     "write_conflict": 409, "lease_expired": 409, "already_allocated": 409,
@@ -43,6 +44,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "pool_exists": 409, "reservation_exists": 409, "reservation_deleted": 409, "transfer_conflict": 409, "name_collision": 409,
     "device_unavailable": 409, "node_claim_refused": 403,
     "webhook_limit": 409,  # room comes back when the tenant deletes an endpoint
+    "secret_limit": 409,  # room comes back when the tenant deletes a secret
     # base classes: a refusal no subclass names more precisely
     "domain_error": 409, "service_error": 400,
     "method_not_allowed": 405,
@@ -54,6 +56,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "bus_unavailable": 503, "bus_timeout": 503, "views_unavailable": 503,
     "telemetry_unavailable": 503, "publish_rejected": 503, "bus_error": 503,
     "batch_too_large": 503, "snapshots_unavailable": 503, "webhooks_unavailable": 503,
+    "secrets_unavailable": 503,  # no key ring to seal or open secrets (POOL_SECRET_KEYS)
     # a bug behind the gateway: logged there, reported here as the upstream's failure
     "internal_error": 502,
 }

@@ -119,6 +119,19 @@ ArtifactGlob = Annotated[
          description="A glob of files, relative to /work, stored as artifacts at the job's end."),
 ]
 EnvName = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}(?!\n)$", max_length=128)]
+# a tenant's secret (schemas/secret.py); its value never travels in a job, only its name
+SecretName = Annotated[
+    str,
+    Meta(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}(?!\n)$", max_length=63,
+         description="A secret's name: 1-63 of a-z 0-9 _ -, starting with a letter or digit."),
+]
+# where a secret's file appears in the sandbox: always in the tmpfs the agent makes there
+SecretPath = Annotated[
+    str,
+    Meta(pattern=r"^/run/secrets/(?!\.\.?$)[A-Za-z0-9._-]{1,128}(?!\n)$", max_length=141,
+         description="A file under /run/secrets (in memory, wiped at the job's end)."),
+]
+MAX_JOB_SECRETS = 32
 EnvValue = Annotated[str, Meta(max_length=4096)]
 Argument = Annotated[str, Meta(max_length=4096)]
 Command = Annotated[list[Argument], Meta(max_length=256)]
@@ -387,6 +400,14 @@ class JobSpec(_Part, frozen=True, kw_only=True):
     checkpoint_policy: CheckpointPolicy = msgspec.field(default_factory=CheckpointPolicy)
     workdir: WorkdirRef | None = None
     artifacts: Annotated[list[ArtifactGlob], Meta(max_length=MAX_ARTIFACT_GLOBS)] = []
+    # the tenant's secrets by name: as environment variables (VAR -> name) and as files (name
+    # -> a path under /run/secrets); values never travel here (unlike `env`, which is public:
+    # it is in the event log)
+    secret_env: Annotated[dict[EnvName, SecretName], Meta(max_length=MAX_JOB_SECRETS)] = {}
+    secret_files: Annotated[dict[SecretName, SecretPath], Meta(max_length=MAX_JOB_SECRETS)] = {}
+    # the version of each named secret the job gets: set by the plane at commit (what a
+    # client sends is replaced)
+    secret_versions: Annotated[dict[SecretName, Count], Meta(max_length=2 * MAX_JOB_SECRETS)] = {}
 
 
 class CommitLease(_Command, frozen=True, kw_only=True):

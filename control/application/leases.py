@@ -206,6 +206,9 @@ class LeaseCommands(GangCommands):
                 workdir_size_bytes=job.workdir.size_bytes if job.workdir is not None else None,
                 workdir_files=job.workdir.files if job.workdir is not None else 0,
                 artifacts=tuple(job.artifacts),
+                secret_env=tuple(job.secret_env.items()),
+                secret_files=tuple(job.secret_files.items()),
+                secret_versions=tuple(job.secret_versions.items()),
             )
         # a gang commits whole: every member starts its job, told its rank and peers' nodes
         members = self._with_gang(lease, LeaseState.RESERVED)
