@@ -5,6 +5,7 @@ Its loop, heartbeats and re-adoption: docs/architecture.md#the-node-agent.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import json
 import logging
 import random
@@ -17,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from agents import secrets
 from agents.notice import NoticeRefused, write_notice
 from agents.probe import NodeProbe, Reserve
 from agents.runtimes.contract import Runtime, WorkloadError, WorkloadHandle, WorkloadSpec
@@ -352,6 +354,16 @@ class Agent:
         if current is not None and not current.stopping:
             # an older job or placement of this lease still runs here: it must go first
             self._stop_now(current, grace=5.0)
+        try:  # held in memory for the start only: the runtime hands them to the sandbox
+            secret_env, secret_files = secrets.fetch(self._call, a)
+        except WorkloadError as e:
+            self.stats.refused += 1
+            self._report_end(a.lease_id, a.epoch, failure=f"{e.code}: {e}")
+            self._telemetry(a.pool_id, a.tenant, a.lease_id, "failure",
+                            {"reason": e.code, "phase": "secrets", "message": str(e)[:500]})
+            return
+        if secret_env or secret_files:
+            spec = dataclasses.replace(spec, secret_env=secret_env, secret_files=secret_files)
         if spec.workdir is not None:
             try:
                 ref = a.job.workdir

@@ -409,6 +409,14 @@ class JobSpec(_Part, frozen=True, kw_only=True):
     # client sends is replaced)
     secret_versions: Annotated[dict[SecretName, Count], Meta(max_length=2 * MAX_JOB_SECRETS)] = {}
 
+    def __post_init__(self) -> None:
+        clash = sorted(v for v in self.secret_env if v in self.env or v.startswith("POOL_"))
+        if clash:
+            raise ValueError(f"secret_env {clash[0]!r}: a variable named in env too, or a "
+                             "POOL_ one the pool sets")
+        if len(set(self.secret_files.values())) != len(self.secret_files):
+            raise ValueError("secret_files: two secrets at one path")
+
 
 class CommitLease(_Command, frozen=True, kw_only=True):
     """Confirm a reserved lease and attach the job to run; an uncommitted lease times out."""

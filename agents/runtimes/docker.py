@@ -292,6 +292,11 @@ class DockerRuntime:
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self, spec: WorkloadSpec) -> WorkloadHandle:
+        if spec.secret_env or spec.secret_files:
+            # the engine keeps a container's env in its config on disk, and has no in-memory
+            # file it fills before the start: refused rather than written down
+            raise WorkloadError("this node's docker runtime cannot hand a job secrets without "
+                                "writing them to the engine's disk", code="secrets_unsupported")
         self._check_ref(spec.image)
         oci = self._oci_runtime(spec.isolation)
         options = container_options(spec, oci_runtime=oci, node_id=self.node_id)
