@@ -324,3 +324,10 @@ def test_an_unknown_secret_is_refused_at_request_time_naming_it(
                  "--secret-file", "never-set", "--", "true")
     assert done.returncode == 1
     assert b"[secret_unknown]" in done.stderr and b"never-set" in done.stderr, done.stderr
+    # nothing is left half-done: the reservation is given back
+    with PoolClient(stack.tenant_url("alpha"), "alpha") as alpha:
+        lid = alpha.request_lease(lease_body("unknown-secret", max_runtime=120,
+                                             runtime="sandboxed", cpu_millis=500,
+                                             memory_mib=256))["lease"]["lease_id"]
+        lease = alpha.lease(lid, "get")["lease"]
+    assert (lease["state"], lease["end_reason"]) == ("released", "reservation_released")
