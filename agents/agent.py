@@ -313,8 +313,13 @@ class Agent:
 
     def _where(self, a: v1.LeaseAssignment) -> tuple[tuple[str, str], ...]:
         """What the job is told of where it runs (after its own env, so these win)."""
-        return (("POOL_LEASE_ID", a.lease_id), ("POOL_TENANT", a.tenant),
-                ("POOL_POOL", a.pool_id), ("POOL_NODE", self.node_id))
+        where: tuple[tuple[str, str], ...] = (
+            ("POOL_LEASE_ID", a.lease_id), ("POOL_TENANT", a.tenant), ("POOL_POOL", a.pool_id),
+            ("POOL_NODE", self.node_id))
+        if a.array_size:  # one of the leases of a `count` request
+            where += (("POOL_ARRAY_INDEX", str(a.array_index or 0)),
+                      ("POOL_ARRAY_SIZE", str(a.array_size)))
+        return where
 
     def start(self, a: v1.LeaseAssignment, received: float,
               headers: dict[str, str] | None = None) -> None:

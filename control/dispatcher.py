@@ -113,6 +113,8 @@ def orders_for(event_name: str, lease: Lease, pool: Pool | None) -> list[AgentOr
             devices=list(getattr(lease, "devices", ())),
             artifact_ttl_seconds=files.artifact_ttl_seconds,
             max_artifact_bytes=files.max_artifact_bytes,
+            array_index=getattr(lease, "array_index", None),
+            array_size=getattr(lease, "array_size", 0),
         )
         return [AgentOrder(node, "start", encode(assignment),
                            f"start-{lid}-{lease.epoch}-{job.number}-{job.attempts}", trace)]

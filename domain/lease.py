@@ -191,6 +191,10 @@ class Lease(Aggregate):
     # taken before names and labels (never changed in place)
     name: str | None = None
     labels: tuple[tuple[str, str], ...] = ()  # sorted (key, value)
+    # its place among the `count` leases of one request (POOL_ARRAY_INDEX of POOL_ARRAY_SIZE);
+    # None and 0: a lone lease, a gang member, or one restored from before arrays
+    array_index: int | None = None
+    array_size: int = 0
 
     @staticmethod
     def create_id(tenant_id: str, idempotency_key: str) -> UUID:
@@ -221,6 +225,7 @@ class Lease(Aggregate):
         queue_timeout_seconds: int | None = None,
         name: str | None = None,
         labels: dict[str, str] | None = None,
+        array: tuple[int, int] | None = None,
     ) -> Lease:
         """Record a request. `lease_seconds` is the initial term and default renewal (defaults
         to the maximum runtime); the id is `create_id(tenant_id, idempotency_key)`.
@@ -231,7 +236,8 @@ class Lease(Aggregate):
         `queued`: admitted to the queue by the same event (one event a request), as
         `queue(now)` right after would; `queue_timeout_seconds`: how long it may wait in the
         queue (each time it is queued) before it ends `queue_timeout` (None: for ever);
-        `name` and `labels`: what the tenant calls it, to find it by in lists."""
+        `name` and `labels`: what the tenant calls it, to find it by in lists; `array`: its
+        (index, size) among the leases of one `count` request."""
         term = maximum_runtime_seconds if lease_seconds is None else lease_seconds
         for field_name, value in (
             ("maximum_runtime_seconds", maximum_runtime_seconds),
@@ -264,6 +270,7 @@ class Lease(Aggregate):
             "queue_timeout_seconds": queue_timeout_seconds,
             "name": name,
             "labels": dict(labels) if labels else None,
+            "array": None if array is None else [int(array[0]), int(array[1])],
         }
         if _LEAN_CREATE is None or cls is not Lease:
             return cls(**fields)
@@ -303,6 +310,8 @@ class Lease(Aggregate):
         # what the tenant calls it (a name, labels); absent before names and labels
         name: str | None = None,
         labels: dict[str, str] | None = None,
+        # [index, size] among the leases of one `count` request; absent before arrays
+        array: list[int] | None = None,
     ) -> None:
         self.tenant_id = TenantId(tenant_id)
         self.idempotency_key = idempotency_key
@@ -326,6 +335,8 @@ class Lease(Aggregate):
         self.queue_timeout_seconds = queue_timeout_seconds
         self.name = name
         self.labels = tuple(sorted((labels or {}).items()))
+        if array is not None:
+            self.array_index, self.array_size = int(array[0]), int(array[1])
         self.attempts = 1
         self.epoch = 0
         # Per placement; reset on each reservation.

@@ -894,6 +894,10 @@ class LeaseAssignment(_Command, frozen=True, kw_only=True):
     # the pool's artifact settings in force: how long stored artifacts live, how many bytes
     artifact_ttl_seconds: Annotated[int, Meta(ge=1, le=365 * 86_400)] = 7 * 86_400
     max_artifact_bytes: Annotated[int, Meta(ge=0, le=MAX_WORKDIR_BYTES)] = 1 << 30
+    # its place among the leases of one `count` request (POOL_ARRAY_INDEX, POOL_ARRAY_SIZE);
+    # left out for a lone lease
+    array_index: Annotated[int, Meta(ge=0, le=MAX_LEASES_PER_REQUEST)] | None = None
+    array_size: Annotated[int, Meta(ge=0, le=MAX_LEASES_PER_REQUEST)] = 0
 
 
 class LeaseRevocation(_Command, frozen=True, kw_only=True):

@@ -134,7 +134,7 @@ class LeaseCommands(GangCommands):
         queue_timeout = min(req.queue_timeout_seconds or pool.config.queue_timeout_seconds,
                             pool.config.queue_timeout_seconds)
         leases = []
-        for key, shape_of, member in zip(keys, shapes, gang, strict=True):
+        for index, (key, shape_of, member) in enumerate(zip(keys, shapes, gang, strict=True)):
             lease = Lease.request(
                 tenant_id=TenantId(tenant),
                 pool_id=PoolId(req.pool_id),
@@ -157,6 +157,7 @@ class LeaseCommands(GangCommands):
                 queue_timeout_seconds=queue_timeout,
                 name=req.name,
                 labels=req.labels,
+                array=(index, size) if req.group is None and size > 1 else None,
             )
             leases.append(lease)
         try:

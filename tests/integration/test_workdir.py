@@ -264,3 +264,27 @@ def test_each_user_reaches_only_the_buckets_its_role_allows(stack: Stack, tmp_pa
             node.put(work_bucket("alpha"), "mine", f, timeout=1)
     finally:
         link.close()
+
+
+def test_each_lease_of_a_count_request_knows_its_place_in_the_array(stack: Stack) -> None:
+    with PoolClient(stack.tenant_url, "alpha") as alpha:
+        body = {**lease_body("array-" + os.urandom(4).hex(), runtime="sandboxed",
+                             cpu_millis=500, memory_mib=256, max_runtime=120), "count": 2}
+        r = alpha.request_lease(body)
+        assert r["ok"], r
+        lids = r["result"]["lease_ids"]
+        job = {"command": ["sh", "-c", 'echo "$POOL_ARRAY_INDEX/$POOL_ARRAY_SIZE"']}
+        deadline = time.monotonic() + 30
+        for lid in lids:
+            while alpha.lease(lid, "get")["lease"]["state"] != "reserved":
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert alpha.lease(lid, "commit", {"job": job})["ok"]
+        said = []
+        for lid in lids:
+            while alpha.lease(lid, "get")["lease"]["state"] != "released":
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            out = alpha.call("pool.cmd.alpha.telemetry.replay", {"lease": lid, "kind": "output"})
+            said.append("".join(s["event"]["attrs"]["text"] for s in out["result"]["samples"]))
+    assert said == ["0/2\n", "1/2\n"]
