@@ -359,6 +359,18 @@ class Agent:
         if current is not None and not current.stopping:
             # an older job or placement of this lease still runs here: it must go first
             self._stop_now(current, grace=5.0)
+        mounted = {m.name for m in a.volumes}
+        missing = sorted(set(a.job.volumes) - mounted)
+        if missing:  # withdrawn by the pool's operator since the commit
+            self.stats.refused += 1
+            self._report_end(a.lease_id, a.epoch, failure=f"volume_unknown: {missing[0]}")
+            self._telemetry(a.pool_id, a.tenant, a.lease_id, "failure",
+                            {"reason": "volume_unknown", "phase": "volumes",
+                             "message": f"the pool no longer offers {', '.join(missing)}"})
+            return
+        if a.volumes:
+            spec = dataclasses.replace(spec, volumes=tuple(
+                (m.host_path, m.target, m.read_only) for m in a.volumes))
         try:  # held in memory for the start only: the runtime hands them to the sandbox
             secret_env, secret_files = secrets.fetch(self._call, a)
         except WorkloadError as e:

@@ -19,6 +19,8 @@ from cli.output import (
     parse_kv,
     print_envelope,
 )
+from cli.volumes import add_pool_flags as add_volume_flags
+from cli.volumes import pool_volumes
 
 
 def cmd_admin(args: argparse.Namespace) -> int:
@@ -147,6 +149,9 @@ def _pool_body(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
             body.setdefault(outer, {})[inner] = value
         else:
             body[field] = value
+    volumes = pool_volumes(args)
+    if volumes is not None:
+        body["volumes"] = volumes
     return f"pool.{args.verb}", body
 
 
@@ -261,6 +266,7 @@ def register(sub: Subparsers) -> None:
                 ps.add_argument(flag, default=default, help=help_)
             else:
                 ps.add_argument(flag, type=int, default=default, metavar="SECONDS", help=help_)
+        add_volume_flags(ps)
         ps.set_defaults(func=cmd_admin, build=_pool_body)
     pp = apool.add_parser(
         "prices", help="publish the pool's price list (a new version; leases hold credits "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from cli import files, secret
+from cli import files, secret, volumes
 from cli.connect import (
     client_opts,
     context_of,
@@ -241,8 +241,9 @@ def cmd_lease_run(args: argparse.Namespace) -> int:
         job = _job(args)
     from cli.files import with_files
     from cli.secret import with_secrets
+    from cli.volumes import with_volumes
 
-    job = with_secrets(args, job)
+    job = with_volumes(args, with_secrets(args, job))
     tenant = tenant_of(args)
     # a job file's workdir is a local folder too; the flags win over the file
     workdir, artifacts = job.pop("workdir", None), job.pop("artifacts", None)
@@ -481,6 +482,7 @@ def register(sub: Subparsers) -> None:
                      help="no progress lines on stderr")
     files.add_run_flags(run)
     secret.add_run_flags(run)
+    volumes.add_run_flags(run)
     run.set_defaults(func=cmd_lease_run, job_command=[], count=1)
     files.register(lease)
     lg = lease.add_parser("logs", help="the job's stdout and stderr (--follow: until it ends)")

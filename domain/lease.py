@@ -102,12 +102,14 @@ class JobSpec:
     secret_env: tuple[tuple[str, str], ...] = ()
     secret_files: tuple[tuple[str, str], ...] = ()
     secret_versions: tuple[tuple[str, int], ...] = ()
+    # the pool's volumes it mounts: sorted (name, target in the sandbox)
+    volumes: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", tuple(str(c) for c in self.command))
         object.__setattr__(self, "env", tuple(sorted((str(k), str(v)) for k, v in self.env)))
         object.__setattr__(self, "artifacts", tuple(str(a) for a in self.artifacts))
-        for name in ("secret_env", "secret_files"):
+        for name in ("secret_env", "secret_files", "volumes"):
             pairs = getattr(self, name)
             object.__setattr__(self, name, tuple(sorted((str(k), str(v)) for k, v in pairs)))
         object.__setattr__(self, "secret_versions",
@@ -132,6 +134,8 @@ class JobSpec:
         if self.secret_versions:
             d["secrets"] = {"env": dict(self.secret_env), "files": dict(self.secret_files),
                             "versions": dict(self.secret_versions)}
+        if self.volumes:
+            d["volumes"] = dict(self.volumes)
         return d
 
     @classmethod
@@ -153,6 +157,7 @@ class JobSpec:
             secret_env=tuple(dict((d.get("secrets") or {}).get("env", {})).items()),
             secret_files=tuple(dict((d.get("secrets") or {}).get("files", {})).items()),
             secret_versions=tuple(dict((d.get("secrets") or {}).get("versions", {})).items()),
+            volumes=tuple(dict(d.get("volumes") or {}).items()),
         )
 
 

@@ -41,6 +41,7 @@ from domain.quota import (
 from domain.rate import TokenBucket
 from domain.resources import PoolId, Resources, Shape, TenantId
 from domain.snapshots import StateSnapshot
+from domain.volumes import Volume, admit_volumes, volumes_from_dict
 
 _POOL_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:pool")
 _TENANT_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:tenant-policy")
@@ -117,6 +118,8 @@ class PoolConfig:
     # new requests refused until the oldest leaves it (0: no limit; docs/adr/020-…)
     max_voided_reservations: int = 20
     voided_reservation_window_seconds: int = 3600
+    # host paths offered to jobs by name (domain.volumes), by name
+    volumes: tuple[Volume, ...] = ()
 
     def __post_init__(self) -> None:
         classes = tuple(sorted((str(k), int(v)) for k, v in dict(self.priority_classes).items()))
@@ -168,6 +171,8 @@ class PoolConfig:
             found.append("max_voided_reservations must not be negative")
         if self.voided_reservation_window_seconds <= 0:
             found.append("voided_reservation_window_seconds must be positive")
+        for volume in self.volumes:
+            found += volume.problems()
         return found
 
     def to_dict(self) -> dict[str, Any]:
@@ -195,6 +200,8 @@ class PoolConfig:
             "request_burst": self.request_burst,
             "max_voided_reservations": self.max_voided_reservations,
             "voided_reservation_window_seconds": self.voided_reservation_window_seconds,
+            # only when offered, so a pool without volumes records the same event as before
+            **({"volumes": {v.name: v.to_dict() for v in self.volumes}} if self.volumes else {}),
         }
 
     @classmethod
@@ -228,6 +235,7 @@ class PoolConfig:
                                               default.max_voided_reservations)),
             voided_reservation_window_seconds=int(d.get(
                 "voided_reservation_window_seconds", default.voided_reservation_window_seconds)),
+            volumes=volumes_from_dict(d.get("volumes")),
         )
 
 
@@ -461,6 +469,11 @@ class Pool(Aggregate):
                 f"{self.pool_id}'s maximum runtime of {limit} s ({limit / 3600:g} h)",
                 reasons=("maximum_runtime_seconds",),
             )
+
+    def admit_volumes(self, wanted: tuple[tuple[str, str], ...], node_trust: str | None) -> None:
+        """Raise VolumeUnknown or VolumeNotAllowed (domain.volumes) for a job's volumes."""
+        if wanted:
+            admit_volumes(self.config.volumes, wanted, node_trust, pool_id=str(self.pool_id))
 
     def admit_workdir(self, size_bytes: int | None) -> None:
         """Raise WorkdirTooLarge, naming the pool's limit, when a job's packed work directory

@@ -22,6 +22,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "unknown_priority_class": 422, "invalid_reservation": 422, "maximum_runtime_exceeded": 422, "price_not_listed": 422,
     "image_not_allowed": 422, "unschedulable": 422, "quota_exceeded": 422,
     "invalid_webhook": 422, "webhook_address_refused": 422,
+    # a job's volume the pool does not offer, or offers only to nodes of other trust levels
+    "volume_unknown": 422, "volume_not_allowed": 422,
     # a job's files: the archive's bytes are not what its digest names; over the pool's limit
     "digest_mismatch": 422, "workdir_too_large": 413,
     "payload_too_large": 413,

@@ -132,6 +132,17 @@ SecretPath = Annotated[
          description="A file under /run/secrets (in memory, wiped at the job's end)."),
 ]
 MAX_JOB_SECRETS = 32
+# a host path a pool offers as a volume (domain.volumes): named by the operator only
+VolumeName = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}(?!\n)$", max_length=63)]
+HostPath = Annotated[str, Meta(pattern=r"^/[^\x00-\x1f\x7f]{0,4095}(?!\n)$", max_length=4096)]
+VolumeTarget = Annotated[
+    str,
+    Meta(pattern=r"^/[A-Za-z0-9._/-]{1,255}(?!\n)$", max_length=256,
+         description="Where the volume appears in the sandbox: an absolute path outside what "
+         "the sandbox provides (/usr, /tmp, /work, /run/secrets, …)."),
+]
+MAX_POOL_VOLUMES = 32
+MAX_JOB_VOLUMES = 16
 EnvValue = Annotated[str, Meta(max_length=4096)]
 Argument = Annotated[str, Meta(max_length=4096)]
 Command = Annotated[list[Argument], Meta(max_length=256)]
@@ -380,6 +391,24 @@ class CheckpointPolicy(_Part, frozen=True, kw_only=True):
             raise ValueError("mode 'periodic' requires interval_seconds >= 1")
 
 
+class VolumeConfig(_Part, frozen=True, kw_only=True):
+    """A host path a pool offers jobs as a named volume: read-only unless told otherwise, on
+    nodes of the trust levels listed (none listed: every level)."""
+
+    host_path: HostPath
+    read_only: bool = True
+    trust_levels: Annotated[list[TrustLevel], Meta(max_length=8)] = []
+
+
+class VolumeMount(_Part, frozen=True, kw_only=True):
+    """A volume as the agent mounts it: the pool's host path at the job's target."""
+
+    name: VolumeName
+    host_path: HostPath
+    target: VolumeTarget
+    read_only: bool = True
+
+
 class WorkdirRef(_Part, frozen=True, kw_only=True):
     """A work directory packed and stored in the tenant's bucket: only its digest and size
     travel; the agent fetches it by digest and unpacks it as the job's /work."""
@@ -409,7 +438,18 @@ class JobSpec(_Part, frozen=True, kw_only=True):
     # client sends is replaced)
     secret_versions: Annotated[dict[SecretName, Count], Meta(max_length=2 * MAX_JOB_SECRETS)] = {}
 
+    # the pool's volumes the job mounts: name -> where in the sandbox (never a host path)
+    volumes: Annotated[dict[VolumeName, VolumeTarget], Meta(max_length=MAX_JOB_VOLUMES)] = {}
+
     def __post_init__(self) -> None:
+        from domain.volumes import target_problem
+
+        for name, target in self.volumes.items():
+            problem = target_problem(target)
+            if problem:
+                raise ValueError(f"volumes {name}: {problem}")
+        if len(set(self.volumes.values())) != len(self.volumes):
+            raise ValueError("volumes: two volumes at one path")
         clash = sorted(v for v in self.secret_env if v in self.env or v.startswith("POOL_"))
         if clash:
             raise ValueError(f"secret_env {clash[0]!r}: a variable named in env too, or a "
@@ -560,6 +600,9 @@ class PoolConfig(_Command, frozen=True, kw_only=True):
     # its new requests refused (voided_reservation_limit) until the oldest leaves it; 0: none.
     max_voided_reservations: Annotated[int, Meta(ge=0, le=1_000_000)] = 20
     voided_reservation_window_seconds: Annotated[int, Meta(ge=1, le=30 * 86_400)] = 3600
+    # Host paths offered to jobs by name (`--volume NAME:TARGET`), each for nodes of some
+    # trust levels; a job never names a host path.
+    volumes: Annotated[dict[VolumeName, VolumeConfig], Meta(max_length=MAX_POOL_VOLUMES)] = {}
 
 
 class PreemptionPatch(_Part, frozen=True, kw_only=True):
@@ -599,6 +642,9 @@ class PoolPatch(_Command, frozen=True, kw_only=True):
     request_burst: RequestBurst | None = None
     max_voided_reservations: Annotated[int, Meta(ge=0, le=1_000_000)] | None = None
     voided_reservation_window_seconds: Annotated[int, Meta(ge=1, le=30 * 86_400)] | None = None
+    # the whole set of volumes, replacing the pool's ({} removes them all)
+    volumes: Annotated[
+        dict[VolumeName, VolumeConfig], Meta(max_length=MAX_POOL_VOLUMES)] | None = None
 
 
 # Quota keys are domain dimension names: the four scalars or "gpu/<profile>".
@@ -898,6 +944,8 @@ class LeaseAssignment(_Command, frozen=True, kw_only=True):
     # left out for a lone lease
     array_index: Annotated[int, Meta(ge=0, le=MAX_LEASES_PER_REQUEST)] | None = None
     array_size: Annotated[int, Meta(ge=0, le=MAX_LEASES_PER_REQUEST)] = 0
+    # the pool's volumes the job asked for, resolved to host paths from the pool's settings
+    volumes: Annotated[list[VolumeMount], Meta(max_length=MAX_JOB_VOLUMES)] = []
 
 
 class LeaseRevocation(_Command, frozen=True, kw_only=True):

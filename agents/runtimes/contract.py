@@ -55,6 +55,8 @@ class WorkloadSpec:
     max_image_size_bytes: int | None = None  # the pool's image size limit, checked after pull
     # the job's directory on the host, its /work and working directory (agents/workdir.py)
     workdir: str | None = None
+    # the pool's volumes the job asked for: (host path, target in the sandbox, read-only)
+    volumes: tuple[tuple[str, str, bool], ...] = ()
     # the lease's secrets, held in memory only and never in a repr: variables, and files
     # (a path under /run/secrets, its bytes); a runtime delivers them without a host file
     secret_env: tuple[tuple[str, str], ...] = field(default=(), repr=False)

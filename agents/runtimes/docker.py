@@ -79,6 +79,8 @@ def container_options(spec: WorkloadSpec, *, oci_runtime: str,
     if spec.workdir is not None:  # the job's files, read-write, and where it starts
         volumes[spec.workdir] = {"bind": WORKDIR_MOUNT, "mode": "rw"}
         env["POOL_WORKDIR"] = WORKDIR_MOUNT
+    for host, target, read_only in spec.volumes:  # the pool's, as its operator named them
+        volumes[host] = {"bind": target, "mode": "ro" if read_only else "rw"}
     device_requests = []
     if spec.gpu_count > 0:
         if spec.gpu_uuids:

@@ -46,6 +46,18 @@ def memfd(name: str, data: bytes) -> int:
     return fd
 
 
+def volume_args(spec: WorkloadSpec) -> list[str]:
+    """bwrap binds of the pool's volumes (read-only unless the pool says otherwise);
+    WorkloadError volume_unavailable when one's host path is not a directory here."""
+    args: list[str] = []
+    for host, target, read_only in spec.volumes:
+        if not os.path.isdir(host):
+            raise WorkloadError(f"volume at {host} is not a directory on this node",
+                                code="volume_unavailable")
+        args += ["--ro-bind" if read_only else "--bind", host, target]
+    return args
+
+
 def secret_args(spec: WorkloadSpec) -> tuple[list[str], list[int]]:
     """bwrap arguments that hand the job its secrets, and the memfds they name: the
     variables as `--setenv` pairs read from a memfd (`--args`), so no value is ever in a
@@ -267,6 +279,7 @@ class ProcessRuntime:
         memory = spec.memory_mib * 1024 * 1024
         argv = [self.bwrap, *self._sandbox_args(spec.checkpoint_dir, memory, spec.workdir),
                 *gpu_sandbox_args(spec, self.dev)]
+        argv += volume_args(spec)
         for k, v in spec.env:
             argv += ["--setenv", k, v]
         try:

@@ -210,6 +210,7 @@ class LeaseCommands(GangCommands):
                 secret_env=tuple(job.secret_env.items()),
                 secret_files=tuple(job.secret_files.items()),
                 secret_versions=tuple(job.secret_versions.items()),
+                volumes=tuple(job.volumes.items()),
             )
         # a gang commits whole: every member starts its job, told its rank and peers' nodes
         members = self._with_gang(lease, LeaseState.RESERVED)
@@ -236,6 +237,8 @@ class LeaseCommands(GangCommands):
         )
         if spec is not None:
             pool.admit_workdir(spec.workdir_size_bytes)
+            pool.admit_volumes(spec.volumes,
+                               node.capabilities.trust_level if node is not None else None)
 
     @retried
     def heartbeat(self, tenant: str, lease_id: str, body: v1.HeartbeatLease) -> Lease:
