@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -155,4 +156,46 @@ def test_the_output_is_read_in_order_from_any_offset(kind: dict[str, Any], runti
     assert got == b"one\ntwo\nthree\nfour"
     assert read(h, offset, 5) == (b"", offset)  # nothing new: the same offset
     assert read(h, 4, 100) == (b"two\nthree\nfour", len(got))  # an offset it did not give
+    runtime.forget(h)
+
+
+def test_a_pool_volume_is_bound_read_only_unless_the_pool_says_rw(kind: dict[str, Any],
+                                                                   runtime: Runtime,
+                                                                   tmp_path: Path) -> None:
+    ro, rw = tmp_path / "ro", tmp_path / "rw"
+    for d in (ro, rw):
+        d.mkdir()
+        d.chmod(0o777)  # the workload's uid writes where the pool allows it
+    (ro / "in.txt").write_text("data\n")
+    s = spec(kind, tmp_path, "grep -q data /data/in.txt || exit 10; "
+             "(echo x > /data/w) 2>/dev/null && exit 11; echo out > /out/o",
+             volumes=((str(ro), "/data", True), (str(rw), "/out", False)))
+    h = runtime.start(s)
+    assert wait_exit(runtime, h) == 0
+    assert (rw / "o").read_text() == "out\n" and not (ro / "w").exists()
+    runtime.forget(h)
+
+
+def test_secrets_reach_the_workload_in_memory_or_the_start_is_refused(
+        kind: dict[str, Any], runtime: Runtime, tmp_path: Path) -> None:
+    # checked by digest: the script itself is on a command line
+    token, key = (hashlib.sha256(v).hexdigest() for v in (b"t0k en", b"k3y"))
+    s = spec(kind, tmp_path, f'test "$(printf %s "$TOKEN" | sha256sum)" = "{token}  -" || exit 10; '
+             f'test "$(sha256sum < /run/secrets/key)" = "{key}  -" || exit 11; '
+             "test ! -w /run/secrets/key || exit 12; sleep 1",
+             secret_env=(("TOKEN", "t0k en"),), secret_files=(("/run/secrets/key", b"k3y"),))
+    if kind["name"] == "docker":  # the engine would keep them on its disk: refused, by code
+        with pytest.raises(WorkloadError) as e:
+            runtime.start(s)
+        assert e.value.code == "secrets_unsupported"
+        return
+    h = runtime.start(s)
+    # never on a command line another user of the host may read
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes()
+        except OSError:
+            continue
+        assert b"t0k en" not in text and b"k3y" not in text, cmdline
+    assert wait_exit(runtime, h) == 0
     runtime.forget(h)
