@@ -132,6 +132,27 @@ class SecretStore:
 
         return self.rt.run(go(), timeout=30)
 
+    def every(self) -> list[tuple[str, SecretRecord, int]]:
+        """Every tenant's secrets, newest version of each: (tenant token, record, revision)."""
+
+        async def go() -> list[tuple[str, SecretRecord, int]]:
+            kv = await self._bucket()
+            watcher = await kv.watch(">", ignore_deletes=True)
+            out: list[tuple[str, SecretRecord, int]] = []
+            try:
+                async for entry in watcher:
+                    if entry is None:
+                        break
+                    if entry.value:
+                        out.append((str(entry.key).split(".", 1)[0],
+                                    msgspec.json.decode(entry.value, type=SecretRecord),
+                                    int(entry.revision)))
+            finally:
+                await watcher.stop()
+            return out
+
+        return self.rt.run(go(), timeout=120)
+
     def purge(self, tenant: str, name: str) -> bool:
         """Remove every kept version of the secret; False when there was none."""
         if self.latest(tenant, name) is None:

@@ -326,8 +326,10 @@ def register(sub: Subparsers) -> None:
     ts.add_argument("--quota", help="dimension=amount,… e.g. cpu_millis=64000,gpu_count=4")
     ts.set_defaults(func=cmd_admin, build=_tenant_set, after=_tenant_user_after_set)
     from cli.quotas import register_admin
+    from cli.secret import register_admin as register_secrets
 
     register_admin(adm, show, ts)
+    register_secrets(adm)
     from cli import reservation
 
     reservation.register_admin(adm)

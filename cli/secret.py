@@ -89,6 +89,19 @@ def register(sub: Subparsers) -> None:
     rm.set_defaults(func=cmd_delete)
 
 
+def register_admin(adm: Any) -> None:
+    """Add `admin secrets reseal`."""
+    from cli.admin import cmd_admin
+
+    sec = adm.add_parser("secrets", help="tenants' sealed secrets").add_subparsers(
+        dest="verb", metavar="VERB")
+    sec.required = True
+    rs = sec.add_parser("reseal", help="seal every tenant's newest secret versions again under "
+                        "the active key (POOL_SECRET_KEYS' first), so an older key can go")
+    client_opts(rs)
+    rs.set_defaults(func=cmd_admin, build=lambda a: ("secrets.reseal", {}))
+
+
 # -- `pool lease run` ----------------------------------------------------------------------
 
 

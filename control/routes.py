@@ -373,6 +373,10 @@ def _secret_delete(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
     return v1.Envelope.success(result=_secret_desk(ctx).delete(p["tenant"], cmd.name))
 
 
+def _secrets_reseal(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
+    return v1.Envelope.success(result=_secret_desk(ctx).reseal())
+
+
 def _node_secrets(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
     return v1.Envelope.success(result=_secret_desk(ctx).fetch(p["node"], p["lease_id"], cmd))
 
@@ -490,6 +494,9 @@ ROUTES: Final[tuple[Route, ...]] = (
            "adminNodeEnroll"),
     _admin("credits.grant", "admin.credits.grant", _credits_grant,
            "Grant micro-credits, idempotent by transfer id.", "adminCreditsGrant"),
+    _admin("secrets.reseal", "admin.secrets.reseal", _secrets_reseal,
+           "Seal every tenant's newest secret versions again under the active key.",
+           "adminSecretsReseal"),
     _admin("node.{node}.{verb}", "admin.node.state", _admin_node_state,
            "Cordon, drain, put in maintenance or return a node.", "adminNodeState",
            choices={"verb": NODE_VERBS}),

@@ -173,6 +173,8 @@ ROUTES: tuple[HttpRoute, ...] = (
               "adminReservationDelete", admin=True, tag="admin"),
     HttpRoute("POST", "/v1/admin/credits/grants", "grantCredits", _summary("adminCreditsGrant"),
               "adminCreditsGrant", admin=True, tag="admin"),
+    HttpRoute("POST", "/v1/admin/secrets/reseal", "resealSecrets",
+              _summary("adminSecretsReseal"), "adminSecretsReseal", admin=True, tag="admin"),
     HttpRoute("POST", "/v1/admin/nodes", "registerNode", _summary("adminNodeRegister"),
               "adminNodeRegister", admin=True, tag="admin"),
     HttpRoute("POST", "/v1/admin/nodes/enrollments", "enrollNode", _summary("adminNodeEnroll"),

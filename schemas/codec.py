@@ -101,6 +101,7 @@ COMMANDS: Final[Mapping[str, CommandSpec]] = {
     "secret.list": CommandSpec(secret.SecretList),
     "secret.delete": CommandSpec(secret.SecretDelete),
     "node.secrets": CommandSpec(secret.SecretFetch),
+    "admin.secrets.reseal": CommandSpec(secret.SecretReseal),
     "admin.pool": CommandSpec(v1.PoolConfig),
     "admin.pool.set": CommandSpec(v1.PoolPatch),
     "admin.tenant": CommandSpec(v1.TenantConfig),

@@ -43,4 +43,11 @@ class SecretFetch(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True)
     epoch: Count
 
 
-PUBLIC_STRUCTS: tuple[type[Struct], ...] = (SecretSet, SecretList, SecretDelete, SecretFetch)
+class SecretReseal(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """The operator re-seals every tenant's newest secret versions under the active key."""
+
+    schema_version: SchemaVersion = 1
+
+
+PUBLIC_STRUCTS: tuple[type[Struct], ...] = (SecretSet, SecretList, SecretDelete, SecretFetch,
+                                            SecretReseal)

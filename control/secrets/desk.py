@@ -85,6 +85,33 @@ class SecretDesk:
                                 {"secret": name})
         return {"name": name, "deleted": True}
 
+    def reseal(self) -> dict[str, Any]:
+        """Every tenant's newest version of each secret sealed again under the ring's active
+        key (the same version, a new KV revision), so an older key can leave the ring. Older
+        kept versions stay as they were sealed."""
+        ring = self._ring()
+        counts = {"resealed": 0, "current": 0, "unreadable": 0, "changed_meanwhile": 0}
+        for tenant, record, revision in self.store.every():
+            if record.key_id == ring.active:
+                counts["current"] += 1
+                continue
+            context = sealed_context(tenant, record.name, record.version)
+            try:
+                value = ring.open(record.key_id, record.sealed, context=context)
+            except Unreadable:
+                counts["unreadable"] += 1  # its key already left the ring
+                continue
+            key_id, sealed = ring.seal(value, context=context)
+            try:
+                self.store.put(tenant, msgspec.structs.replace(record, key_id=key_id,
+                                                               sealed=sealed),
+                               last_revision=revision)
+            except SecretWriteConflict:
+                counts["changed_meanwhile"] += 1  # set again meanwhile: under the active key
+                continue
+            counts["resealed"] += 1
+        return {"active_key": ring.active, **counts}
+
     def resolve(self, tenant: str, job: v1.JobSpec) -> v1.JobSpec:
         """The job with the current version of each secret it names (a client's versions
         replaced); SecretUnknown naming every secret the tenant does not have."""

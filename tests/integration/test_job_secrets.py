@@ -331,3 +331,40 @@ def test_an_unknown_secret_is_refused_at_request_time_naming_it(
                                              memory_mib=256))["lease"]["lease_id"]
         lease = alpha.lease(lid, "get")["lease"]
     assert (lease["state"], lease["end_reason"]) == ("released", "reservation_released")
+
+
+class _Clock:
+    """What a desk asks of the application to set a secret: the time."""
+
+    clock = staticmethod(time.time)
+
+
+def test_a_secret_sealed_under_an_older_key_is_resealed_so_that_key_can_go(
+        stack: Stack, tmp_path: Path) -> None:
+    from bus.secrets import SecretStore
+    from control.secrets.desk import SecretDesk, sealed_context
+    from schemas.secret import SecretSet
+
+    service = url_with_credentials(stack.url, stack.auth.service)
+    store = SecretStore(service)
+    # set by a plane from before the rotation, whose ring's active key was k1
+    old = SecretDesk(_Clock(), SecretSettings.with_keys("k1=old-key"),  # type: ignore[arg-type]
+                     store=store)
+    assert old.set("alpha", SecretSet(name="rotated", value=b"r0t"))["secret"]["key_id"] == "k1"
+    done = _pool(stack, tmp_path, "admin", "secrets", "reseal", "--nats-url", service, "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)["result"]
+    assert (result["active_key"], result["unreadable"]) == ("k2", 0) and result["resealed"] >= 1
+    with PoolClient(service) as admin:
+        assert admin.admin("secrets.reseal", {})["result"]["resealed"] == 0  # all current now
+    with PoolClient(stack.tenant_url("alpha"), "alpha") as alpha:
+        rows = {s["name"]: s for s in alpha.call("pool.cmd.alpha.secret.list", {})
+                ["result"]["secrets"]}
+    assert (rows["rotated"]["key_id"], rows["rotated"]["version"]) == ("k2", 1)
+    # a ring without k1 opens it now: the old key may go
+    found = store.latest("alpha", "rotated")
+    assert found is not None
+    ring = SecretSettings.with_keys("k2=new-key").ring
+    assert ring is not None
+    assert ring.open(found[0].key_id, found[0].sealed,
+                     context=sealed_context("alpha", "rotated", 1)) == b"r0t"

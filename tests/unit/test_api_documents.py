@@ -31,7 +31,7 @@ OPERATION_IDS = (
     "heartbeatComputeLease", "listComputeLeases", "listQueue", "listQueuePositions",
     "listReservations", "listSecrets", "listWebhookDeliveries", "listWebhookEndpointDeliveries",
     "listWebhooks", "lostNode", "maintenanceNode", "readView", "registerNode",
-    "releaseComputeLease", "renewComputeLease", "setCohort", "setPool", "setPoolImages",
+    "releaseComputeLease", "renewComputeLease", "resealSecrets", "setCohort", "setPool", "setPoolImages",
     "setPoolPrices", "setSecret", "setTenant", "showPool", "streamComputeLeaseEvents",
     "streamComputeLeaseLogs", "streamTelemetry", "testWebhook", "uncordonNode", "whoami",
     "whyComputeLease",
