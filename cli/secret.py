@@ -17,8 +17,8 @@ MAX_SECRET_BYTES = 64 * 1024  # schemas/secret.py: the plane refuses more
 
 def _call(args: argparse.Namespace, verb: str, body: dict[str, Any]) -> dict[str, Any]:
     tenant = tenant_of(args)
-    with pool_client(args, tenant) as c:
-        reply: dict[str, Any] = c.call(f"pool.cmd.{tenant}.secret.{verb}", body)
+    with pool_client(args, tenant) as c:  # over NATS or a context's HTTP API alike
+        reply: dict[str, Any] = c.secret(verb, body)
         return reply
 
 
