@@ -28,9 +28,11 @@ def _value(args: argparse.Namespace) -> bytes:
             data = Path(args.from_file).read_bytes()
         except OSError as e:
             raise UsageError(f"--from-file {args.from_file}: {e.strerror}") from None
+    elif sys.stdin.isatty():  # typed: not echoed, one line
+        import getpass
+
+        data = getpass.getpass(f"value of {args.name}: ").encode()
     else:
-        if sys.stdin.isatty():
-            print(f"value of {args.name} (end with Ctrl-D):", file=sys.stderr)
         data = sys.stdin.buffer.read()
         # `echo token | pool secret set` means the token, not the token and a newline
         if data.endswith(b"\n") and not args.keep_newline:
