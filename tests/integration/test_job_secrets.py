@@ -142,7 +142,8 @@ def _tenant(stack: Stack, tenant: str = "alpha") -> list[str]:
 
 def _run_args(stack: Stack, tenant: str = "alpha") -> list[str]:
     return ["lease", "run", *_tenant(stack, tenant), "--pool", "p1", "--cpu-millis", "500",
-            "--memory-mib", "256", "--runtime", "sandboxed", "--max-runtime", "120"]
+            "--memory-mib", "256", "--runtime", "sandboxed", "--max-runtime", "120",
+            "--timeout", "30"]
 
 
 def _set(stack: Stack, tmp: Path, name: str, value: bytes, tenant: str = "alpha") -> None:
