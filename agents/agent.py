@@ -4,6 +4,7 @@ Its loop, heartbeats and re-adoption: docs/architecture.md#the-node-agent.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
@@ -16,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from agents import secrets
 from agents.notice import NoticeRefused, write_notice
 from agents.output import OutputShipper, Stream
 from agents.probe import NodeProbe, Reserve
@@ -319,9 +321,13 @@ class Agent:
 
     def _where(self, a: v1.LeaseAssignment) -> tuple[tuple[str, str], ...]:
         """What the job is told of where it runs (after its own env, so these win)."""
-        return (("POOL_LEASE_ID", a.lease_id), ("POOL_TENANT", a.tenant),
-                ("POOL_POOL", a.pool_id), ("POOL_NODE", self.node_id),
-                ("POOL_ATTEMPT", str(a.attempt)))
+        where: tuple[tuple[str, str], ...] = (
+            ("POOL_LEASE_ID", a.lease_id), ("POOL_TENANT", a.tenant), ("POOL_POOL", a.pool_id),
+            ("POOL_NODE", self.node_id), ("POOL_ATTEMPT", str(a.attempt)))
+        if a.array_size:  # one of the leases of a `count` request
+            where += (("POOL_ARRAY_INDEX", str(a.array_index or 0)),
+                      ("POOL_ARRAY_SIZE", str(a.array_size)))
+        return where
 
     def start(self, a: v1.LeaseAssignment, received: float,
               headers: dict[str, str] | None = None) -> None:
@@ -364,6 +370,28 @@ class Agent:
             # it wrote so far is still shipped, then its output is followed no more
             self._stop_now(current, grace=5.0)
             self.output.finish(current.handle.key)
+        mounted = {m.name for m in a.volumes}
+        missing = sorted(set(a.job.volumes) - mounted)
+        if missing:  # withdrawn by the pool's operator since the commit
+            self.stats.refused += 1
+            self._report_end(a.lease_id, a.epoch, failure=f"volume_unknown: {missing[0]}")
+            self._telemetry(a.pool_id, a.tenant, a.lease_id, "failure",
+                            {"reason": "volume_unknown", "phase": "volumes",
+                             "message": f"the pool no longer offers {', '.join(missing)}"})
+            return
+        if a.volumes:
+            spec = dataclasses.replace(spec, volumes=tuple(
+                (m.host_path, m.target, m.read_only) for m in a.volumes))
+        try:  # held in memory for the start only: the runtime hands them to the sandbox
+            secret_env, secret_files = secrets.fetch(self._call, a)
+        except WorkloadError as e:
+            self.stats.refused += 1
+            self._report_end(a.lease_id, a.epoch, failure=f"{e.code}: {e}")
+            self._telemetry(a.pool_id, a.tenant, a.lease_id, "failure",
+                            {"reason": e.code, "phase": "secrets", "message": str(e)[:500]})
+            return
+        if secret_env or secret_files:
+            spec = dataclasses.replace(spec, secret_env=secret_env, secret_files=secret_files)
         if spec.workdir is not None:
             try:
                 ref = a.job.workdir

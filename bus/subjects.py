@@ -39,6 +39,8 @@ SNAPSHOTS_PREFIX = "pool.snap"
 # its jobs' artifacts, which nodes write
 WORK_BUCKET_PREFIX = "pool_work_"
 ARTIFACTS_BUCKET_PREFIX = "pool_out_"
+# the tenants' job secrets, sealed (bus.secrets): `<tenant>.<name>`; the command role's only
+SECRETS_BUCKET = "pool_secrets"
 
 _TOKEN = re.compile(r"^[a-z0-9_-]{1,128}$")
 

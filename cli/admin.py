@@ -20,6 +20,8 @@ from cli.output import (
     parse_kv,
     print_envelope,
 )
+from cli.volumes import add_pool_flags as add_volume_flags
+from cli.volumes import pool_volumes
 
 
 def cmd_admin(args: argparse.Namespace) -> int:
@@ -152,6 +154,9 @@ def _pool_body(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
             body.setdefault(outer, {})[inner] = value
         else:
             body[field] = value
+    volumes = pool_volumes(args)
+    if volumes is not None:
+        body["volumes"] = volumes
     return f"pool.{args.verb}", body
 
 
@@ -247,6 +252,9 @@ def register(sub: Subparsers) -> None:
     from cli.quotas import register_admin
 
     register_admin(adm, show, ts)
+    from cli.secret import register_admin as register_secrets
+
+    register_secrets(adm, cmd_admin)
     from cli import reservation
 
     reservation.register_admin(adm)
@@ -283,6 +291,7 @@ def _add_pool(adm: Subparsers) -> Parser:
                 ps.add_argument(flag, default=default, help=help_)
             else:
                 ps.add_argument(flag, type=int, default=default, metavar="SECONDS", help=help_)
+        add_volume_flags(ps)
         ps.set_defaults(func=cmd_admin, build=_pool_body)
     _add_pool_prices(apool)
     show = apool.add_parser("show", help="every setting in force")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from cli import files, session
+from cli import files, secret, session, volumes
 from cli.connect import (
     client_opts,
     context_of,
@@ -290,7 +290,10 @@ def cmd_lease_run(args: argparse.Namespace) -> int:
     else:
         job = _job(args)
     from cli.files import with_files
+    from cli.secret import with_secrets
+    from cli.volumes import with_volumes
 
+    job = with_volumes(args, with_secrets(args, job))
     tenant = tenant_of(args)
     # a job file's workdir is a local folder too; the flags win over the file
     workdir, artifacts = job.pop("workdir", None), job.pop("artifacts", None)
@@ -550,6 +553,8 @@ def register(sub: Subparsers) -> None:
     run.add_argument("--quiet", "-q", action="store_true",
                      help="no progress lines on stderr")
     files.add_run_flags(run)
+    secret.add_run_flags(run)
+    volumes.add_run_flags(run)
     run.set_defaults(func=cmd_lease_run, job_command=[], count=1)
     files.register(lease)
     session.register(lease)

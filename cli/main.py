@@ -89,6 +89,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("agent", "cli.agent:register", "run this machine as a node"),
     ("telemetry", "cli.telemetry:register", "samples from node agents"),
     ("webhook", "cli.webhook:register", "POST your lease-feed records to your endpoints"),
+    ("secret", "cli.secret:register", "your secrets: kept sealed, handed to jobs by name"),
     ("shares", "cli.quotas:register",
      "each tenant's weight, current share, decayed usage and rank in a pool's fair share"),
     ("status", "cli.overview:register", ("every component: NATS, streams, scheduler leader, "

@@ -41,6 +41,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     listen = listen_of(args.http)
     emb = embedded.start(home, with_postgres=not args.no_postgres)
     _webhook_key(home)
+    _secret_keys(home)
     plane = None
     child = None
     http = None
@@ -137,6 +138,23 @@ def _webhook_key(home: Path) -> None:
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_urlsafe(32))
     os.environ["POOL_WEBHOOK_KEY"] = path.read_text().strip()
+
+
+def _secret_keys(home: Path) -> None:
+    """POOL_SECRET_KEYS for this `pool up` and its scheduler's process: the ring given, else
+    one key (`k1`) made once and kept in the home (mode 0600), so tenants' secrets open after
+    a restart. To rotate, an operator sets `k2=<new>,k1=<old>` (docs/operations.md)."""
+    import os
+    import secrets
+
+    if os.environ.get("POOL_SECRET_KEYS"):
+        return
+    path = home / "secret.keys"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("k1=" + secrets.token_urlsafe(32))
+    os.environ["POOL_SECRET_KEYS"] = path.read_text().strip()
 
 
 def _cluster_ports(state: Path, nodes: int) -> list[int] | None:

@@ -71,6 +71,10 @@ class PoolClient:
     def lease(self, lease_id: str, verb: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         return self.call(command_subject(self.tenant, "lease", lease_id, verb), body)
 
+    def secret(self, verb: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Set, list or delete one of this tenant's secrets (schemas/secret.py)."""
+        return self.call(command_subject(self.tenant, "secret", verb), body)
+
     def queue_positions(self) -> dict[str, Any]:
         """This tenant's waiting leases in queue order, with estimated starts."""
         return self.call(command_subject(self.tenant, "queue"), {})

@@ -110,6 +110,19 @@ class HttpClient:
     def queue_positions(self) -> dict[str, Any]:
         return self._reply(self._send("GET", "/v1/queue/positions"), "result")
 
+    def secret(self, verb: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Set, list or delete one of this tenant's secrets (as client.api.PoolClient)."""
+        body = dict(body or {})
+        if verb == "set":
+            return self._reply(self._send("POST", "/v1/secrets", body=body), "result")
+        if verb == "list":
+            return self._reply(self._send("GET", "/v1/secrets"), "result")
+        if verb == "delete":
+            name = quote(str(body.pop("name", "")), safe="")
+            return self._reply(self._send("POST", f"/v1/secrets/{name}/delete", body=body),
+                               "result")
+        raise NotOverHttp(f"secret {verb}: not in the HTTP API")
+
     def watch_lease(self, lease_id: str, *, output: bool = False,
                     after: int = 0) -> HttpLeaseWatch:
         """One of this tenant's leases as it happens, through the gateway's streams: as

@@ -78,10 +78,13 @@ class CommandHandler:
                  views_schema: str | None = None,
                  telemetry_pages: Callable[..., Any] | None = None,
                  feed_pages: Callable[..., Any] | None = None,
-                 webhooks: Any = None) -> None:
+                 webhooks: Any = None, secrets: Any = None) -> None:
         self.app = app
         # control.webhooks.desk.WebhookDesk: what webhook commands are answered with
         self.webhooks = webhooks
+        # control.secrets.desk.SecretDesk: secret commands, a commit's secret versions, and
+        # the nodes' fetches
+        self.secrets = secrets
         self.database_url = database_url
         self.views_schema = views_schema
         self._reader: Any = None

@@ -88,6 +88,15 @@ def wire_shape(shape: Shape) -> v1.ResourceShape:
     )
 
 
+def _mounts(wanted: tuple[tuple[str, str], ...], config: PoolConfig) -> list[v1.VolumeMount]:
+    """The job's volumes with the pool's host paths in force now; one the operator has
+    withdrawn since the commit is left out, and the agent refuses the job for it."""
+    offered = {v.name: v for v in config.volumes}
+    return [v1.VolumeMount(name=name, host_path=offered[name].host_path, target=target,
+                           read_only=offered[name].read_only)
+            for name, target in wanted if name in offered]
+
+
 def orders_for(event_name: str, lease: Lease, pool: Pool | None) -> list[AgentOrder]:
     """What the node's agent must be told after `event_name` was applied to `lease`."""
     node = lease.node_id
@@ -114,6 +123,9 @@ def orders_for(event_name: str, lease: Lease, pool: Pool | None) -> list[AgentOr
                     mode="periodic" if spec.checkpoint_interval_seconds else "none",
                     interval_seconds=spec.checkpoint_interval_seconds),
                 workdir=workdir, artifacts=list(spec.artifacts),
+                secret_env=dict(spec.secret_env), secret_files=dict(spec.secret_files),
+                secret_versions=dict(spec.secret_versions),
+                volumes=dict(spec.volumes),
             ),
             deadline_at=lease.deadline or 0.0, tenant=lease.tenant_id, pool_id=lease.pool_id,
             job_number=job.number,
@@ -123,6 +135,9 @@ def orders_for(event_name: str, lease: Lease, pool: Pool | None) -> list[AgentOr
             max_artifact_bytes=files.max_artifact_bytes,
             max_output_bytes=files.max_output_bytes,
             attempt=max(1, int(getattr(lease, "attempts", 1) or 1)),
+            array_index=getattr(lease, "array_index", None),
+            array_size=getattr(lease, "array_size", 0),
+            volumes=_mounts(spec.volumes, files),
         )
         return [AgentOrder(node, "start", encode(assignment),
                            f"start-{lid}-{lease.epoch}-{job.number}-{job.attempts}", trace)]

@@ -114,3 +114,21 @@ class WebhookAddressRefused(ServiceError):
     """The endpoint's host resolves to an address the plane does not POST to (SSRF guard)."""
 
     code = "webhook_address_refused"
+
+
+class SecretsUnavailable(ServiceError):
+    """This plane cannot keep secrets: no key ring to seal them (POOL_SECRET_KEYS)."""
+
+    code = "secrets_unavailable"
+
+
+class SecretUnknown(ServiceError):
+    """The tenant has no secret of a name the command or job refers to (or not that version)."""
+
+    code = "secret_unknown"
+
+
+class SecretLimit(ServiceError):
+    """The tenant keeps as many secrets as the plane allows; delete one first."""
+
+    code = "secret_limit"

@@ -49,6 +49,7 @@ from schemas.feed import FeedReplay
 if TYPE_CHECKING:
     from control.metrics import MetricsServer
     from control.projector import Projector
+    from control.secrets.settings import SecretSettings
     from control.webhooks.settings import WebhookSettings
     from control.webhooks.worker import Deliverer
 
@@ -265,7 +266,8 @@ class ControlPlane:
                  checkpoint_every: tuple[int, float] | None = (EVERY_EVENTS, EVERY_SECONDS),
                  serve_why: bool = False, metrics_port: int | None = None,
                  metrics_host: str = "127.0.0.1",
-                 webhooks: WebhookSettings | None = None) -> None:
+                 webhooks: WebhookSettings | None = None,
+                 secrets: SecretSettings | None = None) -> None:
         self.roles = parse_roles(roles)
         # /metrics in the Prometheus text format (control/metrics.py); None: not served
         self.metrics_at = (metrics_host, metrics_port) if metrics_port is not None else None
@@ -312,13 +314,19 @@ class ControlPlane:
         from control.webhooks.settings import WebhookSettings
 
         self.webhook_settings = webhooks or WebhookSettings.from_env()
+        from control.secrets import desk_for as secret_desk_for
+        from control.secrets.settings import SecretSettings
+
+        self.secret_settings = secrets or SecretSettings.from_env()
         feed_pages = _feed_pages(url["commands"])
         handler = CommandHandler(self.app, database_url=database_url,
                                  telemetry_pages=_telemetry_pages(url["commands"]),
                                  feed_pages=feed_pages,
                                  webhooks=desk_for(self.app, url["commands"],
                                                    self.webhook_settings,
-                                                   lambda: feed_pages("", end=True)))
+                                                   lambda: feed_pages("", end=True)),
+                                 secrets=secret_desk_for(self.app, url["commands"],
+                                                         self.secret_settings))
         # on the loop the application's saves run on: a new lease request or a heartbeat that
         # changes nothing is answered there, without a worker thread (handler.fast); every
         # other command goes to its lane's threads

@@ -168,6 +168,8 @@ def _lease_verb(verb: str) -> Handler:
         app = ctx.app
         if verb == "get":
             return _lease_reply(app.get(p["tenant"], p["lease_id"]), app)
+        if verb == "commit":  # the job's secrets by name and the version it gets, or refused
+            cmd = _with_secret_versions(ctx, p["tenant"], cmd)
         method: Callable[[str, str, Any], Any] = getattr(app, verb)
         return _lease_reply(method(p["tenant"], p["lease_id"], cmd), app)
 
@@ -353,6 +355,44 @@ def _webhook_deliveries(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
     return v1.Envelope.success(result=_webhook_desk(ctx).deliveries(p["tenant"], cmd))
 
 
+def _secret_desk(ctx: Context) -> Any:
+    from control.errors import SecretsUnavailable
+
+    desk = getattr(ctx, "secrets", None)  # the command service's control.secrets.desk
+    if desk is None:
+        raise SecretsUnavailable("secrets are not served here")
+    return desk
+
+
+def _with_secret_versions(ctx: Context, tenant: str, cmd: v1.CommitLease) -> v1.CommitLease:
+    import msgspec
+
+    job = cmd.job
+    if not (job.secret_env or job.secret_files or job.secret_versions):
+        return cmd
+    return msgspec.structs.replace(cmd, job=_secret_desk(ctx).resolve(tenant, job))
+
+
+def _secret_set(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
+    return v1.Envelope.success(result=_secret_desk(ctx).set(p["tenant"], cmd))
+
+
+def _secret_list(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
+    return v1.Envelope.success(result=_secret_desk(ctx).listing(p["tenant"]))
+
+
+def _secret_delete(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
+    return v1.Envelope.success(result=_secret_desk(ctx).delete(p["tenant"], cmd.name))
+
+
+def _secrets_reseal(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
+    return v1.Envelope.success(result=_secret_desk(ctx).reseal())
+
+
+def _node_secrets(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
+    return v1.Envelope.success(result=_secret_desk(ctx).fetch(p["node"], p["lease_id"], cmd))
+
+
 # -- the table ---------------------------------------------------------------------------------
 
 LEASE_VERBS: Final = ("commit", "heartbeat", "renew", "release", "cancel", "get")
@@ -412,6 +452,13 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route("pool.cmd.{tenant}.webhook.deliveries", "webhook.deliveries", _webhook_deliveries,
           "The state of the latest webhook deliveries: pending, delivered or failed.",
           "listWebhookDeliveries"),
+    Route("pool.cmd.{tenant}.secret.set", "secret.set", _secret_set,
+          "Store a new version of a secret, sealed outside the log (the reply names its "
+          "version, never its value).", "setSecret"),
+    Route("pool.cmd.{tenant}.secret.list", "secret.list", _secret_list,
+          "The tenant's secrets: names, versions and sizes, never values.", "listSecrets"),
+    Route("pool.cmd.{tenant}.secret.delete", "secret.delete", _secret_delete,
+          "Delete a secret and every kept version of it.", "deleteSecret"),
     # node agents report under their own `pool.node.<node>.…` (their credentials allow no other)
     Route("pool.node.{node}.register", "agent.register", _node_register,
           "A node agent registers its capabilities.", "agentRegister"),
@@ -430,6 +477,9 @@ ROUTES: Final[tuple[Route, ...]] = (
           "A node agent reports a lease's job exited with its code.", "jobExited"),
     Route("pool.node.{node}.lease.{lease_id}.failed", "node.failed", _node_failed,
           "A node agent reports a lease's job failed to run.", "jobFailed"),
+    Route("pool.node.{node}.lease.{lease_id}.secrets", "node.secrets", _node_secrets,
+          "A node agent fetches the secrets its running lease's job names, for the epoch it "
+          "holds (answered into that node's own inbox only).", "fetchLeaseSecrets"),
     # the operator
     _admin("pool.create", "admin.pool", _pool_create,
            "Create a pool (refused with pool_exists if it exists).", "adminPoolCreate"),
@@ -460,6 +510,9 @@ ROUTES: Final[tuple[Route, ...]] = (
            "adminNodeEnroll"),
     _admin("credits.grant", "admin.credits.grant", _credits_grant,
            "Grant micro-credits, idempotent by transfer id.", "adminCreditsGrant"),
+    _admin("secrets.reseal", "admin.secrets.reseal", _secrets_reseal,
+           "Seal every tenant's newest secret versions again under the active key.",
+           "adminSecretsReseal"),
     _admin("node.{node}.{verb}", "admin.node.state", _admin_node_state,
            "Cordon, drain, put in maintenance or return a node.", "adminNodeState",
            choices={"verb": NODE_VERBS}),

@@ -80,6 +80,18 @@ class WorkdirTooLarge(DomainError):
     code = "workdir_too_large"
 
 
+class VolumeUnknown(DomainError):
+    """A job asks for a volume its pool does not offer."""
+
+    code = "volume_unknown"
+
+
+class VolumeNotAllowed(DomainError):
+    """A job asks for a volume its pool offers only to nodes of other trust levels."""
+
+    code = "volume_not_allowed"
+
+
 class QueueLimitExceeded(DomainError):
     """The request would take the tenant past its pool's max_queued_leases."""
 

@@ -101,11 +101,23 @@ class JobSpec:
     workdir_size_bytes: int | None = None
     workdir_files: int = 0
     artifacts: tuple[str, ...] = ()  # globs under /work stored at the job's end
+    # the tenant's secrets the job gets, by name only (their values are never in the log):
+    # sorted (variable, name), (name, path under /run/secrets) and (name, version)
+    secret_env: tuple[tuple[str, str], ...] = ()
+    secret_files: tuple[tuple[str, str], ...] = ()
+    secret_versions: tuple[tuple[str, int], ...] = ()
+    # the pool's volumes it mounts: sorted (name, target in the sandbox)
+    volumes: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", tuple(str(c) for c in self.command))
         object.__setattr__(self, "env", tuple(sorted((str(k), str(v)) for k, v in self.env)))
         object.__setattr__(self, "artifacts", tuple(str(a) for a in self.artifacts))
+        for name in ("secret_env", "secret_files", "volumes"):
+            pairs = getattr(self, name)
+            object.__setattr__(self, name, tuple(sorted((str(k), str(v)) for k, v in pairs)))
+        object.__setattr__(self, "secret_versions",
+                           tuple(sorted((str(k), int(v)) for k, v in self.secret_versions)))
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -123,6 +135,11 @@ class JobSpec:
                             "files": self.workdir_files}
         if self.artifacts:
             d["artifacts"] = list(self.artifacts)
+        if self.secret_versions:
+            d["secrets"] = {"env": dict(self.secret_env), "files": dict(self.secret_files),
+                            "versions": dict(self.secret_versions)}
+        if self.volumes:
+            d["volumes"] = dict(self.volumes)
         return d
 
     @classmethod
@@ -141,6 +158,10 @@ class JobSpec:
             else int(d["workdir"]["size_bytes"]),
             workdir_files=0 if not d.get("workdir") else int(d["workdir"].get("files", 0)),
             artifacts=tuple(d.get("artifacts", ())),
+            secret_env=tuple(dict((d.get("secrets") or {}).get("env", {})).items()),
+            secret_files=tuple(dict((d.get("secrets") or {}).get("files", {})).items()),
+            secret_versions=tuple(dict((d.get("secrets") or {}).get("versions", {})).items()),
+            volumes=tuple(dict(d.get("volumes") or {}).items()),
         )
 
 
@@ -200,6 +221,10 @@ class Lease(Aggregate):
     attempt_ends: tuple[AttemptEnd, ...] = ()
     avoid_node: str | None = None
     retrying = False
+    # its place among the `count` leases of one request (POOL_ARRAY_INDEX of POOL_ARRAY_SIZE);
+    # None and 0: a lone lease, a gang member, or one restored from before arrays
+    array_index: int | None = None
+    array_size: int = 0
 
     @staticmethod
     def create_id(tenant_id: str, idempotency_key: str) -> UUID:
@@ -234,6 +259,7 @@ class Lease(Aggregate):
         after: tuple[Dependency, ...] = (),
         array_id: str | None = None,
         max_running: int | None = None,
+        array: tuple[int, int] | None = None,
     ) -> Lease:
         """Record a request. `lease_seconds` is the initial term and default renewal (defaults
         to the maximum runtime); the id is `create_id(tenant_id, idempotency_key)`.
@@ -248,7 +274,7 @@ class Lease(Aggregate):
         when an attempt that ends badly runs again (domain.retry); `after`: the leases it
         waits for, `held` (not queued) until they ended as it asks (domain.dependency);
         `array_id` and `max_running`: at most that many of the array's leases hold capacity
-        at once."""
+        at once; `array`: its (index, size) among the leases of one `count` request."""
         term = maximum_runtime_seconds if lease_seconds is None else lease_seconds
         for field_name, value in (
             ("maximum_runtime_seconds", maximum_runtime_seconds),
@@ -283,6 +309,7 @@ class Lease(Aggregate):
             "queue_timeout_seconds": queue_timeout_seconds,
             "name": name,
             "labels": dict(labels) if labels else None,
+            "array": None if array is None else [int(array[0]), int(array[1])],
         }
         workflow: dict[str, Any] = {}
         if retries is not None:
@@ -334,6 +361,8 @@ class Lease(Aggregate):
         # its retry policy, the leases it waits for (held until then) and its array's throttle
         # (see the class attribute); absent before them
         workflow: dict[str, Any] | None = None,
+        # [index, size] among the leases of one `count` request; absent before arrays
+        array: list[int] | None = None,
     ) -> None:
         self.tenant_id = TenantId(tenant_id)
         self.idempotency_key = idempotency_key
@@ -361,6 +390,8 @@ class Lease(Aggregate):
         self.queue_timeout_seconds = queue_timeout_seconds
         self.name = name
         self.labels = tuple(sorted((labels or {}).items()))
+        if array is not None:
+            self.array_index, self.array_size = int(array[0]), int(array[1])
         self.attempts = 1
         self.epoch = 0
         # Per placement; reset on each reservation.

@@ -41,6 +41,7 @@ from domain.quota import (
 from domain.rate import TokenBucket
 from domain.resources import PoolId, Resources, Shape, TenantId
 from domain.snapshots import StateSnapshot
+from domain.volumes import admit_volumes
 
 _POOL_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:pool")
 _TENANT_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:tenant-policy")
@@ -192,6 +193,11 @@ class Pool(Aggregate):
                 f"{self.pool_id}'s maximum runtime of {limit} s ({limit / 3600:g} h)",
                 reasons=("maximum_runtime_seconds",),
             )
+
+    def admit_volumes(self, wanted: tuple[tuple[str, str], ...], node_trust: str | None) -> None:
+        """Raise VolumeUnknown or VolumeNotAllowed (domain.volumes) for a job's volumes."""
+        if wanted:
+            admit_volumes(self.config.volumes, wanted, node_trust, pool_id=str(self.pool_id))
 
     def admit_workdir(self, size_bytes: int | None) -> None:
         """Raise WorkdirTooLarge, naming the pool's limit, when a job's packed work directory

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from domain.volumes import Volume, volumes_from_dict
+
 PACKING_POLICIES: tuple[str, ...] = ("best-fit", "spread")
 
 
@@ -76,6 +78,8 @@ class PoolConfig:
     max_output_bytes: int = 64 << 20
     # the most attempts a request's retry policy may ask for (domain.retry)
     max_attempts: int = 10
+    # host paths offered to jobs by name (domain.volumes), by name
+    volumes: tuple[Volume, ...] = ()
 
     def __post_init__(self) -> None:
         classes = tuple(sorted((str(k), int(v)) for k, v in dict(self.priority_classes).items()))
@@ -129,6 +133,8 @@ class PoolConfig:
             found.append("voided_reservation_window_seconds must be positive")
         if self.max_attempts <= 0:
             found.append("max_attempts must be positive")
+        for volume in self.volumes:
+            found += volume.problems()
         return found
 
     def to_dict(self) -> dict[str, Any]:
@@ -158,6 +164,8 @@ class PoolConfig:
             "voided_reservation_window_seconds": self.voided_reservation_window_seconds,
             "max_output_bytes": self.max_output_bytes,
             "max_attempts": self.max_attempts,
+            # only when offered, so a pool without volumes records the same event as before
+            **({"volumes": {v.name: v.to_dict() for v in self.volumes}} if self.volumes else {}),
         }
 
     @classmethod
@@ -193,4 +201,5 @@ class PoolConfig:
                 "voided_reservation_window_seconds", default.voided_reservation_window_seconds)),
             max_output_bytes=int(d.get("max_output_bytes", default.max_output_bytes)),
             max_attempts=int(d.get("max_attempts", default.max_attempts)),
+            volumes=volumes_from_dict(d.get("volumes")),
         )

@@ -22,6 +22,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "unknown_priority_class": 422, "invalid_reservation": 422, "maximum_runtime_exceeded": 422, "price_not_listed": 422,
     "image_not_allowed": 422, "unschedulable": 422, "quota_exceeded": 422,
     "invalid_webhook": 422, "webhook_address_refused": 422,
+    # a job's volume the pool does not offer, or offers only to nodes of other trust levels
+    "volume_unknown": 422, "volume_not_allowed": 422,
     # a job's files: the archive's bytes are not what its digest names; over the pool's limit
     "digest_mismatch": 422, "workdir_too_large": 413,
     "payload_too_large": 413,
@@ -36,6 +38,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "bucket_missing": 409,  # the tenant's file bucket is not made yet: the operator's step
     "unknown_tenant": 404, "unknown_reservation": 404, "unknown_webhook": 404,
     "unknown_dependency": 404,
+    "secret_unknown": 404,  # a secret the tenant never set, deleted, or a version not kept
     # the state it meets
     "idempotency_conflict": 409, "illegal_transition": 409, "stale_epoch": 409,
     "write_conflict": 409, "lease_expired": 409, "already_allocated": 409,
@@ -46,6 +49,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "webhook_limit": 409,  # room comes back when the tenant deletes an endpoint
     "session_refused": 409,  # the lease's node would not open an exec or port-forward
     "session_limit": 429,  # each session is an event in the log: a window per lease
+    "secret_limit": 409,  # room comes back when the tenant deletes a secret
     # base classes: a refusal no subclass names more precisely
     "domain_error": 409, "service_error": 400,
     "method_not_allowed": 405,
@@ -59,6 +63,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "bus_unavailable": 503, "bus_timeout": 503, "views_unavailable": 503,
     "telemetry_unavailable": 503, "publish_rejected": 503, "bus_error": 503,
     "batch_too_large": 503, "snapshots_unavailable": 503, "webhooks_unavailable": 503,
+    "secrets_unavailable": 503,  # no key ring to seal or open secrets (POOL_SECRET_KEYS)
     # a bug behind the gateway: logged there, reported here as the upstream's failure
     "internal_error": 502,
 }

@@ -140,6 +140,13 @@ ROUTES: tuple[HttpRoute, ...] = (
               _summary("deleteWebhook"), "deleteWebhook", tag="webhooks"),
     HttpRoute("POST", "/v1/webhooks/{endpoint_id}/test", "testWebhook", _summary("testWebhook"),
               "testWebhook", tag="webhooks"),
+    # -- secrets: sealed outside the log; a job names them, never their values -----------------
+    HttpRoute("POST", "/v1/secrets", "setSecret", _summary("setSecret"), "setSecret",
+              status=201, tag="secrets"),
+    HttpRoute("GET", "/v1/secrets", "listSecrets", _summary("listSecrets"), "listSecrets",
+              tag="secrets"),
+    HttpRoute("POST", "/v1/secrets/{name}/delete", "deleteSecret", _summary("deleteSecret"),
+              "deleteSecret", tag="secrets"),
     # -- admin -----------------------------------------------------------------------------
     HttpRoute("POST", "/v1/admin/pools", "createPool", _summary("adminPoolCreate"),
               "adminPoolCreate", status=201, admin=True, tag="admin"),
@@ -166,6 +173,8 @@ ROUTES: tuple[HttpRoute, ...] = (
               "adminReservationDelete", admin=True, tag="admin"),
     HttpRoute("POST", "/v1/admin/credits/grants", "grantCredits", _summary("adminCreditsGrant"),
               "adminCreditsGrant", admin=True, tag="admin"),
+    HttpRoute("POST", "/v1/admin/secrets/reseal", "resealSecrets",
+              _summary("adminSecretsReseal"), "adminSecretsReseal", admin=True, tag="admin"),
     HttpRoute("POST", "/v1/admin/nodes", "registerNode", _summary("adminNodeRegister"),
               "adminNodeRegister", admin=True, tag="admin"),
     HttpRoute("POST", "/v1/admin/nodes/enrollments", "enrollNode", _summary("adminNodeEnroll"),
@@ -187,4 +196,5 @@ ROUTES: tuple[HttpRoute, ...] = (
 # Path parameters that become subject tokens, and what a bad one reads as.
 NOT_FOUND_CODE = {"lease_id": "lease_not_found", "pool_id": "unknown_pool",
                   "node_id": "unknown_node", "view": "not_found",
-                  "reservation_id": "unknown_reservation", "endpoint_id": "unknown_webhook"}
+                  "reservation_id": "unknown_reservation", "endpoint_id": "unknown_webhook",
+                  "name": "secret_unknown"}

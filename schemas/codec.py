@@ -15,7 +15,7 @@ from typing import Any, Final, Literal, TypeVar
 import msgspec
 from msgspec import Struct
 
-from schemas import feed, session, v1, webhook
+from schemas import feed, secret, session, v1, webhook
 
 MAX_PAYLOAD_BYTES: Final = 64 * 1024
 _MAX_MESSAGE_CHARS: Final = 300  # field names are attacker-chosen: keep messages short
@@ -98,6 +98,11 @@ COMMANDS: Final[Mapping[str, CommandSpec]] = {
     "webhook.delete": CommandSpec(webhook.WebhookDelete),
     "webhook.test": CommandSpec(webhook.WebhookTest),
     "webhook.deliveries": CommandSpec(webhook.WebhookDeliveries),
+    "secret.set": CommandSpec(secret.SecretSet),
+    "secret.list": CommandSpec(secret.SecretList),
+    "secret.delete": CommandSpec(secret.SecretDelete),
+    "node.secrets": CommandSpec(secret.SecretFetch),
+    "admin.secrets.reseal": CommandSpec(secret.SecretReseal),
     "admin.pool": CommandSpec(v1.PoolConfig),
     "admin.pool.set": CommandSpec(v1.PoolPatch),
     "admin.tenant": CommandSpec(v1.TenantConfig),

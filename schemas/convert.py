@@ -9,6 +9,7 @@ from typing import Any
 from domain.lease import Lease
 from domain.policy.images import DEFAULT_ISOLATION_BY_TRUST, ImagePolicy
 from domain.poolconfig import PoolConfig, PreemptionSettings
+from domain.volumes import Volume
 from schemas import v1
 
 
@@ -105,7 +106,14 @@ def pool_config_from_wire(cfg: v1.PoolConfig) -> PoolConfig:
         voided_reservation_window_seconds=cfg.voided_reservation_window_seconds,
         max_output_bytes=cfg.max_output_bytes,
         max_attempts=cfg.max_attempts,
+        volumes=volumes_from_wire(cfg.volumes),
     )
+
+
+def volumes_from_wire(volumes: dict[str, v1.VolumeConfig]) -> tuple[Volume, ...]:
+    return tuple(Volume(name=name, host_path=v.host_path, read_only=v.read_only,
+                        trust_levels=tuple(v.trust_levels))
+                 for name, v in sorted(volumes.items()))
 
 
 _PATCHED_AS_IS = ("packing", "commit_timeout_seconds", "aging_seconds_per_rank",
@@ -130,6 +138,8 @@ def pool_config_patched(base: PoolConfig, patch: v1.PoolPatch) -> PoolConfig:
         classes = dict(patch.priority_classes)
         changes["priority_classes"] = tuple(classes.items())
         changes["default_priority_class"] = _default_class(classes)
+    if patch.volumes is not None:
+        changes["volumes"] = volumes_from_wire(patch.volumes)
     if patch.non_preemptible_classes is not None:
         changes["non_preemptible_classes"] = tuple(patch.non_preemptible_classes)
     if patch.preemption is not None:

@@ -12,12 +12,13 @@ from typing import Any, NamedTuple
 import msgspec
 from msgspec import Struct
 
-from schemas import feed, session, v1, webhook
+from schemas import feed, secret, session, v1, webhook
 
 DEFAULT_DIRECTORY = Path(__file__).resolve().parent / "json"
 # every Struct a reader of the wire may meet: version 1's and the lease feed's
 PUBLIC_STRUCTS: tuple[type[Struct], ...] = (v1.PUBLIC_STRUCTS + feed.PUBLIC_STRUCTS
-                                              + webhook.PUBLIC_STRUCTS + session.PUBLIC_STRUCTS)
+                                              + webhook.PUBLIC_STRUCTS + session.PUBLIC_STRUCTS
+                                              + secret.PUBLIC_STRUCTS)
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 ASYNCAPI_FILE = "asyncapi.json"
 

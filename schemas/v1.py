@@ -121,6 +121,30 @@ ArtifactGlob = Annotated[
          description="A glob of files, relative to /work, stored as artifacts at the job's end."),
 ]
 EnvName = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}(?!\n)$", max_length=128)]
+# a tenant's secret (schemas/secret.py); its value never travels in a job, only its name
+SecretName = Annotated[
+    str,
+    Meta(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}(?!\n)$", max_length=63,
+         description="A secret's name: 1-63 of a-z 0-9 _ -, starting with a letter or digit."),
+]
+# where a secret's file appears in the sandbox: always in the tmpfs the agent makes there
+SecretPath = Annotated[
+    str,
+    Meta(pattern=r"^/run/secrets/(?!\.\.?$)[A-Za-z0-9._-]{1,128}(?!\n)$", max_length=141,
+         description="A file under /run/secrets (in memory, wiped at the job's end)."),
+]
+MAX_JOB_SECRETS = 32
+# a host path a pool offers as a volume (domain.volumes): named by the operator only
+VolumeName = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}(?!\n)$", max_length=63)]
+HostPath = Annotated[str, Meta(pattern=r"^/[^\x00-\x1f\x7f]{0,4095}(?!\n)$", max_length=4096)]
+VolumeTarget = Annotated[
+    str,
+    Meta(pattern=r"^/[A-Za-z0-9._/-]{1,255}(?!\n)$", max_length=256,
+         description="Where the volume appears in the sandbox: an absolute path outside what "
+         "the sandbox provides (/usr, /tmp, /work, /run/secrets, …)."),
+]
+MAX_POOL_VOLUMES = 32
+MAX_JOB_VOLUMES = 16
 EnvValue = Annotated[str, Meta(max_length=4096)]
 Argument = Annotated[str, Meta(max_length=4096)]
 Command = Annotated[list[Argument], Meta(max_length=256)]
@@ -410,6 +434,24 @@ class CheckpointPolicy(_Part, frozen=True, kw_only=True):
             raise ValueError("mode 'periodic' requires interval_seconds >= 1")
 
 
+class VolumeConfig(_Part, frozen=True, kw_only=True):
+    """A host path a pool offers jobs as a named volume: read-only unless told otherwise, on
+    nodes of the trust levels listed (none listed: every level)."""
+
+    host_path: HostPath
+    read_only: bool = True
+    trust_levels: Annotated[list[TrustLevel], Meta(max_length=8)] = []
+
+
+class VolumeMount(_Part, frozen=True, kw_only=True):
+    """A volume as the agent mounts it: the pool's host path at the job's target."""
+
+    name: VolumeName
+    host_path: HostPath
+    target: VolumeTarget
+    read_only: bool = True
+
+
 class WorkdirRef(_Part, frozen=True, kw_only=True):
     """A work directory packed and stored in the tenant's bucket: only its digest and size
     travel; the agent fetches it by digest and unpacks it as the job's /work."""
@@ -430,6 +472,33 @@ class JobSpec(_Part, frozen=True, kw_only=True):
     checkpoint_policy: CheckpointPolicy = msgspec.field(default_factory=CheckpointPolicy)
     workdir: WorkdirRef | None = None
     artifacts: Annotated[list[ArtifactGlob], Meta(max_length=MAX_ARTIFACT_GLOBS)] = []
+    # the tenant's secrets by name: as environment variables (VAR -> name) and as files (name
+    # -> a path under /run/secrets); values never travel here (unlike `env`, which is public:
+    # it is in the event log)
+    secret_env: Annotated[dict[EnvName, SecretName], Meta(max_length=MAX_JOB_SECRETS)] = {}
+    secret_files: Annotated[dict[SecretName, SecretPath], Meta(max_length=MAX_JOB_SECRETS)] = {}
+    # the version of each named secret the job gets: set by the plane at commit (what a
+    # client sends is replaced)
+    secret_versions: Annotated[dict[SecretName, Count], Meta(max_length=2 * MAX_JOB_SECRETS)] = {}
+
+    # the pool's volumes the job mounts: name -> where in the sandbox (never a host path)
+    volumes: Annotated[dict[VolumeName, VolumeTarget], Meta(max_length=MAX_JOB_VOLUMES)] = {}
+
+    def __post_init__(self) -> None:
+        from domain.volumes import target_problem
+
+        for name, target in self.volumes.items():
+            problem = target_problem(target)
+            if problem:
+                raise ValueError(f"volumes {name}: {problem}")
+        if len(set(self.volumes.values())) != len(self.volumes):
+            raise ValueError("volumes: two volumes at one path")
+        clash = sorted(v for v in self.secret_env if v in self.env or v.startswith("POOL_"))
+        if clash:
+            raise ValueError(f"secret_env {clash[0]!r}: a variable named in env too, or a "
+                             "POOL_ one the pool sets")
+        if len(set(self.secret_files.values())) != len(self.secret_files):
+            raise ValueError("secret_files: two secrets at one path")
 
 
 class CommitLease(_Command, frozen=True, kw_only=True):
@@ -579,6 +648,9 @@ class PoolConfig(_Command, frozen=True, kw_only=True):
     max_output_bytes: OutputBytes = 64 << 20
     # The most attempts a request's retry policy may ask for (max_attempts_exceeded past it).
     max_attempts: Annotated[int, Meta(ge=1, le=MAX_ATTEMPTS_LIMIT)] = 10
+    # Host paths offered to jobs by name (`--volume NAME:TARGET`), each for nodes of some
+    # trust levels; a job never names a host path.
+    volumes: Annotated[dict[VolumeName, VolumeConfig], Meta(max_length=MAX_POOL_VOLUMES)] = {}
 
 
 class PreemptionPatch(_Part, frozen=True, kw_only=True):
@@ -620,6 +692,9 @@ class PoolPatch(_Command, frozen=True, kw_only=True):
     voided_reservation_window_seconds: Annotated[int, Meta(ge=1, le=30 * 86_400)] | None = None
     max_output_bytes: OutputBytes | None = None
     max_attempts: Annotated[int, Meta(ge=1, le=MAX_ATTEMPTS_LIMIT)] | None = None
+    # the whole set of volumes, replacing the pool's ({} removes them all)
+    volumes: Annotated[
+        dict[VolumeName, VolumeConfig], Meta(max_length=MAX_POOL_VOLUMES)] | None = None
 
 
 # Quota keys are domain dimension names: the four scalars or "gpu/<profile>".
@@ -919,6 +994,12 @@ class LeaseAssignment(_Command, frozen=True, kw_only=True):
     max_output_bytes: OutputBytes = 64 << 20
     # which attempt of the lease this is (1, then 2, … as it is retried): the job's POOL_ATTEMPT
     attempt: Annotated[int, Meta(ge=1, le=2**31)] = 1
+    # its place among the leases of one `count` request (POOL_ARRAY_INDEX, POOL_ARRAY_SIZE);
+    # left out for a lone lease
+    array_index: Annotated[int, Meta(ge=0, le=MAX_LEASES_PER_REQUEST)] | None = None
+    array_size: Annotated[int, Meta(ge=0, le=MAX_LEASES_PER_REQUEST)] = 0
+    # the pool's volumes the job asked for, resolved to host paths from the pool's settings
+    volumes: Annotated[list[VolumeMount], Meta(max_length=MAX_JOB_VOLUMES)] = []
 
 
 class LeaseRevocation(_Command, frozen=True, kw_only=True):

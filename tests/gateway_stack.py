@@ -20,6 +20,7 @@ from client.api import PoolClient
 from control.commands import QUERY_SUBJECTS, CommandHandler
 from control.plane import ControlPlane
 from control.projector import Projector
+from control.secrets.settings import SecretSettings
 from control.webhooks.settings import WebhookSettings
 from control.webhooks.signing import plane_key
 from gateway.app import create_app
@@ -87,7 +88,8 @@ def gateway_stack(home: Path, database_url: str, schema: str, *,
         ensure_all_streams(service_url)
         # webhooks on (a key to seal their secrets), to no address but public ones
         plane = ControlPlane(service_url, database_url=None, metrics_port=metrics_port,
-                             webhooks=WebhookSettings(key=plane_key("gateway stack"))).start()
+                             webhooks=WebhookSettings(key=plane_key("gateway stack")),
+                             secrets=SecretSettings.with_keys("k1=gateway stack")).start()
         stack.append(plane)
         queries = Service(service_url, QUERY_SUBJECTS,
                           CommandHandler(plane.app, database_url=database_url,

@@ -57,6 +57,12 @@ class WorkloadSpec:
     workdir: str | None = None
     # the most bytes of the job's stdout and stderr the node keeps; the rest is dropped
     output_cap_bytes: int = 64 << 20
+    # the pool's volumes the job asked for: (host path, target in the sandbox, read-only)
+    volumes: tuple[tuple[str, str, bool], ...] = ()
+    # the lease's secrets, held in memory only and never in a repr: variables, and files
+    # (a path under /run/secrets, its bytes); a runtime delivers them without a host file
+    secret_env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    secret_files: tuple[tuple[str, bytes], ...] = field(default=(), repr=False)
 
     @property
     def key(self) -> str:

@@ -20,6 +20,7 @@ import requests.exceptions
 from docker.models.containers import Container
 from docker.types import DeviceRequest, LogConfig, Ulimit
 
+from agents.runtimes import memfiles
 from agents.runtimes.contract import (
     ImageRejected,
     RuntimeUnavailable,
@@ -36,7 +37,9 @@ LABEL_NODE = "computepool.node"
 LABEL_CHECKPOINT = "computepool.checkpoint_dir"
 _RESERVED_LABELS = {LABEL_LEASE, LABEL_EPOCH, LABEL_JOB, LABEL_NODE, LABEL_CHECKPOINT}
 
-WORKLOAD_USER = "65534:65534"
+WORKLOAD_UID = 65534
+WORKLOAD_USER = f"{WORKLOAD_UID}:{WORKLOAD_UID}"
+SECRETS_MOUNT = "/run/secrets"  # where the workload sees its secret files, as in `process`
 CHECKPOINT_MOUNT = "/checkpoint"  # where the workload sees its checkpoint dir, as in `process`
 WORKDIR_MOUNT = "/work"  # where the workload sees its files (agents/workdir.py), as in `process`
 TMPFS_OPTIONS = "rw,nosuid,nodev,size=64m,mode=1777"
@@ -79,6 +82,8 @@ def container_options(spec: WorkloadSpec, *, oci_runtime: str,
     if spec.workdir is not None:  # the job's files, read-write, and where it starts
         volumes[spec.workdir] = {"bind": WORKDIR_MOUNT, "mode": "rw"}
         env["POOL_WORKDIR"] = WORKDIR_MOUNT
+    for host, target, read_only in spec.volumes:  # the pool's, as its operator named them
+        volumes[host] = {"bind": target, "mode": "ro" if read_only else "rw"}
     device_requests = []
     if spec.gpu_count > 0:
         if spec.gpu_uuids:
@@ -292,6 +297,12 @@ class DockerRuntime:
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self, spec: WorkloadSpec) -> WorkloadHandle:
+        if spec.secret_env:
+            # the engine keeps a container's environment in its configuration on disk: refused
+            # rather than written down (files are handed over in memory, below)
+            raise WorkloadError("this node's docker runtime cannot hand a job secret variables "
+                                "without writing them to the engine's disk; use secret files",
+                                code="secrets_unsupported")
         self._check_ref(spec.image)
         oci = self._oci_runtime(spec.isolation)
         options = container_options(spec, oci_runtime=oci, node_id=self.node_id)
@@ -304,6 +315,18 @@ class DockerRuntime:
         else:
             raise WorkloadError(f"workload {spec.key} was already started here",
                                 code="already_started")
+        if spec.secret_files:
+            held = memfiles.write(options["name"], spec.secret_files, uid=WORKLOAD_UID,
+                                  gid=WORKLOAD_UID)
+            options["volumes"] = {**(options["volumes"] or {}),
+                                  str(held): {"bind": SECRETS_MOUNT, "mode": "ro"}}
+        try:
+            return self._start(spec, options)
+        except BaseException:
+            memfiles.wipe(options["name"])
+            raise
+
+    def _start(self, spec: WorkloadSpec, options: dict[str, Any]) -> WorkloadHandle:
         image_id = self.ensure_image(spec.image, max_size_bytes=spec.max_image_size_bytes)
         if spec.checkpoint_dir is not None:
             os.makedirs(spec.checkpoint_dir, exist_ok=True)
@@ -441,6 +464,7 @@ class DockerRuntime:
             pass
         except docker.errors.APIError as e:
             raise WorkloadError(f"could not remove {container.name}: {e}") from e
+        memfiles.wipe(str(container.name))  # the job's secret files, if it had any
 
     def usage(self, handle: WorkloadHandle) -> Usage:
         container = self._container(handle)

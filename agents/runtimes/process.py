@@ -46,6 +46,55 @@ DEV = Path("/dev")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
+def memfd(name: str, data: bytes) -> int:
+    """An anonymous in-memory file holding `data`, read from its start (close-on-exec: only
+    a child it is passed to gets it)."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def volume_args(spec: WorkloadSpec) -> list[str]:
+    """bwrap binds of the pool's volumes (read-only unless the pool says otherwise);
+    WorkloadError volume_unavailable when one's host path is not a directory here."""
+    args: list[str] = []
+    for host, target, read_only in spec.volumes:
+        if not os.path.isdir(host):
+            raise WorkloadError(f"volume at {host} is not a directory on this node",
+                                code="volume_unavailable")
+        args += ["--ro-bind" if read_only else "--bind", host, target]
+    return args
+
+
+def secret_args(spec: WorkloadSpec) -> tuple[list[str], list[int]]:
+    """bwrap arguments that hand the job its secrets, and the memfds they name: the
+    variables as `--setenv` pairs read from a memfd (`--args`), so no value is ever in a
+    process's command line, and each file copied from a memfd into the sandbox's own
+    in-memory /run/secrets (`--file`), so none is ever on the host's disk. The caller closes
+    the fds once the sandbox has started; the sandbox's memory goes with it."""
+    if not spec.secret_env and not spec.secret_files:
+        return [], []
+    fds: list[int] = []
+    args = ["--perms", "0755", "--dir", "/run/secrets"]
+    try:
+        for path, data in spec.secret_files:
+            fds.append(memfd("pool-secret", data))
+            args += ["--perms", "0400", "--file", str(fds[-1]), path]
+        if spec.secret_env:
+            pairs = b"".join(b"--setenv\0" + k.encode() + b"\0" + v.encode() + b"\0"
+                             for k, v in spec.secret_env)
+            fds.append(memfd("pool-secret-env", pairs))
+            args += ["--args", str(fds[-1])]
+    except OSError:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return args, fds
+
+
 def _proc_start_ticks(pid: int) -> int | None:
     """The process's start time in clock ticks since boot: with the pid, a unique identity."""
     try:
@@ -259,8 +308,23 @@ class ProcessRuntime:
         memory = spec.memory_mib * 1024 * 1024
         argv = [self.bwrap, *self._sandbox_args(spec.checkpoint_dir, memory, spec.workdir),
                 *gpu_sandbox_args(spec, self.dev)]
+        argv += volume_args(spec)
         for k, v in spec.env:
             argv += ["--setenv", k, v]
+        try:
+            hidden, secret_fds = secret_args(spec)
+        except OSError as e:
+            raise WorkloadError(f"could not hold the job's secrets in memory: {e}",
+                                code="secrets_failed") from e
+        argv += hidden
+        try:
+            return self._start(spec, argv, egress, memory, secret_fds, pid_file, exit_file)
+        finally:
+            for fd in secret_fds:  # the sandbox has its copies (or never started)
+                os.close(fd)
+
+    def _start(self, spec: WorkloadSpec, argv: list[str], egress: bool, memory: int,
+               secret_fds: list[int], pid_file: Path, exit_file: Path) -> WorkloadHandle:
         wiring = usernet.Wiring() if egress else None
         if wiring is not None:
             argv += wiring.bwrap_args()
@@ -301,7 +365,8 @@ class ProcessRuntime:
                     start_new_session=True, preexec_fn=limits,  # noqa: PLW1509
                     env={"POOL_EXIT_FILE": str(exit_file), "PATH": "/usr/bin:/bin",
                          "POOL_OUTPUT_CAP": str(max(0, spec.output_cap_bytes))},
-                    pass_fds=wiring.child_fds() if wiring is not None else (),
+                    pass_fds=(*(wiring.child_fds() if wiring is not None else ()),
+                              *secret_fds),
                 )
             except OSError as e:
                 if wiring is not None:

@@ -28,6 +28,7 @@ from bus.subjects import (
     CHECKPOINT_STREAM,
     FEED_LIVE_PREFIX,
     LEAD_PREFIX,
+    SECRETS_BUCKET,
     SESSION_PREFIX,
     SNAPSHOTS_PREFIX,
     SNAPSHOTS_STREAM,
@@ -134,11 +135,11 @@ PERMISSIONS: dict[str, Rule] = {
         "and nowhere else (never the log, timers, work queues, JetStream or KV)"),
     "commands": Rule(
         ("pool.evt.>", *_READS_LOG, *_SNAPSHOTS, "$JS.API.DIRECT.GET.POOL_TELEMETRY",
-         *_READS_FEED, *_kv(WEBHOOK_BUCKET, watch=True)),
+         *_READS_FEED, *_kv(WEBHOOK_BUCKET, watch=True), *_kv(SECRETS_BUCKET, watch=True)),
         (f"{ROLE_INBOXES}.commands.>", "pool.appended.>"),
         "the command handlers' application: appends decided events, reads the log, saves and "
         "reads snapshots, reads tenants' telemetry and lease-feed pages and webhook "
-        "deliveries' state"),
+        "deliveries' state; the only role that reads or writes the sealed secrets"),
     "scheduler": Rule(
         ("pool.evt.>", *_READS_LOG, *_SNAPSHOTS, "pool.agent.*.*", "pool.sched.>", "pool.feed.>",
          *_READS_FEED,

@@ -178,6 +178,7 @@ class LeaseCommands(GangCommands):
                 after=after if pairs is None else tuple(dict.fromkeys((*after, pairs[i]))),
                 array_id=array_id,
                 max_running=req.max_running,
+                array=(i, size) if req.group is None and size > 1 else None,
             )
             leases.append(lease)
         try:
@@ -227,6 +228,10 @@ class LeaseCommands(GangCommands):
                 workdir_size_bytes=job.workdir.size_bytes if job.workdir is not None else None,
                 workdir_files=job.workdir.files if job.workdir is not None else 0,
                 artifacts=tuple(job.artifacts),
+                secret_env=tuple(job.secret_env.items()),
+                secret_files=tuple(job.secret_files.items()),
+                secret_versions=tuple(job.secret_versions.items()),
+                volumes=tuple(job.volumes.items()),
             )
         # a gang commits whole: every member starts its job, told its rank and peers' nodes
         members = self._with_gang(lease, LeaseState.RESERVED)
@@ -253,6 +258,8 @@ class LeaseCommands(GangCommands):
         )
         if spec is not None:
             pool.admit_workdir(spec.workdir_size_bytes)
+            pool.admit_volumes(spec.volumes,
+                               node.capabilities.trust_level if node is not None else None)
 
     @retried
     def heartbeat(self, tenant: str, lease_id: str, body: v1.HeartbeatLease) -> Lease:

@@ -104,6 +104,11 @@ class NodeCommands(LeaseCommands):
         return self._lease_if(lease_id, lambda lease: lease.node_id == node_id,
                               f"on node {node_id!r}")
 
+    def lease_on_node(self, node_id: str, lease_id: str) -> Lease:
+        """The lease as the agent on `node_id` may read it: lease_not_found unless it is
+        placed there."""
+        return self._node_lease(node_id, lease_id)
+
     @retried
     def confirm_stopped(self, node_id: str, lease_id: str, body: v1.LeaseStopped) -> Lease:
         """The agent on `node_id` confirms the lease's workload is gone.

@@ -9,8 +9,7 @@ import hashlib
 import hmac
 import os
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from control.sealing import Unreadable, open_bytes, seal_bytes, stretch
 
 SECRET_PREFIX = "whsec_"
 SECRET_BYTES = 32
@@ -48,21 +47,20 @@ def headers(secret: str, msg_id: str, timestamp: int, body: bytes) -> dict[str, 
 def plane_key(text: str) -> bytes:
     """The sealing key from the operator's setting (POOL_WEBHOOK_KEY): any text, stretched
     to 32 bytes (a long random one is the operator's to choose)."""
-    return hashlib.sha256(b"computepool webhook secrets\0" + text.encode()).digest()
+    return stretch(text, "webhook secrets")
 
 
 def seal(key: bytes, secret: str, *, context: str) -> str:
     """`secret` encrypted (AES-256-GCM) under `key`, bound to `context` (tenant and endpoint:
     a sealed secret copied to another endpoint does not open)."""
-    nonce = os.urandom(12)
-    sealed = AESGCM(key).encrypt(nonce, secret.encode(), context.encode())
-    return _SEALED + base64.b64encode(nonce + sealed).decode()
+    sealed = seal_bytes(key, secret.encode(), context=context)
+    return _SEALED + base64.b64encode(sealed).decode()
 
 
 def unseal(key: bytes, sealed: str, *, context: str) -> str:
     try:
         raw = base64.b64decode(sealed.removeprefix(_SEALED))
-        return AESGCM(key).decrypt(raw[:12], raw[12:], context.encode()).decode()
-    except (InvalidTag, ValueError) as e:
+        return open_bytes(key, raw, context=context).decode()
+    except (Unreadable, ValueError) as e:
         raise SealedSecretUnreadable("a webhook secret does not open under this plane's key "
                                      "(POOL_WEBHOOK_KEY changed?)") from e

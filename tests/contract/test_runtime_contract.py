@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -155,4 +156,67 @@ def test_the_output_is_read_in_order_from_any_offset(kind: dict[str, Any], runti
     assert got == b"one\ntwo\nthree\nfour"
     assert read(h, offset, 5) == (b"", offset)  # nothing new: the same offset
     assert read(h, 4, 100) == (b"two\nthree\nfour", len(got))  # an offset it did not give
+    runtime.forget(h)
+
+
+def test_a_pool_volume_is_bound_read_only_unless_the_pool_says_rw(kind: dict[str, Any],
+                                                                   runtime: Runtime,
+                                                                   tmp_path: Path) -> None:
+    ro, rw = tmp_path / "ro", tmp_path / "rw"
+    for d in (ro, rw):
+        d.mkdir()
+        d.chmod(0o777)  # the workload's uid writes where the pool allows it
+    (ro / "in.txt").write_text("data\n")
+    s = spec(kind, tmp_path, "grep -q data /data/in.txt || exit 10; "
+             "(echo x > /data/w) 2>/dev/null && exit 11; echo out > /out/o",
+             volumes=((str(ro), "/data", True), (str(rw), "/out", False)))
+    h = runtime.start(s)
+    assert wait_exit(runtime, h) == 0
+    assert (rw / "o").read_text() == "out\n" and not (ro / "w").exists()
+    runtime.forget(h)
+
+
+def _not_on_any_command_line(*values: bytes) -> None:
+    """No process of the host shows a value in its command line (anyone may read those)."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes()
+        except OSError:
+            continue
+        assert not any(v in text for v in values), cmdline
+
+
+def test_secret_files_reach_the_workload_read_only_and_in_memory(
+        kind: dict[str, Any], runtime: Runtime, tmp_path: Path) -> None:
+    # checked by digest: the script itself is on a command line
+    key = hashlib.sha256(b"k3y").hexdigest()
+    s = spec(kind, tmp_path, f'test "$(sha256sum < /run/secrets/key)" = "{key}  -" || exit 11; '
+             "(echo x > /run/secrets/key) 2>/dev/null && exit 12; "
+             # a mount of its own (docker's) is memory too; bwrap's lies in its root tmpfs
+             "if grep -q ' /run/secrets ' /proc/mounts; then "
+             "grep ' /run/secrets ' /proc/mounts | grep -q tmpfs || exit 13; fi; sleep 1",
+             secret_files=(("/run/secrets/key", b"k3y"),))
+    h = runtime.start(s)
+    _not_on_any_command_line(b"k3y")
+    assert wait_exit(runtime, h) == 0
+    runtime.forget(h)
+    if kind["name"] == "docker":  # held in the host's memory until the job is forgotten
+        from agents.runtimes.memfiles import SHM_ROOT
+
+        assert not any(SHM_ROOT.glob(f"*{s.lease_id}*"))
+
+
+def test_secret_variables_reach_the_workload_or_the_start_is_refused(
+        kind: dict[str, Any], runtime: Runtime, tmp_path: Path) -> None:
+    token = hashlib.sha256(b"t0k en").hexdigest()
+    s = spec(kind, tmp_path, f'test "$(printf %s "$TOKEN" | sha256sum)" = "{token}  -" '
+             "|| exit 10; sleep 1", secret_env=(("TOKEN", "t0k en"),))
+    if kind["name"] == "docker":  # the engine would keep them on its disk: refused, by code
+        with pytest.raises(WorkloadError) as e:
+            runtime.start(s)
+        assert e.value.code == "secrets_unsupported"
+        return
+    h = runtime.start(s)
+    _not_on_any_command_line(b"t0k en")
+    assert wait_exit(runtime, h) == 0
     runtime.forget(h)

@@ -31,6 +31,7 @@ from client.api import PoolClient
 from control.commands import QUERY_SUBJECTS, CommandHandler
 from control.plane import ControlPlane
 from control.projector import Projector
+from control.secrets.settings import SecretSettings
 from gateway.app import create_app
 from gateway.server import ServerThread
 from gateway.tokens import TokenStore
@@ -85,7 +86,8 @@ def laptop(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Itera
     stop = threading.Event()
     try:
         ensure_all_streams(service)
-        parts.append(ControlPlane(service, leader_ttl_seconds=1.0).start())
+        parts.append(ControlPlane(service, leader_ttl_seconds=1.0,
+                                  secrets=SecretSettings.with_keys("k1=laptop")).start())
         parts.append(Service(service, QUERY_SUBJECTS,
                              CommandHandler(parts[0].app, database_url=database_url,
                                             views_schema=schema), queue="pool-queries").start())
@@ -322,3 +324,21 @@ def test_names_and_labels_are_shown_and_filter_the_list_over_http(laptop: Laptop
     assert f"train-{tag}" in table and "team=vision" in table
     bad = laptop.pool("lease", "run", "--name", "no spaces", "--", "true")
     assert bad.returncode == 1 and "--name" in bad.stderr, bad.stderr
+
+
+def test_a_secret_is_set_used_and_deleted_from_a_laptop_over_http(laptop: Laptop) -> None:
+    import hashlib
+
+    _login(laptop)
+    done = laptop.pool("secret", "set", "laptop-token", stdin="v4lue\n")
+    assert done.returncode == 0, done.stderr
+    assert "secret laptop-token version 1 set (5 bytes)" in done.stdout
+    listed = json.loads(laptop.pool("secret", "list", "--json").stdout)["result"]["secrets"]
+    assert [(s["name"], s["version"]) for s in listed] == [("laptop-token", 1)]
+    digest = hashlib.sha256(b"v4lue").hexdigest()
+    ran = laptop.pool("lease", "run", "--secret-env", "T=laptop-token", "--", "sh", "-c",
+                      'printf %s "$T" | sha256sum')
+    assert ran.returncode == 0 and ran.stdout == f"{digest}  -\n", ran.stderr
+    assert laptop.pool("secret", "delete", "laptop-token").returncode == 0
+    gone = laptop.pool("secret", "delete", "laptop-token")
+    assert gone.returncode == 1 and "[secret_unknown]" in gone.stderr

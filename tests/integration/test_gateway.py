@@ -270,3 +270,36 @@ def test_the_admin_creates_lists_and_deletes_a_reservation_over_http(stack: Stac
         r = adm.post("/v1/admin/pools/p1/reservations/Nope!/delete", json={})
         assert r.status_code == 404 and r.json()["code"] == "unknown_reservation"
         assert a.post("/v1/admin/pools/p1/reservations", json=body).status_code == 403
+
+
+def test_a_secret_is_set_listed_used_and_deleted_over_http_never_shown(stack: Stack) -> None:
+    import base64
+
+    value = b"http-" + uuid.uuid4().hex.encode()
+    with stack.client("alpha") as c, stack.client("beta") as other:
+        r = c.post("/v1/secrets", json={"name": "gw-token",
+                                        "value": base64.b64encode(value).decode()})
+        assert r.status_code == 201, r.text
+        assert r.json()["secret"]["version"] == 1 and value.decode() not in r.text
+        listed = c.get("/v1/secrets").json()["secrets"]
+        assert [s["name"] for s in listed] == ["gw-token"] and value.decode() not in str(listed)
+        assert other.get("/v1/secrets").json()["secrets"] == []
+        # a job refers to it by name; another tenant's job cannot
+        for client, ok in ((c, True), (other, False)):
+            r = client.post("/v1/compute-leases", json=CONCEPT_BODY,
+                            headers={"Idempotency-Key": "sec-" + uuid.uuid4().hex})
+            lid = r.json()["lease_id"]
+            assert wait_for(lambda lid=lid, client=client: client.get(
+                f"/v1/compute-leases/{lid}").json()["state"] == "reserved")
+            r = client.post(f"/v1/compute-leases/{lid}/commit", json={"job": {
+                "image": "busybox@sha256:" + "a" * 64, "command": ["true"],
+                "secret_env": {"TOKEN": "gw-token"}}})
+            if ok:
+                assert r.status_code == 200, r.text
+            else:
+                assert r.status_code == 404 and r.json()["code"] == "secret_unknown", r.text
+            client.post(f"/v1/compute-leases/{lid}/cancel", json={})
+        gone = c.post("/v1/secrets/gw-token/delete", json={})
+        assert gone.status_code == 200 and gone.json()["deleted"] is True
+        again = c.post("/v1/secrets/gw-token/delete", json={})
+        assert again.status_code == 404 and again.json()["code"] == "secret_unknown"

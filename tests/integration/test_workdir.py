@@ -264,3 +264,64 @@ def test_each_user_reaches_only_the_buckets_its_role_allows(stack: Stack, tmp_pa
             node.put(work_bucket("alpha"), "mine", f, timeout=1)
     finally:
         link.close()
+
+
+def test_each_lease_of_a_count_request_knows_its_place_in_the_array(stack: Stack) -> None:
+    with PoolClient(stack.tenant_url, "alpha") as alpha:
+        body = {**lease_body("array-" + os.urandom(4).hex(), runtime="sandboxed",
+                             cpu_millis=500, memory_mib=256, max_runtime=120), "count": 2}
+        r = alpha.request_lease(body)
+        assert r["ok"], r
+        lids = r["result"]["lease_ids"]
+        job = {"command": ["sh", "-c", 'echo "$POOL_ARRAY_INDEX/$POOL_ARRAY_SIZE"']}
+        deadline = time.monotonic() + 30
+        for lid in lids:
+            while alpha.lease(lid, "get")["lease"]["state"] != "reserved":
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert alpha.lease(lid, "commit", {"job": job})["ok"]
+        said = []
+        for lid in lids:
+            while alpha.lease(lid, "get")["lease"]["state"] != "released":
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            out = alpha.call("pool.cmd.alpha.telemetry.replay", {"lease": lid, "kind": "output"})
+            said.append("".join(s["event"]["attrs"]["text"] for s in out["result"]["samples"]))
+    assert said == ["0/2\n", "1/2\n"]
+
+
+def test_a_job_mounts_the_pools_volumes_by_name_and_no_other(stack: Stack,
+                                                              tmp_path: Path) -> None:
+    data, scratch, other = tmp_path / "datasets", tmp_path / "scratch", tmp_path / "other"
+    for d in (data, scratch, other):
+        d.mkdir()
+    (data / "f.txt").write_text("from the host\n")
+    scratch.chmod(0o777)  # the sandbox's uid writes there
+    admin = url_with_credentials(stack.url, stack.auth.service)
+    done = _pool(tmp_path, "admin", "pool", "set", "p1", "--nats-url", admin,
+                 "--volume", f"datasets={data}", "--volume", f"scratch={scratch}:rw",
+                 "--volume", f"market={other}@marketplace")
+    assert done.returncode == 0, done.stderr
+    try:
+        script = ("cat /data/f.txt; echo hi > /scratch/out; "
+                  "(echo x > /data/w) 2>/dev/null && echo writable || echo read-only")
+        run = _pool(tmp_path, *_run_args(stack), "--volume", "datasets:/data",
+                    "--volume", "scratch:/scratch", "--", "sh", "-c", script)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout == "from the host\nread-only\n"
+        assert (scratch / "out").read_text() == "hi\n" and not (data / "w").exists()
+
+        unknown = _pool(tmp_path, *_run_args(stack), "--key", "vol-unknown",
+                        "--volume", "nope:/data", "--", "true")
+        assert unknown.returncode == 1
+        assert "[volume_unknown]" in unknown.stderr and "'nope'" in unknown.stderr
+        barred = _pool(tmp_path, *_run_args(stack), "--key", "vol-barred",
+                       "--volume", "market:/m", "--", "true")
+        assert barred.returncode == 1
+        assert "[volume_not_allowed]" in barred.stderr and "marketplace" in barred.stderr
+        # a job names a place in the sandbox, never one the sandbox provides
+        covered = _pool(tmp_path, *_run_args(stack), "--volume", "datasets:/usr/x", "--", "true")
+        assert covered.returncode != 0 and "/usr" in covered.stderr
+    finally:
+        assert _pool(tmp_path, "admin", "pool", "set", "p1", "--nats-url", admin,
+                     "--no-volumes").returncode == 0

@@ -13,6 +13,7 @@ import pytest
 
 from bus.local.auth import PERMISSIONS, ROLES, AuthConfig, role_user, url_with_credentials
 from bus.local.server import NatsServer
+from client.api import PoolClient
 from control.projector import Projector
 from tests.security.roles import lease_lifecycle, secured_plane, violations, wait_for
 
@@ -50,6 +51,11 @@ async def _attempt(server: NatsServer, auth: AuthConfig, role: str, *,
             "refused": sum("permissions violation" in e.lower() for e in errors)}
 
 
+# the sealed secrets: only the command role may write or read them
+_SECRETS = ["$KV.pool_secrets.alpha.tok",
+            "$JS.API.DIRECT.GET.KV_pool_secrets.$KV.pool_secrets.alpha.tok",
+            "$JS.API.CONSUMER.CREATE.KV_pool_secrets"]
+
 # what each role must never do, as a malicious or buggy process of that role would try it
 FORBIDDEN: dict[str, dict[str, list[str]]] = {
     "projector": {
@@ -58,7 +64,8 @@ FORBIDDEN: dict[str, dict[str, list[str]]] = {
                     "$JS.API.STREAM.DELETE.POOL_EVENTS", "_INBOX.t.alpha.x",
                     "pool.ckpt.scheduler.head",
                     "$JS.API.DIRECT.GET.POOL_CHECKPOINTS.pool.ckpt.scheduler.head",
-                    "pool.snap.pool.x", "$JS.API.STREAM.PURGE.POOL_SNAPSHOTS"],
+                    "pool.snap.pool.x", "$JS.API.STREAM.PURGE.POOL_SNAPSHOTS",
+                    *_SECRETS],
         "subscribe": ["pool.agent.>", "_INBOX.t.alpha.>", "pool.cmd.>", "pool.snap.>"],
     },
     "reconciler": {
@@ -66,7 +73,8 @@ FORBIDDEN: dict[str, dict[str, list[str]]] = {
                     "pool.agent.n1.start", "pool.admin.credits.grant",
                     "$KV.pool_leaders.scheduler", "$JS.API.CONSUMER.MSG.NEXT.POOL_AGENT.agent-n1",
                     "$JS.API.STREAM.PURGE.POOL_EVENTS", "_INBOX.n.n1.x",
-                    "pool.ckpt.scheduler.head", "$JS.API.STREAM.PURGE.POOL_SNAPSHOTS"],
+                    "pool.ckpt.scheduler.head", "$JS.API.STREAM.PURGE.POOL_SNAPSHOTS",
+                    *_SECRETS],
         "subscribe": ["pool.agent.>", "pool.cmd.>", "_INBOX.r.scheduler.>"],
     },
     "scheduler": {
@@ -75,7 +83,8 @@ FORBIDDEN: dict[str, dict[str, list[str]]] = {
                     "$JS.API.CONSUMER.MSG.NEXT.POOL_SCHED.reconciler",
                     "$JS.API.STREAM.UPDATE.POOL_EVENTS", "_INBOX.t.alpha.x",
                     "$JS.API.STREAM.PURGE.POOL_CHECKPOINTS",
-                    "$JS.API.STREAM.DELETE.POOL_SNAPSHOTS"],
+                    "$JS.API.STREAM.DELETE.POOL_SNAPSHOTS",
+                    *_SECRETS],
         "subscribe": ["pool.agent.>", "pool.cmd.>", "_INBOX.t.>"],
     },
     "commands": {
@@ -92,7 +101,8 @@ FORBIDDEN: dict[str, dict[str, list[str]]] = {
                     "$JS.API.CONSUMER.MSG.NEXT.POOL_AGENT.agent-n1",
                     "$JS.API.CONSUMER.CREATE.POOL_AGENT", "$JS.API.STREAM.MSG.GET.POOL_AGENT",
                     "$JS.API.STREAM.DELETE.POOL_EVENTS", "$JS.API.STREAM.CREATE.POOL_X",
-                    "pool.snap.pool.x", "$JS.API.STREAM.PURGE.POOL_SNAPSHOTS"],
+                    "pool.snap.pool.x", "$JS.API.STREAM.PURGE.POOL_SNAPSHOTS",
+                    *_SECRETS],
         "subscribe": ["pool.agent.>", "pool.cmd.>", "_INBOX.n.>", "_INBOX.t.>"],
     },
 }
@@ -159,6 +169,28 @@ def test_every_role_runs_a_lease_from_request_to_release_as_its_own_user(
         assert cp.role_urls.keys() == set(ROLES)
         out = lease_lifecycle(server, auth, tmp_path / "state")
         assert out == {"ran": "released", "voided": "voided", "silent": "reconciling"}
+        assert violations(server) == []
+
+
+def test_the_command_role_keeps_tenants_secrets_as_its_own_user(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bus.secrets import SecretStore
+
+    monkeypatch.setenv("POOL_SECRET_KEYS", "k1=roles")
+    with secured_plane(tmp_path) as (server, auth, _cp):
+        with PoolClient(url_with_credentials(server.url, auth.tenants["alpha"]),
+                        "alpha") as alpha:
+            for value in ("b25l", "dHdv"):  # set, then a second version
+                assert alpha.call("pool.cmd.alpha.secret.set",
+                                  {"name": "tok", "value": value})["ok"]
+            listed = alpha.call("pool.cmd.alpha.secret.list", {})["result"]["secrets"]
+            assert [(r["name"], r["version"]) for r in listed] == [("tok", 2)]
+            # the first version is still kept, as the command role reads it
+            store = SecretStore(url_with_credentials(server.url, auth.roles["commands"]))
+            first = store.version("alpha", "tok", 1)
+            assert first is not None and first.version == 1
+            assert alpha.call("pool.cmd.alpha.secret.delete", {"name": "tok"})["ok"]
+            assert alpha.call("pool.cmd.alpha.secret.list", {})["result"]["secrets"] == []
         assert violations(server) == []
 
 

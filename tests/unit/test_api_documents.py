@@ -26,13 +26,13 @@ from schemas.export import ASYNCAPI_FILE, DEFAULT_DIRECTORY
 OPERATION_IDS = (
     "addWebhook", "adminGetComputeLease", "adminGetComputeLeaseHistory", "cancelComputeLease",
     "commitComputeLease", "cordonNode", "createComputeLease", "createPool", "createReservation",
-    "deleteReservation", "deleteWebhook", "drainNode", "endMaintenanceNode", "enrollNode",
+    "deleteReservation", "deleteSecret", "deleteWebhook", "drainNode", "endMaintenanceNode", "enrollNode",
     "getBalance", "getComputeLease", "getComputeLeaseHistory", "getUsage", "grantCredits",
     "heartbeatComputeLease", "listComputeLeases", "listQueue", "listQueuePositions",
-    "listReservations", "listWebhookDeliveries", "listWebhookEndpointDeliveries",
+    "listReservations", "listSecrets", "listWebhookDeliveries", "listWebhookEndpointDeliveries",
     "listWebhooks", "lostNode", "maintenanceNode", "readView", "registerNode",
-    "releaseComputeLease", "renewComputeLease", "setCohort", "setPool", "setPoolImages",
-    "setPoolPrices", "setTenant", "showPool", "streamComputeLeaseEvents",
+    "releaseComputeLease", "renewComputeLease", "resealSecrets", "setCohort", "setPool", "setPoolImages",
+    "setPoolPrices", "setSecret", "setTenant", "showPool", "streamComputeLeaseEvents",
     "streamComputeLeaseLogs", "streamTelemetry", "testWebhook", "uncordonNode", "whoami",
     "whyComputeLease",
 )

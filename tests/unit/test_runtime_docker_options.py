@@ -100,3 +100,10 @@ def test_sandboxed_is_not_offered_when_the_engine_has_no_runsc() -> None:
     with pytest.raises(WorkloadError) as refused:
         runtime.start(spec(image=f"127.0.0.1:5000/repo@{DIGEST}", isolation="sandboxed"))
     assert refused.value.code == "isolation_unavailable"
+
+
+def test_the_pools_volumes_are_bound_as_the_operator_named_them(tmp_path: Path) -> None:
+    o = container_options(spec(volumes=(("/srv/data", "/data", True), ("/srv/out", "/out", False))),
+                          oci_runtime="runc")
+    assert o["volumes"] == {"/srv/data": {"bind": "/data", "mode": "ro"},
+                            "/srv/out": {"bind": "/out", "mode": "rw"}}
