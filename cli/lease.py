@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from cli import files, secret, session, volumes
+from cli import files, secret, session, volumes, workflow
 from cli.connect import (
     client_opts,
     context_of,
@@ -21,16 +21,13 @@ from cli.output import (
     print_item,
     table,
 )
+from cli.workflow import MAX_LEASES_PER_REQUEST
 
 # the limits and words the flags offer, as domain.gang, domain.policy.gang and schemas.v1 spell
 # them (kept equal by tests/unit/test_cli_start.py): parsing a flag imports neither
 MAX_GANG_MEMBERS = 256
 STRATEGIES: tuple[str, ...] = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 TOPOLOGY_KEYS: tuple[str, ...] = ("rack", "block", "nvlink_domain", "zone", "failure_domain")
-MAX_LEASES_PER_REQUEST = 999
-RETRY_REASONS: tuple[str, ...] = ("failed", "node_lost", "heartbeat_lost", "preempted",
-                                  "deadline")
-DEPENDENCY_CONDITIONS: tuple[str, ...] = ("ok", "any", "notok")
 
 
 def _request_body(args: argparse.Namespace) -> dict[str, Any]:
@@ -43,7 +40,7 @@ def _request_body(args: argparse.Namespace) -> dict[str, Any]:
         group = _group(args)  # --members … beside a file: the file's request as a gang
         if group is not None:
             loaded["group"] = group
-        return {**loaded, **_naming(args, loaded.get("labels") or {}), **_workflow(args)}
+        return {**loaded, **_naming(args, loaded.get("labels") or {}), **workflow.body(args)}
     if args.pool is None:
         args.pool = default_pool(args) or getattr(args, "pool_fallback", None)
     for flag in ("pool", "cpu_millis", "memory_mib", "max_runtime"):
@@ -82,7 +79,7 @@ def _request_body(args: argparse.Namespace) -> dict[str, Any]:
     if group is not None:
         body["group"] = group
     body.update(_naming(args, {}))
-    body.update(_workflow(args))
+    body.update(workflow.body(args))
     for flag, value in (("--cpu-millis", args.cpu_millis), ("--memory-mib", args.memory_mib),
                         ("--max-runtime", args.max_runtime)):
         if value < (1 if flag == "--max-runtime" else 0):
@@ -104,50 +101,6 @@ def _naming(args: argparse.Namespace, labels: dict[str, str]) -> dict[str, Any]:
     if given:
         out["labels"] = given
     return out
-
-
-def _workflow(args: argparse.Namespace) -> dict[str, Any]:
-    """`--retries N --retry-on … --retry-backoff S`, `--after ID[:ok|:any|:notok]` and
-    `--max-running K` as the request's fields (the flags win over a file's)."""
-    out: dict[str, Any] = {}
-    retries = getattr(args, "retries", None)
-    on = [r for item in getattr(args, "retry_on", None) or [] for r in item.split(",") if r]
-    if retries is None and (on or getattr(args, "retry_backoff", None) is not None):
-        raise UsageError("--retry-on and --retry-backoff shape a retry policy: add --retries N")
-    if retries is not None:
-        if not 1 <= retries <= 100:
-            raise UsageError("--retries must be between 1 and 100 (attempts in all)")
-        for reason in on:
-            if reason not in RETRY_REASONS:
-                raise UsageError(f"--retry-on {reason!r}: one of {', '.join(RETRY_REASONS)}")
-        policy: dict[str, Any] = {"max_attempts": retries, "on": on or ["failed"]}
-        for flag, name in (("retry_backoff", "backoff_seconds"),
-                           ("retry_backoff_max", "backoff_max_seconds")):
-            value = getattr(args, flag, None)
-            if value is not None:
-                if not 0 <= value <= 86_400:
-                    raise UsageError(f"--{flag.replace('_', '-')} must be 0 to 86400 seconds")
-                policy[name] = value
-        out["retries"] = policy
-    after = [_dependency("--after", item) for item in getattr(args, "after", None) or []]
-    if after:
-        out["after"] = after
-    if getattr(args, "after_each", None):
-        out["after_each"] = _dependency("--after-each", args.after_each)
-    max_running = getattr(args, "max_running", None)
-    if max_running is not None:
-        if not 1 <= max_running <= MAX_LEASES_PER_REQUEST:
-            raise UsageError(f"--max-running must be between 1 and {MAX_LEASES_PER_REQUEST}")
-        out["max_running"] = max_running
-    return out
-
-
-def _dependency(flag: str, item: str) -> dict[str, str]:
-    lease_id, _, condition = item.partition(":")
-    condition = condition or "ok"
-    if not lease_id or condition not in DEPENDENCY_CONDITIONS:
-        raise UsageError(f"{flag} wants ID[:ok|:any|:notok], not {item!r}")
-    return {"lease_id": lease_id, "condition": condition}
 
 
 def _group(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -510,21 +463,7 @@ def _shape_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     p.add_argument("--requeue-on-preemption", action="store_true",
                    help="when preempted, go back in the queue and restart the job on the next "
                    "placement (default: end as preempted)")
-    p.add_argument("--retries", type=int, metavar="N",
-                   help="run it again when an attempt ends badly, up to N attempts in all "
-                   "(the job sees POOL_ATTEMPT=1, 2, …)")
-    p.add_argument("--retry-on", action="append", metavar="REASON,…",
-                   help=f"with --retries: the end reasons retried on ({', '.join(RETRY_REASONS)}; "
-                   "default failed)")
-    p.add_argument("--retry-backoff", type=int, metavar="SECONDS",
-                   help="with --retries: the first retry waits SECONDS, each next one twice as "
-                   "long (default 0)")
-    p.add_argument("--retry-backoff-max", type=int, metavar="SECONDS",
-                   help="with --retries: the longest wait between attempts (default 3600)")
-    p.add_argument("--after", action="append", metavar="ID[:ok|:any|:notok]",
-                   help="wait (held) until lease ID succeeded (ok, the default), ended "
-                   "otherwise (notok) or ended at all (any); repeatable; a dependency that can "
-                   "no longer be met ends it dependency_failed")
+    workflow.add_flags(p)
     p.add_argument("--reservation", metavar="ID",
                    help="an advance reservation of the tenant's whose capacity it may use "
                    "while its window is open (`pool admin reservation create`)")
@@ -535,6 +474,16 @@ def register(sub: Subparsers) -> None:
     lease = sub.add_parser("lease", help="request and manage leases").add_subparsers(
         dest="sub", metavar="VERB")
     lease.required = True
+    _add_run(lease)
+    files.register(lease)
+    session.register(lease)
+    _add_logs_and_watch(lease)
+    _add_request(lease)
+    _add_verbs(lease)
+
+
+def _add_run(lease: Subparsers) -> None:
+    """Add `lease run`."""
     run = lease.add_parser(
         "run", help="run a command on a lease: request, wait, commit, stream, exit with its code",
         description="Request a lease, wait for its reservation, commit it with the command "
@@ -556,8 +505,10 @@ def register(sub: Subparsers) -> None:
     secret.add_run_flags(run)
     volumes.add_run_flags(run)
     run.set_defaults(func=cmd_lease_run, job_command=[], count=1)
-    files.register(lease)
-    session.register(lease)
+
+
+def _add_logs_and_watch(lease: Subparsers) -> None:
+    """Add `lease logs` and `lease watch`."""
     lg = lease.add_parser("logs", help="the job's stdout and stderr (--follow: until it ends)")
     client_opts(lg, tenant=True)
     lg.add_argument("lease_id")
@@ -578,6 +529,10 @@ def register(sub: Subparsers) -> None:
                     "has its `seq`; 0: all kept); default: a lease's from its start, every "
                     "lease's from now on")
     wt.set_defaults(func=cmd_lease_watch)
+
+
+def _add_request(lease: Subparsers) -> None:
+    """Add `lease request` and `lease queue`."""
     rq = lease.add_parser("request", help="ask for a lease on a resource shape")
     client_opts(rq, tenant=True)
     _shape_flags(rq, defaults=False)
@@ -588,11 +543,7 @@ def register(sub: Subparsers) -> None:
     rq.add_argument("--count", type=int, default=1,
                     help=f"leases to request at once, each its own lease (1 to "
                          f"{MAX_LEASES_PER_REQUEST}; ids follow from --key and the index)")
-    rq.add_argument("--after-each", metavar="ID[:ok|:any|:notok]",
-                    help="with --count N: lease i waits for lease i of the array of N whose "
-                    "first lease is ID (as --after does)")
-    rq.add_argument("--max-running", type=int, metavar="K",
-                    help="with --count: at most K of these leases reserved or running at once")
+    workflow.add_array_flags(rq)
     rq.add_argument("--members", type=int, metavar="N",
                     help=f"a gang of N leases (1 to {MAX_GANG_MEMBERS}), one node each, placed "
                     "all-or-nothing and committed, renewed, preempted and requeued together")
@@ -609,6 +560,10 @@ def register(sub: Subparsers) -> None:
                           "starts (from each pool's leading scheduler)")
     client_opts(lq, tenant=True)
     lq.set_defaults(func=cmd_lease_queue)
+
+
+def _add_verbs(lease: Subparsers) -> None:
+    """Add the lease's verbs one by one: commit, heartbeat, renew, release, cancel, get, why."""
     for verb, help_text in (("commit", ("confirm a reservation within the pool's commit window "
                              "(30 s unless the pool sets another) and start its job")),
                             ("heartbeat", "prove the holder is alive"),

@@ -77,3 +77,12 @@ def test_the_lease_flags_offer_the_domain_s_words_and_limits() -> None:
     assert (lease.MAX_GANG_MEMBERS, lease.STRATEGIES, lease.TOPOLOGY_KEYS,
             lease.MAX_LEASES_PER_REQUEST) == (MAX_GANG_MEMBERS, STRATEGIES, TOPOLOGY_KEYS,
                                               MAX_LEASES_PER_REQUEST)
+
+
+def test_the_workflow_flags_offer_the_domain_s_words() -> None:
+    from cli import workflow
+    from domain.dependency import DEPENDENCY_CONDITIONS
+    from domain.retry import RETRY_REASONS
+
+    assert workflow.RETRY_REASONS == RETRY_REASONS
+    assert workflow.DEPENDENCY_CONDITIONS == DEPENDENCY_CONDITIONS
