@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 from msgspec import Struct
 
 from bus.subjects import is_token
+from control import desks
 from control.errors import UnknownSubject
 from domain.quota import limits_to_dict
 from schemas import v1
@@ -169,7 +170,7 @@ def _lease_verb(verb: str) -> Handler:
         if verb == "get":
             return _lease_reply(app.get(p["tenant"], p["lease_id"]), app)
         if verb == "commit":  # the job's secrets by name and the version it gets, or refused
-            cmd = _with_secret_versions(ctx, p["tenant"], cmd)
+            cmd = desks.with_secret_versions(ctx, p["tenant"], cmd)
         method: Callable[[str, str, Any], Any] = getattr(app, verb)
         return _lease_reply(method(p["tenant"], p["lease_id"], cmd), app)
 
@@ -326,73 +327,6 @@ def _credits_grant(ctx: Context, p: Params, cmd: v1.CreditGrant) -> v1.Envelope:
                                        "granted_microcredits": acc.granted})
 
 
-def _webhook_desk(ctx: Context) -> Any:
-    from control.errors import WebhooksUnavailable
-
-    desk = getattr(ctx, "webhooks", None)  # the command service's control.webhooks.desk
-    if desk is None:
-        raise WebhooksUnavailable("webhooks are not served here")
-    return desk
-
-
-def _webhook_add(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
-    return v1.Envelope.success(result=_webhook_desk(ctx).add(p["tenant"], cmd))
-
-
-def _webhook_list(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
-    return v1.Envelope.success(result=_webhook_desk(ctx).listing(p["tenant"]))
-
-
-def _webhook_delete(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
-    return v1.Envelope.success(result=_webhook_desk(ctx).delete(p["tenant"], cmd.endpoint_id))
-
-
-def _webhook_test(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
-    return v1.Envelope.success(result=_webhook_desk(ctx).test(p["tenant"], cmd.endpoint_id))
-
-
-def _webhook_deliveries(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
-    return v1.Envelope.success(result=_webhook_desk(ctx).deliveries(p["tenant"], cmd))
-
-
-def _secret_desk(ctx: Context) -> Any:
-    from control.errors import SecretsUnavailable
-
-    desk = getattr(ctx, "secrets", None)  # the command service's control.secrets.desk
-    if desk is None:
-        raise SecretsUnavailable("secrets are not served here")
-    return desk
-
-
-def _with_secret_versions(ctx: Context, tenant: str, cmd: v1.CommitLease) -> v1.CommitLease:
-    import msgspec
-
-    job = cmd.job
-    if not (job.secret_env or job.secret_files or job.secret_versions):
-        return cmd
-    return msgspec.structs.replace(cmd, job=_secret_desk(ctx).resolve(tenant, job))
-
-
-def _secret_set(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
-    return v1.Envelope.success(result=_secret_desk(ctx).set(p["tenant"], cmd))
-
-
-def _secret_list(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
-    return v1.Envelope.success(result=_secret_desk(ctx).listing(p["tenant"]))
-
-
-def _secret_delete(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
-    return v1.Envelope.success(result=_secret_desk(ctx).delete(p["tenant"], cmd.name))
-
-
-def _secrets_reseal(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
-    return v1.Envelope.success(result=_secret_desk(ctx).reseal())
-
-
-def _node_secrets(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
-    return v1.Envelope.success(result=_secret_desk(ctx).fetch(p["node"], p["lease_id"], cmd))
-
-
 # -- the table ---------------------------------------------------------------------------------
 
 LEASE_VERBS: Final = ("commit", "heartbeat", "renew", "release", "cancel", "get")
@@ -440,24 +374,24 @@ ROUTES: Final[tuple[Route, ...]] = (
     Route("pool.cmd.{tenant}.feed.replay", "feed.replay", _feed_replay,
           "A page of the tenant's own lease feed from the stream, after a feed sequence.",
           "replayFeed"),
-    Route("pool.cmd.{tenant}.webhook.add", "webhook.add", _webhook_add,
+    Route("pool.cmd.{tenant}.webhook.add", "webhook.add", desks.webhook_add,
           "Register a webhook endpoint for the tenant's lease-feed records of some events "
           "(its signing secret is in this reply only).", "addWebhook"),
-    Route("pool.cmd.{tenant}.webhook.list", "webhook.list", _webhook_list,
+    Route("pool.cmd.{tenant}.webhook.list", "webhook.list", desks.webhook_list,
           "The tenant's webhook endpoints.", "listWebhooks"),
-    Route("pool.cmd.{tenant}.webhook.delete", "webhook.delete", _webhook_delete,
+    Route("pool.cmd.{tenant}.webhook.delete", "webhook.delete", desks.webhook_delete,
           "Delete a webhook endpoint.", "deleteWebhook"),
-    Route("pool.cmd.{tenant}.webhook.test", "webhook.test", _webhook_test,
+    Route("pool.cmd.{tenant}.webhook.test", "webhook.test", desks.webhook_test,
           "POST a signed test message to a webhook endpoint now.", "testWebhook"),
-    Route("pool.cmd.{tenant}.webhook.deliveries", "webhook.deliveries", _webhook_deliveries,
+    Route("pool.cmd.{tenant}.webhook.deliveries", "webhook.deliveries", desks.webhook_deliveries,
           "The state of the latest webhook deliveries: pending, delivered or failed.",
           "listWebhookDeliveries"),
-    Route("pool.cmd.{tenant}.secret.set", "secret.set", _secret_set,
+    Route("pool.cmd.{tenant}.secret.set", "secret.set", desks.secret_set,
           "Store a new version of a secret, sealed outside the log (the reply names its "
           "version, never its value).", "setSecret"),
-    Route("pool.cmd.{tenant}.secret.list", "secret.list", _secret_list,
+    Route("pool.cmd.{tenant}.secret.list", "secret.list", desks.secret_list,
           "The tenant's secrets: names, versions and sizes, never values.", "listSecrets"),
-    Route("pool.cmd.{tenant}.secret.delete", "secret.delete", _secret_delete,
+    Route("pool.cmd.{tenant}.secret.delete", "secret.delete", desks.secret_delete,
           "Delete a secret and every kept version of it.", "deleteSecret"),
     # node agents report under their own `pool.node.<node>.…` (their credentials allow no other)
     Route("pool.node.{node}.register", "agent.register", _node_register,
@@ -477,7 +411,7 @@ ROUTES: Final[tuple[Route, ...]] = (
           "A node agent reports a lease's job exited with its code.", "jobExited"),
     Route("pool.node.{node}.lease.{lease_id}.failed", "node.failed", _node_failed,
           "A node agent reports a lease's job failed to run.", "jobFailed"),
-    Route("pool.node.{node}.lease.{lease_id}.secrets", "node.secrets", _node_secrets,
+    Route("pool.node.{node}.lease.{lease_id}.secrets", "node.secrets", desks.node_secrets,
           "A node agent fetches the secrets its running lease's job names, for the epoch it "
           "holds (answered into that node's own inbox only).", "fetchLeaseSecrets"),
     # the operator
@@ -510,7 +444,7 @@ ROUTES: Final[tuple[Route, ...]] = (
            "adminNodeEnroll"),
     _admin("credits.grant", "admin.credits.grant", _credits_grant,
            "Grant micro-credits, idempotent by transfer id.", "adminCreditsGrant"),
-    _admin("secrets.reseal", "admin.secrets.reseal", _secrets_reseal,
+    _admin("secrets.reseal", "admin.secrets.reseal", desks.secrets_reseal,
            "Seal every tenant's newest secret versions again under the active key.",
            "adminSecretsReseal"),
     _admin("node.{node}.{verb}", "admin.node.state", _admin_node_state,
