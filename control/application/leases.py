@@ -17,6 +17,7 @@ from control.application.workflows import (
 )
 from control.errors import IdempotencyConflict, ServiceError, UnknownTenant
 from domain.account import Account
+from domain.dependency import Dependency
 from domain.errors import DomainError, RateLimited
 from domain.gang import GangMembership
 from domain.lease import WORKLOAD_STATES, JobSpec, Lease, LeaseState
@@ -25,6 +26,7 @@ from domain.policy.gang import GangSpec
 from domain.policy.preemption import lease_preemptible
 from domain.pool import Pool, TenantPolicy
 from domain.resources import LeaseId, PoolId, TenantId
+from domain.retry import RetryPolicy
 from domain.transfer import CreditTransfer
 from schemas import v1
 from schemas.codec import digest
@@ -135,6 +137,31 @@ class LeaseCommands(GangCommands):
             if made is None:
                 raise
             return made
+        leases = self._new_leases(tenant, req, keys, now=now, pool=pool, policy=policy,
+                                  workflow=(retries, after, pairs), trace_parent=trace_parent,
+                                  request_digest=request_digest)
+        try:
+            # no read first: a new lease's save expects its subject empty, so a retry (or a
+            # concurrent one) is refused by the log itself and answered below
+            self.save(*leases)
+        except IntegrityError:
+            made = self._made(tenant, keys, req, request_digest)
+            if made is None:
+                raise
+            return made
+        self.queue_book.add(book, (lease.id for lease in leases))
+        return leases
+
+    def _new_leases(self, tenant: str, req: v1.LeaseRequest, keys: list[str], *, now: float,
+                    pool: Pool, policy: TenantPolicy | None,
+                    workflow: tuple[RetryPolicy | None, tuple[Dependency, ...],
+                                    tuple[Dependency, ...] | None],
+                    trace_parent: str | None,
+                    request_digest: str) -> list[Lease]:
+        """The request's leases, as the pool's settings shape them, not yet saved: one per
+        key, each a gang member's or an array's index where the request makes those."""
+        retries, after, pairs = workflow
+        size = len(keys)
         shape = req.shape.to_domain()
         shapes = [shape] * size
         gang: list[GangMembership | None] = [None] * size
@@ -181,16 +208,6 @@ class LeaseCommands(GangCommands):
                 array=(i, size) if req.group is None and size > 1 else None,
             )
             leases.append(lease)
-        try:
-            # no read first: a new lease's save expects its subject empty, so a retry (or a
-            # concurrent one) is refused by the log itself and answered below
-            self.save(*leases)
-        except IntegrityError:
-            made = self._made(tenant, keys, req, request_digest)
-            if made is None:
-                raise
-            return made
-        self.queue_book.add(book, (lease.id for lease in leases))
         return leases
 
     def _made(self, tenant: str, keys: list[str], req: v1.LeaseRequest,
