@@ -453,6 +453,11 @@ class LeaseCommands(GangCommands):
         return made
 
     def _give_back(self, charged: list[tuple[str, str]], pool_id: str) -> None:
-        if charged:
-            self.request_rate.give_back(charged, self._cached(
-                Pool.create_id(pool_id), lambda: self._pool(pool_id)))
+        """Return the tokens of a request handed to a thread. This runs on the bus's loop, so
+        it reads nothing: a pool no longer cached keeps the token (one request counted twice),
+        where a read here once held the loop, and every answer due on it, for 45 s."""
+        if not charged:
+            return
+        hit = self._policies.get(Pool.create_id(pool_id))
+        if hit is not None:
+            self.request_rate.give_back(charged, hit[0])

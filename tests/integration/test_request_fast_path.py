@@ -191,3 +191,31 @@ def test_a_no_op_span_without_a_parent_carries_no_trace() -> None:
     assert observability.carries_trace({"TraceParent": parent})
     with trace.use_span(span):
         assert observability.traceparent() == parent
+
+
+def test_a_request_handed_to_a_thread_reads_nothing_on_the_loop(
+        plane: Plane, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Giving back the token of a request the loop hands to a thread read the pool again when
+    its cache entry was past its time: on the loop, where a quorum loss once held every answer
+    due there for 45 s (fault scenario 2)."""
+    import threading
+    import time
+
+    cp, alpha, _threaded = plane
+    assert alpha.request_lease(lease_body("warm"))["ok"]
+    made = alpha.request_lease(lease_body("again"))
+    assert made["ok"], made
+    reads_on_loop: list[str] = []
+    real = cp.app._pool
+
+    def spy(pool_id: str) -> Any:
+        if threading.current_thread().name.startswith("bus-runtime"):
+            reads_on_loop.append(pool_id)
+        return real(pool_id)
+
+    monkeypatch.setattr(cp.app, "_pool", spy)
+    for key, (value, _until) in list(cp.app._policies.items()):
+        cp.app._policies[key] = (value, time.monotonic() - 1)  # past its time
+    again = alpha.request_lease(lease_body("again"))  # a retry: the loop hands it to a thread
+    assert again["ok"] and again["lease"]["lease_id"] == made["lease"]["lease_id"], again
+    assert reads_on_loop == []
