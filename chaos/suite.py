@@ -32,7 +32,7 @@ NAMES = {
 
 # --quick fits CI on a 2-core machine; the full sizes are the issue's
 QUICK: dict[int, dict[str, Any]] = {
-    1: {"commands": 3000, "kill_every_s": 2.0, "threads": 6},
+    1: {"commands": 1000, "kill_every_s": 2.0, "threads": 6},
     2: {"outage_s": 5.0, "before": 60, "after": 60},
     3: {"kills": 3, "nodes": 4, "rate": 12.0, "leader_ttl_s": 1.0},
     4: {"events": 4000, "kills": 4},
