@@ -11,7 +11,7 @@ COPY pyproject.toml README.md ./
 COPY domain ./domain
 COPY schemas ./schemas
 COPY bus ./bus
-COPY control ./control
+COPY workers ./workers
 COPY client ./client
 COPY cli ./cli
 COPY local ./local

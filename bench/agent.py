@@ -21,9 +21,9 @@ from agents.runtimes.contract import Runtime
 from bus.agentbus import AgentLink, ControlLink
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.plane import ControlPlane
 from schemas import v1
 from schemas.codec import encode
+from workers.plane import ControlPlane
 
 PROBE = NodeProbe(cpu_millis=64000, cpu_arch="amd64", memory_mib=262144, local_disk_gib=100)
 

@@ -19,7 +19,7 @@ from domain.resources import Shape
 
 def _copier() -> Callable[[Any], Any]:
     """What the repository copies a cached aggregate with (a deep copy before domain.copies)."""
-    import control.application.repository  # noqa: F401  (what it registers with domain.copies)
+    import workers.application.repository  # noqa: F401  (what it registers with domain.copies)
 
     try:
         from domain.copies import copy_aggregate

@@ -35,10 +35,10 @@ def run_incremental_audit_bench(*, events: int = 1_000_000, last: int = 10_000,
 def _run(url: str, events: int, last: int, say: Callable[[str], None]) -> dict[str, Any]:
     from bench.projections import Workload
     from bus.admin import ensure_all_streams
-    from control.application import PoolApp
-    from control.bootstrap import app_env
     from projections.audit import CreditAudit
     from projections.audit_checkpoint import ChainedAudit
+    from workers.application import PoolApp
+    from workers.bootstrap import app_env
 
     ensure_all_streams(url)
     app = PoolApp(env=app_env(url))

@@ -28,7 +28,7 @@ CTX = multiprocessing.get_context("spawn")  # the parent holds threads: no fork
 def serve_plane(url: str, ready: Any, stop: Any, roles: list[str] | None = None) -> None:
     """In a process of its own: every control-plane role (no views), or only `roles` (the
     scheduler's roles apart, as `pool up` runs them; more command responders)."""
-    from control.plane import ControlPlane
+    from workers.plane import ControlPlane
 
     plane = ControlPlane(url, database_url=None, roles=roles).start()
     ready.put("plane")
@@ -155,8 +155,8 @@ def _spread(url: str, pools: list[str], scheduler_pids: list[int | None],
     """Wait until every pool has a leader and every scheduler process leads one; pool → the
     leading process's pid. Raises RuntimeError if they are not shared out in `timeout`."""
     from bus.leader import LeaderElection
-    from control.plane import holder_pid
-    from control.pool_leaders import pool_election_name
+    from workers.plane import holder_pid
+    from workers.pool_leaders import pool_election_name
 
     observers = {pool: LeaderElection(url, name=pool_election_name(pool),
                                       holder_id="bench-observer") for pool in pools}
@@ -232,7 +232,7 @@ def _settled(url: str, pids: tuple[list[int | None], int | None], *,
     timer and feed record of the events so far written: it saves its position after them).
     The CPU times at that moment, and when it came (monotonic)."""
     from bus.agentbus import ControlLink
-    from control.dispatcher import POSITION_KEY
+    from workers.dispatcher import POSITION_KEY
 
     end = _log_end(url)
     link = ControlLink(url)
@@ -293,13 +293,13 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
     runs as `pool up` runs it: the scheduler's roles in a process of their own unless
     `one_process` (None: as `pool up` decides on this machine). With `pools` > 1 the nodes
     and the requests are dealt over that many pools, and `scheduler_processes` > 1 adds
-    scheduler processes that share the pools' leadership out (control.pool_leaders)."""
+    scheduler processes that share the pools' leadership out (workers.pool_leaders)."""
     from bench.bus_rates import raw_atomic_rate
     from bench.loadgen import FeedWatcher, stored_times
     from bus.admin import ensure_all_streams
     from bus.local.server import NatsServer, free_port
     from client.api import PoolClient
-    from control.processes import CHILD_ROLES, PARENT_ROLES, split_by_default
+    from workers.processes import CHILD_ROLES, PARENT_ROLES, split_by_default
 
     if quick:
         clients, nodes, seconds = min(clients, 8), min(nodes, 20), min(seconds, 2.0)

@@ -25,10 +25,10 @@ def _end_leases(url: str, start: int, count: int) -> None:
     """`count` leases through request → reserve → commit → release, as their events land in
     the log (no agent, node or account events: the scheduler folds each lease's four)."""
     from bench.schedule import TENANTS
-    from control.application import PoolApp
-    from control.bootstrap import app_env
     from domain.lease import Lease
     from domain.resources import NodeId, PoolId, Shape, TenantId
+    from workers.application import PoolApp
+    from workers.bootstrap import app_env
 
     app = PoolApp(env=app_env(url))
     now = time.time()
@@ -57,11 +57,11 @@ def _start_dispatcher(url: str, out: Any, key: bytes | None, write: bool) -> Non
     from bus.agentbus import ControlLink
     from bus.checkpoints import CheckpointStore
     from bus.feed import FeedWriter
-    from control.application import PoolApp
-    from control.bootstrap import app_env
-    from control.dispatcher import Dispatcher
-    from control.feed import FeedPublisher
-    from control.scheduler.checkpoint import Checkpointer
+    from workers.application import PoolApp
+    from workers.bootstrap import app_env
+    from workers.dispatcher import Dispatcher
+    from workers.feed import FeedPublisher
+    from workers.scheduler.checkpoint import Checkpointer
 
     dispatcher = Dispatcher(PoolApp(env=app_env(url)), ControlLink(url),
                             feed=FeedPublisher(FeedWriter(url)))

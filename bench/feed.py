@@ -33,7 +33,7 @@ def run_feed_bench(*, requests: int = 40, rounds: int = 3) -> dict[str, Any]:
 def _run(url: str, requests: int, rounds: int) -> dict[str, Any]:
     from bus.admin import ensure_all_streams
     from client.api import PoolClient
-    from control.plane import ControlPlane
+    from workers.plane import ControlPlane
 
     ensure_all_streams(url)
     plane = ControlPlane(url, run_scheduler=False, data_plane=False).start()
@@ -74,10 +74,10 @@ def _replay(url: str, *, feed: bool, fresh: bool, records: int) -> float:
     from bus.agentbus import ControlLink
     from bus.feed import FeedWriter
     from bus.runtime import run_sync
-    from control.application import PoolApp
-    from control.bootstrap import app_env
-    from control.dispatcher import Dispatcher
-    from control.feed import FeedPublisher
+    from workers.application import PoolApp
+    from workers.bootstrap import app_env
+    from workers.dispatcher import Dispatcher
+    from workers.feed import FeedPublisher
 
     if fresh:
         run_sync(_forget(url))
@@ -100,7 +100,7 @@ async def _forget(url: str) -> None:
     from bus.connection import connect
     from bus.feed import POSITION_KEY
     from bus.subjects import FEED_STREAM
-    from control.dispatcher import POSITION_KEY as DISPATCHER_KEY
+    from workers.dispatcher import POSITION_KEY as DISPATCHER_KEY
 
     nc = await connect(url)
     js = nc.jetstream()

@@ -67,8 +67,8 @@ class PoolLog:
 def pool_from_log(app: Any, pool_id: str | None = None) -> PoolLog:
     """The leases of one pool (the named one, else the one with the most leases) folded from
     the log, with the pool's nodes, weights and settings from the scheduler's own catch-up."""
-    from control.application import WEIGHT_SCALE
-    from control.scheduler import Scheduler
+    from workers.application import WEIGHT_SCALE
+    from workers.scheduler import Scheduler
 
     scheduler = Scheduler(app)
     try:

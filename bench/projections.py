@@ -135,8 +135,8 @@ def _produce_at_rate(url: str, tenants: int, nodes: int, rate: int, duration: fl
     """In a process of its own: a workload on accounts and nodes of its own ("lag-" ids),
     appended at `rate` events/s for `duration` s, one save per 50 ms tick; puts the saves'
     (first id, last id, perf_counter at the ack), the events written and the span on `out`."""
-    from control.application import PoolApp
-    from control.bootstrap import app_env
+    from workers.application import PoolApp
+    from workers.bootstrap import app_env
 
     app = PoolApp(env=app_env(url))
     work = Workload(tenants, nodes, prefix="lag-")
@@ -213,11 +213,11 @@ def run_projections_bench(
 def _run(url: str, db: str, schema: str, size: dict[str, Any],
          say: Callable[[str], None]) -> dict[str, Any]:
     from bus.admin import ensure_all_streams
-    from control.application import PoolApp
-    from control.bootstrap import app_env
-    from control.projector import CATCH_UP_FACTOR, Projector
     from projections.audit import audit_credits
     from projections.views import VIEWS, positions_at, read_pages, rebuild
+    from workers.application import PoolApp
+    from workers.bootstrap import app_env
+    from workers.projector import CATCH_UP_FACTOR, Projector
 
     ensure_all_streams(url)
     say("bench projections: raw JetStream atomic-batch ingest (999 messages per batch)")

@@ -34,13 +34,13 @@ def rss_mib() -> tuple[float, float]:
 def write_log(url: str, nodes: int, requests: int, say: Callable[[str], None]) -> float:
     """Pool, tenants, nodes and `requests` queued leases; seconds spent writing requests."""
     from bench.schedule import TENANTS, make_node
-    from control.application import PoolApp
-    from control.bootstrap import app_env
     from domain.account import Account
     from domain.lease import Lease
     from domain.pool import Pool, TenantPolicy
     from domain.poolconfig import PoolConfig
     from domain.resources import PoolId, Shape, TenantId
+    from workers.application import PoolApp
+    from workers.bootstrap import app_env
 
     app = PoolApp(env=app_env(url))
     now = time.time()
@@ -83,10 +83,10 @@ def _start_scheduler(url: str, out: Any, key: bytes | None = None, write: bool =
     `key` is given and not `write`), then runs one cycle; with `write`, it checkpoints its
     fold after the replay, before the cycle."""
     from bus.checkpoints import CheckpointStore
-    from control.application import PoolApp
-    from control.bootstrap import app_env
-    from control.scheduler import Scheduler, tune_gc
-    from control.scheduler.checkpoint import Checkpointer
+    from workers.application import PoolApp
+    from workers.bootstrap import app_env
+    from workers.scheduler import Scheduler, tune_gc
+    from workers.scheduler.checkpoint import Checkpointer
 
     tune_gc()  # as `pool serve` does in a process that runs the scheduler
     app = PoolApp(env=app_env(url))
@@ -141,10 +141,10 @@ def in_process(url: str, key: bytes | None = None, write: bool = False) -> dict[
 def _write_tail(url: str, requests: int, tail: int) -> None:
     """`tail` more queued requests after the checkpoint: what a restored start-up folds."""
     from bench.schedule import TENANTS
-    from control.application import PoolApp
-    from control.bootstrap import app_env
     from domain.lease import Lease
     from domain.resources import PoolId, Shape, TenantId
+    from workers.application import PoolApp
+    from workers.bootstrap import app_env
 
     app = PoolApp(env=app_env(url))
     now = time.time()

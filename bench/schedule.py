@@ -16,9 +16,6 @@ from typing import Any
 
 from bench.bus_rates import raw_atomic_rate
 from bus.local.server import NatsServer
-from control.application import PoolApp
-from control.bootstrap import app_env
-from control.scheduler import Scheduler, tune_gc
 from domain.account import Account
 from domain.lease import Lease, LeaseState
 from domain.node import Node
@@ -26,6 +23,9 @@ from domain.pool import Pool, TenantPolicy
 from domain.poolconfig import PoolConfig
 from domain.prices import PriceList
 from domain.resources import NodeCapabilities, NodeId, PoolId, Resources, Shape, TenantId
+from workers.application import PoolApp
+from workers.bootstrap import app_env
+from workers.scheduler import Scheduler, tune_gc
 
 TENANTS = (("alpha", 3), ("beta", 2), ("gamma", 1))
 # the figure's name wherever it is shown: it is not what a user's request sees (bench e2e is)

@@ -68,9 +68,9 @@ def _write(app: Any, count: int, start: int) -> None:
 def _cold_load(url: str, snapshots: bool) -> tuple[float, int, int]:
     """Seconds to load the account in an application that has never seen it, the log
     messages its events recorder read, and the account's version."""
-    from control.application.core import AppCore
-    from control.bootstrap import app_env
     from domain.account import Account
+    from workers.application.core import AppCore
+    from workers.bootstrap import app_env
 
     app = AppCore(env=app_env(url, IS_SNAPSHOTTING_ENABLED="y" if snapshots else "n",
                               POOL_SNAPSHOT_INTERVAL="0"))
@@ -87,9 +87,9 @@ def _cold_load(url: str, snapshots: bool) -> tuple[float, int, int]:
 
 def _run(url: str, movements: int, tail: int, runs: int) -> dict[str, Any]:
     from bus.admin import ensure_all_streams
-    from control.application.core import AppCore
-    from control.bootstrap import app_env
     from domain.account import Account
+    from workers.application.core import AppCore
+    from workers.bootstrap import app_env
 
     ensure_all_streams(url)
     writer = AppCore(env=app_env(url, POOL_SNAPSHOT_INTERVAL="0"))

@@ -44,7 +44,7 @@ def serve(url: str, roles: list[str], ready: Any, stop: Any, probe: Any = None) 
     tenant's commit starts the lease, its release ends it). With `probe` (a queue of file
     paths), memory allocations are traced and each path asked for gets a snapshot of them and
     of the live objects by type (`--probe`)."""
-    from control.plane import ControlPlane
+    from workers.plane import ControlPlane
 
     if probe is not None:
         tracemalloc.start(PROBE_FRAMES)
@@ -110,9 +110,9 @@ def leader_bucket(url: str) -> None:
 
 def _replay(url: str, out: Any) -> None:
     """In a fresh process: how long a scheduler takes to fold the whole log at start-up."""
-    from control.application import PoolApp
-    from control.bootstrap import app_env
-    from control.scheduler import Scheduler
+    from workers.application import PoolApp
+    from workers.bootstrap import app_env
+    from workers.scheduler import Scheduler
 
     t0 = time.monotonic()
     scheduler = Scheduler(PoolApp(env=app_env(url)))
@@ -139,8 +139,8 @@ def warm_up() -> int:
     """Leases after which the scheduler's count-bounded memories are full: the last
     ENDED_REMEMBERED ended leases (for `why`) and each tenant account's window of
     TRANSFER_WINDOW lease movements (two a lease: its hold and its settlement)."""
-    from control.scheduler.state import ENDED_REMEMBERED
     from domain.account import TRANSFER_WINDOW
+    from workers.scheduler.state import ENDED_REMEMBERED
 
     return max(ENDED_REMEMBERED, len(TENANTS) * TRANSFER_WINDOW // 2)
 

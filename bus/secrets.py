@@ -25,7 +25,7 @@ class SecretRecord(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     version: int
     key_id: str
-    sealed: str  # base64 of nonce + AES-GCM ciphertext (control.sealing)
+    sealed: str  # base64 of nonce + AES-GCM ciphertext (workers.sealing)
     size_bytes: int
     updated_at: float
 

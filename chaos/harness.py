@@ -208,8 +208,8 @@ class Workspace:
 
     def log_reader(self, url: str) -> Any:
         """A PoolApp on the log, for reading it (the checks replay it)."""
-        from control.application import PoolApp
-        from control.bootstrap import app_env
+        from workers.application import PoolApp
+        from workers.bootstrap import app_env
 
         app = PoolApp(env=app_env(url))
         self.closers.append(app.close)
@@ -312,12 +312,12 @@ def error_code(e: BaseException) -> str:
 
 def known_codes() -> set[str]:
     """Every stable error code a reply may carry: schema, domain, service, bus and view errors."""
-    import control.application  # noqa: F401 - loads every module that defines an error class
+    import workers.application  # noqa: F401 - loads every module that defines an error class
     from bus.errors import BusError as B
-    from control.errors import ServiceError
     from domain.errors import DomainError
     from projections.errors import BadQuery, ViewsUnavailable
     from schemas.codec import SCHEMA_ERROR_CODES
+    from workers.errors import ServiceError
 
     codes = set(SCHEMA_ERROR_CODES) | {BadQuery.code, ViewsUnavailable.code,
                                        "views_unavailable"}

@@ -147,8 +147,8 @@ def views_schema_of(args: argparse.Namespace) -> str:
 
 
 def log_app(args: argparse.Namespace) -> Any:
-    from control.application import PoolApp
-    from control.bootstrap import app_env
+    from workers.application import PoolApp
+    from workers.bootstrap import app_env
 
     return PoolApp(env=app_env(nats_url_of(args)))
 

@@ -124,10 +124,10 @@ def cmd_pool_show(args: argparse.Namespace) -> int:
 def shares_of(nats_url: str, pool_id: str, now: float) -> dict[str, Any] | None:
     """Fold the pool's log as the scheduler does, and read its fair shares at `now` (None: no
     such pool). Every figure comes from the log: a replay gives the same answer."""
-    from control.application import PoolApp
-    from control.bootstrap import app_env
-    from control.quotas import fair_shares
-    from control.scheduler import Scheduler
+    from workers.application import PoolApp
+    from workers.bootstrap import app_env
+    from workers.quotas import fair_shares
+    from workers.scheduler import Scheduler
 
     scheduler = Scheduler(PoolApp(env=app_env(nats_url)), clock=lambda: now)
     try:

@@ -13,8 +13,8 @@ from cli.output import (
 
 
 def cmd_schemas_export(args: argparse.Namespace) -> int:
-    from control.routes import asyncapi_channels
     from schemas.export import export
+    from workers.routes import asyncapi_channels
 
     out = Path(args.dir)
     paths = export(asyncapi_channels(), out)

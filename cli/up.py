@@ -54,13 +54,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         if tenants:
             ensure_tenant_buckets_sync(service_url, tenants, replicas=args.replicas)
         if not args.no_workers:
-            from control.plane import ControlPlane
-            from control.processes import PARENT_ROLES, RoleProcess, split_by_default
+            from workers.plane import ControlPlane
+            from workers.processes import PARENT_ROLES, RoleProcess, split_by_default
 
             # each role as its own user; the operator (service user) only made the streams
             url = emb.role_urls.get("commands", service_url)
             if not args.one_process and split_by_default():
-                # the scheduler's roles in a process of their own (control/processes.py)
+                # the scheduler's roles in a process of their own (workers/processes.py)
                 child = RoleProcess(url, role_urls=emb.role_urls or None,
                                     responder_url=emb.responder_url or None,
                                     metrics_port=(None if args.metrics_port is None
@@ -213,7 +213,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             pg = start_embedded_postgres(root / "pg")
             database_url = pg.url
         if not args.no_workers:
-            from control.plane import ControlPlane
+            from workers.plane import ControlPlane
 
             roles = bus_auth.role_urls(cluster.url, auth)
             plane = ControlPlane(roles["commands"], database_url=database_url or None,
@@ -346,7 +346,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from control.plane import ControlPlane, parse_roles
+    from workers.plane import ControlPlane, parse_roles
 
     url = nats_url_of(args)
     try:
@@ -520,7 +520,7 @@ def register_serve(sub: Subparsers) -> None:
     srv.add_argument("--leader-ttl", type=float, default=3.0, metavar="SECONDS",
                      help="the schedulers' leader leases (per pool, and the dispatcher's): "
                      "another scheduler takes over this long after one dies (default 3)")
-    from control.scheduler.checkpoint import EVERY_EVENTS, EVERY_SECONDS
+    from workers.scheduler.checkpoint import EVERY_EVENTS, EVERY_SECONDS
 
     srv.add_argument("--checkpoint-every", type=int, default=EVERY_EVENTS, metavar="EVENTS",
                      help="the scheduler checkpoints its fold after this many events "

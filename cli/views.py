@@ -206,7 +206,7 @@ def cmd_projections_rebuild(args: argparse.Namespace) -> int:
 
 
 def cmd_projections_run(args: argparse.Namespace) -> int:
-    from control.projector import run
+    from workers.projector import run
 
     run(nats_url_of(args), database_url_of(args), views_schema_of(args), args.batch_size,
         announce=lambda s: print(s, flush=True))

@@ -1,5 +1,5 @@
 """A tenant's webhook endpoints: where its lease-feed records are POSTed, for which events, and
-the sealed secret each is signed with. One aggregate per tenant; delivery is control/webhooks.
+the sealed secret each is signed with. One aggregate per tenant; delivery is workers/webhooks.
 """
 
 from __future__ import annotations

@@ -40,8 +40,8 @@ class History:
     def _application(self) -> Any:
         with self._lock:
             if self._app is None:
-                from control.application import PoolApp
-                from control.bootstrap import app_env
+                from workers.application import PoolApp
+                from workers.bootstrap import app_env
 
                 self._app = PoolApp(env=app_env(self.service_url))
             return self._app

@@ -18,7 +18,7 @@ from gateway.shared import Gateway, Refused, principal_of
 def registry_for(gw: Gateway) -> CollectorRegistry:
     """What the gateway serves: the views, when it has a database, with the log's head from
     the flight recorder's reader (the service user) for the lag."""
-    from control.metrics import registry_for as plane_registry
+    from workers.metrics import registry_for as plane_registry
 
     history = gw.history()
     head = history.log_head if history is not None else None

@@ -1,4 +1,4 @@
-"""The HTTP routes: each maps a method and path onto one route of control/routes.ROUTES.
+"""The HTTP routes: each maps a method and path onto one route of workers/routes.ROUTES.
 Adds only what HTTP needs; drives the Litestar handlers and the OpenAPI document alike.
 """
 
@@ -9,10 +9,10 @@ from typing import Literal
 
 from msgspec import Struct
 
-from control.routes import NODE_VERBS
-from control.routes import ROUTES as NATS_ROUTES
-from control.routes import Route as NatsRoute
 from gateway.wire import LeaseCreate
+from workers.routes import NODE_VERBS
+from workers.routes import ROUTES as NATS_ROUTES
+from workers.routes import Route as NatsRoute
 
 Reply = Literal["lease", "result", "page", "row", "stream", "principal"]
 

@@ -124,10 +124,10 @@ class Checks(Story):
         return max(5, self.flood // 10)
 
     def audit(self) -> None:
-        from control.application import PoolApp
-        from control.bootstrap import app_env
         from projections.audit import audit_credits
         from projections.summary import Summary
+        from workers.application import PoolApp
+        from workers.bootstrap import app_env
 
         app = PoolApp(env=app_env(self.url))
         summary = Summary(self.emb.database_url)

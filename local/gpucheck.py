@@ -80,7 +80,7 @@ def _check(state: Path, runtime: Any, probe: Any, reserve: Any, report: dict[str
     from bus.agentbus import AgentLink
     from bus.local.server import NatsServer
     from client.api import PoolClient
-    from control.plane import ControlPlane
+    from workers.plane import ControlPlane
 
     with NatsServer(store_dir=state / "nats", server_name="pool-gpu-check") as server:
         cp = ControlPlane(server.url, leader_ttl_seconds=1.0).start()

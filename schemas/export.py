@@ -47,7 +47,7 @@ def json_schema(struct: type[Struct]) -> dict[str, Any]:
 
 
 class Channel(NamedTuple):
-    """One AsyncAPI channel and its operation (control.routes builds these from its table)."""
+    """One AsyncAPI channel and its operation (workers.routes builds these from its table)."""
 
     id: str
     address: str
@@ -72,7 +72,7 @@ def _message(struct: type[Struct]) -> dict[str, Any]:
 
 def asyncapi(channel_rows: Iterable[Channel]) -> dict[str, Any]:
     """An AsyncAPI 3.0 document for the control plane: the channels (the route table's,
-    `control.routes.asyncapi_channels()`) with the Structs as their payloads."""
+    `workers.routes.asyncapi_channels()`) with the Structs as their payloads."""
     _, schemas = msgspec.json.schema_components(
         PUBLIC_STRUCTS, ref_template="#/components/schemas/{name}"
     )

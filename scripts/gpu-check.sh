@@ -59,7 +59,7 @@ if [ -n "$OFFLINE" ]; then
     PATH="$SITE/bin:$PATH"
     export PATH
 else
-    if ! "$PYTHON" -c 'import control.plane, agents.agent' 2>/dev/null; then
+    if ! "$PYTHON" -c 'import workers.plane, agents.agent' 2>/dev/null; then
         echo "gpu-check: the project is not installed for $PYTHON (pip install -e .)" >&2
         exit 1
     fi

@@ -24,7 +24,7 @@ from domain.poolconfig import PoolConfig
 from domain.resources import ZERO, NodeId, PoolId, Resources, Shape, TenantId
 from sim.workload import SimRequest, Workload
 
-# the scheduler examines at most this many requests a cycle (control.scheduler does the same)
+# the scheduler examines at most this many requests a cycle (workers.scheduler does the same)
 MAX_EXAMINED_PER_CYCLE = 5000
 
 
@@ -140,7 +140,7 @@ class Simulator:
         self._seq = 0
         self._queued_shapes: Counter[Shape] = Counter()
         self._queued_bands: Counter[int] = Counter()
-        # the tenants' decayed past usage, kept as the scheduler keeps it (control.quotas)
+        # the tenants' decayed past usage, kept as the scheduler keeps it (workers.quotas)
         self.decay = (DecayedUsage(policy.half_life_seconds)
                       if policy.half_life_seconds > 0 and policy.order == "drf" else None)
         self.backfill = (Backfill(self.table, self._lease_end, depth=policy.depth)
@@ -219,7 +219,7 @@ class Simulator:
         cfg = self.config
         queue = self.queue
         packing: Packing = cfg.packing  # type: ignore[assignment]
-        if self.decay is not None:  # as control.quotas.apply_history, before any pop
+        if self.decay is not None:  # as workers.quotas.apply_history, before any pop
             for tenant in self.decay.tenants():
                 queue.set_history(tenant, self.decay.share(tenant, now, self.totals))
         bf = self.backfill

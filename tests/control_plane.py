@@ -9,10 +9,10 @@ from typing import Any
 
 from bus.replies import node_inbox
 from client.api import PoolClient
-from control.application import PoolApp
-from control.bootstrap import app_env
-from control.plane import ControlPlane
-from control.scheduler import Scheduler
+from workers.application import PoolApp
+from workers.bootstrap import app_env
+from workers.plane import ControlPlane
+from workers.scheduler import Scheduler
 
 
 @dataclass

@@ -25,8 +25,8 @@ from chaos.harness import (
 def fuzz_subjects(lease_id: str) -> dict[str, dict[str, Any]]:
     """Every subject the command service (and the scheduler's `why`) answers, wildcards filled
     with a real tenant, lease and node, each with a valid body to mutate."""
-    from control.commands import ADMIN_SUBJECTS, COMMAND_SUBJECTS
-    from control.routes import NODE_VERBS
+    from workers.commands import ADMIN_SUBJECTS, COMMAND_SUBJECTS
+    from workers.routes import NODE_VERBS
 
     job = {"image": "reg.example/job@sha256:" + "c" * 64, "command": ["true"]}
     verbs: dict[str, dict[str, Any]] = {

@@ -11,7 +11,7 @@ from eventsourcing.domain import Aggregate, event
 
 from bus.local.server import NatsServer
 from bus.runtime import close_runtime
-from control.application.core import AppCore
+from workers.application.core import AppCore
 
 
 class Ledger(Aggregate):

@@ -22,8 +22,6 @@ from bus.local.server import NatsServer
 from bus.runtime import get_runtime
 from bus.streams import ensure_stream, snapshot_stream_config
 from bus.subjects import snapshot_subject
-from control.application.core import AppCore
-from control.bootstrap import app_env
 from domain.account import Account
 from domain.node import Node
 from domain.pool import Pool
@@ -31,6 +29,8 @@ from domain.poolconfig import PoolConfig
 from domain.prices import PriceList
 from domain.resources import Device, LeaseId, NodeCapabilities, NodeId, PoolId, Resources
 from domain.snapshots import StateSnapshot
+from workers.application.core import AppCore
+from workers.bootstrap import app_env
 
 INTERVAL = 40
 

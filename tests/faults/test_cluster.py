@@ -25,8 +25,8 @@ from bus.local.cluster import NatsCluster
 from bus.runtime import close_runtime
 from bus.subjects import EVENTS_STREAM
 from client.api import PoolClient
-from control.plane import ROLES, ControlPlane, parse_roles
 from tests.control_plane import lease_body, node_body, setup_pool
+from workers.plane import ROLES, ControlPlane, parse_roles
 
 pytestmark = pytest.mark.slow
 

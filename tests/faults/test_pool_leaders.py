@@ -17,9 +17,9 @@ import pytest
 from bus.leader import LeaderElection
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.plane import ControlPlane, holder_pid
-from control.pool_leaders import assigned, pool_election_name
 from tests.control_plane import lease_body, node_body, setup_pool
+from workers.plane import ControlPlane, holder_pid
+from workers.pool_leaders import assigned, pool_election_name
 
 POOLS = ("p1", "p2", "p3", "p4")
 TTL = 1.0

@@ -18,11 +18,11 @@ import pytest
 from bus.checkpoints import KEY_ENV, CheckpointStore
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.application import PoolApp
-from control.bootstrap import app_env
-from control.plane import ControlPlane
 from projections.decisions import check_placements
 from tests.control_plane import lease_body, node_body, setup_pool
+from workers.application import PoolApp
+from workers.bootstrap import app_env
+from workers.plane import ControlPlane
 
 KEY = "a-secret-only-the-schedulers-hold"
 

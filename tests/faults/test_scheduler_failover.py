@@ -7,8 +7,8 @@ import time
 
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.plane import ControlPlane
 from tests.control_plane import lease_body, node_body, setup_pool
+from workers.plane import ControlPlane
 
 
 def _wait(pred, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]

@@ -18,8 +18,8 @@ from agents.runtimes.process import ProcessRuntime
 from bus.agentbus import AgentLink
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.plane import ControlPlane
 from tests.control_plane import lease_body, setup_pool
+from workers.plane import ControlPlane
 
 if ProcessRuntime(Path("/tmp")).available() is not None:
     pytest.skip(f"process runtime unavailable: {ProcessRuntime(Path('/tmp')).available()}",

@@ -17,9 +17,9 @@ from agents.simulate import SleepRuntime
 from bus.agentbus import AgentLink
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.plane import ControlPlane
 from domain.node import Node, NodeState
 from tests.control_plane import setup_pool
+from workers.plane import ControlPlane
 
 PROBE = NodeProbe(cpu_millis=4500, cpu_arch="amd64", memory_mib=9216, local_disk_gib=50)
 

@@ -11,14 +11,14 @@ import pytest
 
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.application import PoolApp
-from control.bootstrap import app_env
-from control.plane import ControlPlane
 from domain.account import Account
 from domain.resources import LeaseId
 from projections import views as pv
 from projections.audit import CreditAudit, audit_credits
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
+from workers.application import PoolApp
+from workers.bootstrap import app_env
+from workers.plane import ControlPlane
 
 JOB = {"job": {"image": "busybox@sha256:" + "a" * 64, "command": ["true"]}}
 

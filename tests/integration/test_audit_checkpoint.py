@@ -15,13 +15,13 @@ from nats.js.errors import NotFoundError
 from bus.local.server import NatsServer
 from bus.subjects import EVENTS_STREAM
 from client.api import PoolClient
-from control.plane import ControlPlane
 from domain.account import Account
 from domain.resources import LeaseId
 from projections import audit_checkpoint as ac
 from projections.audit import CreditAudit
 from projections.errors import CheckpointInvalid
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
+from workers.plane import ControlPlane
 
 JOB = {"job": {"image": "busybox@sha256:" + "a" * 64, "command": ["true"]}}
 GRANT = 10**9

@@ -12,8 +12,8 @@ import pytest
 
 from bus.local.server import NatsServer
 from cli.main import main
-from control.plane import ControlPlane
 from tests.control_plane import node_body
+from workers.plane import ControlPlane
 
 
 @pytest.fixture()

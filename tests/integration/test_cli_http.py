@@ -28,15 +28,15 @@ from bus.local.auth import AuthConfig, save, url_with_credentials
 from bus.local.server import NatsServer
 from bus.service import Service
 from client.api import PoolClient
-from control.commands import QUERY_SUBJECTS, CommandHandler
-from control.plane import ControlPlane
-from control.projector import Projector
-from control.secrets.settings import SecretSettings
 from gateway.app import create_app
 from gateway.server import ServerThread
 from gateway.tokens import TokenStore
 from gateway.upstream import Settings
 from tests.control_plane import setup_pool
+from workers.commands import QUERY_SUBJECTS, CommandHandler
+from workers.plane import ControlPlane
+from workers.projector import Projector
+from workers.secrets.settings import SecretSettings
 
 if ProcessRuntime(Path("/tmp")).available() is not None:
     pytest.skip(f"process runtime unavailable: {ProcessRuntime(Path('/tmp')).available()}",

@@ -10,7 +10,7 @@ import pytest
 
 from bus.local.server import NatsServer
 from cli.main import main
-from control.plane import ControlPlane
+from workers.plane import ControlPlane
 
 
 @pytest.fixture()

@@ -22,8 +22,8 @@ from bus.admin import ensure_all_streams
 from bus.agentbus import AgentLink
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.plane import ControlPlane
 from tests.control_plane import setup_pool
+from workers.plane import ControlPlane
 
 if ProcessRuntime(Path("/tmp")).available() is not None:
     pytest.skip(f"process runtime unavailable: {ProcessRuntime(Path('/tmp')).available()}",
@@ -156,7 +156,7 @@ def test_lease_run_loads_nothing_of_the_scheduler(plane: str) -> None:
                          timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     modules = json.loads(out.stderr.rsplit("MODULES ", 1)[1])
-    heavy = [m for m in modules if m.split(".")[0] in ("numpy", "eventsourcing", "control",
+    heavy = [m for m in modules if m.split(".")[0] in ("numpy", "eventsourcing", "workers",
                                                        "psycopg", "projections")
              or m in ("domain.lease", "domain.policy.fairness", "domain.policy.placement")]
     assert heavy == []

@@ -18,8 +18,8 @@ import pytest
 from bus.admin import ensure_all_streams
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.plane import ControlPlane
 from tests.control_plane import lease_body, node_body, setup_pool
+from workers.plane import ControlPlane
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = {"image": "busybox@sha256:" + "a" * 64, "command": ["true"]}

@@ -5,11 +5,11 @@ from __future__ import annotations
 import threading
 
 from bus.local.server import NatsServer
-from control.application import PoolApp
-from control.bootstrap import app_env
 from domain.account import Account
 from domain.resources import LeaseId
 from schemas import v1
+from workers.application import PoolApp
+from workers.bootstrap import app_env
 
 
 def _race(n: int, target) -> None:  # type: ignore[no-untyped-def]

@@ -18,11 +18,6 @@ from bus.local.server import NatsServer
 from bus.runtime import BusRuntime
 from bus.subjects import FEED_STREAM
 from client.api import PoolClient
-from control.application import PoolApp
-from control.bootstrap import app_env
-from control.dispatcher import Dispatcher
-from control.feed import FeedPublisher
-from control.scheduler.checkpoint import Checkpointer
 from tests.control_plane import FakeClock, start
 from tests.integration.test_scheduler_checkpoint import (
     KEY,
@@ -32,6 +27,11 @@ from tests.integration.test_scheduler_checkpoint import (
     _second_half,
 )
 from tests.scheduler_state import differences, plain
+from workers.application import PoolApp
+from workers.bootstrap import app_env
+from workers.dispatcher import Dispatcher
+from workers.feed import FeedPublisher
+from workers.scheduler.checkpoint import Checkpointer
 
 
 @pytest.fixture()
@@ -137,7 +137,7 @@ def test_a_schedulers_checkpoint_is_not_a_dispatchers(
     CheckpointStore(cp.nats_url, name="dispatcher").put(*got)
     d = _dispatcher(cp.nats_url)
     try:
-        with caplog.at_level(logging.WARNING, logger="control.scheduler.checkpoint"):
+        with caplog.at_level(logging.WARNING, logger="workers.scheduler.checkpoint"):
             d.step()
         assert d.checkpoints is not None and d.checkpoints.restored_at is None
         assert any("does not verify" in r.getMessage() for r in caplog.records)

@@ -11,9 +11,6 @@ from eventsourcing.domain import Aggregate, DomainEvent
 
 from bus.agentbus import ControlLink
 from bus.local.server import NatsServer
-from control.application import PoolApp
-from control.bootstrap import app_env
-from control.dispatcher import _TOPICS, Dispatcher
 from domain.lease import JobSpec, Lease
 from domain.node import Node
 from domain.policy.images import ImagePolicy
@@ -30,6 +27,9 @@ from domain.resources import (
     Shape,
     TenantId,
 )
+from workers.application import PoolApp
+from workers.bootstrap import app_env
+from workers.dispatcher import _TOPICS, Dispatcher
 
 SHAPE = Shape.build(cpu_millis=2000, memory_mib=4096)
 CAPS = NodeCapabilities(allocatable=Resources(cpu_millis=8000, memory_mib=32768))

@@ -15,12 +15,12 @@ from bus.agentbus import Armed, ControlLink
 from bus.connection import connect
 from bus.local.server import NatsServer
 from bus.subjects import SCHEDULE_STREAM
-from control import dispatcher as dispatcher_module
-from control.application import PoolApp
-from control.bootstrap import app_env
-from control.dispatcher import PAGE, Dispatcher
 from domain.lease import JobSpec, Lease
 from domain.resources import NodeId, PoolId, Shape, TenantId
+from workers import dispatcher as dispatcher_module
+from workers.application import PoolApp
+from workers.bootstrap import app_env
+from workers.dispatcher import PAGE, Dispatcher
 
 JOB = JobSpec(image="registry.example/train:1", command=("true",))
 

@@ -11,11 +11,11 @@ from bus.admin import ensure_all_streams
 from bus.agentbus import Armed
 from bus.errors import BusUnavailable
 from bus.local.server import NatsServer
-from control.application import PoolApp
-from control.bootstrap import app_env
-from control.dispatcher import PAGE, Dispatcher
 from domain.lease import JobSpec, Lease
 from domain.resources import NodeId, PoolId, Shape, TenantId
+from workers.application import PoolApp
+from workers.bootstrap import app_env
+from workers.dispatcher import PAGE, Dispatcher
 
 LEASES = 1100  # three events each: the log is several pages
 PER_SAVE = 249  # under the 1000-message atomic batch

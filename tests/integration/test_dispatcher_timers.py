@@ -13,11 +13,11 @@ from bus.connection import connect
 from bus.local.server import NatsServer
 from bus.subjects import SCHEDULE_STREAM
 from client.api import PoolClient
-from control.application import PoolApp
-from control.bootstrap import app_env
-from control.dispatcher import Dispatcher
-from control.plane import ControlPlane
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool
+from workers.application import PoolApp
+from workers.bootstrap import app_env
+from workers.dispatcher import Dispatcher
+from workers.plane import ControlPlane
 
 
 class _CountingLink(ControlLink):

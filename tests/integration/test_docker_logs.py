@@ -28,8 +28,8 @@ from bus.admin import ensure_all_streams
 from bus.agentbus import AgentLink
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.plane import ControlPlane
 from tests.control_plane import setup_pool
+from workers.plane import ControlPlane
 
 _WHY = engine_unavailable() or busybox_unavailable() or LocalRegistry.unavailable()
 if _WHY is not None:

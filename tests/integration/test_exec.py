@@ -32,9 +32,9 @@ from bus.local.auth import AuthConfig, role_urls, url_with_credentials
 from bus.local.server import NatsServer
 from bus.replies import node_inbox, tenant_inbox
 from client.api import PoolClient
-from control.plane import ControlPlane
 from tests.control_plane import lease_body
 from tests.security.roles import VIOLATION, wait_for
+from workers.plane import ControlPlane
 
 if ProcessRuntime(Path("/tmp")).available() is not None:
     pytest.skip(f"process runtime unavailable: {ProcessRuntime(Path('/tmp')).available()}",
@@ -158,9 +158,9 @@ def test_exec_runs_in_the_job_s_sandbox_and_passes_stdin_with_i(plane: Plane) ->
 
 
 def test_each_exec_is_an_event_in_the_lease_s_log(plane: Plane) -> None:
-    from control.application import PoolApp
-    from control.bootstrap import app_env
     from projections.replay import event_name, notifications, state_of
+    from workers.application import PoolApp
+    from workers.bootstrap import app_env
 
     assert _pool(plane, "lease", "exec", plane.lease_id, *plane.args(), "--",
                  "echo", "logged-bytes").returncode == 0

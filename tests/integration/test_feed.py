@@ -17,12 +17,12 @@ from bus.local.auth import inbox_prefix
 from bus.local.server import NatsServer
 from bus.runtime import BusRuntime
 from client.api import PoolClient
-from control.application import PoolApp
-from control.bootstrap import app_env
-from control.dispatcher import Dispatcher
-from control.feed import FeedPublisher
-from control.plane import ControlPlane
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool
+from workers.application import PoolApp
+from workers.bootstrap import app_env
+from workers.dispatcher import Dispatcher
+from workers.feed import FeedPublisher
+from workers.plane import ControlPlane
 
 JOB = {"image": "busybox@sha256:" + "a" * 64, "command": ["true"]}
 

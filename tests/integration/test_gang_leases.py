@@ -11,7 +11,6 @@ import pytest
 
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.plane import ControlPlane
 from domain.gang import GangMembership, member_key
 from domain.lease import Lease, LeaseState
 from domain.policy.gang import GangSpec
@@ -27,6 +26,7 @@ from tests.control_plane import (
     setup_pool,
     start,
 )
+from workers.plane import ControlPlane
 
 Plane = tuple[ControlPlane, PoolClient, PoolClient, FakeClock]
 PREEMPTION = {"enabled": True, "min_runtime_seconds": 0, "grace_seconds": 10}
@@ -346,7 +346,7 @@ def test_a_high_priority_gang_preempts_lower_work_on_the_nodes_it_chooses(
 
 
 def test_racing_schedulers_never_reserve_part_of_a_gang(plane: Plane) -> None:
-    from control.scheduler import Scheduler
+    from workers.scheduler import Scheduler
 
     cp, admin, alpha, clock = plane
     _racks(admin, {"r1": 4, "r2": 4, "r3": 3})

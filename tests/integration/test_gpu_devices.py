@@ -12,8 +12,6 @@ import pytest
 
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.dispatcher import orders_for
-from control.plane import ControlPlane
 from domain.lease import Lease
 from domain.node import Node
 from domain.resources import LeaseId
@@ -28,6 +26,8 @@ from tests.control_plane import (
     setup_pool,
     start,
 )
+from workers.dispatcher import orders_for
+from workers.plane import ControlPlane
 
 Plane = tuple[ControlPlane, PoolClient, PoolClient, FakeClock]
 
@@ -155,7 +155,7 @@ def test_capacity_by_rack_shows_free_gpus_and_whole_free_nodes_per_rack(
 
 def test_racing_schedulers_never_give_one_device_to_two_leases(plane: Plane) -> None:
 
-    from control.scheduler import Scheduler
+    from workers.scheduler import Scheduler
 
     cp, admin, alpha, clock = plane
     for i in range(3):

@@ -13,7 +13,6 @@ import pytest
 from bus.local.server import NatsServer
 from bus.replies import node_inbox
 from client.api import PoolClient
-from control.plane import ControlPlane
 from domain.node import Node
 from projections.decisions import count_events
 from tests.control_plane import (
@@ -24,6 +23,7 @@ from tests.control_plane import (
     start,
     threaded_subjects,
 )
+from workers.plane import ControlPlane
 
 Plane = tuple[ControlPlane, PoolClient, PoolClient, FakeClock, list[str]]
 

@@ -39,11 +39,11 @@ from bus.objects import ensure_tenant_buckets_sync
 from bus.replies import node_inbox
 from bus.runtime import run_sync
 from client.api import PoolClient
-from control.plane import ControlPlane
-from control.projector import Projector
-from control.secrets.settings import SecretSettings
 from projections.views.schema import drop_schema
 from tests.control_plane import lease_body, setup_pool
+from workers.plane import ControlPlane
+from workers.projector import Projector
+from workers.secrets.settings import SecretSettings
 
 if ProcessRuntime(Path("/tmp")).available() is not None:
     pytest.skip(f"process runtime unavailable: {ProcessRuntime(Path('/tmp')).available()}",
@@ -343,8 +343,8 @@ class _Clock:
 def test_a_secret_sealed_under_an_older_key_is_resealed_so_that_key_can_go(
         stack: Stack, tmp_path: Path) -> None:
     from bus.secrets import SecretStore
-    from control.secrets.desk import SecretDesk, sealed_context
     from schemas.secret import SecretSet
+    from workers.secrets.desk import SecretDesk, sealed_context
 
     service = url_with_credentials(stack.url, stack.auth.service)
     store = SecretStore(service)

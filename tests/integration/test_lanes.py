@@ -18,8 +18,8 @@ from bus.local.auth import inbox_prefix
 from bus.local.server import NatsServer
 from bus.replies import node_inbox
 from client.api import PoolClient
-from control.plane import ControlPlane
 from tests.control_plane import FakeClock, node_body, setup_pool, start
+from workers.plane import ControlPlane
 
 SLOW_SECONDS = 0.3
 BURST = 300

@@ -8,8 +8,8 @@ import pytest
 
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.plane import ControlPlane
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
+from workers.plane import ControlPlane
 
 
 @pytest.fixture()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import gc
 
 from bus.local.server import NatsServer
-from control.plane import ControlPlane
-from control.scheduler.state import GC_THRESHOLDS
+from workers.plane import ControlPlane
+from workers.scheduler.state import GC_THRESHOLDS
 
 
 def test_a_plane_that_answers_commands_raises_the_collector_thresholds(

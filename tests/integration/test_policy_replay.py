@@ -9,8 +9,8 @@ import pytest
 from bench.policy import NothingToReplay, workload_from_log
 from cli.main import main
 from client.api import PoolClient
-from control.plane import ControlPlane
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool
+from workers.plane import ControlPlane
 
 JOB = {"job": {"image": "busybox@sha256:" + "a" * 64, "command": ["true"]}}
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from client.api import PoolClient
-from control.plane import ControlPlane
 from tests.control_plane import (
     Plane,
     lease_body,
@@ -18,6 +17,7 @@ from tests.control_plane import (
     node_report,
     setup_pool,
 )
+from workers.plane import ControlPlane
 
 WHOLE_NODE = 8000
 PREEMPTION = {"enabled": True, "min_runtime_seconds": 0, "grace_seconds": 10}

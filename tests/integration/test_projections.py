@@ -19,13 +19,13 @@ import pytest
 
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.application import PoolApp
-from control.bootstrap import app_env
-from control.commands import QUERY_SUBJECTS, CommandHandler
-from control.plane import ControlPlane
-from control.projector import Projector
 from projections import views as pv
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
+from workers.application import PoolApp
+from workers.bootstrap import app_env
+from workers.commands import QUERY_SUBJECTS, CommandHandler
+from workers.plane import ControlPlane
+from workers.projector import Projector
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = {"job": {"image": "busybox@sha256:" + "a" * 64, "command": ["true"]}}
@@ -179,7 +179,7 @@ def test_a_projector_thread_keeps_up_and_small_batches_equal_a_rebuild(
 
 def _spawn(nats_url: str, database_url: str, schema: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "control.projector", "--nats-url", nats_url, "--database-url",
+        [sys.executable, "-m", "workers.projector", "--nats-url", nats_url, "--database-url",
          database_url, "--schema", schema, "--batch-size", "7"],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

@@ -13,9 +13,6 @@ from bench.projections import Workload
 from bus.local.server import NatsServer
 from bus.transcoder import EventDecoder
 from client.api import PoolClient
-from control.application import PoolApp
-from control.bootstrap import app_env
-from control.plane import ControlPlane
 from domain.fold import lean_mutator
 from domain.lease import LeaseState
 from projections import audit
@@ -24,6 +21,9 @@ from projections.audit import CreditAudit
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
 from tests.integration.test_projections import assert_equal_to_rebuild, rows
 from tests.unit.test_domain_lease import running_lease
+from workers.application import PoolApp
+from workers.bootstrap import app_env
+from workers.plane import ControlPlane
 
 JOB = {"job": {"image": "busybox@sha256:" + "a" * 64, "command": ["true"]}}
 

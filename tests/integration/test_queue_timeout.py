@@ -10,8 +10,8 @@ from typing import Any
 
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.plane import ControlPlane
 from tests.control_plane import lease_body, node_body, setup_pool
+from workers.plane import ControlPlane
 
 
 def _wait_for(what: Callable[[], Any], timeout: float = 20.0) -> Any:

@@ -11,7 +11,6 @@ import pytest
 
 from cli.quotas import shares_of
 from client.api import PoolClient
-from control.plane import ControlPlane
 from projections.decisions import check_quotas
 from tests.control_plane import (
     FakeClock,
@@ -21,6 +20,7 @@ from tests.control_plane import (
     node_report,
     setup_pool,
 )
+from workers.plane import ControlPlane
 
 WHOLE_NODE = 8000
 PREEMPTION = {"enabled": True, "min_runtime_seconds": 0, "grace_seconds": 10}
@@ -302,7 +302,7 @@ def test_the_replay_check_finds_a_placement_past_the_quota(plane: Plane,
     setup_pool(admin, tenants={"alpha": 1.0, "beta": 1.0})
     _cohort(admin, alpha={"borrow_limit": {"cpu_millis": 0}})
     _nodes(admin, "n1", "n2")
-    monkeypatch.setattr("control.scheduler.placing.quota_wait", lambda *a, **kw: None)  # a broken gate
+    monkeypatch.setattr("workers.scheduler.placing.quota_wait", lambda *a, **kw: None)  # a broken gate
     with PoolClient(cp.nats_url, "alpha") as a:
         for i in range(2):
             a.request_lease(lease_body(f"a{i}", cpu_millis=WHOLE_NODE))
@@ -438,7 +438,7 @@ def test_pool_audit_decisions_names_a_placement_past_the_quota(
         assert cp.scheduler.cycle().placed == 1
         assert main(["audit", "decisions", *args]) == 0  # within its quota: sound
         assert "decisions ok" in capsys.readouterr().out
-        monkeypatch.setattr("control.scheduler.placing.quota_wait",
+        monkeypatch.setattr("workers.scheduler.placing.quota_wait",
                             lambda *a, **kw: None)  # a broken gate
         a.request_lease(lease_body("a1", cpu_millis=WHOLE_NODE))
         assert cp.scheduler.cycle().placed == 1

@@ -10,8 +10,8 @@ import pytest
 
 from bus.errors import BusUnavailable
 from bus.local.server import NatsServer
-from control.application import PoolApp
-from control.bootstrap import app_env
+from workers.application import PoolApp
+from workers.bootstrap import app_env
 
 
 def test_a_read_ahead_on_a_closed_runtime_leaves_no_coroutine_unawaited(

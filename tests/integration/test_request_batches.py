@@ -14,9 +14,9 @@ import pytest
 
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.plane import ControlPlane
 from projections.decisions import count_events
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
+from workers.plane import ControlPlane
 
 Plane = tuple[ControlPlane, PoolClient, PoolClient]
 

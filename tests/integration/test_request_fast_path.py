@@ -10,7 +10,6 @@ import pytest
 
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.plane import ControlPlane
 from projections.decisions import count_events
 from tests.control_plane import (
     FakeClock,
@@ -19,6 +18,7 @@ from tests.control_plane import (
     start,
     threaded_subjects,
 )
+from workers.plane import ControlPlane
 
 Plane = tuple[ControlPlane, PoolClient, list[str]]
 
@@ -111,7 +111,7 @@ def test_a_policy_past_its_time_is_read_again_on_a_thread_while_the_loop_answers
     requests on the loop; one thread per policy reads it again meanwhile."""
     import time
 
-    from control.application import core
+    from workers.application import core
 
     cp, alpha, threaded = plane
     assert alpha.request_lease(lease_body("cold"))["ok"]
@@ -140,8 +140,8 @@ def test_with_tracing_off_a_request_skips_the_no_op_span_and_keeps_its_parent(
     from opentelemetry import trace
 
     from bus import observability
-    from control import commands
     from domain import Lease
+    from workers import commands
 
     cp, alpha, threaded = plane
     assert alpha.request_lease(lease_body("warm"))["ok"]  # policies cached

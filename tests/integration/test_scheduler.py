@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 
 from client.api import PoolClient
-from control.application import PoolApp
-from control.bootstrap import app_env
-from control.plane import ControlPlane
-from control.scheduler import Scheduler
 from projections.decisions import check_placements
 from tests.control_plane import Plane, lease_body, node_body, race, rival_schedulers, setup_pool
+from workers.application import PoolApp
+from workers.bootstrap import app_env
+from workers.plane import ControlPlane
+from workers.scheduler import Scheduler
 
 
 def _placed_by_tenant(cp: ControlPlane) -> Counter[str]:
@@ -161,7 +161,7 @@ def test_a_catch_up_read_ahead_over_small_pages_and_own_batches_folds_what_a_fre
 ) -> None:
     """Catch-up asks for the next page while it folds one; with pages of 3 events the reads
     ahead cross the ranges of the scheduler's own batches, which it steps over unread."""
-    import control.scheduler.folding as sched_mod
+    import workers.scheduler.folding as sched_mod
     from projections.replay import notifications
 
     monkeypatch.setattr(sched_mod, "NOTIFICATION_PAGE", 3)

@@ -9,17 +9,17 @@ from typing import Any
 import pytest
 
 from client.api import PoolClient
-from control.application import PoolApp
-from control.bootstrap import app_env
-from control.scheduler import Scheduler
 from projections.decisions import check_placements
 from tests.control_plane import Plane, lease_body, node_body, race, rival_schedulers, setup_pool
+from workers.application import PoolApp
+from workers.bootstrap import app_env
+from workers.scheduler import Scheduler
 
 
 def _twelve_queued_in_small_batches(plane: Plane, monkeypatch: pytest.MonkeyPatch) -> Scheduler:
     """4 nodes of 4 cores, 12 one-core requests queued, and batches of two placements: a fresh
     scheduler that will send several batches per cycle."""
-    import control.scheduler.placing as sched
+    import workers.scheduler.placing as sched
 
     monkeypatch.setattr(sched, "MAX_MESSAGES_PER_BATCH", 6)  # two placements a batch
     return _four_nodes(plane, queued=12)
@@ -92,7 +92,7 @@ def test_a_batch_planned_on_a_refused_one_is_dropped_unsent_and_planned_again(
 def test_racing_schedulers_sending_batches_ahead_never_double_place_nor_lose_work(
     plane: Plane, monkeypatch: pytest.MonkeyPatch, priced: bool, pipelined: bool
 ) -> None:
-    import control.scheduler.placing as sched
+    import workers.scheduler.placing as sched
 
     cp, admin, clock = plane
     setup_pool(admin, tenants={"alpha": 1.0, "beta": 1.0})

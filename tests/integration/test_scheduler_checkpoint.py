@@ -13,14 +13,14 @@ import pytest
 from bus.checkpoints import CheckpointStore
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.application import PoolApp
-from control.bootstrap import app_env
-from control.plane import ControlPlane
-from control.scheduler import Scheduler
-from control.scheduler.checkpoint import Checkpointer
 from tests.control_plane import FakeClock, lease_body, node_body, node_report, setup_pool, start
 from tests.integration.test_gang_leases import gang_body, gpu_node
 from tests.scheduler_state import differences, fold_of
+from workers.application import PoolApp
+from workers.bootstrap import app_env
+from workers.plane import ControlPlane
+from workers.scheduler import Scheduler
+from workers.scheduler.checkpoint import Checkpointer
 
 KEY = b"k" * 32
 PREEMPTION = {"enabled": True, "min_runtime_seconds": 0, "grace_seconds": 10}
@@ -232,10 +232,10 @@ def test_a_checkpoint_that_does_not_verify_is_refused_and_the_replay_is_full(
     restored, replayed = _scheduler(cp, clock, key=key), _scheduler(cp, clock, key=None)
     try:
         caplog.clear()  # only what the restore says; the writes above may log too
-        with caplog.at_level(logging.INFO, logger="control.scheduler.checkpoint"):
+        with caplog.at_level(logging.INFO, logger="workers.scheduler.checkpoint"):
             restored.catch_up()
         assert restored.checkpoints is not None and restored.checkpoints.restored_at is None
-        lines = [r for r in caplog.records if r.name == "control.scheduler.checkpoint"]
+        lines = [r for r in caplog.records if r.name == "workers.scheduler.checkpoint"]
         assert len(lines) == 1, [r.getMessage() for r in lines]
         assert "replaying the log from the start" in lines[0].getMessage()
         replayed.catch_up()
@@ -244,7 +244,7 @@ def test_a_checkpoint_that_does_not_verify_is_refused_and_the_replay_is_full(
         _close(restored, replayed)
 
 
-@pytest.mark.parametrize("name", [("control.plane", "os"), ("control.plane", "os.system"),
+@pytest.mark.parametrize("name", [("workers.plane", "os"), ("workers.plane", "os.system"),
                                   ("builtins", "eval"), ("subprocess", "Popen")])
 def test_the_unpickler_refuses_anything_but_the_folds_own_types(name: tuple[str, str]) -> None:
     """Behind the signature, a second wall: were the key to leak, a checkpoint still could
@@ -252,7 +252,7 @@ def test_the_unpickler_refuses_anything_but_the_folds_own_types(name: tuple[str,
     import io
     import pickle
 
-    from control.scheduler.checkpoint import _Unpickler
+    from workers.scheduler.checkpoint import _Unpickler
 
     module, attr = name
     forged = b"\x80\x04\x95\x00\x00\x00\x00\x00\x00\x00\x00\x8c" + bytes([len(module)]) + \
@@ -276,7 +276,7 @@ def test_a_fold_that_cannot_be_checkpointed_is_logged_and_the_scheduler_goes_on(
         s.checkpoints.every_events = 1
         s.catch_up()
         s.reasons["odd"] = {"a lock": threading.Lock()}  # something no pickle takes
-        with caplog.at_level(logging.ERROR, logger="control.scheduler.checkpoint"):
+        with caplog.at_level(logging.ERROR, logger="workers.scheduler.checkpoint"):
             assert s.checkpoints.after_cycle(s, idle=True) is False
         assert "reasons" in caplog.text and s.checkpoints.written == 0
         with PoolClient(cp.nats_url, "alpha") as a:

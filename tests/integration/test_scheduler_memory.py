@@ -8,10 +8,10 @@ from uuid import UUID
 import pytest
 
 from client.api import PoolClient
-from control.pending import QueuedLease
-from control.plane import ControlPlane
 from domain.lease import Lease
 from tests.control_plane import Plane, lease_body, node_body, setup_pool
+from workers.pending import QueuedLease
+from workers.plane import ControlPlane
 
 
 def test_waiting_requests_stay_compact_and_placed_ones_become_whole_leases(plane: Plane) -> None:
@@ -75,7 +75,7 @@ def _run_leases(cp: ControlPlane, tenant: PoolClient, n: int, key: str) -> list[
 def test_the_deadline_heap_drops_ended_leases_long_before_their_deadlines_pass(
     plane: Plane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("control.scheduler.folding.DEADLINES_SLACK", 8, raising=False)
+    monkeypatch.setattr("workers.scheduler.folding.DEADLINES_SLACK", 8, raising=False)
     cp, admin, _clock = plane
     setup_pool(admin, commit_timeout_seconds=3600)
     admin.admin("node.register", node_body("n1", cpu_millis=64_000, memory_mib=65_536))

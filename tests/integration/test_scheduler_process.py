@@ -1,10 +1,10 @@
-"""The scheduler's child process (`control/processes.py`) when it cannot serve."""
+"""The scheduler's child process (`workers/processes.py`) when it cannot serve."""
 
 from __future__ import annotations
 
 import pytest
 
-from control.processes import RoleProcess, SchedulerProcessFailed
+from workers.processes import RoleProcess, SchedulerProcessFailed
 
 
 def test_a_child_that_cannot_serve_is_one_typed_error_and_is_tried_again_later() -> None:

@@ -5,11 +5,11 @@ time on the same node."""
 from __future__ import annotations
 
 from client.api import PoolClient
-from control.plane import ControlPlane
 from domain.poolconfig import PoolConfig
 from domain.resources import NodeCapabilities, Resources, Shape
 from sim import DRF, DRF_BACKFILL, Policy, SimNode, SimRequest, Simulator, Tenant, Workload
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool
+from workers.plane import ControlPlane
 
 JOB = {"job": {"image": "busybox@sha256:" + "a" * 64, "command": ["true"]}}
 STEP = 60.0

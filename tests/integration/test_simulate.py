@@ -12,8 +12,8 @@ import pytest
 from agents.simulate import SimulatedFleet, fleet
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.plane import ControlPlane
 from tests.control_plane import setup_pool
+from workers.plane import ControlPlane
 
 
 @pytest.fixture()

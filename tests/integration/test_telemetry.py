@@ -28,9 +28,9 @@ from bus.local.server import NatsServer
 from bus.streams import telemetry_stream_config
 from bus.subjects import TELEMETRY_STREAM, telemetry_subject
 from bus.telemetry import TelemetryPublisher, TelemetrySample, follow
-from control.plane import ControlPlane
 from schemas import v1
 from tests.placed import place_on
+from workers.plane import ControlPlane
 
 
 @pytest.fixture()

@@ -14,10 +14,10 @@ import pytest
 from bus.local.server import NatsServer
 from cli.main import main
 from client.api import PoolClient
-from control.plane import ControlPlane
 from projections import views as pv
 from projections.usage import UsageError, usage_report, usage_report_url
 from tests.control_plane import FakeClock, lease_body, node_body, node_report, setup_pool, start
+from workers.plane import ControlPlane
 
 JOB = {"job": {"image": "busybox@sha256:" + "a" * 64, "command": ["true"]}}
 HOUR = 3600.0

@@ -12,12 +12,12 @@ import pytest
 from bus.appends import AppendSignal
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.application import PoolApp
-from control.plane import ControlPlane, app_env
-from control.scheduler import Scheduler
-from control.wake import IdleWait
 from domain.lease import LeaseState
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
+from workers.application import PoolApp
+from workers.plane import ControlPlane, app_env
+from workers.scheduler import Scheduler
+from workers.wake import IdleWait
 
 # the scheduler's poll when no append wakes it: far longer than the bound asserted below, so
 # only the signal can place a request in time

@@ -26,11 +26,11 @@ from bus.connection import connect
 from bus.local.server import NatsServer
 from bus.subjects import EVENTS_STREAM
 from client.api import PoolClient
-from control.plane import ControlPlane
-from control.webhooks.addresses import networks
-from control.webhooks.settings import WebhookSettings
-from control.webhooks.signing import plane_key
 from tests.control_plane import lease_body, node_body, setup_pool
+from workers.plane import ControlPlane
+from workers.webhooks.addresses import networks
+from workers.webhooks.settings import WebhookSettings
+from workers.webhooks.signing import plane_key
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = {"image": "busybox@sha256:" + "a" * 64, "command": ["true"]}

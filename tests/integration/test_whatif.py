@@ -12,9 +12,9 @@ from bench.policy import NothingToReplay, pool_from_log
 from bench.whatif import BadPolicy, parse_policy, whatif, whatif_from_log
 from cli.main import main
 from client.api import PoolClient
-from control.plane import ControlPlane
 from projections.replay import event_name, notifications, state_of
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool
+from workers.plane import ControlPlane
 
 JOB = {"job": {"image": "busybox@sha256:" + "a" * 64, "command": ["true"]}}
 Plane = tuple[ControlPlane, PoolClient, FakeClock]

@@ -24,9 +24,9 @@ from bus.runtime import BusRuntime
 from bus.service import Client
 from bus.subjects import lead_subject
 from client.api import PoolClient
-from control.plane import ControlPlane, lead_answers, why_handler
-from control.pool_leaders import pool_election_name
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
+from workers.plane import ControlPlane, lead_answers, why_handler
+from workers.pool_leaders import pool_election_name
 
 POOLS = ("p1", "p2")
 TTL = 1.0

@@ -32,8 +32,8 @@ from bus.local.server import NatsServer
 from bus.objects import artifacts_bucket, ensure_tenant_buckets_sync, work_bucket
 from client.api import PoolClient
 from client.workdir import pack
-from control.plane import ControlPlane
 from tests.control_plane import lease_body, setup_pool
+from workers.plane import ControlPlane
 
 if ProcessRuntime(Path("/tmp")).available() is not None:
     pytest.skip(f"process runtime unavailable: {ProcessRuntime(Path('/tmp')).available()}",

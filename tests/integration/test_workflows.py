@@ -10,10 +10,10 @@ from typing import Any
 
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.plane import ControlPlane
 from tests.control_plane import lease_body, setup_pool
 from tests.integration.test_agent import AgentThread, wait_for
 from tests.integration.test_cli_run import _lease_args, _pool, plane
+from workers.plane import ControlPlane
 
 __all__ = ["plane"]  # the fixture, shared with the `lease run` tests
 

@@ -17,8 +17,8 @@ from bus.local.auth import AuthConfig, role_urls, url_with_credentials
 from bus.local.server import NatsServer
 from bus.replies import tenant_inbox
 from client.api import PoolClient
-from control.plane import ControlPlane
 from tests.control_plane import lease_body
+from workers.plane import ControlPlane
 
 PROBE = NodeProbe(cpu_millis=4500, cpu_arch="amd64", memory_mib=9216, local_disk_gib=50)
 VIOLATION = "Permissions Violation"

@@ -21,8 +21,8 @@ from agents.runtimes.process import ProcessRuntime
 from bus.agentbus import AgentLink
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.plane import ControlPlane
 from tests.control_plane import lease_body, setup_pool
+from workers.plane import ControlPlane
 
 PROBE = NodeProbe(cpu_millis=4500, cpu_arch="amd64", memory_mib=9216, local_disk_gib=50)
 IMAGE = "local/job@sha256:" + "a" * 64

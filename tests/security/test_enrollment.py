@@ -13,11 +13,11 @@ from bus.agentbus import AgentLink
 from bus.local.auth import AuthConfig, url_with_credentials
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.application import PoolApp
-from control.plane import ControlPlane, app_env
 from domain.node import Node
 from tests.control_plane import node_body, setup_pool
 from tests.security.conftest import service_url
+from workers.application import PoolApp
+from workers.plane import ControlPlane, app_env
 
 
 @pytest.fixture()

@@ -15,9 +15,9 @@ import pytest
 from bus.local.server import NatsServer
 from bus.subjects import EVENTS_PREFIX, EVENTS_STREAM
 from client.api import PoolClient
-from control.application import queue_book
-from control.plane import ControlPlane
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
+from workers.application import queue_book
+from workers.plane import ControlPlane
 
 Plane = tuple[ControlPlane, PoolClient, PoolClient, FakeClock]
 FLOOD = 500

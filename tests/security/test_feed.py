@@ -15,9 +15,9 @@ from bus.local.auth import AuthConfig, inbox_prefix, url_with_credentials
 from bus.local.server import NatsServer
 from bus.runtime import BusRuntime
 from bus.subjects import feed_subject
-from control.plane import ControlPlane
 from schemas.feed import FeedRecord
 from tests.security.conftest import service_url
+from workers.plane import ControlPlane
 
 
 def _record(tenant: str, lease: str) -> bytes:

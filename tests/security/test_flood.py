@@ -15,9 +15,9 @@ from bus.local.auth import AuthConfig, inbox_prefix, url_with_credentials
 from bus.local.server import NatsServer
 from bus.subjects import AGENT_STREAM, EVENTS_STREAM, SCHEDULE_STREAM, SNAPSHOTS_STREAM
 from client.api import PoolClient
-from control.plane import ControlPlane
 from tests.control_plane import lease_body, setup_pool
 from tests.security.conftest import service_url
+from workers.plane import ControlPlane
 
 ATTACKS = 1500
 TARGETS = ["pool.evt.lease.{r}", "pool.evt.account.{r}", "pool.sched.lease.{r}",

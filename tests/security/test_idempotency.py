@@ -11,13 +11,13 @@ import pytest
 
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.application import PoolApp
-from control.bootstrap import app_env
-from control.errors import IdempotencyConflict
-from control.plane import ControlPlane
 from schemas import v1
 from schemas.codec import decode_command
 from tests.control_plane import lease_body, setup_pool
+from workers.application import PoolApp
+from workers.bootstrap import app_env
+from workers.errors import IdempotencyConflict
+from workers.plane import ControlPlane
 
 
 @pytest.fixture()

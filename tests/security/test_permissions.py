@@ -11,8 +11,8 @@ import nats
 
 from bus.local.auth import AuthConfig, inbox_prefix, permission_matrix, url_with_credentials
 from bus.local.server import NatsServer
-from control.plane import ControlPlane
 from tests.security.conftest import service_url
+from workers.plane import ControlPlane
 
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = ["pool.evt.account.alpha", "pool.sched.lease.l1", "pool.agent.gpu-7.start",

@@ -10,8 +10,8 @@ import nats
 from bus.admin import ensure_all_streams
 from bus.local.auth import AuthConfig, inbox_prefix
 from bus.local.server import NatsServer
-from control.plane import ControlPlane
 from tests.security.conftest import service_url
+from workers.plane import ControlPlane
 
 # where a crafted reply would do harm: the log, a timer, a work queue, the leader KV, another
 # tenant's inbox, the JetStream API

@@ -14,8 +14,8 @@ import pytest
 from bus.local.auth import PERMISSIONS, ROLES, AuthConfig, role_user, url_with_credentials
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.projector import Projector
 from tests.security.roles import lease_lifecycle, secured_plane, violations, wait_for
+from workers.projector import Projector
 
 
 async def _attempt(server: NatsServer, auth: AuthConfig, role: str, *,
@@ -198,10 +198,10 @@ def test_the_scheduler_stores_and_reads_its_checkpoint_as_its_own_user(tmp_path:
     """Signed with a key from the scheduler's own password: a process holding another
     role's password can neither write the stream nor make a checkpoint that verifies."""
     from bus.checkpoints import CheckpointStore, checkpoint_key
-    from control.application import PoolApp
-    from control.bootstrap import app_env
-    from control.scheduler import Scheduler
-    from control.scheduler.checkpoint import Checkpointer
+    from workers.application import PoolApp
+    from workers.bootstrap import app_env
+    from workers.scheduler import Scheduler
+    from workers.scheduler.checkpoint import Checkpointer
 
     with secured_plane(tmp_path) as (server, auth, cp):
         lease_lifecycle(server, auth, tmp_path / "state")

@@ -18,9 +18,9 @@ from bus.replies import NODE_INBOXES
 from bus.runtime import close_runtime
 from bus.streams import snapshot_stream_config
 from bus.subjects import SNAPSHOTS_STREAM, snapshot_subject
-from control.application.core import APPLICATION_NAME, AppCore
-from control.bootstrap import app_env
 from domain.account import Account
+from workers.application.core import APPLICATION_NAME, AppCore
+from workers.bootstrap import app_env
 
 SNAPSHOT = snapshot_subject(APPLICATION_NAME, str(uuid.uuid4()))
 # the latest snapshot is one direct get by subject (the leader's own get on a replicated stream)

@@ -12,11 +12,11 @@ import pytest
 from bus.jetstream.strays import strays
 from bus.local.server import NatsServer
 from client.api import PoolClient
-from control.application import PoolApp
-from control.plane import ControlPlane, app_env
 from domain.account import Account
 from projections.audit import audit_credits
 from tests.control_plane import setup_pool
+from workers.application import PoolApp
+from workers.plane import ControlPlane, app_env
 
 STRAY = b'{"ok": true, "lease": {"lease_id": "l1"}}'
 

@@ -21,9 +21,9 @@ from bus.local.auth import AuthConfig, inbox_prefix, url_with_credentials
 from bus.local.server import NatsServer
 from bus.telemetry import TelemetryPublisher, TelemetrySample, follow
 from client.api import PoolClient
-from control.plane import ControlPlane
 from schemas import v1
 from tests.placed import place_on
+from workers.plane import ControlPlane
 
 FORGED = "\x1b]0;owned\x07\x1b[2Jforged by n2\n"
 

@@ -17,7 +17,7 @@ from cli.main import COMMANDS, build_parser
 ROOT = Path(__file__).resolve().parents[2]
 # what parsing a flag never needs, the scheduler's (numpy, eventsourcing, the domain's policy)
 # first: a `pool … --help` that loads one of them starts slowly
-HEAVY = ("numpy", "eventsourcing", "control", "domain", "schemas", "nats", "msgspec", "psycopg",
+HEAVY = ("numpy", "eventsourcing", "workers", "domain", "schemas", "nats", "msgspec", "psycopg",
          "projections.postgres", "projections.views", "opentelemetry", "litestar", "docker")
 
 

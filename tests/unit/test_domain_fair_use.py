@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from control.pending import LeaseMemory
 from domain import JobSpec, Lease, LeaseState, NodeId, PoolId, Shape, TenantId
 from domain.errors import (
     InvalidAmount,
@@ -20,6 +19,7 @@ from domain.errors import (
 from domain.pool import Pool, TenantPolicy
 from domain.poolconfig import PoolConfig
 from domain.rate import TokenBucket
+from workers.pending import LeaseMemory
 
 SHAPE = Shape.build(cpu_millis=2000, memory_mib=4096)
 

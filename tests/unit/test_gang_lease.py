@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from control.pending import LeaseMemory, QueuedLease
 from domain.gang import GangMembership, job_env, member_key
 from domain.lease import Lease, LeaseState
 from domain.policy.gang import GangSpec, place_members
 from domain.policy.placement import NodeTable
 from domain.resources import NodeCapabilities, NodeId, PoolId, Resources, Shape, TenantId
+from workers.pending import LeaseMemory, QueuedLease
 
 
 def _members(n: int = 3, **kw: str) -> list[GangMembership]:

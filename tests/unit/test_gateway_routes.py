@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import msgspec
 
-from control.routes import ROUTES as NATS_ROUTES
 from gateway.openapi import document
 from gateway.routes import ROUTES
 from gateway.wire import LeaseCreate
 from schemas import v1
+from workers.routes import ROUTES as NATS_ROUTES
 
 # what clients send: tenants' `pool.cmd.…` and the operator's `pool.admin.…` (agents' own
 # `pool.node.…` reports, the orders sent to agents and the telemetry stream are not for HTTP)
@@ -64,13 +64,13 @@ def test_every_error_code_of_every_layer_has_a_deliberate_http_status() -> None:
     import inspect
 
     import bus.errors
-    import control.errors
     import domain.errors
+    import workers.errors
     from gateway.problems import STATUS_BY_CODE
     from schemas.codec import SCHEMA_ERROR_CODES
 
     codes = set(SCHEMA_ERROR_CODES)
-    for module in (domain.errors, control.errors, bus.errors):
+    for module in (domain.errors, workers.errors, bus.errors):
         for _, cls in inspect.getmembers(module, inspect.isclass):
             code = getattr(cls, "code", None)
             if isinstance(code, str) and issubclass(cls, Exception):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from control.plane import holder_id, holder_pid
+from workers.plane import holder_id, holder_pid
 
 
 def test_the_pid_of_a_holder_id_is_the_process_that_made_it() -> None:

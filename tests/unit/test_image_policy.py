@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from bus.local.server import NatsServer
 from cli.main import main
 from client.api import PoolClient
-from control.plane import ControlPlane
 from domain.errors import ImageNotAllowed, InvalidConfiguration
 from domain.lease import JobSpec, Lease
 from domain.policy.images import (
@@ -35,6 +34,7 @@ from domain.policy.images import (
 from domain.pool import Pool
 from domain.resources import NodeId, PoolId, Shape, TenantId
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
+from workers.plane import ControlPlane
 
 DIGEST = "sha256:" + "ab" * 32
 OTHER_DIGEST = "sha256:" + "cd" * 32
@@ -324,9 +324,9 @@ def test_a_job_spec_stored_before_signatures_still_loads() -> None:
 
 
 def test_the_start_command_carries_the_policy_and_signature_the_agent_checks() -> None:
-    from control.dispatcher import orders_for
     from schemas import v1
     from schemas.codec import decode
+    from workers.dispatcher import orders_for
 
     pool = Pool.create(pool_id=PoolId("p"), now=1.0)
     pool.set_image_policy(signed_policy(untrusted_tenants=("acme",)), 2.0)

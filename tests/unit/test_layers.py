@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("domain", "schemas", "bus", "control", "projections", "agents", "client", "cli",
+PACKAGES = ("domain", "schemas", "bus", "workers", "projections", "agents", "client", "cli",
             "local", "bench", "chaos", "gateway", "sim")
 
 
@@ -67,7 +67,7 @@ def test_only_bus_speaks_nats() -> None:
 
 
 def test_the_product_ships_no_tooling() -> None:
-    product = ("domain", "schemas", "bus", "control", "projections", "agents", "client",
+    product = ("domain", "schemas", "bus", "workers", "projections", "agents", "client",
                "gateway")
     assert sorted(f"{name} imports {dep}" for name, deps in IMPORTS.items()
                   if name.split(".")[0] in product
@@ -91,7 +91,7 @@ def test_only_projections_speak_sql() -> None:
 
 
 def test_the_domain_does_no_io_and_reads_no_clock() -> None:
-    forbidden = ("bus", "control", "projections", "agents", "client", "cli", "local", "time",
+    forbidden = ("bus", "workers", "projections", "agents", "client", "cli", "local", "time",
                  "datetime", "nats", "psycopg", "docker", "socket", "subprocess", "os")
     found = sorted(f"{name} imports {dep}" for name, deps in IMPORTS.items()
                    if name.split(".")[0] == "domain"

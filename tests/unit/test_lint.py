@@ -24,7 +24,7 @@ def _files(*dirs: str, skipped: frozenset[str]) -> list[str]:
     return [f for f in found if f not in skipped]
 
 
-PACKAGES = ("domain", "schemas", "bus", "control", "projections", "agents", "client", "cli",
+PACKAGES = ("domain", "schemas", "bus", "workers", "projections", "agents", "client", "cli",
             "local", "bench", "chaos", "sim", "gateway")
 RUFF_CHECKED = tuple(_files(*PACKAGES, "tests", skipped=RUFF_SKIPPED))
 # file by file; imports are followed silently (third-party packages' own findings are not ours)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from control.pending import LeaseMemory, QueuedLease
 from domain.lease import Lease, LeaseState
 from domain.resources import NodeId, PoolId, Shape, TenantId
 from projections.views.writer import Folder
+from workers.pending import LeaseMemory, QueuedLease
 
 NOW = 1_800_000_000.0
 # what only the event's own position and time set: the version, and the aggregate's times

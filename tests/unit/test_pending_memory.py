@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from control.pending import LeaseMemory, QueuedLease
 from domain.lease import Lease, LeaseState
 from domain.resources import NodeId, PoolId, Shape, TenantId
+from workers.pending import LeaseMemory, QueuedLease
 
 
 def _queued(key: str, **kw: Any) -> tuple[Lease, list[Any]]:

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from control.errors import UnknownSubject
-from control.routes import ROUTES, Router, asyncapi_channels, subscriptions
 from schemas import v1
 from schemas.codec import SchemaError
 from schemas.export import asyncapi
 from schemas.feed import FeedReplay
+from workers.errors import UnknownSubject
+from workers.routes import ROUTES, Router, asyncapi_channels, subscriptions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,7 +74,7 @@ class _Served:
     """A Context over a real application kept in memory."""
 
     def __init__(self) -> None:
-        from control.application import PoolApp
+        from workers.application import PoolApp
 
         self.app = PoolApp(env={"PERSISTENCE_MODULE": "eventsourcing.popo"},
                            clock=lambda: 1_700_000_000.0)
@@ -142,8 +142,8 @@ def test_the_asyncapi_document_has_one_channel_per_route() -> None:
 
 
 def test_importing_the_route_table_connects_to_nothing() -> None:
-    code = ("import sys, control.routes;"
+    code = ("import sys, workers.routes;"
             "bad = [m for m in sys.modules if m.split('.')[0] in ('nats', 'psycopg')"
-            " or m in ('control.application', 'bus.runtime')];"
+            " or m in ('workers.application', 'bus.runtime')];"
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

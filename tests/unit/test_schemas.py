@@ -15,7 +15,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from control.routes import asyncapi_channels
 from domain.resources import Resources, partition_dimension
 from schemas import (
     COMMAND_KINDS,
@@ -34,6 +33,7 @@ from schemas import (
     encode,
 )
 from schemas.export import ASYNCAPI_FILE, DEFAULT_DIRECTORY, PUBLIC_STRUCTS, asyncapi, export
+from workers.routes import asyncapi_channels
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,10 +8,10 @@ import msgspec
 import pytest
 
 from agents.runtimes.contract import WorkloadSpec
-from control.sealing import BadKeyRing, KeyRing, Unreadable
 from domain.lease import JobSpec
 from schemas import v1
 from schemas.codec import COMMANDS, SchemaError, decode_with
+from workers.sealing import BadKeyRing, KeyRing, Unreadable
 
 
 def test_a_ring_seals_under_its_first_key_and_opens_with_any_it_holds() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # the product; the tooling (bench/, chaos/) and the tests are not held to these limits
-PRODUCT = ("domain", "schemas", "bus", "control", "projections", "agents", "client", "cli",
+PRODUCT = ("domain", "schemas", "bus", "workers", "projections", "agents", "client", "cli",
            "local", "gateway", "sim")
 FILE_LIMIT = 600  # lines
 FUNCTION_LIMIT = 100  # lines, from its `def` to its last line
@@ -26,10 +26,10 @@ FILES_OVER: dict[str, int] = {
     "bus/telemetry.py": 651,  # grew past the limit with the telemetry-to-leases check
 }
 FUNCTIONS_OVER: dict[str, int] = {
-    "control/scheduler/placing.py::Placing._place_pool": 178,
-    "control/plane.py::ControlPlane.__init__": 162,
+    "workers/scheduler/placing.py::Placing._place_pool": 178,
+    "workers/plane.py::ControlPlane.__init__": 162,
     "agents/agent.py::Agent.start": 123,
-    "control/scheduler/gangs.py::Ganging._place_gang": 114,
+    "workers/scheduler/gangs.py::Ganging._place_gang": 114,
 }
 
 

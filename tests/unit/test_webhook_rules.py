@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from control.errors import WebhookAddressRefused
-from control.webhooks.addresses import networks, resolve
-from control.webhooks.settings import WebhookSettings
-from control.webhooks.signing import (
+from domain.errors import InvalidWebhook, WebhookLimit
+from domain.webhook import WebhookEndpoints
+from workers.errors import WebhookAddressRefused
+from workers.webhooks.addresses import networks, resolve
+from workers.webhooks.settings import WebhookSettings
+from workers.webhooks.signing import (
     SealedSecretUnreadable,
     new_secret,
     plane_key,
@@ -16,8 +18,6 @@ from control.webhooks.signing import (
     signature,
     unseal,
 )
-from domain.errors import InvalidWebhook, WebhookLimit
-from domain.webhook import WebhookEndpoints
 
 
 def test_the_signature_is_the_standard_webhooks_example() -> None:

@@ -1,0 +1,369 @@
+"""The scheduler's gangs: every member of a gang reserved in one atomic batch, or none."""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import time
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.domain import Aggregate
+
+from domain.account import Account
+from domain.errors import DomainError
+from domain.gang import GANG_MEMBER_LOST, GangMembership
+from domain.lease import Lease, LeaseState
+from domain.node import Node
+from domain.policy import reasons as R
+from domain.policy.backfill import Backfill, placed_end_estimate
+from domain.policy.fairness import PendingRequest
+from domain.policy.gang import Candidate, place_gang, place_members
+from domain.policy.preemption import choose_victims
+from domain.reservation import Withheld
+from domain.resources import TRUST_LEVELS, ZERO, LeaseId, NodeId, Resources, Shape
+from domain.topology import topology_of
+from workers.pending import QueuedLease
+from workers.quotas import quota_wait
+from workers.scheduler.batches import Batching
+from workers.scheduler.state import (
+    LEAVING,
+    MAX_MESSAGES_PER_BATCH,
+    CycleReport,
+    PendingPreemption,
+    Placed,
+    PoolState,
+    class_rank,
+    node_uuid,
+)
+
+Member = Lease | QueuedLease
+GANG_BROKEN = "gang_broken"
+GANG_MEMBERS_LEAVING = "gang_members_leaving"
+
+
+class Ganging(Batching):
+    """A gang is placed when the fair queue reaches any of its members: all of them at once
+    (the others leave the queue with it), in one batch, or all wait with one reason."""
+
+    def _place_gang(self, ps: PoolState, req: PendingRequest, lease: Member,
+                    gang: GangMembership, now: float, batch: list[Aggregate],
+                    allocs: dict[str, list[Placed]], report: CycleReport,
+                    unplaced: list[PendingRequest]) -> list[Aggregate]:
+        """Place `req`'s whole gang, reject it whole, or leave every member waiting; returns
+        the batch to go on with (a new one when this gang needed the room of a fresh one)."""
+        assert ps.queue is not None
+        ids = gang.member_ids(lease.tenant_id)
+        members: list[Member | None] = []
+        for uid in ids:
+            got = self.aggregates.peek(uid)
+            members.append(got if isinstance(got, (Lease, QueuedLease)) else None)
+        # the other members leave the queue with this one: placed together, or back together
+        waiting = [req]
+        for uid in ids:
+            lid = str(uid)
+            if lid != req.lease_id and lid in ps.queue:
+                other = ps.queue.remove(lid)
+                if other is not None:
+                    waiting.append(other)
+        # room for every member's lease, node and account event in one batch: close this one
+        # first when the gang would not fit in what is left of it
+        if (len(batch) + len(allocs) + len(self._holds) + 2 * gang.size + 1
+                >= MAX_MESSAGES_PER_BATCH):
+            self._close_batch(batch, allocs, now, report)
+            batch = []
+        queued = [m for m in members if m is not None and m.state is LeaseState.QUEUED]
+        if len(queued) < gang.size:
+            # ended members have left memory (None) or are terminal
+            between = sum(m is not None and m.state in _BETWEEN for m in members)
+            if len(queued) + between < gang.size:
+                # a member ended on its own: the gang can never be whole again
+                why = f"{GANG_BROKEN}: {gang.size - len(queued) - between} of {gang.size} " \
+                      "member(s) ended"
+                for m in queued:
+                    whole = self._promoted(m)
+                    whole.reject(now, GANG_BROKEN, [why])
+                    self.reasons[str(m.id)] = {"gang": why, "never_satisfiable": True}
+                    batch.append(whole)
+                    report.rejected += 1
+                return batch
+            why = (f"{GANG_MEMBERS_LEAVING}: {gang.size - len(queued)} of {gang.size} member(s) "
+                   "still hold an earlier placement")
+            self._gang_waits(waiting, {"tenant": [R.WAITING_FOR_CAPACITY], "gang": why},
+                             unplaced)
+            return batch
+        pool = ps.pool
+        runtime = queued[0].requested_shape.runtime
+        trust = pool.image_policy.allowed_trust_levels(isolation=runtime, tenant=req.tenant)
+        allowed = None if len(trust) == len(TRUST_LEVELS) else tuple(sorted(trust))
+        shapes = [m.requested_shape for m in queued]
+        total = sum((s.resources for s in shapes), ZERO)
+        if ps.book.limited(req.tenant):
+            whole_req = dataclasses.replace(
+                req, shape=dataclasses.replace(req.shape, resources=total))
+            why_quota = quota_wait(self, ps, whole_req, lease, now, batch, report)
+            if why_quota is not None:
+                self._gang_waits(waiting, why_quota, unplaced)
+                return batch
+        cfg = pool.config
+        blocked = ps.gang_holds.blocked(now, except_for=gang.gang_id)
+        blocked |= self._kept_from(ps, gang, lease, shapes, now)
+        decision = place_members(gang.spec(), shapes, ps.table, self._topology,
+                                 packing=cfg.packing, allowed_trust_levels=allowed,
+                                 blocked=blocked)
+        if decision.never_fits:
+            never = {"gang": decision.reason, "filters": decision.filters,
+                     "nodes_total": len(ps.table), "never_satisfiable": True}
+            for m in queued:
+                whole = self._promoted(m)
+                whole.reject(now, "unschedulable", sorted({*decision.filters,
+                                                           str(decision.reason)}))
+                self.reasons[str(m.id)] = dict(never)
+                batch.append(whole)
+                report.rejected += 1
+            return batch
+        if not decision.placed:
+            waits: dict[str, Any] = {
+                "tenant": [R.WAITING_FOR_CAPACITY], "gang": decision.reason,
+                "filters": decision.filters, "nodes_total": len(ps.table)}
+            preempting = self._gang_preemption(ps, req, gang, shapes, total, allowed, blocked,
+                                               now, batch, report)
+            if preempting is not None:
+                waits["tenant"] = [R.WAITING_FOR_PREEMPTION]
+                waits["preemption"] = preempting
+            held = self._gang_hold(ps, gang, decision.best_nodes, shapes, now)
+            if held:
+                waits["gang_hold"] = held
+            self._gang_waits(waiting, waits, unplaced)
+            return batch
+        holds = [pool.hold_for(m.requested_shape, m.maximum_runtime_seconds)
+                 for m in queued]
+        acc = self.aggregates.get(_account_id(req.tenant))
+        available = (acc.available - self._held.get(req.tenant, 0)
+                     if isinstance(acc, Account) else 0)
+        if sum(holds) > available:
+            self._gang_waits(waiting, {"tenant": [R.INSUFFICIENT_CREDITS],
+                                       "hold_microcredits": sum(holds),
+                                       "available_microcredits": available}, unplaced)
+            return batch
+        devices: list[tuple[str, ...]] = []
+        for m, node_id in zip(queued, decision.nodes, strict=True):
+            got = self._devices_for(node_id, m.requested_shape, allocs)
+            if got is None:
+                self._gang_waits(waiting, {"tenant": [R.WAITING_FOR_CAPACITY],
+                                           "devices": f"too few free GPU devices of node "
+                                                      f"{node_id} fit"}, unplaced)
+                return batch
+            devices.append(got)
+        for m, node_id, hold, devs in zip(queued, decision.nodes, holds, devices, strict=True):
+            self._reserve_member(ps, m, node_id, hold, devs, now, batch, allocs, report)
+        ps.gang_holds.release(gang.gang_id)
+        ps.gang_hold_need.pop(gang.gang_id, None)
+        return batch
+
+    def _gang_preemption(self, ps: PoolState, req: PendingRequest, gang: GangMembership,
+                         shapes: list[Shape], total: Resources,
+                         allowed: tuple[str, ...] | None, blocked: set[str], now: float,
+                         batch: list[Aggregate], report: CycleReport) -> dict[str, Any] | None:
+        """Preemption on a waiting gang's behalf, when the pool allows it: the busy nodes
+        whose running leases the policy would give up for one member (as for a lone request:
+        lower classes, or tenants over their share), counted as fitting beside the free ones;
+        if the gang policy then finds it nodes, the victims on those nodes are noticed (added
+        to `batch`) and the gang waits for them. One plan at a time per gang; returns where it
+        stands, for `why`, or None."""
+        prem = ps.pool.config.preemption
+        if not prem.enabled:
+            return None
+        pending = self._preempting_for.get(gang.gang_id)
+        if pending is not None:
+            leaving = [v for v in pending.victims
+                       if isinstance(vl := self.aggregates.get(UUID(v)), Lease)
+                       and vl.state in LEAVING]
+            if leaving:
+                return {"node_id": pending.node_id, "victims": list(pending.victims)}
+            del self._preempting_for[gang.gang_id]
+        if self._plans_left <= 0:
+            return None
+        self._plans_left -= 1
+        shape = max(shapes, key=lambda sh: (sh.resources.gpu_count, sh.resources.cpu_millis,
+                                            sh.resources.memory_mib))
+        fr = ps.table.filter(shape, allowed_trust_levels=allowed)
+        busy = [c for i in fr.busy
+                if (nid := ps.table.node_id_at(int(i))) not in blocked
+                and (c := self._candidate(ps, nid)).leases]
+        if not busy:
+            return None
+        whole = dataclasses.replace(req, shape=dataclasses.replace(req.shape, resources=total))
+        over = self._tenants_over_share(ps, whole, busy)
+        rank = class_rank(ps.pool, req.priority_class)
+        plans = {}
+        for c in busy:
+            plan = choose_victims(shape, [c], rank, over, prem.min_runtime_seconds, now,
+                                  requester_tenant=req.tenant)
+            if plan is not None and plan.victims:
+                plans[c.node_id] = plan
+        if not plans:
+            return None
+        free = [ps.table.node_id_at(int(i)) for i in fr.eligible]
+        cheap = sorted(plans, key=lambda n: (plans[n].work_lost_seconds, n))
+        candidates = [Candidate(node_id=n, labels=self._topology(n))
+                      for n in [*(n for n in free if n not in blocked), *cheap]]
+        decision = place_gang(gang.spec(), candidates)
+        if not decision.placed:
+            return None
+        noticed: list[Lease] = []
+        for node_id in decision.nodes:
+            if node_id in plans:
+                noticed += self._notice_victims(ps, plans[node_id], now, report)
+        if not noticed:
+            return None
+        batch += noticed
+        nodes = sorted({str(v.node_id) for v in noticed})
+        pending = PendingPreemption(",".join(nodes), tuple(str(v.id) for v in noticed))
+        self._preempting_for[gang.gang_id] = pending
+        return {"node_id": pending.node_id, "victims": list(pending.victims)}
+
+    def _kept_from(self, ps: PoolState, gang: GangMembership, lease: Member,
+                   shapes: list[Shape], now: float) -> set[str]:
+        """The nodes a member may not take now, as lone requests may not: where it would run
+        into an advance reservation, a maintenance window or another gang's hold (its own
+        hold, or the advance reservation it names, excepted). A blocked head's backfill
+        reservation does not keep a gang out: a gang is never a head itself, so a later lone
+        request would otherwise take its place in line (the gang's hold is its guard)."""
+        bf = ps.backfill
+        if bf is None:
+            return set()
+        nodes = bf.window_nodes()
+        if not nodes:
+            return set()
+        cfg = ps.pool.config
+        need = _largest(shapes)
+        end = placed_end_estimate(now, cfg.commit_timeout_seconds,
+                                  lease.maximum_runtime_seconds)
+        own = (f"gang:{gang.gang_id}" if gang.gang_id in ps.gang_holds.holds
+               else self.windows.usable(ps.pool.pool_id, lease, now))
+        return {n for n in nodes if not bf.admits(n, need, end, window=own, heads=False)}
+
+    def _gang_hold(self, ps: PoolState, gang: GangMembership, nodes: tuple[str, ...],
+                   shapes: list[Shape], now: float) -> dict[str, Any] | None:
+        """The starvation guard, live: the first gang found waiting while no other holds
+        keeps the fitting nodes of its best domain (widened as more free up) from other
+        placements, for at most LIVE_HOLD_SECONDS, then may not hold again for as long
+        (domain.policy.gang.GangHolds). Returns what it holds, for `why`."""
+        holds = ps.gang_holds
+        if not nodes or any(g != gang.gang_id for g in holds.holds):
+            return None
+        if not holds.hold(gang.gang_id, nodes, now):
+            return None  # cooling down after a hold that ran out
+        # what each held node keeps: the largest member's amount
+        ps.gang_hold_need[gang.gang_id] = _largest(shapes)
+        since, held = holds.holds[gang.gang_id]
+        return {"nodes": sorted(held), "until": since + holds.max_hold_seconds}
+
+    def _hold_for_gangs(self, ps: PoolState, bf: Backfill, now: float) -> None:
+        """At a cycle's start: drop the holds of gangs no longer queued (placed, cancelled,
+        rejected) or past their time, and give backfill what the rest keep on each node, so
+        lone placements stay out of it as they stay out of a maintenance window."""
+        holds = ps.gang_holds
+        if not holds.holds:
+            return
+        assert ps.queue is not None
+        for gang_id in list(holds.holds):
+            if gang_id not in ps.queue:  # the lead's lease id is the gang's id
+                holds.release(gang_id)
+        holds.blocked(now)  # lets holds past their time lapse
+        for gang_id in list(ps.gang_hold_need):
+            if gang_id not in holds.holds:
+                del ps.gang_hold_need[gang_id]
+        bf.withhold_also(
+            Withheld(reservation_id=f"gang:{gang_id}", node_id=node_id, start_at=now,
+                     resources=ps.gang_hold_need[gang_id],
+                     end_at=since + holds.max_hold_seconds)
+            for gang_id, (since, nodes) in holds.holds.items()
+            if gang_id in ps.gang_hold_need
+            for node_id in sorted(nodes) if node_id in ps.table)
+
+    def _reserve_member(self, ps: PoolState, member: Member, node_id: str, hold: int,
+                        devices: tuple[str, ...], now: float, batch: list[Aggregate],
+                        allocs: dict[str, list[Placed]], report: CycleReport) -> None:
+        """One member reserved on its node, as a lone placement is (no job restarts on its
+        own: a gang's jobs start on the holder's commit, which tells each its peers' nodes)."""
+        lease = self._promoted(member)
+        lid = LeaseId(str(lease.id))
+        epoch = lease.reserve(now, node_id=NodeId(node_id),
+                              commit_timeout_seconds=ps.pool.config.commit_timeout_seconds,
+                              hold_microcredits=hold, devices=devices)
+        res: Resources = lease.requested_shape.resources
+        allocs.setdefault(node_id, []).append((lid, res, devices))
+        batch.append(lease)
+        if hold:
+            self._holds.setdefault(lease.tenant_id, []).append((f"hold-{lid}-{epoch}", lid, hold))
+            self._held[lease.tenant_id] = self._held.get(lease.tenant_id, 0) + hold
+        ps.table.allocate(node_id, lid, res, tenant=lease.tenant_id)
+        if ps.backfill is not None:
+            ps.backfill.placed(lid)
+        self._track(ps, lease)
+        self.reasons.pop(lid, None)
+        heapq.heappush(self._deadlines, (lease.reservation_deadline or now, lid))
+        self._placing.append((lease, time.time_ns()))
+        report.placed += 1
+
+    def _gang_peers_expired(self, lease: Lease, now: float, report: CycleReport
+                            ) -> list[Lease]:
+        """A gang member expired (its heartbeats or its node lost): its running peers get one
+        preemption notice with the pool's grace (`gang_member_lost`), back in line with it
+        when the gang asked to be requeued, else ended."""
+        ps = self.pools.get(lease.pool_id)
+        if ps is None or lease.gang is None:
+            return []
+        grace = ps.pool.config.preemption.grace_seconds
+        out: list[Lease] = []
+        for uid in lease.gang.member_ids(lease.tenant_id):
+            peer = self.aggregates.get(uid)
+            if (uid == lease.id or not isinstance(peer, Lease)
+                    or peer.state is not LeaseState.RUNNING):
+                continue
+            try:
+                due = peer.notice_preemption(now, grace_seconds=grace,
+                                             requeue=peer.requeue_when_preempted,
+                                             reason=GANG_MEMBER_LOST)
+            except DomainError:
+                continue
+            heapq.heappush(self._deadlines, (due, str(uid)))
+            report.preempted += 1
+            out.append(peer)
+        return out
+
+    def _promoted(self, member: Member) -> Lease:
+        """The whole Lease of a member held compactly (to record its events)."""
+        if isinstance(member, QueuedLease):
+            whole = self.aggregates.promote(member.id)
+            assert isinstance(whole, Lease)
+            return whole
+        return member
+
+    def _gang_waits(self, waiting: list[PendingRequest], why: dict[str, Any],
+                    unplaced: list[PendingRequest]) -> None:
+        for r in waiting:
+            self.reasons[r.lease_id] = dict(why)
+            unplaced.append(r)
+
+    def _topology(self, node_id: str) -> dict[str, str]:
+        node = self.aggregates.get(node_uuid(node_id))
+        return topology_of(node.capabilities) if isinstance(node, Node) else {}
+
+
+# a member on its way back to the queue (or not yet in it): its gang waits for it
+_BETWEEN = frozenset({LeaseState.REQUESTED, LeaseState.RESERVED, LeaseState.RUNNING,
+                      LeaseState.STOPPING, LeaseState.PREEMPTING, LeaseState.EXPIRED,
+                      LeaseState.RECONCILING})
+
+
+def _largest(shapes: list[Shape]) -> Resources:
+    """The largest member's amount (by GPUs, then CPU, then memory)."""
+    return max((s.resources for s in shapes),
+               key=lambda r: (r.gpu_count, r.cpu_millis, r.memory_mib))
+
+
+def _account_id(tenant: str) -> UUID:
+    return Account.create_id(tenant)

@@ -1,0 +1,317 @@
+"""The scheduler's placement of one pool's queue in a cycle."""
+
+from __future__ import annotations
+
+import heapq
+import time
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.domain import Aggregate
+
+from domain.lease import Lease, LeaseState
+from domain.policy import reasons as R
+from domain.policy.backfill import (
+    Backfill,
+    LeaseEnd,
+    band_of,
+    lease_end_estimate,
+    placed_end_estimate,
+)
+from domain.policy.fairness import PendingRequest
+from domain.policy.placement import FilterResult
+from domain.resources import TRUST_LEVELS, LeaseId, NodeId, Resources
+from workers.pending import QueuedLease
+from workers.quotas import apply_history, quota_wait, restart_job
+from workers.scheduler.gangs import Ganging
+from workers.scheduler.state import (
+    MAX_MESSAGES_PER_BATCH,
+    CycleReport,
+    PendingPreemption,
+    PoolState,
+)
+
+
+class Placing(Ganging):
+    """One pool's queue placed in a cycle: fit, fair order, backfill, waits and their reasons."""
+
+    def _place_one(self, ps: PoolState, bf: Backfill | None, shape: Any,
+                   lease: Lease | QueuedLease, lease_id: str,
+                   allowed: tuple[str, ...] | None, band: Any, now: float,
+                   ) -> tuple[str | None, FilterResult, bool]:
+        """The node one lease is placed on now: through backfill's admission when `bf` is
+        given (held True: it fits only where a reservation keeps it out), else the fast path."""
+        cfg = ps.pool.config
+        if bf is not None:
+            assert ps.queue is not None
+            return bf.place(
+                shape, placed_end_estimate(now, cfg.commit_timeout_seconds,
+                                           lease.maximum_runtime_seconds),
+                packing=cfg.packing,  # type: ignore[arg-type]
+                allowed_trust_levels=allowed, lease_id=lease_id,
+                window=self.windows.usable(ps.pool.pool_id, lease, now),
+                band=band, offered_later=ps.queue.__contains__)
+        got, result = ps.table.place_fast(
+            shape, packing=cfg.packing,  # type: ignore[arg-type]
+            allowed_trust_levels=allowed)
+        return got, result, False
+
+    def _place_pool(self, ps: PoolState, now: float, report: CycleReport) -> None:
+        queue = ps.queue
+        if queue is None or not len(queue):
+            return
+        ps.refresh_totals()
+        if ps.decay.half_life_seconds:
+            apply_history(ps, now)
+        self._holds.clear()  # as `allocs` below: nothing of a batch that never closed
+        self._held.clear()
+        pool = ps.pool
+        cfg = pool.config
+        ranks, aging = dict(cfg.priority_classes), float(cfg.aging_seconds_per_rank)
+        batch: list[Aggregate] = []
+        # node id → the placements on it not yet recorded: one node event per node per batch
+        # (`Node.allocate_many`), written when the batch closes, not one event per placement
+        allocs: dict[str, list[tuple[LeaseId, Resources, tuple[str, ...]]]] = {}
+        unplaced: list[PendingRequest] = []
+        examined = 0
+        # (isolation, tenant) → the node trust levels the pool's image policy allows it
+        # (None: any), asked once per cycle rather than at every placement
+        trust_of: dict[tuple[str, str], tuple[str, ...] | None] = {}
+        if ps.backfill is None:
+            ps.backfill = Backfill(ps.table, self._lease_end)
+        bf = ps.backfill
+        # windows first: the heads' reservations, made again by `begin`, stay out of them
+        self.windows.apply(pool.pool_id, bf, now)
+        self._hold_for_gangs(ps, bf, now)  # a waiting head gang keeps its gathered nodes
+        bf.begin(now, queued=queue.__contains__)
+        # windows are kept through backfill's admission, so it is used while any is in force
+        guarded = (self.backfill or self.windows.in_force(pool.pool_id)
+                   or bool(ps.gang_holds.holds))
+        starts: dict[str, float | None] = {}  # waiting request → estimated start
+        # one pop at a time: each placement changes its tenant's share before the next pick
+        while examined < self.max_examined_per_cycle and (req := queue.pop(now)) is not None:
+            examined += 1
+            # a compact QueuedLease until it is rejected or reserved (`_whole`)
+            lease = self.aggregates.peek(UUID(req.lease_id))
+            if (not isinstance(lease, (Lease, QueuedLease))
+                    or lease.state is not LeaseState.QUEUED):
+                continue
+            if ps.table.node_of(req.lease_id) is not None:
+                # a node re-read from the log after a refused batch holds it: another scheduler
+                # placed it and our copy of the lease is older; catch-up brings its events
+                continue
+            gang = lease.gang
+            if gang is not None:  # all members at once, or none (workers.scheduler.gangs)
+                batch = self._place_gang(ps, req, lease, gang, now, batch, allocs, report,
+                                         unplaced)
+                continue
+            shape = lease.requested_shape
+            res = shape.resources
+            if ps.book.limited(req.tenant) and (
+                    why := quota_wait(self, ps, req, lease, now, batch, report)) is not None:
+                self._wait(req, why, unplaced)
+                continue
+            # the pool's image policy decides which node trust levels this isolation may use
+            trust_key = (shape.runtime, req.tenant)
+            if trust_key in trust_of:
+                allowed = trust_of[trust_key]
+            else:
+                trust = pool.image_policy.allowed_trust_levels(isolation=shape.runtime,
+                                                               tenant=req.tenant)
+                allowed = trust_of[trust_key] = (
+                    None if len(trust) == len(TRUST_LEVELS) else tuple(sorted(trust)))
+            array = lease.array_id
+            if array is not None and (why := self._throttled(array, lease)) is not None:
+                self._wait(req, why, unplaced)
+                continue
+            band = (band_of(req.priority_class, req.enqueued_at, now, ranks, aging) if guarded
+                    else None)
+            where = (bf if guarded else None, shape, lease, req.lease_id, allowed, band, now)
+            # a retry keeps off the node its last attempt ended on, unless nothing else fits
+            avoid = getattr(lease, "avoid_node", None)
+            if avoid and avoid in ps.table and ps.table.state_of(avoid) == "ready":
+                ps.table.set_state(avoid, "cordoned")
+                try:
+                    elsewhere = ps.table.place_fast(
+                        shape, packing=cfg.packing,  # type: ignore[arg-type]
+                        allowed_trust_levels=allowed)[0] is not None
+                    if elsewhere:
+                        node_id, fr, held = self._place_one(ps, *where)
+                finally:
+                    ps.table.set_state(avoid, "ready")
+                if not elsewhere:
+                    node_id, fr, held = self._place_one(ps, *where)
+            else:
+                node_id, fr, held = self._place_one(ps, *where)
+            if node_id is None and held:
+                # it fits now, but only where it would delay a blocked head's reservation
+                # or run into an advance reservation or maintenance window (named in `why`)
+                why = fr.wait_reasons([R.WAITING_FOR_RESERVATION]).to_dict()
+                self.windows.explain(pool.pool_id, why)
+                self._wait(req, why, unplaced)
+                starts[req.lease_id] = self._start_estimate(bf, req, fr, cfg, now, allowed)
+                continue
+            if node_id is None:
+                if fr.never_satisfiable:
+                    lease = self._whole(lease)
+                    lease.reject(now, "unschedulable", sorted(fr.failures))
+                    self.reasons[req.lease_id] = fr.wait_reasons().to_dict()
+                    batch.append(lease)
+                    report.rejected += 1
+                else:
+                    hold, available = self._hold_and_available(pool, req.tenant, lease)
+                    if hold > available:
+                        # it could not pay even once capacity is free: say both, and preempt
+                        # no one on behalf of a request that would still wait
+                        why = fr.wait_reasons([R.INSUFFICIENT_CREDITS]).to_dict()
+                        why.update(hold_microcredits=hold, available_microcredits=available)
+                    else:
+                        why = self._capacity_wait(ps, req, lease, fr, now, batch, report)
+                        starts[req.lease_id] = self._start_estimate(bf, req, fr, cfg, now,
+                                                                    allowed)
+                    self._wait(req, why, unplaced)
+                if len(batch) + len(allocs) + len(self._holds) >= MAX_MESSAGES_PER_BATCH:
+                    self._close_batch(batch, allocs, now, report)
+                    batch = []
+                continue
+            hold, available = self._hold_and_available(pool, req.tenant, lease)
+            if hold > available:
+                self._wait(req, {"tenant": [R.INSUFFICIENT_CREDITS],
+                                 "hold_microcredits": hold, "available_microcredits": available},
+                           unplaced)
+                continue
+            devices = self._devices_for(node_id, shape, allocs)
+            if devices is None:
+                self._wait(req, {"tenant": [R.WAITING_FOR_CAPACITY],
+                                 "devices": f"too few free GPU devices of node {node_id} fit"},
+                           unplaced)
+                continue
+            lease = self._whole(lease)
+            restart = lease.restarts_on_placement
+            epoch = lease.reserve(
+                now,
+                node_id=NodeId(node_id),
+                commit_timeout_seconds=cfg.commit_timeout_seconds,
+                hold_microcredits=hold,
+                devices=devices,
+            )
+            if restart and restart_job(self, ps, lease, node_id, now):
+                heapq.heappush(self._deadlines, (lease.next_due_at() or now, req.lease_id))
+            lid = LeaseId(req.lease_id)
+            on_node = allocs.get(node_id)
+            if on_node is None:
+                allocs[node_id] = [(lid, res, devices)]
+            else:
+                on_node.append((lid, res, devices))
+            batch.append(lease)
+            if hold:
+                # recorded when the batch closes, with the tenant's other holds of the batch,
+                # as ONE event on its account (`Account.hold_many`)
+                holds = self._holds.get(req.tenant)
+                if holds is None:
+                    holds = self._holds[req.tenant] = []
+                holds.append((f"hold-{lid}-{epoch}", lid, hold))
+                self._held[req.tenant] = self._held.get(req.tenant, 0) + hold
+            ps.table.allocate(node_id, req.lease_id, res, tenant=req.tenant)
+            bf.placed(req.lease_id)
+            self._track(ps, lease)
+            self.reasons.pop(req.lease_id, None)
+            heapq.heappush(self._deadlines, (lease.reservation_deadline or now, req.lease_id))
+            # every placement: its span (when traced) and its wait (metrics) once it is saved
+            self._placing.append((lease, time.time_ns()))
+            report.placed += 1
+            # one entry of `batch` per event, plus one event per node placed on and one per
+            # account holding credits
+            if len(batch) + len(allocs) + len(self._holds) >= MAX_MESSAGES_PER_BATCH:
+                self._close_batch(batch, allocs, now, report)
+                batch = []
+        self._close_batch(batch, allocs, now, report)  # in flight until the next is sent
+        position = 0
+        for req in unplaced:
+            lease = self.aggregates.peek(UUID(req.lease_id))
+            if isinstance(lease, (Lease, QueuedLease)) and lease.state is LeaseState.QUEUED:
+                queue.requeue(req)
+                position += 1
+                self._note_position(bf, req.lease_id, position, starts.get(req.lease_id))
+        report.waiting += len(unplaced)
+
+    def _lease_end(self, lease_id: str) -> LeaseEnd | None:
+        lease = self.aggregates.get(UUID(lease_id))
+        if not isinstance(lease, Lease):
+            return None
+        return lease.resources, lease_end_estimate(lease)
+
+    def _start_estimate(self, bf: Backfill, req: PendingRequest, fr: FilterResult,
+                        cfg: Any, now: float, allowed: tuple[str, ...] | None) -> float | None:
+        """When a request that waits for capacity may start: its reservation's start if it
+        is (or now becomes) its band's head and backfill is on, else the earliest time the
+        running leases' deadlines free enough for it on one node (a bound, not a promise)."""
+        if self.backfill:
+            band = band_of(req.priority_class, req.enqueued_at, now,
+                           dict(cfg.priority_classes), float(cfg.aging_seconds_per_rank))
+            held = bf.blocked(req.lease_id, req.shape, band, allowed)
+            if held is not None:
+                return held.start_at
+        key = (req.shape, allowed)
+        if key not in bf.estimates:  # once per shape a cycle: the walk visits every candidate
+            found = bf.earliest(req.shape.resources, [*fr.eligible.tolist(), *fr.busy.tolist()])
+            bf.estimates[key] = None if found is None else found[0]
+        return bf.estimates[key]
+
+    def _note_position(self, bf: Backfill, lease_id: str, position: int,
+                       start: float | None) -> None:
+        """Add the request's place in the pool's queue (1 = next) and its start estimate to
+        its reasons, for `why`."""
+        why = self.reasons.get(lease_id)
+        if why is None:
+            return
+        reserved = bf.reservation_of(lease_id) if self.backfill else None
+        why["queue"] = {"position": position, "estimated_start_at": start,
+                        "reserved": reserved is not None}
+        if reserved is not None:
+            why["queue"]["reserved_node_id"] = reserved.node_id
+
+    def _whole(self, lease: Lease | QueuedLease) -> Lease:
+        """The Lease itself, rebuilt from its compact record if it is one (to record events)."""
+        if isinstance(lease, QueuedLease):
+            whole = self.aggregates.promote(lease.id)
+            assert isinstance(whole, Lease)
+            return whole
+        return lease
+
+    def _wait(self, req: PendingRequest, reasons: dict[str, Any], unplaced: list[PendingRequest]) -> None:
+        self.reasons[req.lease_id] = reasons
+        unplaced.append(req)
+
+    def _capacity_wait(
+        self,
+        ps: PoolState,
+        req: PendingRequest,
+        lease: Lease | QueuedLease,
+        fr: FilterResult,
+        now: float,
+        batch: list[Aggregate],
+        report: CycleReport,
+    ) -> dict[str, Any]:
+        """Why a request that fits no node now waits; may notice victims on its behalf (added
+        to `batch`, so they land with the cycle's placements)."""
+        if not ps.pool.config.preemption.enabled:
+            return fr.wait_reasons([R.WAITING_FOR_CAPACITY]).to_dict()
+        pending = self._pending_preemption(req.lease_id)
+        if pending is None and self._plans_left > 0:
+            self._plans_left -= 1
+            plan = self._plan_preemption(ps, req, lease, fr, now)
+            noticed = [] if plan is None else self._notice_victims(ps, plan, now, report)
+            if plan is not None and noticed:
+                batch += noticed
+                pending = PendingPreemption(plan.node_id, tuple(str(v.id) for v in noticed))
+                self._preempting_for[req.lease_id] = pending
+        if pending is None:
+            return fr.wait_reasons([R.WAITING_FOR_CAPACITY]).to_dict()
+        overdue = [v for v in pending.victims
+                   if isinstance(vl := self.aggregates.get(UUID(v)), Lease)
+                   and vl.preemption_overdue(now)]
+        out = fr.wait_reasons([R.WAITING_FOR_PREEMPTION]).to_dict()
+        out["preemption"] = {"node_id": pending.node_id, "victims": list(pending.victims),
+                             "overdue": overdue}
+        return out
