@@ -19,6 +19,8 @@ COPY bench ./bench
 COPY chaos ./chaos
 COPY projections ./projections
 COPY agents ./agents
+COPY gateway ./gateway
+COPY sim ./sim
 RUN pip install --no-cache-dir . && rm -rf /src/build
 
 ENV POOL_HOME=/var/lib/pool
