@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -16,12 +17,10 @@ from urllib.parse import urlsplit
 import msgspec
 
 from bus.errors import BusError
-from bus.leasewatch import Change, Output
 from bus.subjects import command_subject
 from client.contexts import ContextError
 from client.contexts import load as load_contexts
 from client.http import HttpClient, HttpTransportError, NotOverHttp
-from client.httpwatch import StreamRefused
 from computepool.errors import PoolError
 from gateway.wire import Lease
 from schemas import v1
@@ -31,7 +30,10 @@ from schemas.feed import FeedRecord
 FINAL_STATES = frozenset({"released", "cancelled", "voided", "preempted", "rejected"})
 # quiet this long, a wait reads the lease once: a lost feed message cannot hang it
 GUARD_SECONDS = 5.0
-_TRANSPORT_ERRORS = (BusError, HttpTransportError, NotOverHttp, StreamRefused, ContextError)
+# nats (bus.leasewatch, client.httpwatch) is imported only by the calls that follow a lease:
+# a one-shot call over HTTP starts as fast as the CLI's did before
+_TRANSPORT_ERRORS: tuple[type[Exception], ...] = (BusError, HttpTransportError, NotOverHttp,
+                                                  ContextError)
 
 
 class RunResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -68,7 +70,11 @@ def translated() -> Iterator[None]:
     """Every transport's failure as a PoolError with the transport's stable code."""
     try:
         yield
-    except _TRANSPORT_ERRORS as e:
+    except Exception as e:
+        watch = sys.modules.get("client.httpwatch")
+        known = _TRANSPORT_ERRORS + ((watch.StreamRefused,) if watch is not None else ())
+        if not isinstance(e, known):
+            raise
         raise PoolError(str(getattr(e, "code", "error")), str(e) or type(e).__name__) from e
 
 
@@ -243,6 +249,8 @@ class Client:
             return watch.get(GUARD_SECONDS if left is None else min(left, GUARD_SECONDS))
 
     def _wait_reserved(self, watch: Any, lease_id: str, deadline: float | None) -> None:
+        from bus.leasewatch import Output
+
         while True:
             got = self._next(watch, lease_id, deadline)
             if isinstance(got, Output):
@@ -263,6 +271,8 @@ class Client:
                 seen: Counter[tuple[float, int, str]] | None = None) -> Iterator[str]:
         """The job's output as it comes until the lease's feed says it ended (every output
         published before the end comes before it); `seen`: output already read."""
+        from bus.leasewatch import Change, Output
+
         while True:
             got = self._next(watch, lease_id, deadline)
             if got is None:
@@ -281,6 +291,8 @@ class Client:
     def watch(self, lease_id: str, *, after: int = 0) -> Iterator[FeedRecord]:
         """Each state change of the lease (its feed records after feed sequence `after`, then
         live) until it ends."""
+        from bus.leasewatch import Change
+
         self.get(lease_id)  # an unknown lease, or another tenant's: refused here
         with translated():
             watch = self.transport.watch_lease(lease_id, after=after).start()
