@@ -1,0 +1,90 @@
+"""The SDK (computepool, docs/sdk.md): its documented example run as written over the gateway
+and over NATS, and its one typed error, against a real plane, gateway and bubblewrap agent."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from bus.local.auth import load, url_with_credentials
+from computepool import AsyncClient, Client, PoolError
+from tests.integration.test_cli_http import Laptop, laptop  # noqa: F401 - the plane it runs on
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _example() -> str:
+    text = (ROOT / "docs" / "sdk.md").read_text()
+    found = re.search(r"^## Example$.*?^```python\n(.*?)^```$", text, re.S | re.M)
+    assert found, "docs/sdk.md has no python example under ## Example"
+    return found.group(1)
+
+
+def _tenant_nats_url(lab: Laptop) -> str:
+    """nats://tenant-alpha:PASSWORD@host:port: alpha's own NATS user, not the service's."""
+    auth = load(lab.home.parent / "auth.json")
+    assert auth is not None
+    plain = urlsplit(lab.service_url)
+    return url_with_credentials(f"nats://{plain.hostname}:{plain.port}", auth.tenants["alpha"])
+
+
+def _clients(lab: Laptop) -> list[Client]:
+    return [Client(lab.url, token=lab.tokens["alpha"]),
+            Client(_tenant_nats_url(lab), tenant="alpha")]
+
+
+@pytest.mark.parametrize("transport", ["http", "nats"])
+def test_the_documented_example_runs_over_http_and_over_nats(laptop: Laptop,  # noqa: F811
+                                                             transport: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POOL_")}
+    env["PYTHONPATH"] = str(ROOT)
+    if transport == "http":
+        env.update(POOL_URL=laptop.url, POOL_TOKEN=laptop.tokens["alpha"])
+    else:
+        env.update(POOL_URL=_tenant_nats_url(laptop), POOL_TENANT="alpha")
+    done = subprocess.run([sys.executable, "-c", _example()], env=env, cwd=laptop.home,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:3] == ["exit code 3", "hello", "world"], done.stdout
+    states = lines[3].split()
+    assert states[0] == "states" and states[-1] == "released", lines[3]
+    assert lines[4:] == ["logs ['hello\\n', 'world\\n']", "listed True",
+                         "refused illegal_transition"], done.stdout
+
+
+def test_a_refusal_is_one_typed_error_with_the_stable_code(laptop: Laptop) -> None:  # noqa: F811
+    for client in _clients(laptop):
+        with client, pytest.raises(PoolError) as refused:
+            client.get("no-such-lease")
+        assert refused.value.code == "lease_not_found", refused.value
+        assert refused.value.message and isinstance(refused.value.reasons, dict)
+
+    async def awaited() -> PoolError:
+        async with AsyncClient(laptop.url, token=laptop.tokens["beta"]) as c:
+            try:
+                await c.why("no-such-lease")
+            except PoolError as e:
+                return e
+        raise AssertionError("not refused")
+
+    assert asyncio.run(awaited()).code == "lease_not_found"
+
+
+def test_a_transport_failure_or_a_bad_url_is_a_pool_error_too(tmp_path: Path) -> None:
+    with pytest.raises(PoolError) as unreachable:
+        Client("http://127.0.0.1:9", token="cpt_x", timeout=2).get("l1")
+    assert unreachable.value.code == "gateway_unreachable"
+    with pytest.raises(PoolError) as scheme:
+        Client("ftp://127.0.0.1/", token="t")
+    assert scheme.value.code == "bad_url"
+    with pytest.raises(PoolError) as tenantless:
+        Client("nats://127.0.0.1:4222")
+    assert tenantless.value.code == "no_tenant"
