@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _example() -> str:
     text = (ROOT / "docs" / "sdk.md").read_text()
-    found = re.search(r"^## Example$.*?^```python\n(.*?)^```$", text, re.S | re.M)
+    found = re.search(r"^## Example$.*?^```python\n(.*?)^```$", text, re.DOTALL | re.MULTILINE)
     assert found, "docs/sdk.md has no python example under ## Example"
     return found.group(1)
 
