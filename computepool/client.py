@@ -161,9 +161,10 @@ class Client:
         return dict(reply.get("result") or {})
 
     def commit(self, lease_id: str, command: Sequence[str] = (), *, image: str | None = None,
-               env: Mapping[str, str] | None = None) -> Lease:
-        """Confirm a reserved lease and start its job."""
-        return self._lease(lease_id, "commit", {"job": _job(command, image, env)})
+               env: Mapping[str, str] | None = None, artifacts: Sequence[str] = ()) -> Lease:
+        """Confirm a reserved lease and start its job; `artifacts`: globs of the files it
+        keeps (`out/*`), read back with `artifacts` and `download`."""
+        return self._lease(lease_id, "commit", {"job": _job(command, image, env, artifacts)})
 
     def renew(self, lease_id: str, extend_seconds: int | None = None) -> Lease:
         body = {} if extend_seconds is None else {"extend_seconds": extend_seconds}
@@ -204,7 +205,8 @@ class Client:
             env: Mapping[str, str] | None = None, pool: str | None = None,
             cpu_millis: int = 1000, memory_mib: int = 512, max_runtime_seconds: int = 3600,
             runtime: v1.RuntimeClass | None = None, name: str | None = None,
-            labels: Mapping[str, str] | None = None, timeout: float | None = None) -> RunResult:
+            labels: Mapping[str, str] | None = None, artifacts: Sequence[str] = (),
+            timeout: float | None = None) -> RunResult:
         """Request a lease, wait for its reservation, commit `command`, collect its output
         until it ends; `timeout` seconds (None: no limit) past, the lease is cancelled and
         PoolError("run_timeout") raised. The pool's lease term is not renewed: keep
@@ -221,7 +223,7 @@ class Client:
             if lease.state not in ("reserved", "running"):
                 self._wait_reserved(watch, lease.lease_id, deadline)
             committed = self.envelope(lease.lease_id, "commit",
-                                      {"job": _job(command, image, env)})
+                                      {"job": _job(command, image, env, artifacts)})
             if not committed.get("ok"):  # the reservation goes back at once
                 self.envelope(lease.lease_id, "release", {})
                 raise PoolError.from_envelope(committed)
@@ -443,8 +445,8 @@ def _chain(*parts: Iterator[str]) -> Iterator[str]:
         yield from part
 
 
-def _job(command: Sequence[str], image: str | None, env: Mapping[str, str] | None
-         ) -> dict[str, Any]:
+def _job(command: Sequence[str], image: str | None, env: Mapping[str, str] | None,
+         artifacts: Sequence[str] = ()) -> dict[str, Any]:
     if isinstance(command, str):
         raise PoolError("bad_command", "command: a list of words, e.g. ['echo', 'hi']")
     job: dict[str, Any] = {"command": list(command)}
@@ -452,6 +454,8 @@ def _job(command: Sequence[str], image: str | None, env: Mapping[str, str] | Non
         job["image"] = image
     if env:
         job["env"] = dict(env)
+    if artifacts:
+        job["artifacts"] = list(artifacts)
     return job
 
 
