@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from bus.local.auth import load, url_with_credentials
+from bus.objects import ensure_tenant_buckets_sync
 from computepool import AsyncClient, Client, PoolError
 from tests.integration.test_cli_http import Laptop, laptop  # noqa: F401 - the plane it runs on
 
@@ -88,3 +89,47 @@ def test_a_transport_failure_or_a_bad_url_is_a_pool_error_too(tmp_path: Path) ->
     with pytest.raises(PoolError) as tenantless:
         Client("nats://127.0.0.1:4222")
     assert tenantless.value.code == "no_tenant"
+
+
+def test_artifacts_come_back_over_nats_and_are_refused_by_name_over_http(
+    laptop: Laptop, tmp_path: Path,  # noqa: F811
+) -> None:
+    ensure_tenant_buckets_sync(laptop.service_url, ["alpha"])  # as `pool admin tenant set`
+    http, nats = _clients(laptop)
+    with nats:
+        done = nats.run(["sh", "-c", "mkdir -p out && printf data > out/a.txt"],
+                        artifacts=["out/*"], max_runtime_seconds=120)
+        assert done.exit_code == 0, done
+        lid = done.lease.lease_id
+        kept = nats.artifacts(lid)
+        assert [(a.name, a.size_bytes) for a in kept] == [("out/a.txt", 4)]
+        assert [p.read_text() for p in nats.download(lid, tmp_path)] == ["data"]
+    with http, pytest.raises(PoolError) as refused:
+        http.artifacts(lid)
+    assert refused.value.code == "not_over_http"
+
+
+@pytest.mark.parametrize("transport", ["http", "nats"])
+def test_a_secret_is_set_listed_and_deleted(laptop: Laptop, transport: str) -> None:  # noqa: F811
+    client = _clients(laptop)[0 if transport == "http" else 1]
+    name = f"sdk-{transport}"
+    with client:
+        assert client.set_secret(name, b"v4lue")["version"] == 1
+        assert name in [s["name"] for s in client.secrets()]
+        assert all("value" not in s for s in client.secrets())
+        client.delete_secret(name)
+        with pytest.raises(PoolError) as gone:
+            client.delete_secret(name)
+        assert gone.value.code == "secret_unknown"
+
+
+def test_the_async_client_follows_the_feed_and_the_output(laptop: Laptop) -> None:  # noqa: F811
+    async def go() -> tuple[list[str], list[str]]:
+        async with AsyncClient(laptop.url, token=laptop.tokens["alpha"]) as c:
+            done = await c.run(["sh", "-c", "echo one; echo two"], max_runtime_seconds=120)
+            states = [r.state async for r in c.watch(done.lease.lease_id)]
+            lines = [line async for line in c.logs(done.lease.lease_id, follow=True)]
+            return states, lines
+
+    states, lines = asyncio.run(go())
+    assert states[-1] == "released" and lines == ["one\n", "two\n"]
