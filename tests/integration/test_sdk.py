@@ -133,3 +133,24 @@ def test_the_async_client_follows_the_feed_and_the_output(laptop: Laptop) -> Non
 
     states, lines = asyncio.run(go())
     assert states[-1] == "released" and lines == ["one\n", "two\n"]
+
+
+def test_a_saved_context_picks_the_gateway_and_the_token(
+    laptop: Laptop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+) -> None:
+    from client import contexts
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.delenv("POOL_CONTEXT", raising=False)
+    with pytest.raises(PoolError) as none_saved:
+        Client.from_context()
+    assert none_saved.value.code == "no_context"
+    ctx = contexts.Context(name="lab", url=laptop.url, token=laptop.tokens["alpha"],
+                           tenant="alpha", pool="default")
+    contexts.save(contexts.Config().with_context(ctx))
+    with Client.from_context() as c, pytest.raises(PoolError) as refused:
+        c.get("no-such-lease")
+    assert refused.value.code == "lease_not_found" and c.pool == "default"
+    with pytest.raises(PoolError) as unknown:
+        Client.from_context("elsewhere")
+    assert unknown.value.code == "unknown_context"
