@@ -154,3 +154,11 @@ def test_a_saved_context_picks_the_gateway_and_the_token(
     with pytest.raises(PoolError) as unknown:
         Client.from_context("elsewhere")
     assert unknown.value.code == "unknown_context"
+
+
+def test_a_run_no_node_can_hold_raises_not_reserved_saying_why(laptop: Laptop) -> None:  # noqa: F811
+    for client in _clients(laptop):
+        with client, pytest.raises(PoolError) as refused:
+            client.run(["true"], cpu_millis=999_999, timeout=20)
+        assert refused.value.code == "not_reserved", refused.value
+        assert refused.value.reasons["filters"] == {"insufficient_cpu": 1}
