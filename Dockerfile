@@ -21,6 +21,7 @@ COPY projections ./projections
 COPY agents ./agents
 COPY gateway ./gateway
 COPY sim ./sim
+COPY computepool ./computepool
 RUN pip install --no-cache-dir . && rm -rf /src/build
 
 ENV POOL_HOME=/var/lib/pool

@@ -91,6 +91,14 @@ def pool_client(args: argparse.Namespace, tenant: str = "") -> Any:
                       password=creds.password, **options)
 
 
+def sdk_client(args: argparse.Namespace, tenant: str) -> Any:
+    """The SDK's client (computepool.Client) on the transport `pool_client` picks: the CLI's
+    commands and a tenant's programs speak through the same one."""
+    from computepool.client import Client
+
+    return Client(transport=pool_client(args, tenant), tenant=tenant)
+
+
 def tenant_connection(args: argparse.Namespace, tenant: str) -> tuple[str, dict[str, Any]]:
     """The URL and connect options (user, password, inbox prefix) to speak as `tenant`'s own
     user, for the commands that hold a connection of their own (followers)."""

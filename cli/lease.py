@@ -11,6 +11,7 @@ from cli.connect import (
     context_of,
     default_pool,
     pool_client,
+    sdk_client,
     tenant_of,
 )
 from cli.output import (
@@ -166,8 +167,8 @@ def cmd_lease_verb(args: argparse.Namespace) -> int:
         body["exit_code"] = args.exit_code
     if args.verb in ("release", "cancel") and args.reason:
         body["reason"] = args.reason
-    with pool_client(args, tenant_of(args)) as c:
-        reply = c.lease(args.lease_id, args.verb, body)
+    with sdk_client(args, tenant_of(args)) as c:  # the SDK's Client: the envelope as given
+        reply = c.envelope(args.lease_id, args.verb, body)
     gang = (reply.get("lease") or {}).get("gang") if reply.get("ok") else None
     if args.json or not gang:
         return print_envelope(reply, args.json)

@@ -107,8 +107,8 @@ def test_every_service_speaks_as_its_own_user_from_pool_cluster_auth(tmp_path: P
 def test_the_image_holds_every_package_the_project_installs() -> None:
     """The Dockerfile copies folders one by one: one left out installs without error and
     fails only when a service imports it (gateway/ and sim/ were missing)."""
-    include = re.search(r"include = \[([^\]]*)\]", (ROOT / "pyproject.toml").read_text(), re.S)
+    include = re.search(r"include = \[([^\]]*)\]", (ROOT / "pyproject.toml").read_text(), re.DOTALL)
     assert include is not None
     packages = {p.strip().strip('"').rstrip("*") for p in include.group(1).split(",") if p.strip()}
-    copied = set(re.findall(r"^COPY (\w+) \./\1$", (ROOT / "Dockerfile").read_text(), re.M))
+    copied = set(re.findall(r"^COPY (\w+) \./\1$", (ROOT / "Dockerfile").read_text(), re.MULTILINE))
     assert packages - copied == set()

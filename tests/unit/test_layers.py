@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("domain", "schemas", "bus", "workers", "projections", "agents", "client", "cli",
-            "local", "bench", "chaos", "gateway", "sim")
+            "local", "bench", "chaos", "gateway", "sim", "computepool")
 
 
 def _modules() -> dict[str, Path]:
@@ -68,7 +68,7 @@ def test_only_bus_speaks_nats() -> None:
 
 def test_the_product_ships_no_tooling() -> None:
     product = ("domain", "schemas", "bus", "workers", "projections", "agents", "client",
-               "gateway")
+               "gateway", "computepool")
     assert sorted(f"{name} imports {dep}" for name, deps in IMPORTS.items()
                   if name.split(".")[0] in product
                   for dep in deps if dep.split(".")[0] in ("bench", "chaos", "tests")) == []
