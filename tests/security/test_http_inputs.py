@@ -78,3 +78,28 @@ def test_a_token_holds_a_bounded_number_of_open_streams(stack: Stack) -> None:
                 return again.status_code == 200
 
         assert wait_for(reopened, timeout=10, every=0.2)
+
+
+def test_failed_token_checks_from_one_address_are_throttled_and_others_are_not(
+        stack: Stack) -> None:
+    """Past the failures an address may make, its requests are refused before any token is
+    looked at (its own good token included), while another address's good token works."""
+    import httpx
+
+    from gateway.throttle import MAX_FAILED_LOGINS
+
+    guesser = httpx.Client(base_url=stack.url, timeout=15,
+                           transport=httpx.HTTPTransport(local_address="127.0.0.2"))
+    with guesser, stack.client("alpha") as elsewhere:
+        wrong = {"Authorization": "Bearer cpt_" + "x" * 43}
+        codes = [guesser.get("/v1/compute-leases", headers=wrong).status_code
+                 for _ in range(MAX_FAILED_LOGINS)]
+        assert set(codes) == {401}
+        for headers in (wrong, {"Authorization": f"Bearer {stack.tokens['alpha']}"}):
+            r = guesser.get("/v1/compute-leases", headers=headers)
+            assert (r.status_code, r.json()["code"]) == (429, "login_throttled")
+            assert 1 <= int(r.headers["Retry-After"]) <= 60
+            assert r.json()["reasons"]["max_failed_logins"] == MAX_FAILED_LOGINS
+        r = guesser.post("/login", data={"token": stack.tokens["alpha"]})  # the dashboard's form
+        assert (r.status_code, r.json()["code"]) == (429, "login_throttled")
+        assert elsewhere.get("/v1/compute-leases").status_code == 200
