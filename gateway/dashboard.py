@@ -14,9 +14,9 @@ import msgspec
 from litestar import Request, Response
 from litestar.datastructures import Cookie
 from litestar.handlers import HTTPRouteHandler
-from litestar.response import Redirect, ServerSentEvent, ServerSentEventMessage
+from litestar.response import Redirect, ServerSentEventMessage
 
-from gateway import fleet
+from gateway import fleet, sse
 from gateway.problems import problem
 from gateway.shared import COOKIE, Gateway, Refused, checked_token, principal_of, refusal_headers
 from gateway.tokens import Principal
@@ -152,6 +152,7 @@ def handlers(gw: Gateway) -> list[Any]:
     async def stream(request: Request[Any, Any, Any]) -> Response[Any]:
         try:
             who = principal_of(gw, request)
+            sse.check_room(gw, who)  # the API's streams and these share the token's cap
         except Refused as e:
             return _refused(e)
 
@@ -167,7 +168,7 @@ def handlers(gw: Gateway) -> list[Any]:
                     yield ServerSentEventMessage(comment="keepalive")
                 await asyncio.sleep(SNAPSHOT_SECONDS)
 
-        return ServerSentEvent(events(), headers={"Cache-Control": "no-cache"})
+        return sse.counted_stream(gw, who, events())
 
     def route(path: str, method: Literal["GET", "POST"], fn: Any) -> Any:
         return HTTPRouteHandler(path=path, http_method=[method], include_in_schema=False)(fn)

@@ -80,6 +80,42 @@ def test_a_token_holds_a_bounded_number_of_open_streams(stack: Stack) -> None:
         assert wait_for(reopened, timeout=10, every=0.2)
 
 
+def test_the_dashboards_streams_count_against_the_tokens_open_streams(stack: Stack) -> None:
+    """The dashboard's live stream polls the views twice a second for as long as it is open:
+    outside the token's cap, one token could open them without end."""
+    from contextlib import ExitStack
+
+    import msgspec
+
+    from gateway.sse import MAX_STREAMS_PER_TOKEN
+    from tests.gateway_stack import wait_for
+
+    with stack.client("beta") as b, ExitStack() as held:
+        def filled() -> bool:  # once the streams of the test before are let go
+            attempt = ExitStack()
+            opened = [attempt.enter_context(b.stream("GET", "/dashboard/stream"))
+                      for _ in range(MAX_STREAMS_PER_TOKEN - 1)]
+            opened.append(attempt.enter_context(b.stream("GET", "/v1/telemetry")))
+            if [r.status_code for r in opened] == [200] * MAX_STREAMS_PER_TOKEN:
+                held.push(attempt.pop_all())
+                return True
+            attempt.close()
+            return False
+
+        assert wait_for(filled, timeout=10, every=0.2)
+        for path in ("/dashboard/stream", "/v1/telemetry"):  # one cap for both kinds
+            with b.stream("GET", path) as over:
+                assert over.status_code == 429, path
+                assert msgspec.json.decode(over.read())["code"] == "too_many_requests"
+        held.close()
+
+        def reopened() -> bool:
+            with b.stream("GET", "/dashboard/stream") as again:
+                return again.status_code == 200
+
+        assert wait_for(reopened, timeout=10, every=0.2)
+
+
 def test_failed_token_checks_from_one_address_are_throttled_and_others_are_not(
         stack: Stack) -> None:
     """Past the failures an address may make, its requests are refused before any token is
