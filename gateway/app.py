@@ -23,7 +23,13 @@ from gateway import problems, sse
 from gateway.openapi import document
 from gateway.problems import problem
 from gateway.routes import NOT_FOUND_CODE, ROUTES, HttpRoute
-from gateway.shared import Gateway, Refused, plain_uint, principal_of
+from gateway.shared import (
+    Gateway,
+    Refused,
+    plain_uint,
+    principal_of,
+    refusal_headers,
+)
 from gateway.tokens import Principal, TokenStore
 from gateway.upstream import NotEnrolled, Settings, Upstream
 from gateway.wire import Whoami
@@ -266,10 +272,8 @@ def _handler(gw: Gateway, route: HttpRoute) -> Handler:
             finally:
                 gw.in_flight[who] -= 1
         except Refused as e:
-            headers = ({"WWW-Authenticate": 'Bearer realm="computepool"'}
-                       if e.code == "unauthenticated" else None)
             return problem(e.code, e.detail, e.reasons, instance=request.url.path,
-                           headers=headers)
+                           headers=refusal_headers(e))
         except NotEnrolled as e:
             return problem(e.code, str(e), instance=request.url.path)
 

@@ -14,11 +14,11 @@ import msgspec
 from litestar import Request, Response
 from litestar.datastructures import Cookie
 from litestar.handlers import HTTPRouteHandler
-from litestar.response import Redirect, ServerSentEvent, ServerSentEventMessage
+from litestar.response import Redirect, ServerSentEventMessage
 
-from gateway import fleet
+from gateway import fleet, sse
 from gateway.problems import problem
-from gateway.shared import COOKIE, Gateway, Refused, principal_of
+from gateway.shared import COOKIE, Gateway, Refused, checked_token, principal_of, refusal_headers
 from gateway.tokens import Principal
 
 SNAPSHOT_SECONDS = 0.5  # how often a dashboard stream looks again
@@ -85,6 +85,10 @@ def _page(body: str) -> Response[bytes]:
                              "X-Frame-Options": "DENY", "Cache-Control": "no-store"})
 
 
+def _refused(e: Refused) -> Response[bytes]:
+    return problem(e.code, e.detail, e.reasons, headers=refusal_headers(e))
+
+
 def handlers(gw: Gateway) -> list[Any]:
     def signed_in(request: Request[Any, Any, Any]) -> Principal | None:
         try:
@@ -101,7 +105,11 @@ def handlers(gw: Gateway) -> list[Any]:
     async def login(request: Request[Any, Any, Any]) -> Response[Any]:
         form = await request.form()
         token = str(form.get("token") or "").strip()
-        if not gw.tokens.verify(token):
+        try:
+            valid = checked_token(gw, request, token) if token else None
+        except Refused as e:
+            return _refused(e)
+        if valid is None:
             page = _page(_LOGIN.format(error='<p class="error" id="error">That token is not '
                                        'valid here.</p>'))
             page.status_code = 401
@@ -129,7 +137,7 @@ def handlers(gw: Gateway) -> list[Any]:
             who = principal_of(gw, request)
             found = await story(gw, who, str(request.path_params.get("lease_id", "")))
         except Refused as e:
-            return problem(e.code, e.detail)
+            return _refused(e)
         return Response(msgspec.json.encode(found), media_type="application/json",
                         headers={"Cache-Control": "no-store"})
 
@@ -137,15 +145,16 @@ def handlers(gw: Gateway) -> list[Any]:
         try:
             who = principal_of(gw, request)
         except Refused as e:
-            return problem(e.code, e.detail)
+            return _refused(e)
         return Response(msgspec.json.encode(await fleet.snapshot(gw, who)),
                         media_type="application/json")
 
     async def stream(request: Request[Any, Any, Any]) -> Response[Any]:
         try:
             who = principal_of(gw, request)
+            sse.check_room(gw, who)  # the API's streams and these share the token's cap
         except Refused as e:
-            return problem(e.code, e.detail)
+            return _refused(e)
 
         async def events() -> AsyncIterator[ServerSentEventMessage]:
             last, quiet = b"", time.monotonic()
@@ -159,7 +168,7 @@ def handlers(gw: Gateway) -> list[Any]:
                     yield ServerSentEventMessage(comment="keepalive")
                 await asyncio.sleep(SNAPSHOT_SECONDS)
 
-        return ServerSentEvent(events(), headers={"Cache-Control": "no-cache"})
+        return sse.counted_stream(gw, who, events())
 
     def route(path: str, method: Literal["GET", "POST"], fn: Any) -> Any:
         return HTTPRouteHandler(path=path, http_method=[method], include_in_schema=False)(fn)

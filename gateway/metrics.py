@@ -12,7 +12,7 @@ from litestar.handlers import HTTPRouteHandler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from gateway.problems import problem
-from gateway.shared import Gateway, Refused, principal_of
+from gateway.shared import Gateway, Refused, principal_of, refusal_headers
 
 
 def registry_for(gw: Gateway) -> CollectorRegistry:
@@ -34,9 +34,8 @@ def handler(gw: Gateway) -> HTTPRouteHandler:
             if not principal_of(gw, request).is_admin:
                 raise Refused("forbidden", "/metrics needs the admin token")
         except Refused as e:
-            headers = ({"WWW-Authenticate": 'Bearer realm="computepool"'}
-                       if e.code == "unauthenticated" else None)
-            return problem(e.code, e.detail, instance=request.url.path, headers=headers)
+            return problem(e.code, e.detail, e.reasons, instance=request.url.path,
+                           headers=refusal_headers(e))
         body = await asyncio.to_thread(generate_latest, registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 

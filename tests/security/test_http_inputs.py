@@ -78,3 +78,64 @@ def test_a_token_holds_a_bounded_number_of_open_streams(stack: Stack) -> None:
                 return again.status_code == 200
 
         assert wait_for(reopened, timeout=10, every=0.2)
+
+
+def test_the_dashboards_streams_count_against_the_tokens_open_streams(stack: Stack) -> None:
+    """The dashboard's live stream polls the views twice a second for as long as it is open:
+    outside the token's cap, one token could open them without end."""
+    from contextlib import ExitStack
+
+    import msgspec
+
+    from gateway.sse import MAX_STREAMS_PER_TOKEN
+    from tests.gateway_stack import wait_for
+
+    with stack.client("beta") as b, ExitStack() as held:
+        def filled() -> bool:  # once the streams of the test before are let go
+            attempt = ExitStack()
+            opened = [attempt.enter_context(b.stream("GET", "/dashboard/stream"))
+                      for _ in range(MAX_STREAMS_PER_TOKEN - 1)]
+            opened.append(attempt.enter_context(b.stream("GET", "/v1/telemetry")))
+            if [r.status_code for r in opened] == [200] * MAX_STREAMS_PER_TOKEN:
+                held.push(attempt.pop_all())
+                return True
+            attempt.close()
+            return False
+
+        assert wait_for(filled, timeout=10, every=0.2)
+        for path in ("/dashboard/stream", "/v1/telemetry"):  # one cap for both kinds
+            with b.stream("GET", path) as over:
+                assert over.status_code == 429, path
+                assert msgspec.json.decode(over.read())["code"] == "too_many_requests"
+        held.close()
+
+        def reopened() -> bool:
+            with b.stream("GET", "/dashboard/stream") as again:
+                return again.status_code == 200
+
+        assert wait_for(reopened, timeout=10, every=0.2)
+
+
+def test_failed_token_checks_from_one_address_are_throttled_and_others_are_not(
+        stack: Stack) -> None:
+    """Past the failures an address may make, its requests are refused before any token is
+    looked at (its own good token included), while another address's good token works."""
+    import httpx
+
+    from gateway.throttle import MAX_FAILED_LOGINS
+
+    guesser = httpx.Client(base_url=stack.url, timeout=15,
+                           transport=httpx.HTTPTransport(local_address="127.0.0.2"))
+    with guesser, stack.client("alpha") as elsewhere:
+        wrong = {"Authorization": "Bearer cpt_" + "x" * 43}
+        codes = [guesser.get("/v1/compute-leases", headers=wrong).status_code
+                 for _ in range(MAX_FAILED_LOGINS)]
+        assert set(codes) == {401}
+        for headers in (wrong, {"Authorization": f"Bearer {stack.tokens['alpha']}"}):
+            r = guesser.get("/v1/compute-leases", headers=headers)
+            assert (r.status_code, r.json()["code"]) == (429, "login_throttled")
+            assert 1 <= int(r.headers["Retry-After"]) <= 60
+            assert r.json()["reasons"]["max_failed_logins"] == MAX_FAILED_LOGINS
+        r = guesser.post("/login", data={"token": stack.tokens["alpha"]})  # the dashboard's form
+        assert (r.status_code, r.json()["code"]) == (429, "login_throttled")
+        assert elsewhere.get("/v1/compute-leases").status_code == 200
