@@ -1133,7 +1133,6 @@ class Lease(Aggregate):
         self.ended_at = None
         self.exit_code = None
 
-
     @event("LeaseRetried")
     def _retried(self, at: float, attempt: int, reason: str, exit_code: int | None,
                  node_id: str | None, held_until: float | None) -> None:

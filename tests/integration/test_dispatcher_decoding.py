@@ -119,6 +119,9 @@ def _aggregates() -> list[Aggregate]:
     preempted.notice_preemption(20, grace_seconds=15, requeue=False)
     preempted.confirm_stopped(25)
     preempted.requeue(26)
+    retried = _running("retried")  # an attempt that ended badly, run again (issue 41)
+    retried._retried(at=30, attempt=2, reason="failed", exit_code=1, node_id="n1",
+                     held_until=None)
 
     window = CapacityReservation.create(
         reservation_id="r1", pool_id=PoolId("p1"), tenant_id=None, resources=Resources(),
@@ -126,7 +129,7 @@ def _aggregates() -> list[Aggregate]:
     window.begin_drain(60)
     window.delete(70)
     return [pool, policy, node, spare, done, rejected, voided, cancelled, expired, preempted,
-            window]
+            retried, window]
 
 
 def test_the_fast_decoder_builds_the_mappers_event_for_every_type_the_dispatcher_folds(
