@@ -43,6 +43,12 @@ def fuzz_subjects(lease_id: str) -> dict[str, dict[str, Any]]:
         "add": {"url": "https://203.0.113.5/hook", "events": ["ended"]}, "list": {},
         "delete": {"endpoint_id": "wh-fuzz"}, "test": {"endpoint_id": "wh-fuzz"},
         "deliveries": {"limit": 10},
+        "session": {"session_id": "0123456789abcdef0123456789abcdef", "kind": "exec",
+                    "command": ["true"]},
+        "secrets": {"epoch": 1},
+        # a verb two groups share is keyed by its group too
+        "secret.set": {"name": "fuzz", "value": "ZnV6eg=="}, "secret.list": {},
+        "secret.delete": {"name": "fuzz"},
     }
     out: dict[str, dict[str, Any]] = {}
     for pattern in [*COMMAND_SUBJECTS, "pool.cmd.*.lease.*.why"]:
@@ -52,6 +58,8 @@ def fuzz_subjects(lease_id: str) -> dict[str, dict[str, Any]]:
         verb = parts[-1]
         if parts[1] == "node" and verb == "heartbeat":
             verb = "heartbeat-node"
+        if f"{parts[-2]}.{verb}" in verbs:
+            verb = f"{parts[-2]}.{verb}"
         if verb not in verbs:
             raise KeyError(f"{pattern}: the fuzz has no valid body for a new route; add one")
         out[subject] = verbs[verb]
