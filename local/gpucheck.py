@@ -122,7 +122,10 @@ def _check(state: Path, runtime: Any, probe: Any, reserve: Any, report: dict[str
             for lid in leases:
                 _wait(lambda lid=lid: tenant.lease(lid, "get")["lease"]["state"] in (
                     "released", "expired", "reconciling"), deadline, f"lease {lid} ended")
-            return _judge(state / "agent" / "process", leases, devices, _parents(probe), report)
+            # what each job printed, as its tenant reads it (the node deletes its own copy once
+            # shipped)
+            outputs = {lid: _output(tenant, lid) for lid in leases}
+            return _judge(outputs, leases, devices, _parents(probe), report)
         finally:
             stop.set()
             if thread is not None:
@@ -139,14 +142,30 @@ def _parents(probe: Any) -> dict[str, str]:
     return {uuid: g.uuid for g in probe.gpus.gpus for _, uuid in g.mig_profiles}
 
 
-def _judge(logs: Path, leases: list[str], devices: dict[str, list[str]],
+def _output(tenant: Any, lease_id: str) -> str:
+    """The job's output, paged through the plane's telemetry replay as its tenant."""
+    text, after = [], 0
+    while True:
+        reply = _ok(tenant.replay_telemetry({"lease": lease_id, "kind": "output",
+                                             "after_seq": after, "limit": 500}))
+        result = reply.get("result") or {}
+        samples = result.get("samples") or []
+        after = max([after, int(result.get("last_seq") or 0),
+                     *(int(x.get("seq") or 0) for x in samples)])
+        text += [t for x in samples
+                 if isinstance(t := ((x.get("event") or {}).get("attrs") or {}).get("text"), str)]
+        if result.get("at_end", True) or not (samples or result.get("last_seq")):
+            return "".join(text)
+
+
+def _judge(outputs: dict[str, str], leases: list[str], devices: dict[str, list[str]],
            parents: dict[str, str], report: dict[str, Any]) -> int:
     """Each job's `nvidia-smi -L` must list exactly its lease's device: a whole GPU alone, or a
     MIG instance under its own GPU (nvidia-smi names the GPU first) and no other instance."""
     failed = 0
     jobs = []
     for lid in leases:
-        out = "".join(p.read_text(errors="replace") for p in sorted(logs.glob(f"{lid}.*.log")))
+        out = outputs[lid]
         seen = _UUID.findall(out)
         expected = [u for d in devices[lid] for u in ((parents[d], d) if d in parents else (d,))]
         ok = sorted(seen) == sorted(expected)
