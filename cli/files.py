@@ -56,15 +56,15 @@ def with_files(c: Any, tenant: str, job: dict[str, Any], workdir: str | None,
                artifacts: list[str] | None, *, quiet: bool) -> JobFiles:
     """`job` with its work directory packed and stored (by digest) and its artifact globs;
     says what was uploaded, or that nothing was."""
-    from bus.errors import BucketMissing, BusError
-    from bus.objects import work_bucket
-    from client.workdir import upload
-
     job = dict(job)
     if artifacts:
         job["artifacts"] = list(artifacts)
     if not workdir:
-        return JobFiles(job)
+        return JobFiles(job)  # nothing to pack: the packer (pathspec) is not even imported
+    from bus.errors import BucketMissing, BusError
+    from bus.objects import work_bucket
+    from client.workdir import upload
+
     root = Path(workdir)
     if not root.is_dir():
         raise UsageError(f"--workdir {workdir}: not a directory")
