@@ -156,6 +156,9 @@ class Placing(Ganging):
                     lease = self._whole(lease)
                     lease.reject(now, "unschedulable", sorted(fr.failures))
                     self.reasons[req.lease_id] = fr.wait_reasons().to_dict()
+                    if self.decisions is not None:
+                        self.decisions.left(pool.pool_id, req.tenant, req.lease_id, "rejected",
+                                            now, reasons=self.reasons[req.lease_id])
                     batch.append(lease)
                     report.rejected += 1
                 else:
@@ -212,6 +215,9 @@ class Placing(Ganging):
                     holds = self._holds[req.tenant] = []
                 holds.append((f"hold-{lid}-{epoch}", lid, hold))
                 self._held[req.tenant] = self._held.get(req.tenant, 0) + hold
+            if self.decisions is not None:
+                self.decisions.left(pool.pool_id, req.tenant, req.lease_id, "reserved", now,
+                                    node_id=node_id, terms=self._terms(ps, bf, req, band, now))
             ps.table.allocate(node_id, req.lease_id, res, tenant=req.tenant)
             bf.placed(req.lease_id)
             self._track(ps, lease)
@@ -233,7 +239,21 @@ class Placing(Ganging):
                 queue.requeue(req)
                 position += 1
                 self._note_position(bf, req.lease_id, position, starts.get(req.lease_id))
+                if self.decisions is not None and req.lease_id in self.reasons:
+                    self.decisions.waiting(pool.pool_id, req.tenant, req.lease_id,
+                                           self.reasons[req.lease_id], now)
         report.waiting += len(unplaced)
+
+    def _terms(self, ps: PoolState, bf: Backfill, req: PendingRequest, band: Any,
+               now: float) -> dict[str, Any]:
+        """Which policy terms chose a placement: the tenant's fair share when picked, its
+        priority class (and aged band, where backfill ranks), how long it waited, and
+        whether it went past a blocked head's reservation (backfill)."""
+        assert ps.queue is not None
+        return {"share": round(ps.queue.share(req.tenant), 6),
+                "priority_class": req.priority_class, "band": band,
+                "waited_seconds": round(max(0.0, now - req.enqueued_at), 3),
+                "backfill": bool(band is not None and bf.reservations)}
 
     def _lease_end(self, lease_id: str) -> LeaseEnd | None:
         lease = self.aggregates.get(UUID(lease_id))
