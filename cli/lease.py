@@ -166,6 +166,12 @@ def cmd_lease_verb(args: argparse.Namespace) -> int:
         body["exit_code"] = args.exit_code
     if args.verb in ("release", "cancel") and args.reason:
         body["reason"] = args.reason
+    if args.verb == "why" and args.at:
+        import time
+
+        from cli.output import parse_at
+
+        body["at"] = parse_at("--at", args.at, time.time())
     with pool_client(args, tenant_of(args)) as c:
         reply = c.lease(args.lease_id, args.verb, body)
     gang = (reply.get("lease") or {}).get("gang") if reply.get("ok") else None
@@ -591,3 +597,6 @@ def _add_verbs(lease: Subparsers) -> None:
                         "the maximum runtime")
         vp.add_argument("--exit-code", type=int, help=argparse.SUPPRESS if verb != "release" else "the workload's exit code")
         vp.add_argument("--reason", help=argparse.SUPPRESS if verb not in ("release", "cancel") else "why")
+        vp.add_argument("--at", metavar="TIME", help=argparse.SUPPRESS if verb != "why" else
+                        "the reason recorded at TIME: ISO (2026-12-06T14:03), epoch seconds, "
+                        "or `2h ago`")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Self
 from bus.agentbus import ControlLink
 from bus.appends import AppendSignal
 from bus.checkpoints import CheckpointStore, checkpoint_key
+from bus.decisions import DecisionReader, DecisionWriter
 from bus.feed import FeedWriter
 from bus.lead import LeadDesk
 from bus.leader import LeaderElection
@@ -36,12 +37,13 @@ from control.commands import (
     failure,
 )
 from control.dispatcher import Dispatcher, Reconciler, run_loop
-from control.errors import ServiceError, UnknownSubject
+from control.errors import ServiceError, UnknownLease, UnknownSubject
 from control.feed import FeedPublisher
 from control.pool_leaders import PoolLeadership
 from control.routes import ROUTES, Router, subscriptions
 from control.scheduler import Scheduler, tune_gc
 from control.scheduler.checkpoint import EVERY_EVENTS, EVERY_SECONDS, Checkpointer
+from control.scheduler.decisions import DecisionRecorder, reason_at
 from schemas import v1
 from schemas.codec import SchemaError, encode
 from schemas.feed import FeedReplay
@@ -112,12 +114,16 @@ class _WhyContext:
     """The route table's Context for the scheduler's routes: `why` and queue positions, from
     its reasons, or for a pool another process leads, from that leader's (`desk`)."""
 
-    def __init__(self, app: PoolApp, scheduler: Scheduler, desk: LeadDesk | None = None) -> None:
+    def __init__(self, app: PoolApp, scheduler: Scheduler, desk: LeadDesk | None = None,
+                 decisions: DecisionReader | None = None) -> None:
         self.app = app
         self.scheduler = scheduler
         self.desk = desk
+        self.decisions = decisions
 
-    def why(self, tenant: str, lease_id: str) -> v1.Envelope:
+    def why(self, tenant: str, lease_id: str, at: float | None = None) -> v1.Envelope:
+        if at is not None:
+            return self._why_at(tenant, lease_id, at)
         pool = self.scheduler.pool_of(tenant, lease_id)
         stale = False
         if self.desk is not None and pool is not None and not self.scheduler.leads(pool):
@@ -135,6 +141,23 @@ class _WhyContext:
         if stale:
             answer["stale"] = True
         return v1.Envelope.success(result=answer)
+
+    def _why_at(self, tenant: str, lease_id: str, at: float) -> v1.Envelope:
+        """The reason recorded for the tenant's own lease at `at` (its records are read by
+        the asking tenant's subject, and the lease must be that tenant's), or why it was not
+        waiting then, from the lease's own events."""
+        if self.decisions is None:
+            return v1.Envelope.failure("decisions_unavailable",
+                                       "this process does not read the decision records")
+        try:
+            lease = self.app.get(tenant, lease_id)
+        except UnknownLease:
+            return v1.Envelope.failure("lease_not_found",
+                                       f"no lease {lease_id!r} for tenant {tenant!r}")
+        records = self.decisions.records(tenant, lease_id)
+        answer = reason_at(records, at, {"requested_at": lease.requested_at,
+                                         "ended_at": lease.ended_at})
+        return v1.Envelope.success(result={"lease_id": lease_id, **answer})
 
     def queue_positions(self, tenant: str) -> v1.Envelope:
         rows = self.scheduler.queue_positions(tenant)
@@ -206,10 +229,11 @@ def lead_answers(scheduler: Scheduler) -> Callable[[str, str, bytes], bytes]:
     return answer
 
 
-def why_handler(scheduler: Scheduler,
-                desk: LeadDesk | None = None) -> Callable[[str, bytes, dict[str, str]], bytes]:
+def why_handler(scheduler: Scheduler, desk: LeadDesk | None = None,
+                decisions: DecisionReader | None = None,
+                ) -> Callable[[str, bytes, dict[str, str]], bytes]:
     router = Router(ROUTES, served_by=("scheduler",))
-    ctx = _WhyContext(scheduler.app, scheduler, desk)
+    ctx = _WhyContext(scheduler.app, scheduler, desk, decisions)
 
     def handle(subject: str, body: bytes, headers: dict[str, str]) -> bytes:
         try:
@@ -290,6 +314,13 @@ class ControlPlane:
         self.app = PoolApp(env=app_env(url["commands"], NATS_RUNTIME="commands"), clock=clock)
         self.scheduler = Scheduler(PoolApp(env=app_env(url["scheduler"]), clock=clock),
                                    clock=clock)
+        # the wait reasons it records on change, in their own stream (bus.decisions)
+        self.scheduler_url = url["scheduler"]
+        # (a scheduler only answering `why`, or cycled by hand, records what its cycles see)
+        self.decision_writer = (DecisionWriter(url["scheduler"]) if "scheduler" in self.roles
+                                else None)
+        if self.decision_writer is not None:
+            self.scheduler.decisions = DecisionRecorder(self.decision_writer)
         # the scheduler's fold checkpointed every N events or T seconds (checkpoint_every;
         # None: never, every start-up replays the whole log), signed with a key from its
         # role's credentials; the dispatcher's leader writes it, every scheduler may read it
@@ -424,7 +455,8 @@ class ControlPlane:
         with self._why_lock:
             if leading and self.why is None:
                 self.why = Service(self.responder_url, SCHEDULER_SUBJECTS,
-                                   why_handler(self.scheduler, self.desk),
+                                   why_handler(self.scheduler, self.desk,
+                                               DecisionReader(self.scheduler_url)),
                                    queue="pool-scheduler", threads=2).start()
             elif not leading and self.why is not None:
                 self.why.stop()
@@ -488,6 +520,9 @@ class ControlPlane:
         if (self.checkpoint_store is not None
                 and not speaks_as_role(self.role_urls.get("scheduler", self.nats_url))):
             self.checkpoint_store.ensure()
+        if (self.decision_writer is not None
+                and not speaks_as_role(self.role_urls.get("scheduler", self.nats_url))):
+            self.decision_writer.ensure()
         if self.dispatcher is not None:
             self._workers.append(threading.Thread(target=self._dispatch,
                                                   name="pool-dispatcher", daemon=True))

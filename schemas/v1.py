@@ -549,7 +549,10 @@ class GetLease(_Command, frozen=True, kw_only=True):
 
 
 class WhyLease(_Command, frozen=True, kw_only=True):
-    """Ask why a lease is pending: per-reason counts of nodes that cannot take it."""
+    """Ask why a lease is pending: per-reason counts of nodes that cannot take it; with `at`,
+    the reason the scheduler recorded at that time."""
+
+    at: UnixSeconds | None = None
 
 
 class QueuePositions(_Command, frozen=True, kw_only=True):
