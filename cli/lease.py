@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 from cli import files, secret, session, volumes, workflow
@@ -166,12 +167,9 @@ def cmd_lease_verb(args: argparse.Namespace) -> int:
         body["exit_code"] = args.exit_code
     if args.verb in ("release", "cancel") and args.reason:
         body["reason"] = args.reason
-    if args.verb == "why" and args.at:
-        import time
-
-        from cli.output import parse_at
-
-        body["at"] = parse_at("--at", args.at, time.time())
+    if args.verb == "why" and args.at:  # the reason recorded then, not the current one
+        from cli.whatif import parse_when
+        body["at"] = parse_when("--at", args.at, time.time())
     with pool_client(args, tenant_of(args)) as c:
         reply = c.lease(args.lease_id, args.verb, body)
     gang = (reply.get("lease") or {}).get("gang") if reply.get("ok") else None

@@ -291,25 +291,3 @@ def parse_since(text: str | None) -> Any:
         raise UsageError(f"--since {text!r}: not a duration (10m, 2h, 1d) nor an ISO "
                          "time") from None
     return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
-
-
-def parse_at(flag: str, text: str, now: float) -> float:
-    """`--at`: a time in the past as an ISO 8601 time (UTC unless it says otherwise), seconds
-    since the epoch, or a duration back from `now` followed by `ago` (90s, 30m, 2h, 1d, 1h30m)."""
-    import re
-
-    value = text.strip().lower()
-    if value.endswith("ago"):
-        span = value[:-3].strip()
-        parts = re.findall(r"(\d+(?:\.\d+)?)([smhd])", span)
-        if parts and "".join(n + u for n, u in parts) == span.replace(" ", ""):
-            unit = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-            return now - sum(float(n) * unit[u] for n, u in parts)
-        raise UsageError(f"{flag} {text!r}: not a duration ago (30m ago, 2h ago, 1d ago)")
-    from cli.report import parse_time
-
-    try:
-        return parse_time(flag, text)
-    except UsageError:
-        raise UsageError(f"{flag} {text!r}: not an ISO time (2026-12-01T08:00), seconds "
-                         "since the epoch, nor a duration ago (30m ago, 2h ago)") from None

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Self
 from bus.agentbus import ControlLink
 from bus.appends import AppendSignal
 from bus.checkpoints import CheckpointStore, checkpoint_key
-from bus.decisions import DecisionReader, DecisionWriter
+from bus.decisions import DecisionReader
 from bus.feed import FeedWriter
 from bus.lead import LeadDesk
 from bus.leader import LeaderElection
@@ -37,13 +37,13 @@ from control.commands import (
     failure,
 )
 from control.dispatcher import Dispatcher, Reconciler, run_loop
-from control.errors import ServiceError, UnknownLease, UnknownSubject
+from control.errors import ServiceError, UnknownSubject
 from control.feed import FeedPublisher
 from control.pool_leaders import PoolLeadership
 from control.routes import ROUTES, Router, subscriptions
 from control.scheduler import Scheduler, tune_gc
 from control.scheduler.checkpoint import EVERY_EVENTS, EVERY_SECONDS, Checkpointer
-from control.scheduler.decisions import DecisionRecorder, reason_at
+from control.scheduler.decisions import record_decisions, why_at
 from schemas import v1
 from schemas.codec import SchemaError, encode
 from schemas.feed import FeedReplay
@@ -122,8 +122,8 @@ class _WhyContext:
         self.decisions = decisions
 
     def why(self, tenant: str, lease_id: str, at: float | None = None) -> v1.Envelope:
-        if at is not None:
-            return self._why_at(tenant, lease_id, at)
+        if at is not None:  # what was recorded then (control.scheduler.decisions)
+            return why_at(self.app, self.decisions, tenant, lease_id, at)
         pool = self.scheduler.pool_of(tenant, lease_id)
         stale = False
         if self.desk is not None and pool is not None and not self.scheduler.leads(pool):
@@ -141,23 +141,6 @@ class _WhyContext:
         if stale:
             answer["stale"] = True
         return v1.Envelope.success(result=answer)
-
-    def _why_at(self, tenant: str, lease_id: str, at: float) -> v1.Envelope:
-        """The reason recorded for the tenant's own lease at `at` (its records are read by
-        the asking tenant's subject, and the lease must be that tenant's), or why it was not
-        waiting then, from the lease's own events."""
-        if self.decisions is None:
-            return v1.Envelope.failure("decisions_unavailable",
-                                       "this process does not read the decision records")
-        try:
-            lease = self.app.get(tenant, lease_id)
-        except UnknownLease:
-            return v1.Envelope.failure("lease_not_found",
-                                       f"no lease {lease_id!r} for tenant {tenant!r}")
-        records = self.decisions.records(tenant, lease_id)
-        answer = reason_at(records, at, {"requested_at": lease.requested_at,
-                                         "ended_at": lease.ended_at})
-        return v1.Envelope.success(result={"lease_id": lease_id, **answer})
 
     def queue_positions(self, tenant: str) -> v1.Envelope:
         rows = self.scheduler.queue_positions(tenant)
@@ -314,13 +297,6 @@ class ControlPlane:
         self.app = PoolApp(env=app_env(url["commands"], NATS_RUNTIME="commands"), clock=clock)
         self.scheduler = Scheduler(PoolApp(env=app_env(url["scheduler"]), clock=clock),
                                    clock=clock)
-        # the wait reasons it records on change, in their own stream (bus.decisions)
-        self.scheduler_url = url["scheduler"]
-        # (a scheduler only answering `why`, or cycled by hand, records what its cycles see)
-        self.decision_writer = (DecisionWriter(url["scheduler"]) if "scheduler" in self.roles
-                                else None)
-        if self.decision_writer is not None:
-            self.scheduler.decisions = DecisionRecorder(self.decision_writer)
         # the scheduler's fold checkpointed every N events or T seconds (checkpoint_every;
         # None: never, every start-up replays the whole log), signed with a key from its
         # role's credentials; the dispatcher's leader writes it, every scheduler may read it
@@ -456,7 +432,7 @@ class ControlPlane:
             if leading and self.why is None:
                 self.why = Service(self.responder_url, SCHEDULER_SUBJECTS,
                                    why_handler(self.scheduler, self.desk,
-                                               DecisionReader(self.scheduler_url)),
+                                               getattr(self, "decisions", None)),
                                    queue="pool-scheduler", threads=2).start()
             elif not leading and self.why is not None:
                 self.why.stop()
@@ -520,9 +496,8 @@ class ControlPlane:
         if (self.checkpoint_store is not None
                 and not speaks_as_role(self.role_urls.get("scheduler", self.nats_url))):
             self.checkpoint_store.ensure()
-        if (self.decision_writer is not None
-                and not speaks_as_role(self.role_urls.get("scheduler", self.nats_url))):
-            self.decision_writer.ensure()
+        # its cycles (run here, or by hand) record changed wait reasons in their own stream
+        self.decisions = record_decisions(self.scheduler) if "scheduler" in self.roles else None
         if self.dispatcher is not None:
             self._workers.append(threading.Thread(target=self._dispatch,
                                                   name="pool-dispatcher", daemon=True))

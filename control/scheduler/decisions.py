@@ -7,9 +7,16 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from bus.decisions import DecisionReader, DecisionWriter
 from bus.errors import BusError
+from control.errors import UnknownLease
+from schemas import v1
+
+if TYPE_CHECKING:
+    from control.application import PoolApp
+    from control.scheduler.loop import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -159,3 +166,31 @@ def reason_at(records: list[bytes], at: float, lease: dict[str, Any] | None) -> 
     return {**out, "waiting": True, "state": "waiting", "recorded_at": last["at"],
             "reasons": last.get("reasons") or {}, "position": last.get("position"),
             "estimated_start_at": last.get("estimated_start_at"), "pool": last.get("pool")}
+
+
+def record_decisions(scheduler: Scheduler) -> DecisionReader:
+    """Give `scheduler` a recorder writing on its application's own bus connection (the
+    stream made first unless a role's user, which may not); the reader `why_at` needs."""
+    runtime = scheduler.app.factory.runtime
+    writer = DecisionWriter(runtime.url, runtime=runtime)
+    writer.ensure()
+    scheduler.decisions = DecisionRecorder(writer)
+    return DecisionReader(runtime.url, runtime=runtime)
+
+
+def why_at(app: PoolApp, reader: DecisionReader | None, tenant: str, lease_id: str,
+           at: float) -> v1.Envelope:
+    """`why --at`: the reason recorded for the tenant's own lease at `at` (the records are
+    read under the asking tenant's subject, and the lease must be that tenant's), or why it
+    was not waiting then, from the lease's own events."""
+    if reader is None:
+        return v1.Envelope.failure("decisions_unavailable",
+                                   "this process does not read the decision records")
+    try:
+        lease = app.get(tenant, lease_id)
+    except UnknownLease:
+        return v1.Envelope.failure("lease_not_found",
+                                   f"no lease {lease_id!r} for tenant {tenant!r}")
+    answer = reason_at(reader.records(tenant, lease_id), at,
+                       {"requested_at": lease.requested_at, "ended_at": lease.ended_at})
+    return v1.Envelope.success(result={"lease_id": lease_id, **answer})
