@@ -149,7 +149,8 @@ def reason_at(records: list[bytes], at: float, lease: dict[str, Any] | None) -> 
     if isinstance(requested, (int, float)) and at < requested:
         return {**out, "waiting": False, "state": "not_requested",
                 "message": "not waiting at that time: not yet requested"}
-    if isinstance(ended, (int, float)) and at >= ended:
+    if isinstance(ended, (int, float)) and at >= ended and (
+            last is None or last.get("state") != "rejected"):
         return {**out, "waiting": False, "state": "ended",
                 "message": "not waiting at that time: the lease had ended"}
     if last is None:
