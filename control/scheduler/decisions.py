@@ -76,8 +76,11 @@ class DecisionRecorder:
     def left(self, pool: str, tenant: str, lease_id: str, state: str, now: float,
              **fields: Any) -> None:
         """Queue the record of a lease leaving the queue (`reserved` with the terms that
-        chose it, `rejected`); its next wait, if it comes back, is recorded anew."""
-        self._last.pop(lease_id, None)
+        chose it, `rejected`); its next wait, if it comes back, is recorded anew. A lease
+        reserved at its first look never waited: its own events say when (no record, so a
+        flood placed at once writes none)."""
+        if self._last.pop(lease_id, None) is None and state == "reserved":
+            return
         self._queue(pool, tenant, lease_id, state,
                     {"lease_id": lease_id, "pool": pool, "tenant": tenant, "at": now,
                      "state": state, **fields})
@@ -146,6 +149,7 @@ def reason_at(records: list[bytes], at: float, lease: dict[str, Any] | None) -> 
     out: dict[str, Any] = {"at": at}
     requested = (lease or {}).get("requested_at")
     ended = (lease or {}).get("ended_at")
+    reserved = (lease or {}).get("reserved_at")
     if isinstance(requested, (int, float)) and at < requested:
         return {**out, "waiting": False, "state": "not_requested",
                 "message": "not waiting at that time: not yet requested"}
@@ -153,6 +157,10 @@ def reason_at(records: list[bytes], at: float, lease: dict[str, Any] | None) -> 
             last is None or last.get("state") != "rejected"):
         return {**out, "waiting": False, "state": "ended",
                 "message": "not waiting at that time: the lease had ended"}
+    if last is None and isinstance(reserved, (int, float)) and at >= reserved:
+        return {**out, "waiting": False, "state": "reserved", "recorded_at": None,
+                "message": f"not waiting at that time: reserved at {reserved} (at its first "
+                           "look, so no wait was recorded)"}
     if last is None:
         if isinstance(requested, (int, float)):  # queued, but no cycle had looked at it yet
             return {**out, "waiting": True, "state": "not_yet_examined", "reasons": {},
@@ -193,5 +201,6 @@ def why_at(app: PoolApp, reader: DecisionReader | None, tenant: str, lease_id: s
         return v1.Envelope.failure("lease_not_found",
                                    f"no lease {lease_id!r} for tenant {tenant!r}")
     answer = reason_at(reader.records(tenant, lease_id), at,
-                       {"requested_at": lease.requested_at, "ended_at": lease.ended_at})
+                       {"requested_at": lease.requested_at, "ended_at": lease.ended_at,
+                        "reserved_at": lease.reserved_at})
     return v1.Envelope.success(result={"lease_id": lease_id, **answer})

@@ -111,9 +111,12 @@ def lease_lifecycle(server: NatsServer, auth: AuthConfig, state: Path) -> dict[s
                                                      memory_mib=256))["lease"]["lease_id"]
                 wait_for(lambda: state_of(ran) == "reserved")
                 assert alpha.lease(ran, "why")["ok"]
-                # what the scheduler recorded, written and read back as its own user
-                wait_for(lambda: alpha.lease(ran, "why", {"at": time.time()}).get(
-                    "result", {}).get("state") == "reserved")
+                # what the scheduler recorded (a rejection), written and read back as its
+                # own user
+                wide = alpha.request_lease(lease_body("wide", runtime="sandboxed",
+                                                      cpu_millis=512_000))["lease"]["lease_id"]
+                wait_for(lambda: alpha.lease(wide, "why", {"at": time.time()}).get(
+                    "result", {}).get("state") == "rejected")
                 assert alpha.lease(ran, "commit", {"job": {
                     "image": "local/job@sha256:" + "a" * 64,
                     "command": ["sleep", "1"]}})["ok"]

@@ -50,3 +50,14 @@ def test_reason_at_picks_the_last_record_at_or_before_the_time() -> None:
     assert reason_at(records, 29.9, lease)["reasons"] == {"tenant": ["b"]}
     assert not reason_at(records, 31.0, lease)["waiting"]
     assert reason_at(records, 99.0, {**lease, "ended_at": 50.0})["state"] == "ended"
+    placed_at_once = reason_at([], 9.0, {**lease, "reserved_at": 8.0})
+    assert placed_at_once["state"] == "reserved" and not placed_at_once["waiting"]
+
+
+def test_a_lease_placed_at_its_first_look_writes_no_record() -> None:
+    w = _Writer()
+    r = DecisionRecorder(w)
+    r.left("p1", "alpha", "l1", "reserved", 1.0, node_id="n1")
+    r.waiting("p1", "alpha", "l2", CAPACITY, 1.0)
+    r.left("p1", "alpha", "l2", "reserved", 2.0, node_id="n1")
+    assert r.flush() == 2 and [lid for _t, lid, _b in w.batches[0]] == ["l2", "l2"]
