@@ -31,7 +31,7 @@ async def admin_connect(url: str) -> Any:
 def ensure_all_streams(url: str, *, replicas: int = 1) -> None:
     """Create or update every stream the system uses at `replicas`: the event log, the
     snapshots, the agent work queue, the timers with the reconciler's durable consumer,
-    telemetry, the lease feed, the scheduler's checkpoints, the leader bucket, the webhook
+    telemetry, the lease feed, the scheduler's checkpoints and decisions, the leader bucket, the webhook
     deliverer's consumer and bucket, and the tenants' sealed secrets. An existing stream with
     more replicas keeps them (no implicit scale-down)."""
     from bus.agentbus import ensure_data_plane_streams
@@ -39,6 +39,7 @@ def ensure_all_streams(url: str, *, replicas: int = 1) -> None:
     from bus.secrets import ensure_secrets_bucket
     from bus.streams import (
         checkpoint_stream_config,
+        decisions_stream_config,
         ensure_event_stream,
         ensure_stream,
         feed_stream_config,
@@ -57,6 +58,7 @@ def ensure_all_streams(url: str, *, replicas: int = 1) -> None:
             await ensure_telemetry_stream(js, replicas=replicas)
             await ensure_stream(js, feed_stream_config(replicas))
             await ensure_stream(js, checkpoint_stream_config(replicas))
+            await ensure_stream(js, decisions_stream_config(replicas))
             await ensure_leader_bucket(js, replicas=replicas)
             await ensure_webhook_consumer(js, replicas=replicas)
             await ensure_secrets_bucket(js, replicas=replicas)

@@ -1,5 +1,5 @@
 """JetStream stream definitions — the event log, the snapshots, the agents' work queue, the
-timers, telemetry, the tenants' lease feed — and an idempotent ensure helper every process may call at start-up."""
+timers, telemetry, the tenants' lease feed, the scheduler's decisions — and an idempotent ensure helper every process may call at start-up."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ from bus.subjects import (
     APPENDED_PREFIX,
     CHECKPOINT_PREFIX,
     CHECKPOINT_STREAM,
+    DECISIONS_PREFIX,
+    DECISIONS_STREAM,
     EVENTS_PREFIX,
     EVENTS_STREAM,
     FEED_LIVE_PREFIX,
@@ -223,3 +225,28 @@ def checkpoint_stream_config(replicas: int = 1) -> StreamConfig:
     kept a subject. Not a source of truth: purging it only costs the next start-up a full
     replay."""
     return _latest_per_subject(CHECKPOINT_STREAM, CHECKPOINT_PREFIX, replicas)
+
+
+# POOL_DECISIONS keeps the scheduler's recorded wait reasons for 30 days and at most 1 GiB
+DECISIONS_MAX_AGE_S = 30 * 24 * 3600.0
+DECISIONS_MAX_BYTES = 1024 * 1024 * 1024
+
+
+def decisions_stream_config(replicas: int = 1, *,
+                            max_age_seconds: float = DECISIONS_MAX_AGE_S) -> StreamConfig:
+    """POOL_DECISIONS: why each waiting lease waited, recorded on change by the scheduler in
+    one atomic batch a cycle and pool (bus.decisions); limits retention (30 days unless
+    given, 1 GiB), oldest first. Not the event log: losing it loses only `why --at`."""
+    return StreamConfig(
+        name=DECISIONS_STREAM,
+        subjects=[f"{DECISIONS_PREFIX}.>"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        num_replicas=replicas,
+        max_age=max_age_seconds,
+        max_bytes=DECISIONS_MAX_BYTES,
+        max_msgs=-1,
+        discard=DiscardPolicy.OLD,
+        allow_atomic=True,
+        allow_direct=True,
+    )

@@ -35,6 +35,10 @@ CHECKPOINT_PREFIX = "pool.ckpt"
 # snapshot once a newer one of its aggregate is stored
 SNAPSHOTS_STREAM = "POOL_SNAPSHOTS"
 SNAPSHOTS_PREFIX = "pool.snap"
+# the scheduler's record of why each waiting lease waits, on change only (bus.decisions):
+# pool.dec.<tenant>.<lease>, its own stream with its own retention, apart from the event log
+DECISIONS_STREAM = "POOL_DECISIONS"
+DECISIONS_PREFIX = "pool.dec"
 # each tenant's file buckets (bus.objects): its packed work directories, which nodes read, and
 # its jobs' artifacts, which nodes write
 WORK_BUCKET_PREFIX = "pool_work_"
@@ -111,6 +115,12 @@ def feed_subject(tenant: str, lease_id: str) -> str:
 def feed_lease_prefix(tenant: str) -> str:
     """`pool.feed.<tenant>.lease.`: a tenant's feed subjects but for the lease id."""
     return f"{FEED_PREFIX}.{token(tenant)}.lease."
+
+
+def decision_subject(tenant: str, lease_id: str) -> str:
+    """`pool.dec.<tenant>.<lease_id>`: where the scheduler records one lease's wait reasons
+    (the tenant its own token, so a reader selects exactly one tenant's lease)."""
+    return f"{DECISIONS_PREFIX}.{token(tenant)}.{token(lease_id)}"
 
 
 def schedule_subject(lease_id: str) -> str:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
-from cli import files, secret, session, volumes, workflow
+from cli import changes, files, secret, session, volumes, workflow
 from cli.connect import (
     client_opts,
     context_of,
@@ -167,6 +168,9 @@ def cmd_lease_verb(args: argparse.Namespace) -> int:
         body["exit_code"] = args.exit_code
     if args.verb in ("release", "cancel") and args.reason:
         body["reason"] = args.reason
+    if args.verb == "why" and args.at:  # the reason recorded then, not the current one
+        from cli.whatif import parse_when
+        body["at"] = parse_when("--at", args.at, time.time())
     with sdk_client(args, tenant_of(args)) as c:  # the SDK's Client: the envelope as given
         reply = c.envelope(args.lease_id, args.verb, body)
     gang = (reply.get("lease") or {}).get("gang") if reply.get("ok") else None
@@ -318,7 +322,7 @@ def cmd_lease_watch(args: argparse.Namespace) -> int:
                        until_caught_up=done_already, on_ready=ready)
         try:
             async for item in items:
-                _print_change(item, args.json)
+                changes.print_change(item, args.json)
                 printed += 1
                 if lease is not None and item.record is not None \
                         and item.record.state in FINAL_STATES:
@@ -326,7 +330,7 @@ def cmd_lease_watch(args: argparse.Namespace) -> int:
         finally:
             await items.aclose()
         if lease is not None and not printed:  # ended before the feed's oldest record
-            _print_lease(lease, args.json)
+            changes.print_lease(lease, args.json)
         return EXIT_OK
 
     try:
@@ -352,61 +356,13 @@ def _watch_over_http(args: argparse.Namespace, ctx: Any) -> int:
             if args.json:
                 print_item(record)
             else:
-                print(_change_line(record.get("at"), str(record.get("lease_id")),
+                print(changes.change_line(record.get("at"), str(record.get("lease_id")),
                                    record.get("previous_state"), str(record.get("state")),
                                    record.get("node_id"), record.get("end_reason"),
                                    record.get("exit_code")), flush=True)
         if not printed:  # ended before the feed's oldest record
-            _print_lease(reply["lease"], args.json)
+            changes.print_lease(reply["lease"], args.json)
     return EXIT_OK
-
-
-def _print_change(item: Any, as_json: bool) -> None:
-    import msgspec
-
-    r = item.record
-    if as_json:
-        body = msgspec.to_builtins(r) if r is not None else {"error": item.error}
-        print_item({"seq": item.seq, **body})
-        return
-    if r is None:
-        print(f"{item.seq}  undecodable record on {item.subject}: {item.error}", flush=True)
-        return
-    line = _change_line(r.at, r.lease_id, r.previous_state, r.state, r.node_id, r.end_reason,
-                        r.exit_code)
-    if r.attempt_end_reason:  # a retry: how the attempt before ended
-        line += f"  attempt {r.attempt - 1} {r.attempt_end_reason}, attempt {r.attempt} next"
-    elif r.attempt > 1:
-        line += f"  attempt {r.attempt}"
-    if r.held_reason:
-        line += f"  ({r.held_reason})"
-    print(line, flush=True)
-
-
-def _print_lease(lease: dict[str, Any], as_json: bool) -> None:
-    if as_json:
-        keys = ("lease_id", "tenant", "pool_id", "state", "end_reason", "node_id", "devices",
-                "epoch", "exit_code", "version")
-        print_item({"seq": None, **{k: lease.get(k) for k in keys}})
-        return
-    print(_change_line(None, str(lease.get("lease_id")), None, str(lease.get("state")),
-                       lease.get("node_id"), lease.get("end_reason"), lease.get("exit_code")),
-          flush=True)
-
-
-def _change_line(at: float | None, lease_id: str, previous: str | None, state: str,
-                 node: str | None, end_reason: str | None, exit_code: int | None) -> str:
-    import time
-
-    parts = [f"{previous} → {state}" if previous else state]
-    if node:
-        parts.append(f"on {node}")
-    if end_reason:
-        parts.append(end_reason)
-    if exit_code is not None:
-        parts.append(f"exit code {exit_code}")
-    when = time.strftime("%H:%M:%S", time.localtime(at) if at is not None else time.localtime())
-    return f"{when}  {lease_id}  {'  '.join(parts)}"
 
 
 def _shape_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
@@ -592,3 +548,6 @@ def _add_verbs(lease: Subparsers) -> None:
                         "the maximum runtime")
         vp.add_argument("--exit-code", type=int, help=argparse.SUPPRESS if verb != "release" else "the workload's exit code")
         vp.add_argument("--reason", help=argparse.SUPPRESS if verb not in ("release", "cancel") else "why")
+        vp.add_argument("--at", metavar="TIME", help=argparse.SUPPRESS if verb != "why" else
+                        "the reason recorded at TIME: ISO (2026-12-06T14:03), epoch seconds, "
+                        "or `2h ago`")

@@ -100,8 +100,8 @@ class HttpClient:
     def lease(self, lease_id: str, verb: str, body: dict[str, Any] | None = None
               ) -> dict[str, Any]:
         path = f"{LEASES}/{quote(lease_id, safe='')}"
-        if verb in _READS:
-            return self._reply(self._send("GET", path + _READS[verb]),
+        if verb in _READS:  # a read's body fields go as query parameters (`why?at=`)
+            return self._reply(self._send("GET", path + _READS[verb], params=body or None),
                                "lease" if verb == "get" else "result")
         if verb not in _COMMANDS:
             raise NotOverHttp(f"lease {verb}: not in the HTTP API")

@@ -85,7 +85,7 @@ async def _body(route: HttpRoute, request: Request[Any, Any, Any],
     """The validated command body, as bytes for the subject."""
     assert route.body is not None
     if route.method == "GET":
-        raw = b"{}"
+        raw = msgspec.json.encode(_numbers(route, request))
     else:
         raw = await request.body()
         if len(raw) > MAX_PAYLOAD_BYTES:
@@ -101,6 +101,22 @@ async def _body(route: HttpRoute, request: Request[Any, Any, Any],
     except SchemaError as e:
         raise Refused(e.code, e.message, {"path": e.path} if e.path else None) from None
     return msgspec.json.encode(cmd)
+
+
+def _numbers(route: HttpRoute, request: Request[Any, Any, Any]) -> dict[str, float]:
+    """The GET's numeric query parameters that are body fields (`?at=`); the body's schema
+    checks their range."""
+    out: dict[str, float] = {}
+    for name in route.numbers:
+        value = request.query_params.get(name)
+        if value is None:
+            continue
+        try:
+            out[name] = float(value)
+        except ValueError:
+            raise Refused("invalid_field", f"query parameter {name!r} is not a number",
+                          {"path": name}) from None
+    return out
 
 
 def _merged(raw: bytes, fill: dict[str, str], key: str | None, *, create: bool) -> bytes:

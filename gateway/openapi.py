@@ -99,6 +99,9 @@ def _parameters(route: HttpRoute) -> list[dict[str, Any]]:
     for f in route.query:
         params.append({"name": f, "in": "query", "required": False,
                        "schema": {"type": "string", "maxLength": 256}})
+    for f in route.numbers:
+        params.append({"name": f, "in": "query", "required": False,
+                       "schema": {"type": "number", "minimum": 0}})
     if route.reply == "stream":
         params.append({"name": "Last-Event-ID", "in": "header", "required": False,
                        "schema": {"type": "string", "pattern": "^[0-9]{1,19}$"}})

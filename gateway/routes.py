@@ -41,6 +41,7 @@ class HttpRoute:
     tag: str = "leases"
     fixed: tuple[tuple[str, str], ...] = ()
     doc_body: type[Struct] | None = None  # the body as documented, when HTTP widens it
+    numbers: tuple[str, ...] = ()  # a GET's body fields given as numeric query parameters
 
     @property
     def path_params(self) -> tuple[str, ...]:
@@ -98,8 +99,9 @@ ROUTES: tuple[HttpRoute, ...] = (
                 f"{verb}Lease", "lease")
       for verb in _VERBS),
     HttpRoute("GET", _ONE + "/why", "whyComputeLease",
-              "Why a lease waits: counts of nodes per failed filter, and tenant-level reasons",
-              "whyLease"),
+              "Why a lease waits: counts of nodes per failed filter, and tenant-level reasons "
+              "(?at=SECONDS: the reason the scheduler recorded at that time)", "whyLease",
+              numbers=("at",)),
     HttpRoute("GET", _ONE + "/history", "getComputeLeaseHistory",
               "The lease's flight recorder: every event of it in the log, in order", ""),
     HttpRoute("GET", _ONE + "/events", "streamComputeLeaseEvents",

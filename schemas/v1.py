@@ -400,8 +400,7 @@ class LeaseRequest(_Command, frozen=True, kw_only=True):
     # How long it may wait queued before it ends `queue_timeout` (left out: the pool's
     # queue_timeout_seconds, which is also the most it may ask for).
     queue_timeout_seconds: QueueTimeoutSeconds | None = None
-    # what the tenant calls it: shown in lists, and what they are filtered by (`?name=`,
-    # `?label=k=v`)
+    # what the tenant calls it: shown in lists and filtered by (`?name=`, `?label=k=v`)
     name: LeaseName | None = None
     labels: Annotated[dict[LabelKey, LabelValue], Meta(max_length=MAX_LEASE_LABELS)] = {}
     # run again when an attempt ends badly (not for a gang, which requeues whole)
@@ -549,7 +548,8 @@ class GetLease(_Command, frozen=True, kw_only=True):
 
 
 class WhyLease(_Command, frozen=True, kw_only=True):
-    """Ask why a lease is pending: per-reason counts of nodes that cannot take it."""
+    """Ask why a lease is pending (per-reason node counts); `at`: the reason recorded then."""
+    at: UnixSeconds | None = None
 
 
 class QueuePositions(_Command, frozen=True, kw_only=True):

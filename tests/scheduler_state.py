@@ -13,7 +13,7 @@ NOT_THE_FOLD = frozenset({
     "app", "clock", "leads", "_lock", "_placing", "_inflight", "_decode", "_read_ahead",
     "_prefetch", "_read_timeout", "_holds", "_held", "pages_read_ahead",
     "pages_read_ahead_unused", "checkpoints", "max_examined_per_cycle", "backfill",
-    "max_preemption_plans_per_cycle", "_plans_left",
+    "max_preemption_plans_per_cycle", "_plans_left", "decisions",
 })
 _PLAIN = (str, int, float, bool, bytes, type(None))
 

@@ -176,7 +176,7 @@ class CommandHandler:
 
     # -- the route table's Context -------------------------------------------------------
 
-    def why(self, tenant: str, lease_id: str) -> v1.Envelope:
+    def why(self, tenant: str, lease_id: str, at: float | None = None) -> v1.Envelope:
         raise UnknownSubject("`why` is answered by the scheduler processes")
 
     def queue_positions(self, tenant: str) -> v1.Envelope:

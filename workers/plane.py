@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Self
 from bus.agentbus import ControlLink
 from bus.appends import AppendSignal
 from bus.checkpoints import CheckpointStore, checkpoint_key
+from bus.decisions import DecisionReader
 from bus.feed import FeedWriter
 from bus.lead import LeadDesk
 from bus.leader import LeaderElection
@@ -45,6 +46,7 @@ from workers.pool_leaders import PoolLeadership
 from workers.routes import ROUTES, Router, subscriptions
 from workers.scheduler import Scheduler, tune_gc
 from workers.scheduler.checkpoint import EVERY_EVENTS, EVERY_SECONDS, Checkpointer
+from workers.scheduler.decisions import record_decisions, why_at
 
 if TYPE_CHECKING:
     from workers.metrics import MetricsServer
@@ -112,12 +114,16 @@ class _WhyContext:
     """The route table's Context for the scheduler's routes: `why` and queue positions, from
     its reasons, or for a pool another process leads, from that leader's (`desk`)."""
 
-    def __init__(self, app: PoolApp, scheduler: Scheduler, desk: LeadDesk | None = None) -> None:
+    def __init__(self, app: PoolApp, scheduler: Scheduler, desk: LeadDesk | None = None,
+                 decisions: DecisionReader | None = None) -> None:
         self.app = app
         self.scheduler = scheduler
         self.desk = desk
+        self.decisions = decisions
 
-    def why(self, tenant: str, lease_id: str) -> v1.Envelope:
+    def why(self, tenant: str, lease_id: str, at: float | None = None) -> v1.Envelope:
+        if at is not None:  # what was recorded then (workers.scheduler.decisions)
+            return why_at(self.app, self.decisions, tenant, lease_id, at)
         pool = self.scheduler.pool_of(tenant, lease_id)
         stale = False
         if self.desk is not None and pool is not None and not self.scheduler.leads(pool):
@@ -206,10 +212,11 @@ def lead_answers(scheduler: Scheduler) -> Callable[[str, str, bytes], bytes]:
     return answer
 
 
-def why_handler(scheduler: Scheduler,
-                desk: LeadDesk | None = None) -> Callable[[str, bytes, dict[str, str]], bytes]:
+def why_handler(scheduler: Scheduler, desk: LeadDesk | None = None,
+                decisions: DecisionReader | None = None,
+                ) -> Callable[[str, bytes, dict[str, str]], bytes]:
     router = Router(ROUTES, served_by=("scheduler",))
-    ctx = _WhyContext(scheduler.app, scheduler, desk)
+    ctx = _WhyContext(scheduler.app, scheduler, desk, decisions)
 
     def handle(subject: str, body: bytes, headers: dict[str, str]) -> bytes:
         try:
@@ -424,7 +431,8 @@ class ControlPlane:
         with self._why_lock:
             if leading and self.why is None:
                 self.why = Service(self.responder_url, SCHEDULER_SUBJECTS,
-                                   why_handler(self.scheduler, self.desk),
+                                   why_handler(self.scheduler, self.desk,
+                                               getattr(self, "decisions", None)),
                                    queue="pool-scheduler", threads=2).start()
             elif not leading and self.why is not None:
                 self.why.stop()
@@ -488,6 +496,8 @@ class ControlPlane:
         if (self.checkpoint_store is not None
                 and not speaks_as_role(self.role_urls.get("scheduler", self.nats_url))):
             self.checkpoint_store.ensure()
+        # its cycles (run here, or by hand) record changed wait reasons in their own stream
+        self.decisions = record_decisions(self.scheduler) if "scheduler" in self.roles else None
         if self.dispatcher is not None:
             self._workers.append(threading.Thread(target=self._dispatch,
                                                   name="pool-dispatcher", daemon=True))

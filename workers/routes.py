@@ -42,7 +42,7 @@ class Context(Protocol):
 
     def feed_replay(self, tenant: str, q: FeedReplay) -> v1.Envelope: ...
 
-    def why(self, tenant: str, lease_id: str) -> v1.Envelope: ...
+    def why(self, tenant: str, lease_id: str, at: float | None = None) -> v1.Envelope: ...
 
     def queue_positions(self, tenant: str) -> v1.Envelope: ...
 
@@ -179,7 +179,7 @@ def _lease_verb(verb: str) -> Handler:
 
 
 def _why(ctx: Context, p: Params, cmd: v1.WhyLease) -> v1.Envelope:
-    return ctx.why(p["tenant"], p["lease_id"])
+    return ctx.why(p["tenant"], p["lease_id"], cmd.at)
 
 
 def _session(ctx: Context, p: Params, cmd: SessionOpen) -> v1.Envelope:

@@ -26,6 +26,8 @@ from bus.subjects import (
     ARTIFACTS_BUCKET_PREFIX,
     CHECKPOINT_PREFIX,
     CHECKPOINT_STREAM,
+    DECISIONS_PREFIX,
+    DECISIONS_STREAM,
     FEED_LIVE_PREFIX,
     LEAD_PREFIX,
     SECRETS_BUCKET,
@@ -88,6 +90,11 @@ _SNAPSHOTS = (f"{SNAPSHOTS_PREFIX}.>", *_READS_SNAPSHOTS)
 # the scheduler's checkpoints (bus.checkpoints): store chunks and a head, read them back
 _CHECKPOINTS = (f"{CHECKPOINT_PREFIX}.>", f"$JS.API.DIRECT.GET.{CHECKPOINT_STREAM}.>")
 
+# the scheduler's decision records (bus.decisions): it alone writes them, and (answering
+# `why --at` for the asking tenant's lease only) reads them back
+_DECISIONS = (f"{DECISIONS_PREFIX}.>", f"$JS.API.DIRECT.GET.{DECISIONS_STREAM}",
+              f"$JS.API.STREAM.INFO.{DECISIONS_STREAM}")
+
 
 def _files_read(bucket: str) -> tuple[str, ...]:
     """Reading a file bucket's objects (bus.objects): direct gets only, so no consumer."""
@@ -145,12 +152,13 @@ PERMISSIONS: dict[str, Rule] = {
          *_READS_FEED,
          "$JS.API.CONSUMER.DURABLE.CREATE.POOL_AGENT.*", "$JS.API.CONSUMER.CREATE.POOL_AGENT.>",
          *_kv("pool_leaders", watch=True), *_kv("pool_positions"), f"{LEAD_PREFIX}.>",
-         f"{ROLE_INBOXES}.scheduler.>", *_CHECKPOINTS),
+         f"{ROLE_INBOXES}.scheduler.>", *_CHECKPOINTS, *_DECISIONS),
         (f"{ROLE_INBOXES}.scheduler.>", "pool.appended.>", f"{LEAD_PREFIX}.>"),
         "scheduler and dispatcher: placements into the log, snapshots, agent orders and each node's "
         "queue, timers, the tenants' lease feed, leader leases and the positions in KV, "
-        "questions to and answers from a pool's leader, the scheduler's checkpoints (the only "
-        "user besides the operator that may write or read them); never reads a work queue"),
+        "questions to and answers from a pool's leader, the scheduler's checkpoints and its "
+        "decision records (the only user besides the operator that may write or read them); "
+        "never reads a work queue"),
     "reconciler": Rule(
         ("pool.evt.>", *_READS_LOG, *_SNAPSHOTS, "pool.sched.>",
          "$JS.API.CONSUMER.MSG.NEXT.POOL_SCHED.reconciler", "$JS.ACK.POOL_SCHED.reconciler.>",

@@ -303,3 +303,23 @@ def test_a_secret_is_set_listed_used_and_deleted_over_http_never_shown(stack: St
         assert gone.status_code == 200 and gone.json()["deleted"] is True
         again = c.post("/v1/secrets/gw-token/delete", json={})
         assert again.status_code == 404 and again.json()["code"] == "secret_unknown"
+
+
+def test_why_at_answers_over_http_from_the_decision_records(stack: Stack) -> None:
+    import time
+
+    wide = dict(CONCEPT_BODY, shape={**CONCEPT_BODY["shape"], "cpu_millis": 512_000})
+    with stack.client("alpha") as a, stack.client("beta") as b:
+        lid = a.post("/v1/compute-leases", json=wide).json()["lease_id"]
+        why = f"/v1/compute-leases/{lid}/why"
+        # no node can ever take it: rejected, and that is recorded with its reasons
+        later = wait_for(lambda: (r := a.get(why, params={"at": time.time() + 1}).json())
+                         .get("waiting") is False and r.get("state") != "not_yet_examined"
+                         and r)
+        assert later["state"] == "rejected", later
+        assert later["record"]["reasons"], later
+        assert a.get(why, params={"at": 1}).json()["state"] == "not_requested"
+        bad = a.get(why, params={"at": "yesterday"})
+        assert bad.status_code == 422 and bad.json()["code"] == "invalid_field"
+        other = b.get(why, params={"at": time.time()})
+        assert other.status_code == 404 and other.json()["code"] == "lease_not_found"

@@ -81,7 +81,8 @@ def tenant_client(server: NatsServer, auth: AuthConfig, tenant: str) -> PoolClie
 def lease_lifecycle(server: NatsServer, auth: AuthConfig, state: Path) -> dict[str, str]:
     """Everything the roles do for a lease: a pool and a tenant set up by the admin CLI, an
     enrolled node whose agent runs a job (dispatcher orders, node reports), one lease run to
-    its release, one reservation voided by its timer (reconciler), a `why` (scheduler)."""
+    its release, one reservation voided by its timer (reconciler), a `why` and a `why --at`
+    (scheduler)."""
     with admin_client(server, auth) as admin:
         assert admin.admin("pool.set", {"pool_id": "p1", "commit_timeout_seconds": 1,
                                         "heartbeat_timeout_seconds": 2,
@@ -110,6 +111,12 @@ def lease_lifecycle(server: NatsServer, auth: AuthConfig, state: Path) -> dict[s
                                                      memory_mib=256))["lease"]["lease_id"]
                 wait_for(lambda: state_of(ran) == "reserved")
                 assert alpha.lease(ran, "why")["ok"]
+                # what the scheduler recorded (a rejection), written and read back as its
+                # own user
+                wide = alpha.request_lease(lease_body("wide", runtime="sandboxed",
+                                                      cpu_millis=512_000))["lease"]["lease_id"]
+                wait_for(lambda: alpha.lease(wide, "why", {"at": time.time()}).get(
+                    "result", {}).get("state") == "rejected")
                 assert alpha.lease(ran, "commit", {"job": {
                     "image": "local/job@sha256:" + "a" * 64,
                     "command": ["sleep", "1"]}})["ok"]

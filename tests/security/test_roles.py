@@ -56,6 +56,9 @@ _SECRETS = ["$KV.pool_secrets.alpha.tok",
             "$JS.API.DIRECT.GET.KV_pool_secrets.$KV.pool_secrets.alpha.tok",
             "$JS.API.CONSUMER.CREATE.KV_pool_secrets"]
 
+# the scheduler's decision records: only the scheduler role may write or read them
+_DECISIONS = ["pool.dec.alpha.l1", "$JS.API.DIRECT.GET.POOL_DECISIONS"]
+
 # what each role must never do, as a malicious or buggy process of that role would try it
 FORBIDDEN: dict[str, dict[str, list[str]]] = {
     "projector": {
@@ -65,7 +68,7 @@ FORBIDDEN: dict[str, dict[str, list[str]]] = {
                     "pool.ckpt.scheduler.head",
                     "$JS.API.DIRECT.GET.POOL_CHECKPOINTS.pool.ckpt.scheduler.head",
                     "pool.snap.pool.x", "$JS.API.STREAM.PURGE.POOL_SNAPSHOTS",
-                    *_SECRETS],
+                    *_SECRETS, *_DECISIONS],
         "subscribe": ["pool.agent.>", "_INBOX.t.alpha.>", "pool.cmd.>", "pool.snap.>"],
     },
     "reconciler": {
@@ -74,7 +77,7 @@ FORBIDDEN: dict[str, dict[str, list[str]]] = {
                     "$KV.pool_leaders.scheduler", "$JS.API.CONSUMER.MSG.NEXT.POOL_AGENT.agent-n1",
                     "$JS.API.STREAM.PURGE.POOL_EVENTS", "_INBOX.n.n1.x",
                     "pool.ckpt.scheduler.head", "$JS.API.STREAM.PURGE.POOL_SNAPSHOTS",
-                    *_SECRETS],
+                    *_SECRETS, *_DECISIONS],
         "subscribe": ["pool.agent.>", "pool.cmd.>", "_INBOX.r.scheduler.>"],
     },
     "scheduler": {
@@ -84,7 +87,7 @@ FORBIDDEN: dict[str, dict[str, list[str]]] = {
                     "$JS.API.STREAM.UPDATE.POOL_EVENTS", "_INBOX.t.alpha.x",
                     "$JS.API.STREAM.PURGE.POOL_CHECKPOINTS",
                     "$JS.API.STREAM.DELETE.POOL_SNAPSHOTS",
-                    *_SECRETS],
+                    *_SECRETS, "$JS.API.STREAM.PURGE.POOL_DECISIONS"],
         "subscribe": ["pool.agent.>", "pool.cmd.>", "_INBOX.t.>"],
     },
     "commands": {
@@ -92,7 +95,7 @@ FORBIDDEN: dict[str, dict[str, list[str]]] = {
                     "pool.cmd.alpha.lease.request", "$JS.API.STREAM.DELETE.POOL_EVENTS",
                     "_INBOX.t.alpha.x", "pool.ckpt.scheduler.head",
                     "$JS.API.DIRECT.GET.POOL_CHECKPOINTS.pool.ckpt.scheduler.head",
-                    "$JS.API.STREAM.PURGE.POOL_SNAPSHOTS"],
+                    "$JS.API.STREAM.PURGE.POOL_SNAPSHOTS", *_DECISIONS],
         "subscribe": ["pool.agent.>", "pool.cmd.>", "_INBOX.t.>"],
     },
     "admin": {
@@ -102,7 +105,7 @@ FORBIDDEN: dict[str, dict[str, list[str]]] = {
                     "$JS.API.CONSUMER.CREATE.POOL_AGENT", "$JS.API.STREAM.MSG.GET.POOL_AGENT",
                     "$JS.API.STREAM.DELETE.POOL_EVENTS", "$JS.API.STREAM.CREATE.POOL_X",
                     "pool.snap.pool.x", "$JS.API.STREAM.PURGE.POOL_SNAPSHOTS",
-                    *_SECRETS],
+                    *_SECRETS, *_DECISIONS],
         "subscribe": ["pool.agent.>", "pool.cmd.>", "_INBOX.n.>", "_INBOX.t.>"],
     },
 }

@@ -40,7 +40,7 @@ class _Recorder:
     def app(self) -> Any:
         return self._app
 
-    def why(self, tenant: str, lease_id: str) -> v1.Envelope:
+    def why(self, tenant: str, lease_id: str, at: float | None = None) -> v1.Envelope:
         return v1.Envelope.success(result={"why": [tenant, lease_id]})
 
     def query_view(self, tenant: str, view: str, q: v1.Query) -> v1.Envelope:
@@ -79,7 +79,7 @@ class _Served:
         self.app = PoolApp(env={"PERSISTENCE_MODULE": "eventsourcing.popo"},
                            clock=lambda: 1_700_000_000.0)
 
-    def why(self, tenant: str, lease_id: str) -> v1.Envelope:
+    def why(self, tenant: str, lease_id: str, at: float | None = None) -> v1.Envelope:
         raise UnknownSubject("not here")
 
     query_view = telemetry_replay = feed_replay = why  # type: ignore[assignment]

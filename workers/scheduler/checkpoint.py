@@ -44,7 +44,7 @@ TRANSIENT = frozenset({
     "app", "clock", "leads", "_lock", "_placing", "_inflight", "_decode", "_read_ahead",
     "_prefetch", "_read_timeout", "_holds", "_held", "pages_read_ahead",
     "pages_read_ahead_unused", "checkpoints", "max_examined_per_cycle", "backfill",
-    "max_preemption_plans_per_cycle", "_plans_left",
+    "max_preemption_plans_per_cycle", "_plans_left", "decisions",
 })
 # what a checkpoint may be made of, by module: the fold's own types and plain data
 _MODULES = ("domain", "workers", "eventsourcing", "numpy", "collections", "datetime", "uuid",

@@ -29,6 +29,7 @@ from workers.pending import LeaseMemory, QueuedLease
 from workers.quotas import remember_usage
 from workers.reservations import Windows
 from workers.scheduler.checkpoint import Checkpointer
+from workers.scheduler.decisions import DecisionRecorder
 from workers.scheduler.state import (
     DEADLINES_SLACK,
     ENDED_REMEMBERED,
@@ -58,6 +59,9 @@ class Folding:
         self.leads: Callable[[str], bool] = lambda _pool_id: True
         self.pools: dict[str, PoolState] = {}
         self.reasons: dict[str, dict[str, Any]] = {}
+        # where changed reasons and placements are recorded (workers.scheduler.decisions);
+        # None: kept in memory only
+        self.decisions: DecisionRecorder | None = None
         self._seq = 0
         # (due_at, lease_id) for reservations and running leases: the deadline sweep. An
         # ended lease's entries are dropped by `_compact_deadlines` once the heap has doubled
@@ -295,6 +299,8 @@ class Folding:
             self._forget(lease)
             return
         self.reasons.pop(lid, None)
+        if self.decisions is not None:
+            self.decisions.forget(lid)
         self._preempting_for.pop(lid, None)
         due = lease.next_due_at()
         if due is not None:
@@ -325,6 +331,8 @@ class Folding:
             return
         lid = str(lease.id)
         reasons = self.reasons.pop(lid, None)
+        if self.decisions is not None:
+            self.decisions.forget(lid)
         if reasons is None and lease.state is LeaseState.REJECTED:
             reasons = {"rejection_code": lease.rejection_code}
         self._ended[lid] = (lease.tenant_id, {"lease_id": lid, "state": str(lease.state),

@@ -44,6 +44,8 @@ class Scheduler(Placing):
             for ps in self.pools.values():
                 if self.leads(ps.pool.pool_id):
                     self._place_pool(ps, now, report)
+            if self.decisions is not None:
+                self.decisions.flush()  # one batch per pool, bounded; the rest next cycle
             if settle:
                 self._settle(report)
             observability.record_cycle(report)

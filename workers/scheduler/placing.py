@@ -155,7 +155,7 @@ class Placing(Ganging):
                 if fr.never_satisfiable:
                     lease = self._whole(lease)
                     lease.reject(now, "unschedulable", sorted(fr.failures))
-                    self.reasons[req.lease_id] = fr.wait_reasons().to_dict()
+                    self._rejected(pool.pool_id, req, fr.wait_reasons().to_dict(), now)
                     batch.append(lease)
                     report.rejected += 1
                 else:
@@ -215,7 +215,7 @@ class Placing(Ganging):
             ps.table.allocate(node_id, req.lease_id, res, tenant=req.tenant)
             bf.placed(req.lease_id)
             self._track(ps, lease)
-            self.reasons.pop(req.lease_id, None)
+            self._reserved(ps, bf, req, band, node_id, now)  # its reasons go, its terms stay
             heapq.heappush(self._deadlines, (lease.reservation_deadline or now, req.lease_id))
             # every placement: its span (when traced) and its wait (metrics) once it is saved
             self._placing.append((lease, time.time_ns()))
@@ -232,8 +232,19 @@ class Placing(Ganging):
             if isinstance(lease, (Lease, QueuedLease)) and lease.state is LeaseState.QUEUED:
                 queue.requeue(req)
                 position += 1
-                self._note_position(bf, req.lease_id, position, starts.get(req.lease_id))
+                self._note_position(bf, req, position, starts.get(req.lease_id), pool.pool_id, now)
         report.waiting += len(unplaced)
+
+    def _terms(self, ps: PoolState, bf: Backfill, req: PendingRequest, band: Any,
+               now: float) -> dict[str, Any]:
+        """Which policy terms chose a placement: the tenant's fair share when picked, its
+        priority class (and aged band, where backfill ranks), how long it waited, and
+        whether it went past a blocked head's reservation (backfill)."""
+        assert ps.queue is not None
+        return {"share": round(ps.queue.share(req.tenant), 6),
+                "priority_class": req.priority_class, "band": band,
+                "waited_seconds": round(max(0.0, now - req.enqueued_at), 3),
+                "backfill": bool(band is not None and bf.reservations)}
 
     def _lease_end(self, lease_id: str) -> LeaseEnd | None:
         lease = self.aggregates.get(UUID(lease_id))
@@ -258,10 +269,11 @@ class Placing(Ganging):
             bf.estimates[key] = None if found is None else found[0]
         return bf.estimates[key]
 
-    def _note_position(self, bf: Backfill, lease_id: str, position: int,
-                       start: float | None) -> None:
+    def _note_position(self, bf: Backfill, req: PendingRequest, position: int,
+                       start: float | None, pool_id: str, now: float) -> None:
         """Add the request's place in the pool's queue (1 = next) and its start estimate to
-        its reasons, for `why`."""
+        its reasons, for `why`; and record the reasons if they changed."""
+        lease_id = req.lease_id
         why = self.reasons.get(lease_id)
         if why is None:
             return
@@ -270,6 +282,23 @@ class Placing(Ganging):
                         "reserved": reserved is not None}
         if reserved is not None:
             why["queue"]["reserved_node_id"] = reserved.node_id
+        if self.decisions is not None:
+            self.decisions.waiting(pool_id, req.tenant, lease_id, why, now)
+
+    def _rejected(self, pool_id: str, req: PendingRequest, why: dict[str, Any],
+                  now: float) -> None:
+        """A request no node of the pool can ever take: its reasons kept, and recorded."""
+        self.reasons[req.lease_id] = why
+        if self.decisions is not None:
+            self.decisions.left(pool_id, req.tenant, req.lease_id, "rejected", now, reasons=why)
+
+    def _reserved(self, ps: PoolState, bf: Backfill, req: PendingRequest, band: Any,
+                  node_id: str, now: float) -> None:
+        """A placed request: its wait reasons dropped, the terms that chose it recorded."""
+        self.reasons.pop(req.lease_id, None)
+        if self.decisions is not None:
+            self.decisions.left(ps.pool.pool_id, req.tenant, req.lease_id, "reserved", now,
+                                node_id=node_id, terms=self._terms(ps, bf, req, band, now))
 
     def _whole(self, lease: Lease | QueuedLease) -> Lease:
         """The Lease itself, rebuilt from its compact record if it is one (to record events)."""
