@@ -25,6 +25,10 @@ def servers(url: str) -> list[str]:
     return [u.strip() for u in url.split(",") if u.strip()]
 
 
+# how many times the first connection tries each server before it says none answers
+FIRST_CONNECT_PASSES = 3
+
+
 async def quiet(exc: Exception) -> None:
     """nats-py prints a traceback for every failed reconnect by default; they are routine."""
     log.debug("nats connection error: %r", exc)
@@ -36,8 +40,12 @@ async def connect(url: str, *, reconnect: bool = True, connect_timeout: float = 
     logged quietly, `options` passed on to nats-py; BusUnavailable when no server answers."""
     settings: dict[str, Any] = {"connect_timeout": max(1, int(connect_timeout)),
                                 "error_cb": quiet}
+    forever = reconnect and "max_reconnect_attempts" not in options
     if reconnect:
-        settings.update(max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+        # the first connection tries each server a few times and then says so: with -1 here
+        # nats-py retries the first connect forever, and a wrong URL was a bus_timeout 15 s
+        # later (and a process that could not stop); once connected, reconnects never stop
+        settings.update(max_reconnect_attempts=FIRST_CONNECT_PASSES, reconnect_time_wait=0.5)
     else:
         settings.update(max_reconnect_attempts=0, allow_reconnect=False)
     settings.update(options)
@@ -56,4 +64,6 @@ async def connect(url: str, *, reconnect: bool = True, connect_timeout: float = 
         nc: Client = await nats.connect(servers(url), **settings)
     except (NatsError, OSError) as e:
         raise BusUnavailable(f"cannot reach NATS at {url}: {e}") from e
+    if forever:
+        nc.options["max_reconnect_attempts"] = -1  # connected: from now on, never give up
     return nc
