@@ -9,7 +9,6 @@ agent running jobs in the bubblewrap sandbox.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import socket
@@ -21,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.run import POOL, TENANT, local_plane, pool_argv, quantiles, timed
+from bench.run import POOL, TENANT, bench_main, local_plane, pool_argv, quantiles, timed
 
 RUNS = 30
 QUICK_RUNS = 5
@@ -235,18 +234,7 @@ def run_exec_bench(*, runs: int = RUNS, quick: bool = False, mib: int | None = N
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m bench.exec", description=__doc__)
-    parser.add_argument("--runs", type=int, default=RUNS)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
-    result = run_exec_bench(runs=args.runs, quick=args.quick,
-                            progress=lambda s: print(s, file=sys.stderr, flush=True))
-    print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json
-          else result["table"])
-    return 0
+    return bench_main("exec", __doc__, run_exec_bench, argv, runs=RUNS, quick_runs=QUICK_RUNS)
 
 
 if __name__ == "__main__":

@@ -216,19 +216,26 @@ def run_run_bench(*, runs: int = RUNS, quick: bool = False,
             "echo_to_terminal": rows["job's echo → terminal"], "table": "\n".join(lines)}
 
 
-def main(argv: list[str] | None = None) -> int:
+def bench_main(prog: str, doc: str | None, run: Callable[..., dict[str, Any]],
+               argv: list[str] | None, *, runs: int = RUNS, quick_runs: int = QUICK_RUNS) -> int:
+    """`python -m bench.<prog> [--runs N] [--quick] [--json]`: one run of `run`, its table (or
+    its figures as JSON) on stdout and its progress on stderr."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
-    parser.add_argument("--runs", type=int, default=RUNS)
-    parser.add_argument("--quick", action="store_true", help=f"{QUICK_RUNS} runs")
+    parser = argparse.ArgumentParser(prog=f"python -m bench.{prog}", description=doc)
+    parser.add_argument("--runs", type=int, default=runs)
+    parser.add_argument("--quick", action="store_true", help=f"{quick_runs} runs")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    result = run_run_bench(runs=args.runs, quick=args.quick,
-                           progress=lambda s: print(s, file=sys.stderr, flush=True))
+    result = run(runs=args.runs, quick=args.quick,
+                 progress=lambda s: print(s, file=sys.stderr, flush=True))
     print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json
           else result["table"])
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main("run", __doc__, run_run_bench, argv)
 
 
 if __name__ == "__main__":
