@@ -175,3 +175,41 @@ def test_a_job_whose_node_is_lost_runs_again_on_another_node(
         alpha.close()
         admin.close()
         cp.stop()
+
+
+def test_an_array_of_50_with_max_running_5_never_holds_more_than_5(plane: str) -> None:
+    """Fifty short jobs through the real agent, eight of which would fit the node at once:
+    the log, replayed by the fault suite's check, never shows more than five holding
+    capacity, and shows five at some point."""
+    from chaos.invariants import check_workflows
+    from workers.application import PoolApp
+    from workers.bootstrap import app_env
+
+    body = lease_body("array-50", cpu_millis=500, memory_mib=256, max_runtime=120,
+                      runtime="sandboxed") | {"count": 50, "max_running": 5}
+    with PoolClient(plane, "alpha") as c:
+        r = c.request_lease(body)
+        assert r["ok"], r
+        ids: list[str] = r["result"]["lease_ids"]
+        committed: set[str] = set()
+        ended: dict[str, str] = {}
+        deadline = time.monotonic() + 120
+        while len(ended) < len(ids) and time.monotonic() < deadline:
+            for lid in ids:
+                if lid in ended:
+                    continue
+                lease = c.lease(lid, "get")["lease"]
+                if lease["state"] == "reserved" and lid not in committed:
+                    assert c.lease(lid, "commit", {"job": {"command": ["true"]}})["ok"]
+                    committed.add(lid)
+                elif lease["state"] in ("released", "cancelled", "rejected", "voided"):
+                    ended[lid] = str(lease["end_reason"])
+            time.sleep(0.05)
+    assert sorted(set(ended.values())) == ["succeeded"] and len(ended) == len(ids), ended
+    app = PoolApp(env=app_env(plane))
+    try:
+        report = check_workflows(app)
+    finally:
+        app.close()
+    assert report.arrays == 1 and report.over_throttle == [], report
+    assert list(report.peak.values()) == [5], report.peak
