@@ -58,6 +58,17 @@ def test_a_job_failing_every_time_ends_failed_after_max_attempts(plane: str) -> 
     assert (lease["end_reason"], lease["exit_code"], lease["attempts"]) == ("failed", 4, 2)
 
 
+def test_a_retry_on_the_same_node_finds_what_the_attempt_before_it_checkpointed(
+        plane: str) -> None:
+    # one node: the retry comes back to it, and to the lease's checkpoint folder there
+    job = ('f="$POOL_CHECKPOINT_DIR/step"; if [ -f "$f" ]; then echo "resumed: $(cat "$f")"; '
+           'else echo "written by attempt $POOL_ATTEMPT" > "$f"; exit 1; fi')
+    out = _pool(plane, "lease", "run", *_lease_args(plane), "--retries", "2", "--json", "--",
+                "sh", "-c", job)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "resumed: written by attempt 1\n" in out.stdout, out.stdout
+    assert _ended(out.stdout)["attempts"] == 2
+
 def test_retries_past_the_pool_s_max_attempts_are_refused(plane: str) -> None:
     out = _pool(plane, "lease", "request", *_lease_args(plane), "--retries", "11", "--json")
     assert out.returncode != 0
