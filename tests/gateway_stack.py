@@ -98,8 +98,10 @@ def gateway_stack(home: Path, database_url: str, schema: str, *,
         projector = Projector(service_url, database_url, schema=schema).start()
         stack.append(projector)
         with PoolClient(service_url) as admin:
-            # a renewable term shorter than the maximum runtime, so renewals have room
-            setup_pool(admin, tenants={t: 1.0 for t in TENANTS}, default_lease_seconds=300)
+            # a renewable term shorter than the maximum runtime, so renewals have room; its
+            # nodes have no agent to beat for them, so they stay ready for the whole module
+            setup_pool(admin, tenants={t: 1.0 for t in TENANTS}, default_lease_seconds=300,
+                       node_timeout_seconds=3600)
             for n in ("n1", "n2"):
                 assert admin.admin("node.register", node_body(n, zone=f"z-{n}"))["ok"]
         store = TokenStore(home / "http-tokens.json")
