@@ -66,6 +66,9 @@ _LEASE = """<main data-lease="{lease_id}">
 <section><h2>Lease <code>{lease_id}</code> <span id="state"></span></h2>
 <ol id="timeline" class="timeline" aria-label="the lease's life"></ol>
 <table id="lease"></table></section>
+<section id="attempts-box" hidden><h2>Attempts</h2><p class="muted">Each attempt of the
+lease and how it ended: the retried ones, then the one it is on.</p>
+<table id="attempts"></table></section>
 <section id="why-box"><h2>Why it waits</h2><p id="why" class="muted"></p>
 <table id="why-filters"></table></section>
 <section><h2>Flight recorder</h2><p class="muted">Every event of this lease in the log.</p>

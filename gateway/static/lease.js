@@ -58,6 +58,11 @@ function said(e) {
     case "PreemptionNoticed": return "told it will be preempted";
     case "LeasePreempted": return "preempted";
     case "LeaseRequeued": return "queued again (attempt " + f.attempts + ")";
+    case "LeaseRetried":
+      return "attempt " + (f.attempt - 1) + " " + words(f.reason) +
+        (f.node_id ? " on node " + f.node_id : "") +
+        (f.exit_code != null ? ", exit code " + f.exit_code : "") + "; attempt " + f.attempt +
+        (f.held_until ? " waits until " + stamp(f.held_until) : " next");
     default:
       return words(e.type.replace(/([a-z])([A-Z])/g, "$1 $2").toLowerCase());
   }
@@ -70,6 +75,7 @@ function stages(events, why) {
   const out = [];
   for (const e of events) {
     let state = STARTS[e.type], from = eventAt(e);
+    if (e.type === "LeaseRetried") state = e.fields.held_until ? "held" : "queued";
     if (e.type === "LeaseRequested") {
       state = e.fields.queued_at ? "queued" : "requested";
       from = e.fields.queued_at || e.fields.requested_at || e.at;
@@ -187,6 +193,23 @@ function details(lease, row, events, list) {
   state.className = "state-" + L.state;
 }
 
+// each attempt and how it ended: those retried (attempt_ends), then the one it is on
+function attempts(L, list) {
+  const ends = L.attempt_ends || [];
+  const end = list.find((s) => ENDED.has(s.state));
+  const ended = L.ended_at || (end ? end.from : null);
+  const box = document.getElementById("attempts-box");
+  box.hidden = !ends.length;
+  if (!ends.length) return;
+  const rows = ends.map((a) => ({attempt: a.attempt, node: a.node_id || "-",
+    ended: stamp(a.ended_at), "end reason": words(a.end_reason), "exit code": a.exit_code ?? "-"}));
+  rows.push({attempt: L.attempts, node: L.node_id || "not placed yet",
+    ended: ended ? stamp(ended) : "not yet",
+    "end reason": L.end_reason ? words(L.end_reason) : "its attempt now (" + L.state + ")",
+    "exit code": L.exit_code ?? "-"});
+  table("attempts", ["attempt", "node", "ended", "end reason", "exit code"], rows);
+}
+
 const changes = [];
 let shown = null;
 function render(story) {
@@ -195,6 +218,7 @@ function render(story) {
   const state = lease.state || row.state || "";
   const list = stages(events, story.why);
   details(lease, row, events, list);
+  attempts({...row, ...lease}, list);
   timeline(list);
   showWhy(state, story.why);
   table("history", ["#", "when", "what"], events, (e, c) => ({

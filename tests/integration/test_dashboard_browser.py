@@ -212,3 +212,42 @@ def test_the_lease_page_tells_a_queued_and_an_ended_lease_s_story(
         finally:
             for lease in [*fill, waits]:
                 alpha.post(f"/v1/compute-leases/{lease}/cancel", json={})
+
+
+_READ_ATTEMPTS = """
+const box = document.getElementById("attempts-box");
+return {shown: !box.hidden, rows: [...document.querySelectorAll("#attempts tr")].slice(1).map(
+  (tr) => [...tr.querySelectorAll("td")].map((td) => td.textContent))};
+"""
+
+
+def test_the_lease_page_shows_each_attempt_and_how_it_ended(stack: Stack, browser: Any) -> None:
+    body = _body(1000, 2048) | {"retries": {"max_attempts": 2, "on": ["failed"]}}
+    with stack.client("alpha") as alpha:
+        lid = alpha.post("/v1/compute-leases", json=body).json()["lease_id"]
+        assert _placed(alpha, lid) == "reserved"
+        assert alpha.post(f"/v1/compute-leases/{lid}/commit", json=JOB).status_code == 200
+        # the first attempt fails: the lease is placed again and its job restarts on its own
+        assert alpha.post(f"/v1/compute-leases/{lid}/release",
+                          json={"exit_code": 3}).status_code == 200
+        assert _wait(None, lambda: alpha.get(f"/v1/compute-leases/{lid}").json()["state"]
+                     == "running", 10)
+        _sign_in(browser, stack, "alpha")
+        browser.get(f"{stack.url}/leases/{lid}")
+        page = _wait(browser, lambda: (p := _story(browser))["fields"].get("attempts") == "2"
+                     and p, 10)
+        assert page, "the lease page does not show the attempt it is on"
+        assert "attempt 1 failed on node" in page["history"], page["history"]
+        rows = browser.execute_script(_READ_ATTEMPTS)
+        assert rows["shown"] and [(r[0], r[3], r[4]) for r in rows["rows"]] == [
+            ("1", "failed", "3"), ("2", "its attempt now (running)", "-")], rows
+        # the second succeeds: each attempt's end reason stays on the page
+        assert alpha.post(f"/v1/compute-leases/{lid}/release",
+                          json={"exit_code": 0}).status_code == 200
+        done = _wait(browser, lambda: (r := browser.execute_script(_READ_ATTEMPTS))["rows"][-1][3]
+                     == "succeeded" and r, 10)
+        assert done and [(r[0], r[3], r[4]) for r in done["rows"]] == [
+            ("1", "failed", "3"), ("2", "succeeded", "0")], done
+        stages = _story(browser)["stages"]
+        assert stages[-4:] == ["queued", "reserved", "running", "released"], stages
+        assert _errors(browser) == []
