@@ -150,7 +150,7 @@ def test_an_array_never_has_more_than_max_running_leases_holding_capacity(plane:
     assert report["checks"]["workflows"].startswith("1 throttled arrays")
 
 
-def test_a_job_whose_node_is_lost_runs_again_on_another_node(
+def test_a_job_whose_node_is_lost_twice_succeeds_on_attempt_3_on_a_third_node(
         fresh_nats: NatsServer, tmp_path: Path) -> None:
     url = fresh_nats.url
     cp = ControlPlane(url, leader_ttl_seconds=1.0).start()
@@ -158,35 +158,37 @@ def test_a_job_whose_node_is_lost_runs_again_on_another_node(
     setup_pool(admin, tenants={"alpha": 1.0}, heartbeat_timeout_seconds=30,
                node_timeout_seconds=2, lost_node_release_seconds=1,
                preemption={"enabled": False, "grace_seconds": 1})
-    n1 = AgentThread(url, "n1", tmp_path / "n1").start()
-    n2: AgentThread | None = None
+    agents = [AgentThread(url, "n1", tmp_path / "n1").start()]
     try:
         body = lease_body("lost", runtime="sandboxed", memory_mib=256, max_runtime=120) | {
-            "retries": {"max_attempts": 2, "on": ["node_lost"]}}
-        # the first attempt outlives its node; the second ends at once
+            "retries": {"max_attempts": 3, "on": ["failed", "node_lost"]}}
+        # the first two attempts outlive their nodes; the third ends at once
         r = alpha.request_lease(body)
         assert r["ok"], r
         lid = str(r["lease"]["lease_id"])
         wait_for(lambda: alpha.lease(lid, "get")["lease"]["state"] == "reserved")
         assert alpha.lease(lid, "commit", {"job": {
-            "command": ["sh", "-c", '[ "$POOL_ATTEMPT" -ge 2 ] || sleep 6']}})["ok"]
-        wait_for(lambda: n1.agent.running.get(lid) is not None)
-        n2 = AgentThread(url, "n2", tmp_path / "n2").start()
-        n1.stop()  # silent from now on: its node is lost, and the lease with it
+            "command": ["sh", "-c", '[ "$POOL_ATTEMPT" -ge 3 ] || sleep 6']}})["ok"]
+        for attempt, node in ((1, "n1"), (2, "n2")):
+            wait_for(lambda: agents[-1].agent.running.get(lid) is not None, timeout=30)
+            got = alpha.lease(lid, "get")["lease"]
+            assert (got["attempts"], got["node_id"]) == (attempt, node), got
+            agents.append(AgentThread(url, f"n{attempt + 1}", tmp_path / f"n{attempt + 1}")
+                          .start())
+            agents[-2].stop()  # silent from now on: its node is lost, and the attempt with it
         lease = wait_for(lambda: (got := alpha.lease(lid, "get")["lease"])["state"] == "released"
                          and got, timeout=30)
         assert (lease["end_reason"], lease["attempts"], lease["node_id"]) == (
-            "succeeded", 2, "n2")
-        assert [(e["end_reason"], e["node_id"]) for e in lease["attempt_ends"]] == [
-            ("node_lost", "n1")]
+            "succeeded", 3, "n3")
+        assert [(e["attempt"], e["end_reason"], e["node_id"]) for e in lease["attempt_ends"]] == [
+            (1, "node_lost", "n1"), (2, "node_lost", "n2")]
     finally:
-        for agent in (n1, n2):
-            if agent is not None and agent.thread.is_alive():
+        for agent in agents:
+            if agent.thread.is_alive():
                 agent.stop()
         alpha.close()
         admin.close()
         cp.stop()
-
 
 def test_an_array_of_50_with_max_running_5_never_holds_more_than_5(plane: str) -> None:
     """Fifty short jobs through the real agent, eight of which would fit the node at once:
