@@ -14,7 +14,7 @@ from gateway.shared import Gateway, Refused
 from gateway.tokens import Principal
 
 log = logging.getLogger(__name__)
-WAITING_STATES = frozenset({"requested", "queued"})
+WAITING_STATES = frozenset({"requested", "held", "queued"})
 WHY_TIMEOUT_SECONDS = 2.0
 
 

@@ -3,7 +3,7 @@
 "use strict";
 const leaseId = document.querySelector("main").dataset.lease;
 const liveDot = document.getElementById("live");
-const WAITING = new Set(["requested", "queued"]);
+const WAITING = new Set(["requested", "held", "queued"]);
 const ENDS = {LeaseReleased: "released", LeaseCancelled: "cancelled", LeaseRejected: "rejected",
               ReservationVoided: "voided", LeasePreempted: "preempted"};
 // the state each event starts (those that start none only add to the recorder)
@@ -77,7 +77,8 @@ function stages(events, why) {
     let state = STARTS[e.type], from = eventAt(e);
     if (e.type === "LeaseRetried") state = e.fields.held_until ? "held" : "queued";
     if (e.type === "LeaseRequested") {
-      state = e.fields.queued_at ? "queued" : "requested";
+      const after = (e.fields.workflow || {}).after || [];
+      state = e.fields.queued_at ? "queued" : after.length ? "held" : "requested";
       from = e.fields.queued_at || e.fields.requested_at || e.at;
     }
     if (!state) continue;
@@ -130,6 +131,9 @@ function whyLine(why) {
                (r.nodes_total ?? "?") + " nodes " + words(k).replace(/^insufficient /,
                "lack ")).join(", "));
   for (const t of r.tenant || []) parts.push(words(t));
+  if (r.waiting_for && r.waiting_for.length)
+    parts.push("until lease " + r.waiting_for.join(", lease ") + " has ended as it asks");
+  if (r.held_until) parts.push("until " + at(r.held_until));
   if (r.never_satisfiable) parts.push("no node of the pool could ever hold it");
   return parts.join("; ");
 }

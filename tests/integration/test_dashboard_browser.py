@@ -251,3 +251,30 @@ def test_the_lease_page_shows_each_attempt_and_how_it_ended(stack: Stack, browse
         stages = _story(browser)["stages"]
         assert stages[-4:] == ["queued", "reserved", "running", "released"], stages
         assert _errors(browser) == []
+
+
+def test_the_lease_page_says_which_lease_a_held_lease_waits_for(
+        stack: Stack, browser: Any) -> None:
+    with stack.client("alpha") as alpha:
+        first = alpha.post("/v1/compute-leases", json=_body(1000, 2048)).json()["lease_id"]
+        assert _placed(alpha, first) == "reserved"
+        assert alpha.post(f"/v1/compute-leases/{first}/commit", json=JOB).status_code == 200
+        then = alpha.post("/v1/compute-leases", json=_body(1000, 2048) | {
+            "after": [{"lease_id": first, "condition": "ok"}]}).json()["lease_id"]
+        try:
+            _sign_in(browser, stack, "alpha")
+            browser.get(f"{stack.url}/leases/{then}")
+            page = _wait(browser, lambda: (p := _story(browser))["fields"].get("state") == "held"
+                         and first in p["why"] and p, 10)
+            assert page, "the page of a held lease does not say what it waits for"
+            assert page["why"].startswith("Waiting for dependency"), page["why"]
+            assert page["stages"] == ["held"], page["stages"]
+            # its dependency succeeds: it is queued, then placed
+            assert alpha.post(f"/v1/compute-leases/{first}/release",
+                              json={"exit_code": 0}).status_code == 200
+            page = _wait(browser, lambda: (p := _story(browser))["fields"].get("state")
+                         == "reserved" and p, 10)
+            assert page and page["stages"] == ["held", "queued", "reserved"], page
+            assert _errors(browser) == []
+        finally:
+            alpha.post(f"/v1/compute-leases/{then}/cancel", json={})
