@@ -20,7 +20,7 @@ import requests.exceptions
 from docker.models.containers import Container
 from docker.types import DeviceRequest, LogConfig, Ulimit
 
-from agents.runtimes import memfiles
+from agents.runtimes import dockernet, egress, memfiles
 from agents.runtimes.contract import (
     ImageRejected,
     RuntimeUnavailable,
@@ -102,7 +102,9 @@ def container_options(spec: WorkloadSpec, *, oci_runtime: str,
         "tmpfs": {"/tmp": TMPFS_OPTIONS},
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],
-        "network_mode": "none" if spec.network_egress == "none" else "bridge",
+        # egress: a network of the workload's own, named as its container (agents/runtimes/
+        # dockernet.py), never the engine's default bridge shared with every other container
+        "network_mode": "none" if spec.network_egress == "none" else container_name(spec, node_id),
         "ipc_mode": "private",
         "nano_cpus": spec.cpu_millis * 1_000_000,
         "mem_limit": memory,
@@ -194,6 +196,9 @@ class DockerRuntime:
         self._cpu_samples: dict[str, tuple[int, float]] = {}
         self._output: dict[str, _Output] = {}
         self._lock = threading.Lock()
+        self._filter = dockernet.Filter()
+        self._egress: str | None = None  # why jobs get no egress here ("" when they do)
+        self.egress_allow: list[str] = []  # the operator's CIDRs (POOL_EGRESS_ALLOW)
 
     # -- the engine ------------------------------------------------------------------------
 
@@ -225,6 +230,26 @@ class DockerRuntime:
         except (docker.errors.DockerException, requests.exceptions.RequestException):
             return False
         return "nvidia" in runtimes
+
+    def network_egress(self) -> str:
+        """`open` where each job's network can be filtered (dockernet), else `none`."""
+        if self._egress is None:
+            try:
+                self.egress_allow = egress.allowed_by_operator()
+                why = self._filter.unavailable()
+            except ValueError as e:  # a typo must not open more than meant: no egress at all
+                why = f"{egress.ALLOW_ENV}: {e}"
+            self._egress = why or ""
+        return "none" if self._egress else "open"
+
+    def limitations(self) -> list[str]:
+        """What this runtime cannot enforce here, one line each (said at the agent's start)."""
+        self.network_egress()
+        return [f"{self._egress}: jobs that ask for egress are refused"] if self._egress else []
+
+    def _networks(self) -> dockernet.Networks:
+        mine = [LABEL_LEASE] + ([f"{LABEL_NODE}={self.node_id}"] if self.node_id else [])
+        return dockernet.Networks(self.client, mine, self._filter)
 
     def isolation_classes(self) -> tuple[str, ...]:
         if self._classes is None:
@@ -304,6 +329,9 @@ class DockerRuntime:
                                 "without writing them to the engine's disk; use secret files",
                                 code="secrets_unsupported")
         self._check_ref(spec.image)
+        if spec.network_egress != "none" and self.network_egress() == "none":
+            raise WorkloadError(f"this node cannot keep a job's egress off private and host "
+                                f"addresses ({self._egress})", code="egress_unavailable")
         oci = self._oci_runtime(spec.isolation)
         options = container_options(spec, oci_runtime=oci, node_id=self.node_id)
         try:
@@ -333,6 +361,17 @@ class DockerRuntime:
             os.chmod(spec.checkpoint_dir, 0o777)  # the workload's uid 65534 writes there
         if spec.workdir is not None:
             _open_to_workload(Path(spec.workdir))
+        net = options["network_mode"] if options["network_mode"] != "none" else None
+        if net is not None:
+            self._networks().create(net, options["labels"], self.egress_allow)
+        try:
+            return self._create(spec, image_id, options)
+        except BaseException:
+            if net is not None:
+                self._networks().remove(net)
+            raise
+
+    def _create(self, spec: WorkloadSpec, image_id: str, options: dict[str, Any]) -> WorkloadHandle:
         try:
             container = self.client.containers.create(image_id, **options)
         except docker.errors.APIError as e:
@@ -444,6 +483,7 @@ class DockerRuntime:
                     pass
                 continue
             out.append(self._handle(container))
+        self._networks().sweep({str(h.extra["name"]) for h in out})
         return sorted(out, key=lambda h: h.key)
 
     def forget(self, handle: WorkloadHandle) -> None:
@@ -465,6 +505,7 @@ class DockerRuntime:
         except docker.errors.APIError as e:
             raise WorkloadError(f"could not remove {container.name}: {e}") from e
         memfiles.wipe(str(container.name))  # the job's secret files, if it had any
+        self._networks().remove(str(container.name))  # its network, if it had one
 
     def usage(self, handle: WorkloadHandle) -> Usage:
         container = self._container(handle)
