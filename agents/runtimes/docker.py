@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import threading
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -18,9 +17,9 @@ import docker
 import docker.errors
 import requests.exceptions
 from docker.models.containers import Container
-from docker.types import DeviceRequest, LogConfig, Ulimit
+from docker.types import DeviceRequest, Ulimit
 
-from agents.runtimes import dockernet, egress, memfiles
+from agents.runtimes import dockerlogs, dockernet, egress, memfiles
 from agents.runtimes.contract import (
     ImageRejected,
     RuntimeUnavailable,
@@ -35,7 +34,9 @@ LABEL_EPOCH = "computepool.epoch"
 LABEL_JOB = "computepool.job"
 LABEL_NODE = "computepool.node"
 LABEL_CHECKPOINT = "computepool.checkpoint_dir"
-_RESERVED_LABELS = {LABEL_LEASE, LABEL_EPOCH, LABEL_JOB, LABEL_NODE, LABEL_CHECKPOINT}
+LABEL_OUTPUT_CAP = "computepool.output_cap_bytes"
+_RESERVED_LABELS = {LABEL_LEASE, LABEL_EPOCH, LABEL_JOB, LABEL_NODE, LABEL_CHECKPOINT,
+                    LABEL_OUTPUT_CAP}
 
 WORKLOAD_UID = 65534
 WORKLOAD_USER = f"{WORKLOAD_UID}:{WORKLOAD_UID}"
@@ -46,8 +47,6 @@ TMPFS_OPTIONS = "rw,nosuid,nodev,size=64m,mode=1777"
 OCI_RUNTIMES = {"container": "runc", "sandboxed": "runsc"}  # isolation class → engine runtime
 
 _DIGEST_REF = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
-# `docker logs --timestamps`: each entry (a line, or the last part of one) after its time
-_STAMPED = re.compile(rb"(?:^|(?<=\n))(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d{1,9})?Z ")
 _NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
 
 
@@ -69,7 +68,8 @@ def container_options(spec: WorkloadSpec, *, oci_runtime: str,
     # the runtime's own labels are what adoption trusts: a spec label cannot set them
     labels = {k: v for k, v in spec.labels if k not in _RESERVED_LABELS}
     labels.update({LABEL_LEASE: spec.lease_id, LABEL_EPOCH: str(spec.epoch),
-                   LABEL_JOB: str(spec.job_number)})
+                   LABEL_JOB: str(spec.job_number),
+                   LABEL_OUTPUT_CAP: str(max(0, spec.output_cap_bytes))})
     if node_id:
         labels[LABEL_NODE] = node_id
     env = dict(spec.env)
@@ -119,7 +119,7 @@ def container_options(spec: WorkloadSpec, *, oci_runtime: str,
         "volumes": volumes or None,
         "working_dir": WORKDIR_MOUNT if spec.workdir is not None else None,
         "labels": labels,
-        "log_config": LogConfig(type="json-file", config={"max-size": "10m", "max-file": "2"}),
+        "log_config": dockerlogs.log_config(spec.output_cap_bytes),
         "detach": True,
     }
 
@@ -134,45 +134,6 @@ def _open_to_workload(top: Path) -> None:
             path = os.path.join(here, name)
             if not os.path.islink(path):
                 os.chmod(path, 0o777 if os.stat(path).st_mode & 0o111 else 0o666)
-
-
-def _parse_docker_time(value: str | None) -> float | None:
-    """Docker's RFC 3339 timestamps carry nanoseconds; Python parses microseconds."""
-    if not value or value.startswith("0001-"):
-        return None
-    m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)$", value)
-    if m is None:
-        return None
-    frac = (m.group(2) or ".0")[:7]
-    zone = "+00:00" if m.group(3) == "Z" else m.group(3)
-    return datetime.fromisoformat(m.group(1) + frac + zone).timestamp()
-
-
-def _epoch_ns(stamp: bytes, fraction: bytes | None) -> int:
-    """Nanoseconds since the epoch of a log entry's UTC time (docker writes up to nine digits)."""
-    whole = datetime.fromisoformat(stamp.decode() + "+00:00").timestamp()
-    digits = (fraction or b".")[1:].decode()
-    return int(whole) * 1_000_000_000 + int((digits + "000000000")[:9])
-
-
-def stamped_entries(raw: bytes) -> list[tuple[int, bytes]]:
-    """`docker logs --timestamps` output as (time in ns, the entry's bytes), in order."""
-    parts = _STAMPED.split(raw)
-    # [before the first stamp, stamp, fraction, text, stamp, fraction, text, …]
-    return [(_epoch_ns(parts[i], parts[i + 1]), parts[i + 2])
-            for i in range(1, len(parts) - 2, 3)]
-
-
-class _Output:
-    """How far a workload's output was read: the agent's offset after what it was given, the
-    time of the last entry read from the engine, and what was read but not yet given."""
-
-    __slots__ = ("after_ns", "offset", "pending")
-
-    def __init__(self, offset: int, after_ns: int, pending: bytes) -> None:
-        self.offset = offset
-        self.after_ns = after_ns
-        self.pending = pending
 
 
 class DockerRuntime:
@@ -194,7 +155,7 @@ class DockerRuntime:
         self._timeout = timeout_seconds
         self._classes: tuple[str, ...] | None = None
         self._cpu_samples: dict[str, tuple[int, float]] = {}
-        self._output: dict[str, _Output] = {}
+        self._output: dict[str, dockerlogs.Output] = {}
         self._lock = threading.Lock()
         self._filter = dockernet.Filter()
         self._egress: str | None = None  # why jobs get no egress here ("" when they do)
@@ -407,13 +368,14 @@ class DockerRuntime:
         labels = container.labels
         attrs = container.attrs
         state = attrs.get("State") or {}
-        started = _parse_docker_time(state.get("StartedAt"))
+        started = dockerlogs.parse_docker_time(state.get("StartedAt"))
         if started is None:
-            started = _parse_docker_time(attrs.get("Created")) or time.time()
+            started = dockerlogs.parse_docker_time(attrs.get("Created")) or time.time()
         extra = {"name": container.name or "",
                  "oci_runtime": str((attrs.get("HostConfig") or {}).get("Runtime") or "")}
-        if LABEL_CHECKPOINT in labels:
-            extra["checkpoint_dir"] = labels[LABEL_CHECKPOINT]
+        for label, key in ((LABEL_CHECKPOINT, "checkpoint_dir"), (LABEL_OUTPUT_CAP, "output_cap")):
+            if label in labels:
+                extra[key] = labels[label]
         return WorkloadHandle(
             lease_id=labels[LABEL_LEASE], epoch=int(labels.get(LABEL_EPOCH, "0")),
             job_number=int(labels.get(LABEL_JOB, "0")), runtime=self.name,
@@ -538,25 +500,17 @@ class DockerRuntime:
 
     def read_output(self, handle: WorkloadHandle, offset: int, limit: int) -> tuple[bytes, int]:
         """Up to `limit` bytes of the job's stdout and stderr from `offset`, and the offset
-        after them (the same offset when nothing new was written). The engine is asked only
-        for entries since the last one read (by their times); an offset this runtime did not
-        give (a restarted agent's) is found by reading the log from its start once."""
+        after them (the same offset when nothing new was written): the first
+        `max_output_bytes` of it, then one marker line when it wrote more (dockerlogs)."""
+        cap = int(handle.extra.get("output_cap") or 64 << 20)  # a container from before caps
         with self._lock:
             state = self._output.get(handle.ref)
-        if state is None or state.offset != offset:
-            entries = self._entries(handle, 0)
-            data = b"".join(text for _, text in entries)
-            state = _Output(offset, entries[-1][0] if entries else 0, data[offset:])
-        elif len(state.pending) < limit:
-            entries = [e for e in self._entries(handle, state.after_ns) if e[0] > state.after_ns]
-            if entries:
-                state.pending += b"".join(text for _, text in entries)
-                state.after_ns = entries[-1][0]
-        out, state.pending = state.pending[:limit], state.pending[limit:]
-        state.offset += len(out)
-        with self._lock:
-            self._output[handle.ref] = state
-        return out, state.offset
+        out, state = dockerlogs.read(state, lambda after: self._entries(handle, after),
+                                     offset, limit, cap)
+        if state is not None:
+            with self._lock:
+                self._output[handle.ref] = state
+        return out, offset + len(out)
 
     def _entries(self, handle: WorkloadHandle, after_ns: int) -> list[tuple[int, bytes]]:
         options: dict[str, Any] = {"stdout": True, "stderr": True, "timestamps": True}
@@ -570,7 +524,7 @@ class DockerRuntime:
             raise OSError(str(e)) from e  # the agent ships what it has and looks again later
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
             raise OSError(f"the Docker engine does not answer: {e}") from e
-        return stamped_entries(raw if isinstance(raw, bytes) else b"")
+        return dockerlogs.stamped_entries(raw if isinstance(raw, bytes) else b"")
 
     def logs(self, handle: WorkloadHandle, *, tail: int | Literal["all"] = "all") -> str:
         """The workload's stdout and stderr (the last `tail` lines), for failure reports."""

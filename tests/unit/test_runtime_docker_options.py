@@ -137,3 +137,11 @@ def test_a_jobs_network_filter_refuses_private_link_local_and_the_host_itself() 
         lines.index(f"-A {o} -d 10.0.0.0/8 {reject}")  # the operator's exception first
     assert lines[-4:-1] == [f"-A {i} {reject}", f"-I DOCKER-USER -i {br} -j {o}",
                             f"-I INPUT -i {br} -j {i}"]  # every new packet to the host
+
+
+def test_the_engines_log_of_a_job_is_sized_by_its_output_cap() -> None:
+    small = container_options(spec(output_cap_bytes=200_000), oci_runtime="runc")
+    assert small["log_config"].config == {"max-size": "204096", "max-file": "2"}
+    assert small["labels"]["computepool.output_cap_bytes"] == "200000"  # read back on adoption
+    default = container_options(spec(), oci_runtime="runc")["log_config"].config
+    assert default == {"max-size": str(10 << 20), "max-file": "2"}  # never more than before
