@@ -27,6 +27,7 @@ from agents.runtimes.contract import (
     WorkloadError,
     WorkloadHandle,
     WorkloadSpec,
+    job_env,
 )
 
 LABEL_LEASE = "computepool.lease"
@@ -72,7 +73,7 @@ def container_options(spec: WorkloadSpec, *, oci_runtime: str,
                    LABEL_OUTPUT_CAP: str(max(0, spec.output_cap_bytes))})
     if node_id:
         labels[LABEL_NODE] = node_id
-    env = dict(spec.env)
+    env = dict(job_env(spec))  # the device variables are the runtime's (contract)
     env["POOL_LEASE_ID"] = spec.lease_id
     volumes: dict[str, dict[str, str]] = {}
     if spec.checkpoint_dir is not None:
@@ -90,7 +91,6 @@ def container_options(spec: WorkloadSpec, *, oci_runtime: str,
             # exactly the lease's own devices; the toolkit's hook reads NVIDIA_VISIBLE_DEVICES
             device_requests.append(DeviceRequest(device_ids=list(spec.gpu_uuids),
                                                  capabilities=[["gpu"]]))
-            env["NVIDIA_VISIBLE_DEVICES"] = ",".join(spec.gpu_uuids)
         else:  # a node registered before device inventories: counted only
             device_requests.append(DeviceRequest(count=spec.gpu_count, capabilities=[["gpu"]]))
     memory = spec.memory_mib * 1024 * 1024

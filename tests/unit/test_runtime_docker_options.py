@@ -73,13 +73,14 @@ def test_a_job_with_files_gets_them_as_its_working_directory(tmp_path: Path) -> 
 
 
 def test_gpus_are_requested_by_uuid_and_egress_gets_a_network() -> None:
-    o = container_options(spec(gpu_count=2, gpu_uuids=("GPU-a", "GPU-b"), network_egress="any"),
-                          oci_runtime="runc")
+    o = container_options(spec(gpu_count=2, gpu_uuids=("GPU-a", "GPU-b"), network_egress="any",
+                               env=(("CUDA_VISIBLE_DEVICES", "all"),)), oci_runtime="runc")
     assert o["device_requests"] == [DeviceRequest(device_ids=["GPU-a", "GPU-b"],
                                                   capabilities=[["gpu"]])]
     # a network of its own, named as its container: never the engine's shared default bridge
     assert o["network_mode"] == o["name"] != "bridge"
     assert o["environment"]["NVIDIA_VISIBLE_DEVICES"] == "GPU-a,GPU-b"
+    assert o["environment"]["CUDA_VISIBLE_DEVICES"] == "GPU-a,GPU-b"  # not the job's `all`
     by_count = container_options(spec(gpu_count=1), oci_runtime="runc")["device_requests"]
     assert by_count == [DeviceRequest(count=1, capabilities=[["gpu"]])]
 
