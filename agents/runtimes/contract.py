@@ -50,6 +50,9 @@ class WorkloadSpec:
     gpu_mig: bool = False  # MIG instances: the MIG capability devices are needed too
     gpu_caps: tuple[int, ...] = ()  # their own /dev/nvidia-caps/nvidia-cap<N>, and no other
     network_egress: str = "none"  # "none" unless the shape asks for egress
+    # CIDRs its pool lets a job with egress reach past the denied ranges (agents/runtimes/
+    # egress.py), besides the node operator's own; checked again by the runtime
+    egress_allow: tuple[str, ...] = ()
     isolation: str = "sandboxed"  # the runtime class the lease needs
     checkpoint_dir: str | None = None  # told to the workload through POOL_CHECKPOINT_DIR
     labels: tuple[tuple[str, str], ...] = ()

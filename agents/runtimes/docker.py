@@ -293,6 +293,8 @@ class DockerRuntime:
         if spec.network_egress != "none" and self.network_egress() == "none":
             raise WorkloadError(f"this node cannot keep a job's egress off private and host "
                                 f"addresses ({self._egress})", code="egress_unavailable")
+        if spec.network_egress != "none":
+            egress.allowed(self.egress_allow, spec.egress_allow)  # refused before any pull
         oci = self._oci_runtime(spec.isolation)
         options = container_options(spec, oci_runtime=oci, node_id=self.node_id)
         try:
@@ -324,7 +326,8 @@ class DockerRuntime:
             _open_to_workload(Path(spec.workdir))
         net = options["network_mode"] if options["network_mode"] != "none" else None
         if net is not None:
-            self._networks().create(net, options["labels"], self.egress_allow)
+            self._networks().create(net, options["labels"],
+                                    egress.allowed(self.egress_allow, spec.egress_allow))
         try:
             return self._create(spec, image_id, options)
         except BaseException:

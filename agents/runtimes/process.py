@@ -301,6 +301,7 @@ class ProcessRuntime:
             Path(spec.checkpoint_dir).mkdir(parents=True, exist_ok=True)
             os.chmod(spec.checkpoint_dir, 0o777)  # the sandbox's uid 65534 writes there
         egress = spec.network_egress != "none"
+        allow = egress_filter.allowed(self.egress_allow, spec.egress_allow) if egress else []
         if egress and not self.slirp:
             raise WorkloadError("this node cannot give a sandbox egress without the host's "
                                 "network (no slirp4netns)", code="egress_unavailable")
@@ -320,14 +321,15 @@ class ProcessRuntime:
                                 code="secrets_failed") from e
         argv += hidden
         try:
-            return self._start(spec, argv, egress, memory, secret_fds, pid_file, exit_file)
+            return self._start(spec, argv, allow if egress else None, memory, secret_fds,
+                               pid_file, exit_file)
         finally:
             for fd in secret_fds:  # the sandbox has its copies (or never started)
                 os.close(fd)
 
-    def _start(self, spec: WorkloadSpec, argv: list[str], egress: bool, memory: int,
+    def _start(self, spec: WorkloadSpec, argv: list[str], allow: list[str] | None, memory: int,
                secret_fds: list[int], pid_file: Path, exit_file: Path) -> WorkloadHandle:
-        wiring = usernet.Wiring() if egress else None
+        wiring = usernet.Wiring() if allow is not None else None  # None: no egress
         if wiring is not None:
             argv += wiring.bwrap_args()
         argv += ["--setenv", "POOL_LEASE_ID", spec.lease_id, "--", *spec.command]
@@ -378,7 +380,7 @@ class ProcessRuntime:
             assert self.slirp is not None
             try:
                 assert self.egress_filter is not None
-                rules = egress_filter.ruleset(egress_filter.host_addresses(), self.egress_allow)
+                rules = egress_filter.ruleset(egress_filter.host_addresses(), allow)
                 self._networks[spec.key] = wiring.connect(self.slirp, proc.pid,
                                                           (self.egress_filter, rules))
             except (WorkloadError, OSError) as e:

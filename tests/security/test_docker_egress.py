@@ -35,7 +35,9 @@ PROBE = ('for t in "$@"; do '
          'then echo "REACHED $t"; else echo "refused $t"; fi; done; '
          'gw=$(ip route | awk \'/^default/ {print $3}\'); '
          'if nc -w 3 $gw $OWN_PORT </dev/null 2>/dev/null | grep -q hello; '
-         'then echo "REACHED gateway"; else echo "refused gateway"; fi')
+         'then echo "REACHED gateway"; else echo "refused gateway"; fi; '
+         # no IPv6 at all: the filter is IPv4's (the engine turns it off on such a network)
+         'echo "ipv6 off: $(cat /proc/sys/net/ipv6/conf/all/disable_ipv6 2>/dev/null || echo 1)"')
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +116,7 @@ def test_a_docker_job_reaches_the_internet_but_no_neighbour_host_or_private_addr
         assert f"REACHED {hosts.public}:{PORT}\n" in seen, seen  # the egress works
         for denied in targets[1:] + ["gateway"]:
             assert f"refused {denied}\n" in seen, seen
+        assert "ipv6 off: 1\n" in seen, seen
         runtime.stop(neighbour, 0)
         for h in (job, neighbour):
             runtime.forget(h)
@@ -122,3 +125,17 @@ def test_a_docker_job_reaches_the_internet_but_no_neighbour_host_or_private_addr
             name = str(h.extra["name"])
             assert not engine.networks.list(names=[name])
             assert Net(name).bridge not in Path("/proc/net/dev").read_text()
+
+
+def test_the_pools_allow_list_opens_a_private_network_and_nothing_else(
+        image: str, runtime: DockerRuntime) -> None:
+    with egress_hosts() as hosts:
+        targets = [f"{hosts.private}:{PORT}", f"{hosts.link_local}:{PORT}"]
+        job = runtime.start(_spec(image, ("/bin/sh", "-c", PROBE, "probe", *targets),
+                                  egress_allow=(f"{hosts.private}/32",),
+                                  env=(("OWN_PORT", "1"),)))
+        assert _wait(runtime, job) == 0
+        seen = runtime.logs(job)
+        assert f"REACHED {hosts.private}:{PORT}\n" in seen, seen
+        assert f"refused {hosts.link_local}:{PORT}\n" in seen, seen
+        runtime.forget(job)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agents.runtimes.contract import WorkloadError, WorkloadSpec
-from agents.runtimes.egress import ruleset
+from agents.runtimes.egress import allowed, ruleset
 from agents.runtimes.process import ProcessRuntime
 from tests.security.testhosts import PORT, Hosts, egress_hosts
 
@@ -26,7 +26,7 @@ def hosts() -> Iterator[Hosts]:
         yield found
 
 
-def _reach(tmp_path: Path, targets: list[tuple[str, int]]) -> str:
+def _reach(tmp_path: Path, targets: list[tuple[str, int]], allow: tuple[str, ...] = ()) -> str:
     rt = ProcessRuntime(tmp_path / "state")
     if rt.network_egress() == "none":
         pytest.skip(f"no egress from the sandbox here: {rt.limitations()}")
@@ -44,7 +44,8 @@ def _reach(tmp_path: Path, targets: list[tuple[str, int]]) -> str:
     checkpoint = tmp_path / "ck"
     spec = WorkloadSpec(lease_id=f"l{uuid.uuid4().hex[:12]}", epoch=1, job_number=1,
                         command=("python3", "-c", script), memory_mib=64,
-                        checkpoint_dir=str(checkpoint), network_egress="open")
+                        checkpoint_dir=str(checkpoint), network_egress="open",
+                        egress_allow=allow)
     h = rt.start(spec)
     try:
         deadline = time.monotonic() + 30
@@ -64,6 +65,23 @@ def test_egress_reaches_a_public_host_but_no_private_link_local_or_own_address(
     assert f"REACHED {hosts.public}\n" in seen, seen  # the egress works
     for denied in (hosts.private, hosts.link_local, hosts.own):
         assert f"refused {denied} " in seen, seen
+
+
+def test_the_pools_allow_list_opens_a_private_network_and_nothing_else(
+        hosts: Hosts, tmp_path: Path) -> None:
+    seen = _reach(tmp_path, [(hosts.private, PORT), (hosts.link_local, PORT)],
+                  allow=(f"{hosts.private}/32",))
+    assert f"REACHED {hosts.private}\n" in seen, seen
+    assert f"refused {hosts.link_local} " in seen, seen
+
+
+def test_an_allow_list_that_is_not_ipv4_networks_is_refused() -> None:
+    assert allowed(["10.9.0.0/16"], ("192.168.4.7", "10.9.0.0/16")) == \
+        ["10.9.0.0/16", "192.168.4.7/32"]
+    for bad in ("10.0.0.0/33", "fd00::/8", "metadata"):
+        with pytest.raises(WorkloadError) as e:
+            allowed([], (bad,))
+        assert e.value.code == "egress_allow_invalid"
 
 
 def test_the_filter_refuses_the_metadata_address_and_keeps_the_resolver() -> None:
