@@ -85,12 +85,18 @@ class Filter:
     def install(self, net: Net, allow: list[str]) -> None:
         """Load the network's chains; WorkloadError egress_failed when it cannot."""
         assert self.restore is not None
-        self.remove(net)  # a leftover of a start that died half-way
+        if self._exists(net.forward_chain) or self._exists(net.input_chain):
+            self.remove(net)  # a leftover of a start that died half-way
         r = self._run([self.restore, "-w", "--noflush"], ruleset(net, allow))
         if r is None or r.returncode != 0:
             why = r.stderr.decode(errors="replace").strip()[:300] if r is not None else "timeout"
             raise WorkloadError(f"could not filter the job's network: {why}",
                                 code="egress_failed")
+
+    def _exists(self, chain: str) -> bool:
+        assert self.iptables is not None
+        r = self._run([self.iptables, "-w", "-n", "-L", chain])
+        return r is None or r.returncode == 0  # not known: taken as there
 
     def remove(self, net: Net) -> None:
         """Unlink and drop the network's chains; what is not there is left alone."""
