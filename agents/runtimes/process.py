@@ -379,7 +379,7 @@ class ProcessRuntime:
         if wiring is not None:
             assert self.slirp is not None
             try:
-                assert self.egress_filter is not None
+                assert self.egress_filter is not None and allow is not None
                 rules = egress_filter.ruleset(egress_filter.host_addresses(), allow)
                 self._networks[spec.key] = wiring.connect(self.slirp, proc.pid,
                                                           (self.egress_filter, rules))
