@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from agents import secrets
+from agents import gpubind, secrets
 from agents.notice import NoticeRefused, write_notice
 from agents.output import OutputShipper, Stream
 from agents.probe import NodeProbe, Reserve
@@ -152,27 +152,6 @@ class Agent:
         if self._devices is None:
             self._devices = {d["id"]: d for d in self.capabilities().get("devices", ())}
         return self._devices
-
-    def _bind(self, a: v1.LeaseAssignment) -> tuple[tuple[str, ...], tuple[int, ...], bool]:
-        """The UUIDs and /dev minors of an order's devices, each checked to be this node's
-        own (an order is as hostile as any message); raises WorkloadError otherwise."""
-        own = self._own_devices()
-        unknown = [d for d in a.devices if d not in own]
-        if unknown:
-            raise WorkloadError(f"devices not on this node: {', '.join(unknown)}",
-                                code="device_unknown")
-        uuids: list[str] = []
-        minors: list[int] = []
-        mig = False
-        for d in a.devices:
-            dev = own[d]
-            uuid = dev["parent"] if dev.get("kind") == "replica" else dev["id"]
-            if uuid not in uuids:
-                uuids.append(uuid)
-            if dev.get("minor") is not None:
-                minors.append(int(dev["minor"]))
-            mig = mig or dev.get("kind") == "mig"
-        return tuple(uuids), tuple(sorted(set(minors))), mig
 
     def register(self) -> dict[str, Any]:
         body = v1.NodeRegistration(
@@ -332,7 +311,7 @@ class Agent:
     def start(self, a: v1.LeaseAssignment, received: float,
               headers: dict[str, str] | None = None) -> None:
         try:
-            uuids, minors, mig = self._bind(a)
+            bound = gpubind.bind(self._own_devices(), a.devices, self.probe.gpus)
         except WorkloadError as e:
             self.stats.refused += 1
             self._report_end(a.lease_id, a.epoch, failure=f"refused:{e.code}")
@@ -346,7 +325,7 @@ class Agent:
             cpu_millis=a.shape.cpu_millis, memory_mib=max(16, a.shape.memory_mib),
             max_image_size_bytes=(a.image_policy or {}).get("max_image_size_bytes"),
             gpu_count=a.shape.gpu_count, network_egress=a.shape.network.egress,
-            gpu_uuids=uuids, gpu_minors=minors, gpu_mig=mig,
+            gpu_uuids=bound.uuids, gpu_minors=bound.minors, gpu_mig=bound.mig, gpu_caps=bound.caps,
             isolation=a.shape.runtime,
             checkpoint_dir=str(self.state_dir / "checkpoints" / a.lease_id),
             labels=(("computepool.tenant", a.tenant), ("computepool.pool", a.pool_id)),

@@ -10,7 +10,7 @@ import os
 import platform
 import re
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -20,6 +20,9 @@ log = logging.getLogger(__name__)
 _ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 _MIG_PROFILE = re.compile(r"(\d+g\.\d+gb)")
 NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS
+# where the driver says which /dev/nvidia-caps/nvidia-cap<N> opens each MIG instance
+CAPABILITIES = Path("/proc/driver/nvidia/capabilities")
+_CAP_MINOR = re.compile(r"^DeviceFileMinor:\s*(\d+)\s*$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,8 @@ class Gpu:
     minor: int | None = None  # /dev/nvidia<minor>
     pci_bus_id: str | None = None
     nvlink_domain: str | None = None  # GPUs joined by NVLink (directly or through NVSwitch)
+    # (MIG device uuid, the minors of its GPU and compute instances' capability files)
+    mig_caps: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,15 @@ class GpuProbe:
     note: str | None = None  # why there are none, said once
     # the multi-node NVLink domain (NVML fabric cluster and clique) every GPU here is in, if any
     fabric_domain: str | None = None
+
+    def capability_minors(self, uuid: str) -> tuple[int, ...]:
+        """The /dev/nvidia-caps/nvidia-cap<N> a MIG instance's workload needs (and no other
+        instance's); () when the driver did not say."""
+        for g in self.gpus:
+            for mig, minors in g.mig_caps:
+                if mig == uuid:
+                    return minors
+        return ()
 
     def whole(self) -> tuple[Gpu, ...]:
         """GPUs offered whole: the ones not partitioned into MIG devices."""
@@ -94,8 +108,10 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def probe_gpus(nvml: ModuleType | Any | None = None) -> GpuProbe:
-    """Ask NVML; `nvml` defaults to the real `pynvml` (tests pass a named stand-in)."""
+def probe_gpus(nvml: ModuleType | Any | None = None,
+               capabilities: Path = CAPABILITIES) -> GpuProbe:
+    """Ask NVML; `nvml` defaults to the real `pynvml` (tests pass a named stand-in, and a
+    stand-in of the driver's `capabilities` folder)."""
     if nvml is None:
         try:
             import pynvml  # type: ignore[import-untyped]
@@ -116,6 +132,8 @@ def probe_gpus(nvml: ModuleType | Any | None = None) -> GpuProbe:
             mem = nvml.nvmlDeviceGetMemoryInfo(h)
             mig_enabled = False
             profiles: list[tuple[str, str]] = []
+            mig_caps: list[tuple[str, tuple[int, ...]]] = []
+            minor = _optional(nvml.nvmlDeviceGetMinorNumber, h)
             try:
                 current, _pending = nvml.nvmlDeviceGetMigMode(h)
                 mig_enabled = bool(current)
@@ -130,14 +148,15 @@ def probe_gpus(nvml: ModuleType | Any | None = None) -> GpuProbe:
                     m = _MIG_PROFILE.search(_text(nvml.nvmlDeviceGetName(mh)))
                     if m:
                         profiles.append((m.group(1), _text(nvml.nvmlDeviceGetUUID(mh))))
-            minor = _optional(nvml.nvmlDeviceGetMinorNumber, h)
+                        mig_caps.append((profiles[-1][1],
+                                         _mig_capabilities(nvml, mh, minor, capabilities)))
             pci = _optional(nvml.nvmlDeviceGetPciInfo, h)
             bus = None if pci is None else _bus_id(pci)
             gpus.append(Gpu(index=i, uuid=_text(nvml.nvmlDeviceGetUUID(h)),
                             model=_text(nvml.nvmlDeviceGetName(h)),
                             memory_mib=int(mem.total) // (1 << 20), mig_enabled=mig_enabled,
                             mig_profiles=tuple(profiles), minor=None if minor is None else int(minor),
-                            pci_bus_id=bus))
+                            pci_bus_id=bus, mig_caps=tuple(mig_caps)))
             handles.append(h)
         fabric = {_fabric_domain(nvml, h) for h in handles}
         return GpuProbe(gpus=_with_nvlink_domains(nvml, gpus, handles), driver=driver,
@@ -145,6 +164,27 @@ def probe_gpus(nvml: ModuleType | Any | None = None) -> GpuProbe:
     finally:
         with contextlib.suppress(Exception):  # best effort: the probe's answer stands
             nvml.nvmlShutdown()
+
+
+def _mig_capabilities(nvml: Any, handle: Any, gpu_minor: Any,
+                      root: Path) -> tuple[int, ...]:
+    """The minors of a MIG device's GPU instance and compute instance capability files, read
+    where the driver publishes them; () when any is unknown (the device is then not bound)."""
+    gi = _optional(nvml.nvmlDeviceGetGpuInstanceId, handle)
+    ci = _optional(nvml.nvmlDeviceGetComputeInstanceId, handle)
+    if gpu_minor is None or gi is None or ci is None:
+        return ()
+    where = root / f"gpu{int(gpu_minor)}" / "mig" / f"gi{int(gi)}"
+    minors = []
+    for access in (where / "access", where / f"ci{int(ci)}" / "access"):
+        try:
+            m = _CAP_MINOR.search(access.read_text())
+        except OSError:
+            return ()
+        if m is None:
+            return ()
+        minors.append(int(m.group(1)))
+    return tuple(minors)
 
 
 def _optional(read: Any, *args: Any) -> Any:
@@ -206,9 +246,7 @@ def _with_nvlink_domains(nvml: Any, gpus: list[Gpu], handles: list[Any]) -> tupl
         if g.pci_bus_id in linked:
             root = find(g.pci_bus_id)
             domain = names.setdefault(root, f"nvlink-{g.index}")
-        out.append(Gpu(index=g.index, uuid=g.uuid, model=g.model, memory_mib=g.memory_mib,
-                       mig_enabled=g.mig_enabled, mig_profiles=g.mig_profiles, minor=g.minor,
-                       pci_bus_id=g.pci_bus_id, nvlink_domain=domain))
+        out.append(replace(g, nvlink_domain=domain))
     return tuple(out)
 
 
@@ -281,8 +319,9 @@ def _memory_mib() -> int:
     return 0
 
 
-def probe_node(disk_path: Path | str = "/", nvml: Any = None) -> NodeProbe:
-    """Probe this machine for real (`nvml` only to pass a stand-in in tests)."""
+def probe_node(disk_path: Path | str = "/", nvml: Any = None,
+               capabilities: Path | None = None) -> NodeProbe:
+    """Probe this machine for real (`nvml` and `capabilities` only to pass stand-ins)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     disk = shutil.disk_usage(str(disk_path))
     return NodeProbe(
@@ -290,5 +329,5 @@ def probe_node(disk_path: Path | str = "/", nvml: Any = None) -> NodeProbe:
         cpu_arch=_ARCH.get(platform.machine().lower(), platform.machine().lower()),
         memory_mib=_memory_mib(),
         local_disk_gib=disk.total // (1 << 30),
-        gpus=probe_gpus(nvml),
+        gpus=probe_gpus(nvml, capabilities or CAPABILITIES),
     )

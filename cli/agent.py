@@ -53,8 +53,8 @@ def cmd_agent_run(args: argparse.Namespace) -> int:
         why = runtime.available()
         if why is not None:
             return fail(why, "runtime_unavailable", as_json=args.json)
-        for line in runtime.limitations():  # said once, at the start: not advertised either
-            print(f"pool agent: cannot enforce here: {line}", file=sys.stderr)
+    for line in runtime.limitations():  # said once, at the start: not advertised either
+        print(f"pool agent: cannot enforce here: {line}", file=sys.stderr)
     url = getattr(args, "nats_url", None)
     if not url:
         plain = embedded.endpoints()[0]

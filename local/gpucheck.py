@@ -29,14 +29,16 @@ def _say(message: str) -> None:
 
 
 def run(report: dict[str, Any], *, timeout_s: float = 240.0, nvml: Any = None,
-        dev: Path = Path("/dev"), list_command: tuple[str, ...] = LIST_COMMAND) -> int:
+        dev: Path = Path("/dev"), list_command: tuple[str, ...] = LIST_COMMAND,
+        capabilities: Path | None = None) -> int:
     """The whole check, its findings added to `report`; an exit code (0: every job saw
-    exactly its own device). `nvml`, `dev` and `list_command` are stand-ins' seams."""
+    exactly its own device). `nvml`, `dev`, `list_command` and `capabilities` (the driver's
+    MIG capabilities folder) are stand-ins' seams."""
     from agents.probe import Reserve, probe_node
     from agents.runtimes.process import ProcessRuntime
 
     started = time.monotonic()
-    probe = probe_node(".", nvml=nvml)
+    probe = probe_node(".", nvml=nvml, capabilities=capabilities)
     report["gpus"] = probe.gpus.to_dict()
     if not probe.gpus.gpus:
         return _fail(report, f"no NVIDIA GPU here: {probe.gpus.note or 'NVML lists none'}",
@@ -216,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="import this module instead of pynvml (a test's stand-in)")
     p.add_argument("--dev", type=Path, default=Path("/dev"),
                    help="where the GPUs' device nodes are (a test's stand-in /dev)")
+    p.add_argument("--capabilities", type=Path,
+                   help="the driver's MIG capabilities folder (a test's stand-in of "
+                        "/proc/driver/nvidia/capabilities)")
     p.add_argument("--list-command", default=shlex.join(LIST_COMMAND),
                    help="what each job runs to list the GPUs it sees (default: %(default)s)")
     args = p.parse_args(argv)
@@ -225,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         nvml = importlib.import_module(args.nvml) if args.nvml else None
         code = run(report, timeout_s=args.timeout, nvml=nvml, dev=args.dev,
-                   list_command=tuple(shlex.split(args.list_command)))
+                   list_command=tuple(shlex.split(args.list_command)),
+                   capabilities=args.capabilities)
     except (RuntimeError, TimeoutError) as e:
         code = _fail(report, str(e))
     except Exception as e:  # noqa: BLE001 - a GPU machine's one run must still leave a report

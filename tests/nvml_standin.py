@@ -10,6 +10,7 @@ GPUs (an HGX-like machine), with NVSwitch links.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass
@@ -29,6 +30,8 @@ class _Device:
     minor: int = 0
     bus_id: str = ""
     links: tuple[str, ...] = ()  # remote PCI bus ids of its active NVLink links
+    gi: int = 0  # a MIG device's GPU instance and compute instance ids
+    ci: int = 0
 
 
 @dataclass
@@ -41,9 +44,9 @@ DEVICES = (
     _Device("NVIDIA L4", "GPU-standin-0000", 24 * GIB, minor=0, bus_id="00000000:17:00.0"),
     _Device("NVIDIA A100-SXM4-80GB", "GPU-standin-0001", 80 * GIB, minor=1,
             bus_id="00000000:65:00.0", mig=True, children=(
-        _Device("NVIDIA A100-SXM4-80GB MIG 3g.40gb", "MIG-standin-a", 40 * GIB),
-        _Device("NVIDIA A100-SXM4-80GB MIG 1g.10gb", "MIG-standin-b", 10 * GIB),
-        _Device("NVIDIA A100-SXM4-80GB MIG 1g.10gb", "MIG-standin-c", 10 * GIB),
+        _Device("NVIDIA A100-SXM4-80GB MIG 3g.40gb", "MIG-standin-a", 40 * GIB, gi=2),
+        _Device("NVIDIA A100-SXM4-80GB MIG 1g.10gb", "MIG-standin-b", 10 * GIB, gi=9),
+        _Device("NVIDIA A100-SXM4-80GB MIG 1g.10gb", "MIG-standin-c", 10 * GIB, gi=10),
     )),
 )
 initialised = 0
@@ -101,6 +104,38 @@ def nvmlDeviceGetMigDeviceHandleByIndex(h: _Device, j: int) -> _Device:
     if j >= len(h.children):
         raise NVMLError("Not Found")
     return h.children[j]
+
+
+def nvmlDeviceGetGpuInstanceId(h: _Device) -> int:
+    return h.gi
+
+
+def nvmlDeviceGetComputeInstanceId(h: _Device) -> int:
+    return h.ci
+
+
+def capability_minors() -> dict[str, tuple[int, int]]:
+    """Each MIG device's /dev/nvidia-caps/nvidia-cap<N> minors, (GPU instance, compute
+    instance), as this stand-in's driver numbers them."""
+    out: dict[str, tuple[int, int]] = {}
+    for d in DEVICES:
+        for c in d.children:
+            base = 3 + 2 * len(out)
+            out[c.uuid] = (base, base + 1)
+    return out
+
+
+def write_capabilities(root: Path) -> None:
+    """A STAND-IN of /proc/driver/nvidia/capabilities under `root`: each MIG device's GPU and
+    compute instance `access` files, naming their minors as the driver's do."""
+    minors = capability_minors()
+    for d in DEVICES:
+        for c in d.children:
+            gi = root / f"gpu{d.minor}" / "mig" / f"gi{c.gi}"
+            (gi / f"ci{c.ci}").mkdir(parents=True, exist_ok=True)
+            for where, minor in zip((gi, gi / f"ci{c.ci}"), minors[c.uuid], strict=True):
+                (where / "access").write_text(f"DeviceFileMinor: {minor}\n"
+                                              "DeviceFileMode: 292\nDeviceFileModify: 1\n")
 
 
 def nvmlDeviceGetMinorNumber(h: _Device) -> int:

@@ -48,7 +48,11 @@ class WorkloadSpec:
     gpu_uuids: tuple[str, ...] = ()  # the GPU / MIG UUIDs of the lease's devices, and no other
     gpu_minors: tuple[int, ...] = ()  # their GPUs' /dev/nvidia<minor> (a MIG's parent's)
     gpu_mig: bool = False  # MIG instances: the MIG capability devices are needed too
+    gpu_caps: tuple[int, ...] = ()  # their own /dev/nvidia-caps/nvidia-cap<N>, and no other
     network_egress: str = "none"  # "none" unless the shape asks for egress
+    # CIDRs its pool lets a job with egress reach past the denied ranges (agents/runtimes/
+    # egress.py), besides the node operator's own; checked again by the runtime
+    egress_allow: tuple[str, ...] = ()
     isolation: str = "sandboxed"  # the runtime class the lease needs
     checkpoint_dir: str | None = None  # told to the workload through POOL_CHECKPOINT_DIR
     labels: tuple[tuple[str, str], ...] = ()
@@ -68,6 +72,20 @@ class WorkloadSpec:
     def key(self) -> str:
         """One workload per (lease, epoch, job): the agent never starts the same key twice."""
         return f"{self.lease_id}.{self.epoch}.{self.job_number}"
+
+
+# which devices a job sees: the runtime's to say, never the job's (a job naming other GPUs
+# in them, or `all`, would see through a runtime that binds by these names)
+DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+
+
+def job_env(spec: WorkloadSpec) -> list[tuple[str, str]]:
+    """The job's own variables, less the device ones, then these set to its devices' UUIDs
+    (for a job with devices): the agent's word over the job's, whatever the job asked."""
+    env = [(k, v) for k, v in spec.env if k not in DEVICE_VARIABLES]
+    if spec.gpu_count > 0 and spec.gpu_uuids:
+        env += [(k, ",".join(spec.gpu_uuids)) for k in DEVICE_VARIABLES]
+    return env
 
 
 @dataclass

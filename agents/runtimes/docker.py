@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import threading
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -18,9 +17,9 @@ import docker
 import docker.errors
 import requests.exceptions
 from docker.models.containers import Container
-from docker.types import DeviceRequest, LogConfig, Ulimit
+from docker.types import DeviceRequest, Ulimit
 
-from agents.runtimes import memfiles
+from agents.runtimes import dockerlogs, dockernet, egress, memfiles
 from agents.runtimes.contract import (
     ImageRejected,
     RuntimeUnavailable,
@@ -28,6 +27,7 @@ from agents.runtimes.contract import (
     WorkloadError,
     WorkloadHandle,
     WorkloadSpec,
+    job_env,
 )
 
 LABEL_LEASE = "computepool.lease"
@@ -35,7 +35,9 @@ LABEL_EPOCH = "computepool.epoch"
 LABEL_JOB = "computepool.job"
 LABEL_NODE = "computepool.node"
 LABEL_CHECKPOINT = "computepool.checkpoint_dir"
-_RESERVED_LABELS = {LABEL_LEASE, LABEL_EPOCH, LABEL_JOB, LABEL_NODE, LABEL_CHECKPOINT}
+LABEL_OUTPUT_CAP = "computepool.output_cap_bytes"
+_RESERVED_LABELS = {LABEL_LEASE, LABEL_EPOCH, LABEL_JOB, LABEL_NODE, LABEL_CHECKPOINT,
+                    LABEL_OUTPUT_CAP}
 
 WORKLOAD_UID = 65534
 WORKLOAD_USER = f"{WORKLOAD_UID}:{WORKLOAD_UID}"
@@ -46,8 +48,6 @@ TMPFS_OPTIONS = "rw,nosuid,nodev,size=64m,mode=1777"
 OCI_RUNTIMES = {"container": "runc", "sandboxed": "runsc"}  # isolation class → engine runtime
 
 _DIGEST_REF = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
-# `docker logs --timestamps`: each entry (a line, or the last part of one) after its time
-_STAMPED = re.compile(rb"(?:^|(?<=\n))(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d{1,9})?Z ")
 _NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
 
 
@@ -69,10 +69,11 @@ def container_options(spec: WorkloadSpec, *, oci_runtime: str,
     # the runtime's own labels are what adoption trusts: a spec label cannot set them
     labels = {k: v for k, v in spec.labels if k not in _RESERVED_LABELS}
     labels.update({LABEL_LEASE: spec.lease_id, LABEL_EPOCH: str(spec.epoch),
-                   LABEL_JOB: str(spec.job_number)})
+                   LABEL_JOB: str(spec.job_number),
+                   LABEL_OUTPUT_CAP: str(max(0, spec.output_cap_bytes))})
     if node_id:
         labels[LABEL_NODE] = node_id
-    env = dict(spec.env)
+    env = dict(job_env(spec))  # the device variables are the runtime's (contract)
     env["POOL_LEASE_ID"] = spec.lease_id
     volumes: dict[str, dict[str, str]] = {}
     if spec.checkpoint_dir is not None:
@@ -90,7 +91,6 @@ def container_options(spec: WorkloadSpec, *, oci_runtime: str,
             # exactly the lease's own devices; the toolkit's hook reads NVIDIA_VISIBLE_DEVICES
             device_requests.append(DeviceRequest(device_ids=list(spec.gpu_uuids),
                                                  capabilities=[["gpu"]]))
-            env["NVIDIA_VISIBLE_DEVICES"] = ",".join(spec.gpu_uuids)
         else:  # a node registered before device inventories: counted only
             device_requests.append(DeviceRequest(count=spec.gpu_count, capabilities=[["gpu"]]))
     memory = spec.memory_mib * 1024 * 1024
@@ -102,7 +102,9 @@ def container_options(spec: WorkloadSpec, *, oci_runtime: str,
         "tmpfs": {"/tmp": TMPFS_OPTIONS},
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],
-        "network_mode": "none" if spec.network_egress == "none" else "bridge",
+        # egress: a network of the workload's own, named as its container (agents/runtimes/
+        # dockernet.py), never the engine's default bridge shared with every other container
+        "network_mode": "none" if spec.network_egress == "none" else container_name(spec, node_id),
         "ipc_mode": "private",
         "nano_cpus": spec.cpu_millis * 1_000_000,
         "mem_limit": memory,
@@ -117,7 +119,7 @@ def container_options(spec: WorkloadSpec, *, oci_runtime: str,
         "volumes": volumes or None,
         "working_dir": WORKDIR_MOUNT if spec.workdir is not None else None,
         "labels": labels,
-        "log_config": LogConfig(type="json-file", config={"max-size": "10m", "max-file": "2"}),
+        "log_config": dockerlogs.log_config(spec.output_cap_bytes),
         "detach": True,
     }
 
@@ -132,45 +134,6 @@ def _open_to_workload(top: Path) -> None:
             path = os.path.join(here, name)
             if not os.path.islink(path):
                 os.chmod(path, 0o777 if os.stat(path).st_mode & 0o111 else 0o666)
-
-
-def _parse_docker_time(value: str | None) -> float | None:
-    """Docker's RFC 3339 timestamps carry nanoseconds; Python parses microseconds."""
-    if not value or value.startswith("0001-"):
-        return None
-    m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)$", value)
-    if m is None:
-        return None
-    frac = (m.group(2) or ".0")[:7]
-    zone = "+00:00" if m.group(3) == "Z" else m.group(3)
-    return datetime.fromisoformat(m.group(1) + frac + zone).timestamp()
-
-
-def _epoch_ns(stamp: bytes, fraction: bytes | None) -> int:
-    """Nanoseconds since the epoch of a log entry's UTC time (docker writes up to nine digits)."""
-    whole = datetime.fromisoformat(stamp.decode() + "+00:00").timestamp()
-    digits = (fraction or b".")[1:].decode()
-    return int(whole) * 1_000_000_000 + int((digits + "000000000")[:9])
-
-
-def stamped_entries(raw: bytes) -> list[tuple[int, bytes]]:
-    """`docker logs --timestamps` output as (time in ns, the entry's bytes), in order."""
-    parts = _STAMPED.split(raw)
-    # [before the first stamp, stamp, fraction, text, stamp, fraction, text, …]
-    return [(_epoch_ns(parts[i], parts[i + 1]), parts[i + 2])
-            for i in range(1, len(parts) - 2, 3)]
-
-
-class _Output:
-    """How far a workload's output was read: the agent's offset after what it was given, the
-    time of the last entry read from the engine, and what was read but not yet given."""
-
-    __slots__ = ("after_ns", "offset", "pending")
-
-    def __init__(self, offset: int, after_ns: int, pending: bytes) -> None:
-        self.offset = offset
-        self.after_ns = after_ns
-        self.pending = pending
 
 
 class DockerRuntime:
@@ -192,8 +155,11 @@ class DockerRuntime:
         self._timeout = timeout_seconds
         self._classes: tuple[str, ...] | None = None
         self._cpu_samples: dict[str, tuple[int, float]] = {}
-        self._output: dict[str, _Output] = {}
+        self._output: dict[str, dockerlogs.Output] = {}
         self._lock = threading.Lock()
+        self._filter = dockernet.Filter()
+        self._egress: str | None = None  # why jobs get no egress here ("" when they do)
+        self.egress_allow: list[str] = []  # the operator's CIDRs (POOL_EGRESS_ALLOW)
 
     # -- the engine ------------------------------------------------------------------------
 
@@ -225,6 +191,26 @@ class DockerRuntime:
         except (docker.errors.DockerException, requests.exceptions.RequestException):
             return False
         return "nvidia" in runtimes
+
+    def network_egress(self) -> str:
+        """`open` where each job's network can be filtered (dockernet), else `none`."""
+        if self._egress is None:
+            try:
+                self.egress_allow = egress.allowed_by_operator()
+                why = self._filter.unavailable()
+            except ValueError as e:  # a typo must not open more than meant: no egress at all
+                why = f"{egress.ALLOW_ENV}: {e}"
+            self._egress = why or ""
+        return "none" if self._egress else "open"
+
+    def limitations(self) -> list[str]:
+        """What this runtime cannot enforce here, one line each (said at the agent's start)."""
+        self.network_egress()
+        return [f"{self._egress}: jobs that ask for egress are refused"] if self._egress else []
+
+    def _networks(self) -> dockernet.Networks:
+        mine = [LABEL_LEASE] + ([f"{LABEL_NODE}={self.node_id}"] if self.node_id else [])
+        return dockernet.Networks(self.client, mine, self._filter)
 
     def isolation_classes(self) -> tuple[str, ...]:
         if self._classes is None:
@@ -304,6 +290,11 @@ class DockerRuntime:
                                 "without writing them to the engine's disk; use secret files",
                                 code="secrets_unsupported")
         self._check_ref(spec.image)
+        if spec.network_egress != "none" and self.network_egress() == "none":
+            raise WorkloadError(f"this node cannot keep a job's egress off private and host "
+                                f"addresses ({self._egress})", code="egress_unavailable")
+        if spec.network_egress != "none":
+            egress.allowed(self.egress_allow, spec.egress_allow)  # refused before any pull
         oci = self._oci_runtime(spec.isolation)
         options = container_options(spec, oci_runtime=oci, node_id=self.node_id)
         try:
@@ -333,6 +324,18 @@ class DockerRuntime:
             os.chmod(spec.checkpoint_dir, 0o777)  # the workload's uid 65534 writes there
         if spec.workdir is not None:
             _open_to_workload(Path(spec.workdir))
+        net = options["network_mode"] if options["network_mode"] != "none" else None
+        if net is not None:
+            self._networks().create(net, options["labels"],
+                                    egress.allowed(self.egress_allow, spec.egress_allow))
+        try:
+            return self._create(spec, image_id, options)
+        except BaseException:
+            if net is not None:
+                self._networks().remove(net)
+            raise
+
+    def _create(self, spec: WorkloadSpec, image_id: str, options: dict[str, Any]) -> WorkloadHandle:
         try:
             container = self.client.containers.create(image_id, **options)
         except docker.errors.APIError as e:
@@ -368,13 +371,14 @@ class DockerRuntime:
         labels = container.labels
         attrs = container.attrs
         state = attrs.get("State") or {}
-        started = _parse_docker_time(state.get("StartedAt"))
+        started = dockerlogs.parse_docker_time(state.get("StartedAt"))
         if started is None:
-            started = _parse_docker_time(attrs.get("Created")) or time.time()
+            started = dockerlogs.parse_docker_time(attrs.get("Created")) or time.time()
         extra = {"name": container.name or "",
                  "oci_runtime": str((attrs.get("HostConfig") or {}).get("Runtime") or "")}
-        if LABEL_CHECKPOINT in labels:
-            extra["checkpoint_dir"] = labels[LABEL_CHECKPOINT]
+        for label, key in ((LABEL_CHECKPOINT, "checkpoint_dir"), (LABEL_OUTPUT_CAP, "output_cap")):
+            if label in labels:
+                extra[key] = labels[label]
         return WorkloadHandle(
             lease_id=labels[LABEL_LEASE], epoch=int(labels.get(LABEL_EPOCH, "0")),
             job_number=int(labels.get(LABEL_JOB, "0")), runtime=self.name,
@@ -444,6 +448,7 @@ class DockerRuntime:
                     pass
                 continue
             out.append(self._handle(container))
+        self._networks().sweep({str(h.extra["name"]) for h in out})
         return sorted(out, key=lambda h: h.key)
 
     def forget(self, handle: WorkloadHandle) -> None:
@@ -465,6 +470,7 @@ class DockerRuntime:
         except docker.errors.APIError as e:
             raise WorkloadError(f"could not remove {container.name}: {e}") from e
         memfiles.wipe(str(container.name))  # the job's secret files, if it had any
+        self._networks().remove(str(container.name))  # its network, if it had one
 
     def usage(self, handle: WorkloadHandle) -> Usage:
         container = self._container(handle)
@@ -497,25 +503,17 @@ class DockerRuntime:
 
     def read_output(self, handle: WorkloadHandle, offset: int, limit: int) -> tuple[bytes, int]:
         """Up to `limit` bytes of the job's stdout and stderr from `offset`, and the offset
-        after them (the same offset when nothing new was written). The engine is asked only
-        for entries since the last one read (by their times); an offset this runtime did not
-        give (a restarted agent's) is found by reading the log from its start once."""
+        after them (the same offset when nothing new was written): the first
+        `max_output_bytes` of it, then one marker line when it wrote more (dockerlogs)."""
+        cap = int(handle.extra.get("output_cap") or 64 << 20)  # a container from before caps
         with self._lock:
             state = self._output.get(handle.ref)
-        if state is None or state.offset != offset:
-            entries = self._entries(handle, 0)
-            data = b"".join(text for _, text in entries)
-            state = _Output(offset, entries[-1][0] if entries else 0, data[offset:])
-        elif len(state.pending) < limit:
-            entries = [e for e in self._entries(handle, state.after_ns) if e[0] > state.after_ns]
-            if entries:
-                state.pending += b"".join(text for _, text in entries)
-                state.after_ns = entries[-1][0]
-        out, state.pending = state.pending[:limit], state.pending[limit:]
-        state.offset += len(out)
-        with self._lock:
-            self._output[handle.ref] = state
-        return out, state.offset
+        out, state = dockerlogs.read(state, lambda after: self._entries(handle, after),
+                                     offset, limit, cap)
+        if state is not None:
+            with self._lock:
+                self._output[handle.ref] = state
+        return out, offset + len(out)
 
     def _entries(self, handle: WorkloadHandle, after_ns: int) -> list[tuple[int, bytes]]:
         options: dict[str, Any] = {"stdout": True, "stderr": True, "timestamps": True}
@@ -529,7 +527,7 @@ class DockerRuntime:
             raise OSError(str(e)) from e  # the agent ships what it has and looks again later
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
             raise OSError(f"the Docker engine does not answer: {e}") from e
-        return stamped_entries(raw if isinstance(raw, bytes) else b"")
+        return dockerlogs.stamped_entries(raw if isinstance(raw, bytes) else b"")
 
     def logs(self, handle: WorkloadHandle, *, tail: int | Literal["all"] = "all") -> str:
         """The workload's stdout and stderr (the last `tail` lines), for failure reports."""

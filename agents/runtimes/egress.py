@@ -60,6 +60,25 @@ def allowed_by_operator() -> list[str]:
             for c in text.split(",") if c.strip()]
 
 
+def allowed(node: list[str], pool: tuple[str, ...]) -> list[str]:
+    """The node operator's CIDRs and a job's pool's, each an IPv4 network (the filter is
+    IPv4's); WorkloadError egress_allow_invalid for any other, so nothing is opened by a
+    typo."""
+    out = list(node)
+    for text in pool:
+        try:
+            net = ipaddress.ip_network(text.strip(), strict=False)
+        except ValueError as e:
+            raise WorkloadError(f"the pool's egress allow-list holds {text[:64]!r}: {e}",
+                                code="egress_allow_invalid") from e
+        if net.version != 4:
+            raise WorkloadError(f"the pool's egress allow-list holds {text[:64]!r}: only IPv4 "
+                                "networks can be allowed", code="egress_allow_invalid")
+        if str(net) not in out:
+            out.append(str(net))
+    return out
+
+
 def ruleset(hosts: list[str], allow: list[str]) -> str:
     """iptables-restore input for the sandbox's namespace: its loopback and slirp's resolver
     allowed, the operator's CIDRs allowed, every denied range and host address refused."""

@@ -22,6 +22,7 @@ from agents.runtimes.contract import (
     WorkloadError,
     WorkloadHandle,
     WorkloadSpec,
+    job_env,
 )
 from agents.runtimes.enter import EntryRefused, SandboxEntry
 from agents.runtimes.events import ProcessEvents
@@ -134,9 +135,9 @@ def _group_pids(pgid: int, *, workload_only: bool = False) -> list[int]:
 
 def gpu_sandbox_args(spec: WorkloadSpec, dev: Path = DEV) -> list[str]:
     """bwrap arguments that give the workload its own GPUs and no other: their /dev/nvidia<minor>
-    nodes, the driver's control devices (and MIG capabilities for MIG instances), and
-    CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES naming its devices' UUIDs. The sandbox's
-    own /dev (`--dev`) holds no GPU node, so nothing else is reachable."""
+    nodes, the driver's control devices and, for MIG instances, their own capability files
+    (CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES: `job_env`). The sandbox's own /dev
+    (`--dev`) holds no GPU node, so nothing else is reachable."""
     if spec.gpu_count <= 0:
         return []
     if not spec.gpu_uuids or not spec.gpu_minors:
@@ -145,20 +146,21 @@ def gpu_sandbox_args(spec: WorkloadSpec, dev: Path = DEV) -> list[str]:
     args: list[str] = []
     missing = []
     nodes = [f"nvidia{m}" for m in sorted(set(spec.gpu_minors))] + list(GPU_CONTROL_DEVICES)
-    if spec.gpu_mig:
-        nodes.append("nvidia-caps")
+    if spec.gpu_mig:  # the instances' own capability files, never the whole nvidia-caps
+        if not spec.gpu_caps:
+            raise WorkloadError("a MIG lease reached the process runtime without its "
+                                "capability files", code="devices_unbound")
+        nodes += [f"nvidia-caps/nvidia-cap{c}" for c in sorted(set(spec.gpu_caps))]
     for name in nodes:
         path = dev / name
         if path.exists():
             args += ["--dev-bind", str(path), f"/dev/{name}"]
-        elif name.startswith("nvidia") and name[6:].isdigit() or name == "nvidiactl":
+        elif name.startswith(("nvidia-caps/", "nvidiactl")) or name[6:].isdigit():
             missing.append(str(path))
     if missing:
         raise WorkloadError(f"GPU device nodes missing on this machine: {', '.join(missing)}",
                             code="device_missing")
-    visible = ",".join(spec.gpu_uuids)
-    return args + ["--setenv", "CUDA_VISIBLE_DEVICES", visible,
-                   "--setenv", "NVIDIA_VISIBLE_DEVICES", visible]
+    return args
 
 
 def _processes_of(uid: int) -> int:
@@ -299,6 +301,7 @@ class ProcessRuntime:
             Path(spec.checkpoint_dir).mkdir(parents=True, exist_ok=True)
             os.chmod(spec.checkpoint_dir, 0o777)  # the sandbox's uid 65534 writes there
         egress = spec.network_egress != "none"
+        allow = egress_filter.allowed(self.egress_allow, spec.egress_allow) if egress else []
         if egress and not self.slirp:
             raise WorkloadError("this node cannot give a sandbox egress without the host's "
                                 "network (no slirp4netns)", code="egress_unavailable")
@@ -309,7 +312,7 @@ class ProcessRuntime:
         argv = [self.bwrap, *self._sandbox_args(spec.checkpoint_dir, memory, spec.workdir),
                 *gpu_sandbox_args(spec, self.dev)]
         argv += volume_args(spec)
-        for k, v in spec.env:
+        for k, v in job_env(spec):  # the device variables are the runtime's (contract)
             argv += ["--setenv", k, v]
         try:
             hidden, secret_fds = secret_args(spec)
@@ -318,14 +321,15 @@ class ProcessRuntime:
                                 code="secrets_failed") from e
         argv += hidden
         try:
-            return self._start(spec, argv, egress, memory, secret_fds, pid_file, exit_file)
+            return self._start(spec, argv, allow if egress else None, memory, secret_fds,
+                               pid_file, exit_file)
         finally:
             for fd in secret_fds:  # the sandbox has its copies (or never started)
                 os.close(fd)
 
-    def _start(self, spec: WorkloadSpec, argv: list[str], egress: bool, memory: int,
+    def _start(self, spec: WorkloadSpec, argv: list[str], allow: list[str] | None, memory: int,
                secret_fds: list[int], pid_file: Path, exit_file: Path) -> WorkloadHandle:
-        wiring = usernet.Wiring() if egress else None
+        wiring = usernet.Wiring() if allow is not None else None  # None: no egress
         if wiring is not None:
             argv += wiring.bwrap_args()
         argv += ["--setenv", "POOL_LEASE_ID", spec.lease_id, "--", *spec.command]
@@ -375,8 +379,8 @@ class ProcessRuntime:
         if wiring is not None:
             assert self.slirp is not None
             try:
-                assert self.egress_filter is not None
-                rules = egress_filter.ruleset(egress_filter.host_addresses(), self.egress_allow)
+                assert self.egress_filter is not None and allow is not None
+                rules = egress_filter.ruleset(egress_filter.host_addresses(), allow)
                 self._networks[spec.key] = wiring.connect(self.slirp, proc.pid,
                                                           (self.egress_filter, rules))
             except (WorkloadError, OSError) as e:

@@ -220,3 +220,24 @@ def test_secret_variables_reach_the_workload_or_the_start_is_refused(
     _not_on_any_command_line(b"t0k en")
     assert wait_exit(runtime, h) == 0
     runtime.forget(h)
+
+
+def test_output_past_the_cap_is_dropped_after_one_marker_line(kind: dict[str, Any],
+                                                              runtime: Runtime,
+                                                              tmp_path: Path) -> None:
+    from agents.output import dropped_marker
+
+    line = b"0123456789" * 4 + b"abcdefghi\n"  # 50 bytes, 100 times: five times the cap
+    h = runtime.start(spec(kind, tmp_path, f"i=0; while [ $i -lt 100 ]; do echo {line[:-1].decode()}; "
+                                           "i=$((i+1)); done", output_cap_bytes=1000))
+    assert wait_exit(runtime, h) == 0
+    read = runtime.read_output  # type: ignore[attr-defined]
+    got, offset = b"", 0
+    for _ in range(200):  # a runtime that never stops giving fails here, not by hanging
+        data, offset = read(h, offset, 300)
+        if not data:
+            break
+        got += data
+    assert got == (line * 20) + dropped_marker(1000).encode()
+    assert read(h, offset, 300) == (b"", offset)
+    runtime.forget(h)

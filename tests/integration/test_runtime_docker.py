@@ -62,10 +62,13 @@ def node_id() -> str:
 
 @pytest.fixture()
 def runtime(engine: docker.DockerClient, node_id: str) -> Iterator[DockerRuntime]:
-    """A runtime scoped to a node id of its own; its containers are removed afterwards."""
-    yield DockerRuntime(node_id=node_id)
+    """A runtime scoped to a node id of its own; its containers and networks are removed
+    afterwards."""
+    runtime = DockerRuntime(node_id=node_id)
+    yield runtime
     for c in engine.containers.list(all=True, filters={"label": f"{LABEL_NODE}={node_id}"}):
         c.remove(force=True)
+    runtime.adopt()  # sweeps this node's networks and their filters
 
 
 def wait_exit(runtime: DockerRuntime, handle: WorkloadHandle, timeout: float = 30) -> int:

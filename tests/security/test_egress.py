@@ -1,112 +1,32 @@
 """A sandbox with egress reaches the internet but not private ranges, link-local (the cloud
 metadata address) or the host's own addresses. The "internet" and the private hosts are test
-hosts of this test's own: a network namespace joined to the host by a veth pair, holding a
-documentation address (198.51.100.0/24, public to the filter), a 10/8 and a 169.254/16 one."""
+hosts of this test's own (tests/security/testhosts.py)."""
 
 from __future__ import annotations
 
-import os
-import random
-import shutil
-import socket
-import subprocess
-import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from agents.runtimes.contract import WorkloadError, WorkloadSpec
-from agents.runtimes.egress import ruleset
+from agents.runtimes.egress import allowed, ruleset
 from agents.runtimes.process import ProcessRuntime
+from tests.security.testhosts import PORT, Hosts, egress_hosts
 
 if ProcessRuntime(Path("/tmp")).available() is not None:
     pytest.skip("process runtime unavailable (bubblewrap)", allow_module_level=True)
 
-PORT = 18080
-SERVER = (
-    "import socket\n"
-    "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-    f"s.bind(('0.0.0.0', {PORT})); s.listen(16)\n"
-    "while True:\n"
-    "    c, _ = s.accept(); c.sendall(b'hello\\n'); c.close()\n"
-)
-
-
-@dataclass
-class Hosts:
-    public: str  # the test's stand-in for an internet host
-    private: str
-    link_local: str
-    own: str  # an address of this host's, with a service listening on it
-    own_port: int
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
-
 
 @pytest.fixture()
 def hosts() -> Iterator[Hosts]:
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("test hosts need root and iproute2 (a network namespace and a veth pair)")
-    tag = uuid.uuid4().hex[:6]
-    ns, outer, inner = f"cpeg{tag}", f"cpe{tag}", f"cpn{tag}"
-    k = random.randrange(64)
-    pairs = [(f"198.51.100.{4 * k + 1}", f"198.51.100.{4 * k + 2}", 30),
-             (f"10.201.{k}.1", f"10.201.{k}.2", 24),
-             (f"169.254.{100 + k}.1", f"169.254.{100 + k}.2", 24)]
-    _ip("netns", "add", ns)
-    server = None
-    own = socket.socket()
-    try:
-        _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
-        _ip("link", "set", inner, "netns", ns)
-        for mine, theirs, bits in pairs:
-            _ip("addr", "add", f"{mine}/{bits}", "dev", outer)
-            _ip("-n", ns, "addr", "add", f"{theirs}/{bits}", "dev", inner)
-        _ip("link", "set", outer, "up")
-        _ip("-n", ns, "link", "set", inner, "up")
-        _ip("-n", ns, "link", "set", "lo", "up")
-        server = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", SERVER])
-        deadline = time.monotonic() + 10
-        while True:  # the test host answers before the test begins
-            try:
-                socket.create_connection((pairs[0][1], PORT), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        own.bind((pairs[0][0], 0))
-        own.listen(8)
-
-        def serve() -> None:
-            while True:
-                try:
-                    c, _ = own.accept()
-                except OSError:
-                    return
-                c.sendall(b"hello\n")
-                c.close()
-
-        threading.Thread(target=serve, daemon=True).start()
-        yield Hosts(public=pairs[0][1], private=pairs[1][1], link_local=pairs[2][1],
-                    own=pairs[0][0], own_port=own.getsockname()[1])
-    finally:
-        own.close()
-        if server is not None:
-            server.kill()
-            server.wait()
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
-        subprocess.run(["ip", "link", "del", outer], capture_output=True, check=False)
+    with egress_hosts() as found:
+        yield found
 
 
-def _reach(tmp_path: Path, targets: list[tuple[str, int]]) -> str:
+def _reach(tmp_path: Path, targets: list[tuple[str, int]], allow: tuple[str, ...] = ()) -> str:
     rt = ProcessRuntime(tmp_path / "state")
     if rt.network_egress() == "none":
         pytest.skip(f"no egress from the sandbox here: {rt.limitations()}")
@@ -124,7 +44,8 @@ def _reach(tmp_path: Path, targets: list[tuple[str, int]]) -> str:
     checkpoint = tmp_path / "ck"
     spec = WorkloadSpec(lease_id=f"l{uuid.uuid4().hex[:12]}", epoch=1, job_number=1,
                         command=("python3", "-c", script), memory_mib=64,
-                        checkpoint_dir=str(checkpoint), network_egress="open")
+                        checkpoint_dir=str(checkpoint), network_egress="open",
+                        egress_allow=allow)
     h = rt.start(spec)
     try:
         deadline = time.monotonic() + 30
@@ -144,6 +65,23 @@ def test_egress_reaches_a_public_host_but_no_private_link_local_or_own_address(
     assert f"REACHED {hosts.public}\n" in seen, seen  # the egress works
     for denied in (hosts.private, hosts.link_local, hosts.own):
         assert f"refused {denied} " in seen, seen
+
+
+def test_the_pools_allow_list_opens_a_private_network_and_nothing_else(
+        hosts: Hosts, tmp_path: Path) -> None:
+    seen = _reach(tmp_path, [(hosts.private, PORT), (hosts.link_local, PORT)],
+                  allow=(f"{hosts.private}/32",))
+    assert f"REACHED {hosts.private}\n" in seen, seen
+    assert f"refused {hosts.link_local} " in seen, seen
+
+
+def test_an_allow_list_that_is_not_ipv4_networks_is_refused() -> None:
+    assert allowed(["10.9.0.0/16"], ("192.168.4.7", "10.9.0.0/16")) == \
+        ["10.9.0.0/16", "192.168.4.7/32"]
+    for bad in ("10.0.0.0/33", "fd00::/8", "metadata"):
+        with pytest.raises(WorkloadError) as e:
+            allowed([], (bad,))
+        assert e.value.code == "egress_allow_invalid"
 
 
 def test_the_filter_refuses_the_metadata_address_and_keeps_the_resolver() -> None:

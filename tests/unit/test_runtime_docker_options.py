@@ -13,6 +13,7 @@ from docker.types import DeviceRequest
 
 from agents.runtimes.contract import ImageRejected, WorkloadError, WorkloadSpec
 from agents.runtimes.docker import LABEL_NODE, DockerRuntime, container_options, digest_pinned
+from agents.runtimes.dockernet import Net, ruleset
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -72,12 +73,14 @@ def test_a_job_with_files_gets_them_as_its_working_directory(tmp_path: Path) -> 
 
 
 def test_gpus_are_requested_by_uuid_and_egress_gets_a_network() -> None:
-    o = container_options(spec(gpu_count=2, gpu_uuids=("GPU-a", "GPU-b"), network_egress="any"),
-                          oci_runtime="runc")
+    o = container_options(spec(gpu_count=2, gpu_uuids=("GPU-a", "GPU-b"), network_egress="any",
+                               env=(("CUDA_VISIBLE_DEVICES", "all"),)), oci_runtime="runc")
     assert o["device_requests"] == [DeviceRequest(device_ids=["GPU-a", "GPU-b"],
                                                   capabilities=[["gpu"]])]
-    assert o["network_mode"] == "bridge"
+    # a network of its own, named as its container: never the engine's shared default bridge
+    assert o["network_mode"] == o["name"] != "bridge"
     assert o["environment"]["NVIDIA_VISIBLE_DEVICES"] == "GPU-a,GPU-b"
+    assert o["environment"]["CUDA_VISIBLE_DEVICES"] == "GPU-a,GPU-b"  # not the job's `all`
     by_count = container_options(spec(gpu_count=1), oci_runtime="runc")["device_requests"]
     assert by_count == [DeviceRequest(count=1, capabilities=[["gpu"]])]
 
@@ -107,3 +110,39 @@ def test_the_pools_volumes_are_bound_as_the_operator_named_them(tmp_path: Path) 
                           oci_runtime="runc")
     assert o["volumes"] == {"/srv/data": {"bind": "/data", "mode": "ro"},
                             "/srv/out": {"bind": "/out", "mode": "rw"}}
+
+
+def test_a_node_that_cannot_filter_a_jobs_network_refuses_egress(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    dead = docker.DockerClient(base_url="unix:///nonexistent.sock", version="1.41")
+    runtime = DockerRuntime(client=dead)
+    runtime._filter.iptables = None  # a host without iptables
+    assert runtime.network_egress() == "none"
+    assert any("iptables" in line for line in runtime.limitations())
+    with pytest.raises(WorkloadError) as refused:
+        runtime.start(spec(image=f"reg.example/x@{DIGEST}", network_egress="open"))
+    assert refused.value.code == "egress_unavailable"
+    monkeypatch.setenv("POOL_EGRESS_ALLOW", "10.0.0.0/8,not-a-network")
+    assert DockerRuntime(client=dead).network_egress() == "none"  # a typo opens nothing
+
+
+def test_a_jobs_network_filter_refuses_private_link_local_and_the_host_itself() -> None:
+    net = Net("computepool-n1-L1-1-0")
+    assert len(net.bridge) <= 15  # an interface name
+    lines = ruleset(net, ["10.9.0.0/16"]).splitlines()
+    o, i, br = net.forward_chain, net.input_chain, net.bridge
+    reject = "-j REJECT --reject-with icmp-admin-prohibited"
+    assert f"-A {o} -d 169.254.0.0/16 {reject}" in lines
+    assert f"-A {o} -d 172.16.0.0/12 {reject}" in lines  # other tenants' bridges
+    assert lines.index(f"-A {o} -d 10.9.0.0/16 -j RETURN") < \
+        lines.index(f"-A {o} -d 10.0.0.0/8 {reject}")  # the operator's exception first
+    assert lines[-4:-1] == [f"-A {i} {reject}", f"-I DOCKER-USER -i {br} -j {o}",
+                            f"-I INPUT -i {br} -j {i}"]  # every new packet to the host
+
+
+def test_the_engines_log_of_a_job_is_sized_by_its_output_cap() -> None:
+    small = container_options(spec(output_cap_bytes=200_000), oci_runtime="runc")
+    assert small["log_config"].config == {"max-size": "204096", "max-file": "2"}
+    assert small["labels"]["computepool.output_cap_bytes"] == "200000"  # read back on adoption
+    default = container_options(spec(), oci_runtime="runc")["log_config"].config
+    assert default == {"max-size": str(10 << 20), "max-file": "2"}  # never more than before

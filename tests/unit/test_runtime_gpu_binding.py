@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.runtimes.contract import WorkloadError, WorkloadSpec
+from agents.runtimes.contract import WorkloadError, WorkloadSpec, job_env
 from agents.runtimes.process import gpu_sandbox_args
 
 
@@ -30,7 +30,7 @@ def test_only_the_leases_gpus_and_the_control_devices_are_bound(fake_dev: Path) 
     bound = [args[i + 2] for i, a in enumerate(args) if a == "--dev-bind"]
     assert bound == ["/dev/nvidia1", "/dev/nvidia3", "/dev/nvidiactl", "/dev/nvidia-uvm",
                      "/dev/nvidia-uvm-tools"]
-    env = {args[i + 1]: args[i + 2] for i, a in enumerate(args) if a == "--setenv"}
+    env = dict(job_env(spec(gpu_count=2, gpu_uuids=("GPU-b", "GPU-d"), gpu_minors=(1, 3))))
     assert env == {"CUDA_VISIBLE_DEVICES": "GPU-b,GPU-d", "NVIDIA_VISIBLE_DEVICES": "GPU-b,GPU-d"}
 
 

@@ -22,7 +22,7 @@ FUNCTION_LIMIT = 100  # lines, from its `def` to its last line
 FILES_OVER: dict[str, int] = {
     "domain/lease.py": 1217,  # retries, dependencies, arrays, sessions came in at once
     "schemas/v1.py": 1144,
-    "agents/agent.py": 675,
+    "agents/agent.py": 654,
     "bus/telemetry.py": 651,  # grew past the limit with the telemetry-to-leases check
 }
 FUNCTIONS_OVER: dict[str, int] = {
