@@ -24,7 +24,7 @@ from cli.output import (
 
 def cmd_up(args: argparse.Namespace) -> int:
     from bus.admin import describe_streams, ensure_all_streams
-    from bus.local.auth import AuthConfig
+    from bus.local.auth import AuthConfig, redact
     from bus.objects import ensure_tenant_buckets_sync
     from local import embedded
 
@@ -79,7 +79,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         info = {
             "home": str(home),
             "nats_url": emb.nats_url,
-            "database_url": emb.database_url,
+            "database_url": redact(emb.database_url),  # endpoints.json (0600) holds it whole
             "auth": emb.secured,
             "endpoints": str(home / "endpoints.json"),
             "streams": streams,
@@ -182,6 +182,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
 
     from bus.admin import describe_streams
     from bus.local import auth as bus_auth
+    from bus.local.auth import redact
     from bus.local.cluster import NatsCluster
     from local import embedded
 
@@ -225,7 +226,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             "home": str(root),
             "nats_urls": cluster.urls,
             "nats_url": cluster.url,
-            "database_url": database_url,
+            "database_url": redact(database_url),
             "auth": True,
             "auth_file": str(root / embedded.AUTH_FILE),
             "meta_leader": cluster.meta_leader(),
@@ -242,7 +243,8 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             for st in streams:
                 print(f"stream: {st['name']} (R{st['replicas']}, {st['messages']} messages)")
             if database_url:
-                print(f"postgres: {database_url}")
+                print(f"postgres: {redact(database_url)}"
+                      + (f" (password in {root / 'pg.password'})" if pg is not None else ""))
             if plane is not None:
                 print("control plane: commands, scheduler, reconciler"
                       + (", projector" if plane.projector is not None else "") + " running")
@@ -250,7 +252,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             print(f"export POOL_NATS_USER={auth.roles['admin'].user}  # and POOL_NATS_PASSWORD: "
                   f"its password in {root / embedded.AUTH_FILE}")
             if database_url:
-                print(f"export POOL_DATABASE_URL={database_url}")
+                print(f"export POOL_DATABASE_URL={redact(database_url)}  # *** is the password")
             print("ready: Ctrl-C to stop (data is kept for the next start)", flush=True)
         if args.exit_when_ready:
             return EXIT_OK

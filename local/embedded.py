@@ -215,7 +215,8 @@ def _start(home: Path, *, with_postgres: bool) -> Embedded:
                 server.stop()
             raise
         database_url = pg.url
-        notes.append(f"postgres: {database_url} (embedded pgserver, data in {home / 'pg'})")
+        notes.append(f"postgres: {bus_auth.redact(database_url)} (embedded pgserver, data in "
+                     f"{home / 'pg'}; password in {home / 'pg.password'}, mode 0600)")
     emb = Embedded(home, nats_url, database_url, server, pg, notes)
     if server is not None:
         emb.service_url = service_url

@@ -32,10 +32,7 @@ class EmbeddedPostgres:
 
     data_dir: Path
     handle: Any
-
-    @property
-    def url(self) -> str:
-        return str(self.handle.get_uri())
+    url: str  # with the password (projections/postgres/embedded_auth.py)
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):  # best effort at shutdown
@@ -43,6 +40,10 @@ class EmbeddedPostgres:
 
 
 def start_embedded_postgres(data_dir: Path) -> EmbeddedPostgres:
+    """Start (or find) the server whose data is `data_dir`; every connection to it needs the
+    password kept beside it (`<data_dir>.password`, mode 0600), made at the first start."""
+    from projections.postgres.embedded_auth import password_file_of, secure
+
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
         with warnings.catch_warnings():
@@ -54,4 +55,10 @@ def start_embedded_postgres(data_dir: Path) -> EmbeddedPostgres:
                 str(data_dir), cleanup_mode="stop")
     except Exception as e:  # pgserver raises plain exceptions
         raise DatabaseUnavailable(f"embedded PostgreSQL failed to start: {e}") from e
-    return EmbeddedPostgres(data_dir=data_dir, handle=handle)
+    try:
+        url = secure(str(handle.get_uri()), data_dir, password_file_of(data_dir))
+    except BaseException:
+        with contextlib.suppress(Exception):
+            handle.cleanup()
+        raise
+    return EmbeddedPostgres(data_dir=data_dir, handle=handle, url=url)
