@@ -205,8 +205,9 @@ def _start(home: Path, *, with_postgres: bool) -> Embedded:
                 server.stop()
             from projections.errors import DatabaseUnavailable
 
-            raise DatabaseUnavailable(f"POOL_DATABASE_URL={database_url} does not answer")
-        notes.append(f"postgres: using {database_url} (POOL_DATABASE_URL)")
+            raise DatabaseUnavailable(f"POOL_DATABASE_URL={bus_auth.redact(database_url)} "
+                                      "does not answer")
+        notes.append(f"postgres: using {bus_auth.redact(database_url)} (POOL_DATABASE_URL)")
     elif with_postgres:
         try:
             pg = start_embedded_postgres(home / "pg")
