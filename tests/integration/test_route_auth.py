@@ -4,6 +4,7 @@ lacks its password out of the cluster, on real nats-servers on loopback."""
 from __future__ import annotations
 
 import json
+import stat
 import subprocess
 import time
 import urllib.request
@@ -22,7 +23,7 @@ class _Server:
     deploy/nats/nats.conf includes cluster.conf."""
 
     def __init__(self, base: Path, name: str, routes_conf: str,
-                 cluster_port: int | None = None) -> None:
+                 cluster_port: int | None = None, cluster: str = "pool") -> None:
         self.name = name
         self.cluster_port, self.http_port = cluster_port or free_port(), free_port()
         folder = base / name
@@ -31,7 +32,7 @@ class _Server:
         (folder / "nats.conf").write_text(
             f"server_name: {name}\nlisten: 127.0.0.1:{free_port()}\n"
             f"http: 127.0.0.1:{self.http_port}\n"
-            f"cluster {{\n  name: pool\n  listen: 127.0.0.1:{self.cluster_port}\n"
+            f"cluster {{\n  name: {cluster}\n  listen: 127.0.0.1:{self.cluster_port}\n"
             '  include "cluster.conf"\n}\n')
         self.log = folder / "log"
         with open(self.log, "wb") as out:
@@ -100,3 +101,31 @@ def test_a_server_without_the_route_password_is_kept_out_of_the_cluster(
         assert name not in a.peers() and name not in b.peers()
         assert intruder.peers() == set()
         assert refused() >= before + 2  # each member turned it away
+
+
+@pytest.mark.timeout(120)
+def test_pool_cluster_ups_servers_route_only_with_their_password(
+    tmp_path: Path, servers: list[_Server],
+) -> None:
+    from bus.local import auth as bus_auth
+    from bus.local.cluster import NatsCluster
+
+    auth = bus_auth.load_or_create(tmp_path / "auth.json")
+    with NatsCluster(tmp_path / "cluster", nodes=3, auth=auth, cluster_name="routes") as c:
+        secret = (tmp_path / "cluster" / "route.password").read_text().strip()
+        assert stat.S_IMODE((tmp_path / "cluster" / "route.password").stat().st_mode) == 0o600
+        for s in c.servers:  # the configuration holds the password: owner-only
+            assert stat.S_IMODE(s.config_path.stat().st_mode) == 0o600
+            assert secret in s.config_path.read_text()
+        member = c.servers[0]
+        before = member.log_path.read_text().lower().count("authentication failure")
+        intruder = _Server(tmp_path, "intruder",
+                           f'routes: ["nats-route://{member.host}:{member.cluster_port}"]\n',
+                           cluster="routes")
+        servers.append(intruder)
+        time.sleep(3)
+        assert intruder.peers() == set()
+        assert member.log_path.read_text().lower().count("authentication failure") > before
+        # the members still route to each other after one restarts with the same password
+        c.restart(1)
+        assert c.meta_leader() is not None
