@@ -42,10 +42,11 @@ class EmbeddedPostgres:
 def start_embedded_postgres(data_dir: Path) -> EmbeddedPostgres:
     """Start (or find) the server whose data is `data_dir`; every connection to it needs the
     password kept beside it (`<data_dir>.password`, mode 0600), made at the first start."""
-    from projections.postgres.embedded_auth import password_file_of, secure
+    from projections.postgres.embedded_auth import init_with_password, password_file_of, secure
 
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
+        init_with_password(data_dir, password_file_of(data_dir))
         with warnings.catch_warnings():
             # platformdirs warns when XDG_RUNTIME_DIR is unset (CI, root shells); harmless here
             warnings.simplefilter("ignore")

@@ -1,6 +1,6 @@
-"""The embedded PostgreSQL's password: made once (mode 0600 beside the data directory), set on
-the `postgres` role as a SCRAM verifier, and pg_hba.conf switched to scram-sha-256 for every
-connection. A data directory an earlier version left on trust auth is migrated at its start.
+"""The embedded PostgreSQL's password: made once (mode 0600 beside the data directory), given
+to initdb for a new data directory and required (scram-sha-256) for every connection. A data
+directory an earlier version left on trust auth is migrated at its start.
 """
 
 from __future__ import annotations
@@ -8,7 +8,11 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import stat
+import subprocess
+import tempfile
 import time
+import warnings
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -18,6 +22,9 @@ from psycopg import sql
 from projections.errors import DatabaseUnavailable
 
 USER = "postgres"  # pgserver's superuser, the one role the plane speaks as
+# the user pgserver 0.1 runs PostgreSQL as when started by root; a data directory made here
+# for another would not start (test_embedded_postgres_auth.py says so at once)
+PGSERVER_USER = "pgserver"
 _NO_PASSFILE = "/nonexistent/.pgpass"  # libpq warns about /dev/null ("not a plain file")
 
 # every connection, on the socket and on loopback TCP, needs the password
@@ -73,12 +80,56 @@ def accepts(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
+def init_with_password(data_dir: Path, password_file: Path) -> None:
+    """Make a new data directory as pgserver would, but on scram-sha-256 from initdb on, so
+    the server never runs on trust auth; pgserver then finds PG_VERSION and only starts it.
+    A directory that has one already is left alone (`secure` migrates it)."""
+    if (data_dir / "PG_VERSION").exists():
+        return
+    password = load_or_create_password(password_file)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR unset; harmless
+        import pgserver
+        from pgserver.utils import (
+            ensure_folder_permissions,
+            ensure_prefix_permissions,
+            ensure_user_exists,
+        )
+    data_dir.mkdir(parents=True, exist_ok=True)
+    owner = None
+    if os.geteuid() == 0:
+        # what pgserver does before its own initdb when started by root (postgres_server.py)
+        owner = ensure_user_exists(PGSERVER_USER)
+        assert owner is not None  # made by useradd when missing
+        bindir = Path(pgserver.__file__).parent / "pginstall" / "bin"  # its POSTGRES_BIN_PATH
+        ensure_prefix_permissions(data_dir)
+        ensure_prefix_permissions(bindir)
+        readable, searchable = stat.S_IRGRP | stat.S_IROTH, stat.S_IXGRP | stat.S_IXOTH
+        ensure_folder_permissions(bindir, readable | searchable)
+        ensure_folder_permissions(bindir.parent / "lib", readable)
+        os.chown(data_dir, owner.pw_uid, owner.pw_gid)
+    with tempfile.TemporaryDirectory(prefix="pool-pg-init-") as tmp:
+        pwfile = Path(tmp) / "password"
+        fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(password + "\n")
+        if owner is not None:  # initdb runs as that user and reads the file
+            os.chown(tmp, owner.pw_uid, owner.pw_gid)
+            os.chown(pwfile, owner.pw_uid, owner.pw_gid)
+        try:
+            pgserver.initdb(  # type: ignore[attr-defined]
+                ["--auth=scram-sha-256", f"--pwfile={pwfile}", "--encoding=utf8", "-U", USER],
+                pgdata=data_dir, user=PGSERVER_USER if owner is not None else None)
+        except subprocess.CalledProcessError as e:
+            raise DatabaseUnavailable(f"initdb of {data_dir} failed: {e}") from e
+
+
 def secure(url: str, data_dir: Path, password_file: Path) -> str:
     """Require the password for every connection to the server at `url` (pgserver's
     password-less URL) whose data is `data_dir`; the URL carrying the password.
 
-    A server that already asks for it is left alone. One still on trust auth (a new data
-    directory: pgserver's initdb makes it so; or one an earlier version made) gets the password
+    A server that already asks for it (one `init_with_password` made) is left alone. One
+    still on trust auth (made by an earlier version, or by pgserver itself) gets the password
     set, then the new pg_hba.conf, then a reload; the start fails unless, after that, a
     connection without the password is refused and one with it accepted."""
     password = load_or_create_password(password_file)

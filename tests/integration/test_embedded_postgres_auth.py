@@ -5,6 +5,7 @@ version left on trust auth. Real pgserver binaries and real `pool up` processes.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -65,6 +66,23 @@ def test_a_new_embedded_postgres_refuses_a_connection_without_its_password(
     try:
         assert secret.read_text().strip() == password
         assert accepts(pg.url) and not accepts(_without_password(pg.url))
+    finally:
+        pg.stop()
+
+
+def test_a_new_data_directory_is_never_on_trust_auth(
+    base: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """initdb itself gets the password: pgserver finds the directory made and runs no initdb
+    of its own (which would leave the first start on trust until the switch)."""
+    caplog.set_level(logging.INFO, logger="pgserver")
+    pg = start_embedded_postgres(base / "pg")
+    try:
+        assert not accepts(_without_password(pg.url))
+        ran = [r.getMessage() for r in caplog.records if "commandline" in r.getMessage()]
+        assert ran, "pgserver logged no command: the test cannot see its initdb"
+        assert not any("initdb" in line and "trust" in line for line in ran), ran
+        assert "PG_VERSION file found, skipping initdb" in caplog.text
     finally:
         pg.stop()
 
