@@ -24,7 +24,7 @@ from cli.output import (
 
 def cmd_up(args: argparse.Namespace) -> int:
     from bus.admin import describe_streams, ensure_all_streams
-    from bus.local.auth import AuthConfig
+    from bus.local.auth import AuthConfig, redact
     from bus.objects import ensure_tenant_buckets_sync
     from local import embedded
 
@@ -79,7 +79,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         info = {
             "home": str(home),
             "nats_url": emb.nats_url,
-            "database_url": emb.database_url,
+            "database_url": redact(emb.database_url),  # endpoints.json (0600) holds it whole
             "auth": emb.secured,
             "endpoints": str(home / "endpoints.json"),
             "streams": streams,
@@ -182,6 +182,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
 
     from bus.admin import describe_streams
     from bus.local import auth as bus_auth
+    from bus.local.auth import redact
     from bus.local.cluster import NatsCluster
     from local import embedded
 
@@ -225,7 +226,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             "home": str(root),
             "nats_urls": cluster.urls,
             "nats_url": cluster.url,
-            "database_url": database_url,
+            "database_url": redact(database_url),
             "auth": True,
             "auth_file": str(root / embedded.AUTH_FILE),
             "meta_leader": cluster.meta_leader(),
@@ -242,7 +243,8 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             for st in streams:
                 print(f"stream: {st['name']} (R{st['replicas']}, {st['messages']} messages)")
             if database_url:
-                print(f"postgres: {database_url}")
+                print(f"postgres: {redact(database_url)}"
+                      + (f" (password in {root / 'pg.password'})" if pg is not None else ""))
             if plane is not None:
                 print("control plane: commands, scheduler, reconciler"
                       + (", projector" if plane.projector is not None else "") + " running")
@@ -250,7 +252,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             print(f"export POOL_NATS_USER={auth.roles['admin'].user}  # and POOL_NATS_PASSWORD: "
                   f"its password in {root / embedded.AUTH_FILE}")
             if database_url:
-                print(f"export POOL_DATABASE_URL={database_url}")
+                print(f"export POOL_DATABASE_URL={redact(database_url)}  # *** is the password")
             print("ready: Ctrl-C to stop (data is kept for the next start)", flush=True)
         if args.exit_when_ready:
             return EXIT_OK
@@ -296,11 +298,16 @@ def cmd_cluster_init(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster_auth(args: argparse.Namespace) -> int:
-    """The users of compose.yaml: the servers' auth.conf (bcrypt hashes) and a .env holding
-    each user's password, both from one auth.json kept beside auth.conf (all 0600)."""
+    """The secrets of compose.yaml: the servers' auth.conf (bcrypt hashes) and cluster.conf
+    (the routes' password), and a .env holding each NATS user's password (from one auth.json
+    kept beside auth.conf) and PostgreSQL's, Grafana's and the routes' (all 0600)."""
     from bus.local import auth as bus_auth
+    from local import compose_secrets
 
     folder = Path(args.dir)
+    env_path = Path(args.env_file)
+    # PostgreSQL's, Grafana's and the routes' passwords: those of the .env written before
+    extra = compose_secrets.kept_or_made(compose_secrets.read_env(env_path))
     auth = bus_auth.load_or_create(folder / "auth.json")
     for node in args.node or ["agent-1", "agent-2"]:
         if bus_auth.checked_name("node", node) not in auth.nodes:
@@ -310,16 +317,22 @@ def cmd_cluster_auth(args: argparse.Namespace) -> int:
             auth.add_tenant(tenant)
     bus_auth.save(auth, folder / "auth.json")
     bus_auth.write_server_include(auth, folder / "auth.conf")
-    bus_auth.write_private(Path(args.env_file), bus_auth.env_file(auth))
+    bus_auth.write_private(env_path, bus_auth.env_file(auth)
+                           + compose_secrets.env_lines(extra))
+    bus_auth.write_private(folder / "cluster.conf",
+                           compose_secrets.route_include(extra[compose_secrets.ROUTE]))
     users = [auth.service, auth.responder, *auth.roles.values(), *auth.nodes.values()]
     if args.json:
         print(json.dumps({"ok": True, "result": {"users": [c.user for c in users],
                                                  "auth_conf": str(folder / "auth.conf"),
+                                                 "cluster_conf": str(folder / "cluster.conf"),
                                                  "env_file": args.env_file}}))
     else:
         print(f"users: {', '.join(c.user for c in users)}")
         print(f"server include: {folder / 'auth.conf'} (bcrypt hashes)")
-        print(f"passwords: {args.env_file} (compose reads it)")
+        print(f"routes: {folder / 'cluster.conf'} (the servers' route user and password)")
+        print(f"passwords: {args.env_file} (compose reads it; PostgreSQL's, Grafana's and the "
+              "routes' too, kept by every later run)")
     return EXIT_OK
 
 
@@ -465,12 +478,16 @@ def register(sub: Subparsers) -> None:
     cin.set_defaults(func=cmd_cluster_init)
 
     cau = clu.add_parser(
-        "auth", help="make compose.yaml's users: the servers' auth.conf and the .env of passwords",
+        "auth", help="make compose.yaml's secrets: the servers' auth.conf and cluster.conf, and "
+        "the .env of passwords",
         description="Create (or keep) the NATS users of the clustered deployment, the same as "
         "`pool up`'s: the operator, the responders, one per control-plane role and the admin "
         "CLI, and one per --node agent. Writes DIR/auth.json (the passwords), DIR/auth.conf "
         "(bcrypt hashes, included by deploy/nats/nats.conf) and ENV_FILE (each password as "
-        "POOL_<USER>_PASSWORD, which compose.yaml passes to its services), all mode 0600.")
+        "POOL_<USER>_PASSWORD, which compose.yaml passes to its services), all mode 0600. "
+        "ENV_FILE also gets POOL_POSTGRES_PASSWORD, POOL_GRAFANA_PASSWORD and "
+        "POOL_ROUTE_PASSWORD, and DIR/cluster.conf the routes with that password: made once, "
+        "kept when ENV_FILE already has them (PostgreSQL's volume keeps the first).")
     cau.add_argument("--dir", default="deploy/nats", help="where auth.json and auth.conf go "
                      "(default deploy/nats)")
     cau.add_argument("--env-file", default=".env", help="the passwords for compose "

@@ -205,8 +205,9 @@ def _start(home: Path, *, with_postgres: bool) -> Embedded:
                 server.stop()
             from projections.errors import DatabaseUnavailable
 
-            raise DatabaseUnavailable(f"POOL_DATABASE_URL={database_url} does not answer")
-        notes.append(f"postgres: using {database_url} (POOL_DATABASE_URL)")
+            raise DatabaseUnavailable(f"POOL_DATABASE_URL={bus_auth.redact(database_url)} "
+                                      "does not answer")
+        notes.append(f"postgres: using {bus_auth.redact(database_url)} (POOL_DATABASE_URL)")
     elif with_postgres:
         try:
             pg = start_embedded_postgres(home / "pg")
@@ -215,7 +216,8 @@ def _start(home: Path, *, with_postgres: bool) -> Embedded:
                 server.stop()
             raise
         database_url = pg.url
-        notes.append(f"postgres: {database_url} (embedded pgserver, data in {home / 'pg'})")
+        notes.append(f"postgres: {bus_auth.redact(database_url)} (embedded pgserver, data in "
+                     f"{home / 'pg'}; password in {home / 'pg.password'}, mode 0600)")
     emb = Embedded(home, nats_url, database_url, server, pg, notes)
     if server is not None:
         emb.service_url = service_url

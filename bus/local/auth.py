@@ -488,5 +488,7 @@ def redact(url: str) -> str:
     parts = urlsplit(url)
     if parts.password is None:
         return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    # a socket URL (`postgresql://u:p@/db?host=/dir`) has no host before its path
+    netloc = f"{parts.username}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port
+                                                               else "")
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))

@@ -5,6 +5,7 @@ Ports, store dirs, routes, users and readiness; loopback only (docs/operations.m
 from __future__ import annotations
 
 import json
+import secrets
 import time
 import urllib.error
 import urllib.request
@@ -12,10 +13,21 @@ from pathlib import Path
 from typing import Any, Self
 
 from bus.errors import BusUnavailable
-from bus.local.auth import AuthConfig, url_with_credentials, write_server_include
+from bus.local.auth import AuthConfig, url_with_credentials, write_private, write_server_include
 from bus.local.server import NatsServer, free_port
 
 DEFAULT_CLUSTER_NAME = "pool-cluster"
+ROUTE_USER = "pool-route"
+ROUTE_PASSWORD_FILE = "route.password"
+
+
+def route_password(store_root: Path) -> str:
+    """The routes' password of the cluster under `store_root`: made once into
+    `route.password` (mode 0600) and kept, so restarted servers still route to each other."""
+    path = store_root / ROUTE_PASSWORD_FILE
+    if not path.exists():
+        write_private(path, secrets.token_urlsafe(32) + "\n")
+    return path.read_text().strip()
 
 
 def _get_json(url: str, timeout: float = 1.0) -> tuple[int, dict[str, Any]]:
@@ -47,6 +59,9 @@ class NatsCluster:
         self.auth = auth
         self._host, self._fixed_ports = host, ports
         self._extra = 'include "auth.conf"' if auth is not None else ""
+        # with users, the routes too need a password: a local process dialling a cluster port
+        # would otherwise join, take stream replicas and read the log
+        self._route_password = route_password(self.store_root) if auth is not None else ""
         if ports is not None and len(ports) != nodes:
             raise ValueError("one client port per server")
         self.servers: list[NatsServer] = self._servers(nodes)
@@ -56,7 +71,8 @@ class NatsCluster:
         host, cluster_name = self._host, self.cluster_name
         client_ports = self._fixed_ports or [free_port(host) for _ in range(nodes)]
         cluster_ports = [free_port(host) for _ in range(nodes)]
-        routes = [f"nats-route://{host}:{p}" for p in cluster_ports]
+        creds = f"{ROUTE_USER}:{self._route_password}@" if self._route_password else ""
+        routes = [f"nats-route://{creds}{host}:{p}" for p in cluster_ports]
         return [
             NatsServer(
                 store_dir=self.store_root / f"n{i + 1}",
@@ -67,6 +83,8 @@ class NatsCluster:
                 cluster_name=cluster_name,
                 cluster_port=cluster_ports[i],
                 routes=[r for j, r in enumerate(routes) if j != i],
+                route_user=ROUTE_USER if self._route_password else "",
+                route_password=self._route_password,
                 http_port=free_port(host),
                 extra_config=self._extra,
             )

@@ -79,6 +79,9 @@ class NatsServer:
     cluster_name: str | None = None
     cluster_port: int = 0
     routes: list[str] = field(default_factory=list)
+    # what a route dialling in must prove ("": any route); the routes above carry their own
+    route_user: str = ""
+    route_password: str = ""
     http_port: int = 0
     extra_config: str = ""
     max_subscriptions: int = MAX_SUBSCRIPTIONS_PER_CONNECTION
@@ -117,6 +120,8 @@ class NatsServer:
                 f'  name: "{self.cluster_name}"',
                 f'  listen: "{self.host}:{self.cluster_port}"',
                 "  routes: [" + ", ".join(f'"{r}"' for r in self.routes) + "]",
+                (f'  authorization {{ user: "{self.route_user}", password: '
+                 f'"{self.route_password}" }}' if self.route_password else ""),
                 "}",
             ]
         if self.extra_config:
@@ -129,7 +134,11 @@ class NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         if not self.port:
             self.port = free_port(self.host)
-        self.config_path.write_text(self.render_config())
+        # owner-only: the routes' password may be in it
+        fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.render_config())
+        os.chmod(self.config_path, 0o600)
         with open(self.log_path, "ab") as log:  # the child keeps its own copy of the handle
             self.proc = subprocess.Popen(
                 [nats_server_binary(), "-c", str(self.config_path)],

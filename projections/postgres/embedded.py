@@ -32,10 +32,7 @@ class EmbeddedPostgres:
 
     data_dir: Path
     handle: Any
-
-    @property
-    def url(self) -> str:
-        return str(self.handle.get_uri())
+    url: str  # with the password (projections/postgres/embedded_auth.py)
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):  # best effort at shutdown
@@ -43,8 +40,13 @@ class EmbeddedPostgres:
 
 
 def start_embedded_postgres(data_dir: Path) -> EmbeddedPostgres:
+    """Start (or find) the server whose data is `data_dir`; every connection to it needs the
+    password kept beside it (`<data_dir>.password`, mode 0600), made at the first start."""
+    from projections.postgres.embedded_auth import init_with_password, password_file_of, secure
+
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
+        init_with_password(data_dir, password_file_of(data_dir))
         with warnings.catch_warnings():
             # platformdirs warns when XDG_RUNTIME_DIR is unset (CI, root shells); harmless here
             warnings.simplefilter("ignore")
@@ -54,4 +56,10 @@ def start_embedded_postgres(data_dir: Path) -> EmbeddedPostgres:
                 str(data_dir), cleanup_mode="stop")
     except Exception as e:  # pgserver raises plain exceptions
         raise DatabaseUnavailable(f"embedded PostgreSQL failed to start: {e}") from e
-    return EmbeddedPostgres(data_dir=data_dir, handle=handle)
+    try:
+        url = secure(str(handle.get_uri()), data_dir, password_file_of(data_dir))
+    except BaseException:
+        with contextlib.suppress(Exception):
+            handle.cleanup()
+        raise
+    return EmbeddedPostgres(data_dir=data_dir, handle=handle, url=url)
