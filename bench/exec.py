@@ -110,7 +110,7 @@ def _host_echo() -> tuple[subprocess.Popen[bytes], int]:
 async def _measure(url: str, options: dict[str, Any], lease_id: str, runs: int, mib: int,
                    say: Callable[[str], None]) -> dict[str, Any]:
     from bus.connection import connect
-    from client.sessions import run_forward
+    from client.sessions import over_nats, run_forward
 
     nc = await connect(url, reconnect=False, **options)
     try:
@@ -124,7 +124,7 @@ async def _measure(url: str, options: dict[str, Any], lease_id: str, runs: int, 
         await nc.close()
     listening: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     forward = asyncio.create_task(run_forward(
-        url, TENANT, lease_id, ECHO_PORT, local=0, host="127.0.0.1", options=options,
+        over_nats(url, TENANT, lease_id, options), ECHO_PORT, local=0, host="127.0.0.1",
         on_listening=listening.set_result))
     try:
         port = await asyncio.wait_for(listening, 30)
