@@ -1,4 +1,5 @@
-"""`pool lease exec` and `pool lease port-forward`: into a running lease's sandbox, over NATS."""
+"""`pool lease exec` and `pool lease port-forward`: into a running lease's sandbox, over NATS
+or, with an HTTP context, the gateway's WebSocket."""
 
 from __future__ import annotations
 
@@ -14,10 +15,20 @@ from cli.output import EXIT_OK, Subparsers, UsageError, fail
 _FORWARD = re.compile(r"^(?:(\d{1,5}):)?(\d{1,5})$")
 
 
-def _nats_only(args: argparse.Namespace, verb: str) -> None:
-    if context_of(args) is not None:
-        raise UsageError(f"`pool lease {verb}` speaks NATS only for now: pass --nats-url "
-                         "(the gateway's WebSocket is not built yet)")
+def _opener(args: argparse.Namespace) -> Any:
+    """How this command opens its session: the HTTP context's gateway (its token decides the
+    tenant), or NATS as the tenant's own user."""
+    ctx = context_of(args)
+    if ctx is not None:
+        from client.wssession import over_gateway
+
+        tenant_of(args)  # an admin's context, or a --tenant it does not speak for: refused
+        return over_gateway(ctx.url, ctx.token, args.lease_id)
+    from client.sessions import over_nats
+
+    tenant = tenant_of(args)
+    url, options = tenant_connection(args, tenant)
+    return over_nats(url, tenant, args.lease_id, options)
 
 
 def cmd_lease_exec(args: argparse.Namespace) -> int:
@@ -32,12 +43,9 @@ def cmd_lease_exec(args: argparse.Namespace) -> int:
         raise UsageError("the command to run goes after `--` (pool lease exec ID -- CMD …)")
     if args.tty and not sys.stdin.isatty():
         raise UsageError("-t needs a terminal on stdin (leave out -t to pipe)")
-    _nats_only(args, "exec")
-    tenant = tenant_of(args)
-    url, options = tenant_connection(args, tenant)
+    opener = _opener(args)
     try:
-        return asyncio.run(run_exec(url, tenant, args.lease_id, command, options=options,
-                                    stdin=args.stdin, tty_mode=args.tty,
+        return asyncio.run(run_exec(opener, command, stdin=args.stdin, tty_mode=args.tty,
                                     timeout=max(args.timeout, 1.0)))
     except BusError as e:
         return fail(str(e), e.code, as_json=args.json)
@@ -62,9 +70,7 @@ def cmd_lease_port_forward(args: argparse.Namespace) -> int:
     from client.sessions import run_forward
 
     local, remote = _ports(args.ports)
-    _nats_only(args, "port-forward")
-    tenant = tenant_of(args)
-    url, options = tenant_connection(args, tenant)
+    opener = _opener(args)
 
     def listening(port: int) -> None:
         info: dict[str, Any] = {"lease_id": args.lease_id, "local": f"{args.address}:{port}",
@@ -76,9 +82,8 @@ def cmd_lease_port_forward(args: argparse.Namespace) -> int:
                   file=sys.stderr, flush=True)
 
     try:
-        asyncio.run(run_forward(url, tenant, args.lease_id, remote, local=local,
-                                host=args.address, options=options, on_listening=listening,
-                                timeout=max(args.timeout, 1.0)))
+        asyncio.run(run_forward(opener, remote, local=local, host=args.address,
+                                on_listening=listening, timeout=max(args.timeout, 1.0)))
     except KeyboardInterrupt:
         return EXIT_OK
     except BusError as e:
