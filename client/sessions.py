@@ -138,6 +138,21 @@ def _relay_stdin(loop: asyncio.AbstractEventLoop, session: Channel) -> None:
     threading.Thread(target=pump, name="exec-stdin", daemon=True).start()
 
 
+async def run_attach(open_session: Opener, *, stdin: bool = False,
+                     timeout: float = wire.READY_SECONDS) -> int:
+    """Follow the job's own output from where its log stands (with `stdin`: this process's
+    stdin goes to the job's, and its end closes the job's); the job's exit code once it
+    ends. Raises SessionRefused, BusTimeout, BusUnavailable."""
+    session = await open_session({"kind": "attach"}, timeout)
+    try:
+        if stdin:
+            _relay_stdin(asyncio.get_running_loop(), session)
+        return await _output(session)
+    finally:
+        with contextlib.suppress(Exception):
+            await session.close()
+
+
 async def _output(session: Channel) -> int:
     out, err = sys.stdout.buffer, sys.stderr.buffer
     while True:

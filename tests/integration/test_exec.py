@@ -66,13 +66,13 @@ class Plane:
 
 
 def _commit(alpha: PoolClient, key: str, command: list[str],
-            leases: list[str] | None = None) -> str:
+            leases: list[str] | None = None, **job: Any) -> str:
     lid = str(alpha.request_lease(lease_body(key, runtime="sandboxed", memory_mib=256))
               ["lease"]["lease_id"])
     if leases is not None:
         leases.append(lid)
     wait_for(lambda: alpha.lease(lid, "get")["lease"]["state"] == "reserved")
-    assert alpha.lease(lid, "commit", {"job": {"command": command}})["ok"]
+    assert alpha.lease(lid, "commit", {"job": {"command": command, **job}})["ok"]
     return lid
 
 
@@ -270,6 +270,12 @@ def test_another_tenant_cannot_open_or_join_a_session(plane: Plane) -> None:
     out = _pool(plane, "lease", "exec", plane.lease_id, *plane.args("beta"), "--json", "--",
                 "true", tenant="beta")
     assert out.returncode == 1 and json.loads(out.stdout)["error"]["code"] == "lease_not_found"
+    out = _pool(plane, "lease", "attach", plane.lease_id, *plane.args("beta"), "--json",
+                tenant="beta")
+    assert out.returncode == 1 and json.loads(out.stdout)["error"]["code"] == "lease_not_found"
+    out = _pool(plane, "lease", "port-forward", plane.lease_id, "0:8000", *plane.args("beta"),
+                "--json", tenant="beta")
+    assert out.returncode == 1 and json.loads(out.stdout)["error"]["code"] == "lease_not_found"
     # and on alpha's subjects: the server refuses each
     assert all(_tries(plane, "beta", tenant_inbox("beta"), [
         ("pub", f"pool.cmd.alpha.lease.{plane.lease_id}.session"),
@@ -365,3 +371,61 @@ def test_a_slow_reader_gets_every_byte(plane: Plane) -> None:
             await nc.close()
 
     assert asyncio.run(go()) == (size, b"0")
+
+
+ECHOER = ["sh", "-c", "echo ready; while read l; do echo got-$l; done; echo eof; exit 7"]
+
+
+def _attach(p: Plane, lease_id: str, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "cli.main", "lease", "attach", lease_id,
+                             *p.args(), *extra], cwd=ROOT, env=p.env(), text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+def read_until(proc: subprocess.Popen[str], line: str, timeout: float = 15) -> list[str]:
+    """The lines `proc` prints up to `line`; fails after `timeout` seconds."""
+    assert proc.stdout is not None
+    got: list[str] = []
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    try:
+        while line not in got:
+            got.append(proc.stdout.readline())
+            assert got[-1], (got, proc.stderr.read() if proc.stderr else "")
+    finally:
+        timer.cancel()
+    return got
+
+
+def test_attach_follows_the_job_s_output_and_feeds_its_stdin(plane: Plane) -> None:
+    with plane.tenant("alpha") as alpha:
+        lid = _commit(alpha, "echoer", ECHOER, plane.leases, stdin=True)
+        wait_for(lambda: alpha.lease(lid, "get")["lease"]["state"] == "running")
+        proc = _attach(plane, lid, "-i")
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write("hello\n")
+            proc.stdin.flush()
+            assert read_until(proc, "got-hello\n")[-1] == "got-hello\n"
+            # a second attach sees what comes from now on, and gives the job no input
+            other = _attach(plane, lid)
+            time.sleep(1.0)
+            proc.stdin.write("again\n")
+            proc.stdin.flush()
+            assert read_until(other, "got-again\n")[-1] == "got-again\n"
+            proc.stdin.close()  # the end of this stdin: the job's input ends, it exits 7
+            assert read_until(proc, "eof\n")[-2:] == ["got-again\n", "eof\n"]
+            assert proc.wait(15) == 7 and other.wait(15) == 7
+        finally:
+            for p in (proc, locals().get("other")):
+                if p is not None and p.poll() is None:
+                    p.kill()
+        assert alpha.lease(lid, "get")["lease"]["exit_code"] == 7
+
+
+def test_attach_i_to_a_job_without_stdin_is_refused_on_its_input(plane: Plane) -> None:
+    proc = _attach(plane, plane.lease_id, "-i", "--json")
+    out, _ = proc.communicate("x\n", timeout=30)
+    assert proc.returncode == 1
+    assert json.loads(out)["error"]["code"] == "stdin_closed", out

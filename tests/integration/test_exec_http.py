@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from tests.integration.test_cli_http import ROOT, Laptop, laptop  # noqa: F401
+from tests.integration.test_exec import ECHOER, read_until
 
 
 @pytest.fixture(scope="module")
@@ -204,3 +205,32 @@ def test_the_gateway_refuses_another_tenant_no_token_and_ended_or_unknown_leases
     assert out.returncode == 1 and json.loads(out.stdout)["error"]["code"] == "lease_not_found"
     fwd = laptop.pool("lease", "port-forward", web, "0:8000", home=tmp_path)
     assert fwd.returncode == 1 and "[lease_not_found]" in fwd.stderr, fwd.stderr
+    att = laptop.pool("lease", "attach", web, home=tmp_path)
+    assert att.returncode == 1 and "[lease_not_found]" in att.stderr, att.stderr
+
+
+def test_attach_over_the_gateway_feeds_stdin_and_exits_with_the_job_s_code(
+    laptop: Laptop, web: str,
+) -> None:
+    run = laptop.pool("lease", "run", "-d", "--stdin", "--max-runtime", "120", "--", *ECHOER)
+    assert run.returncode == 0, run.stderr
+    lease_id = run.stdout.strip()
+    deadline = time.monotonic() + 30
+    while json.loads(laptop.pool("lease", "get", lease_id, "--json").stdout)["lease"]["state"] \
+            != "running" and time.monotonic() < deadline:
+        time.sleep(0.3)
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "lease", "attach", "-i",
+                             lease_id], cwd=laptop.home, env=_env(laptop), text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write("hello\n")
+        proc.stdin.flush()
+        assert read_until(proc, "got-hello\n")[-1] == "got-hello\n"
+        proc.stdin.close()
+        assert read_until(proc, "eof\n")[-1] == "eof\n"
+        assert proc.wait(15) == 7
+    finally:
+        if proc.poll() is None:
+            proc.kill()
