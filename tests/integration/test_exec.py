@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import os
 import pty
+import queue
 import select
 import socket
 import subprocess
@@ -164,16 +166,39 @@ def test_each_exec_is_an_event_in_the_lease_s_log(plane: Plane) -> None:
 
     assert _pool(plane, "lease", "exec", plane.lease_id, *plane.args(), "--",
                  "echo", "logged-bytes").returncode == 0
+    _open_and_close(plane, {"kind": "forward", "port": 8000})
+    _open_and_close(plane, {"kind": "attach"})
     app = PoolApp(env=app_env(url_with_credentials(plane.server.url, plane.auth.service)))
     try:
         events = [(event_name(n.topic), state_of(n)) for n in notifications(app)]
     finally:
         app.close()
     opened = [body for name, body in events if name == "SessionOpened"]
-    assert opened and opened[-1]["command"] == ["echo", "logged-bytes"]
-    assert opened[-1]["kind"] == "exec" and opened[-1]["at"] > 0
+    assert opened[-3]["command"] == ["echo", "logged-bytes"]
+    assert opened[-3]["kind"] == "exec" and opened[-3]["at"] > 0
+    # a forward and an attach are events too: who (the lease's tenant, its subject), when, what
+    assert [(o["kind"], o["port"], o["command"]) for o in opened[-2:]] == [
+        ("forward", 8000, []), ("attach", None, [])]
     # the command is in the log; what it printed is not
     assert sum("logged-bytes" in json.dumps(body) for _, body in events) == 1
+
+
+def _open_and_close(p: Plane, body: dict[str, Any]) -> None:
+    from bus import sessions as wire
+
+    c = p.auth.tenants["alpha"]
+
+    async def go() -> None:
+        nc = await nats.connect(p.server.url, user=c.user, password=c.password,
+                                inbox_prefix=tenant_inbox("alpha").encode())
+        try:
+            s = wire.TenantSession(nc, "alpha", p.lease_id)
+            await s.open(body)
+            await s.close()
+        finally:
+            await nc.close()
+
+    asyncio.run(go())
 
 
 def test_exec_it_gives_a_terminal_and_ctrl_d_ends_it(plane: Plane) -> None:
@@ -408,15 +433,25 @@ def test_attach_follows_the_job_s_output_and_feeds_its_stdin(plane: Plane) -> No
             proc.stdin.write("hello\n")
             proc.stdin.flush()
             assert read_until(proc, "got-hello\n")[-1] == "got-hello\n"
-            # a second attach sees what comes from now on, and gives the job no input
+            # a second attach sees what comes once it is open, and gives the job no input
             other = _attach(plane, lid)
-            time.sleep(1.0)
-            proc.stdin.write("again\n")
-            proc.stdin.flush()
-            assert read_until(other, "got-again\n")[-1] == "got-again\n"
+            lines: queue.Queue[str] = queue.Queue()
+            reader = threading.Thread(
+                target=lambda: [lines.put(x) for x in other.stdout or ()], daemon=True)
+            reader.start()
+            for i in range(60):  # until it is open: one line each half second
+                proc.stdin.write(f"again{i}\n")
+                proc.stdin.flush()
+                with contextlib.suppress(queue.Empty):
+                    first = lines.get(timeout=0.5)
+                    break
+            assert first.startswith("got-again"), first
             proc.stdin.close()  # the end of this stdin: the job's input ends, it exits 7
-            assert read_until(proc, "eof\n")[-2:] == ["got-again\n", "eof\n"]
+            assert read_until(proc, "eof\n")[-1] == "eof\n"
             assert proc.wait(15) == 7 and other.wait(15) == 7
+            reader.join(5)
+            rest = [lines.get() for _ in range(lines.qsize())]
+            assert rest[-1:] == ["eof\n"], rest  # the rest of the output, then its code
         finally:
             for p in (proc, locals().get("other")):
                 if p is not None and p.poll() is None:
