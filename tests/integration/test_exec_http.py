@@ -234,3 +234,30 @@ def test_attach_over_the_gateway_feeds_stdin_and_exits_with_the_job_s_code(
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_slow_reader_over_the_gateway_gets_every_byte(laptop: Laptop, web: str) -> None:
+    # twice the session's flow-control window, read only after a pause: nothing is dropped
+    from bus import sessions as wire
+    from client.wssession import over_gateway
+
+    size = 2 * wire.WINDOW_BYTES
+
+    async def go() -> tuple[int, bytes]:
+        open_session = over_gateway(laptop.url, laptop.tokens["alpha"], web)
+        s = await open_session({"kind": "exec", "command": ["head", "-c", str(size),
+                                                             "/dev/zero"]}, 15)
+        try:
+            await s.send(wire.EOF)
+            await asyncio.sleep(1.0)
+            got = 0
+            while True:
+                kind, _, payload = await s.recv(15)
+                if kind == wire.STDOUT:
+                    got += len(payload)
+                elif kind == wire.EXIT:
+                    return got, payload
+        finally:
+            await s.close()
+
+    assert asyncio.run(go()) == (size, b"0")
