@@ -464,3 +464,28 @@ def test_attach_i_to_a_job_without_stdin_is_refused_on_its_input(plane: Plane) -
     out, _ = proc.communicate("x\n", timeout=30)
     assert proc.returncode == 1
     assert json.loads(out)["error"]["code"] == "stdin_closed", out
+
+
+def test_ctrl_c_detaches_an_attach_and_the_job_runs_on(plane: Plane) -> None:
+    # the web job logs each request it serves: an attach hears the next one, then detaches
+    proc = _attach(plane, plane.lease_id)
+    try:
+        deadline = time.monotonic() + 30
+        out = b""
+        assert proc.stdout is not None
+        os.set_blocking(proc.stdout.fileno(), False)
+        while b"GET /attached" not in out and time.monotonic() < deadline:
+            _pool(plane, "lease", "exec", plane.lease_id, *plane.args(), "--", "python3", "-c",
+                  "import urllib.request as u\n"
+                  "try: u.urlopen('http://127.0.0.1:8000/attached')\n"
+                  "except Exception: pass")
+            time.sleep(0.3)
+            out += proc.stdout.buffer.read() or b""
+        assert b"GET /attached" in out, out
+        proc.send_signal(2)
+        assert proc.wait(15) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    with plane.tenant("alpha") as alpha:
+        assert alpha.lease(plane.lease_id, "get")["lease"]["state"] == "running"
