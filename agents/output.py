@@ -103,6 +103,12 @@ class OutputShipper:
         self._wake.set()
         return True
 
+    def offset(self, key: str) -> int | None:
+        """How far the job's output was read to be shipped; None when it is not followed."""
+        with self._lock:
+            stream = self._streams.get(key)
+            return None if stream is None else stream.offset
+
     def forget(self, key: str) -> None:
         with self._lock:
             self._streams.pop(key, None)

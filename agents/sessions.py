@@ -1,5 +1,6 @@
-"""The node's end of interactive sessions: an exec (with or without a terminal) or a
-port-forward into a running lease's sandbox, relayed over the session's subject pair."""
+"""The node's end of interactive sessions: an exec (with or without a terminal), an attach to
+the job's own output and stdin, or a port-forward into a running lease's sandbox, relayed over
+the session's subject pair."""
 
 from __future__ import annotations
 
@@ -60,8 +61,7 @@ class Sessions:
             refusal = self._refusal(order, run)
             if refusal is None:
                 assert run is not None
-                session: Session = (ExecSession if order.kind == "exec" else ForwardSession)(
-                    self, order, run, out)
+                session: Session = KINDS[order.kind](self, order, run, out)
                 self.live[order.session_id] = session
         if refusal is not None:
             log.info("session %s for lease %s refused: %s", order.session_id, order.lease_id,
@@ -391,6 +391,66 @@ class ForwardSession(Session):
         for s in conns.values():
             with contextlib.suppress(OSError):
                 s.close()
+
+
+class AttachSession(Session):
+    """The job's own output from where `pool lease logs` stands as it attaches, and the
+    tenant's input to the job's stdin (a job started with one); it ends with the job's exit
+    code, or an error frame when the job is no longer this node's."""
+
+    FOLLOW_SECONDS = 0.05  # how often the job's output is looked at when nothing came
+
+    def begin(self) -> None:
+        self.exit_sent = False
+        key = self.run_.handle.key
+        self.offset = self.agent.output.offset(key) or 0
+        log.info("session %s: attach to lease %s", self.session_id, self.lease_id)
+        threading.Thread(target=self._follow, name=f"attach-{self.session_id[:8]}",
+                         daemon=True).start()
+
+    def _follow(self) -> None:
+        runtime, handle = self.agent.runtime, self.run_.handle
+        read: Any = getattr(runtime, "read_output", None)
+        exited: int | None = None
+        while read is not None and not self.done.is_set():
+            data, self.offset = read(handle, self.offset, READ_BYTES)
+            if data:
+                self.send(wire.STDOUT, data)
+                continue
+            if exited is not None:  # the rest of its output is out: its code goes last
+                self.exit_sent = True
+                self.send(wire.EXIT, str(exited).encode())
+                self.done.set()
+                return
+            if self._lease_here():
+                exited = runtime.poll(handle)
+            if exited is None:
+                time.sleep(self.FOLLOW_SECONDS)
+
+    def handle(self, kind: bytes, conn: int | None, payload: bytes) -> None:
+        pipes = getattr(self.agent.runtime, "stdin", None)
+        if kind not in (wire.STDIN, wire.EOF) or pipes is None:
+            return
+        if kind == wire.EOF:
+            pipes.close(self.run_.handle.key)
+            return
+        try:
+            pipes.write(self.run_.handle.key, payload)
+        except Exception as e:  # noqa: BLE001 - StdinClosed: the tenant is told, the session ends
+            self.send(wire.ERROR, json.dumps({"code": getattr(e, "code", "stdin_closed"),
+                                              "message": str(e)[:500]}).encode())
+            self.exit_sent = True
+            self.done.set()
+
+    def end(self) -> None:
+        if not getattr(self, "exit_sent", True):
+            self.send(wire.ERROR, json.dumps({
+                "code": "session_ended",
+                "message": "the job no longer runs here (or the session was idle)"}).encode())
+
+
+KINDS: dict[str, type[Session]] = {"exec": ExecSession, "forward": ForwardSession,
+                                   "attach": AttachSession}
 
 
 def _resize(fd: int, rows: int, cols: int) -> None:

@@ -1,6 +1,7 @@
-"""`pool bench exec`: the exec round trip of `true` into a running job (the client library's and
-a whole `pool lease exec` process's), beside `docker exec` where a docker daemon answers, and
-port-forward throughput beside a direct loopback connection, in one run on an idle plane.
+"""`pool bench exec`: the exec round trip of `true` into a running job (the client library's over
+NATS and over the gateway's WebSocket, and a whole `pool lease exec` process's), beside `docker
+exec` where a docker daemon answers, and port-forward throughput beside a direct loopback
+connection, in one run on an idle plane.
 
 The plane is bench/run.py's: `pool up --no-postgres` in a temporary POOL_HOME with one local
 agent running jobs in the bubblewrap sandbox.
@@ -22,9 +23,13 @@ from typing import Any
 
 from bench.run import POOL, TENANT, bench_main, local_plane, pool_argv, quantiles, timed
 
-RUNS = 30
+RUNS = 25
 QUICK_RUNS = 5
 WARMUP = 2
+# a lease takes at most 30 sessions a minute (domain/lease.py): each kind of exec measured has
+# a job of its own, and at most this many runs
+MAX_RUNS = 28
+SLEEPER = ["--cpu-millis", "100", "--memory-mib", "64", "--", "sleep", "900"]
 FORWARD_MIB = 32
 QUICK_FORWARD_MIB = 8
 ECHO_PORT = 9000
@@ -107,16 +112,41 @@ def _host_echo() -> tuple[subprocess.Popen[bytes], int]:
     raise RuntimeError("the host's echo server did not start")
 
 
-async def _measure(url: str, options: dict[str, Any], lease_id: str, runs: int, mib: int,
-                   say: Callable[[str], None]) -> dict[str, Any]:
+async def _exec_over_gateway(url: str, token: str, lease_id: str, runs: int) -> list[float]:
+    """Execs of `true` through the gateway's WebSocket: upgrade → ready → exit code."""
+    from bus import sessions as wire
+    from client.wssession import over_gateway
+
+    open_session = over_gateway(url, token, lease_id)
+    out = []
+    for i in range(WARMUP + runs):
+        t0 = time.perf_counter()
+        session = await open_session({"kind": "exec", "command": ["true"]}, 30)
+        try:
+            await session.send(wire.EOF)
+            while True:
+                kind, _, payload = await session.recv(30)
+                if kind == wire.EXIT:
+                    break
+        finally:
+            await session.close()
+        if payload != b"0":
+            raise RuntimeError(f"`true` exited {payload!r} in the sandbox")
+        if i >= WARMUP:
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+async def _measure(url: str, options: dict[str, Any], leases: dict[str, str], runs: int,
+                   mib: int, say: Callable[[str], None]) -> dict[str, Any]:
     from bus.connection import connect
-    from client.sessions import run_forward
+    from client.sessions import over_nats, run_forward
 
     nc = await connect(url, reconnect=False, **options)
     try:
         exec_s = []
         for i in range(WARMUP + runs):
-            took = await _exec_true(nc, lease_id)
+            took = await _exec_true(nc, leases["client"])
             if i >= WARMUP:
                 exec_s.append(took)
         say(f"bench exec: {runs} execs of true")
@@ -124,7 +154,7 @@ async def _measure(url: str, options: dict[str, Any], lease_id: str, runs: int, 
         await nc.close()
     listening: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     forward = asyncio.create_task(run_forward(
-        url, TENANT, lease_id, ECHO_PORT, local=0, host="127.0.0.1", options=options,
+        over_nats(url, TENANT, leases["echo"], options), ECHO_PORT, local=0, host="127.0.0.1",
         on_listening=listening.set_result))
     try:
         port = await asyncio.wait_for(listening, 30)
@@ -180,16 +210,21 @@ def run_exec_bench(*, runs: int = RUNS, quick: bool = False, mib: int | None = N
     if quick:
         runs = QUICK_RUNS
     mib = mib or (QUICK_FORWARD_MIB if quick else FORWARD_MIB)
+    if runs > MAX_RUNS:
+        raise ValueError(f"--runs: at most {MAX_RUNS} (a lease takes 30 sessions a minute)")
     pool = pool_argv()
     with tempfile.TemporaryDirectory(prefix="pool-bench-exec-") as tmp, \
             local_plane(Path(tmp) / "home", say) as env:
         home = Path(env["POOL_HOME"])
-        _, out = timed([*pool, "lease", "run", "--tenant", TENANT, "--pool", POOL, "--quiet",
-                         "--detach", "--", "python3", "-c", ECHO], env)
-        lease_id = out.stdout.strip()
-        if out.returncode != 0 or not lease_id:
-            raise RuntimeError(f"the echo job did not start: {out.stderr.strip()}")
+        leases: dict[str, str] = {}
         try:
+            for name, job in (("echo", ["--", "python3", "-c", ECHO]), ("client", SLEEPER),
+                              ("gateway", SLEEPER), ("cli", SLEEPER)):
+                _, out = timed([*pool, "lease", "run", "--tenant", TENANT, "--pool", POOL,
+                                "--quiet", "--detach", *job], env)
+                if out.returncode != 0 or not out.stdout.strip():
+                    raise RuntimeError(f"the {name} job did not start: {out.stderr.strip()}")
+                leases[name] = out.stdout.strip()
             creds = embedded.tenant_credentials(TENANT, home)
             if creds is None:
                 raise RuntimeError(f"no credentials for tenant {TENANT}")
@@ -197,9 +232,16 @@ def run_exec_bench(*, runs: int = RUNS, quick: bool = False, mib: int | None = N
             options = {"user": creds.user, "password": creds.password,
                        "inbox_prefix": inbox_prefix(TENANT).encode()}
             time.sleep(0.5)  # the echo server binds its port
-            measured = asyncio.run(_measure(url, options, lease_id, runs, mib, say))
+            measured = asyncio.run(_measure(url, options, leases, runs, mib, say))
+            _, tok = timed([*pool, "admin", "tenant", "token", TENANT], env)
+            if tok.returncode != 0:
+                raise RuntimeError(f"no HTTP token for {TENANT}: {tok.stderr.strip()}")
+            gateway_s = asyncio.run(_exec_over_gateway(f"http://{env['POOL_HTTP']}",
+                                                       tok.stdout.strip(), leases["gateway"],
+                                                       runs))
+            say(f"bench exec: {runs} execs of true over the gateway")
             cli_s = []
-            argv = [*pool, "lease", "exec", lease_id, "--tenant", TENANT, "--", "true"]
+            argv = [*pool, "lease", "exec", leases["cli"], "--tenant", TENANT, "--", "true"]
             for _ in range(runs):
                 took, done = timed(argv, env)
                 if done.returncode != 0:
@@ -208,9 +250,11 @@ def run_exec_bench(*, runs: int = RUNS, quick: bool = False, mib: int | None = N
                 cli_s.append(took)
             help_s = [timed([*pool, "--help"], env)[0] for _ in range(runs)]
         finally:
-            timed([*pool, "lease", "cancel", lease_id, "--tenant", TENANT], env)
+            for lease_id in leases.values():
+                timed([*pool, "lease", "cancel", lease_id, "--tenant", TENANT], env)
     docker = _docker_exec(runs)
     rows = {"exec true (client)": quantiles(measured["exec_s"]),
+            "exec true (gateway WS)": quantiles(gateway_s),
             "pool lease exec -- true": quantiles(cli_s),
             "pool --help": quantiles(help_s)}
     if docker is not None:
@@ -226,6 +270,7 @@ def run_exec_bench(*, runs: int = RUNS, quick: bool = False, mib: int | None = N
                  f"loopback {measured['direct_mib_s']:.1f} MiB/s; ratio {ratio:.2f}")
     lines.append(f"sequential, idle plane with one local agent; machine: {os.cpu_count()} cores")
     return {"runs": runs, "exec_client": rows["exec true (client)"],
+            "exec_gateway": rows["exec true (gateway WS)"],
             "exec_cli": rows["pool lease exec -- true"], "help": rows["pool --help"],
             "docker_exec": rows.get("docker exec C true"),
             "forward_mib_s": round(measured["forward_mib_s"], 2),

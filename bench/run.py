@@ -58,8 +58,10 @@ def local_plane(home: Path, say: Callable[[str], None]) -> Iterator[dict[str, st
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("POOL_")}
     # this checkout's code, also where an editable install of another one is on the path
+    # the gateway on a free port too: a bench beside another plane must not meet its :8080
     env.update(POOL_HOME=str(home), POOL_NATS_PORT=str(free_port()),
-               POOL_OTEL_EXPORTER="none", PYTHONPATH=str(ROOT))
+               POOL_HTTP=f"127.0.0.1:{free_port()}", POOL_OTEL_EXPORTER="none",
+               PYTHONPATH=str(ROOT))
     pool = pool_argv()
     procs: list[subprocess.Popen[str]] = []
     logs = home / "logs"

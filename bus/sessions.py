@@ -67,14 +67,15 @@ class TenantSession:
     """The tenant's end of one session over its own NATS connection `nc` (connected as the
     tenant, with its inbox prefix): `open`, then `send` and `recv` frames, then `close`."""
 
-    def __init__(self, nc: Any, tenant: str, lease_id: str) -> None:
+    def __init__(self, nc: Any, tenant: str, lease_id: str,
+                 session_id: str | None = None) -> None:
         if not is_token(tenant) or not is_token(lease_id):
             raise SessionRefused("tenant and lease id must be subject tokens",
                                  code="invalid_subject")
         self.nc = nc
         self.tenant = tenant
         self.lease_id = lease_id
-        self.session_id = new_session_id()
+        self.session_id = session_id or new_session_id()
         self.node: str | None = None
         self._in: str | None = None
         self._frames: asyncio.Queue[tuple[bytes, int | None, bytes]] = asyncio.Queue()

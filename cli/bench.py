@@ -66,10 +66,10 @@ def cmd_bench_run(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_exec(args: argparse.Namespace) -> int:
-    from bench.exec import run_exec_bench
+    from bench.exec import MAX_RUNS, run_exec_bench
 
-    if args.runs < 1:
-        raise UsageError("--runs must be at least 1")
+    if not 1 <= args.runs <= MAX_RUNS:  # a lease takes 30 sessions a minute
+        raise UsageError(f"--runs must be 1-{MAX_RUNS}")
     if args.mib is not None and not 1 <= args.mib <= 4096:
         raise UsageError("--mib must be 1-4096")
     result = run_exec_bench(
@@ -356,7 +356,7 @@ def _add_exec(bench: Subparsers) -> None:
     bx = bench.add_parser("exec", help="exec round trip of `true` into a running job (client "
                           "and whole `pool lease exec`), beside `docker exec` where a daemon "
                           "answers; port-forward throughput beside a direct loopback echo")
-    bx.add_argument("--runs", type=int, default=30, help="execs of each (default 30)")
+    bx.add_argument("--runs", type=int, default=25, help="execs of each (default 25, at most 28)")
     bx.add_argument("--mib", type=int, help="MiB echoed through the forward (default 32)")
     bx.add_argument("--quick", action="store_true", help="5 execs, 8 MiB")
     bx.add_argument("--json", action="store_true")

@@ -252,6 +252,8 @@ def cmd_lease_run(args: argparse.Namespace) -> int:
     from cli.volumes import with_volumes
 
     job = with_volumes(args, with_secrets(args, job))
+    if getattr(args, "stdin", False):  # a pipe for `pool lease attach -i`
+        job["stdin"] = True
     tenant = tenant_of(args)
     # a job file's workdir is a local folder too; the flags win over the file
     workdir, artifacts = job.pop("workdir", None), job.pop("artifacts", None)
@@ -461,6 +463,7 @@ def _add_run(lease: Subparsers) -> None:
     files.add_run_flags(run)
     secret.add_run_flags(run)
     volumes.add_run_flags(run)
+    session.add_run_flags(run)
     run.set_defaults(func=cmd_lease_run, job_command=[], count=1)
 
 

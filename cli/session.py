@@ -1,4 +1,5 @@
-"""`pool lease exec` and `pool lease port-forward`: into a running lease's sandbox, over NATS."""
+"""`pool lease exec`, `attach` and `port-forward`: into a running lease's sandbox, over NATS
+or, with an HTTP context, the gateway's WebSocket."""
 
 from __future__ import annotations
 
@@ -9,15 +10,25 @@ import sys
 from typing import Any
 
 from cli.connect import client_opts, context_of, tenant_connection, tenant_of
-from cli.output import EXIT_OK, Subparsers, UsageError, fail
+from cli.output import EXIT_INTERRUPTED, EXIT_OK, Subparsers, UsageError, fail
 
 _FORWARD = re.compile(r"^(?:(\d{1,5}):)?(\d{1,5})$")
 
 
-def _nats_only(args: argparse.Namespace, verb: str) -> None:
-    if context_of(args) is not None:
-        raise UsageError(f"`pool lease {verb}` speaks NATS only for now: pass --nats-url "
-                         "(the gateway's WebSocket is not built yet)")
+def _opener(args: argparse.Namespace) -> Any:
+    """How this command opens its session: the HTTP context's gateway (its token decides the
+    tenant), or NATS as the tenant's own user."""
+    ctx = context_of(args)
+    if ctx is not None:
+        from client.wssession import over_gateway
+
+        tenant_of(args)  # an admin's context, or a --tenant it does not speak for: refused
+        return over_gateway(ctx.url, ctx.token, args.lease_id)
+    from client.sessions import over_nats
+
+    tenant = tenant_of(args)
+    url, options = tenant_connection(args, tenant)
+    return over_nats(url, tenant, args.lease_id, options)
 
 
 def cmd_lease_exec(args: argparse.Namespace) -> int:
@@ -32,13 +43,27 @@ def cmd_lease_exec(args: argparse.Namespace) -> int:
         raise UsageError("the command to run goes after `--` (pool lease exec ID -- CMD …)")
     if args.tty and not sys.stdin.isatty():
         raise UsageError("-t needs a terminal on stdin (leave out -t to pipe)")
-    _nats_only(args, "exec")
-    tenant = tenant_of(args)
-    url, options = tenant_connection(args, tenant)
+    opener = _opener(args)
     try:
-        return asyncio.run(run_exec(url, tenant, args.lease_id, command, options=options,
-                                    stdin=args.stdin, tty_mode=args.tty,
+        return asyncio.run(run_exec(opener, command, stdin=args.stdin, tty_mode=args.tty,
                                     timeout=max(args.timeout, 1.0)))
+    except BusError as e:
+        return fail(str(e), e.code, as_json=args.json)
+
+
+def cmd_lease_attach(args: argparse.Namespace) -> int:
+    """Follow the job's output (and feed its stdin with -i); exit with the job's code."""
+    import asyncio
+
+    from bus.errors import BusError
+    from client.sessions import run_attach
+
+    opener = _opener(args)
+    try:
+        return asyncio.run(run_attach(opener, stdin=args.stdin,
+                                      timeout=max(args.timeout, 1.0)))
+    except KeyboardInterrupt:  # detached; the job runs on
+        return EXIT_INTERRUPTED
     except BusError as e:
         return fail(str(e), e.code, as_json=args.json)
 
@@ -62,9 +87,7 @@ def cmd_lease_port_forward(args: argparse.Namespace) -> int:
     from client.sessions import run_forward
 
     local, remote = _ports(args.ports)
-    _nats_only(args, "port-forward")
-    tenant = tenant_of(args)
-    url, options = tenant_connection(args, tenant)
+    opener = _opener(args)
 
     def listening(port: int) -> None:
         info: dict[str, Any] = {"lease_id": args.lease_id, "local": f"{args.address}:{port}",
@@ -76,9 +99,8 @@ def cmd_lease_port_forward(args: argparse.Namespace) -> int:
                   file=sys.stderr, flush=True)
 
     try:
-        asyncio.run(run_forward(url, tenant, args.lease_id, remote, local=local,
-                                host=args.address, options=options, on_listening=listening,
-                                timeout=max(args.timeout, 1.0)))
+        asyncio.run(run_forward(opener, remote, local=local, host=args.address,
+                                on_listening=listening, timeout=max(args.timeout, 1.0)))
     except KeyboardInterrupt:
         return EXIT_OK
     except BusError as e:
@@ -89,8 +111,15 @@ def cmd_lease_port_forward(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def add_run_flags(run: argparse.ArgumentParser) -> None:
+    """`pool lease run --stdin`."""
+    run.add_argument("--stdin", action="store_true",
+                     help="give the job a stdin that `pool lease attach -i ID` writes to "
+                     "(otherwise it reads /dev/null)")
+
+
 def register(lease: Subparsers) -> None:
-    """Add `lease exec` and `lease port-forward`."""
+    """Add `lease exec`, `lease attach` and `lease port-forward`."""
     ex = lease.add_parser(
         "exec", help="run a command inside a running lease's sandbox",
         description="Runs the command after `--` in the lease's sandbox (its namespaces, user, "
@@ -105,6 +134,20 @@ def register(lease: Subparsers) -> None:
     ex.add_argument("-t", "--tty", action="store_true",
                     help="an interactive terminal (needs one on stdin)")
     ex.set_defaults(func=cmd_lease_exec, job_command=[])
+    at = lease.add_parser(
+        "attach", help="follow a running job's own output, and feed its stdin with -i",
+        description="Prints what the job writes from now on (`pool lease logs` has what came "
+        "before) until it ends, then exits with its code; Ctrl-C detaches and leaves it "
+        "running. With -i, this process's stdin goes to the job's (a job started with "
+        "--stdin), and its end is the job's end of input. Each attach is an event in the "
+        "lease's log.",
+        epilog="example: pool lease run -d --stdin -- sh -c 'while read l; do echo $l; done'; "
+        "pool lease attach -i ID")
+    client_opts(at, tenant=True)
+    at.add_argument("lease_id")
+    at.add_argument("-i", "--stdin", action="store_true",
+                    help="pass this process's stdin on to the job's")
+    at.set_defaults(func=cmd_lease_attach)
     pf = lease.add_parser(
         "port-forward", help="forward a local port to a port inside a running lease's sandbox",
         description="Listens on --address:LOCAL and relays each connection to 127.0.0.1:REMOTE "

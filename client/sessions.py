@@ -1,5 +1,6 @@
 """The client's end of `pool lease exec` and `pool lease port-forward`: a session over the
-tenant's own NATS connection, relayed to this process's stdio or to local TCP connections."""
+tenant's own NATS connection or the gateway's WebSocket, relayed to this process's stdio or to
+local TCP connections."""
 
 from __future__ import annotations
 
@@ -13,28 +14,59 @@ import sys
 import termios
 import threading
 import tty
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 from bus import sessions as wire
-from bus.connection import connect
 from bus.errors import SessionRefused
-from bus.sessions import TenantSession
 
 
-async def _session(url: str, tenant: str, lease_id: str, body: dict[str, Any],
-                   options: dict[str, Any], timeout: float) -> tuple[Any, TenantSession]:
-    opts = dict(options)
-    if isinstance(opts.get("inbox_prefix"), str):
-        opts["inbox_prefix"] = opts["inbox_prefix"].encode()
-    nc = await connect(url, reconnect=False, **opts)
-    session = TenantSession(nc, tenant, lease_id)
-    try:
-        await session.open(body, timeout=timeout)
-    except BaseException:
-        await nc.close()
-        raise
-    return nc, session
+class Channel(Protocol):
+    """An open session, whichever way it goes: frames to the node, frames from it, and a
+    close that ends the session and its connection."""
+
+    async def send(self, kind: bytes, payload: bytes = b"", conn: int | None = None) -> None: ...
+
+    async def recv(self, timeout: float | None = None) -> tuple[bytes, int | None, bytes]: ...
+
+    async def close(self) -> None: ...
+
+
+# opens a session from a SessionOpen body (less its id) within `timeout` seconds
+Opener = Callable[[dict[str, Any], float], Awaitable[Channel]]
+
+
+class _NatsChannel:
+    def __init__(self, nc: Any, session: wire.TenantSession) -> None:
+        self.nc, self.session = nc, session
+        self.send, self.recv = session.send, session.recv
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.session.close()
+        with contextlib.suppress(Exception):
+            await self.nc.close()
+
+
+def over_nats(url: str, tenant: str, lease_id: str, options: dict[str, Any]) -> Opener:
+    """Sessions into `lease_id` over a NATS connection of their own as `tenant`'s user."""
+
+    async def open_session(body: dict[str, Any], timeout: float) -> Channel:
+        from bus.connection import connect
+
+        opts = dict(options)
+        if isinstance(opts.get("inbox_prefix"), str):
+            opts["inbox_prefix"] = opts["inbox_prefix"].encode()
+        nc = await connect(url, reconnect=False, **opts)
+        try:
+            session = wire.TenantSession(nc, tenant, lease_id)
+            await session.open(body, timeout=timeout)
+        except BaseException:
+            await nc.close()
+            raise
+        return _NatsChannel(nc, session)
+
+    return open_session
 
 
 def _terminal_size(fd: int) -> tuple[int, int]:
@@ -45,16 +77,15 @@ def _terminal_size(fd: int) -> tuple[int, int]:
     return rows or 24, cols or 80
 
 
-async def run_exec(url: str, tenant: str, lease_id: str, command: list[str], *,
-                   options: dict[str, Any], stdin: bool = False, tty_mode: bool = False,
-                   timeout: float = wire.READY_SECONDS) -> int:
+async def run_exec(open_session: Opener, command: list[str], *, stdin: bool = False,
+                   tty_mode: bool = False, timeout: float = wire.READY_SECONDS) -> int:
     """Run `command` in the lease's sandbox, relaying this process's stdio (with `stdin`:
     this process's stdin too; `tty_mode`: through a terminal, this one in raw mode); the
     command's exit code. Raises SessionRefused, BusTimeout, BusUnavailable."""
     body: dict[str, Any] = {"kind": "exec", "command": command, "tty": tty_mode}
     if tty_mode:
         body["rows"], body["cols"] = _terminal_size(sys.stdin.fileno())
-    nc, session = await _session(url, tenant, lease_id, body, options, timeout)
+    session = await open_session(body, timeout)
     loop = asyncio.get_running_loop()
     restore: Callable[[], None] | None = None
     try:
@@ -83,11 +114,9 @@ async def run_exec(url: str, tenant: str, lease_id: str, command: list[str], *,
             loop.remove_signal_handler(sig)
         with contextlib.suppress(Exception):
             await session.close()
-        with contextlib.suppress(Exception):
-            await nc.close()
 
 
-def _relay_stdin(loop: asyncio.AbstractEventLoop, session: TenantSession) -> None:
+def _relay_stdin(loop: asyncio.AbstractEventLoop, session: Channel) -> None:
     """This process's stdin to the session, from a thread (a file or a pipe or a terminal)."""
 
     def pump() -> None:
@@ -109,7 +138,22 @@ def _relay_stdin(loop: asyncio.AbstractEventLoop, session: TenantSession) -> Non
     threading.Thread(target=pump, name="exec-stdin", daemon=True).start()
 
 
-async def _output(session: TenantSession) -> int:
+async def run_attach(open_session: Opener, *, stdin: bool = False,
+                     timeout: float = wire.READY_SECONDS) -> int:
+    """Follow the job's own output from where its log stands (with `stdin`: this process's
+    stdin goes to the job's, and its end closes the job's); the job's exit code once it
+    ends. Raises SessionRefused, BusTimeout, BusUnavailable."""
+    session = await open_session({"kind": "attach"}, timeout)
+    try:
+        if stdin:
+            _relay_stdin(asyncio.get_running_loop(), session)
+        return await _output(session)
+    finally:
+        with contextlib.suppress(Exception):
+            await session.close()
+
+
+async def _output(session: Channel) -> int:
     out, err = sys.stdout.buffer, sys.stderr.buffer
     while True:
         kind, _, payload = await session.recv()
@@ -128,15 +172,13 @@ async def _output(session: TenantSession) -> int:
             raise wire.refusal(payload)
 
 
-async def run_forward(url: str, tenant: str, lease_id: str, remote: int, *, local: int,
-                      host: str, options: dict[str, Any],
+async def run_forward(open_session: Opener, remote: int, *, local: int, host: str,
                       on_listening: Callable[[int], None] | None = None,
                       timeout: float = wire.READY_SECONDS) -> None:
     """Forward connections to `host`:`local` (0: any free port) to port `remote` inside the
     lease's sandbox, each over the session, until cancelled; `on_listening(port)` once it
     listens. Raises SessionRefused when the plane or node refuses, or the session ends."""
-    nc, session = await _session(url, tenant, lease_id,
-                                 {"kind": "forward", "port": remote}, options, timeout)
+    session = await open_session({"kind": "forward", "port": remote}, timeout)
     conns: dict[int, asyncio.Queue[tuple[bytes, bytes]]] = {}
     next_id = 0
 
@@ -204,5 +246,3 @@ async def run_forward(url: str, tenant: str, lease_id: str, remote: int, *, loca
         server.close()
         with contextlib.suppress(Exception):
             await session.close()
-        with contextlib.suppress(Exception):
-            await nc.close()

@@ -32,12 +32,12 @@ if TYPE_CHECKING:
         UnknownHold,
         UnknownPriorityClass,
     )
+    from domain.jobspec import JobSpec
     from domain.lease import (
         CAPACITY_HOLDING_STATES,
         EXPIRY_REASONS,
         TERMINAL_STATES,
         Job,
-        JobSpec,
         JobState,
         Lease,
         LeaseState,
@@ -69,7 +69,7 @@ _HOMES: dict[str, str] = {
     "InvalidAmount": "domain.errors",
     "InvalidConfiguration": "domain.errors",
     "Job": "domain.lease",
-    "JobSpec": "domain.lease",
+    "JobSpec": "domain.jobspec",
     "JobState": "domain.lease",
     "Lease": "domain.lease",
     "LeaseExpired": "domain.errors",

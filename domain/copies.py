@@ -11,7 +11,8 @@ from uuid import UUID
 
 from domain.account import TransferWindow
 from domain.gang import GangMembership
-from domain.lease import Job, JobSpec
+from domain.jobspec import JobSpec
+from domain.lease import Job
 from domain.poolconfig import PoolConfig, PreemptionSettings
 from domain.prices import PriceList
 from domain.resources import Device, NodeCapabilities, Resources, Shape

@@ -28,6 +28,7 @@ from domain.errors import LeaseExpired as LeaseExpiredError
 from domain.fold import trigger
 from domain.gang import GangMembership
 from domain.ids import pair_uuid
+from domain.jobspec import JobSpec
 from domain.resources import LeaseId, NodeId, PoolId, Resources, Shape, TenantId
 from domain.retry import RETRY_BACKOFF, RetryPolicy, next_attempt
 
@@ -83,86 +84,6 @@ class JobState(StrEnum):
     RUNNING = "running"
     EXITED = "exited"
     FAILED = "failed"
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """What to run inside a lease: an image, its command and environment, how to checkpoint."""
-
-    image: str
-    command: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()  # sorted (name, value)
-    checkpoint_interval_seconds: int = 0  # 0: the job does not checkpoint
-    checkpoint_path: str | None = None
-    image_signature: str | None = None  # base64, over the image's simple-signing payload
-    image_size_bytes: int | None = None  # as declared by the job; the agent re-checks it
-    # the packed work directory in the tenant's bucket, named by its digest (`sha256:<hex>`)
-    workdir_digest: str | None = None
-    workdir_size_bytes: int | None = None
-    workdir_files: int = 0
-    artifacts: tuple[str, ...] = ()  # globs under /work stored at the job's end
-    # the tenant's secrets the job gets, by name only (their values are never in the log):
-    # sorted (variable, name), (name, path under /run/secrets) and (name, version)
-    secret_env: tuple[tuple[str, str], ...] = ()
-    secret_files: tuple[tuple[str, str], ...] = ()
-    secret_versions: tuple[tuple[str, int], ...] = ()
-    # the pool's volumes it mounts: sorted (name, target in the sandbox)
-    volumes: tuple[tuple[str, str], ...] = ()
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "command", tuple(str(c) for c in self.command))
-        object.__setattr__(self, "env", tuple(sorted((str(k), str(v)) for k, v in self.env)))
-        object.__setattr__(self, "artifacts", tuple(str(a) for a in self.artifacts))
-        for name in ("secret_env", "secret_files", "volumes"):
-            pairs = getattr(self, name)
-            object.__setattr__(self, name, tuple(sorted((str(k), str(v)) for k, v in pairs)))
-        object.__setattr__(self, "secret_versions",
-                           tuple(sorted((str(k), int(v)) for k, v in self.secret_versions)))
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "image": self.image,
-            "command": list(self.command),
-            "env": {k: v for k, v in self.env},
-            "checkpoint_interval_seconds": self.checkpoint_interval_seconds,
-            "checkpoint_path": self.checkpoint_path,
-            "image_signature": self.image_signature,
-            "image_size_bytes": self.image_size_bytes,
-        }
-        # only when used, so a job without files records the same event as before
-        if self.workdir_digest is not None:
-            d["workdir"] = {"digest": self.workdir_digest, "size_bytes": self.workdir_size_bytes,
-                            "files": self.workdir_files}
-        if self.artifacts:
-            d["artifacts"] = list(self.artifacts)
-        if self.secret_versions:
-            d["secrets"] = {"env": dict(self.secret_env), "files": dict(self.secret_files),
-                            "versions": dict(self.secret_versions)}
-        if self.volumes:
-            d["volumes"] = dict(self.volumes)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> JobSpec:
-        return cls(
-            image=str(d["image"]),
-            command=tuple(d.get("command", ())),
-            env=tuple(dict(d.get("env", {})).items()),
-            checkpoint_interval_seconds=int(d.get("checkpoint_interval_seconds", 0)),
-            checkpoint_path=d.get("checkpoint_path"),
-            image_signature=d.get("image_signature"),
-            image_size_bytes=None if d.get("image_size_bytes") is None
-            else int(d["image_size_bytes"]),
-            workdir_digest=None if not d.get("workdir") else str(d["workdir"]["digest"]),
-            workdir_size_bytes=None if not d.get("workdir")
-            else int(d["workdir"]["size_bytes"]),
-            workdir_files=0 if not d.get("workdir") else int(d["workdir"].get("files", 0)),
-            artifacts=tuple(d.get("artifacts", ())),
-            secret_env=tuple(dict((d.get("secrets") or {}).get("env", {})).items()),
-            secret_files=tuple(dict((d.get("secrets") or {}).get("files", {})).items()),
-            secret_versions=tuple(dict((d.get("secrets") or {}).get("versions", {})).items()),
-            volumes=tuple(dict(d.get("volumes") or {}).items()),
-        )
 
 
 @dataclass(frozen=True)
@@ -730,11 +651,11 @@ class Lease(Aggregate):
     def open_session(self, now: float, *, session_id: str, kind: str,
                      command: tuple[str, ...] = (), tty: bool = False, port: int | None = None,
                      rows: int | None = None, cols: int | None = None) -> None:
-        """Record that the tenant opened an interactive session (`exec` of `command`, or a
-        `forward` to `port`) into the running job; only a running, unexpired lease takes one."""
+        """Record that the tenant opened an interactive session (`exec` of `command`, a
+        `forward` to `port`, an `attach`) into the running job, if running and unexpired."""
         self._require("open_session", {S.RUNNING})
         self._require_not_past_deadline(now)
-        if kind not in ("exec", "forward"):
+        if kind not in ("exec", "forward", "attach"):
             raise IllegalTransition(self.state, "open_session", detail=f"no session kind {kind!r}")
         at = self.session_window_at
         if at is not None and now - at < SESSION_WINDOW_SECONDS \

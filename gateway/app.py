@@ -331,9 +331,10 @@ def create_app(settings: Settings, tokens: TokenStore, *, database_url: str = ""
     from gateway import docs_page
 
     handlers.append(HTTPRouteHandler(path="/docs", http_method=["GET"])(docs_page.page))
-    from gateway import metrics
+    from gateway import metrics, sessions
 
     handlers.append(metrics.handler(gw))
+    handlers.append(sessions.handler(gw))
     handlers.append(create_static_files_router(path="/static", directories=[STATIC],
                                                include_in_schema=False))
     if dashboard:

@@ -49,6 +49,10 @@ STATUS_BY_CODE: dict[str, int] = {
     "webhook_limit": 409,  # room comes back when the tenant deletes an endpoint
     "session_refused": 409,  # the lease's node would not open an exec or port-forward
     "session_limit": 429,  # each session is an event in the log: a window per lease
+    # the lease's node: the job is not (or no longer) its, or cannot be entered; at most
+    # MAX_SESSIONS_PER_LEASE at once
+    "lease_not_here": 409, "lease_stopping": 409, "exec_unsupported": 409,
+    "too_many_sessions": 429, "stdin_closed": 409,
     "secret_limit": 409,  # room comes back when the tenant deletes a secret
     # base classes: a refusal no subclass names more precisely
     "domain_error": 409, "service_error": 400,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from litestar import Request
+from litestar.connection import ASGIConnection
 
 from gateway.throttle import LoginThrottle
 from gateway.tokens import Principal, TokenStore
@@ -91,7 +92,8 @@ def principal_of(gw: Gateway, request: Request[Any, Any, Any]) -> Principal:
     return who
 
 
-def checked_token(gw: Gateway, request: Request[Any, Any, Any], token: str) -> Principal | None:
+def checked_token(gw: Gateway, request: ASGIConnection[Any, Any, Any, Any],
+                  token: str) -> Principal | None:
     """Whom `token` names, checked only while its client address has not failed too often
     (then `login_throttled`, before any look-up); a wrong one counts against the address."""
     source = request.client.host if request.client else ""

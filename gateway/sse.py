@@ -45,7 +45,7 @@ def _last_event_id(request: Request[Any, Any, Any]) -> int:
     return after
 
 
-class _Held:
+class Held:
     """One open stream of a token, counted in `gw.streams` until released, once: when its
     events end (or the client goes), or when a response never sent is collected."""
 
@@ -64,7 +64,7 @@ class _Held:
             self.gw.streams.pop(self.who, None)
 
 
-async def _counted(held: _Held, events: AsyncIterator[ServerSentEventMessage],
+async def _counted(held: Held, events: AsyncIterator[ServerSentEventMessage],
                    ) -> AsyncGenerator[ServerSentEventMessage, None]:
     try:
         async for item in events:
@@ -80,7 +80,7 @@ def counted_stream(gw: Gateway, who: Principal,
                    events: AsyncIterator[ServerSentEventMessage]) -> ServerSentEvent:
     """`events` as a response, counted against the token's open streams (check_room said
     there was room): the API's streams and the dashboard's alike."""
-    held = _Held(gw, who)
+    held = Held(gw, who)
     body = _counted(held, events)
     weakref.finalize(body, held.release)  # a body never iterated never runs its finally
     return ServerSentEvent(body, headers=_headers())

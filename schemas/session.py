@@ -1,5 +1,6 @@
-"""Version 1 of the interactive sessions' wire types: a tenant's request to open an exec or a
-port-forward into its running lease, and the order that tells the lease's node (docs/exec.md)."""
+"""Version 1 of the interactive sessions' wire types: a tenant's request to open an exec, an
+attach or a port-forward into its running lease, and the order that tells the lease's node
+(docs/exec.md)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ Argument = Annotated[str, Meta(max_length=4096)]
 Command = Annotated[list[Argument], Meta(max_length=256)]
 Port = Annotated[int, Meta(ge=1, le=65535)]
 Cells = Annotated[int, Meta(ge=1, le=10_000)]
-SessionKind = Literal["exec", "forward"]
+SessionKind = Literal["exec", "forward", "attach"]
 
 
 def _check(kind: str, command: list[str], port: int | None) -> None:
@@ -25,11 +26,14 @@ def _check(kind: str, command: list[str], port: int | None) -> None:
         raise ValueError("an exec session takes no port")
     if kind == "forward" and (port is None or command):
         raise ValueError("a forward session needs a port and no command")
+    if kind == "attach" and (port is not None or command):
+        raise ValueError("an attach session takes no command and no port")
 
 
 class SessionOpen(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """Open a session into the tenant's running lease (`pool.cmd.<tenant>.lease.<id>.session`):
-    run `command` in its sandbox (with a terminal when `tty`), or forward to `port` there."""
+    run `command` in its sandbox (with a terminal when `tty`), forward to `port` there, or
+    attach to the job's own output (and its stdin, when it was started with one)."""
 
     schema_version: SchemaVersion = 1
     session_id: SessionId

@@ -471,9 +471,8 @@ class JobSpec(_Part, frozen=True, kw_only=True):
     checkpoint_policy: CheckpointPolicy = msgspec.field(default_factory=CheckpointPolicy)
     workdir: WorkdirRef | None = None
     artifacts: Annotated[list[ArtifactGlob], Meta(max_length=MAX_ARTIFACT_GLOBS)] = []
-    # the tenant's secrets by name: as environment variables (VAR -> name) and as files (name
-    # -> a path under /run/secrets); values never travel here (unlike `env`, which is public:
-    # it is in the event log)
+    # the tenant's secrets by name: as variables (VAR -> name) and files (name -> a path under
+    # /run/secrets); values never travel here (unlike `env`, which is in the event log)
     secret_env: Annotated[dict[EnvName, SecretName], Meta(max_length=MAX_JOB_SECRETS)] = {}
     secret_files: Annotated[dict[SecretName, SecretPath], Meta(max_length=MAX_JOB_SECRETS)] = {}
     # the version of each named secret the job gets: set by the plane at commit (what a
@@ -482,6 +481,7 @@ class JobSpec(_Part, frozen=True, kw_only=True):
 
     # the pool's volumes the job mounts: name -> where in the sandbox (never a host path)
     volumes: Annotated[dict[VolumeName, VolumeTarget], Meta(max_length=MAX_JOB_VOLUMES)] = {}
+    stdin: bool = False  # a pipe `pool lease attach -i` writes to; otherwise /dev/null
 
     def __post_init__(self) -> None:
         from domain.volumes import target_problem

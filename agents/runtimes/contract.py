@@ -67,6 +67,7 @@ class WorkloadSpec:
     # (a path under /run/secrets, its bytes); a runtime delivers them without a host file
     secret_env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     secret_files: tuple[tuple[str, bytes], ...] = field(default=(), repr=False)
+    stdin: bool = False  # a pipe the agent writes to (`pool lease attach -i`), else /dev/null
 
     @property
     def key(self) -> str:

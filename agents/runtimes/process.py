@@ -26,6 +26,7 @@ from agents.runtimes.contract import (
 )
 from agents.runtimes.enter import EntryRefused, SandboxEntry
 from agents.runtimes.events import ProcessEvents
+from agents.runtimes.stdin import StdinPipes
 
 # `trap :` installs a handler (reset on exec), so the supervisor outlives a SIGTERM sent to the
 # group and still records how the sandboxed command ended. The command's output goes through
@@ -192,6 +193,7 @@ class ProcessRuntime:
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._networks: dict[str, subprocess.Popen[bytes]] = {}
         self._events: dict[str, ProcessEvents] = {}  # each workload's exit and output writes
+        self.stdin = StdinPipes()  # the write ends of the jobs started with a stdin
         self._classes: tuple[str, ...] | None = None
         self.cgroups = cgroups if cgroups is not None else Cgroups.probe()
         # "" finds slirp4netns on PATH; None: no egress from this runtime
@@ -359,12 +361,13 @@ class ProcessRuntime:
         # the job's stdout and stderr: readable by the node's operator only
         fd = os.open(self.state_dir / f"{spec.key}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
                      0o600)
+        stdin = self.stdin.open(spec.key) if spec.stdin else subprocess.DEVNULL
         with os.fdopen(fd, "ab") as log_file:
             try:
                 proc = subprocess.Popen(
                     [*(wiring.prefix() if wiring is not None else []),
                      "/bin/sh", "-c", _SUPERVISOR, "pool-supervisor", *argv],
-                    stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                    stdin=stdin, stdout=log_file, stderr=subprocess.STDOUT,
                     # the child only joins its cgroups and calls setrlimit before exec
                     start_new_session=True, preexec_fn=limits,  # noqa: PLW1509
                     env={"POOL_EXIT_FILE": str(exit_file), "PATH": "/usr/bin:/bin",
@@ -375,7 +378,11 @@ class ProcessRuntime:
             except OSError as e:
                 if wiring is not None:
                     wiring.abandon()
+                self.stdin.close(spec.key)
                 raise WorkloadError(f"could not start the sandbox: {e}") from e
+            finally:
+                if stdin != subprocess.DEVNULL:  # the job has it now
+                    os.close(stdin)
         if wiring is not None:
             assert self.slirp is not None
             try:
@@ -494,6 +501,7 @@ class ProcessRuntime:
         child = self._children.pop(handle.key, None)
         if child is not None and child.poll() is None:
             return  # still running: keep its files so it can be adopted
+        self.stdin.close(handle.key)
         if child is not None:
             child.wait()
         events = self._events.pop(handle.key, None)

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import os
 import pty
+import queue
 import select
 import socket
 import subprocess
@@ -66,13 +68,13 @@ class Plane:
 
 
 def _commit(alpha: PoolClient, key: str, command: list[str],
-            leases: list[str] | None = None) -> str:
+            leases: list[str] | None = None, **job: Any) -> str:
     lid = str(alpha.request_lease(lease_body(key, runtime="sandboxed", memory_mib=256))
               ["lease"]["lease_id"])
     if leases is not None:
         leases.append(lid)
     wait_for(lambda: alpha.lease(lid, "get")["lease"]["state"] == "reserved")
-    assert alpha.lease(lid, "commit", {"job": {"command": command}})["ok"]
+    assert alpha.lease(lid, "commit", {"job": {"command": command, **job}})["ok"]
     return lid
 
 
@@ -164,16 +166,39 @@ def test_each_exec_is_an_event_in_the_lease_s_log(plane: Plane) -> None:
 
     assert _pool(plane, "lease", "exec", plane.lease_id, *plane.args(), "--",
                  "echo", "logged-bytes").returncode == 0
+    _open_and_close(plane, {"kind": "forward", "port": 8000})
+    _open_and_close(plane, {"kind": "attach"})
     app = PoolApp(env=app_env(url_with_credentials(plane.server.url, plane.auth.service)))
     try:
         events = [(event_name(n.topic), state_of(n)) for n in notifications(app)]
     finally:
         app.close()
     opened = [body for name, body in events if name == "SessionOpened"]
-    assert opened and opened[-1]["command"] == ["echo", "logged-bytes"]
-    assert opened[-1]["kind"] == "exec" and opened[-1]["at"] > 0
+    assert opened[-3]["command"] == ["echo", "logged-bytes"]
+    assert opened[-3]["kind"] == "exec" and opened[-3]["at"] > 0
+    # a forward and an attach are events too: who (the lease's tenant, its subject), when, what
+    assert [(o["kind"], o["port"], o["command"]) for o in opened[-2:]] == [
+        ("forward", 8000, []), ("attach", None, [])]
     # the command is in the log; what it printed is not
     assert sum("logged-bytes" in json.dumps(body) for _, body in events) == 1
+
+
+def _open_and_close(p: Plane, body: dict[str, Any]) -> None:
+    from bus import sessions as wire
+
+    c = p.auth.tenants["alpha"]
+
+    async def go() -> None:
+        nc = await nats.connect(p.server.url, user=c.user, password=c.password,
+                                inbox_prefix=tenant_inbox("alpha").encode())
+        try:
+            s = wire.TenantSession(nc, "alpha", p.lease_id)
+            await s.open(body)
+            await s.close()
+        finally:
+            await nc.close()
+
+    asyncio.run(go())
 
 
 def test_exec_it_gives_a_terminal_and_ctrl_d_ends_it(plane: Plane) -> None:
@@ -270,6 +295,12 @@ def test_another_tenant_cannot_open_or_join_a_session(plane: Plane) -> None:
     out = _pool(plane, "lease", "exec", plane.lease_id, *plane.args("beta"), "--json", "--",
                 "true", tenant="beta")
     assert out.returncode == 1 and json.loads(out.stdout)["error"]["code"] == "lease_not_found"
+    out = _pool(plane, "lease", "attach", plane.lease_id, *plane.args("beta"), "--json",
+                tenant="beta")
+    assert out.returncode == 1 and json.loads(out.stdout)["error"]["code"] == "lease_not_found"
+    out = _pool(plane, "lease", "port-forward", plane.lease_id, "0:8000", *plane.args("beta"),
+                "--json", tenant="beta")
+    assert out.returncode == 1 and json.loads(out.stdout)["error"]["code"] == "lease_not_found"
     # and on alpha's subjects: the server refuses each
     assert all(_tries(plane, "beta", tenant_inbox("beta"), [
         ("pub", f"pool.cmd.alpha.lease.{plane.lease_id}.session"),
@@ -365,3 +396,96 @@ def test_a_slow_reader_gets_every_byte(plane: Plane) -> None:
             await nc.close()
 
     assert asyncio.run(go()) == (size, b"0")
+
+
+ECHOER = ["sh", "-c", "echo ready; while read l; do echo got-$l; done; echo eof; exit 7"]
+
+
+def _attach(p: Plane, lease_id: str, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "cli.main", "lease", "attach", lease_id,
+                             *p.args(), *extra], cwd=ROOT, env=p.env(), text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+def read_until(proc: subprocess.Popen[str], line: str, timeout: float = 15) -> list[str]:
+    """The lines `proc` prints up to `line`; fails after `timeout` seconds."""
+    assert proc.stdout is not None
+    got: list[str] = []
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    try:
+        while line not in got:
+            got.append(proc.stdout.readline())
+            assert got[-1], (got, proc.stderr.read() if proc.stderr else "")
+    finally:
+        timer.cancel()
+    return got
+
+
+def test_attach_follows_the_job_s_output_and_feeds_its_stdin(plane: Plane) -> None:
+    with plane.tenant("alpha") as alpha:
+        lid = _commit(alpha, "echoer", ECHOER, plane.leases, stdin=True)
+        wait_for(lambda: alpha.lease(lid, "get")["lease"]["state"] == "running")
+        proc = _attach(plane, lid, "-i")
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write("hello\n")
+            proc.stdin.flush()
+            assert read_until(proc, "got-hello\n")[-1] == "got-hello\n"
+            # a second attach sees what comes once it is open, and gives the job no input
+            other = _attach(plane, lid)
+            lines: queue.Queue[str] = queue.Queue()
+            reader = threading.Thread(
+                target=lambda: [lines.put(x) for x in other.stdout or ()], daemon=True)
+            reader.start()
+            for i in range(60):  # until it is open: one line each half second
+                proc.stdin.write(f"again{i}\n")
+                proc.stdin.flush()
+                with contextlib.suppress(queue.Empty):
+                    first = lines.get(timeout=0.5)
+                    break
+            assert first.startswith("got-again"), first
+            proc.stdin.close()  # the end of this stdin: the job's input ends, it exits 7
+            assert read_until(proc, "eof\n")[-1] == "eof\n"
+            assert proc.wait(15) == 7 and other.wait(15) == 7
+            reader.join(5)
+            rest = [lines.get() for _ in range(lines.qsize())]
+            assert rest[-1:] == ["eof\n"], rest  # the rest of the output, then its code
+        finally:
+            for p in (proc, locals().get("other")):
+                if p is not None and p.poll() is None:
+                    p.kill()
+        assert alpha.lease(lid, "get")["lease"]["exit_code"] == 7
+
+
+def test_attach_i_to_a_job_without_stdin_is_refused_on_its_input(plane: Plane) -> None:
+    proc = _attach(plane, plane.lease_id, "-i", "--json")
+    out, _ = proc.communicate("x\n", timeout=30)
+    assert proc.returncode == 1
+    assert json.loads(out)["error"]["code"] == "stdin_closed", out
+
+
+def test_ctrl_c_detaches_an_attach_and_the_job_runs_on(plane: Plane) -> None:
+    # the web job logs each request it serves: an attach hears the next one, then detaches
+    proc = _attach(plane, plane.lease_id)
+    try:
+        deadline = time.monotonic() + 30
+        out = b""
+        assert proc.stdout is not None
+        os.set_blocking(proc.stdout.fileno(), False)
+        while b"GET /attached" not in out and time.monotonic() < deadline:
+            _pool(plane, "lease", "exec", plane.lease_id, *plane.args(), "--", "python3", "-c",
+                  "import urllib.request as u\n"
+                  "try: u.urlopen('http://127.0.0.1:8000/attached')\n"
+                  "except Exception: pass")
+            time.sleep(0.3)
+            out += proc.stdout.buffer.read() or b""
+        assert b"GET /attached" in out, out
+        proc.send_signal(2)
+        assert proc.wait(15) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    with plane.tenant("alpha") as alpha:
+        assert alpha.lease(plane.lease_id, "get")["lease"]["state"] == "running"

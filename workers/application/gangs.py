@@ -8,7 +8,8 @@ from uuid import UUID
 
 from domain.errors import DomainError
 from domain.gang import GANG_MEMBER_LOST, GangMembership, job_env, with_members
-from domain.lease import JobSpec, Lease, LeaseState
+from domain.jobspec import JobSpec
+from domain.lease import Lease, LeaseState
 from workers.application.admin import AdminCommands
 
 

@@ -11,7 +11,8 @@ from domain.account import Account
 from domain.dependency import Dependency
 from domain.errors import DomainError, RateLimited
 from domain.gang import GangMembership
-from domain.lease import WORKLOAD_STATES, JobSpec, Lease, LeaseState
+from domain.jobspec import JobSpec
+from domain.lease import WORKLOAD_STATES, Lease, LeaseState
 from domain.node import Node
 from domain.policy.gang import GangSpec
 from domain.policy.preemption import lease_preemptible
@@ -248,7 +249,7 @@ class LeaseCommands(GangCommands):
                 secret_env=tuple(job.secret_env.items()),
                 secret_files=tuple(job.secret_files.items()),
                 secret_versions=tuple(job.secret_versions.items()),
-                volumes=tuple(job.volumes.items()),
+                volumes=tuple(job.volumes.items()), stdin=job.stdin,
             )
         # a gang commits whole: every member starts its job, told its rank and peers' nodes
         members = self._with_gang(lease, LeaseState.RESERVED)
