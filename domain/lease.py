@@ -106,6 +106,7 @@ class JobSpec:
     secret_env: tuple[tuple[str, str], ...] = ()
     secret_files: tuple[tuple[str, str], ...] = ()
     secret_versions: tuple[tuple[str, int], ...] = ()
+    registry_secret: str | None = None  # the docker runtime's pulls of `image` use it
     # the pool's volumes it mounts: sorted (name, target in the sandbox)
     volumes: tuple[tuple[str, str], ...] = ()
 
@@ -138,6 +139,7 @@ class JobSpec:
         if self.secret_versions:
             d["secrets"] = {"env": dict(self.secret_env), "files": dict(self.secret_files),
                             "versions": dict(self.secret_versions)}
+            d["secrets"] |= {"registry": self.registry_secret} if self.registry_secret else {}
         if self.volumes:
             d["volumes"] = dict(self.volumes)
         return d
@@ -154,13 +156,13 @@ class JobSpec:
             image_size_bytes=None if d.get("image_size_bytes") is None
             else int(d["image_size_bytes"]),
             workdir_digest=None if not d.get("workdir") else str(d["workdir"]["digest"]),
-            workdir_size_bytes=None if not d.get("workdir")
-            else int(d["workdir"]["size_bytes"]),
+            workdir_size_bytes=None if not d.get("workdir") else int(d["workdir"]["size_bytes"]),
             workdir_files=0 if not d.get("workdir") else int(d["workdir"].get("files", 0)),
             artifacts=tuple(d.get("artifacts", ())),
             secret_env=tuple(dict((d.get("secrets") or {}).get("env", {})).items()),
             secret_files=tuple(dict((d.get("secrets") or {}).get("files", {})).items()),
             secret_versions=tuple(dict((d.get("secrets") or {}).get("versions", {})).items()),
+            registry_secret=(d.get("secrets") or {}).get("registry"),
             volumes=tuple(dict(d.get("volumes") or {}).items()),
         )
 
@@ -949,8 +951,7 @@ class Lease(Aggregate):
         if exit_code is not None:
             self.job = replace(self.job, state=JobState.EXITED, exit_code=exit_code, ended_at=at)
         else:
-            self.job = replace(self.job, state=JobState.FAILED, failure_reason=failure,
-                               ended_at=at)
+            self.job = replace(self.job, state=JobState.FAILED, failure_reason=failure, ended_at=at)
 
     def _end(self, at: float, state: LeaseState, reason: str) -> None:
         self.state = state
@@ -1139,8 +1140,7 @@ class Lease(Aggregate):
         if self.state in WORKLOAD_STATES:
             self.run_ended_at = at
         self._end_job(at, exit_code=exit_code, failure=reason)
-        self.attempt_ends = (*self.attempt_ends,
-                             (self.attempts, reason, node_id, exit_code, at))
+        self.attempt_ends = (*self.attempt_ends, (self.attempts, reason, node_id, exit_code, at))
         self.attempts = attempt
         self.retrying = True
         self.avoid_node = node_id

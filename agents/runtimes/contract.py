@@ -63,6 +63,8 @@ class WorkloadSpec:
     # (a path under /run/secrets, its bytes); a runtime delivers them without a host file
     secret_env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     secret_files: tuple[tuple[str, bytes], ...] = field(default=(), repr=False)
+    # the (user, password) the docker runtime pulls `image` with (the job's registry secret)
+    registry_auth: tuple[str, str] | None = field(default=None, repr=False)
 
     @property
     def key(self) -> str:
