@@ -53,11 +53,19 @@ async def _raw(url: str, tar: Path, runs: int) -> tuple[list[float], list[float]
             t0 = time.perf_counter()
             await obs.put(f"raw-{i}", data)
             puts.append(time.perf_counter() - t0)
+            out = tar.with_name(f"raw-{i}.out")
             t0 = time.perf_counter()
-            got = await obs.get(f"raw-{i}")
+            # into a file, as `nats object get` and our fetch do (into memory, nats-py
+            # appends bytes to bytes: quadratic)
+            f = out.open("wb")
+            try:
+                await obs.get(f"raw-{i}", writeinto=f)
+            finally:
+                f.close()
             gets.append(time.perf_counter() - t0)
-            if got.data != data:
+            if out.stat().st_size != len(data) or out.read_bytes() != data:
                 raise RuntimeError("the raw object store gave back other bytes")
+            out.unlink()
             await obs.delete(f"raw-{i}")
         return puts, gets
     finally:
