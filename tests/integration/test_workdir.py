@@ -350,3 +350,26 @@ def test_a_job_mounts_the_pools_volumes_by_name_and_no_other(stack: Stack,
     finally:
         assert _pool(tmp_path, "admin", "pool", "set", "p1", "--nats-url", admin,
                      "--no-volumes").returncode == 0
+
+
+def test_an_object_of_many_batches_comes_back_whole_beside_another_stored_at_once(
+        stack: Stack, tmp_path: Path) -> None:
+    from bus.objects import BATCH_CHUNKS, CHUNK_BYTES
+
+    # more chunks than one batched read holds, their sequences interleaved with another's
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(CHUNK_BYTES * (2 * BATCH_CHUNKS + 3) + 17))
+    small = tmp_path / "small.bin"
+    small.write_bytes(os.urandom(CHUNK_BYTES * 3))
+    with PoolClient(stack.tenant_url, "alpha") as alpha:
+        store = alpha.files()
+        bucket = work_bucket("alpha")
+        side = threading.Thread(target=lambda: [store.put(bucket, f"side-{i}", small)
+                                                for i in range(6)])
+        side.start()
+        store.put(bucket, "many-batches", big)
+        side.join(30)
+        store.get(bucket, "many-batches", tmp_path / "back.bin")
+        assert (tmp_path / "back.bin").read_bytes() == big.read_bytes()
+        for name in ("many-batches", *(f"side-{i}" for i in range(6))):
+            store.delete(bucket, name)
