@@ -86,8 +86,11 @@ class _Store:
 
     def get(self, bucket: str, name: str, dest: Path) -> StoredObject:
         self.fetched.append(name)
-        dest.write_bytes(self.blobs[name])
-        return StoredObject(name=name, size_bytes=self.size, sha256=name[7:])
+        data = self.blobs[name]
+        dest.write_bytes(data)
+        # as the bucket's get: the SHA-256 the bytes were stored with, which they hash to
+        return StoredObject(name=name, size_bytes=len(data),
+                            sha256=hashlib.sha256(data).hexdigest())
 
 
 def test_the_cache_fetches_once_per_digest_and_keeps_to_its_size(tmp_path: Path) -> None:
