@@ -31,6 +31,10 @@ def test_the_same_tree_packs_to_the_same_digest_whoever_touched_it(tmp_path: Pat
     os.utime(d / "a.py", (1, 1))
     second = pack(d, tmp_path / "2.tar")
     assert first.digest == second.digest
+    # the digest and size are the tar file's own (hashed as it was written)
+    data = (tmp_path / "1.tar").read_bytes()
+    assert first.digest == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert first.size_bytes == len(data)
     with tarfile.open(tmp_path / "1.tar") as tar:
         names = tar.getnames()
     assert names == [".gitignore", ".poolignore", "a.py", "inside", "keep.log", "sub",
