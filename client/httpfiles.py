@@ -103,7 +103,7 @@ class HttpFileStore:
                         progress(sent)
 
         r = self._send("PUT", f"{WORKDIRS}/{quote(name, safe=':')}", content=chunks(),
-                       headers={"Content-Type": "application/x-tar",
+                       headers={"Content-Type": "application/octet-stream",
                                 "Content-Length": str(size)},
                        timeout=httpx.Timeout(self._http.timeout.connect, read=None,
                                              write=None, pool=None))

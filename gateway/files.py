@@ -49,7 +49,7 @@ def _op(operation_id: str, summary: str, params: list[dict[str, Any]], ok: str,
                 "type": "string", "format": "binary"} if media != "application/json" else {
                 "type": "object", "additionalProperties": True}}}},
                 **{str(s): {"description": "a problem", "content": problem_ref}
-                   for s in (401, 403, 404, 413, 422, 503)}}}
+                   for s in (400, 401, 403, 404, 409, 413, 422, 429, 500, 502, 503)}}}
 
 
 # the OpenAPI document's entries for these paths (gateway.openapi adds them)
@@ -61,7 +61,7 @@ PATHS: dict[str, dict[str, Any]] = {
         "put": {**_op("putWorkdir", "Store a packed work directory (a tar, `pool lease run "
                       "--workdir`) under the SHA-256 of its bytes; the body must hash to the "
                       "path's digest", [_DIGEST_PARAM], "201"),
-                "requestBody": {"required": True, "content": {"application/x-tar": {
+                "requestBody": {"required": True, "content": {"application/octet-stream": {
                     "schema": {"type": "string", "format": "binary"}}}}},
     },
     WORKDIRS + "/{digest}/delete": {
