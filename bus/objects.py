@@ -9,6 +9,7 @@ consumer, and a writer may give every message a TTL (`Nats-TTL`, nats-server >= 
 from __future__ import annotations
 
 import base64
+import builtins
 import contextlib
 import hashlib
 import json
@@ -207,12 +208,12 @@ class FileStore:
     # -- bytes ------------------------------------------------------------------------------
 
     async def _direct_batch(self, stream: str, subject: str, seq: int,
-                            n: int) -> list[tuple[bytes, int]]:
+                            n: int) -> builtins.list[tuple[bytes, int]]:
         """Up to `n` messages on `subject` from `seq` on, as (data, seq), in one batched direct
         get (nats-server >= 2.11): one round trip, where a get per chunk waits for each."""
         inbox = self._nc.new_inbox()
         sub = await self._nc.subscribe(inbox)
-        out: list[tuple[bytes, int]] = []
+        out: builtins.list[tuple[bytes, int]] = []
         try:
             await self._nc.publish(f"$JS.API.DIRECT.GET.{stream}", json.dumps(
                 {"seq": seq, "next_by_subj": subject, "batch": n}).encode(), reply=inbox)
@@ -294,7 +295,7 @@ class FileStore:
                                          direct=True)
             return found, str(ObjectInfo.from_response(json.loads(msg.data or b"{}")).nuid)
 
-        async def chunks(subject: str, seq: int, n: int) -> list[tuple[bytes, int]]:
+        async def chunks(subject: str, seq: int, n: int) -> builtins.list[tuple[bytes, int]]:
             got = await self._direct_batch(stream, subject, seq, n)
             if not got:
                 raise ObjectMissing(f"object {name!r} in bucket {bucket} lost chunks "

@@ -16,7 +16,7 @@ import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 import pathspec
 
@@ -117,7 +117,7 @@ def pack(root: Path, dest: Path) -> Packed:
     files = 0
     content = 0
     with open(dest, "wb") as raw, \
-        tarfile.open(fileobj=(hashed := _Hashing(raw)), mode="w",
+        tarfile.open(fileobj=cast(BinaryIO, hashed := _Hashing(raw)), mode="w",
                      format=tarfile.PAX_FORMAT) as tar:
         for rel, path in entries:
             st = path.lstat()
