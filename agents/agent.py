@@ -362,15 +362,15 @@ class Agent:
             spec = dataclasses.replace(spec, volumes=tuple(
                 (m.host_path, m.target, m.read_only) for m in a.volumes))
         try:  # held in memory for the start only: the runtime hands them to the sandbox
-            secret_env, secret_files = secrets.fetch(self._call, a)
+            held = secrets.fetch(self._call, a)
         except WorkloadError as e:
             self.stats.refused += 1
             self._report_end(a.lease_id, a.epoch, failure=f"{e.code}: {e}")
             self._telemetry(a.pool_id, a.tenant, a.lease_id, "failure",
                             {"reason": e.code, "phase": "secrets", "message": str(e)[:500]})
             return
-        if secret_env or secret_files:
-            spec = dataclasses.replace(spec, secret_env=secret_env, secret_files=secret_files)
+        if held:
+            spec = dataclasses.replace(spec, **held)
         if spec.workdir is not None:
             try:
                 ref = a.job.workdir

@@ -18,14 +18,15 @@ SecretEnv = tuple[tuple[str, str], ...]
 SecretFiles = tuple[tuple[str, bytes], ...]
 
 
-def fetch(call: Call, a: v1.LeaseAssignment) -> tuple[SecretEnv, SecretFiles]:
-    """The job's secret variables and files, asked of the plane on the node's own subject
+def fetch(call: Call, a: v1.LeaseAssignment) -> dict[str, Any]:
+    """The job's secrets as WorkloadSpec fields (`secret_env`, `secret_files`,
+    `registry_auth`; none when it names none), asked of the plane on the node's own subject
     (the answer comes into the node's own inbox). A refusal is a WorkloadError with the
     plane's code (`secret_unknown`, `stale_epoch`, ...); its message names secrets, never
     values. BusError passes through: the start is tried again."""
     job = a.job
-    if not job.secret_env and not job.secret_files:
-        return (), ()
+    if not job.secret_env and not job.secret_files and not job.registry_secret:
+        return {}
     reply = call(f"lease.{a.lease_id}.secrets", encode(SecretFetch(epoch=a.epoch)))
     if not reply.get("ok"):
         err = reply.get("error") or {}
@@ -38,7 +39,8 @@ def fetch(call: Call, a: v1.LeaseAssignment) -> tuple[SecretEnv, SecretFiles]:
     except (KeyError, TypeError, ValueError, binascii.Error) as e:
         raise WorkloadError("the plane's answer with the job's secrets is malformed",
                             code="secrets_refused") from e
-    missing = sorted({*job.secret_env.values(), *job.secret_files} - set(values))
+    registry = {job.registry_secret} if job.registry_secret else set()
+    missing = sorted({*job.secret_env.values(), *job.secret_files, *registry} - set(values))
     if missing:
         raise WorkloadError(f"the plane did not hand over secret {', '.join(missing)}",
                             code="secret_unknown")
@@ -54,4 +56,22 @@ def fetch(call: Call, a: v1.LeaseAssignment) -> tuple[SecretEnv, SecretFiles]:
                                 code="secret_not_text")
         env.append((var, text))
     files = tuple((path, values[name]) for name, path in sorted(job.secret_files.items()))
-    return tuple(env), files
+    out: dict[str, Any] = {"secret_env": tuple(env), "secret_files": files}
+    if job.registry_secret:
+        out["registry_auth"] = registry_auth(job.registry_secret, values[job.registry_secret])
+    return out
+
+
+def registry_auth(name: str, value: bytes) -> tuple[str, str]:
+    """A registry secret's `user:password` (as `docker login` takes them; the first `:`
+    splits them, so a password may hold more); refused with `registry_secret_malformed`,
+    naming the secret and never its value."""
+    try:
+        text = value.decode().strip("\r\n")
+    except UnicodeDecodeError:
+        text = ""
+    user, sep, password = text.partition(":")
+    if not sep or not user or not password or any(c in text for c in "\0\r\n"):
+        raise WorkloadError(f"registry secret {name!r} is not `user:password` on one line",
+                            code="registry_secret_malformed")
+    return user, password

@@ -7,7 +7,6 @@ path the job could have written.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import logging
 import os
 import shutil
@@ -42,14 +41,6 @@ class WorkdirUnavailable(WorkloadError):
 def artifact_name(lease_id: str, rel: str) -> str:
     """An artifact's object name in the tenant's bucket: under its lease."""
     return f"{lease_id}/{rel}"
-
-
-def _sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def check_archive(archive: Path, dest: Path) -> list[tarfile.TarInfo]:
@@ -154,13 +145,15 @@ class JobFiles:
         self.cache.mkdir(parents=True, exist_ok=True)
         part = self.cache / f".{hexed}.{os.getpid()}.fetch"
         try:
-            self.store.get(work_bucket(tenant), digest, part)
+            # in place only once its bytes hash to the SHA-256 recorded with it, so that name
+            # is the bytes' (no second read of them to hash)
+            stored = self.store.get(work_bucket(tenant), digest, part)
         except BusError as e:
             part.unlink(missing_ok=True)
             raise WorkdirUnavailable(f"could not fetch {digest[:19]}… of tenant {tenant}: "
                                      f"[{e.code}] {e}") from e
-        got = _sha256_of(part)
-        if got != hexed or part.stat().st_size != size_bytes:
+        got = stored.sha256
+        if got != hexed or stored.size_bytes != size_bytes:
             part.unlink(missing_ok=True)
             raise WorkdirRejected(f"the archive fetched as {digest[:19]}… hashes to "
                                   f"sha256:{got[:12]}… ({size_bytes} bytes expected)")

@@ -107,8 +107,9 @@ class LocalRegistry:
 
     binary = shutil.which("docker-registry") or "/usr/bin/docker-registry"
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, htpasswd: Path | None = None) -> None:
         self.root = root
+        self.htpasswd = htpasswd  # basic auth from this file (bcrypt), when given
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
         self._proc: subprocess.Popen[bytes] | None = None
@@ -126,6 +127,8 @@ class LocalRegistry:
             "version: 0.1\nlog:\n  level: error\n"
             f"storage:\n  filesystem:\n    rootdirectory: {self.root / 'data'}\n"
             f"http:\n  addr: {self.host}\n"
+            + (f"auth:\n  htpasswd:\n    realm: computepool-test\n    path: {self.htpasswd}\n"
+               if self.htpasswd else "")
         )
         with open(self.root / "registry.log", "ab") as log:
             self._proc = subprocess.Popen([self.binary, "serve", str(config)], stdout=log,
@@ -138,6 +141,10 @@ class LocalRegistry:
                 with urllib.request.urlopen(f"http://{self.host}/v2/", timeout=1) as r:
                     if r.status == 200:
                         return
+            except urllib.error.HTTPError as e:
+                if e.code == 401 and self.htpasswd:  # up, and asking for its users
+                    return
+                time.sleep(0.1)
             except (urllib.error.URLError, OSError):
                 time.sleep(0.1)
         raise RuntimeError(f"docker-registry did not answer on {self.host}")

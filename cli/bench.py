@@ -65,6 +65,19 @@ def cmd_bench_run(args: argparse.Namespace) -> int:
     return _report(result, args.json)
 
 
+def cmd_bench_workdir(args: argparse.Namespace) -> int:
+    from bench.workdir import run_workdir_bench
+
+    if args.runs < 1:
+        raise UsageError("--runs must be at least 1")
+    if args.mib is not None and not 1 <= args.mib <= 4096:
+        raise UsageError("--mib must be 1-4096")
+    result = run_workdir_bench(
+        runs=args.runs, quick=args.quick, mib=args.mib,
+        progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)))
+    return _report(result, args.json)
+
+
 def cmd_bench_exec(args: argparse.Namespace) -> int:
     from bench.exec import MAX_RUNS, run_exec_bench
 
@@ -205,7 +218,7 @@ def register(sub: Subparsers) -> None:
     )
     bench.required = True
     for add in (_add_eventlog, _add_schedule, _add_http, _add_e2e, _add_soak, _add_policy,
-                _add_gang, _add_all, _add_agent, _add_exec, _add_run, _add_projections):
+                _add_gang, _add_all, _add_agent, _add_exec, _add_run, _add_projections, _add_workdir):
         add(bench)
 
 
@@ -361,6 +374,18 @@ def _add_exec(bench: Subparsers) -> None:
     bx.add_argument("--quick", action="store_true", help="5 execs, 8 MiB")
     bx.add_argument("--json", action="store_true")
     bx.set_defaults(func=cmd_bench_exec)
+
+
+def _add_workdir(bench: Subparsers) -> None:
+    """Add `bench workdir` and its flags."""
+    bw = bench.add_parser("workdir", help="a work directory's upload and fetch beside a raw "
+                          "object-store put and get of the same bytes; a job's start with a "
+                          "cached work directory beside one without")
+    bw.add_argument("--runs", type=int, default=5, help="uploads and fetches (default 5)")
+    bw.add_argument("--mib", type=int, help="MiB of the work directory (default 100)")
+    bw.add_argument("--quick", action="store_true", help="4 MiB, 2 runs, 5 starts")
+    bw.add_argument("--json", action="store_true")
+    bw.set_defaults(func=cmd_bench_workdir)
 
 
 def _add_run(bench: Subparsers) -> None:

@@ -43,8 +43,14 @@ def build_app(*, nats_url: str, service_url: str, auth_path: Path | None, databa
     from gateway.app import create_app
     from gateway.upstream import Settings
 
-    return create_app(Settings(nats_url, auth_path=auth_path, service_url=service_url),
-                      _store(home), database_url=database_url, views_schema=views_schema)
+    raw = os.environ.get("POOL_MAX_UPLOAD_BYTES", "")
+    if raw and not (raw.isascii() and raw.isdigit()):
+        raise UsageError(f"POOL_MAX_UPLOAD_BYTES={raw!r}: a whole number of bytes")
+    settings = Settings(nats_url, auth_path=auth_path, service_url=service_url)
+    if raw:  # the largest work directory a tenant sends over HTTP
+        settings.max_upload_bytes = int(raw)
+    return create_app(settings, _store(home), database_url=database_url,
+                      views_schema=views_schema)
 
 
 def first_admin_token(home: Path) -> str | None:

@@ -13,10 +13,10 @@ from cli.output import UsageError
 # the job's own keys; every other key is the lease request's (schemas/json/LeaseRequest.json)
 JOB_KEYS = ("image", "image_signature", "image_size_bytes", "command", "env",
             "checkpoint_policy", "workdir", "artifacts", "secret_env", "secret_files", "volumes",
-            "stdin")
+            "stdin", "registry_secret")
 # the job's keys the request does not take; `workdir` is a local folder, packed at run time
 _JOB_ONLY = ("checkpoint_policy", "image_size_bytes", "workdir", "artifacts", "secret_env",
-             "secret_files", "volumes", "stdin")
+             "secret_files", "volumes", "stdin", "registry_secret")
 _AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _UNKNOWN = re.compile(r"Object contains unknown field `(?P<name>[^`]*)`(?: - at `\$(?P<at>.*)`)?$")
 

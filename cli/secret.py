@@ -112,6 +112,9 @@ def add_run_flags(run: argparse.ArgumentParser) -> None:
     run.add_argument("--secret-file", action="append", metavar="NAME[:PATH]",
                      help="your secret NAME as a file, in memory, at PATH (default "
                      "/run/secrets/NAME; repeatable)")
+    run.add_argument("--registry-secret", metavar="NAME",
+                     help="your secret NAME, `user:password`, is what the docker runtime "
+                     "pulls the job's image with (a private registry)")
 
 
 def with_secrets(args: argparse.Namespace, job: dict[str, Any]) -> dict[str, Any]:
@@ -136,4 +139,6 @@ def with_secrets(args: argparse.Namespace, job: dict[str, Any]) -> dict[str, Any
         out["secret_env"] = env
     if files:
         out["secret_files"] = files
+    if getattr(args, "registry_secret", None):
+        out["registry_secret"] = args.registry_secret
     return out

@@ -12,6 +12,7 @@ from urllib.parse import quote
 import httpx
 
 if TYPE_CHECKING:  # imported where used: a one-shot command needs neither nats nor msgspec
+    from client.httpfiles import HttpFileStore
     from client.httpwatch import HttpLeaseWatch
 
 LEASES = "/v1/compute-leases"
@@ -206,9 +207,12 @@ class HttpClient:
         return self._reply(self._send("GET", "/v1/usage",
                                       params={"pool": pool} if pool else None), "result")
 
-    def files(self) -> Any:
-        raise NotOverHttp("work directories and artifacts move over NATS only, not yet over "
-                          "the HTTP API")
+    def files(self) -> HttpFileStore:
+        """The tenant's work directories and artifacts through the gateway (as
+        client.api.PoolClient.files, for the calls the CLI makes)."""
+        from client.httpfiles import HttpFileStore
+
+        return HttpFileStore(self._http, self.url)
 
     def close(self) -> None:
         self._http.close()

@@ -16,6 +16,7 @@ import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO, cast
 
 import pathspec
 
@@ -66,6 +67,23 @@ def _info(name: str, kind: bytes, mode: int, size: int = 0) -> tarfile.TarInfo:
     return info
 
 
+class _Hashing:
+    """A file written through: the bytes hashed as they go, so the tar is not read again."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self.raw = raw
+        self.h = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.h.update(data)
+        self.size += len(data)
+        return self.raw.write(data)
+
+    def tell(self) -> int:
+        return self.size
+
+
 def pack(root: Path, dest: Path) -> Packed:
     """Pack the directory `root` into the tar file `dest`; the same tree always gives the same
     bytes (and digest), whoever owns it and whenever its files were touched."""
@@ -99,7 +117,8 @@ def pack(root: Path, dest: Path) -> Packed:
     files = 0
     content = 0
     with open(dest, "wb") as raw, \
-        tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tarfile.open(fileobj=cast(BinaryIO, hashed := _Hashing(raw)), mode="w",
+                     format=tarfile.PAX_FORMAT) as tar:
         for rel, path in entries:
             st = path.lstat()
             if rel.endswith("/"):
@@ -120,11 +139,7 @@ def pack(root: Path, dest: Path) -> Packed:
                 content += st.st_size
             else:
                 skipped["special"] = skipped.get("special", 0) + 1
-    h = hashlib.sha256()
-    with open(dest, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return Packed(path=dest, digest=f"sha256:{h.hexdigest()}", size_bytes=dest.stat().st_size,
+    return Packed(path=dest, digest=f"sha256:{hashed.h.hexdigest()}", size_bytes=hashed.size,
                   files=files, content_bytes=content, skipped=skipped)
 
 

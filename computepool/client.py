@@ -359,14 +359,25 @@ class Client:
     # -- artifacts and secrets ---------------------------------------------------------------
 
     def artifacts(self, lease_id: str) -> list[Artifact]:
-        """The files the lease's job kept (over NATS only, for now)."""
+        """The files the lease's job kept (over NATS, or the HTTP gateway)."""
         from bus.objects import artifacts_bucket
 
         prefix = f"{lease_id}/"
         with translated():
-            found = self.transport.files().list(artifacts_bucket(self.tenant), prefix)
+            found = self.transport.files().list(artifacts_bucket(self._files_tenant()), prefix)
         return [Artifact(name=o.name.removeprefix(prefix), size_bytes=o.size_bytes,
                          sha256=o.sha256, stored_at=o.mtime[:19]) for o in found]
+
+    def _files_tenant(self) -> str:
+        """The tenant whose buckets these are: a gateway's token names it when no tenant
+        was given (the gateway reads only that tenant's buckets whatever is asked)."""
+        if not self.tenant and hasattr(self.transport, "whoami"):
+            with translated():
+                self.tenant = str((self.transport.whoami().get("result") or {}).get("tenant")
+                                  or "")
+        if not self.tenant:
+            raise PoolError("no_tenant", "artifacts belong to a tenant: name one")
+        return self.tenant
 
     def download(self, lease_id: str, dest: str | os.PathLike[str]) -> list[Path]:
         """Every artifact of the lease into `dest`, each verified against its SHA-256."""
@@ -382,7 +393,7 @@ class Client:
             target = root.joinpath(*rel.parts)
             target.parent.mkdir(parents=True, exist_ok=True)
             with translated():
-                self.transport.files().get(artifacts_bucket(self.tenant),
+                self.transport.files().get(artifacts_bucket(self._files_tenant()),
                                            f"{lease_id}/{a.name}", target)
             got.append(target)
         return got

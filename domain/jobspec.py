@@ -28,6 +28,7 @@ class JobSpec:
     secret_env: tuple[tuple[str, str], ...] = ()
     secret_files: tuple[tuple[str, str], ...] = ()
     secret_versions: tuple[tuple[str, int], ...] = ()
+    registry_secret: str | None = None  # the docker runtime's pulls of `image` use it
     # the pool's volumes it mounts: sorted (name, target in the sandbox)
     volumes: tuple[tuple[str, str], ...] = ()
     stdin: bool = False  # a pipe `pool lease attach -i` writes to, else /dev/null
@@ -61,6 +62,7 @@ class JobSpec:
         if self.secret_versions:
             d["secrets"] = {"env": dict(self.secret_env), "files": dict(self.secret_files),
                             "versions": dict(self.secret_versions)}
+            d["secrets"] |= {"registry": self.registry_secret} if self.registry_secret else {}
         if self.volumes:
             d["volumes"] = dict(self.volumes)
         if self.stdin:
@@ -86,6 +88,7 @@ class JobSpec:
             secret_env=tuple(dict((d.get("secrets") or {}).get("env", {})).items()),
             secret_files=tuple(dict((d.get("secrets") or {}).get("files", {})).items()),
             secret_versions=tuple(dict((d.get("secrets") or {}).get("versions", {})).items()),
+            registry_secret=(d.get("secrets") or {}).get("registry"),
             volumes=tuple(dict(d.get("volumes") or {}).items()),
             stdin=bool(d.get("stdin", False)),
         )

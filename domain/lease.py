@@ -870,8 +870,7 @@ class Lease(Aggregate):
         if exit_code is not None:
             self.job = replace(self.job, state=JobState.EXITED, exit_code=exit_code, ended_at=at)
         else:
-            self.job = replace(self.job, state=JobState.FAILED, failure_reason=failure,
-                               ended_at=at)
+            self.job = replace(self.job, state=JobState.FAILED, failure_reason=failure, ended_at=at)
 
     def _end(self, at: float, state: LeaseState, reason: str) -> None:
         self.state = state
@@ -1060,8 +1059,7 @@ class Lease(Aggregate):
         if self.state in WORKLOAD_STATES:
             self.run_ended_at = at
         self._end_job(at, exit_code=exit_code, failure=reason)
-        self.attempt_ends = (*self.attempt_ends,
-                             (self.attempts, reason, node_id, exit_code, at))
+        self.attempt_ends = (*self.attempt_ends, (self.attempts, reason, node_id, exit_code, at))
         self.attempts = attempt
         self.retrying = True
         self.avoid_node = node_id

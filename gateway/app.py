@@ -335,6 +335,9 @@ def create_app(settings: Settings, tokens: TokenStore, *, database_url: str = ""
 
     handlers.append(metrics.handler(gw))
     handlers.append(sessions.handler(gw))
+    from gateway import files
+
+    handlers.extend(files.handlers(gw))
     handlers.append(create_static_files_router(path="/static", directories=[STATIC],
                                                include_in_schema=False))
     if dashboard:

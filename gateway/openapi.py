@@ -142,6 +142,9 @@ def document() -> dict[str, Any]:
                 "content": {"application/json": _json(body.__name__)},
             }
         paths.setdefault(r.path, {})[r.method.lower()] = op
+    from gateway.files import PATHS
+
+    paths.update(PATHS)
     return {
         "openapi": "3.1.0",
         "info": {

@@ -33,6 +33,7 @@ class Settings:
     auth_path: Path | None = None  # the deployment's auth.json; None: a server without users
     service_url: str = ""  # the admin's URL when there is no auth.json (may carry credentials)
     timeout: float = 10.0
+    max_upload_bytes: int = 1 << 30  # a work directory sent over HTTP (gateway/files.py)
 
 
 class Upstream:

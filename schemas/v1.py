@@ -471,14 +471,14 @@ class JobSpec(_Part, frozen=True, kw_only=True):
     checkpoint_policy: CheckpointPolicy = msgspec.field(default_factory=CheckpointPolicy)
     workdir: WorkdirRef | None = None
     artifacts: Annotated[list[ArtifactGlob], Meta(max_length=MAX_ARTIFACT_GLOBS)] = []
-    # the tenant's secrets by name: as variables (VAR -> name) and files (name -> a path under
-    # /run/secrets); values never travel here (unlike `env`, which is in the event log)
+    # the tenant's secrets by name, never values (`env` is public: it is in the log): variables
+    # (VAR -> name), files (name -> path under /run/secrets), the docker pull's user:password
     secret_env: Annotated[dict[EnvName, SecretName], Meta(max_length=MAX_JOB_SECRETS)] = {}
     secret_files: Annotated[dict[SecretName, SecretPath], Meta(max_length=MAX_JOB_SECRETS)] = {}
+    registry_secret: SecretName | None = None
     # the version of each named secret the job gets: set by the plane at commit (what a
     # client sends is replaced)
     secret_versions: Annotated[dict[SecretName, Count], Meta(max_length=2 * MAX_JOB_SECRETS)] = {}
-
     # the pool's volumes the job mounts: name -> where in the sandbox (never a host path)
     volumes: Annotated[dict[VolumeName, VolumeTarget], Meta(max_length=MAX_JOB_VOLUMES)] = {}
     stdin: bool = False  # a pipe `pool lease attach -i` writes to; otherwise /dev/null

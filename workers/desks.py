@@ -53,7 +53,7 @@ def with_secret_versions(ctx: Context, tenant: str, cmd: v1.CommitLease) -> v1.C
     import msgspec
 
     job = cmd.job
-    if not (job.secret_env or job.secret_files or job.secret_versions):
+    if not (job.secret_env or job.secret_files or job.secret_versions or job.registry_secret):
         return cmd
     return msgspec.structs.replace(cmd, job=secret_desk(ctx).resolve(tenant, job))
 

@@ -124,7 +124,7 @@ def orders_for(event_name: str, lease: Lease, pool: Pool | None) -> list[AgentOr
                     interval_seconds=spec.checkpoint_interval_seconds),
                 workdir=workdir, artifacts=list(spec.artifacts),
                 secret_env=dict(spec.secret_env), secret_files=dict(spec.secret_files),
-                secret_versions=dict(spec.secret_versions),
+                secret_versions=dict(spec.secret_versions), registry_secret=spec.registry_secret,
                 volumes=dict(spec.volumes), stdin=spec.stdin,
             ),
             deadline_at=lease.deadline or 0.0, tenant=lease.tenant_id, pool_id=lease.pool_id,

@@ -68,6 +68,8 @@ class WorkloadSpec:
     secret_env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     secret_files: tuple[tuple[str, bytes], ...] = field(default=(), repr=False)
     stdin: bool = False  # a pipe the agent writes to (`pool lease attach -i`), else /dev/null
+    # the (user, password) the docker runtime pulls `image` with (the job's registry secret)
+    registry_auth: tuple[str, str] | None = field(default=None, repr=False)
 
     @property
     def key(self) -> str:

@@ -254,19 +254,22 @@ class DockerRuntime:
                                 code="image_not_digest_pinned")
         return image
 
-    def ensure_image(self, image: str | None, *, max_size_bytes: int | None = None) -> str:
-        """The local image id for a digest-pinned `image`, pulled if absent, within the limit."""
+    def ensure_image(self, image: str | None, *, max_size_bytes: int | None = None,
+                     auth: tuple[str, str] | None = None) -> str:
+        """The local image id for a digest-pinned `image`, pulled if absent (as `auth`'s user,
+        given), within the limit."""
         image = self._check_ref(image)
         pulled = False
         try:
             try:
                 found = self.client.images.get(image)
             except docker.errors.ImageNotFound:
-                found = self.client.images.pull(image)
+                creds = {"username": auth[0], "password": auth[1]} if auth else None
+                found = self.client.images.pull(image, auth_config=creds)
                 pulled = True
         except docker.errors.APIError as e:
             raise ImageRejected(f"could not pull {image}: {e.explanation or e}",
-                                code="image_pull_failed") from e
+                                code=pull_refusal(str(e.explanation or e))) from e
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
             raise RuntimeUnavailable(f"the Docker engine failed while pulling {image}: {e}") from e
         size = int(found.attrs.get("Size") or 0)
@@ -318,7 +321,8 @@ class DockerRuntime:
             raise
 
     def _start(self, spec: WorkloadSpec, options: dict[str, Any]) -> WorkloadHandle:
-        image_id = self.ensure_image(spec.image, max_size_bytes=spec.max_image_size_bytes)
+        image_id = self.ensure_image(spec.image, max_size_bytes=spec.max_image_size_bytes,
+                                     auth=spec.registry_auth)
         if spec.checkpoint_dir is not None:
             os.makedirs(spec.checkpoint_dir, exist_ok=True)
             os.chmod(spec.checkpoint_dir, 0o777)  # the workload's uid 65534 writes there
@@ -533,6 +537,16 @@ class DockerRuntime:
         """The workload's stdout and stderr (the last `tail` lines), for failure reports."""
         data = self._container(handle).logs(stdout=True, stderr=True, tail=tail)
         return data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+
+
+def pull_refusal(message: str) -> str:
+    """The code of a refused pull: `registry_unauthorized` when the registry wanted (other)
+    credentials (a job's `registry_secret`), else `image_pull_failed`."""
+    lowered = message.lower()
+    if any(w in lowered for w in ("unauthorized", "authentication required",
+                                  "no basic auth credentials", "denied")):
+        return "registry_unauthorized"
+    return "image_pull_failed"
 
 
 def time_plain_docker_run(image: str) -> float:

@@ -241,3 +241,21 @@ def test_output_past_the_cap_is_dropped_after_one_marker_line(kind: dict[str, An
     assert got == (line * 20) + dropped_marker(1000).encode()
     assert read(h, offset, 300) == (b"", offset)
     runtime.forget(h)
+
+
+def test_the_workdir_is_the_workloads_cwd_and_what_it_writes_there_stays_on_the_host(
+        kind: dict[str, Any], runtime: Runtime, tmp_path: Path) -> None:
+    from agents.workdir import JobFiles
+
+    # made as the agent makes it (agents/workdir.py), then written by the workload
+    work = JobFiles(tmp_path / "files", None).job_dir("job")
+    (work / "src").mkdir(parents=True)
+    (work / "src" / "in.txt").write_text("data\n")
+    s = spec(kind, tmp_path, 'test "$(pwd)" = /work || exit 10; '
+             "grep -q data src/in.txt || exit 11; mkdir -p out && cp src/in.txt out/model.txt "
+             "&& echo done >> out/model.txt", workdir=str(work))
+    h = runtime.start(s)
+    assert wait_exit(runtime, h) == 0
+    # the artifacts' source: the agent reads them from the host's side of /work
+    assert (work / "out" / "model.txt").read_text() == "data\ndone\n"
+    runtime.forget(h)

@@ -155,3 +155,16 @@ def test_the_run_bench_runs_every_lease_and_times_every_end() -> None:
     assert 0 < result["bwrap"]["p50_ms"] < result["lease_run"]["p50_ms"]
     assert 0 < result["exit_to_ended"]["p50_ms"] < result["lease_run"]["p50_ms"]
     assert "pool lease run -- true" in result["table"]
+
+
+def test_the_workdir_bench_moves_every_byte_and_compares_with_the_raw_store() -> None:
+    from bench.workdir import run_workdir_bench
+
+    result = run_workdir_bench(quick=True)
+    assert result["mib"] == 4 and result["files"] == 17 and result["runs"] == 2
+    for k in ("upload_mib_s", "raw_put_mib_s", "fetch_mib_s", "raw_get_mib_s"):
+        assert result[k] > 0, k
+    assert result["upload_ratio"] > 0 and result["fetch_ratio"] > 0
+    assert "raw object put" in result["table"] and "goal >= 0.8" in result["table"]
+    if "unavailable" not in result:
+        assert result["start_none_ms"] > 0 and result["start_cached_ms"] > 0

@@ -26,6 +26,7 @@ from bus.admin import ensure_all_streams
 from bus.agentbus import AgentLink
 from bus.local.auth import AuthConfig, save, url_with_credentials
 from bus.local.server import NatsServer
+from bus.objects import ensure_tenant_buckets_sync
 from bus.service import Service
 from client.api import PoolClient
 from gateway.app import create_app
@@ -52,6 +53,9 @@ class Laptop:
     tokens: dict[str, str]  # tenant → bearer token
     home: Path  # a fresh HOME for alpha's CLI
     service_url: str
+    settings: Settings  # the gateway's
+    schema: str
+    token_store: TokenStore
 
     def pool(self, *argv: str, stdin: str | None = None, home: Path | None = None,
              env: dict[str, str] | None = None, timeout: float = 90,
@@ -86,6 +90,7 @@ def laptop(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Itera
     stop = threading.Event()
     try:
         ensure_all_streams(service)
+        ensure_tenant_buckets_sync(service, ["alpha", "beta"])
         parts.append(ControlPlane(service, leader_ttl_seconds=1.0,
                                   secrets=SecretSettings.with_keys("k1=laptop")).start())
         parts.append(Service(service, QUERY_SUBJECTS,
@@ -107,13 +112,14 @@ def laptop(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Itera
         thread.start()
         store = TokenStore(tmp / "http-tokens.json")
         tokens = {t: store.issue_tenant(t) for t in ("alpha", "beta")}
-        app = create_app(Settings(server.url, auth_path=tmp / "auth.json"), store,
-                         database_url=database_url, views_schema=schema, dashboard=False)
+        settings = Settings(server.url, auth_path=tmp / "auth.json")
+        app = create_app(settings, store, database_url=database_url, views_schema=schema,
+                         dashboard=False)
         http = ServerThread(app, port=0).start()
         parts.append(http)
         home = tmp / "home"
         home.mkdir()
-        yield Laptop(http.url, tokens, home, service)
+        yield Laptop(http.url, tokens, home, service, settings, schema, store)
         stop.set()
         thread.join(15)
         link.close()
@@ -342,3 +348,113 @@ def test_a_secret_is_set_used_and_deleted_from_a_laptop_over_http(laptop: Laptop
     assert laptop.pool("secret", "delete", "laptop-token").returncode == 0
     gone = laptop.pool("secret", "delete", "laptop-token")
     assert gone.returncode == 1 and "[secret_unknown]" in gone.stderr
+
+
+TRAIN = """\
+import os
+data = open("data.csv", "rb").read()
+os.makedirs("out", exist_ok=True)
+lines = data.count(b"\\n")
+open("out/model.txt", "w").write(f"bytes={len(data)} lines={lines}\\n")
+print("trained")
+"""
+
+
+def test_a_workdir_goes_in_and_artifacts_come_back_over_http_alone(laptop: Laptop,
+                                                                   tmp_path: Path) -> None:
+    import hashlib
+
+    import httpx
+
+    _login(laptop)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text(TRAIN)
+    (project / "data.csv").write_bytes(b"".join(b"%07d,%d\n" % (i, i % 7)
+                                                for i in range(5 * 1024 * 1024 // 10)))
+    argv = ("lease", "run", "--workdir", str(project), "--artifacts", "out/*", "--",
+            "python3", "train.py")
+    first = laptop.pool(*argv)
+    assert first.returncode == 0 and first.stdout == "trained\n", first.stderr
+    assert "workdir: 2 files," in first.stderr and "bytes uploaded" in first.stderr
+    lid = next(line.split("lease ", 1)[1].split()[0] for line in first.stderr.splitlines()
+               if " running on " in line)
+
+    got = laptop.pool("lease", "artifacts", lid, "--get", str(tmp_path / "got"), "--json")
+    assert got.returncode == 0, got.stderr
+    [row] = json.loads(got.stdout)["result"]["artifacts"]
+    model = (tmp_path / "got" / "out" / "model.txt").read_bytes()
+    assert model == b"bytes=5242880 lines=524288\n"
+    assert row["name"] == "out/model.txt" and row["sha256"] == hashlib.sha256(model).hexdigest()
+
+    again = laptop.pool(*argv)
+    assert again.returncode == 0, again.stderr
+    assert "workdir: unchanged" in again.stderr
+
+    # the same with nothing but the URL and the token: list, then stream the bytes
+    with httpx.Client(base_url=laptop.url, timeout=15,
+                      headers={"Authorization": f"Bearer {laptop.tokens['alpha']}"}) as http:
+        listed = http.get(f"/v1/compute-leases/{lid}/artifacts").json()["items"]
+        assert [a["name"] for a in listed] == ["out/model.txt"]
+        r = http.get(f"/v1/compute-leases/{lid}/artifacts/out/model.txt")
+        assert r.status_code == 200 and r.content == model
+        assert r.headers["x-content-sha256"] == row["sha256"]
+        # another tenant's token reaches none of it
+        other = {"Authorization": f"Bearer {laptop.tokens['beta']}"}
+        assert http.get(f"/v1/compute-leases/{lid}/artifacts", headers=other
+                        ).json()["items"] == []
+        gone = http.get(f"/v1/compute-leases/{lid}/artifacts/out/model.txt", headers=other)
+        assert gone.status_code == 404 and gone.json()["code"] == "object_missing"
+
+
+def test_a_workdir_upload_over_http_is_refused_whole_unless_it_hashes_to_its_name(
+        laptop: Laptop) -> None:
+    import hashlib
+
+    import httpx
+
+    body = b"not the bytes named" * 1000
+    wrong = "sha256:" + hashlib.sha256(b"other").hexdigest()
+    with httpx.Client(base_url=laptop.url, timeout=15,
+                      headers={"Authorization": f"Bearer {laptop.tokens['alpha']}"}) as http:
+        r = http.put(f"/v1/workdirs/{wrong}", content=body)
+        assert r.status_code == 422 and r.json()["code"] == "digest_mismatch", r.text
+        assert http.get(f"/v1/workdirs/{wrong}").json()["code"] == "object_missing"
+        bad = http.put("/v1/workdirs/sha256:nothex", content=body)
+        assert bad.status_code == 422 and bad.json()["code"] == "invalid_field"
+        right = "sha256:" + hashlib.sha256(body).hexdigest()
+        stored = http.put(f"/v1/workdirs/{right}", content=body)
+        assert stored.status_code == 201 and stored.json()["uploaded"] is True
+        assert http.put(f"/v1/workdirs/{right}", content=body).json()["uploaded"] is False
+        assert http.get(f"/v1/workdirs/{right}").json()["size_bytes"] == len(body)
+        escape = http.get("/v1/compute-leases/x1/artifacts/..%2F..%2Fetc%2Fpasswd")
+        assert escape.json()["code"] == "invalid_field", escape.text
+
+
+def test_a_workdir_over_the_gateways_upload_limit_is_refused_naming_it_and_not_stored(
+        laptop: Laptop, database_url: str) -> None:
+    import dataclasses
+    import hashlib
+
+    import httpx
+
+    small = create_app(dataclasses.replace(laptop.settings, max_upload_bytes=1000),
+                       laptop.token_store, database_url=database_url,
+                       views_schema=laptop.schema, dashboard=False)
+    http = ServerThread(small, port=0).start()
+    try:
+        body = b"x" * 2000
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        auth = {"Authorization": f"Bearer {laptop.tokens['alpha']}"}
+        with httpx.Client(base_url=http.url, timeout=15, headers=auth) as c:
+            refused = c.put(f"/v1/workdirs/{digest}", content=body)
+            assert refused.status_code == 413, refused.text
+            assert refused.json()["code"] == "workdir_too_large"
+            assert "max_upload_bytes" in refused.json()["detail"]
+            # streamed with no length given: refused the same way once past the limit
+            chunks = (b"x" * 500 for _ in range(4))
+            streamed = c.put(f"/v1/workdirs/{digest}", content=chunks)
+            assert streamed.json()["code"] == "workdir_too_large", streamed.text
+            assert c.get(f"/v1/workdirs/{digest}").json()["code"] == "object_missing"
+    finally:
+        http.stop()

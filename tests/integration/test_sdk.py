@@ -91,7 +91,7 @@ def test_a_transport_failure_or_a_bad_url_is_a_pool_error_too(tmp_path: Path) ->
     assert tenantless.value.code == "no_tenant"
 
 
-def test_artifacts_come_back_over_nats_and_are_refused_by_name_over_http(
+def test_artifacts_come_back_over_nats_and_over_http(
     laptop: Laptop, tmp_path: Path,  # noqa: F811
 ) -> None:
     ensure_tenant_buckets_sync(laptop.service_url, ["alpha"])  # as `pool admin tenant set`
@@ -104,9 +104,10 @@ def test_artifacts_come_back_over_nats_and_are_refused_by_name_over_http(
         kept = nats.artifacts(lid)
         assert [(a.name, a.size_bytes) for a in kept] == [("out/a.txt", 4)]
         assert [p.read_text() for p in nats.download(lid, tmp_path)] == ["data"]
-    with http, pytest.raises(PoolError) as refused:
-        http.artifacts(lid)
-    assert refused.value.code == "not_over_http"
+    with http:  # the same through the gateway, with a URL and a token
+        assert [(a.name, a.size_bytes) for a in http.artifacts(lid)] == [("out/a.txt", 4)]
+        got = http.download(lid, tmp_path / "http")
+        assert [p.read_text() for p in got] == ["data"]
 
 
 @pytest.mark.parametrize("transport", ["http", "nats"])

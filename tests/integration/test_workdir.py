@@ -42,6 +42,7 @@ if ProcessRuntime(Path("/tmp")).available() is not None:
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = NodeProbe(cpu_millis=4500, cpu_arch="amd64", memory_mib=9216, local_disk_gib=50)
 LIMIT = 8 << 20  # the pool's max_workdir_bytes here
+ARTIFACT_LIMIT = 1 << 20  # and its max_artifact_bytes
 
 TRAIN = """\
 import csv, hashlib, os
@@ -80,7 +81,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     cp = ControlPlane(service, leader_ttl_seconds=1.0).start()
     with PoolClient(service) as admin:
         setup_pool(admin, tenants={"alpha": 1.0}, heartbeat_timeout_seconds=5,
-                   max_workdir_bytes=LIMIT, preemption={"enabled": False, "grace_seconds": 2})
+                   max_workdir_bytes=LIMIT, max_artifact_bytes=ARTIFACT_LIMIT,
+                   preemption={"enabled": False, "grace_seconds": 2})
         assert admin.admin("node.enroll", {"node_id": "n1", "pool_id": "p1",
                                            "trust_level": "trusted"})["ok"]
     link = AgentLink(url_with_credentials(server.url, auth.nodes["n1"]), "n1").connect()
@@ -176,6 +178,29 @@ def test_a_failed_jobs_regular_files_are_kept_and_its_links_and_fifos_are_not(
     attrs = end["result"]["samples"][-1]["event"]["attrs"]
     assert attrs["exit_code"] == 3 and attrs["artifacts"] == 1
     assert attrs["artifacts_left_out_not_regular"] == 2  # the link and the FIFO
+
+
+def test_artifacts_past_the_pools_limit_are_left_out_whole_and_counted_by_its_name(
+        stack: Stack, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    # in name order: a (600 KiB) fits, b (600 KiB) would pass the 1 MiB, c (1 KiB) still fits
+    script = ("mkdir -p out && head -c 614400 /dev/zero > out/a && "
+              "head -c 614400 /dev/zero > out/b && head -c 1024 /dev/zero > out/c")
+    out = _pool(empty, *_run_args(stack), "--key", "over", "--artifacts", "out/*",
+                "--", "sh", "-c", script)
+    assert out.returncode == 0, out.stderr
+    with PoolClient(stack.tenant_url, "alpha") as alpha:
+        lid = alpha.request_lease(lease_body("over", max_runtime=120, runtime="sandboxed",
+                                             cpu_millis=500, memory_mib=256))["lease"]["lease_id"]
+        kept = alpha.files().list(artifacts_bucket("alpha"), f"{lid}/")
+        end = alpha.call("pool.cmd.alpha.telemetry.replay", {"lease": lid, "kind": "execution"})
+    # nothing of b is stored, not even a part of it
+    assert [(o.name, o.size_bytes) for o in kept] == [(f"{lid}/out/a", 614400),
+                                                       (f"{lid}/out/c", 1024)]
+    attrs = end["result"]["samples"][-1]["event"]["attrs"]
+    assert attrs["artifacts"] == 2 and attrs["artifact_bytes"] == 614400 + 1024
+    assert attrs["artifacts_left_out_max_artifact_bytes"] == 1
 
 
 def test_a_workdir_over_the_pools_limit_is_refused_at_commit_with_its_code(
@@ -325,3 +350,26 @@ def test_a_job_mounts_the_pools_volumes_by_name_and_no_other(stack: Stack,
     finally:
         assert _pool(tmp_path, "admin", "pool", "set", "p1", "--nats-url", admin,
                      "--no-volumes").returncode == 0
+
+
+def test_an_object_of_many_batches_comes_back_whole_beside_another_stored_at_once(
+        stack: Stack, tmp_path: Path) -> None:
+    from bus.objects import BATCH_CHUNKS, CHUNK_BYTES
+
+    # more chunks than one batched read holds, their sequences interleaved with another's
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(CHUNK_BYTES * (2 * BATCH_CHUNKS + 3) + 17))
+    small = tmp_path / "small.bin"
+    small.write_bytes(os.urandom(CHUNK_BYTES * 3))
+    with PoolClient(stack.tenant_url, "alpha") as alpha:
+        store = alpha.files()
+        bucket = work_bucket("alpha")
+        side = threading.Thread(target=lambda: [store.put(bucket, f"side-{i}", small)
+                                                for i in range(6)])
+        side.start()
+        store.put(bucket, "many-batches", big)
+        side.join(30)
+        store.get(bucket, "many-batches", tmp_path / "back.bin")
+        assert (tmp_path / "back.bin").read_bytes() == big.read_bytes()
+        for name in ("many-batches", *(f"side-{i}" for i in range(6))):
+            store.delete(bucket, name)

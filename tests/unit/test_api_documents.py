@@ -16,6 +16,7 @@ import msgspec
 import pytest
 from openapi_spec_validator import validate
 
+from gateway.files import PATHS as FILE_PATHS
 from gateway.openapi import document
 from gateway.problems import PROBLEM_JSON, Problem
 from gateway.routes import ROUTES
@@ -26,11 +27,11 @@ from schemas.export import ASYNCAPI_FILE, DEFAULT_DIRECTORY
 OPERATION_IDS = (
     "addWebhook", "adminGetComputeLease", "adminGetComputeLeaseHistory", "cancelComputeLease",
     "commitComputeLease", "cordonNode", "createComputeLease", "createPool", "createReservation",
-    "deleteReservation", "deleteSecret", "deleteWebhook", "drainNode", "endMaintenanceNode", "enrollNode",
-    "getBalance", "getComputeLease", "getComputeLeaseHistory", "getUsage", "grantCredits",
-    "heartbeatComputeLease", "listComputeLeases", "listQueue", "listQueuePositions",
+    "deleteReservation", "deleteSecret", "deleteWebhook", "deleteWorkdir", "drainNode", "endMaintenanceNode", "enrollNode",
+    "getArtifact", "getBalance", "getComputeLease", "getComputeLeaseHistory", "getUsage",
+    "getWorkdir", "grantCredits", "heartbeatComputeLease", "listArtifacts", "listComputeLeases", "listQueue", "listQueuePositions",
     "listReservations", "listSecrets", "listWebhookDeliveries", "listWebhookEndpointDeliveries",
-    "listWebhooks", "lostNode", "maintenanceNode", "readView", "registerNode",
+    "listWebhooks", "lostNode", "maintenanceNode", "putWorkdir", "readView", "registerNode",
     "releaseComputeLease", "renewComputeLease", "resealSecrets", "setCohort", "setPool", "setPoolImages",
     "setPoolPrices", "setSecret", "setTenant", "showPool", "streamComputeLeaseEvents",
     "streamComputeLeaseLogs", "streamTelemetry", "testWebhook", "uncordonNode", "whoami",
@@ -160,7 +161,9 @@ def test_the_lint_finds_the_faults_generated_clients_trip_on() -> None:
 
 def test_the_operation_ids_are_the_route_tables_and_do_not_change() -> None:
     ids = sorted(op["operationId"] for _, op in _operations(document()))
-    assert ids == sorted(r.operation_id for r in ROUTES)
+    # the route table's, and the files' (gateway/files.py: bytes, not a command's body)
+    files = [op["operationId"] for ops in FILE_PATHS.values() for op in ops.values()]
+    assert ids == sorted([r.operation_id for r in ROUTES] + files)
     assert tuple(ids) == OPERATION_IDS
 
 

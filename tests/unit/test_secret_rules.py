@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from agents.runtimes.contract import WorkloadSpec
+from agents.runtimes.contract import WorkloadError, WorkloadSpec
 from domain.lease import JobSpec
 from schemas import v1
 from schemas.codec import COMMANDS, SchemaError, decode_with
@@ -84,3 +84,34 @@ def test_a_workload_never_shows_its_secrets_in_a_repr() -> None:
                         secret_env=(("T", "hunter2"),), secret_files=(("/run/secrets/k",
                                                                        b"hunter3"),))
     assert "hunter" not in repr(spec)
+
+
+def test_a_registry_secret_is_a_user_and_a_password_or_refused_without_its_value() -> None:
+    from agents.secrets import registry_auth
+
+    assert registry_auth("reg", b"puller:pa:ss\n") == ("puller", "pa:ss")
+    for bad in (b"no-colon", b":nouser", b"puller:", b"u:p\nmore", b"\xff:x"):
+        with pytest.raises(WorkloadError) as e:
+            registry_auth("reg", bad)
+        assert e.value.code == "registry_secret_malformed" and "reg" in str(e.value)
+        assert bad.decode(errors="replace") not in str(e.value)
+
+
+def test_a_pull_the_registry_refuses_for_want_of_credentials_has_its_own_code() -> None:
+    from agents.runtimes.docker import pull_refusal
+
+    assert pull_refusal("Head \"http://127.0.0.1:5000/v2/x/manifests/sha256:1\": no basic "
+                        "auth credentials") == "registry_unauthorized"
+    assert pull_refusal("unauthorized: authentication required") == "registry_unauthorized"
+    assert pull_refusal("manifest unknown") == "image_pull_failed"
+
+
+def test_the_log_names_a_jobs_registry_secret_and_a_job_without_one_records_as_before() -> None:
+    plain = JobSpec(image="i", command=("c",), secret_env=(("T", "tok"),),
+                    secret_versions=(("tok", 1),))
+    assert "registry" not in plain.to_dict()["secrets"]
+    private = JobSpec(image="i", command=("c",), registry_secret="reg",
+                      secret_versions=(("reg", 2),))
+    assert private.to_dict()["secrets"]["registry"] == "reg"
+    assert JobSpec.from_dict(private.to_dict()) == private
+    assert JobSpec.from_dict(plain.to_dict()) == plain

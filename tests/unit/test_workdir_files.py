@@ -31,6 +31,10 @@ def test_the_same_tree_packs_to_the_same_digest_whoever_touched_it(tmp_path: Pat
     os.utime(d / "a.py", (1, 1))
     second = pack(d, tmp_path / "2.tar")
     assert first.digest == second.digest
+    # the digest and size are the tar file's own (hashed as it was written)
+    data = (tmp_path / "1.tar").read_bytes()
+    assert first.digest == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert first.size_bytes == len(data)
     with tarfile.open(tmp_path / "1.tar") as tar:
         names = tar.getnames()
     assert names == [".gitignore", ".poolignore", "a.py", "inside", "keep.log", "sub",
@@ -86,8 +90,11 @@ class _Store:
 
     def get(self, bucket: str, name: str, dest: Path) -> StoredObject:
         self.fetched.append(name)
-        dest.write_bytes(self.blobs[name])
-        return StoredObject(name=name, size_bytes=self.size, sha256=name[7:])
+        data = self.blobs[name]
+        dest.write_bytes(data)
+        # as the bucket's get: the SHA-256 the bytes were stored with, which they hash to
+        return StoredObject(name=name, size_bytes=len(data),
+                            sha256=hashlib.sha256(data).hexdigest())
 
 
 def test_the_cache_fetches_once_per_digest_and_keeps_to_its_size(tmp_path: Path) -> None:

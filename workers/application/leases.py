@@ -249,6 +249,7 @@ class LeaseCommands(GangCommands):
                 secret_env=tuple(job.secret_env.items()),
                 secret_files=tuple(job.secret_files.items()),
                 secret_versions=tuple(job.secret_versions.items()),
+                registry_secret=job.registry_secret,
                 volumes=tuple(job.volumes.items()), stdin=job.stdin,
             )
         # a gang commits whole: every member starts its job, told its rank and peers' nodes

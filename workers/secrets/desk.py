@@ -37,8 +37,9 @@ def public(record: SecretRecord) -> dict[str, Any]:
 
 
 def names_of(job: v1.JobSpec) -> list[str]:
-    """The secrets a job names, each once, sorted."""
-    return sorted(set(job.secret_env.values()) | set(job.secret_files))
+    """The secrets a job names, each once, sorted (its registry's among them)."""
+    registry = {job.registry_secret} if job.registry_secret else set()
+    return sorted(set(job.secret_env.values()) | set(job.secret_files) | registry)
 
 
 class SecretDesk:
