@@ -57,7 +57,7 @@ def _pool(ws: Workspace, *args: str) -> dict[str, Any]:
                                                                       "message": out.stderr}}
 
 
-def _body(key: str, *, cpu_millis: int = 10, memory_mib: int = 16) -> dict[str, Any]:
+def _body(key: str, *, cpu_millis: int = 2, memory_mib: int = 8) -> dict[str, Any]:
     body = lease_body(key, cpu_millis=cpu_millis, memory_mib=memory_mib)
     body["shape"]["runtime"] = "sandboxed"
     return body
@@ -326,9 +326,9 @@ class _Rounds:
         self.cpu[name].update({k: v - before.get(k, 0.0) for k, v in _cpu_seconds().items()})
         self.sent[name].update(sent)
         self.codes.update(codes)
-        if name == "alone":  # its capacity back before the next phase
-            for lid in sent:
-                self.client.lease(lid, "release")
+        for lid in sent:  # its capacity back before the next phase, within its own rate
+            while _code(self.client.lease(lid, "release")) == "rate_limited":
+                time.sleep(0.5)
 
     def add(self, floods: Floods) -> None:
         if floods.error is not None:
