@@ -33,9 +33,9 @@ NAMES = {
 }
 
 # scenario 10's pool: limits low enough that a flood of a few seconds meets each of them
-_NOISY: dict[str, Any] = {"heartbeat_timeout_s": 30, "node_timeout_s": 5, "queue_cap": 40,
+_NOISY: dict[str, Any] = {"heartbeat_timeout_s": 30, "node_timeout_s": 5, "queue_cap": 30,
                           "requests_per_second": 20, "request_burst": 40,
-                          "commands_per_second": 50, "command_burst": 100,
+                          "commands_per_second": 20, "command_burst": 40,
                           "output_cap": 256 << 10, "output_bytes": 8 << 20}
 
 # --quick fits CI on a 2-core machine; the full sizes are the issue's
