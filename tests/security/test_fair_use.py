@@ -306,3 +306,25 @@ def test_a_tenant_s_flood_of_any_command_meets_its_rate_and_waits_for_its_refusa
         "tenant_commands_per_second": 5, "tenant_command_burst": 10, "retry_after_seconds": 1}
     # each refusal held a moment: a client flooding in a closed loop waits for its answers
     assert min(s for s, _ in refused) >= 0.9, sorted(s for s, _ in refused)[:3]
+
+
+def test_concurrent_requests_at_the_cap_queue_no_more_than_it(
+        fresh_nats: NatsServer, plane: Plane) -> None:
+    from bus.local.auth import inbox_prefix
+
+    async def at_once(n: int) -> list[dict[str, Any]]:
+        nc = await nats.connect(fresh_nats.url, inbox_prefix=inbox_prefix("alpha").encode())
+        try:
+            replies = await asyncio.gather(*(nc.request(
+                "pool.cmd.alpha.lease.request",
+                json.dumps(lease_body(f"together-{i}")).encode(), timeout=20)
+                for i in range(n)))
+            return [json.loads(m.data) for m in replies]
+        finally:
+            await nc.close()
+
+    # each request in flight had been judged on the count before any of them was added
+    got = asyncio.run(at_once(4 * QUEUE_CAP))
+    accepted = [r for r in got if r["ok"]]
+    assert len(accepted) <= QUEUE_CAP, f"{len(accepted)} queued past a cap of {QUEUE_CAP}"
+    assert {r["error"]["code"] for r in got if not r["ok"]} == {"queue_limit_exceeded"}
