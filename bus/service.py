@@ -43,6 +43,13 @@ ANSWER_WITHIN_SECONDS = 25.0
 
 # Requests waiting for a worker or being worked on, at most; one more is refused at once.
 MAX_WAITING = 4096
+# A gate's refusal (a tenant past its rate) is answered this long after it came, so a client
+# flooding in a closed loop waits for its own answers; past MAX_HELD of one key held at
+# once (a flood that does not wait for answers), one is answered at once.
+HOLD_SECONDS = 1.0
+MAX_HELD = 64
+# subject -> None to go on, or (key, refusal): checked before anything is decoded
+Gate = Callable[[str], "tuple[str, bytes] | None"]
 
 
 def _timed_out(seconds: float, *, started: bool) -> bytes:
@@ -92,6 +99,7 @@ class Service:
         max_waiting: int = MAX_WAITING,
         name: str = "pool-cmd",
         per_key: tuple[Callable[[str], str], int] | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self.url, self.subjects, self.handler, self.queue = url, subjects, handler, queue
         self.answer_within_seconds, self.max_waiting = answer_within_seconds, max_waiting
@@ -99,6 +107,9 @@ class Service:
         # (a tenant's reads: one tenant's burst cannot fill the lane), one more refused at once
         self.per_key = per_key
         self._by_key: dict[str, int] = {}
+        self.gate, self.hold_seconds = gate, HOLD_SECONDS
+        self._held: dict[str, int] = {}
+        self._holding: set[asyncio.Future[None]] = set()
         # one request in flight per worker thread, however many subjects deliver them
         self.threads = threads
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=name)
@@ -150,6 +161,9 @@ class Service:
         it delivers that subscription's next message, so waiting here for a free worker would
         let later requests age unseen in its queue. The answer is due `answer_within_seconds`
         after this moment, whether the time went waiting for a worker or working."""
+        if self.gate is not None and (refused := self.gate(msg.subject)) is not None:
+            await self._hold(msg.reply, *refused)
+            return
         if len(self._in_flight) >= self.max_waiting:
             # a flood beyond what the workers can answer in time: refused now, not started
             await self._publish(msg.reply, _busy(self.max_waiting))
@@ -167,6 +181,28 @@ class Service:
         task.add_done_callback(self._in_flight.discard)
         if key is not None:
             task.add_done_callback(lambda _: self._release(key))
+
+    async def _hold(self, reply: str, key: str, body: bytes) -> None:
+        """Answer `body` HOLD_SECONDS from now; at once when MAX_HELD of `key` are held."""
+        if self._held.get(key, 0) >= MAX_HELD:
+            await self._publish(reply, body)
+            return
+        self._held[key] = self._held.get(key, 0) + 1
+
+        async def later() -> None:
+            try:
+                await asyncio.sleep(self.hold_seconds)
+                await self._publish(reply, body)
+            finally:
+                left = self._held.get(key, 1) - 1
+                if left > 0:
+                    self._held[key] = left
+                else:
+                    self._held.pop(key, None)
+
+        task = asyncio.ensure_future(later())
+        self._holding.add(task)
+        task.add_done_callback(self._holding.discard)
 
     def _release(self, key: str) -> None:
         left = self._by_key.get(key, 1) - 1
@@ -228,8 +264,8 @@ class Service:
                 for sub in self._subs:
                     with contextlib.suppress(NatsError):
                         await sub.drain()
-                if self._in_flight:
-                    await asyncio.wait(list(self._in_flight), timeout=8)
+                if self._in_flight or self._holding:
+                    await asyncio.wait([*self._in_flight, *self._holding], timeout=8)
                 await self._nc.drain()
 
         try:

@@ -170,9 +170,11 @@ class Workspace:
         self.closers: list[Callable[[], None]] = []  # our connections: closed first
         self.after: list[Callable[[], None]] = []  # when the processes are gone: last first
         self.urls: set[str] = set()
+        self.settings: dict[str, str] = {}  # POOL_… settings of the processes it starts
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("POOL_")}
+        env.update(self.settings)
         env.update(POOL_HOME=str(self.home), POOL_NATS_PORT="0",
                    PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH"))
                                               if p))

@@ -14,6 +14,7 @@ from chaos.scenarios.bad_input import scenario_bad_input
 from chaos.scenarios.failover import scenario_scheduler_failover
 from chaos.scenarios.malicious import run as scenario_malicious_tenant
 from chaos.scenarios.nats import scenario_nats_kills, scenario_quorum_loss
+from chaos.scenarios.noisy import scenario_noisy_neighbour
 from chaos.scenarios.postgres import scenario_postgres_restart
 from chaos.scenarios.projector import scenario_projector_kills
 from chaos.scenarios.retries import scenario_idempotent_retries
@@ -28,7 +29,14 @@ NAMES = {
     7: "postgres restart",
     8: "bad input",
     9: "malicious tenant",
+    10: "noisy neighbour",
 }
+
+# scenario 10's pool: limits low enough that a flood of a few seconds meets each of them
+_NOISY: dict[str, Any] = {"heartbeat_timeout_s": 30, "node_timeout_s": 5, "queue_cap": 30,
+                          "requests_per_second": 20, "request_burst": 40,
+                          "commands_per_second": 20, "command_burst": 40,
+                          "output_cap": 256 << 10, "output_bytes": 8 << 20}
 
 # --quick fits CI on a 2-core machine; the full sizes are the issue's
 QUICK: dict[int, dict[str, Any]] = {
@@ -41,6 +49,7 @@ QUICK: dict[int, dict[str, Any]] = {
     7: {"grants": 240, "restarts": 1, "rate": 40.0},
     8: {"inputs": 1000},
     9: {"attacks": 2000, "leases": 20, "nodes": 4},
+    10: {**_NOISY, "rounds": 3, "quiet": 40, "rate": 10.0, "concurrency": 8, "streams": 24},
 }
 FULL: dict[int, dict[str, Any]] = {
     1: {"commands": 10_000, "kill_every_s": 4.0, "threads": 8},
@@ -52,6 +61,7 @@ FULL: dict[int, dict[str, Any]] = {
     7: {"grants": 2000, "restarts": 3, "rate": 60.0},
     8: {"inputs": 5000},
     9: {"attacks": 10_000, "leases": 100, "nodes": 8},
+    10: {**_NOISY, "rounds": 4, "quiet": 150, "rate": 10.0, "concurrency": 32, "streams": 64},
 }
 
 
@@ -65,6 +75,7 @@ SCENARIOS: dict[int, Callable[[Workspace, dict[str, Any], Outcome], None]] = {
     7: scenario_postgres_restart,
     8: scenario_bad_input,
     9: scenario_malicious_tenant,
+    10: scenario_noisy_neighbour,
 }
 
 

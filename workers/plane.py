@@ -47,6 +47,7 @@ from workers.routes import ROUTES, Router, subscriptions
 from workers.scheduler import Scheduler, tune_gc
 from workers.scheduler.checkpoint import EVERY_EVENTS, EVERY_SECONDS, Checkpointer
 from workers.scheduler.decisions import record_decisions, why_at
+from workers.throttle import TenantThrottle
 
 if TYPE_CHECKING:
     from workers.metrics import MetricsServer
@@ -340,15 +341,15 @@ class ControlPlane:
         self.commands = self.nodes = self.reads = None
         if "commands" in self.roles:
             on = get_runtime(url["commands"], "commands").loop
-            self.commands = Service(self.responder_url, commands, handler,
-                                    queue="pool-commands", threads=COMMAND_WORKERS,
-                                    fast=handler.fast, loop=on)
+            self.commands = Service(self.responder_url, commands, handler, fast=handler.fast,
+                                    queue="pool-commands", threads=COMMAND_WORKERS, loop=on,
+                                    gate=(gate := TenantThrottle.from_env()))
             self.nodes = Service(self.responder_url, NODE_SUBJECTS, handler,
                                  queue="pool-nodes", threads=NODE_WORKERS,
                                  fast=handler.fast, loop=on, name="pool-node")
             self.reads = Service(self.responder_url, reads, handler, queue="pool-reads",
                                  threads=READ_WORKERS, loop=on, name="pool-read",
-                                 per_key=(_tenant_of, READS_PER_TENANT))
+                                 per_key=(_tenant_of, READS_PER_TENANT), gate=gate)
             # one count of requests refused for their reply subject, whichever lane took them
             self.nodes.refused = self.reads.refused = self.commands.refused
         self.projector: Projector | None = None

@@ -5,6 +5,8 @@ the priority classes the operator granted it."""
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -259,3 +261,70 @@ def test_a_tenant_that_lets_its_reservations_time_out_is_refused_until_its_windo
         assert beta.request_lease(lease_body("beta-1"))["ok"]
     clock.advance(600)  # the voids leave the window
     assert alpha.request_lease(lease_body("later"))["ok"]
+
+
+async def _flood(url: str, tenant: str, n: int) -> list[tuple[float, dict[str, Any]]]:
+    """`n` heartbeats of `tenant` sent at once: each one's answer and how long it took."""
+    from bus.local.auth import inbox_prefix
+
+    nc = await nats.connect(url, inbox_prefix=inbox_prefix(tenant).encode())
+    try:
+        async def one(i: int) -> tuple[float, dict[str, Any]]:
+            t0 = time.monotonic()
+            msg = await nc.request(f"pool.cmd.{tenant}.lease.l{i}.heartbeat", b'{"epoch": 1}',
+                                   timeout=10)
+            return time.monotonic() - t0, json.loads(msg.data)
+
+        return list(await asyncio.gather(*(one(i) for i in range(n))))
+    finally:
+        await nc.close()
+
+
+def test_a_tenant_s_flood_of_any_command_meets_its_rate_and_waits_for_its_refusals(
+        fresh_nats: NatsServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POOL_TENANT_COMMANDS_PER_SECOND", "5")
+    monkeypatch.setenv("POOL_TENANT_COMMAND_BURST", "10")
+    cp = start(fresh_nats.url, FakeClock())
+    try:
+        with PoolClient(fresh_nats.url, "beta") as beta:
+            flood = threading.Thread(target=lambda: got.extend(
+                asyncio.run(_flood(fresh_nats.url, "alpha", 60))))
+            got: list[tuple[float, dict[str, Any]]] = []
+            flood.start()
+            time.sleep(0.3)  # the flood's refusals are being held
+            t0 = time.monotonic()
+            other = beta.lease("l0", "get")
+            took = time.monotonic() - t0
+            flood.join(30)
+    finally:
+        cp.stop()
+    # another tenant is answered at once, from a bucket of its own
+    assert other["error"]["code"] == "lease_not_found" and took < 0.5, (other, took)
+    refused = [(s, r) for s, r in got if r["error"]["code"] == "rate_limited"]
+    assert len(got) == 60 and len(refused) >= 60 - 12, [r["error"]["code"] for _, r in got]
+    assert refused[0][1]["error"]["reasons"] == {
+        "tenant_commands_per_second": 5, "tenant_command_burst": 10, "retry_after_seconds": 1}
+    # each refusal held a moment: a client flooding in a closed loop waits for its answers
+    assert min(s for s, _ in refused) >= 0.9, sorted(s for s, _ in refused)[:3]
+
+
+def test_concurrent_requests_at_the_cap_queue_no_more_than_it(
+        fresh_nats: NatsServer, plane: Plane) -> None:
+    from bus.local.auth import inbox_prefix
+
+    async def at_once(n: int) -> list[dict[str, Any]]:
+        nc = await nats.connect(fresh_nats.url, inbox_prefix=inbox_prefix("alpha").encode())
+        try:
+            replies = await asyncio.gather(*(nc.request(
+                "pool.cmd.alpha.lease.request",
+                json.dumps(lease_body(f"together-{i}")).encode(), timeout=20)
+                for i in range(n)))
+            return [json.loads(m.data) for m in replies]
+        finally:
+            await nc.close()
+
+    # each request in flight had been judged on the count before any of them was added
+    got = asyncio.run(at_once(4 * QUEUE_CAP))
+    accepted = [r for r in got if r["ok"]]
+    assert len(accepted) <= QUEUE_CAP, f"{len(accepted)} queued past a cap of {QUEUE_CAP}"
+    assert {r["error"]["code"] for r in got if not r["ok"]} == {"queue_limit_exceeded"}

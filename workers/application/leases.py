@@ -126,10 +126,11 @@ class LeaseCommands(GangCommands):
             after = dependencies(self, tenant, req)
             pairs = each_dependency(self, tenant, req, size)
             book = (tenant, req.pool_id)
-            queued = self.queue_book.queued(book)
-            if queued + size > pool.config.max_queued_leases:  # near it: count what still waits
-                queued = self.queue_book.recount(book, self.last_topics)
-            pool.admit_queue(tenant, queued, size)
+            if self.queue_book.queued(book) + size > pool.config.max_queued_leases:
+                self.queue_book.recount(book, self.last_topics)  # near it: what still waits
+            # judged and booked in one step: requests in flight together pass one count each
+            self.queue_book.admit(book, [Lease.create_id(tenant, k) for k in keys],
+                                  lambda queued: pool.admit_queue(tenant, queued, size))
         except RateLimited:
             raise  # answered at once: looking for what a retry made would cost a read
         except (DomainError, ServiceError):
@@ -150,7 +151,6 @@ class LeaseCommands(GangCommands):
             if made is None:
                 raise
             return made
-        self.queue_book.add(book, (lease.id for lease in leases))
         return leases
 
     def _new_leases(self, tenant: str, req: v1.LeaseRequest, keys: list[str], *, now: float,

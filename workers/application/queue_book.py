@@ -15,6 +15,9 @@ WAITING_EVENTS: tuple[str, ...] = (".LeaseRequested", ".LeaseQueued", ".LeaseReq
 # a tenant at its limit is counted again at most this often; in between its requests are
 # judged on the last count plus what was queued since (which only counts too many)
 RECOUNT_SECONDS = 1.0
+# a lease booked before its save has no event yet: a recount keeps it this long (longer than
+# any command is worked on), so a save in flight is never counted out; a failed one then goes
+UNSAVED_SECONDS = 60.0
 
 Key = tuple[str, str]  # (tenant, pool)
 LastTopics = Callable[[Sequence[UUID]], "dict[UUID, str | None] | None"]
@@ -26,7 +29,7 @@ class QueueBook:
     no longer a waiting one (reserved, rejected, cancelled, …)."""
 
     def __init__(self) -> None:
-        self._ids: dict[Key, dict[UUID, None]] = {}
+        self._ids: dict[Key, dict[UUID, float]] = {}  # id: when it was booked
         self._counted_at: dict[Key, float] = {}
         self._lock = threading.Lock()
 
@@ -36,7 +39,15 @@ class QueueBook:
 
     def add(self, key: Key, ids: Iterable[UUID]) -> None:
         with self._lock:
-            self._ids.setdefault(key, {}).update(dict.fromkeys(ids))
+            self._ids.setdefault(key, {}).update(dict.fromkeys(ids, time.monotonic()))
+
+    def admit(self, key: Key, ids: Sequence[UUID], check: Callable[[int], None]) -> None:
+        """`check` the count (it raises to refuse) and book `ids` in one step, before they are
+        saved: a request whose save fails leaves them counted until a recount finds no event."""
+        with self._lock:
+            held = self._ids.setdefault(key, {})
+            check(len(held))
+            held.update(dict.fromkeys(ids, time.monotonic()))
 
     def recount(self, key: Key, last_topics: LastTopics) -> int:
         """Keep only the ids whose last event still waits (`last_topics` reads them; None:
@@ -50,8 +61,10 @@ class QueueBook:
         with self._lock:
             self._counted_at[key] = time.monotonic()
             if last is not None:
-                gone = [i for i in ids if not (last.get(i) or "").endswith(WAITING_EVENTS)]
                 held = self._ids.get(key, {})
+                now = time.monotonic()
+                gone = [i for i in ids if not (last.get(i) or "").endswith(WAITING_EVENTS)
+                        and (last.get(i) is not None or now - held.get(i, now) > UNSAVED_SECONDS)]
                 for i in gone:
                     held.pop(i, None)
             return len(self._ids.get(key, ()))
