@@ -61,8 +61,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "queue_limit_exceeded": 429,  # room comes back as the tenant's queued leases are placed
     "rate_limited": 429,  # a token comes back within Retry-After seconds
     "voided_reservation_limit": 429,  # lifts when the oldest void leaves the window
-    "concurrency_limit": 429,
-    "login_throttled": 429,  # an address's failed token checks: lifts as the oldest leaves  # a tenant's reads at once: room comes back as they finish
+    "concurrency_limit": 429,  # a tenant's reads at once: room comes back as they finish
+    "login_throttled": 429,  # an address's failed token checks: lifts as the oldest leaves
     "max_attempts_exceeded": 422,  # the pool's max_attempts: a smaller --retries fits
     # what is behind the gateway
     "bus_unavailable": 503, "bus_timeout": 503, "views_unavailable": 503,
