@@ -331,7 +331,7 @@ class Agent:
             labels=(("computepool.tenant", a.tenant), ("computepool.pool", a.pool_id)),
             workdir=str(self.files.job_dir(f"{a.lease_id}.{a.epoch}.{a.job_number}"))
             if a.job.workdir is not None or a.job.artifacts else None,
-            output_cap_bytes=a.max_output_bytes, stdin=a.job.stdin,
+            output_cap_bytes=a.max_output_bytes, stdin=a.job.stdin, egress_allow=tuple(a.egress_allow),
         )
         if spec.key in self._started:
             self.stats.duplicates_ignored += 1  # a redelivery: never start the same job twice

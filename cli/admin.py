@@ -21,7 +21,7 @@ from cli.output import (
     print_envelope,
 )
 from cli.volumes import add_pool_flags as add_volume_flags
-from cli.volumes import pool_volumes
+from cli.volumes import pool_egress_allow, pool_volumes
 
 
 def cmd_admin(args: argparse.Namespace) -> int:
@@ -157,6 +157,9 @@ def _pool_body(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     volumes = pool_volumes(args)
     if volumes is not None:
         body["volumes"] = volumes
+    allow = pool_egress_allow(args)
+    if allow is not None:
+        body["egress_allow"] = allow
     return f"pool.{args.verb}", body
 
 

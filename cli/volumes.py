@@ -1,9 +1,11 @@
-"""Volumes on the command line: the operator's `pool admin pool create|set --volume
-NAME=PATH[:ro|:rw][@LEVEL,…]` and a job's `pool lease run --volume NAME:TARGET`."""
+"""What a pool lets jobs reach, on the command line: the operator's `pool admin pool
+create|set --volume NAME=PATH[:ro|:rw][@LEVEL,…]` and `--egress-allow CIDR`, and a job's
+`pool lease run --volume NAME:TARGET`."""
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 from typing import Any
 
 from cli.output import UsageError
@@ -17,6 +19,34 @@ def add_pool_flags(ps: argparse.ArgumentParser) -> None:
                     "on nodes of the trust levels after @, default every level); repeatable, "
                     "the flags given replace the pool's volumes")
     ps.add_argument("--no-volumes", action="store_true", help="offer no volumes")
+    ps.add_argument("--egress-allow", action="append", metavar="CIDR",
+                    help="an IPv4 network the pool's jobs with egress may reach past the denied "
+                    "ranges (private, link-local, the host's own); repeatable, the flags given "
+                    "replace the pool's list")
+    ps.add_argument("--no-egress-allow", action="store_true",
+                    help="allow no network past the denied ranges")
+
+
+def pool_egress_allow(args: argparse.Namespace) -> list[str] | None:
+    """The pool's whole egress allow-list from the flags; None when neither flag was given."""
+    items = getattr(args, "egress_allow", None) or []
+    if getattr(args, "no_egress_allow", False):
+        if items:
+            raise UsageError("--no-egress-allow and --egress-allow: one or the other")
+        return []
+    if not items:
+        return None
+    out: list[str] = []
+    for item in items:
+        try:
+            net = ipaddress.ip_network(item.strip(), strict=False)
+        except ValueError:
+            raise UsageError(f"--egress-allow wants an IPv4 network such as 203.0.113.0/24, "
+                             f"not {item!r}") from None
+        if net.version != 4:
+            raise UsageError(f"--egress-allow {item}: only IPv4 networks can be allowed")
+        out.append(str(net))
+    return out
 
 
 def pool_volumes(args: argparse.Namespace) -> dict[str, Any] | None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +81,8 @@ class PoolConfig:
     max_attempts: int = 10
     # host paths offered to jobs by name (domain.volumes), by name
     volumes: tuple[Volume, ...] = ()
+    # IPv4 networks its jobs with egress may reach past the denied ranges, normalised
+    egress_allow: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         classes = tuple(sorted((str(k), int(v)) for k, v in dict(self.priority_classes).items()))
@@ -135,6 +138,7 @@ class PoolConfig:
             found.append("max_attempts must be positive")
         for volume in self.volumes:
             found += volume.problems()
+        found += egress_allow_problems(self.egress_allow)
         return found
 
     def to_dict(self) -> dict[str, Any]:
@@ -166,6 +170,7 @@ class PoolConfig:
             "max_attempts": self.max_attempts,
             # only when offered, so a pool without volumes records the same event as before
             **({"volumes": {v.name: v.to_dict() for v in self.volumes}} if self.volumes else {}),
+            **({"egress_allow": list(self.egress_allow)} if self.egress_allow else {}),
         }
 
     @classmethod
@@ -202,4 +207,33 @@ class PoolConfig:
             max_output_bytes=int(d.get("max_output_bytes", default.max_output_bytes)),
             max_attempts=int(d.get("max_attempts", default.max_attempts)),
             volumes=volumes_from_dict(d.get("volumes")),
+            egress_allow=tuple(str(c) for c in d.get("egress_allow") or ()),
         )
+
+
+def egress_allow_problems(cidrs: tuple[str, ...]) -> list[str]:
+    """Why an egress allow-list cannot be a pool's: each entry must be an IPv4 network, as
+    the sandboxes' filters are IPv4's (a host address is a /32)."""
+    found: list[str] = []
+    for text in cidrs:
+        try:
+            net = ipaddress.ip_network(text, strict=False)
+        except ValueError as e:
+            found.append(f"egress_allow: {text[:64]!r} is not a network ({e})")
+            continue
+        if net.version != 4:
+            found.append(f"egress_allow: {text[:64]!r} is not IPv4 (only IPv4 can be allowed)")
+    return found
+
+
+def normal_egress_allow(cidrs: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """An allow-list as a pool keeps it: each valid entry as its network, in order, once."""
+    out: list[str] = []
+    for text in cidrs:
+        try:
+            net = str(ipaddress.ip_network(text, strict=False))
+        except ValueError:
+            net = text  # kept as given, so problems() names it
+        if net not in out:
+            out.append(net)
+    return tuple(out)

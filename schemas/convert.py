@@ -8,9 +8,10 @@ from typing import Any
 
 from domain.lease import Lease
 from domain.policy.images import DEFAULT_ISOLATION_BY_TRUST, ImagePolicy
-from domain.poolconfig import PoolConfig, PreemptionSettings
+from domain.poolconfig import PoolConfig, PreemptionSettings, normal_egress_allow
 from domain.volumes import Volume
 from schemas import v1
+from schemas.hostaccess import VolumeConfig
 
 
 def lease_view(lease: Lease) -> dict[str, Any]:
@@ -107,10 +108,11 @@ def pool_config_from_wire(cfg: v1.PoolConfig) -> PoolConfig:
         max_output_bytes=cfg.max_output_bytes,
         max_attempts=cfg.max_attempts,
         volumes=volumes_from_wire(cfg.volumes),
+        egress_allow=normal_egress_allow(cfg.egress_allow),
     )
 
 
-def volumes_from_wire(volumes: dict[str, v1.VolumeConfig]) -> tuple[Volume, ...]:
+def volumes_from_wire(volumes: dict[str, VolumeConfig]) -> tuple[Volume, ...]:
     return tuple(Volume(name=name, host_path=v.host_path, read_only=v.read_only,
                         trust_levels=tuple(v.trust_levels))
                  for name, v in sorted(volumes.items()))
@@ -140,6 +142,8 @@ def pool_config_patched(base: PoolConfig, patch: v1.PoolPatch) -> PoolConfig:
         changes["default_priority_class"] = _default_class(classes)
     if patch.volumes is not None:
         changes["volumes"] = volumes_from_wire(patch.volumes)
+    if patch.egress_allow is not None:
+        changes["egress_allow"] = normal_egress_allow(patch.egress_allow)
     if patch.non_preemptible_classes is not None:
         changes["non_preemptible_classes"] = tuple(patch.non_preemptible_classes)
     if patch.preemption is not None:

@@ -12,11 +12,18 @@ from msgspec import Meta, Struct
 from domain.devices import Device, inventory_problems
 from domain.gang import MAX_GANG_MEMBERS
 from domain.policy.gang import GangSpec
-from domain.resources import (
-    NodeCapabilities,
-    Resources,
-    Shape,
-    partition_dimension,
+from domain.resources import NodeCapabilities, Resources, Shape, partition_dimension
+from schemas.hostaccess import (  # noqa: F401 (VolumeName, HostPath: part of this version)
+    MAX_EGRESS_ALLOW,
+    MAX_JOB_VOLUMES,
+    MAX_POOL_VOLUMES,
+    EgressCidr,
+    HostPath,
+    TrustLevel,
+    VolumeConfig,
+    VolumeMount,
+    VolumeName,
+    VolumeTarget,
 )
 
 # -- bounds ------------------------------------------------------------------------------------
@@ -134,17 +141,6 @@ SecretPath = Annotated[
          description="A file under /run/secrets (in memory, wiped at the job's end)."),
 ]
 MAX_JOB_SECRETS = 32
-# a host path a pool offers as a volume (domain.volumes): named by the operator only
-VolumeName = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}(?!\n)$", max_length=63)]
-HostPath = Annotated[str, Meta(pattern=r"^/[^\x00-\x1f\x7f]{0,4095}(?!\n)$", max_length=4096)]
-VolumeTarget = Annotated[
-    str,
-    Meta(pattern=r"^/[A-Za-z0-9._/-]{1,255}(?!\n)$", max_length=256,
-         description="Where the volume appears in the sandbox: an absolute path outside what "
-         "the sandbox provides (/usr, /tmp, /work, /run/secrets, …)."),
-]
-MAX_POOL_VOLUMES = 32
-MAX_JOB_VOLUMES = 16
 EnvValue = Annotated[str, Meta(max_length=4096)]
 Argument = Annotated[str, Meta(max_length=4096)]
 Command = Annotated[list[Argument], Meta(max_length=256)]
@@ -192,7 +188,6 @@ GpuPartition = Annotated[
 CpuArch = Literal["amd64", "arm64"]
 NetworkEgress = Literal["none", "restricted", "open"]
 RuntimeClass = Literal["container", "sandboxed", "microvm", "dedicated-host"]
-TrustLevel = Literal["trusted", "marketplace"]
 PreferenceKind = Literal["zone", "region", "image_cached", "gpu_model", "node_label"]
 PackingPolicy = Literal["best-fit", "spread"]
 CheckpointMode = Literal["none", "on-preempt", "periodic"]
@@ -433,24 +428,6 @@ class CheckpointPolicy(_Part, frozen=True, kw_only=True):
             raise ValueError("mode 'periodic' requires interval_seconds >= 1")
 
 
-class VolumeConfig(_Part, frozen=True, kw_only=True):
-    """A host path a pool offers jobs as a named volume: read-only unless told otherwise, on
-    nodes of the trust levels listed (none listed: every level)."""
-
-    host_path: HostPath
-    read_only: bool = True
-    trust_levels: Annotated[list[TrustLevel], Meta(max_length=8)] = []
-
-
-class VolumeMount(_Part, frozen=True, kw_only=True):
-    """A volume as the agent mounts it: the pool's host path at the job's target."""
-
-    name: VolumeName
-    host_path: HostPath
-    target: VolumeTarget
-    read_only: bool = True
-
-
 class WorkdirRef(_Part, frozen=True, kw_only=True):
     """A work directory packed and stored in the tenant's bucket: only its digest and size
     travel; the agent fetches it by digest and unpacks it as the job's /work."""
@@ -651,6 +628,8 @@ class PoolConfig(_Command, frozen=True, kw_only=True):
     # Host paths offered to jobs by name (`--volume NAME:TARGET`), each for nodes of some
     # trust levels; a job never names a host path.
     volumes: Annotated[dict[VolumeName, VolumeConfig], Meta(max_length=MAX_POOL_VOLUMES)] = {}
+    # networks its jobs with egress may reach past the denied ranges (private, link-local, …)
+    egress_allow: Annotated[list[EgressCidr], Meta(max_length=MAX_EGRESS_ALLOW)] = []
 
 
 class PreemptionPatch(_Part, frozen=True, kw_only=True):
@@ -695,6 +674,8 @@ class PoolPatch(_Command, frozen=True, kw_only=True):
     # the whole set of volumes, replacing the pool's ({} removes them all)
     volumes: Annotated[
         dict[VolumeName, VolumeConfig], Meta(max_length=MAX_POOL_VOLUMES)] | None = None
+    # the whole allow-list, replacing the pool's ([] removes it)
+    egress_allow: Annotated[list[EgressCidr], Meta(max_length=MAX_EGRESS_ALLOW)] | None = None
 
 
 # Quota keys are domain dimension names: the four scalars or "gpu/<profile>".
@@ -1000,6 +981,8 @@ class LeaseAssignment(_Command, frozen=True, kw_only=True):
     array_size: Annotated[int, Meta(ge=0, le=MAX_LEASES_PER_REQUEST)] = 0
     # the pool's volumes the job asked for, resolved to host paths from the pool's settings
     volumes: Annotated[list[VolumeMount], Meta(max_length=MAX_JOB_VOLUMES)] = []
+    # the pool's egress allow-list in force, added by the node's runtime to the operator's own
+    egress_allow: Annotated[list[EgressCidr], Meta(max_length=MAX_EGRESS_ALLOW)] = []
 
 
 class LeaseRevocation(_Command, frozen=True, kw_only=True):

@@ -27,6 +27,7 @@ from domain.reservation import CapacityReservation
 from domain.resources import Shape
 from schemas import v1
 from schemas.codec import encode
+from schemas.hostaccess import VolumeMount
 from schemas.session import SessionOrder
 from workers.feed import FeedPublisher
 from workers.pending import LeaseMemory, QueuedLease
@@ -88,12 +89,12 @@ def wire_shape(shape: Shape) -> v1.ResourceShape:
     )
 
 
-def _mounts(wanted: tuple[tuple[str, str], ...], config: PoolConfig) -> list[v1.VolumeMount]:
+def _mounts(wanted: tuple[tuple[str, str], ...], config: PoolConfig) -> list[VolumeMount]:
     """The job's volumes with the pool's host paths in force now; one the operator has
     withdrawn since the commit is left out, and the agent refuses the job for it."""
     offered = {v.name: v for v in config.volumes}
-    return [v1.VolumeMount(name=name, host_path=offered[name].host_path, target=target,
-                           read_only=offered[name].read_only)
+    return [VolumeMount(name=name, host_path=offered[name].host_path, target=target,
+                        read_only=offered[name].read_only)
             for name, target in wanted if name in offered]
 
 
@@ -138,6 +139,7 @@ def orders_for(event_name: str, lease: Lease, pool: Pool | None) -> list[AgentOr
             array_index=getattr(lease, "array_index", None),
             array_size=getattr(lease, "array_size", 0),
             volumes=_mounts(spec.volumes, files),
+            egress_allow=list(files.egress_allow),
         )
         return [AgentOrder(node, "start", encode(assignment),
                            f"start-{lid}-{lease.epoch}-{job.number}-{job.attempts}", trace)]
