@@ -20,7 +20,7 @@ from bus.jetstream.wire import DIRECT_BATCH, SubjectState, parse_headers
 from bus.subjects import APPENDED_PREFIX, EVENTS_PREFIX
 
 # the aggregates one multi-subject direct get asks for (the server answers up to 1,024)
-_MULTI_LAST = 256
+MULTI_LAST = 256
 
 
 class DirectReads(SubjectCache):
@@ -57,7 +57,7 @@ class DirectReads(SubjectCache):
     def last_topics(self, originator_ids: Sequence[UUID]) -> dict[UUID, str | None]:
         """The topic of each aggregate's last event (None: it has none), no replay, so a caller
         can pass over aggregates whose last event rules them out before loading any: one
-        multi-subject direct get per `_MULTI_LAST` aggregates. Any replica may answer it, so
+        multi-subject direct get per `MULTI_LAST` aggregates. Any replica may answer it, so
         on a replicated stream a topic may be a moment old: a caller only passes over on it,
         and loads (from the leader) whatever it acts on."""
         if not originator_ids:
@@ -69,8 +69,8 @@ class DirectReads(SubjectCache):
         subjects = [self.subject_for(i) for i in originator_ids]
         got: dict[str, dict[str, str]] = {}
         unique = list(dict.fromkeys(subjects))
-        for at in range(0, len(unique), _MULTI_LAST):
-            chunk = unique[at:at + _MULTI_LAST]
+        for at in range(0, len(unique), MULTI_LAST):
+            chunk = unique[at:at + MULTI_LAST]
             msgs, _ = await self._direct_get({"multi_last": chunk, "batch": len(chunk)})
             for _seq, headers, _data in msgs:
                 got[headers.get(HDR_SUBJECT, "")] = headers

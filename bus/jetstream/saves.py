@@ -22,12 +22,13 @@ from bus.headers import (
     HDR_EXPECTED_SUBJECT_SEQ,
     HDR_ID_KIND,
     HDR_ORIGINATOR_ID,
+    HDR_SUBJECT,
     HDR_TOPIC,
     HDR_TRACKING_ID,
     HDR_UPSTREAM,
     HDR_VERSION,
 )
-from bus.jetstream.directget import DirectReads
+from bus.jetstream.directget import MULTI_LAST, DirectReads
 from bus.jetstream.groupcommit import GroupCommitter
 from bus.jetstream.natsfast import publish_prerendered, request_each
 from bus.jetstream.wire import (
@@ -39,6 +40,9 @@ from bus.jetstream.wire import (
     header_value,
 )
 from bus.runtime import translated
+
+# more subjects than this unknown to one save are looked up together (`_look_up_many`)
+_LOOK_UP_ONE_BY_ONE = 8
 
 
 class Saves(DirectReads):
@@ -195,8 +199,29 @@ class Saves(DirectReads):
         cache = self._cache
         missing = [s for s in subjects if s not in cache and not (
             s in by_subject and by_subject[s].originator_version == 1)]
+        if len(missing) > _LOOK_UP_ONE_BY_ONE and not await self._replicated():
+            # many at once (a scheduler's batch of leases it has not written before): one
+            # multi-subject direct get per MULTI_LAST subjects, not a request for each
+            await asyncio.gather(*(self._look_up_many(missing[at:at + MULTI_LAST])
+                                   for at in range(0, len(missing), MULTI_LAST)))
+            missing = [s for s in missing if s not in cache]
         if missing:
             await asyncio.gather(*(self._subject_state(s) for s in missing))
+
+    async def _look_up_many(self, subjects: list[str]) -> None:
+        """Remember where each of `subjects` ends, from one multi-subject direct get; a
+        subject that has no message is remembered as unwritten only when the server said it
+        had answered them all (else the caller looks it up alone)."""
+        msgs, at_end = await self._direct_get({"multi_last": subjects, "batch": len(subjects)})
+        seen: set[str] = set()
+        for seq, headers, _data in msgs:
+            subject = headers.get(HDR_SUBJECT, "")
+            seen.add(subject)
+            self._remember(subject, SubjectState(self._version_in(headers), seq))
+        if at_end:
+            for subject in subjects:
+                if subject not in seen:
+                    self._remember(subject, SubjectState(None, 0))
 
     def _expectations(self, by_subject: dict[str, StoredEvent]) -> dict[str, int]:
         """Per subject the last sequence the save expects, from the cache (after `_look_up`);

@@ -435,7 +435,7 @@ def test_a_read_ahead_of_its_consumer_asks_the_server_for_the_messages_it_steps_
 def test_last_topics_names_each_aggregates_last_event_in_few_reads(tmp_path: Path) -> None:
     """`last_topics` answers the topic of each aggregate's last event (None for one with
     none), for more aggregates than one multi-subject read holds, repeats and string ids
-    included; and it asks the server once per `_MULTI_LAST`, not once per aggregate."""
+    included; and it asks the server once per `MULTI_LAST`, not once per aggregate."""
     from eventsourcing.persistence import StoredEvent
 
     from bus.jetstream import directget as directget_module
@@ -444,7 +444,7 @@ def test_last_topics_names_each_aggregates_last_event_in_few_reads(tmp_path: Pat
     try:
         env = _stream_env(server.url, "T_TOPICS")
         rec = JetStreamFactory(env).application_recorder()
-        n = directget_module._MULTI_LAST + 44
+        n = directget_module.MULTI_LAST + 44
         ids: list[Any] = [uuid.uuid4() for _ in range(n)]
         want: dict[Any, str | None] = {}
         for i, oid in enumerate(ids):
@@ -468,7 +468,7 @@ def test_last_topics_names_each_aggregates_last_event_in_few_reads(tmp_path: Pat
         rec._direct_get = counted  # type: ignore[attr-defined]
         got = rec.last_topics(asked)
         assert got == {oid: want[oid] for oid in asked}
-        assert len(reads) == 2 and all(len(r["multi_last"]) <= directget_module._MULTI_LAST
+        assert len(reads) == 2 and all(len(r["multi_last"]) <= directget_module.MULTI_LAST
                                        for r in reads)
         assert rec.messages_read - before == n + 1  # one message per aggregate that has one
         assert rec.last_topics([]) == {}

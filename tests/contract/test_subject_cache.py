@@ -148,3 +148,50 @@ def test_the_subject_cache_forgets_the_least_recently_used_and_what_it_is_told_t
     hot.increment()
     app.save(hot)  # looked up again
     assert app.repository.get(hot.id).count == 31
+
+
+
+def test_many_forgotten_subjects_in_one_save_are_looked_up_together(
+    fresh_nats: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a scheduler's batch of leases it only read, their ends long forgotten: one multi-subject
+    # read per few hundred subjects, not one request each; a stale writer is still refused
+    monkeypatch.setattr(subjectcache_module, "SUBJECT_CACHE_MAX", 400)
+    app = Counters(env={"PERSISTENCE_MODULE": "bus.jetstream", "NATS_URL": fresh_nats.url,
+                        "NATS_STREAM": "CACHE_M"})
+    try:
+        counters = [Counter(f"c{i}") for i in range(1000)]
+        for c in counters[:40]:
+            c.increment()  # some written twice: their ends are at version 2
+        for at in range(0, len(counters), 100):
+            app.save(*counters[at:at + 100])
+        cache = app.recorder._cache  # type: ignore[attr-defined]
+        assert len(cache) <= 400
+        assert app.recorder.subject_for(counters[0].id) not in cache  # type: ignore[attr-defined]
+        stale = app.repository.get(counters[5].id)
+        reads: list[dict[str, object]] = []
+        singles: list[str] = []
+        direct_get = app.recorder._direct_get  # type: ignore[attr-defined]
+        subject_state = app.recorder._subject_state  # type: ignore[attr-defined]
+
+        async def counted(req: dict[str, object]) -> object:
+            reads.append(req)
+            return await direct_get(req)
+
+        async def single(subject: str) -> object:
+            singles.append(subject)
+            return await subject_state(subject)
+
+        app.recorder._direct_get = counted  # type: ignore[attr-defined]
+        app.recorder._subject_state = single  # type: ignore[attr-defined]
+        for c in counters[:290]:
+            c.increment()
+        app.save(*counters[:290])
+        assert len(reads) == 2 and not singles, (len(reads), len(singles))
+        assert [app.repository.get(c.id).count for c in counters[:300:20]] == [2, 2] + [1] * 13
+        stale.increment()
+        with pytest.raises(IntegrityError):
+            app.save(stale)
+    finally:
+        app.close()
+        close_runtime(fresh_nats.url)

@@ -22,6 +22,10 @@ def test_the_schedule_bench_places_every_request_it_submits(priced: bool) -> Non
     # the scheduler-alone figure says so, and its timer includes reading the backlog
     assert BACKLOG_LABEL in result["table"]
     assert 0 < result["backlog_read_s"] < result["backlog_s"]
+    # and what the backlog cost the process in CPU, the figure a loaded machine moves least
+    assert 0 < result["backlog_cpu_us_per_placement"] < 1e6
+    assert "process CPU per backlog placement" in result["table"]
+    assert result["backlog_placements_per_s_read_untimed"] > result["backlog_placements_per_s"]
     # messages per placement: a LeaseReserved each, one node event per node per batch, and
     # when the pool has prices one CreditsHeldBatch per tenant per batch (a CreditsHeld per
     # placement would make it over 2)
