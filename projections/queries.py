@@ -5,6 +5,7 @@ Tenant scoping, filters and paging: docs/architecture.md#the-views.
 from __future__ import annotations
 
 import json
+import math
 import threading
 from typing import Any
 
@@ -13,15 +14,18 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from projections.catalog import COLUMNS, FILTERS, KEYS, LABEL_FILTER, MAX_LIMIT, TENANT_VIEWS
-from projections.errors import BadQuery, ViewsUnavailable
+from projections.errors import BadQuery, BeforeHistory, ViewsUnavailable
 from projections.views import DEFAULT_SCHEMA
+from projections.views.history import KEYS as HISTORY_KEYS
+from projections.views.history import as_of, history_since, seq_at
 from projections.views.schema import check_readable
 
 
 def query(conn: psycopg.Connection[Any], view: str, *, tenant: str | None,
           filters: dict[str, str] | None = None, limit: int = 100, cursor: str | None = None,
-          schema: str = DEFAULT_SCHEMA) -> dict[str, Any]:
-    """One page of a view: {"view", "rows", "next_cursor"}; `tenant` None reads every tenant."""
+          schema: str = DEFAULT_SCHEMA, at: float | None = None) -> dict[str, Any]:
+    """One page of a view: {"view", "rows", "next_cursor"}; `tenant` None reads every tenant;
+    `at` (epoch seconds): the view as it was then (its "as_of": the last event made by then)."""
     check_readable(view)
     key = KEYS[view]
     _check(view, tenant=tenant, filters=filters or {}, limit=limit, cursor=cursor)
@@ -40,9 +44,14 @@ def query(conn: psycopg.Connection[Any], view: str, *, tenant: str | None,
     if cursor:
         where.append(sql.SQL("{} > %s").format(sql.Identifier(key)))
         params.append(cursor)
+    source: sql.Composable = sql.Identifier(schema, view)
+    as_of_seq = None
+    if at is not None:
+        as_of_seq = _seq_then(conn, schema, view, at)
+        source = as_of(schema, view, as_of_seq)
     stmt = sql.SQL("SELECT {cols} FROM {t}{w} ORDER BY {k} LIMIT %s").format(
         cols=sql.SQL(", ").join(map(sql.Identifier, COLUMNS[view])),
-        t=sql.Identifier(schema, view),
+        t=source,
         w=(sql.SQL(" WHERE ") + sql.SQL(" AND ").join(where)) if where else sql.SQL(""),
         k=sql.Identifier(key),
     )
@@ -52,8 +61,27 @@ def query(conn: psycopg.Connection[Any], view: str, *, tenant: str | None,
     conn.commit()
     more = len(rows) > limit
     rows = rows[:limit]
-    return {"view": view, "rows": rows,
+    page = {"view": view, "rows": rows,
             "next_cursor": str(rows[-1][key]) if more and rows else None}
+    if as_of_seq is not None:
+        page["at"], page["as_of_seq"] = at, as_of_seq
+    return page
+
+
+def _seq_then(conn: psycopg.Connection[Any], schema: str, view: str, at: float) -> int:
+    """The last event made at or before `at`, refused where `view` kept no past then."""
+    if view not in HISTORY_KEYS:
+        raise BadQuery(f"view {view} has no past to read: --at reads "
+                       f"{', '.join(HISTORY_KEYS)}")
+    if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
+        raise BadQuery(f"at must be a time in epoch seconds, not {at!r}")
+    since = history_since(conn, schema, view)
+    seq = seq_at(conn, schema, at)
+    conn.commit()
+    if since is None or (since > 0 and seq < since):
+        raise BeforeHistory(f"the {view} view keeps its past only from event {since} on"
+                            if since is not None else f"the {view} view keeps no past yet")
+    return seq
 
 
 def label_pairs(text: str) -> dict[str, str]:
