@@ -61,7 +61,7 @@ def query(conn: psycopg.Connection[Any], view: str, *, tenant: str | None,
     conn.commit()
     more = len(rows) > limit
     rows = rows[:limit]
-    page = {"view": view, "rows": rows,
+    page: dict[str, Any] = {"view": view, "rows": rows,
             "next_cursor": str(rows[-1][key]) if more and rows else None}
     if as_of_seq is not None:
         page["at"], page["as_of_seq"] = at, as_of_seq

@@ -10,25 +10,33 @@ import psycopg
 import pytest
 
 from bus.local.server import NatsServer
+from bus.service import Service
+from cli.main import main
 from client.api import PoolClient
 from projections import views as pv
 from projections.errors import BadQuery
 from projections.queries import query
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
+from workers.commands import QUERY_SUBJECTS, CommandHandler
 from workers.plane import ControlPlane
 
 JOB = {"job": {"image": "busybox@sha256:" + "a" * 64, "command": ["true"]}}
 
 
 @pytest.fixture()
-def plane(fresh_nats: NatsServer) -> Iterator[tuple[ControlPlane, PoolClient, FakeClock]]:
+def plane(fresh_nats: NatsServer, database_url: str, schema: str
+          ) -> Iterator[tuple[ControlPlane, PoolClient, FakeClock]]:
     clock = FakeClock()
     cp = start(fresh_nats.url, clock)
+    queries = Service(fresh_nats.url, QUERY_SUBJECTS,
+                      CommandHandler(cp.app, database_url=database_url, views_schema=schema),
+                      queue="pool-queries").start()
     admin = PoolClient(fresh_nats.url)
     setup_pool(admin, tenants={"alpha": 1.0}, credits=10**9)
     assert admin.admin("node.register", node_body("n1"))["ok"]
     yield cp, admin, clock
     admin.close()
+    queries.stop()
     cp.stop()
 
 
@@ -80,6 +88,7 @@ def test_each_view_reads_as_it_was_before_during_and_after_a_lease(
         return leases.get(lid), queue, node.get("cpu_millis_allocated"), acc["granted"]
 
     assert states(before) == (None, [], 0, 10**9)
+    _the_commands_answer_as_then(cp, database_url, schema, lid, queued, running)
     assert states(queued) == ("queued", [lid], 0, 10**9)
     assert states(running) == ("running", [], 2000, 10**9)
     assert states(time.time()) == states(None) == ("released", [], 0, 10**9)
@@ -97,3 +106,38 @@ def test_a_time_the_views_cannot_answer_is_a_typed_refusal(
             query(conn, "gangs", tenant=None, schema=schema, at=time.time())
         with pytest.raises(BadQuery, match="epoch seconds"):
             query(conn, "leases", tenant=None, schema=schema, at=float("nan"))
+
+
+def _cli(*argv: str) -> dict[str, object]:
+    import contextlib
+    import io
+    import json
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main([*argv, "--json"])
+    assert rc == 0, out.getvalue()
+    reply: dict[str, object] = json.loads(out.getvalue())
+    return reply
+
+
+def _the_commands_answer_as_then(cp: ControlPlane, database_url: str, schema: str, lid: str,
+                                 queued: float, running: float) -> None:
+    """`pool queue|leases|capacity --at`, `pool lease get --at` (the tenant's query subject)
+    and `pool shares --at` (the log folded up to then)."""
+    db = ["--database-url", database_url, "--schema", schema]
+    page = _cli("queue", "--at", str(queued), *db)["result"]
+    assert [r["lease_id"] for r in page["rows"]] == [lid] and page["as_of_seq"] > 0  # type: ignore[index]
+    assert _cli("queue", "--at", str(running), *db)["result"]["rows"] == []  # type: ignore[index]
+    (row,) = _cli("leases", "--at", str(running), *db)["result"]["rows"]  # type: ignore[index]
+    assert (row["lease_id"], row["state"]) == (lid, "running")
+    (node,) = _cli("capacity", "--at", str(running), *db)["result"]["rows"]  # type: ignore[index]
+    assert node["cpu_millis_allocated"] == 2000
+    url = ["--nats-url", cp.nats_url, "--tenant", "alpha"]
+    got = _cli("lease", "get", lid, "--at", str(queued), *url)["lease"]
+    assert got["state"] == "queued" and got["as_of"] == queued  # type: ignore[index]
+    shares = _cli("shares", "p1", "--at", str(running), "--nats-url", cp.nats_url)["result"]
+    (alpha,) = shares["tenants"]  # type: ignore[index]
+    assert alpha["current_share"] > 0  # running then: its 2 cores counted
+    shares = _cli("shares", "p1", "--at", str(queued), "--nats-url", cp.nats_url)["result"]
+    assert shares["tenants"][0]["current_share"] == 0  # type: ignore[index]
