@@ -13,28 +13,26 @@ VIEWS = ("leases", "queue", "capacity", "balance")
 
 def time_as_of(database_url: str, schema: str, *, repeats: int = 3) -> dict[str, Any]:
     """For each view and each point of FRACTIONS: a first page (100 rows, every tenant) of
-    the view as it was then, `repeats` times; the median of each, and the slowest median."""
-    import psycopg
+    the view as it was then, as the CLI reads it (a connection each), `repeats` times; the
+    median of each, and the slowest median."""
+    from projections.queries import query_url
+    from projections.views.history import history_extent
 
-    from projections.queries import query
-
-    with psycopg.connect(database_url) as conn:
-        lo, hi = conn.execute(f'SELECT min(at), max(at) FROM "{schema}".event_times').fetchone()
-        conn.commit()
-        if lo is None:
-            return {"points": [], "slowest_s": 0.0}
-        points = []
-        for view in VIEWS:
-            for f in FRACTIONS:
-                at = lo + f * (hi - lo)
-                runs = []
-                for _ in range(repeats):
-                    t = time.perf_counter()
-                    page = query(conn, view, tenant=None, schema=schema, at=at, limit=100)
-                    runs.append(time.perf_counter() - t)
-                points.append({"view": view, "fraction": f, "at": at,
-                               "as_of_seq": page["as_of_seq"], "rows": len(page["rows"]),
-                               "median_s": statistics.median(runs)})
-        versions = conn.execute(f'SELECT count(*) FROM "{schema}".history').fetchone()[0]
+    lo, hi, versions = history_extent(database_url, schema)
+    if lo is None or hi is None:
+        return {"points": [], "slowest_s": 0.0, "history_versions": versions, "span_s": 0.0}
+    points = []
+    for view in VIEWS:
+        for f in FRACTIONS:
+            at = lo + f * (hi - lo)
+            runs = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                page = query_url(database_url, view, tenant=None, schema=schema, at=at,
+                                 limit=100)
+                runs.append(time.perf_counter() - t)
+            points.append({"view": view, "fraction": f, "at": at,
+                           "as_of_seq": page["as_of_seq"], "rows": len(page["rows"]),
+                           "median_s": statistics.median(runs)})
     return {"points": points, "slowest_s": max(p["median_s"] for p in points),
-            "history_versions": int(versions), "span_s": hi - lo}
+            "history_versions": versions, "span_s": hi - lo}

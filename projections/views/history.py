@@ -125,3 +125,13 @@ def as_of(schema: str, view: str, seq: int) -> sql.Composed:
         "UNION ALL SELECT (jsonb_populate_record(NULL::{t}, past.row_data)).* FROM past "
         "WHERE past.row_data IS NOT NULL) AS {a}").format(
         h=h, v=sql.Literal(view), q=sql.Literal(int(seq)), t=t, k=k, a=sql.Identifier(view))
+
+
+def history_extent(database_url: str, schema: str) -> tuple[float | None, float | None, int]:
+    """(the first and last event time the views know, the row versions kept): for benches."""
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute(formatted("SELECT min(at), max(at) FROM {s}.event_times",
+                                     schema)).fetchone()
+        count = conn.execute(formatted("SELECT count(*) FROM {s}.history", schema)).fetchone()
+    lo, hi = (row or (None, None))
+    return lo, hi, int(count[0]) if count else 0
