@@ -20,7 +20,7 @@ def formatted(text: str, schema: str) -> sql.Composed:
 HISTORY_DDL = """CREATE TABLE IF NOT EXISTS {s}.history (
     view_name TEXT NOT NULL, key TEXT NOT NULL, seq BIGINT NOT NULL, row_data JSONB);
     CREATE INDEX IF NOT EXISTS history_key ON {s}.history (view_name, key, seq);
-    CREATE INDEX IF NOT EXISTS history_seq ON {s}.history (view_name, seq);
+    CREATE INDEX IF NOT EXISTS history_seq ON {s}.history (view_name, seq) INCLUDE (key);
     CREATE TABLE IF NOT EXISTS {s}.event_times (
         second BIGINT PRIMARY KEY, seq BIGINT NOT NULL, at DOUBLE PRECISION NOT NULL);
     CREATE TABLE IF NOT EXISTS {s}.history_since (
@@ -117,11 +117,11 @@ def as_of(schema: str, view: str, seq: int) -> sql.Composed:
     h = sql.Identifier(schema, "history")
     k = sql.Identifier(KEYS[view])
     return sql.SQL(
-        "(WITH changed AS (SELECT DISTINCT key FROM {h} WHERE view_name = {v} AND seq > {q}), "
-        "past AS (SELECT DISTINCT ON (h.key) h.row_data FROM {h} h JOIN changed c "
-        "ON h.key = c.key WHERE h.view_name = {v} AND h.seq <= {q} "
-        "ORDER BY h.key, h.seq DESC) "
-        "SELECT * FROM {t} WHERE {k} NOT IN (SELECT key FROM changed) "
+        "(WITH changed AS MATERIALIZED (SELECT DISTINCT key FROM {h} WHERE view_name = {v} "
+        "AND seq > {q}), "
+        "past AS (SELECT p.row_data FROM changed c CROSS JOIN LATERAL (SELECT row_data FROM {h} "
+        "WHERE view_name = {v} AND key = c.key AND seq <= {q} ORDER BY seq DESC LIMIT 1) p) "
+        "SELECT * FROM {t} WHERE NOT EXISTS (SELECT 1 FROM changed c WHERE c.key = {t}.{k}) "
         "UNION ALL SELECT (jsonb_populate_record(NULL::{t}, past.row_data)).* FROM past "
         "WHERE past.row_data IS NOT NULL) AS {a}").format(
         h=h, v=sql.Literal(view), q=sql.Literal(int(seq)), t=t, k=k, a=sql.Identifier(view))
