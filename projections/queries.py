@@ -49,6 +49,8 @@ def query(conn: psycopg.Connection[Any], view: str, *, tenant: str | None,
     if at is not None:
         as_of_seq = _seq_then(conn, schema, view, at)
         source = as_of(schema, view, as_of_seq)
+        # the changed rows' keys are hashed: in memory, not spilled, up to a few million
+        conn.execute("SET LOCAL work_mem = '64MB'")
     stmt = sql.SQL("SELECT {cols} FROM {t}{w} ORDER BY {k} LIMIT %s").format(
         cols=sql.SQL(", ").join(map(sql.Identifier, COLUMNS[view])),
         t=source,

@@ -14,13 +14,15 @@ def formatted(text: str, schema: str) -> sql.Composed:
     return sql.SQL(text).format(s=sql.Identifier(schema))
 
 
-# One table for the four views: (view, key, the last_seq of the row version, the row as JSON,
-# NULL where the row left the view). The view's own upsert writes it, in one statement with
-# a data-modifying CTE, so a version is exactly the row the view then held.
+# One table for the four views: (view, key, the last_seq of the row version, how the row came
+# to be: c created, u updated, d gone from the view, the row as JSON, NULL where it left the
+# view). The view's own upsert writes it, in one statement with a data-modifying CTE, so a
+# version is exactly the row the view then held.
 HISTORY_DDL = """CREATE TABLE IF NOT EXISTS {s}.history (
-    view_name TEXT NOT NULL, key TEXT NOT NULL, seq BIGINT NOT NULL, row_data JSONB);
+    view_name TEXT NOT NULL, key TEXT NOT NULL, seq BIGINT NOT NULL, kind "char" NOT NULL,
+    row_data JSONB);
     CREATE INDEX IF NOT EXISTS history_key ON {s}.history (view_name, key, seq);
-    CREATE INDEX IF NOT EXISTS history_seq ON {s}.history (view_name, seq) INCLUDE (key);
+    CREATE INDEX IF NOT EXISTS history_seq ON {s}.history (view_name, seq) INCLUDE (key, kind);
     CREATE TABLE IF NOT EXISTS {s}.event_times (
         second BIGINT PRIMARY KEY, seq BIGINT NOT NULL, at DOUBLE PRECISION NOT NULL);
     CREATE TABLE IF NOT EXISTS {s}.history_since (
@@ -53,8 +55,9 @@ def recorded(upsert: sql.Composed, schema: str, view: str) -> sql.Composed:
     """`upsert` (an INSERT … ON CONFLICT into `view`) writing each row it leaves into the
     history too."""
     return sql.SQL(
-        "WITH up AS ({upsert} RETURNING *) INSERT INTO {h} (view_name, key, seq, row_data) "
-        "SELECT {v}, up.{k}, up.last_seq, to_jsonb(up) FROM up").format(
+        "WITH up AS ({upsert} RETURNING *, (xmax = 0) AS created_) "
+        "INSERT INTO {h} (view_name, key, seq, kind, row_data) SELECT {v}, up.{k}, up.last_seq, "
+        "CASE WHEN up.created_ THEN 'c' ELSE 'u' END, to_jsonb(up) - 'created_' FROM up").format(
         upsert=upsert, h=sql.Identifier(schema, "history"), v=sql.Literal(view),
         k=sql.Identifier(KEYS[view]))
 
@@ -64,8 +67,8 @@ def queue_delete(schema: str) -> sql.Composed:
     return formatted(
         "WITH g AS (SELECT * FROM unnest(%s::text[], %s::bigint[]) AS g(k, q)), "
         "d AS (DELETE FROM {s}.queue USING g WHERE lease_id = g.k RETURNING lease_id, g.q) "
-        "INSERT INTO {s}.history (view_name, key, seq, row_data) "
-        "SELECT 'queue', lease_id, q, NULL FROM d", schema)
+        "INSERT INTO {s}.history (view_name, key, seq, kind, row_data) "
+        "SELECT 'queue', lease_id, q, 'd', NULL FROM d", schema)
 
 
 def event_times_sql(schema: str) -> sql.Composed:
@@ -116,14 +119,16 @@ def as_of(schema: str, view: str, seq: int) -> sql.Composed:
     t = sql.Identifier(schema, view)
     h = sql.Identifier(schema, "history")
     k = sql.Identifier(KEYS[view])
+    # a row whose versions since hold a creation and no removal did not exist then: no probe
     return sql.SQL(
-        "(WITH changed AS MATERIALIZED (SELECT DISTINCT key FROM {h} WHERE view_name = {v} "
-        "AND seq > {q}), "
+        "(WITH changed AS MATERIALIZED (SELECT key, bool_or(kind = 'c') AND NOT "
+        "bool_or(kind = 'd') AS born FROM {h} WHERE view_name = {v} AND seq > {q} GROUP BY key), "
         "past AS (SELECT p.row_data FROM changed c CROSS JOIN LATERAL (SELECT row_data FROM {h} "
-        "WHERE view_name = {v} AND key = c.key AND seq <= {q} ORDER BY seq DESC LIMIT 1) p) "
+        "WHERE view_name = {v} AND key = c.key AND seq <= {q} ORDER BY seq DESC LIMIT 1) p "
+        "WHERE NOT c.born) "
         "SELECT * FROM {t} WHERE NOT EXISTS (SELECT 1 FROM changed c WHERE c.key = {t}.{k}) "
-        "UNION ALL SELECT (jsonb_populate_record(NULL::{t}, past.row_data)).* FROM past "
-        "WHERE past.row_data IS NOT NULL) AS {a}").format(
+        "UNION ALL SELECT r.* FROM past CROSS JOIN LATERAL jsonb_populate_record("
+        "NULL::{t}, past.row_data) r WHERE past.row_data IS NOT NULL) AS {a}").format(
         h=h, v=sql.Literal(view), q=sql.Literal(int(seq)), t=t, k=k, a=sql.Identifier(view))
 
 

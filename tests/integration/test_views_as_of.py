@@ -141,3 +141,39 @@ def _the_commands_answer_as_then(cp: ControlPlane, database_url: str, schema: st
     assert alpha["current_share"] > 0  # running then: its 2 cores counted
     shares = _cli("shares", "p1", "--at", str(queued), "--nats-url", cp.nats_url)["result"]
     assert shares["tenants"][0]["current_share"] == 0  # type: ignore[index]
+
+
+def test_a_row_that_left_the_queue_and_came_back_reads_right_at_each_time(
+    database_url: str, schema: str
+) -> None:
+    """Versions written by hand: k1 queued at 1, gone at 5, queued again at 8; k2 queued at 7."""
+    import json
+
+    def row(key: str, seq: int) -> str:
+        return json.dumps({"lease_id": key, "pool": "p1", "tenant": "alpha",
+                           "priority_class": "standard", "state": "queued", "shape": {},
+                           "attempts": seq, "requested_at": 1.0, "queued_at": 1.0,
+                           "last_seq": seq})
+
+    versions = [("k1", 1, "c", row("k1", 1)), ("k1", 5, "d", None), ("k1", 8, "c", row("k1", 8)),
+                ("k2", 7, "c", row("k2", 7))]
+    with psycopg.connect(database_url) as conn:
+        pv.create_schema(conn, schema)
+        for key, seq, kind, data in versions:
+            conn.execute(f'INSERT INTO "{schema}".history VALUES (%s, %s, %s, %s, %s)',
+                         ("queue", key, seq, kind, data))
+        for key, seq, _kind, data in versions[2:]:
+            conn.execute(f'INSERT INTO "{schema}".queue SELECT * FROM jsonb_populate_record('
+                         f'NULL::"{schema}".queue, %s::jsonb)', (data,))
+        for second, seq in ((100, 3), (101, 6), (102, 9)):
+            conn.execute(f'INSERT INTO "{schema}".event_times VALUES (%s, %s, %s)',
+                         (second, seq, second + 0.5))
+        conn.commit()
+
+        def shown(at: float) -> list[tuple[object, object]]:
+            page = query(conn, "queue", tenant=None, schema=schema, at=at)
+            return [(r["lease_id"], r["attempts"]) for r in page["rows"]]
+
+        assert shown(100.9) == [("k1", 1)]
+        assert shown(101.9) == []
+        assert shown(102.9) == [("k1", 8), ("k2", 7)]
