@@ -375,6 +375,9 @@ def _run(url: str, db: str, schema: str, size: dict[str, Any],
         (f"{'a view as it was (--at), slowest page (s)':{w}} {asof['slowest_s']:12.3f}  "
          f"{'≤ 2':>12} {ok(asof['slowest_s'] <= GOALS['as_of_s'])}"),
         f"{'  row versions kept for --at':{w}} {asof.get('history_versions', 0):12,}",
+        *(f"  {view} at 5/25/50/75/95 % of the log's span (s): " + " ".join(
+            f"{p['median_s']:.3f}" for p in asof["points"] if p["view"] == view)
+          for view in dict.fromkeys(p["view"] for p in asof["points"])),
         (f"{'audit replay, credit events/s':{w}} {audit_rate:12,.0f}  {'≥ 100,000':>12} "
          f"{ok(audit_rate >= GOALS['audit_per_s'])}"),
         f"{'  audit replay, all events/s':{w}} {top / audit_s if audit_s else 0:12,.0f}",

@@ -47,8 +47,10 @@ def query(conn: psycopg.Connection[Any], view: str, *, tenant: str | None,
     source: sql.Composable = sql.Identifier(schema, view)
     as_of_seq = None
     if at is not None:
-        as_of_seq = _seq_then(conn, schema, view, at)
-        source = as_of(schema, view, as_of_seq)
+        as_of_seq, position = _seq_then(conn, schema, view, at)
+        # read from the side with fewer versions: those before the time (early in the log),
+        # else the view now and those after it (the history grows about evenly in seq)
+        source = as_of(schema, view, as_of_seq, early=2 * as_of_seq < position)
         # the changed rows' keys are hashed: in memory, not spilled, up to a few million
         conn.execute("SET LOCAL work_mem = '64MB'")
     stmt = sql.SQL("SELECT {cols} FROM {t}{w} ORDER BY {k} LIMIT %s").format(
@@ -70,20 +72,22 @@ def query(conn: psycopg.Connection[Any], view: str, *, tenant: str | None,
     return page
 
 
-def _seq_then(conn: psycopg.Connection[Any], schema: str, view: str, at: float) -> int:
-    """The last event made at or before `at`, refused where `view` kept no past then."""
+def _seq_then(conn: psycopg.Connection[Any], schema: str, view: str,
+              at: float) -> tuple[int, int]:
+    """The last event made at or before `at`, refused where `view` kept no past then, and the
+    view's position now."""
     if view not in HISTORY_KEYS:
         raise BadQuery(f"view {view} has no past to read: --at reads "
                        f"{', '.join(HISTORY_KEYS)}")
     if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
         raise BadQuery(f"at must be a time in epoch seconds, not {at!r}")
-    since = history_since(conn, schema, view)
+    kept = history_since(conn, schema, view)
     seq = seq_at(conn, schema, at)
     conn.commit()
-    if since is None or (since > 0 and seq < since):
-        raise BeforeHistory(f"the {view} view keeps its past only from event {since} on"
-                            if since is not None else f"the {view} view keeps no past yet")
-    return seq
+    if kept is None or (kept[0] > 0 and seq < kept[0]):
+        raise BeforeHistory(f"the {view} view keeps its past only from event {kept[0]} on"
+                            if kept is not None else f"the {view} view keeps no past yet")
+    return seq, kept[1]
 
 
 def label_pairs(text: str) -> dict[str, str]:

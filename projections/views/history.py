@@ -100,25 +100,32 @@ def seq_at(conn: psycopg.Connection[Any], schema: str, at: float) -> int:
     return int(row[0]) if row and row[0] is not None else 0
 
 
-def history_since(conn: psycopg.Connection[Any], schema: str, view: str) -> int | None:
-    """Where `view`'s history begins (None: it keeps none)."""
+def history_since(conn: psycopg.Connection[Any], schema: str,
+                  view: str) -> tuple[int, int] | None:
+    """Where `view`'s history begins, and the view's position now (None: it keeps none)."""
     try:
         with conn.transaction():
             row = conn.execute(formatted(
-                "SELECT seq FROM {s}.history_since WHERE view_name = %s", schema),
-                (view,)).fetchone()
+                "SELECT h.seq, t.notification_id FROM {s}.history_since h JOIN {s}.tracking t "
+                "USING (view_name) WHERE view_name = %s", schema), (view,)).fetchone()
     except psycopg.errors.UndefinedTable:
         return None
-    return None if row is None else int(row[0])
+    return None if row is None else (int(row[0]), int(row[1]))
 
 
-def as_of(schema: str, view: str, seq: int) -> sql.Composed:
+def as_of(schema: str, view: str, seq: int, *, early: bool = False) -> sql.Composed:
     """A FROM item standing for `view` as it was after event `seq`: its rows unchanged since,
     and of the rows changed since, each one's last version at or before it (none where it was
     not in the view then). Cost: the view's rows plus the versions written after `seq`."""
     t = sql.Identifier(schema, view)
     h = sql.Identifier(schema, "history")
     k = sql.Identifier(KEYS[view])
+    if early:  # fewer versions before than after: each row's last version then, from them
+        return sql.SQL(
+            "(SELECT r.* FROM (SELECT DISTINCT ON (key) row_data FROM {h} WHERE view_name = {v} "
+            "AND seq <= {q} ORDER BY key, seq DESC) p CROSS JOIN LATERAL jsonb_populate_record("
+            "NULL::{t}, p.row_data) r WHERE p.row_data IS NOT NULL) AS {a}").format(
+            h=h, v=sql.Literal(view), q=sql.Literal(int(seq)), t=t, a=sql.Identifier(view))
     # a row whose versions since hold a creation and no removal did not exist then: no probe
     return sql.SQL(
         "(WITH changed AS MATERIALIZED (SELECT key, bool_or(kind = 'c') AND NOT "

@@ -143,10 +143,12 @@ def _the_commands_answer_as_then(cp: ControlPlane, database_url: str, schema: st
     assert shares["tenants"][0]["current_share"] == 0  # type: ignore[index]
 
 
+@pytest.mark.parametrize("position", [9, 100], ids=["from-the-view-now", "from-the-start"])
 def test_a_row_that_left_the_queue_and_came_back_reads_right_at_each_time(
-    database_url: str, schema: str
+    database_url: str, schema: str, position: int
 ) -> None:
-    """Versions written by hand: k1 queued at 1, gone at 5, queued again at 8; k2 queued at 7."""
+    """Versions written by hand: k1 queued at 1, gone at 5, queued again at 8; k2 queued at 7.
+    Read both ways: back from the view now, and (a view far ahead) forward from the start."""
     import json
 
     def row(key: str, seq: int) -> str:
@@ -165,6 +167,7 @@ def test_a_row_that_left_the_queue_and_came_back_reads_right_at_each_time(
         for key, seq, _kind, data in versions[2:]:
             conn.execute(f'INSERT INTO "{schema}".queue SELECT * FROM jsonb_populate_record('
                          f'NULL::"{schema}".queue, %s::jsonb)', (data,))
+        conn.execute(f'UPDATE "{schema}".tracking SET notification_id = %s', (position,))
         for second, seq in ((100, 3), (101, 6), (102, 9)):
             conn.execute(f'INSERT INTO "{schema}".event_times VALUES (%s, %s, %s)',
                          (second, seq, second + 0.5))
