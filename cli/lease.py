@@ -168,9 +168,13 @@ def cmd_lease_verb(args: argparse.Namespace) -> int:
         body["exit_code"] = args.exit_code
     if args.verb in ("release", "cancel") and args.reason:
         body["reason"] = args.reason
-    if args.verb == "why" and args.at:  # the reason recorded then, not the current one
+    if args.verb in ("why", "get") and args.at:  # then, not now
         from cli.whatif import parse_when
         body["at"] = parse_when("--at", args.at, time.time())
+        if args.verb == "get":  # the leases view as it was
+            from cli.asof import lease_at
+
+            return lease_at(args, tenant_of(args), body["at"])
     with sdk_client(args, tenant_of(args)) as c:  # the SDK's Client: the envelope as given
         reply = c.envelope(args.lease_id, args.verb, body)
     gang = (reply.get("lease") or {}).get("gang") if reply.get("ok") else None
@@ -551,6 +555,6 @@ def _add_verbs(lease: Subparsers) -> None:
                         "the maximum runtime")
         vp.add_argument("--exit-code", type=int, help=argparse.SUPPRESS if verb != "release" else "the workload's exit code")
         vp.add_argument("--reason", help=argparse.SUPPRESS if verb not in ("release", "cancel") else "why")
-        vp.add_argument("--at", metavar="TIME", help=argparse.SUPPRESS if verb != "why" else
-                        "the reason recorded at TIME: ISO (2026-12-06T14:03), epoch seconds, "
-                        "or `2h ago`")
+        vp.add_argument("--at", metavar="TIME", help=argparse.SUPPRESS if verb not in (
+            "why", "get") else f"the {'reason recorded' if verb == 'why' else 'lease as it was'}"
+            " at TIME: ISO (2026-12-06T14:03), epoch seconds, or `2h ago`")

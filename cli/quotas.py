@@ -143,7 +143,14 @@ def shares_of(nats_url: str, pool_id: str, now: float) -> dict[str, Any] | None:
 
 def cmd_shares(args: argparse.Namespace) -> int:
     """`pool shares POOL`: each tenant's weight, current share, decayed usage and rank."""
-    result = shares_of(nats_url_of(args), args.pool_id, time.time())
+    if args.at:
+        from cli.asof import shares_at
+        from cli.whatif import parse_when
+
+        result = shares_at(nats_url_of(args), args.pool_id,
+                           parse_when("--at", args.at, time.time()))
+    else:
+        result = shares_of(nats_url_of(args), args.pool_id, time.time())
     if result is None:
         reply: dict[str, Any] = {"ok": False, "error": {
             "code": "unknown_pool", "message": f"no pool named {args.pool_id!r}"}}
@@ -202,4 +209,6 @@ def register(sub: Subparsers) -> None:
                         "rank in a pool's fair share")
     client_opts(sh)
     sh.add_argument("pool_id")
+    sh.add_argument("--at", metavar="TIME", help="the shares as they were at TIME (the log "
+                    "folded up to then): ISO, epoch seconds, or `2h ago`")
     sh.set_defaults(func=cmd_shares)

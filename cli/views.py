@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -90,18 +92,25 @@ def cmd_view(args: argparse.Namespace) -> int:
     from projections.queries import query_url
 
     if getattr(args, "by", None):  # per topology domain, folded from the log (cli/capacity)
+        if getattr(args, "at", None):
+            raise UsageError("--at reads the capacity view as it was; leave out --by")
         from cli.capacity import cmd_capacity
 
         return cmd_capacity(args)
 
     filters = _filters(args)
+    at = _at_of(args)
     ctx = _tenant_context(args)
     if ctx is not None:
-        page = _http_page(args, ctx, filters)
+        page = _http_page(args, ctx, filters, at)
     else:
         page = query_url(database_url_of(args), args.view, tenant=args.tenant or None,
                          filters=filters, limit=args.limit, cursor=args.cursor,
-                         schema=views_schema_of(args))
+                         schema=views_schema_of(args), at=at)
+    if at is not None and not args.json:
+        print(f"as it was at {when_text(at)}"
+              + (f" (the last event by then: {page['as_of_seq']})" if "as_of_seq" in page
+                 else ""))
     if args.json:
         print(json.dumps({"ok": True, "result": page}, default=str))
     else:
@@ -116,6 +125,19 @@ def cmd_view(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _at_of(args: argparse.Namespace) -> float | None:
+    """`--at TIME` as epoch seconds (None: now)."""
+    if not getattr(args, "at", None):
+        return None
+    from cli.whatif import parse_when
+
+    return parse_when("--at", args.at, time.time())
+
+
+def when_text(epoch: float) -> str:
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def _tenant_context(args: argparse.Namespace) -> Any:
     """The HTTP context a tenant's view is read through (None: the database), when no
     --database-url or $POOL_DATABASE_URL names the database."""
@@ -126,7 +148,8 @@ def _tenant_context(args: argparse.Namespace) -> Any:
     return context_of(args, flag="database_url", env="POOL_DATABASE_URL")
 
 
-def _http_page(args: argparse.Namespace, ctx: Any, filters: dict[str, str]) -> dict[str, Any]:
+def _http_page(args: argparse.Namespace, ctx: Any, filters: dict[str, str],
+               at: float | None = None) -> dict[str, Any]:
     """A page of the token's tenant's view from the gateway, as the database read gives it."""
     from cli.connect import http_client
     from cli.run import Refused
@@ -141,7 +164,7 @@ def _http_page(args: argparse.Namespace, ctx: Any, filters: dict[str, str]) -> d
         raise UsageError(f"--tenant {args.tenant}: context {ctx.name!r} reads only "
                          f"{ctx.tenant!r}'s rows")
     with http_client(ctx) as c:
-        reply = c.view(args.view, filters=filters, limit=args.limit, cursor=args.cursor)
+        reply = c.view(args.view, filters=filters, limit=args.limit, cursor=args.cursor, at=at)
     if not reply.get("ok"):
         raise Refused(reply)
     page: dict[str, Any] = reply["result"]
@@ -281,6 +304,9 @@ def register(sub: Subparsers) -> None:
         vp.add_argument("--cursor", help="where the previous page ended (its `more:` line)")
         vp.add_argument("--output", "-o", choices=["table", "wide"], default="table",
                         help="wide: every column worth a glance")
+        if view != "balance":
+            vp.add_argument("--at", metavar="TIME", help="as it was at TIME: ISO "
+                            "(2026-12-06T14:03), epoch seconds, or `2h ago`")
         if view == "leases":
             vp.add_argument("--name", help="only leases of this name (`lease run --name`)")
             vp.add_argument("--label", "-l", action="append", metavar="KEY=VALUE",

@@ -183,9 +183,9 @@ class HttpClient:
             raise HttpTransportError(f"{self.url}: {e or type(e).__name__}") from e
 
     def view(self, name: str, *, filters: dict[str, str] | None = None, limit: int = 100,
-             cursor: str | None = None) -> dict[str, Any]:
+             cursor: str | None = None, at: float | None = None) -> dict[str, Any]:
         """A page of one of the tenant's views, as the NATS query answers it (`rows`,
-        `next_cursor`)."""
+        `next_cursor`); `at`: as it was then."""
         if name not in VIEW_PATHS:
             raise NotOverHttp(f"the {name} view: a tenant reads only "
                               f"{', '.join(VIEW_PATHS)} over HTTP")
@@ -194,6 +194,8 @@ class HttpClient:
             params["limit"] = limit
             if cursor:
                 params["cursor"] = cursor
+            if at is not None:
+                params["at"] = at
         reply = self._reply(self._send("GET", VIEW_PATHS[name], params=params), "result")
         if not reply["ok"]:
             return reply

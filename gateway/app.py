@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import uuid
 from collections.abc import Awaitable, Callable
@@ -77,6 +78,7 @@ def _query_args(route: HttpRoute, request: Request[Any, Any, Any]) -> dict[str, 
         if len(cursor) > 256 or not cursor.isprintable():
             raise Refused("invalid_field", "cursor is not valid", {"path": "cursor"})
         args["cursor"] = cursor
+    args.update(_numbers(route, request))  # ?at=: the view as it was then
     return args
 
 
@@ -114,6 +116,8 @@ def _numbers(route: HttpRoute, request: Request[Any, Any, Any]) -> dict[str, flo
         try:
             out[name] = float(value)
         except ValueError:
+            out[name] = math.nan
+        if not math.isfinite(out[name]):
             raise Refused("invalid_field", f"query parameter {name!r} is not a number",
                           {"path": name}) from None
     return out
@@ -192,7 +196,10 @@ async def _admin_lease(gw: Gateway, lease_id: str) -> Response[Any]:
 
 
 def _page(result: dict[str, Any]) -> dict[str, Any]:
-    return {"items": result.get("rows") or [], "next_cursor": result.get("next_cursor")}
+    page = {"items": result.get("rows") or [], "next_cursor": result.get("next_cursor")}
+    if "as_of_seq" in result:  # a view as it was: the time asked, the last event by then
+        page["at"], page["as_of_seq"] = result["at"], result["as_of_seq"]
+    return page
 
 
 async def _answer(gw: Gateway, route: HttpRoute, request: Request[Any, Any, Any],

@@ -49,6 +49,10 @@ leases, queue and credits and the fleet's capacity; the admin token shows everyt
 {error}</main></body></html>"""
 
 _FLEET = """<main>
+<section id="time-box"><label for="time-slider">Time</label>
+<input type="range" id="time-slider" min="-86400" max="0" step="1" value="0"
+ aria-label="seconds back: the fleet and queue as they were">
+<span id="time-label" class="muted">now, live</span></section>
 <section><h2>Fleet</h2><div id="fleet" class="cards"></div>
 <div class="cols"><div><h3>By zone</h3><table id="zones"></table></div>
 <div><h3>GPUs by model</h3><table id="gpus"></table></div></div>

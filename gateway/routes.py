@@ -92,8 +92,10 @@ ROUTES: tuple[HttpRoute, ...] = (
               "Ask a pool for a lease on capacity of a shape (Idempotency-Key: retries are safe)",
               "requestLease", "lease", 201, doc_body=LeaseCreate),
     HttpRoute("GET", _LEASE, "listComputeLeases",
-              "The tenant's leases from the leases view, paged with a cursor",
-              "queryView", "page", query=LEASE_FILTERS, fixed=(("view", "leases"),)),
+              "The tenant's leases from the leases view, paged with a cursor (?at=SECONDS: as "
+              "they were then)",
+              "queryView", "page", query=LEASE_FILTERS, fixed=(("view", "leases"),),
+              numbers=("at",)),
     HttpRoute("GET", _ONE, "getComputeLease", _summary("getLease"), "getLease", "lease"),
     *(HttpRoute("POST", f"{_ONE}/{verb}", f"{verb}ComputeLease", _summary(f"{verb}Lease"),
                 f"{verb}Lease", "lease")
@@ -112,8 +114,9 @@ ROUTES: tuple[HttpRoute, ...] = (
               "(follow=1: until the lease ends; resumes from Last-Event-ID, the stream "
               "sequence)", "replayTelemetry", "stream"),
     HttpRoute("GET", "/v1/queue", "listQueue",
-              "The tenant's waiting requests from the queue view", "queryView", "page",
-              query=QUEUE_FILTERS, fixed=(("view", "queue"),)),
+              "The tenant's waiting requests from the queue view (?at=SECONDS: as it was then)",
+              "queryView", "page",
+              query=QUEUE_FILTERS, fixed=(("view", "queue"),), numbers=("at",)),
     HttpRoute("GET", "/v1/queue/positions", "listQueuePositions",
               "The tenant's waiting requests in queue order, with estimated starts (from each "
               "pool's leading scheduler)", "queuePositions"),
@@ -190,9 +193,10 @@ ROUTES: tuple[HttpRoute, ...] = (
     HttpRoute("GET", "/v1/admin/leases/{lease_id}/history", "adminGetComputeLeaseHistory",
               "Any tenant's lease's flight recorder", "", admin=True, tag="admin"),
     HttpRoute("GET", "/v1/admin/views/{view}", "readView",
-              "A page of any view, every tenant (queue, balance, capacity, leases)", "",
-              "page", admin=True, query=("tenant", "pool", "state", "zone", "priority_class",
-                                         "node_id"), tag="admin"),
+              "A page of any view, every tenant (queue, balance, capacity, leases; ?at=SECONDS: "
+              "as it was then)", "", "page", admin=True, query=(
+                  "tenant", "pool", "state", "zone", "priority_class", "node_id"),
+              numbers=("at",), tag="admin"),
 )
 
 # Path parameters that become subject tokens, and what a bad one reads as.

@@ -336,8 +336,10 @@ def audit_decisions(app: Any, *, pool: str | None = None, tolerance: float = 0.0
                                   f"{flows.dependents_placed} dependent placements")
     report.violations["workflows"] = flows.over_throttle + flows.early_starts
     lag = DEFAULT_LAG_SECONDS if lag_seconds is None else lag_seconds
+    pools = records_by_pool(app)
+    _priority_and_credits(report, pools, pool=pool, lag=lag)
     judged, skipped, contended, unfair = [], [], 0, []
-    for name, found in sorted(records_by_pool(app).items()):
+    for name, found in sorted(pools.items()):
         if pool is not None and name != pool:
             continue
         if found.quotas:
@@ -354,3 +356,31 @@ def audit_decisions(app: Any, *, pool: str | None = None, tolerance: float = 0.0
         + (f"; not judged where quotas decide: {', '.join(skipped)}" if skipped else ""))
     report.violations["fair_share"] = unfair
     return report
+
+
+def _priority_and_credits(report: DecisionReport, pools: dict[str, Any], *, pool: str | None,
+                          lag: float) -> None:
+    """The priority check in each pool without quotas (a quota may hold the higher class
+    back), and no tenant's available credits below zero at any credit event."""
+    from projections.fair_share import Funds
+    from projections.priority import check_priority
+
+    judged, passed_over = 0, []
+    for name, found in sorted(pools.items()):
+        if (pool is not None and name != pool) or found.quotas:
+            continue
+        got = check_priority(found.records, lag_seconds=lag, holds=found.holds,
+                             exempt=found.exempt)
+        judged += got.placements
+        passed_over += [f"pool {name}: {v}" for v in got.violations]
+    report.checks["priority"] = (f"{judged} placements made while another class waited, none "
+                                 "past a higher class of the same shape" if not passed_over
+                                 else f"{judged} placements made while another class waited")
+    report.violations["priority"] = passed_over
+    funds = {(f.tenant, f.at, f.available) for found in pools.values()
+             for f in found.records if isinstance(f, Funds)}
+    report.checks["credits"] = (f"{len({t for t, _, _ in funds})} accounts, "
+                                f"{len(funds)} balances, none below zero")
+    report.violations["credits"] = [
+        f"tenant {t}: {available} credits available at {at:.3f}"
+        for t, at, available in sorted(funds) if available < 0]

@@ -29,6 +29,12 @@ class BadQuery(ProjectionError):
     code = "invalid_field"
 
 
+class BeforeHistory(BadQuery):
+    """A time before the views began keeping their past (or a view that keeps none)."""
+
+    code = "before_history"
+
+
 class UnknownView(ProjectionError):
     """A view name that is not one of the views."""
 

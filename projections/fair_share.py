@@ -83,7 +83,15 @@ class Funds:
     at: float
 
 
-Record = Requested | Placed | Freed | Left | NodeChanged | Weighted | Funds
+@dataclass(frozen=True)
+class Configured:
+    """The pool's priority classes (name → rank) and aging were set (created or configured)."""
+
+    ranks: dict[str, int]
+    aging_seconds_per_rank: float
+
+
+Record = Requested | Placed | Freed | Left | NodeChanged | Weighted | Funds | Configured
 
 
 @dataclass
@@ -243,6 +251,8 @@ class PoolRecords:
     ran: set[str] = field(default_factory=set)  # leases placed at some time
     holds: dict[str, int] = field(default_factory=dict)  # lease → its credit hold when placed
     quotas: bool = False  # a tenant has a quota, borrow limit or cohort: quotas decide there
+    # gang members and leases bound to an advance reservation: their waits are their own
+    exempt: set[str] = field(default_factory=set)
 
 
 def records_by_pool(app: Any, *, page: int = 5000) -> dict[str, PoolRecords]:
@@ -255,6 +265,7 @@ def records_by_pool(app: Any, *, page: int = 5000) -> dict[str, PoolRecords]:
     node_pool: dict[str, str] = {}
     policy_of: dict[str, tuple[str, str]] = {}  # tenant policy → (pool, tenant)
     accounts: dict[str, _Account] = {}
+    pool_of: dict[str, str] = {}  # pool aggregate → its name
     for n in notifications(app, page=page):
         name = n.topic.rsplit(".", 1)[-1]
         oid = str(n.originator_id)
@@ -270,6 +281,8 @@ def records_by_pool(app: Any, *, page: int = 5000) -> dict[str, PoolRecords]:
             req = requested[oid] = Requested(
                 oid, str(st["tenant_id"]), _key(st["shape"]),
                 float(st.get("requested_at") or 0.0), klass)
+            if st.get("gang") or st.get("advance_reservation_id"):
+                pools[pool].exempt.add(oid)
             if flow.get("after"):
                 held.add(oid)  # waits for other leases: in the queue from its LeaseQueued
             else:
@@ -319,6 +332,15 @@ def records_by_pool(app: Any, *, page: int = 5000) -> dict[str, PoolRecords]:
             pools[pool].records.append(Weighted(tenant, float(st.get("weight") or 1)))
             if st.get("quota") or st.get("borrow_limit") or st.get("cohort"):
                 pools[pool].quotas = True
+        elif name in ("PoolCreated", "PoolConfigured"):
+            st = json.loads(n.state)
+            if name == "PoolCreated":
+                pool_of[oid] = str(st["pool_id"])
+            if oid in pool_of:
+                config = st.get("config") or {}
+                pools[pool_of[oid]].records.append(Configured(
+                    {str(k): int(v) for k, v in dict(config.get("priority_classes") or {}).items()},
+                    float(config.get("aging_seconds_per_rank") or 0)))
         elif name in _CREDIT_EVENTS:
             st = json.loads(n.state)
             if name == "AccountOpened":

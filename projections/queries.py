@@ -5,6 +5,7 @@ Tenant scoping, filters and paging: docs/architecture.md#the-views.
 from __future__ import annotations
 
 import json
+import math
 import threading
 from typing import Any
 
@@ -13,15 +14,18 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from projections.catalog import COLUMNS, FILTERS, KEYS, LABEL_FILTER, MAX_LIMIT, TENANT_VIEWS
-from projections.errors import BadQuery, ViewsUnavailable
+from projections.errors import BadQuery, BeforeHistory, ViewsUnavailable
 from projections.views import DEFAULT_SCHEMA
+from projections.views.history import KEYS as HISTORY_KEYS
+from projections.views.history import as_of, history_since, seq_at
 from projections.views.schema import check_readable
 
 
 def query(conn: psycopg.Connection[Any], view: str, *, tenant: str | None,
           filters: dict[str, str] | None = None, limit: int = 100, cursor: str | None = None,
-          schema: str = DEFAULT_SCHEMA) -> dict[str, Any]:
-    """One page of a view: {"view", "rows", "next_cursor"}; `tenant` None reads every tenant."""
+          schema: str = DEFAULT_SCHEMA, at: float | None = None) -> dict[str, Any]:
+    """One page of a view: {"view", "rows", "next_cursor"}; `tenant` None reads every tenant;
+    `at` (epoch seconds): the view as it was then (its "as_of": the last event made by then)."""
     check_readable(view)
     key = KEYS[view]
     _check(view, tenant=tenant, filters=filters or {}, limit=limit, cursor=cursor)
@@ -40,9 +44,18 @@ def query(conn: psycopg.Connection[Any], view: str, *, tenant: str | None,
     if cursor:
         where.append(sql.SQL("{} > %s").format(sql.Identifier(key)))
         params.append(cursor)
+    source: sql.Composable = sql.Identifier(schema, view)
+    as_of_seq = None
+    if at is not None:
+        as_of_seq, position = _seq_then(conn, schema, view, at)
+        # read from the side with fewer versions: those before the time (early in the log),
+        # else the view now and those after it (the history grows about evenly in seq)
+        source = as_of(schema, view, as_of_seq, early=2 * as_of_seq < position)
+        # the changed rows' keys are hashed: in memory, not spilled, up to a few million
+        conn.execute("SET LOCAL work_mem = '64MB'")
     stmt = sql.SQL("SELECT {cols} FROM {t}{w} ORDER BY {k} LIMIT %s").format(
         cols=sql.SQL(", ").join(map(sql.Identifier, COLUMNS[view])),
-        t=sql.Identifier(schema, view),
+        t=source,
         w=(sql.SQL(" WHERE ") + sql.SQL(" AND ").join(where)) if where else sql.SQL(""),
         k=sql.Identifier(key),
     )
@@ -52,8 +65,29 @@ def query(conn: psycopg.Connection[Any], view: str, *, tenant: str | None,
     conn.commit()
     more = len(rows) > limit
     rows = rows[:limit]
-    return {"view": view, "rows": rows,
+    page: dict[str, Any] = {"view": view, "rows": rows,
             "next_cursor": str(rows[-1][key]) if more and rows else None}
+    if as_of_seq is not None:
+        page["at"], page["as_of_seq"] = at, as_of_seq
+    return page
+
+
+def _seq_then(conn: psycopg.Connection[Any], schema: str, view: str,
+              at: float) -> tuple[int, int]:
+    """The last event made at or before `at`, refused where `view` kept no past then, and the
+    view's position now."""
+    if view not in HISTORY_KEYS:
+        raise BadQuery(f"view {view} has no past to read: --at reads "
+                       f"{', '.join(HISTORY_KEYS)}")
+    if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
+        raise BadQuery(f"at must be a time in epoch seconds, not {at!r}")
+    kept = history_since(conn, schema, view)
+    seq = seq_at(conn, schema, at)
+    conn.commit()
+    if kept is None or (kept[0] > 0 and seq < kept[0]):
+        raise BeforeHistory(f"the {view} view keeps its past only from event {kept[0]} on"
+                            if kept is not None else f"the {view} view keeps no past yet")
+    return seq, kept[1]
 
 
 def label_pairs(text: str) -> dict[str, str]:

@@ -534,18 +534,18 @@ class QueuePositions(_Command, frozen=True, kw_only=True):
 
 
 class Query(_Command, frozen=True, kw_only=True):
-    """Read a projection view (named in the subject), filtered and paged."""
+    """Read a projection view (named in the subject), filtered and paged; `at`: as it was then."""
 
     filters: Annotated[dict[NameToken, ShortText], Meta(max_length=32)] = {}
     limit: Annotated[int, Meta(ge=1, le=1000)] = 100
     cursor: Annotated[str, Meta(max_length=256)] | None = None
+    at: UnixSeconds | None = None
 
 
 class TelemetryReplay(_Command, frozen=True, kw_only=True):
-    """A page of the tenant's own telemetry from the stream, read by the service on its behalf
-    (`pool.cmd.<tenant>.telemetry.replay`): from `since`, or after the stream sequence
-    `after_seq` the previous page ended on. The tenant token comes from the subject, so a
-    tenant never needs, and is never given, the right to create stream consumers."""
+    """A page of the tenant's own telemetry, read by the service for it (`pool.cmd.<tenant>.
+    telemetry.replay`): from `since`, or after the stream sequence `after_seq` the last page ended
+    on. The tenant token is the subject's: a tenant never needs (nor gets) stream consumers."""
 
     since: UnixSeconds | None = None
     after_seq: Annotated[int, Meta(ge=0, le=2**63 - 1)] = 0

@@ -198,7 +198,7 @@ class CommandHandler:
 
         try:
             page = self._reader.query(view, tenant=tenant, filters=dict(q.filters),
-                                      limit=q.limit, cursor=q.cursor)
+                                      limit=q.limit, cursor=q.cursor, at=q.at)
         except (BadQuery, ViewsUnavailable) as e:
             return v1.Envelope.failure(e.code, str(e))
         return v1.Envelope.success(result=page)

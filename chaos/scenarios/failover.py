@@ -177,5 +177,13 @@ def scenario_scheduler_failover(ws: Workspace, size: dict[str, Any], o: Outcome)
     gangs = check_gangs(log)
     o.figures.update(gang_placements=gangs.placements)
     o.zero("partial_gangs", len(gangs.partial), "; ".join(gangs.partial[:2]))
+    # the rest of `pool audit decisions`, its own functions: workflows, fair share, priority
+    # and credits, judged over the same log
+    from projections.decisions import audit_decisions
+
+    audit = audit_decisions(log)
+    for check in ("workflows", "fair_share", "priority", "credits"):
+        found = audit.violations.get(check, [])
+        o.zero(f"{check}_violations", len(found), "; ".join(found[:2]))
     o.expect(report.placements > 0, "nothing was placed")
     o.expect(report.device_placements > 0, "no placement was bound to GPU devices")

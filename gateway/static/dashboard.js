@@ -99,26 +99,103 @@ function shares(s) {
 
 function render(s) {
   fleet(s.fleet);
+  renderQueue(s.queue);
+  renderLeases(s.leases);
+  shares(s.shares);
+  table("credits", ["tenant", "granted", "held", "spent", "available"], s.balances);
+}
+
+function renderQueue(rows) {
   table("queue", ["lease", "tenant", "pool", "class", "shape", "queued", "position",
-                  "starts in", "why"], s.queue, (r, c) => ({
+                  "starts in", "why"], rows, (r, c) => ({
     lease: leaseLink(r.lease_id), tenant: r.tenant, pool: r.pool, class: r.priority_class,
     shape: amounts(r.shape), queued: when(r.queued_at || r.requested_at),
     position: r.why && r.why.position, "starts in": r.why &&
       r.why.estimated_start_in_seconds != null ?
       Math.round(r.why.estimated_start_in_seconds) + " s" : "", why: reason(r.why)})[c]);
+}
+
+function renderLeases(rows) {
   table("leases", ["lease", "tenant", "pool", "state", "node", "shape", "requested",
-                   "credits held"], s.leases, (r, c) => ({
+                   "credits held"], rows, (r, c) => ({
     lease: leaseLink(r.lease_id), tenant: r.tenant, pool: r.pool,
     state: el("span", r.state, "state-" + r.state), node: r.node_id, shape: amounts(r.shape),
     requested: when(r.requested_at), "credits held": r.credits_held})[c]);
-  shares(s.shares);
-  table("credits", ["tenant", "granted", "held", "spent", "available"], s.balances);
 }
+
+// the time slider: at 0 the page is live; moved back, it shows the fleet (the admin's: a
+// tenant reads no node) and the queue and leases as they were, from the ?at= routes
+let past = null;  // the time shown, epoch seconds; null: live
+let admin = false;
+const slider = document.getElementById("time-slider");
+const timeLabel = document.getElementById("time-label");
+
+async function rowsAt(path, at, state) {
+  const r = await fetch(path + "?limit=1000&at=" + at + (state ? "&state=" + state : ""));
+  if (!r.ok) throw new Error(path + ": " + r.status);
+  const page = await r.json();
+  return {rows: page.items || [], seq: page.as_of_seq};
+}
+
+function fleetOf(nodes) {
+  const dims = ["cpu_millis", "memory_mib", "gpu_count"];
+  const f = {nodes: nodes.length, by_state: {}, totals: {}, by_zone: {}, gpus_by_model: {},
+             node_rows: nodes};
+  for (const d of dims) f.totals[d] = {allocatable: 0, allocated: 0, free: 0};
+  for (const n of nodes) {
+    f.by_state[n.state] = (f.by_state[n.state] || 0) + 1;
+    const z = f.by_zone[n.zone] = f.by_zone[n.zone] || {nodes: 0};
+    z.nodes += 1;
+    for (const d of dims) {
+      const a = n[d + "_allocatable"] || 0, u = n[d + "_allocated"] || 0;
+      f.totals[d].allocatable += a;
+      f.totals[d].allocated += u;
+      f.totals[d].free += Math.max(0, a - u);
+      z[d + "_free"] = (z[d + "_free"] || 0) + Math.max(0, a - u);
+    }
+    if (n.gpu_model && n.gpu_count_allocatable) {
+      const g = f.gpus_by_model[n.gpu_model] = f.gpus_by_model[n.gpu_model] ||
+        {total: 0, free: 0};
+      g.total += n.gpu_count_allocatable;
+      g.free += Math.max(0, n.gpu_count_allocatable - n.gpu_count_allocated);
+    }
+  }
+  return f;
+}
+
+async function showPast(at) {
+  const q = await rowsAt(admin ? "/v1/admin/views/queue" : "/v1/queue", at);
+  const active = ["queued", "reserved", "running", "stopping", "preempting", "expired",
+                  "reconciling"];  // each state's page, as the live snapshot reads them
+  const leases = await Promise.all(active.map((state) => rowsAt(
+    admin ? "/v1/admin/views/leases" : "/v1/compute-leases", at, state)));
+  const nodes = admin ? (await rowsAt("/v1/admin/views/capacity", at)).rows : null;
+  if (past !== at) return;  // moved again meanwhile
+  if (nodes) fleet(fleetOf(nodes));
+  renderQueue(q.rows);
+  renderLeases(leases.flatMap((page) => page.rows));
+  timeLabel.textContent = "as it was at " + new Date(at * 1000).toLocaleString() +
+    " (the log up to event " + q.seq + ")" + (admin ? "" : "; the fleet: now");
+}
+
+slider.addEventListener("input", () => {
+  const back = Number(slider.value);
+  if (back === 0) {
+    past = null;
+    timeLabel.textContent = "now, live";
+    return;
+  }
+  past = Math.round(Date.now() / 1000) + back;
+  timeLabel.textContent = "reading " + new Date(past * 1000).toLocaleString() + "…";
+  showPast(past).catch((e) => { timeLabel.textContent = "could not read then: " + e.message; });
+});
 
 const live = document.getElementById("live");
 const source = new EventSource("/dashboard/stream");
 source.addEventListener("snapshot", (e) => {
   live.classList.add("on");
-  render(JSON.parse(e.data));
+  const s = JSON.parse(e.data);
+  admin = s.who && s.who.kind === "admin";
+  if (past === null) render(s);
 });
 source.onerror = () => live.classList.remove("on");

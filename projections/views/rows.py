@@ -12,6 +12,7 @@ from psycopg import sql
 from domain.account import Account
 from domain.lease import Lease
 from domain.node import Node
+from projections.views.history import event_times_sql, queue_delete, recorded
 from projections.views.schema import DIMENSIONS, formatted
 
 _CREDIT_KINDS = {"CreditsHeld": "held", "CreditsSettled": "settled", "HoldReleased": "released",
@@ -130,6 +131,9 @@ _CREDIT_SETS = [f'{c} = {{t}}.{c} + EXCLUDED.{c}' for c, _ in _CREDIT_COLS[:-1]]
 
 
 _SQL_CACHE: dict[tuple[str, str], sql.Composed] = {}
+# the statements whose rows are recorded in the history, and the view each writes
+_RECORDED = {"leases": "leases", "credits": "leases", "queue": "queue", "balance": "balance",
+             "capacity": "capacity"}
 
 
 def statement(schema: str, kind: str) -> sql.Composed:
@@ -152,8 +156,10 @@ def statement(schema: str, kind: str) -> sql.Composed:
                        "events_applied = u.a, updated_at = now() FROM unnest("
                        "%s::text[], %s::bigint[], %s::bigint[]) AS u(v, n, a) "
                        "WHERE t.view_name = u.v", schema)
-        elif kind == "queue_delete":
-            got = formatted("DELETE FROM {s}.queue WHERE lease_id = ANY(%b::text[])", schema)
+        elif kind == "queue_delete":  # with each key's seq: a tombstone in the history
+            got = queue_delete(schema)
+        elif kind == "event_times":
+            got = event_times_sql(schema)
         elif kind == "balance":
             got = _upsert_sql(schema, "balance", _BALANCE_COLS,
                               _set_excluded(c for c, _ in _BALANCE_COLS[1:]))
@@ -162,6 +168,8 @@ def statement(schema: str, kind: str) -> sql.Composed:
                               _set_excluded(c for c, _ in _CAPACITY_COLS[1:]))
         else:  # pragma: no cover
             raise KeyError(kind)
+        if kind in _RECORDED:  # every row version the view takes goes to its history too
+            got = recorded(got, schema, _RECORDED[kind])
         if len(_SQL_CACHE) > 1000:
             _SQL_CACHE.clear()
         _SQL_CACHE[(schema, kind)] = got

@@ -10,6 +10,7 @@ import psycopg
 from psycopg import sql
 
 from projections.errors import UnknownView
+from projections.views.history import create_history, drop_history
 
 APPLICATION_NAME = "pool"
 DEFAULT_SCHEMA = "pool_views"
@@ -123,6 +124,7 @@ def create_schema(conn: psycopg.Connection[Any], schema: str, views: Iterable[st
                  schema),
             (v, APPLICATION_NAME),
         )
+        create_history(conn, schema, v)
 
 
 def drop_view(conn: psycopg.Connection[Any], schema: str, view: str) -> None:
@@ -133,6 +135,7 @@ def drop_view(conn: psycopg.Connection[Any], schema: str, view: str) -> None:
     conn.execute(sql.SQL("DROP TABLE IF EXISTS {}.{}").format(
         sql.Identifier(schema), sql.Identifier(check_view(view))))
     conn.execute(formatted("DELETE FROM {s}.tracking WHERE view_name = %s", schema), (view,))
+    drop_history(conn, schema, view)
 
 
 def positions(conn: psycopg.Connection[Any], schema: str, *, lock: bool = False) -> dict[str, tuple[int, int]]:

@@ -18,6 +18,7 @@ from domain.fold import Fold
 from domain.lease import TERMINAL_STATES, Lease
 from domain.node import Node
 from projections.errors import PositionMoved
+from projections.views.history import event_times
 from projections.views.rows import (
     UNSEEN,
     account_row,
@@ -273,6 +274,8 @@ class PoolViews:
             taken = max(taken, got.count)
             self._statements(view, got, emit)
             tracked.append((view, got.last_seq, applied + got.count))
+        if tracked:  # each second's last event: where a view `as_of` a time stands
+            emit("event_times", event_times(folded))
         return tracked, taken
 
     def _kind(self, cls: type) -> int:
@@ -341,7 +344,7 @@ class PoolViews:
             emit_rows(emit, "credits", list(credit_only.values()))
         elif view == "queue":
             waiting: dict[str, tuple[Any, ...]] = {}
-            gone: dict[str, None] = {}
+            gone: dict[str, int] = {}
             for seq, agg in got.leases:
                 state = str(agg.state)
                 key = str(agg.id)
@@ -350,10 +353,10 @@ class PoolViews:
                     waiting[key] = queue_row(agg, state, seq)
                 else:
                     waiting.pop(key, None)
-                    gone[key] = None
+                    gone[key] = seq
             emit_rows(emit, "queue", list(waiting.values()))
             if gone:
-                emit("queue_delete", (list(gone),))
+                emit("queue_delete", (list(gone), list(gone.values())))
         elif view == "balance":
             accounts: dict[str, tuple[Any, ...]] = {}
             for seq, acc in got.accounts:

@@ -112,8 +112,12 @@ def test_the_dashboard_shows_a_new_lease_live_and_each_tenant_only_its_own(
         took = time.monotonic() - started
         assert took <= APPEAR_WITHIN_SECONDS, f"the lease took {took:.2f} s to appear"
         # one that cannot fit now: it waits in the queue with its reason
+        time.sleep(1.1)  # event times are kept per second: a time clear of both
+        before_big = time.time()
+        time.sleep(1.1)
         big = alpha.post("/v1/compute-leases", json=_body(7500, 4096)).json()["lease_id"]
         assert _wait(browser, lambda: _shown(browser, big), 10)
+        _the_slider_shows_the_fleet_and_queue_as_they_were(browser, before_big, lid, big)
         time.sleep(1.5)  # the reason and a little share history, for the picture
         shot = os.environ.get("POOL_DASHBOARD_SCREENSHOT")
         if shot:
@@ -278,3 +282,26 @@ def test_the_lease_page_says_which_lease_a_held_lease_waits_for(
             assert _errors(browser) == []
         finally:
             alpha.post(f"/v1/compute-leases/{then}/cancel", json={})
+
+
+def _slide(driver: Any, back: int) -> None:
+    driver.execute_script("const s = document.getElementById('time-slider'); "
+                          "s.value = arguments[0]; s.dispatchEvent(new Event('input'));", back)
+
+
+def _the_slider_shows_the_fleet_and_queue_as_they_were(driver: Any, then: float, lid: str,
+                                                       big: str) -> None:
+    """Moved back to before `big` was asked for: `lid` holds its node, `big` is nowhere, and
+    the live snapshots leave that picture alone; moved to 0, the page is live again."""
+    from selenium.webdriver.common.by import By
+
+    label = driver.find_element(By.ID, "time-label")
+    _slide(driver, round(then - time.time()))
+    assert _wait(driver, lambda: "as it was" in label.text, 10), label.text
+    time.sleep(1.2)  # a live snapshot or two arrive meanwhile
+    assert _shown(driver, lid) and not _shown(driver, big)
+    nodes = driver.find_element(By.ID, "nodes").get_attribute("textContent")
+    assert "n1" in nodes and "as it was" in label.text
+    _slide(driver, 0)
+    assert _wait(driver, lambda: _shown(driver, big), 10), "the page did not go live again"
+    assert label.text == "now, live"

@@ -323,3 +323,29 @@ def test_why_at_answers_over_http_from_the_decision_records(stack: Stack) -> Non
         assert bad.status_code == 422 and bad.json()["code"] == "invalid_field"
         other = b.get(why, params={"at": time.time()})
         assert other.status_code == 404 and other.json()["code"] == "lease_not_found"
+
+
+def test_the_view_routes_answer_as_they_were_at_a_time(stack: Stack) -> None:
+    import time
+
+    before = time.time()
+    time.sleep(1.05)  # event times are kept per second: a second clear of the request
+    with stack.client("alpha") as c, stack.client("admin") as adm:
+        r = c.post("/v1/compute-leases", json=CONCEPT_BODY,
+                   headers={"Idempotency-Key": "at-" + uuid.uuid4().hex})
+        lid = r.json()["lease_id"]
+        assert wait_for(lambda: any(i["lease_id"] == lid for i in c.get(
+            "/v1/compute-leases", params={"limit": 1000}).json()["items"]))
+        now = time.time() + 1
+        page = c.get("/v1/compute-leases", params={"at": now, "limit": 1000}).json()
+        assert lid in {i["lease_id"] for i in page["items"]} and page["as_of_seq"] > 0
+        then = c.get("/v1/compute-leases", params={"at": before, "limit": 1000}).json()
+        assert lid not in {i["lease_id"] for i in then["items"]}, then
+        assert c.get("/v1/queue", params={"at": before}).json()["at"] == before
+        for bad in ("soon", "nan", "-1"):
+            r = c.get("/v1/queue", params={"at": bad})
+            assert r.status_code == 422 and r.json()["code"] == "invalid_field", r.text
+        nodes = adm.get("/v1/admin/views/capacity", params={"at": now}).json()["items"]
+        assert {n["node_id"] for n in nodes} >= {"n1", "n2"}
+        r = adm.get("/v1/admin/views/capacity", params={"at": "inf"})
+        assert r.status_code == 422 and r.json()["code"] == "invalid_field", r.text

@@ -49,6 +49,7 @@ class Folding:
         self.app = app
         self.clock = clock
         self.position = 0
+        self.stop_after: float | None = None  # fold only the events made by then (`--at`)
         # queued leases compactly; the rest whole, until an ended lease is settled
         self.aggregates = LeaseMemory()
         self._fold = Fold(self.aggregates)
@@ -176,11 +177,15 @@ class Folding:
                     at, size = self._next_read(page[-1].id)
                     ahead = (at, size, self._read(at, size))
                 version_of = self.aggregates.version_of
+                stop = self.stop_after
                 for notification in page:
                     known = version_of(notification.originator_id)
                     # our own writes come back through the log: skip them before decoding
                     if known is None or notification.originator_version > known:
-                        self.apply(decode(notification))
+                        event = decode(notification)
+                        if stop is not None and event.timestamp.timestamp() > stop:
+                            return n
+                        self.apply(event)
                     self.position = notification.id
                 n += len(page)
                 if not more:
