@@ -45,7 +45,7 @@ def cmd_telemetry_follow(args: argparse.Namespace) -> int:
 
     import msgspec
 
-    from bus import telemetry
+    from bus import telemetry_follow
     from cli.connect import tenant_connection
 
     tenant = args.tenant or os.environ.get("POOL_TENANT", "")
@@ -71,7 +71,7 @@ def cmd_telemetry_follow(args: argparse.Namespace) -> int:
         print(f"{what} telemetry (Ctrl-C to stop)", file=sys.stderr, flush=True)
 
     try:
-        telemetry.follow(
+        telemetry_follow.follow(
             url, on_sample, pool=args.pool, node=args.node, tenant=tenant or None,
             lease=args.lease, kind=args.kind, since=since, max_samples=args.count,
             duration_s=args.duration, on_ready=on_ready, **options,

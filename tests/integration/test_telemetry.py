@@ -27,7 +27,8 @@ from bus.local.auth import AuthConfig, inbox_prefix, url_with_credentials
 from bus.local.server import NatsServer
 from bus.streams import telemetry_stream_config
 from bus.subjects import TELEMETRY_STREAM, telemetry_subject
-from bus.telemetry import TelemetryPublisher, TelemetrySample, follow
+from bus.telemetry import TelemetryPublisher, TelemetrySample
+from bus.telemetry_follow import follow
 from schemas import v1
 from tests.placed import place_on
 from workers.plane import ControlPlane
@@ -377,7 +378,7 @@ def test_a_replay_that_misses_a_delivery_recreates_its_consumer_and_loses_nothin
 ) -> None:
     """Ordered replay: a gap in consumer sequence (a lost push delivery, simulated by dropping
     two) recreates the consumer from the next stream sequence; every sample arrives once."""
-    import bus.telemetry as tel
+    import bus.telemetry_follow as tel
 
     ensure_all_streams(nats_url)
     pool = f"gap{time.time_ns()}"  # the session's server is shared: a pool of this test's own

@@ -19,7 +19,8 @@ from bus.admin import ensure_all_streams
 from bus.leasewatch import Output
 from bus.local.auth import AuthConfig, inbox_prefix, url_with_credentials
 from bus.local.server import NatsServer
-from bus.telemetry import TelemetryPublisher, TelemetrySample, follow
+from bus.telemetry import TelemetryPublisher, TelemetrySample
+from bus.telemetry_follow import follow
 from client.api import PoolClient
 from schemas import v1
 from tests.placed import place_on

@@ -23,7 +23,6 @@ FILES_OVER: dict[str, int] = {
     "domain/lease.py": 1217,  # retries, dependencies, arrays, sessions came in at once
     "schemas/v1.py": 1127,
     "agents/agent.py": 654,
-    "bus/telemetry.py": 651,  # grew past the limit with the telemetry-to-leases check
 }
 FUNCTIONS_OVER: dict[str, int] = {
     "workers/scheduler/placing.py::Placing._place_pool": 178,
