@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -19,15 +18,11 @@ from typing import TYPE_CHECKING, Any, Self
 from bus.agentbus import ControlLink
 from bus.appends import AppendSignal
 from bus.checkpoints import CheckpointStore, checkpoint_key
-from bus.decisions import DecisionReader
 from bus.feed import FeedWriter
 from bus.lead import LeadDesk
 from bus.leader import LeaderElection
 from bus.runtime import get_runtime
 from bus.service import Service
-from schemas import v1
-from schemas.codec import SchemaError, encode
-from schemas.feed import FeedReplay
 from workers.application import PoolApp
 from workers.bootstrap import app_env
 from workers.commands import (
@@ -37,17 +32,16 @@ from workers.commands import (
     QUERY_SUBJECTS,
     READ_SUBJECTS,
     CommandHandler,
-    failure,
 )
 from workers.dispatcher import Dispatcher, Reconciler, run_loop
-from workers.errors import ServiceError, UnknownSubject
 from workers.feed import FeedPublisher
 from workers.pool_leaders import PoolLeadership
-from workers.routes import ROUTES, Router, subscriptions
+from workers.routes import subscriptions
 from workers.scheduler import Scheduler, tune_gc
 from workers.scheduler.checkpoint import EVERY_EVENTS, EVERY_SECONDS, Checkpointer
-from workers.scheduler.decisions import record_decisions, why_at
+from workers.scheduler.decisions import record_decisions
 from workers.throttle import TenantThrottle
+from workers.why import lead_answers, why_handler
 
 if TYPE_CHECKING:
     from workers.metrics import MetricsServer
@@ -109,125 +103,6 @@ def holder_pid(holder: str | None) -> int | None:
     """The pid a `holder_id` names, or None for a holder that is not one (an observer's)."""
     parts = (holder or "").rsplit("-", 2)
     return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
-
-
-class _WhyContext:
-    """The route table's Context for the scheduler's routes: `why` and queue positions, from
-    its reasons, or for a pool another process leads, from that leader's (`desk`)."""
-
-    def __init__(self, app: PoolApp, scheduler: Scheduler, desk: LeadDesk | None = None,
-                 decisions: DecisionReader | None = None) -> None:
-        self.app = app
-        self.scheduler = scheduler
-        self.desk = desk
-        self.decisions = decisions
-
-    def why(self, tenant: str, lease_id: str, at: float | None = None) -> v1.Envelope:
-        if at is not None:  # what was recorded then (workers.scheduler.decisions)
-            return why_at(self.app, self.decisions, tenant, lease_id, at)
-        pool = self.scheduler.pool_of(tenant, lease_id)
-        stale = False
-        if self.desk is not None and pool is not None and not self.scheduler.leads(pool):
-            # only the pool's leader runs its placement, so only it knows current reasons
-            asked = self.desk.ask(pool, "why", json.dumps(
-                {"tenant": tenant, "lease_id": lease_id}).encode())
-            led = _led_result(asked)
-            if isinstance(led, dict):
-                return v1.Envelope.success(result=led)
-            stale = True  # no leader answered in time: this process's own, maybe old, reasons
-        answer = self.scheduler.why(tenant, lease_id)
-        if answer is None:
-            return v1.Envelope.failure("lease_not_found",
-                                       f"no lease {lease_id!r} for tenant {tenant!r}")
-        if stale:
-            answer["stale"] = True
-        return v1.Envelope.success(result=answer)
-
-    def queue_positions(self, tenant: str) -> v1.Envelope:
-        rows = self.scheduler.queue_positions(tenant)
-        if self.desk is not None:
-            rows = self._positions_from_leaders(self.desk, tenant, rows)
-        return v1.Envelope.success(result={"leases": rows})
-
-    def _positions_from_leaders(self, desk: LeadDesk, tenant: str,
-                                rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """`rows` with each pool this process does not lead replaced by its leader's rows, or
-        kept and marked stale when that leader does not answer; the leaders asked at once."""
-        pools = sorted({str(r["pool"]) for r in rows})
-        asked = [pool for pool in pools if not self.scheduler.leads(pool)]
-        answers = dict(zip(asked, desk.ask_all(asked, "queue", json.dumps(
-            {"tenant": tenant}).encode()), strict=True))
-        out: list[dict[str, Any]] = []
-        for pool in pools:
-            mine = [r for r in rows if r["pool"] == pool]
-            if pool not in answers:
-                out += mine
-                continue
-            led = _led_result(answers[pool])
-            if isinstance(led, list) and all(isinstance(r, dict) for r in led):
-                out += led
-            else:
-                out += [{**r, "stale": True} for r in mine]
-        return out
-
-    def query_view(self, tenant: str, view: str, q: v1.Query) -> v1.Envelope:
-        raise UnknownSubject("queries are answered by the command service")
-
-    def telemetry_replay(self, tenant: str, q: v1.TelemetryReplay) -> v1.Envelope:
-        raise UnknownSubject("telemetry is replayed by the command service")
-
-    def feed_replay(self, tenant: str, q: FeedReplay) -> v1.Envelope:
-        raise UnknownSubject("the feed is replayed by the command service")
-
-
-def _led_result(reply: bytes | None) -> Any:
-    """The result in a leader's reply (None: no usable answer, including none)."""
-    try:
-        answer = json.loads(reply) if reply is not None else None
-    except ValueError:
-        return None
-    return answer.get("result") if isinstance(answer, dict) else None
-
-
-def lead_answers(scheduler: Scheduler) -> Callable[[str, str, bytes], bytes]:
-    """What a pool's leader answers on `pool.lead.<pool>.{why,queue}` (bus.lead): its own
-    reasons, or the tenant's rows of that pool's queue, as `{"result": …}` (null: no such
-    lease); a question it cannot read gets an error."""
-
-    def answer(pool: str, verb: str, body: bytes) -> bytes:
-        try:
-            q = json.loads(body)
-        except ValueError:
-            q = None
-        tenant = q.get("tenant") if isinstance(q, dict) else None
-        lease_id = q.get("lease_id") if isinstance(q, dict) else None
-        result: Any
-        if verb == "why" and isinstance(tenant, str) and isinstance(lease_id, str):
-            result = scheduler.why(tenant, lease_id)
-        elif verb == "queue" and isinstance(tenant, str):
-            result = [r for r in scheduler.queue_positions(tenant) if r["pool"] == pool]
-        else:
-            return json.dumps({"error": {"code": "bad_question"}}).encode()
-        return json.dumps({"result": result}).encode()
-
-    return answer
-
-
-def why_handler(scheduler: Scheduler, desk: LeadDesk | None = None,
-                decisions: DecisionReader | None = None,
-                ) -> Callable[[str, bytes, dict[str, str]], bytes]:
-    router = Router(ROUTES, served_by=("scheduler",))
-    ctx = _WhyContext(scheduler.app, scheduler, desk, decisions)
-
-    def handle(subject: str, body: bytes, headers: dict[str, str]) -> bytes:
-        try:
-            return encode(router.dispatch(ctx, subject, body))
-        except SchemaError as e:
-            return encode(e.to_envelope())
-        except ServiceError as e:
-            return failure(e.code, e.message, e.reasons)
-
-    return handle
 
 
 def _telemetry_pages(nats_url: str) -> Callable[..., Any]:
@@ -298,6 +173,34 @@ class ControlPlane:
         self.app = PoolApp(env=app_env(url["commands"], NATS_RUNTIME="commands"), clock=clock)
         self.scheduler = Scheduler(PoolApp(env=app_env(url["scheduler"]), clock=clock),
                                    clock=clock)
+        self._wire_checkpoints(url, checkpoint_every, run_scheduler)
+        self._wire_lanes(url, database_url, webhooks, secrets)
+        self.projector: Projector | None = None
+        if database_url and "projector" in self.roles:
+            # imported only here: PostgreSQL's driver is needed only with a database, and the
+            # real-GPU check (local/gpucheck.py) runs on machines that have neither
+            from projections.views import VIEWS
+            from workers.projector import Projector
+            self.projector = Projector(url["projector"], database_url,
+                                       views=tuple(projector_views or VIEWS))
+        self.run_scheduler = run_scheduler
+        # `why` and queue positions come from a scheduler's memory: a process whose scheduler
+        # never runs would answer every lease as not found, so it answers them only when told
+        # to (`serve_why`: a test that drives the scheduler's cycles by hand)
+        self.serve_why = run_scheduler or (bool(serve_why) and "scheduler" in self.roles)
+        if run_scheduler or "commands" in self.roles:
+            tune_gc()
+        self._wire_data_plane(url, clock, data_plane, checkpoint_every, leader_ttl_seconds)
+        self._workers: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._why_lock = threading.Lock()
+        self.why: Service | None = None
+        self._wire_leaders(url, run_scheduler, pool_leaders, leader_ttl_seconds)
+
+    def _wire_checkpoints(self, url: dict[str, str], checkpoint_every: tuple[int, float] | None,
+                          run_scheduler: bool) -> None:
+        """The scheduler's fold checkpointed, when its role's credentials give a key."""
         # the scheduler's fold checkpointed every N events or T seconds (checkpoint_every;
         # None: never, every start-up replays the whole log), signed with a key from its
         # role's credentials; the dispatcher's leader writes it, every scheduler may read it
@@ -312,6 +215,10 @@ class ControlPlane:
         elif checkpoint_every and run_scheduler:
             log.info("the scheduler connects without a password and POOL_CHECKPOINT_KEY is "
                      "unset: no checkpoint, every start-up replays the whole log")
+
+    def _wire_lanes(self, url: dict[str, str], database_url: str | None,
+                    webhooks: WebhookSettings | None, secrets: SecretSettings | None) -> None:
+        """The command service's three lanes and the handler behind them."""
         # three lanes, each a queue group with workers of its own: node agents' reports,
         # tenants' and operators' commands, and reads (queries from the views, with a
         # database; replays of the streams), so a burst of one waits only behind its own
@@ -352,21 +259,11 @@ class ControlPlane:
                                  per_key=(_tenant_of, READS_PER_TENANT), gate=gate)
             # one count of requests refused for their reply subject, whichever lane took them
             self.nodes.refused = self.reads.refused = self.commands.refused
-        self.projector: Projector | None = None
-        if database_url and "projector" in self.roles:
-            # imported only here: PostgreSQL's driver is needed only with a database, and the
-            # real-GPU check (local/gpucheck.py) runs on machines that have neither
-            from projections.views import VIEWS
-            from workers.projector import Projector
-            self.projector = Projector(url["projector"], database_url,
-                                       views=tuple(projector_views or VIEWS))
-        self.run_scheduler = run_scheduler
-        # `why` and queue positions come from a scheduler's memory: a process whose scheduler
-        # never runs would answer every lease as not found, so it answers them only when told
-        # to (`serve_why`: a test that drives the scheduler's cycles by hand)
-        self.serve_why = run_scheduler or (bool(serve_why) and "scheduler" in self.roles)
-        if run_scheduler or "commands" in self.roles:
-            tune_gc()
+
+    def _wire_data_plane(self, url: dict[str, str], clock: Callable[[], float], data_plane: bool,
+                         checkpoint_every: tuple[int, float] | None,
+                         leader_ttl_seconds: float) -> None:
+        """Agent orders, the dispatcher and reconciler, deadline timers and webhooks."""
         # the data plane's side: agent orders (with the scheduler) and durable deadline timers
         self.data_plane = data_plane
         self.link = (ControlLink(url["scheduler"])
@@ -399,14 +296,13 @@ class ControlPlane:
                                            self.webhook_settings, holder=holder_id(),
                                            leader_ttl_seconds=leader_ttl_seconds)
         # idle workers wake when the log stores an event, not on a timer: one signal each
-        self.scheduler_signal = AppendSignal(url["scheduler"]) if run_scheduler else None
+        self.scheduler_signal = AppendSignal(url["scheduler"]) if self.run_scheduler else None
         self.dispatcher_signal = (AppendSignal(url["scheduler"]) if self.dispatcher is not None
                                   else None)
-        self._workers: list[threading.Thread] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._why_lock = threading.Lock()
-        self.why: Service | None = None
+
+    def _wire_leaders(self, url: dict[str, str], run_scheduler: bool, pool_leaders: bool,
+                      leader_ttl_seconds: float) -> None:
+        """One active dispatcher by election; with pool leaders, one placer per pool."""
         self.election: LeaderElection | None = None
         self.pool_leadership: PoolLeadership | None = None
         self.desk: LeadDesk | None = None

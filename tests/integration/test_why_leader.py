@@ -25,8 +25,9 @@ from bus.service import Client
 from bus.subjects import lead_subject
 from client.api import PoolClient
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
-from workers.plane import ControlPlane, lead_answers, why_handler
+from workers.plane import ControlPlane
 from workers.pool_leaders import pool_election_name
+from workers.why import lead_answers, why_handler
 
 POOLS = ("p1", "p2")
 TTL = 1.0
