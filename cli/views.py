@@ -232,7 +232,8 @@ def cmd_projections_run(args: argparse.Namespace) -> int:
     from workers.projector import run
 
     run(nats_url_of(args), database_url_of(args), views_schema_of(args), args.batch_size,
-        announce=lambda s: print(s, flush=True))
+        announce=lambda s: print(s, flush=True),
+        history_max_age_s=args.history_days and args.history_days * 86400)
     return EXIT_OK
 
 
@@ -341,6 +342,11 @@ def register(sub: Subparsers) -> None:
     prb.set_defaults(func=cmd_projections_rebuild)
     prr = prj.add_parser("run", help="run the projector until Ctrl-C")
     prr.add_argument("--batch-size", type=int, default=1000)
+    from projections.views.retention import history_days
+
+    prr.add_argument("--history-days", type=history_days, default=None, metavar="DAYS",
+                     help="how long the views keep their past for --at; older row versions "
+                     "are pruned while idle (default $POOL_HISTORY_DAYS or 30)")
     db_opts(prr)
     prr.set_defaults(func=cmd_projections_run)
     aud = sub.add_parser("audit", help="check the books against the log").add_subparsers(
