@@ -28,7 +28,8 @@ HISTORY_DDL = """CREATE TABLE IF NOT EXISTS {s}.history (
     CREATE TABLE IF NOT EXISTS {s}.history_since (
         view_name TEXT PRIMARY KEY, seq BIGINT NOT NULL);
     ALTER TABLE {s}.history_since ADD COLUMN IF NOT EXISTS kept_from DOUBLE PRECISION,
-        ADD COLUMN IF NOT EXISTS max_age_s DOUBLE PRECISION"""
+        ADD COLUMN IF NOT EXISTS max_age_s DOUBLE PRECISION,
+        ADD COLUMN IF NOT EXISTS pruned_seq BIGINT NOT NULL DEFAULT 0"""
 
 KEYS = {"queue": "lease_id", "balance": "tenant", "capacity": "node_id", "leases": "lease_id"}
 

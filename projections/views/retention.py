@@ -17,16 +17,17 @@ HISTORY_MAX_AGE_S = 30 * 24 * 3600.0
 # row versions (and event-time seconds) deleted per statement: each a short transaction
 PRUNE_BATCH = 2000
 
-# A version at or before the cut goes once a later version of its row is at or before the cut
-# too (the later one answers every time from the cut on); a removal (`d`) goes once it is its
-# row's only version left at or before the cut: the row was not in the view from the cut on.
-_PRUNE = """DELETE FROM {s}.history WHERE ctid = ANY(ARRAY(
-    SELECT h.ctid FROM {s}.history h WHERE h.view_name = %(v)s AND h.seq <= %(q)s AND (
-        EXISTS (SELECT 1 FROM {s}.history n WHERE n.view_name = h.view_name AND n.key = h.key
-                AND n.seq > h.seq AND n.seq <= %(q)s)
-        OR (h.kind = 'd' AND NOT EXISTS (SELECT 1 FROM {s}.history o WHERE
-            o.view_name = h.view_name AND o.key = h.key AND o.seq < h.seq)))
-    ORDER BY h.seq LIMIT %(n)s))"""
+# The versions made since the last prune up to the cut, a batch of them in log order, each
+# row's newest of them deleting its row's older versions (and itself, if it is a removal: the
+# row was not in the view from then on). What is left at or before the cut is each row's
+# version in force at the cut, and the versions looked at are never looked at again.
+_BATCH_END = """SELECT max(seq), count(*) FROM (SELECT seq FROM {s}.history WHERE view_name = %(v)s
+    AND seq > %(p)s AND seq <= %(q)s ORDER BY seq LIMIT %(n)s) b"""
+_PRUNE = """DELETE FROM {s}.history h USING (SELECT DISTINCT ON (key) key, seq, kind FROM
+    {s}.history WHERE view_name = %(v)s AND seq > %(p)s AND seq <= %(top)s
+    ORDER BY key, seq DESC) d
+    WHERE h.view_name = %(v)s AND h.key = d.key AND (h.seq < d.seq OR (d.kind = 'd'
+    AND h.seq = d.seq))"""
 
 
 def cut_of(conn: psycopg.Connection[Any], schema: str,
@@ -43,25 +44,33 @@ def prune_history(conn: psycopg.Connection[Any], schema: str, views: tuple[str, 
                   batch: int = PRUNE_BATCH) -> int:
     """One batch of pruning, in the caller's transaction: each view's history is said to begin
     at the last event made `max_age_s` before `now` (so `--at` before it is refused, naming the
-    retention), then at most `batch` of its versions older than that are deleted, and as many
-    event-time seconds. Returns the rows deleted: `batch` or more means there is more to do."""
+    retention), then the next `batch` of its versions made up to then are looked at, each
+    deleting its row's older versions, and as many event-time seconds before it are deleted.
+    Returns the rows looked at and deleted: `batch` or more means there may be more to do."""
     cut = cut_of(conn, schema, now - max_age_s)
     if cut is None:
         return 0
     seq, at = cut
-    deleted = 0
+    looked = 0
     for view in views:
-        if view not in KEYS:
+        row = conn.execute(formatted(
+            "UPDATE {s}.history_since SET seq = GREATEST(seq, %s), kept_from = %s, "
+            "max_age_s = %s WHERE view_name = %s RETURNING pruned_seq", schema),
+            (seq, at, max_age_s, view)).fetchone()
+        if view not in KEYS or row is None:
             continue
-        conn.execute(formatted(
-            "UPDATE {s}.history_since SET seq = %s, kept_from = %s, max_age_s = %s "
-            "WHERE view_name = %s AND seq < %s", schema), (seq, at, max_age_s, view, seq))
-        cur = conn.execute(formatted(_PRUNE, schema), {"v": view, "q": seq, "n": batch})
-        deleted += max(cur.rowcount, 0)
+        args = {"v": view, "p": int(row[0] or 0), "q": seq, "n": batch}
+        top, count = conn.execute(formatted(_BATCH_END, schema), args).fetchone() or (None, 0)
+        if top is None:
+            continue
+        conn.execute(formatted(_PRUNE, schema), {**args, "top": top})
+        conn.execute(formatted("UPDATE {s}.history_since SET pruned_seq = %s "
+                               "WHERE view_name = %s", schema), (top, view))
+        looked += int(count)
     cur = conn.execute(formatted(
         "DELETE FROM {s}.event_times WHERE second = ANY(ARRAY(SELECT second FROM "
         "{s}.event_times WHERE seq < %s ORDER BY second LIMIT %s))", schema), (seq, batch))
-    return deleted + max(cur.rowcount, 0)
+    return looked + max(cur.rowcount, 0)
 
 
 def retention_text(kept_from: float | None, max_age_s: float | None) -> str:
