@@ -98,7 +98,13 @@ class Projector:
                 # cleared before reading: an append from now on wakes the wait below
                 self._wake.clear()
                 try:
-                    if not stages.advance() and not self.prune_when_due():
+                    progressed, more = stages.advance(), False
+                    if not stages.behind and time.monotonic() >= self._next_prune:
+                        # caught up (a steady trickle of events included): prune once due,
+                        # the write in flight settled first (the connection is the writer's)
+                        stages.settle()
+                        more = self.prune_when_due()
+                    if not progressed and not more:
                         self._wake.wait(self.poll_seconds)
                 except PositionMoved:
                     stages.reset()
@@ -117,8 +123,8 @@ class Projector:
                 unwatch()
 
     def prune_when_due(self) -> bool:
-        """While idle (no write in flight): one batch of the views' past past its retention
-        pruned, when due; True if there is more to prune (the caller comes straight back)."""
+        """Once caught up (no write in flight): one batch of the views' past past its
+        retention pruned, when due; True if there is more (the caller comes straight back)."""
         if time.monotonic() < self._next_prune:
             return False
         more = self.views.prune_history(time.time()) >= PRUNE_BATCH
@@ -161,6 +167,7 @@ class _Stages:
         # of the next read: larger while behind (CATCH_UP_FACTOR)
         self.size = projector.batch_size
         self.folded = 0  # events applied since the last catch-up ended
+        self.behind = False  # the last read came back full
         self.writer = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="pool-projector-w")
         # the write in flight and the last id of its batch; the views' positions once it commits
@@ -217,7 +224,7 @@ class _Stages:
             self.size = batch_size
             batch = self.recorder.select_notifications(start, self.size)
         self.ahead = None
-        behind = len(batch) >= self.size
+        behind = self.behind = len(batch) >= self.size
         self.size = batch_size * CATCH_UP_FACTOR if behind else batch_size
         if behind:
             self.pause_gc()

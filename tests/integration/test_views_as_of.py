@@ -259,19 +259,20 @@ def test_the_projector_prunes_the_past_past_its_retention(
         _catch_up(cp, database_url, schema)  # a batch apiece: a version of each row apiece
         queued = _pause()
         assert cp.scheduler.cycle().placed == 1
-    proj = Projector(cp.nats_url, database_url, schema=schema, history_max_age_s=1.0)
-    try:
-        proj.views.setup()
-        proj.views.catch_up()
-        with psycopg.connect(database_url) as conn:
-            count = f'SELECT count(*) FROM "{schema}".history'
-            versions = conn.execute(count).fetchone()[0]  # type: ignore[index]
-            time.sleep(1.1)
-            while proj.prune_when_due():
-                pass
-            assert conn.execute(count).fetchone()[0] < versions  # type: ignore[index]
-    finally:
-        proj.stop()
+    _catch_up(cp, database_url, schema)
+    count = f'SELECT count(*) FROM "{schema}".history'
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        versions = conn.execute(count).fetchone()[0]  # type: ignore[index]
+        time.sleep(1.1)  # the story's events are now past the retention
+        proj = Projector(cp.nats_url, database_url, schema=schema, history_max_age_s=1.0)
+        proj.start()  # its loop prunes once caught up
+        try:
+            deadline = time.monotonic() + 20
+            while (left := conn.execute(count).fetchone()[0]) >= versions:  # type: ignore[index]
+                assert time.monotonic() < deadline, f"nothing pruned: {left} versions"
+                time.sleep(0.1)
+        finally:
+            proj.stop()
     assert _view(database_url, schema, "leases", time.time()) == _view(
         database_url, schema, "leases", None)
     db = ["--database-url", database_url, "--schema", schema]
