@@ -232,7 +232,8 @@ def cmd_projections_run(args: argparse.Namespace) -> int:
     from workers.projector import run
 
     run(nats_url_of(args), database_url_of(args), views_schema_of(args), args.batch_size,
-        announce=lambda s: print(s, flush=True))
+        announce=lambda s: print(s, flush=True),
+        history_max_age_s=args.history_days and args.history_days * 86400)
     return EXIT_OK
 
 
@@ -277,10 +278,19 @@ def cmd_audit_decisions(args: argparse.Namespace) -> int:
 
     if not 0.0 <= args.tolerance <= 1.0:
         raise UsageError(f"--tolerance: {args.tolerance} is not a share between 0 and 1")
+    from cli.whatif import parse_when
+    from projections.audit_window import window_of
+
+    now = time.time()
+    start = parse_when("--from", args.start, now) if args.start else None
+    end = parse_when("--to", args.end, now) if args.end else None
+    if start is not None and end is not None and end < start:
+        raise UsageError(f"--to {args.end!r} is before --from {args.start!r}")
     app = log_app(args)
     try:
+        window = None if start is None and end is None else window_of(app, start, end)
         report = audit_decisions(app, pool=args.pool, tolerance=args.tolerance,
-                                 lag_seconds=args.lag)
+                                 lag_seconds=args.lag, window=window)
     finally:
         close_app(app, args)
     return _printed(report, args)
@@ -332,6 +342,11 @@ def register(sub: Subparsers) -> None:
     prb.set_defaults(func=cmd_projections_rebuild)
     prr = prj.add_parser("run", help="run the projector until Ctrl-C")
     prr.add_argument("--batch-size", type=int, default=1000)
+    from projections.views.retention import history_days
+
+    prr.add_argument("--history-days", type=history_days, default=None, metavar="DAYS",
+                     help="how long the views keep their past for --at; older row versions "
+                     "are pruned while idle (default $POOL_HISTORY_DAYS or 30)")
     db_opts(prr)
     prr.set_defaults(func=cmd_projections_run)
     aud = sub.add_parser("audit", help="check the books against the log").add_subparsers(
@@ -352,6 +367,10 @@ def register(sub: Subparsers) -> None:
         "as it asked, and (in pools without quotas) every placement made while another tenant of the same "
         "class waited with the same shape went to the one further below its weighted share. "
         "Exit 1 on any violation.")
+    ad.add_argument("--from", dest="start", metavar="TIME", help="judge only the placements "
+                    "made from TIME (ISO, epoch seconds or `2h ago`); the log before it is "
+                    "still folded, so capacity and quotas stand as they did then")
+    ad.add_argument("--to", dest="end", metavar="TIME", help="… and up to TIME (default now)")
     ad.add_argument("--pool", help="judge fair share in this pool only")
     ad.add_argument("--tolerance", type=float, default=0.0, metavar="SHARE",
                     help="share of contended placements allowed to miss fair share (default 0)")

@@ -35,10 +35,11 @@ class PlacementReport:
         return len(self.device_conflicts) + len(self.foreign_devices)
 
 
-def check_placements(app: Any) -> PlacementReport:
+def check_placements(app: Any, seqs: range | None = None) -> PlacementReport:
     """Fold the whole log: at every event, each node's leases must fit in its allocatable, no
     lease may hold capacity on two nodes (or twice on one) at the same time, no GPU device may
-    be held by two leases, and every device a lease holds or is reserved must be its node's."""
+    be held by two leases, and every device a lease holds or is reserved must be its node's.
+    `seqs`: judge only the placements at these events (the state before them still folded)."""
     report = PlacementReport()
     allocatable: dict[UUID, Resources] = {}
     inventory: dict[str, set[str]] = {}  # node id (the agent's) → its device ids
@@ -48,7 +49,10 @@ def check_placements(app: Any) -> PlacementReport:
     device_holder: dict[UUID, dict[str, str]] = defaultdict(dict)  # node → device → lease
     devices_of: dict[str, tuple[str, ...]] = {}
     for n in notifications(app):
+        if seqs is not None and n.id >= seqs.stop:
+            break
         name = event_name(n.topic)
+        judged = seqs is None or n.id in seqs
         if name in ("NodeRegistered", "NodeReregistered"):
             ev = app.mapper.to_domain_event(n)
             caps = ev.capabilities
@@ -66,27 +70,27 @@ def check_placements(app: Any) -> PlacementReport:
                      if name == "CapacityAllocated" else ev.allocations)
             for item in items:
                 lease = str(item[0])
-                report.placements += 1
-                if lease in holder:
+                report.placements += judged
+                if lease in holder and judged:
                     report.double_holds.append(
                         f"lease {lease} allocated on node {node} at {n.id} while held on "
                         f"node {holder[lease]}")
                 holder[lease] = node
                 held[node][lease] = Resources.from_dict(item[1])
                 total = sum(held[node].values(), Resources())
-                if node not in allocatable or not total.fits_in(allocatable[node]):
+                if judged and (node not in allocatable or not total.fits_in(allocatable[node])):
                     report.over_allocations.append(f"node {node} over-allocated at {n.id}")
                 devices = tuple(str(d) for d in (item[2] if len(item) > 2 else None) or ())
-                report.device_placements += bool(devices)
+                report.device_placements += bool(devices) and judged
                 own = inventory.get(node_name.get(node, ""), set())
                 for d in devices:
                     other = device_holder[node].get(d)
-                    if other is not None and other != lease:
+                    if other is not None and other != lease and judged:
                         report.device_conflicts.append(
                             f"device {d} of node {node} given to lease {lease} at {n.id} while "
                             f"lease {other} holds it")
                     device_holder[node][d] = lease
-                    if d not in own:
+                    if d not in own and judged:
                         report.foreign_devices.append(
                             f"lease {lease} holds device {d}, not on node {node} (at {n.id})")
                 devices_of[lease] = devices
@@ -99,7 +103,7 @@ def check_placements(app: Any) -> PlacementReport:
                     del device_holder[ev.originator_id][d]
             if holder.get(lease) == ev.originator_id:
                 del holder[lease]
-        elif name == "LeaseReserved":
+        elif name == "LeaseReserved" and judged:
             st = state_of(n)
             own = inventory.get(str(st.get("node_id")), set())
             for d in st.get("devices") or ():
@@ -134,12 +138,13 @@ class QuotaReport:
     breaches: list[str] = field(default_factory=list)
 
 
-def check_quotas(app: Any) -> QuotaReport:
+def check_quotas(app: Any, seqs: range | None = None) -> QuotaReport:
     """Fold the whole log: at every placement, the tenant it placed must hold no more than its
     nominal quota plus what it could borrow then (its borrow limit, and what its cohort had
     unused), as the quota settings stood at that event. Holding is counted as the nodes count
     it, from allocation until the capacity is freed. A later cut of a quota below what is
-    already held is not a breach: only placements are judged."""
+    already held is not a breach: only placements are judged (with `seqs`, only those at
+    these events)."""
     report = QuotaReport()
     books: dict[str, QuotaBook] = defaultdict(QuotaBook)
     policy_of: dict[UUID, tuple[str, str]] = {}  # tenant policy → (pool, tenant)
@@ -148,6 +153,8 @@ def check_quotas(app: Any) -> QuotaReport:
     usage: dict[str, dict[str, Resources]] = defaultdict(dict)
     held: dict[str, Resources] = {}
     for n in notifications(app):
+        if seqs is not None and n.id >= seqs.stop:
+            break
         name = event_name(n.topic)
         if name in ("TenantPolicySet", "TenantPolicyUpdated"):
             st = state_of(n)
@@ -184,6 +191,8 @@ def check_quotas(app: Any) -> QuotaReport:
                 amount = held[lease] = Resources.from_dict(item[1])
                 mine = usage[pool]
                 mine[tenant] = mine.get(tenant, Resources()) + amount
+                if seqs is not None and n.id not in seqs:
+                    continue
                 report.placements += 1
                 for breach in holding_past_limits(books[pool], mine, [tenant]):
                     report.breaches.append(f"{breach} after placing lease {lease} at {n.id}")
@@ -211,26 +220,29 @@ _LEASE_ENDED = frozenset({"LeaseRejected", "LeaseCancelled", "ReservationVoided"
                           "LeaseReleased", "LeasePreempted"})
 
 
-def check_gangs(app: Any) -> GangReport:
+def check_gangs(app: Any, seqs: range | None = None) -> GangReport:
     """Fold the whole log: a gang's members are reserved all in one save or not at all. A save
     is contiguous in the log and the scheduler writes a gang's members one after another, so
     from a member's LeaseReserved until every member is reserved only that gang's members may
     write; and when a round starts every other member must be queued (not still holding an
-    earlier placement, not ended). A round left open at the end of the log is partial too."""
+    earlier placement, not ended). A round left open at the end of the log is partial too.
+    `seqs`: only rounds begun at these events are judged and counted."""
     report = GangReport()
     gang_of: dict[UUID, str] = {}
     members: dict[str, set[UUID]] = {}
     sizes: dict[str, int] = {}
     state: dict[UUID, str] = {}  # member → queued | holding | ended | requested
     open_round: dict[str, set[UUID]] = {}  # gang → members still to be reserved this round
+    judged: set[str] = set()  # gangs whose open round began in the window
     for n in notifications(app):
         name = event_name(n.topic)
         oid = n.originator_id
         for gang, waiting in list(open_round.items()):
             if oid not in members[gang]:
-                report.partial.append(
-                    f"gang {gang}: {len(waiting)} of {sizes[gang]} member(s) not reserved when "
-                    f"{name} of {oid} was written (at {n.id})")
+                if gang in judged:
+                    report.partial.append(
+                        f"gang {gang}: {len(waiting)} of {sizes[gang]} member(s) not reserved "
+                        f"when {name} of {oid} was written (at {n.id})")
                 del open_round[gang]
         if name == "LeaseRequested":
             requested = state_of(n)
@@ -257,23 +269,29 @@ def check_gangs(app: Any) -> GangReport:
             state[oid] = "holding"
             round_left = open_round.get(gang_id)
             if round_left is None:
+                if seqs is None or n.id in seqs:
+                    judged.add(gang_id)
+                else:
+                    judged.discard(gang_id)
                 others = members[gang_id] - {oid}
                 wrong = sorted(f"{m} {state.get(m)}" for m in others if state.get(m) != "queued")
                 if len(members[gang_id]) < sizes[gang_id] or wrong:
-                    report.partial.append(
-                        f"gang {gang_id}: member {oid} reserved at {n.id} while "
-                        f"{len(members[gang_id])} of {sizes[gang_id]} member(s) were requested"
-                        + (f" and {', '.join(wrong)}" if wrong else ""))
+                    if gang_id in judged:
+                        report.partial.append(
+                            f"gang {gang_id}: member {oid} reserved at {n.id} while "
+                            f"{len(members[gang_id])} of {sizes[gang_id]} member(s) were "
+                            "requested" + (f" and {', '.join(wrong)}" if wrong else ""))
                     continue
                 round_left = open_round[gang_id] = set(others)
             else:
                 round_left.discard(oid)
             if not round_left:
                 del open_round[gang_id]
-                report.placements += 1
+                report.placements += gang_id in judged
     for gang, waiting in open_round.items():
-        report.partial.append(f"gang {gang}: {len(waiting)} of {sizes[gang]} member(s) "
-                              "never reserved in the round the log ends in")
+        if gang in judged:
+            report.partial.append(f"gang {gang}: {len(waiting)} of {sizes[gang]} member(s) "
+                                  "never reserved in the round the log ends in")
     return report
 
 
@@ -286,13 +304,14 @@ class DecisionReport:
 
     checks: dict[str, str] = field(default_factory=dict)  # check → its summary
     violations: dict[str, list[str]] = field(default_factory=dict)  # check → what broke
+    window: Any = None  # the audit_window.Window judged (None: the whole log)
 
     @property
     def ok(self) -> bool:
         return not any(self.violations.values())
 
     def lines(self, *, shown: int = 20) -> list[str]:
-        out = []
+        out = [self.window.text()] if self.window is not None else []
         for name, summary in self.checks.items():
             bad = self.violations.get(name, [])
             out.append(f"{'✗' if bad else '✓'} {name:<12} {summary}")
@@ -304,40 +323,44 @@ class DecisionReport:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "checks": self.checks, "violations": self.violations}
+        return {"ok": self.ok, "checks": self.checks, "violations": self.violations,
+                "window": self.window.to_dict() if self.window is not None else None}
 
 
 def audit_decisions(app: Any, *, pool: str | None = None, tolerance: float = 0.0,
-                    lag_seconds: float | None = None) -> DecisionReport:
+                    lag_seconds: float | None = None, window: Any = None) -> DecisionReport:
     """Re-derive every placement's soundness from the log: capacity and devices never
     over-committed, no lease held twice, no tenant past its quota or cohort, every gang
     placed whole, and in each pool without quotas every placement made while another tenant
     of the same class waited with the same shape going to the one further below its weighted
     dominant share (`tolerance`: the share of such placements allowed to miss). `pool`
-    limits the fair-share check to one pool; the others look at the whole log."""
+    limits the fair-share check to one pool; the others look at the whole log. `window` (an
+    audit_window.Window): judge only the placements made in it, the log before it still folded
+    so that capacity, quotas and shares stand as they did at its start."""
     from projections.fair_share import DEFAULT_LAG_SECONDS, check_fair_share, records_by_pool
 
-    report = DecisionReport()
-    placed = check_placements(app)
+    report = DecisionReport(window=window)
+    seqs = None if window is None else window.seqs
+    placed = check_placements(app, seqs)
     report.checks["placements"] = (f"{placed.placements} placements, "
                                    f"{placed.device_placements} bound to GPU devices")
     report.violations["placements"] = (placed.over_allocations + placed.double_holds
                                        + placed.device_conflicts + placed.foreign_devices)
-    quotas = check_quotas(app)
+    quotas = check_quotas(app, seqs)
     report.checks["quotas"] = f"{quotas.placements} placements checked against quotas"
     report.violations["quotas"] = list(quotas.breaches)
-    gangs = check_gangs(app)
+    gangs = check_gangs(app, seqs)
     report.checks["gangs"] = f"{gangs.gangs} gangs, {gangs.placements} whole placements"
     report.violations["gangs"] = list(gangs.partial)
     from projections.workflow_checks import check_workflows
 
-    flows = check_workflows(app)
+    flows = check_workflows(app, seqs)
     report.checks["workflows"] = (f"{flows.arrays} throttled arrays, "
                                   f"{flows.dependents_placed} dependent placements")
     report.violations["workflows"] = flows.over_throttle + flows.early_starts
     lag = DEFAULT_LAG_SECONDS if lag_seconds is None else lag_seconds
     pools = records_by_pool(app)
-    _priority_and_credits(report, pools, pool=pool, lag=lag)
+    _priority_and_credits(report, pools, pool=pool, lag=lag, seqs=seqs)
     judged, skipped, contended, unfair = [], [], 0, []
     for name, found in sorted(pools.items()):
         if pool is not None and name != pool:
@@ -346,7 +369,7 @@ def audit_decisions(app: Any, *, pool: str | None = None, tolerance: float = 0.0
             skipped.append(name)  # nominal quotas and borrowing decide there, not shares
             continue
         fair = check_fair_share(found.records, lag_seconds=lag, ran=found.ran,
-                                holds=found.holds)
+                                holds=found.holds, seqs=seqs)
         judged.append(name)
         contended += fair.contended
         if len(fair.violations) > tolerance * fair.contended:
@@ -359,7 +382,7 @@ def audit_decisions(app: Any, *, pool: str | None = None, tolerance: float = 0.0
 
 
 def _priority_and_credits(report: DecisionReport, pools: dict[str, Any], *, pool: str | None,
-                          lag: float) -> None:
+                          lag: float, seqs: range | None = None) -> None:
     """The priority check in each pool without quotas (a quota may hold the higher class
     back), and no tenant's available credits below zero at any credit event."""
     from projections.fair_share import Funds
@@ -370,7 +393,7 @@ def _priority_and_credits(report: DecisionReport, pools: dict[str, Any], *, pool
         if (pool is not None and name != pool) or found.quotas:
             continue
         got = check_priority(found.records, lag_seconds=lag, holds=found.holds,
-                             exempt=found.exempt)
+                             exempt=found.exempt, seqs=seqs)
         judged += got.placements
         passed_over += [f"pool {name}: {v}" for v in got.violations]
     report.checks["priority"] = (f"{judged} placements made while another class waited, none "
@@ -378,7 +401,8 @@ def _priority_and_credits(report: DecisionReport, pools: dict[str, Any], *, pool
                                  else f"{judged} placements made while another class waited")
     report.violations["priority"] = passed_over
     funds = {(f.tenant, f.at, f.available) for found in pools.values()
-             for f in found.records if isinstance(f, Funds)}
+             for f in found.records
+             if isinstance(f, Funds) and (seqs is None or f.seq in seqs)}
     report.checks["credits"] = (f"{len({t for t, _, _ in funds})} accounts, "
                                 f"{len(funds)} balances, none below zero")
     report.violations["credits"] = [

@@ -41,6 +41,7 @@ class Placed:
     lease_id: str
     resources: Resources
     at: float
+    seq: int = 0  # the event's position in the log (0: not from a log)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class Funds:
     tenant: str
     available: int
     at: float
+    seq: int = 0
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,8 @@ def check_fair_share(records: Iterable[Record], weights: Mapping[str, float] | N
                      totals: Resources = ZERO, *, tenants: tuple[str, ...] | None = None,
                      lag_seconds: float = DEFAULT_LAG_SECONDS,
                      ran: set[str] | None = None,
-                     holds: Mapping[str, int] | None = None) -> FairShareReport:
+                     holds: Mapping[str, int] | None = None,
+                     seqs: range | None = None) -> FairShareReport:
     """Fold `records` (one pool's, in log order). For each placement of one of `tenants` made
     while another of them had a request of the same shape waiting since at least `lag_seconds`
     before it, the placed tenant's weighted dominant share must not exceed the other's.
@@ -138,6 +141,7 @@ def check_fair_share(records: Iterable[Record], weights: Mapping[str, float] | N
     leases that were placed at some time). `holds`: each lease's credit hold when placed; with
     `Funds` records, a waiting request competes only while its tenant had that much available
     all through the last `lag_seconds` (a tenant waiting for credits is not passed over).
+    `seqs`: judge only the placements at these events of the log.
     """
     records = list(records)
     weights = dict(weights) if weights is not None else {
@@ -187,7 +191,7 @@ def check_fair_share(records: Iterable[Record], weights: Mapping[str, float] | N
             if tenant is None:
                 continue  # requested in another pool, or before the log's window
             waiting[tenant].pop(rec.lease_id, None)
-            if tenant in names:
+            if tenant in names and (seqs is None or rec.seq in seqs):
                 _judge(report, tenant, rec, shape_of.get(rec.lease_id, ""), names, waiting,
                        usage, recent, share, lag_seconds, funds, holds or {})
             usage[tenant] = usage[tenant] + rec.resources
@@ -303,7 +307,7 @@ def records_by_pool(app: Any, *, page: int = 5000) -> dict[str, PoolRecords]:
             shape = st.get("shape") or json.loads(requested[oid].shape_key)
             into = pools[lease_pool[oid]]
             into.records.append(Placed(oid, Resources.from_dict(shape["resources"]),
-                                       float(st["at"])))
+                                       float(st["at"]), n.id))
             into.ran.add(oid)
             into.holds.setdefault(oid, int(st.get("hold_microcredits") or 0))
         elif name == "CapacityFreed":
@@ -351,7 +355,7 @@ def records_by_pool(app: Any, *, page: int = 5000) -> dict[str, PoolRecords]:
             acc.apply(name, st)
             for into in pools.values():
                 into.records.append(Funds(acc.tenant, acc.available, float(
-                    st.get("at") or st.get("opened_at") or 0.0)))
+                    st.get("at") or st.get("opened_at") or 0.0), n.id))
     return dict(pools)
 
 

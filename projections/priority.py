@@ -30,7 +30,8 @@ class PriorityReport:
 
 def check_priority(records: Iterable[Record], *, lag_seconds: float,
                    holds: Mapping[str, int] | None = None,
-                   exempt: set[str] | None = None) -> PriorityReport:
+                   exempt: set[str] | None = None,
+                   seqs: range | None = None) -> PriorityReport:
     """Fold one pool's records in log order. At each placement, no other request may have
     waited (since at least `lag_seconds` before it, able to pay its hold all that while) with
     the same shape, so that it fitted wherever the placed one did — backfill cannot be why —
@@ -39,7 +40,8 @@ def check_priority(records: Iterable[Record], *, lag_seconds: float,
     Lenient where the scheduler could have seen otherwise: the placed lease's rank is taken as
     high as aging could have made it (uncapped), the waiting one's as its class's own. Gang
     members and leases bound to an advance reservation (`exempt`) neither judge nor are judged:
-    their waits are their gang's or their reservation's."""
+    their waits are their gang's or their reservation's. `seqs`: judge only the placements at
+    these events of the log."""
     report = PriorityReport()
     ranks: dict[str, int] = {}
     aging = 0.0
@@ -74,7 +76,7 @@ def check_priority(records: Iterable[Record], *, lag_seconds: float,
             waiting.pop(rec.lease_id, None)
         elif isinstance(rec, Placed):
             placed = waiting.pop(rec.lease_id, None)
-            if placed is None:
+            if placed is None or (seqs is not None and rec.seq not in seqs):
                 continue
             mine = rank(placed, rec.at, aged=True)
             since = rec.at - lag_seconds

@@ -84,9 +84,14 @@ def _seq_then(conn: psycopg.Connection[Any], schema: str, view: str,
     kept = history_since(conn, schema, view)
     seq = seq_at(conn, schema, at)
     conn.commit()
-    if kept is None or (kept[0] > 0 and seq < kept[0]):
+    if kept is None:
+        raise BeforeHistory(f"the {view} view keeps no past yet")
+    if kept[0] > 0 and seq < kept[0]:
+        from projections.views.retention import retention_text
+
+        cut = retention_text(kept[2], kept[3])
         raise BeforeHistory(f"the {view} view keeps its past only from event {kept[0]} on"
-                            if kept is not None else f"the {view} view keeps no past yet")
+                            + (f": {cut}" if cut else ""))
     return seq, kept[1]
 
 

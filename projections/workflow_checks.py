@@ -44,18 +44,22 @@ def _met(condition: str, end_reason: str | None) -> bool:
     return condition == "any" or (end_reason == "succeeded") == (condition == "ok")
 
 
-def check_workflows(app: Any) -> WorkflowReport:
+def check_workflows(app: Any, seqs: range | None = None) -> WorkflowReport:
     """Fold the whole log: after every event, each array's leases holding capacity (from
     their LeaseReserved until capacity is given back) are at most its max_running; at every
-    LeaseReserved of a lease that waits for others, each of them has ended as it asked."""
+    LeaseReserved of a lease that waits for others, each of them has ended as it asked.
+    `seqs`: judge only at these events (the state before them still folded)."""
     report = WorkflowReport()
     array_of: dict[UUID, tuple[str, int]] = {}
     holding: dict[str, set[UUID]] = {}
     after: dict[UUID, list[tuple[str, str]]] = {}
     ended: dict[str, str] = {}  # lease id → its end reason
     for n in notifications(app):
+        if seqs is not None and n.id >= seqs.stop:
+            break
         name = event_name(n.topic)
         oid = n.originator_id
+        judged = seqs is None or n.id in seqs
         if name == "LeaseRequested":
             fields = state_of(n).get("workflow") or {}
             if fields.get("array_id") and fields.get("max_running"):
@@ -69,7 +73,7 @@ def check_workflows(app: Any) -> WorkflowReport:
             continue
         if name in _ENDED:
             ended[str(oid)] = _end_reason(name, state_of(n))
-        if name == "LeaseReserved":
+        if name == "LeaseReserved" and judged:
             deps = after.get(oid)
             if deps is not None:
                 report.dependents_placed += 1
@@ -86,7 +90,7 @@ def check_workflows(app: Any) -> WorkflowReport:
             holding[array].add(oid)
             count = len(holding[array])
             report.peak[array] = max(report.peak.get(array, 0), count)
-            if count > limit:
+            if count > limit and judged:
                 report.over_throttle.append(
                     f"array {array}: {count} leases hold capacity at {n.id}, its max_running "
                     f"is {limit}")

@@ -17,6 +17,11 @@ from typing import Any
 
 from projections.errors import PositionMoved
 from projections.views import DEFAULT_BATCH, DEFAULT_SCHEMA, VIEWS, PoolViews
+from projections.views.retention import (
+    PRUNE_BATCH,
+    history_days,
+    history_max_age_from_env,
+)
 from workers.application import PoolApp
 from workers.bootstrap import app_env
 
@@ -29,16 +34,24 @@ FREEZE_AFTER_EVENTS = 20_000
 # fewer rows per event to write (an account, node or lease touched again within the batch is
 # written once) and fewer transactions (docs/performance-log.md)
 CATCH_UP_FACTOR = 4
+# an idle projector prunes the views' past this often (at once again while a batch came back
+# full): each time one small batch, so a write never waits long behind it
+PRUNE_EVERY_S = 60.0
 
 class Projector:
     """Folds the "pool" log into the views, batch by batch, until stopped."""
 
     def __init__(self, nats_url: str, database_url: str, *, schema: str = DEFAULT_SCHEMA,
                  batch_size: int = DEFAULT_BATCH, views: Sequence[str] = VIEWS,
-                 poll_seconds: float = 0.1) -> None:
+                 poll_seconds: float = 0.1,
+                 history_max_age_s: float | None = None) -> None:
         self.nats_url = nats_url
         self.app = PoolApp(env=app_env(nats_url))
-        self.views = PoolViews(self.app, database_url, schema=schema, views=views)
+        if history_max_age_s is None:  # as `pool serve` and `pool up` run it
+            history_max_age_s = history_max_age_from_env()
+        self.views = PoolViews(self.app, database_url, schema=schema, views=views,
+                               history_max_age_s=history_max_age_s)
+        self._next_prune = 0.0  # monotonic time of the next prune while idle
         self.batch_size = batch_size
         self.poll_seconds = poll_seconds
         self._stop = threading.Event()
@@ -85,7 +98,13 @@ class Projector:
                 # cleared before reading: an append from now on wakes the wait below
                 self._wake.clear()
                 try:
-                    if not stages.advance():
+                    progressed, more = stages.advance(), False
+                    if not stages.behind and time.monotonic() >= self._next_prune:
+                        # caught up (a steady trickle of events included): prune once due,
+                        # the write in flight settled first (the connection is the writer's)
+                        stages.settle()
+                        more = self.prune_when_due()
+                    if not progressed and not more:
                         self._wake.wait(self.poll_seconds)
                 except PositionMoved:
                     stages.reset()
@@ -102,6 +121,15 @@ class Projector:
             stages.close()
             if unwatch is not None:
                 unwatch()
+
+    def prune_when_due(self) -> bool:
+        """Once caught up (no write in flight): one batch of the views' past past its
+        retention pruned, when due; True if there is more (the caller comes straight back)."""
+        if time.monotonic() < self._next_prune:
+            return False
+        more = self.views.prune_history(time.time()) >= PRUNE_BATCH
+        self._next_prune = 0.0 if more else time.monotonic() + PRUNE_EVERY_S
+        return more
 
     def wait_until(self, notification_id: int, timeout: float = 10.0) -> bool:
         deadline = time.monotonic() + timeout
@@ -139,6 +167,7 @@ class _Stages:
         # of the next read: larger while behind (CATCH_UP_FACTOR)
         self.size = projector.batch_size
         self.folded = 0  # events applied since the last catch-up ended
+        self.behind = False  # the last read came back full
         self.writer = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="pool-projector-w")
         # the write in flight and the last id of its batch; the views' positions once it commits
@@ -195,7 +224,7 @@ class _Stages:
             self.size = batch_size
             batch = self.recorder.select_notifications(start, self.size)
         self.ahead = None
-        behind = len(batch) >= self.size
+        behind = self.behind = len(batch) >= self.size
         self.size = batch_size * CATCH_UP_FACTOR if behind else batch_size
         if behind:
             self.pause_gc()
@@ -233,17 +262,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--database-url", required=True)
     p.add_argument("--schema", default=DEFAULT_SCHEMA)
     p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH)
+    p.add_argument("--history-days", type=history_days, default=None,
+                   help="how long the views keep their past for --at (default "
+                   "$POOL_HISTORY_DAYS or 30)")
     args = p.parse_args(argv)
-    run(args.nats_url, args.database_url, args.schema, args.batch_size)
+    run(args.nats_url, args.database_url, args.schema, args.batch_size,
+        history_max_age_s=args.history_days and args.history_days * 86400)
     return 0
 
 
 def run(nats_url: str, database_url: str, schema: str, batch_size: int,
-        announce: Any = None) -> None:
+        announce: Any = None, *, history_max_age_s: float | None = None) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    proj = Projector(nats_url, database_url, schema=schema, batch_size=batch_size)
+    proj = Projector(nats_url, database_url, schema=schema, batch_size=batch_size,
+                     history_max_age_s=history_max_age_s)
     if announce:
         announce(f"projecting {nats_url} into schema {schema}: Ctrl-C to stop")
     try:

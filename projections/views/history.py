@@ -26,7 +26,10 @@ HISTORY_DDL = """CREATE TABLE IF NOT EXISTS {s}.history (
     CREATE TABLE IF NOT EXISTS {s}.event_times (
         second BIGINT PRIMARY KEY, seq BIGINT NOT NULL, at DOUBLE PRECISION NOT NULL);
     CREATE TABLE IF NOT EXISTS {s}.history_since (
-        view_name TEXT PRIMARY KEY, seq BIGINT NOT NULL)"""
+        view_name TEXT PRIMARY KEY, seq BIGINT NOT NULL);
+    ALTER TABLE {s}.history_since ADD COLUMN IF NOT EXISTS kept_from DOUBLE PRECISION,
+        ADD COLUMN IF NOT EXISTS max_age_s DOUBLE PRECISION,
+        ADD COLUMN IF NOT EXISTS pruned_seq BIGINT NOT NULL DEFAULT 0"""
 
 KEYS = {"queue": "lease_id", "balance": "tenant", "capacity": "node_id", "leases": "lease_id"}
 
@@ -101,16 +104,18 @@ def seq_at(conn: psycopg.Connection[Any], schema: str, at: float) -> int:
 
 
 def history_since(conn: psycopg.Connection[Any], schema: str,
-                  view: str) -> tuple[int, int] | None:
-    """Where `view`'s history begins, and the view's position now (None: it keeps none)."""
+                  view: str) -> tuple[int, int, float | None, float | None] | None:
+    """Where `view`'s history begins, the view's position now, and where retention cut it
+    last (the cut's time and the age kept; None, None: never cut). None: it keeps none."""
     try:
         with conn.transaction():
             row = conn.execute(formatted(
-                "SELECT h.seq, t.notification_id FROM {s}.history_since h JOIN {s}.tracking t "
-                "USING (view_name) WHERE view_name = %s", schema), (view,)).fetchone()
+                "SELECT h.seq, t.notification_id, h.kept_from, h.max_age_s FROM "
+                "{s}.history_since h JOIN {s}.tracking t USING (view_name) "
+                "WHERE view_name = %s", schema), (view,)).fetchone()
     except psycopg.errors.UndefinedTable:
         return None
-    return None if row is None else (int(row[0]), int(row[1]))
+    return None if row is None else (int(row[0]), int(row[1]), row[2], row[3])
 
 
 def as_of(schema: str, view: str, seq: int, *, early: bool = False) -> sql.Composed:

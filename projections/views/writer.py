@@ -19,6 +19,7 @@ from domain.lease import TERMINAL_STATES, Lease
 from domain.node import Node
 from projections.errors import PositionMoved
 from projections.views.history import event_times
+from projections.views.retention import HISTORY_MAX_AGE_S, PRUNE_BATCH, prune_history
 from projections.views.rows import (
     UNSEEN,
     account_row,
@@ -127,8 +128,10 @@ class PoolViews:
     JetStream). `process(notifications)` applies one batch in one transaction."""
 
     def __init__(self, app: Any, database_url: str, *, schema: str = DEFAULT_SCHEMA,
-                 views: Sequence[str] = VIEWS) -> None:
+                 views: Sequence[str] = VIEWS,
+                 history_max_age_s: float = HISTORY_MAX_AGE_S) -> None:
         self.app = app
+        self.history_max_age_s = history_max_age_s
         self.database_url = database_url
         self.schema = schema
         self.views = tuple(check_view(v) for v in views)
@@ -154,6 +157,15 @@ class PoolViews:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+    def prune_history(self, now: float, *, batch: int = PRUNE_BATCH) -> int:
+        """One small batch of the views' past older than their retention deleted, in its own
+        transaction under the projector's lock; returns the rows deleted (`batch` or more:
+        there is more to do). Not while a batch is being written on this connection."""
+        with self.conn.transaction():
+            self.conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(self.schema),))
+            return prune_history(self.conn, self.schema, self.views, now=now,
+                                 max_age_s=self.history_max_age_s, batch=batch)
 
     def position(self) -> int:
         """The lowest position among this projection's views: where the next batch starts."""

@@ -68,3 +68,44 @@ def test_the_audit_names_a_placement_that_passed_over_a_higher_class(
     assert line.startswith(f"pool p1: {low} (alpha, class standard, rank 10 aged) placed at")
     assert f"while {high} (beta, class high, rank 20)" in line
     assert found["violations"]["quotas"] == found["violations"]["placements"] == []
+
+
+def test_a_window_judges_only_its_own_placements(
+        plane: Plane, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The passed-over placement is named by a window holding it, and not by the window after
+    it, which still folds the log before it and judges the next placement there."""
+    import time
+
+    from workers.scheduler import state
+
+    real = state.FairQueue
+
+    def classless(**kw: Any) -> Any:
+        kw["priority_ranks"] = dict.fromkeys(kw["priority_ranks"], 0)
+        return real(**kw)
+
+    monkeypatch.setattr(state, "FairQueue", classless)
+    before = time.time()
+    low, _high = _story(plane)
+    time.sleep(0.05)
+    middle = time.time()
+    time.sleep(0.05)
+    with PoolClient(plane[0].nats_url, "alpha") as a:
+        assert a.lease(low, "cancel", {"reason": "done"})["ok"]
+    assert plane[0].scheduler.cycle().placed == 1  # the high one, at last
+    url = plane[0].nats_url
+
+    def audit(*window: str) -> tuple[int, dict[str, Any]]:
+        rc = main(["audit", "decisions", "--json", "--nats-url", url, *window])
+        return rc, json.loads(capsys.readouterr().out)
+
+    rc, found = audit("--from", str(before), "--to", str(middle))
+    assert rc == 1 and len(found["violations"]["priority"]) == 1, found
+    assert found["window"]["first_seq"] is not None
+    rc, found = audit("--from", str(middle))
+    assert rc == 0 and found["ok"], found
+    assert found["checks"]["placements"].startswith("1 placements"), found
+    assert found["window"]["first_seq"] > 1
+    assert main(["audit", "decisions", "--nats-url", url, "--from", "1h ago"]) == 1
+    assert capsys.readouterr().out.startswith("window ")

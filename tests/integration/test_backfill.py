@@ -99,3 +99,27 @@ def test_pool_lease_queue_prints_the_position_and_estimated_start(
     assert wide in out and "True" in out
     when = dt.datetime.fromtimestamp(placed_at + 630, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
     assert when in out
+
+
+def test_a_placement_past_a_reservation_names_it_in_its_recorded_terms(plane: Plane) -> None:
+    """A request that waited (its quota), then placed in the gap before the wide head's
+    reservation: its decision record names that reservation (head, node, start)."""
+    cp, admin, clock = plane
+    a, b, wide, placed_at = _blocked_wide(plane)
+    with a, b:
+        assert admin.admin("tenant.set", {"tenant": "alpha", "pool_id": "p1",
+                                          "quota": {"cpu_millis": 2000}})["ok"]
+        short = a.request_lease(lease_body("short", cpu_millis=2000, max_runtime=60))
+        lid = short["lease"]["lease_id"]
+        assert cp.scheduler.cycle().placed == 0  # alpha's quota keeps it waiting: recorded
+        clock.advance(1)
+        assert admin.admin("tenant.set", {"tenant": "alpha", "pool_id": "p1",
+                                          "quota": {"cpu_millis": 8000}})["ok"]
+        assert cp.scheduler.cycle().placed == 1
+        assert _state(b, wide) == "queued"
+        record = a.lease(lid, "why", {"at": clock() + 1})["result"]["record"]
+    terms = record["terms"]
+    assert terms["backfill"] is True
+    (held,) = terms["reservations"]
+    assert (held["lease_id"], held["node_id"]) == (wide, "n1")
+    assert held["start_at"] == placed_at + 30 + 600

@@ -180,3 +180,102 @@ def test_a_row_that_left_the_queue_and_came_back_reads_right_at_each_time(
         assert shown(100.9) == [("k1", 1)]
         assert shown(101.9) == []
         assert shown(102.9) == [("k1", 8), ("k2", 7)]
+
+
+@pytest.mark.parametrize("position", [9, 100], ids=["from-the-view-now", "from-the-start"])
+def test_pruned_past_answers_the_same_after_the_cut_and_refuses_before_it(
+    database_url: str, schema: str, position: int
+) -> None:
+    """Versions written by hand (k1 queued at 1, changed at 3, gone at 5, back at 8; k3 queued
+    at 2 and never changed; k2 queued at 7), pruned a version at a time with a retention that
+    cuts at event 6: every time from the cut on reads as before; a time before it is refused
+    with a typed error naming the retention, not answered from what is left."""
+    import json
+
+    from projections.errors import BeforeHistory
+    from projections.views.retention import prune_history
+
+    def row(key: str, seq: int) -> str:
+        return json.dumps({"lease_id": key, "pool": "p1", "tenant": "alpha",
+                           "priority_class": "standard", "state": "queued", "shape": {},
+                           "attempts": seq, "requested_at": 1.0, "queued_at": 1.0,
+                           "last_seq": seq})
+
+    versions = [("k1", 1, "c", row("k1", 1)), ("k3", 2, "c", row("k3", 2)),
+                ("k1", 3, "u", row("k1", 3)), ("k1", 5, "d", None),
+                ("k2", 7, "c", row("k2", 7)), ("k1", 8, "c", row("k1", 8))]
+    with psycopg.connect(database_url) as conn:
+        pv.create_schema(conn, schema)
+        for key, seq, kind, data in versions:
+            conn.execute(f'INSERT INTO "{schema}".history VALUES (%s, %s, %s, %s, %s)',
+                         ("queue", key, seq, kind, data))
+        for _key, _seq, _kind, data in (versions[1], versions[4], versions[5]):
+            conn.execute(f'INSERT INTO "{schema}".queue SELECT * FROM jsonb_populate_record('
+                         f'NULL::"{schema}".queue, %s::jsonb)', (data,))
+        conn.execute(f'UPDATE "{schema}".tracking SET notification_id = %s', (position,))
+        conn.execute(f'UPDATE "{schema}".history_since SET seq = 0')
+        for second, seq in ((99, 2), (100, 3), (101, 6), (102, 9)):
+            conn.execute(f'INSERT INTO "{schema}".event_times VALUES (%s, %s, %s)',
+                         (second, seq, second + 0.5))
+        conn.commit()
+
+        def shown(at: float) -> list[tuple[object, object]]:
+            page = query(conn, "queue", tenant=None, schema=schema, at=at)
+            return sorted((r["lease_id"], r["attempts"]) for r in page["rows"])
+
+        times = (99.9, 100.9, 101.9, 102.9)
+        before = {at: shown(at) for at in times}
+        assert before[100.9] == [("k1", 3), ("k3", 2)]
+        assert before[101.9] == [("k3", 2)]
+        day = 86400.0
+        rounds = 0
+        while prune_history(conn, schema, ("queue",), now=101.6 + day, max_age_s=day, batch=1):
+            conn.commit()
+            rounds += 1
+            assert rounds < 20
+        conn.commit()
+        assert rounds > 2  # one version a statement: small batches
+        kept = conn.execute(f'SELECT key, seq FROM "{schema}".history ORDER BY seq').fetchall()
+        assert kept == [("k3", 2), ("k2", 7), ("k1", 8)]
+        for at in (101.9, 102.9):
+            assert shown(at) == before[at], at
+        for at in (99.9, 100.9):
+            with pytest.raises(BeforeHistory, match=r"kept 1 days \(history retention\)"):
+                shown(at)
+
+
+def test_the_projector_prunes_the_past_past_its_retention(
+    plane: tuple[ControlPlane, PoolClient, FakeClock], database_url: str, schema: str,
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A projector keeping a second of past, idle two seconds after a lease's story: its
+    versions before the cut are gone, the view now reads the same, and `pool queue --at`
+    before the cut is refused with the retention named."""
+    from workers.projector import Projector
+
+    cp, _admin, _clock = plane
+    with PoolClient(cp.nats_url, "alpha") as alpha:
+        alpha.request_lease(lease_body("job-1", cpu_millis=2000, memory_mib=2048))
+        _catch_up(cp, database_url, schema)  # a batch apiece: a version of each row apiece
+        queued = _pause()
+        assert cp.scheduler.cycle().placed == 1
+    _catch_up(cp, database_url, schema)
+    count = f'SELECT count(*) FROM "{schema}".history'
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        versions = conn.execute(count).fetchone()[0]  # type: ignore[index]
+        time.sleep(1.1)  # the story's events are now past the retention
+        proj = Projector(cp.nats_url, database_url, schema=schema, history_max_age_s=1.0)
+        proj.start()  # its loop prunes once caught up
+        try:
+            deadline = time.monotonic() + 20
+            while (left := conn.execute(count).fetchone()[0]) >= versions:  # type: ignore[index]
+                assert time.monotonic() < deadline, f"nothing pruned: {left} versions"
+                time.sleep(0.1)
+        finally:
+            proj.stop()
+    assert _view(database_url, schema, "leases", time.time()) == _view(
+        database_url, schema, "leases", None)
+    db = ["--database-url", database_url, "--schema", schema]
+    assert main(["queue", "--at", str(queued), *db, "--json"]) != 0
+    out = capsys.readouterr()
+    assert "before_history" in out.out + out.err and "history retention" in out.out + out.err

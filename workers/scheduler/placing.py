@@ -239,12 +239,17 @@ class Placing(Ganging):
                now: float) -> dict[str, Any]:
         """Which policy terms chose a placement: the tenant's fair share when picked, its
         priority class (and aged band, where backfill ranks), how long it waited, and
-        whether it went past a blocked head's reservation (backfill)."""
+        whether it went past a blocked head's reservation (backfill), naming each
+        reservation of its band or above in force then (head, node, start, band)."""
         assert ps.queue is not None
-        return {"share": round(ps.queue.share(req.tenant), 6),
-                "priority_class": req.priority_class, "band": band,
-                "waited_seconds": round(max(0.0, now - req.enqueued_at), 3),
-                "backfill": bool(band is not None and bf.reservations)}
+        terms = {"share": round(ps.queue.share(req.tenant), 6),
+                 "priority_class": req.priority_class, "band": band,
+                 "waited_seconds": round(max(0.0, now - req.enqueued_at), 3),
+                 "backfill": bool(band is not None and bf.reservations)}
+        if terms["backfill"]:  # the reservations its admission kept clear (docs/audit.md)
+            terms["reservations"] = [r.to_dict() for r in bf.reservations.values()
+                                     if r.band >= band and r.lease_id != req.lease_id]
+        return terms
 
     def _lease_end(self, lease_id: str) -> LeaseEnd | None:
         lease = self.aggregates.get(UUID(lease_id))
