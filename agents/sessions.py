@@ -77,8 +77,11 @@ class Sessions:
             return "lease_not_here", "the lease's job does not run on this node"
         if run.stopping:
             return "lease_stopping", "the lease's job is stopping"
-        if getattr(self.agent.runtime, "enter", None) is None:
-            return "exec_unsupported", f"the {self.agent.runtime.name} runtime cannot be entered"
+        # an attach reads the job's output and writes its stdin; exec and forward enter it
+        need = ("read_output", "stdin") if order.kind == "attach" else ("enter",)
+        if any(getattr(self.agent.runtime, n, None) is None for n in need):
+            return "exec_unsupported", (f"the {self.agent.runtime.name} runtime cannot "
+                                        f"{'attach' if order.kind == 'attach' else 'be entered'}")
         if sum(1 for s in self.live.values() if s.lease_id == order.lease_id) \
                 >= MAX_SESSIONS_PER_LEASE:
             return "too_many_sessions", f"at most {MAX_SESSIONS_PER_LEASE} sessions per lease"
@@ -151,7 +154,7 @@ class Session:
     def _main(self) -> None:
         inn = session_subject(self.order.tenant, self.agent.node_id, self.session_id, "in")
         try:
-            self.entry = self.agent.runtime.enter(self.run_.handle)  # type: ignore[attr-defined]
+            self.entry = self.enter()
             self._unsubscribe = self.agent.link.subscribe(inn, self._on_data)
             # ready before the command starts: its first output must come after it
             self.send(wire.READY)
@@ -187,6 +190,10 @@ class Session:
             log.exception("session %s failed", self.session_id)
         finally:
             self._finish()
+
+    def enter(self) -> SandboxEntry | None:
+        """The handles into the job's sandbox that exec and forward run in."""
+        return self.agent.runtime.enter(self.run_.handle)  # type: ignore[no-any-return,attr-defined]
 
     def _lease_here(self) -> bool:
         return self.agent.running.get(self.lease_id) is self.run_ and not self.run_.stopping
@@ -399,6 +406,9 @@ class AttachSession(Session):
     code, or an error frame when the job is no longer this node's."""
 
     FOLLOW_SECONDS = 0.05  # how often the job's output is looked at when nothing came
+
+    def enter(self) -> SandboxEntry | None:
+        return None  # the job's output and stdin are the runtime's: nothing to enter
 
     def begin(self) -> None:
         self.exit_sent = False
