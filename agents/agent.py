@@ -70,6 +70,7 @@ class Running:
     # the most bytes of the job's output kept and shipped; True once all of it was shipped
     max_output_bytes: int = 64 << 20
     output_shipped: bool = False
+    exit_code: int | None = None  # once it exited and all its output was shipped
     # the job's files: its directory (/work) and what to store from it at its end
     has_workdir: bool = False
     artifacts: tuple[str, ...] = ()
@@ -527,9 +528,8 @@ class Agent:
         # feed reads them in that order): the shipper reports it once the output is shipped
         if not run.output_shipped and self.output.finish(run.handle.key):
             return
-        run.output_shipped = True
-        log.info("job %s of lease %s exited with %d%s", run.handle.job_number, lid, code,
-                 " (stopped)" if run.stopping else "")
+        run.output_shipped, run.exit_code = True, code  # an attach's last frame (sessions)
+        log.info("job %s of lease %s exited with %d%s", run.handle.job_number, lid, code, " (stopped)" if run.stopping else "")
         if run.artifacts_stored is None:
             # before the end is reported, so a tenant who sees it ended finds them stored;
             # a failed or preempted job's too (partial results matter)

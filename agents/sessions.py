@@ -170,7 +170,7 @@ class Session:
                 now = time.monotonic()
                 if now - looked >= 0.5:  # also while frames keep coming
                     looked = now
-                    if now - last > wire.IDLE_SECONDS or not self._lease_here():
+                    if now - last > wire.IDLE_SECONDS or not self.still_here():
                         break
                 try:
                     kind, conn, payload = self.inbox.get(timeout=0.5)
@@ -194,6 +194,10 @@ class Session:
     def enter(self) -> SandboxEntry | None:
         """The handles into the job's sandbox that exec and forward run in."""
         return self.agent.runtime.enter(self.run_.handle)  # type: ignore[no-any-return,attr-defined]
+
+    def still_here(self) -> bool:
+        """Whether the session goes on: while the lease's job is this agent's and running."""
+        return self._lease_here()
 
     def _lease_here(self) -> bool:
         return self.agent.running.get(self.lease_id) is self.run_ and not self.run_.stopping
@@ -406,6 +410,16 @@ class AttachSession(Session):
     code, or an error frame when the job is no longer this node's."""
 
     FOLLOW_SECONDS = 0.05  # how often the job's output is looked at when nothing came
+    GONE_GRACE_SECONDS = 2.0  # for the job's last output and code once the agent lets it go
+    gone_at: float | None = None
+
+    def still_here(self) -> bool:
+        """A job that has just exited leaves the agent's running jobs at once: its last
+        output and exit code still go out, for a short grace (the follower ends the session)."""
+        if self._lease_here():
+            return True
+        self.gone_at = self.gone_at or time.monotonic()
+        return time.monotonic() - self.gone_at < self.GONE_GRACE_SECONDS
 
     def enter(self) -> SandboxEntry | None:
         return None  # the job's output and stdin are the runtime's: nothing to enter
@@ -434,6 +448,8 @@ class AttachSession(Session):
                 return
             if self._lease_here():
                 exited = runtime.poll(handle)
+            else:  # the agent let it go (and its runtime may have forgotten it): its code
+                exited = self.run_.exit_code
             if exited is None:
                 time.sleep(self.FOLLOW_SECONDS)
 
