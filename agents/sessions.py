@@ -22,6 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from agents.runtimes.contract import WorkloadError
+from agents.stdinfeed import StdinFeed, StdinFull
 from bus import sessions as wire
 from bus.errors import BusError
 from bus.subjects import session_subject
@@ -97,6 +98,8 @@ class Session:
     block), a thread of its own handles them; it ends on the tenant's close, after
     IDLE_SECONDS without a frame, when the lease's job is no longer this agent's, or (exec)
     when the command has exited."""
+
+    acks_when_written = False  # an attach acknowledges stdin once it is in the job's
 
     def __init__(self, owner: Sessions, order: SessionOrder, run: Running, out: str) -> None:
         self.owner = owner
@@ -181,15 +184,20 @@ class Session:
                     break
                 if kind != wire.PING:
                     self.handle(kind, conn, payload)
-                if kind in wire.DATA:
-                    self._in_bytes += len(payload)
-                    if self._in_bytes - self._in_acked >= wire.ACK_EVERY_BYTES:
-                        self._in_acked = self._in_bytes
-                        self.send(wire.ACK, str(self._in_bytes).encode())
+                if kind in wire.DATA and not self.acks_when_written:
+                    self.took(len(payload))
         except Exception:  # a session's failure is the session's, never the agent's
             log.exception("session %s failed", self.session_id)
         finally:
             self._finish()
+
+    def took(self, n: int) -> None:
+        """`n` more data bytes of the tenant's are taken: acknowledged every ACK_EVERY_BYTES
+        (by one thread of the session's: its own, or the attach's stdin writer)."""
+        self._in_bytes += n
+        if self._in_bytes - self._in_acked >= wire.ACK_EVERY_BYTES:
+            self._in_acked = self._in_bytes
+            self.send(wire.ACK, str(self._in_bytes).encode())
 
     def enter(self) -> SandboxEntry | None:
         """The handles into the job's sandbox that exec and forward run in."""
@@ -410,6 +418,8 @@ class AttachSession(Session):
     code, or an error frame when the job is no longer this node's."""
 
     FOLLOW_SECONDS = 0.05  # how often the job's output is looked at when nothing came
+    acks_when_written = True
+    feed: StdinFeed | None = None
     GONE_GRACE_SECONDS = 2.0  # for the job's last output and code once the agent lets it go
     gone_at: float | None = None
 
@@ -454,19 +464,31 @@ class AttachSession(Session):
                 time.sleep(self.FOLLOW_SECONDS)
 
     def handle(self, kind: bytes, conn: int | None, payload: bytes) -> None:
+        """Input goes to the session's feed (agents/stdinfeed.py): this thread never waits
+        for the job to read, so a close, a ping or the job's end are still seen."""
         pipes = getattr(self.agent.runtime, "stdin", None)
         if kind not in (wire.STDIN, wire.EOF) or pipes is None:
             return
+        if self.feed is None:
+            self.feed = StdinFeed(pipes, self.run_.handle.key, self.took, self._refused,
+                                  self.done, f"stdin-{self.session_id[:8]}")
         if kind == wire.EOF:
-            pipes.close(self.run_.handle.key)
+            self.feed.end()
             return
         try:
-            pipes.write(self.run_.handle.key, payload)
-        except Exception as e:  # noqa: BLE001 - StdinClosed: the tenant is told, the session ends
-            self.send(wire.ERROR, json.dumps({"code": getattr(e, "code", "stdin_closed"),
-                                              "message": str(e)[:500]}).encode())
-            self.exit_sent = True
-            self.done.set()
+            self.feed.put(payload)
+        except StdinFull as e:
+            self._refused(e)
+
+    def _refused(self, e: Exception) -> None:
+        """The job's stdin is closed (StdinClosed) or full (StdinFull): the tenant is told,
+        the session ends."""
+        if self.done.is_set():
+            return
+        self.send(wire.ERROR, json.dumps({"code": getattr(e, "code", "stdin_closed"),
+                                          "message": str(e)[:500]}).encode())
+        self.exit_sent = True
+        self.done.set()
 
     def end(self) -> None:
         if not getattr(self, "exit_sent", True):
