@@ -155,9 +155,8 @@ class Agent:
         return self._devices
 
     def register(self) -> dict[str, Any]:
-        body = v1.NodeRegistration(
-            node_id=self.node_id, pool_id=self.pool_id,
-            capabilities=msgspec.convert(self.capabilities(), v1.NodeCapabilitiesSpec))
+        caps = msgspec.convert(self.capabilities(), v1.NodeCapabilitiesSpec)
+        body = v1.NodeRegistration(node_id=self.node_id, pool_id=self.pool_id, capabilities=caps)
         return self._call("register", encode(body))
 
     def _call(self, suffix: str, body: bytes, headers: dict[str, str] | None = None
@@ -529,7 +528,8 @@ class Agent:
         if not run.output_shipped and self.output.finish(run.handle.key):
             return
         run.output_shipped, run.exit_code = True, code  # an attach's last frame (sessions)
-        log.info("job %s of lease %s exited with %d%s", run.handle.job_number, lid, code, " (stopped)" if run.stopping else "")
+        log.info("job %s of lease %s exited with %d%s", run.handle.job_number, lid, code,
+                 " (stopped)" if run.stopping else "")
         if run.artifacts_stored is None:
             # before the end is reported, so a tenant who sees it ended finds them stored;
             # a failed or preempted job's too (partial results matter)

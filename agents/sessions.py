@@ -201,7 +201,9 @@ class Session:
 
     def enter(self) -> SandboxEntry | None:
         """The handles into the job's sandbox that exec and forward run in."""
-        return self.agent.runtime.enter(self.run_.handle)  # type: ignore[no-any-return,attr-defined]
+        runtime: Any = self.agent.runtime  # one with an `enter` (Sessions._refusal)
+        entry: SandboxEntry = runtime.enter(self.run_.handle)
+        return entry
 
     def still_here(self) -> bool:
         """Whether the session goes on: while the lease's job is this agent's and running."""
