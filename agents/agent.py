@@ -70,6 +70,7 @@ class Running:
     # the most bytes of the job's output kept and shipped; True once all of it was shipped
     max_output_bytes: int = 64 << 20
     output_shipped: bool = False
+    exit_code: int | None = None  # once it exited and all its output was shipped
     # the job's files: its directory (/work) and what to store from it at its end
     has_workdir: bool = False
     artifacts: tuple[str, ...] = ()
@@ -154,9 +155,8 @@ class Agent:
         return self._devices
 
     def register(self) -> dict[str, Any]:
-        body = v1.NodeRegistration(
-            node_id=self.node_id, pool_id=self.pool_id,
-            capabilities=msgspec.convert(self.capabilities(), v1.NodeCapabilitiesSpec))
+        caps = msgspec.convert(self.capabilities(), v1.NodeCapabilitiesSpec)
+        body = v1.NodeRegistration(node_id=self.node_id, pool_id=self.pool_id, capabilities=caps)
         return self._call("register", encode(body))
 
     def _call(self, suffix: str, body: bytes, headers: dict[str, str] | None = None
@@ -527,7 +527,7 @@ class Agent:
         # feed reads them in that order): the shipper reports it once the output is shipped
         if not run.output_shipped and self.output.finish(run.handle.key):
             return
-        run.output_shipped = True
+        run.output_shipped, run.exit_code = True, code  # an attach's last frame (sessions)
         log.info("job %s of lease %s exited with %d%s", run.handle.job_number, lid, code,
                  " (stopped)" if run.stopping else "")
         if run.artifacts_stored is None:

@@ -22,6 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from agents.runtimes.contract import WorkloadError
+from agents.stdinfeed import StdinFeed, StdinFull
 from bus import sessions as wire
 from bus.errors import BusError
 from bus.subjects import session_subject
@@ -77,8 +78,11 @@ class Sessions:
             return "lease_not_here", "the lease's job does not run on this node"
         if run.stopping:
             return "lease_stopping", "the lease's job is stopping"
-        if getattr(self.agent.runtime, "enter", None) is None:
-            return "exec_unsupported", f"the {self.agent.runtime.name} runtime cannot be entered"
+        # an attach reads the job's output and writes its stdin; exec and forward enter it
+        need = ("read_output", "stdin") if order.kind == "attach" else ("enter",)
+        if any(getattr(self.agent.runtime, n, None) is None for n in need):
+            return "exec_unsupported", (f"the {self.agent.runtime.name} runtime cannot "
+                                        f"{'attach' if order.kind == 'attach' else 'be entered'}")
         if sum(1 for s in self.live.values() if s.lease_id == order.lease_id) \
                 >= MAX_SESSIONS_PER_LEASE:
             return "too_many_sessions", f"at most {MAX_SESSIONS_PER_LEASE} sessions per lease"
@@ -94,6 +98,8 @@ class Session:
     block), a thread of its own handles them; it ends on the tenant's close, after
     IDLE_SECONDS without a frame, when the lease's job is no longer this agent's, or (exec)
     when the command has exited."""
+
+    acks_when_written = False  # an attach acknowledges stdin once it is in the job's
 
     def __init__(self, owner: Sessions, order: SessionOrder, run: Running, out: str) -> None:
         self.owner = owner
@@ -151,7 +157,7 @@ class Session:
     def _main(self) -> None:
         inn = session_subject(self.order.tenant, self.agent.node_id, self.session_id, "in")
         try:
-            self.entry = self.agent.runtime.enter(self.run_.handle)  # type: ignore[attr-defined]
+            self.entry = self.enter()
             self._unsubscribe = self.agent.link.subscribe(inn, self._on_data)
             # ready before the command starts: its first output must come after it
             self.send(wire.READY)
@@ -167,7 +173,7 @@ class Session:
                 now = time.monotonic()
                 if now - looked >= 0.5:  # also while frames keep coming
                     looked = now
-                    if now - last > wire.IDLE_SECONDS or not self._lease_here():
+                    if now - last > wire.IDLE_SECONDS or not self.still_here():
                         break
                 try:
                     kind, conn, payload = self.inbox.get(timeout=0.5)
@@ -178,15 +184,30 @@ class Session:
                     break
                 if kind != wire.PING:
                     self.handle(kind, conn, payload)
-                if kind in wire.DATA:
-                    self._in_bytes += len(payload)
-                    if self._in_bytes - self._in_acked >= wire.ACK_EVERY_BYTES:
-                        self._in_acked = self._in_bytes
-                        self.send(wire.ACK, str(self._in_bytes).encode())
+                if kind in wire.DATA and not self.acks_when_written:
+                    self.took(len(payload))
         except Exception:  # a session's failure is the session's, never the agent's
             log.exception("session %s failed", self.session_id)
         finally:
             self._finish()
+
+    def took(self, n: int) -> None:
+        """`n` more data bytes of the tenant's are taken: acknowledged every ACK_EVERY_BYTES
+        (by one thread of the session's: its own, or the attach's stdin writer)."""
+        self._in_bytes += n
+        if self._in_bytes - self._in_acked >= wire.ACK_EVERY_BYTES:
+            self._in_acked = self._in_bytes
+            self.send(wire.ACK, str(self._in_bytes).encode())
+
+    def enter(self) -> SandboxEntry | None:
+        """The handles into the job's sandbox that exec and forward run in."""
+        runtime: Any = self.agent.runtime  # one with an `enter` (Sessions._refusal)
+        entry: SandboxEntry = runtime.enter(self.run_.handle)
+        return entry
+
+    def still_here(self) -> bool:
+        """Whether the session goes on: while the lease's job is this agent's and running."""
+        return self._lease_here()
 
     def _lease_here(self) -> bool:
         return self.agent.running.get(self.lease_id) is self.run_ and not self.run_.stopping
@@ -399,6 +420,21 @@ class AttachSession(Session):
     code, or an error frame when the job is no longer this node's."""
 
     FOLLOW_SECONDS = 0.05  # how often the job's output is looked at when nothing came
+    acks_when_written = True
+    feed: StdinFeed | None = None
+    GONE_GRACE_SECONDS = 2.0  # for the job's last output and code once the agent lets it go
+    gone_at: float | None = None
+
+    def still_here(self) -> bool:
+        """A job that has just exited leaves the agent's running jobs at once: its last
+        output and exit code still go out, for a short grace (the follower ends the session)."""
+        if self._lease_here():
+            return True
+        self.gone_at = self.gone_at or time.monotonic()
+        return time.monotonic() - self.gone_at < self.GONE_GRACE_SECONDS
+
+    def enter(self) -> SandboxEntry | None:
+        return None  # the job's output and stdin are the runtime's: nothing to enter
 
     def begin(self) -> None:
         self.exit_sent = False
@@ -424,23 +460,37 @@ class AttachSession(Session):
                 return
             if self._lease_here():
                 exited = runtime.poll(handle)
+            else:  # the agent let it go (and its runtime may have forgotten it): its code
+                exited = self.run_.exit_code
             if exited is None:
                 time.sleep(self.FOLLOW_SECONDS)
 
     def handle(self, kind: bytes, conn: int | None, payload: bytes) -> None:
+        """Input goes to the session's feed (agents/stdinfeed.py): this thread never waits
+        for the job to read, so a close, a ping or the job's end are still seen."""
         pipes = getattr(self.agent.runtime, "stdin", None)
         if kind not in (wire.STDIN, wire.EOF) or pipes is None:
             return
+        if self.feed is None:
+            self.feed = StdinFeed(pipes, self.run_.handle.key, self.took, self._refused,
+                                  self.done, f"stdin-{self.session_id[:8]}")
         if kind == wire.EOF:
-            pipes.close(self.run_.handle.key)
+            self.feed.end()
             return
         try:
-            pipes.write(self.run_.handle.key, payload)
-        except Exception as e:  # noqa: BLE001 - StdinClosed: the tenant is told, the session ends
-            self.send(wire.ERROR, json.dumps({"code": getattr(e, "code", "stdin_closed"),
-                                              "message": str(e)[:500]}).encode())
-            self.exit_sent = True
-            self.done.set()
+            self.feed.put(payload)
+        except StdinFull as e:
+            self._refused(e)
+
+    def _refused(self, e: Exception) -> None:
+        """The job's stdin is closed (StdinClosed) or full (StdinFull): the tenant is told,
+        the session ends."""
+        if self.done.is_set():
+            return
+        self.send(wire.ERROR, json.dumps({"code": getattr(e, "code", "stdin_closed"),
+                                          "message": str(e)[:500]}).encode())
+        self.exit_sent = True
+        self.done.set()
 
     def end(self) -> None:
         if not getattr(self, "exit_sent", True):

@@ -29,6 +29,7 @@ from agents.runtimes.contract import (
     WorkloadSpec,
     job_env,
 )
+from agents.runtimes.dockerstdin import DockerStdin
 
 LABEL_LEASE = "computepool.lease"
 LABEL_EPOCH = "computepool.epoch"
@@ -120,7 +121,9 @@ def container_options(spec: WorkloadSpec, *, oci_runtime: str,
         "working_dir": WORKDIR_MOUNT if spec.workdir is not None else None,
         "labels": labels,
         "log_config": dockerlogs.log_config(spec.output_cap_bytes),
-        "detach": True,
+        # a stdin job: OpenStdin and StdinOnce (what the SDK sets when not detached), so the
+        # end of the agent's attach stream is the end of the job's input (dockerstdin.py)
+        **({"stdin_open": True, "detach": False} if spec.stdin else {"detach": True}),
     }
 
 
@@ -160,6 +163,7 @@ class DockerRuntime:
         self._filter = dockernet.Filter()
         self._egress: str | None = None  # why jobs get no egress here ("" when they do)
         self.egress_allow: list[str] = []  # the operator's CIDRs (POOL_EGRESS_ALLOW)
+        self.stdin = DockerStdin()  # the stdin streams of the jobs started with one
 
     # -- the engine ------------------------------------------------------------------------
 
@@ -350,10 +354,13 @@ class DockerRuntime:
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
             raise RuntimeUnavailable(f"the Docker engine does not answer: {e}") from e
         try:
+            if spec.stdin:  # attached before it starts: no input can come before the stream
+                self.stdin.open(spec.key, self.client.api, str(container.id))
             container.start()
             container.reload()
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
             # never started: remove it, so the redelivered start command can create it again
+            self.stdin.close(spec.key)
             try:
                 container.remove(force=True)
             except docker.errors.DockerException:
@@ -456,6 +463,7 @@ class DockerRuntime:
         return sorted(out, key=lambda h: h.key)
 
     def forget(self, handle: WorkloadHandle) -> None:
+        self.stdin.close(handle.key)
         with self._lock:
             self._cpu_samples.pop(handle.ref, None)
             self._output.pop(handle.ref, None)

@@ -259,3 +259,48 @@ def test_the_workdir_is_the_workloads_cwd_and_what_it_writes_there_stays_on_the_
     # the artifacts' source: the agent reads them from the host's side of /work
     assert (work / "out" / "model.txt").read_text() == "data\ndone\n"
     runtime.forget(h)
+
+
+def _output_until(runtime: Runtime, h: WorkloadHandle, needle: bytes,
+                  timeout: float = 30.0) -> bytes:
+    read = runtime.read_output  # type: ignore[attr-defined]
+    got, offset = b"", 0
+    deadline = time.monotonic() + timeout
+    while needle not in got and time.monotonic() < deadline:
+        data, offset = read(h, offset, 4096)
+        got += data
+        if not data:
+            time.sleep(0.05)
+    assert needle in got, got
+    return got
+
+
+def test_a_stdin_job_reads_what_is_written_and_ends_its_input_on_close(
+    kind: dict[str, Any], runtime: Runtime, tmp_path: Path,
+) -> None:
+    # `pool lease attach -i`: the agent writes to the job's stdin and closes it for good
+    stdin: Any = runtime.stdin  # type: ignore[attr-defined]
+    h = runtime.start(spec(kind, tmp_path, "read line; echo got-$line; cat; echo eof; exit 5",
+                           stdin=True))
+    stdin.write(h.key, b"hello\n")
+    _output_until(runtime, h, b"got-hello\n")
+    stdin.write(h.key, b"more\n")
+    stdin.close(h.key)
+    assert _output_until(runtime, h, b"eof\n").endswith(b"got-hello\nmore\neof\n")
+    assert wait_exit(runtime, h) == 5
+    with pytest.raises(Exception) as closed:  # once closed, never again
+        stdin.write(h.key, b"late\n")
+    assert getattr(closed.value, "code", "") == "stdin_closed"
+    runtime.forget(h)
+
+
+def test_a_job_without_stdin_reads_nothing_and_cannot_be_written_to(
+    kind: dict[str, Any], runtime: Runtime, tmp_path: Path,
+) -> None:
+    h = runtime.start(spec(kind, tmp_path, "cat; echo eof"))
+    assert wait_exit(runtime, h) == 0  # its stdin is empty: cat ends at once
+    _output_until(runtime, h, b"eof\n")
+    with pytest.raises(Exception) as closed:
+        runtime.stdin.write(h.key, b"x")  # type: ignore[attr-defined]
+    assert getattr(closed.value, "code", "") == "stdin_closed"
+    runtime.forget(h)

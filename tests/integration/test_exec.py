@@ -489,3 +489,74 @@ def test_ctrl_c_detaches_an_attach_and_the_job_runs_on(plane: Plane) -> None:
             proc.kill()
     with plane.tenant("alpha") as alpha:
         assert alpha.lease(plane.lease_id, "get")["lease"]["state"] == "running"
+
+
+def _stdin_session(plane: Plane, command: list[str], key: str,
+                   use: Any) -> Any:
+    """Run `use(session, nc)` on an attach session to a new `--stdin` job of alpha's."""
+    from bus import sessions as wire
+
+    c = plane.auth.tenants["alpha"]
+    with plane.tenant("alpha") as alpha:
+        lid = _commit(alpha, key, command, plane.leases, stdin=True)
+        wait_for(lambda: alpha.lease(lid, "get")["lease"]["state"] == "running")
+
+    async def go() -> Any:
+        nc = await nats.connect(plane.server.url, user=c.user, password=c.password,
+                                inbox_prefix=tenant_inbox("alpha").encode())
+        try:
+            s = wire.TenantSession(nc, "alpha", lid)
+            await s.open({"kind": "attach"})
+            try:
+                return await use(s, nc)
+            finally:
+                await s.close()
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
+def test_input_past_the_window_to_a_job_that_does_not_read_is_refused_stdin_full(
+    plane: Plane,
+) -> None:
+    # a client that ignores its window (frames published straight to the session's subject)
+    # while the job reads nothing: the agent holds at most its buffer, then refuses, at once
+    from agents.stdinfeed import STDIN_BUFFER_BYTES
+    from bus import sessions as wire
+    from bus.subjects import session_subject
+
+    async def flood(s: Any, nc: Any) -> tuple[str, float]:
+        inn = session_subject("alpha", s.node, s.session_id, "in")
+        chunk = b"x" * wire.CHUNK_BYTES
+        for _ in range(STDIN_BUFFER_BYTES // len(chunk) + 4):
+            await nc.publish(inn, wire.frame(wire.STDIN, chunk))
+        t0 = time.monotonic()
+        while True:
+            kind, _, payload = await s.recv(20)
+            if kind == wire.ERROR:
+                return json.loads(payload)["code"], time.monotonic() - t0
+
+    code, waited = _stdin_session(plane, ["sleep", "120"], "deaf", flood)
+    assert code == "stdin_full" and waited < 10, (code, waited)
+
+
+def test_more_input_than_the_window_reaches_a_job_that_reads_late(plane: Plane) -> None:
+    # acknowledged as the job takes it: the client waits for it, nothing is refused or lost
+    from bus import sessions as wire
+
+    size = 2 * wire.WINDOW_BYTES
+
+    async def pipe(s: Any, nc: Any) -> bytes:
+        await s.send(wire.STDIN, b"y" * size)
+        await s.send(wire.EOF)
+        out = b""
+        while True:
+            kind, _, payload = await s.recv(30)
+            if kind == wire.STDOUT:
+                out += payload
+            elif kind in (wire.EXIT, wire.ERROR):
+                return out + kind + payload
+
+    got = _stdin_session(plane, ["sh", "-c", "sleep 2; wc -c"], "late", pipe)
+    assert got.split() == [str(size).encode(), b"X0"], got

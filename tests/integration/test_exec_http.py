@@ -261,3 +261,60 @@ def test_a_slow_reader_over_the_gateway_gets_every_byte(laptop: Laptop, web: str
             await s.close()
 
     assert asyncio.run(go()) == (size, b"0")
+
+
+def test_the_admin_token_opens_no_session_into_any_lease(laptop: Laptop, web: str) -> None:
+    # the operator acts for no tenant: a session runs as the lease's tenant, so the admin
+    # token is refused before any lease is looked up, for every kind of session
+    admin = laptop.token_store.issue_admin()
+    for body in ({"kind": "exec", "command": ["true"]}, {"kind": "attach"},
+                 {"kind": "forward", "port": 8000}):
+        answer, close = _raw(laptop, web, admin, body)
+        assert answer["error"]["code"] == "forbidden" and close == 4403, answer
+
+
+def test_a_token_holds_at_most_16_sessions_and_gets_room_back_when_one_closes(
+    laptop: Laptop, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # sessions count with the token's event streams: 16 sockets waiting for their opening
+    # message hold 16 places; the 17th is refused, and one closing makes room again
+    from websockets.asyncio.client import connect
+
+    from client.wssession import session_url
+    from gateway import sessions
+    from gateway.sse import MAX_STREAMS_PER_TOKEN
+
+    monkeypatch.setattr(sessions, "OPEN_SECONDS", 120.0)  # the held ones wait this test out
+    headers = {"Authorization": f"Bearer {laptop.tokens['beta']}"}
+    url = session_url(laptop.url, "some-lease")
+    bad = json.dumps({"kind": "exec", "command": []})  # refused after the room check
+
+    async def first(ws: Any) -> tuple[dict[str, Any], int | None]:
+        got = json.loads(await asyncio.wait_for(ws.recv(), 30))
+        await ws.wait_closed()
+        return got, ws.close_code
+
+    async def go() -> None:
+        held = [await connect(url, additional_headers=headers, open_timeout=10)
+                for _ in range(MAX_STREAMS_PER_TOKEN)]
+        try:
+            async with connect(url, additional_headers=headers, open_timeout=10) as ws:
+                answer, close = await first(ws)
+            assert answer["error"]["code"] == "too_many_requests" and close == 4429, answer
+            assert answer["error"]["reasons"]["max_streams_per_token"] == 16
+            await held.pop().close()
+            deadline = time.monotonic() + 10
+            while True:  # the gateway releases the place when it sees the close
+                async with connect(url, additional_headers=headers, open_timeout=10) as ws:
+                    await ws.send(bad)
+                    answer, close = await first(ws)
+                if answer["error"]["code"] != "too_many_requests" \
+                        or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.1)
+            assert answer["error"]["code"] == "invalid_field" and close == 4422, answer
+        finally:
+            for ws in held:
+                await ws.close()
+
+    asyncio.run(go())
