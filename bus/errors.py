@@ -83,6 +83,12 @@ class BucketMissing(BusError):
     code = "bucket_missing"
 
 
+class BucketQuotaExceeded(BusError):
+    """The tenant's bucket has no room for the object under its quota; nothing of it is kept."""
+
+    code = "bucket_quota_exceeded"
+
+
 class ObjectMissing(BusError):
     """No object of that name is stored in the bucket (never stored, deleted or expired)."""
 
