@@ -167,3 +167,48 @@ def test_a_quota_lowered_under_what_a_bucket_holds_removes_nothing(
         finally:
             ensure_tenant_buckets_sync(stack.service, ["alpha"], quota_bytes=QUOTA)
         assert alpha.files().delete(bucket, "kept")
+
+
+def test_the_operator_reads_and_sets_a_tenants_bucket_quota(stack: Stack, tmp_path: Path) -> None:
+    import json
+
+    def quota(*extra: str) -> subprocess.CompletedProcess[str]:
+        return _pool(tmp_path, "admin", "tenant", "bucket-quota", "alpha", "--nats-url",
+                     stack.service, "--json", *extra)
+
+    shown = quota()
+    assert shown.returncode == 0, shown.stderr
+    rows = json.loads(shown.stdout)["result"]["buckets"]
+    assert {r["bucket"]: r["quota_bytes"] for r in rows} == {
+        work_bucket("alpha"): QUOTA, artifacts_bucket("alpha"): QUOTA}
+    try:
+        set_ = quota("--bytes", str(2 * QUOTA))
+        assert {r["quota_bytes"] for r in json.loads(set_.stdout)["result"]["buckets"]} == {
+            2 * QUOTA}
+        # `pool up` makes the buckets again on every start: the operator's quota stays
+        assert ensure_tenant_buckets_sync(stack.service, ["alpha"])[work_bucket("alpha")][1] \
+            == 2 * QUOTA
+    finally:
+        ensure_tenant_buckets_sync(stack.service, ["alpha"], quota_bytes=QUOTA)
+    zero = quota("--bytes", "0")
+    assert zero.returncode != 0 and "never without a quota" in zero.stderr
+
+
+def test_a_bucket_made_before_quotas_gets_the_default_on_the_next_start(stack: Stack) -> None:
+    import asyncio
+
+    import nats
+
+    from bus.objects import DEFAULT_BUCKET_QUOTA_BYTES, bucket_config
+
+    async def old_bucket() -> None:
+        nc = await nats.connect(stack.service)
+        try:
+            await nc.jetstream().add_stream(bucket_config(work_bucket("legacy"), quota_bytes=-1))
+        finally:
+            await nc.close()
+
+    asyncio.run(old_bucket())
+    made = ensure_tenant_buckets_sync(stack.service, ["legacy"])
+    assert made[work_bucket("legacy")][1] == DEFAULT_BUCKET_QUOTA_BYTES
+    assert made[artifacts_bucket("legacy")][1] == DEFAULT_BUCKET_QUOTA_BYTES
