@@ -149,7 +149,7 @@ def ensure_tenant_buckets_sync(url: str, tenants: list[str], *, replicas: int = 
                 await ensure_tenant_buckets(js, t, replicas=replicas, quota_bytes=quota_bytes)
                 for b in (work_bucket(t), artifacts_bucket(t)):
                     info = await js.stream_info(stream_of(b))
-                    out[b] = (int(info.state.bytes), int(info.config.max_bytes))
+                    out[b] = (int(info.state.bytes), int(info.config.max_bytes or -1))
         finally:
             await nc.close()
         return out
