@@ -89,6 +89,13 @@ class BucketQuotaExceeded(BusError):
     code = "bucket_quota_exceeded"
 
 
+class BucketQuotaUnreservable(BusError):
+    """The server's JetStream store cannot reserve a bucket's quota (the quotas of all buckets
+    together pass its max_file_store): the bucket was not made or not changed."""
+
+    code = "bucket_quota_unreservable"
+
+
 class ObjectMissing(BusError):
     """No object of that name is stored in the bucket (never stored, deleted or expired)."""
 

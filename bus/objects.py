@@ -31,7 +31,13 @@ from nats.js.api import (
 )
 from nats.js.errors import APIError, BadRequestError, NoStreamResponseError, NotFoundError
 
-from bus.errors import BucketMissing, BucketQuotaExceeded, DigestMismatch, ObjectMissing
+from bus.errors import (
+    BucketMissing,
+    BucketQuotaExceeded,
+    BucketQuotaUnreservable,
+    DigestMismatch,
+    ObjectMissing,
+)
 from bus.headers import HDR_NUM_PENDING, HDR_ROLLUP, HDR_SEQUENCE, HDR_STATUS, HDR_TTL
 from bus.runtime import run_sync, translate
 from bus.subjects import ARTIFACTS_BUCKET_PREFIX, WORK_BUCKET_PREFIX, token
@@ -43,9 +49,13 @@ BATCH_CHUNKS = 32  # chunks asked for in one direct get (8 MiB)
 _DIGEST_PREFIX = "SHA-256="
 # each of a tenant's two buckets holds at most this many bytes unless the operator says
 # otherwise (`pool admin tenant bucket-quota`); the stream's max_bytes, with discard new: a full
-# bucket refuses the new object and never evicts an old one
-DEFAULT_BUCKET_QUOTA_BYTES = 10 << 30
+# bucket refuses the new object and never evicts an old one. The server reserves every
+# stream's max_bytes from its JetStream store (max_file_store, by default 75% of the disk),
+# so the default is one pool-sized work directory, not more: 10 GiB would let a laptop's
+# `pool up` make the buckets of two or three tenants only
+DEFAULT_BUCKET_QUOTA_BYTES = 1 << 30
 _MAX_BYTES_EXCEEDED = 10077  # JetStream's err_code for a store past max_bytes (discard new)
+_NO_ROOM_TO_RESERVE = 10047  # and for a max_bytes its store cannot reserve
 _MESSAGE_OVERHEAD = 256  # a chunk's subject, headers and record, counted against max_bytes
 
 Progress = Callable[[int], None]  # bytes moved so far
@@ -112,19 +122,29 @@ async def ensure_bucket(js: Any, bucket: str, *, replicas: int = 1,
         info = await js.stream_info(stream_of(bucket))
     except NotFoundError:
         info = None
-    if info is None:
-        try:
-            await js.add_stream(bucket_config(bucket, replicas=replicas, quota_bytes=quota_bytes
-                                              or DEFAULT_BUCKET_QUOTA_BYTES))
-            return
-        except BadRequestError:
-            info = await js.stream_info(stream_of(bucket))  # made meanwhile
-    have = int(info.config.max_bytes or -1)
-    want = quota_bytes if quota_bytes is not None else (
-        DEFAULT_BUCKET_QUOTA_BYTES if have <= 0 else have)
-    if want != have:
-        info.config.max_bytes = want
-        await js.update_stream(info.config)
+    want = quota_bytes or DEFAULT_BUCKET_QUOTA_BYTES
+    try:
+        if info is None:
+            try:
+                await js.add_stream(bucket_config(bucket, replicas=replicas, quota_bytes=want))
+                return
+            except BadRequestError as e:
+                if e.err_code == _NO_ROOM_TO_RESERVE:
+                    raise
+                info = await js.stream_info(stream_of(bucket))  # made meanwhile
+        have = int(info.config.max_bytes or -1)
+        if quota_bytes is None and have > 0:
+            want = have  # the operator's, kept
+        if want != have:
+            info.config.max_bytes = want
+            await js.update_stream(info.config)
+    except APIError as e:
+        if e.err_code != _NO_ROOM_TO_RESERVE:
+            raise
+        raise BucketQuotaUnreservable(
+            f"bucket {bucket}: the server cannot reserve its {want}-byte quota (every bucket's "
+            "quota is reserved from JetStream's max_file_store): lower the quotas (`pool admin "
+            "tenant bucket-quota`) or raise max_file_store") from e
 
 
 async def ensure_tenant_buckets(js: Any, tenant: str, *, replicas: int = 1,

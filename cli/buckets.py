@@ -40,7 +40,7 @@ def cmd_bucket_quota(args: argparse.Namespace) -> int:
 def register(aten: Subparsers) -> None:
     """Add `admin tenant bucket-quota`."""
     bq = aten.add_parser("bucket-quota", help="the most bytes each of a tenant's file buckets "
-                         "(work directories, artifacts) may hold (default 10 GiB); a full "
+                         "(work directories, artifacts) may hold (default 1 GiB); a full "
                          "bucket refuses new objects and removes none")
     bq.add_argument("tenant_id")
     bq.add_argument("--bytes", type=int, help="set the quota (bytes, per bucket); lowering it "

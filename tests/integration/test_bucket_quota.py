@@ -212,3 +212,13 @@ def test_a_bucket_made_before_quotas_gets_the_default_on_the_next_start(stack: S
     made = ensure_tenant_buckets_sync(stack.service, ["legacy"])
     assert made[work_bucket("legacy")][1] == DEFAULT_BUCKET_QUOTA_BYTES
     assert made[artifacts_bucket("legacy")][1] == DEFAULT_BUCKET_QUOTA_BYTES
+
+
+def test_a_quota_the_servers_store_cannot_reserve_is_refused_naming_what_to_do(
+        stack: Stack) -> None:
+    from bus.errors import BucketQuotaUnreservable
+
+    with pytest.raises(BucketQuotaUnreservable, match="max_file_store"):
+        ensure_tenant_buckets_sync(stack.service, ["alpha"], quota_bytes=1 << 60)
+    held = ensure_tenant_buckets_sync(stack.service, ["alpha"])
+    assert held[work_bucket("alpha")][1] == QUOTA  # unchanged
