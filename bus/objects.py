@@ -358,6 +358,10 @@ class FileStore:
         if quota > 0 and used + need > quota:
             raise await self._over_quota(bucket, size)
 
+    def check_room(self, bucket: str, size: int, *, timeout: float = 10.0) -> None:
+        """BucketQuotaExceeded when an object of `size` bytes would not fit in `bucket`."""
+        self._call(self._room_for(bucket, size), timeout)
+
     def get(self, bucket: str, name: str, dest: Path, *, progress: Progress | None = None,
             timeout: float = 60.0) -> StoredObject:
         """Write the object `name` to `dest` (put in place only once every byte is in and

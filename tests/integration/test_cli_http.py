@@ -480,6 +480,9 @@ def test_a_workdir_past_the_tenants_bucket_quota_is_refused_over_http_keeping_no
             assert refused.json()["code"] == "bucket_quota_exceeded"
             assert f"{1 << 20}-byte quota" in refused.json()["detail"]
             assert http.get(f"/v1/workdirs/{digest}").json()["code"] == "object_missing"
+            # refused by its Content-Length, before its bytes are read (and so hashed)
+            early = http.put(f"/v1/workdirs/{digest}", content=b"y" * len(body))
+            assert early.json()["code"] == "bucket_quota_exceeded", early.text
         # not a chunk of it kept
         assert ensure_tenant_buckets_sync(laptop.service_url, ["beta"])[bucket][0] == held
     finally:
