@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agents.runtimes.contract import WorkloadError
-from bus.errors import BusError
+from bus.errors import BucketQuotaExceeded, BusError
 from bus.objects import FileStore, artifacts_bucket, work_bucket
 
 log = logging.getLogger(__name__)
@@ -199,7 +199,8 @@ class JobFiles:
                         ttl_seconds: int, max_bytes: int) -> Stored:
         """Store the job's regular files matching `globs` (relative to /work) in the tenant's
         bucket under the lease, until `max_bytes` in all; links are never followed, and what
-        is not a regular file, or would pass the limit, is left out and counted."""
+        is not a regular file, or would pass the limit or the bucket's quota, is left out and
+        counted."""
         out = Stored()
         top = self.job_dir(key)
         if not globs or not top.is_dir():
@@ -234,6 +235,10 @@ class JobFiles:
                 try:
                     stored = self.store.put(bucket, artifact_name(lease_id, rel), copy,
                                             ttl_seconds=ttl_seconds)
+                except BucketQuotaExceeded as e:  # a smaller one may still fit
+                    out.left_out[e.code] = out.left_out.get(e.code, 0) + 1
+                    log.info("an artifact of %s left out: %s", key, e)
+                    continue
                 except BusError as e:
                     out.error = f"[{e.code}] {e}"
                     log.warning("artifacts of %s not stored: %s", key, e)

@@ -78,7 +78,9 @@ def _transfers(url: str, tmp: Path, mib: int, runs: int,
     from bus.objects import work_bucket
     from client.api import PoolClient
     from client.workdir import pack, upload
+    from client.workdir_cache import DigestCache
 
+    cache = DigestCache(tmp / "digests.json")  # not the user's own
     src = tmp / "src"
     _tree(src, mib)
     t0 = time.perf_counter()
@@ -90,11 +92,11 @@ def _transfers(url: str, tmp: Path, mib: int, runs: int,
         for i in range(runs):
             store.delete(work_bucket(TENANT), packed.digest)
             t0 = time.perf_counter()
-            done = upload(store, TENANT, src)
+            done = upload(store, TENANT, src, cache=cache)
             ups.append(time.perf_counter() - t0)
             assert done.uploaded and done.packed.digest == packed.digest
             t0 = time.perf_counter()
-            again = upload(store, TENANT, src)
+            again = upload(store, TENANT, src, cache=cache)
             unchanged.append(time.perf_counter() - t0)
             assert not again.uploaded
             files = JobFiles(tmp / f"node-{i}", store)

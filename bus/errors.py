@@ -83,6 +83,19 @@ class BucketMissing(BusError):
     code = "bucket_missing"
 
 
+class BucketQuotaExceeded(BusError):
+    """The tenant's bucket has no room for the object under its quota; nothing of it is kept."""
+
+    code = "bucket_quota_exceeded"
+
+
+class BucketQuotaUnreservable(BusError):
+    """The server's JetStream store cannot reserve a bucket's quota (the quotas of all buckets
+    together pass its max_file_store): the bucket was not made or not changed."""
+
+    code = "bucket_quota_unreservable"
+
+
 class ObjectMissing(BusError):
     """No object of that name is stored in the bucket (never stored, deleted or expired)."""
 

@@ -29,9 +29,15 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError, NoStreamResponseError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, NoStreamResponseError, NotFoundError
 
-from bus.errors import BucketMissing, DigestMismatch, ObjectMissing
+from bus.errors import (
+    BucketMissing,
+    BucketQuotaExceeded,
+    BucketQuotaUnreservable,
+    DigestMismatch,
+    ObjectMissing,
+)
 from bus.headers import HDR_NUM_PENDING, HDR_ROLLUP, HDR_SEQUENCE, HDR_STATUS, HDR_TTL
 from bus.runtime import run_sync, translate
 from bus.subjects import ARTIFACTS_BUCKET_PREFIX, WORK_BUCKET_PREFIX, token
@@ -41,6 +47,16 @@ log = logging.getLogger(__name__)
 CHUNK_BYTES = 256 * 1024  # well under the server's 1 MiB max_payload
 BATCH_CHUNKS = 32  # chunks asked for in one direct get (8 MiB)
 _DIGEST_PREFIX = "SHA-256="
+# each of a tenant's two buckets holds at most this many bytes unless the operator says
+# otherwise (`pool admin tenant bucket-quota`); the stream's max_bytes, with discard new: a full
+# bucket refuses the new object and never evicts an old one. The server reserves every
+# stream's max_bytes from its JetStream store (max_file_store, by default 75% of the disk),
+# so the default is one pool-sized work directory, not more: 10 GiB would let a laptop's
+# `pool up` make the buckets of two or three tenants only
+DEFAULT_BUCKET_QUOTA_BYTES = 1 << 30
+_MAX_BYTES_EXCEEDED = 10077  # JetStream's err_code for a store past max_bytes (discard new)
+_NO_ROOM_TO_RESERVE = 10047  # and for a max_bytes its store cannot reserve
+_MESSAGE_OVERHEAD = 256  # a chunk's subject, headers and record, counted against max_bytes
 
 Progress = Callable[[int], None]  # bytes moved so far
 
@@ -57,12 +73,15 @@ def stream_of(bucket: str) -> str:
     return f"OBJ_{bucket}"
 
 
-def bucket_config(bucket: str, *, replicas: int = 1) -> StreamConfig:
-    """The object store's own stream layout, with direct gets (reads need no consumer) and
-    per-message TTLs (an artifact expires on its own)."""
+def bucket_config(bucket: str, *, replicas: int = 1,
+                  quota_bytes: int = DEFAULT_BUCKET_QUOTA_BYTES) -> StreamConfig:
+    """The object store's own stream layout, with direct gets (reads need no consumer),
+    per-message TTLs (an artifact expires on its own) and the tenant's quota as max_bytes
+    (discard new: a full bucket refuses, never evicts)."""
     return StreamConfig(
         name=stream_of(bucket), subjects=[f"$O.{bucket}.C.>", f"$O.{bucket}.M.>"],
         storage=StorageType.FILE, num_replicas=replicas, discard=DiscardPolicy.NEW,
+        max_bytes=quota_bytes,
         allow_rollup_hdrs=True, allow_direct=True, allow_msg_ttl=True,
         description=f"computepool files: {bucket}")
 
@@ -92,38 +111,70 @@ def _stored(info: ObjectInfo) -> StoredObject:
                         chunks=int(info.chunks or 0), mtime=info.mtime or "")
 
 
-async def ensure_bucket(js: Any, bucket: str, *, replicas: int = 1) -> None:
-    """Make `bucket` if it is missing (the operator's: a tenant never configures a stream)."""
+async def ensure_bucket(js: Any, bucket: str, *, replicas: int = 1,
+                        quota_bytes: int | None = None) -> None:
+    """Make `bucket` if it is missing (the operator's: a tenant never configures a stream),
+    with `quota_bytes` (else the default); an existing bucket gets `quota_bytes` when given,
+    the default when it has none (made before quotas), and otherwise keeps its own. Lowering
+    a quota under what a bucket holds removes nothing: it refuses new objects until room
+    comes back."""
     try:
-        await js.stream_info(stream_of(bucket))
-        return
+        info = await js.stream_info(stream_of(bucket))
     except NotFoundError:
-        pass
+        info = None
+    want = quota_bytes or DEFAULT_BUCKET_QUOTA_BYTES
     try:
-        await js.add_stream(bucket_config(bucket, replicas=replicas))
-    except BadRequestError:
-        pass  # made meanwhile
+        if info is None:
+            try:
+                await js.add_stream(bucket_config(bucket, replicas=replicas, quota_bytes=want))
+                return
+            except BadRequestError as e:
+                if e.err_code == _NO_ROOM_TO_RESERVE:
+                    raise
+                info = await js.stream_info(stream_of(bucket))  # made meanwhile
+        have = int(info.config.max_bytes or -1)
+        if quota_bytes is None and have > 0:
+            want = have  # the operator's, kept
+        if want != have:
+            info.config.max_bytes = want
+            await js.update_stream(info.config)
+    except APIError as e:
+        if e.err_code != _NO_ROOM_TO_RESERVE:
+            raise
+        raise BucketQuotaUnreservable(
+            f"bucket {bucket}: the server cannot reserve its {want}-byte quota (every bucket's "
+            "quota is reserved from JetStream's max_file_store): lower the quotas (`pool admin "
+            "tenant bucket-quota`) or raise max_file_store") from e
 
 
-async def ensure_tenant_buckets(js: Any, tenant: str, *, replicas: int = 1) -> None:
-    await ensure_bucket(js, work_bucket(tenant), replicas=replicas)
-    await ensure_bucket(js, artifacts_bucket(tenant), replicas=replicas)
+async def ensure_tenant_buckets(js: Any, tenant: str, *, replicas: int = 1,
+                                quota_bytes: int | None = None) -> None:
+    await ensure_bucket(js, work_bucket(tenant), replicas=replicas, quota_bytes=quota_bytes)
+    await ensure_bucket(js, artifacts_bucket(tenant), replicas=replicas,
+                        quota_bytes=quota_bytes)
 
 
-def ensure_tenant_buckets_sync(url: str, tenants: list[str], *, replicas: int = 1) -> None:
-    """`ensure_tenant_buckets` for each tenant, over a connection of its own as the operator."""
+def ensure_tenant_buckets_sync(url: str, tenants: list[str], *, replicas: int = 1,
+                               quota_bytes: int | None = None) -> dict[str, tuple[int, int]]:
+    """`ensure_tenant_buckets` for each tenant, over a connection of its own as the operator;
+    each bucket's (bytes held, quota)."""
     from bus.connection import connect
 
-    async def go() -> None:
+    async def go() -> dict[str, tuple[int, int]]:
         nc = await connect(url, reconnect=False)
+        out: dict[str, tuple[int, int]] = {}
         try:
             js = nc.jetstream()
             for t in tenants:
-                await ensure_tenant_buckets(js, t, replicas=replicas)
+                await ensure_tenant_buckets(js, t, replicas=replicas, quota_bytes=quota_bytes)
+                for b in (work_bucket(t), artifacts_bucket(t)):
+                    info = await js.stream_info(stream_of(b))
+                    out[b] = (int(info.state.bytes), int(info.config.max_bytes or -1))
         finally:
             await nc.close()
+        return out
 
-    run_sync(go(), timeout=30)
+    return run_sync(go(), timeout=30)
 
 
 class FileStore:
@@ -138,7 +189,7 @@ class FileStore:
     def _call(self, coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
         try:
             return self._run(coro, timeout)
-        except (ObjectMissing, BucketMissing, DigestMismatch):
+        except (ObjectMissing, BucketMissing, BucketQuotaExceeded, DigestMismatch):
             raise
         except Exception as e:
             err = translate(e)
@@ -249,6 +300,10 @@ class FileStore:
                 await self._js.publish(subject, data, stream=stream, headers=hdrs)
             except (NotFoundError, NoStreamResponseError, NoRespondersError) as e:
                 raise BucketMissing(f"no bucket {bucket}") from e
+            except APIError as e:  # nats-py calls a full stream "unavailable" (503)
+                if e.err_code != _MAX_BYTES_EXCEEDED:
+                    raise
+                raise await self._over_quota(bucket, source.stat().st_size) from e
 
         async def purge() -> None:
             try:
@@ -256,6 +311,7 @@ class FileStore:
             except Exception as e:  # noqa: BLE001 - not this user's to purge: its TTL ends it
                 log.info("chunks of a failed put to %s left to expire: %r", bucket, e)
 
+        self._call(self._room_for(bucket, source.stat().st_size), timeout)
         try:
             with open(source, "rb") as f:
                 while data := f.read(CHUNK_BYTES):
@@ -279,6 +335,32 @@ class FileStore:
             raise
         return StoredObject(name=name, size_bytes=size, sha256=h.hexdigest(), chunks=chunks,
                             mtime=info.mtime or "")
+
+    async def usage(self, bucket: str) -> tuple[int, int]:
+        """The bytes `bucket` holds and its quota (-1: none)."""
+        try:
+            info = await self._js.stream_info(stream_of(bucket))
+        except (NotFoundError, NoRespondersError) as e:
+            raise BucketMissing(f"no bucket {bucket}") from e
+        return int(info.state.bytes), int(info.config.max_bytes or -1)
+
+    async def _over_quota(self, bucket: str, size: int) -> BucketQuotaExceeded:
+        used, quota = await self.usage(bucket)
+        return BucketQuotaExceeded(
+            f"bucket {bucket} holds {used} bytes of its {quota}-byte quota "
+            f"(bucket_quota_bytes); an object of {size} bytes does not fit")
+
+    async def _room_for(self, bucket: str, size: int) -> None:
+        """BucketQuotaExceeded before a byte is sent when `size` would not fit: a put refused
+        part-way leaves chunks its writer may not purge (a node's expire with their TTL)."""
+        used, quota = await self.usage(bucket)
+        need = size + (size // CHUNK_BYTES + 2) * _MESSAGE_OVERHEAD
+        if quota > 0 and used + need > quota:
+            raise await self._over_quota(bucket, size)
+
+    def check_room(self, bucket: str, size: int, *, timeout: float = 10.0) -> None:
+        """BucketQuotaExceeded when an object of `size` bytes would not fit in `bucket`."""
+        self._call(self._room_for(bucket, size), timeout)
 
     def get(self, bucket: str, name: str, dest: Path, *, progress: Progress | None = None,
             timeout: float = 60.0) -> StoredObject:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cli import buckets
 from cli.connect import (
     client_opts,
     pool_client,
@@ -262,6 +263,7 @@ def register(sub: Subparsers) -> None:
 
     reservation.register_admin(adm)
     _add_tenant_creds(aten)
+    buckets.register(aten)
     from cli.gateway import register_tokens
 
     register_tokens(adm, aten)

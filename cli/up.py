@@ -22,10 +22,24 @@ from cli.output import (
 )
 
 
+def _make_buckets(home: Path, service_url: str, replicas: int) -> None:
+    """Every tenant's file buckets (work directories, artifacts): the operator makes them."""
+    from bus.errors import BucketQuotaUnreservable
+    from bus.local.auth import AuthConfig
+    from bus.objects import ensure_tenant_buckets_sync
+    from local import embedded
+
+    tenants = sorted((embedded.local_auth(home) or AuthConfig()).tenants)
+    if tenants:
+        try:
+            ensure_tenant_buckets_sync(service_url, tenants, replicas=replicas)
+        except BucketQuotaUnreservable as e:  # the plane still runs; files wait for room
+            print(f"pool: warning [{e.code}]: {e}", file=sys.stderr)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from bus.admin import describe_streams, ensure_all_streams
-    from bus.local.auth import AuthConfig, redact
-    from bus.objects import ensure_tenant_buckets_sync
+    from bus.local.auth import redact
     from local import embedded
 
     home = Path(args.home).resolve() if args.home else embedded.pool_home()
@@ -49,10 +63,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         # the control plane in this process connects as the service user (credentials in the URL)
         service_url = emb.service_url or emb.nats_url
         ensure_all_streams(service_url, replicas=args.replicas)
-        # every tenant's file buckets (work directories, artifacts): the operator makes them
-        tenants = sorted((embedded.local_auth(home) or AuthConfig()).tenants)
-        if tenants:
-            ensure_tenant_buckets_sync(service_url, tenants, replicas=args.replicas)
+        _make_buckets(home, service_url, args.replicas)
         if not args.no_workers:
             from workers.plane import ControlPlane
             from workers.processes import PARENT_ROLES, RoleProcess, split_by_default

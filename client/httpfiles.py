@@ -13,7 +13,13 @@ from urllib.parse import quote
 
 import httpx
 
-from bus.errors import BucketMissing, BusError, DigestMismatch, ObjectMissing
+from bus.errors import (
+    BucketMissing,
+    BucketQuotaExceeded,
+    BusError,
+    DigestMismatch,
+    ObjectMissing,
+)
 from bus.objects import Progress, StoredObject
 from bus.subjects import ARTIFACTS_BUCKET_PREFIX, WORK_BUCKET_PREFIX
 
@@ -22,7 +28,8 @@ LEASES = "/v1/compute-leases"
 SEND_BYTES = 1 << 20
 _BY_CODE: dict[str, type[BusError]] = {"object_missing": ObjectMissing,
                                        "digest_mismatch": DigestMismatch,
-                                       "bucket_missing": BucketMissing}
+                                       "bucket_missing": BucketMissing,
+                                       "bucket_quota_exceeded": BucketQuotaExceeded}
 
 
 class FileRefused(BusError):

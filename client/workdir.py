@@ -13,14 +13,16 @@ import hashlib
 import os
 import posixpath
 import tarfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, cast
+from typing import Any, BinaryIO, cast
 
 import pathspec
 
-from bus.objects import FileStore, Progress, work_bucket
+from bus.objects import FileStore, Progress, StoredObject, work_bucket
+from client.workdir_cache import DigestCache, stamp
 
 IGNORE_FILES = (".gitignore", ".poolignore")
 ALWAYS_IGNORED = (".git/",)
@@ -84,9 +86,12 @@ class _Hashing:
         return self.size
 
 
-def pack(root: Path, dest: Path) -> Packed:
-    """Pack the directory `root` into the tar file `dest`; the same tree always gives the same
-    bytes (and digest), whoever owns it and whenever its files were touched."""
+Entries = list[tuple[str, Path]]  # (name in the tar, `/`-ended for a folder; path on disk)
+
+
+def select(root: Path) -> tuple[Entries, dict[str, int]]:
+    """What `pack` would consider, in name order, and what the ignore files left out (by
+    reason); a link or a special file is still here, decided when packed."""
     root = Path(root)
     if not root.is_dir():
         raise NotADirectoryError(f"{root} is not a directory")
@@ -114,6 +119,16 @@ def pack(root: Path, dest: Path) -> Packed:
                 continue
             entries.append((rel, Path(here) / n))
     entries.sort(key=lambda e: e[0])
+    return entries, skipped
+
+
+def pack(root: Path, dest: Path, selected: tuple[Entries, dict[str, int]] | None = None,
+         ) -> Packed:
+    """Pack the directory `root` (what `select` chose, or `selected`) into the tar file `dest`;
+    the same tree always gives the same bytes (and digest), whoever owns it and whenever its
+    files were touched."""
+    entries, skipped = selected if selected is not None else select(root)
+    skipped = dict(skipped)
     files = 0
     content = 0
     with open(dest, "wb") as raw, \
@@ -163,20 +178,50 @@ class Uploaded:
                 f"({self.packed.digest[:19]})")
 
 
+def _known(row: dict[str, Any] | None) -> Packed | None:
+    """A packed directory recorded in the digest cache (no tar: `path` is `Path()`)."""
+    if row is None:
+        return None
+    try:
+        return Packed(path=Path(), digest=str(row["digest"]), size_bytes=int(row["size_bytes"]),
+                      files=int(row["files"]), content_bytes=int(row["content_bytes"]),
+                      skipped={str(k): int(v) for k, v in dict(row["skipped"]).items()})
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
 def upload(store: FileStore, tenant: str, root: Path, *,
-           progress_for: Callable[[int], Progress] | None = None) -> Uploaded:
+           progress_for: Callable[[int], Progress] | None = None,
+           cache: DigestCache | None = None) -> Uploaded:
     """Pack `root` and store it in the tenant's work bucket under its digest, unless the
-    bucket holds it already (an unchanged directory sends nothing). `progress_for(total)`
-    gives the callback told the bytes sent so far."""
+    bucket holds it already (an unchanged directory sends nothing). A tree whose files' stats
+    are those `cache` (default: the user's) recorded at its last pack is not packed again to
+    learn its digest. `progress_for(total)` gives the callback told the bytes sent so far."""
     import tempfile
 
+    cache = cache if cache is not None else DigestCache()
+    bucket = work_bucket(tenant)
+    selected = select(root)
+    key, newest = stamp(root, selected[0], IGNORE_FILES)
+    known = _known(cache.get(root, key))
+    if known is not None and _holds(store.info(bucket, known.digest), known):
+        return Uploaded(known, uploaded=False)
+    started = time.time_ns()
     with tempfile.TemporaryDirectory(prefix="pool-workdir-") as tmp:
-        packed = pack(root, Path(tmp) / "workdir.tar")
-        bucket = work_bucket(tenant)
-        have = store.info(bucket, packed.digest)
-        if have is not None and have.sha256 == packed.digest.removeprefix("sha256:") \
-                and have.size_bytes == packed.size_bytes:
-            return Uploaded(packed, uploaded=False)
+        packed = pack(root, Path(tmp) / "workdir.tar", selected)
+        row = {"digest": packed.digest, "size_bytes": packed.size_bytes, "files": packed.files,
+               "content_bytes": packed.content_bytes, "skipped": packed.skipped}
+        if known is None or known.digest != packed.digest:
+            have = store.info(bucket, packed.digest)
+            if _holds(have, packed):
+                cache.put(root, key, newest, row, started)
+                return Uploaded(packed, uploaded=False)
         store.put(bucket, packed.digest, packed.path,
                   progress=progress_for(packed.size_bytes) if progress_for else None)
+        cache.put(root, key, newest, row, started)
         return Uploaded(packed, uploaded=True)
+
+
+def _holds(have: StoredObject | None, packed: Packed) -> bool:
+    return have is not None and have.sha256 == packed.digest.removeprefix("sha256:") \
+        and have.size_bytes == packed.size_bytes

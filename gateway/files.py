@@ -162,6 +162,9 @@ async def _workdir(gw: Gateway, who: Principal, request: Request[Any, Any, Any])
             pass
         return _json({"digest": digest, "size_bytes": have.size_bytes, "uploaded": False})
     limit = gw.upstream.settings.max_upload_bytes
+    announced = request.headers.get("content-length", "")
+    if announced.isdigit() and int(announced) <= limit:  # refused before the body is read
+        await _in_thread(store.check_room, bucket, int(announced))
     with tempfile.TemporaryDirectory(prefix="pool-gw-workdir-") as tmp:
         path = Path(tmp) / "workdir.tar"
         size = await _receive(request, path, digest, limit)

@@ -36,6 +36,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "not_found": 404, "unknown_hold": 404, "unknown_allocation": 404, "unknown_cohort": 404,
     "object_missing": 404,  # a work directory or artifact never stored, deleted or expired
     "bucket_missing": 409,  # the tenant's file bucket is not made yet: the operator's step
+    "bucket_quota_exceeded": 409,  # room comes back when objects are deleted or expire
+    "bucket_quota_unreservable": 503,  # the operator's to fix: the server's store is too small
     "unknown_tenant": 404, "unknown_reservation": 404, "unknown_webhook": 404,
     "unknown_dependency": 404,
     "secret_unknown": 404,  # a secret the tenant never set, deleted, or a version not kept

@@ -101,15 +101,23 @@ def _files_read(bucket: str) -> tuple[str, ...]:
     return (f"$JS.API.DIRECT.GET.OBJ_{bucket}", f"$JS.API.DIRECT.GET.OBJ_{bucket}.>")
 
 
+def _files_usage(bucket: str) -> str:
+    """A file bucket's bytes held and quota (its stream's info), asked before a put."""
+    return f"$JS.API.STREAM.INFO.OBJ_{bucket}"
+
+
 # the tenant's own file buckets: it stores (and cleans up) its packed work directories and
 # reads its jobs' artifacts, which only the nodes write; the operator makes both buckets
 _TENANT_FILES = (f"$O.{WORK_BUCKET_PREFIX}{{name}}.>",
                  f"$JS.API.STREAM.PURGE.OBJ_{WORK_BUCKET_PREFIX}{{name}}",
                  *_files_read(f"{WORK_BUCKET_PREFIX}{{name}}"),
-                 *_files_read(f"{ARTIFACTS_BUCKET_PREFIX}{{name}}"))
+                 *_files_read(f"{ARTIFACTS_BUCKET_PREFIX}{{name}}"),
+                 _files_usage(f"{WORK_BUCKET_PREFIX}{{name}}"),
+                 _files_usage(f"{ARTIFACTS_BUCKET_PREFIX}{{name}}"))
 # a node reads every tenant's work directories and writes every tenant's artifacts
 _NODE_FILES = (*_files_read(f"{WORK_BUCKET_PREFIX}{{tenant}}"),
-               f"$O.{ARTIFACTS_BUCKET_PREFIX}{{tenant}}.>")
+               f"$O.{ARTIFACTS_BUCKET_PREFIX}{{tenant}}.>",
+               _files_usage(f"{ARTIFACTS_BUCKET_PREFIX}{{tenant}}"))
 
 
 def _kv(bucket: str, *, watch: bool = False) -> tuple[str, ...]:

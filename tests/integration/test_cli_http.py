@@ -458,3 +458,33 @@ def test_a_workdir_over_the_gateways_upload_limit_is_refused_naming_it_and_not_s
             assert c.get(f"/v1/workdirs/{digest}").json()["code"] == "object_missing"
     finally:
         http.stop()
+
+
+def test_a_workdir_past_the_tenants_bucket_quota_is_refused_over_http_keeping_nothing(
+        laptop: Laptop) -> None:
+    import hashlib
+
+    import httpx
+
+    from bus.objects import DEFAULT_BUCKET_QUOTA_BYTES, work_bucket
+
+    bucket = work_bucket("beta")
+    held = ensure_tenant_buckets_sync(laptop.service_url, ["beta"], quota_bytes=1 << 20)[bucket][0]
+    try:
+        body = os.urandom(2 << 20)
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        with httpx.Client(base_url=laptop.url, timeout=30,
+                          headers={"Authorization": f"Bearer {laptop.tokens['beta']}"}) as http:
+            refused = http.put(f"/v1/workdirs/{digest}", content=body)
+            assert refused.status_code == 409, refused.text
+            assert refused.json()["code"] == "bucket_quota_exceeded"
+            assert f"{1 << 20}-byte quota" in refused.json()["detail"]
+            assert http.get(f"/v1/workdirs/{digest}").json()["code"] == "object_missing"
+            # refused by its Content-Length, before its bytes are read (and so hashed)
+            early = http.put(f"/v1/workdirs/{digest}", content=b"y" * len(body))
+            assert early.json()["code"] == "bucket_quota_exceeded", early.text
+        # not a chunk of it kept
+        assert ensure_tenant_buckets_sync(laptop.service_url, ["beta"])[bucket][0] == held
+    finally:
+        ensure_tenant_buckets_sync(laptop.service_url, ["beta"],
+                                   quota_bytes=DEFAULT_BUCKET_QUOTA_BYTES)
