@@ -76,17 +76,20 @@ class QueuedLease:
     """A queued lease as the scheduler reads it before placing it: what ordering, filtering
     and pricing need, and enough to rebuild the Lease (`LeaseMemory.promote`)."""
 
-    __slots__ = ("created_on", "id", "queued_at", "queued_on", "requested")
+    __slots__ = ("created_on", "end", "id", "queued_at", "queued_on", "requested")
 
     state = LeaseState.QUEUED
 
     def __init__(self, oid: UUID, requested: tuple[Any, ...], created_on: datetime,
-                 queued_on: datetime, queued_at: float) -> None:
+                 queued_on: datetime, queued_at: float, end: int = 0) -> None:
         self.id = oid
         self.requested = requested  # LeaseRequested's _FIELDS, the shape as a shared Shape
         self.created_on = created_on  # the LeaseRequested event's timestamp
         self.queued_on = queued_on  # the LeaseQueued event's timestamp (or the request's)
         self.queued_at = queued_at
+        # the log sequence of its last event (0: not known): what its next save expects, so
+        # that save needs no look-up when the recorder no longer remembers the subject
+        self.end = end
 
     @property
     def version(self) -> int:

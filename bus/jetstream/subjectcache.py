@@ -131,3 +131,16 @@ class SubjectCache:
 
         self.runtime.call_soon(drop)
 
+
+    def remember_ends(self, ends: dict[UUID, tuple[int, int]]) -> None:
+        """Remember where each aggregate's subject ends ((version, sequence) by id), as its
+        reader learnt it, unless something later is known, as the most recently used: its next
+        write then needs no look-up. A wrong end costs what a stale cache does, a refused save.
+        From any thread; before a save submitted after this call."""
+        known = {self.subject_for(oid): SubjectState(v, seq) for oid, (v, seq) in ends.items()}
+
+        def learn() -> None:
+            for subject, state in known.items():
+                self._remember(subject, state)
+
+        self.runtime.call_soon(learn)

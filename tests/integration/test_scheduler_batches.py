@@ -280,3 +280,61 @@ def test_a_save_with_no_answer_fails_the_cycle_and_leaves_no_unsaved_event_behin
         assert node.allocations.keys() == s.aggregates[node.id].allocations.keys()
     fresh.close()
     s.app.close()
+
+
+def _sixteen_queued_past_the_recorders_memory(plane: Plane,
+                                              monkeypatch: pytest.MonkeyPatch) -> Scheduler:
+    """16 one-core requests queued on 4 nodes of 4 cores, two placements a batch, read by a
+    scheduler whose recorder remembers at most 16 subject ends: the first read are forgotten
+    by the time they are placed."""
+    import bus.jetstream.logreader as logreader_module
+    import bus.jetstream.subjectcache as subjectcache_module
+    import workers.scheduler.placing as sched
+
+    for module in (subjectcache_module, logreader_module):  # the reads' bound too
+        monkeypatch.setattr(module, "SUBJECT_CACHE_MAX", 16)
+    monkeypatch.setattr(sched, "MAX_MESSAGES_PER_BATCH", 6)
+    s = _four_nodes(plane, queued=16)
+    s.catch_up()
+    return s
+
+
+def test_a_backlog_past_the_recorders_memory_is_saved_without_looking_up_its_leases(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the ends of the forgotten ones come from the scheduler's own record of each request,
+    # not from a read of the log before each save
+    s = _sixteen_queued_past_the_recorders_memory(plane, monkeypatch)
+    leases = {str(lid) for lid in s.aggregates.queued}
+    assert len(leases) == 16
+    recorder: Any = s.app.recorder
+    looked_up: list[str] = []
+    many, single = recorder._look_up_many, recorder._subject_state
+
+    async def counted_many(subjects: list[str]) -> None:
+        looked_up.extend(subjects)
+        await many(subjects)
+
+    async def counted_single(subject: str) -> Any:
+        looked_up.append(subject)
+        return await single(subject)
+
+    monkeypatch.setattr(recorder, "_look_up_many", counted_many)
+    monkeypatch.setattr(recorder, "_subject_state", counted_single)
+    assert s.cycle().placed == 16
+    assert not [subject for subject in looked_up if subject.rsplit(".", 1)[-1] in leases]
+
+
+def test_a_stale_end_told_to_the_recorder_is_refused_as_a_conflict(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a hint older than the log (another writer came first) is an expectation the server
+    # refuses: the batch is voided and its requests placed again from what the log says
+    s = _sixteen_queued_past_the_recorders_memory(plane, monkeypatch)
+    leases = list(s.aggregates.queued)
+    for record in s.aggregates.queued.values():
+        record.end -= 1  # as if each had been read one event short of the subject's end
+    conflicts = sum(s.cycle().conflicts for _ in range(4))
+    assert conflicts >= 1
+    states = [str(s.app.repository.get(lid).state) for lid in leases]
+    assert states == ["reserved"] * 16, states

@@ -36,6 +36,7 @@ class Batching(Preempting):
         if not settled:  # planned on top of a refused batch: void, as `_commit_batch` does
             self._void(unique, [], report)
             return False
+        self._hint_ends(unique)
         try:
             recordings = self.app.save(*unique)
             report.batches += 1
@@ -50,6 +51,19 @@ class Batching(Preempting):
                 self.aggregates.pop(a.id, None)
             self._reload(unique)
             return False
+
+    def _hint_ends(self, aggs: list[Aggregate]) -> None:
+        """Tell the recorder where the subjects of the compact leases this save promoted end
+        (their record kept it): past its bound of remembered subjects, a backlog's oldest
+        requests were forgotten, and each batch was held up by a look-up of ~900 subjects."""
+        ends = self._ends
+        if not ends:
+            return
+        hints = {a.id: ends[a.id] for a in aggs if a.id in ends}
+        ends.clear()  # what a save leaves out was voided or planned again: read anew
+        remember = getattr(self.app.recorder, "remember_ends", None)
+        if hints and remember is not None:
+            remember(hints)
 
     def _reload(self, aggs: list[Aggregate]) -> None:
         for a in aggs:
@@ -96,6 +110,7 @@ class Batching(Preempting):
             return
         if not unique:
             return
+        self._hint_ends(unique)
         try:
             pending = self.app.save_nowait(*unique)
         except IntegrityError:  # refused before sending (e.g. a version the recorder knows)

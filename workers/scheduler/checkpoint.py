@@ -42,7 +42,7 @@ PAUSE_SHARE = 100
 # whoever made it, the batch being built; everything else in the scheduler is checkpointed
 TRANSIENT = frozenset({
     "app", "clock", "leads", "_lock", "_placing", "_inflight", "_decode", "_read_ahead",
-    "_prefetch", "_read_timeout", "_holds", "_held", "pages_read_ahead",
+    "_prefetch", "_read_timeout", "_holds", "_held", "_ends", "pages_read_ahead",
     "pages_read_ahead_unused", "checkpoints", "max_examined_per_cycle", "backfill",
     "max_preemption_plans_per_cycle", "_plans_left", "decisions",
 })
@@ -110,7 +110,7 @@ def _reduce_uuid(u: uuid.UUID) -> tuple[Any, ...]:
 
 def _reduce_queued(q: QueuedLease) -> tuple[Any, ...]:
     """A compact queued lease by its constructor's arguments, not its slots' state."""
-    return QueuedLease, (q.id, q.requested, q.created_on, q.queued_on, q.queued_at)
+    return QueuedLease, (q.id, q.requested, q.created_on, q.queued_on, q.queued_at, q.end)
 
 
 _DISPATCH: dict[type, Callable[[Any], Any]] = {

@@ -108,6 +108,9 @@ class Folding:
         # (transfer id, lease, amount) each, and their sum
         self._holds: dict[str, list[tuple[str, LeaseId, int]]] = {}
         self._held: dict[str, int] = {}
+        # compact leases promoted for the batch being planned: (version, sequence) of their
+        # last event, handed to the recorder with the save (`Batching._hint_ends`)
+        self._ends: dict[UUID, tuple[int, int]] = {}
         # the last catch-up stopped at a read-ahead page that was short, without an empty
         # page to say the log held no more: the next cycle follows without waiting
         self.maybe_behind = False
@@ -185,7 +188,7 @@ class Folding:
                         event = decode(notification)
                         if stop is not None and event.timestamp.timestamp() > stop:
                             return n
-                        self.apply(event)
+                        self.apply(event, notification.id)
                     self.position = notification.id
                 n += len(page)
                 if not more:
@@ -226,10 +229,12 @@ class Folding:
                 max_workers=1, thread_name_prefix="scheduler-read-ahead")
         return self._read_ahead
 
-    def apply(self, event: Any) -> None:
+    def apply(self, event: Any, end: int = 0) -> None:
+        """Fold one event; `end`: its sequence in the log, where known."""
         compact = self.aggregates.absorb(event)
         if compact is not False:  # a request, or its queueing: held compactly
             if isinstance(compact, QueuedLease):
+                compact.end = end
                 self._queue(compact)
             return
         agg = self._fold.step(event)

@@ -308,6 +308,8 @@ class Placing(Ganging):
     def _whole(self, lease: Lease | QueuedLease) -> Lease:
         """The Lease itself, rebuilt from its compact record if it is one (to record events)."""
         if isinstance(lease, QueuedLease):
+            if lease.end:  # where its subject ends, for the save (`Batching._hint_ends`)
+                self._ends[lease.id] = (lease.version, lease.end)
             whole = self.aggregates.promote(lease.id)
             assert isinstance(whole, Lease)
             return whole
