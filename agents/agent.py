@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from agents import gpubind, secrets
-from agents.notice import NoticeRefused, write_notice
+from agents.notice import NoticeRefused, latest_mtime, write_notice
 from agents.output import OutputShipper, Stream
 from agents.probe import NodeProbe, Reserve
 from agents.runtimes.contract import Runtime, WorkloadError, WorkloadHandle, WorkloadSpec
@@ -518,7 +518,7 @@ class Agent:
     def _look(self, lid: str, run: Running) -> None:
         """Ship the job's new output; report its end if it has exited."""
         if run.checkpoint_dir is not None:
-            run.last_checkpoint_at = _latest_mtime(run.checkpoint_dir, run.last_checkpoint_at)
+            run.last_checkpoint_at = latest_mtime(run.checkpoint_dir, run.last_checkpoint_at)
         code = self.runtime.poll(run.handle)
         if code is None:
             self.output.poke()
@@ -544,10 +544,15 @@ class Agent:
                          **run.artifacts_stored})
         if self._report_end(lid, run.handle.epoch, exit_code=code):
             self.output.forget(run.handle.key)
-            self.runtime.forget(run.handle)  # its stored output too: all of it was shipped
+            del self.running[lid]
+            # its stored output (all shipped) and files, once no attach still reads them
+            self.sessions.after_attaches(lid, lambda: self._let_go(run))
+
+    def _let_go(self, run: Running) -> None:
+        with self._lock:
+            self.runtime.forget(run.handle)
             if run.has_workdir:
                 self.files.remove(run.handle.key)
-            del self.running[lid]
 
     def _ship(self, lid: str, run: Running) -> None:
         """Hand the job's output to the shipper: `output` telemetry its tenant may read
@@ -638,17 +643,3 @@ class Agent:
                                   utilization=utilization, attrs=attrs or {})
         self.link.publish(telemetry_subject(pool, self.node_id, tenant, lease, kind),
                           encode(event), headers)
-
-
-def _latest_mtime(d: Path, known: float | None) -> float | None:
-    latest = known
-    try:
-        for f in d.iterdir():
-            if f.name == "PREEMPT":
-                continue
-            m = f.stat(follow_symlinks=False).st_mtime  # the job's links lead nowhere
-            if latest is None or m > latest:
-                latest = m
-    except OSError:
-        pass
-    return latest

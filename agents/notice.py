@@ -60,3 +60,18 @@ def write_notice(directory: Path, name: str, text: str) -> None:
             os.close(fd)
     finally:
         os.close(dir_fd)
+
+
+def latest_mtime(d: Path, known: float | None) -> float | None:
+    """The newest change in the job's checkpoint folder (its own notice left out), or `known`."""
+    latest = known
+    try:
+        for f in d.iterdir():
+            if f.name == "PREEMPT":
+                continue
+            m = f.stat(follow_symlinks=False).st_mtime  # the job's links lead nowhere
+            if latest is None or m > latest:
+                latest = m
+    except OSError:
+        pass
+    return latest

@@ -19,6 +19,7 @@ import subprocess
 import termios
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from agents.runtimes.contract import WorkloadError
@@ -50,6 +51,8 @@ class Sessions:
         self.live: dict[str, Session] = {}
         self._seen: set[str] = set()  # an order redelivered never opens a session twice
         self._lock = threading.Lock()
+        # what to do once the last attach of a lease whose job ended has read its last output
+        self._after: dict[str, Callable[[], None]] = {}
 
     def open(self, order: SessionOrder) -> None:
         """Join the session `order` names, or tell its tenant why not (an error frame)."""
@@ -88,9 +91,26 @@ class Sessions:
             return "too_many_sessions", f"at most {MAX_SESSIONS_PER_LEASE} sessions per lease"
         return None
 
+    def _attached(self, lease_id: str) -> bool:
+        return any(isinstance(s, AttachSession) and s.lease_id == lease_id
+                   for s in self.live.values())
+
+    def after_attaches(self, lease_id: str, then: Callable[[], None]) -> None:
+        """`then()` now, or once the lease's attaches have ended: its job has ended, and an
+        attach may still be reading the job's last output (which `then` lets go of)."""
+        with self._lock:
+            if self._attached(lease_id):
+                self._after[lease_id] = then
+                return
+        then()
+
     def ended(self, session: Session) -> None:
         with self._lock:
             self.live.pop(session.session_id, None)
+            then = (self._after.pop(session.lease_id, None)
+                    if not self._attached(session.lease_id) else None)
+        if then is not None:
+            then()
 
 
 class Session:

@@ -123,6 +123,13 @@ def laptop(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Itera
         stop.set()
         thread.join(15)
         link.close()
+        # a job outlives its agent by design (it is never recycled while it may run): the
+        # tests' jobs still running (a port-forward's web server) are stopped here
+        runtime = ProcessRuntime(tmp / "n1")
+        for handle in runtime.adopt():
+            with contextlib.suppress(Exception):
+                runtime.stop(handle, 0)
+                runtime.forget(handle)
     finally:
         stop.set()
         for part in reversed(parts):
