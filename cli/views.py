@@ -296,6 +296,14 @@ def cmd_audit_decisions(args: argparse.Namespace) -> int:
     return _printed(report, args)
 
 
+
+def _history_days(text: str) -> float:
+    """`--history-days`, parsed only when given: the views' package is not imported by
+    `pool --help` and the other commands' parsers (tests/unit/test_cli_start.py)."""
+    from projections.views.retention import history_days
+
+    return history_days(text)
+
 def register(sub: Subparsers) -> None:
     """Add the view commands, `projections` and `audit`."""
     from projections.catalog import FILTERS, MAX_LIMIT, TENANT_VIEWS
@@ -342,9 +350,7 @@ def register(sub: Subparsers) -> None:
     prb.set_defaults(func=cmd_projections_rebuild)
     prr = prj.add_parser("run", help="run the projector until Ctrl-C")
     prr.add_argument("--batch-size", type=int, default=1000)
-    from projections.views.retention import history_days
-
-    prr.add_argument("--history-days", type=history_days, default=None, metavar="DAYS",
+    prr.add_argument("--history-days", type=_history_days, default=None, metavar="DAYS",
                      help="how long the views keep their past for --at; older row versions "
                      "are pruned while idle (default $POOL_HISTORY_DAYS or 30)")
     db_opts(prr)
