@@ -544,9 +544,9 @@ class Agent:
                          **run.artifacts_stored})
         if self._report_end(lid, run.handle.epoch, exit_code=code):
             self.output.forget(run.handle.key)
-            del self.running[lid]
             # its stored output (all shipped) and files, once no attach still reads them
             self.sessions.after_attaches(lid, lambda: self._let_go(run))
+            del self.running[lid]
 
     def _let_go(self, run: Running) -> None:
         with self._lock:
