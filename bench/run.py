@@ -56,7 +56,10 @@ def local_plane(home: Path, say: Callable[[str], None]) -> Iterator[dict[str, st
     `pool` runs in. Everything it started is stopped on the way out."""
     from bus.local.server import free_port
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POOL_")}
+    # bytecode cached as an installed Python keeps it (not compiled again at each start where
+    # the machine sets PYTHONDONTWRITEBYTECODE): the command as a user's machine runs it
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("POOL_") and k != "PYTHONDONTWRITEBYTECODE"}
     # this checkout's code, also where an editable install of another one is on the path
     # the gateway on a free port too: a bench beside another plane must not meet its :8080
     env.update(POOL_HOME=str(home), POOL_NATS_PORT=str(free_port()),
