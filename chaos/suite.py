@@ -49,7 +49,7 @@ QUICK: dict[int, dict[str, Any]] = {
     7: {"grants": 240, "restarts": 1, "rate": 40.0},
     8: {"inputs": 1000},
     9: {"attacks": 2000, "leases": 20, "nodes": 4},
-    10: {**_NOISY, "rounds": 3, "quiet": 40, "rate": 10.0, "concurrency": 8, "streams": 24},
+    10: {**_NOISY, "rounds": 5, "quiet": 40, "rate": 10.0, "concurrency": 8, "streams": 24},
 }
 FULL: dict[int, dict[str, Any]] = {
     1: {"commands": 10_000, "kill_every_s": 4.0, "threads": 8},

@@ -11,7 +11,6 @@ import json
 import re
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from functools import partial
@@ -71,12 +70,15 @@ def _code(reply: dict[str, Any]) -> str:
 
 
 class Floods:
-    """The noisy tenant's floods, on one event loop of their own until `stop()`: each kind's
+    """The noisy tenant's floods, in a process of their own until `stop()` (a neighbour is
+    another client: its work must not share the quiet tenant's interpreter): each kind's
     answers counted by code, and the request keys each answer came back for."""
 
     def __init__(self, nats_url: str, creds: Credentials, http_url: str, token: str,
                  *, running: str, concurrency: int, streams: int, tag: str,
                  kinds: Any = None) -> None:
+        import multiprocessing
+
         self.nats_url, self.creds, self.http_url, self.token = nats_url, creds, http_url, token
         self.tag, self.seconds, self._started = tag, 0.0, 0.0
         self.kinds = set(kinds or ANSWERS)  # all, unless a diagnosis picks some
@@ -84,54 +86,72 @@ class Floods:
         self.codes: dict[str, Counter[str]] = {k: Counter() for k in ANSWERS}
         self.accepted: set[str] = set()  # request keys answered ok
         self.refused: set[str] = set()  # request keys answered with a limit's code
-        self._stop = threading.Event()
-        self.opened = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()),
-                                        name="chaos-noisy", daemon=True)
-        self.error: BaseException | None = None
+        ctx = multiprocessing.get_context("spawn")
+        self._stop, self.opened, self._results = ctx.Event(), ctx.Event(), ctx.Queue()
+        self._process = ctx.Process(target=_flood_process, args=(self,), name="chaos-noisy",
+                                    daemon=True)
+        self.error: str | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_process"}
 
     def start(self) -> Floods:
         self._started = time.monotonic()
-        self._thread.start()
+        self._process.start()
         return self
 
     def stop(self) -> None:
+        import queue
+
         self._stop.set()
-        self._thread.join(60)
+        try:
+            codes, self.accepted, self.refused, self.error = self._results.get(timeout=60)
+            self.codes = {k: Counter(v) for k, v in codes.items()}
+        except queue.Empty:
+            self.error = "the flood process sent no result within 60 s"
+        self._process.join(10)
+        if self._process.is_alive():
+            self._process.kill()
         self.seconds = time.monotonic() - self._started
+
+    def serve(self) -> None:
+        """In the flood process: run every flood until told to stop, then send the answers."""
+        error: str | None = None
+        try:
+            asyncio.run(self._run())
+        except BaseException as e:  # noqa: BLE001 - reported by the scenario as a failure
+            error = repr(e)
+        self._results.put(({k: dict(v) for k, v in self.codes.items()}, self.accepted,
+                           self.refused, error))
 
     async def _run(self) -> None:
         from bus.connection import connect
         from bus.local.auth import inbox_prefix
 
+        nc = await connect(self.nats_url, user=self.creds.user, password=self.creds.password,
+                           inbox_prefix=inbox_prefix(NOISY).encode())
         try:
-            nc = await connect(self.nats_url, user=self.creds.user,
-                               password=self.creds.password,
-                               inbox_prefix=inbox_prefix(NOISY).encode())
-            try:
-                tenant = f"pool.cmd.{NOISY}"
-                beat = json.dumps({"epoch": 1}).encode()
-                # the streams first: each one's first page is a read, which the query flood
-                # would leave no room for (concurrency_limit), and they are held meanwhile
-                held = asyncio.ensure_future(self._streams())
-                while not self.opened.is_set() and not held.done():
-                    await asyncio.sleep(0.05)
-                work: list[Any] = [held]
-                for i in range(self.concurrency):
-                    if "heartbeats" in self.kinds:
-                        work.append(self._loop(
-                            nc, "heartbeats",
-                            lambda _n: (f"{tenant}.lease.{self.running}.heartbeat", beat)))
-                    if "queries" in self.kinds:
-                        work.append(self._loop(nc, "queries",
-                                               lambda _n: (f"{tenant}.query.leases", b"{}")))
-                    if "requests" in self.kinds:
-                        work.append(self._loop(nc, "requests", partial(self._request, i)))
-                await asyncio.gather(*work)
-            finally:
-                await nc.close()
-        except BaseException as e:  # noqa: BLE001 - reported by the scenario as a failure
-            self.error = e
+            tenant = f"pool.cmd.{NOISY}"
+            beat = json.dumps({"epoch": 1}).encode()
+            # the streams first: each one's first page is a read, which the query flood
+            # would leave no room for (concurrency_limit), and they are held meanwhile
+            held = asyncio.ensure_future(self._streams())
+            while not self.opened.is_set() and not held.done():
+                await asyncio.sleep(0.05)
+            work: list[Any] = [held]
+            for i in range(self.concurrency):
+                if "heartbeats" in self.kinds:
+                    work.append(self._loop(
+                        nc, "heartbeats",
+                        lambda _n: (f"{tenant}.lease.{self.running}.heartbeat", beat)))
+                if "queries" in self.kinds:
+                    work.append(self._loop(nc, "queries",
+                                           lambda _n: (f"{tenant}.query.leases", b"{}")))
+                if "requests" in self.kinds:
+                    work.append(self._loop(nc, "requests", partial(self._request, i)))
+            await asyncio.gather(*work)
+        finally:
+            await nc.close()
 
     def _request(self, worker: int, n: int) -> tuple[str, bytes]:
         # after the running lease ends: an accepted request stays queued (the queue cap's
@@ -184,6 +204,10 @@ class Floods:
             self.opened.set()
             while not self._stop.is_set():
                 await asyncio.sleep(0.1)
+
+
+def _flood_process(floods: Floods) -> None:
+    floods.serve()
 
 
 # -- the quiet tenant --------------------------------------------------------------------------------
@@ -446,6 +470,8 @@ def _cpu_seconds() -> dict[str, float]:
             continue
         words = [c.decode(errors="replace") for c in cmd if c]
         name = (" ".join(words[words.index("cli.main") + 1:][:2]) if "cli.main" in words
+                else "chaos floods" if "--multiprocessing-fork" in words
+                and int(stat[1]) == os.getpid()
                 else Path(words[0]).name if words else "?")
         stats[int(entry)] = (int(stat[1]), (int(stat[11]) + int(stat[12])) / tick, name)
     out: dict[str, float] = {}
@@ -454,7 +480,7 @@ def _cpu_seconds() -> dict[str, float]:
         while up in stats and up != os.getpid():
             up = stats[up][0]
         if up == os.getpid():
-            key = "chaos (floods, quiet tenant)" if pid == os.getpid() else name
+            key = "chaos (quiet tenant)" if pid == os.getpid() else name
             out[key] = out.get(key, 0.0) + seconds
     return out
 
