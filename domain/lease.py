@@ -6,8 +6,7 @@ States and verbs: docs/architecture.md#the-lease-lifecycle.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, replace
-from enum import StrEnum
+from dataclasses import replace
 from typing import Any
 from uuid import UUID
 
@@ -29,82 +28,41 @@ from domain.fold import trigger
 from domain.gang import GangMembership
 from domain.ids import pair_uuid
 from domain.jobspec import JobSpec
+from domain.lease_values import (
+    CAPACITY_HOLDING_STATES,
+    END_REASONS,
+    EXPIRY_REASONS,
+    TERMINAL_STATES,
+    WORKLOAD_STATES,
+    AttemptEnd,
+    Job,
+    JobState,
+    LeaseState,
+    queue_deadline,
+)
 from domain.resources import LeaseId, NodeId, PoolId, Resources, Shape, TenantId
 from domain.retry import RETRY_BACKOFF, RetryPolicy, next_attempt
 
+# the lease's values, importable from here as before they had a module of their own
+__all__ = [
+    "CAPACITY_HOLDING_STATES",
+    "END_REASONS",
+    "EXPIRY_REASONS",
+    "SESSIONS_PER_WINDOW",
+    "SESSION_WINDOW_SECONDS",
+    "TERMINAL_STATES",
+    "WORKLOAD_STATES",
+    "AttemptEnd",
+    "Job",
+    "JobSpec",
+    "JobState",
+    "Lease",
+    "LeaseState",
+    "queue_deadline",
+]
+
 _NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:lease")
-
-
-class LeaseState(StrEnum):
-    REQUESTED = "requested"
-    HELD = "held"  # out of the queue until its dependencies are met or its backoff is over
-    QUEUED = "queued"
-    RESERVED = "reserved"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    PREEMPTING = "preempting"
-    EXPIRED = "expired"
-    RECONCILING = "reconciling"
-    RELEASED = "released"
-    CANCELLED = "cancelled"
-    VOIDED = "voided"
-    PREEMPTED = "preempted"
-    REJECTED = "rejected"
-
-
 S = LeaseState
-TERMINAL_STATES: frozenset[LeaseState] = frozenset(
-    {S.RELEASED, S.CANCELLED, S.VOIDED, S.PREEMPTED, S.REJECTED}
-)
-# Capacity is kept until the workload is confirmed gone: an expired lease's container may
-# still be running on a partitioned-off node.
-CAPACITY_HOLDING_STATES: frozenset[LeaseState] = frozenset(
-    {S.RESERVED, S.RUNNING, S.STOPPING, S.PREEMPTING, S.EXPIRED, S.RECONCILING}
-)
-# States in which an agent may be running the workload and so may report on it.
-WORKLOAD_STATES: frozenset[LeaseState] = frozenset({S.RUNNING, S.STOPPING, S.PREEMPTING})
-
-EXPIRY_REASONS: tuple[str, ...] = ("commit_timeout", "heartbeat_lost", "deadline", "node_lost")
-# How a lease ended (`end_reason`), besides the expiry reasons and a rejection's code:
-# its job exited 0 / otherwise (or could not run); the holder released it without a job, or
-# gave back a reservation it never committed; it was cancelled; it was preempted (or drained).
-END_REASONS: tuple[str, ...] = ("succeeded", "failed", "released", "reservation_released",
-                                "cancelled", "preempted", *EXPIRY_REASONS)
-
-
-def queue_deadline(queued_at: float | None, queue_timeout_seconds: int | None) -> float | None:
-    """When a lease queued at `queued_at` has waited `queue_timeout_seconds` (None: never)."""
-    if queued_at is None or queue_timeout_seconds is None:
-        return None
-    return float(queued_at) + queue_timeout_seconds
-
-
-class JobState(StrEnum):
-    STARTING = "starting"
-    RUNNING = "running"
-    EXITED = "exited"
-    FAILED = "failed"
-
-
-@dataclass(frozen=True)
-class Job:
-    """One job run by a lease: its spec and how far it got. `attempts` counts restarts of the
-    same job after the lease was preempted and requeued."""
-
-    number: int
-    spec: JobSpec
-    submitted_at: float
-    state: JobState = JobState.STARTING
-    attempts: int = 1
-    started_at: float | None = None
-    ended_at: float | None = None
-    exit_code: int | None = None
-    failure_reason: str | None = None
-
-    @property
-    def is_active(self) -> bool:
-        return self.state in (JobState.STARTING, JobState.RUNNING)
-
 
 # Verbs a tenant or agent may use on a live lease; on an expired lease they are answered with
 # LeaseExpired (so the agent knows to stop) rather than a bare IllegalTransition.
@@ -116,8 +74,6 @@ _EXPIRY_AWARE_VERBS = frozenset(
     {"commit", "heartbeat", "renew", "release", "run_job", "job_started", "job_exited",
      "job_failed", "cancel", "notice_preemption", "open_session"}
 )
-# One ended attempt of a lease that was retried: (attempt, end reason, node, exit code, at).
-AttemptEnd = tuple[int, str, str | None, int | None, float]
 
 
 class Lease(Aggregate):
