@@ -20,14 +20,14 @@ from domain.errors import (
     InvalidAmount,
     NotDue,
     RuntimeLimitExceeded,
-    SessionLimit,
-    StaleEpoch,
 )
 from domain.errors import LeaseExpired as LeaseExpiredError
 from domain.fold import trigger
 from domain.gang import GangMembership
 from domain.ids import pair_uuid
 from domain.jobspec import JobSpec
+from domain.lease_guards import require_non_negative_int, require_positive_int
+from domain.lease_sessions import SESSION_WINDOW_SECONDS, SESSIONS_PER_WINDOW, LeaseSessions
 from domain.lease_values import (
     CAPACITY_HOLDING_STATES,
     END_REASONS,
@@ -64,19 +64,8 @@ __all__ = [
 _NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:lease")
 S = LeaseState
 
-# Verbs a tenant or agent may use on a live lease; on an expired lease they are answered with
-# LeaseExpired (so the agent knows to stop) rather than a bare IllegalTransition.
-# exec and port-forward sessions one lease may open per window: each is an event in the log
-SESSIONS_PER_WINDOW = 30
-SESSION_WINDOW_SECONDS = 60
 
-_EXPIRY_AWARE_VERBS = frozenset(
-    {"commit", "heartbeat", "renew", "release", "run_job", "job_started", "job_exited",
-     "job_failed", "cancel", "notice_preemption", "open_session"}
-)
-
-
-class Lease(Aggregate):
+class Lease(LeaseSessions, Aggregate):
     """A tenant's claim on capacity; see the module docstring for the state machine."""
 
     # what its tenant calls it; the class's values stand for a lease restored from a snapshot
@@ -158,13 +147,13 @@ class Lease(Aggregate):
             ("lease_seconds", term),
             ("heartbeat_timeout_seconds", heartbeat_timeout_seconds),
         ):
-            _require_positive_int(field_name, value)
+            require_positive_int(field_name, value)
         if queue_timeout_seconds is not None:
-            _require_positive_int("queue_timeout_seconds", queue_timeout_seconds)
+            require_positive_int("queue_timeout_seconds", queue_timeout_seconds)
         if not shape.resources.is_non_negative():
             raise InvalidAmount("a shape cannot ask for negative resources")
         if max_running is not None:
-            _require_positive_int("max_running", max_running)
+            require_positive_int("max_running", max_running)
         fields: dict[str, Any] = {
             "tenant_id": str(tenant_id),
             "idempotency_key": idempotency_key,
@@ -465,8 +454,8 @@ class Lease(Aggregate):
         epoch. `shape` is the placed shape (e.g. with the node's GPU model filled in);
         `devices` the node's GPU devices it gets (recorded with the reservation)."""
         self._require("reserve", {S.QUEUED})
-        _require_positive_int("commit_timeout_seconds", commit_timeout_seconds)
-        _require_non_negative_int("hold_microcredits", hold_microcredits)
+        require_positive_int("commit_timeout_seconds", commit_timeout_seconds)
+        require_non_negative_int("hold_microcredits", hold_microcredits)
         placed = self.requested_shape if shape is None else shape
         if not placed.resources.is_non_negative():
             raise InvalidAmount("a placed shape cannot hold negative resources")
@@ -587,7 +576,7 @@ class Lease(Aggregate):
         self._require("renew", {S.RUNNING})
         self._require_not_past_deadline(now)
         extend = self.lease_seconds if extend_seconds is None else extend_seconds
-        _require_positive_int("extend_seconds", extend)
+        require_positive_int("extend_seconds", extend)
         limit = self.runtime_limit_at
         assert limit is not None and self.deadline is not None
         if self.deadline >= limit:
@@ -603,26 +592,6 @@ class Lease(Aggregate):
             return wanted > limit
         self._renewed(at=float(now), deadline=deadline, clamped=wanted > limit)
         return wanted > limit
-
-    def open_session(self, now: float, *, session_id: str, kind: str,
-                     command: tuple[str, ...] = (), tty: bool = False, port: int | None = None,
-                     rows: int | None = None, cols: int | None = None) -> None:
-        """Record that the tenant opened an interactive session (`exec` of `command`, a
-        `forward` to `port`, an `attach`) into the running job, if running and unexpired."""
-        self._require("open_session", {S.RUNNING})
-        self._require_not_past_deadline(now)
-        if kind not in ("exec", "forward", "attach"):
-            raise IllegalTransition(self.state, "open_session", detail=f"no session kind {kind!r}")
-        at = self.session_window_at
-        if at is not None and now - at < SESSION_WINDOW_SECONDS \
-                and self.sessions_in_window >= SESSIONS_PER_WINDOW:
-            raise SessionLimit(
-                f"at most {SESSIONS_PER_WINDOW} sessions per {SESSION_WINDOW_SECONDS} s into "
-                "one lease", limit=SESSIONS_PER_WINDOW, window_seconds=SESSION_WINDOW_SECONDS,
-                retry_after_seconds=at + SESSION_WINDOW_SECONDS - now)
-        self._session_opened(at=float(now), session_id=session_id, kind=kind,
-                             command=list(command), tty=tty, port=port, rows=rows, cols=cols,
-                             epoch=self.epoch)
 
     # Ending -----------------------------------------------------------------------------------
 
@@ -740,7 +709,7 @@ class Lease(Aggregate):
         to checkpoint and stop. Refused for non-preemptible leases and before
         `min_runtime_seconds` of this placement have passed."""
         self._require("notice_preemption", {S.RUNNING})
-        _require_non_negative_int("grace_seconds", grace_seconds)
+        require_non_negative_int("grace_seconds", grace_seconds)
         if not self.preemptible:
             raise IllegalTransition(self.state, "notice_preemption", reasons=("not_preemptible",))
         assert self.started_at is not None
@@ -782,29 +751,11 @@ class Lease(Aggregate):
 
     # Guards -----------------------------------------------------------------------------------
 
-    def _require(self, verb: str, allowed: set[LeaseState] | frozenset[LeaseState]) -> None:
-        if self.state in allowed:
-            return
-        if verb in _EXPIRY_AWARE_VERBS:
-            if self.state in (S.EXPIRED, S.RECONCILING):
-                raise LeaseExpiredError(self.expiry_reason or "expired")
-            if self.state is S.VOIDED:
-                raise LeaseExpiredError("commit_timeout")
-        raise IllegalTransition(self.state, verb)
-
     def _require_job(self, verb: str, allowed: set[JobState]) -> None:
         if self.job is None:
             raise IllegalTransition("no_job", verb, reasons=("no_job",))
         if self.job.state not in allowed:
             raise IllegalTransition(f"job_{self.job.state}", verb)
-
-    def _check_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            raise StaleEpoch(current=self.epoch, given=epoch)
-
-    def _require_not_past_deadline(self, now: float) -> None:
-        if self.deadline is not None and now >= self.deadline:
-            raise LeaseExpiredError("deadline")
 
     def _is_due(self, reason: str, now: float) -> bool:
         assert self.deadline is not None
@@ -1045,18 +996,6 @@ def _outcome(exit_code: int | None, job: Job | None) -> str:
     if job is not None and job.state is JobState.FAILED:
         return "failed"
     return "released"
-
-
-def _require_positive_int(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise InvalidAmount(f"{name} must be a positive integer, got {value!r}", reasons=(name,))
-
-
-def _require_non_negative_int(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidAmount(
-            f"{name} must be a non-negative integer, got {value!r}", reasons=(name,)
-        )
 
 
 def _lean_create() -> tuple[str, ...] | None:
