@@ -41,8 +41,9 @@ from domain.lease_values import (
     LeaseState,
     queue_deadline,
 )
+from domain.lease_workflow import LeaseWorkflow
 from domain.resources import LeaseId, NodeId, PoolId, Resources, Shape, TenantId
-from domain.retry import RETRY_BACKOFF, RetryPolicy, next_attempt
+from domain.retry import RETRY_BACKOFF, RetryPolicy
 
 # the lease's values, importable from here as before they had a module of their own
 __all__ = [
@@ -66,7 +67,7 @@ _NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:lease")
 S = LeaseState
 
 
-class Lease(LeaseJobs, LeaseSessions, Aggregate):
+class Lease(LeaseJobs, LeaseWorkflow, LeaseSessions, Aggregate):
     """A tenant's claim on capacity; see the module docstring for the state machine."""
 
     # what its tenant calls it; the class's values stand for a lease restored from a snapshot
@@ -311,30 +312,6 @@ class Lease(LeaseJobs, LeaseSessions, Aggregate):
         return self.state in CAPACITY_HOLDING_STATES
 
     @property
-    def retry_policy(self) -> RetryPolicy | None:
-        policy = (self.workflow or {}).get("retries")
-        return None if not policy else RetryPolicy.from_dict(policy)
-
-    @property
-    def after(self) -> list[list[str]]:
-        """The leases it waits for, as recorded: [[lease id, condition], …]."""
-        return list((self.workflow or {}).get("after") or ())
-
-    @property
-    def dependencies(self) -> tuple[Dependency, ...]:
-        return tuple(Dependency.from_value(v) for v in self.after)
-
-    @property
-    def array_id(self) -> str | None:
-        value = (self.workflow or {}).get("array_id")
-        return None if value is None else str(value)
-
-    @property
-    def max_running(self) -> int | None:
-        value = (self.workflow or {}).get("max_running")
-        return None if value is None else int(value)
-
-    @property
     def runtime_limit_at(self) -> float | None:
         """When the current placement reaches its maximum runtime; no renewal goes past it."""
         if self.started_at is None:
@@ -400,15 +377,6 @@ class Lease(LeaseJobs, LeaseSessions, Aggregate):
     def queue(self, now: float) -> None:
         """Admit the request to the scheduler's queue."""
         self._require("queue", {S.REQUESTED})
-        self._queued(at=float(now))
-
-    def queue_held(self, now: float) -> None:
-        """A held lease joins the queue: its dependencies are met, or its backoff is over (its
-        wait for capacity starts now)."""
-        self._require("queue_held", {S.HELD})
-        if self.held_until is not None and now < self.held_until:
-            raise NotDue(f"its retry backoff lasts until {self.held_until}",
-                         reasons=(RETRY_BACKOFF,))
         self._queued(at=float(now))
 
     def reject(self, now: float, code: str, reasons: list[str] | None = None) -> None:
@@ -681,19 +649,6 @@ class Lease(LeaseJobs, LeaseSessions, Aggregate):
             and self.grace_deadline is not None
             and now >= self.grace_deadline
         )
-
-    def _retry(self, at: float, reason: str, exit_code: int | None) -> bool:
-        """Run the lease again when its retry policy says an attempt ending so earns it
-        (domain.retry.next_attempt): queued at once, or held through a backoff. Each attempt's
-        end is kept; the next one avoids this node where another fits. False: it ends."""
-        decision = next_attempt(self.retry_policy, reason=reason, attempt=self.attempts,
-                                retries_done=len(self.attempt_ends), ended_at=at)
-        if decision is None:
-            return False
-        self._retried(at=at, attempt=decision.attempt, reason=reason, exit_code=exit_code,
-                      node_id=None if self.node_id is None else str(self.node_id),
-                      held_until=decision.queue_at if decision.held else None)
-        return True
 
     # Guards -----------------------------------------------------------------------------------
 
