@@ -1,13 +1,13 @@
 """The lease lifecycle: a tenant's claim on pooled capacity, from request to release.
 
-States and verbs: docs/architecture.md#the-lease-lifecycle.
+States and verbs: docs/architecture.md#the-lease-lifecycle. This module holds the aggregate: its
+request, its recorded state and its events; its verbs are mixins, one module each (lease_*).
 """
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, replace
-from enum import StrEnum
+from dataclasses import replace
 from typing import Any
 from uuid import UUID
 
@@ -16,111 +16,54 @@ from eventsourcing.utils import get_topic
 
 from domain.creation import initialised, lean_init
 from domain.dependency import WAITING_FOR_DEPENDENCY, Dependency
-from domain.errors import (
-    IllegalTransition,
-    InvalidAmount,
-    NotDue,
-    RuntimeLimitExceeded,
-    SessionLimit,
-    StaleEpoch,
-)
-from domain.errors import LeaseExpired as LeaseExpiredError
-from domain.fold import trigger
+from domain.errors import InvalidAmount
 from domain.gang import GangMembership
 from domain.ids import pair_uuid
 from domain.jobspec import JobSpec
+from domain.lease_guards import require_positive_int
+from domain.lease_jobs import LeaseJobs, job_outcome
+from domain.lease_sessions import SESSION_WINDOW_SECONDS, SESSIONS_PER_WINDOW, LeaseSessions
+from domain.lease_term import LeaseTerm
+from domain.lease_transitions import LeaseTransitions
+from domain.lease_values import (
+    CAPACITY_HOLDING_STATES,
+    END_REASONS,
+    EXPIRY_REASONS,
+    TERMINAL_STATES,
+    WORKLOAD_STATES,
+    AttemptEnd,
+    Job,
+    JobState,
+    LeaseState,
+    queue_deadline,
+)
+from domain.lease_workflow import LeaseWorkflow
 from domain.resources import LeaseId, NodeId, PoolId, Resources, Shape, TenantId
-from domain.retry import RETRY_BACKOFF, RetryPolicy, next_attempt
+from domain.retry import RETRY_BACKOFF, RetryPolicy
+
+# the lease's values and words, importable from here as before they had modules of their own
+__all__ = [
+    "CAPACITY_HOLDING_STATES",
+    "END_REASONS",
+    "EXPIRY_REASONS",
+    "SESSIONS_PER_WINDOW",
+    "SESSION_WINDOW_SECONDS",
+    "TERMINAL_STATES",
+    "WORKLOAD_STATES",
+    "AttemptEnd",
+    "Job",
+    "JobSpec",
+    "JobState",
+    "Lease",
+    "LeaseState",
+    "queue_deadline",
+]
 
 _NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:computepool:lease")
-
-
-class LeaseState(StrEnum):
-    REQUESTED = "requested"
-    HELD = "held"  # out of the queue until its dependencies are met or its backoff is over
-    QUEUED = "queued"
-    RESERVED = "reserved"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    PREEMPTING = "preempting"
-    EXPIRED = "expired"
-    RECONCILING = "reconciling"
-    RELEASED = "released"
-    CANCELLED = "cancelled"
-    VOIDED = "voided"
-    PREEMPTED = "preempted"
-    REJECTED = "rejected"
-
-
 S = LeaseState
-TERMINAL_STATES: frozenset[LeaseState] = frozenset(
-    {S.RELEASED, S.CANCELLED, S.VOIDED, S.PREEMPTED, S.REJECTED}
-)
-# Capacity is kept until the workload is confirmed gone: an expired lease's container may
-# still be running on a partitioned-off node.
-CAPACITY_HOLDING_STATES: frozenset[LeaseState] = frozenset(
-    {S.RESERVED, S.RUNNING, S.STOPPING, S.PREEMPTING, S.EXPIRED, S.RECONCILING}
-)
-# States in which an agent may be running the workload and so may report on it.
-WORKLOAD_STATES: frozenset[LeaseState] = frozenset({S.RUNNING, S.STOPPING, S.PREEMPTING})
-
-EXPIRY_REASONS: tuple[str, ...] = ("commit_timeout", "heartbeat_lost", "deadline", "node_lost")
-# How a lease ended (`end_reason`), besides the expiry reasons and a rejection's code:
-# its job exited 0 / otherwise (or could not run); the holder released it without a job, or
-# gave back a reservation it never committed; it was cancelled; it was preempted (or drained).
-END_REASONS: tuple[str, ...] = ("succeeded", "failed", "released", "reservation_released",
-                                "cancelled", "preempted", *EXPIRY_REASONS)
 
 
-def queue_deadline(queued_at: float | None, queue_timeout_seconds: int | None) -> float | None:
-    """When a lease queued at `queued_at` has waited `queue_timeout_seconds` (None: never)."""
-    if queued_at is None or queue_timeout_seconds is None:
-        return None
-    return float(queued_at) + queue_timeout_seconds
-
-
-class JobState(StrEnum):
-    STARTING = "starting"
-    RUNNING = "running"
-    EXITED = "exited"
-    FAILED = "failed"
-
-
-@dataclass(frozen=True)
-class Job:
-    """One job run by a lease: its spec and how far it got. `attempts` counts restarts of the
-    same job after the lease was preempted and requeued."""
-
-    number: int
-    spec: JobSpec
-    submitted_at: float
-    state: JobState = JobState.STARTING
-    attempts: int = 1
-    started_at: float | None = None
-    ended_at: float | None = None
-    exit_code: int | None = None
-    failure_reason: str | None = None
-
-    @property
-    def is_active(self) -> bool:
-        return self.state in (JobState.STARTING, JobState.RUNNING)
-
-
-# Verbs a tenant or agent may use on a live lease; on an expired lease they are answered with
-# LeaseExpired (so the agent knows to stop) rather than a bare IllegalTransition.
-# exec and port-forward sessions one lease may open per window: each is an event in the log
-SESSIONS_PER_WINDOW = 30
-SESSION_WINDOW_SECONDS = 60
-
-_EXPIRY_AWARE_VERBS = frozenset(
-    {"commit", "heartbeat", "renew", "release", "run_job", "job_started", "job_exited",
-     "job_failed", "cancel", "notice_preemption", "open_session"}
-)
-# One ended attempt of a lease that was retried: (attempt, end reason, node, exit code, at).
-AttemptEnd = tuple[int, str, str | None, int | None, float]
-
-
-class Lease(Aggregate):
+class Lease(LeaseTransitions, LeaseTerm, LeaseJobs, LeaseWorkflow, LeaseSessions, Aggregate):
     """A tenant's claim on capacity; see the module docstring for the state machine."""
 
     # what its tenant calls it; the class's values stand for a lease restored from a snapshot
@@ -202,13 +145,13 @@ class Lease(Aggregate):
             ("lease_seconds", term),
             ("heartbeat_timeout_seconds", heartbeat_timeout_seconds),
         ):
-            _require_positive_int(field_name, value)
+            require_positive_int(field_name, value)
         if queue_timeout_seconds is not None:
-            _require_positive_int("queue_timeout_seconds", queue_timeout_seconds)
+            require_positive_int("queue_timeout_seconds", queue_timeout_seconds)
         if not shape.resources.is_non_negative():
             raise InvalidAmount("a shape cannot ask for negative resources")
         if max_running is not None:
-            _require_positive_int("max_running", max_running)
+            require_positive_int("max_running", max_running)
         fields: dict[str, Any] = {
             "tenant_id": str(tenant_id),
             "idempotency_key": idempotency_key,
@@ -364,514 +307,6 @@ class Lease(Aggregate):
     def holds_capacity(self) -> bool:
         return self.state in CAPACITY_HOLDING_STATES
 
-    @property
-    def retry_policy(self) -> RetryPolicy | None:
-        policy = (self.workflow or {}).get("retries")
-        return None if not policy else RetryPolicy.from_dict(policy)
-
-    @property
-    def after(self) -> list[list[str]]:
-        """The leases it waits for, as recorded: [[lease id, condition], …]."""
-        return list((self.workflow or {}).get("after") or ())
-
-    @property
-    def dependencies(self) -> tuple[Dependency, ...]:
-        return tuple(Dependency.from_value(v) for v in self.after)
-
-    @property
-    def array_id(self) -> str | None:
-        value = (self.workflow or {}).get("array_id")
-        return None if value is None else str(value)
-
-    @property
-    def max_running(self) -> int | None:
-        value = (self.workflow or {}).get("max_running")
-        return None if value is None else int(value)
-
-    @property
-    def runtime_limit_at(self) -> float | None:
-        """When the current placement reaches its maximum runtime; no renewal goes past it."""
-        if self.started_at is None:
-            return None
-        return self.started_at + self.maximum_runtime_seconds
-
-    @property
-    def restarts_on_placement(self) -> bool:
-        """A requeued lease whose job a preemption interrupted: its next placement restarts
-        that job on its own (`commit` without a job) instead of waiting for a commit."""
-        return (self.state is S.QUEUED and (self.requeue_on_preemption or self.retrying)
-                and self._job_to_restart() is not None)
-
-    def _job_to_restart(self) -> Job | None:
-        """The job a preemption interrupted: stopped by it (killed in its grace, or ended by
-        the preemption itself), not one that finished cleanly in the meantime."""
-        job = self.job
-        if job is None or job.is_active:
-            return None
-        if self.retrying:  # a retry runs the job its last attempt ended with, whatever ended it
-            return job
-        if job.failure_reason == "preempted":
-            return job
-        if self.interrupted_job == job.number and not (
-                job.state is JobState.EXITED and job.exit_code == 0):
-            return job
-        return None
-
-    @property
-    def queue_deadline(self) -> float | None:
-        """When a queued lease has waited its queue timeout (None: not queued, or no timeout)."""
-        if self.state is not S.QUEUED or self.queue_timeout_seconds is None:
-            return None
-        return queue_deadline(self.queued_at, self.queue_timeout_seconds)
-
-    def expiry_due(self, now: float) -> str | None:
-        """The expiry reason that applies at `now`, or None: what the deadline timer checks.
-        For a queued lease, `queue_timeout` once it has waited its queue timeout."""
-        if self.state is S.QUEUED:
-            due = self.queue_deadline
-            return "queue_timeout" if due is not None and now >= due else None
-        if self.state is S.HELD:
-            until = self.held_until
-            return RETRY_BACKOFF if until is not None and now >= until else None
-        if self.state is S.RESERVED:
-            assert self.reservation_deadline is not None
-            return "commit_timeout" if now >= self.reservation_deadline else None
-        if self.state in WORKLOAD_STATES:
-            assert self.deadline is not None
-            if now >= self.deadline:
-                return "deadline"
-            if now >= self._heartbeat_due_at():
-                return "heartbeat_lost"
-        return None
-
-    def next_due_at(self) -> float | None:
-        """The next instant at which `expiry_due` may become true: when to schedule the timer."""
-        if self.state is S.QUEUED:
-            return self.queue_deadline
-        if self.state is S.HELD:
-            return self.held_until  # a backoff's end; a dependency has no time
-        if self.state is S.RESERVED:
-            return self.reservation_deadline
-        if self.state in WORKLOAD_STATES:
-            assert self.deadline is not None
-            return min(self.deadline, self._heartbeat_due_at())
-        return None
-
-    def work_at_risk_seconds(self, now: float) -> float:
-        """Seconds of work a preemption would lose: time since the last checkpoint this run."""
-        if self.started_at is None or self.state not in WORKLOAD_STATES:
-            return 0.0
-        since = max(self.started_at, self.last_checkpoint_at or self.started_at)
-        return max(0.0, now - since)
-
-    def runtime_seconds(self, now: float) -> float:
-        """Billable seconds of the current (or last) placement: from commit to when it ended."""
-        if self.started_at is None:
-            return 0.0
-        end = self.run_ended_at if self.run_ended_at is not None else now
-        return max(0.0, end - self.started_at)
-
-    # Admission --------------------------------------------------------------------------------
-
-    def queue(self, now: float) -> None:
-        """Admit the request to the scheduler's queue."""
-        self._require("queue", {S.REQUESTED})
-        self._queued(at=float(now))
-
-    def queue_held(self, now: float) -> None:
-        """A held lease joins the queue: its dependencies are met, or its backoff is over (its
-        wait for capacity starts now)."""
-        self._require("queue_held", {S.HELD})
-        if self.held_until is not None and now < self.held_until:
-            raise NotDue(f"its retry backoff lasts until {self.held_until}",
-                         reasons=(RETRY_BACKOFF,))
-        self._queued(at=float(now))
-
-    def reject(self, now: float, code: str, reasons: list[str] | None = None) -> None:
-        """Refuse the request before placement (quota, credits, unschedulable shape,
-        `queue_timeout`: it waited its queue timeout, or `dependency_failed`)."""
-        self._require("reject", {S.REQUESTED, S.QUEUED, S.HELD})
-        self._rejected(at=float(now), code=code, reasons=list(reasons or []))
-
-    # Placement --------------------------------------------------------------------------------
-
-    def reserve(
-        self,
-        now: float,
-        *,
-        node_id: NodeId,
-        commit_timeout_seconds: int,
-        hold_microcredits: int,
-        shape: Shape | None = None,
-        devices: tuple[str, ...] = (),
-    ) -> int:
-        """Reserve capacity on a node until `now + commit_timeout_seconds`; returns the new
-        epoch. `shape` is the placed shape (e.g. with the node's GPU model filled in);
-        `devices` the node's GPU devices it gets (recorded with the reservation)."""
-        self._require("reserve", {S.QUEUED})
-        _require_positive_int("commit_timeout_seconds", commit_timeout_seconds)
-        _require_non_negative_int("hold_microcredits", hold_microcredits)
-        placed = self.requested_shape if shape is None else shape
-        if not placed.resources.is_non_negative():
-            raise InvalidAmount("a placed shape cannot hold negative resources")
-        trigger(  # the scheduler's hot path: domain.fold' lean trigger, same event
-            self, "_reserved",
-            at=float(now),
-            node_id=str(node_id),
-            # recorded only when it differs from the requested shape (which the log has)
-            shape=None if placed == self.requested_shape else placed.to_dict(),
-            epoch=self.epoch + 1,
-            reservation_deadline=float(now) + commit_timeout_seconds,
-            hold_microcredits=hold_microcredits,
-            devices=list(devices) if devices else None,
-        )
-        return self.epoch
-
-    def commit(self, now: float, job: JobSpec | None = None) -> None:
-        """Confirm the reservation and start the lease's term, optionally with its first job.
-
-        Without a job, a job interrupted by preemption is restarted (attempts + 1)."""
-        self._require("commit", {S.RESERVED})
-        assert self.reservation_deadline is not None
-        if now >= self.reservation_deadline:
-            window = self.reservation_deadline - (self.reserved_at or self.reservation_deadline)
-            raise LeaseExpiredError(
-                "commit_timeout", message=f"the reservation was not committed within its "
-                f"{window:g} s commit window, so it was given back"
-            )
-        term = min(self.lease_seconds, self.maximum_runtime_seconds)
-        number, attempt, spec = self.jobs_submitted + 1, 1, job
-        interrupted = self._job_to_restart() if job is None else None
-        if interrupted is not None:
-            number, attempt, spec = interrupted.number, interrupted.attempts + 1, interrupted.spec
-        self._committed(
-            at=float(now),
-            deadline=float(now) + term,
-            job_number=number if spec is not None else None,
-            job_attempt=attempt if spec is not None else None,
-            job_spec=spec.to_dict() if spec is not None else None,
-        )
-
-    # Jobs -------------------------------------------------------------------------------------
-
-    def run_job(self, now: float, job: JobSpec) -> int:
-        """Start another job in a running lease whose previous job has ended; returns its number."""
-        self._require("run_job", {S.RUNNING})
-        self._require_not_past_deadline(now)
-        if self.job is not None and self.job.is_active:
-            raise IllegalTransition(self.state, "run_job", reasons=("job_active",),
-                                    detail=f"job {self.job.number} is still {self.job.state}")
-        self._job_submitted(at=float(now), job_number=self.jobs_submitted + 1, spec=job.to_dict())
-        return self.jobs_submitted
-
-    def job_started(self, now: float, *, epoch: int) -> None:
-        """The agent reports that the current job's process is running."""
-        self._require("job_started", WORKLOAD_STATES)
-        self._check_epoch(epoch)
-        self._require_job("job_started", {JobState.STARTING})
-        self._job_started(at=float(now), epoch=epoch)
-
-    def job_exited(self, now: float, *, epoch: int, exit_code: int) -> None:
-        """The agent reports that the current job exited with `exit_code`."""
-        self._require("job_exited", WORKLOAD_STATES)
-        self._check_epoch(epoch)
-        self._require_job("job_exited", {JobState.STARTING, JobState.RUNNING})
-        self._job_exited(at=float(now), epoch=epoch, exit_code=int(exit_code))
-
-    def job_failed(self, now: float, *, epoch: int, reason: str) -> None:
-        """The agent reports that the current job could not run (image pull, OOM kill, ...)."""
-        self._require("job_failed", WORKLOAD_STATES)
-        self._check_epoch(epoch)
-        self._require_job("job_failed", {JobState.STARTING, JobState.RUNNING})
-        self._job_failed(at=float(now), epoch=epoch, reason=reason)
-
-    # Term -------------------------------------------------------------------------------------
-
-    def heartbeat(self, now: float, *, epoch: int, checkpoint_at: float | None = None) -> bool:
-        """The agent is alive and the workload runs. A heartbeat from an earlier placement is
-        fenced (StaleEpoch); one after the hard deadline is refused (LeaseExpired). A late
-        heartbeat before the reconciler has acted is accepted: it proves the agent is alive.
-        Returns whether it was recorded: one that is no news (`heartbeat_is_news`) changes
-        nothing, so a flood of them costs the log nothing."""
-        self._require("heartbeat", WORKLOAD_STATES)
-        self._check_epoch(epoch)
-        self._require_not_past_deadline(now)
-        if not self.heartbeat_is_news(now, checkpoint_at):
-            return False
-        self._heartbeat_recorded(
-            at=float(now),
-            epoch=epoch,
-            checkpoint_at=None if checkpoint_at is None else float(checkpoint_at),
-        )
-        return True
-
-    def heartbeat_is_news(self, now: float, checkpoint_at: float | None = None) -> bool:
-        """Whether a heartbeat at `now` is worth an event: the first of this placement, a new
-        checkpoint, or a quarter of the heartbeat timeout since the last one recorded. Between
-        those, a heartbeat changes no deadline that matters (the lease expires `timeout` after
-        the last recorded one, so recording every quarter keeps it alive with margin)."""
-        if self.last_heartbeat_at is None:
-            return True
-        if checkpoint_at is not None and checkpoint_at != self.last_checkpoint_at:
-            return True
-        return now - self.last_heartbeat_at >= self.heartbeat_timeout_seconds / 4
-
-    def renew(self, now: float, extend_seconds: int | None = None, *,
-              step_seconds: float = 0) -> bool:
-        """Extend the deadline to `now + extend_seconds` (default: the lease term).
-
-        Clamp-with-flag: a renewal that would pass `started_at + maximum_runtime_seconds` is cut
-        to that limit and recorded with `clamped=True` (returned). Only when the deadline is
-        already at the limit does renewal raise RuntimeLimitExceeded. It never shortens.
-
-        Coalesced: it is recorded only when the deadline moves by at least `step_seconds` (the
-        pool's renewal step), capped at half the extension so that a holder renewing within
-        each extension always moves it in time; a move to the runtime limit is always
-        recorded (there is no later one). A renewal that is not recorded changes nothing."""
-        self._require("renew", {S.RUNNING})
-        self._require_not_past_deadline(now)
-        extend = self.lease_seconds if extend_seconds is None else extend_seconds
-        _require_positive_int("extend_seconds", extend)
-        limit = self.runtime_limit_at
-        assert limit is not None and self.deadline is not None
-        if self.deadline >= limit:
-            raise RuntimeLimitExceeded(
-                f"the lease already ends at its maximum runtime of "
-                f"{self.maximum_runtime_seconds}s",
-                reasons=("maximum_runtime_exceeded",),
-            )
-        wanted = float(now) + extend
-        deadline = max(self.deadline, min(wanted, limit))
-        moved = deadline - self.deadline
-        if moved <= 0 or (moved < min(step_seconds, extend / 2) and deadline < limit):
-            return wanted > limit
-        self._renewed(at=float(now), deadline=deadline, clamped=wanted > limit)
-        return wanted > limit
-
-    def open_session(self, now: float, *, session_id: str, kind: str,
-                     command: tuple[str, ...] = (), tty: bool = False, port: int | None = None,
-                     rows: int | None = None, cols: int | None = None) -> None:
-        """Record that the tenant opened an interactive session (`exec` of `command`, a
-        `forward` to `port`, an `attach`) into the running job, if running and unexpired."""
-        self._require("open_session", {S.RUNNING})
-        self._require_not_past_deadline(now)
-        if kind not in ("exec", "forward", "attach"):
-            raise IllegalTransition(self.state, "open_session", detail=f"no session kind {kind!r}")
-        at = self.session_window_at
-        if at is not None and now - at < SESSION_WINDOW_SECONDS \
-                and self.sessions_in_window >= SESSIONS_PER_WINDOW:
-            raise SessionLimit(
-                f"at most {SESSIONS_PER_WINDOW} sessions per {SESSION_WINDOW_SECONDS} s into "
-                "one lease", limit=SESSIONS_PER_WINDOW, window_seconds=SESSION_WINDOW_SECONDS,
-                retry_after_seconds=at + SESSION_WINDOW_SECONDS - now)
-        self._session_opened(at=float(now), session_id=session_id, kind=kind,
-                             command=list(command), tty=tty, port=port, rows=rows, cols=cols,
-                             epoch=self.epoch)
-
-    # Ending -----------------------------------------------------------------------------------
-
-    def release(
-        self, now: float, exit_code: int | None = None, *, epoch: int | None = None
-    ) -> None:
-        """End the lease because its workload is over; capacity and hold can be returned.
-
-        With an active job, `exit_code` is required (the agent saw the process exit): without
-        it the workload may still be running, so use `cancel`, which stops it first. A
-        reservation not yet committed is given back (`reservation_released`)."""
-        self._require("release", {S.RESERVED, S.RUNNING, S.PREEMPTING})
-        if epoch is not None:
-            self._check_epoch(epoch)
-        if self.state is S.RESERVED:
-            self._released(at=float(now), exit_code=None, reason="reservation_released")
-            return
-        if self.job is not None and self.job.is_active and exit_code is None:
-            raise IllegalTransition(self.state, "release", reasons=("job_active",),
-                                    detail="the job is still active; cancel to stop it")
-        outcome = _outcome(exit_code, self.job)
-        if not self._retry(float(now), outcome, exit_code):
-            self._released(at=float(now), exit_code=exit_code, reason=outcome)
-
-    def cancel(self, now: float, reason: str = "cancelled") -> bool:
-        """Cancel the lease. Before it runs this ends it at once; a running lease first goes to
-        `stopping` until the agent confirms. Repeating a cancel is a no-op (returns False)."""
-        if self.state in (S.STOPPING, S.CANCELLED):
-            return False
-        self._require("cancel", {S.REQUESTED, S.HELD, S.QUEUED, S.RESERVED, S.RUNNING,
-                                 S.PREEMPTING})
-        if self.state in (S.RUNNING, S.PREEMPTING):
-            self._stop_requested(at=float(now), reason=reason)
-        else:
-            self._cancelled(at=float(now), reason=reason)
-        return True
-
-    def confirm_stopped(self, now: float, *, epoch: int | None = None) -> LeaseState:
-        """The workload is confirmed gone (by the agent, or the reconciler after a node loss).
-
-        stopping → cancelled; preempting → preempted (then queued again when the notice asked
-        for a requeue); expired | reconciling → released, or queued again for a gang member
-        lost (its node or its heartbeats) whose gang asked to be requeued. Returns the new
-        state."""
-        self._require("confirm_stopped", {S.STOPPING, S.PREEMPTING, S.EXPIRED, S.RECONCILING})
-        if epoch is not None:
-            self._check_epoch(epoch)
-        at = float(now)
-        if self.state is S.STOPPING:
-            self._cancelled(at=at, reason=self.stop_reason or "cancelled")
-        elif self.state is S.PREEMPTING:
-            if self.requeue_on_preemption or not self._retry(at, "preempted", None):
-                self._preempted(at=at)
-            if self.requeue_on_preemption:
-                self._requeued(at=at, attempts=self.attempts + 1)
-        elif (self.gang is not None and self.requeue_when_preempted
-              and self.expiry_reason in ("node_lost", "heartbeat_lost")):
-            # a gang that goes back in line goes whole: the member its node took with it too
-            self._requeued(at=at, attempts=self.attempts + 1)
-        elif not self._retry(at, self.expiry_reason or "expired", None):
-            self._released(at=at, exit_code=None, reason=self.expiry_reason or "expired")
-        return self.state
-
-    # Deadlines --------------------------------------------------------------------------------
-
-    def expire(self, now: float, reason: str | None = None) -> LeaseState:
-        """Apply a due deadline. Without `reason`, the one `expiry_due(now)` names (NotDue if
-        none). An uncommitted reservation is voided; a running lease becomes `expired` and
-        keeps its capacity until reconciliation confirms it stopped. "node_lost" is accepted
-        at any time; the timer reasons only when actually due. Returns the new state."""
-        due = self.expiry_due(now)
-        if self.state is S.RESERVED:
-            if reason not in (None, "commit_timeout"):
-                raise IllegalTransition(self.state, "expire", reasons=(str(reason),))
-            self.void_reservation(now)
-            return self.state
-        self._require("expire", WORKLOAD_STATES)
-        if reason is None:
-            reason = due
-        elif reason not in EXPIRY_REASONS or reason == "commit_timeout":
-            raise IllegalTransition(self.state, "expire", reasons=(reason,),
-                                    detail=f"unknown expiry reason {reason!r}")
-        elif not self._is_due(reason, now):
-            raise NotDue(f"{reason} is not due at {now}", reasons=(reason,))
-        if reason is None:
-            raise NotDue(f"nothing is due at {now}; next at {self.next_due_at()}")
-        self._expired(at=float(now), reason=reason)
-        return self.state
-
-    def void_reservation(self, now: float) -> None:
-        """Return an uncommitted reservation's capacity and hold once its deadline has passed."""
-        self._require("void_reservation", {S.RESERVED})
-        assert self.reservation_deadline is not None
-        if now < self.reservation_deadline:
-            raise NotDue(f"the reservation is open until {self.reservation_deadline}")
-        self._voided(at=float(now), reason="commit_timeout")
-
-    def begin_reconciliation(self, now: float) -> None:
-        """The reconciler has asked the node to stop the expired workload and awaits proof."""
-        self._require("begin_reconciliation", {S.EXPIRED})
-        self._reconciliation_started(at=float(now))
-
-    # Preemption -------------------------------------------------------------------------------
-
-    def notice_preemption(
-        self,
-        now: float,
-        *,
-        grace_seconds: int,
-        requeue: bool = True,
-        reason: str = "preempted",
-        min_runtime_seconds: int = 0,
-    ) -> float:
-        """Tell a running lease it will be preempted; it has until the returned grace deadline
-        to checkpoint and stop. Refused for non-preemptible leases and before
-        `min_runtime_seconds` of this placement have passed."""
-        self._require("notice_preemption", {S.RUNNING})
-        _require_non_negative_int("grace_seconds", grace_seconds)
-        if not self.preemptible:
-            raise IllegalTransition(self.state, "notice_preemption", reasons=("not_preemptible",))
-        assert self.started_at is not None
-        if now - self.started_at < min_runtime_seconds:
-            raise IllegalTransition(self.state, "notice_preemption",
-                                    reasons=("min_runtime_not_reached",))
-        grace_deadline = float(now) + grace_seconds
-        self._preemption_noticed(
-            at=float(now), grace_deadline=grace_deadline, requeue=bool(requeue), reason=reason
-        )
-        return grace_deadline
-
-    def requeue(self, now: float) -> None:
-        """Put a preempted lease back in the queue (attempts + 1; the next reserve bumps the
-        epoch, fencing reports from the old placement)."""
-        self._require("requeue", {S.PREEMPTED})
-        self._requeued(at=float(now), attempts=self.attempts + 1)
-
-    def preemption_overdue(self, now: float) -> bool:
-        """True when a preempting lease is past its grace deadline (time for a hard stop)."""
-        return (
-            self.state is S.PREEMPTING
-            and self.grace_deadline is not None
-            and now >= self.grace_deadline
-        )
-
-    def _retry(self, at: float, reason: str, exit_code: int | None) -> bool:
-        """Run the lease again when its retry policy says an attempt ending so earns it
-        (domain.retry.next_attempt): queued at once, or held through a backoff. Each attempt's
-        end is kept; the next one avoids this node where another fits. False: it ends."""
-        decision = next_attempt(self.retry_policy, reason=reason, attempt=self.attempts,
-                                retries_done=len(self.attempt_ends), ended_at=at)
-        if decision is None:
-            return False
-        self._retried(at=at, attempt=decision.attempt, reason=reason, exit_code=exit_code,
-                      node_id=None if self.node_id is None else str(self.node_id),
-                      held_until=decision.queue_at if decision.held else None)
-        return True
-
-    # Guards -----------------------------------------------------------------------------------
-
-    def _require(self, verb: str, allowed: set[LeaseState] | frozenset[LeaseState]) -> None:
-        if self.state in allowed:
-            return
-        if verb in _EXPIRY_AWARE_VERBS:
-            if self.state in (S.EXPIRED, S.RECONCILING):
-                raise LeaseExpiredError(self.expiry_reason or "expired")
-            if self.state is S.VOIDED:
-                raise LeaseExpiredError("commit_timeout")
-        raise IllegalTransition(self.state, verb)
-
-    def _require_job(self, verb: str, allowed: set[JobState]) -> None:
-        if self.job is None:
-            raise IllegalTransition("no_job", verb, reasons=("no_job",))
-        if self.job.state not in allowed:
-            raise IllegalTransition(f"job_{self.job.state}", verb)
-
-    def _check_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            raise StaleEpoch(current=self.epoch, given=epoch)
-
-    def _require_not_past_deadline(self, now: float) -> None:
-        if self.deadline is not None and now >= self.deadline:
-            raise LeaseExpiredError("deadline")
-
-    def _is_due(self, reason: str, now: float) -> bool:
-        assert self.deadline is not None
-        if reason == "deadline":
-            return now >= self.deadline
-        if reason == "heartbeat_lost":
-            return now >= self._heartbeat_due_at()
-        return reason == "node_lost"  # the reconciler's verdict; no timer to check
-
-    def _heartbeat_due_at(self) -> float:
-        assert self.started_at is not None
-        seen = self.last_heartbeat_at if self.last_heartbeat_at is not None else self.started_at
-        return seen + self.heartbeat_timeout_seconds
-
-    def _end_job(self, at: float, *, exit_code: int | None = None, failure: str = "") -> None:
-        """Close the active job, if any, as the lease stops running it."""
-        if self.job is None or not self.job.is_active:
-            return
-        if exit_code is not None:
-            self.job = replace(self.job, state=JobState.EXITED, exit_code=exit_code, ended_at=at)
-        else:
-            self.job = replace(self.job, state=JobState.FAILED, failure_reason=failure, ended_at=at)
-
     def _end(self, at: float, state: LeaseState, reason: str) -> None:
         self.state = state
         self.end_reason = reason
@@ -984,7 +419,7 @@ class Lease(Aggregate):
     @event("LeaseReleased")
     def _released(self, at: float, exit_code: int | None, reason: str) -> None:
         if reason == "completed":  # logs from before END_REASONS: the exit code tells
-            reason = _outcome(exit_code, self.job)
+            reason = job_outcome(exit_code, self.job)
         if self.state in WORKLOAD_STATES:
             self.run_ended_at = at
         self._end_job(at, exit_code=exit_code, failure=reason)
@@ -1078,29 +513,6 @@ class Lease(Aggregate):
         else:
             self.state = S.QUEUED
             self.queued_at = at
-
-
-def _outcome(exit_code: int | None, job: Job | None) -> str:
-    """The end reason of a lease released after its work: by its job's exit code, or
-    `released` when the holder ended it with no job."""
-    code = exit_code if exit_code is not None else (job.exit_code if job is not None else None)
-    if code is not None:
-        return "succeeded" if code == 0 else "failed"
-    if job is not None and job.state is JobState.FAILED:
-        return "failed"
-    return "released"
-
-
-def _require_positive_int(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise InvalidAmount(f"{name} must be a positive integer, got {value!r}", reasons=(name,))
-
-
-def _require_non_negative_int(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidAmount(
-            f"{name} must be a non-negative integer, got {value!r}", reasons=(name,)
-        )
 
 
 def _lean_create() -> tuple[str, ...] | None:

@@ -20,7 +20,6 @@ FUNCTION_LIMIT = 100  # lines, from its `def` to its last line
 # may only shrink: the test fails if its item grows past the size listed, and also once the item
 # is within the limit or gone, so that the entry is deleted with the change that fixed it.
 FILES_OVER: dict[str, int] = {
-    "domain/lease.py": 1217,  # retries, dependencies, arrays, sessions came in at once
     "agents/agent.py": 645,
 }
 FUNCTIONS_OVER: dict[str, int] = {
