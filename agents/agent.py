@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from agents import gpubind, secrets
+from agents.checkpoints import DEFAULT_RETENTION_SECONDS, CheckpointSweeper
 from agents.notice import NoticeRefused, latest_mtime, write_notice
 from agents.output import OutputShipper, Stream
 from agents.probe import NodeProbe, Reserve
@@ -27,6 +28,7 @@ from agents.workdir import JobFiles
 from bus.agentbus import AgentCommand, AgentLink
 from bus.errors import BusError
 from bus.subjects import telemetry_subject
+from domain.lease import TERMINAL_STATES
 from schemas import v1
 from schemas.codec import SchemaError, decode_command, encode
 from schemas.session import SessionOrder
@@ -88,6 +90,7 @@ class AgentStats:
     refused: int = 0
     heartbeats: int = 0
     notices_refused: int = 0  # a notice whose place in the job's folder held a trap
+    checkpoints_removed: int = 0  # folders of leases ended for good or past their retention
     startup_seconds: list[float] = field(default_factory=list)
 
 
@@ -102,7 +105,8 @@ class Agent:
                  reserve: Reserve = _DEFAULT_RESERVE, trust_level: str = "trusted",
                  heartbeat_interval: float = 2.0, utilization_every: int = 5,
                  clock: Callable[[], float] = time.time, time_slice_replicas: int = 0,
-                 output: OutputShipper | None = None) -> None:
+                 output: OutputShipper | None = None,
+                 checkpoint_retention_seconds: float = DEFAULT_RETENTION_SECONDS) -> None:
         self.link = link
         # the jobs' output, shipped by a thread of its own (never the heartbeat's, never
         # under the agent's lock), capped per job and paced for all of them together
@@ -134,6 +138,14 @@ class Agent:
         files = getattr(link, "files", None)
         self.files = JobFiles(self.state_dir / "files", files() if files is not None else None)
         self.sessions = Sessions(self)  # exec and port-forward into the running jobs
+
+        def removed(n: int) -> None:
+            self.stats.checkpoints_removed += n
+
+        self.checkpoints = CheckpointSweeper(
+            self.state_dir / "checkpoints", retention_seconds=checkpoint_retention_seconds,
+            lock=self._lock, running=lambda: self.running.keys(), clock=clock,
+            on_removed=removed)
 
     # -- identity and capabilities ------------------------------------------------------------
 
@@ -220,6 +232,7 @@ class Agent:
                 stop.wait(0.5)
         for t in self._stopping:
             t.join(10)
+        self.checkpoints.join(10)
         self.output.close()
         self.deregister()
 
@@ -254,6 +267,7 @@ class Agent:
         self.watch()
         if self.clock() >= self._next_beat:
             self.heartbeat()
+        self.checkpoints.tick()
 
     def handle(self, cmd: AgentCommand) -> None:
         with self._lock:  # the jobs' followers report from their own threads
@@ -327,7 +341,7 @@ class Agent:
             gpu_count=a.shape.gpu_count, network_egress=a.shape.network.egress,
             gpu_uuids=bound.uuids, gpu_minors=bound.minors, gpu_mig=bound.mig, gpu_caps=bound.caps,
             isolation=a.shape.runtime,
-            checkpoint_dir=str(self.state_dir / "checkpoints" / a.lease_id),
+            checkpoint_dir=str(self.checkpoints.folder(a.lease_id)),
             labels=(("computepool.tenant", a.tenant), ("computepool.pool", a.pool_id)),
             workdir=str(self.files.job_dir(f"{a.lease_id}.{a.epoch}.{a.job_number}"))
             if a.job.workdir is not None or a.job.artifacts else None,
@@ -592,6 +606,8 @@ class Agent:
         except BusError:
             return False
         self.stats.exits_reported += 1
+        if (r.get("lease") or {}).get("state") in TERMINAL_STATES:
+            self.checkpoints.ended(lease_id)  # it runs nowhere again: its folder may go
         if not r.get("ok"):
             code = r.get("error", {}).get("code")
             if code in ("write_conflict", "internal_error", "bus_unavailable"):
