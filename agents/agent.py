@@ -19,6 +19,7 @@ import msgspec
 
 from agents import gpubind, secrets
 from agents.checkpoints import DEFAULT_RETENTION_SECONDS, CheckpointSweeper
+from agents.ledger import Ledger
 from agents.notice import NoticeRefused, latest_mtime, write_notice
 from agents.output import OutputShipper, Stream
 from agents.probe import NodeProbe, Reserve
@@ -126,10 +127,7 @@ class Agent:
         self.clock = clock
         self.running: dict[str, Running] = {}  # by lease id
         self.stats = AgentStats()
-        self._started_file = self.state_dir / "started.json"
-        self._started: set[str] = set(self._load_started())
-        self._meta_dir = self.state_dir / "leases"
-        self._meta_dir.mkdir(exist_ok=True)
+        self.ledger = Ledger(self.state_dir)  # what it started, kept across its restarts
         self._seq = 0
         self._next_beat = 0.0
         self._stopping: list[threading.Thread] = []
@@ -178,24 +176,11 @@ class Agent:
 
     # -- restart safety -------------------------------------------------------------------------
 
-    def _load_started(self) -> list[str]:
-        try:
-            return list(json.loads(self._started_file.read_text()))
-        except (OSError, ValueError):
-            return []
-
-    def _record_started(self, key: str) -> None:
-        """Written BEFORE the start: a crash in between loses a start, never doubles one."""
-        self._started.add(key)
-        tmp = self._started_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(sorted(self._started)))
-        tmp.replace(self._started_file)
-
     def adopt(self) -> int:
         """Take back the workloads a previous run of this agent started."""
         n = 0
         for handle in self.runtime.adopt():
-            meta = self._read_meta(handle.lease_id)
+            meta = self.ledger.read_meta(handle.lease_id)
             self.running[handle.lease_id] = Running(
                 handle=handle, pool_id=meta.get("pool_id", self.pool_id),
                 tenant=meta.get("tenant", "unknown"),
@@ -205,19 +190,10 @@ class Agent:
                 artifact_ttl_seconds=int(meta.get("artifact_ttl_seconds") or 7 * 86_400),
                 max_artifact_bytes=int(meta.get("max_artifact_bytes", 1 << 30)),
                 max_output_bytes=int(meta.get("max_output_bytes", 64 << 20)))
-            self._started.add(handle.key)
+            self.ledger.started.add(handle.key)
             self._follow(handle.lease_id, self.running[handle.lease_id])
             n += 1
         return n
-
-    def _write_meta(self, lease_id: str, meta: dict[str, Any]) -> None:
-        (self._meta_dir / f"{lease_id}.json").write_text(json.dumps(meta))
-
-    def _read_meta(self, lease_id: str) -> dict[str, Any]:
-        try:
-            return json.loads((self._meta_dir / f"{lease_id}.json").read_text())  # type: ignore[no-any-return]
-        except (OSError, ValueError):
-            return {}
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -347,7 +323,7 @@ class Agent:
             if a.job.workdir is not None or a.job.artifacts else None,
             output_cap_bytes=a.max_output_bytes, stdin=a.job.stdin, egress_allow=tuple(a.egress_allow),
         )
-        if spec.key in self._started:
+        if spec.key in self.ledger.started:
             self.stats.duplicates_ignored += 1  # a redelivery: never start the same job twice
             return
         refused = self._refusals(a)
@@ -396,13 +372,13 @@ class Agent:
                 self._telemetry(a.pool_id, a.tenant, a.lease_id, "failure",
                                 {"reason": e.code, "phase": "workdir", "message": str(e)[:500]})
                 return
-        self._record_started(spec.key)
-        self._write_meta(a.lease_id, {"pool_id": a.pool_id, "tenant": a.tenant,
-                                      "checkpoint_dir": spec.checkpoint_dir,
-                                      "workdir": spec.workdir, "artifacts": a.job.artifacts,
-                                      "artifact_ttl_seconds": a.artifact_ttl_seconds,
-                                      "max_artifact_bytes": a.max_artifact_bytes,
-                                      "max_output_bytes": a.max_output_bytes})
+        self.ledger.record_started(spec.key)
+        self.ledger.write_meta(a.lease_id, {"pool_id": a.pool_id, "tenant": a.tenant,
+                                           "checkpoint_dir": spec.checkpoint_dir,
+                                           "workdir": spec.workdir, "artifacts": a.job.artifacts,
+                                           "artifact_ttl_seconds": a.artifact_ttl_seconds,
+                                           "max_artifact_bytes": a.max_artifact_bytes,
+                                           "max_output_bytes": a.max_output_bytes})
         try:
             handle = self.runtime.start(spec)
         except WorkloadError as e:
