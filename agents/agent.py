@@ -18,12 +18,13 @@ from typing import Any
 import msgspec
 
 from agents import gpubind, secrets
+from agents.assignment import refusals, workload_spec
 from agents.checkpoints import DEFAULT_RETENTION_SECONDS, CheckpointSweeper
 from agents.ledger import Ledger
 from agents.notice import NoticeRefused, latest_mtime, write_notice
 from agents.output import OutputShipper, Stream
 from agents.probe import NodeProbe, Reserve
-from agents.runtimes.contract import Runtime, WorkloadError, WorkloadHandle, WorkloadSpec
+from agents.runtimes.contract import Runtime, WorkloadError, WorkloadHandle
 from agents.sessions import Sessions
 from agents.workdir import JobFiles
 from bus.agentbus import AgentCommand, AgentLink
@@ -37,17 +38,6 @@ from schemas.session import SessionOrder
 log = logging.getLogger(__name__)
 
 FOLLOW_SECONDS = 1.0  # a follower looks whether its job is still this agent's this often
-
-# isolation classes, weakest first: a runtime that gives a stronger one may serve a weaker ask
-_STRENGTH = ("container", "sandboxed", "microvm", "dedicated-host")
-
-
-def _stronger_or_equal(have: str, want: str) -> bool:
-    try:
-        return _STRENGTH.index(have) >= _STRENGTH.index(want)
-    except ValueError:
-        return False
-
 
 
 def next_beat(due: float, now: float, interval: float) -> float:
@@ -275,29 +265,6 @@ class Agent:
 
     # -- start --------------------------------------------------------------------------------
 
-    def _refusals(self, a: v1.LeaseAssignment) -> list[str]:
-        reasons: list[str] = []
-        want = a.shape.runtime
-        if not any(_stronger_or_equal(have, want) for have in self.runtime.isolation_classes()):
-            reasons.append("isolation_unavailable")
-        if a.image_policy is not None:
-            from domain.policy.images import verify_for_start
-
-            reasons += verify_for_start(
-                a.image_policy, a.job.image, a.job.image_signature, a.job.image_size_bytes,
-                self.trust_level, want, tenant=a.tenant)
-        return reasons
-
-    def _where(self, a: v1.LeaseAssignment) -> tuple[tuple[str, str], ...]:
-        """What the job is told of where it runs (after its own env, so these win)."""
-        where: tuple[tuple[str, str], ...] = (
-            ("POOL_LEASE_ID", a.lease_id), ("POOL_TENANT", a.tenant), ("POOL_POOL", a.pool_id),
-            ("POOL_NODE", self.node_id), ("POOL_ATTEMPT", str(a.attempt)))
-        if a.array_size:  # one of the leases of a `count` request
-            where += (("POOL_ARRAY_INDEX", str(a.array_index or 0)),
-                      ("POOL_ARRAY_SIZE", str(a.array_size)))
-        return where
-
     def start(self, a: v1.LeaseAssignment, received: float,
               headers: dict[str, str] | None = None) -> None:
         try:
@@ -308,25 +275,13 @@ class Agent:
             self._telemetry(a.pool_id, a.tenant, a.lease_id, "failure",
                             {"reason": e.code, "phase": "admission", "message": str(e)[:500]})
             return
-        spec = WorkloadSpec(
-            lease_id=a.lease_id, epoch=a.epoch, job_number=a.job_number,
-            command=tuple(a.job.command), image=a.job.image,
-            env=(*a.job.env.items(), *self._where(a)),
-            cpu_millis=a.shape.cpu_millis, memory_mib=max(16, a.shape.memory_mib),
-            max_image_size_bytes=(a.image_policy or {}).get("max_image_size_bytes"),
-            gpu_count=a.shape.gpu_count, network_egress=a.shape.network.egress,
-            gpu_uuids=bound.uuids, gpu_minors=bound.minors, gpu_mig=bound.mig, gpu_caps=bound.caps,
-            isolation=a.shape.runtime,
-            checkpoint_dir=str(self.checkpoints.folder(a.lease_id)),
-            labels=(("computepool.tenant", a.tenant), ("computepool.pool", a.pool_id)),
-            workdir=str(self.files.job_dir(f"{a.lease_id}.{a.epoch}.{a.job_number}"))
-            if a.job.workdir is not None or a.job.artifacts else None,
-            output_cap_bytes=a.max_output_bytes, stdin=a.job.stdin, egress_allow=tuple(a.egress_allow),
-        )
+        spec = workload_spec(a, bound, node_id=self.node_id,
+                             checkpoint_dir=self.checkpoints.folder(a.lease_id), files=self.files)
         if spec.key in self.ledger.started:
             self.stats.duplicates_ignored += 1  # a redelivery: never start the same job twice
             return
-        refused = self._refusals(a)
+        refused = refusals(a, isolation_classes=self.runtime.isolation_classes(),
+                           trust_level=self.trust_level)
         if refused:
             self.stats.refused += 1
             self._report_end(a.lease_id, a.epoch, failure="refused:" + ",".join(refused))
