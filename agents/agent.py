@@ -353,6 +353,11 @@ class Agent:
                                            max_artifact_bytes=a.max_artifact_bytes,
                                            max_output_bytes=a.max_output_bytes)
         self._follow(a.lease_id, self.running[a.lease_id])
+        self._report_started(a, spec.key, startup, headers)
+
+    def _report_started(self, a: v1.LeaseAssignment, key: str, startup: float,
+                        headers: dict[str, str] | None) -> None:
+        """Tell the tenant and the plane the job runs; stop it if the plane fenced it."""
         log.info("job %s of lease %s (tenant %s) started in %.3f s", a.job_number, a.lease_id,
                  a.tenant, startup)
         self._telemetry(a.pool_id, a.tenant, a.lease_id, "startup",
@@ -365,14 +370,14 @@ class Agent:
         except BusError:
             return  # the heartbeat will keep the lease alive; the start itself stands
         if not r.get("ok"):
-            log.warning("start of %s reported, refused: %s", spec.key, r.get("error"))
+            log.warning("start of %s reported, refused: %s", key, r.get("error"))
         fenced = ("lease_expired", "stale_epoch", "illegal_transition", "lease_not_found")
         if not r.get("ok"):
             # fenced: the lease moved on while its order waited (expected, and handled below);
             # anything else is worth an operator's eye
             code = r.get("error", {}).get("code")
             (log.info if code in fenced else log.warning)(
-                "start of %s reported, refused: %s", spec.key, r.get("error"))
+                "start of %s reported, refused: %s", key, r.get("error"))
         if not r.get("ok") and r.get("error", {}).get("code") in fenced:
             # the lease ended or moved while its command waited: fenced, the work must not run
             self._stop_now(self.running[a.lease_id], grace=0.0)

@@ -22,11 +22,9 @@ FUNCTION_LIMIT = 100  # lines, from its `def` to its last line
 FILES_OVER: dict[str, int] = {
     "domain/lease.py": 1217,  # retries, dependencies, arrays, sessions came in at once
     "schemas/v1.py": 1127,
-    "agents/agent.py": 645,
 }
 FUNCTIONS_OVER: dict[str, int] = {
     "workers/scheduler/placing.py::Placing._place_pool": 178,
-    "agents/agent.py::Agent.start": 123,
     "workers/scheduler/gangs.py::Ganging._place_gang": 114,
 }
 
