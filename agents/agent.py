@@ -18,15 +18,19 @@ from typing import Any
 import msgspec
 
 from agents import gpubind, secrets
+from agents.assignment import refusals, workload_spec
+from agents.checkpoints import DEFAULT_RETENTION_SECONDS, CheckpointSweeper
+from agents.ledger import Ledger
 from agents.notice import NoticeRefused, latest_mtime, write_notice
 from agents.output import OutputShipper, Stream
 from agents.probe import NodeProbe, Reserve
-from agents.runtimes.contract import Runtime, WorkloadError, WorkloadHandle, WorkloadSpec
+from agents.runtimes.contract import Runtime, WorkloadError, WorkloadHandle
 from agents.sessions import Sessions
 from agents.workdir import JobFiles
 from bus.agentbus import AgentCommand, AgentLink
 from bus.errors import BusError
 from bus.subjects import telemetry_subject
+from domain.lease import TERMINAL_STATES
 from schemas import v1
 from schemas.codec import SchemaError, decode_command, encode
 from schemas.session import SessionOrder
@@ -34,17 +38,6 @@ from schemas.session import SessionOrder
 log = logging.getLogger(__name__)
 
 FOLLOW_SECONDS = 1.0  # a follower looks whether its job is still this agent's this often
-
-# isolation classes, weakest first: a runtime that gives a stronger one may serve a weaker ask
-_STRENGTH = ("container", "sandboxed", "microvm", "dedicated-host")
-
-
-def _stronger_or_equal(have: str, want: str) -> bool:
-    try:
-        return _STRENGTH.index(have) >= _STRENGTH.index(want)
-    except ValueError:
-        return False
-
 
 
 def next_beat(due: float, now: float, interval: float) -> float:
@@ -88,6 +81,7 @@ class AgentStats:
     refused: int = 0
     heartbeats: int = 0
     notices_refused: int = 0  # a notice whose place in the job's folder held a trap
+    checkpoints_removed: int = 0  # folders of leases ended for good or past their retention
     startup_seconds: list[float] = field(default_factory=list)
 
 
@@ -102,7 +96,8 @@ class Agent:
                  reserve: Reserve = _DEFAULT_RESERVE, trust_level: str = "trusted",
                  heartbeat_interval: float = 2.0, utilization_every: int = 5,
                  clock: Callable[[], float] = time.time, time_slice_replicas: int = 0,
-                 output: OutputShipper | None = None) -> None:
+                 output: OutputShipper | None = None,
+                 checkpoint_retention_seconds: float = DEFAULT_RETENTION_SECONDS) -> None:
         self.link = link
         # the jobs' output, shipped by a thread of its own (never the heartbeat's, never
         # under the agent's lock), capped per job and paced for all of them together
@@ -122,10 +117,7 @@ class Agent:
         self.clock = clock
         self.running: dict[str, Running] = {}  # by lease id
         self.stats = AgentStats()
-        self._started_file = self.state_dir / "started.json"
-        self._started: set[str] = set(self._load_started())
-        self._meta_dir = self.state_dir / "leases"
-        self._meta_dir.mkdir(exist_ok=True)
+        self.ledger = Ledger(self.state_dir)  # what it started, kept across its restarts
         self._seq = 0
         self._next_beat = 0.0
         self._stopping: list[threading.Thread] = []
@@ -134,6 +126,14 @@ class Agent:
         files = getattr(link, "files", None)
         self.files = JobFiles(self.state_dir / "files", files() if files is not None else None)
         self.sessions = Sessions(self)  # exec and port-forward into the running jobs
+
+        def removed(n: int) -> None:
+            self.stats.checkpoints_removed += n
+
+        self.checkpoints = CheckpointSweeper(
+            self.state_dir / "checkpoints", retention_seconds=checkpoint_retention_seconds,
+            lock=self._lock, running=lambda: self.running.keys(), clock=clock,
+            on_removed=removed)
 
     # -- identity and capabilities ------------------------------------------------------------
 
@@ -166,24 +166,11 @@ class Agent:
 
     # -- restart safety -------------------------------------------------------------------------
 
-    def _load_started(self) -> list[str]:
-        try:
-            return list(json.loads(self._started_file.read_text()))
-        except (OSError, ValueError):
-            return []
-
-    def _record_started(self, key: str) -> None:
-        """Written BEFORE the start: a crash in between loses a start, never doubles one."""
-        self._started.add(key)
-        tmp = self._started_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(sorted(self._started)))
-        tmp.replace(self._started_file)
-
     def adopt(self) -> int:
         """Take back the workloads a previous run of this agent started."""
         n = 0
         for handle in self.runtime.adopt():
-            meta = self._read_meta(handle.lease_id)
+            meta = self.ledger.read_meta(handle.lease_id)
             self.running[handle.lease_id] = Running(
                 handle=handle, pool_id=meta.get("pool_id", self.pool_id),
                 tenant=meta.get("tenant", "unknown"),
@@ -193,19 +180,10 @@ class Agent:
                 artifact_ttl_seconds=int(meta.get("artifact_ttl_seconds") or 7 * 86_400),
                 max_artifact_bytes=int(meta.get("max_artifact_bytes", 1 << 30)),
                 max_output_bytes=int(meta.get("max_output_bytes", 64 << 20)))
-            self._started.add(handle.key)
+            self.ledger.started.add(handle.key)
             self._follow(handle.lease_id, self.running[handle.lease_id])
             n += 1
         return n
-
-    def _write_meta(self, lease_id: str, meta: dict[str, Any]) -> None:
-        (self._meta_dir / f"{lease_id}.json").write_text(json.dumps(meta))
-
-    def _read_meta(self, lease_id: str) -> dict[str, Any]:
-        try:
-            return json.loads((self._meta_dir / f"{lease_id}.json").read_text())  # type: ignore[no-any-return]
-        except (OSError, ValueError):
-            return {}
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -220,6 +198,7 @@ class Agent:
                 stop.wait(0.5)
         for t in self._stopping:
             t.join(10)
+        self.checkpoints.join(10)
         self.output.close()
         self.deregister()
 
@@ -254,6 +233,7 @@ class Agent:
         self.watch()
         if self.clock() >= self._next_beat:
             self.heartbeat()
+        self.checkpoints.tick()
 
     def handle(self, cmd: AgentCommand) -> None:
         with self._lock:  # the jobs' followers report from their own threads
@@ -285,29 +265,6 @@ class Agent:
 
     # -- start --------------------------------------------------------------------------------
 
-    def _refusals(self, a: v1.LeaseAssignment) -> list[str]:
-        reasons: list[str] = []
-        want = a.shape.runtime
-        if not any(_stronger_or_equal(have, want) for have in self.runtime.isolation_classes()):
-            reasons.append("isolation_unavailable")
-        if a.image_policy is not None:
-            from domain.policy.images import verify_for_start
-
-            reasons += verify_for_start(
-                a.image_policy, a.job.image, a.job.image_signature, a.job.image_size_bytes,
-                self.trust_level, want, tenant=a.tenant)
-        return reasons
-
-    def _where(self, a: v1.LeaseAssignment) -> tuple[tuple[str, str], ...]:
-        """What the job is told of where it runs (after its own env, so these win)."""
-        where: tuple[tuple[str, str], ...] = (
-            ("POOL_LEASE_ID", a.lease_id), ("POOL_TENANT", a.tenant), ("POOL_POOL", a.pool_id),
-            ("POOL_NODE", self.node_id), ("POOL_ATTEMPT", str(a.attempt)))
-        if a.array_size:  # one of the leases of a `count` request
-            where += (("POOL_ARRAY_INDEX", str(a.array_index or 0)),
-                      ("POOL_ARRAY_SIZE", str(a.array_size)))
-        return where
-
     def start(self, a: v1.LeaseAssignment, received: float,
               headers: dict[str, str] | None = None) -> None:
         try:
@@ -318,25 +275,13 @@ class Agent:
             self._telemetry(a.pool_id, a.tenant, a.lease_id, "failure",
                             {"reason": e.code, "phase": "admission", "message": str(e)[:500]})
             return
-        spec = WorkloadSpec(
-            lease_id=a.lease_id, epoch=a.epoch, job_number=a.job_number,
-            command=tuple(a.job.command), image=a.job.image,
-            env=(*a.job.env.items(), *self._where(a)),
-            cpu_millis=a.shape.cpu_millis, memory_mib=max(16, a.shape.memory_mib),
-            max_image_size_bytes=(a.image_policy or {}).get("max_image_size_bytes"),
-            gpu_count=a.shape.gpu_count, network_egress=a.shape.network.egress,
-            gpu_uuids=bound.uuids, gpu_minors=bound.minors, gpu_mig=bound.mig, gpu_caps=bound.caps,
-            isolation=a.shape.runtime,
-            checkpoint_dir=str(self.state_dir / "checkpoints" / a.lease_id),
-            labels=(("computepool.tenant", a.tenant), ("computepool.pool", a.pool_id)),
-            workdir=str(self.files.job_dir(f"{a.lease_id}.{a.epoch}.{a.job_number}"))
-            if a.job.workdir is not None or a.job.artifacts else None,
-            output_cap_bytes=a.max_output_bytes, stdin=a.job.stdin, egress_allow=tuple(a.egress_allow),
-        )
-        if spec.key in self._started:
+        spec = workload_spec(a, bound, node_id=self.node_id,
+                             checkpoint_dir=self.checkpoints.folder(a.lease_id), files=self.files)
+        if spec.key in self.ledger.started:
             self.stats.duplicates_ignored += 1  # a redelivery: never start the same job twice
             return
-        refused = self._refusals(a)
+        refused = refusals(a, isolation_classes=self.runtime.isolation_classes(),
+                           trust_level=self.trust_level)
         if refused:
             self.stats.refused += 1
             self._report_end(a.lease_id, a.epoch, failure="refused:" + ",".join(refused))
@@ -382,13 +327,13 @@ class Agent:
                 self._telemetry(a.pool_id, a.tenant, a.lease_id, "failure",
                                 {"reason": e.code, "phase": "workdir", "message": str(e)[:500]})
                 return
-        self._record_started(spec.key)
-        self._write_meta(a.lease_id, {"pool_id": a.pool_id, "tenant": a.tenant,
-                                      "checkpoint_dir": spec.checkpoint_dir,
-                                      "workdir": spec.workdir, "artifacts": a.job.artifacts,
-                                      "artifact_ttl_seconds": a.artifact_ttl_seconds,
-                                      "max_artifact_bytes": a.max_artifact_bytes,
-                                      "max_output_bytes": a.max_output_bytes})
+        self.ledger.record_started(spec.key)
+        self.ledger.write_meta(a.lease_id, {"pool_id": a.pool_id, "tenant": a.tenant,
+                                           "checkpoint_dir": spec.checkpoint_dir,
+                                           "workdir": spec.workdir, "artifacts": a.job.artifacts,
+                                           "artifact_ttl_seconds": a.artifact_ttl_seconds,
+                                           "max_artifact_bytes": a.max_artifact_bytes,
+                                           "max_output_bytes": a.max_output_bytes})
         try:
             handle = self.runtime.start(spec)
         except WorkloadError as e:
@@ -408,6 +353,11 @@ class Agent:
                                            max_artifact_bytes=a.max_artifact_bytes,
                                            max_output_bytes=a.max_output_bytes)
         self._follow(a.lease_id, self.running[a.lease_id])
+        self._report_started(a, spec.key, startup, headers)
+
+    def _report_started(self, a: v1.LeaseAssignment, key: str, startup: float,
+                        headers: dict[str, str] | None) -> None:
+        """Tell the tenant and the plane the job runs; stop it if the plane fenced it."""
         log.info("job %s of lease %s (tenant %s) started in %.3f s", a.job_number, a.lease_id,
                  a.tenant, startup)
         self._telemetry(a.pool_id, a.tenant, a.lease_id, "startup",
@@ -420,14 +370,14 @@ class Agent:
         except BusError:
             return  # the heartbeat will keep the lease alive; the start itself stands
         if not r.get("ok"):
-            log.warning("start of %s reported, refused: %s", spec.key, r.get("error"))
+            log.warning("start of %s reported, refused: %s", key, r.get("error"))
         fenced = ("lease_expired", "stale_epoch", "illegal_transition", "lease_not_found")
         if not r.get("ok"):
             # fenced: the lease moved on while its order waited (expected, and handled below);
             # anything else is worth an operator's eye
             code = r.get("error", {}).get("code")
             (log.info if code in fenced else log.warning)(
-                "start of %s reported, refused: %s", spec.key, r.get("error"))
+                "start of %s reported, refused: %s", key, r.get("error"))
         if not r.get("ok") and r.get("error", {}).get("code") in fenced:
             # the lease ended or moved while its command waited: fenced, the work must not run
             self._stop_now(self.running[a.lease_id], grace=0.0)
@@ -592,6 +542,8 @@ class Agent:
         except BusError:
             return False
         self.stats.exits_reported += 1
+        if (r.get("lease") or {}).get("state") in TERMINAL_STATES:
+            self.checkpoints.ended(lease_id)  # it runs nowhere again: its folder may go
         if not r.get("ok"):
             code = r.get("error", {}).get("code")
             if code in ("write_conflict", "internal_error", "bus_unavailable"):

@@ -76,7 +76,8 @@ def cmd_agent_run(args: argparse.Namespace) -> int:
                   reserve=Reserve(cpu_millis=args.reserve_cpu_millis,
                                   memory_mib=args.reserve_memory_mib),
                   heartbeat_interval=args.heartbeat_interval,
-                  time_slice_replicas=args.time_slice)
+                  time_slice_replicas=args.time_slice,
+                  checkpoint_retention_seconds=args.checkpoint_retention)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -151,8 +152,22 @@ def _replicas(text: str) -> int:
     return n
 
 
+def _retention(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError("a positive number of seconds")
+    return seconds
+
+
 def register(sub: Subparsers) -> None:
     """Add `agent`."""
+    import os
+
+    from agents.checkpoints import DEFAULT_RETENTION_SECONDS
+
     agp = sub.add_parser("agent", help="run this machine as a node").add_subparsers(
         dest="verb", metavar="VERB")
     agp.required = True
@@ -174,6 +189,15 @@ def register(sub: Subparsers) -> None:
     ar.add_argument("--time-slice", type=_replicas, default=0, metavar="N",
                     help="offer each whole GPU as N time-slice replicas (gpu_partition "
                          "time-slice) instead of whole (default 0: whole GPUs)")
+    # a string default goes through `type`: a bad $POOL_CHECKPOINT_RETENTION_SECONDS is an
+    # error of `pool agent run`, never silently the default
+    ar.add_argument("--checkpoint-retention", type=_retention, metavar="SECONDS",
+                    default=os.environ.get("POOL_CHECKPOINT_RETENTION_SECONDS",
+                                           str(DEFAULT_RETENTION_SECONDS)),
+                    help="remove a lease's checkpoint folder once untouched this long and its "
+                    "lease not running here; at once when the lease ended for good (default "
+                    f"$POOL_CHECKPOINT_RETENTION_SECONDS, else {DEFAULT_RETENTION_SECONDS:,}: "
+                    "7 days)")
     ar.add_argument("--nats-url", help="NATS URL (default: this machine's `pool up`)")
     ar.add_argument("--verbose", "-v", action="store_true")
     ar.add_argument("--json", action="store_true", help="print the capabilities as JSON")

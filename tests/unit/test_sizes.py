@@ -20,11 +20,9 @@ FUNCTION_LIMIT = 100  # lines, from its `def` to its last line
 # may only shrink: the test fails if its item grows past the size listed, and also once the item
 # is within the limit or gone, so that the entry is deleted with the change that fixed it.
 FILES_OVER: dict[str, int] = {
-    "agents/agent.py": 645,
 }
 FUNCTIONS_OVER: dict[str, int] = {
     "workers/scheduler/placing.py::Placing._place_pool": 178,
-    "agents/agent.py::Agent.start": 123,
     "workers/scheduler/gangs.py::Ganging._place_gang": 114,
 }
 
