@@ -17,13 +17,16 @@ from gateway.shared import Gateway, Refused, principal_of, refusal_headers
 
 def registry_for(gw: Gateway) -> CollectorRegistry:
     """What the gateway serves: the views, when it has a database, with the log's head from
-    the flight recorder's reader (the service user) for the lag."""
-    from workers.metrics import registry_for as plane_registry
+    the flight recorder's reader (the service user) for the lag; else the log's head alone."""
+    from projections.metrics import views_or_head
 
     history = gw.history()
     head = history.log_head if history is not None else None
-    return plane_registry(log_head=head, database_url=gw.database_url or None,
-                          schema=gw.views_schema)
+    registry = CollectorRegistry(auto_describe=False)
+    collector = views_or_head(gw.database_url or None, gw.views_schema, log_head=head)
+    if collector is not None:
+        registry.register(collector)
+    return registry
 
 
 def handler(gw: Gateway) -> HTTPRouteHandler:

@@ -191,4 +191,33 @@ class ViewsCollector(Collector):
         return out
 
 
-__all__ = ["WAIT_BUCKETS", "ViewsCollector"]
+class LogHead(Collector):
+    """The log's last sequence alone, for a process without the views' database."""
+
+    def __init__(self, head: Callable[[], int | None]) -> None:
+        self.head = head
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            at = self.head()
+        except Exception as e:  # noqa: BLE001 - the bus may be away: report nothing this time
+            log.debug("the log's head is unknown: %r", e)
+            return
+        if at is not None:
+            g = GaugeMetricFamily("pool_log_sequence", "the event log's last sequence")
+            g.add_metric([], at)
+            yield g
+
+
+def views_or_head(database_url: str | None, schema: str = "", *,
+                  log_head: Callable[[], int | None] | None = None) -> Collector | None:
+    """What a process reports of the log: the views (read at scrape time, with the log's head
+    for the lag) when it has a database, else the log's head alone; None: neither."""
+    if database_url:
+        return ViewsCollector(database_url, schema, log_head=log_head)
+    if log_head is not None:
+        return LogHead(log_head)
+    return None
+
+
+__all__ = ["WAIT_BUCKETS", "LogHead", "ViewsCollector", "views_or_head"]

@@ -4,15 +4,12 @@ request → reserved, webhook deliveries), the log's sequence, and the views whe
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
-
-log = logging.getLogger(__name__)
 
 # request → reserved, in seconds (projections.metrics.WAIT_BUCKETS: the same buckets, so the
 # plane's histogram and the views' read alike)
@@ -67,33 +64,14 @@ def registry_for(*, log_head: Callable[[], int | None] | None = None,
                  database_url: str | None = None, schema: str = "") -> CollectorRegistry:
     """What a plane process serves: PROCESS, plus the views (read at scrape time, with the
     log's head for the lag) when it has a database, else the log's head alone."""
+    from projections.metrics import views_or_head
+
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Forward())
-    if database_url:
-        from projections.metrics import ViewsCollector
-
-        registry.register(ViewsCollector(database_url, schema, log_head=log_head))
-    elif log_head is not None:
-        registry.register(_LogHead(log_head))
+    collector = views_or_head(database_url, schema, log_head=log_head)
+    if collector is not None:
+        registry.register(collector)
     return registry
-
-
-class _LogHead(Collector):
-    def __init__(self, head: Callable[[], int | None]) -> None:
-        self.head = head
-
-    def collect(self) -> Any:
-        from prometheus_client.core import GaugeMetricFamily
-
-        try:
-            at = self.head()
-        except Exception as e:  # noqa: BLE001 - the bus may be away: report nothing this time
-            log.debug("the log's head is unknown: %r", e)
-            return
-        if at is not None:
-            g = GaugeMetricFamily("pool_log_sequence", "the event log's last sequence")
-            g.add_metric([], at)
-            yield g
 
 
 class MetricsServer:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import ast
+import re
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("domain", "schemas", "bus", "workers", "projections", "agents", "client", "cli",
@@ -58,6 +62,97 @@ def _offenders(where: tuple[str, ...], roots: tuple[str, ...]) -> list[str]:
 
     return sorted(f"{name} imports {dep}" for name, deps in IMPORTS.items()
                   if top(name) not in where for dep in deps if top(dep) in roots)
+
+
+# The "may import" column of docs/architecture.md's table of folders, as data: which of the
+# project's own packages each folder's modules may import besides their own folder's (a
+# dotted entry allows that module and what is under it, no more of its package).
+# test_the_docs_table_and_this_one_agree keeps the two in step.
+EVERYTHING = PACKAGES
+MAY_IMPORT: dict[str, tuple[str, ...]] = {
+    "domain": (),
+    "schemas": ("domain",),
+    "bus": ("domain", "schemas"),
+    "workers": ("domain", "schemas", "bus", "projections"),
+    "projections": ("domain", "schemas", "bus"),
+    "agents": ("domain", "schemas", "bus"),
+    "client": ("bus", "schemas"),
+    "computepool": ("bus", "client", "schemas", "gateway.wire"),
+    "gateway": ("domain", "schemas", "bus", "client", "workers.routes", "projections",
+                "workers.application", "workers.bootstrap"),
+    "cli": EVERYTHING,
+    "local": EVERYTHING,
+    "sim": ("domain",),
+    "bench": EVERYTHING,
+    "chaos": EVERYTHING,
+}
+# and the libraries the domain may import besides the standard library (the same row's cell)
+DOMAIN_LIBRARIES = ("numpy", "eventsourcing.domain", "eventsourcing.utils", "cryptography")
+
+
+def _targets(path: Path) -> set[str]:
+    """The modules `path` imports when it runs, each named once: `from a import b` is `a.b`
+    where that is one of the project's modules, else `a`."""
+    out: set[str] = set()
+    for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                out.add(full if full in MODULES else node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return out
+
+
+TARGETS = {name: _targets(path) for name, path in MODULES.items()}
+
+
+def _within(module: str, allowed: tuple[str, ...]) -> bool:
+    return any(module == a or module.startswith(a + ".") for a in allowed)
+
+
+@pytest.mark.parametrize("folder", PACKAGES)
+def test_a_folder_imports_only_what_the_table_allows(folder: str) -> None:
+    allowed = (folder, *MAY_IMPORT[folder])
+    found = sorted(f"{name} imports {dep}" for name, deps in TARGETS.items()
+                   if name.split(".")[0] == folder for dep in deps
+                   if dep.split(".")[0] in PACKAGES and not _within(dep, allowed))
+    assert found == []
+
+
+def test_the_domain_imports_only_the_standard_library_and_its_few_libraries() -> None:
+    allowed = ("domain", *DOMAIN_LIBRARIES)
+    found = sorted(f"{name} imports {dep}" for name, deps in TARGETS.items()
+                   if name.split(".")[0] == "domain" for dep in deps
+                   if dep.split(".")[0] not in sys.stdlib_module_names
+                   and not _within(dep, allowed))
+    assert found == []
+
+
+def _docs_table() -> dict[str, tuple[set[str], set[str]]]:
+    """docs/architecture.md's table of folders: folder → (own packages, other libraries) its
+    "may import" cell names (backticked, `workers/routes` as `workers.routes`)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    rows = text.split("| folder | owns | may import |", 1)[1].split("\n\n", 1)[0]
+    out: dict[str, tuple[set[str], set[str]]] = {}
+    for line in rows.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        names = {re.sub(r"/$|\.py$", "", n).replace("/", ".")
+                 for n in re.findall(r"`([^`]+)`", cells[-1])}
+        if cells[-1].startswith("everything"):
+            names |= set(EVERYTHING)
+        for folder in re.findall(r"`([^`]+)/`", cells[0]):
+            out[folder] = ({n for n in names if n.split(".")[0] in PACKAGES},
+                           {n for n in names if n.split(".")[0] not in PACKAGES})
+    return out
+
+
+def test_the_docs_table_and_this_one_agree() -> None:
+    table = _docs_table()
+    assert {f: table.get(f, (set(), set()))[0] for f in PACKAGES} == \
+        {f: set(MAY_IMPORT[f]) for f in PACKAGES}
+    assert table["domain"][1] == set(DOMAIN_LIBRARIES)
+    assert all(not libraries for f, (_own, libraries) in table.items() if f != "domain")
 
 
 def test_only_bus_speaks_nats() -> None:
