@@ -42,15 +42,15 @@ def expected_inbox(subject: str) -> str | None:
     """The inbox prefix a request on `subject` must be answered under; None: never answered.
 
     A command `pool.cmd.<tenant>.…` is answered under its tenant's inbox, a node report
-    `pool.node.<node>.…` under its node's, an admin command `pool.admin.…` under the admin
-    namespace (only operator users may publish there)."""
+    `pool.node.<node>.…` under its node's, an admin command `pool.admin.…` or an operator's
+    question `pool.ops.…` under the admin namespace (only operator users may publish there)."""
     parts = subject.split(".")
     if len(parts) >= 3 and parts[0] == "pool":
         if parts[1] == "cmd":
             return tenant_inbox(parts[2])
         if parts[1] == "node":
             return node_inbox(parts[2])
-        if parts[1] == "admin":
+        if parts[1] in ("admin", "ops"):
             return ADMIN_INBOXES
     return None
 

@@ -27,6 +27,9 @@ FEED_PREFIX = "pool.feed"
 FEED_LIVE_PREFIX = "pool.feedlive"
 # questions one scheduler process asks the leader of a pool (bus.lead); scheduler users only
 LEAD_PREFIX = "pool.lead"
+# an operator's questions the scheduler processes answer from memory (`pool shares`): apart
+# from `pool.admin.>`, which the command service answers whole; admin users only
+OPS_PREFIX = "pool.ops"
 # the scheduler's checkpoints of its fold (bus.checkpoints): written and read by scheduler users only
 CHECKPOINT_STREAM = "POOL_CHECKPOINTS"
 CHECKPOINT_PREFIX = "pool.ckpt"

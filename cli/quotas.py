@@ -121,40 +121,42 @@ def cmd_pool_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def shares_of(nats_url: str, pool_id: str, now: float) -> dict[str, Any] | None:
-    """Fold the pool's log as the scheduler does, and read its fair shares at `now` (None: no
-    such pool). Every figure comes from the log: a replay gives the same answer."""
-    from workers.application import PoolApp
-    from workers.bootstrap import app_env
-    from workers.quotas import fair_shares
-    from workers.scheduler import Scheduler
+def shares_now(args: argparse.Namespace) -> dict[str, Any]:
+    """The pool's fair shares as its leading scheduler holds them, asked over `pool.ops`; a
+    `scheduler_unavailable` refusal when no scheduler process answers in time."""
+    from bus.errors import BusTimeout, BusUnavailable
+    from bus.subjects import OPS_PREFIX
 
-    scheduler = Scheduler(PoolApp(env=app_env(nats_url)), clock=lambda: now)
-    try:
-        scheduler.catch_up()
-        ps = scheduler.pools.get(pool_id)
-        if ps is None:
-            return None
-        ps.refresh_totals()
-        return fair_shares(ps, now)
-    finally:
-        scheduler.close()
+    with pool_client(args) as c:
+        try:
+            reply: dict[str, Any] = c.call(f"{OPS_PREFIX}.pool.shares",
+                                           {"pool_id": args.pool_id})
+            return reply
+        except (BusTimeout, BusUnavailable) as e:
+            return {"ok": False, "error": {
+                "code": "scheduler_unavailable",
+                "message": f"no scheduler answered for pool {args.pool_id!r} ({e}); is the "
+                           "control plane running a scheduler?"}}
 
 
 def cmd_shares(args: argparse.Namespace) -> int:
-    """`pool shares POOL`: each tenant's weight, current share, decayed usage and rank."""
+    """`pool shares POOL`: each tenant's weight, current share, decayed usage and rank, from
+    the pool's leading scheduler (`--at`: the log folded up to then, on this machine)."""
     if args.at:
         from cli.asof import shares_at
         from cli.whatif import parse_when
 
         result = shares_at(nats_url_of(args), args.pool_id,
                            parse_when("--at", args.at, time.time()))
+        if result is None:
+            return print_envelope({"ok": False, "error": {
+                "code": "unknown_pool", "message": f"no pool named {args.pool_id!r}"}},
+                args.json)
     else:
-        result = shares_of(nats_url_of(args), args.pool_id, time.time())
-    if result is None:
-        reply: dict[str, Any] = {"ok": False, "error": {
-            "code": "unknown_pool", "message": f"no pool named {args.pool_id!r}"}}
-        return print_envelope(reply, args.json)
+        reply = shares_now(args)
+        if not reply.get("ok"):
+            return print_envelope(reply, args.json)
+        result = reply["result"]
     if args.json:
         return print_envelope({"ok": True, "result": result}, True)
     rows = [["RANK", "TENANT", "WEIGHT", "CURRENT SHARE", "DECAYED SHARE", "KEY",
@@ -170,6 +172,9 @@ def cmd_shares(args: argparse.Namespace) -> int:
           "lowest first; " + (f"usage decays with a {half_life:g} s half-life"
                               if half_life else "no half-life set: current usage only"))
     print(_grid(rows))
+    if result.get("stale"):
+        print("(the pool's leader did not answer in time: another scheduler's view, maybe "
+              "behind)")
     return EXIT_OK
 
 

@@ -182,6 +182,9 @@ class CommandHandler:
     def queue_positions(self, tenant: str) -> v1.Envelope:
         raise UnknownSubject("queue positions are answered by the scheduler processes")
 
+    def pool_shares(self, pool_id: str) -> v1.Envelope:
+        raise UnknownSubject("fair shares are answered by the scheduler processes")
+
     def query_view(self, tenant: str, view: str, q: v1.Query) -> v1.Envelope:
         """A page of one of the tenant's views, read from PostgreSQL: only its own rows."""
         if view not in QUERY_VIEWS:

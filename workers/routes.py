@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 from msgspec import Struct
 
-from bus.subjects import is_token
+from bus.subjects import OPS_PREFIX, is_token
 from domain.quota import limits_to_dict
 from schemas import v1
 from schemas.codec import COMMANDS, CommandSpec, decode_with
@@ -45,6 +45,8 @@ class Context(Protocol):
     def why(self, tenant: str, lease_id: str, at: float | None = None) -> v1.Envelope: ...
 
     def queue_positions(self, tenant: str) -> v1.Envelope: ...
+
+    def pool_shares(self, pool_id: str) -> v1.Envelope: ...
 
 
 Handler = Callable[[Context, Params, Any], v1.Envelope]
@@ -195,6 +197,10 @@ def _session(ctx: Context, p: Params, cmd: SessionOpen) -> v1.Envelope:
 
 def _queue_positions(ctx: Context, p: Params, cmd: v1.QueuePositions) -> v1.Envelope:
     return ctx.queue_positions(p["tenant"])
+
+
+def _pool_shares(ctx: Context, p: Params, cmd: v1.PoolShow) -> v1.Envelope:
+    return ctx.pool_shares(cmd.pool_id)
 
 
 def _query(ctx: Context, p: Params, cmd: v1.Query) -> v1.Envelope:
@@ -450,6 +456,12 @@ ROUTES: Final[tuple[Route, ...]] = (
     _admin("node.{node}.{verb}", "admin.node.state", _admin_node_state,
            "Cordon, drain, put in maintenance or return a node.", "adminNodeState",
            choices={"verb": NODE_VERBS}),
+    # the operator's questions for the scheduler processes: outside `pool.admin.>`, whose one
+    # subscription is the command service's, so that no two services race to answer one
+    Route(f"{OPS_PREFIX}.pool.shares", "admin.pool.show", _pool_shares,
+          "Each tenant's weight, current and decayed share and rank in a pool's fair share, "
+          "from the memory of the scheduler leading the pool.", "opsPoolShares",
+          served_by="scheduler"),
     # what the plane sends to agents (a work queue per node) and what agents stream
     Route("pool.agent.{node}.start", "agent.assign", None,
           "The pool tells an agent to start a lease's job.", "agentStart", served_by="agent"),

@@ -1,5 +1,5 @@
-"""What a scheduler process answers about waiting leases: `why` and queue positions, its own
-or asked of the pool's leader (`pool.lead.<pool>.…`), and as recorded at a past time."""
+"""What a scheduler process answers from memory: `why`, queue positions and a pool's fair
+shares, its own or asked of the pool's leader (`pool.lead.<pool>.…`), and `why` at a past time."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from schemas.feed import FeedReplay
 from workers.application import PoolApp
 from workers.commands import failure
 from workers.errors import ServiceError, UnknownSubject
+from workers.quotas import fair_shares
 from workers.routes import ROUTES, Router
 from workers.scheduler import Scheduler
 from workers.scheduler.decisions import why_at
@@ -79,6 +80,24 @@ class _WhyContext:
                 out += [{**r, "stale": True} for r in mine]
         return out
 
+    def pool_shares(self, pool_id: str) -> v1.Envelope:
+        """The pool's fair shares (`pool shares`): the leader's, or this process's own marked
+        stale when that leader does not answer in time."""
+        if pool_id not in self.scheduler.pools:  # every scheduler process folds every pool
+            return v1.Envelope.failure("unknown_pool", f"no pool named {pool_id!r}")
+        stale = False
+        if self.desk is not None and not self.scheduler.leads(pool_id):
+            led = _led_result(self.desk.ask(pool_id, "shares", b"{}"))
+            if isinstance(led, dict):
+                return v1.Envelope.success(result=led)
+            stale = True
+        answer = shares_now(self.scheduler, pool_id)
+        if answer is None:
+            return v1.Envelope.failure("unknown_pool", f"no pool named {pool_id!r}")
+        if stale:
+            answer["stale"] = True
+        return v1.Envelope.success(result=answer)
+
     def query_view(self, tenant: str, view: str, q: v1.Query) -> v1.Envelope:
         raise UnknownSubject("queries are answered by the command service")
 
@@ -98,10 +117,21 @@ def _led_result(reply: bytes | None) -> Any:
     return answer.get("result") if isinstance(answer, dict) else None
 
 
+def shares_now(scheduler: Scheduler, pool_id: str) -> dict[str, Any] | None:
+    """The pool's fair shares as `scheduler` holds them now (None: it knows no such pool);
+    read under its lock, so never half way through a cycle."""
+    with scheduler._lock:  # the fold's one lock, as the scheduler's own answers take it
+        ps = scheduler.pools.get(pool_id)
+        if ps is None or ps.queue is None:
+            return None
+        ps.refresh_totals()
+        return fair_shares(ps, scheduler.clock())
+
+
 def lead_answers(scheduler: Scheduler) -> Callable[[str, str, bytes], bytes]:
-    """What a pool's leader answers on `pool.lead.<pool>.{why,queue}` (bus.lead): its own
-    reasons, or the tenant's rows of that pool's queue, as `{"result": …}` (null: no such
-    lease); a question it cannot read gets an error."""
+    """What a pool's leader answers on `pool.lead.<pool>.{why,queue,shares}` (bus.lead): its
+    own reasons, the tenant's rows of that pool's queue, or the pool's fair shares, as
+    `{"result": …}` (null: no such lease or pool); a question it cannot read gets an error."""
 
     def answer(pool: str, verb: str, body: bytes) -> bytes:
         try:
@@ -115,6 +145,8 @@ def lead_answers(scheduler: Scheduler) -> Callable[[str, str, bytes], bytes]:
             result = scheduler.why(tenant, lease_id)
         elif verb == "queue" and isinstance(tenant, str):
             result = [r for r in scheduler.queue_positions(tenant) if r["pool"] == pool]
+        elif verb == "shares":
+            result = shares_now(scheduler, pool)
         else:
             return json.dumps({"error": {"code": "bad_question"}}).encode()
         return json.dumps({"result": result}).encode()

@@ -30,6 +30,7 @@ from bus.subjects import (
     DECISIONS_STREAM,
     FEED_LIVE_PREFIX,
     LEAD_PREFIX,
+    OPS_PREFIX,
     SECRETS_BUCKET,
     SESSION_PREFIX,
     SNAPSHOTS_PREFIX,
@@ -145,9 +146,11 @@ PERMISSIONS: dict[str, Rule] = {
         "simulated fleets and benchmarks; trusted, used by no role of the control plane"),
     "responder": Rule(
         (f"{TENANT_INBOXES}.>", f"{NODE_INBOXES}.>", f"{ADMIN_INBOXES}.>"),
-        ("pool.cmd.>", "pool.node.>", "pool.admin.>"),
-        "the command responders' connection: receives commands, publishes replies into inboxes "
-        "and nowhere else (never the log, timers, work queues, JetStream or KV)"),
+        ("pool.cmd.>", "pool.node.>", "pool.admin.>", f"{OPS_PREFIX}.>"),
+        "the command responders' connection (and the scheduler's, answering `why`, queue "
+        "positions and an operator's `pool.ops` questions): receives commands, publishes "
+        "replies into inboxes and nowhere else (never the log, timers, work queues, JetStream "
+        "or KV)"),
     "commands": Rule(
         ("pool.evt.>", *_READS_LOG, *_SNAPSHOTS, "$JS.API.DIRECT.GET.POOL_TELEMETRY",
          *_READS_FEED, *_kv(WEBHOOK_BUCKET, watch=True), *_kv(SECRETS_BUCKET, watch=True)),
@@ -183,12 +186,14 @@ PERMISSIONS: dict[str, Rule] = {
         "reads the log (and wakes on its appends) into PostgreSQL, and snapshots; publishes "
         "nothing"),
     "admin": Rule(
-        ("pool.admin.>", *_READS_LOG, *_READS_SNAPSHOTS, "$JS.API.INFO", "$JS.API.STREAM.NAMES",
-         "$JS.API.STREAM.LIST", "$JS.API.STREAM.INFO.*", "$JS.API.DIRECT.GET.POOL_TELEMETRY"),
+        ("pool.admin.>", f"{OPS_PREFIX}.>", *_READS_LOG, *_READS_SNAPSHOTS, "$JS.API.INFO",
+         "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST", "$JS.API.STREAM.INFO.*",
+         "$JS.API.DIRECT.GET.POOL_TELEMETRY"),
         (f"{ADMIN_INBOXES}.operator.>",),
-        "the admin CLI: operators' commands, reads of the log, snapshots, telemetry and "
-        "stream state; no work queue, timer or KV, and no stream changes (`pool up` and "
-        "`pool cluster init` make the streams as the operator)"),
+        "the admin CLI: operators' commands, their questions for the scheduler (`pool.ops`), "
+        "reads of the log, snapshots, telemetry and stream state; no work queue, timer or KV, "
+        "and no stream changes (`pool up` and `pool cluster init` make the streams as the "
+        "operator)"),
     "tenant": Rule(
         # replay goes through pool.cmd.<tenant>.telemetry.replay: no JetStream API at all, so
         # no consumer (and no deliver subject)

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from cli.quotas import shares_of
 from client.api import PoolClient
 from projections.decisions import check_quotas
 from tests.control_plane import (
@@ -404,8 +403,11 @@ def test_with_a_half_life_the_tenant_that_used_nothing_goes_first(plane: Plane) 
     with PoolClient(cp.nats_url, "alpha") as a, PoolClient(cp.nats_url, "beta") as b:
         assert _lease(b, beta)["state"] == "reserved"
         assert _lease(a, alpha)["state"] == "queued"
-    shares = shares_of(cp.nats_url, "p1", clock.now)
-    assert shares is not None and shares["half_life_seconds"] == 4 * 3600
+    # asked of the running scheduler (`pool shares`), which reads them at its clock's now
+    got = admin.call("pool.ops.pool.shares", {"pool_id": "p1"})
+    assert got["ok"], got
+    shares = got["result"]
+    assert shares["at"] == clock.now and shares["half_life_seconds"] == 4 * 3600
     rows = {r["tenant"]: r for r in shares["tenants"]}
     assert rows["beta"]["current_share"] == 1.0 and rows["alpha"]["current_share"] == 0.0
     # alpha's night, at half an hour and a bit after, decayed: 8 h of 8000 milli-cores

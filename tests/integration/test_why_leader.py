@@ -1,4 +1,4 @@
-"""`why` and queue positions for leases whose pool another scheduler process leads: answered
+"""`why`, queue positions and fair shares for a pool another scheduler process leads: answered
 with that leader's, asked on `pool.lead.<pool>.<verb>`."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -122,6 +123,42 @@ def test_queue_positions_ask_every_other_pools_leader_at_once(fresh_nats: NatsSe
         assert [(r["pool"], r["lease_id"], r.get("stale")) for r in rows] == [
             (pool, lid, None) for pool, lid in waiting.items()], rows
         assert leader.answered == len(POOLS)
+    finally:
+        leader.close()
+        asker.close()
+        leader_rt.close()
+        asker_rt.close()
+        cp.stop()
+
+
+def test_a_pools_shares_are_its_leaders_or_this_processs_own_marked_stale(
+        fresh_nats: NatsServer) -> None:
+    cp = start(fresh_nats.url, FakeClock())  # its scheduler cycled by hand
+    with PoolClient(fresh_nats.url) as admin:
+        setup_pool(admin, tenants={"alpha": 2.0})
+    cp.scheduler.cycle()
+    cp.scheduler.leads = lambda _pool: False  # another process leads p1
+    leader_rt, asker_rt = BusRuntime(fresh_nats.url), BusRuntime(fresh_nats.url)
+    leader = LeadDesk(leader_rt, lead_answers(cp.scheduler), timeout=2.0)
+    asker = LeadDesk(asker_rt, lambda *_: b"", timeout=0.3)
+    try:
+        handle = why_handler(cp.scheduler, asker)
+
+        def ask(pool: str) -> dict[str, Any]:
+            got: dict[str, Any] = json.loads(handle("pool.ops.pool.shares",
+                                                       json.dumps({"pool_id": pool}).encode(),
+                                                       {}))
+            return got
+
+        silent = ask("p1")  # nobody answers for p1 yet: this process's own figures
+        assert silent["ok"] and silent["result"]["stale"] is True, silent
+        leader.serve("p1")
+        led = ask("p1")
+        assert led["ok"] and "stale" not in led["result"], led
+        assert [r["tenant"] for r in led["result"]["tenants"]] == ["alpha"]
+        assert leader.answered == 1
+        assert ask("nowhere")["error"]["code"] == "unknown_pool"
+        assert leader.answered == 1  # a pool no process knows is not asked about
     finally:
         leader.close()
         asker.close()

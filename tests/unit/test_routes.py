@@ -65,8 +65,11 @@ def test_the_command_service_subscribes_to_what_the_table_serves() -> None:
     assert "pool.node.*.lease.*.stopped" in subs
     assert subs.count("pool.admin.>") == 1  # admin routes share one wide subscription
     assert "pool.cmd.*.lease.*.why" not in subs  # the scheduler answers `why`
-    # the scheduler answers `why` and queue positions, from its memory
-    assert subscriptions(["scheduler"]) == ["pool.cmd.*.lease.*.why", "pool.cmd.*.queue"]
+    # the scheduler answers `why`, queue positions and the operator's fair shares, from its
+    # memory; the operator's question outside `pool.admin.>`, which the command service answers
+    assert subscriptions(["scheduler"]) == ["pool.cmd.*.lease.*.why", "pool.cmd.*.queue",
+                                            "pool.ops.pool.shares"]
+    assert not any(s.startswith("pool.admin.") for s in subscriptions(["scheduler"]))
     assert subscriptions(["queries"]) == ["pool.cmd.*.query.*"]
 
 
