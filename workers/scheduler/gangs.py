@@ -18,10 +18,10 @@ from domain.node import Node
 from domain.policy import reasons as R
 from domain.policy.backfill import Backfill, placed_end_estimate
 from domain.policy.fairness import PendingRequest
-from domain.policy.gang import Candidate, place_gang, place_members
+from domain.policy.gang import Candidate, MemberPlacement, place_gang, place_members
 from domain.policy.preemption import choose_victims
 from domain.reservation import Withheld
-from domain.resources import TRUST_LEVELS, ZERO, LeaseId, NodeId, Resources, Shape
+from domain.resources import ZERO, LeaseId, NodeId, Resources, Shape
 from domain.topology import topology_of
 from workers.pending import QueuedLease
 from workers.quotas import quota_wait
@@ -33,6 +33,7 @@ from workers.scheduler.state import (
     PendingPreemption,
     Placed,
     PoolState,
+    allowed_trust,
     class_rank,
     node_uuid,
 )
@@ -52,20 +53,7 @@ class Ganging(Batching):
                     unplaced: list[PendingRequest]) -> list[Aggregate]:
         """Place `req`'s whole gang, reject it whole, or leave every member waiting; returns
         the batch to go on with (a new one when this gang needed the room of a fresh one)."""
-        assert ps.queue is not None
-        ids = gang.member_ids(lease.tenant_id)
-        members: list[Member | None] = []
-        for uid in ids:
-            got = self.aggregates.peek(uid)
-            members.append(got if isinstance(got, (Lease, QueuedLease)) else None)
-        # the other members leave the queue with this one: placed together, or back together
-        waiting = [req]
-        for uid in ids:
-            lid = str(uid)
-            if lid != req.lease_id and lid in ps.queue:
-                other = ps.queue.remove(lid)
-                if other is not None:
-                    waiting.append(other)
+        members, waiting = self._gather_gang(ps, req, lease, gang)
         # room for every member's lease, node and account event in one batch: close this one
         # first when the gang would not fit in what is left of it
         if (len(batch) + len(allocs) + len(self._holds) + 2 * gang.size + 1
@@ -74,28 +62,10 @@ class Ganging(Batching):
             batch = []
         queued = [m for m in members if m is not None and m.state is LeaseState.QUEUED]
         if len(queued) < gang.size:
-            # ended members have left memory (None) or are terminal
-            between = sum(m is not None and m.state in _BETWEEN for m in members)
-            if len(queued) + between < gang.size:
-                # a member ended on its own: the gang can never be whole again
-                why = f"{GANG_BROKEN}: {gang.size - len(queued) - between} of {gang.size} " \
-                      "member(s) ended"
-                for m in queued:
-                    whole = self._promoted(m)
-                    whole.reject(now, GANG_BROKEN, [why])
-                    self.reasons[str(m.id)] = {"gang": why, "never_satisfiable": True}
-                    batch.append(whole)
-                    report.rejected += 1
-                return batch
-            why = (f"{GANG_MEMBERS_LEAVING}: {gang.size - len(queued)} of {gang.size} member(s) "
-                   "still hold an earlier placement")
-            self._gang_waits(waiting, {"tenant": [R.WAITING_FOR_CAPACITY], "gang": why},
-                             unplaced)
+            self._gang_incomplete(gang, members, queued, waiting, now, batch, report, unplaced)
             return batch
         pool = ps.pool
-        runtime = queued[0].requested_shape.runtime
-        trust = pool.image_policy.allowed_trust_levels(isolation=runtime, tenant=req.tenant)
-        allowed = None if len(trust) == len(TRUST_LEVELS) else tuple(sorted(trust))
+        allowed = allowed_trust(pool, queued[0].requested_shape.runtime, req.tenant)
         shapes = [m.requested_shape for m in queued]
         total = sum((s.resources for s in shapes), ZERO)
         if ps.book.limited(req.tenant):
@@ -105,37 +75,105 @@ class Ganging(Batching):
             if why_quota is not None:
                 self._gang_waits(waiting, why_quota, unplaced)
                 return batch
-        cfg = pool.config
         blocked = ps.gang_holds.blocked(now, except_for=gang.gang_id)
         blocked |= self._kept_from(ps, gang, lease, shapes, now)
         decision = place_members(gang.spec(), shapes, ps.table, self._topology,
-                                 packing=cfg.packing, allowed_trust_levels=allowed,
+                                 packing=pool.config.packing, allowed_trust_levels=allowed,
                                  blocked=blocked)
         if decision.never_fits:
-            never = {"gang": decision.reason, "filters": decision.filters,
-                     "nodes_total": len(ps.table), "never_satisfiable": True}
+            self._reject_gang(ps, queued, decision, now, batch, report)
+        elif not decision.placed:
+            why = self._gang_capacity_wait(ps, req, gang, shapes, total, allowed, blocked,
+                                           decision, now, batch, report)
+            self._gang_waits(waiting, why, unplaced)
+        else:
+            self._reserve_gang(ps, req, gang, queued, decision.nodes, now, batch, allocs,
+                               report, waiting, unplaced)
+        return batch
+
+    def _gather_gang(self, ps: PoolState, req: PendingRequest, lease: Member,
+                     gang: GangMembership) -> tuple[list[Member | None], list[PendingRequest]]:
+        """Every member of `req`'s gang in member order (None: gone from memory), and the
+        queued requests of all of them: the others leave the queue with this one, placed
+        together, or back together."""
+        assert ps.queue is not None
+        ids = gang.member_ids(lease.tenant_id)
+        members: list[Member | None] = []
+        for uid in ids:
+            got = self.aggregates.peek(uid)
+            members.append(got if isinstance(got, (Lease, QueuedLease)) else None)
+        waiting = [req]
+        for uid in ids:
+            lid = str(uid)
+            if lid != req.lease_id and lid in ps.queue:
+                other = ps.queue.remove(lid)
+                if other is not None:
+                    waiting.append(other)
+        return members, waiting
+
+    def _gang_incomplete(self, gang: GangMembership, members: list[Member | None],
+                         queued: list[Member], waiting: list[PendingRequest], now: float,
+                         batch: list[Aggregate], report: CycleReport,
+                         unplaced: list[PendingRequest]) -> None:
+        """A gang with members not queued: rejected whole when one ended on its own (it can
+        never be whole again), else it waits for those still leaving an earlier placement."""
+        # ended members have left memory (None) or are terminal
+        between = sum(m is not None and m.state in _BETWEEN for m in members)
+        if len(queued) + between < gang.size:
+            why = f"{GANG_BROKEN}: {gang.size - len(queued) - between} of {gang.size} " \
+                  "member(s) ended"
             for m in queued:
                 whole = self._promoted(m)
-                whole.reject(now, "unschedulable", sorted({*decision.filters,
-                                                           str(decision.reason)}))
-                self.reasons[str(m.id)] = dict(never)
+                whole.reject(now, GANG_BROKEN, [why])
+                self.reasons[str(m.id)] = {"gang": why, "never_satisfiable": True}
                 batch.append(whole)
                 report.rejected += 1
-            return batch
-        if not decision.placed:
-            waits: dict[str, Any] = {
-                "tenant": [R.WAITING_FOR_CAPACITY], "gang": decision.reason,
-                "filters": decision.filters, "nodes_total": len(ps.table)}
-            preempting = self._gang_preemption(ps, req, gang, shapes, total, allowed, blocked,
-                                               now, batch, report)
-            if preempting is not None:
-                waits["tenant"] = [R.WAITING_FOR_PREEMPTION]
-                waits["preemption"] = preempting
-            held = self._gang_hold(ps, gang, decision.best_nodes, shapes, now)
-            if held:
-                waits["gang_hold"] = held
-            self._gang_waits(waiting, waits, unplaced)
-            return batch
+            return
+        why = (f"{GANG_MEMBERS_LEAVING}: {gang.size - len(queued)} of {gang.size} member(s) "
+               "still hold an earlier placement")
+        self._gang_waits(waiting, {"tenant": [R.WAITING_FOR_CAPACITY], "gang": why}, unplaced)
+
+    def _reject_gang(self, ps: PoolState, queued: list[Member], decision: MemberPlacement,
+                     now: float, batch: list[Aggregate], report: CycleReport) -> None:
+        """A gang no nodes of the pool could ever take together: every member rejected."""
+        never = {"gang": decision.reason, "filters": decision.filters,
+                 "nodes_total": len(ps.table), "never_satisfiable": True}
+        for m in queued:
+            whole = self._promoted(m)
+            whole.reject(now, "unschedulable", sorted({*decision.filters,
+                                                       str(decision.reason)}))
+            self.reasons[str(m.id)] = dict(never)
+            batch.append(whole)
+            report.rejected += 1
+
+    def _gang_capacity_wait(self, ps: PoolState, req: PendingRequest, gang: GangMembership,
+                            shapes: list[Shape], total: Resources,
+                            allowed: tuple[str, ...] | None, blocked: set[str],
+                            decision: MemberPlacement, now: float, batch: list[Aggregate],
+                            report: CycleReport) -> dict[str, Any]:
+        """Why a gang that fits no nodes together now waits; victims may be noticed on its
+        behalf (added to `batch`), and its best nodes held for it (the starvation guard)."""
+        waits: dict[str, Any] = {
+            "tenant": [R.WAITING_FOR_CAPACITY], "gang": decision.reason,
+            "filters": decision.filters, "nodes_total": len(ps.table)}
+        preempting = self._gang_preemption(ps, req, gang, shapes, total, allowed, blocked,
+                                           now, batch, report)
+        if preempting is not None:
+            waits["tenant"] = [R.WAITING_FOR_PREEMPTION]
+            waits["preemption"] = preempting
+        held = self._gang_hold(ps, gang, decision.best_nodes, shapes, now)
+        if held:
+            waits["gang_hold"] = held
+        return waits
+
+    def _reserve_gang(self, ps: PoolState, req: PendingRequest, gang: GangMembership,
+                      queued: list[Member], nodes: tuple[str, ...], now: float,
+                      batch: list[Aggregate], allocs: dict[str, list[Placed]],
+                      report: CycleReport, waiting: list[PendingRequest],
+                      unplaced: list[PendingRequest]) -> None:
+        """Every member reserved on its node, once the tenant can pay for all of them and
+        each node has its member's GPU devices; else all of them wait. Its hold ends."""
+        pool = ps.pool
         holds = [pool.hold_for(m.requested_shape, m.maximum_runtime_seconds)
                  for m in queued]
         acc = self.aggregates.get(_account_id(req.tenant))
@@ -145,21 +183,20 @@ class Ganging(Batching):
             self._gang_waits(waiting, {"tenant": [R.INSUFFICIENT_CREDITS],
                                        "hold_microcredits": sum(holds),
                                        "available_microcredits": available}, unplaced)
-            return batch
+            return
         devices: list[tuple[str, ...]] = []
-        for m, node_id in zip(queued, decision.nodes, strict=True):
+        for m, node_id in zip(queued, nodes, strict=True):
             got = self._devices_for(node_id, m.requested_shape, allocs)
             if got is None:
                 self._gang_waits(waiting, {"tenant": [R.WAITING_FOR_CAPACITY],
                                            "devices": f"too few free GPU devices of node "
                                                       f"{node_id} fit"}, unplaced)
-                return batch
+                return
             devices.append(got)
-        for m, node_id, hold, devs in zip(queued, decision.nodes, holds, devices, strict=True):
+        for m, node_id, hold, devs in zip(queued, nodes, holds, devices, strict=True):
             self._reserve_member(ps, m, node_id, hold, devs, now, batch, allocs, report)
         ps.gang_holds.release(gang.gang_id)
         ps.gang_hold_need.pop(gang.gang_id, None)
-        return batch
 
     def _gang_preemption(self, ps: PoolState, req: PendingRequest, gang: GangMembership,
                          shapes: list[Shape], total: Resources,

@@ -18,9 +18,9 @@ from domain.policy.backfill import (
     lease_end_estimate,
     placed_end_estimate,
 )
-from domain.policy.fairness import PendingRequest
+from domain.policy.fairness import FairQueue, PendingRequest
 from domain.policy.placement import FilterResult
-from domain.resources import TRUST_LEVELS, LeaseId, NodeId, Resources
+from domain.resources import LeaseId, NodeId, Shape
 from workers.pending import QueuedLease
 from workers.quotas import apply_history, quota_wait, restart_job
 from workers.scheduler.gangs import Ganging
@@ -28,8 +28,14 @@ from workers.scheduler.state import (
     MAX_MESSAGES_PER_BATCH,
     CycleReport,
     PendingPreemption,
+    Placed,
     PoolState,
+    allowed_trust,
 )
+
+# what `_place_one` is given: backfill (None: the fast path), shape, lease, its id, the
+# trust levels allowed, its band, now
+Where = tuple[Backfill | None, Any, Lease | QueuedLease, str, tuple[str, ...] | None, Any, float]
 
 
 class Placing(Ganging):
@@ -57,37 +63,35 @@ class Placing(Ganging):
         return got, result, False
 
     def _place_pool(self, ps: PoolState, now: float, report: CycleReport) -> None:
+        """A pool's queue placed in a cycle: backfill set up, one pass over the queue, and the
+        requests left waiting back in line, told their place."""
         queue = ps.queue
         if queue is None or not len(queue):
             return
-        ps.refresh_totals()
-        if ps.decay.half_life_seconds:
-            apply_history(ps, now)
-        self._holds.clear()  # as `allocs` below: nothing of a batch that never closed
-        self._held.clear()
+        bf, guarded = self._begin_pool(ps, now)
+        unplaced: list[PendingRequest] = []
+        starts: dict[str, float | None] = {}  # waiting request → estimated start
+        self._pass_over_queue(ps, queue, bf, guarded, now, report, unplaced, starts)
+        self._requeue(ps, bf, unplaced, starts, now)
+        report.waiting += len(unplaced)
+
+    def _pass_over_queue(self, ps: PoolState, queue: FairQueue, bf: Backfill, guarded: bool,
+                         now: float, report: CycleReport, unplaced: list[PendingRequest],
+                         starts: dict[str, float | None]) -> None:
+        """Each request in fair order, until the queue is empty or the cycle's examination
+        budget is spent: reserved (in batches), rejected, or left waiting in `unplaced` with
+        its reasons (and in `starts`, the start it may expect)."""
         pool = ps.pool
         cfg = pool.config
         ranks, aging = dict(cfg.priority_classes), float(cfg.aging_seconds_per_rank)
         batch: list[Aggregate] = []
         # node id → the placements on it not yet recorded: one node event per node per batch
         # (`Node.allocate_many`), written when the batch closes, not one event per placement
-        allocs: dict[str, list[tuple[LeaseId, Resources, tuple[str, ...]]]] = {}
-        unplaced: list[PendingRequest] = []
+        allocs: dict[str, list[Placed]] = {}
         examined = 0
         # (isolation, tenant) → the node trust levels the pool's image policy allows it
         # (None: any), asked once per cycle rather than at every placement
         trust_of: dict[tuple[str, str], tuple[str, ...] | None] = {}
-        if ps.backfill is None:
-            ps.backfill = Backfill(ps.table, self._lease_end)
-        bf = ps.backfill
-        # windows first: the heads' reservations, made again by `begin`, stay out of them
-        self.windows.apply(pool.pool_id, bf, now)
-        self._hold_for_gangs(ps, bf, now)  # a waiting head gang keeps its gathered nodes
-        bf.begin(now, queued=queue.__contains__)
-        # windows are kept through backfill's admission, so it is used while any is in force
-        guarded = (self.backfill or self.windows.in_force(pool.pool_id)
-                   or bool(ps.gang_holds.holds))
-        starts: dict[str, float | None] = {}  # waiting request → estimated start
         # one pop at a time: each placement changes its tenant's share before the next pick
         while examined < self.max_examined_per_cycle and (req := queue.pop(now)) is not None:
             examined += 1
@@ -106,7 +110,6 @@ class Placing(Ganging):
                                          unplaced)
                 continue
             shape = lease.requested_shape
-            res = shape.resources
             if ps.book.limited(req.tenant) and (
                     why := quota_wait(self, ps, req, lease, now, batch, report)) is not None:
                 self._wait(req, why, unplaced)
@@ -116,10 +119,7 @@ class Placing(Ganging):
             if trust_key in trust_of:
                 allowed = trust_of[trust_key]
             else:
-                trust = pool.image_policy.allowed_trust_levels(isolation=shape.runtime,
-                                                               tenant=req.tenant)
-                allowed = trust_of[trust_key] = (
-                    None if len(trust) == len(TRUST_LEVELS) else tuple(sorted(trust)))
+                allowed = trust_of[trust_key] = allowed_trust(pool, shape.runtime, req.tenant)
             array = lease.array_id
             if array is not None and (why := self._throttled(array, lease)) is not None:
                 self._wait(req, why, unplaced)
@@ -130,110 +130,173 @@ class Placing(Ganging):
             # a retry keeps off the node its last attempt ended on, unless nothing else fits
             avoid = getattr(lease, "avoid_node", None)
             if avoid and avoid in ps.table and ps.table.state_of(avoid) == "ready":
-                ps.table.set_state(avoid, "cordoned")
-                try:
-                    elsewhere = ps.table.place_fast(
-                        shape, packing=cfg.packing,  # type: ignore[arg-type]
-                        allowed_trust_levels=allowed)[0] is not None
-                    if elsewhere:
-                        node_id, fr, held = self._place_one(ps, *where)
-                finally:
-                    ps.table.set_state(avoid, "ready")
-                if not elsewhere:
-                    node_id, fr, held = self._place_one(ps, *where)
+                node_id, fr, held = self._place_avoiding(ps, avoid, where)
             else:
                 node_id, fr, held = self._place_one(ps, *where)
-            if node_id is None and held:
-                # it fits now, but only where it would delay a blocked head's reservation
-                # or run into an advance reservation or maintenance window (named in `why`)
-                why = fr.wait_reasons([R.WAITING_FOR_RESERVATION]).to_dict()
-                self.windows.explain(pool.pool_id, why)
-                self._wait(req, why, unplaced)
-                starts[req.lease_id] = self._start_estimate(bf, req, fr, cfg, now, allowed)
-                continue
             if node_id is None:
-                if fr.never_satisfiable:
-                    lease = self._whole(lease)
-                    lease.reject(now, "unschedulable", sorted(fr.failures))
-                    self._rejected(pool.pool_id, req, fr.wait_reasons().to_dict(), now)
-                    batch.append(lease)
-                    report.rejected += 1
-                else:
-                    hold, available = self._hold_and_available(pool, req.tenant, lease)
-                    if hold > available:
-                        # it could not pay even once capacity is free: say both, and preempt
-                        # no one on behalf of a request that would still wait
-                        why = fr.wait_reasons([R.INSUFFICIENT_CREDITS]).to_dict()
-                        why.update(hold_microcredits=hold, available_microcredits=available)
-                    else:
-                        why = self._capacity_wait(ps, req, lease, fr, now, batch, report)
-                        starts[req.lease_id] = self._start_estimate(bf, req, fr, cfg, now,
-                                                                    allowed)
-                    self._wait(req, why, unplaced)
-                if len(batch) + len(allocs) + len(self._holds) >= MAX_MESSAGES_PER_BATCH:
-                    self._close_batch(batch, allocs, now, report)
-                    batch = []
-                continue
-            hold, available = self._hold_and_available(pool, req.tenant, lease)
-            if hold > available:
-                self._wait(req, {"tenant": [R.INSUFFICIENT_CREDITS],
-                                 "hold_microcredits": hold, "available_microcredits": available},
-                           unplaced)
-                continue
-            devices = self._devices_for(node_id, shape, allocs)
-            if devices is None:
-                self._wait(req, {"tenant": [R.WAITING_FOR_CAPACITY],
-                                 "devices": f"too few free GPU devices of node {node_id} fit"},
-                           unplaced)
-                continue
-            lease = self._whole(lease)
-            restart = lease.restarts_on_placement
-            epoch = lease.reserve(
-                now,
-                node_id=NodeId(node_id),
-                commit_timeout_seconds=cfg.commit_timeout_seconds,
-                hold_microcredits=hold,
-                devices=devices,
-            )
-            if restart and restart_job(self, ps, lease, node_id, now):
-                heapq.heappush(self._deadlines, (lease.next_due_at() or now, req.lease_id))
-            lid = LeaseId(req.lease_id)
-            on_node = allocs.get(node_id)
-            if on_node is None:
-                allocs[node_id] = [(lid, res, devices)]
-            else:
-                on_node.append((lid, res, devices))
-            batch.append(lease)
-            if hold:
-                # recorded when the batch closes, with the tenant's other holds of the batch,
-                # as ONE event on its account (`Account.hold_many`)
-                holds = self._holds.get(req.tenant)
-                if holds is None:
-                    holds = self._holds[req.tenant] = []
-                holds.append((f"hold-{lid}-{epoch}", lid, hold))
-                self._held[req.tenant] = self._held.get(req.tenant, 0) + hold
-            ps.table.allocate(node_id, req.lease_id, res, tenant=req.tenant)
-            bf.placed(req.lease_id)
-            self._track(ps, lease)
-            self._reserved(ps, bf, req, band, node_id, now)  # its reasons go, its terms stay
-            heapq.heappush(self._deadlines, (lease.reservation_deadline or now, req.lease_id))
-            # every placement: its span (when traced) and its wait (metrics) once it is saved
-            self._placing.append((lease, time.time_ns()))
-            report.placed += 1
+                if held:
+                    self._held_back(ps, bf, req, fr, now, allowed, unplaced, starts)
+                    continue
+                self._not_placed(ps, bf, req, lease, fr, now, allowed, batch, report, unplaced,
+                                 starts)
+            elif not self._reserve(ps, bf, req, lease, shape, node_id, band, now, batch,
+                                   allocs, report, unplaced):
+                continue  # it waits after all, for credits or GPU devices
             # one entry of `batch` per event, plus one event per node placed on and one per
             # account holding credits
             if len(batch) + len(allocs) + len(self._holds) >= MAX_MESSAGES_PER_BATCH:
                 self._close_batch(batch, allocs, now, report)
                 batch = []
         self._close_batch(batch, allocs, now, report)  # in flight until the next is sent
+
+    def _begin_pool(self, ps: PoolState, now: float) -> tuple[Backfill, bool]:
+        """A pool's cycle begun: its usage brought up to date, and its backfill given the
+        windows in force, the gangs' holds and the blocked heads' reservations. Returns the
+        backfill, and whether placements go through its admission this cycle."""
+        assert ps.queue is not None
+        ps.refresh_totals()
+        if ps.decay.half_life_seconds:
+            apply_history(ps, now)
+        self._holds.clear()  # as the cycle's `allocs`: nothing of a batch that never closed
+        self._held.clear()
+        pool_id = ps.pool.pool_id
+        if ps.backfill is None:
+            ps.backfill = Backfill(ps.table, self._lease_end)
+        bf = ps.backfill
+        # windows first: the heads' reservations, made again by `begin`, stay out of them
+        self.windows.apply(pool_id, bf, now)
+        self._hold_for_gangs(ps, bf, now)  # a waiting head gang keeps its gathered nodes
+        bf.begin(now, queued=ps.queue.__contains__)
+        # windows are kept through backfill's admission, so it is used while any is in force
+        guarded = (self.backfill or self.windows.in_force(pool_id)
+                   or bool(ps.gang_holds.holds))
+        return bf, guarded
+
+    def _place_avoiding(self, ps: PoolState, avoid: str, where: Where,
+                        ) -> tuple[str | None, FilterResult, bool]:
+        """A retry placed as `_place_one` places it, but off the node its last attempt ended
+        on (`avoid`, ready), unless no other node fits it now."""
+        table = ps.table
+        table.set_state(avoid, "cordoned")
+        try:
+            elsewhere = table.place_fast(
+                where[1], packing=ps.pool.config.packing,  # type: ignore[arg-type]
+                allowed_trust_levels=where[4])[0] is not None
+            if elsewhere:
+                return self._place_one(ps, *where)
+        finally:
+            table.set_state(avoid, "ready")
+        return self._place_one(ps, *where)
+
+    def _held_back(self, ps: PoolState, bf: Backfill, req: PendingRequest, fr: FilterResult,
+                   now: float, allowed: tuple[str, ...] | None, unplaced: list[PendingRequest],
+                   starts: dict[str, float | None]) -> None:
+        """A request that fits now, but only where it would delay a blocked head's
+        reservation or run into an advance reservation or maintenance window (named in its
+        reasons): it waits, with the start it may expect."""
+        pool = ps.pool
+        why = fr.wait_reasons([R.WAITING_FOR_RESERVATION]).to_dict()
+        self.windows.explain(pool.pool_id, why)
+        self._wait(req, why, unplaced)
+        starts[req.lease_id] = self._start_estimate(bf, req, fr, pool.config, now, allowed)
+
+    def _not_placed(self, ps: PoolState, bf: Backfill, req: PendingRequest,
+                    lease: Lease | QueuedLease, fr: FilterResult, now: float,
+                    allowed: tuple[str, ...] | None, batch: list[Aggregate],
+                    report: CycleReport, unplaced: list[PendingRequest],
+                    starts: dict[str, float | None]) -> None:
+        """A request no node takes now: rejected when no node of the pool ever could, else it
+        waits for credits or for capacity (with the start it may expect, and victims noticed
+        on its behalf where the pool preempts)."""
+        pool = ps.pool
+        if fr.never_satisfiable:
+            lease = self._whole(lease)
+            lease.reject(now, "unschedulable", sorted(fr.failures))
+            self._rejected(pool.pool_id, req, fr.wait_reasons().to_dict(), now)
+            batch.append(lease)
+            report.rejected += 1
+            return
+        hold, available = self._hold_and_available(pool, req.tenant, lease)
+        if hold > available:
+            # it could not pay even once capacity is free: say both, and preempt no one on
+            # behalf of a request that would still wait
+            why = fr.wait_reasons([R.INSUFFICIENT_CREDITS]).to_dict()
+            why.update(hold_microcredits=hold, available_microcredits=available)
+        else:
+            why = self._capacity_wait(ps, req, lease, fr, now, batch, report)
+            starts[req.lease_id] = self._start_estimate(bf, req, fr, pool.config, now, allowed)
+        self._wait(req, why, unplaced)
+
+    def _reserve(self, ps: PoolState, bf: Backfill, req: PendingRequest,
+                 lease: Lease | QueuedLease, shape: Shape, node_id: str, band: Any, now: float,
+                 batch: list[Aggregate], allocs: dict[str, list[Placed]], report: CycleReport,
+                 unplaced: list[PendingRequest]) -> bool:
+        """A request reserved on the node found for it, once its tenant can pay and the node
+        has the GPU devices: the lease's event in `batch`, its node's and account's kept in
+        `allocs` and the holds for when the batch closes. False: it waits instead."""
+        pool = ps.pool
+        hold, available = self._hold_and_available(pool, req.tenant, lease)
+        if hold > available:
+            self._wait(req, {"tenant": [R.INSUFFICIENT_CREDITS],
+                             "hold_microcredits": hold, "available_microcredits": available},
+                       unplaced)
+            return False
+        devices = self._devices_for(node_id, shape, allocs)
+        if devices is None:
+            self._wait(req, {"tenant": [R.WAITING_FOR_CAPACITY],
+                             "devices": f"too few free GPU devices of node {node_id} fit"},
+                       unplaced)
+            return False
+        lease = self._whole(lease)
+        restart = lease.restarts_on_placement
+        epoch = lease.reserve(
+            now,
+            node_id=NodeId(node_id),
+            commit_timeout_seconds=pool.config.commit_timeout_seconds,
+            hold_microcredits=hold,
+            devices=devices,
+        )
+        if restart and restart_job(self, ps, lease, node_id, now):
+            heapq.heappush(self._deadlines, (lease.next_due_at() or now, req.lease_id))
+        lid = LeaseId(req.lease_id)
+        res = shape.resources
+        on_node = allocs.get(node_id)
+        if on_node is None:
+            allocs[node_id] = [(lid, res, devices)]
+        else:
+            on_node.append((lid, res, devices))
+        batch.append(lease)
+        if hold:
+            # recorded when the batch closes, with the tenant's other holds of the batch,
+            # as ONE event on its account (`Account.hold_many`)
+            holds = self._holds.get(req.tenant)
+            if holds is None:
+                holds = self._holds[req.tenant] = []
+            holds.append((f"hold-{lid}-{epoch}", lid, hold))
+            self._held[req.tenant] = self._held.get(req.tenant, 0) + hold
+        ps.table.allocate(node_id, req.lease_id, res, tenant=req.tenant)
+        bf.placed(req.lease_id)
+        self._track(ps, lease)
+        self._reserved(ps, bf, req, band, node_id, now)  # its reasons go, its terms stay
+        heapq.heappush(self._deadlines, (lease.reservation_deadline or now, req.lease_id))
+        # every placement: its span (when traced) and its wait (metrics) once it is saved
+        self._placing.append((lease, time.time_ns()))
+        report.placed += 1
+        return True
+
+    def _requeue(self, ps: PoolState, bf: Backfill, unplaced: list[PendingRequest],
+                 starts: dict[str, float | None], now: float) -> None:
+        """The pass's waiting requests back in line, in the order they were examined (those
+        still queued), each told its place in the queue and the start it may expect."""
+        assert ps.queue is not None
+        queue, pool_id = ps.queue, ps.pool.pool_id
         position = 0
         for req in unplaced:
             lease = self.aggregates.peek(UUID(req.lease_id))
             if isinstance(lease, (Lease, QueuedLease)) and lease.state is LeaseState.QUEUED:
                 queue.requeue(req)
                 position += 1
-                self._note_position(bf, req, position, starts.get(req.lease_id), pool.pool_id, now)
-        report.waiting += len(unplaced)
+                self._note_position(bf, req, position, starts.get(req.lease_id), pool_id, now)
 
     def _terms(self, ps: PoolState, bf: Backfill, req: PendingRequest, band: Any,
                now: float) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from domain.policy.gang import LIVE_HOLD_SECONDS, GangHolds
 from domain.policy.placement import NodeTable
 from domain.pool import Pool
 from domain.quota import QuotaBook
-from domain.resources import LeaseId, Resources
+from domain.resources import TRUST_LEVELS, LeaseId, Resources
 
 Placed = tuple[LeaseId, Resources, tuple[str, ...]]  # a placement on a node: lease, amount, devices
 # States of a victim on its way out that still hold its node's capacity.
@@ -146,3 +146,10 @@ def class_rank(pool: Pool, priority_class: str) -> int:
         return pool.rank_of(priority_class)
     except DomainError:
         return min(dict(pool.config.priority_classes).values(), default=0)
+
+
+def allowed_trust(pool: Pool, isolation: str, tenant: str) -> tuple[str, ...] | None:
+    """The node trust levels the pool's image policy lets `isolation` of `tenant` use (None:
+    any, so placement need not filter on trust)."""
+    trust = pool.image_policy.allowed_trust_levels(isolation=isolation, tenant=tenant)
+    return None if len(trust) == len(TRUST_LEVELS) else tuple(sorted(trust))
