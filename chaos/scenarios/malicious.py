@@ -29,13 +29,15 @@ REPLY_TARGETS = ("pool.evt.pool.{r}", "pool.evt.account.{r}", "pool.trk.{r}",
                  "_INBOX.t.beta.{r}", "_INBOX.n.n0.{r}", "_INBOX.a.operator.{r}", "_INBOX.{r}",
                  "_INBOX.t.alphax.{r}", "_INBOX.t.alpha", "pool.feed.beta.lease.{r}",
                  "pool.feedlive.beta.lease.{r}", "pool.lead.p1.why", "pool.lead.p1.queue",
+                 "pool.lead.p1.shares", "pool.ops.pool.shares",
                  "$JS.API.DIRECT.GET.POOL_FEED", "pool.snap.pool.{r}",
                  "$JS.API.DIRECT.GET.POOL_SNAPSHOTS.pool.snap.pool.{r}")
 # subjects outside its own: the server refuses them before any service sees them
 FOREIGN_SUBJECTS = ("pool.cmd.beta.lease.request", "pool.node.n0.register", "pool.admin.pool.set",
                     "pool.evt.account.{r}", "pool.agent.n0.start", "pool.sched.lease.{r}",
                     "$KV.pool_leader.scheduler", "$JS.API.STREAM.LIST", "{r}.{r}",
-                    "pool.lead.p1.why", "pool.lead.p1.queue", "pool.feed.beta.lease.{r}",
+                    "pool.lead.p1.why", "pool.lead.p1.queue", "pool.lead.p1.shares",
+                    "pool.ops.pool.shares", "pool.feed.beta.lease.{r}",
                     "pool.feedlive.beta.lease.{r}", "pool.cmd.beta.feed.replay",
                     "$JS.API.DIRECT.GET.POOL_FEED", "pool.snap.pool.{r}",
                     "$JS.API.DIRECT.GET.POOL_SNAPSHOTS.pool.snap.pool.{r}",
@@ -45,7 +47,7 @@ OWN_VERBS = ("lease.request", "lease.{r}.get", "lease.{r}.release", "lease.{r}.c
 # what it subscribes to while it floods: others' feeds, the leaders' questions, snapshots,
 # others' inboxes
 LISTEN = ("pool.feedlive.beta.>", "pool.feedlive.>", "pool.feed.>", "pool.lead.>",
-          "pool.snap.>", "_INBOX.t.beta.>", ">")
+          "pool.ops.>", "pool.snap.>", "_INBOX.t.beta.>", ">")
 # batch and gang sizes, mostly out of range, and keys that are the normal tenants' own
 COUNTS = (0, -1, MAX_LEASES_PER_REQUEST + 1, 10**9, 2**63, "3", 2, 3)
 GANGS = (0, -1, MAX_GANG_MEMBERS + 1, 10**6, 2)
