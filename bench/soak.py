@@ -39,7 +39,8 @@ _PROBE_FILTERS = [tracemalloc.Filter(False, tracemalloc.__file__),
                   tracemalloc.Filter(False, "<frozen importlib._bootstrap>")]
 
 
-def serve(url: str, roles: list[str], ready: Any, stop: Any, probe: Any = None) -> None:
+def serve(url: str, roles: list[str], ready: Any, stop: Any, probe: Any = None,
+          leader_ttl_seconds: float = LEADER_TTL_SECONDS) -> None:
     """In a process of its own: control-plane `roles` without the data plane (no agents: a
     tenant's commit starts the lease, its release ends it). With `probe` (a queue of file
     paths), memory allocations are traced and each path asked for gets a snapshot of them and
@@ -49,7 +50,7 @@ def serve(url: str, roles: list[str], ready: Any, stop: Any, probe: Any = None) 
     if probe is not None:
         tracemalloc.start(PROBE_FRAMES)
     plane = ControlPlane(url, roles=roles, data_plane=False,
-                         leader_ttl_seconds=LEADER_TTL_SECONDS).start()
+                         leader_ttl_seconds=leader_ttl_seconds).start()
     ready.put(os.getpid())
     while not stop.wait(0.2):
         if probe is not None and not probe.empty():
@@ -93,15 +94,15 @@ def probe_diff(before: str, after: str, top: int = 15) -> list[str]:
     return lines
 
 
-def leader_bucket(url: str) -> None:
-    """The leader bucket, made with LEADER_TTL_SECONDS as its keys' time to live."""
+def leader_bucket(url: str, ttl_seconds: float = LEADER_TTL_SECONDS) -> None:
+    """The leader bucket, made with `ttl_seconds` as its keys' time to live."""
     from bus.admin import admin_connect, admin_run
     from bus.leader import ensure_leader_bucket
 
     async def go() -> None:
         nc = await admin_connect(url)
         try:
-            await ensure_leader_bucket(nc.jetstream(), ttl_seconds=LEADER_TTL_SECONDS)
+            await ensure_leader_bucket(nc.jetstream(), ttl_seconds=ttl_seconds)
         finally:
             await nc.close()
 
@@ -271,11 +272,14 @@ class _Driver:
 
 
 def run_soak(*, leases: int = 1_000_000, quick: bool = False, probe: bool = False,
+             settle_seconds: float = 1.0, leader_ttl_seconds: float = LEADER_TTL_SECONDS,
              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run `leases` leases (2,000 with `quick`) through their whole life against a server and
     control plane of their own; the scheduler's RSS at RSS_AT and a cold start-up replay at
     REPLAY_AT of the run. With `probe`, the scheduler traces its allocations and what grew
-    from the first tenth to each later one is said through `progress`."""
+    from the first tenth to each later one is said through `progress`. `settle_seconds`: the
+    pause at each mark before the scheduler's memory is read; `leader_ttl_seconds`: the
+    scheduler's leadership leases (it takes up the pool within a third of it)."""
     from bus.admin import ensure_all_streams
     from bus.local.server import NatsServer
     from client.api import PoolClient
@@ -299,13 +303,15 @@ def run_soak(*, leases: int = 1_000_000, quick: bool = False, probe: bool = Fals
         driver: _Driver | None = None
         try:
             url = server.url
-            leader_bucket(url)  # before the streams: they keep a bucket's TTL as it is
+            # before the streams: they keep a bucket's TTL as it is
+            leader_bucket(url, leader_ttl_seconds)
             ensure_all_streams(url)
             pids = {}
             probes = CTX.Queue() if probe else None
             for role in ("scheduler", "commands"):
                 p = CTX.Process(target=serve, daemon=True, args=(
-                    url, [role], ready, stop, probes if role == "scheduler" else None))
+                    url, [role], ready, stop, probes if role == "scheduler" else None,
+                    leader_ttl_seconds))
                 p.start()
                 procs.append(p)
                 pids[role] = ready.get(timeout=120)
@@ -340,7 +346,7 @@ def run_soak(*, leases: int = 1_000_000, quick: bool = False, probe: bool = Fals
                 t0 = time.monotonic()
                 driver.run_until(mark)
                 driving += time.monotonic() - t0
-                time.sleep(1.0)  # the scheduler folds the last releases
+                time.sleep(settle_seconds)  # the scheduler folds the last releases
                 now_rss = {"leases": mark, "rss_mib": rss_mib(pids["scheduler"])}
                 say(f"{mark:,} leases ended ({mark / driving:,.0f}/s; "
                     f"{time.strftime('%H:%M:%S')}; scheduler RSS {now_rss['rss_mib']:.1f} MiB)")

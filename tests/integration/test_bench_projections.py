@@ -13,10 +13,12 @@ from projections.views import VIEWS
 
 
 def test_the_projections_bench_applies_every_event_and_the_audit_passes(database_url: str) -> None:
-    result = run_projections_bench(database_url=database_url, quick=True)
+    # a pre-written log of 2,000 events and a second of live load at the quick rate (1,000/s)
+    result = run_projections_bench(database_url=database_url, quick=True, events=2000,
+                                   seconds=1.0)
     top = result["max_notification_id"]
     assert result["caught_up"]
-    assert top >= 5000  # the pre-written log at least
+    assert top >= 2000  # the pre-written log at least
     assert result["events"] == top == result["audit_position"]
     assert result["view_positions"] == {v: top for v in VIEWS}
     assert result["audit_ok"] and result["audit_discrepancies"] == 0
