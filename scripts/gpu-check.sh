@@ -35,10 +35,11 @@ if [ -n "$OFFLINE" ]; then
         echo "gpu-check: $OFFLINE is not a complete bundle (scripts/gpu-bundle.sh)" >&2; exit 1; }
     SITE=$(mktemp -d "${TMPDIR:-/tmp}/pool-gpu-check-site.XXXXXX")
     trap 'rm -rf "$SITE"' EXIT
-    # pip runs from its own wheel: the image's pip (if any) is not needed
+    # pip runs from its own wheel: the image's pip (if any) is not needed; a site used once
+    # is not compiled ahead (its imports compile what they use)
     PIP_WHEEL=$(ls "$OFFLINE"/wheels/pip-*.whl)
     if ! timeout 120 "$PYTHON" "$PIP_WHEEL/pip" install --quiet --disable-pip-version-check \
-            --no-index --no-deps --no-cache-dir --find-links "$OFFLINE/wheels" \
+            --no-index --no-deps --no-cache-dir --no-compile --find-links "$OFFLINE/wheels" \
             --target "$SITE" --requirement "$OFFLINE/requirements.txt" >"$SITE.log" 2>&1; then
         echo "gpu-check: installing $OFFLINE into $SITE failed: $(tail -1 "$SITE.log")" >&2
         rm -f "$SITE.log"
