@@ -10,14 +10,23 @@ from typing import TYPE_CHECKING, Any, Self
 from opentelemetry.trace import SpanKind
 
 from bus import observability
+from bus.errors import BusTimeout, BusUnavailable
 from bus.local.auth import inbox_prefix
 from bus.objects import FileStore
 from bus.replies import admin_inbox
 from bus.service import Client
-from bus.subjects import admin_subject, command_subject
+from bus.subjects import OPS_PREFIX, admin_subject, command_subject
 
 if TYPE_CHECKING:
     from bus.leasewatch import LeaseWatch
+
+
+def scheduler_unavailable(pool_id: str, why: str) -> dict[str, Any]:
+    """The refusal when no scheduler process answers an operator's question about a pool."""
+    return {"ok": False, "error": {
+        "code": "scheduler_unavailable", "reasons": {},
+        "message": f"no scheduler answered for pool {pool_id!r} ({why}); is the control "
+                   "plane running a scheduler?"}}
 
 
 class PoolClient:
@@ -101,6 +110,14 @@ class PoolClient:
 
     def admin(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         return self.call(admin_subject(path), body)
+
+    def pool_shares(self, pool_id: str) -> dict[str, Any]:
+        """The pool's fair shares as its leading scheduler holds them (`pool.ops`, admin
+        users only); `scheduler_unavailable` when no scheduler process answers in time."""
+        try:
+            return self.call(f"{OPS_PREFIX}.pool.shares", {"pool_id": pool_id})
+        except (BusTimeout, BusUnavailable) as e:
+            return scheduler_unavailable(pool_id, str(e))
 
     def close(self) -> None:
         self._client.close()

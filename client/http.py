@@ -209,6 +209,21 @@ class HttpClient:
         return self._reply(self._send("GET", "/v1/usage",
                                       params={"pool": pool} if pool else None), "result")
 
+    # -- admin (the admin token) ---------------------------------------------------------------
+
+    def pool_shares(self, pool_id: str) -> dict[str, Any]:
+        """The pool's fair shares as its leading scheduler holds them (as
+        client.api.PoolClient.pool_shares); the gateway's bus refusals read as
+        `scheduler_unavailable`, as no answer over NATS does."""
+        reply = self._reply(self._send("GET", f"/v1/admin/pools/{quote(pool_id, safe='')}"
+                                       "/shares"), "result")
+        error = reply.get("error") or {}
+        if error.get("code") in ("bus_timeout", "bus_unavailable"):
+            from client.api import scheduler_unavailable  # nats only on this path
+
+            return scheduler_unavailable(pool_id, str(error.get("message") or error["code"]))
+        return reply
+
     def files(self) -> HttpFileStore:
         """The tenant's work directories and artifacts through the gateway (as
         client.api.PoolClient.files, for the calls the CLI makes)."""

@@ -71,6 +71,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "telemetry_unavailable": 503, "publish_rejected": 503, "bus_error": 503,
     "batch_too_large": 503, "snapshots_unavailable": 503, "webhooks_unavailable": 503,
     "secrets_unavailable": 503,  # no key ring to seal or open secrets (POOL_SECRET_KEYS)
+    "scheduler_unavailable": 503,  # no scheduler process answered an operator's question
     # a bug behind the gateway: logged there, reported here as the upstream's failure
     "internal_error": 502,
 }

@@ -159,6 +159,8 @@ ROUTES: tuple[HttpRoute, ...] = (
               "adminPoolSet", admin=True, tag="admin"),
     HttpRoute("GET", "/v1/admin/pools/{pool_id}", "showPool", _summary("adminPoolShow"),
               "adminPoolShow", admin=True, tag="admin"),
+    HttpRoute("GET", "/v1/admin/pools/{pool_id}/shares", "adminPoolShares",
+              _summary("opsPoolShares"), "opsPoolShares", admin=True, tag="admin"),
     HttpRoute("POST", "/v1/admin/pools/{pool_id}/prices", "setPoolPrices",
               _summary("adminPoolPrices"), "adminPoolPrices", admin=True, tag="admin"),
     HttpRoute("POST", "/v1/admin/pools/{pool_id}/images", "setPoolImages",

@@ -25,7 +25,8 @@ from schemas.export import ASYNCAPI_FILE, DEFAULT_DIRECTORY
 
 # Clients are generated from these names (create_compute_lease, …): renaming one breaks them.
 OPERATION_IDS = (
-    "addWebhook", "adminGetComputeLease", "adminGetComputeLeaseHistory", "cancelComputeLease",
+    "addWebhook", "adminGetComputeLease", "adminGetComputeLeaseHistory", "adminPoolShares",
+    "cancelComputeLease",
     "commitComputeLease", "cordonNode", "createComputeLease", "createPool", "createReservation",
     "deleteReservation", "deleteSecret", "deleteWebhook", "deleteWorkdir", "drainNode", "endMaintenanceNode", "enrollNode",
     "getArtifact", "getBalance", "getComputeLease", "getComputeLeaseHistory", "getUsage",
