@@ -10,6 +10,8 @@ from typing import Any
 
 from cli import buckets
 from cli.connect import (
+    admin_context,
+    admin_nats_client,
     client_opts,
     pool_client,
 )
@@ -36,10 +38,11 @@ def cmd_admin(args: argparse.Namespace) -> int:
 
 
 def _tenant_user_after_set(args: argparse.Namespace) -> None:
-    """`pool admin tenant set` against this machine's `pool up` also gives the tenant a user."""
+    """`pool admin tenant set` against this machine's `pool up` also gives the tenant a user
+    (not over a gateway: its plane need not be this machine's)."""
     from local import embedded
 
-    if not args.nats_url and embedded.local_auth() is not None:
+    if not args.nats_url and admin_context(args) is None and embedded.local_auth() is not None:
         creds = embedded.add_tenant(args.tenant_id)
         if not args.json:
             print(f"tenant user: {creds.user} (see `pool admin tenant creds {args.tenant_id}`)",
@@ -62,8 +65,9 @@ def cmd_creds(args: argparse.Namespace) -> int:
     result: dict[str, Any] = {args.kind: name, "user": creds.user, "password": creds.password,
                               "nats_url": embedded.endpoints()[0], "inbox_prefix": prefix}
     if args.kind == "node" and args.pool:
-        # the node's terms, recorded as an event: its agent registers within them or not at all
-        with pool_client(args) as c:
+        # the node's terms, recorded as an event: its agent registers within them or not at
+        # all; on the plane whose NATS the user was just made on, never through a gateway
+        with admin_nats_client(args) as c:
             reply = c.admin("node.enroll", _enrollment(args))
         if not reply.get("ok"):
             return print_envelope(reply, args.json)

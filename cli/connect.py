@@ -59,20 +59,26 @@ def default_pool(args: argparse.Namespace) -> str | None:
     return (ctx.pool or None) if ctx is not None else None
 
 
+def admin_context(args: argparse.Namespace) -> Any:
+    """The admin token's HTTP context the operator's commands speak through, or None for NATS
+    (a tenant's token cannot administer: with one, they stay on NATS)."""
+    ctx = context_of(args)
+    return ctx if ctx is not None and not ctx.tenant else None
+
+
 def pool_client(args: argparse.Namespace, tenant: str = "") -> Any:
-    """The client a command speaks through: over HTTP with a context (tenant commands), else
-    over NATS; both answer the same calls with the same envelopes."""
-    if tenant:
-        ctx = context_of(args)
-        if ctx is not None:
-            return http_client(ctx, args.timeout)
+    """The client a command speaks through: over HTTP with a context (a tenant's for tenant
+    commands, the admin token's for the operator's), else over NATS; both answer the same
+    calls with the same envelopes."""
+    ctx = context_of(args) if tenant else admin_context(args)
+    if ctx is not None:
+        return http_client(ctx, args.timeout)
+    if not tenant:
+        return admin_nats_client(args)
     from bus.local.auth import inbox_prefix
     from client.api import PoolClient
     from local import embedded
 
-    if not tenant:  # the admin CLI: its own user on a local `pool up`
-        url = getattr(args, "nats_url", None) or embedded.admin_url()
-        return PoolClient(url or nats_url_of(args), tenant, timeout=args.timeout)
     # a tenant speaks as its own user, so the server itself pins it to pool.cmd.<tenant>.> and
     # its replies to _INBOX.t.<tenant>.>; an explicit --nats-url / POOL_NATS_URL is used as given
     options: dict[str, Any] = {"inbox_prefix": inbox_prefix(tenant).encode()}
@@ -89,6 +95,15 @@ def pool_client(args: argparse.Namespace, tenant: str = "") -> Any:
         raise UsageError("no NATS server: run `pool up` first, or set POOL_NATS_URL / --nats-url")
     return PoolClient(plain, tenant, timeout=args.timeout, user=creds.user,
                       password=creds.password, **options)
+
+
+def admin_nats_client(args: argparse.Namespace) -> Any:
+    """The operator's client over NATS: its own user on a local `pool up`, or --nats-url."""
+    from client.api import PoolClient
+    from local import embedded
+
+    url = getattr(args, "nats_url", None) or embedded.admin_url()
+    return PoolClient(url or nats_url_of(args), timeout=args.timeout)
 
 
 def sdk_client(args: argparse.Namespace, tenant: str) -> Any:

@@ -7,7 +7,7 @@ import argparse
 import time
 from typing import Any
 
-from cli.connect import client_opts, context_of, http_client, nats_url_of, pool_client
+from cli.connect import client_opts, nats_url_of, pool_client
 from cli.output import EXIT_OK, UsageError, print_envelope
 
 Subparsers = Any  # argparse's _SubParsersAction
@@ -125,11 +125,7 @@ def shares_now(args: argparse.Namespace) -> dict[str, Any]:
     """The pool's fair shares as its leading scheduler holds them: over the gateway with an
     admin's HTTP context (`pool login URL --token ADMIN`), else over `pool.ops`; a
     `scheduler_unavailable` refusal when no scheduler process answers in time."""
-    ctx = context_of(args)
-    # a tenant's context cannot ask (the route is the admin's): the operator's NATS user does
-    client = (http_client(ctx, args.timeout) if ctx is not None and not ctx.tenant
-              else pool_client(args))
-    with client as c:
+    with pool_client(args) as c:
         reply: dict[str, Any] = c.pool_shares(args.pool_id)
         return reply
 

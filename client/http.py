@@ -26,6 +26,27 @@ VIEW_PATHS = {"leases": LEASES, "queue": "/v1/queue", "balance": "/v1/balance"}
 VIEW_FILTERS: dict[str, tuple[str, ...]] = {
     "leases": ("state", "pool", "priority_class", "node_id", "name", "label"),
     "queue": ("pool", "priority_class", "state"), "balance": ()}
+# the operator's commands the gateway serves: admin path (`pool.admin.<path>`) → method and URL;
+# `{name}` is filled from the body's field (`node.<node_id>.<verb>`: from the path itself)
+# (tests/unit/test_admin_paths.py keeps this equal to gateway.routes' admin routes)
+ADMIN_PATHS: dict[str, tuple[str, str]] = {
+    "pool.create": ("POST", "/v1/admin/pools"),
+    "pool.set": ("POST", "/v1/admin/pools/{pool_id}"),
+    "pool.show": ("GET", "/v1/admin/pools/{pool_id}"),
+    "pool.prices": ("POST", "/v1/admin/pools/{pool_id}/prices"),
+    "pool.images": ("POST", "/v1/admin/pools/{pool_id}/images"),
+    "tenant.set": ("POST", "/v1/admin/tenants"),
+    "cohort.set": ("POST", "/v1/admin/cohorts"),
+    "reservation.create": ("POST", "/v1/admin/pools/{pool_id}/reservations"),
+    "reservation.list": ("GET", "/v1/admin/pools/{pool_id}/reservations"),
+    "reservation.delete": ("POST",
+                           "/v1/admin/pools/{pool_id}/reservations/{reservation_id}/delete"),
+    "node.register": ("POST", "/v1/admin/nodes"),
+    "node.enroll": ("POST", "/v1/admin/nodes/enrollments"),
+    "node.{node}.{verb}": ("POST", "/v1/admin/nodes/{node_id}/{verb}"),
+    "credits.grant": ("POST", "/v1/admin/credits/grants"),
+    "secrets.reseal": ("POST", "/v1/admin/secrets/reseal"),
+}
 
 
 class HttpTransportError(Exception):
@@ -38,6 +59,34 @@ class NotOverHttp(Exception):
     """What this client cannot do over the HTTP API yet."""
 
     code = "not_over_http"
+
+
+def _not_over_http(command: str, why: str) -> dict[str, Any]:
+    """The refusal of an operator's command the gateway cannot carry, in one line."""
+    return {"ok": False, "error": {
+        "code": NotOverHttp.code, "reasons": {},
+        "message": f"`{command}` needs the plane's NATS ({why}): run it where `pool up` runs, "
+                   "or pass --nats-url"}}
+
+
+def _admin_request(path: str, body: dict[str, Any]) -> tuple[str, str, list[str]] | None:
+    """The method and URL that carry admin `path` over HTTP, and the body fields the URL
+    holds; None where the gateway has no route for it."""
+    parts = path.split(".")
+    if len(parts) == 3 and parts[0] == "node":  # node.<node>.<verb>: both in the URL
+        method, template = ADMIN_PATHS["node.{node}.{verb}"]
+        fill = {"node_id": parts[1], "verb": parts[2]}
+    elif path in ADMIN_PATHS:
+        method, template = ADMIN_PATHS[path]
+        fill = {name: str(body.get(name, "")) for name in _params(template)}
+    else:
+        return None
+    url = template.format(**{k: quote(v, safe="") for k, v in fill.items()})
+    return method, url, [name for name in fill if name in body]
+
+
+def _params(template: str) -> list[str]:
+    return [p.split("}")[0] for p in template.split("{")[1:]]
 
 
 def _envelope_error(r: httpx.Response) -> dict[str, Any]:
@@ -210,6 +259,23 @@ class HttpClient:
                                       params={"pool": pool} if pool else None), "result")
 
     # -- admin (the admin token) ---------------------------------------------------------------
+
+    def admin(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """An operator's command (`pool.admin.<path>`, as client.api.PoolClient.admin) through
+        the gateway's admin route for it; `not_over_http` where the gateway has none."""
+        body = dict(body or {})
+        request = _admin_request(path, body)
+        if request is None:
+            return _not_over_http("pool admin …", f"the gateway does not serve {path}")
+        method, url, in_url = request
+        if method == "GET":  # a read: the URL holds its ids, and nothing else of the body goes
+            extra = sorted(k for k, v in body.items()
+                           if k not in in_url and v not in (None, False, "", [], {}))
+            if extra:
+                return _not_over_http("pool admin …", f"the gateway's {path} does not "
+                                      f"take {', '.join(extra)}")
+            return self._reply(self._send("GET", url), "result")
+        return self._reply(self._send("POST", url, body=body), "result")
 
     def pool_shares(self, pool_id: str) -> dict[str, Any]:
         """The pool's fair shares as its leading scheduler holds them (as
