@@ -73,6 +73,22 @@ def wait_for(predicate: Any, timeout: float = 10.0, every: float = 0.05) -> Any:
 
 
 @contextlib.contextmanager
+def stack_in_own_schema(home: Path, database_url: str, prefix: str) -> Iterator[Stack]:
+    """`gateway_stack` with its views in a schema of its own (`prefix` and a random suffix),
+    dropped afterwards."""
+    import uuid
+
+    from projections.views import drop_schema
+
+    schema = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    try:
+        with gateway_stack(home, database_url, schema) as s:
+            yield s
+    finally:
+        drop_schema(database_url, schema)
+
+
+@contextlib.contextmanager
 def gateway_stack(home: Path, database_url: str, schema: str, *,
                   metrics_port: int | None = None) -> Iterator[Stack]:
     auth = AuthConfig()

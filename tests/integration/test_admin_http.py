@@ -5,7 +5,6 @@ password; a tenant's context never carries them."""
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,20 +12,15 @@ from typing import Any
 import pytest
 
 from client.http import HttpClient
-from tests.gateway_stack import Stack, gateway_stack
+from tests.gateway_stack import Stack, stack_in_own_schema
 from tests.integration.test_shares_http import _pool
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Iterator[Stack]:
-    from projections.views import drop_schema
-
-    schema = "views_gwadm_" + uuid.uuid4().hex[:8]
-    try:
-        with gateway_stack(tmp_path_factory.mktemp("gwadm"), database_url, schema) as s:
-            yield s
-    finally:
-        drop_schema(database_url, schema)
+    with stack_in_own_schema(tmp_path_factory.mktemp("gwadm"), database_url,
+                             "views_gwadm") as s:
+        yield s
 
 
 def _login(home: Path, stack: Stack, who: str) -> Path:

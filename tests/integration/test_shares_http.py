@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from gateway.app import create_app
 from gateway.server import ServerThread
 from gateway.tokens import TokenStore
 from gateway.upstream import Settings
-from tests.gateway_stack import Stack, gateway_stack
+from tests.gateway_stack import Stack, stack_in_own_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,14 +49,9 @@ def _shares(home: Path, *argv: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Iterator[Stack]:
-    from projections.views import drop_schema
-
-    schema = "views_gwsh_" + uuid.uuid4().hex[:8]
-    try:
-        with gateway_stack(tmp_path_factory.mktemp("gwsh"), database_url, schema) as s:
-            yield s
-    finally:
-        drop_schema(database_url, schema)
+    with stack_in_own_schema(tmp_path_factory.mktemp("gwsh"), database_url,
+                             "views_gwsh") as s:
+        yield s
 
 
 def test_an_admin_context_asks_for_shares_as_nats_does(stack: Stack, tmp_path: Path) -> None:
