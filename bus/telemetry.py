@@ -1,5 +1,5 @@
-"""The telemetry stream, its publisher and its follower (subjects `pool.tel.…`).
-Subjects, loss, retention and tenants' replay: docs/operations.md#telemetry-job-output-and-tracing.
+"""Telemetry's publisher, samples and stream pages (`pool.tel.…`; tenants' streams are
+bus.telemetry_streams'). Docs: docs/operations.md#telemetry-job-output-and-tracing.
 """
 
 from __future__ import annotations
@@ -183,10 +183,13 @@ REPLAY_POLL_S = 0.5  # a tenant's follower asks for the next page this often onc
 @dataclass(frozen=True)
 class TelemetryPage:
     """Stored samples in stream order: (stream sequence, subject, payload); `at_end` when no
-    more matched when the page was read."""
+    more matched when the page was read; `skipped_to`, where nonzero, a sequence the next page
+    may start after though no sample of this one reached it (a tenant's samples from before
+    its own stream, all read)."""
 
     samples: list[tuple[int, str, bytes]]
     at_end: bool
+    skipped_to: int = 0
 
 
 async def read_page_async(
