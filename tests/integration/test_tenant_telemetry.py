@@ -1,0 +1,271 @@
+"""Each tenant's telemetry in its own stream, against a real nats-server with users: one tenant's
+flood never evicts another's output, a tenant reads no other's stream, an older store's samples
+stay readable across the split, and a retention the server cannot reserve is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import nats
+import pytest
+from nats.js.errors import NotFoundError
+
+from bus.admin import ensure_all_streams
+from bus.errors import TelemetryRetentionUnreservable
+from bus.local.auth import AuthConfig, inbox_prefix, role_urls, url_with_credentials
+from bus.local.server import NatsServer
+from bus.streams import feed_stream_config, telemetry_stream_config
+from bus.subjects import telemetry_subject, tenant_telemetry_stream
+from bus.telemetry_streams import ensure_tenant_telemetry_sync
+from schemas import v1
+from tests.placed import place_on
+from workers.plane import ControlPlane
+
+RETENTION = 64 * 1024  # alpha's: small, so a test floods past it in moments
+LINE = "x" * 1000
+
+
+@pytest.fixture()
+def server(tmp_path: Path) -> Iterator[tuple[NatsServer, AuthConfig]]:
+    auth = AuthConfig()
+    for tenant in ("alpha", "beta"):
+        auth.add_tenant(tenant)
+    auth.add_node("n1")
+    srv = NatsServer(store_dir=tmp_path / "nats", server_name="pool-tentel",
+                     extra_config=auth.render())
+    srv.start()
+    yield srv, auth
+    srv.stop()
+
+
+def _service(srv: NatsServer, auth: AuthConfig) -> str:
+    return url_with_credentials(srv.url, auth.service)
+
+
+def _commands(srv: NatsServer, auth: AuthConfig) -> ControlPlane:
+    """The command service as its own role's user: what it may read is what the table says."""
+    return ControlPlane(_service(srv, auth), roles=["commands"], data_plane=False,
+                        role_urls=role_urls(srv.url, auth),
+                        responder_url=url_with_credentials(srv.url, auth.responder)).start()
+
+
+def _output(srv: NatsServer, auth: AuthConfig, tenant: str, lease: str,
+            texts: list[str]) -> None:
+    """`texts` as the lease's output, published in order by node n1, which holds the lease
+    (one connection, flushed: the agents' publisher is lossy by design, a test's is not)."""
+    place_on(_service(srv, auth), tenant, lease, "n1")
+
+    async def go() -> None:
+        c = auth.nodes["n1"]
+        nc = await nats.connect(srv.url, user=c.user, password=c.password)
+        try:
+            for i, text in enumerate(texts):
+                event = v1.TelemetryEvent(kind="output", at=time.time(), seq=i,
+                                          attrs={"stream": "stdout", "text": text})
+                await nc.publish(telemetry_subject("p1", "n1", tenant, lease, "output"),
+                                 msgspec.json.encode(event))
+                if i % 20 == 19:
+                    await nc.flush()
+            await nc.flush()
+        finally:
+            await nc.close()
+
+    asyncio.run(go())
+
+
+async def _as_tenant(srv: NatsServer, auth: AuthConfig, tenant: str, **kw: Any) -> nats.NATS:
+    c = auth.tenants[tenant]
+    return await nats.connect(srv.url, user=c.user, password=c.password,
+                              inbox_prefix=inbox_prefix(tenant).encode(), **kw)
+
+
+def _replay(srv: NatsServer, auth: AuthConfig, tenant: str, *, limit: int = 500,
+            **body: Any) -> list[dict[str, Any]]:
+    """Every page of the tenant's replay through the command service, as its own user."""
+
+    async def go() -> list[dict[str, Any]]:
+        nc = await _as_tenant(srv, auth, tenant)
+        samples: list[dict[str, Any]] = []
+        after = 0
+        try:
+            while True:
+                ask = {**body, "limit": limit, **({"after_seq": after} if after else
+                                                   {"since": 0})}
+                reply = await nc.request(f"pool.cmd.{tenant}.telemetry.replay",
+                                         json.dumps(ask).encode(), timeout=10)
+                env = json.loads(reply.data)
+                assert env["ok"], env
+                result = env["result"]
+                samples += result["samples"]
+                after = max(after, int(result["last_seq"]))
+                if result["at_end"]:
+                    return samples
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
+def _texts(samples: list[dict[str, Any]]) -> list[str]:
+    return [s["event"]["attrs"]["text"] for s in samples]
+
+
+def _stream_bytes(url: str, stream: str) -> tuple[int, int]:
+    async def go() -> tuple[int, int]:
+        nc = await nats.connect(url)
+        try:
+            info = await nc.jetstream().stream_info(stream)
+            return int(info.state.bytes), int(info.config.max_bytes or -1)
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
+def test_a_tenant_flooding_its_output_never_evicts_anothers(
+    server: tuple[NatsServer, AuthConfig],
+) -> None:
+    srv, auth = server
+    ensure_all_streams(_service(srv, auth), tenants=("alpha", "beta"))
+    ensure_tenant_telemetry_sync(_service(srv, auth), ["alpha"], max_bytes=RETENTION)
+    _output(srv, auth, "beta", "lb", ["beta's first line\n"])
+    # alpha writes four times what its retention keeps, from many leases
+    flood = [f"{i:05d} {LINE}\n" for i in range(4 * RETENTION // len(LINE))]
+    published: list[str] = []
+    for n in range(4):
+        _output(srv, auth, "alpha", f"la{n}", flood[n::4])
+        published += flood[n::4]
+
+    cp = _commands(srv, auth)
+    try:
+        assert _texts(_replay(srv, auth, "beta")) == ["beta's first line\n"]
+        kept = _texts(_replay(srv, auth, "alpha"))
+    finally:
+        cp.stop()
+    # alpha lost its own oldest output, and only that: what is kept is its newest
+    assert 0 < len(kept) < len(flood) // 2
+    assert kept == published[-len(kept):]
+    held, limit = _stream_bytes(_service(srv, auth), tenant_telemetry_stream("alpha"))
+    assert limit == RETENTION and held <= RETENTION
+
+
+def test_a_tenant_reads_its_own_telemetry_stream_and_never_anothers(
+    server: tuple[NatsServer, AuthConfig],
+) -> None:
+    srv, auth = server
+    ensure_all_streams(_service(srv, auth), tenants=("alpha", "beta"))
+    _output(srv, auth, "alpha", "la", ["alpha's\n"])
+    _output(srv, auth, "beta", "lb", ["beta's secret\n"])
+
+    async def scenario() -> tuple[list[bytes], list[str]]:
+        errors: list[str] = []
+
+        async def on_error(e: Exception) -> None:
+            errors.append(str(e))
+
+        alpha = await _as_tenant(srv, auth, "alpha", error_cb=on_error)
+        got: list[bytes] = []
+
+        async def direct_get(stream: str) -> None:
+            try:
+                msg = await alpha.request(f"$JS.API.DIRECT.GET.{stream}", json.dumps(
+                    {"seq": 1, "next_by_subj": "pool.tel.>"}).encode(), timeout=2)
+                got.append(msg.data)
+            except nats.errors.TimeoutError:
+                pass
+
+        await direct_get(tenant_telemetry_stream("alpha"))
+        await direct_get(tenant_telemetry_stream("beta"))
+        with pytest.raises(nats.errors.TimeoutError):
+            await alpha.request(f"$JS.API.STREAM.INFO.{tenant_telemetry_stream('beta')}", b"",
+                                timeout=2)
+        await alpha.close()
+        return got, errors
+
+    got, errors = asyncio.run(scenario())
+    assert len(got) == 1 and b"alpha's" in got[0] and not any(b"beta" in g for g in got)
+    assert any("permissions violation" in e.lower() and "direct.get.pool_tel_beta" in e.lower()
+               for e in errors), errors
+    assert any("stream.info.pool_tel_beta" in e.lower() for e in errors), errors
+
+
+def test_an_older_stores_samples_stay_readable_after_the_split(
+    server: tuple[NatsServer, AuthConfig],
+) -> None:
+    srv, auth = server
+    service = _service(srv, auth)
+
+    async def old_store() -> None:  # POOL_TELEMETRY as it was: every tenant's samples
+        nc = await nats.connect(service)
+        try:
+            await nc.jetstream().add_stream(
+                dataclasses.replace(telemetry_stream_config(), subjects=["pool.tel.>"]))
+            await nc.jetstream().add_stream(feed_stream_config())  # where leases are placed
+        finally:
+            await nc.close()
+
+    asyncio.run(old_store())
+    _output(srv, auth, "alpha", "la", ["old 1\n", "old 2\n"])
+    _output(srv, auth, "beta", "lb", ["beta old\n"])
+    ensure_all_streams(service, tenants=("alpha", "beta"))  # the upgrade's `pool up`
+    _output(srv, auth, "alpha", "la", ["new 1\n"])
+
+    cp = _commands(srv, auth)
+    try:
+        every = _replay(srv, auth, "alpha")
+        assert _texts(every) == ["old 1\n", "old 2\n", "new 1\n"]
+        seqs = [s["seq"] for s in every]
+        assert seqs == sorted(set(seqs))
+        # a page at a time, across both streams, nothing skipped or repeated
+        assert _replay(srv, auth, "alpha", limit=1) == every
+        assert _texts(_replay(srv, auth, "beta")) == ["beta old\n"]
+    finally:
+        cp.stop()
+
+
+def test_a_retention_the_server_cannot_reserve_is_refused_with_a_code(
+    server: tuple[NatsServer, AuthConfig],
+) -> None:
+    srv, auth = server
+    service = _service(srv, auth)
+    ensure_all_streams(service, tenants=("alpha",))
+    with pytest.raises(TelemetryRetentionUnreservable, match="max_file_store") as refused:
+        ensure_tenant_telemetry_sync(service, ["alpha"], max_bytes=1 << 50)
+    assert refused.value.code == "telemetry_retention_unreservable"
+    with pytest.raises(TelemetryRetentionUnreservable):  # nor is a new tenant's stream made
+        ensure_tenant_telemetry_sync(service, ["gamma"], max_bytes=1 << 50)
+
+    async def gamma_missing() -> bool:
+        nc = await nats.connect(service)
+        try:
+            await nc.jetstream().stream_info(tenant_telemetry_stream("gamma"))
+            return False
+        except NotFoundError:
+            return True
+        finally:
+            await nc.close()
+
+    assert asyncio.run(gamma_missing())
+
+    def pool(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cli.main", "admin", "tenant",
+                               "telemetry-retention", "alpha", "--nats-url", service, "--json",
+                               *args], capture_output=True, text=True, timeout=60, check=False)
+
+    out = pool("--bytes", str(1 << 50))
+    assert out.returncode != 0 and "telemetry_retention_unreservable" in out.stdout + out.stderr
+    out = pool("--bytes", str(RETENTION), "--max-age-seconds", "3600")
+    assert out.returncode == 0, out.stderr
+    row = json.loads(out.stdout)["result"]
+    assert (row["max_bytes"], row["max_age_seconds"]) == (RETENTION, 3600)
+    assert _stream_bytes(service, tenant_telemetry_stream("alpha"))[1] == RETENTION
