@@ -281,12 +281,10 @@ async def follow_telemetry(
     arrived or `duration_s` passed; return how many arrived.
 
     Without `since`: a core subscription (live only). With `since`: the stored samples from that
-    time on, then live, without a gap — one ordered consumer a telemetry stream does both (in
-    each stream's order: a tenant's, or every tenant's side by side), or, `as_tenant`, pages
-    from the control plane (`fields`: the pool/node/lease/kind filter). `refused` is a future the
-    connection's error callback completes on a permission violation; it is raised here as
-    PermissionDenied.
-    """
+    time on, then live, without a gap: one ordered consumer a telemetry stream (each in its own
+    order), or, `as_tenant`, pages from the control plane (`fields`: the pool/node/lease/kind
+    filter). `refused`: a future the connection's error callback completes on a permission
+    violation, raised here as PermissionDenied."""
     queue: asyncio.Queue[TelemetrySample] = asyncio.Queue()
     replays: list[_OrderedReplay] = []
     paging: asyncio.Task[None] | None = None

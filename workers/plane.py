@@ -279,7 +279,8 @@ class ControlPlane:
                            if self.link is not None else None)
         from bus.local.auth import speaks_as_role
 
-        if self.dispatcher is not None and not speaks_as_role(url["scheduler"]):
+        if (self.dispatcher is not None and self.link is not None
+                and not speaks_as_role(url["scheduler"])):
             from bus.telemetry_streams import MadeOnFirstUse
 
             self.dispatcher.tenant_streams = MadeOnFirstUse(self.link.rt)

@@ -179,13 +179,13 @@ def test_publishing_with_no_server_neither_raises_nor_blocks() -> None:
 
 
 def test_the_telemetry_streams_have_limits_retention_of_their_own() -> None:
-    cfg = telemetry_stream_config()
-    assert cfg.name == TELEMETRY_STREAM and cfg.subjects == ["pool.tel.node.*.*"]
-    for cfg in (cfg, tenant_telemetry_stream_config("alpha")):
+    shared, alpha = telemetry_stream_config(), tenant_telemetry_stream_config("alpha")
+    assert shared.name == TELEMETRY_STREAM and shared.subjects == ["pool.tel.node.*.*"]
+    assert alpha.name == "POOL_TEL_alpha" and alpha.subjects == ["pool.tel.*.*.alpha.>"]
+    for cfg in (shared, alpha):
         assert cfg.retention == RetentionPolicy.LIMITS and cfg.storage == StorageType.FILE
         assert cfg.max_age and 0 < cfg.max_age <= 30 * 86400
         assert cfg.max_bytes and cfg.max_bytes > 0
-    assert cfg.name == "POOL_TEL_alpha" and cfg.subjects == ["pool.tel.*.*.alpha.>"]
 
 
 def test_the_stream_keeps_samples_and_since_replays_them_then_follows(
