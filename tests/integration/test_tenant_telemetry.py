@@ -25,7 +25,7 @@ from bus.errors import TelemetryRetentionUnreservable
 from bus.local.auth import AuthConfig, inbox_prefix, role_urls, url_with_credentials
 from bus.local.server import NatsServer
 from bus.streams import feed_stream_config, telemetry_stream_config
-from bus.subjects import telemetry_subject, tenant_telemetry_stream
+from bus.subjects import TELEMETRY_STREAM, telemetry_subject, tenant_telemetry_stream
 from bus.telemetry_streams import ensure_tenant_telemetry_sync
 from schemas import v1
 from tests.placed import place_on
@@ -89,6 +89,18 @@ async def _as_tenant(srv: NatsServer, auth: AuthConfig, tenant: str, **kw: Any) 
                               inbox_prefix=inbox_prefix(tenant).encode(), **kw)
 
 
+async def _ask(nc: nats.NATS, subject: str, body: dict[str, Any]) -> Any:
+    """A request, asked again while no responder is subscribed yet (a lane starting)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return await nc.request(subject, json.dumps(body).encode(), timeout=10)
+        except nats.errors.NoRespondersError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
 def _replay(srv: NatsServer, auth: AuthConfig, tenant: str, *, limit: int = 500,
             **body: Any) -> list[dict[str, Any]]:
     """Every page of the tenant's replay through the command service, as its own user."""
@@ -101,8 +113,7 @@ def _replay(srv: NatsServer, auth: AuthConfig, tenant: str, *, limit: int = 500,
             while True:
                 ask = {**body, "limit": limit, **({"after_seq": after} if after else
                                                    {"since": 0})}
-                reply = await nc.request(f"pool.cmd.{tenant}.telemetry.replay",
-                                         json.dumps(ask).encode(), timeout=10)
+                reply = await _ask(nc, f"pool.cmd.{tenant}.telemetry.replay", ask)
                 env = json.loads(reply.data)
                 assert env["ok"], env
                 result = env["result"]
@@ -118,6 +129,23 @@ def _replay(srv: NatsServer, auth: AuthConfig, tenant: str, *, limit: int = 500,
 
 def _texts(samples: list[dict[str, Any]]) -> list[str]:
     return [s["event"]["attrs"]["text"] for s in samples]
+
+
+def _wait_stored(url: str, stream: str, last_seq: int) -> None:
+    """Until `stream` stored its message `last_seq`: a flush says the server has the messages,
+    not that JetStream stored them yet."""
+
+    async def go() -> None:
+        nc = await nats.connect(url)
+        try:
+            deadline = time.monotonic() + 10
+            while (await nc.jetstream().stream_info(stream)).state.last_seq < last_seq:
+                assert time.monotonic() < deadline, f"{stream} never stored {last_seq}"
+                await asyncio.sleep(0.05)
+        finally:
+            await nc.close()
+
+    asyncio.run(go())
 
 
 def _stream_bytes(url: str, stream: str) -> tuple[int, int]:
@@ -145,6 +173,8 @@ def test_a_tenant_flooding_its_output_never_evicts_anothers(
     for n in range(4):
         _output(srv, auth, "alpha", f"la{n}", flood[n::4])
         published += flood[n::4]
+    _wait_stored(_service(srv, auth), tenant_telemetry_stream("beta"), 1)
+    _wait_stored(_service(srv, auth), tenant_telemetry_stream("alpha"), len(flood))
 
     cp = _commands(srv, auth)
     try:
@@ -166,6 +196,8 @@ def test_a_tenant_reads_its_own_telemetry_stream_and_never_anothers(
     ensure_all_streams(_service(srv, auth), tenants=("alpha", "beta"))
     _output(srv, auth, "alpha", "la", ["alpha's\n"])
     _output(srv, auth, "beta", "lb", ["beta's secret\n"])
+    for tenant in ("alpha", "beta"):
+        _wait_stored(_service(srv, auth), tenant_telemetry_stream(tenant), 1)
 
     async def scenario() -> tuple[list[bytes], list[str]]:
         errors: list[str] = []
@@ -217,8 +249,10 @@ def test_an_older_stores_samples_stay_readable_after_the_split(
     asyncio.run(old_store())
     _output(srv, auth, "alpha", "la", ["old 1\n", "old 2\n"])
     _output(srv, auth, "beta", "lb", ["beta old\n"])
+    _wait_stored(service, TELEMETRY_STREAM, 3)
     ensure_all_streams(service, tenants=("alpha", "beta"))  # the upgrade's `pool up`
     _output(srv, auth, "alpha", "la", ["new 1\n"])
+    _wait_stored(service, tenant_telemetry_stream("alpha"), 4)  # its sequences run on
 
     cp = _commands(srv, auth)
     try:
