@@ -139,9 +139,10 @@ async def ensure_kv_bucket(js: JetStreamContext, bucket: str, *, replicas: int =
         await js.update_stream(dataclasses.replace(info.config, num_replicas=replicas))
 
 
-# POOL_TELEMETRY keeps samples for 7 days and at most 1 GiB, the oldest discarded first
+# POOL_TELEMETRY keeps node-level samples for 7 days and at most 64 MiB, the oldest discarded
+# first (a store from before each tenant had a stream keeps its 1 GiB: bus.telemetry)
 TELEMETRY_MAX_AGE_S = 7 * 24 * 3600.0
-TELEMETRY_MAX_BYTES = 1024 * 1024 * 1024
+TELEMETRY_MAX_BYTES = 64 * 1024 * 1024
 # each tenant's stream POOL_TEL_<tenant> keeps its samples for 7 days and at most 256 MiB
 # unless the operator says otherwise (`pool admin tenant telemetry-retention`). The server
 # reserves every stream's max_bytes from its JetStream store (max_file_store), as it does a
@@ -189,7 +190,7 @@ def schedule_stream_config(*, replicas: int = 1) -> StreamConfig:
 def telemetry_stream_config(replicas: int = 1) -> StreamConfig:
     """POOL_TELEMETRY: node-level samples (`pool.tel.node.<node>.<kind>`, a tenant's lease in
     none) and, on a store from before each tenant had its own stream, the tenants' samples
-    stored then, read until they age out; limits retention (7 days, 1 GiB), oldest first."""
+    stored then, read until they age out; limits retention (7 days, 64 MiB), oldest first."""
     return StreamConfig(
         name=TELEMETRY_STREAM,
         subjects=[NODE_TELEMETRY_SUBJECTS],

@@ -24,7 +24,7 @@ from bus.admin import ensure_all_streams
 from bus.errors import TelemetryRetentionUnreservable
 from bus.local.auth import AuthConfig, inbox_prefix, role_urls, url_with_credentials
 from bus.local.server import NatsServer
-from bus.streams import feed_stream_config, telemetry_stream_config
+from bus.streams import TELEMETRY_MAX_BYTES, feed_stream_config, telemetry_stream_config
 from bus.subjects import TELEMETRY_STREAM, telemetry_subject, tenant_telemetry_stream
 from bus.telemetry_streams import ensure_tenant_telemetry_sync
 from schemas import v1
@@ -33,6 +33,7 @@ from workers.plane import ControlPlane
 
 RETENTION = 64 * 1024  # alpha's: small, so a test floods past it in moments
 LINE = "x" * 1000
+OLD_BYTES = 1 << 30  # POOL_TELEMETRY's limit before each tenant had a stream
 
 
 @pytest.fixture()
@@ -240,8 +241,8 @@ def test_an_older_stores_samples_stay_readable_after_the_split(
     async def old_store() -> None:  # POOL_TELEMETRY as it was: every tenant's samples
         nc = await nats.connect(service)
         try:
-            await nc.jetstream().add_stream(
-                dataclasses.replace(telemetry_stream_config(), subjects=["pool.tel.>"]))
+            await nc.jetstream().add_stream(dataclasses.replace(
+                telemetry_stream_config(), subjects=["pool.tel.>"], max_bytes=OLD_BYTES))
             await nc.jetstream().add_stream(feed_stream_config())  # where leases are placed
         finally:
             await nc.close()
@@ -253,6 +254,8 @@ def test_an_older_stores_samples_stay_readable_after_the_split(
     ensure_all_streams(service, tenants=("alpha", "beta"))  # the upgrade's `pool up`
     _output(srv, auth, "alpha", "la", ["new 1\n"])
     _wait_stored(service, tenant_telemetry_stream("alpha"), 4)  # its sequences run on
+    # what it held stays under the limit it had, not a new plane's smaller one
+    assert _stream_bytes(service, TELEMETRY_STREAM)[1] == OLD_BYTES > TELEMETRY_MAX_BYTES
 
     cp = _commands(srv, auth)
     try:
