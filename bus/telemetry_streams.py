@@ -33,38 +33,39 @@ log = logging.getLogger(__name__)
 _NO_ROOM_TO_RESERVE = 10047  # JetStream's err_code for a max_bytes its store cannot reserve
 
 
-async def _split_shared(js: Any) -> int:
+async def _split_shared(js: Any) -> tuple[int, int]:
     """Narrow POOL_TELEMETRY to the node-level subjects when it still takes every `pool.tel.>`
     (a store from before tenants had streams: its samples stay, readable until they age out);
-    the sequence a tenant's new stream starts at: one past POOL_TELEMETRY's last."""
+    the sequence a tenant's new stream starts at (one past POOL_TELEMETRY's last) and
+    POOL_TELEMETRY's replicas (a cluster's streams are made at R3 by `pool cluster init`)."""
     try:
         info = await js.stream_info(TELEMETRY_STREAM)
     except NotFoundError:
-        return 1
+        return 1, 1
     if list(info.config.subjects or []) != [NODE_TELEMETRY_SUBJECTS]:
         info.config.subjects = telemetry_stream_config().subjects
         await js.update_stream(info.config)
         info = await js.stream_info(TELEMETRY_STREAM)
-    return int(info.state.last_seq) + 1
+    return int(info.state.last_seq) + 1, int(info.config.num_replicas or 1)
 
 
 async def ensure_tenant_telemetry(js: Any, tenant: str, *, replicas: int = 1,
                                   max_bytes: int | None = None,
                                   max_age_seconds: float | None = None) -> tuple[int, int, float]:
     """Make POOL_TEL_<tenant> if it is missing, with `max_bytes` and `max_age_seconds` (else the
-    defaults); an existing one gets those that are given and keeps its own otherwise (the
-    operator's). Returns (bytes held, max_bytes, max_age seconds). Raises
-    TelemetryRetentionUnreservable when the server cannot reserve the bytes; lowering them
-    under what the stream holds discards the tenant's oldest samples."""
+    defaults) and POOL_TELEMETRY's replicas where more; an existing one gets those that are
+    given and keeps its own otherwise (the operator's). Returns (bytes held, max_bytes, max_age
+    seconds). Raises TelemetryRetentionUnreservable when the server cannot reserve the bytes;
+    lowering them under what the stream holds discards the tenant's oldest samples."""
     name = tenant_telemetry_stream(tenant)
     want_bytes = max_bytes or TENANT_TELEMETRY_MAX_BYTES
     try:
         try:
             info = await js.stream_info(name)
         except NotFoundError:
-            first_seq = await _split_shared(js)
+            first_seq, shared_replicas = await _split_shared(js)
             config = tenant_telemetry_stream_config(
-                tenant, replicas=replicas, max_bytes=want_bytes,
+                tenant, replicas=max(replicas, shared_replicas), max_bytes=want_bytes,
                 max_age_seconds=max_age_seconds or TENANT_TELEMETRY_MAX_AGE_S,
                 first_seq=first_seq)
             try:
