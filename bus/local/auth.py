@@ -204,19 +204,18 @@ PERMISSIONS: dict[str, Rule] = {
         "and no stream changes (`pool up` and `pool cluster init` make the streams as the "
         "operator)"),
     "tenant": Rule(
-        # replay goes through pool.cmd.<tenant>.telemetry.replay (which leaves out samples of
-        # nodes that did not hold their lease); of the JetStream API only direct gets, so no
-        # consumer (and no deliver subject): its files, and its own telemetry stream raw
-        ("pool.cmd.{name}.>", *_TENANT_FILES, f"{SESSION_PREFIX}.{{name}}.*.*.in",
-         f"$JS.API.DIRECT.GET.{TENANT_TELEMETRY_STREAM_PREFIX}{{name}}"),
+        # replay goes through pool.cmd.<tenant>.telemetry.replay: no JetStream API at all (but
+        # its files' direct gets), so no consumer (and no deliver subject). Not even a direct
+        # get on its own telemetry stream: the server sends the answer to whatever reply
+        # subject the asker names, unchecked, a log subject included
+        ("pool.cmd.{name}.>", *_TENANT_FILES, f"{SESSION_PREFIX}.{{name}}.*.*.in"),
         # telemetry and feed subjects carry the tenant as a whole token, so these select
         # exactly its own leases (wildcards cannot match a prefix); the feed's stored records
         # are replayed through pool.cmd.<tenant>.feed.replay, its live ones read here
         (f"{TENANT_INBOXES}.{{name}}.>", "pool.tel.*.*.{name}.>",
          f"{FEED_LIVE_PREFIX}.{{name}}.>", f"{SESSION_PREFIX}.{{name}}.*.*.out"),
-        "its own commands and queries, its own replies, telemetry (live, and its own stream "
-        "by direct gets) and lease feed; its own file buckets: work directories read and "
-        "written, artifacts read; its own sessions' "
+        "its own commands and queries, its own replies, telemetry and lease feed; its own "
+        "file buckets: work directories read and written, artifacts read; its own sessions' "
         "bytes to the node (`in`) and back (`out`)"),
     "node": Rule(
         ("pool.node.{name}.>", "pool.tel.*.{name}.>",
