@@ -23,10 +23,13 @@ from cli.output import (
 
 
 def _make_buckets(home: Path, service_url: str, replicas: int) -> None:
-    """Every tenant's file buckets (work directories, artifacts): the operator makes them."""
-    from bus.errors import BucketQuotaUnreservable
+    """Every tenant's file buckets (work directories, artifacts) and telemetry stream: the
+    operator makes them (on a store from before tenants had telemetry streams, this splits
+    POOL_TELEMETRY, whose samples stay readable until they age out)."""
+    from bus.errors import BucketQuotaUnreservable, TelemetryRetentionUnreservable
     from bus.local.auth import AuthConfig
     from bus.objects import ensure_tenant_buckets_sync
+    from bus.telemetry_streams import ensure_tenant_telemetry_sync
     from local import embedded
 
     tenants = sorted((embedded.local_auth(home) or AuthConfig()).tenants)
@@ -34,6 +37,10 @@ def _make_buckets(home: Path, service_url: str, replicas: int) -> None:
         try:
             ensure_tenant_buckets_sync(service_url, tenants, replicas=replicas)
         except BucketQuotaUnreservable as e:  # the plane still runs; files wait for room
+            print(f"pool: warning [{e.code}]: {e}", file=sys.stderr)
+        try:
+            ensure_tenant_telemetry_sync(service_url, tenants, replicas=replicas)
+        except TelemetryRetentionUnreservable as e:  # jobs run; their output is not kept
             print(f"pool: warning [{e.code}]: {e}", file=sys.stderr)
 
 

@@ -374,10 +374,13 @@ def _add_user(kind: str, name: str, home: Path | None, rotate: bool) -> Credenti
     if changed and running:
         _wait_usable(home, creds)
     if kind == "tenant" and running:
-        # its file buckets, made by the operator (a tenant may not configure a stream)
+        # its file buckets and telemetry stream, made by the operator (a tenant may not
+        # configure a stream)
         from bus.objects import ensure_tenant_buckets_sync
+        from bus.telemetry_streams import ensure_tenant_telemetry_sync
 
         ensure_tenant_buckets_sync(service_url(home), [name])
+        ensure_tenant_telemetry_sync(service_url(home), [name])
     return creds
 
 

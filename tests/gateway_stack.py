@@ -101,7 +101,7 @@ def gateway_stack(home: Path, database_url: str, schema: str, *,
     service_url = url_with_credentials(server.url, auth.service)
     stack: list[Any] = []
     try:
-        ensure_all_streams(service_url)
+        ensure_all_streams(service_url, tenants=TENANTS)  # as `pool up`: theirs too
         # webhooks on (a key to seal their secrets), to no address but public ones
         plane = ControlPlane(service_url, database_url=None, metrics_port=metrics_port,
                              webhooks=WebhookSettings(key=plane_key("gateway stack")),

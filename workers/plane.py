@@ -106,12 +106,15 @@ def holder_pid(holder: str | None) -> int | None:
 
 
 def _telemetry_pages(nats_url: str) -> Callable[..., Any]:
-    """Pages of the telemetry stream for tenants' replays, over the process's bus runtime."""
+    """Pages of each tenant's telemetry stream for its replays, over the process's bus
+    runtime."""
     from bus.runtime import get_runtime
-    from bus.telemetry import read_page
+    from bus.telemetry_streams import TenantStreams, read_tenant_page
 
-    def pages(filter_subject: str, **kw: Any) -> Any:
-        return read_page(get_runtime(nats_url), filter_subject, **kw)
+    streams = TenantStreams()
+
+    def pages(tenant: str, filter_subject: str, **kw: Any) -> Any:
+        return read_tenant_page(get_runtime(nats_url), streams, tenant, filter_subject, **kw)
 
     return pages
 
@@ -274,6 +277,13 @@ class ControlPlane:
         self.dispatcher = (Dispatcher(PoolApp(env=app_env(url["scheduler"]), clock=clock),
                                       self.link, feed=FeedPublisher(FeedWriter(url["scheduler"])))
                            if self.link is not None else None)
+        from bus.local.auth import speaks_as_role
+
+        if (self.dispatcher is not None and self.link is not None
+                and not speaks_as_role(url["scheduler"])):
+            from bus.telemetry_streams import MadeOnFirstUse
+
+            self.dispatcher.tenant_streams = MadeOnFirstUse(self.link.rt)
         dispatcher_key = (checkpoint_key(url["scheduler"], "dispatcher")
                           if self.checkpoint_store is not None else None)
         if (self.dispatcher is not None and dispatcher_key is not None

@@ -35,6 +35,8 @@ from bus.subjects import (
     SESSION_PREFIX,
     SNAPSHOTS_PREFIX,
     SNAPSHOTS_STREAM,
+    TELEMETRY_STREAM,
+    TENANT_TELEMETRY_STREAM_PREFIX,
     WEBHOOK_BUCKET,
     WORK_BUCKET_PREFIX,
     is_token,
@@ -90,6 +92,14 @@ _SNAPSHOTS = (f"{SNAPSHOTS_PREFIX}.>", *_READS_SNAPSHOTS)
 
 # the scheduler's checkpoints (bus.checkpoints): store chunks and a head, read them back
 _CHECKPOINTS = (f"{CHECKPOINT_PREFIX}.>", f"$JS.API.DIRECT.GET.{CHECKPOINT_STREAM}.>")
+
+# reading the tenants' telemetry (bus.telemetry_streams): each tenant's stream POOL_TEL_<t>
+# (its info says where its sequences start; named once a tenant, as a wildcard matches whole
+# tokens only) and the node-level POOL_TELEMETRY, which on a store from before the split
+# still holds the tenants' older samples
+_READS_TELEMETRY = (f"$JS.API.DIRECT.GET.{TELEMETRY_STREAM}",
+                    f"$JS.API.STREAM.INFO.{TENANT_TELEMETRY_STREAM_PREFIX}{{tenant}}",
+                    f"$JS.API.DIRECT.GET.{TENANT_TELEMETRY_STREAM_PREFIX}{{tenant}}")
 
 # the scheduler's decision records (bus.decisions): it alone writes them, and (answering
 # `why --at` for the asking tenant's lease only) reads them back
@@ -152,8 +162,7 @@ PERMISSIONS: dict[str, Rule] = {
         "replies into inboxes and nowhere else (never the log, timers, work queues, JetStream "
         "or KV)"),
     "commands": Rule(
-        ("pool.evt.>", *_READS_LOG, *_SNAPSHOTS, "$JS.API.DIRECT.GET.POOL_TELEMETRY",
-         *_READS_FEED, *_kv(WEBHOOK_BUCKET, watch=True), *_kv(SECRETS_BUCKET, watch=True)),
+        ("pool.evt.>", *_READS_LOG, *_SNAPSHOTS, *_READS_TELEMETRY, *_READS_FEED, *_kv(WEBHOOK_BUCKET, watch=True), *_kv(SECRETS_BUCKET, watch=True)),
         (f"{ROLE_INBOXES}.commands.>", "pool.appended.>"),
         "the command handlers' application: appends decided events, reads the log, saves and "
         "reads snapshots, reads tenants' telemetry and lease-feed pages and webhook "
@@ -188,15 +197,17 @@ PERMISSIONS: dict[str, Rule] = {
     "admin": Rule(
         ("pool.admin.>", f"{OPS_PREFIX}.>", *_READS_LOG, *_READS_SNAPSHOTS, "$JS.API.INFO",
          "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST", "$JS.API.STREAM.INFO.*",
-         "$JS.API.DIRECT.GET.POOL_TELEMETRY"),
+         *_READS_TELEMETRY),
         (f"{ADMIN_INBOXES}.operator.>",),
         "the admin CLI: operators' commands, their questions for the scheduler (`pool.ops`), "
         "reads of the log, snapshots, telemetry and stream state; no work queue, timer or KV, "
         "and no stream changes (`pool up` and `pool cluster init` make the streams as the "
         "operator)"),
     "tenant": Rule(
-        # replay goes through pool.cmd.<tenant>.telemetry.replay: no JetStream API at all, so
-        # no consumer (and no deliver subject)
+        # replay goes through pool.cmd.<tenant>.telemetry.replay: no JetStream API at all (but
+        # its files' direct gets), so no consumer (and no deliver subject). Not even a direct
+        # get on its own telemetry stream: the server sends the answer to whatever reply
+        # subject the asker names, unchecked, a log subject included
         ("pool.cmd.{name}.>", *_TENANT_FILES, f"{SESSION_PREFIX}.{{name}}.*.*.in"),
         # telemetry and feed subjects carry the tenant as a whole token, so these select
         # exactly its own leases (wildcards cannot match a prefix); the feed's stored records

@@ -31,7 +31,8 @@ REPLY_TARGETS = ("pool.evt.pool.{r}", "pool.evt.account.{r}", "pool.trk.{r}",
                  "pool.feedlive.beta.lease.{r}", "pool.lead.p1.why", "pool.lead.p1.queue",
                  "pool.lead.p1.shares", "pool.ops.pool.shares",
                  "$JS.API.DIRECT.GET.POOL_FEED", "pool.snap.pool.{r}",
-                 "$JS.API.DIRECT.GET.POOL_SNAPSHOTS.pool.snap.pool.{r}")
+                 "$JS.API.DIRECT.GET.POOL_SNAPSHOTS.pool.snap.pool.{r}",
+                 "$JS.API.DIRECT.GET.POOL_TEL_beta")
 # subjects outside its own: the server refuses them before any service sees them
 FOREIGN_SUBJECTS = ("pool.cmd.beta.lease.request", "pool.node.n0.register", "pool.admin.pool.set",
                     "pool.evt.account.{r}", "pool.agent.n0.start", "pool.sched.lease.{r}",
@@ -41,7 +42,8 @@ FOREIGN_SUBJECTS = ("pool.cmd.beta.lease.request", "pool.node.n0.register", "poo
                     "pool.feedlive.beta.lease.{r}", "pool.cmd.beta.feed.replay",
                     "$JS.API.DIRECT.GET.POOL_FEED", "pool.snap.pool.{r}",
                     "$JS.API.DIRECT.GET.POOL_SNAPSHOTS.pool.snap.pool.{r}",
-                    "$JS.API.STREAM.MSG.GET.POOL_SNAPSHOTS")
+                    "$JS.API.STREAM.MSG.GET.POOL_SNAPSHOTS", "$JS.API.DIRECT.GET.POOL_TEL_beta",
+                    "$JS.API.STREAM.INFO.POOL_TEL_beta")
 OWN_VERBS = ("lease.request", "lease.{r}.get", "lease.{r}.release", "lease.{r}.commit",
              "telemetry.replay", "query.queue", "lease.{r}.why", "feed.replay", "queue")
 # what it subscribes to while it floods: others' feeds, the leaders' questions, snapshots,
