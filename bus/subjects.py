@@ -111,7 +111,7 @@ def telemetry_subject(pool: str, node: str, tenant: str, lease: str, kind: str) 
 
 # each tenant's telemetry in a stream of its own, POOL_TEL_<tenant>, over
 # pool.tel.*.*.<tenant>.>: its retention is the tenant's alone, so one tenant's volume never
-# evicts another's samples (docs/adr/022-telemetry-retention-per-tenant.md). Tenants' filters
+# evicts another's samples (docs/adr/024-telemetry-retention-per-tenant.md). Tenants' filters
 # differ in a literal token and never overlap; POOL_TELEMETRY keeps the node-level subjects,
 # which have fewer tokens than any tenant's, and a store's samples from before the split
 TENANT_TELEMETRY_STREAM_PREFIX = "POOL_TEL_"
