@@ -1,0 +1,175 @@
+"""A tenant's NATS user holds at most its caps of connections and subscriptions, all its
+connections together, enforced through the server (the connection guard, ADR 022)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from bus.connguard import Caps, ConnectionGuard, InvalidLimit, tenant_caps
+from bus.local.auth import AuthConfig, guard_url, url_with_credentials
+from bus.local.server import NatsServer
+
+
+@pytest.fixture()
+def plane(tmp_path: Path) -> Iterator[tuple[NatsServer, AuthConfig]]:
+    auth = AuthConfig()
+    for tenant in ("alpha", "beta"):
+        auth.add_tenant(tenant)
+    with NatsServer(store_dir=tmp_path / "nats", server_name="pool-caps",
+                    extra_config=auth.render()) as server:
+        yield server, auth
+
+
+async def _connect(server: NatsServer, auth: AuthConfig, tenant: str) -> Any:
+    async def quiet(_e: Exception) -> None:
+        pass
+
+    c = auth.tenants[tenant]
+    return await nats.connect(server.url, user=c.user, password=c.password, error_cb=quiet,
+                              allow_reconnect=False, max_reconnect_attempts=0)
+
+
+async def _closed_within(conns: list[Any], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not all(c.is_closed for c in conns):
+        await asyncio.sleep(0.05)
+
+
+async def _each_hears(server: NatsServer, auth: AuthConfig, tenant: str,
+                      conns: list[Any]) -> list[bool]:
+    """Whether each of `conns` still subscribes and hears its tenant's telemetry."""
+    subs = [await c.subscribe(f"pool.tel.p1.n1.{tenant}.>") for c in conns]
+    for c in conns:
+        await c.flush(5)
+    publisher = await nats.connect(url_with_credentials(server.url, auth.service))
+    await publisher.publish(f"pool.tel.p1.n1.{tenant}.l1.output", b"x")
+    await publisher.flush(5)
+    heard = []
+    for s in subs:
+        try:
+            heard.append((await s.next_msg(timeout=5)).data == b"x")
+        except Exception:  # noqa: BLE001 - not hearing is the answer
+            heard.append(False)
+    await publisher.close()
+    return heard
+
+
+async def _one_past_the_cap(server: NatsServer, auth: AuthConfig, cap: int) -> dict[str, Any]:
+    alpha = [await _connect(server, auth, "alpha") for _ in range(cap)]
+    beta = [await _connect(server, auth, "beta") for _ in range(cap)]
+    await asyncio.sleep(0.3)  # the guard has heard them
+    one_more = await _connect(server, auth, "alpha")
+    await _closed_within([one_more], 5)
+    await asyncio.sleep(0.3)  # nothing else is closed a moment later
+    out = {"one_more_closed": one_more.is_closed, "error": repr(one_more.last_error),
+           "alpha_open": [c.is_connected for c in alpha],
+           "beta_open": [c.is_connected for c in beta],
+           "alpha_hears": await _each_hears(server, auth, "alpha", alpha),
+           "beta_hears": await _each_hears(server, auth, "beta", beta)}
+    for c in alpha + beta:
+        await c.close()
+    return out
+
+
+def test_a_tenant_opening_one_connection_past_its_cap_has_it_closed_and_no_other(
+        plane: tuple[NatsServer, AuthConfig], caplog: pytest.LogCaptureFixture) -> None:
+    server, auth = plane
+    caps = Caps(max_connections=4, max_subscriptions=100)
+    # no sweep during the test: the connect advisory alone closes the connection
+    guard = ConnectionGuard(guard_url(server.url, auth), tenant_caps(caps),
+                            sweep_seconds=3600).start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="bus.connguard"):
+            out = asyncio.run(_one_past_the_cap(server, auth, caps.max_connections))
+    finally:
+        guard.stop()
+    assert out["one_more_closed"], out
+    assert out["alpha_open"] == [True] * 4 and out["alpha_hears"] == [True] * 4, out
+    assert out["beta_open"] == [True] * 4 and out["beta_hears"] == [True] * 4, out
+    assert guard.kicked == {"tenant-alpha:max_connections": 1}
+    # the documented reason, in the plane's log: the user, the count and the setting
+    assert any("tenant-alpha" in r.message and "over its cap of 4" in r.message
+               and "max_connections" in r.message for r in caplog.records), caplog.text
+
+
+async def _subscribing_past_the_cap(server: NatsServer, auth: AuthConfig) -> dict[str, Any]:
+    light, greedy = await _connect(server, auth, "alpha"), await _connect(server, auth, "alpha")
+    other = await _connect(server, auth, "beta")
+    for i in range(5):
+        await light.subscribe(f"pool.tel.p1.n1.alpha.light{i}.output")
+    for i in range(30):  # each connection far below the server's per-connection cap
+        await greedy.subscribe(f"pool.tel.p1.n1.alpha.l{i}.output")
+    for i in range(15):
+        await other.subscribe(f"pool.tel.p1.n1.beta.l{i}.output")
+    for c in (light, greedy, other):
+        await c.flush(5)
+    await _closed_within([greedy], 5)
+    out = {"greedy_closed": greedy.is_closed, "light_open": light.is_connected,
+           "other_open": other.is_connected,
+           "light_hears": await _each_hears(server, auth, "alpha", [light]),
+           "other_hears": await _each_hears(server, auth, "beta", [other])}
+    for c in (light, other):
+        await c.close()
+    return out
+
+
+def test_a_tenant_holding_subscriptions_past_its_cap_loses_its_greediest_connection(
+        plane: tuple[NatsServer, AuthConfig]) -> None:
+    server, auth = plane
+    guard = ConnectionGuard(guard_url(server.url, auth),
+                            tenant_caps(Caps(max_connections=8, max_subscriptions=20)),
+                            sweep_seconds=0.3).start()
+    try:
+        out = asyncio.run(_subscribing_past_the_cap(server, auth))
+    finally:
+        guard.stop()
+    assert out["greedy_closed"] and out["light_open"] and out["other_open"], out
+    assert out["light_hears"] == [True] and out["other_hears"] == [True], out
+    assert guard.kicked["tenant-alpha:max_subscriptions"] == 1
+    assert "tenant-beta:max_subscriptions" not in guard.kicked
+
+
+async def _open(server: NatsServer, auth: AuthConfig, n: int) -> list[Any]:
+    conns = []
+    for _ in range(n):
+        conns.append(await _connect(server, auth, "alpha"))
+        await asyncio.sleep(0.01)  # each its own start time
+    return conns
+
+
+def test_a_guard_started_late_closes_the_newest_connections_past_the_cap(
+        plane: tuple[NatsServer, AuthConfig]) -> None:
+    server, auth = plane
+
+    async def go() -> dict[str, Any]:
+        conns = await _open(server, auth, 5)
+        guard = await asyncio.to_thread(ConnectionGuard(
+            guard_url(server.url, auth), tenant_caps(Caps(max_connections=3)),
+            sweep_seconds=3600).start)
+        await _closed_within(conns[3:], 5)
+        await asyncio.to_thread(guard.stop)
+        out = {"closed": [c.is_closed for c in conns]}
+        for c in conns:
+            await c.close()
+        return out
+
+    assert asyncio.run(go())["closed"] == [False, False, False, True, True]
+
+
+def test_a_tenant_cap_below_one_or_not_a_number_is_refused() -> None:
+    assert Caps.from_env({}) == Caps(64, 4096)
+    assert Caps.from_env({"POOL_TENANT_MAX_CONNECTIONS": "8"}).max_connections == 8
+    for bad in ("0", "-3", "lots", "1.5"):
+        with pytest.raises(InvalidLimit) as raised:
+            Caps.from_env({"POOL_TENANT_MAX_SUBSCRIPTIONS": bad})
+        assert raised.value.code == "invalid_limit" and "POOL_TENANT_MAX_SUBSCRIPTIONS" in str(
+            raised.value)
+
