@@ -96,6 +96,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             "streams": streams,
             "http_url": http.url if http is not None else None,
             "scheduler_pid": child.pid if child is not None else None,
+            "tenant_caps": emb.caps.__dict__ if emb.caps is not None else None,
         }
         token = next((n.split()[3] for n in http_notes if n.startswith("http: admin token")),
                      None)
