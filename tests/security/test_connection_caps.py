@@ -173,3 +173,26 @@ def test_a_tenant_cap_below_one_or_not_a_number_is_refused() -> None:
         assert raised.value.code == "invalid_limit" and "POOL_TENANT_MAX_SUBSCRIPTIONS" in str(
             raised.value)
 
+
+
+def test_a_burst_of_connections_leaves_the_tenant_exactly_its_cap(
+        plane: tuple[NatsServer, AuthConfig]) -> None:
+    server, auth = plane
+
+    async def go() -> int:
+        conns = await asyncio.gather(*(_connect(server, auth, "alpha") for _ in range(24)))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and sum(not c.is_closed for c in conns) > 4:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # and no more than the extra ones go
+        open_ = sum(not c.is_closed for c in conns)
+        for c in conns:
+            await c.close()
+        return open_
+
+    guard = ConnectionGuard(guard_url(server.url, auth), tenant_caps(Caps(max_connections=4)),
+                            sweep_seconds=3600).start()
+    try:
+        assert asyncio.run(go()) == 4
+    finally:
+        guard.stop()
