@@ -196,3 +196,42 @@ def test_a_burst_of_connections_leaves_the_tenant_exactly_its_cap(
         assert asyncio.run(go()) == 4
     finally:
         guard.stop()
+
+
+
+def test_a_tenant_spreading_its_connections_over_a_cluster_is_counted_on_all_servers(
+        tmp_path: Path) -> None:
+    """Counted from every server's list at the guard's start, and from every server's
+    advisories after it."""
+    from bus.local.cluster import NatsCluster
+
+    auth = AuthConfig()
+    auth.add_tenant("alpha")
+    c = auth.tenants["alpha"]
+
+    async def go(urls: list[str], url: str) -> dict[str, list[bool]]:
+        async def connect(i: int) -> Any:
+            nc = await nats.connect(urls[i % 3], user=c.user, password=c.password,
+                                    allow_reconnect=False, max_reconnect_attempts=0)
+            await asyncio.sleep(0.05)  # each its own start time
+            return nc
+
+        # servers 1, 2, 3, 1: no server holds more than two, together they hold four
+        conns = [await connect(i) for i in range(4)]
+        guard = await asyncio.to_thread(ConnectionGuard(
+            url, tenant_caps(Caps(max_connections=3)), sweep_seconds=3600).start)
+        await _closed_within(conns[3:], 5)
+        at_start = [x.is_closed for x in conns]
+        conns.append(await connect(4))  # on server 2
+        await _closed_within(conns[4:], 5)
+        await asyncio.sleep(0.3)
+        after = [x.is_closed for x in conns]
+        await asyncio.to_thread(guard.stop)
+        for x in conns:
+            await x.close()
+        return {"at_start": at_start, "after": after}
+
+    with NatsCluster(tmp_path / "cluster", nodes=3, auth=auth, cluster_name="caps") as cluster:
+        out = asyncio.run(go(cluster.urls, guard_url(cluster.url, auth)))
+    assert out == {"at_start": [False, False, False, True],
+                   "after": [False, False, False, True, True]}
