@@ -341,7 +341,8 @@ def cmd_cluster_auth(args: argparse.Namespace) -> int:
                            + compose_secrets.env_lines(extra))
     bus_auth.write_private(folder / "cluster.conf",
                            compose_secrets.route_include(extra[compose_secrets.ROUTE]))
-    users = [auth.service, auth.responder, *auth.roles.values(), *auth.nodes.values()]
+    users = [auth.service, auth.responder, auth.guard, *auth.roles.values(),
+             *auth.nodes.values()]
     if args.json:
         print(json.dumps({"ok": True, "result": {"users": [c.user for c in users],
                                                  "auth_conf": str(folder / "auth.conf"),

@@ -235,3 +235,36 @@ def test_a_tenant_spreading_its_connections_over_a_cluster_is_counted_on_all_ser
         out = asyncio.run(go(cluster.urls, guard_url(cluster.url, auth)))
     assert out == {"at_start": [False, False, False, True],
                    "after": [False, False, False, True, True]}
+
+
+def test_pool_guard_holds_tenants_of_servers_it_did_not_start(
+        plane: tuple[NatsServer, AuthConfig]) -> None:
+    """compose.yaml's way: the guard's own process, its user and password from the
+    environment, as `pool cluster auth`'s .env gives them."""
+    import os
+    import subprocess
+    import sys
+
+    server, auth = plane
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POOL_")} | {
+        "POOL_NATS_URL": server.url, "POOL_NATS_USER": auth.guard.user,
+        "POOL_NATS_PASSWORD": auth.guard.password, "POOL_TENANT_MAX_CONNECTIONS": "2",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "guard"], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        assert "guarding" in proc.stdout.readline()
+
+        async def go() -> list[bool]:
+            conns = [await _connect(server, auth, "alpha") for _ in range(3)]
+            await _closed_within(conns[2:], 5)
+            out = [c.is_closed for c in conns]
+            for c in conns:
+                await c.close()
+            return out
+
+        assert asyncio.run(go()) == [False, False, True]
+    finally:
+        proc.send_signal(2)
+        assert proc.wait(20) == 0
