@@ -46,7 +46,7 @@ SERVICE_USER = "pool-service"
 RESPONDER_USER = "pool-responder"
 # the connection guard's user (bus/connguard.py): the one user of the server's system account
 GUARD_USER = "pool-guard"
-SYSTEM_ACCOUNT = "SYS"
+SYSTEM_ACCOUNT = "$SYS"
 TENANT_USER_PREFIX = "tenant-"
 # the control plane's roles and the admin CLI, each its own user `pool-<role>` (PERMISSIONS)
 ROLES = ("commands", "scheduler", "reconciler", "projector", "admin")
@@ -380,9 +380,10 @@ class AuthConfig:
         for node, c in sorted(self.nodes.items()):
             add("node", c, node)
         # the server's config format accepts JSON values
+        # the server's own system account by its own name: a server started before it had
+        # users reloads into this one (naming another with `system_account` needs a restart)
         system = json.dumps({SYSTEM_ACCOUNT: {"users": [user("guard", self.guard)]}}, indent=1)
-        return (f"accounts: {system}\nsystem_account: {SYSTEM_ACCOUNT}\n"
-                "authorization { users: " + json.dumps(users, indent=1) + " }")
+        return f"accounts: {system}\nauthorization {{ users: {json.dumps(users, indent=1)} }}"
 
 
 # -- persistence: $POOL_HOME/auth.json (mode 0600) and the server's included auth.conf ---------

@@ -268,3 +268,40 @@ def test_pool_guard_holds_tenants_of_servers_it_did_not_start(
     finally:
         proc.send_signal(2)
         assert proc.wait(20) == 0
+
+
+def test_a_server_started_before_the_guard_s_user_takes_it_at_a_reload(tmp_path: Path) -> None:
+    """An upgraded `pool up` (or `pool admin tenant creds`) re-renders the users of a server
+    that is already running and reloads it: the guard's user must load without a restart."""
+    import signal
+
+    from bus.local.auth import write_server_include
+
+    auth = AuthConfig()
+    auth.add_tenant("alpha")
+    include = tmp_path / "nats" / "auth.conf"
+    include.parent.mkdir(parents=True)
+    # the users as they were rendered before the system account had one
+    before = auth.render().split("\nauthorization ", 1)[1]
+    include.write_text("authorization " + before + "\n")
+    with NatsServer(store_dir=tmp_path / "nats", server_name="pool-old",
+                    extra_config='include "auth.conf"') as server:
+        assert write_server_include(auth, include)
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGHUP)
+        time.sleep(1)
+        assert "Failed to reload" not in server.log_path.read_text()
+        guard = ConnectionGuard(guard_url(server.url, auth), tenant_caps(Caps(max_connections=1)),
+                                sweep_seconds=3600).start()
+        try:
+            async def go() -> list[bool]:
+                conns = [await _connect(server, auth, "alpha") for _ in range(2)]
+                await _closed_within(conns[1:], 5)
+                out = [c.is_closed for c in conns]
+                for c in conns:
+                    await c.close()
+                return out
+
+            assert asyncio.run(go()) == [False, True]
+        finally:
+            guard.stop()
