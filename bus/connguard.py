@@ -115,9 +115,15 @@ class ConnectionGuard:
     # -- the process's side ---------------------------------------------------------------
 
     def start(self) -> ConnectionGuard:
+        """Listen, count what the servers hold now (closing what is past the caps), then
+        count again every `sweep_seconds`; BusUnavailable when the servers refuse its user."""
         rt = get_runtime(self.url, "guard")
-        rt.run(self._subscribe())
-        rt.run(self.sweep(), timeout=30)
+        try:
+            rt.run(self._subscribe())
+            rt.run(self.sweep(), timeout=30)
+        except BaseException:
+            self.stop()
+            raise
         self._sweeper = rt.submit(self._sweep_forever())
         return self
 
@@ -263,7 +269,9 @@ class ConnectionGuard:
                 log.warning("connection guard: sweep failed: %r", e)
 
 
-def tenant_caps(caps: Caps, prefix: str = "tenant-") -> Callable[[str], Caps | None]:
+def tenant_caps(caps: Caps) -> Callable[[str], Caps | None]:
     """`caps` for every tenant's user (named `tenant-<tenant>`), none for anyone else: the
     operator, the plane's roles and the node agents are trusted or enrolled by the operator."""
-    return lambda user: caps if user.startswith(prefix) else None
+    from bus.local.auth import TENANT_USER_PREFIX
+
+    return lambda user: caps if user.startswith(TENANT_USER_PREFIX) else None

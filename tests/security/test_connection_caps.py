@@ -305,3 +305,15 @@ def test_a_server_started_before_the_guard_s_user_takes_it_at_a_reload(tmp_path:
             assert asyncio.run(go()) == [False, True]
         finally:
             guard.stop()
+
+
+def test_a_guard_the_servers_do_not_know_is_refused_at_its_start(
+        plane: tuple[NatsServer, AuthConfig]) -> None:
+    from bus.errors import BusUnavailable
+    from bus.local.auth import Credentials
+
+    server, _ = plane
+    impostor = url_with_credentials(server.url, Credentials("pool-guard", "not-its-password"))
+    with pytest.raises(BusUnavailable) as raised:
+        ConnectionGuard(impostor, tenant_caps(Caps())).start()
+    assert raised.value.code == "bus_unavailable"
