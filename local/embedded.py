@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bus.admin import can_connect
-from bus.connguard import Caps, ConnectionGuard, tenant_caps
 from bus.local import auth as bus_auth
 from bus.local.auth import AuthConfig, Credentials
 from bus.local.server import NatsServer, free_port
 
 if TYPE_CHECKING:  # PostgreSQL is loaded only by the start: a tenant's `pool` needs none of it
+    from bus.connguard import Caps, ConnectionGuard
     from projections.postgres.embedded import EmbeddedPostgres
 
 DEFAULT_NATS_PORT = 14222
@@ -172,6 +172,8 @@ def start(home: Path | None = None, *, with_postgres: bool = True) -> Embedded:
 
 
 def _start(home: Path, *, with_postgres: bool) -> Embedded:
+    from bus.connguard import Caps, ConnectionGuard, tenant_caps
+
     caps = Caps.from_env()  # a bad cap is refused before anything starts
     nats_url = os.environ.get("POOL_NATS_URL")
     server: NatsServer | None = None
