@@ -1,5 +1,5 @@
 """The connection guard: caps the connections and subscriptions of each tenant's NATS user,
-enforced through the server's system account (connect advisories, CONNZ, KICK). ADR 022.
+enforced through the server's system account (connect advisories, CONNZ, KICK). ADR 023.
 """
 
 from __future__ import annotations

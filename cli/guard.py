@@ -51,7 +51,7 @@ def register(sub: Subparsers) -> None:
         "(the connection holding the most goes), on every server of POOL_NATS_URL. Speaks as "
         "the servers' system account user, pool-guard (`pool cluster auth` writes its "
         "password to .env as POOL_GUARD_PASSWORD). `pool up` and `pool cluster up` run one "
-        "themselves. docs/adr/022-connection-caps-by-a-guard.md")
+        "themselves. docs/adr/023-connection-caps-by-a-guard.md")
     g.add_argument("--nats-url", help="the servers (default: POOL_NATS_URL)")
     g.add_argument("--sweep-seconds", type=float, default=SWEEP_SECONDS, metavar="SECONDS",
                    help="how often every tenant's connections and subscriptions are counted "

@@ -55,7 +55,7 @@ class Embedded:
     service_url: str = ""  # nats_url with the service user's credentials (or nats_url: no auth)
     responder_url: str = ""  # with the responders' (inboxes only); "" without auth
     role_urls: dict[str, str] = field(default_factory=dict)  # each role's user; {} without auth
-    # the server's companion, holding each tenant's user to its caps (ADR 022); None without auth
+    # the server's companion, holding each tenant's user to its caps (ADR 023); None without auth
     guard: ConnectionGuard | None = None
     caps: Caps | None = None
     auth_mtime: float = 0.0

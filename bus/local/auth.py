@@ -215,7 +215,7 @@ PERMISSIONS: dict[str, Rule] = {
         ("$SYS.ACCOUNT.*.CONNECT", "$SYS.ACCOUNT.*.DISCONNECT", "_INBOX.>"),
         "the connection guard, alone in the server's system account (its `_INBOX` is its "
         "own): hears connects and disconnects, lists connections, closes a tenant's "
-        "connections past its caps (ADR 022); nothing in the plane's subjects"),
+        "connections past its caps (ADR 023); nothing in the plane's subjects"),
     "node": Rule(
         ("pool.node.{name}.>", "pool.tel.*.{name}.>",
          "$JS.API.CONSUMER.MSG.NEXT.POOL_AGENT.agent-{name}",

@@ -1,5 +1,5 @@
 """A tenant's NATS user holds at most its caps of connections and subscriptions, all its
-connections together, enforced through the server (the connection guard, ADR 022)."""
+connections together, enforced through the server (the connection guard, ADR 023)."""
 
 from __future__ import annotations
 
