@@ -64,6 +64,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
      "the fault suite: kill, stop and garble a pool, check the log"),
     ("serve", "cli.up:register_serve",
      "run the command service and the scheduler (or some of the roles)"),
+    ("guard", "cli.guard:register",
+     "hold each tenant's NATS user to its connection and subscription caps"),
     ("gateway", "cli.gateway:register",
      "serve the HTTP API, its OpenAPI document and the web dashboard"),
     ("login", "cli.contexts:register",

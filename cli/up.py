@@ -103,6 +103,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             "streams": streams,
             "http_url": http.url if http is not None else None,
             "scheduler_pid": child.pid if child is not None else None,
+            "tenant_caps": vars(emb.caps) if emb.caps is not None else None,
         }
         token = next((n.split()[3] for n in http_notes if n.startswith("http: admin token")),
                      None)
@@ -199,6 +200,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
     import os
 
     from bus.admin import describe_streams
+    from bus.connguard import Caps, ConnectionGuard, tenant_caps
     from bus.local import auth as bus_auth
     from bus.local.auth import redact
     from bus.local.cluster import NatsCluster
@@ -208,6 +210,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
         raise UsageError("--nats-nodes must be at least 1 (3 or 5 for a quorum that survives loss)")
     home = Path(args.home).resolve() if args.home else embedded.pool_home()
     root = home / "cluster"
+    caps = Caps.from_env()  # a bad cap is refused before anything starts
     lock_fd = embedded.hold_instance_lock(root)  # one `pool cluster up` per home
     state = root / "cluster.json"
     stop = threading.Event()
@@ -218,9 +221,11 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
     cluster = NatsCluster(root, nodes=args.nats_nodes,
                           ports=_cluster_ports(state, args.nats_nodes), auth=auth)
     plane: Any = None
+    guard: Any = None
     pg: Any = None
     try:
         cluster.start()
+        guard = ConnectionGuard(bus_auth.guard_url(cluster.url, auth), tenant_caps(caps)).start()
         state.write_text(json.dumps({"urls": cluster.urls, "ports": [s.port for s in
                                                                      cluster.servers]}) + "\n")
         replicas = min(args.replicas, args.nats_nodes)
@@ -250,6 +255,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             "meta_leader": cluster.meta_leader(),
             "control_plane": plane is not None,
             "streams": streams,
+            "tenant_caps": vars(caps),
         }
         if args.json:
             print(json.dumps(info), flush=True)
@@ -258,6 +264,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
                 print(f"nats: {s.url} ({s.server_name}, JetStream in {s.store_dir})")
             print(f"cluster: {cluster.cluster_name}, {len(cluster.servers)} servers, meta leader "
                   f"{info['meta_leader']}; users required (loopback only)")
+            print(f"limits: {caps.describe()}, kept by the connection guard")
             for st in streams:
                 print(f"stream: {st['name']} (R{st['replicas']}, {st['messages']} messages)")
             if database_url:
@@ -281,6 +288,8 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
     finally:
         if plane is not None:
             plane.stop()
+        if guard is not None:
+            guard.stop()
         cluster.stop()
         if pg is not None:
             pg.stop()
@@ -339,7 +348,8 @@ def cmd_cluster_auth(args: argparse.Namespace) -> int:
                            + compose_secrets.env_lines(extra))
     bus_auth.write_private(folder / "cluster.conf",
                            compose_secrets.route_include(extra[compose_secrets.ROUTE]))
-    users = [auth.service, auth.responder, *auth.roles.values(), *auth.nodes.values()]
+    users = [auth.service, auth.responder, auth.guard, *auth.roles.values(),
+             *auth.nodes.values()]
     if args.json:
         print(json.dumps({"ok": True, "result": {"users": [c.user for c in users],
                                                  "auth_conf": str(folder / "auth.conf"),

@@ -23,6 +23,7 @@ from bus.local.auth import AuthConfig, Credentials
 from bus.local.server import NatsServer, free_port
 
 if TYPE_CHECKING:  # PostgreSQL is loaded only by the start: a tenant's `pool` needs none of it
+    from bus.connguard import Caps, ConnectionGuard
     from projections.postgres.embedded import EmbeddedPostgres
 
 DEFAULT_NATS_PORT = 14222
@@ -54,6 +55,9 @@ class Embedded:
     service_url: str = ""  # nats_url with the service user's credentials (or nats_url: no auth)
     responder_url: str = ""  # with the responders' (inboxes only); "" without auth
     role_urls: dict[str, str] = field(default_factory=dict)  # each role's user; {} without auth
+    # the server's companion, holding each tenant's user to its caps (ADR 023); None without auth
+    guard: ConnectionGuard | None = None
+    caps: Caps | None = None
     auth_mtime: float = 0.0
     lock_fd: int | None = None  # the instance lock, released last by stop()
 
@@ -81,6 +85,9 @@ class Embedded:
         return True
 
     def stop(self) -> None:
+        if self.guard is not None:
+            self.guard.stop()
+            self.guard = None
         if self.nats is not None:
             self.nats.stop()
             self.nats = None
@@ -165,6 +172,9 @@ def start(home: Path | None = None, *, with_postgres: bool = True) -> Embedded:
 
 
 def _start(home: Path, *, with_postgres: bool) -> Embedded:
+    from bus.connguard import Caps, ConnectionGuard, tenant_caps
+
+    caps = Caps.from_env()  # a bad cap is refused before anything starts
     nats_url = os.environ.get("POOL_NATS_URL")
     server: NatsServer | None = None
     notes: list[str] = []
@@ -220,6 +230,16 @@ def _start(home: Path, *, with_postgres: bool) -> Embedded:
                      f"{home / 'pg'}; password in {home / 'pg.password'}, mode 0600)")
     emb = Embedded(home, nats_url, database_url, server, pg, notes)
     if server is not None:
+        emb.caps = caps
+        emb.guard = ConnectionGuard(bus_auth.guard_url(nats_url, auth), tenant_caps(caps))
+        try:
+            emb.guard.start()
+        except Exception:
+            emb.guard = None
+            emb.stop()
+            raise
+        notes.append(f"limits: {caps.describe()}; past them a connection is closed by the "
+                     "connection guard")
         emb.service_url = service_url
         emb.responder_url = responder_url
         emb.role_urls = roles

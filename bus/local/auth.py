@@ -46,6 +46,10 @@ log = logging.getLogger(__name__)
 
 SERVICE_USER = "pool-service"
 RESPONDER_USER = "pool-responder"
+# the connection guard's user (bus/connguard.py): the one user of the server's system account
+GUARD_USER = "pool-guard"
+SYSTEM_ACCOUNT = "$SYS"
+TENANT_USER_PREFIX = "tenant-"
 # the control plane's roles and the admin CLI, each its own user `pool-<role>` (PERMISSIONS)
 ROLES = ("commands", "scheduler", "reconciler", "projector", "admin")
 ROLE_INBOXES = f"{INBOX_ROOT}.r"
@@ -217,6 +221,12 @@ PERMISSIONS: dict[str, Rule] = {
         "its own commands and queries, its own replies, telemetry and lease feed; its own "
         "file buckets: work directories read and written, artifacts read; its own sessions' "
         "bytes to the node (`in`) and back (`out`)"),
+    "guard": Rule(
+        ("$SYS.REQ.SERVER.PING.CONNZ", "$SYS.REQ.SERVER.*.CONNZ", "$SYS.REQ.SERVER.*.KICK"),
+        ("$SYS.ACCOUNT.*.CONNECT", "$SYS.ACCOUNT.*.DISCONNECT", "_INBOX.>"),
+        "the connection guard, alone in the server's system account (its `_INBOX` is its "
+        "own): hears connects and disconnects, lists connections, closes a tenant's "
+        "connections past its caps (ADR 023); nothing in the plane's subjects"),
     "node": Rule(
         ("pool.node.{name}.>", "pool.tel.*.{name}.>",
          "$JS.API.CONSUMER.MSG.NEXT.POOL_AGENT.agent-{name}",
@@ -338,10 +348,13 @@ class AuthConfig:
         r: Credentials(role_user(r), secrets.token_urlsafe(18)) for r in ROLES})
     tenants: dict[str, Credentials] = field(default_factory=dict)
     nodes: dict[str, Credentials] = field(default_factory=dict)
+    guard: Credentials = field(
+        default_factory=lambda: Credentials(GUARD_USER, secrets.token_urlsafe(18))
+    )
 
     def add_tenant(self, tenant: str, password: str | None = None) -> Credentials:
         tenant = checked_name("tenant", tenant)
-        c = Credentials(f"tenant-{tenant}", password or secrets.token_urlsafe(18))
+        c = Credentials(f"{TENANT_USER_PREFIX}{tenant}", password or secrets.token_urlsafe(18))
         self.tenants[tenant] = c
         return c
 
@@ -352,18 +365,22 @@ class AuthConfig:
         return c
 
     def render(self) -> str:
-        """The server's `authorization` block: every user with its bcrypt-hashed password (the
-        server never sees them in plain) and its permissions from PERMISSIONS."""
+        """The server's users: the system account with the guard's user alone, then the
+        `authorization` block; every user with its bcrypt-hashed password (the server never
+        sees them in plain) and its permissions from PERMISSIONS."""
         users: list[dict[str, object]] = []
 
         tenants = tuple(sorted(self.tenants))
 
-        def add(kind: str, c: Credentials, name: str = "") -> None:
-            user: dict[str, object] = {"user": c.user, "password": c.password_hash()}
+        def user(kind: str, c: Credentials, name: str = "") -> dict[str, object]:
+            out: dict[str, object] = {"user": c.user, "password": c.password_hash()}
             perms = permissions(kind, name, tenants)
             if perms is not None:
-                user["permissions"] = perms
-            users.append(user)
+                out["permissions"] = perms
+            return out
+
+        def add(kind: str, c: Credentials, name: str = "") -> None:
+            users.append(user(kind, c, name))
 
         add("operator", self.service)
         add("responder", self.responder)
@@ -374,7 +391,10 @@ class AuthConfig:
         for node, c in sorted(self.nodes.items()):
             add("node", c, node)
         # the server's config format accepts JSON values
-        return "authorization { users: " + json.dumps(users, indent=1) + " }"
+        # the server's own system account by its own name: a server started before it had
+        # users reloads into this one (naming another with `system_account` needs a restart)
+        system = json.dumps({SYSTEM_ACCOUNT: {"users": [user("guard", self.guard)]}}, indent=1)
+        return f"accounts: {system}\nauthorization {{ users: {json.dumps(users, indent=1)} }}"
 
 
 # -- persistence: $POOL_HOME/auth.json (mode 0600) and the server's included auth.conf ---------
@@ -401,6 +421,7 @@ def to_dict(auth: AuthConfig) -> dict[str, object]:
         "roles": {k: c(v) for k, v in sorted(auth.roles.items())},
         "tenants": {k: c(v) for k, v in sorted(auth.tenants.items())},
         "nodes": {k: c(v) for k, v in sorted(auth.nodes.items())},
+        "guard": c(auth.guard),
     }
 
 
@@ -419,6 +440,8 @@ def from_dict(data: dict[str, object]) -> AuthConfig:
     )
     if data.get("responder"):  # older files had none: the new one is saved on next change
         auth.responder = c(data["responder"])
+    if data.get("guard"):  # nor this one
+        auth.guard = c(data["guard"])
     roles = data.get("roles") or {}
     assert isinstance(roles, dict)
     auth.roles.update({str(k): c(v) for k, v in roles.items() if k in ROLES})
@@ -431,8 +454,9 @@ def load(path: Path) -> AuthConfig | None:
         return None
     data = json.loads(path.read_text())
     auth = from_dict(data)
-    if "responder" not in data or set(data.get("roles") or {}) != set(ROLES):
-        save(auth, path)  # a file from before the responder's or the roles' users: keep them
+    if ("responder" not in data or "guard" not in data
+            or set(data.get("roles") or {}) != set(ROLES)):
+        save(auth, path)  # a file from before the responder's, guard's or roles' users: keep them
     return auth
 
 
@@ -475,6 +499,11 @@ def url_with_credentials(url: str, creds: Credentials) -> str:
     return urlunsplit((parts.scheme or "nats", netloc, parts.path, "", ""))
 
 
+def guard_url(url: str, auth: AuthConfig) -> str:
+    """`url` with the connection guard's credentials (the system account's user)."""
+    return url_with_credentials(url, auth.guard)
+
+
 def role_urls(url: str, auth: AuthConfig) -> dict[str, str]:
     """`url` with each role's credentials: what each process of the control plane connects as."""
     return {role: url_with_credentials(url, c) for role, c in auth.roles.items()}
@@ -501,7 +530,8 @@ def role_urls_from_env(url: str, environ: Mapping[str, str]) -> dict[str, str]:
 
 def env_file(auth: AuthConfig) -> str:
     """Every user's password as `NAME=value` lines (compose.yaml reads them from .env)."""
-    users = [auth.service, auth.responder, *auth.roles.values(), *auth.nodes.values()]
+    users = [auth.service, auth.responder, auth.guard, *auth.roles.values(),
+             *auth.nodes.values()]
     return "".join(f"{password_env(c.user)}={c.password}\n" for c in users)
 
 
