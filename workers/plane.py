@@ -83,6 +83,7 @@ class ControlPlane:
         if isinstance(plane, str):
             if settings.get("projector_views") is not None:
                 settings["projector_views"] = tuple(settings["projector_views"])
+            settings["role_urls"] = dict(settings.get("role_urls") or {})
             plane = PlaneConfig(plane, **settings)
         if isinstance(plane, PlaneConfig):
             plane = build(plane, served(parse_roles(roles), data_plane=data_plane))
