@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from workers.bootstrap import PlaneConfig
+from workers.bootstrap import PlaneConfig, build, served
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,6 @@ def _serve(config: PlaneConfig, ready: Any, stop: Any) -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     told = threading.Event()
     signal.signal(signal.SIGTERM, lambda _signum, _frame: told.set())
-    from workers.bootstrap import build, served
     from workers.plane import ControlPlane
 
     plane = ControlPlane(build(config, served(CHILD_ROLES))).start()
