@@ -72,22 +72,20 @@ def cmd_up(args: argparse.Namespace) -> int:
         ensure_all_streams(service_url, replicas=args.replicas)
         _make_buckets(home, service_url, args.replicas)
         if not args.no_workers:
-            from workers.plane import ControlPlane
+            import dataclasses
+
+            from workers.bootstrap import build, served
+            from workers.plane import ROLES, ControlPlane
             from workers.processes import PARENT_ROLES, RoleProcess, split_by_default
 
-            # each role as its own user; the operator (service user) only made the streams
-            url = emb.role_urls.get("commands", service_url)
+            config = _plane_config(emb, service_url, args)
             if not args.one_process and split_by_default():
                 # the scheduler's roles in a process of their own (workers/processes.py)
-                child = RoleProcess(url, role_urls=emb.role_urls or None,
-                                    responder_url=emb.responder_url or None,
-                                    metrics_port=(None if args.metrics_port is None
-                                                  else args.metrics_port + 1)).start()
-            plane = ControlPlane(url, database_url=emb.database_url or None,
-                                 responder_url=emb.responder_url or None,
-                                 role_urls=emb.role_urls or None,
-                                 metrics_port=args.metrics_port,
-                                 roles=PARENT_ROLES if child is not None else None).start()
+                child = RoleProcess(dataclasses.replace(
+                    config, database_url=None, metrics_port=(
+                        None if args.metrics_port is None else args.metrics_port + 1))).start()
+            names = PARENT_ROLES if child is not None else ROLES
+            plane = ControlPlane(build(config, served(names))).start()
         http_notes: list[str] = []
         if listen is not None:
             from cli.gateway import start_beside
@@ -140,6 +138,17 @@ def cmd_up(args: argparse.Namespace) -> int:
         emb.stop()
         if not args.json:
             print(f"stopped; data kept in {home}", file=sys.stderr)
+
+
+def _plane_config(emb: Any, service_url: str, args: argparse.Namespace) -> Any:
+    """`pool up`'s control plane's config: each role as its own user (the operator, the
+    service user, only made the streams)."""
+    from workers.bootstrap import PlaneConfig
+
+    return PlaneConfig(emb.role_urls.get("commands", service_url),
+                       database_url=emb.database_url or None,
+                       responder_url=emb.responder_url or None,
+                       role_urls=dict(emb.role_urls), metrics_port=args.metrics_port)
 
 
 def _webhook_key(home: Path) -> None:
@@ -237,13 +246,14 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             pg = start_embedded_postgres(root / "pg")
             database_url = pg.url
         if not args.no_workers:
-            from workers.plane import ControlPlane
+            from workers.bootstrap import PlaneConfig, build, served
+            from workers.plane import ROLES, ControlPlane
 
             roles = bus_auth.role_urls(cluster.url, auth)
-            plane = ControlPlane(roles["commands"], database_url=database_url or None,
-                                 role_urls=roles,
-                                 responder_url=bus_auth.url_with_credentials(
-                                     cluster.url, auth.responder)).start()
+            config = PlaneConfig(roles["commands"], database_url=database_url or None,
+                                 role_urls=roles, responder_url=bus_auth.url_with_credentials(
+                                     cluster.url, auth.responder))
+            plane = ControlPlane(build(config, served(ROLES))).start()
         streams = describe_streams(cluster.service_url)
         info = {
             "home": str(root),
@@ -387,6 +397,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from workers.bootstrap import PlaneConfig, build, served
     from workers.plane import ControlPlane, parse_roles
 
     url = nats_url_of(args)
@@ -404,7 +415,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if "projector" in named and not db_url:
         raise UsageError("the projector role needs a database: set POOL_DATABASE_URL / "
                          "--database-url")
-    views = [v for v in (args.views or "").split(",") if v] or None
+    views = tuple(v for v in (args.views or "").split(",") if v) or None
     # against this machine's `pool up`, the responders answer as their own user
     responder = None if getattr(args, "nats_url", None) else embedded.responder_url() or None
     # and each role as its own user: this machine's `pool up`'s, or those whose passwords the
@@ -423,12 +434,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         role_urls = embedded.role_urls() or None
     checkpoint_every = (None if getattr(args, "no_checkpoint", False) else
                         (args.checkpoint_every, args.checkpoint_seconds))
-    cp = ControlPlane(url, database_url=db_url, roles=roles, projector_views=views,
-                      leader_ttl_seconds=getattr(args, "leader_ttl", 3.0),
-                      responder_url=responder, role_urls=role_urls,
-                      checkpoint_every=checkpoint_every,
-                      metrics_port=getattr(args, "metrics_port", None),
-                      metrics_host=getattr(args, "metrics_host", "127.0.0.1")).start()
+    config = PlaneConfig(url, database_url=db_url, projector_views=views,
+                         leader_ttl_seconds=getattr(args, "leader_ttl", 3.0),
+                         responder_url=responder, role_urls=role_urls or {},
+                         checkpoint_every=checkpoint_every,
+                         metrics_port=getattr(args, "metrics_port", None),
+                         metrics_host=getattr(args, "metrics_host", "127.0.0.1"))
+    cp = ControlPlane(build(config, served(roles))).start()
     from bus.local.auth import redact
 
     running = [r for r in ("commands", "scheduler", "reconciler", "projector")
