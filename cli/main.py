@@ -62,7 +62,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("bench", "cli.bench:register", "benchmarks that print figures"),
     ("chaos", "cli.chaos:register",
      "the fault suite: kill, stop and garble a pool, check the log"),
-    ("serve", "cli.up:register_serve",
+    ("serve", "cli.serve:register_serve",
      "run the command service and the scheduler (or some of the roles)"),
     ("guard", "cli.guard:register",
      "hold each tenant's NATS user to its connection and subscription caps"),
