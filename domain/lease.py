@@ -194,7 +194,8 @@ class Lease(LeaseTransitions, LeaseTerm, LeaseJobs, LeaseWorkflow, LeaseSessions
         tenant_id: str,
         idempotency_key: str,
         pool_id: str,
-        shape: dict[str, Any],
+        # a dict as events carry it; a Shape from a fold's compact record (workers.pending)
+        shape: dict[str, Any] | Shape,
         maximum_runtime_seconds: int,
         lease_seconds: int,
         heartbeat_timeout_seconds: int,
@@ -231,7 +232,7 @@ class Lease(LeaseTransitions, LeaseTerm, LeaseJobs, LeaseWorkflow, LeaseSessions
         self.tenant_id = TenantId(tenant_id)
         self.idempotency_key = idempotency_key
         self.pool_id = PoolId(pool_id)
-        self.requested_shape = Shape.from_dict(shape)
+        self.requested_shape = shape if isinstance(shape, Shape) else Shape.from_dict(shape)
         self.shape = self.requested_shape  # the placed shape once reserved
         self.maximum_runtime_seconds = maximum_runtime_seconds
         self.lease_seconds = lease_seconds

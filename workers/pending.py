@@ -69,6 +69,9 @@ _LEASE_TOPIC = get_topic(Lease)
 
 # the request's fields Lease.__init__ takes, when a Lease may be built without the library
 _LEAN_INIT = lean_init(Lease, _REQUESTED)
+# those of them a record keeps, with where: a promotion builds the init's arguments in one pass
+_INIT_AT: tuple[tuple[str, int], ...] = tuple(
+    (name, _FIELDS.index(name)) for name in _LEAN_INIT or () if name in _FIELDS)
 _SHAPES_LIMIT = 65_536  # distinct shapes shared; past this, records keep their own
 
 
@@ -346,20 +349,25 @@ class LeaseMemory:
             fields, created_on = record.requested, record.created_on
         else:
             fields, created_on = self._requested[oid]
-        kwargs: dict[str, Any] = {}
-        for name, value in zip(_FIELDS, fields, strict=True):
-            if value is not _MISSING:
-                kwargs[name] = value
-        kwargs["shape"] = fields[_SHAPE_AT].to_dict()
-        digest = kwargs.get("request_digest")
-        if type(digest) is bytes:
-            kwargs["request_digest"] = digest.hex()
         lease: Aggregate
         if _LEAN_INIT is not None:
-            # what CanInitAggregate.mutate does, less its per-call signature filtering
-            lease = initialised(Lease, oid, 1, created_on,
-                                {k: kwargs[k] for k in _LEAN_INIT if k in kwargs})
+            # what CanInitAggregate.mutate does, less its per-call signature filtering; the
+            # shared Shape is handed over as it is (Lease.__init__ takes one), not turned into
+            # a dict to be parsed back: a backlog promotes every lease it places
+            init = {name: fields[at] for name, at in _INIT_AT if fields[at] is not _MISSING}
+            digest = init.get("request_digest")
+            if type(digest) is bytes:
+                init["request_digest"] = digest.hex()
+            lease = initialised(Lease, oid, 1, created_on, init)
         else:
+            kwargs: dict[str, Any] = {}
+            for name, value in zip(_FIELDS, fields, strict=True):
+                if value is not _MISSING:
+                    kwargs[name] = value
+            kwargs["shape"] = fields[_SHAPE_AT].to_dict()
+            digest = kwargs.get("request_digest")
+            if type(digest) is bytes:
+                kwargs["request_digest"] = digest.hex()
             state = {"originator_id": oid, "originator_version": 1, "timestamp": created_on,
                      **kwargs}
             requested: Any = object.__new__(_REQUESTED)

@@ -96,3 +96,20 @@ def test_identical_shapes_are_shared_between_records() -> None:
             memory.absorb(e)
     first, second = memory.queued.values()
     assert first.requested_shape is second.requested_shape
+
+
+def test_a_promoted_lease_keeps_its_records_shared_shape_rather_than_a_parsed_copy() -> None:
+    # preferences keep a shape out of Shape.from_dict's own cache: only handing the shared
+    # Shape over as it is gives the whole lease that very object
+    memory = LeaseMemory()
+    shape = Shape.build(cpu_millis=1000, memory_mib=512, preferences=(("zone", "z1"),))
+    lease = Lease.request(tenant_id=TenantId("alpha"), pool_id=PoolId("p1"),
+                          idempotency_key="k5", shape=shape, maximum_runtime_seconds=600,
+                          now=1_800_000_000.0, priority_class="standard", queued=True)
+    events = list(lease.collect_events())
+    record = memory.absorb(events[0])
+    assert isinstance(record, QueuedLease)
+    whole = memory.get(record.id)
+    assert whole.requested_shape is record.requested_shape is whole.shape
+    assert whole.__dict__ == _library_fold(events).__dict__
+
