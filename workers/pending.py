@@ -4,6 +4,7 @@ record (its request's fields, the shape shared) until something needs the whole 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
@@ -25,6 +26,7 @@ _QUEUED: type = Lease.LeaseQueued  # type: ignore[attr-defined]
 _FIELDS: tuple[str, ...] = tuple(
     f for f in _REQUESTED.__dataclass_fields__  # type: ignore[attr-defined]
     if f not in ("originator_id", "originator_version", "timestamp"))
+_READ_FIELDS = operator.itemgetter(*_FIELDS)
 _SHAPE_AT = _FIELDS.index("shape")
 _TENANT_AT = _FIELDS.index("tenant_id")
 _POOL_AT = _FIELDS.index("pool_id")
@@ -265,7 +267,10 @@ class LeaseMemory:
             if event.originator_version != 1 or oid in self.full or oid in self.queued:
                 return False
             state = event.__dict__
-            fields = [state.get(name, _MISSING) for name in _FIELDS]
+            try:  # every field at once: a backlog's read does this once per request
+                fields = list(_READ_FIELDS(state))
+            except KeyError:  # an event from before some field was added
+                fields = [state.get(name, _MISSING) for name in _FIELDS]
             shared = self._values
             for at in _REPEATED_AT:  # the same few tenants, pools, classes and limits
                 value = fields[at]

@@ -113,3 +113,15 @@ def test_a_promoted_lease_keeps_its_records_shared_shape_rather_than_a_parsed_co
     assert whole.requested_shape is record.requested_shape is whole.shape
     assert whole.__dict__ == _library_fold(events).__dict__
 
+
+def test_a_request_from_before_some_fields_is_still_held_compactly_and_rebuilt_alike() -> None:
+    # an event written before gangs, names, labels, workflows and arrays lacks those fields:
+    # the record marks them missing, and the rebuild leaves them to the init's defaults
+    memory = LeaseMemory()
+    _lease, events = _queued("k6")
+    for name in ("gang", "name", "labels", "workflow", "array", "queue_timeout_seconds"):
+        del events[0].__dict__[name]
+    assert memory.absorb(events[0]) is True
+    record = memory.absorb(events[1])
+    assert isinstance(record, QueuedLease) and record.gang is None
+    assert memory.get(record.id).__dict__ == _library_fold(events).__dict__
