@@ -175,10 +175,11 @@ class Batching(Preempting):
             log.exception("could not re-read %d aggregates after a failed save", len(aggs))
 
     def _end_spans(self, placing: list[tuple[Lease, int]], *, saved: bool) -> None:
+        if saved:
+            metrics.placed_many(
+                (str(lease.pool_id), (lease.reserved_at or lease.requested_at) - lease.requested_at)
+                for lease, _ns in placing)
         for lease, started_ns in placing:
-            if saved:
-                metrics.placed(str(lease.pool_id),
-                               (lease.reserved_at or lease.requested_at) - lease.requested_at)
             if getattr(lease, "trace_parent", None) is None:  # untraced (older snapshots: none)
                 continue
             # one `place` span per placement, in the trace of the request that asked for it
