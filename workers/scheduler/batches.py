@@ -15,6 +15,7 @@ from workers.scheduler.state import CycleReport, InFlight, Placed, account_uuid,
 
 log = logging.getLogger(__name__)
 from domain.account import Account
+from domain.devices import wanted
 from domain.lease import Lease, LeaseState
 from domain.node import Node
 from domain.pool import Pool
@@ -194,6 +195,8 @@ class Batching(Preempting):
                      ) -> tuple[str, ...] | None:
         """The node's GPU devices for this placement (domain.devices), past those of this
         batch's placements on it not yet recorded; () when it binds none."""
+        if wanted(shape)[1] <= 0:  # () whatever the node lists: no look-up a placement
+            return ()
         node = self.aggregates.get(node_uuid(node_id))
         if not isinstance(node, Node) or not node.capabilities.devices:
             return ()
