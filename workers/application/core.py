@@ -20,7 +20,7 @@ from eventsourcing.application import (
     ProcessingEvent,
     Repository,
 )
-from eventsourcing.domain import Aggregate
+from eventsourcing.domain import Aggregate, BaseAggregate
 from eventsourcing.persistence import (
     EventStore,
     IntegrityError,
@@ -200,13 +200,19 @@ class AppCore(Application[UUID]):
             deepcopy_from_cache=made.deepcopy_from_cache)
 
     def save(self, *objs: Any, **kwargs: Any) -> list[Recording[UUID]]:
-        """The library's `save`; a command running on the bus's loop (`on_loop`) has its save
-        held instead, to be awaited once the command returns."""
+        """The library's `save`, without its runtime-checkable Protocol `isinstance` checks
+        (~20 µs an aggregate on Python 3.11): aggregates are known by their class; events and
+        keyword arguments go the library's way."""
         run = _ON_LOOP.get()
         if run is not None and not kwargs:
-            run.held.append(objs)
+            run.held.append(objs)  # on the loop: awaited by on_loop once the command returns
             return []
-        return super().save(*objs, **kwargs)
+        if kwargs:
+            return super().save(*objs, **kwargs)
+        pe = self._collect(objs)
+        recordings = self._record(pe)
+        self._recorded(pe, recordings)
+        return recordings
 
     def save_nowait(self, *aggs: Aggregate) -> PendingSave:
         """`save` whose atomic batch is under way when this returns: the events are taken
@@ -310,9 +316,15 @@ class AppCore(Application[UUID]):
         return None if read is None else read(aggregate_ids)
 
     def _collect(self, objs: tuple[Any, ...]) -> ProcessingEvent[UUID]:
-        """The events and aggregates of a save, collected as the library's `save` does."""
         pe: ProcessingEvent[UUID] = ProcessingEvent()
-        pe.collect_events(*objs)
+        for obj in objs:
+            if obj is None:
+                continue
+            if isinstance(obj, BaseAggregate):
+                pe.events.extend(obj.collect_events())
+                pe.aggregates[obj.id] = obj
+            else:
+                pe.collect_events(obj)
         return pe
 
     def construct_snapshot_store(self) -> EventStore[UUID]:
