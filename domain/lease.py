@@ -12,7 +12,9 @@ from typing import Any
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
+from eventsourcing.utils import get_topic
 
+from domain.creation import initialised, lean_init
 from domain.dependency import WAITING_FOR_DEPENDENCY, Dependency
 from domain.errors import InvalidAmount
 from domain.gang import GangMembership
@@ -182,7 +184,9 @@ class Lease(LeaseTransitions, LeaseTerm, LeaseJobs, LeaseWorkflow, LeaseSessions
         if array_id is not None and max_running is not None:
             workflow["array_id"], workflow["max_running"] = array_id, max_running
         fields["workflow"] = workflow or None
-        return cls(**fields)
+        if _LEAN_CREATE is None or cls is not Lease:
+            return cls(**fields)
+        return _created(fields)
 
     @event("LeaseRequested")
     def __init__(
@@ -509,3 +513,35 @@ class Lease(LeaseTransitions, LeaseTerm, LeaseJobs, LeaseWorkflow, LeaseSessions
         else:
             self.state = S.QUEUED
             self.queued_at = at
+
+
+def _lean_create() -> tuple[str, ...] | None:
+    """LeaseRequested's field names when a Lease may be created without the library
+    (`domain.creation.lean_init`) and the event carries exactly the init's fields."""
+    created: Any = Lease.LeaseRequested  # type: ignore[attr-defined]
+    params = lean_init(Lease, created)
+    names = tuple(created.__dataclass_fields__)
+    base = {"originator_id", "originator_version", "timestamp", "originator_topic"}
+    if params is None or set(names) != base | set(params):
+        return None
+    return names
+
+
+_LEAN_CREATE = _lean_create()
+_LEASE_TOPIC = get_topic(Lease)
+
+
+def _created(fields: dict[str, Any]) -> Lease:
+    """What `Lease(**fields)` makes through the library, made directly (the command path
+    creates one a request; the library's generic creation is built for any aggregate)."""
+    created: Any = Lease.LeaseRequested  # type: ignore[attr-defined]
+    oid = Lease.create_id(fields["tenant_id"], fields["idempotency_key"])
+    timestamp = created.create_timestamp()
+    state = {"originator_id": oid, "originator_version": Lease.INITIAL_VERSION,
+             "timestamp": timestamp, "originator_topic": _LEASE_TOPIC, **fields}
+    assert _LEAN_CREATE is not None
+    event_obj = object.__new__(created)
+    object.__setattr__(event_obj, "__dict__", {name: state[name] for name in _LEAN_CREATE})
+    lease = initialised(Lease, oid, Lease.INITIAL_VERSION, timestamp, fields)
+    lease._pending_events.append(event_obj)
+    return lease

@@ -12,6 +12,7 @@ from uuid import UUID
 from eventsourcing.domain import Aggregate
 from eventsourcing.utils import get_topic
 
+from domain.creation import initialised, lean_init
 from domain.fold import mutate
 from domain.gang import GangMembership
 from domain.lease import Lease, LeaseState, queue_deadline
@@ -66,6 +67,8 @@ _MISSING: Any = _Missing()
 _LEASE_TOPIC = get_topic(Lease)
 
 
+# the request's fields Lease.__init__ takes, when a Lease may be built without the library
+_LEAN_INIT = lean_init(Lease, _REQUESTED)
 _SHAPES_LIMIT = 65_536  # distinct shapes shared; past this, records keep their own
 
 
@@ -351,12 +354,17 @@ class LeaseMemory:
         digest = kwargs.get("request_digest")
         if type(digest) is bytes:
             kwargs["request_digest"] = digest.hex()
-        # the library's own creation from the event, as a replay of the log makes the lease
-        state = {"originator_id": oid, "originator_version": 1, "timestamp": created_on,
-                 **kwargs}
-        requested: Any = object.__new__(_REQUESTED)
-        object.__setattr__(requested, "__dict__", _ordered(state, _REQUESTED))
-        lease: Aggregate = requested.mutate(None)
+        lease: Aggregate
+        if _LEAN_INIT is not None:
+            # what CanInitAggregate.mutate does, less its per-call signature filtering
+            lease = initialised(Lease, oid, 1, created_on,
+                                {k: kwargs[k] for k in _LEAN_INIT if k in kwargs})
+        else:
+            state = {"originator_id": oid, "originator_version": 1, "timestamp": created_on,
+                     **kwargs}
+            requested: Any = object.__new__(_REQUESTED)
+            object.__setattr__(requested, "__dict__", _ordered(state, _REQUESTED))
+            lease = requested.mutate(None)
         if record is not None and record.version == 2:
             queued: Any = object.__new__(_QUEUED)
             object.__setattr__(queued, "__dict__", {

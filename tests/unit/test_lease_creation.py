@@ -1,4 +1,5 @@
-"""A lease's id is what it always was, and a request stores the bytes that logs already hold."""
+"""A lease is created on the request path without the library's generic machinery: the id, the
+event, the aggregate and the stored bytes must be exactly what the library makes."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from eventsourcing.persistence import Mapper, StoredEvent
+from eventsourcing.persistence import Mapper
 
 import domain.lease as lease_module
 from bus.transcoder import MsgspecTranscoder
 from domain import Lease, PoolId, Shape, TenantId
+from domain.gang import GangMembership
 from domain.ids import pair_uuid
+from domain.policy.gang import GangSpec
 
 NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:test")
 AWKWARD = ['', 'a', '"', '\\', '\x00', '\x1f', '\x7f', ' ', 'é', '\u2028', '😀', '</', '["x", "y"]',
@@ -42,45 +45,43 @@ def test_the_lease_id_is_what_it_always_was() -> None:
 
 
 SHAPE = Shape.build(cpu_millis=2000, memory_mib=4096)
-AT = datetime(2026, 12, 5, 15, 0, 0, 123456, tzinfo=UTC)
-# a LeaseRequested as the removed direct creation (Lease._created, domain/creation.py) stored
-# it, its bytes captured from that code before it went: logs hold events written this way
-DIRECT_ID = uuid.UUID("3efc42b8-9bb1-5d7c-9f32-96dee7219dbc")
-DIRECT_TOPIC = "domain.lease:Lease.LeaseRequested"
-DIRECT_STATE = (
-    b'{"timestamp":{"_type_":"datetime_iso","_data_":"2026-12-05T15:00:00.123456+00:00"},'
-    b'"originator_topic":"domain.lease:Lease","tenant_id":"acme","idempotency_key":"req-1",'
-    b'"pool_id":"gpu","shape":{"resources":{"cpu_millis":2000,"memory_mib":4096,'
-    b'"gpu_count":0,"local_disk_gib":0,"extended":{}},"gpu_memory_gib_min":0,'
-    b'"gpu_model":null,"cpu_arch":null,"gpu_partition":"none","network_egress":"none",'
-    b'"bandwidth_mbps_min":0,"runtime":"container","region":null,"zone":null,'
-    b'"preferences":[]},"maximum_runtime_seconds":3600,"lease_seconds":3600,'
-    b'"heartbeat_timeout_seconds":30,"priority_class":"default","preemptible":true,'
-    b'"requested_at":17.5,"trace_parent":null,"request_digest":'
-    b'"abababababababababababababababababababababababababababababababab",'
-    b'"checkpointable":false,"requeue_when_preempted":false,"advance_reservation_id":null,'
-    b'"gang":null,"queued_at":17.5,"queue_timeout_seconds":null,"name":null,'
-    b'"labels":{"team":"ml"},"workflow":null,"array":null}')
+GANG = GangMembership.members("acme", "g-1", GangSpec.build(2))[1]
+VARIANTS: list[dict[str, Any]] = [
+    {},
+    {"queued": True},
+    {"queued": True, "trace_parent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01",
+     "request_digest": "ab" * 32, "checkpointable": True, "requeue_when_preempted": True,
+     "advance_reservation_id": "r-1", "gang": GANG, "priority_class": "high",
+     "preemptible": False, "lease_seconds": 60},
+    {"tenant_id": TenantId("é😀"), "idempotency_key": 'k"\\'},
+]
 
 
-def test_a_lease_request_stores_what_the_direct_creation_stored_and_replays_it(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The request path once built the event and the aggregate without the library (a gain
-    inside the machine's swing, removed: docs/performance-log.md). A log it wrote must still
-    resolve and fold into the lease the library's creation makes now, byte for byte."""
+@pytest.mark.parametrize("overrides", VARIANTS)
+def test_a_lease_made_directly_is_the_library_s_lease(
+        overrides: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    at = datetime(2026, 12, 5, 15, 0, 0, 123456, tzinfo=UTC)
     created: Any = Lease.LeaseRequested  # type: ignore[attr-defined]
-    monkeypatch.setattr(created, "create_timestamp", classmethod(lambda cls: AT))
-    lease = Lease.request(
-        tenant_id=TenantId("acme"), pool_id=PoolId("gpu"), idempotency_key="req-1",
-        shape=SHAPE, maximum_runtime_seconds=3600, now=17.5, queued=True,
-        request_digest="ab" * 32, labels={"team": "ml"})
+    monkeypatch.setattr(created, "create_timestamp", classmethod(lambda cls: at))
+    args: dict[str, Any] = {
+        "tenant_id": TenantId("acme"), "pool_id": PoolId("gpu"), "idempotency_key": "req-1",
+        "shape": SHAPE, "maximum_runtime_seconds": 3600, "now": 17.5, **overrides}
+    assert lease_module._LEAN_CREATE is not None  # else the direct path is never taken
+    direct = Lease.request(**args)
+    monkeypatch.setattr(lease_module, "_LEAN_CREATE", None)
+    library = Lease.request(**args)
+
+    assert type(direct) is type(library) is Lease
+    mine, theirs = direct.pending_events, library.pending_events
+    assert [type(e) for e in mine] == [type(e) for e in theirs] == [created]
+    assert list(vars(mine[0]).items()) == list(vars(theirs[0]).items())
+    state = {k: v for k, v in vars(direct).items() if k != "_pending_events"}
+    assert list(state.items()) == [
+        (k, v) for k, v in vars(library).items() if k != "_pending_events"]
+
     mapper: Mapper[Any] = Mapper(transcoder=MsgspecTranscoder())
-    stored = mapper.to_stored_event(lease.pending_events[0])
+    stored, want = mapper.to_stored_event(mine[0]), mapper.to_stored_event(theirs[0])
     assert (stored.originator_id, stored.originator_version, stored.topic, stored.state) == (
-        DIRECT_ID, 1, DIRECT_TOPIC, DIRECT_STATE)
-    old = StoredEvent(originator_id=DIRECT_ID, originator_version=1, topic=DIRECT_TOPIC,
-                      state=DIRECT_STATE)
-    replayed = mapper.to_domain_event(old).mutate(None)
-    assert type(replayed) is Lease
-    assert {k: v for k, v in vars(replayed).items() if k != "_pending_events"} == {
-        k: v for k, v in vars(lease).items() if k != "_pending_events"}
+        want.originator_id, want.originator_version, want.topic, want.state)
+    replayed = mapper.to_domain_event(stored).mutate(None)
+    assert {k: v for k, v in vars(replayed).items() if k != "_pending_events"} == state
