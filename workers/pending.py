@@ -13,7 +13,7 @@ from eventsourcing.domain import Aggregate
 from eventsourcing.utils import get_topic
 
 from domain.creation import initialised, lean_init
-from domain.fold import mutate
+from domain.fold import lean_paths, mutate
 from domain.gang import GangMembership
 from domain.lease import Lease, LeaseState, queue_deadline
 from domain.resources import Shape
@@ -355,7 +355,7 @@ class LeaseMemory:
         if type(digest) is bytes:
             kwargs["request_digest"] = digest.hex()
         lease: Aggregate
-        if _LEAN_INIT is not None:
+        if _LEAN_INIT is not None and lean_paths():
             # what CanInitAggregate.mutate does, less its per-call signature filtering
             lease = initialised(Lease, oid, 1, created_on,
                                 {k: kwargs[k] for k in _LEAN_INIT if k in kwargs})
