@@ -1,4 +1,5 @@
-"""The one fold of the log (`Fold`) and its lean steps, equal to the library's (ADR 012)."""
+"""The one fold of the log (`Fold`) and its lean steps, equal to the library's (ADR 012);
+`use_lean_paths(False)` (POOL_FAST_PATHS=off, workers.fastpaths) sends both the library's way."""
 
 from __future__ import annotations
 
@@ -23,6 +24,20 @@ _LEAN: dict[type, Lean] = {}
 _Resolved = tuple[type, Callable[..., None], tuple[str, ...], frozenset[str]] | None
 _RESOLVED: dict[tuple[type, str], _Resolved] = {}
 _BASE_FIELDS = ("originator_id", "originator_version", "timestamp")
+_LEAN_ON = True  # set once at process start by workers.fastpaths; on unless told otherwise
+
+
+def use_lean_paths(on: bool) -> None:
+    """Whether `trigger` and `mutate` take their lean paths (on) or the library's own (off):
+    the domain's half of the one fast-path switch, set at process start, never read from the
+    environment here."""
+    global _LEAN_ON
+    _LEAN_ON = bool(on)
+
+
+def lean_paths() -> bool:
+    """Whether the lean paths are on (`use_lean_paths`)."""
+    return _LEAN_ON
 
 
 def lean_mutator(cls: type) -> Lean:
@@ -71,7 +86,7 @@ def _lean_mutator(cls: type) -> Lean:
 def mutate(event: Any, agg: Aggregate) -> Aggregate:
     """`event.mutate(agg)` for the next event of an existing aggregate, through the lean path
     when `lean_mutator` allows it (same checks of id and version, same result)."""
-    lean = lean_mutator(type(event))
+    lean = lean_mutator(type(event)) if _LEAN_ON else None
     if lean is None:
         return event.mutate(agg)  # type: ignore[no-any-return]
     if event.originator_id != agg.id:
@@ -112,7 +127,7 @@ def trigger(agg: Aggregate, method: str, **fields: Any) -> None:
         resolved = _RESOLVED[key]
     except KeyError:
         resolved = _RESOLVED[key] = _resolve(type(agg), method)
-    if resolved is None or fields.keys() != resolved[3]:
+    if resolved is None or not _LEAN_ON or fields.keys() != resolved[3]:
         getattr(agg, method)(**fields)
         return
     event_cls, func, names, _ = resolved

@@ -17,6 +17,7 @@ from eventsourcing.utils import get_topic
 from domain.creation import initialised, lean_init
 from domain.dependency import WAITING_FOR_DEPENDENCY, Dependency
 from domain.errors import InvalidAmount
+from domain.fold import lean_paths
 from domain.gang import GangMembership
 from domain.ids import pair_uuid
 from domain.jobspec import JobSpec
@@ -184,8 +185,8 @@ class Lease(LeaseTransitions, LeaseTerm, LeaseJobs, LeaseWorkflow, LeaseSessions
         if array_id is not None and max_running is not None:
             workflow["array_id"], workflow["max_running"] = array_id, max_running
         fields["workflow"] = workflow or None
-        if _LEAN_CREATE is None or cls is not Lease:
-            return cls(**fields)
+        if _LEAN_CREATE is None or cls is not Lease or not lean_paths():
+            return cls(**fields)  # the library's creation (POOL_FAST_PATHS=off among others)
         return _created(fields)
 
     @event("LeaseRequested")

@@ -14,11 +14,12 @@ from opentelemetry.trace import SpanKind, use_span
 
 from bus import observability
 from bus.errors import BusError
+from bus.service import FastHandler
 from domain.errors import DomainError, RateLimited
 from schemas import v1
 from schemas.codec import SchemaError, encode
 from schemas.feed import FeedReplay
-from workers import metrics
+from workers import fastpaths, metrics
 from workers.application import PoolApp
 from workers.errors import ServiceError, UnknownSubject
 from workers.routes import NODE_VERBS, QUERY_VIEWS, ROUTES, Router, subscriptions
@@ -94,6 +95,9 @@ class CommandHandler:
         # (tenant, end=True) → the feed's last sequence
         self.feed_pages = feed_pages
         self._lease_nodes = LeaseNodes(feed_pages) if feed_pages is not None else None
+        # what the service answers on its loop (bus.service.Service's `fast`): None with
+        # POOL_FAST_PATHS=off, so every command takes the thread path
+        self.fast: FastHandler | None = self.on_loop if fastpaths.ON else None
 
     def __call__(self, subject: str, body: bytes, headers: dict[str, str]) -> bytes:
         # a span per command, child of the requester's `traceparent` header when it sent one
@@ -108,7 +112,8 @@ class CommandHandler:
                 metrics.REFUSALS.labels(code).inc()  # a stable code: the labels stay few
             return reply
 
-    async def fast(self, subject: str, body: bytes, headers: dict[str, str]) -> bytes | None:
+    async def on_loop(self, subject: str, body: bytes,
+                      headers: dict[str, str]) -> bytes | None:
         """The reply on the bus's loop for a route with a fast handler, when its common case
         applies; None: answer it with `__call__` on a worker thread."""
         found = _ROUTER.fast_route(subject)

@@ -14,7 +14,7 @@ from eventsourcing.domain import Aggregate
 from eventsourcing.utils import get_topic
 
 from domain.creation import initialised, lean_init
-from domain.fold import mutate
+from domain.fold import lean_paths, mutate
 from domain.gang import GangMembership
 from domain.lease import Lease, LeaseState, queue_deadline
 from domain.resources import Shape
@@ -355,7 +355,7 @@ class LeaseMemory:
         else:
             fields, created_on = self._requested[oid]
         lease: Aggregate
-        if _LEAN_INIT is not None:
+        if _LEAN_INIT is not None and lean_paths():
             # what CanInitAggregate.mutate does, less its per-call signature filtering; the
             # shared Shape is handed over as it is (Lease.__init__ takes one), not turned into
             # a dict to be parsed back: a backlog promotes every lease it places

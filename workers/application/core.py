@@ -32,6 +32,7 @@ from eventsourcing.persistence import (
 from bus.errors import BusTimeout
 from domain.account import Account
 from domain.copies import copy_aggregate
+from domain.fold import lean_paths
 from domain.lease import Lease
 from domain.pool import Pool
 from domain.resources import TenantId
@@ -207,8 +208,8 @@ class AppCore(Application[UUID]):
         if run is not None and not kwargs:
             run.held.append(objs)  # on the loop: awaited by on_loop once the command returns
             return []
-        if kwargs:
-            return super().save(*objs, **kwargs)
+        if kwargs or not lean_paths():
+            return super().save(*objs, **kwargs)  # the library's own (POOL_FAST_PATHS=off)
         pe = self._collect(objs)
         recordings = self._record(pe)
         self._recorded(pe, recordings)
@@ -316,7 +317,12 @@ class AppCore(Application[UUID]):
         return None if read is None else read(aggregate_ids)
 
     def _collect(self, objs: tuple[Any, ...]) -> ProcessingEvent[UUID]:
+        """The events and aggregates of a save: aggregates known by their class when the fast
+        paths are on, else collected as the library's `save` does."""
         pe: ProcessingEvent[UUID] = ProcessingEvent()
+        if not lean_paths():
+            pe.collect_events(*objs)  # the library's way (POOL_FAST_PATHS=off)
+            return pe
         for obj in objs:
             if obj is None:
                 continue
