@@ -29,6 +29,7 @@ from bus.errors import BusTimeout, BusUnavailable
 from bus.headers import HDR_MSG_ID, HDR_SCHEDULE, HDR_SCHEDULE_TARGET
 from bus.jetstream.natsfast import publish_atomic
 from bus.jetstream.wire import MAX_BATCH
+from bus.junk import int_value
 from bus.objects import FileStore
 from bus.replies import admin_inbox, node_inbox
 from bus.runtime import BusRuntime, LoopThread, get_runtime, translated
@@ -231,7 +232,9 @@ class ControlLink:
                 entry = await kv.get(name)
             except Exception:  # noqa: BLE001 - absent key: start from the beginning
                 return 0
-            return int(entry.value or b"0")
+            # junk a client aimed at the key counts as an absent key
+            at = int_value(entry.value, entry.revision, f"$KV.{POSITIONS_BUCKET}.{name}")
+            return 0 if at is None else at
 
         return self.rt.run(go())
 

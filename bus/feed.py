@@ -24,6 +24,7 @@ from bus.headers import (
     HDR_STATUS,
     HDR_SUBJECT,
 )
+from bus.junk import int_value
 from bus.runtime import BusRuntime, translate
 from bus.streams import ensure_kv_bucket, ensure_stream, feed_stream_config
 from bus.subjects import (
@@ -110,7 +111,9 @@ class FeedWriter:
             kv = await js.key_value(POSITIONS_BUCKET)
             with contextlib.suppress(nats.js.errors.KeyNotFoundError):
                 entry = await kv.get(POSITION_KEY)
-                log_seq = max(log_seq, int(entry.value or b"0"))
+                saved = int_value(entry.value, entry.revision,
+                                  f"$KV.{POSITIONS_BUCKET}.{POSITION_KEY}")
+                log_seq = max(log_seq, saved or 0)  # junk there: the stream's own
             return FeedPosition(last, log_seq)
 
         return self.rt.run(go())

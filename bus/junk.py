@@ -1,0 +1,59 @@
+"""KV values no writer of their bucket stored: a server's answer (a PubAck, a JetStream API
+reply) that some client aimed at a key by naming it as its reply subject. Readers skip them and
+report them here, so one junk value stops no loop and replaces no state."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+_KEEP = 1000  # the latest junk values named; the count covers all of them
+_LOG_EVERY_S = 60.0
+
+
+@dataclass
+class Junk:
+    """How many junk values this process has passed over, and the latest (revision, subject)."""
+
+    count: int = 0
+    seen: deque[tuple[int, str]] = field(default_factory=lambda: deque(maxlen=_KEEP))
+    _logged_at: float = float("-inf")
+    _logged_count: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def report(self, revision: int, subject: str) -> None:
+        with self._lock:
+            if (revision, subject) in self.seen:
+                return  # the same value read again
+            self.count += 1
+            self.seen.append((revision, subject))
+            now = time.monotonic()
+            if now - self._logged_at < _LOG_EVERY_S:
+                return
+            since, self._logged_count, self._logged_at = (self.count - self._logged_count,
+                                                          self.count, now)
+        log.warning("skipped %d KV value(s) that no writer of their bucket stored (latest: "
+                    "revision %d on %r): a server's answer aimed there as a reply subject",
+                    since, revision, subject[:200])
+
+
+_JUNK = Junk()
+
+
+def junk_values() -> Junk:
+    """This process's record of skipped KV values."""
+    return _JUNK
+
+
+def int_value(value: bytes | None, revision: int | None, subject: str) -> int | None:
+    """A position stored as a decimal integer; None (reported) when `value` is not one."""
+    text = (value or b"0").strip()
+    if text.isdigit():
+        return int(text)
+    junk_values().report(revision or 0, subject)
+    return None

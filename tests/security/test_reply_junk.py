@@ -1,0 +1,154 @@
+"""A tenant names any reply subject and the server answers there: a PubAck or a JetStream API
+answer aimed at a stream's subject is stored in that stream. Each reader of such a stream skips
+the junk (and counts it where a count exists); no loop stops, no state is replaced."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import nats
+import pytest
+
+from bus.admin import ensure_all_streams
+from bus.agentbus import POSITIONS_BUCKET, ControlLink
+from bus.junk import junk_values
+from bus.leader import LeaderElection
+from bus.local.auth import AuthConfig, url_with_credentials
+from bus.local.server import NatsServer
+from bus.objects import ensure_tenant_buckets_sync, work_bucket
+from bus.replies import tenant_inbox
+from bus.runtime import BusRuntime
+from tests.security.conftest import service_url
+
+Plane = tuple[NatsServer, AuthConfig, str]
+
+
+@pytest.fixture()
+def plane(secured: tuple[NatsServer, AuthConfig]) -> Iterator[Plane]:
+    """The secured server with every stream and alpha's buckets made; (server, auth, service url)."""
+    server, auth = secured
+    url = service_url(server, auth)
+    ensure_all_streams(url, tenants=["alpha", "beta"])
+    ensure_tenant_buckets_sync(url, ["alpha"])
+    yield server, auth, url
+
+
+def aim(plane: Plane, target: str, *, how: str = "puback", tenant: str = "alpha") -> None:
+    """As `tenant`, have the server answer on `target`: a PubAck of a store in the tenant's own
+    bucket, or its bucket stream's info; waits until the answer is stored there."""
+    server, auth, url = plane
+
+    async def go() -> None:
+        nc = await nats.connect(url_with_credentials(server.url, auth.tenants[tenant]),
+                                inbox_prefix=tenant_inbox(tenant).encode())
+        bucket = work_bucket(tenant)
+        svc = await nats.connect(url)
+        try:
+            stream = await _stream_of(svc, target)
+            before = (await svc.jetstream().stream_info(stream)).state.last_seq
+            if how == "puback":
+                await nc.publish(f"$O.{bucket}.C.junk", b"x", reply=target)
+            else:
+                await nc.publish(f"$JS.API.STREAM.INFO.OBJ_{bucket}", b"", reply=target)
+            await nc.flush()
+            for _ in range(200):
+                try:
+                    got = await svc.jetstream().get_msg(stream, subject=target)
+                    if got.seq > before and not got.headers:
+                        return
+                except nats.js.errors.NotFoundError:
+                    pass
+                await asyncio.sleep(0.02)
+            pytest.fail(f"no junk stored on {target}")
+        finally:
+            await nc.close()
+            await svc.close()
+
+    asyncio.run(go())
+
+
+async def _stream_of(nc: nats.NATS, subject: str) -> str:
+    return str(await nc.jetstream().find_stream_name_by_subject(subject))
+
+
+# -- the KV buckets ------------------------------------------------------------------------------
+
+def test_junk_on_the_leader_key_moves_no_leadership(plane: Plane) -> None:
+    _, _, url = plane
+    rt = BusRuntime(url)
+    try:
+        holder = LeaderElection(rt, name="pool-a", holder_id="sched-1", ttl_seconds=3.0)
+        assert holder.try_acquire()
+        epoch = holder.epoch
+        before = junk_values().count
+        aim(plane, "$KV.pool_leaders.pool-a")
+        assert holder.try_acquire(), "a junk value made the holder step down"
+        assert holder.is_leader and holder.epoch == epoch
+        assert holder.current_leader()["holder"] == "sched-1"  # type: ignore[index]
+        assert junk_values().count > before
+        # the stream-info answer too
+        aim(plane, "$KV.pool_leaders.pool-a", how="info")
+        assert holder.try_acquire() and holder.epoch == epoch
+    finally:
+        rt.close()
+
+
+def test_junk_on_the_dispatchers_position_starts_it_from_the_beginning(plane: Plane) -> None:
+    _, _, url = plane
+    link = ControlLink(url)
+    try:
+        link.save_position("dispatcher", 41)
+        assert link.load_position("dispatcher") == 41
+        before = junk_values().count
+        aim(plane, f"$KV.{POSITIONS_BUCKET}.dispatcher")
+        # as if the key were absent (what a lost position already means), never a crash
+        assert link.load_position("dispatcher") == 0
+        assert junk_values().count > before
+    finally:
+        link.close()
+
+
+def test_junk_on_the_feed_position_leaves_the_feed_writer_its_own(plane: Plane) -> None:
+    from bus.feed import POSITION_KEY, FeedPosition, FeedWriter
+
+    _, _, url = plane
+    rt = BusRuntime(url)
+    writer = FeedWriter(url, runtime=rt)
+    try:
+        writer.save_position(7)
+        assert writer.position().log_seq == 7
+        aim(plane, f"$KV.{POSITIONS_BUCKET}.{POSITION_KEY}")
+        before = junk_values().count
+        at = writer.position()  # the writer's loop reads this at every start
+        assert at == FeedPosition(0, 0)  # the stream's own: empty
+        assert junk_values().count > before
+    finally:
+        rt.close()
+
+
+def test_junk_on_a_webhook_delivery_key_stops_no_tenants_listing(plane: Plane) -> None:
+    from bus.webhooks import WebhookBus
+
+    _, _, url = plane
+    hooks = WebhookBus(url)
+    try:
+        state = {"tenant": "beta", "endpoint_id": "hook-1", "seq": 5, "state": "delivered"}
+        hooks.put("beta.hook-1.5", state)
+        aim(plane, "$KV.pool_webhooks.beta.hook-1.9")
+        before = junk_values().count
+        # the tenant's `webhook deliveries` and the deliverer's start-up read both lists
+        assert hooks.states("beta.>") == [state]
+        assert hooks.states(">") == [state]
+        assert junk_values().count > before
+    finally:
+        hooks.close()
+
+
+def _wait(pred: object, timeout: float = 10.0) -> None:
+    t0 = time.monotonic()
+    while not pred():  # type: ignore[operator]
+        if time.monotonic() - t0 > timeout:
+            pytest.fail("condition not met")
+        time.sleep(0.05)
