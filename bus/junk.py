@@ -1,6 +1,7 @@
-"""KV values no writer of their bucket stored: a server's answer (a PubAck, a JetStream API
-reply) that some client aimed at a key by naming it as its reply subject. Readers skip them and
-report them here, so one junk value stops no loop and replaces no state."""
+"""Messages and KV values that no writer of their stream stored: a server's answer (a PubAck, a
+JetStream API reply) that some client aimed there by naming it as its reply subject. Readers
+skip them and report them here, so one junk message stops no loop and replaces no state.
+(The event log's own strays are bus.jetstream.strays.)"""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ _LOG_EVERY_S = 60.0
 
 @dataclass
 class Junk:
-    """How many junk values this process has passed over, and the latest (revision, subject)."""
+    """How many junk messages this process has passed over, and the latest (sequence or KV
+    revision, subject)."""
 
     count: int = 0
     seen: deque[tuple[int, str]] = field(default_factory=lambda: deque(maxlen=_KEEP))
@@ -37,8 +39,8 @@ class Junk:
                 return
             since, self._logged_count, self._logged_at = (self.count - self._logged_count,
                                                           self.count, now)
-        log.warning("skipped %d KV value(s) that no writer of their bucket stored (latest: "
-                    "revision %d on %r): a server's answer aimed there as a reply subject",
+        log.warning("skipped %d message(s) that no writer of their stream stored (latest: "
+                    "sequence %d on %r): a server's answer aimed there as a reply subject",
                     since, revision, subject[:200])
 
 
@@ -46,7 +48,7 @@ _JUNK = Junk()
 
 
 def junk_values() -> Junk:
-    """This process's record of skipped KV values."""
+    """This process's record of skipped junk messages and KV values."""
     return _JUNK
 
 

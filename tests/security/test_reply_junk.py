@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import nats
 import pytest
@@ -21,6 +22,7 @@ from bus.objects import ensure_tenant_buckets_sync, work_bucket
 from bus.replies import tenant_inbox
 from bus.runtime import BusRuntime
 from tests.security.conftest import service_url
+from workers.plane import ControlPlane
 
 Plane = tuple[NatsServer, AuthConfig, str]
 
@@ -152,3 +154,81 @@ def _wait(pred: object, timeout: float = 10.0) -> None:
         if time.monotonic() - t0 > timeout:
             pytest.fail("condition not met")
         time.sleep(0.05)
+
+
+# -- the lease feed -----------------------------------------------------------------------------
+
+def _beta_reads(plane: Plane, *, live_writes: list[tuple[str, str]] | None = None,
+                junk_at: str | None = None) -> list[Any]:
+    """Beta's feed as `pool lease watch` and `pool lease run` read it: the replay through the
+    command service, then (when `live_writes`) live records until the last one written."""
+    from bus.feed import follow
+    from tests.security.test_feed import write_out
+
+    server, auth, _ = plane
+    b = auth.tenants["beta"]
+
+    async def go() -> list[Any]:
+        got: list[Any] = []
+        ready = asyncio.Event()
+        async def read() -> None:
+            async for item in follow(server.url, "beta", user=b.user, password=b.password,
+                                     inbox_prefix=tenant_inbox("beta"),
+                                     until_caught_up=live_writes is None,
+                                     on_ready=ready.set):
+                got.append(item)
+                if live_writes and item.record is not None \
+                        and item.record.lease_id == live_writes[-1][1]:
+                    return
+        task = asyncio.ensure_future(read())
+        if live_writes:
+            await asyncio.wait_for(ready.wait(), 10)
+            if junk_at:
+                await asyncio.to_thread(aim, plane, junk_at)
+            await asyncio.to_thread(write_out, server, auth, live_writes)
+        await asyncio.wait_for(task, 20)
+        return got
+
+    return asyncio.run(go())
+
+
+def test_junk_on_a_tenants_feed_reaches_no_reader_of_it(plane: Plane) -> None:
+    from bus.subjects import feed_subject
+    from tests.security.test_feed import write_out
+
+    server, auth, url = plane
+    write_out(server, auth, [("beta", "b1")])
+    aim(plane, feed_subject("beta", "b1"))
+    aim(plane, feed_subject("beta", "b1"), how="info")
+    write_out(server, auth, [("beta", "b2")])
+    cp = ControlPlane(url, roles=["commands"], data_plane=False,
+                      responder_url=url_with_credentials(server.url, auth.responder)).start()
+    try:
+        before = junk_values().count
+        stored = _beta_reads(plane)
+        live = _beta_reads(plane, live_writes=[("beta", "b3")],
+                           junk_at=feed_subject("beta", "b3"))
+    finally:
+        cp.stop()
+    assert [i.record.lease_id for i in stored] == ["b1", "b2"]
+    assert [i.record.lease_id for i in live if i.record] == ["b1", "b2", "b3"]
+    assert all(i.record is not None for i in stored + live)
+    assert junk_values().count > before
+
+
+def test_junk_at_the_feeds_end_leaves_the_writer_its_last_record(plane: Plane) -> None:
+    from bus.feed import FeedWriter
+    from bus.subjects import feed_subject
+    from tests.security.test_feed import write_out
+
+    server, auth, url = plane
+    write_out(server, auth, [("beta", "b1")])  # made from log sequence 7
+    aim(plane, feed_subject("beta", "b1"))
+    aim(plane, feed_subject("beta", "b9"), how="info")
+    rt = BusRuntime(url)
+    try:
+        at = FeedWriter(url, runtime=rt).position()  # what a restarted writer resumes from
+    finally:
+        rt.close()
+    assert at.feed_seq == 3
+    assert at.log_seq == 7, "junk at the end would have the writer write every record again"
