@@ -22,6 +22,7 @@ from bus.headers import (
     HDR_LOG_SEQUENCE,
     HDR_SEQUENCE,
     HDR_STATUS,
+    HDR_STREAM,
     HDR_SUBJECT,
 )
 from bus.junk import int_value, junk_values
@@ -259,6 +260,12 @@ class FeedFollower:
     async def _on_live(self, msg: Msg) -> None:
         headers = msg.headers or {}
         if headers.get(HDR_STATUS):
+            return
+        if headers.get(HDR_STREAM) != FEED_STREAM:
+            # not the feed's republish: a direct get's answer some client aimed here as its
+            # reply subject, carrying the asker's own body (the server sets this header)
+            at = headers.get(HDR_SEQUENCE, "")
+            junk_values().report(int(at) if at.isdigit() else 0, msg.subject)
             return
         try:
             seq = int(headers[HDR_SEQUENCE])

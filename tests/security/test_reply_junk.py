@@ -37,6 +37,25 @@ def plane(secured: tuple[NatsServer, AuthConfig]) -> Iterator[Plane]:
     yield server, auth, url
 
 
+def aim_live(plane: Plane, target: str, body: bytes, *, tenant: str = "alpha") -> None:
+    """As `tenant`, store `body` in its own bucket and have a direct get of it answered on
+    `target`: delivered to whoever listens there, the asker's body and headers, not stored."""
+    server, auth, _ = plane
+
+    async def go() -> None:
+        nc = await nats.connect(url_with_credentials(server.url, auth.tenants[tenant]),
+                                inbox_prefix=tenant_inbox(tenant).encode())
+        stream, chunk = f"OBJ_{work_bucket(tenant)}", f"$O.{work_bucket(tenant)}.C.forged"
+        for _ in range(3):  # its sequence past the reader's: a stored message's is too
+            await nc.jetstream().publish(chunk, body, stream=stream,
+                                         headers={"Nats-Last-Sequence": "0"})
+        await nc.publish(f"$JS.API.DIRECT.GET.{stream}.{chunk}", b"", reply=target)
+        await nc.flush()
+        await nc.close()
+
+    asyncio.run(go())
+
+
 def aim(plane: Plane, target: str, *, how: str = "puback", tenant: str = "alpha") -> None:
     """As `tenant`, have the server answer on `target`: a PubAck of a store in the tenant's own
     bucket, or its bucket stream's info; waits until the answer is stored there."""
@@ -159,7 +178,8 @@ def _wait(pred: object, timeout: float = 10.0) -> None:
 # -- the lease feed -----------------------------------------------------------------------------
 
 def _beta_reads(plane: Plane, *, live_writes: list[tuple[str, str]] | None = None,
-                junk_at: str | None = None) -> list[Any]:
+                junk_at: str | None = None,
+                forged: tuple[str, bytes] | None = None) -> list[Any]:
     """Beta's feed as `pool lease watch` and `pool lease run` read it: the replay through the
     command service, then (when `live_writes`) live records until the last one written."""
     from bus.feed import follow
@@ -185,6 +205,8 @@ def _beta_reads(plane: Plane, *, live_writes: list[tuple[str, str]] | None = Non
             await asyncio.wait_for(ready.wait(), 10)
             if junk_at:
                 await asyncio.to_thread(aim, plane, junk_at)
+            if forged:
+                await asyncio.to_thread(aim_live, plane, *forged)
             await asyncio.to_thread(write_out, server, auth, live_writes)
         await asyncio.wait_for(task, 20)
         return got
@@ -232,3 +254,22 @@ def test_junk_at_the_feeds_end_leaves_the_writer_its_last_record(plane: Plane) -
         rt.close()
     assert at.feed_seq == 3
     assert at.log_seq == 7, "junk at the end would have the writer write every record again"
+
+
+def test_a_direct_gets_answer_on_a_tenants_live_feed_is_no_record_of_it(plane: Plane) -> None:
+    from bus.subjects import FEED_LIVE_PREFIX
+    from tests.security.test_feed import _record, write_out
+
+    server, auth, url = plane
+    write_out(server, auth, [("beta", "b1")])
+    # a well-formed record of beta's, in alpha's own bucket, answered on beta's live feed
+    forged = (f"{FEED_LIVE_PREFIX}.beta.lease.b1", _record("beta", "b-forged"))
+    cp = ControlPlane(url, roles=["commands"], data_plane=False,
+                      responder_url=url_with_credentials(server.url, auth.responder)).start()
+    try:
+        before = junk_values().count
+        live = _beta_reads(plane, live_writes=[("beta", "b2")], forged=forged)
+    finally:
+        cp.stop()
+    assert [i.record.lease_id for i in live] == ["b1", "b2"]
+    assert junk_values().count > before
