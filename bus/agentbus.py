@@ -29,7 +29,7 @@ from bus.errors import BusTimeout, BusUnavailable
 from bus.headers import HDR_MSG_ID, HDR_SCHEDULE, HDR_SCHEDULE_TARGET
 from bus.jetstream.natsfast import publish_atomic
 from bus.jetstream.wire import MAX_BATCH
-from bus.junk import int_value
+from bus.junk import int_value, junk_values
 from bus.objects import FileStore
 from bus.replies import admin_inbox, node_inbox
 from bus.runtime import BusRuntime, LoopThread, get_runtime, translated
@@ -201,6 +201,12 @@ class ControlLink:
             out = []
             for m in msgs:
                 parts = m.subject.split(".")
+                if len(parts) != 4:
+                    # no timer's subject (pool.due.<kind>.<id>): a server's answer some client
+                    # aimed here as its reply subject. Taken off the queue, counted
+                    junk_values().report(int(m.metadata.sequence.stream), m.subject)
+                    await m.ack()
+                    continue
                 out.append(Due(kind=parts[2], id=parts[3], ack=self._acker(m)))
             return out
 

@@ -273,3 +273,87 @@ def test_a_direct_gets_answer_on_a_tenants_live_feed_is_no_record_of_it(plane: P
         cp.stop()
     assert [i.record.lease_id for i in live] == ["b1", "b2"]
     assert junk_values().count > before
+
+
+# -- the caches of the log: snapshots and the scheduler's checkpoints ---------------------------
+
+def test_junk_on_a_snapshot_subject_costs_a_cold_load_its_history(plane: Plane) -> None:
+    from bus.runtime import close_runtime
+    from bus.subjects import snapshot_subject
+    from domain.account import Account
+    from workers.application.core import APPLICATION_NAME, AppCore
+    from workers.bootstrap import app_env
+
+    server, auth, _ = plane
+    urls = {r: url_with_credentials(server.url, auth.roles[r]) for r in ("commands", "projector")}
+    apps: list[AppCore] = []
+    try:
+        saver = AppCore(env=app_env(urls["commands"], POOL_SNAPSHOT_INTERVAL="5"))
+        apps.append(saver)
+        acc = Account.open(tenant_id="beta", now=1.0)  # type: ignore[arg-type]
+        for i in range(12):
+            acc.grant(f"g{i}", 5, now=float(i))
+        saver.save(acc)
+        assert saver.snapshotting.wait() and saver.snapshotting.taken == 1
+        # the account's only kept snapshot replaced by alpha's PubAck, then by a stream info
+        aim(plane, snapshot_subject(APPLICATION_NAME, str(acc.id)))
+        aim(plane, snapshot_subject(APPLICATION_NAME, str(acc.id)), how="info")
+        reader = AppCore(env=app_env(urls["projector"]))
+        apps.append(reader)
+        assert list(reader.snapshots.get(acc.id, desc=True, limit=1)) == []  # type: ignore[union-attr]
+        loaded = reader.repository.get(acc.id)
+        assert loaded.version == acc.version and loaded.balance == acc.balance
+    finally:
+        for app in apps:
+            app.close()
+        for url in urls.values():
+            close_runtime(url)
+
+
+def test_junk_on_the_checkpoint_head_costs_the_scheduler_a_full_replay(plane: Plane) -> None:
+    from types import SimpleNamespace
+
+    from bus.checkpoints import CheckpointStore, CheckpointTorn
+    from workers.scheduler.checkpoint import Checkpointer
+
+    _, _, url = plane
+    rt = BusRuntime(url)
+    try:
+        store = CheckpointStore(url, runtime=rt)
+        store.put(b'{"position": 1}', b"fold")
+        assert store.get() == (b'{"position": 1}', b"fold")
+        aim(plane, "pool.ckpt.scheduler.head")  # the only head kept: replaced
+        with pytest.raises(CheckpointTorn):
+            store.get()
+        fold = SimpleNamespace(position=0, app=None)
+        # what a scheduler's start does: no checkpoint used, the log replayed, nothing raised
+        assert Checkpointer(store, b"k" * 32).restore(fold) is False  # type: ignore[arg-type]
+        assert fold.position == 0
+    finally:
+        rt.close()
+
+
+# -- the timers ---------------------------------------------------------------------------------
+
+def test_junk_among_the_fired_timers_stops_no_reconciler(plane: Plane) -> None:
+    import uuid
+
+    from workers.application import PoolApp
+    from workers.bootstrap import app_env
+    from workers.dispatcher import Reconciler
+
+    _, _, url = plane
+    app = PoolApp(env=app_env(url))
+    link = ControlLink(url)
+    try:
+        before = junk_values().count
+        aim(plane, "pool.due.x")  # no kind and id: the reconciler's subjects have both
+        aim(plane, f"pool.due.lease.{uuid.uuid4()}", how="info")  # a lease no one has
+        reconciler = Reconciler(app, link)
+        steps = [reconciler.step(timeout=1.0) for _ in range(3)]
+        assert sum(steps) == 1 and reconciler.applied == []
+        assert link.fetch_due(timeout=0.5) == []  # each taken off the queue, none left
+        assert junk_values().count > before
+    finally:
+        link.close()
+        app.close()
