@@ -357,3 +357,31 @@ def test_junk_among_the_fired_timers_stops_no_reconciler(plane: Plane) -> None:
     finally:
         link.close()
         app.close()
+
+
+def test_junk_over_a_tenants_secret_keeps_its_versions_readable(plane: Plane) -> None:
+    from bus.secrets import SecretRecord, SecretStore
+
+    _, _, url = plane
+    rt = BusRuntime(url)
+    try:
+        store = SecretStore(url, runtime=rt)
+        v1 = SecretRecord(name="db", version=1, key_id="k1", sealed="c2VhbGVk", size_bytes=6,
+                          updated_at=1.0)
+        store.put("beta", v1, last_revision=None)
+        aim(plane, "$KV.pool_secrets.beta.db")  # the key's newest entry: alpha's PubAck
+        before = junk_values().count
+        # what a node's secret fetch, the tenant's `secret list` and a key rotation read
+        found = store.latest("beta", "db")
+        assert found is not None and found[0] == v1
+        assert store.version("beta", "db", 1) == v1
+        assert store.listing("beta") == [v1]
+        assert [(t, r) for t, r, _ in store.every()] == [("beta", v1)]
+        assert junk_values().count > before
+        # the tenant's next version is written over the junk
+        v2 = SecretRecord(name="db", version=2, key_id="k1", sealed="c2VhbGVkMg==",
+                          size_bytes=7, updated_at=2.0)
+        store.put("beta", v2, last_revision=found[1])
+        assert store.latest("beta", "db")[0] == v2  # type: ignore[index]
+    finally:
+        rt.close()
