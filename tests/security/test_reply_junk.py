@@ -385,3 +385,33 @@ def test_junk_over_a_tenants_secret_keeps_its_versions_readable(plane: Plane) ->
         assert store.latest("beta", "db")[0] == v2  # type: ignore[index]
     finally:
         rt.close()
+
+
+# -- a node's work queue ------------------------------------------------------------------------
+
+def test_junk_in_a_nodes_work_queue_is_dropped_and_the_next_order_taken(
+        plane: Plane, tmp_path: Any) -> None:
+    from agents.agent import Agent
+    from agents.probe import NodeProbe
+    from agents.simulate import SleepRuntime
+    from bus.agentbus import AgentLink
+
+    server, auth, url = plane
+    control = ControlLink(url)
+    link = AgentLink(url_with_credentials(server.url, auth.nodes["gpu-7"]), "gpu-7").connect()
+    try:
+        control.ensure_agent_consumer("gpu-7")
+        aim(plane, "pool.agent.gpu-7.start")
+        aim(plane, "pool.agent.gpu-7.stop", how="info")
+        agent = Agent(link, SleepRuntime(), node_id="gpu-7", pool_id="p1", state_dir=tmp_path,
+                      probe=NodeProbe(cpu_millis=4500, cpu_arch="amd64", memory_mib=9216,
+                                      local_disk_gib=50))
+        junk = link.fetch(timeout=2.0)
+        assert [c.verb for c in junk] == ["start", "stop"]
+        for cmd in junk:
+            agent.handle(cmd)  # what the agent's loop does with each: dropped, acked
+        control.send("gpu-7", "session", b"{}", msg_id="after-junk")
+        assert [c.verb for c in link.fetch(timeout=2.0)] == ["session"]
+    finally:
+        link.close()
+        control.close()
