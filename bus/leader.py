@@ -52,12 +52,13 @@ def _record_ttl(value: bytes | None) -> float:
 
 
 def _is_record(value: bytes | None) -> bool:
-    """Whether `value` is a candidate's record (`_value`): a holder, an epoch and a TTL."""
+    """Whether `value` is a candidate's record (`_value`: one naming its holder), never a
+    server's answer (a PubAck names a stream, an API answer its type, neither a holder)."""
     try:
         rec = json.loads(value or b"")
     except ValueError:
         return False
-    return isinstance(rec, dict) and set(rec) == {"holder", "epoch", "ttl"}
+    return isinstance(rec, dict) and "holder" in rec
 
 
 class LeaderElection:
@@ -259,12 +260,13 @@ class LeaderElection:
         assert self._revision is not None
         sent = time.monotonic()
         try:
-            rev = await kv.update(self.name, self._value(self._epoch), last=self._revision)
+            rev: int | None = await kv.update(self.name, self._value(self._epoch),
+                                              last=self._revision)
         except nats.js.errors.KeyWrongLastSequenceError:
             rev = await self._over_junk(kv)
-            if rev is None:
-                self._step_down("renewal CAS lost")
-                return False
+        if rev is None:
+            self._step_down("renewal CAS lost")
+            return False
         self._revision = rev
         self._deadline = sent + self.ttl
         return True
