@@ -415,3 +415,27 @@ def test_junk_in_a_nodes_work_queue_is_dropped_and_the_next_order_taken(
     finally:
         link.close()
         control.close()
+
+
+# -- the scheduler's decision records -----------------------------------------------------------
+
+def test_junk_among_a_leases_decisions_leaves_why_at_the_recorded_reason(plane: Plane) -> None:
+    import json
+
+    from bus.decisions import DecisionReader, DecisionWriter
+    from bus.subjects import decision_subject
+    from workers.scheduler.decisions import reason_at
+
+    _, _, url = plane
+    rt = BusRuntime(url)
+    try:
+        DecisionWriter(url, runtime=rt).append([("beta", "b1", json.dumps(
+            {"at": 10.0, "state": "waiting", "reasons": {"no_node_fits": 3}}).encode())])
+        aim(plane, decision_subject("beta", "b1"))
+        aim(plane, decision_subject("beta", "b1"), how="info")
+        records = DecisionReader(url, runtime=rt).records("beta", "b1")
+    finally:
+        rt.close()
+    assert len(records) == 3  # stored, all three: `why --at` reads them all
+    answer = reason_at(records, 20.0, None)
+    assert answer["recorded_at"] == 10.0 and answer["reasons"] == {"no_node_fits": 3}
