@@ -11,6 +11,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from bus.headers import HDR_SEQUENCE, HDR_STREAM
+
 log = logging.getLogger(__name__)
 
 _KEEP = 1000  # the latest junk values named; the count covers all of them
@@ -59,3 +61,14 @@ def int_value(value: bytes | None, revision: int | None, subject: str) -> int | 
         return int(text)
     junk_values().report(revision or 0, subject)
     return None
+
+
+def live_answer(headers: dict[str, str] | None, subject: str) -> bool:
+    """Whether a live message a client published to `subject` is instead a direct get's answer
+    someone aimed there as the reply subject (the server stamps `Nats-Stream` on that answer,
+    never on a client's core publish); reported when it is."""
+    if not headers or HDR_STREAM not in headers:
+        return False
+    at = headers.get(HDR_SEQUENCE, "")
+    junk_values().report(int(at) if at.isdigit() else 0, subject)
+    return True

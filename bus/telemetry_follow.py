@@ -26,6 +26,7 @@ from nats.nuid import NUID
 from bus.connection import connect
 from bus.errors import BusUnavailable, PermissionDenied
 from bus.headers import HDR_LAST_CONSUMER, HDR_STATUS
+from bus.junk import live_answer
 from bus.runtime import translate
 from bus.subjects import command_subject
 from bus.telemetry import (
@@ -296,6 +297,8 @@ async def follow_telemetry(
     held = _HeldBy(nc, as_tenant) if as_tenant is not None and since is None else None
 
     async def on_core(msg: Msg) -> None:
+        if live_answer(msg.headers, msg.subject):
+            return  # a direct get's answer aimed here: the asker's body, no node's sample
         sample = TelemetrySample.from_message(msg.subject, msg.data, msg.headers, None)
         if held is not None and not await held.held(sample.lease, sample.node):
             return

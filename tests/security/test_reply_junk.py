@@ -5,6 +5,7 @@ the junk (and counts it where a count exists); no loop stops, no state is replac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -439,3 +440,88 @@ def test_junk_among_a_leases_decisions_leaves_why_at_the_recorded_reason(plane: 
     assert len(records) == 3  # stored, all three: `why --at` reads them all
     answer = reason_at(records, 20.0, None)
     assert answer["recorded_at"] == 10.0 and answer["reasons"] == {"no_node_fits": 3}
+
+
+# -- a tenant's live telemetry ------------------------------------------------------------------
+
+def test_a_direct_gets_answer_on_a_tenants_live_output_is_no_sample(plane: Plane) -> None:
+    import json
+
+    from bus.telemetry_follow import follow_telemetry
+
+    server, auth, _ = plane
+    subject = "pool.tel.p1.gpu-7.beta.l1.output"
+
+    def sample(text: str) -> bytes:
+        return json.dumps({"kind": "output", "at": 1.0, "attrs": {"text": text}}).encode()
+
+    async def go() -> list[Any]:
+        b, n = auth.tenants["beta"], auth.nodes["gpu-7"]
+        beta = await nats.connect(server.url, user=b.user, password=b.password,
+                                  inbox_prefix=tenant_inbox("beta").encode())
+        node = await nats.connect(server.url, user=n.user, password=n.password)
+        got: list[Any] = []
+        ready = asyncio.Event()
+
+        async def on_sample(s: Any) -> None:
+            got.append(s)
+
+        task = asyncio.ensure_future(follow_telemetry(
+            beta, on_sample, filter_subject="pool.tel.*.*.beta.>", max_samples=1,
+            on_ready=ready.set))
+        await asyncio.wait_for(ready.wait(), 10)
+        # alpha's own text, answered on beta's lease output; then the node's real line
+        await asyncio.to_thread(aim_live, plane, subject, sample("forged by alpha"))
+        await asyncio.sleep(0.3)
+        await node.publish(subject, sample("the job's line"))
+        await asyncio.wait_for(task, 10)
+        await beta.close()
+        await node.close()
+        return got
+
+    before = junk_values().count
+    got = asyncio.run(go())
+    assert [s.event.attrs["text"] for s in got] == ["the job's line"]
+    assert junk_values().count > before
+
+
+def test_a_direct_gets_answer_on_a_leases_output_is_not_printed_by_lease_run(
+        plane: Plane) -> None:
+    import json
+    import queue
+
+    from bus.leasewatch import LeaseWatch, Output, output_filter
+
+    server, auth, _ = plane
+    subject = "pool.tel.p1.gpu-7.beta.l1.output"
+    watch = LeaseWatch(None, "beta", "l1", output=True)  # type: ignore[arg-type]
+    watch._nodes.add("gpu-7")  # as once the feed named the lease's node
+
+    def sample(text: str) -> bytes:
+        return json.dumps({"kind": "output", "at": 1.0, "attrs": {"text": text}}).encode()
+
+    async def go() -> None:
+        b, n = auth.tenants["beta"], auth.nodes["gpu-7"]
+        beta = await nats.connect(server.url, user=b.user, password=b.password,
+                                  inbox_prefix=tenant_inbox("beta").encode())
+        node = await nats.connect(server.url, user=n.user, password=n.password)
+        # the subscription `pool lease run` makes, its messages handed to the watch
+        await beta.subscribe(output_filter("beta", "l1"), cb=watch._on_output)
+        await beta.flush()
+        await asyncio.to_thread(aim_live, plane, subject, sample("forged by alpha"))
+        await node.publish(subject, sample("the job's line"))
+        await node.flush()
+        await asyncio.sleep(0.5)
+        await beta.close()
+        await node.close()
+
+    before = junk_values().count
+    asyncio.run(go())
+    printed = []
+    with contextlib.suppress(queue.Empty):
+        while True:
+            item = watch._queue.get_nowait()
+            assert isinstance(item, Output)
+            printed.append(item.text)
+    assert printed == ["the job's line"]
+    assert junk_values().count > before
