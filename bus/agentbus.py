@@ -29,7 +29,7 @@ from bus.errors import BusTimeout, BusUnavailable
 from bus.headers import HDR_MSG_ID, HDR_SCHEDULE, HDR_SCHEDULE_TARGET
 from bus.jetstream.natsfast import publish_atomic
 from bus.jetstream.wire import MAX_BATCH
-from bus.junk import int_value, junk_values
+from bus.junk import int_value, junk_values, live_answer
 from bus.objects import FileStore
 from bus.replies import admin_inbox, node_inbox
 from bus.runtime import BusRuntime, LoopThread, get_runtime, translated
@@ -333,6 +333,8 @@ class _Link:
         message on `subject`; returns what ends the subscription."""
 
         async def cb(msg: Any) -> None:
+            if live_answer(msg.headers, msg.subject):
+                return  # a direct get's answer aimed here: the asker's bytes, not the tenant's
             on_data(msg.subject, bytes(msg.data))
 
         async def go() -> Any:

@@ -525,3 +525,48 @@ def test_a_direct_gets_answer_on_a_leases_output_is_not_printed_by_lease_run(
             printed.append(item.text)
     assert printed == ["the job's line"]
     assert junk_values().count > before
+
+
+# -- an exec or attach session's bytes ----------------------------------------------------------
+
+def test_a_direct_gets_answer_on_a_sessions_subjects_reaches_neither_end(
+        plane: Plane) -> None:
+    from bus.agentbus import AgentLink
+    from bus.sessions import STDIN, STDOUT, TenantSession, frame
+
+    server, auth, _ = plane
+    inn, out = "pool.sess.beta.gpu-7.s1.in", "pool.sess.beta.gpu-7.s1.out"
+    link = AgentLink(url_with_credentials(server.url, auth.nodes["gpu-7"]), "gpu-7").connect()
+    into_job: list[bytes] = []
+    end = link.subscribe(inn, lambda _s, data: into_job.append(data))  # the agent's end
+
+    async def go() -> list[Any]:
+        b, n = auth.tenants["beta"], auth.nodes["gpu-7"]
+        beta = await nats.connect(server.url, user=b.user, password=b.password,
+                                  inbox_prefix=tenant_inbox("beta").encode())
+        node = await nats.connect(server.url, user=n.user, password=n.password)
+        session = TenantSession(beta, "beta", "l1", session_id="s1")
+        session.node = "gpu-7"  # as once the plane named it
+        await beta.subscribe(out, cb=session._on_msg)  # the tenant's end
+        await beta.flush()
+        for subject, kind in ((inn, STDIN), (out, STDOUT)):  # alpha's bytes, both ways
+            await asyncio.to_thread(aim_live, plane, subject, frame(kind, b"rm -rf ~\n"))
+        await beta.publish(inn, frame(STDIN, b"ls\n"))
+        await node.publish(out, frame(STDOUT, b"file\n"))
+        await asyncio.sleep(0.5)
+        frames = []
+        while not session._frames.empty():
+            frames.append(session._frames.get_nowait())
+        await beta.close()
+        await node.close()
+        return frames
+
+    before = junk_values().count
+    try:
+        frames = asyncio.run(go())
+    finally:
+        end()
+        link.close()
+    assert into_job == [frame(STDIN, b"ls\n")]
+    assert [payload for _kind, _conn, payload in frames] == [b"file\n"]
+    assert junk_values().count > before
