@@ -265,7 +265,7 @@ class FeedFollower:
             # not the feed's republish: a direct get's answer some client aimed here as its
             # reply subject, carrying the asker's own body (the server sets this header)
             at = headers.get(HDR_SEQUENCE, "")
-            junk_values().report(int(at) if at.isdigit() else 0, msg.subject)
+            junk_values().report(int(at) if at.isdigit() else 0, msg.subject, stored=False)
             return
         try:
             seq = int(headers[HDR_SEQUENCE])

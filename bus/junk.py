@@ -30,9 +30,10 @@ class Junk:
     _logged_count: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def report(self, revision: int, subject: str) -> None:
+    def report(self, revision: int, subject: str, *, stored: bool = True) -> None:
+        """Count one; a `stored` message read again (its sequence and subject seen) once."""
         with self._lock:
-            if (revision, subject) in self.seen:
+            if stored and (revision, subject) in self.seen:
                 return  # the same value read again
             self.count += 1
             self.seen.append((revision, subject))
@@ -69,6 +70,6 @@ def live_answer(headers: dict[str, str] | None, subject: str) -> bool:
     never on a client's core publish); reported when it is."""
     if not headers or HDR_STREAM not in headers:
         return False
-    at = headers.get(HDR_SEQUENCE, "")
-    junk_values().report(int(at) if at.isdigit() else 0, subject)
+    at = headers.get(HDR_SEQUENCE, "")  # the asker's own stream's: not stored here
+    junk_values().report(int(at) if at.isdigit() else 0, subject, stored=False)
     return True

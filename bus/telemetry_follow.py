@@ -297,12 +297,11 @@ async def follow_telemetry(
     held = _HeldBy(nc, as_tenant) if as_tenant is not None and since is None else None
 
     async def on_core(msg: Msg) -> None:
-        if live_answer(msg.headers, msg.subject):
-            return  # a direct get's answer aimed here: the asker's body, no node's sample
         sample = TelemetrySample.from_message(msg.subject, msg.data, msg.headers, None)
-        if held is not None and not await held.held(sample.lease, sample.node):
-            return
-        await queue.put(sample)
+        # a direct get's answer aimed here (the asker's body) is no node's sample
+        if not live_answer(msg.headers, msg.subject) and (
+                held is None or await held.held(sample.lease, sample.node)):
+            await queue.put(sample)
 
     def check_refused() -> None:
         if refused.done():
