@@ -336,7 +336,8 @@ def test_junk_on_the_checkpoint_head_costs_the_scheduler_a_full_replay(plane: Pl
 
 # -- the timers ---------------------------------------------------------------------------------
 
-def test_junk_among_the_fired_timers_stops_no_reconciler(plane: Plane) -> None:
+def test_junk_among_the_fired_timers_stops_no_reconciler(
+        plane: Plane, caplog: pytest.LogCaptureFixture) -> None:
     import uuid
 
     from workers.application import PoolApp
@@ -350,9 +351,13 @@ def test_junk_among_the_fired_timers_stops_no_reconciler(plane: Plane) -> None:
         before = junk_values().count
         aim(plane, "pool.due.x")  # no kind and id: the reconciler's subjects have both
         aim(plane, f"pool.due.lease.{uuid.uuid4()}", how="info")  # a lease no one has
+        aim(plane, "pool.due.node.no-such-node")
+        aim(plane, f"pool.due.reservation.{uuid.uuid4()}")
+        aim(plane, "pool.due.lease.not-a-uuid")
         reconciler = Reconciler(app, link)
         steps = [reconciler.step(timeout=1.0) for _ in range(3)]
-        assert sum(steps) == 1 and reconciler.applied == []
+        assert sum(steps) == 4 and reconciler.applied == []
+        assert not [r for r in caplog.records if "failed" in r.getMessage()]  # all acked
         assert link.fetch_due(timeout=0.5) == []  # each taken off the queue, none left
         assert junk_values().count > before
     finally:
