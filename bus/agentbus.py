@@ -29,6 +29,7 @@ from bus.errors import BusTimeout, BusUnavailable
 from bus.headers import HDR_MSG_ID, HDR_SCHEDULE, HDR_SCHEDULE_TARGET
 from bus.jetstream.natsfast import publish_atomic
 from bus.jetstream.wire import MAX_BATCH
+from bus.junk import int_value, junk_values, live_answer
 from bus.objects import FileStore
 from bus.replies import admin_inbox, node_inbox
 from bus.runtime import BusRuntime, LoopThread, get_runtime, translated
@@ -200,6 +201,12 @@ class ControlLink:
             out = []
             for m in msgs:
                 parts = m.subject.split(".")
+                if len(parts) != 4:
+                    # no timer's subject (pool.due.<kind>.<id>): a server's answer some client
+                    # aimed here as its reply subject. Taken off the queue, counted
+                    junk_values().report(int(m.metadata.sequence.stream), m.subject)
+                    await m.ack()
+                    continue
                 out.append(Due(kind=parts[2], id=parts[3], ack=self._acker(m)))
             return out
 
@@ -231,7 +238,9 @@ class ControlLink:
                 entry = await kv.get(name)
             except Exception:  # noqa: BLE001 - absent key: start from the beginning
                 return 0
-            return int(entry.value or b"0")
+            # junk a client aimed at the key counts as an absent key
+            at = int_value(entry.value, entry.revision, f"$KV.{POSITIONS_BUCKET}.{name}")
+            return 0 if at is None else at
 
         return self.rt.run(go())
 
@@ -324,6 +333,8 @@ class _Link:
         message on `subject`; returns what ends the subscription."""
 
         async def cb(msg: Any) -> None:
+            if live_answer(msg.headers, msg.subject):
+                return  # a direct get's answer aimed here: the asker's bytes, not the tenant's
             on_data(msg.subject, bytes(msg.data))
 
         async def go() -> Any:

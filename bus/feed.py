@@ -22,8 +22,10 @@ from bus.headers import (
     HDR_LOG_SEQUENCE,
     HDR_SEQUENCE,
     HDR_STATUS,
+    HDR_STREAM,
     HDR_SUBJECT,
 )
+from bus.junk import int_value, junk_values
 from bus.runtime import BusRuntime, translate
 from bus.streams import ensure_kv_bucket, ensure_stream, feed_stream_config
 from bus.subjects import (
@@ -42,6 +44,9 @@ BATCH_MAX = 999  # records per atomic batch (the server takes at most 1,000)
 POSITION_KEY = "feed"  # in the positions bucket: the log sequence the feed is written up to
 WRONG_LAST_SEQUENCE = 10071  # JetStream's err_code for a failed Nats-Expected-Last-Sequence
 REPLAY_LIMIT = 500
+# how far back a writer's start looks past junk at the feed's end for its own last record
+# (further junk costs only records written again: the saved position still bounds them)
+JUNK_WALK_BACK = 1000
 
 
 class FeedConflict(BusError):
@@ -102,15 +107,13 @@ class FeedWriter:
             js = await self.rt.jetstream()
             info = await js.stream_info(FEED_STREAM)
             last = int(info.state.last_seq or 0)
-            log_seq = 0
-            if last and int(info.state.messages or 0):
-                with contextlib.suppress(nats.js.errors.NotFoundError):
-                    msg = await js.get_msg(FEED_STREAM, seq=last, direct=True)
-                    log_seq = int((msg.headers or {}).get(HDR_LOG_SEQUENCE, "0") or 0)
+            log_seq = await _last_written(js, last) if int(info.state.messages or 0) else 0
             kv = await js.key_value(POSITIONS_BUCKET)
             with contextlib.suppress(nats.js.errors.KeyNotFoundError):
                 entry = await kv.get(POSITION_KEY)
-                log_seq = max(log_seq, int(entry.value or b"0"))
+                saved = int_value(entry.value, entry.revision,
+                                  f"$KV.{POSITIONS_BUCKET}.{POSITION_KEY}")
+                log_seq = max(log_seq, saved or 0)  # junk there: the stream's own
             return FeedPosition(last, log_seq)
 
         return self.rt.run(go())
@@ -154,6 +157,22 @@ class FeedWriter:
                 raise FeedConflict(f"the feed moved on: {error.get('description')}")
             raise PublishRejected(f"the feed refused a batch: {error.get('description')}")
         return int(answer["seq"])
+
+
+async def _last_written(js: Any, last: int) -> int:
+    """The log sequence of the writer's last record at or before feed sequence `last`, passing
+    over (and reporting) up to JUNK_WALK_BACK messages without its header: server answers a
+    client aimed at a feed subject as its reply subject. 0 when none is found."""
+    for seq in range(last, max(0, last - JUNK_WALK_BACK), -1):
+        try:
+            msg = await js.get_msg(FEED_STREAM, seq=seq, direct=True)
+        except nats.js.errors.NotFoundError:
+            continue  # aged out or never stored
+        at = (msg.headers or {}).get(HDR_LOG_SEQUENCE)
+        if at and at.isdigit():
+            return int(at)
+        junk_values().report(seq, msg.subject)
+    return 0
 
 
 # -- reading ------------------------------------------------------------------------------------
@@ -242,6 +261,12 @@ class FeedFollower:
         headers = msg.headers or {}
         if headers.get(HDR_STATUS):
             return
+        if headers.get(HDR_STREAM) != FEED_STREAM:
+            # not the feed's republish: a direct get's answer some client aimed here as its
+            # reply subject, carrying the asker's own body (the server sets this header)
+            at = headers.get(HDR_SEQUENCE, "")
+            junk_values().report(int(at) if at.isdigit() else 0, msg.subject, stored=False)
+            return
         try:
             seq = int(headers[HDR_SEQUENCE])
             previous = int(headers.get("Nats-Last-Sequence", "0") or 0)
@@ -292,6 +317,11 @@ class FeedFollower:
             return False
         self.last = item.seq
         self._seen[item.subject] = item.seq
+        if item.record is None:
+            # no record the writer stores: a server's answer some client aimed at the subject
+            # as its reply subject (nats-server checks no permission on one). Passed over.
+            junk_values().report(item.seq, item.subject)
+            return False
         return True
 
     async def _replay(self) -> AsyncIterator[FeedItem]:

@@ -29,6 +29,7 @@ HDR_MSG_ID = "Nats-Msg-Id"
 HDR_SCHEDULE = "Nats-Schedule"
 HDR_SCHEDULE_TARGET = "Nats-Schedule-Target"
 HDR_SEQUENCE = "Nats-Sequence"
+HDR_STREAM = "Nats-Stream"  # set by the server on a republish and a direct get's answer
 HDR_SUBJECT = "Nats-Subject"
 HDR_NUM_PENDING = "Nats-Num-Pending"
 HDR_LAST_CONSUMER = "Nats-Last-Consumer"

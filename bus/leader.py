@@ -18,6 +18,7 @@ from nats.js import api
 from nats.js.kv import KeyValue
 
 from bus.errors import BusError
+from bus.junk import junk_values
 from bus.runtime import BusRuntime, get_runtime
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,16 @@ def _record_ttl(value: bytes | None) -> float:
         return float(ttl) if ttl else 0.0
     except (ValueError, TypeError, AttributeError):
         return 0.0
+
+
+def _is_record(value: bytes | None) -> bool:
+    """Whether `value` is a candidate's record (`_value`: one naming its holder), never a
+    server's answer (a PubAck names a stream, an API answer its type, neither a holder)."""
+    try:
+        rec = json.loads(value or b"")
+    except ValueError:
+        return False
+    return isinstance(rec, dict) and "holder" in rec
 
 
 class LeaderElection:
@@ -249,13 +260,32 @@ class LeaderElection:
         assert self._revision is not None
         sent = time.monotonic()
         try:
-            rev = await kv.update(self.name, self._value(self._epoch), last=self._revision)
+            rev: int | None = await kv.update(self.name, self._value(self._epoch),
+                                              last=self._revision)
         except nats.js.errors.KeyWrongLastSequenceError:
+            rev = await self._over_junk(kv)
+        if rev is None:
             self._step_down("renewal CAS lost")
             return False
         self._revision = rev
         self._deadline = sent + self.ttl
         return True
+
+    async def _over_junk(self, kv: KeyValue) -> int | None:
+        """The new revision when the value over ours is no candidate's record but a server's
+        answer some client aimed at the key (a reply subject is not permission-checked): it is
+        counted and renewed over; None when a rival's record (or nothing) is there."""
+        try:
+            entry = await kv.get(self.name)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return None
+        if _is_record(entry.value):
+            return None
+        junk_values().report(entry.revision or 0, f"$KV.{self.bucket}.{self.name}")
+        try:
+            return await kv.update(self.name, self._value(self._epoch), last=entry.revision)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return None
 
     async def _acquire(self, kv: KeyValue) -> bool:
         sent = time.monotonic()

@@ -17,6 +17,7 @@ from nats.aio.msg import Msg
 
 from bus.errors import BusError, BusTimeout
 from bus.feed import FeedFollower
+from bus.junk import live_answer
 from bus.service import Client
 from bus.subjects import TELEMETRY_PREFIX, token
 from schemas.feed import FeedRecord
@@ -101,6 +102,8 @@ class LeaseWatch:
         return self
 
     async def _on_output(self, msg: Msg) -> None:
+        if live_answer(msg.headers, msg.subject):
+            return  # a direct get's answer aimed here: the asker's body, not the job's output
         try:
             sample = _decode_sample(msg.data)
         except msgspec.DecodeError:

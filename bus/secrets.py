@@ -10,6 +10,7 @@ import msgspec
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
 
 from bus.errors import BusError
+from bus.junk import junk_values
 from bus.runtime import BusRuntime, get_runtime
 from bus.streams import ensure_kv_bucket
 from bus.subjects import SECRETS_BUCKET, token
@@ -45,6 +46,29 @@ def secret_key(tenant: str, name: str) -> str:
     return f"{token(tenant)}.{token(name)}"
 
 
+def _record(entry: Any) -> SecretRecord | None:
+    """The stored version in a KV entry; None (reported) when it is not one: a server's answer
+    some client aimed at the key as its reply subject."""
+    try:
+        return msgspec.json.decode(entry.value, type=SecretRecord)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        junk_values().report(int(entry.revision or 0), f"$KV.{SECRETS_BUCKET}.{entry.key}")
+        return None
+
+
+async def _newest_kept(kv: Any, key: str) -> SecretRecord | None:
+    """The newest real version among those the bucket keeps of `key`."""
+    try:
+        entries = await kv.history(key)
+    except (KeyNotFoundError, NoKeysError):
+        return None
+    for entry in reversed(entries):
+        record = _record(entry) if entry.value else None
+        if record is not None:
+            return record
+    return None
+
+
 class SecretStore:
     """A synchronous facade on a bus runtime over the secrets bucket."""
 
@@ -69,7 +93,10 @@ class SecretStore:
                 return None
             if not entry.value:
                 return None
-            return msgspec.json.decode(entry.value, type=SecretRecord), int(entry.revision)
+            record = _record(entry)
+            if record is None:  # junk over it: the newest version kept, the key's revision
+                record = await _newest_kept(kv, secret_key(tenant, name))
+            return (record, int(entry.revision)) if record is not None else None
 
         return self.rt.run(go())
 
@@ -88,10 +115,9 @@ class SecretStore:
             except (KeyNotFoundError, NoKeysError):
                 return None
             for entry in entries:
-                if entry.value:
-                    rec = msgspec.json.decode(entry.value, type=SecretRecord)
-                    if rec.version == version:
-                        return rec
+                rec = _record(entry) if entry.value else None
+                if rec is not None and rec.version == version:
+                    return rec
             return None
 
         return self.rt.run(go())
@@ -125,7 +151,9 @@ class SecretStore:
                     if entry is None:
                         break
                     if entry.value:
-                        out.append(msgspec.json.decode(entry.value, type=SecretRecord))
+                        record = _record(entry) or await _newest_kept(kv, entry.key)
+                        if record is not None:
+                            out.append(record)
             finally:
                 await watcher.stop()
             return sorted(out, key=lambda r: r.name)
@@ -143,9 +171,10 @@ class SecretStore:
                 async for entry in watcher:
                     if entry is None:
                         break
-                    if entry.value:
-                        out.append((str(entry.key).split(".", 1)[0],
-                                    msgspec.json.decode(entry.value, type=SecretRecord),
+                    record = (_record(entry) or await _newest_kept(kv, entry.key)
+                              if entry.value else None)
+                    if record is not None:
+                        out.append((str(entry.key).split(".", 1)[0], record,
                                     int(entry.revision)))
             finally:
                 await watcher.stop()

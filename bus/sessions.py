@@ -17,6 +17,7 @@ import struct
 from typing import Any
 
 from bus.errors import BusTimeout, BusUnavailable, SessionRefused
+from bus.junk import live_answer
 from bus.subjects import SESSION_PREFIX, command_subject, is_token
 
 # both ways: the bytes of data frames the sender's peer has taken so far (flow control)
@@ -126,6 +127,8 @@ class TenantSession:
         return result
 
     async def _on_msg(self, msg: Any) -> None:
+        if live_answer(msg.headers, msg.subject):
+            return  # a direct get's answer aimed here: the asker's bytes, not the node's
         if self.node is None:  # before the plane named the node: held until it does
             self._early.append((msg.subject, bytes(msg.data)))
         else:

@@ -26,6 +26,7 @@ from nats.nuid import NUID
 from bus.connection import connect
 from bus.errors import BusUnavailable, PermissionDenied
 from bus.headers import HDR_LAST_CONSUMER, HDR_STATUS
+from bus.junk import live_answer
 from bus.runtime import translate
 from bus.subjects import command_subject
 from bus.telemetry import (
@@ -297,9 +298,10 @@ async def follow_telemetry(
 
     async def on_core(msg: Msg) -> None:
         sample = TelemetrySample.from_message(msg.subject, msg.data, msg.headers, None)
-        if held is not None and not await held.held(sample.lease, sample.node):
-            return
-        await queue.put(sample)
+        # a direct get's answer aimed here (the asker's body) is no node's sample
+        if not live_answer(msg.headers, msg.subject) and (
+                held is None or await held.held(sample.lease, sample.node)):
+            await queue.put(sample)
 
     def check_refused() -> None:
         if refused.done():

@@ -14,6 +14,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import BadRequestError, KeyNotFoundError
 
 from bus.errors import BusTimeout
+from bus.junk import junk_values
 from bus.runtime import BusRuntime, get_runtime
 from bus.streams import ensure_kv_bucket
 from bus.subjects import FEED_PREFIX, FEED_STREAM, WEBHOOK_BUCKET, token
@@ -137,7 +138,12 @@ class WebhookBus:
                 with contextlib.suppress(KeyNotFoundError):  # aged out meanwhile
                     entry = await kv.get(key)
                     if entry.value:
-                        out.append(msgspec.json.decode(entry.value))
+                        state = _state(entry.value)
+                        if state is None:  # a server's answer aimed at the key: skipped
+                            junk_values().report(entry.revision or 0,
+                                                 f"$KV.{DELIVERIES_BUCKET}.{key}")
+                        else:
+                            out.append(state)
             return out
 
         return self.rt.run(go(), timeout=60)
@@ -148,6 +154,18 @@ class WebhookBus:
             return
         with contextlib.suppress(Exception):  # closing is best effort
             self.rt.run(sub.unsubscribe(), timeout=5)
+
+
+def _state(value: bytes) -> dict[str, Any] | None:
+    """A delivery's stored state; None when `value` is no state the deliverer could have put
+    (a server's answer some client aimed at the key as its reply subject)."""
+    try:
+        state = msgspec.json.decode(value)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(state, dict) or not {"tenant", "endpoint_id", "seq"} <= state.keys():
+        return None
+    return state
 
 
 def delivery_key(tenant: str, endpoint_id: str, seq: int) -> str:

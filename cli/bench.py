@@ -78,6 +78,14 @@ def cmd_bench_workdir(args: argparse.Namespace) -> int:
     return _report(result, args.json)
 
 
+def cmd_bench_reply_junk(args: argparse.Namespace) -> int:
+    from bench.reply_junk import run_reply_junk_bench
+
+    if not 1 <= args.seconds <= 600:
+        raise UsageError("--seconds must be 1-600")
+    return _report(run_reply_junk_bench(seconds=args.seconds), args.json)
+
+
 def cmd_bench_exec(args: argparse.Namespace) -> int:
     from bench.exec import MAX_RUNS, run_exec_bench
 
@@ -218,7 +226,8 @@ def register(sub: Subparsers) -> None:
     )
     bench.required = True
     for add in (_add_eventlog, _add_schedule, _add_http, _add_e2e, _add_soak, _add_policy,
-                _add_gang, _add_all, _add_agent, _add_exec, _add_run, _add_projections, _add_workdir):
+                _add_gang, _add_all, _add_agent, _add_exec, _add_run, _add_projections, _add_workdir,
+                _add_reply_junk):
         add(bench)
 
 
@@ -412,3 +421,13 @@ def _add_projections(bench: Subparsers) -> None:
                     "POOL_DATABASE_URL or `pool up`, else an embedded one)")
     bp.add_argument("--json", action="store_true")
     bp.set_defaults(func=cmd_bench_projections)
+
+
+def _add_reply_junk(bench: Subparsers) -> None:
+    """Add `bench reply-junk` and its flags."""
+    bj = bench.add_parser("reply-junk", help="how fast one tenant's client has the server store "
+                          "its answers (PubAcks, stream info) in the event log by naming a log "
+                          "subject as the reply subject")
+    bj.add_argument("--seconds", type=float, default=10.0, help="seconds a mode (default 10)")
+    bj.add_argument("--json", action="store_true")
+    bj.set_defaults(func=cmd_bench_reply_junk)
