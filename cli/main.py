@@ -122,6 +122,7 @@ def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
                    "$POOL_CONTEXT, else the current one; `pool context list`)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    sub.command_words = None if words is None else list(words)  # type: ignore[attr-defined]
     wanted = None if words is None else _command_word(words)
     # the module that adds the command at hand (None: every module, as `completion` needs)
     module = None if wanted in (None, "completion") else \

@@ -88,6 +88,28 @@ def test_a_command_parses_alike_from_the_whole_parser_and_its_own() -> None:
             _commands(whole).choices[name].format_help(), name
 
 
+def _parser_of(parser: argparse.ArgumentParser, *words: str) -> argparse.ArgumentParser:
+    for word in words:
+        parser = _commands(parser).choices[word]
+    return parser
+
+
+def test_lease_run_parses_alike_from_its_own_parser_alone() -> None:
+    line = ["lease", "run", "--tenant", "t", "--pool", "p", "--cpu-millis", "250", "--env",
+            "A=1", "--workdir", ".", "--json"]
+    own, whole = build_parser(line), build_parser()
+    # `lease run` builds no other verb's parser (they cost as much as the rest of the parse)
+    assert list(_commands(_parser_of(own, "lease")).choices) == ["run"]
+    assert _parser_of(own, "lease", "run").format_help() == \
+        _parser_of(whole, "lease", "run").format_help()
+    parsed = [{k: v for k, v in vars(p.parse_args(line)).items() if k != "root_parser"}
+              for p in (own, whole)]
+    assert parsed[0] == parsed[1]
+    # a verb after a flag, or none: every verb, as `pool lease --help` lists them
+    assert "get" in _commands(_parser_of(build_parser(["lease", "--help", "run"]),
+                                         "lease")).choices
+
+
 def test_the_lease_flags_offer_the_domain_s_words_and_limits() -> None:
     from cli import lease
     from domain.gang import MAX_GANG_MEMBERS
