@@ -28,8 +28,13 @@ CTX = multiprocessing.get_context("spawn")  # the parent holds threads: no fork
 def serve_plane(url: str, ready: Any, stop: Any, roles: list[str] | None = None) -> None:
     """In a process of its own: every control-plane role (no views), or only `roles` (the
     scheduler's roles apart, as `pool up` runs them; more command responders)."""
+    import os
+
     from workers.plane import ControlPlane
 
+    # the front door's capacity, not one tenant's fair share: four tenants send it all, each
+    # past the per-tenant command rate a plane gives a tenant by default (ADR 022)
+    os.environ.setdefault("POOL_TENANT_COMMANDS_PER_SECOND", "1000000")
     plane = ControlPlane(url, database_url=None, roles=roles).start()
     ready.put("plane")
     stop.wait()

@@ -216,7 +216,7 @@ def _run(url: str, db: str, schema: str, size: dict[str, Any],
     from projections.audit import audit_credits
     from projections.views import VIEWS, positions_at, read_pages, rebuild
     from workers.application import PoolApp
-    from workers.bootstrap import app_env
+    from workers.bootstrap import app_env, application
     from workers.projector import CATCH_UP_FACTOR, Projector
 
     ensure_all_streams(url)
@@ -247,7 +247,7 @@ def _run(url: str, db: str, schema: str, size: dict[str, Any],
 
     # 1. catch-up: the real projector, all four views together, from an empty schema
     say(f"bench projections: projector catching up on {top:,} events")
-    proj = Projector(url, db, schema=schema, batch_size=1000)
+    proj = Projector(application(url), db, schema=schema, batch_size=1000)
     commits: list[tuple[int, float]] = []
     real_process = proj.views.process
 

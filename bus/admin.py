@@ -5,7 +5,7 @@ Short-lived connections only; long-running processes use bus.runtime instead.
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 from nats.errors import Error as NatsError
@@ -28,12 +28,13 @@ async def admin_connect(url: str) -> Any:
     return await connect(url, max_reconnect_attempts=0)
 
 
-def ensure_all_streams(url: str, *, replicas: int = 1) -> None:
+def ensure_all_streams(url: str, *, replicas: int = 1, tenants: Sequence[str] = ()) -> None:
     """Create or update every stream the system uses at `replicas`: the event log, the
     snapshots, the agent work queue, the timers with the reconciler's durable consumer,
     telemetry, the lease feed, the scheduler's checkpoints and decisions, the leader bucket, the webhook
-    deliverer's consumer and bucket, and the tenants' sealed secrets. An existing stream with
-    more replicas keeps them (no implicit scale-down)."""
+    deliverer's consumer and bucket, the tenants' sealed secrets and the telemetry stream of
+    each of `tenants` (its retention kept). An existing stream with more replicas keeps them
+    (no implicit scale-down)."""
     from bus.agentbus import ensure_data_plane_streams
     from bus.leader import ensure_leader_bucket
     from bus.secrets import ensure_secrets_bucket
@@ -46,6 +47,7 @@ def ensure_all_streams(url: str, *, replicas: int = 1) -> None:
         snapshot_stream_config,
     )
     from bus.telemetry import ensure_telemetry_stream
+    from bus.telemetry_streams import ensure_tenant_telemetry
     from bus.webhooks import ensure_webhook_consumer
 
     async def go() -> None:
@@ -62,6 +64,8 @@ def ensure_all_streams(url: str, *, replicas: int = 1) -> None:
             await ensure_leader_bucket(js, replicas=replicas)
             await ensure_webhook_consumer(js, replicas=replicas)
             await ensure_secrets_bucket(js, replicas=replicas)
+            for tenant in tenants:
+                await ensure_tenant_telemetry(js, tenant, replicas=replicas)
         finally:
             await nc.close()
 

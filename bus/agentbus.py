@@ -37,9 +37,9 @@ from bus.streams import (
     ensure_kv_bucket,
     ensure_stream,
     schedule_stream_config,
-    telemetry_stream_config,
 )
 from bus.subjects import AGENT_STREAM, SCHEDULE_STREAM, token
+from bus.telemetry import ensure_telemetry_stream
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ async def ensure_data_plane_streams(js: Any, *, replicas: int = 1) -> None:
     await ensure_stream(js, schedule_stream_config(replicas=replicas))
     # what the agents' telemetry lands in and tenants replay: without it (a `pool serve` on a
     # server no `pool up` prepared) every replay was answered bus_unavailable
-    await ensure_stream(js, telemetry_stream_config(replicas=replicas))
+    await ensure_telemetry_stream(js, replicas=replicas)
     await ensure_kv_bucket(js, POSITIONS_BUCKET, replicas=replicas)  # the dispatcher's position
     try:
         await js.add_consumer(

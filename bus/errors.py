@@ -106,6 +106,14 @@ class BucketQuotaUnreservable(BusError):
     code = "bucket_quota_unreservable"
 
 
+class TelemetryRetentionUnreservable(BusError):
+    """The server's JetStream store cannot reserve a tenant's telemetry retention (its stream's
+    max_bytes, with every other stream's, passes max_file_store): the stream was not made or
+    not changed."""
+
+    code = "telemetry_retention_unreservable"
+
+
 class ObjectMissing(BusError):
     """No object of that name is stored in the bucket (never stored, deleted or expired)."""
 

@@ -1,5 +1,5 @@
 """JetStream stream definitions — the event log, the snapshots, the agents' work queue, the
-timers, telemetry, the tenants' lease feed, the scheduler's decisions — and an idempotent ensure helper every process may call at start-up."""
+timers, telemetry (node-level and each tenant's), the tenants' lease feed, the scheduler's decisions — and an idempotent ensure helper every process may call at start-up."""
 
 from __future__ import annotations
 
@@ -29,12 +29,15 @@ from bus.subjects import (
     FEED_LIVE_PREFIX,
     FEED_PREFIX,
     FEED_STREAM,
+    NODE_TELEMETRY_SUBJECTS,
     SCHEDULE_STREAM,
     SNAPSHOTS_PREFIX,
     SNAPSHOTS_STREAM,
-    TELEMETRY_PREFIX,
     TELEMETRY_STREAM,
     TRACKING_PREFIX,
+    tenant_telemetry_stream,
+    tenant_telemetry_subjects,
+    token,
 )
 
 DUPLICATE_WINDOW_S = 120.0
@@ -136,9 +139,17 @@ async def ensure_kv_bucket(js: JetStreamContext, bucket: str, *, replicas: int =
         await js.update_stream(dataclasses.replace(info.config, num_replicas=replicas))
 
 
-# POOL_TELEMETRY keeps samples for 7 days and at most 1 GiB, the oldest discarded first
+# POOL_TELEMETRY keeps node-level samples for 7 days and at most 64 MiB, the oldest discarded
+# first (a store from before each tenant had a stream keeps its 1 GiB: bus.telemetry)
 TELEMETRY_MAX_AGE_S = 7 * 24 * 3600.0
-TELEMETRY_MAX_BYTES = 1024 * 1024 * 1024
+TELEMETRY_MAX_BYTES = 64 * 1024 * 1024
+# each tenant's stream POOL_TEL_<tenant> keeps its samples for 7 days and at most 256 MiB
+# unless the operator says otherwise (`pool admin tenant telemetry-retention`). The server
+# reserves every stream's max_bytes from its JetStream store (max_file_store), as it does a
+# file bucket's quota, so the default is four jobs' full output (max_output_bytes, 64 MiB),
+# not more: a tenant's three streams (two buckets and this) then reserve 2.25 GiB
+TENANT_TELEMETRY_MAX_BYTES = 256 * 1024 * 1024
+TENANT_TELEMETRY_MAX_AGE_S = TELEMETRY_MAX_AGE_S
 
 
 def scratch_stream_config(prefix: str) -> StreamConfig:
@@ -177,10 +188,12 @@ def schedule_stream_config(*, replicas: int = 1) -> StreamConfig:
 
 
 def telemetry_stream_config(replicas: int = 1) -> StreamConfig:
-    """POOL_TELEMETRY: limits retention (7 days, 1 GiB), oldest samples discarded first."""
+    """POOL_TELEMETRY: node-level samples (`pool.tel.node.<node>.<kind>`, a tenant's lease in
+    none) and, on a store from before each tenant had its own stream, the tenants' samples
+    stored then, read until they age out; limits retention (7 days, 64 MiB), oldest first."""
     return StreamConfig(
         name=TELEMETRY_STREAM,
-        subjects=[f"{TELEMETRY_PREFIX}.>"],
+        subjects=[NODE_TELEMETRY_SUBJECTS],
         retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE,
         num_replicas=replicas,
@@ -189,6 +202,30 @@ def telemetry_stream_config(replicas: int = 1) -> StreamConfig:
         max_msgs=-1,
         discard=DiscardPolicy.OLD,
         allow_direct=True,
+    )
+
+
+def tenant_telemetry_stream_config(tenant: str, *, replicas: int = 1,
+                                   max_bytes: int = TENANT_TELEMETRY_MAX_BYTES,
+                                   max_age_seconds: float = TENANT_TELEMETRY_MAX_AGE_S,
+                                   first_seq: int = 1) -> StreamConfig:
+    """POOL_TEL_<tenant>: the tenant's telemetry over `pool.tel.*.*.<tenant>.>`, limits
+    retention with its own `max_bytes` and `max_age`, the tenant's oldest samples discarded
+    first (never another tenant's). `first_seq` above the last sequence of POOL_TELEMETRY when
+    it was made, so a replay's cursor runs on from the samples stored there before the split."""
+    return StreamConfig(
+        name=tenant_telemetry_stream(tenant),
+        subjects=[tenant_telemetry_subjects(tenant)],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        num_replicas=replicas,
+        max_age=max_age_seconds,
+        max_bytes=max_bytes,
+        max_msgs=-1,
+        discard=DiscardPolicy.OLD,
+        allow_direct=True,
+        first_seq=first_seq if first_seq > 1 else None,
+        description=f"computepool telemetry: tenant {token(tenant)}",
     )
 
 

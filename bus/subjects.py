@@ -109,6 +109,34 @@ def telemetry_subject(pool: str, node: str, tenant: str, lease: str, kind: str) 
     )
 
 
+# each tenant's telemetry in a stream of its own, POOL_TEL_<tenant>, over
+# pool.tel.*.*.<tenant>.>: its retention is the tenant's alone, so one tenant's volume never
+# evicts another's samples (docs/adr/024-telemetry-retention-per-tenant.md). Tenants' filters
+# differ in a literal token and never overlap; POOL_TELEMETRY keeps the node-level subjects,
+# which have fewer tokens than any tenant's, and a store's samples from before the split
+TENANT_TELEMETRY_STREAM_PREFIX = "POOL_TEL_"
+NODE_TELEMETRY_SUBJECTS = f"{TELEMETRY_PREFIX}.node.*.*"
+
+
+def tenant_telemetry_stream(tenant: str) -> str:
+    """`POOL_TEL_<tenant>`: the stream that keeps `tenant`'s telemetry."""
+    return TENANT_TELEMETRY_STREAM_PREFIX + token(tenant)
+
+
+def tenant_telemetry_subjects(tenant: str) -> str:
+    """`pool.tel.*.*.<tenant>.>`: every telemetry subject of `tenant`'s leases."""
+    return f"{TELEMETRY_PREFIX}.*.*.{token(tenant)}.>"
+
+
+def telemetry_tenant_of(filter_subject: str) -> str | None:
+    """The tenant token of a telemetry subject or filter, None when it is a wildcard (or the
+    subject is not a lease's)."""
+    parts = filter_subject.split(".")
+    if len(parts) < 6 or parts[:2] != TELEMETRY_PREFIX.split(".") or parts[4] in ("*", ">"):
+        return None
+    return parts[4]
+
+
 def feed_subject(tenant: str, lease_id: str) -> str:
     """`pool.feed.<tenant>.lease.<lease_id>`: where the control plane stores one lease's
     state changes (the tenant its own token, so a permission selects exactly its leases)."""

@@ -1,11 +1,12 @@
-"""The telemetry stream, its publisher and its follower (subjects `pool.tel.…`).
-Subjects, loss, retention and tenants' replay: docs/operations.md#telemetry-job-output-and-tracing.
+"""Telemetry's publisher, samples and stream pages (`pool.tel.…`; tenants' streams are
+bus.telemetry_streams'). Docs: docs/operations.md#telemetry-job-output-and-tracing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import datetime as dt
 import logging
 import threading
@@ -17,6 +18,7 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from bus.errors import BusError, BusUnavailable
 from bus.headers import HDR_NUM_PENDING, HDR_SEQUENCE, HDR_STATUS, HDR_SUBJECT
@@ -40,7 +42,16 @@ log = logging.getLogger(__name__)
 
 
 async def ensure_telemetry_stream(js: JetStreamContext, replicas: int = 1) -> None:
-    await ensure_stream(js, telemetry_stream_config(replicas))
+    """POOL_TELEMETRY, made or updated; an existing one keeps a larger max_bytes (a store from
+    before each tenant had a stream: the tenants' samples in it stay until they age out)."""
+    config = telemetry_stream_config(replicas)
+    try:
+        have = int((await js.stream_info(TELEMETRY_STREAM)).config.max_bytes or -1)
+    except NotFoundError:
+        have = 0
+    if have < 0 or have > (config.max_bytes or 0):
+        config = dataclasses.replace(config, max_bytes=have)
+    await ensure_stream(js, config)
 
 
 class TelemetryPublisher:
@@ -183,10 +194,13 @@ REPLAY_POLL_S = 0.5  # a tenant's follower asks for the next page this often onc
 @dataclass(frozen=True)
 class TelemetryPage:
     """Stored samples in stream order: (stream sequence, subject, payload); `at_end` when no
-    more matched when the page was read."""
+    more matched when the page was read; `skipped_to`, where nonzero, a sequence the next page
+    may start after though no sample of this one reached it (a tenant's samples from before
+    its own stream, all read)."""
 
     samples: list[tuple[int, str, bytes]]
     at_end: bool
+    skipped_to: int = 0
 
 
 async def read_page_async(

@@ -27,10 +27,7 @@ from bus.connection import connect
 from bus.errors import BusUnavailable, PermissionDenied
 from bus.headers import HDR_LAST_CONSUMER, HDR_STATUS
 from bus.runtime import translate
-from bus.subjects import (
-    TELEMETRY_STREAM,
-    command_subject,
-)
+from bus.subjects import command_subject
 from bus.telemetry import (
     REPLAY_POLL_S,
     OnSample,
@@ -38,6 +35,7 @@ from bus.telemetry import (
     TelemetrySample,
     telemetry_filter,
 )
+from bus.telemetry_streams import streams_holding
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +58,10 @@ class _OrderedReplay:
         filter_subject: str,
         start_time: dt.datetime | None,
         queue: asyncio.Queue[TelemetrySample],
+        stream: str,
     ) -> None:
         self._nc = nc
+        self._stream = stream
         self._filter = filter_subject
         self._start_time = start_time
         self._queue = queue
@@ -112,7 +112,7 @@ class _OrderedReplay:
         self._sub = await self._nc.subscribe(deliver, cb=on_message)
         self._last_activity = asyncio.get_running_loop().time()
         # nats-py puts the filter in the create subject when the consumer has a name
-        await self._nc.jsm().add_consumer(TELEMETRY_STREAM, config=config)
+        await self._nc.jsm().add_consumer(self._stream, config=config)
 
     async def _on_message(self, msg: Msg) -> None:
         self._last_activity = asyncio.get_running_loop().time()
@@ -280,14 +280,13 @@ async def follow_telemetry(
     """Call `on_sample` for each sample under `filter_subject` until cancelled, `max_samples`
     arrived or `duration_s` passed; return how many arrived.
 
-    Without `since`: a core subscription (live only). With `since`: the stream from that time
-    on, then live, without a gap — one ordered consumer does both, or, `as_tenant`, pages from
-    the control plane (`fields`: the pool/node/lease/kind filter). `refused` is a future the
-    connection's error callback completes on a permission violation; it is raised here as
-    PermissionDenied.
-    """
+    Without `since`: a core subscription (live only). With `since`: the stored samples from that
+    time on, then live, without a gap: one ordered consumer a telemetry stream (each in its own
+    order), or, `as_tenant`, pages from the control plane (`fields`: the pool/node/lease/kind
+    filter). `refused`: a future the connection's error callback completes on a permission
+    violation, raised here as PermissionDenied."""
     queue: asyncio.Queue[TelemetrySample] = asyncio.Queue()
-    replay: _OrderedReplay | None = None
+    replays: list[_OrderedReplay] = []
     paging: asyncio.Task[None] | None = None
     sub: Subscription | None = None
     loop = asyncio.get_running_loop()
@@ -317,8 +316,10 @@ async def follow_telemetry(
             paging = asyncio.ensure_future(
                 _replay_via_service(nc, as_tenant, fields or {}, since, queue))
         else:
-            replay = _OrderedReplay(nc, filter_subject, since, queue)
-            create = asyncio.ensure_future(replay.start())
+            # one ordered consumer a stream that may hold such samples (each tenant's own)
+            replays = [_OrderedReplay(nc, filter_subject, since, queue, stream)
+                       for stream in await streams_holding(nc, filter_subject)]
+            create = asyncio.ensure_future(asyncio.gather(*(r.start() for r in replays)))
             first: set[asyncio.Future[Any]] = {create, refused}
             await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
             check_refused()
@@ -355,7 +356,7 @@ async def follow_telemetry(
         if paging is not None:
             paging.cancel()
             await asyncio.gather(paging, return_exceptions=True)
-        if replay is not None:
+        for replay in replays:
             await replay.stop()
         if sub is not None:
             try:

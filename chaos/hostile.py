@@ -52,6 +52,19 @@ async def publish_raw(url: str, messages: Sequence[tuple[str, bytes, str]], *, u
     return {"refused": refused, "heard": heard}
 
 
+async def flood_connections(url: str, n: int, *, user: str, password: str,
+                            settle_seconds: float = 3.0) -> int:
+    """Open `n` connections as `user` at once, none reconnecting; how many are still open
+    `settle_seconds` later (the connection guard closes those past the user's cap)."""
+    conns = await asyncio.gather(*(connect(url, user=user, password=password, reconnect=False)
+                                   for _ in range(n)))
+    await asyncio.sleep(settle_seconds)
+    kept = sum(c.is_connected for c in conns)
+    for c in conns:
+        await c.close()
+    return kept
+
+
 async def count_foreign(url: str) -> dict[str, int]:
     """Messages in the log, snapshot, work-queue, timer and lease-feed streams that no
     control-plane writer made: each of theirs carries headers (an event's, a snapshot's with

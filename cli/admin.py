@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cli import buckets
+from cli import buckets, retention
 from cli.connect import (
     admin_context,
     admin_nats_client,
@@ -268,6 +268,7 @@ def register(sub: Subparsers) -> None:
     reservation.register_admin(adm)
     _add_tenant_creds(aten)
     buckets.register(aten)
+    retention.register(aten)
     from cli.gateway import register_tokens
 
     register_tokens(adm, aten)

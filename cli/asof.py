@@ -33,12 +33,12 @@ def lease_at(args: argparse.Namespace, tenant: str, at: float) -> int:
 def shares_at(nats_url: str, pool_id: str, at: float) -> dict[str, Any] | None:
     """The pool's fair shares as the scheduler saw them at `at`: the log folded up to the last
     event made by then, the shares read at that time."""
-    from workers.application import PoolApp
-    from workers.bootstrap import app_env
+    from workers.bootstrap import PlaneConfig, Role, build
     from workers.quotas import fair_shares
-    from workers.scheduler import Scheduler
 
-    scheduler = Scheduler(PoolApp(env=app_env(nats_url)), clock=lambda: at)
+    replay = build(PlaneConfig(nats_url, clock=lambda: at), {Role.REPLAY})
+    scheduler = replay.scheduler
+    assert scheduler is not None
     try:
         scheduler.stop_after = at
         scheduler.catch_up()
@@ -48,4 +48,4 @@ def shares_at(nats_url: str, pool_id: str, at: float) -> dict[str, Any] | None:
         ps.refresh_totals()
         return fair_shares(ps, at)
     finally:
-        scheduler.close()
+        replay.close()

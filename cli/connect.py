@@ -170,10 +170,11 @@ def views_schema_of(args: argparse.Namespace) -> str:
 
 
 def log_app(args: argparse.Namespace) -> Any:
-    from workers.application import PoolApp
-    from workers.bootstrap import app_env
+    """The application over the log an operator's command reads (the composition root's LOG
+    role)."""
+    from workers.bootstrap import PlaneConfig, Role, build
 
-    return PoolApp(env=app_env(nats_url_of(args)))
+    return build(PlaneConfig(nats_url_of(args)), {Role.LOG}).log
 
 
 def close_app(app: Any, args: argparse.Namespace) -> None:

@@ -40,17 +40,17 @@ def listen_of(text: str | None) -> tuple[str, int] | None:
 
 def build_app(*, nats_url: str, service_url: str, auth_path: Path | None, database_url: str,
               views_schema: str, home: Path) -> Any:
-    from gateway.app import create_app
-    from gateway.upstream import Settings
+    """The gateway's ASGI application, from the composition root's gateway role."""
+    from workers.bootstrap import GatewayConfig, PlaneConfig, Role, build
 
     raw = os.environ.get("POOL_MAX_UPLOAD_BYTES", "")
     if raw and not (raw.isascii() and raw.isdigit()):
         raise UsageError(f"POOL_MAX_UPLOAD_BYTES={raw!r}: a whole number of bytes")
-    settings = Settings(nats_url, auth_path=auth_path, service_url=service_url)
-    if raw:  # the largest work directory a tenant sends over HTTP
-        settings.max_upload_bytes = int(raw)
-    return create_app(settings, _store(home), database_url=database_url,
-                      views_schema=views_schema)
+    gateway = GatewayConfig(nats_url, home, service_url=service_url, auth_path=auth_path,
+                            database_url=database_url, views_schema=views_schema,
+                            # the largest work directory a tenant sends over HTTP
+                            max_upload_bytes=int(raw) if raw else None)
+    return build(PlaneConfig(nats_url, gateway=gateway), {Role.GATEWAY}).gateway
 
 
 def first_admin_token(home: Path) -> str | None:

@@ -17,7 +17,7 @@ def cmd_image_keygen(args: argparse.Namespace) -> int:
     """`pool image keygen PREFIX`: PREFIX.key (private, 0600) and PREFIX.pub (public)."""
     import os
 
-    from domain.policy.images import generate_key_pair
+    from cli.image_signing import generate_key_pair
 
     private_pem, public_pem = generate_key_pair(args.kind)
     private_path, public_path = Path(f"{args.prefix}.key"), Path(f"{args.prefix}.pub")
@@ -34,7 +34,8 @@ def cmd_image_keygen(args: argparse.Namespace) -> int:
 
 def cmd_image_sign(args: argparse.Namespace) -> int:
     """`pool image sign IMAGE --key K.key`: the base64 simple-signing signature."""
-    from domain.policy.images import InvalidReference, sign_image
+    from cli.image_signing import sign_image
+    from domain.policy.images import InvalidReference
 
     try:
         signature = sign_image(Path(args.key).read_bytes(), args.image)

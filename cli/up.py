@@ -1,4 +1,4 @@
-"""The verbs that start things: `pool up`, `pool cluster`, `pool demo` and `pool serve`."""
+"""The verbs that start things: `pool up`, `pool cluster` and `pool demo` (serve: cli/serve.py)."""
 
 from __future__ import annotations
 
@@ -23,10 +23,13 @@ from cli.output import (
 
 
 def _make_buckets(home: Path, service_url: str, replicas: int) -> None:
-    """Every tenant's file buckets (work directories, artifacts): the operator makes them."""
-    from bus.errors import BucketQuotaUnreservable
+    """Every tenant's file buckets (work directories, artifacts) and telemetry stream: the
+    operator makes them (on a store from before tenants had telemetry streams, this splits
+    POOL_TELEMETRY, whose samples stay readable until they age out)."""
+    from bus.errors import BucketQuotaUnreservable, TelemetryRetentionUnreservable
     from bus.local.auth import AuthConfig
     from bus.objects import ensure_tenant_buckets_sync
+    from bus.telemetry_streams import ensure_tenant_telemetry_sync
     from local import embedded
 
     tenants = sorted((embedded.local_auth(home) or AuthConfig()).tenants)
@@ -34,6 +37,10 @@ def _make_buckets(home: Path, service_url: str, replicas: int) -> None:
         try:
             ensure_tenant_buckets_sync(service_url, tenants, replicas=replicas)
         except BucketQuotaUnreservable as e:  # the plane still runs; files wait for room
+            print(f"pool: warning [{e.code}]: {e}", file=sys.stderr)
+        try:
+            ensure_tenant_telemetry_sync(service_url, tenants, replicas=replicas)
+        except TelemetryRetentionUnreservable as e:  # jobs run; their output is not kept
             print(f"pool: warning [{e.code}]: {e}", file=sys.stderr)
 
 
@@ -65,22 +72,20 @@ def cmd_up(args: argparse.Namespace) -> int:
         ensure_all_streams(service_url, replicas=args.replicas)
         _make_buckets(home, service_url, args.replicas)
         if not args.no_workers:
-            from workers.plane import ControlPlane
+            import dataclasses
+
+            from workers.bootstrap import build, served
+            from workers.plane import ROLES, ControlPlane
             from workers.processes import PARENT_ROLES, RoleProcess, split_by_default
 
-            # each role as its own user; the operator (service user) only made the streams
-            url = emb.role_urls.get("commands", service_url)
+            config = _plane_config(emb, service_url, args)
             if not args.one_process and split_by_default():
                 # the scheduler's roles in a process of their own (workers/processes.py)
-                child = RoleProcess(url, role_urls=emb.role_urls or None,
-                                    responder_url=emb.responder_url or None,
-                                    metrics_port=(None if args.metrics_port is None
-                                                  else args.metrics_port + 1)).start()
-            plane = ControlPlane(url, database_url=emb.database_url or None,
-                                 responder_url=emb.responder_url or None,
-                                 role_urls=emb.role_urls or None,
-                                 metrics_port=args.metrics_port,
-                                 roles=PARENT_ROLES if child is not None else None).start()
+                child = RoleProcess(dataclasses.replace(
+                    config, database_url=None, metrics_port=(
+                        None if args.metrics_port is None else args.metrics_port + 1))).start()
+            names = PARENT_ROLES if child is not None else ROLES
+            plane = ControlPlane(build(config, served(names))).start()
         http_notes: list[str] = []
         if listen is not None:
             from cli.gateway import start_beside
@@ -96,6 +101,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             "streams": streams,
             "http_url": http.url if http is not None else None,
             "scheduler_pid": child.pid if child is not None else None,
+            "tenant_caps": vars(emb.caps) if emb.caps is not None else None,
         }
         token = next((n.split()[3] for n in http_notes if n.startswith("http: admin token")),
                      None)
@@ -132,6 +138,17 @@ def cmd_up(args: argparse.Namespace) -> int:
         emb.stop()
         if not args.json:
             print(f"stopped; data kept in {home}", file=sys.stderr)
+
+
+def _plane_config(emb: Any, service_url: str, args: argparse.Namespace) -> Any:
+    """`pool up`'s control plane's config: each role as its own user (the operator, the
+    service user, only made the streams)."""
+    from workers.bootstrap import PlaneConfig
+
+    return PlaneConfig(emb.role_urls.get("commands", service_url),
+                       database_url=emb.database_url or None,
+                       responder_url=emb.responder_url or None,
+                       role_urls=dict(emb.role_urls), metrics_port=args.metrics_port)
 
 
 def _webhook_key(home: Path) -> None:
@@ -192,6 +209,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
     import os
 
     from bus.admin import describe_streams
+    from bus.connguard import Caps, ConnectionGuard, tenant_caps
     from bus.local import auth as bus_auth
     from bus.local.auth import redact
     from bus.local.cluster import NatsCluster
@@ -201,6 +219,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
         raise UsageError("--nats-nodes must be at least 1 (3 or 5 for a quorum that survives loss)")
     home = Path(args.home).resolve() if args.home else embedded.pool_home()
     root = home / "cluster"
+    caps = Caps.from_env()  # a bad cap is refused before anything starts
     lock_fd = embedded.hold_instance_lock(root)  # one `pool cluster up` per home
     state = root / "cluster.json"
     stop = threading.Event()
@@ -211,9 +230,11 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
     cluster = NatsCluster(root, nodes=args.nats_nodes,
                           ports=_cluster_ports(state, args.nats_nodes), auth=auth)
     plane: Any = None
+    guard: Any = None
     pg: Any = None
     try:
         cluster.start()
+        guard = ConnectionGuard(bus_auth.guard_url(cluster.url, auth), tenant_caps(caps)).start()
         state.write_text(json.dumps({"urls": cluster.urls, "ports": [s.port for s in
                                                                      cluster.servers]}) + "\n")
         replicas = min(args.replicas, args.nats_nodes)
@@ -225,13 +246,14 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             pg = start_embedded_postgres(root / "pg")
             database_url = pg.url
         if not args.no_workers:
-            from workers.plane import ControlPlane
+            from workers.bootstrap import PlaneConfig, build, served
+            from workers.plane import ROLES, ControlPlane
 
             roles = bus_auth.role_urls(cluster.url, auth)
-            plane = ControlPlane(roles["commands"], database_url=database_url or None,
-                                 role_urls=roles,
-                                 responder_url=bus_auth.url_with_credentials(
-                                     cluster.url, auth.responder)).start()
+            config = PlaneConfig(roles["commands"], database_url=database_url or None,
+                                 role_urls=roles, responder_url=bus_auth.url_with_credentials(
+                                     cluster.url, auth.responder))
+            plane = ControlPlane(build(config, served(ROLES))).start()
         streams = describe_streams(cluster.service_url)
         info = {
             "home": str(root),
@@ -243,28 +265,12 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             "meta_leader": cluster.meta_leader(),
             "control_plane": plane is not None,
             "streams": streams,
+            "tenant_caps": vars(caps),
         }
         if args.json:
             print(json.dumps(info), flush=True)
         else:
-            for s in cluster.servers:
-                print(f"nats: {s.url} ({s.server_name}, JetStream in {s.store_dir})")
-            print(f"cluster: {cluster.cluster_name}, {len(cluster.servers)} servers, meta leader "
-                  f"{info['meta_leader']}; users required (loopback only)")
-            for st in streams:
-                print(f"stream: {st['name']} (R{st['replicas']}, {st['messages']} messages)")
-            if database_url:
-                print(f"postgres: {redact(database_url)}"
-                      + (f" (password in {root / 'pg.password'})" if pg is not None else ""))
-            if plane is not None:
-                print("control plane: commands, scheduler, reconciler"
-                      + (", projector" if plane.projector is not None else "") + " running")
-            print(f"export POOL_NATS_URL={cluster.url}")
-            print(f"export POOL_NATS_USER={auth.roles['admin'].user}  # and POOL_NATS_PASSWORD: "
-                  f"its password in {root / embedded.AUTH_FILE}")
-            if database_url:
-                print(f"export POOL_DATABASE_URL={redact(database_url)}  # *** is the password")
-            print("ready: Ctrl-C to stop (data is kept for the next start)", flush=True)
+            _print_cluster_ready(info, cluster, caps, streams, auth, root, pg, plane)
         if args.exit_when_ready:
             return EXIT_OK
         while not stop.wait(0.5):
@@ -274,12 +280,38 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
     finally:
         if plane is not None:
             plane.stop()
+        if guard is not None:
+            guard.stop()
         cluster.stop()
         if pg is not None:
             pg.stop()
         embedded.release_instance_lock(lock_fd)
         if not args.json:
             print(f"stopped; data kept in {root}", file=sys.stderr)
+
+
+def _print_cluster_ready(info: dict[str, Any], cluster: Any, caps: Any, streams: list[Any],
+                         auth: Any, root: Path, pg: Any, plane: Any) -> None:
+    """`pool cluster up`'s lines once every server, stream and role is up."""
+    for s in cluster.servers:
+        print(f"nats: {s.url} ({s.server_name}, JetStream in {s.store_dir})")
+    print(f"cluster: {cluster.cluster_name}, {len(cluster.servers)} servers, meta leader "
+          f"{info['meta_leader']}; users required (loopback only)")
+    print(f"limits: {caps.describe()}, kept by the connection guard")
+    for st in streams:
+        print(f"stream: {st['name']} (R{st['replicas']}, {st['messages']} messages)")
+    if info["database_url"]:
+        print(f"postgres: {info['database_url']}"
+              + (f" (password in {root / 'pg.password'})" if pg is not None else ""))
+    if plane is not None:
+        print("control plane: commands, scheduler, reconciler"
+              + (", projector" if plane.projector is not None else "") + " running")
+    print(f"export POOL_NATS_URL={cluster.url}")
+    print(f"export POOL_NATS_USER={auth.roles['admin'].user}  # and POOL_NATS_PASSWORD: "
+          f"its password in {info['auth_file']}")
+    if info["database_url"]:
+        print(f"export POOL_DATABASE_URL={info['database_url']}  # *** is the password")
+    print("ready: Ctrl-C to stop (data is kept for the next start)", flush=True)
 
 
 def cmd_cluster_init(args: argparse.Namespace) -> int:
@@ -332,7 +364,8 @@ def cmd_cluster_auth(args: argparse.Namespace) -> int:
                            + compose_secrets.env_lines(extra))
     bus_auth.write_private(folder / "cluster.conf",
                            compose_secrets.route_include(extra[compose_secrets.ROUTE]))
-    users = [auth.service, auth.responder, *auth.roles.values(), *auth.nodes.values()]
+    users = [auth.service, auth.responder, auth.guard, *auth.roles.values(),
+             *auth.nodes.values()]
     if args.json:
         print(json.dumps({"ok": True, "result": {"users": [c.user for c in users],
                                                  "auth_conf": str(folder / "auth.conf"),
@@ -367,63 +400,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"demo {'passed' if rc == 0 else 'FAILED'} in "
           f"{__import__('time').monotonic() - started:.1f} s")
     return rc
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    from workers.plane import ControlPlane, parse_roles
-
-    url = nats_url_of(args)
-    try:
-        roles = parse_roles(args.role)
-    except ValueError as e:
-        raise UsageError(str(e)) from e
-    stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    from local import embedded
-
-    db_url = getattr(args, "database_url", None) or embedded.endpoints()[1] or None
-    named = {r.strip() for value in args.role or [] for r in value.split(",")}
-    if "projector" in named and not db_url:
-        raise UsageError("the projector role needs a database: set POOL_DATABASE_URL / "
-                         "--database-url")
-    views = [v for v in (args.views or "").split(",") if v] or None
-    # against this machine's `pool up`, the responders answer as their own user
-    responder = None if getattr(args, "nats_url", None) else embedded.responder_url() or None
-    # and each role as its own user: this machine's `pool up`'s, or those whose passwords the
-    # environment holds (compose.yaml)
-    import os
-
-    from bus.local.auth import role_urls_from_env
-
-    from_env = role_urls_from_env(url, os.environ)
-    responder = from_env.pop("responder", None) or responder
-    if from_env and responder is None and roles & {"commands", "scheduler"}:
-        raise UsageError("the commands and scheduler roles answer requests as the responders' "
-                         "user: set POOL_RESPONDER_PASSWORD beside the roles' passwords")
-    role_urls: dict[str, str] | None = from_env or None
-    if role_urls is None and not getattr(args, "nats_url", None):
-        role_urls = embedded.role_urls() or None
-    checkpoint_every = (None if getattr(args, "no_checkpoint", False) else
-                        (args.checkpoint_every, args.checkpoint_seconds))
-    cp = ControlPlane(url, database_url=db_url, roles=roles, projector_views=views,
-                      leader_ttl_seconds=getattr(args, "leader_ttl", 3.0),
-                      responder_url=responder, role_urls=role_urls,
-                      checkpoint_every=checkpoint_every,
-                      metrics_port=getattr(args, "metrics_port", None),
-                      metrics_host=getattr(args, "metrics_host", "127.0.0.1")).start()
-    from bus.local.auth import redact
-
-    running = [r for r in ("commands", "scheduler", "reconciler", "projector")
-               if r in roles and (r != "projector" or cp.projector is not None)]
-    print(f"serving {', '.join(running)} on {redact(url)}: Ctrl-C to stop", flush=True)
-    try:
-        while not stop.wait(0.5):
-            pass
-    finally:
-        cp.stop()
-        print("stopped", file=sys.stderr)
-    return EXIT_OK
 
 
 def register(sub: Subparsers) -> None:
@@ -525,47 +501,3 @@ def register(sub: Subparsers) -> None:
     dm.add_argument("--verbose", "-v", action="store_true")
     dm.set_defaults(func=cmd_demo)
 
-
-def register_serve(sub: Subparsers) -> None:
-    """Add `serve`."""
-    srv = sub.add_parser(
-        "serve", help="run the command service and the scheduler (or some of the roles)",
-        description="Run control-plane roles against POOL_NATS_URL (a comma-separated list names "
-        "the servers of a cluster). commands: command, admin and node subjects (queue group "
-        "pool-commands: run any number); scheduler: placements and agent orders (leader elections "
-        "in JetStream KV: one scheduler per pool, pools spread over the scheduler processes, "
-        "one of them dispatching; the others take over when one dies); reconciler: fired deadline "
-        "timers (one shared durable consumer: any number); projector: the PostgreSQL views "
-        "(needs POOL_DATABASE_URL).")
-    srv.add_argument("--role", action="append", metavar="ROLE",
-                     help="commands|scheduler|reconciler|projector|all; repeat it or give a "
-                     "comma list (default: all)")
-    srv.add_argument("--views", metavar="VIEW,…",
-                     help="the projector's views (default: all of queue,balance,capacity,leases)")
-    srv.add_argument("--nats-url", help="NATS server (default: POOL_NATS_URL or `pool up`)")
-    srv.add_argument("--database-url",
-                     help="PostgreSQL for the views (default: POOL_DATABASE_URL or `pool up`)")
-    srv.add_argument("--leader-ttl", type=float, default=3.0, metavar="SECONDS",
-                     help="the schedulers' leader leases (per pool, and the dispatcher's): "
-                     "another scheduler takes over this long after one dies (default 3)")
-    from workers.scheduler.checkpoint import EVERY_EVENTS, EVERY_SECONDS
-
-    srv.add_argument("--checkpoint-every", type=int, default=EVERY_EVENTS, metavar="EVENTS",
-                     help="the scheduler checkpoints its fold after this many events "
-                     f"(default {EVERY_EVENTS:,}) …")
-    srv.add_argument("--checkpoint-seconds", type=float, default=EVERY_SECONDS,
-                     metavar="SECONDS", help="… or this many seconds, whichever comes first "
-                     f"(default {EVERY_SECONDS:g})")
-    srv.add_argument("--no-checkpoint", action="store_true",
-                     help="neither read nor write the scheduler's checkpoint: its start-up "
-                     "replays the whole log")
-    import os
-
-    port = os.environ.get("POOL_METRICS_PORT", "")
-    srv.add_argument("--metrics-port", type=int, metavar="PORT",
-                     default=int(port) if port.isdigit() else None,
-                     help="Prometheus /metrics on PORT (default: $POOL_METRICS_PORT, else none)")
-    srv.add_argument("--metrics-host", default=os.environ.get("POOL_METRICS_HOST", "127.0.0.1"),
-                     metavar="HOST", help="the address /metrics listens on (default "
-                     "$POOL_METRICS_HOST or 127.0.0.1; in a container: 0.0.0.0)")
-    srv.set_defaults(func=cmd_serve)

@@ -319,11 +319,14 @@ def _http_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any
 
 
 def create_app(settings: Settings, tokens: TokenStore, *, database_url: str = "",
-               views_schema: str = "", dashboard: bool = True) -> Litestar:
-    """The ASGI application; its NATS clients close with its lifespan."""
+               views_schema: str = "", dashboard: bool = True,
+               open_log: Callable[[str], Any] | None = None) -> Litestar:
+    """The ASGI application; its NATS clients close with its lifespan. The product's is made
+    by the composition root (workers/bootstrap.py), which passes `open_log` (an application
+    over the log at a URL, for the flight recorder and the log's head; None: neither)."""
     upstream = Upstream(settings)
     gw = Gateway(tokens, upstream, database_url, views_schema,
-                 service_url=upstream.service_url())
+                 service_url=upstream.service_url(), open_log=open_log)
     handlers: list[Any] = []
     for route in ROUTES:
         handlers.append(HTTPRouteHandler(path=_litestar_path(route.path),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -30,20 +31,19 @@ def _hook(value: Any) -> Any:
 
 
 class History:
-    """One application over the log, made on first use and kept."""
+    """One application over the log, opened on first use (by the composition root's
+    `open_log`, workers/bootstrap.py) and kept."""
 
-    def __init__(self, service_url: str) -> None:
+    def __init__(self, service_url: str, open_log: Callable[[str], Any]) -> None:
         self.service_url = service_url
+        self._open_log = open_log
         self._app: Any = None
         self._lock = threading.Lock()
 
     def _application(self) -> Any:
         with self._lock:
             if self._app is None:
-                from workers.application import PoolApp
-                from workers.bootstrap import app_env
-
-                self._app = PoolApp(env=app_env(self.service_url))
+                self._app = self._open_log(self.service_url)
             return self._app
 
     def log_head(self) -> int | None:

@@ -38,6 +38,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "bucket_missing": 409,  # the tenant's file bucket is not made yet: the operator's step
     "bucket_quota_exceeded": 409,  # room comes back when objects are deleted or expire
     "bucket_quota_unreservable": 503,  # the operator's to fix: the server's store is too small
+    "telemetry_retention_unreservable": 503,  # the same, for a tenant's telemetry stream
     "unknown_tenant": 404, "unknown_reservation": 404, "unknown_webhook": 404,
     "unknown_dependency": 404,
     "secret_unknown": 404,  # a secret the tenant never set, deleted, or a version not kept

@@ -3,6 +3,7 @@ and the refusal a handler raises to be answered with a problem."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,13 +30,16 @@ class Gateway:
     _reader: Any = None
     _history: Any = None
     service_url: str = ""  # the log's reader connects as the admin role
+    # opens an application over the log at a URL (the composition root's); None: no reader
+    open_log: Callable[[str], Any] | None = None
 
     def history(self) -> Any:
-        """The flight recorder's reader (gateway.history.History), or None without a URL."""
-        if self._history is None and self.service_url:
+        """The flight recorder's reader (gateway.history.History), or None without a URL or
+        a way to open the log."""
+        if self._history is None and self.service_url and self.open_log is not None:
             from gateway.history import History
 
-            self._history = History(self.service_url)
+            self._history = History(self.service_url, self.open_log)
         return self._history
 
     def views(self, view: str, **kw: Any) -> dict[str, Any]:

@@ -126,10 +126,10 @@ class Checks(Story):
     def audit(self) -> None:
         from projections.audit import audit_credits
         from projections.summary import Summary
-        from workers.application import PoolApp
-        from workers.bootstrap import app_env
+        from workers.bootstrap import PlaneConfig, Role, build
 
-        app = PoolApp(env=app_env(self.url))
+        app = build(PlaneConfig(self.url), {Role.LOG}).log
+        assert app is not None
         summary = Summary(self.emb.database_url)
         try:
             last = app.recorder.max_notification_id() or 0

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from bus.local import auth as bus_auth
 
 if TYPE_CHECKING:  # the servers are loaded only by the start: a tenant's `pool` needs neither
+    from bus.connguard import Caps, ConnectionGuard
     from bus.local.auth import AuthConfig, Credentials
     from bus.local.server import NatsServer
     from projections.postgres.embedded import EmbeddedPostgres
@@ -53,6 +54,9 @@ class Embedded:
     service_url: str = ""  # nats_url with the service user's credentials (or nats_url: no auth)
     responder_url: str = ""  # with the responders' (inboxes only); "" without auth
     role_urls: dict[str, str] = field(default_factory=dict)  # each role's user; {} without auth
+    # the server's companion, holding each tenant's user to its caps (ADR 023); None without auth
+    guard: ConnectionGuard | None = None
+    caps: Caps | None = None
     auth_mtime: float = 0.0
     lock_fd: int | None = None  # the instance lock, released last by stop()
 
@@ -80,6 +84,9 @@ class Embedded:
         return True
 
     def stop(self) -> None:
+        if self.guard is not None:
+            self.guard.stop()
+            self.guard = None
         if self.nats is not None:
             self.nats.stop()
             self.nats = None
@@ -164,8 +171,10 @@ def start(home: Path | None = None, *, with_postgres: bool = True) -> Embedded:
 
 
 def _start(home: Path, *, with_postgres: bool) -> Embedded:
+    from bus.connguard import Caps, ConnectionGuard, tenant_caps
     from bus.local.server import NatsServer, free_port
 
+    caps = Caps.from_env()  # a bad cap is refused before anything starts
     nats_url = os.environ.get("POOL_NATS_URL")
     server: NatsServer | None = None
     notes: list[str] = []
@@ -221,6 +230,16 @@ def _start(home: Path, *, with_postgres: bool) -> Embedded:
                      f"{home / 'pg'}; password in {home / 'pg.password'}, mode 0600)")
     emb = Embedded(home, nats_url, database_url, server, pg, notes)
     if server is not None:
+        emb.caps = caps
+        emb.guard = ConnectionGuard(bus_auth.guard_url(nats_url, auth), tenant_caps(caps))
+        try:
+            emb.guard.start()
+        except Exception:
+            emb.guard = None
+            emb.stop()
+            raise
+        notes.append(f"limits: {caps.describe()}; past them a connection is closed by the "
+                     "connection guard")
         emb.service_url = service_url
         emb.responder_url = responder_url
         emb.role_urls = roles
@@ -377,10 +396,13 @@ def _add_user(kind: str, name: str, home: Path | None, rotate: bool) -> Credenti
     if changed and running:
         _wait_usable(home, creds)
     if kind == "tenant" and running:
-        # its file buckets, made by the operator (a tenant may not configure a stream)
+        # its file buckets and telemetry stream, made by the operator (a tenant may not
+        # configure a stream)
         from bus.objects import ensure_tenant_buckets_sync
+        from bus.telemetry_streams import ensure_tenant_telemetry_sync
 
         ensure_tenant_buckets_sync(service_url(home), [name])
+        ensure_tenant_telemetry_sync(service_url(home), [name])
     return creds
 
 

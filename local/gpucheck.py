@@ -82,10 +82,12 @@ def _check(state: Path, runtime: Any, probe: Any, reserve: Any, report: dict[str
     from bus.agentbus import AgentLink
     from bus.local.server import NatsServer
     from client.api import PoolClient
-    from workers.plane import ControlPlane
+    from workers.bootstrap import PlaneConfig, build, served
+    from workers.plane import ROLES, ControlPlane
 
     with NatsServer(store_dir=state / "nats", server_name="pool-gpu-check") as server:
-        cp = ControlPlane(server.url, leader_ttl_seconds=1.0).start()
+        config = PlaneConfig(server.url, leader_ttl_seconds=1.0)
+        cp = ControlPlane(build(config, served(ROLES))).start()
         admin = PoolClient(server.url)
         tenant = PoolClient(server.url, "gpucheck")
         stop = threading.Event()

@@ -22,6 +22,7 @@ from gateway.server import ServerThread
 from gateway.tokens import TokenStore
 from gateway.upstream import Settings
 from tests.control_plane import node_body, setup_pool
+from workers.bootstrap import application
 from workers.commands import QUERY_SUBJECTS, CommandHandler
 from workers.plane import ControlPlane
 from workers.projector import Projector
@@ -101,7 +102,7 @@ def gateway_stack(home: Path, database_url: str, schema: str, *,
     service_url = url_with_credentials(server.url, auth.service)
     stack: list[Any] = []
     try:
-        ensure_all_streams(service_url)
+        ensure_all_streams(service_url, tenants=TENANTS)  # as `pool up`: theirs too
         # webhooks on (a key to seal their secrets), to no address but public ones
         plane = ControlPlane(service_url, database_url=None, metrics_port=metrics_port,
                              webhooks=WebhookSettings(key=plane_key("gateway stack")),
@@ -111,7 +112,7 @@ def gateway_stack(home: Path, database_url: str, schema: str, *,
                           CommandHandler(plane.app, database_url=database_url,
                                          views_schema=schema), queue="pool-queries").start()
         stack.append(queries)
-        projector = Projector(service_url, database_url, schema=schema).start()
+        projector = Projector(application(service_url), database_url, schema=schema).start()
         stack.append(projector)
         with PoolClient(service_url) as admin:
             # a renewable term shorter than the maximum runtime, so renewals have room; its
@@ -124,7 +125,8 @@ def gateway_stack(home: Path, database_url: str, schema: str, *,
         tokens = {t: store.issue_tenant(t) for t in TENANTS}
         tokens["admin"] = store.issue_admin()
         app = create_app(Settings(server.url, auth_path=home / "auth.json"), store,
-                         database_url=database_url, views_schema=schema)
+                         database_url=database_url, views_schema=schema,
+                         open_log=application)
         http = ServerThread(app, port=0).start()
         stack.append(http)
         yield Stack(http.url, service_url, tokens, plane)

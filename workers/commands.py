@@ -88,7 +88,7 @@ class CommandHandler:
         self.database_url = database_url
         self.views_schema = views_schema
         self._reader: Any = None
-        # (filter subject, after_seq=, since=, limit=) → bus.telemetry.TelemetryPage
+        # (tenant, filter subject, after_seq=, since=, limit=) → bus.telemetry.TelemetryPage
         self.telemetry_pages = telemetry_pages
         # (tenant, lease=, after_seq=, limit=) → bus.telemetry.TelemetryPage of the feed;
         # (tenant, end=True) → the feed's last sequence
@@ -216,14 +216,15 @@ class CommandHandler:
 
         filt = telemetry_filter(pool=q.pool, node=q.node, tenant=tenant, lease=q.lease,
                                 kind=q.kind)
-        page = self.telemetry_pages(filt, after_seq=q.after_seq, since=q.since, limit=q.limit)
+        page = self.telemetry_pages(tenant, filt, after_seq=q.after_seq, since=q.since,
+                                    limit=q.limit)
         stored = page.samples
         if self._lease_nodes is not None:
             # a node speaks only for the leases it held: the rest is another's forgery
             stored, forged = self._lease_nodes.keep(tenant, stored)
             if forged:
                 metrics.REFUSALS.labels("telemetry_not_held").inc(forged)
-        last = max((seq for seq, _, _ in page.samples), default=0)
+        last = max((seq for seq, _, _ in page.samples), default=page.skipped_to)
         samples = []
         for seq, subject, data in stored:
             try:

@@ -73,6 +73,7 @@ class AgentOrder:
     body: bytes
     msg_id: str
     traceparent: str | None = None
+    tenant: str = ""  # a start's: its tenant's telemetry stream is made first where it may be
 
 
 def wire_shape(shape: Shape) -> v1.ResourceShape:
@@ -142,7 +143,8 @@ def orders_for(event_name: str, lease: Lease, pool: Pool | None) -> list[AgentOr
             egress_allow=list(files.egress_allow),
         )
         return [AgentOrder(node, "start", encode(assignment),
-                           f"start-{lid}-{lease.epoch}-{job.number}-{job.attempts}", trace)]
+                           f"start-{lid}-{lease.epoch}-{job.number}-{job.attempts}", trace,
+                           lease.tenant_id)]
     if event_name == "StopRequested":
         body = v1.LeaseRevocation(lease_id=lid, epoch=lease.epoch, grace_seconds=grace,
                                   reason=lease.stop_reason or "cancelled")
@@ -210,6 +212,9 @@ class Dispatcher:
         # where this fold is checkpointed and, at start, restored from
         # (workers.scheduler.checkpoint); None: every start-up replays the whole log
         self.checkpoints: Checkpointer | None = None
+        # makes a tenant's telemetry stream before its first job starts (a plane whose user
+        # may make streams: bus.telemetry_streams.MadeOnFirstUse); None: the operator did
+        self.tenant_streams: Callable[[str], None] | None = None
 
     def start(self) -> None:
         self.sent_upto = self.link.load_position(POSITION_KEY)
@@ -354,6 +359,8 @@ class Dispatcher:
         while self._outbox:
             order = self._outbox[0]
             hdrs = {HDR_TRACEPARENT: order.traceparent} if order.traceparent else None
+            if order.tenant and self.tenant_streams is not None:
+                self.tenant_streams(order.tenant)
             self.link.send(order.node_id, order.verb, order.body, msg_id=order.msg_id,
                            headers=hdrs)
             self._outbox.pop(0)

@@ -14,6 +14,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from workers.bootstrap import PlaneConfig, build, served
+
 log = logging.getLogger(__name__)
 
 # what the child runs; the parent runs the rest of ROLES (commands, and the projector)
@@ -33,7 +35,7 @@ def split_by_default() -> bool:
     return (os.cpu_count() or 1) >= 2
 
 
-def _serve(nats_url: str, options: dict[str, Any], ready: Any, stop: Any) -> None:
+def _serve(config: PlaneConfig, ready: Any, stop: Any) -> None:
     """The child: CHILD_ROLES until `stop` is set or the parent is gone."""
     # a terminal's Ctrl-C and hang-up reach the whole process group: the parent stops this
     # child through `stop`, after its own roles, so the child ignores them itself; a SIGTERM
@@ -44,7 +46,7 @@ def _serve(nats_url: str, options: dict[str, Any], ready: Any, stop: Any) -> Non
     signal.signal(signal.SIGTERM, lambda _signum, _frame: told.set())
     from workers.plane import ControlPlane
 
-    plane = ControlPlane(nats_url, roles=CHILD_ROLES, **options).start()
+    plane = ControlPlane(build(config, served(CHILD_ROLES))).start()
     ready.put(os.getpid())
     parent = multiprocessing.parent_process()
     try:
@@ -59,13 +61,15 @@ class RoleProcess:
     """CHILD_ROLES in a child process: `start()` returns once it serves, `ensure()` starts
     it again if it died, `stop()` stops it (and, past a grace, kills it)."""
 
-    def __init__(self, nats_url: str, *, role_urls: Mapping[str, str] | None = None,
+    def __init__(self, plane: PlaneConfig | str, *, role_urls: Mapping[str, str] | None = None,
                  responder_url: str | None = None, start_timeout: float = 600.0,
                  metrics_port: int | None = None) -> None:
+        # a URL: the config of the child's roles on it, with the other arguments
+        config = plane if isinstance(plane, PlaneConfig) else PlaneConfig(
+            plane, role_urls=dict(role_urls or {}), responder_url=responder_url,
+            metrics_port=metrics_port)
         # passed through the spawn pipe, never on a command line: the URLs hold passwords
-        self._args = (nats_url, {"role_urls": dict(role_urls or {}) or None,
-                                 "responder_url": responder_url,
-                                 "metrics_port": metrics_port})
+        self._args = (config,)
         self.start_timeout = start_timeout
         self._proc: Any = None
         self._stop: Any = None

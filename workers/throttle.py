@@ -12,9 +12,10 @@ from collections.abc import Callable
 
 from domain.rate import TokenBucket
 
-# per tenant per process, whatever the verb: above a pool's default lease-request rate and
-# burst (200/s, 1,000), so only a flood of other verbs (heartbeats, gets, queries) meets it
-COMMANDS_PER_SECOND = 1000
+# per tenant per process, whatever the verb (docs/adr/022): twice a pool's default
+# lease-request rate (200/s), and under what one closed-loop client sends, so a single
+# flooding client is held to it; the burst covers a full request burst (1,000) and more
+COMMANDS_PER_SECOND = 400
 COMMAND_BURST = 2000
 PREFIX = "pool.cmd."
 

@@ -34,6 +34,8 @@ from bus.subjects import (
     SESSION_PREFIX,
     SNAPSHOTS_PREFIX,
     SNAPSHOTS_STREAM,
+    TELEMETRY_STREAM,
+    TENANT_TELEMETRY_STREAM_PREFIX,
     WEBHOOK_BUCKET,
     WORK_BUCKET_PREFIX,
     is_token,
@@ -50,6 +52,10 @@ def _password() -> str:
 
 SERVICE_USER = "pool-service"
 RESPONDER_USER = "pool-responder"
+# the connection guard's user (bus/connguard.py): the one user of the server's system account
+GUARD_USER = "pool-guard"
+SYSTEM_ACCOUNT = "$SYS"
+TENANT_USER_PREFIX = "tenant-"
 # the control plane's roles and the admin CLI, each its own user `pool-<role>` (PERMISSIONS)
 ROLES = ("commands", "scheduler", "reconciler", "projector", "admin")
 ROLE_INBOXES = f"{INBOX_ROOT}.r"
@@ -96,6 +102,14 @@ _SNAPSHOTS = (f"{SNAPSHOTS_PREFIX}.>", *_READS_SNAPSHOTS)
 
 # the scheduler's checkpoints (bus.checkpoints): store chunks and a head, read them back
 _CHECKPOINTS = (f"{CHECKPOINT_PREFIX}.>", f"$JS.API.DIRECT.GET.{CHECKPOINT_STREAM}.>")
+
+# reading the tenants' telemetry (bus.telemetry_streams): each tenant's stream POOL_TEL_<t>
+# (its info says where its sequences start; named once a tenant, as a wildcard matches whole
+# tokens only) and the node-level POOL_TELEMETRY, which on a store from before the split
+# still holds the tenants' older samples
+_READS_TELEMETRY = (f"$JS.API.DIRECT.GET.{TELEMETRY_STREAM}",
+                    f"$JS.API.STREAM.INFO.{TENANT_TELEMETRY_STREAM_PREFIX}{{tenant}}",
+                    f"$JS.API.DIRECT.GET.{TENANT_TELEMETRY_STREAM_PREFIX}{{tenant}}")
 
 # the scheduler's decision records (bus.decisions): it alone writes them, and (answering
 # `why --at` for the asking tenant's lease only) reads them back
@@ -158,8 +172,7 @@ PERMISSIONS: dict[str, Rule] = {
         "replies into inboxes and nowhere else (never the log, timers, work queues, JetStream "
         "or KV)"),
     "commands": Rule(
-        ("pool.evt.>", *_READS_LOG, *_SNAPSHOTS, "$JS.API.DIRECT.GET.POOL_TELEMETRY",
-         *_READS_FEED, *_kv(WEBHOOK_BUCKET, watch=True), *_kv(SECRETS_BUCKET, watch=True)),
+        ("pool.evt.>", *_READS_LOG, *_SNAPSHOTS, *_READS_TELEMETRY, *_READS_FEED, *_kv(WEBHOOK_BUCKET, watch=True), *_kv(SECRETS_BUCKET, watch=True)),
         (f"{ROLE_INBOXES}.commands.>", "pool.appended.>"),
         "the command handlers' application: appends decided events, reads the log, saves and "
         "reads snapshots, reads tenants' telemetry and lease-feed pages and webhook "
@@ -194,15 +207,17 @@ PERMISSIONS: dict[str, Rule] = {
     "admin": Rule(
         ("pool.admin.>", f"{OPS_PREFIX}.>", *_READS_LOG, *_READS_SNAPSHOTS, "$JS.API.INFO",
          "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST", "$JS.API.STREAM.INFO.*",
-         "$JS.API.DIRECT.GET.POOL_TELEMETRY"),
+         *_READS_TELEMETRY),
         (f"{ADMIN_INBOXES}.operator.>",),
         "the admin CLI: operators' commands, their questions for the scheduler (`pool.ops`), "
         "reads of the log, snapshots, telemetry and stream state; no work queue, timer or KV, "
         "and no stream changes (`pool up` and `pool cluster init` make the streams as the "
         "operator)"),
     "tenant": Rule(
-        # replay goes through pool.cmd.<tenant>.telemetry.replay: no JetStream API at all, so
-        # no consumer (and no deliver subject)
+        # replay goes through pool.cmd.<tenant>.telemetry.replay: no JetStream API at all (but
+        # its files' direct gets), so no consumer (and no deliver subject). Not even a direct
+        # get on its own telemetry stream: the server sends the answer to whatever reply
+        # subject the asker names, unchecked, a log subject included
         ("pool.cmd.{name}.>", *_TENANT_FILES, f"{SESSION_PREFIX}.{{name}}.*.*.in"),
         # telemetry and feed subjects carry the tenant as a whole token, so these select
         # exactly its own leases (wildcards cannot match a prefix); the feed's stored records
@@ -212,6 +227,12 @@ PERMISSIONS: dict[str, Rule] = {
         "its own commands and queries, its own replies, telemetry and lease feed; its own "
         "file buckets: work directories read and written, artifacts read; its own sessions' "
         "bytes to the node (`in`) and back (`out`)"),
+    "guard": Rule(
+        ("$SYS.REQ.SERVER.PING.CONNZ", "$SYS.REQ.SERVER.*.CONNZ", "$SYS.REQ.SERVER.*.KICK"),
+        ("$SYS.ACCOUNT.*.CONNECT", "$SYS.ACCOUNT.*.DISCONNECT", "_INBOX.>"),
+        "the connection guard, alone in the server's system account (its `_INBOX` is its "
+        "own): hears connects and disconnects, lists connections, closes a tenant's "
+        "connections past its caps (ADR 023); nothing in the plane's subjects"),
     "node": Rule(
         ("pool.node.{name}.>", "pool.tel.*.{name}.>",
          "$JS.API.CONSUMER.MSG.NEXT.POOL_AGENT.agent-{name}",
@@ -333,10 +354,13 @@ class AuthConfig:
         r: Credentials(role_user(r), _password()) for r in ROLES})
     tenants: dict[str, Credentials] = field(default_factory=dict)
     nodes: dict[str, Credentials] = field(default_factory=dict)
+    guard: Credentials = field(
+        default_factory=lambda: Credentials(GUARD_USER, _password())
+    )
 
     def add_tenant(self, tenant: str, password: str | None = None) -> Credentials:
         tenant = checked_name("tenant", tenant)
-        c = Credentials(f"tenant-{tenant}", password or _password())
+        c = Credentials(f"{TENANT_USER_PREFIX}{tenant}", password or _password())
         self.tenants[tenant] = c
         return c
 
@@ -347,18 +371,22 @@ class AuthConfig:
         return c
 
     def render(self) -> str:
-        """The server's `authorization` block: every user with its bcrypt-hashed password (the
-        server never sees them in plain) and its permissions from PERMISSIONS."""
+        """The server's users: the system account with the guard's user alone, then the
+        `authorization` block; every user with its bcrypt-hashed password (the server never
+        sees them in plain) and its permissions from PERMISSIONS."""
         users: list[dict[str, object]] = []
 
         tenants = tuple(sorted(self.tenants))
 
-        def add(kind: str, c: Credentials, name: str = "") -> None:
-            user: dict[str, object] = {"user": c.user, "password": c.password_hash()}
+        def user(kind: str, c: Credentials, name: str = "") -> dict[str, object]:
+            out: dict[str, object] = {"user": c.user, "password": c.password_hash()}
             perms = permissions(kind, name, tenants)
             if perms is not None:
-                user["permissions"] = perms
-            users.append(user)
+                out["permissions"] = perms
+            return out
+
+        def add(kind: str, c: Credentials, name: str = "") -> None:
+            users.append(user(kind, c, name))
 
         add("operator", self.service)
         add("responder", self.responder)
@@ -369,7 +397,10 @@ class AuthConfig:
         for node, c in sorted(self.nodes.items()):
             add("node", c, node)
         # the server's config format accepts JSON values
-        return "authorization { users: " + json.dumps(users, indent=1) + " }"
+        # the server's own system account by its own name: a server started before it had
+        # users reloads into this one (naming another with `system_account` needs a restart)
+        system = json.dumps({SYSTEM_ACCOUNT: {"users": [user("guard", self.guard)]}}, indent=1)
+        return f"accounts: {system}\nauthorization {{ users: {json.dumps(users, indent=1)} }}"
 
 
 # -- persistence: $POOL_HOME/auth.json (mode 0600) and the server's included auth.conf ---------
@@ -396,6 +427,7 @@ def to_dict(auth: AuthConfig) -> dict[str, object]:
         "roles": {k: c(v) for k, v in sorted(auth.roles.items())},
         "tenants": {k: c(v) for k, v in sorted(auth.tenants.items())},
         "nodes": {k: c(v) for k, v in sorted(auth.nodes.items())},
+        "guard": c(auth.guard),
     }
 
 
@@ -417,6 +449,7 @@ def from_dict(data: dict[str, object]) -> AuthConfig:
         roles={r: given.get(r) or Credentials(role_user(r), _password()) for r in ROLES},
         tenants={str(k): c(v) for k, v in tenants.items()},
         nodes={str(k): c(v) for k, v in nodes.items()},
+        guard=c(data["guard"]) if data.get("guard") else Credentials(GUARD_USER, _password()),
     )
     return auth
 
@@ -427,8 +460,9 @@ def load(path: Path) -> AuthConfig | None:
         return None
     data = json.loads(path.read_text())
     auth = from_dict(data)
-    if "responder" not in data or set(data.get("roles") or {}) != set(ROLES):
-        save(auth, path)  # a file from before the responder's or the roles' users: keep them
+    if ("responder" not in data or "guard" not in data
+            or set(data.get("roles") or {}) != set(ROLES)):
+        save(auth, path)  # a file from before the responder's, guard's or roles' users: keep them
     return auth
 
 
@@ -471,6 +505,11 @@ def url_with_credentials(url: str, creds: Credentials) -> str:
     return urlunsplit((parts.scheme or "nats", netloc, parts.path, "", ""))
 
 
+def guard_url(url: str, auth: AuthConfig) -> str:
+    """`url` with the connection guard's credentials (the system account's user)."""
+    return url_with_credentials(url, auth.guard)
+
+
 def role_urls(url: str, auth: AuthConfig) -> dict[str, str]:
     """`url` with each role's credentials: what each process of the control plane connects as."""
     return {role: url_with_credentials(url, c) for role, c in auth.roles.items()}
@@ -497,7 +536,8 @@ def role_urls_from_env(url: str, environ: Mapping[str, str]) -> dict[str, str]:
 
 def env_file(auth: AuthConfig) -> str:
     """Every user's password as `NAME=value` lines (compose.yaml reads them from .env)."""
-    users = [auth.service, auth.responder, *auth.roles.values(), *auth.nodes.values()]
+    users = [auth.service, auth.responder, auth.guard, *auth.roles.values(),
+             *auth.nodes.values()]
     return "".join(f"{password_env(c.user)}={c.password}\n" for c in users)
 
 

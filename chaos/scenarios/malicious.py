@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from chaos.harness import ROOT, Outcome, Workspace, lease_body, must, node_body
-from chaos.hostile import count_foreign, publish_raw
+from chaos.hostile import count_foreign, flood_connections, publish_raw
 from domain.gang import MAX_GANG_MEMBERS
 from schemas.v1 import MAX_LEASES_PER_REQUEST
 
@@ -31,7 +31,8 @@ REPLY_TARGETS = ("pool.evt.pool.{r}", "pool.evt.account.{r}", "pool.trk.{r}",
                  "pool.feedlive.beta.lease.{r}", "pool.lead.p1.why", "pool.lead.p1.queue",
                  "pool.lead.p1.shares", "pool.ops.pool.shares",
                  "$JS.API.DIRECT.GET.POOL_FEED", "pool.snap.pool.{r}",
-                 "$JS.API.DIRECT.GET.POOL_SNAPSHOTS.pool.snap.pool.{r}")
+                 "$JS.API.DIRECT.GET.POOL_SNAPSHOTS.pool.snap.pool.{r}",
+                 "$JS.API.DIRECT.GET.POOL_TEL_beta")
 # subjects outside its own: the server refuses them before any service sees them
 FOREIGN_SUBJECTS = ("pool.cmd.beta.lease.request", "pool.node.n0.register", "pool.admin.pool.set",
                     "pool.evt.account.{r}", "pool.agent.n0.start", "pool.sched.lease.{r}",
@@ -41,7 +42,8 @@ FOREIGN_SUBJECTS = ("pool.cmd.beta.lease.request", "pool.node.n0.register", "poo
                     "pool.feedlive.beta.lease.{r}", "pool.cmd.beta.feed.replay",
                     "$JS.API.DIRECT.GET.POOL_FEED", "pool.snap.pool.{r}",
                     "$JS.API.DIRECT.GET.POOL_SNAPSHOTS.pool.snap.pool.{r}",
-                    "$JS.API.STREAM.MSG.GET.POOL_SNAPSHOTS")
+                    "$JS.API.STREAM.MSG.GET.POOL_SNAPSHOTS", "$JS.API.DIRECT.GET.POOL_TEL_beta",
+                    "$JS.API.STREAM.INFO.POOL_TEL_beta")
 OWN_VERBS = ("lease.request", "lease.{r}.get", "lease.{r}.release", "lease.{r}.commit",
              "telemetry.replay", "query.queue", "lease.{r}.why", "feed.replay", "queue")
 # what it subscribes to while it floods: others' feeds, the leaders' questions, snapshots,
@@ -89,7 +91,9 @@ def _attacks(creds: dict[str, Any], attacks: int, seed: int) -> list[tuple[str, 
 
 def run(ws: Workspace, size: dict[str, Any], o: Outcome) -> None:
     """`pool up` with users; tenant alpha floods its own and others' subjects with crafted reply
-    subjects and tries colliding names while beta and gamma request leases."""
+    subjects, then opens connections past its cap, and tries colliding names while beta and
+    gamma request leases."""
+    from bus.connguard import Caps
     from bus.local.auth import url_with_credentials
     from client.api import PoolClient
     from local.embedded import tenant_credentials
@@ -119,11 +123,15 @@ def run(ws: Workspace, size: dict[str, Any], o: Outcome) -> None:
     attacks = int(size["attacks"])
     result: dict[str, Any] = {}
 
+    cap = Caps.from_env(ws.env()).max_connections
+
     def attack() -> None:
         result.update(asyncio.run(publish_raw(
             nats_url, _attacks(alpha, attacks, seed=9), user=alpha["user"],
             password=alpha["password"], inbox_prefix=str(alpha["inbox_prefix"]),
             listen=LISTEN)))
+        result["kept"] = asyncio.run(flood_connections(
+            nats_url, cap * 2, user=alpha["user"], password=alpha["password"]))
 
     flood = threading.Thread(target=attack, name="chaos-malicious")
     flood.start()
@@ -149,6 +157,9 @@ def run(ws: Workspace, size: dict[str, Any], o: Outcome) -> None:
     o.figures["attacks"] = attacks
     o.figures["server_refused"] = result.get("refused", 0)
     o.zero("foreign_reads", result.get("heard", 0))
+    o.figures["connections_kept"] = result.get("kept", -1)
+    o.expect(result.get("kept") == cap, f"alpha opened {cap * 2} connections and kept "
+             f"{result.get('kept')}, its cap is {cap}")
     o.figures["normal_commands"] = len(answers)
     o.zero("normal_unanswered", sum(not a.get("ok") for a in answers),
            str([a.get("error") for a in answers if not a.get("ok")][:3]))

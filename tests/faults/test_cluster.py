@@ -24,6 +24,7 @@ from bus.errors import BusError
 from bus.local.cluster import NatsCluster
 from bus.runtime import close_runtime
 from bus.subjects import EVENTS_STREAM
+from bus.telemetry_streams import ensure_tenant_telemetry_sync
 from client.api import PoolClient
 from tests.control_plane import lease_body, node_body, setup_pool
 from workers.plane import ROLES, ControlPlane, parse_roles
@@ -73,6 +74,10 @@ def test_the_cluster_has_a_meta_leader_and_every_stream_at_three_replicas(
     ensure_all_streams(cluster.url, replicas=1)
     after = {s["name"]: s["replicas"] for s in describe_streams(cluster.url)}
     assert after == streams, "an ensure lowered a stream's replicas"
+    # a tenant's telemetry stream, made by a process with its default of one, at the cluster's
+    ensure_tenant_telemetry_sync(cluster.url, ["alpha"])
+    made = {s["name"]: s["replicas"] for s in describe_streams(cluster.url)}
+    assert made.get("POOL_TEL_alpha") == 3, made
 
 
 def _append(app: Ledger, n: int, acked: dict[UUID, int], failures: list[str]) -> None:

@@ -34,6 +34,7 @@ from gateway.server import ServerThread
 from gateway.tokens import TokenStore
 from gateway.upstream import Settings
 from tests.control_plane import setup_pool
+from workers.bootstrap import application
 from workers.commands import QUERY_SUBJECTS, CommandHandler
 from workers.plane import ControlPlane
 from workers.projector import Projector
@@ -96,7 +97,7 @@ def laptop(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Itera
         parts.append(Service(service, QUERY_SUBJECTS,
                              CommandHandler(parts[0].app, database_url=database_url,
                                             views_schema=schema), queue="pool-queries").start())
-        parts.append(Projector(service, database_url, schema=schema).start())
+        parts.append(Projector(application(service), database_url, schema=schema).start())
         with PoolClient(service) as admin:
             # the pool a request names when neither it nor the context names one
             setup_pool(admin, "default", tenants={"alpha": 1.0, "beta": 1.0},
@@ -114,7 +115,7 @@ def laptop(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Itera
         tokens = {t: store.issue_tenant(t) for t in ("alpha", "beta")}
         settings = Settings(server.url, auth_path=tmp / "auth.json")
         app = create_app(settings, store, database_url=database_url, views_schema=schema,
-                         dashboard=False)
+                         dashboard=False, open_log=application)
         http = ServerThread(app, port=0).start()
         parts.append(http)
         home = tmp / "home"

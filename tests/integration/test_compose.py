@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose.yaml"
 NATS_CONF = ROOT / "deploy" / "nats" / "nats.conf"
 SERVICES = {"nats-1", "nats-2", "nats-3", "postgres", "init", "commands-1", "commands-2",
-            "scheduler-1", "scheduler-2", "reconciler", "projector", "agent-1", "agent-2"}
+            "scheduler-1", "scheduler-2", "reconciler", "projector", "guard", "agent-1", "agent-2"}
 
 
 def _compose_cli() -> list[str] | None:
@@ -100,7 +100,7 @@ def test_every_service_speaks_as_its_own_user_from_pool_cluster_auth(tmp_path: P
     assert text.count("./deploy/nats/auth.conf:/etc/nats/auth.conf:ro") == 3
     for role in ("commands", "scheduler", "reconciler", "projector"):
         assert f"POOL_{role.upper()}_PASSWORD: ${{POOL_{role.upper()}_PASSWORD:?" in text
-    for user in ("pool-service", "pool-admin", "node-agent-1", "node-agent-2"):
+    for user in ("pool-service", "pool-admin", "pool-guard", "node-agent-1", "node-agent-2"):
         assert f"POOL_NATS_USER: {user}" in text
 
 

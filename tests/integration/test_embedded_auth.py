@@ -208,3 +208,38 @@ def test_a_user_added_while_pool_up_runs_is_loaded_by_one_reload_only(tmp_path: 
         emb.stop()
         os.environ.pop("POOL_NATS_PORT", None)
         os.environ.update(old)
+
+
+async def _tenant_connections(url: str, creds: dict[str, Any], n: int) -> list[bool]:
+    conns = []
+    for _ in range(n):
+        conns.append(await nats.connect(url, user=creds["user"], password=creds["password"],
+                                        allow_reconnect=False, error_cb=_quiet))
+        await asyncio.sleep(0.2)  # the guard hears each before the next
+    for _ in range(100):
+        if conns[-1].is_closed:
+            break
+        await asyncio.sleep(0.05)
+    closed = [c.is_closed for c in conns]
+    for c in conns:
+        await c.close()
+    return closed
+
+
+def test_pool_up_holds_a_tenant_to_its_connection_cap(tmp_path: Path) -> None:
+    """The cap is `pool up`'s setting, shown at its start, and its guard closes the tenant's
+    connection past it while the tenant's others stay."""
+    home = tmp_path / "pool"
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "up", "--no-postgres",
+                             "--no-workers", "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env=_env(home) | {"POOL_TENANT_MAX_CONNECTIONS": "3"})
+    try:
+        assert proc.stdout is not None
+        info = json.loads(proc.stdout.readline())
+        assert info["tenant_caps"] == {"max_connections": 3, "max_subscriptions": 4096}
+        alpha = _pool(home, "admin", "tenant", "creds", "alpha")["result"]
+        closed = asyncio.run(_tenant_connections(info["nats_url"], alpha, 4))
+        assert closed == [False, False, False, True]
+    finally:
+        _down(proc)

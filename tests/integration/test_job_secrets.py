@@ -41,6 +41,7 @@ from bus.runtime import run_sync
 from client.api import PoolClient
 from projections.views.schema import drop_schema
 from tests.control_plane import lease_body, setup_pool
+from workers.bootstrap import application
 from workers.plane import ControlPlane
 from workers.projector import Projector
 from workers.secrets.settings import SecretSettings
@@ -102,7 +103,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Iterat
     schema = "views_secrets_" + uuid.uuid4().hex[:8]
     cp = ControlPlane(service, leader_ttl_seconds=1.0,
                       secrets=SecretSettings.with_keys("k2=new-key,k1=old-key")).start()
-    projector = Projector(service, database_url, schema=schema).start()
+    projector = Projector(application(service), database_url, schema=schema).start()
     with PoolClient(service) as admin:
         setup_pool(admin, tenants={"alpha": 1.0, "beta": 1.0}, heartbeat_timeout_seconds=5,
                    preemption={"enabled": False, "grace_seconds": 2})

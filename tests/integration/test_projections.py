@@ -22,7 +22,7 @@ from client.api import PoolClient
 from projections import views as pv
 from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
 from workers.application import PoolApp
-from workers.bootstrap import app_env
+from workers.bootstrap import app_env, application
 from workers.commands import QUERY_SUBJECTS, CommandHandler
 from workers.plane import ControlPlane
 from workers.projector import Projector
@@ -167,7 +167,7 @@ def test_a_projector_thread_keeps_up_and_small_batches_equal_a_rebuild(
     plane: tuple[ControlPlane, PoolClient, FakeClock], database_url: str, schema: str
 ) -> None:
     cp, _admin, clock = plane
-    proj = Projector(cp.nats_url, database_url, schema=schema, batch_size=3).start()
+    proj = Projector(application(cp.nats_url), database_url, schema=schema, batch_size=3).start()
     try:
         with PoolClient(cp.nats_url, "alpha") as alpha:
             flow(cp, clock, alpha)
@@ -329,7 +329,7 @@ def test_two_projectors_and_a_rebuild_at_once_apply_every_event_exactly_once(
     app = PoolApp(env=app_env(fresh_nats.url))
     work = Workload(6, 3, prefix="x-")
     app.save(*work.setup())
-    projectors = [Projector(fresh_nats.url, database_url, schema=schema, batch_size=size)
+    projectors = [Projector(application(fresh_nats.url), database_url, schema=schema, batch_size=size)
                   for size in (40, 170)]
     try:
         projectors[0].views.setup()

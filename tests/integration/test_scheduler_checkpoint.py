@@ -244,7 +244,7 @@ def test_a_checkpoint_that_does_not_verify_is_refused_and_the_replay_is_full(
         _close(restored, replayed)
 
 
-@pytest.mark.parametrize("name", [("workers.plane", "os"), ("workers.plane", "os.system"),
+@pytest.mark.parametrize("name", [("workers.bootstrap", "os"), ("workers.bootstrap", "os.system"),
                                   ("builtins", "eval"), ("subprocess", "Popen")])
 def test_the_unpickler_refuses_anything_but_the_folds_own_types(name: tuple[str, str]) -> None:
     """Behind the signature, a second wall: were the key to leak, a checkpoint still could

@@ -25,7 +25,7 @@ from bus.admin import ensure_all_streams
 from bus.errors import PermissionDenied
 from bus.local.auth import AuthConfig, inbox_prefix, url_with_credentials
 from bus.local.server import NatsServer
-from bus.streams import telemetry_stream_config
+from bus.streams import telemetry_stream_config, tenant_telemetry_stream_config
 from bus.subjects import TELEMETRY_STREAM, telemetry_subject
 from bus.telemetry import TelemetryPublisher, TelemetrySample
 from bus.telemetry_follow import follow
@@ -44,7 +44,8 @@ def secured(tmp_path: Path) -> Iterator[tuple[NatsServer, AuthConfig]]:
     server = NatsServer(store_dir=tmp_path / "nats", server_name="pool-tel",
                         extra_config=auth.render())
     server.start()
-    ensure_all_streams(url_with_credentials(server.url, auth.service))
+    # as `pool up` does for the tenants it knows: each its own telemetry stream
+    ensure_all_streams(url_with_credentials(server.url, auth.service), tenants=("alpha", "beta"))
     yield server, auth
     server.stop()
 
@@ -177,12 +178,14 @@ def test_publishing_with_no_server_neither_raises_nor_blocks() -> None:
 # -- the stream and replay -----------------------------------------------------------------------
 
 
-def test_the_telemetry_stream_has_limits_retention_of_its_own() -> None:
-    cfg = telemetry_stream_config()
-    assert cfg.name == TELEMETRY_STREAM and cfg.subjects == ["pool.tel.>"]
-    assert cfg.retention == RetentionPolicy.LIMITS and cfg.storage == StorageType.FILE
-    assert cfg.max_age and 0 < cfg.max_age <= 30 * 86400
-    assert cfg.max_bytes and cfg.max_bytes > 0
+def test_the_telemetry_streams_have_limits_retention_of_their_own() -> None:
+    shared, alpha = telemetry_stream_config(), tenant_telemetry_stream_config("alpha")
+    assert shared.name == TELEMETRY_STREAM and shared.subjects == ["pool.tel.node.*.*"]
+    assert alpha.name == "POOL_TEL_alpha" and alpha.subjects == ["pool.tel.*.*.alpha.>"]
+    for cfg in (shared, alpha):
+        assert cfg.retention == RetentionPolicy.LIMITS and cfg.storage == StorageType.FILE
+        assert cfg.max_age and 0 < cfg.max_age <= 30 * 86400
+        assert cfg.max_bytes and cfg.max_bytes > 0
 
 
 def test_the_stream_keeps_samples_and_since_replays_them_then_follows(
@@ -194,12 +197,14 @@ def test_the_stream_keeps_samples_and_since_replays_them_then_follows(
     _publish(server.url, auth, "n2", "beta", "l3", "failure")
     since = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=10)
 
-    # the operator replays everything, in stream order
+    # the operator replays everything, each tenant's in its stream's order
     replayed: list[TelemetrySample] = []
     follow(url_with_credentials(server.url, auth.service), replayed.append, since=since,
            max_samples=3, duration_s=10)
-    assert [s.lease for s in replayed] == ["l1", "l2", "l3"]
-    seqs = [s.stream_seq for s in replayed]
+    assert sorted(s.lease for s in replayed) == ["l1", "l2", "l3"]
+    alphas = [s for s in replayed if s.tenant == "alpha"]
+    assert [s.lease for s in alphas] == ["l1", "l2"]
+    seqs = [s.stream_seq for s in alphas]
     assert all(seqs) and seqs == sorted(seqs)
 
     # a tenant replays its own leases through the control plane (it may not create consumers),
@@ -380,7 +385,7 @@ def test_a_replay_that_misses_a_delivery_recreates_its_consumer_and_loses_nothin
     two) recreates the consumer from the next stream sequence; every sample arrives once."""
     import bus.telemetry_follow as tel
 
-    ensure_all_streams(nats_url)
+    ensure_all_streams(nats_url, tenants=("alpha",))
     pool = f"gap{time.time_ns()}"  # the session's server is shared: a pool of this test's own
     pub = TelemetryPublisher(nats_url)
     for i in range(10):

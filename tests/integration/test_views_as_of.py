@@ -251,6 +251,7 @@ def test_the_projector_prunes_the_past_past_its_retention(
     """A projector keeping a second of past, idle two seconds after a lease's story: its
     versions before the cut are gone, the view now reads the same, and `pool queue --at`
     before the cut is refused with the retention named."""
+    from workers.bootstrap import application
     from workers.projector import Projector
 
     cp, _admin, _clock = plane
@@ -264,7 +265,7 @@ def test_the_projector_prunes_the_past_past_its_retention(
     with psycopg.connect(database_url, autocommit=True) as conn:
         versions = conn.execute(count).fetchone()[0]  # type: ignore[index]
         time.sleep(1.1)  # the story's events are now past the retention
-        proj = Projector(cp.nats_url, database_url, schema=schema, history_max_age_s=1.0)
+        proj = Projector(application(cp.nats_url), database_url, schema=schema, history_max_age_s=1.0)
         proj.start()  # its loop prunes once caught up
         try:
             deadline = time.monotonic() + 20

@@ -82,8 +82,10 @@ def test_the_servers_configuration_holds_bcrypt_hashes_not_passwords(
     everyone = [auth.service, auth.responder, *auth.tenants.values(), *auth.nodes.values()]
     for c in everyone:
         assert c.password not in rendered
-    users = json.loads(rendered.removeprefix("authorization { users: ").removesuffix(" }"))
-    assert all(str(u["password"]).startswith("$2b$") for u in users)
+    assert auth.guard.password not in rendered
+    users = json.loads(rendered.split("authorization { users: ")[1].removesuffix(" }"))
+    guard = json.loads(rendered.split("accounts: ")[1].split("\nauthorization")[0])
+    assert all(str(u["password"]).startswith("$2b$") for u in users + guard["$SYS"]["users"])
 
     async def connects() -> bool:  # the server checks a plain password against its hash
         t = auth.tenants["beta"]

@@ -15,6 +15,7 @@ from bus.local.auth import PERMISSIONS, ROLES, AuthConfig, role_user, url_with_c
 from bus.local.server import NatsServer
 from client.api import PoolClient
 from tests.security.roles import lease_lifecycle, secured_plane, violations, wait_for
+from workers.bootstrap import application
 from workers.projector import Projector
 
 
@@ -234,8 +235,8 @@ def test_the_projector_folds_the_log_as_its_own_user(tmp_path: Path, database_ur
                                                      schema: str) -> None:
     with secured_plane(tmp_path) as (server, auth, _cp):
         lease_lifecycle(server, auth, tmp_path / "state")
-        proj = Projector(url_with_credentials(server.url, auth.roles["projector"]), database_url,
-                         schema=schema).start()
+        proj = Projector(application(url_with_credentials(server.url, auth.roles["projector"])),
+                         database_url, schema=schema).start()
         try:
             wait_for(lambda: proj.position >= (proj.app.recorder.max_notification_id() or 0))
         finally:

@@ -38,7 +38,7 @@ def secured(tmp_path: Path) -> Iterator[tuple[NatsServer, AuthConfig, ControlPla
     server = NatsServer(store_dir=tmp_path / "nats", server_name="pool-telbind",
                         extra_config=auth.render())
     server.start()
-    ensure_all_streams(url_with_credentials(server.url, auth.service))
+    ensure_all_streams(url_with_credentials(server.url, auth.service), tenants=("alpha",))
     cp = ControlPlane(url_with_credentials(server.url, auth.service), roles=["commands"],
                       data_plane=False).start()
     yield server, auth, cp

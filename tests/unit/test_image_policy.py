@@ -16,6 +16,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from bus.local.server import NatsServer
+from cli.image_signing import generate_key_pair, sign_image
 from cli.main import main
 from client.api import PoolClient
 from domain.errors import ImageNotAllowed, InvalidConfiguration
@@ -25,9 +26,7 @@ from domain.policy.images import (
     InvalidReference,
     check_image,
     check_runtime,
-    generate_key_pair,
     parse_reference,
-    sign_image,
     simple_signing_payload,
     verify_for_start,
 )

@@ -55,4 +55,4 @@ def test_the_rate_and_burst_come_from_the_environment(monkeypatch: pytest.Monkey
     assert (gate.per_second, gate.burst) == (7, 9)
     mp.delenv("POOL_TENANT_COMMANDS_PER_SECOND")
     mp.delenv("POOL_TENANT_COMMAND_BURST")
-    assert (TenantThrottle.from_env().per_second, TenantThrottle.from_env().burst) == (1000, 2000)
+    assert (TenantThrottle.from_env().per_second, TenantThrottle.from_env().burst) == (400, 2000)
