@@ -38,6 +38,9 @@ class LeanLeaseWatch:
         self._gate = OutputGate(self._ready.append)
         self._sids: tuple[int, ...] = ()
         self._page: str | None = None  # the replay request in flight
+        # live records come while a page is read: handled after it, as if they came then (one
+        # that shows a gap the page did not fill asks for the next page)
+        self._held: list[Message] = []
         self._page_subject = command_subject(tenant, "feed", "replay")
         self.live_from = 0.0
         self._reconnects = conn.reconnects
@@ -70,6 +73,10 @@ class LeanLeaseWatch:
             self._fresh(int(r["seq"]), str(r["subject"]), r.get("record"))
         if records and not result.get("at_end", True):
             self._ask_page()
+            return
+        held, self._held = self._held, []
+        for msg in held:
+            self._live(msg)
 
     def _fresh(self, seq: int, subject: str, record: Any) -> None:
         if seq <= self.last:
@@ -82,6 +89,9 @@ class LeanLeaseWatch:
             self._ready.append(Change(seq, fields))
 
     def _live(self, msg: Message) -> None:
+        if self._page is not None:
+            self._held.append(msg)
+            return
         headers = msg.headers
         if headers.get(HDR_STATUS):
             return
@@ -95,6 +105,7 @@ class LeanLeaseWatch:
             return
         if previous > self._seen.get(subject, self._start):
             self._ask_page()  # a record of this lease not seen: the pages bring it, and this
+            self._held.append(msg)  # one too, or it comes again after them
             return
         try:
             record = json.loads(msg.data)
