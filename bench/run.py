@@ -7,6 +7,7 @@ POOL_HOME: `pool up --no-postgres`, a pool, a tenant, a node and `pool agent run
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -202,8 +203,12 @@ def _busybox_image(root: Path, docker: bool) -> Iterator[str | None]:
     client = sdk.from_env(timeout=120)
     try:
         with busybox_by_digest(client, root) as ref:
-            client.images.pull(ref)
-            yield ref
+            try:
+                client.images.pull(ref)
+                yield ref
+            finally:  # the pulled copy too: the engine keeps nothing of the bench
+                with contextlib.suppress(sdk.errors.DockerException):
+                    client.images.remove(ref, force=True)
     finally:
         client.close()
 
