@@ -7,6 +7,7 @@ POOL_HOME: `pool up --no-postgres`, a pool, a tenant, a node and `pool agent run
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ RUNS = 30
 QUICK_RUNS = 5
 WARMUP = 2  # runs not counted: the first placement on a fresh plane and the page cache
 TENANT, POOL, NODE = "bench", "bench", "local-1"
+DOCKER_NODE = "local-docker"
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -51,9 +53,12 @@ def timed(argv: Sequence[str], env: dict[str, str]) -> tuple[float, subprocess.C
 
 
 @contextmanager
-def local_plane(home: Path, say: Callable[[str], None]) -> Iterator[dict[str, str]]:
+def local_plane(home: Path, say: Callable[[str], None],
+                docker_image: str | None = None) -> Iterator[dict[str, str]]:
     """An idle plane with one local agent in `home`; yields the environment a tenant's
-    `pool` runs in. Everything it started is stopped on the way out."""
+    `pool` runs in. With `docker_image`, a second node (DOCKER_NODE) whose agent runs the
+    Docker runtime, that image's first run done. Everything it started is stopped on the way
+    out."""
     from bus.local.server import free_port
 
     # bytecode cached as an installed Python keeps it (not compiled again at each start where
@@ -108,6 +113,14 @@ def local_plane(home: Path, say: Callable[[str], None]) -> Iterator[dict[str, st
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no lease ran on the local agent: {out.stderr.strip()}")
             time.sleep(0.5)
+        if docker_image is not None:
+            # trusted: a container is the weakest isolation allowed on a trusted node only
+            # (domain/policy/images.py); the image pulled by the agent's first run, not timed
+            admin("admin", "node", "creds", DOCKER_NODE, "--pool", POOL, "--trust", "trusted")
+            spawn("docker-agent", "agent", "run", "--node-id", DOCKER_NODE, "--pool", POOL,
+                  "--runtime", "docker", "--json", ready="{")
+            admin("lease", "run", "--tenant", TENANT, "--pool", POOL, "--quiet",
+                  "--image", docker_image, "--", "true")
         yield env
     finally:
         for proc in reversed(procs):
@@ -167,23 +180,87 @@ def _echo_to_terminal(pool: list[str], env: dict[str, str], lines: int) -> list[
     return out
 
 
-def run_run_bench(*, runs: int = RUNS, quick: bool = False,
+def docker_unavailable() -> str | None:
+    """None when the docker mode can run here, else one line saying why not."""
+    try:
+        from bench.docker_engine import LocalRegistry, busybox_unavailable, engine_unavailable
+    except ImportError as e:
+        return f"the Docker SDK is not installed ({e})"
+    return engine_unavailable() or busybox_unavailable() or LocalRegistry.unavailable()
+
+
+@contextmanager
+def _busybox_image(root: Path, docker: bool) -> Iterator[str | None]:
+    """The busybox image by digest from a local registry (bench/docker_engine.py), pulled
+    into the engine; None without `docker`."""
+    if not docker:
+        yield None
+        return
+    import docker as sdk
+
+    from bench.docker_engine import busybox_by_digest
+
+    client = sdk.from_env(timeout=120)
+    try:
+        with busybox_by_digest(client, root) as ref:
+            try:
+                client.images.pull(ref)
+                yield ref
+            finally:  # the pulled copy too: the engine keeps nothing of the bench
+                with contextlib.suppress(sdk.errors.DockerException):
+                    client.images.remove(ref, force=True)
+    finally:
+        client.close()
+
+
+def _docker_runs(pool: list[str], env: dict[str, str], image: str,
+                 runs: int) -> tuple[list[float], list[float]]:
+    """`pool lease run --image IMAGE -- true` and `docker run --rm IMAGE true`, in turns."""
+    docker = shutil.which("docker") or "docker"
+    lease = [*pool, "lease", "run", "--tenant", TENANT, "--pool", POOL, "--quiet", "--image",
+             image, "--", "true"]
+    lease_s: list[float] = []
+    docker_s: list[float] = []
+    for i in range(WARMUP + runs):
+        took, out = timed(lease, env)
+        if out.returncode != 0:
+            raise RuntimeError(f"`pool lease run --image … -- true` exited {out.returncode}: "
+                               f"{out.stderr.strip()}")
+        plain, ran = timed([docker, "run", "--rm", image, "true"], env)
+        if ran.returncode != 0:
+            raise RuntimeError(f"`docker run --rm … true` exited {ran.returncode}: "
+                               f"{ran.stderr.strip()}")
+        if i >= WARMUP:
+            lease_s.append(took)
+            docker_s.append(plain)
+    return lease_s, docker_s
+
+
+def run_run_bench(*, runs: int = RUNS, quick: bool = False, docker: bool = False,
                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """`runs` sequential `pool lease run -- true` (after WARMUP uncounted), each beside a
     `bwrap … true` and a `pool --help` so they share the machine's swing; then `runs` jobs
     that print the time as they end, for job exit → its end recorded in the log; and a job's
-    printed lines → `pool lease run`'s stdout."""
+    printed lines → `pool lease run`'s stdout. With `docker`, also `runs` of `pool lease run
+    --image busybox… -- true` on a Docker-runtime agent, each beside `docker run --rm` of the
+    same image (skipped, with its reason in `docker_skipped`, where no engine answers)."""
     say = progress or (lambda _s: None)
     if quick:
         runs = QUICK_RUNS
     pool = pool_argv()
     bwrap = _bwrap_true()
+    skipped = docker_unavailable() if docker else None
+    if skipped is not None:
+        say(f"bench run: docker mode skipped: {skipped}")
     lease_s: list[float] = []
     bwrap_s: list[float] = []
     help_s: list[float] = []
     ended_s: list[float] = []
+    docker_lease_s: list[float] = []
+    docker_s: list[float] = []
     with tempfile.TemporaryDirectory(prefix="pool-bench-run-") as tmp, \
-            local_plane(Path(tmp) / "home", say) as env:
+            _busybox_image(Path(tmp) / "registry", docker and skipped is None) as image, \
+            local_plane(Path(tmp) / "home", say, docker_image=image) as env:
         run = [*pool, "lease", "run", "--tenant", TENANT, "--pool", POOL, "--quiet", "--",
                "true"]
         for i in range(WARMUP + runs):
@@ -204,18 +281,30 @@ def run_run_bench(*, runs: int = RUNS, quick: bool = False,
             ended_s.append(_exit_to_ended(pool, env))
         say(f"bench run: {runs} jobs timed from exit to their end in the log")
         echo_s = _echo_to_terminal(pool, env, max(runs, 10))
+        if image is not None:
+            docker_lease_s, docker_s = _docker_runs(pool, env, image, runs)
+            say(f"bench run: {runs} docker runs each way")
     rows = {"pool lease run -- true": quantiles(lease_s),
             "bwrap … true (direct)": quantiles(bwrap_s),
             "pool --help": quantiles(help_s),
             "job exit → JobExited": quantiles(ended_s),
             "job's echo → terminal": quantiles(echo_s)}
+    if image is not None:
+        rows["lease run --image … true"] = quantiles(docker_lease_s)
+        rows["docker run --rm … true"] = quantiles(docker_s)
     lines = [f"{'':<26} {'n':>4} {'p50 ms':>8} {'p99 ms':>8} {'min ms':>8} {'max ms':>8}"]
     for name, q in rows.items():
         lines.append(f"{name:<26} {q['n']:4d} {q['p50_ms']:8.1f} {q['p99_ms']:8.1f} "
                      f"{q['min_ms']:8.1f} {q['max_ms']:8.1f}")
     lines.append(f"sequential whole processes on an idle plane with one local agent; "
                  f"machine: {os.cpu_count()} cores")
-    return {"runs": runs, "lease_run": rows["pool lease run -- true"],
+    if skipped is not None:
+        lines.append(f"docker mode skipped: {skipped}")
+    docker_rows: dict[str, Any] = {"docker_skipped": skipped} if docker else {}
+    if image is not None:
+        docker_rows.update(docker_lease_run=rows["lease run --image … true"],
+                           docker_run=rows["docker run --rm … true"])
+    return {**docker_rows, "runs": runs, "lease_run": rows["pool lease run -- true"],
             "bwrap": rows["bwrap … true (direct)"], "help": rows["pool --help"],
             "exit_to_ended": rows["job exit → JobExited"],
             "echo_to_terminal": rows["job's echo → terminal"], "table": "\n".join(lines)}

@@ -27,6 +27,16 @@ class BusTimeout(BusError):
     code = "bus_timeout"
 
 
+class FeedRefused(BusError):
+    """The control plane refused a feed replay (its code is in `refusal_code`)."""
+
+    code = "feed_refused"
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"feed replay refused [{code}]: {message}")
+        self.refusal_code = code
+
+
 class PermissionDenied(BusError):
     """The server refused a publish or subscription: this user may not use that subject."""
 

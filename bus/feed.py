@@ -16,7 +16,13 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from bus.connection import connect
-from bus.errors import BusError, BusUnavailable, PermissionDenied, PublishRejected
+from bus.errors import (
+    BusError,
+    BusUnavailable,
+    FeedRefused,
+    PermissionDenied,
+    PublishRejected,
+)
 from bus.headers import (
     HDR_EXPECTED_LAST_SEQ,
     HDR_LOG_SEQUENCE,
@@ -29,11 +35,9 @@ from bus.junk import int_value, junk_values
 from bus.runtime import BusRuntime, translate
 from bus.streams import ensure_kv_bucket, ensure_stream, feed_stream_config
 from bus.subjects import (
-    FEED_LIVE_PREFIX,
-    FEED_PREFIX,
     FEED_STREAM,
     command_subject,
-    token,
+    feed_filter,
 )
 from bus.telemetry import TelemetryPage, read_page_async
 from schemas.feed import FeedRecord
@@ -54,12 +58,6 @@ class FeedConflict(BusError):
     this one's append landed although its answer was lost). Nothing of the batch was stored."""
 
     code = "feed_conflict"
-
-
-def feed_filter(tenant: str, lease: str | None = None, *, live: bool = False) -> str:
-    """The subject filter of one tenant's feed: one lease, or all of them (`*`)."""
-    prefix = FEED_LIVE_PREFIX if live else FEED_PREFIX
-    return f"{prefix}.{token(tenant)}.lease.{token(lease) if lease else '*'}"
 
 
 @dataclass(frozen=True)
@@ -220,16 +218,6 @@ class FeedItem:
             return cls(seq, subject, msgspec.json.decode(body, type=FeedRecord))
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             return cls(seq, subject, None, str(e))
-
-
-class FeedRefused(BusError):
-    """The control plane refused a feed replay (its code is in `refusal_code`)."""
-
-    code = "feed_refused"
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"feed replay refused [{code}]: {message}")
-        self.refusal_code = code
 
 
 class FeedFollower:

@@ -9,56 +9,18 @@ import contextlib
 import queue
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, Self
 
-import msgspec
 from nats.aio.msg import Msg
 
 from bus.errors import BusError, BusTimeout
 from bus.feed import FeedFollower
 from bus.junk import live_answer
+from bus.leaseitems import Change, Output, OutputGate, output_sample
 from bus.service import Client
-from bus.subjects import TELEMETRY_PREFIX, token
-from schemas.feed import FeedRecord
+from bus.subjects import output_filter
 
-
-@dataclass(frozen=True)
-class Output:
-    """A piece of the job's output as the agent published it: its text, and when (the agent's
-    clock) and in which heartbeat round, which tell it from the same text stored earlier."""
-
-    text: str
-    at: float
-    seq: int
-
-    @property
-    def key(self) -> tuple[float, int, str]:
-        return self.at, self.seq, self.text
-
-
-@dataclass(frozen=True)
-class Change:
-    """A feed record of the lease: a state it took, and its feed sequence."""
-
-    seq: int
-    record: FeedRecord
-
-
-class _Sample(msgspec.Struct):
-    at: float = 0.0
-    seq: int = 0
-    attrs: dict[str, Any] = {}
-
-
-_decode_sample = msgspec.json.Decoder(_Sample).decode
-MAX_WAITING = 1000  # output samples of a node the feed has not named (yet) kept per watch
-
-
-def output_filter(tenant: str, lease: str) -> str:
-    """Every `output` sample of one lease, whatever its pool and node (a tenant may read these:
-    bus/local/auth.py)."""
-    return f"{TELEMETRY_PREFIX}.*.*.{token(tenant)}.{token(lease)}.output"
+__all__ = ["Change", "LeaseWatch", "Output"]
 
 
 class LeaseWatch:
@@ -78,10 +40,7 @@ class LeaseWatch:
         self._task: Any = None
         self._sub: Any = None
         self.live_from = 0.0
-        # a node speaks only for the leases it holds: output is handed over once the feed
-        # (the control plane's word) names its node as the lease's; till then it waits here
-        self._nodes: set[str] = set()
-        self._waiting: list[tuple[str, Output]] = []
+        self._gate = OutputGate(self._queue.put)
 
     def start(self) -> Self:
         # the output stamped from here on (less a minute's slack for the agent's clock) is
@@ -104,30 +63,9 @@ class LeaseWatch:
     async def _on_output(self, msg: Msg) -> None:
         if live_answer(msg.headers, msg.subject):
             return  # a direct get's answer aimed here: the asker's body, not the job's output
-        try:
-            sample = _decode_sample(msg.data)
-        except msgspec.DecodeError:
-            return
-        text = sample.attrs.get("text")
-        if not isinstance(text, str):
-            return
-        parts = msg.subject.split(".")
-        node = parts[3] if len(parts) == 7 else ""
-        if node in self._nodes:
-            self._queue.put(Output(text, sample.at, sample.seq))
-        elif node:
-            self._waiting.append((node, Output(text, sample.at, sample.seq)))
-            del self._waiting[:-MAX_WAITING]  # a forger's flood: the oldest go
-
-    def _placed(self, node: str | None) -> None:
-        """The feed names `node` as the lease's: its output waiting so far is handed over."""
-        if not node or node in self._nodes:
-            return
-        self._nodes.add(node)
-        for n, out in self._waiting:
-            if n == node:
-                self._queue.put(out)
-        self._waiting = [(n, out) for n, out in self._waiting if n != node]
+        sample = output_sample(msg.data)
+        if sample is not None:
+            self._gate.output(msg.subject, Output(*sample))
 
     async def _follow(self, nc: Any) -> None:
         follower = FeedFollower(nc, self.tenant, lease=self.lease_id, after=self._after)
@@ -135,7 +73,7 @@ class LeaseWatch:
         try:
             async for item in items:
                 if item.record is not None:
-                    self._placed(item.record.node_id)
+                    self._gate.placed(item.record.node_id)
                     self._queue.put(Change(item.seq, item.record))
         except asyncio.CancelledError:
             raise

@@ -148,6 +148,18 @@ def feed_lease_prefix(tenant: str) -> str:
     return f"{FEED_PREFIX}.{token(tenant)}.lease."
 
 
+def feed_filter(tenant: str, lease: str | None = None, *, live: bool = False) -> str:
+    """The subject filter of one tenant's feed: one lease, or all of them (`*`)."""
+    prefix = FEED_LIVE_PREFIX if live else FEED_PREFIX
+    return f"{prefix}.{token(tenant)}.lease.{token(lease) if lease else '*'}"
+
+
+def output_filter(tenant: str, lease: str) -> str:
+    """Every `output` sample of one lease, whatever its pool and node (a tenant may read these:
+    bus/local/auth.py)."""
+    return f"{TELEMETRY_PREFIX}.*.*.{token(tenant)}.{token(lease)}.output"
+
+
 def decision_subject(tenant: str, lease_id: str) -> str:
     """`pool.dec.<tenant>.<lease_id>`: where the scheduler records one lease's wait reasons
     (the tenant its own token, so a reader selects exactly one tenant's lease)."""

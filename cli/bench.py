@@ -60,7 +60,7 @@ def cmd_bench_run(args: argparse.Namespace) -> int:
     if args.runs < 1:
         raise UsageError("--runs must be at least 1")
     result = run_run_bench(
-        runs=args.runs, quick=args.quick,
+        runs=args.runs, quick=args.quick, docker=args.docker,
         progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)))
     return _report(result, args.json)
 
@@ -404,6 +404,10 @@ def _add_run(bench: Subparsers) -> None:
                           "`bwrap … true`; and job exit → its end in the log")
     br.add_argument("--runs", type=int, default=30, help="runs of each (default 30)")
     br.add_argument("--quick", action="store_true", help="5 runs of each")
+    br.add_argument("--docker", action="store_true",
+                    help="also `pool lease run --image … -- true` on a Docker-runtime agent, "
+                    "beside `docker run --rm` of the same image (skipped, saying why, where "
+                    "no engine answers)")
     br.add_argument("--json", action="store_true")
     br.set_defaults(func=cmd_bench_run)
 

@@ -13,6 +13,7 @@ from cli.connect import (
     default_pool,
     pool_client,
     sdk_client,
+    tenant_connection,
     tenant_of,
 )
 from cli.output import (
@@ -22,6 +23,7 @@ from cli.output import (
     print_envelope,
     print_item,
     table,
+    verb_at_hand,
 )
 from cli.workflow import MAX_LEASES_PER_REQUEST
 
@@ -261,11 +263,37 @@ def cmd_lease_run(args: argparse.Namespace) -> int:
     tenant = tenant_of(args)
     # a job file's workdir is a local folder too; the flags win over the file
     workdir, artifacts = job.pop("workdir", None), job.pop("artifacts", None)
-    with pool_client(args, tenant) as c:
+    with _run_client(args, tenant, bool(args.workdir or workdir)) as c:
         files = with_files(c, tenant, job, args.workdir or workdir,
                            args.artifacts or artifacts, quiet=args.quiet or args.json)
         return run_lease(c, tenant, body, files.job, detach=args.detach, as_json=args.json,
                          quiet=args.quiet, on_commit_refused=files.commit_refused)
+
+
+# `pool lease run` speaks core NATS alone (client.lean), a fast path, unless the one switch
+# of the fast paths is off (POOL_FAST_PATHS=off, workers/fastpaths.py), a context speaks HTTP,
+# a work directory goes up (the object store is JetStream's), traces are exported (nats-py
+# carries their headers) or the server asks for what it does not speak (TLS, nkeys)
+FAST_ENV = "POOL_FAST_PATHS"
+
+
+def _run_client(args: argparse.Namespace, tenant: str, uploads: bool) -> Any:
+    """The client `lease run` speaks through: the lean one where it can, else pool_client's."""
+    import os
+
+    tracing = os.environ.get("POOL_OTEL_EXPORTER", "").strip().lower() not in ("", "none")
+    lean = os.environ.get(FAST_ENV, "").strip().lower() != "off"
+    if lean and not uploads and not tracing \
+            and context_of(args) is None:
+        from bus.corenats import Unsupported
+        from client.lean import LeanClient
+
+        url, options = tenant_connection(args, tenant)
+        try:
+            return LeanClient(url, tenant, timeout=args.timeout, **options)
+        except Unsupported:
+            pass
+    return pool_client(args, tenant)
 
 
 def cmd_lease_logs(args: argparse.Namespace) -> int:
@@ -438,6 +466,8 @@ def register(sub: Subparsers) -> None:
         dest="sub", metavar="VERB")
     lease.required = True
     _add_run(lease)
+    if verb_at_hand(sub, "lease") == "run":
+        return  # `pool lease run …` parses with its own parser: the other verbs' cost ~9 ms
     files.register(lease)
     session.register(lease)
     _add_logs_and_watch(lease)

@@ -124,6 +124,7 @@ def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
                    "$POOL_CONTEXT, else the current one; `pool context list`)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    sub.command_words = None if words is None else list(words)  # type: ignore[attr-defined]
     wanted = None if words is None else _command_word(words)
     # the module that adds the command at hand (None: every module, as `completion` needs)
     module = None if wanted in (None, "completion") else \
@@ -181,6 +182,20 @@ def _pause_gc() -> None:
     timer.start()
 
 
+def _observability() -> Any:
+    """bus.observability set up, when POOL_OTEL_EXPORTER asks for an exporter (none|console|
+    otlp; none by default); else None, and OpenTelemetry is not even loaded: with no provider
+    set, a span is its API's no-op wherever one is made."""
+    import os
+
+    if os.environ.get("POOL_OTEL_EXPORTER", "").strip().lower() in ("", "none"):
+        return None
+    from bus import observability
+
+    observability.setup()
+    return observability
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `pool ARGV`; with no `argv`, as the program (sys.argv), its garbage collector paused
     for a short command's life and its objects left alone at exit."""
@@ -214,9 +229,7 @@ def _main(argv: Sequence[str]) -> int:
     except SystemExit as e:  # --help (0) or a usage error (2), already printed
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     func: Callable[[argparse.Namespace], int] = args.func
-    from bus import observability
-
-    observability.setup()  # POOL_OTEL_EXPORTER=none|console|otlp; none by default
+    observability = _observability()
     # verbs that run until told to stop (up, serve, agent) install their own handlers
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
@@ -245,7 +258,8 @@ def _main(argv: Sequence[str]) -> int:
         code = getattr(e, "code", type(e).__name__)
         return fail(str(e) or type(e).__name__, str(code), as_json=getattr(args, "json", False))
     finally:
-        observability.shutdown()  # export what is still queued
+        if observability is not None:
+            observability.shutdown()  # export what is still queued
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 

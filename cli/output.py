@@ -39,6 +39,17 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{where.prog}: {message}\nsee `{where.prog} --help`\n")
 
 
+def verb_at_hand(sub: Subparsers, command: str) -> str | None:
+    """The word right after `command` on the command line `sub` was built for (by
+    cli.main.build_parser for one command line), else None: a group may then add that verb's
+    parser alone."""
+    words = getattr(sub, "command_words", None)
+    if not words or command not in words:
+        return None
+    rest = words[words.index(command) + 1:]
+    return rest[0] if rest and not rest[0].startswith("-") else None
+
+
 def _with_suggestion(message: str, parser: argparse.ArgumentParser, words: list[str]) -> str:
     choice = re.match(r"(argument [^:]+: invalid choice: '([^']*)') \(choose from (.*)\)$",
                       message)

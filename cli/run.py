@@ -71,6 +71,8 @@ class Refused(Exception):
 
 def _record_lease(record: Any) -> dict[str, Any]:
     """A feed record as the fields of a lease that `get` would show."""
+    if isinstance(record, dict):  # read without the schemas (bus.leanwatch)
+        return dict(record)
     import msgspec
 
     out: dict[str, Any] = msgspec.to_builtins(record)
@@ -80,7 +82,7 @@ def _record_lease(record: Any) -> dict[str, Any]:
 def _latest(watch: LeaseWatch, first: Any) -> Any:
     """`first`, or the newest feed record already come after it (a replay arrives in pages):
     what the lease is now, as far as the feed has told."""
-    from bus.leasewatch import Change
+    from bus.leaseitems import Change
 
     latest = first
     for got in watch.pending():
@@ -95,7 +97,7 @@ def wait_reserved(c: Any, lease_id: str, *, timeout: float | None = None,
     """Follow the lease's feed until it is reserved, or ended, or `timeout` seconds have
     passed; a lease that still waits then comes back with `why` it waits. `full`: the lease as
     `get` shows it, else the fields of its feed record (one request fewer)."""
-    from bus.leasewatch import Change
+    from bus.leaseitems import Change
 
     deadline = None if timeout is None else time.monotonic() + timeout
     said = ""
@@ -214,7 +216,7 @@ def follow_until_done(c: Any, watch: LeaseWatch, lease_id: str, *,
     published before the end comes before it, on the same connection); renew on the way when
     given the `lease` as its commit left it. `seen`: output read from the store already, not
     written twice. Returns the ended lease's feed record (as a dict)."""
-    from bus.leasewatch import Change, Output
+    from bus.leaseitems import Change, Output
 
     state = str((lease or {}).get("state"))
     due = _renew_due_at(lease) if lease is not None else None
@@ -256,7 +258,7 @@ def follow_until_done(c: Any, watch: LeaseWatch, lease_id: str, *,
 def _cancel(c: Any, lease_id: str, say: Callable[[str], None],
             watch: LeaseWatch | None) -> None:
     """Ctrl-C: cancel the lease and wait (briefly) until its job is confirmed stopped."""
-    from bus.leasewatch import Change
+    from bus.leaseitems import Change
 
     say(f"cancelling lease {lease_id}…")
     c.lease(lease_id, "cancel", {"reason": "interrupted"})

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -78,10 +77,16 @@ def config_path() -> Path:
 def load(path: Path | None = None) -> Config:
     path = path or config_path()
     try:
-        data = tomllib.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         return Config()
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as e:
+    except (UnicodeDecodeError, OSError) as e:
+        raise BadConfig(f"{path}: {e}") from None
+    import tomllib  # only where there is a file to read: a `pool` without contexts skips it
+
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
         raise BadConfig(f"{path}: {e}") from None
     contexts: dict[str, Context] = {}
     table = data.get("contexts", {})

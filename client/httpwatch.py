@@ -16,7 +16,7 @@ from urllib.parse import quote
 import httpx
 import msgspec
 
-from bus.leasewatch import Change, Output
+from bus.leaseitems import Change, Output
 from schemas.feed import FeedRecord
 
 # the lease states a feed record ends the watch with (domain/lease.py TERMINAL_STATES)

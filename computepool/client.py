@@ -251,7 +251,7 @@ class Client:
             return watch.get(GUARD_SECONDS if left is None else min(left, GUARD_SECONDS))
 
     def _wait_reserved(self, watch: Any, lease_id: str, deadline: float | None) -> None:
-        from bus.leasewatch import Output
+        from bus.leaseitems import Output
 
         while True:
             got = self._next(watch, lease_id, deadline)
@@ -273,7 +273,7 @@ class Client:
                 seen: Counter[tuple[float, int, str]] | None = None) -> Iterator[str]:
         """The job's output as it comes until the lease's feed says it ended (every output
         published before the end comes before it); `seen`: output already read."""
-        from bus.leasewatch import Change, Output
+        from bus.leaseitems import Change, Output
 
         while True:
             got = self._next(watch, lease_id, deadline)
@@ -293,7 +293,7 @@ class Client:
     def watch(self, lease_id: str, *, after: int = 0) -> Iterator[FeedRecord]:
         """Each state change of the lease (its feed records after feed sequence `after`, then
         live) until it ends."""
-        from bus.leasewatch import Change
+        from bus.leaseitems import Change
 
         self.get(lease_id)  # an unknown lease, or another tenant's: refused here
         with translated():

@@ -73,6 +73,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "batch_too_large": 503, "snapshots_unavailable": 503, "webhooks_unavailable": 503,
     "secrets_unavailable": 503,  # no key ring to seal or open secrets (POOL_SECRET_KEYS)
     "scheduler_unavailable": 503,  # no scheduler process answered an operator's question
+    "feed_refused": 502,  # the control plane refused a feed replay the gateway asked for
     # a bug behind the gateway: logged there, reported here as the upstream's failure
     "internal_error": 502,
 }

@@ -17,13 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bus.admin import can_connect
 from bus.local import auth as bus_auth
-from bus.local.auth import AuthConfig, Credentials
-from bus.local.server import NatsServer, free_port
 
-if TYPE_CHECKING:  # PostgreSQL is loaded only by the start: a tenant's `pool` needs none of it
+if TYPE_CHECKING:  # the servers are loaded only by the start: a tenant's `pool` needs neither
     from bus.connguard import Caps, ConnectionGuard
+    from bus.local.auth import AuthConfig, Credentials
+    from bus.local.server import NatsServer
     from projections.postgres.embedded import EmbeddedPostgres
 
 DEFAULT_NATS_PORT = 14222
@@ -173,6 +172,7 @@ def start(home: Path | None = None, *, with_postgres: bool = True) -> Embedded:
 
 def _start(home: Path, *, with_postgres: bool) -> Embedded:
     from bus.connguard import Caps, ConnectionGuard, tenant_caps
+    from bus.local.server import NatsServer, free_port
 
     caps = Caps.from_env()  # a bad cap is refused before anything starts
     nats_url = os.environ.get("POOL_NATS_URL")
@@ -356,6 +356,8 @@ def _reload_running_server(home: Path, *, reload: bool = True) -> int | None:
 
 
 def _wait_usable(home: Path, creds: Credentials, timeout: float = 10.0) -> None:
+    from bus.admin import can_connect
+
     url = str(_read_endpoints(home).get("nats_url") or "")
     if not url:
         return

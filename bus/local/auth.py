@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +43,13 @@ from bus.subjects import (
 
 log = logging.getLogger(__name__)
 
+
+def _password() -> str:
+    """A new user's password: 144 random bits (secrets is loaded only to make one)."""
+    import secrets
+
+    return secrets.token_urlsafe(18)
+
 SERVICE_USER = "pool-service"
 RESPONDER_USER = "pool-responder"
 # the connection guard's user (bus/connguard.py): the one user of the server's system account
@@ -53,7 +59,7 @@ TENANT_USER_PREFIX = "tenant-"
 # the control plane's roles and the admin CLI, each its own user `pool-<role>` (PERMISSIONS)
 ROLES = ("commands", "scheduler", "reconciler", "projector", "admin")
 ROLE_INBOXES = f"{INBOX_ROOT}.r"
-# bcrypt's cost. Every password here is made by secrets.token_urlsafe(18) (144 random bits),
+# bcrypt's cost. Every password here is made by _password() (144 random bits),
 # which no work factor makes harder to guess; and nats-server checks the hash on every connect,
 # so the usual cost for people's passwords (10) made each connect of a `pool` command 60-160 ms
 # of server CPU (docs/security.md, docs/performance-log.md 2026-12-06).
@@ -339,28 +345,28 @@ class AuthConfig:
     """Users and passwords for one deployment; rendered into the server's configuration."""
 
     service: Credentials = field(
-        default_factory=lambda: Credentials(SERVICE_USER, secrets.token_urlsafe(18))
+        default_factory=lambda: Credentials(SERVICE_USER, _password())
     )
     responder: Credentials = field(
-        default_factory=lambda: Credentials(RESPONDER_USER, secrets.token_urlsafe(18))
+        default_factory=lambda: Credentials(RESPONDER_USER, _password())
     )
     roles: dict[str, Credentials] = field(default_factory=lambda: {
-        r: Credentials(role_user(r), secrets.token_urlsafe(18)) for r in ROLES})
+        r: Credentials(role_user(r), _password()) for r in ROLES})
     tenants: dict[str, Credentials] = field(default_factory=dict)
     nodes: dict[str, Credentials] = field(default_factory=dict)
     guard: Credentials = field(
-        default_factory=lambda: Credentials(GUARD_USER, secrets.token_urlsafe(18))
+        default_factory=lambda: Credentials(GUARD_USER, _password())
     )
 
     def add_tenant(self, tenant: str, password: str | None = None) -> Credentials:
         tenant = checked_name("tenant", tenant)
-        c = Credentials(f"{TENANT_USER_PREFIX}{tenant}", password or secrets.token_urlsafe(18))
+        c = Credentials(f"{TENANT_USER_PREFIX}{tenant}", password or _password())
         self.tenants[tenant] = c
         return c
 
     def add_node(self, node_id: str, password: str | None = None) -> Credentials:
         node_id = checked_name("node", node_id)
-        c = Credentials(f"node-{node_id}", password or secrets.token_urlsafe(18))
+        c = Credentials(f"node-{node_id}", password or _password())
         self.nodes[node_id] = c
         return c
 
@@ -432,19 +438,19 @@ def from_dict(data: dict[str, object]) -> AuthConfig:
 
     tenants = data.get("tenants") or {}
     nodes = data.get("nodes") or {}
-    assert isinstance(tenants, dict) and isinstance(nodes, dict)
+    roles = data.get("roles") or {}
+    assert isinstance(tenants, dict) and isinstance(nodes, dict) and isinstance(roles, dict)
+    given = {str(k): c(v) for k, v in roles.items() if k in ROLES}
+    # passwords are made only for the users a file lacks (an older file's: saved on next change)
     auth = AuthConfig(
         service=c(data["service"]),
+        responder=c(data["responder"]) if data.get("responder")
+        else Credentials(RESPONDER_USER, _password()),
+        roles={r: given.get(r) or Credentials(role_user(r), _password()) for r in ROLES},
         tenants={str(k): c(v) for k, v in tenants.items()},
         nodes={str(k): c(v) for k, v in nodes.items()},
+        guard=c(data["guard"]) if data.get("guard") else Credentials(GUARD_USER, _password()),
     )
-    if data.get("responder"):  # older files had none: the new one is saved on next change
-        auth.responder = c(data["responder"])
-    if data.get("guard"):  # nor this one
-        auth.guard = c(data["guard"])
-    roles = data.get("roles") or {}
-    assert isinstance(roles, dict)
-    auth.roles.update({str(k): c(v) for k, v in roles.items() if k in ROLES})
     return auth
 
 

@@ -164,6 +164,20 @@ def test_the_run_bench_runs_every_lease_and_times_every_end() -> None:
     assert "pool lease run -- true" in result["table"]
 
 
+def test_the_run_bench_times_the_docker_runtime_beside_docker_run() -> None:
+    from bench.run import docker_unavailable, run_run_bench
+
+    why = docker_unavailable()
+    if why is not None:
+        pytest.skip(why)
+    result = run_run_bench(runs=2, docker=True)
+    assert result["docker_skipped"] is None
+    assert result["docker_lease_run"]["n"] == result["docker_run"]["n"] == 2
+    # a lease's container is a container too, and more: its start is under the lease's
+    assert 0 < result["docker_run"]["min_ms"] < result["docker_lease_run"]["max_ms"]
+    assert "docker run --rm … true" in result["table"]
+
+
 def test_the_workdir_bench_moves_every_byte_and_compares_with_the_raw_store() -> None:
     from bench.workdir import run_workdir_bench
 

@@ -57,8 +57,11 @@ def plane(fresh_nats: NatsServer, tmp_path: Path) -> Iterator[str]:
     cp.stop()
 
 
-def _pool(url: str, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def _pool(url: str, *argv: str, timeout: float = 60,
+          lean: bool = True) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("POOL_")}
+    if not lean:
+        env["POOL_FAST_PATHS"] = "off"  # cli/lease.py: the client with nats-py
     return subprocess.run([sys.executable, "-m", "cli.main", *argv], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
@@ -81,6 +84,25 @@ def test_lease_run_exits_with_the_job_s_exit_code_and_shows_both_streams(plane: 
     assert "to-out\n" in out.stdout and "to-err\n" in out.stdout
     ended = json.loads(out.stdout.splitlines()[-1])["lease"]
     assert (ended["end_reason"], ended["exit_code"]) == ("failed", 3)
+
+
+def test_lease_run_over_core_nats_ends_as_over_nats_py(plane: str) -> None:
+    # the lean client (client.lean) and the plain one: the same output, exit code and lease
+    job = ["--json", "--", "sh", "-c", "echo to-out; echo to-err >&2; exit 3"]
+    lean = _pool(plane, "lease", "run", *_lease_args(plane), *job)
+    plain = _pool(plane, "lease", "run", *_lease_args(plane), *job, lean=False)
+    assert (lean.returncode, plain.returncode) == (3, 3), (lean.stderr, plain.stderr)
+    assert lean.stdout.splitlines()[:-1] == plain.stdout.splitlines()[:-1]
+    leases = [json.loads(out.stdout.splitlines()[-1]) for out in (lean, plain)]
+    # less the ids, the times and the event count (the plane's: its reports and timers
+    # land as they may, one event more or less whichever client asked)
+    same = [{k: v for k, v in lease["lease"].items()
+             if k not in ("lease_id", "idempotency_key", "version") and "_at" not in k
+             and "deadline" not in k} for lease in leases]
+    assert same[0] == same[1]
+    assert leases[0]["lease"].keys() == leases[1]["lease"].keys()
+    assert [ln for ln in lean.stderr.splitlines() if "lease" not in ln] == \
+        [ln for ln in plain.stderr.splitlines() if "lease" not in ln]
 
 
 def test_lease_logs_replays_a_finished_job_and_follows_a_running_one(plane: str) -> None:
@@ -160,3 +182,8 @@ def test_lease_run_loads_nothing_of_the_scheduler(plane: str) -> None:
                                                        "psycopg", "projections")
              or m in ("domain.lease", "domain.policy.fairness", "domain.policy.placement")]
     assert heavy == []
+    # nor, over NATS, nats-py, asyncio, OpenTelemetry or the schemas (client.lean)
+    from tests.unit.test_cli_start import LEAN_RUN_SPARES
+
+    assert [m for m in modules if any(m == s or m.startswith(s + ".")
+                                      for s in LEAN_RUN_SPARES)] == []

@@ -495,12 +495,13 @@ def test_a_direct_gets_answer_on_a_leases_output_is_not_printed_by_lease_run(
     import json
     import queue
 
-    from bus.leasewatch import LeaseWatch, Output, output_filter
+    from bus.leasewatch import LeaseWatch, Output
+    from bus.subjects import output_filter
 
     server, auth, _ = plane
     subject = "pool.tel.p1.gpu-7.beta.l1.output"
     watch = LeaseWatch(None, "beta", "l1", output=True)  # type: ignore[arg-type]
-    watch._nodes.add("gpu-7")  # as once the feed named the lease's node
+    watch._gate.placed("gpu-7")  # as once the feed named the lease's node
 
     def sample(text: str) -> bytes:
         return json.dumps({"kind": "output", "at": 1.0, "attrs": {"text": text}}).encode()
@@ -530,6 +531,52 @@ def test_a_direct_gets_answer_on_a_leases_output_is_not_printed_by_lease_run(
             printed.append(item.text)
     assert printed == ["the job's line"]
     assert junk_values().count > before
+
+
+def test_a_direct_gets_answer_is_neither_output_nor_a_record_to_the_lean_lease_run(
+        plane: Plane) -> None:
+    """The same two forgeries against `pool lease run`'s core-NATS watch (bus.leanwatch)."""
+    import json
+
+    from bus.corenats import Connection
+    from bus.leanwatch import LeanLeaseWatch
+    from bus.leaseitems import Output
+    from bus.subjects import FEED_LIVE_PREFIX, feed_filter, output_filter
+    from tests.security.test_feed import _record
+
+    server, auth, _ = plane
+    subject = "pool.tel.p1.gpu-7.beta.l1.output"
+    b, n = auth.tenants["beta"], auth.nodes["gpu-7"]
+    conn = Connection(server.url, user=b.user, password=b.password,
+                      inbox_prefix=tenant_inbox("beta"))
+    watch = LeanLeaseWatch(conn, "beta", "l1", output=True)
+    # the subscriptions start() makes, without its replay (no command service here)
+    watch._sids = (conn.subscribe(output_filter("beta", "l1")),
+                   conn.subscribe(feed_filter("beta", "l1", live=True)))
+    conn.flush()
+    watch._gate.placed("gpu-7")  # as once the feed named the lease's node
+
+    def sample(text: str) -> bytes:
+        return json.dumps({"kind": "output", "at": 1.0, "attrs": {"text": text}}).encode()
+
+    before = junk_values().count
+    aim_live(plane, f"{FEED_LIVE_PREFIX}.beta.lease.l1", _record("beta", "l1"))
+    aim_live(plane, subject, sample("forged by alpha"))
+
+    async def node_line() -> None:
+        node = await nats.connect(server.url, user=n.user, password=n.password)
+        await node.publish(subject, sample("the job's line"))
+        await node.flush()
+        await node.close()
+
+    asyncio.run(node_line())
+    got = []
+    while (item := watch.get(timeout=1.0)) is not None:
+        got.append(item)
+    conn.close()
+    assert [i.text for i in got if isinstance(i, Output)] == ["the job's line"]
+    assert [i for i in got if not isinstance(i, Output)] == [], "a forged feed record was taken"
+    assert junk_values().count >= before
 
 
 # -- an exec or attach session's bytes ----------------------------------------------------------
