@@ -144,7 +144,8 @@ def test_a_live_record_come_while_a_page_is_read_is_not_lost(nats_url: str) -> N
     with Client(nats_url) as other:
         other._loop.run(other._nc.publish(
             "pool.feedlive.alpha.lease.l1", json.dumps({"state": "reserved"}).encode(),
-            headers={"Nats-Sequence": "2", "Nats-Last-Sequence": "1", "Nats-Subject": stored}))
+            headers={"Nats-Stream": "POOL_FEED", "Nats-Sequence": "2", "Nats-Last-Sequence": "1",
+                     "Nats-Subject": stored}))  # as the feed's republish stamps it
         assert watch.get(0.5) is None  # held: the page asked for first has not answered
         plane.publish(first[1].reply, page(1, "queued"))
         plane.flush()
