@@ -270,6 +270,7 @@ def test_pool_serve_speaks_as_the_roles_whose_passwords_its_environment_holds(
     server = NatsServer(store_dir=tmp_path / "nats", server_name="pool-serve",
                         extra_config=auth.render()).start()
     procs: list[subprocess.Popen[str]] = []
+    heard: list[list[str]] = [[], [], []]  # what each role's process said before its stop
     try:
         ensure_all_streams(url_with_credentials(server.url, auth.service))
         pw = dict(line.split("=", 1) for line in env_file(auth).splitlines())
@@ -293,10 +294,20 @@ def test_pool_serve_speaks_as_the_roles_whose_passwords_its_environment_holds(
             return r.returncode == 0
 
         wait_for(pool_set, timeout=60, every=1.0)
+        # the commands role alone answers `pool set`: the others may still be starting, and
+        # stopped now they would say nothing; each is stopped once it said it serves (or ended)
+        for p, said in zip(procs, heard, strict=False):
+            assert p.stdout is not None
+            while not said or "serving" not in said[-1]:
+                line = p.stdout.readline()
+                if not line:
+                    break
+                said.append(line)
     finally:
         for p in procs:
             p.terminate()
-        outputs = [p.communicate(timeout=30)[0] for p in procs]
+        outputs = ["".join(said) + p.communicate(timeout=30)[0]
+                   for p, said in zip(procs, heard, strict=False)]
         server.stop()
     assert all("serving" in out and "error" not in out for out in outputs), outputs
     assert violations(server) == []
