@@ -28,14 +28,17 @@ from workers.plane import ControlPlane
 JOB = {"job": {"image": "busybox@sha256:" + "a" * 64, "command": ["true"]}}
 
 
-@pytest.fixture()
-def plane(fresh_nats: NatsServer) -> Iterator[ControlPlane]:
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A log with every kind of event: pools and price changes, nodes, leases placed, run and
     released (holds one by one and in a batch, settlements with charges), plus a bench workload
-    (cancels, releases)."""
+    (cancels, releases). Built once for the module on a server of its own: the tests that use
+    it only read the log (each into views of its own)."""
+    server = NatsServer(store_dir=tmp_path_factory.mktemp("fast-paths"), server_name="pool-fast")
+    server.start()
     clock = FakeClock()
-    cp = start(fresh_nats.url, clock)
-    with PoolClient(fresh_nats.url) as admin:
+    cp = start(server.url, clock)
+    with PoolClient(server.url) as admin:
         setup_pool(admin, tenants={"alpha": 1.0, "beta": 1.0}, credits=10**9)
         assert admin.admin("pool.prices", {"pool_id": "p1", "cpu_core_second": 5,
                                            "memory_gib_second": 2})["ok"]
@@ -58,6 +61,7 @@ def plane(fresh_nats: NatsServer) -> Iterator[ControlPlane]:
         app.save(*aggs)
     yield cp
     cp.stop()
+    server.stop()
 
 
 def _direct(recorder: Any, start: int, stop: int) -> list[Any]:

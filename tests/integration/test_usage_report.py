@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import uuid
 from collections.abc import Iterator
 
 import psycopg
@@ -23,14 +24,28 @@ JOB = {"job": {"image": "busybox@sha256:" + "a" * 64, "command": ["true"]}}
 HOUR = 3600.0
 
 
-@pytest.fixture()
-def log(fresh_nats: NatsServer, database_url: str, schema: str
+@pytest.fixture(scope="module")
+def schema(database_url: str) -> Iterator[str]:
+    """The module's views schema (the tests only read what `log` folded into it), dropped
+    after the module."""
+    from projections.views import drop_schema
+
+    name = f"views_{uuid.uuid4().hex[:10]}"
+    yield name
+    drop_schema(database_url, name)
+
+
+@pytest.fixture(scope="module")
+def log(tmp_path_factory: pytest.TempPathFactory, database_url: str, schema: str
         ) -> Iterator[tuple[float, float]]:
     """alpha runs 2 cores for 20 h from 08:00 UTC (16 h on its first day, 4 on the next),
-    beta holds one GPU for an hour and cancels; both folded into `schema`."""
+    beta holds one GPU for an hour and cancels; both folded into `schema`, once for the
+    module on a server of its own."""
+    server = NatsServer(store_dir=tmp_path_factory.mktemp("usage"), server_name="pool-usage")
+    server.start()
     clock = FakeClock()
-    cp: ControlPlane = start(fresh_nats.url, clock)
-    admin = PoolClient(fresh_nats.url)
+    cp: ControlPlane = start(server.url, clock)
+    admin = PoolClient(server.url)
     try:
         setup_pool(admin, tenants={"alpha": 1.0, "beta": 1.0})
         assert admin.admin("pool.prices", {"pool_id": "p1", "cpu_core_second": 7})["ok"]
@@ -59,6 +74,7 @@ def log(fresh_nats: NatsServer, database_url: str, schema: str
     finally:
         admin.close()
         cp.stop()
+        server.stop()
 
 
 def _by(database_url: str, schema: str, by: str, start: float, end: float) -> dict[str, dict]:  # type: ignore[type-arg]

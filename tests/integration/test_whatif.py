@@ -4,20 +4,22 @@ outcome, which must be the log's for every lease."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from uuid import UUID
 
 import pytest
 
 from bench.policy import NothingToReplay, pool_from_log
 from bench.whatif import BadPolicy, parse_policy, whatif, whatif_from_log
+from bus.local.server import NatsServer
 from cli.main import main
 from client.api import PoolClient
 from projections.replay import event_name, notifications, state_of
-from tests.control_plane import FakeClock, lease_body, node_body, setup_pool
+from tests.control_plane import FakeClock, lease_body, node_body, setup_pool, start
 from workers.plane import ControlPlane
 
 JOB = {"job": {"image": "busybox@sha256:" + "a" * 64, "command": ["true"]}}
-Plane = tuple[ControlPlane, PoolClient, FakeClock]
+Scripted = tuple[ControlPlane, dict[str, str]]  # the plane whose log `_script` wrote, its ids
 
 
 def _script(cp: ControlPlane, admin: PoolClient, clock: FakeClock) -> dict[str, str]:
@@ -63,6 +65,23 @@ def _script(cp: ControlPlane, admin: PoolClient, clock: FakeClock) -> dict[str, 
     return ids
 
 
+@pytest.fixture(scope="module")
+def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scripted]:
+    """`_script`'s log, written once for the module on a server of its own: every test here
+    only reads it (`pool whatif` replays a log, it never writes one)."""
+    server = NatsServer(store_dir=tmp_path_factory.mktemp("whatif"), server_name="pool-whatif")
+    server.start()
+    clock = FakeClock()
+    cp = start(server.url, clock)
+    admin = PoolClient(server.url)
+    try:
+        yield cp, _script(cp, admin, clock)
+    finally:
+        admin.close()
+        cp.stop()
+        server.stop()
+
+
 def _log_outcome(cp: ControlPlane) -> dict[str, tuple[float, float | None]]:
     """Each lease's request time and first placement, read from the events themselves."""
     out: dict[str, tuple[float, float | None]] = {}
@@ -76,9 +95,8 @@ def _log_outcome(cp: ControlPlane) -> dict[str, tuple[float, float | None]]:
     return out
 
 
-def test_the_real_column_is_the_log_s_own_outcome_for_every_lease(plane: Plane) -> None:
-    cp, admin, clock = plane
-    ids = _script(cp, admin, clock)
+def test_the_real_column_is_the_log_s_own_outcome_for_every_lease(scripted: Scripted) -> None:
+    cp, ids = scripted
     truth = _log_outcome(cp)
     assert truth[ids["b1"]][1] is not None and truth[ids["a3"]][1] is None
     log = pool_from_log(cp.app)
@@ -99,9 +117,8 @@ def test_the_real_column_is_the_log_s_own_outcome_for_every_lease(plane: Plane) 
 
 
 def test_pool_whatif_prints_the_replay_beside_the_log(
-        plane: Plane, capsys: pytest.CaptureFixture[str]) -> None:
-    cp, admin, clock = plane
-    ids = _script(cp, admin, clock)
+        scripted: Scripted, capsys: pytest.CaptureFixture[str]) -> None:
+    cp, ids = scripted
     url = ["--nats-url", cp.nats_url]
     assert main(["whatif", "--policy", "drf+backfill", "--weight", "alpha=5", *url,
                  "--json"]) == 0
@@ -132,10 +149,9 @@ def test_pool_whatif_prints_the_replay_beside_the_log(
     (["--policy", "drf", "--from", "yesterday"], "--from"),
 ])
 def test_pool_whatif_names_the_flag_it_refuses(
-        plane: Plane, capsys: pytest.CaptureFixture[str], argv: list[str], flag: str) -> None:
-    cp, admin, clock = plane
-    if flag in ("--weight", "--pool", "--from"):
-        _script(cp, admin, clock)
+        scripted: Scripted, capsys: pytest.CaptureFixture[str], argv: list[str],
+        flag: str) -> None:
+    cp, _ = scripted  # a log to replay: the refusal is the flag's, not an empty log's
     assert main(["whatif", *argv, "--nats-url", cp.nats_url]) != 0
     err = capsys.readouterr().err
     assert flag in err and len(err.strip().splitlines()) == 1, err
@@ -151,8 +167,7 @@ def test_a_policy_spec_reads_as_the_simulator_s_policies() -> None:
         parse_policy("drf+drf")
 
 
-def test_an_empty_window_is_refused(plane: Plane) -> None:
-    cp, admin, clock = plane
-    _script(cp, admin, clock)
+def test_an_empty_window_is_refused(scripted: Scripted) -> None:
+    cp, _ = scripted
     with pytest.raises(NothingToReplay):
         whatif_from_log(cp.app, parse_policy("drf"), start=4_000_000_000.0)

@@ -4,7 +4,7 @@ whole job without a permission violation and refused by the server outside it.""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from bus.local.server import NatsServer
 from client.api import PoolClient
 from tests.security.roles import lease_lifecycle, secured_plane, violations, wait_for
 from workers.bootstrap import application
+from workers.plane import ControlPlane
 from workers.projector import Projector
 
 
@@ -167,13 +168,24 @@ def test_the_projector_cannot_append_to_the_event_log(server: Any) -> None:
     assert asyncio.run(log_length()) == 0
 
 
+Lived = tuple[NatsServer, AuthConfig, ControlPlane, dict[str, str]]
+
+
+@pytest.fixture(scope="module")
+def lived(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lived]:
+    """A secured plane on which `lease_lifecycle` ran, once for the module: the tests that
+    take it provoke no violation of their own (the checkpoint test, which does, has its own)."""
+    home = tmp_path_factory.mktemp("roles")
+    with secured_plane(home) as (server, auth, cp):
+        yield server, auth, cp, lease_lifecycle(server, auth, home / "state")
+
+
 def test_every_role_runs_a_lease_from_request_to_release_as_its_own_user(
-        tmp_path: Path) -> None:
-    with secured_plane(tmp_path) as (server, auth, cp):
-        assert cp.role_urls.keys() == set(ROLES)
-        out = lease_lifecycle(server, auth, tmp_path / "state")
-        assert out == {"ran": "released", "voided": "voided", "silent": "reconciling"}
-        assert violations(server) == []
+        lived: Lived) -> None:
+    server, _auth, cp, out = lived
+    assert cp.role_urls.keys() == set(ROLES)
+    assert out == {"ran": "released", "voided": "voided", "silent": "reconciling"}
+    assert violations(server) == []
 
 
 def test_the_command_role_keeps_tenants_secrets_as_its_own_user(
@@ -231,18 +243,17 @@ def test_the_scheduler_stores_and_reads_its_checkpoint_as_its_own_user(tmp_path:
         assert out == {"landed": [], "refused": 1}
 
 
-def test_the_projector_folds_the_log_as_its_own_user(tmp_path: Path, database_url: str,
+def test_the_projector_folds_the_log_as_its_own_user(lived: Lived, database_url: str,
                                                      schema: str) -> None:
-    with secured_plane(tmp_path) as (server, auth, _cp):
-        lease_lifecycle(server, auth, tmp_path / "state")
-        proj = Projector(application(url_with_credentials(server.url, auth.roles["projector"])),
-                         database_url, schema=schema).start()
-        try:
-            wait_for(lambda: proj.position >= (proj.app.recorder.max_notification_id() or 0))
-        finally:
-            proj.stop()
-            proj.app.close()
-        assert violations(server) == []
+    server, auth, _cp, _ = lived
+    proj = Projector(application(url_with_credentials(server.url, auth.roles["projector"])),
+                     database_url, schema=schema).start()
+    try:
+        wait_for(lambda: proj.position >= (proj.app.recorder.max_notification_id() or 0))
+    finally:
+        proj.stop()
+        proj.app.close()
+    assert violations(server) == []
 
 
 def test_pool_serve_speaks_as_the_roles_whose_passwords_its_environment_holds(
@@ -260,6 +271,7 @@ def test_pool_serve_speaks_as_the_roles_whose_passwords_its_environment_holds(
     server = NatsServer(store_dir=tmp_path / "nats", server_name="pool-serve",
                         extra_config=auth.render()).start()
     procs: list[subprocess.Popen[str]] = []
+    heard: list[list[str]] = [[], [], []]  # what each role's process said before its stop
     try:
         ensure_all_streams(url_with_credentials(server.url, auth.service))
         pw = dict(line.split("=", 1) for line in env_file(auth).splitlines())
@@ -283,10 +295,20 @@ def test_pool_serve_speaks_as_the_roles_whose_passwords_its_environment_holds(
             return r.returncode == 0
 
         wait_for(pool_set, timeout=60, every=1.0)
+        # the commands role alone answers `pool set`: the others may still be starting, and
+        # stopped now they would say nothing; each is stopped once it said it serves (or ended)
+        for p, said in zip(procs, heard, strict=False):
+            assert p.stdout is not None
+            while not said or "serving" not in said[-1]:
+                line = p.stdout.readline()
+                if not line:
+                    break
+                said.append(line)
     finally:
         for p in procs:
             p.terminate()
-        outputs = [p.communicate(timeout=30)[0] for p in procs]
+        outputs = ["".join(said) + p.communicate(timeout=30)[0]
+                   for p, said in zip(procs, heard, strict=False)]
         server.stop()
     assert all("serving" in out and "error" not in out for out in outputs), outputs
     assert violations(server) == []
