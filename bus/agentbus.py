@@ -114,6 +114,8 @@ class ControlLink:
         self._consumers: set[str] = set()
         self._due_sub: Any = None
         self._kv: Any = None
+        self._fetching: asyncio.Task[Any] | None = None  # the fired timers' fetch under way
+        self._interrupted = False
 
     def ensure_streams(self, replicas: int = 1) -> None:
         async def go() -> None:
@@ -187,6 +189,18 @@ class ControlLink:
                                                   headers=dict(headers))
                                        for subject, payload, headers in chunk))
 
+    def interrupt(self) -> None:
+        """End a wait for fired timers now, and any later one at once: the process stops (its
+        reconciler's thread would otherwise sit out the fetch's whole timeout)."""
+
+        def cancel() -> None:
+            self._interrupted = True
+            if self._fetching is not None:
+                self._fetching.cancel()
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed already
+            self.rt.loop.call_soon_threadsafe(cancel)
+
     def fetch_due(self, batch: int = 100, timeout: float = 1.0) -> list[Due]:
         """Fired timers, waiting up to `timeout` for the first; each must be acked."""
 
@@ -194,10 +208,19 @@ class ControlLink:
             js = await self.rt.jetstream()
             if self._due_sub is None:
                 self._due_sub = await js.pull_subscribe_bind(RECONCILER_CONSUMER, SCHEDULE_STREAM)
+            if self._interrupted:
+                return []
+            self._fetching = asyncio.current_task()
             try:
                 msgs = await self._due_sub.fetch(batch, timeout=timeout)
             except TimeoutError:  # nats' TimeoutError is one too
                 return []
+            except asyncio.CancelledError:
+                if not self._interrupted:
+                    raise
+                return []  # interrupt(): the process stops, no timer was taken
+            finally:
+                self._fetching = None
             out = []
             for m in msgs:
                 parts = m.subject.split(".")

@@ -227,6 +227,8 @@ class ControlPlane:
             self.metrics.stop()
             self.metrics = None
         self._stop.set()
+        if p.reconciler_link is not None:
+            p.reconciler_link.interrupt()  # its thread waits on fired timers: not a whole fetch
         for signal in (p.scheduler_signal, p.dispatcher_signal):
             if signal is not None:
                 signal.close()  # wakes its waiter; drops the interest while the bus answers
