@@ -50,15 +50,18 @@ def run_fleet(url: str, nodes: int, heartbeat_seconds: float, ready: Any, stop: 
                pools: list[str] | None = None) -> None:
     """In a process of its own: `nodes` simulated agents dealt over `pools`, registered, then
     beating."""
-    from agents.simulate import SimulatedFleet, fleet
+    from agents.simulate import SimulatedFleet, connection_shares, fleet
 
     pools = pools or [POOL]
     sims = []
     for k, pool in enumerate(pools):
         mine = nodes // len(pools) + (1 if k < nodes % len(pools) else 0)
         prefix = "sim" if len(pools) == 1 else f"sim{k}"
-        sims.append(SimulatedFleet(url, fleet(mine, "cpu", prefix=prefix), pool_id=pool,
-                                   heartbeat_interval=heartbeat_seconds).start())
+        # a connection holds a share of the nodes: one holding all would pass the server's
+        # subscriptions per connection and be cut off while enrolling
+        for share in connection_shares(fleet(mine, "cpu", prefix=prefix)):
+            sims.append(SimulatedFleet(url, share, pool_id=pool,
+                                       heartbeat_interval=heartbeat_seconds).start())
     ready.put("fleet")
     stop.wait()
     for sim in sims:
