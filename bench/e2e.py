@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.children import end_children
+from bench.children import await_ready, end_children
 from bench.latency import Record, ms, pct, stage_lines, stages
 from bench.machine import machine_line
 
@@ -117,7 +117,7 @@ def run_load(url: str, *, clients: int, processes: int, seconds: float, rate: fl
     records: list[Record] = []
     cpu = 0.0
     for _ in procs:
-        got, spent = out.get(timeout=seconds + 120)
+        got, spent = await_ready(out, procs, "client", seconds + 120)
         records.extend(got)
         cpu += spent
     for proc in procs:
@@ -141,7 +141,7 @@ def _stateless_rate(url: str, *, clients: int, processes: int, seconds: float,
                         daemon=True)
     proc.start()
     try:
-        ready.get(timeout=60)
+        await_ready(ready, [proc], "stateless responder", 60)
         cpu0 = (cpu_seconds(server_pid), cpu_seconds(proc.pid))
         records, clients_cpu = run_load(url, clients=clients, processes=processes,
                                      seconds=seconds, rate=None, run=run)
@@ -333,6 +333,7 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
         ready = CTX.Queue()
         procs: list[Any] = []
         watcher = None
+        grace = 3.0  # cut short (an error, SIGTERM, Ctrl-C): the children go at once
         try:
             url = server.url
             ensure_all_streams(url)
@@ -347,7 +348,7 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
                 url, ready, stop, list(PARENT_ROLES) if split else None))
             plane.start()
             procs.append(plane)
-            ready.get(timeout=120)
+            await_ready(ready, procs, "plane", 120)
             plane_pids: list[int | None] = [plane.pid]
             # each plane process's roles, beside its pid ("all": every role in one process)
             plane_roles: list[str] = ["+".join(PARENT_ROLES) if split else "all"]
@@ -356,7 +357,7 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
                                      args=(url, ready, stop, list(CHILD_ROLES)))
                 apart.start()
                 procs.append(apart)
-                ready.get(timeout=120)
+                await_ready(ready, procs, "plane", 120)
                 plane_pids.append(apart.pid)
                 plane_roles.append("+".join(CHILD_ROLES))
             # more responders in the queue group; more schedulers sharing the pools out
@@ -368,7 +369,7 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
                                          daemon=True)
                     extra.start()
                     procs.append(extra)
-                    ready.get(timeout=120)
+                    await_ready(ready, procs, "plane", 120)
                     plane_pids.append(extra.pid)
                     plane_roles.append("+".join(roles))
                     if roles == ["scheduler"]:
@@ -386,7 +387,7 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
                                  args=(url, nodes, heartbeat_seconds, ready, fleet_stop, names))
             fleet.start()
             fleets.append(fleet)
-            ready.get(timeout=600)
+            await_ready(ready, fleets + procs, "simulated fleet", 600)
             register_s = time.monotonic() - t0
             leaders = (_spread(url, names, scheduler_pids) if scheduler_processes > 1
                        else None)
@@ -445,11 +446,12 @@ def run_e2e_bench(*, clients: int = 64, nodes: int = 1000, seconds: float = 10.0
             requested, stored = stored_times(url, log_start)
             for phase, recs in ((saturated, sat), (steady, st)):
                 phase["stages"] = stages(recs, requested, stored, watcher.reserved)
+            grace = 30.0  # a run that ended well waits for its children's clean stop
         finally:
             # the fleet first: a node's beat in flight when the plane stops would find no
             # responder and say so
-            end_children(fleet_stop, fleets)
-            end_children(stop, procs)
+            end_children(fleet_stop, fleets, grace)
+            end_children(stop, procs, grace)
             if watcher is not None:
                 watcher.stop()
             server.stop()
