@@ -281,3 +281,33 @@ class SimulatedFleet:
         self.link.close()
         if self._tmp is not None:
             self._tmp.cleanup()
+
+
+def start_fleets(url: str, nodes: list[SimNode], *, pool_id: str,
+                 heartbeat_interval: float = 3.0) -> list[SimulatedFleet]:
+    """`nodes` started as SimulatedFleets of one connection each (`connection_shares`)."""
+    sims: list[SimulatedFleet] = []
+    try:
+        for share in connection_shares(nodes):
+            sims.append(SimulatedFleet(url, share, pool_id=pool_id,
+                                       heartbeat_interval=heartbeat_interval).start())
+    except BaseException:
+        for sim in sims:
+            sim.stop()
+        raise
+    return sims
+
+
+def fleets_stats(sims: list[SimulatedFleet]) -> dict[str, Any]:
+    """The fleets' stats as one fleet's: counts summed, silent nodes joined, the slowest last
+    fetch and round."""
+    out: dict[str, Any] = {}
+    for stats in (sim.stats() for sim in sims):
+        for key, value in stats.items():
+            if key == "silent":
+                out[key] = sorted([*out.get(key, []), *value])
+            elif isinstance(value, float):
+                out[key] = max(out.get(key, 0.0), value)
+            else:
+                out[key] = out.get(key, 0) + value
+    return out

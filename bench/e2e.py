@@ -50,7 +50,7 @@ def run_fleet(url: str, nodes: int, heartbeat_seconds: float, ready: Any, stop: 
                pools: list[str] | None = None) -> None:
     """In a process of its own: `nodes` simulated agents dealt over `pools`, registered, then
     beating."""
-    from agents.simulate import SimulatedFleet, connection_shares, fleet
+    from agents.simulate import fleet, start_fleets
 
     pools = pools or [POOL]
     sims = []
@@ -59,9 +59,8 @@ def run_fleet(url: str, nodes: int, heartbeat_seconds: float, ready: Any, stop: 
         prefix = "sim" if len(pools) == 1 else f"sim{k}"
         # a connection holds a share of the nodes: one holding all would pass the server's
         # subscriptions per connection and be cut off while enrolling
-        for share in connection_shares(fleet(mine, "cpu", prefix=prefix)):
-            sims.append(SimulatedFleet(url, share, pool_id=pool,
-                                       heartbeat_interval=heartbeat_seconds).start())
+        sims.extend(start_fleets(url, fleet(mine, "cpu", prefix=prefix), pool_id=pool,
+                                 heartbeat_interval=heartbeat_seconds))
     ready.put("fleet")
     stop.wait()
     for sim in sims:

@@ -44,3 +44,14 @@ def test_a_fleet_of_a_thousand_is_dealt_over_connections_under_the_servers_cap()
     with pytest.raises(ValueError, match="at most"):
         SimulatedFleet("nats://127.0.0.1:1", fleet(NODES_PER_CONNECTION + 1, "cpu"),
                        pool_id="p")
+
+
+def test_fleets_on_several_connections_report_as_one() -> None:
+    from agents.simulate import fleets_stats
+
+    def sim(nodes: int, silent: list[str], fetch_s: float) -> SimpleNamespace:
+        return SimpleNamespace(stats=lambda: {"nodes": nodes, "silent": silent, "errors": 1,
+                                              "last_fetch_s": fetch_s})
+
+    assert fleets_stats([sim(500, ["b"], 0.2), sim(500, ["a"], 0.1)]) == {
+        "nodes": 1000, "silent": ["a", "b"], "errors": 2, "last_fetch_s": 0.2}
