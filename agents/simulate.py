@@ -22,6 +22,7 @@ from agents.probe import Gpu, GpuProbe, NodeProbe, Reserve
 from agents.runtimes.contract import Usage, WorkloadHandle, WorkloadSpec
 from bus.agentbus import FleetLink, NodeLink
 from bus.errors import BusError
+from bus.local.server import MAX_SUBSCRIPTIONS_PER_CONNECTION
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,29 @@ def fleet(n: int, profile: str = "mixed", *, prefix: str = "sim") -> list[SimNod
     return out
 
 
+# one connection's share of nodes: each node holds a pull subscription on it, and each request
+# in flight (FLEET_THREADS at once, plus the round's) an inbox of its own; half the server's
+# per-connection cap leaves room for those and for a fleet sized to its limit by mistake
+FLEET_THREADS = 8
+NODES_PER_CONNECTION = MAX_SUBSCRIPTIONS_PER_CONNECTION // 2
+
+
+def connection_shares(nodes: list[SimNode],
+                      most: int = NODES_PER_CONNECTION) -> list[list[SimNode]]:
+    """`nodes` dealt into as few, as even, runs of at most `most` as there can be: one
+    SimulatedFleet (one connection) each."""
+    if most < 1:
+        raise ValueError("a connection must hold at least one node")
+    parts = max(1, -(-len(nodes) // most))
+    size, extra = divmod(len(nodes), parts)
+    out, at = [], 0
+    for k in range(parts):
+        n = size + (1 if k < extra else 0)
+        out.append(nodes[at:at + n])
+        at += n
+    return out
+
+
 # a round's longest wait for commands, and its shortest (however close the next beat)
 ROUND_SECONDS, MIN_ROUND_SECONDS = 0.15, 0.005
 
@@ -135,10 +159,17 @@ def round_wait(next_beats: Iterable[float], now: float) -> float:
 
 
 class SimulatedFleet:
-    """Runs every simulated node's Agent from one thread over one connection."""
+    """Runs every simulated node's Agent from one thread over one connection: at most
+    NODES_PER_CONNECTION of them (more: several fleets, `connection_shares`)."""
 
     def __init__(self, url: str, nodes: list[SimNode], *, pool_id: str,
                  heartbeat_interval: float = 3.0, state_dir: Path | None = None) -> None:
+        if len(nodes) > NODES_PER_CONNECTION:
+            # past it the server refuses a subscription and the client drops the connection
+            # mid-enrollment: say so now rather than as "connection closed" later
+            raise ValueError(f"{len(nodes)} simulated nodes on one connection: at most "
+                             f"{NODES_PER_CONNECTION} (the server's {MAX_SUBSCRIPTIONS_PER_CONNECTION}"
+                             " subscriptions per connection); deal them over several fleets")
         self.url = url
         self.nodes = nodes
         self.pool_id = pool_id
@@ -155,7 +186,7 @@ class SimulatedFleet:
         self.fetch_s = self.round_s = 0.0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._pool = ThreadPoolExecutor(8, thread_name_prefix="pool-fleet-node")
+        self._pool = ThreadPoolExecutor(FLEET_THREADS, thread_name_prefix="pool-fleet-node")
 
     def start(self) -> SimulatedFleet:
         ids = [n.node_id for n in self.nodes]
@@ -250,3 +281,33 @@ class SimulatedFleet:
         self.link.close()
         if self._tmp is not None:
             self._tmp.cleanup()
+
+
+def start_fleets(url: str, nodes: list[SimNode], *, pool_id: str,
+                 heartbeat_interval: float = 3.0) -> list[SimulatedFleet]:
+    """`nodes` started as SimulatedFleets of one connection each (`connection_shares`)."""
+    sims: list[SimulatedFleet] = []
+    try:
+        for share in connection_shares(nodes):
+            sims.append(SimulatedFleet(url, share, pool_id=pool_id,
+                                       heartbeat_interval=heartbeat_interval).start())
+    except BaseException:
+        for sim in sims:
+            sim.stop()
+        raise
+    return sims
+
+
+def fleets_stats(sims: list[SimulatedFleet]) -> dict[str, Any]:
+    """The fleets' stats as one fleet's: counts summed, silent nodes joined, the slowest last
+    fetch and round."""
+    out: dict[str, Any] = {}
+    for stats in (sim.stats() for sim in sims):
+        for key, value in stats.items():
+            if key == "silent":
+                out[key] = sorted([*out.get(key, []), *value])
+            elif isinstance(value, float):
+                out[key] = max(out.get(key, 0.0), value)
+            else:
+                out[key] = out.get(key, 0) + value
+    return out

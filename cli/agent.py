@@ -101,12 +101,13 @@ def cmd_agent_run(args: argparse.Namespace) -> int:
 
 def cmd_agent_simulate(args: argparse.Namespace) -> int:
     """`pool agent simulate`: a fleet of simulated nodes whose workloads are timed sleeps."""
-    from agents.simulate import SimulatedFleet, fleet
+    from agents.simulate import fleet, fleets_stats, start_fleets
 
     url = nats_url_of(args)
     nodes = fleet(args.nodes, args.profile, prefix=args.prefix)
-    sim = SimulatedFleet(url, nodes, pool_id=args.pool,
-                         heartbeat_interval=args.heartbeat_interval).start()
+    # over as many connections as the server's subscriptions per connection need
+    sims = start_fleets(url, nodes, pool_id=args.pool,
+                        heartbeat_interval=args.heartbeat_interval)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -123,10 +124,12 @@ def cmd_agent_simulate(args: argparse.Namespace) -> int:
     try:
         while not stop.wait(args.report_every or 3600):
             if args.report_every:
-                print(json.dumps(sim.stats()), flush=True)
+                print(json.dumps(fleets_stats(sims)), flush=True)
     finally:
-        sim.stop()
-    print(json.dumps(sim.stats()) if args.json else f"fleet stopped: {sim.stats()}",
+        for sim in sims:
+            sim.stop()
+    stats = fleets_stats(sims)
+    print(json.dumps(stats) if args.json else f"fleet stopped: {stats}",
           file=sys.stderr)
     return EXIT_OK
 
