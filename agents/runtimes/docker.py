@@ -158,7 +158,7 @@ class DockerRuntime:
         self._timeout = timeout_seconds
         self._classes: tuple[str, ...] | None = None
         self._cpu_samples: dict[str, tuple[int, float]] = {}
-        self._output: dict[str, dockerlogs.Output] = {}
+        self._output: dict[str, dockerlogs.Readers] = {}
         self._lock = threading.Lock()
         self._filter = dockernet.Filter()
         self._egress: str | None = None  # why jobs get no egress here ("" when they do)
@@ -519,12 +519,8 @@ class DockerRuntime:
         `max_output_bytes` of it, then one marker line when it wrote more (dockerlogs)."""
         cap = int(handle.extra.get("output_cap") or 64 << 20)  # a container from before caps
         with self._lock:
-            state = self._output.get(handle.ref)
-        out, state = dockerlogs.read(state, lambda after: self._entries(handle, after),
-                                     offset, limit, cap)
-        if state is not None:
-            with self._lock:
-                self._output[handle.ref] = state
+            readers = self._output.setdefault(handle.ref, dockerlogs.Readers())
+        out = readers.read(lambda after: self._entries(handle, after), offset, limit, cap)
         return out, offset + len(out)
 
     def _entries(self, handle: WorkloadHandle, after_ns: int) -> list[tuple[int, bytes]]:

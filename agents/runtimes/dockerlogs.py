@@ -4,6 +4,7 @@ the lease's `max_output_bytes` (then one marker line, as the `process` runtime's
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable
 from datetime import datetime
 
@@ -96,3 +97,26 @@ def _read(state: Output | None, entries: Entries, offset: int,
     out, state.pending = state.pending[:limit], state.pending[limit:]
     state.offset += len(out)
     return out, state
+
+
+class Readers:
+    """The read states of one workload's log, one a reader (the output shipper, each attach),
+    each found by the offset its reader asks from. Reads of one log take turns: two readers
+    at one offset sharing one state took each other's entries, and one of them was told the
+    log had ended while its last line was still to come."""
+
+    MAX_STATES = 8  # readers of one job's log at once; the oldest state past them is dropped
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._states: dict[int, Output] = {}
+
+    def read(self, entries: Entries, offset: int, limit: int, cap_bytes: int) -> bytes:
+        """`read` for the reader at `offset`, with that reader's own state."""
+        with self._lock:
+            out, state = read(self._states.pop(offset, None), entries, offset, limit, cap_bytes)
+            if state is not None:
+                self._states[state.offset] = state
+                while len(self._states) > self.MAX_STATES:
+                    del self._states[next(iter(self._states))]
+            return out
