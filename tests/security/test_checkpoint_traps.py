@@ -119,6 +119,7 @@ def test_a_plain_notice_is_still_written_for_the_job(
     _running(alpha, "urgent", ["true"], "high")
     _wait_for(lambda: _state(alpha, victim) == "preempted")
     notice = agent.state_dir / "checkpoints" / victim / "PREEMPT"
+    _wait_for(notice.exists)  # the log says preempted before the agent hears its revoke
     assert float(notice.read_text()) > 0 and agent.stats.notices_refused == 0
 
 
