@@ -126,6 +126,9 @@ class NatsCluster:
                         write_server_include(self.auth, s.store_dir / "auth.conf")
                     s.start()
                 self.wait_ready(timeout)
+                if len(self.running()) < len(self.servers):
+                    # the others are healthy without it: a quorum needs no third server
+                    raise BusUnavailable("a server of the cluster exited as it started")
                 return self
             except BusUnavailable:
                 self.stop()
