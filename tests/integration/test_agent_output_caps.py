@@ -120,5 +120,6 @@ def test_a_backlog_at_the_job_s_end_holds_up_no_heartbeat(tmp_path: Path) -> Non
         beats += 1
         time.sleep(0.05)
     assert beats >= 10, "the shipping was not paced"
-    assert slowest < 0.1, f"a heartbeat waited {slowest:.3f} s behind the output"
+    # behind the backlog, a heartbeat would wait seconds; a loaded machine delays one ~0.1 s
+    assert slowest < 0.5, f"a heartbeat waited {slowest:.3f} s behind the output"
     assert link.output() == "x" * total  # under the cap: all of it, before the end's report
