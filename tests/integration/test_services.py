@@ -1,0 +1,82 @@
+"""Each command service built alone over one store on a real nats-server: no PoolApp, and only
+the collaborators it is handed (docs/architecture.md, the application's parts)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from bus.local.server import NatsServer
+from bus.runtime import close_runtime
+from domain.account import Account
+from domain.errors import TransferConflict
+from domain.lease import Lease, LeaseState
+from schemas import v1
+from workers.application import (
+    AccountService,
+    AdminService,
+    GangService,
+    LeaseService,
+    Store,
+    WorkflowService,
+)
+from workers.bootstrap import app_env
+from workers.errors import UnknownPool, UnknownTenant
+
+NOW = 1_700_000_000.0
+
+
+def clock() -> float:
+    return NOW
+
+
+@pytest.fixture()
+def store(fresh_nats: NatsServer) -> Iterator[Store]:
+    made = Store(env=app_env(fresh_nats.url))
+    yield made
+    made.close()
+    close_runtime(fresh_nats.url)
+
+
+def test_the_account_service_alone_grants_a_transfer_once(store: Store) -> None:
+    accounts = AccountService(store, clock)
+    with pytest.raises(UnknownTenant):
+        accounts.grant("acme", 5_000_000, "t-0", known_only=True)  # no tenant set anywhere
+    accounts.grant("acme", 5_000_000, "t-1")
+    accounts.grant("acme", 5_000_000, "t-1")  # a retry: nothing more
+    with pytest.raises(TransferConflict):
+        accounts.grant("other", 5_000_000, "t-1")  # the id is claimed across accounts
+    acc = store.find(Account, Account.create_id("acme"))
+    assert acc is not None and acc.granted == 5_000_000
+
+
+def test_the_admin_service_alone_sets_a_pool_and_a_tenant(store: Store) -> None:
+    admin = AdminService(store, clock)
+    with pytest.raises(UnknownPool):
+        admin.set_tenant(v1.TenantConfig(tenant="acme", pool_id="p1"))
+    admin.create_pool(v1.PoolConfig(pool_id="p1"))
+    admin.set_tenant(v1.TenantConfig(tenant="acme", pool_id="p1", weight=2.5))
+    settings = admin.pool_settings("p1")
+    assert settings["quotas"]["tenants"]["acme"]["weight"] == 2.5
+    # the tenant's account opened with its first pool, in the same save
+    assert store.find(Account, Account.create_id("acme")) is not None
+
+
+def test_the_lease_service_takes_requests_with_only_the_services_it_is_handed(
+        store: Store) -> None:
+    admin = AdminService(store, clock)
+    admin.create_pool(v1.PoolConfig(pool_id="p1"))
+    leases = LeaseService(store, clock, gangs=GangService(store),
+                          accounts=AccountService(store, clock),
+                          workflows=WorkflowService(store), admin=admin)
+    req = v1.LeaseRequest(pool_id="p1", shape=v1.ResourceShape(cpu_millis=1000, memory_mib=512),
+                          maximum_runtime_seconds=60, idempotency_key="k1", count=3)
+    made = leases.request_leases("acme", req)
+    assert [lease.state for lease in made] == [LeaseState.QUEUED] * 3
+    assert [str(lease.id) for lease in leases.request_leases("acme", req)] == [
+        str(lease.id) for lease in made]  # a retry answers what the first made
+    cancelled = leases.cancel("acme", str(made[0].id), v1.CancelLease())
+    assert cancelled.state is LeaseState.CANCELLED
+    found = store.find(Lease, made[0].id)
+    assert found is not None and found.state is LeaseState.CANCELLED
