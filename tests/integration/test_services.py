@@ -12,17 +12,21 @@ from bus.runtime import close_runtime
 from domain.account import Account
 from domain.errors import TransferConflict
 from domain.lease import Lease, LeaseState
+from domain.node import Node, NodeState
+from domain.pool import Pool
+from domain.resources import PoolId
 from schemas import v1
 from workers.application import (
     AccountService,
     AdminService,
     GangService,
     LeaseService,
+    NodeService,
     Store,
     WorkflowService,
 )
 from workers.bootstrap import app_env
-from workers.errors import UnknownPool, UnknownTenant
+from workers.errors import UnknownNode, UnknownPool, UnknownTenant
 
 NOW = 1_700_000_000.0
 
@@ -80,3 +84,23 @@ def test_the_lease_service_takes_requests_with_only_the_services_it_is_handed(
     assert cancelled.state is LeaseState.CANCELLED
     found = store.find(Lease, made[0].id)
     assert found is not None and found.state is LeaseState.CANCELLED
+
+
+def test_the_node_service_alone_registers_a_node_and_loses_it_when_silent(
+        store: Store) -> None:
+    now = [NOW]
+    nodes = NodeService(store, lambda: now[0], gangs=GangService(store),
+                        accounts=AccountService(store, lambda: now[0]))
+    store.save(Pool.create(pool_id=PoolId("p1"), now=NOW))  # the pool, straight into the log
+    with pytest.raises(UnknownNode):
+        nodes.node_state("n1", "cordon")
+    nodes.register_node(v1.NodeRegistration(node_id="n1", pool_id="p1", capabilities=(
+        v1.NodeCapabilitiesSpec(allocatable=v1.ResourceAmounts(cpu_millis=4000,
+                                                               memory_mib=8192)))))
+    assert nodes.node_due("n1") == []  # heard from just now
+    due = nodes.node_next_due("n1")
+    assert due is not None
+    now[0] = due + 1
+    assert nodes.node_due("n1") == ["node_lost"]
+    found = store.find(Node, Node.create_id("n1"))
+    assert found is not None and found.state is NodeState.LOST
