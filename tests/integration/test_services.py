@@ -22,6 +22,7 @@ from workers.application import (
     GangService,
     LeaseService,
     NodeService,
+    PoolApp,
     Store,
     WorkflowService,
 )
@@ -104,3 +105,19 @@ def test_the_node_service_alone_registers_a_node_and_loses_it_when_silent(
     assert nodes.node_due("n1") == ["node_lost"]
     found = store.find(Node, Node.create_id("n1"))
     assert found is not None and found.state is NodeState.LOST
+
+
+def test_the_planes_application_keeps_the_name_the_log_and_environment_know(
+        fresh_nats: NatsServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before its split PoolApp was the library's Application, named after its class: its
+    store keeps that name, so its snapshots stay on pool.snap.poolapp.<id> and a role's
+    process, whose POOL_NATS_URL carries no credentials, still connects with NATS_URL's."""
+    monkeypatch.setenv("POOL_NATS_URL", "nats://127.0.0.1:1")  # nothing listens there
+    app = PoolApp(env=app_env(fresh_nats.url))
+    try:
+        assert app.name == app.store.name == "PoolApp"
+        assert app.factory.url == fresh_nats.url  # type: ignore[attr-defined]
+        AccountService(app.store, clock).grant("acme", 1, "t-1")  # the log answers
+    finally:
+        app.close()
+        close_runtime(fresh_nats.url)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from workers.application.accounts import AccountService
 from workers.application.admin import AdminService
-from workers.application.core import Store
+from workers.application.core import PLANE_APPLICATION_NAME, Store
 from workers.application.gangs import GangService
 from workers.application.leases import LeaseService
 from workers.application.nodes import NodeService
@@ -22,7 +22,7 @@ class PoolApp:
 
     def __init__(self, env: dict[str, str] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
-        self.store = store = Store(env)
+        self.store = store = Store(env, name=PLANE_APPLICATION_NAME)
         self.clock = clock
         self.gangs = GangService(store)
         self.accounts = AccountService(store, clock)

@@ -72,6 +72,11 @@ def retried(
 
 
 APPLICATION_NAME = "pool"
+# the plane's application as the log and the environment know it: the class name PoolApp had
+# when it was the library's Application (the library names a subclass after itself), kept by
+# its store so that snapshot subjects (pool.snap.poolapp.<id>) and environment keys (POOLAPP_*,
+# never the POOL_NATS_URL that `pool serve` reads without a role's credentials) stay as they were
+PLANE_APPLICATION_NAME = "PoolApp"
 WEIGHT_SCALE = 1000
 # how long a request may use a cached policy without a word from the log (a lost invalidation)
 POLICY_CACHE_SECONDS = 5.0  # tenant weights travel as floats and are kept as integer thousandths
@@ -182,7 +187,12 @@ class Store(Application[UUID]):
     # class's own rule rather than the library's snapshotting_intervals
     is_snapshotting_enabled = True
 
-    def __init__(self, env: dict[str, str] | None = None) -> None:
+    def __init__(self, env: dict[str, str] | None = None, *, name: str | None = None) -> None:
+        """`name`, when given, replaces the class's: the library prefixes the environment's
+        keys with it (`<NAME>_NATS_URL` before `NATS_URL`) and the snapshots' subjects
+        carry it (`pool.snap.<name>.<id>`)."""
+        if name is not None:
+            self.name = name
         self.snapshotting = Snapshots(self, {})
         super().__init__(env)
         if self.snapshots is not None:
