@@ -160,8 +160,8 @@ def _run(url: str, nodes: int, requests: int, rate: float, steady_seconds: float
         pending.add_done_callback(acked)
         return pending
 
-    sched_app.save = timed_save  # type: ignore[method-assign]
-    sched_app.save_nowait = timed_save_nowait  # type: ignore[method-assign]
+    sched_app.save = timed_save
+    sched_app.save_nowait = timed_save_nowait
     t_replay = time.perf_counter()
     scheduler.catch_up()
     replay_s = time.perf_counter() - t_replay

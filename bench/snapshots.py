@@ -69,10 +69,10 @@ def _cold_load(url: str, snapshots: bool) -> tuple[float, int, int]:
     """Seconds to load the account in an application that has never seen it, the log
     messages its events recorder read, and the account's version."""
     from domain.account import Account
-    from workers.application.core import AppCore
+    from workers.application.core import Store
     from workers.bootstrap import app_env
 
-    app = AppCore(env=app_env(url, IS_SNAPSHOTTING_ENABLED="y" if snapshots else "n",
+    app = Store(env=app_env(url, IS_SNAPSHOTTING_ENABLED="y" if snapshots else "n",
                               POOL_SNAPSHOT_INTERVAL="0"))
     try:
         aid = Account.create_id(TENANT)
@@ -88,11 +88,11 @@ def _cold_load(url: str, snapshots: bool) -> tuple[float, int, int]:
 def _run(url: str, movements: int, tail: int, runs: int) -> dict[str, Any]:
     from bus.admin import ensure_all_streams
     from domain.account import Account
-    from workers.application.core import AppCore
+    from workers.application.core import Store
     from workers.bootstrap import app_env
 
     ensure_all_streams(url)
-    writer = AppCore(env=app_env(url, POOL_SNAPSHOT_INTERVAL="0"))
+    writer = Store(env=app_env(url, POOL_SNAPSHOT_INTERVAL="0"))
     try:
         _write(writer, movements, 0)
         aid = Account.create_id(TENANT)

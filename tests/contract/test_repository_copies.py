@@ -11,7 +11,7 @@ from eventsourcing.domain import Aggregate, event
 
 from bus.local.server import NatsServer
 from bus.runtime import close_runtime
-from workers.application.core import AppCore
+from workers.application.core import Store
 
 
 class Ledger(Aggregate):
@@ -24,7 +24,7 @@ class Ledger(Aggregate):
         self.entries[key] = len(self.entries)
 
 
-class Ledgers(AppCore):
+class Ledgers(Store):
     pass
 
 

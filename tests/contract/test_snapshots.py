@@ -29,21 +29,21 @@ from domain.poolconfig import PoolConfig
 from domain.prices import PriceList
 from domain.resources import Device, LeaseId, NodeCapabilities, NodeId, PoolId, Resources
 from domain.snapshots import StateSnapshot
-from workers.application.core import AppCore
+from workers.application.core import Store
 from workers.bootstrap import app_env
 
 INTERVAL = 40
 
 
 @pytest.fixture()
-def make_app(fresh_nats: NatsServer, unique: str) -> Iterator[Callable[..., AppCore]]:
+def make_app(fresh_nats: NatsServer, unique: str) -> Iterator[Callable[..., Store]]:
     # a server of its own: these streams take the log's subjects, which a stream that another
     # test left on the shared server (its plane's log) would already hold
     nats_url = fresh_nats.url
-    apps: list[AppCore] = []
+    apps: list[Store] = []
 
-    def make(interval: int = INTERVAL) -> AppCore:
-        app = AppCore(env=app_env(nats_url, NATS_STREAM=f"SNAP_{unique.upper()}",
+    def make(interval: int = INTERVAL) -> Store:
+        app = Store(env=app_env(nats_url, NATS_STREAM=f"SNAP_{unique.upper()}",
                                   POOL_SNAPSHOT_INTERVAL=str(interval)))
         apps.append(app)
         return app
@@ -62,7 +62,7 @@ def make_app(fresh_nats: NatsServer, unique: str) -> Iterator[Callable[..., AppC
     rt.run(drop())
 
 
-def _account(app: AppCore, movements: int, start: int = 0) -> UUID:
+def _account(app: Store, movements: int, start: int = 0) -> UUID:
     """An account with `movements` more credit movements (grants, holds, settlements,
     releases), saved a few at a time."""
     aid = Account.create_id("t-long")
@@ -83,7 +83,7 @@ def _account(app: AppCore, movements: int, start: int = 0) -> UUID:
     return aid
 
 
-def _node(app: AppCore, rounds: int, start: int = 0) -> UUID:
+def _node(app: Store, rounds: int, start: int = 0) -> UUID:
     nid = Node.create_id("n-long")
     node = app.find(Node, nid)
     if node is None:
@@ -112,7 +112,7 @@ def _node(app: AppCore, rounds: int, start: int = 0) -> UUID:
     return nid
 
 
-def _pool(app: AppCore, rounds: int, start: int = 0) -> UUID:
+def _pool(app: Store, rounds: int, start: int = 0) -> UUID:
     pid = Pool.create_id("p-long")
     pool = app.find(Pool, pid) or Pool.create(pool_id=PoolId("p-long"), now=1.0)
     for i in range(start, start + rounds):
@@ -126,11 +126,11 @@ def _pool(app: AppCore, rounds: int, start: int = 0) -> UUID:
     return pid
 
 
-BUILDERS: dict[str, Callable[[AppCore, int, int], UUID]] = {
+BUILDERS: dict[str, Callable[[Store, int, int], UUID]] = {
     "account": _account, "node": _node, "pool": _pool}
 
 
-def _full(app: AppCore, aid: UUID) -> Any:
+def _full(app: Store, aid: UUID) -> Any:
     """The aggregate from its whole history, no snapshot."""
     return project_aggregate(None, app.events.get(aid))
 
@@ -144,7 +144,7 @@ def _state(agg: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize("kind", list(BUILDERS))
 def test_a_load_through_a_snapshot_equals_a_load_of_the_whole_history(
-        make_app: Callable[..., AppCore], kind: str) -> None:
+        make_app: Callable[..., Store], kind: str) -> None:
     writer = make_app()
     build = BUILDERS[kind]
     aid = build(writer, 120, 0)
@@ -164,7 +164,7 @@ def test_a_load_through_a_snapshot_equals_a_load_of_the_whole_history(
 
 
 def test_a_load_after_a_snapshot_reads_only_the_events_after_it(
-        make_app: Callable[..., AppCore]) -> None:
+        make_app: Callable[..., Store]) -> None:
     writer = make_app(interval=200)
     aid = _account(writer, 700)
     assert writer.snapshotting.wait()
@@ -181,7 +181,7 @@ def test_a_load_after_a_snapshot_reads_only_the_events_after_it(
     # the snapshot's own event (checked to be where the snapshot says) and the events after it
     assert reader.recorder.messages_read == tail + 1  # type: ignore[attr-defined]
 
-    without = AppCore(env=app_env(reader.factory.url,  # type: ignore[attr-defined]
+    without = Store(env=app_env(reader.factory.url,  # type: ignore[attr-defined]
                                   NATS_STREAM=reader.factory.stream,  # type: ignore[attr-defined]
                                   IS_SNAPSHOTTING_ENABLED="n"))
     try:
@@ -192,7 +192,7 @@ def test_a_load_after_a_snapshot_reads_only_the_events_after_it(
 
 
 def test_a_snapshot_of_an_older_schema_is_upcast_or_passed_over(
-        make_app: Callable[..., AppCore], monkeypatch: pytest.MonkeyPatch) -> None:
+        make_app: Callable[..., Store], monkeypatch: pytest.MonkeyPatch) -> None:
     writer = make_app(interval=100)
     aid = _account(writer, 300)
     assert writer.snapshotting.wait()
@@ -228,7 +228,7 @@ def test_a_snapshot_of_an_older_schema_is_upcast_or_passed_over(
 
 
 def test_a_snapshot_whose_sequence_names_another_message_loads_the_whole_subject(
-        make_app: Callable[..., AppCore], monkeypatch: pytest.MonkeyPatch) -> None:
+        make_app: Callable[..., Store], monkeypatch: pytest.MonkeyPatch) -> None:
     from bus.jetstream import JetStreamRecorder
 
     def moved(self: JetStreamRecorder, e: Any) -> str:  # as if the log were renumbered
@@ -253,7 +253,7 @@ def test_a_snapshot_whose_sequence_names_another_message_loads_the_whole_subject
 
 
 def test_a_process_that_only_saves_takes_no_snapshot_while_the_latest_is_recent(
-        make_app: Callable[..., AppCore]) -> None:
+        make_app: Callable[..., Store]) -> None:
     writer = make_app(interval=100)
     aid = _account(writer, 200)
     assert writer.snapshotting.wait()
@@ -280,7 +280,7 @@ def test_a_process_that_only_saves_takes_no_snapshot_while_the_latest_is_recent(
     assert snap.originator_version == acc.version
 
 
-def test_the_logs_readers_never_see_a_snapshot(make_app: Callable[..., AppCore]) -> None:
+def test_the_logs_readers_never_see_a_snapshot(make_app: Callable[..., Store]) -> None:
     app = make_app(interval=20)
     aids = [_account(app, 90), _node(app, 60), _pool(app, 30)]
     assert app.snapshotting.wait()
@@ -303,7 +303,7 @@ def test_a_snapshot_that_forgets_a_field_is_not_taken() -> None:
         Account.Snapshot.take(acc)
 
 
-def _rt_run(app: AppCore, coro_fn: Callable[[Any], Any]) -> Any:
+def _rt_run(app: Store, coro_fn: Callable[[Any], Any]) -> Any:
     """`coro_fn(js)` on the app's bus runtime."""
     rt = get_runtime(app.factory.url)  # type: ignore[attr-defined]
 
@@ -313,7 +313,7 @@ def _rt_run(app: AppCore, coro_fn: Callable[[Any], Any]) -> Any:
     return rt.run(go())
 
 
-def _ahead(app: AppCore, aid: UUID) -> Any:
+def _ahead(app: Store, aid: UUID) -> Any:
     """A snapshot that, applied, would load as an account with a grant the log never had."""
     acc = copy.deepcopy(_full(app, aid))
     acc.grant("never-saved", 10**9, now=1e9)
@@ -321,7 +321,7 @@ def _ahead(app: AppCore, aid: UUID) -> Any:
 
 
 def test_a_snapshot_is_kept_in_its_own_stream_and_only_the_latest(
-        make_app: Callable[..., AppCore]) -> None:
+        make_app: Callable[..., Store]) -> None:
     app = make_app(interval=50)
     aids = [_account(app, 200), _node(app, 120)]
     assert app.snapshotting.wait() and app.snapshotting.taken >= 4
@@ -341,7 +341,7 @@ def test_a_snapshot_is_kept_in_its_own_stream_and_only_the_latest(
 
 
 def test_an_old_snapshot_left_in_the_event_stream_is_never_read(
-        make_app: Callable[..., AppCore]) -> None:
+        make_app: Callable[..., Store]) -> None:
     app = make_app(interval=0)
     aid = _account(app, 100)
     full = _full(app, aid)
@@ -364,7 +364,7 @@ def test_an_old_snapshot_left_in_the_event_stream_is_never_read(
 
 
 def test_a_snapshot_of_another_log_is_passed_over_and_replaced(
-        make_app: Callable[..., AppCore], monkeypatch: pytest.MonkeyPatch) -> None:
+        make_app: Callable[..., Store], monkeypatch: pytest.MonkeyPatch) -> None:
     writer = make_app(interval=0)
     aid = _account(writer, 100)
     full = _full(writer, aid)
@@ -399,7 +399,7 @@ def test_a_snapshot_of_another_log_is_passed_over_and_replaced(
 
 
 def test_without_the_snapshot_stream_loads_read_histories_and_saves_are_skipped(
-        make_app: Callable[..., AppCore], monkeypatch: pytest.MonkeyPatch,
+        make_app: Callable[..., Store], monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     writer = make_app(interval=50)
     aid = _account(writer, 200)
@@ -408,7 +408,7 @@ def test_without_the_snapshot_stream_loads_read_histories_and_saves_are_skipped(
     _rt_run(writer, lambda js: js.delete_stream(factory.snapshot_stream))
 
     # an old deployment: the operator has not made the stream, and this process may not
-    old = AppCore(env=app_env(factory.url, NATS_STREAM=factory.stream, CREATE_TABLE="no",
+    old = Store(env=app_env(factory.url, NATS_STREAM=factory.stream, CREATE_TABLE="no",
                               POOL_SNAPSHOT_INTERVAL="50"))
     try:
         total = _full(writer, aid).version

@@ -160,14 +160,14 @@ def test_a_heartbeat_reads_its_node_once_when_nothing_conflicts(
     lid = alpha.request_lease(lease_body("held"))["lease"]["lease_id"]
     assert cp.scheduler.cycle().placed == 1
     reads: list[object] = []
-    find = cp.app.find
+    find = cp.app.store.find
 
     def counted(cls: type, uid: object) -> object:
         if cls is Node:
             reads.append(uid)
         return find(cls, uid)  # type: ignore[arg-type]
 
-    cp.app.find = counted  # type: ignore[method-assign]
+    cp.app.store.find = counted  # type: ignore[method-assign]
     answer = cp.app.node_heartbeat("n1", v1.NodeHeartbeat(node_id="n1", seq=1))
     assert answer["node_state"] == "ready" and lid not in answer["leases"]
     assert len(reads) == 1  # a cached node's read is a round trip to the log

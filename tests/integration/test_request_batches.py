@@ -152,13 +152,13 @@ def test_a_node_heartbeat_passes_over_reserved_leases_without_loading_them(
     ids = alpha.request_lease({**lease_body("held"), "count": 4})["result"]["lease_ids"]
     assert cp.scheduler.cycle().placed == 4  # reserved on n1, awaiting their commits
     loaded: list[Any] = []
-    find = cp.app.find
+    find = cp.app.store.find
 
     def counting_find(cls: Any, uid: Any) -> Any:
         loaded.append((cls.__name__, str(uid)))
         return find(cls, uid)
 
-    cp.app.find = counting_find  # type: ignore[method-assign]
+    cp.app.store.find = counting_find  # type: ignore[method-assign]
     node = PoolClient(fresh_nats.url, inbox_prefix=b"_INBOX.n.n1")
     try:
         r = node.call("pool.node.n1.heartbeat", {"node_id": "n1", "seq": 1, "leases": []})

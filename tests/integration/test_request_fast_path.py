@@ -115,21 +115,21 @@ def test_a_policy_past_its_time_is_read_again_on_a_thread_while_the_loop_answers
 
     cp, alpha, threaded = plane
     assert alpha.request_lease(lease_body("cold"))["ok"]
-    cached = dict(cp.app._policies)
+    cached = dict(cp.app.store._policies)
     assert len(cached) == 2  # the pool and alpha's policy
     monkeypatch.setattr(core, "POLICY_CACHE_SECONDS", 600.0)
     for key, (value, _until) in cached.items():
-        cp.app._policies[key] = (value, time.monotonic() - 1)  # past its time
+        cp.app.store._policies[key] = (value, time.monotonic() - 1)  # past its time
     on_threads = _requests(threaded)
     for i in range(5):
         assert alpha.request_lease(lease_body(f"late-{i}"))["ok"]
     assert _requests(threaded) == on_threads  # none left the loop
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and not all(
-            cp.app._policies[k][1] > time.monotonic() + 300 for k in cached):
+            cp.app.store._policies[k][1] > time.monotonic() + 300 for k in cached):
         time.sleep(0.05)
-    assert all(cp.app._policies[k][1] > time.monotonic() + 300 for k in cached)  # read again
-    assert not cp.app._refreshing
+    assert all(cp.app.store._policies[k][1] > time.monotonic() + 300 for k in cached)  # read again
+    assert not cp.app.store._refreshing
 
 
 def test_with_tracing_off_a_request_skips_the_no_op_span_and_keeps_its_parent(
@@ -206,16 +206,16 @@ def test_a_request_handed_to_a_thread_reads_nothing_on_the_loop(
     made = alpha.request_lease(lease_body("again"))
     assert made["ok"], made
     reads_on_loop: list[str] = []
-    real = cp.app._pool
+    real = cp.app.store.pool
 
     def spy(pool_id: str) -> Any:
         if threading.current_thread().name.startswith("bus-runtime"):
             reads_on_loop.append(pool_id)
         return real(pool_id)
 
-    monkeypatch.setattr(cp.app, "_pool", spy)
-    for key, (value, _until) in list(cp.app._policies.items()):
-        cp.app._policies[key] = (value, time.monotonic() - 1)  # past its time
+    monkeypatch.setattr(cp.app.store, "pool", spy)
+    for key, (value, _until) in list(cp.app.store._policies.items()):
+        cp.app.store._policies[key] = (value, time.monotonic() - 1)  # past its time
     again = alpha.request_lease(lease_body("again"))  # a retry: the loop hands it to a thread
     assert again["ok"] and again["lease"]["lease_id"] == made["lease"]["lease_id"], again
     assert reads_on_loop == []

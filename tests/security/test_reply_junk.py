@@ -285,14 +285,14 @@ def test_junk_on_a_snapshot_subject_costs_a_cold_load_its_history(plane: Plane) 
     from bus.runtime import close_runtime
     from bus.subjects import snapshot_subject
     from domain.account import Account
-    from workers.application.core import APPLICATION_NAME, AppCore
+    from workers.application.core import APPLICATION_NAME, Store
     from workers.bootstrap import app_env
 
     server, auth, _ = plane
     urls = {r: url_with_credentials(server.url, auth.roles[r]) for r in ("commands", "projector")}
-    apps: list[AppCore] = []
+    apps: list[Store] = []
     try:
-        saver = AppCore(env=app_env(urls["commands"], POOL_SNAPSHOT_INTERVAL="5"))
+        saver = Store(env=app_env(urls["commands"], POOL_SNAPSHOT_INTERVAL="5"))
         apps.append(saver)
         acc = Account.open(tenant_id="beta", now=1.0)  # type: ignore[arg-type]
         for i in range(12):
@@ -302,7 +302,7 @@ def test_junk_on_a_snapshot_subject_costs_a_cold_load_its_history(plane: Plane) 
         # the account's only kept snapshot replaced by alpha's PubAck, then by a stream info
         aim(plane, snapshot_subject(APPLICATION_NAME, str(acc.id)))
         aim(plane, snapshot_subject(APPLICATION_NAME, str(acc.id)), how="info")
-        reader = AppCore(env=app_env(urls["projector"]))
+        reader = Store(env=app_env(urls["projector"]))
         apps.append(reader)
         assert list(reader.snapshots.get(acc.id, desc=True, limit=1)) == []  # type: ignore[union-attr]
         loaded = reader.repository.get(acc.id)

@@ -19,7 +19,7 @@ from bus.runtime import close_runtime
 from bus.streams import snapshot_stream_config
 from bus.subjects import SNAPSHOTS_STREAM, snapshot_subject
 from domain.account import Account
-from workers.application.core import APPLICATION_NAME, AppCore
+from workers.application.core import APPLICATION_NAME, Store
 from workers.bootstrap import app_env
 
 SNAPSHOT = snapshot_subject(APPLICATION_NAME, str(uuid.uuid4()))
@@ -172,16 +172,16 @@ def test_a_saving_role_takes_a_snapshot_and_a_reading_role_loads_through_it(
     server, auth = secured
     ensure_all_streams(url_with_credentials(server.url, auth.service))  # as `pool up` does
     urls = {r: url_with_credentials(server.url, auth.roles[r]) for r in ("commands", "projector")}
-    apps: list[AppCore] = []
+    apps: list[Store] = []
     try:
-        saver = AppCore(env=app_env(urls["commands"], POOL_SNAPSHOT_INTERVAL="5"))
+        saver = Store(env=app_env(urls["commands"], POOL_SNAPSHOT_INTERVAL="5"))
         apps.append(saver)
         acc = Account.open(tenant_id="t", now=1.0)  # type: ignore[arg-type]
         for i in range(12):
             acc.grant(f"g{i}", 5, now=float(i))
         saver.save(acc)
         assert saver.snapshotting.wait() and saver.snapshotting.taken == 1
-        reader = AppCore(env=app_env(urls["projector"]))
+        reader = Store(env=app_env(urls["projector"]))
         apps.append(reader)
         snaps = list(reader.snapshots.get(acc.id, desc=True, limit=1))  # type: ignore[union-attr]
         assert [s.originator_version for s in snaps] == [acc.version]

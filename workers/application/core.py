@@ -1,4 +1,5 @@
-"""The application's plumbing: one atomic save per decision, retries on conflict, cached reads."""
+"""The application's store: the log's recorder and repository, one atomic save per decision,
+retries on conflict, cached policy reads and the loads every command service shares."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 from uuid import UUID
 
 from eventsourcing.application import (
@@ -36,9 +37,7 @@ from domain.fold import lean_paths
 from domain.lease import Lease
 from domain.pool import Pool
 from domain.resources import TenantId
-from workers.application.queue_book import QueueBook
 from workers.application.repository import PoolRepository
-from workers.application.request_rate import RequestRate
 from workers.application.snapshotting import Snapshots, SnapshotStore, snapshot_intervals
 from workers.errors import UnknownLease, UnknownPool, WriteConflict
 
@@ -48,7 +47,16 @@ A = TypeVar("A", bound=Aggregate)
 C = TypeVar("C")
 R = TypeVar("R")
 P = ParamSpec("P")
-S = TypeVar("S", bound="AppCore")
+
+
+class OverStore(Protocol):
+    """A command service: whatever works over the one store."""
+
+    @property
+    def store(self) -> Store: ...
+
+
+S = TypeVar("S", bound=OverStore)
 
 
 def retried(
@@ -57,13 +65,18 @@ def retried(
     """A load-decide-save command, run again when a concurrent writer got there first (OCC)."""
 
     @functools.wraps(command)
-    def run(app: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        return app.retrying(lambda: command(app, *args, **kwargs))
+    def run(service: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return service.store.retrying(lambda: command(service, *args, **kwargs))
 
     return run
 
 
 APPLICATION_NAME = "pool"
+# the plane's application as the log and the environment know it: the class name PoolApp had
+# when it was the library's Application (the library names a subclass after itself), kept by
+# its store so that snapshot subjects (pool.snap.poolapp.<id>) and environment keys (POOLAPP_*,
+# never the POOL_NATS_URL that `pool serve` reads without a role's credentials) stay as they were
+PLANE_APPLICATION_NAME = "PoolApp"
 WEIGHT_SCALE = 1000
 # how long a request may use a cached policy without a word from the log (a lost invalidation)
 POLICY_CACHE_SECONDS = 5.0  # tenant weights travel as floats and are kept as integer thousandths
@@ -74,9 +87,9 @@ def new_transfer_id() -> str:
 
 
 class PendingSave:
-    """A save in flight (`PoolApp.save_nowait`)."""
+    """A save in flight (`Store.save_nowait`)."""
 
-    def __init__(self, app: AppCore, pe: ProcessingEvent[UUID], stored: list[StoredEvent],
+    def __init__(self, app: Store, pe: ProcessingEvent[UUID], stored: list[StoredEvent],
                  future: concurrent.futures.Future[list[int]]) -> None:
         self.app = app
         self.aggregates = list(pe.aggregates.values())
@@ -137,7 +150,7 @@ class PendingSave:
 
 
 class _OnLoop:
-    """One command running on the bus's own loop (AppCore.on_loop): its saves, held to be
+    """One command running on the bus's own loop (Store.on_loop): its saves, held to be
     awaited once it returns, and what awaited reads brought for its next run."""
 
     __slots__ = ("held", "read", "topics")
@@ -165,30 +178,31 @@ class NeedsRead(Exception):
         self.topics = topics
 
 
-class AppCore(Application[UUID]):
-    """Loading, saving (whole or in flight), retrying and cached policy reads."""
+class Store(Application[UUID]):
+    """The log as every command service reads and writes it: loading, saving (whole or in
+    flight), retrying and cached policy reads. It decides nothing: no command lives here."""
 
     name = APPLICATION_NAME
     # accounts, nodes and pools are snapshotted (workers.application.snapshotting), by this
     # class's own rule rather than the library's snapshotting_intervals
     is_snapshotting_enabled = True
 
-    def __init__(self, env: dict[str, str] | None = None, clock: Callable[[], float] = time.time):
+    def __init__(self, env: dict[str, str] | None = None, *, name: str | None = None) -> None:
+        """`name`, when given, replaces the class's: the library prefixes the environment's
+        keys with it (`<NAME>_NATS_URL` before `NATS_URL`) and the snapshots' subjects
+        carry it (`pool.snap.<name>.<id>`)."""
+        if name is not None:
+            self.name = name
         self.snapshotting = Snapshots(self, {})
         super().__init__(env)
         if self.snapshots is not None:
             self.snapshotting.intervals = snapshot_intervals(self.env)
-        self.clock = clock
-        # pools and tenant policies as requests read them (see _cached): id → (it, good until)
+        # pools and tenant policies as requests read them (see cached): id → (it, good until)
         self._policies: dict[UUID, tuple[Any, float]] = {}
         self._policy_changes: dict[UUID, int] = {}
         self._policy_watches: dict[UUID, Callable[[], None]] = {}
         self._policies_lock = threading.Lock()
         self._refreshing: set[UUID] = set()  # policies being read again past their time
-        # the leases this process queued, per tenant and pool: max_queued_leases' count
-        self.queue_book = QueueBook()
-        # each tenant's lease requests per pool: requests_per_second's token buckets
-        self.request_rate = RequestRate()
 
     def construct_repository(self) -> Repository[UUID]:
         """The library's repository, as PoolRepository (a cached aggregate copied under its
@@ -374,19 +388,19 @@ class AppCore(Application[UUID]):
                 continue
         raise WriteConflict("the lease kept changing under this command; try again")
 
-    def _pool(self, pool_id: str) -> Pool:
+    def pool(self, pool_id: str) -> Pool:
         pool = self.find(Pool, Pool.create_id(pool_id))
         if pool is None:
             raise UnknownPool(f"no pool named {pool_id!r}")
         return pool
 
-    def _pool_settings(self, pool_id: str) -> Pool:
-        """The pool as requests read it (`_cached`), for a command that only reads its
+    def pool_settings(self, pool_id: str) -> Pool:
+        """The pool as requests read it (`cached`), for a command that only reads its
         settings (prices, image policy): every commit and release read it from the log, one
         command at a time behind the pool's fast-forward lock."""
-        return self._cached(Pool.create_id(pool_id), lambda: self._pool(pool_id))
+        return self.cached(Pool.create_id(pool_id), lambda: self.pool(pool_id))
 
-    def _lease_if(self, lease_id: str, owned: Callable[[Lease], bool], where: str) -> Lease:
+    def lease_if(self, lease_id: str, owned: Callable[[Lease], bool], where: str) -> Lease:
         """The lease `lease_id` when `owned` says it belongs to the asker; else UnknownLease
         (someone else's lease reads as missing: ids are not secrets, ownership is)."""
         try:
@@ -398,15 +412,17 @@ class AppCore(Application[UUID]):
             raise UnknownLease(f"no lease {lease_id!r} {where}")
         return lease
 
-    def _lease(self, tenant: str, lease_id: str) -> Lease:
-        return self._lease_if(lease_id, lambda lease: lease.tenant_id == tenant,
+    def tenant_lease(self, tenant: str, lease_id: str) -> Lease:
+        """The lease `lease_id` of `tenant` (another tenant's reads as UnknownLease)."""
+        return self.lease_if(lease_id, lambda lease: lease.tenant_id == tenant,
                               f"for tenant {tenant!r}")
 
-    def _account(self, tenant: str, now: float) -> Account:
+    def account(self, tenant: str, now: float) -> Account:
+        """The tenant's account, or a new one opened `now` (not saved)."""
         acc = self.find(Account, Account.create_id(tenant))
         return acc if acc is not None else Account.open(tenant_id=TenantId(tenant), now=now)
 
-    def _cached(self, aggregate_id: UUID, load: Callable[[], C]) -> C:
+    def cached(self, aggregate_id: UUID, load: Callable[[], C]) -> C:
         """A policy aggregate (a pool, a tenant's policy) as requests read it: cached, and
         dropped from the cache when the log stores an event of it, so a request never pays a
         read of a policy it has seen. Without a persistence module that can watch, every
@@ -446,7 +462,7 @@ class AppCore(Application[UUID]):
 
         def read() -> None:
             try:
-                self._cached(aggregate_id, load)
+                self.cached(aggregate_id, load)
             except Exception:  # the next request past its time tries again
                 log.warning("policy %s not read again", aggregate_id, exc_info=True)
             finally:
@@ -454,6 +470,12 @@ class AppCore(Application[UUID]):
                     self._refreshing.discard(aggregate_id)
 
         threading.Thread(target=read, name="pool-policy-read", daemon=True).start()
+
+    def cached_now(self, aggregate_id: UUID) -> Any | None:
+        """The policy `cached` holds for `aggregate_id`, whatever its time, without a read
+        (None: none is held); for the bus's loop, where nothing may be read."""
+        hit = self._policies.get(aggregate_id)
+        return None if hit is None else hit[0]
 
     def close(self) -> None:
         self.snapshotting.close()

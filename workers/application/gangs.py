@@ -1,5 +1,5 @@
-"""The application's gangs: a verb on one member (commit, heartbeat, renew, cancel) applies to
-every member in one save, and a member lost or drained takes its gang along."""
+"""The gang service: a verb on one member (commit, heartbeat, renew, cancel) applies to every
+member in one save, and a member lost or drained takes its gang along."""
 
 from __future__ import annotations
 
@@ -10,13 +10,17 @@ from domain.errors import DomainError
 from domain.gang import GANG_MEMBER_LOST, GangMembership, job_env, with_members
 from domain.jobspec import JobSpec
 from domain.lease import Lease, LeaseState
-from workers.application.admin import AdminCommands
+from workers.application.core import Store
 
 
-class GangCommands(AdminCommands):
-    """Loads a gang's members for the lease verbs and the node reports."""
+class GangService:
+    """Loads a gang's members for the lease verbs and the node reports; decides for a lost or
+    drained member's peers."""
 
-    def _with_gang(self, lease: Lease, *states: LeaseState) -> list[Lease]:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def with_gang(self, lease: Lease, *states: LeaseState) -> list[Lease]:
         """`lease`, and when it is a gang member every other member (loaded) in one of
         `states` (any, when none is named), in member order; the verb asked of `lease` decides
         for it alone whether its state allows it."""
@@ -27,25 +31,25 @@ class GangCommands(AdminCommands):
         for uid in gang.member_ids(lease.tenant_id):
             if uid == lease.id:
                 out.append(lease)
-            elif (member := self.find(Lease, uid)) is not None and (
+            elif (member := self.store.find(Lease, uid)) is not None and (
                     not states or member.state in states):
                 out.append(member)
         return out
 
-    def gang_members(self, lease: Lease) -> list[Lease]:
+    def members(self, lease: Lease) -> list[Lease]:
         """Every member of `lease`'s gang (just `lease` when it is none)."""
-        return self._with_gang(lease)
+        return self.with_gang(lease)
 
     def _others_of(self, leases: list[Lease]) -> list[Lease]:
         """The members of the gangs of `leases` that are not among them, loaded."""
         known = {str(lease.id): lease for lease in leases}
         out: list[Lease] = []
         for lid in with_members(known, lambda uid: known.get(str(uid))):
-            if lid not in known and (member := self.find(Lease, UUID(lid))) is not None:
+            if lid not in known and (member := self.store.find(Lease, UUID(lid))) is not None:
                 out.append(member)
         return out
 
-    def _gang_peers_noticed(self, leases: list[Lease], now: float, grace_seconds: int, *,
+    def peers_noticed(self, leases: list[Lease], now: float, grace_seconds: int, *,
                             reason: str = GANG_MEMBER_LOST, requeue: bool | None = None
                             ) -> list[Lease]:
         """The running members, on other nodes, of the gangs of `leases` (lost with their

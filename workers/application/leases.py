@@ -1,13 +1,14 @@
-"""The application's lease and credit commands, from request to release and reconciliation."""
+"""The lease service: a tenant's lease commands, from request to release, and the lease's
+deadline timer."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import IntegrityError
 
-from domain.account import Account
 from domain.dependency import Dependency
 from domain.errors import DomainError, RateLimited
 from domain.gang import GangMembership
@@ -17,21 +18,19 @@ from domain.node import Node
 from domain.policy.gang import GangSpec
 from domain.policy.preemption import lease_preemptible
 from domain.pool import Pool, TenantPolicy
-from domain.resources import LeaseId, PoolId, TenantId
+from domain.resources import PoolId, TenantId
 from domain.retry import RetryPolicy
-from domain.transfer import CreditTransfer
 from schemas import v1
 from schemas.codec import digest
 from schemas.session import SessionOpen
-from workers.application.core import A, retried
-from workers.application.gangs import GangCommands, member_job
-from workers.application.workflows import (
-    dependencies,
-    each_dependency,
-    resolve_held,
-    retry_policy,
-)
-from workers.errors import IdempotencyConflict, ServiceError, UnknownTenant
+from workers.application.accounts import AccountService
+from workers.application.admin import AdminService
+from workers.application.core import Store, retried
+from workers.application.gangs import GangService, member_job
+from workers.application.queue_book import QueueBook
+from workers.application.request_rate import RequestRate
+from workers.application.workflows import WorkflowService, retry_policy
+from workers.errors import IdempotencyConflict, ServiceError
 
 
 def _retried(lease: Lease, req: v1.LeaseRequest, request_digest: str) -> Lease:
@@ -53,29 +52,23 @@ CANCELLABLE = (LeaseState.REQUESTED, LeaseState.QUEUED, LeaseState.RESERVED, Lea
                LeaseState.PREEMPTING)
 
 
-class LeaseCommands(GangCommands):
-    """Credits and a tenant's lease commands, from request to release."""
+class LeaseService:
+    """A tenant's lease commands, from request to release; the leases this process queued
+    and the tenants' request rates are its own."""
 
-    @retried
-    def grant(self, tenant: str, amount: int, transfer_id: str, reason: str = "", *,
-              known_only: bool = False) -> Account:
-        """Add credits; with `known_only` (the admin subject), only to a tenant set in a pool
-        (whose account tenant.set opened), so a misspelt name is refused, not credited."""
-        now = self.clock()
-        if known_only and self.find(Account, Account.create_id(tenant)) is None:
-            raise UnknownTenant(f"no tenant {tenant!r} in any pool: set it first "
-                                f"(pool admin tenant set {tenant} --pool POOL)")
-        # the transfer id is claimed across accounts: another tenant or amount is a conflict
-        claim = self.find(CreditTransfer, CreditTransfer.create_id(transfer_id))
-        if claim is not None:
-            claim.check(tenant, amount)
-        acc = self._account(tenant, now)
-        if acc.grant(transfer_id, amount, now, reason) and claim is None:
-            self.save(acc, CreditTransfer.claim(transfer_id=transfer_id, tenant_id=tenant,
-                                                amount=amount, now=now))
-        else:
-            self.save(acc)
-        return acc
+    def __init__(self, store: Store, clock: Callable[[], float], *, gangs: GangService,
+                 accounts: AccountService, workflows: WorkflowService,
+                 admin: AdminService) -> None:
+        self.store = store
+        self.clock = clock
+        self.gangs = gangs
+        self.accounts = accounts
+        self.workflows = workflows
+        self.admin = admin
+        # the leases this process queued, per tenant and pool: max_queued_leases' count
+        self.queue_book = QueueBook()
+        # each tenant's lease requests per pool: requests_per_second's token buckets
+        self.request_rate = RequestRate()
 
     def request_lease(self, tenant: str, req: v1.LeaseRequest, *,
                       trace_parent: str | None = None) -> Lease:
@@ -104,13 +97,13 @@ class LeaseCommands(GangCommands):
             ("max_running",) if req.max_running is None else ())
         request_digest = digest(req, omit=omit)
         try:
-            pool = self._cached(Pool.create_id(req.pool_id), lambda: self._pool(req.pool_id))
+            pool = self.store.pool_settings(req.pool_id)
             # first and cheapest: a flood is refused before it costs a read or a decision
             bucket = self.request_rate.admit(pool, tenant, now)
             if charged is not None:
                 charged.append(bucket)
             policy_id = TenantPolicy.create_id(req.pool_id, tenant)
-            policy = self._cached(policy_id, lambda: self.find(TenantPolicy, policy_id))
+            policy = self.store.cached(policy_id, lambda: self.store.find(TenantPolicy, policy_id))
             # an unknown class, or one the operator did not grant, is refused before any write
             pool.admit_priority_class(tenant, req.priority_class, policy)
             # a tenant that lets its reservations time out waits out its window
@@ -121,13 +114,13 @@ class LeaseCommands(GangCommands):
                                  size_bytes=req.image_size_bytes, tenant=tenant,
                                  isolation=req.shape.runtime)
             if req.reservation_id is not None:
-                self._reservation(req.pool_id, req.reservation_id, tenant=tenant)
+                self.admin.reservation(req.pool_id, req.reservation_id, tenant=tenant)
             retries = retry_policy(pool, req)
-            after = dependencies(self, tenant, req)
-            pairs = each_dependency(self, tenant, req, size)
+            after = self.workflows.dependencies(tenant, req)
+            pairs = self.workflows.each_dependency(tenant, req, size)
             book = (tenant, req.pool_id)
             if self.queue_book.queued(book) + size > pool.config.max_queued_leases:
-                self.queue_book.recount(book, self.last_topics)  # near it: what still waits
+                self.queue_book.recount(book, self.store.last_topics)  # near it: what still waits
             # judged and booked in one step: requests in flight together pass one count each
             self.queue_book.admit(book, [Lease.create_id(tenant, k) for k in keys],
                                   lambda queued: pool.admit_queue(tenant, queued, size))
@@ -145,7 +138,7 @@ class LeaseCommands(GangCommands):
         try:
             # no read first: a new lease's save expects its subject empty, so a retry (or a
             # concurrent one) is refused by the log itself and answered below
-            self.save(*leases)
+            self.store.save(*leases)
         except IntegrityError:
             made = self._made(tenant, keys, req, request_digest)
             if made is None:
@@ -215,13 +208,13 @@ class LeaseCommands(GangCommands):
               request_digest: str) -> list[Lease] | None:
         """The leases an earlier identical request made (IdempotencyConflict if it differed);
         None when it made none. One atomic save made them all or none."""
-        first = self.find(Lease, Lease.create_id(tenant, keys[0]))
+        first = self.store.find(Lease, Lease.create_id(tenant, keys[0]))
         if first is None:
             return None
         _retried(first, req, request_digest)
         made = [first]
         for key in keys[1:]:
-            lease = self.find(Lease, Lease.create_id(tenant, key))
+            lease = self.store.find(Lease, Lease.create_id(tenant, key))
             if lease is None:  # the key was used before for a request of fewer leases
                 raise IdempotencyConflict(
                     f"idempotency key {req.idempotency_key!r} was used for a different request")
@@ -231,7 +224,7 @@ class LeaseCommands(GangCommands):
     @retried
     def commit(self, tenant: str, lease_id: str, body: v1.CommitLease) -> Lease:
         now = self.clock()
-        lease = self._lease(tenant, lease_id)
+        lease = self.store.tenant_lease(tenant, lease_id)
         job = body.job
         spec = None
         if job.image or job.command:  # a commit may claim capacity before naming its job
@@ -253,20 +246,21 @@ class LeaseCommands(GangCommands):
                 volumes=tuple(job.volumes.items()), stdin=job.stdin,
             )
         # a gang commits whole: every member starts its job, told its rank and peers' nodes
-        members = self._with_gang(lease, LeaseState.RESERVED)
+        members = self.gangs.with_gang(lease, LeaseState.RESERVED)
         nodes = [str(m.node_id) for m in members]
         for member in members:
             job_of = member_job(member, spec, nodes)
             self._admit_job(member, job_of)
             member.commit(now, job_of)
-        self.save(*members)
+        self.store.save(*members)
         return lease
 
     def _admit_job(self, lease: Lease, spec: JobSpec | None) -> None:
         """The pool's image policy, checked against the node the lease holds: raises
         ImageNotAllowed before anything is recorded."""
-        pool = self._pool_settings(lease.pool_id)
-        node = None if lease.node_id is None else self.find(Node, Node.create_id(lease.node_id))
+        pool = self.store.pool_settings(lease.pool_id)
+        node = (None if lease.node_id is None
+                else self.store.find(Node, Node.create_id(lease.node_id)))
         pool.admit_image(
             spec.image if spec is not None else None,
             signature=spec.image_signature if spec is not None else None,
@@ -283,102 +277,62 @@ class LeaseCommands(GangCommands):
     @retried
     def heartbeat(self, tenant: str, lease_id: str, body: v1.HeartbeatLease) -> Lease:
         now = self.clock()
-        lease = self._lease(tenant, lease_id)
-        members = self._with_gang(lease, *WORKLOAD_STATES)  # members share their epoch
+        lease = self.store.tenant_lease(tenant, lease_id)
+        members = self.gangs.with_gang(lease, *WORKLOAD_STATES)  # members share their epoch
         # only the members it is news for are saved: a flood appends nothing (domain decides)
         beaten = [m for m in members
                   if m.heartbeat(now, epoch=body.epoch, checkpoint_at=body.last_checkpoint_at)]
         if beaten:
-            self.save(*beaten)
+            self.store.save(*beaten)
         return lease
 
     @retried
     def renew(self, tenant: str, lease_id: str, body: v1.RenewLease) -> Lease:
         now = self.clock()
-        lease = self._lease(tenant, lease_id)
-        members = self._with_gang(lease, LeaseState.RUNNING)
-        step = self._pool_settings(lease.pool_id).config.renew_step_seconds
+        lease = self.store.tenant_lease(tenant, lease_id)
+        members = self.gangs.with_gang(lease, LeaseState.RUNNING)
+        step = self.store.pool_settings(lease.pool_id).config.renew_step_seconds
         for member in members:
             member.renew(now, body.extend_seconds, step_seconds=step)
         # a renewal that moved no deadline by the pool's step recorded nothing: nothing to save
         moved = [m for m in members if m.pending_events]
         if moved:
-            self.save(*moved)
+            self.store.save(*moved)
         return lease
 
     @retried
     def open_session(self, tenant: str, lease_id: str, body: SessionOpen) -> Lease:
         """Record an interactive session into the tenant's running lease; the dispatcher tells
         the lease's node from the event (docs/exec.md)."""
-        lease = self._lease(tenant, lease_id)
+        lease = self.store.tenant_lease(tenant, lease_id)
         lease.open_session(self.clock(), session_id=body.session_id, kind=body.kind,
                            command=tuple(body.command), tty=body.tty, port=body.port,
                            rows=body.rows, cols=body.cols)
-        self.save(lease)
+        self.store.save(lease)
         return lease
-
-    def _settle(self, lease: Lease, now: float, node_id: str | None = None,
-                cache: dict[UUID, Aggregate] | None = None) -> list[Aggregate]:
-        """Free the node and settle the hold for a lease that no longer needs its capacity.
-
-        `node_id` names the node it held when the lease no longer does (a preempted lease
-        that was requeued has already forgotten its placement). With `cache`, aggregates
-        loaded once are reused, so settling several leases touches one node / account object."""
-        out: list[Aggregate] = []
-        cache = {} if cache is None else cache
-
-        def find(cls: type[A], uid: UUID) -> A | None:
-            if uid not in cache:
-                found = self.find(cls, uid)
-                if found is None:
-                    return None
-                cache[uid] = found
-            got = cache[uid]
-            return got if isinstance(got, cls) else None
-
-        where = lease.node_id if node_id is None else node_id
-        if where is not None:
-            node = find(Node, Node.create_id(where))
-            if node is not None and node.free(LeaseId(str(lease.id)), now):
-                out.append(node)
-        acc = find(Account, Account.create_id(lease.tenant_id))
-        lid = LeaseId(str(lease.id))
-        if acc is not None and acc.has_hold(lid):
-            pool = self._pool_settings(lease.pool_id)
-            node_model = None
-            if where is not None:
-                node = next((a for a in out if isinstance(a, Node)), None) or self.find(
-                    Node, Node.create_id(where)
-                )
-                node_model = node.capabilities.gpu_model if node is not None else None
-            seconds = lease.runtime_seconds(now)
-            charge = pool.charge_for(lease.shape, seconds, gpu_model=node_model) if seconds else 0
-            acc.settle(f"settle-{lease.id}-{lease.epoch}", lid, charge, now)
-            out.append(acc)
-        return out
 
     @retried
     def release(self, tenant: str, lease_id: str, body: v1.ReleaseLease) -> Lease:
         now = self.clock()
-        lease = self._lease(tenant, lease_id)
+        lease = self.store.tenant_lease(tenant, lease_id)
         node_id = lease.node_id  # a retried attempt forgets its placement
         lease.release(now, body.exit_code)
-        self.save(lease, *self._settle(lease, now, node_id))
+        self.store.save(lease, *self.accounts.settle(lease, now, node_id))
         return lease
 
     @retried
     def cancel(self, tenant: str, lease_id: str, body: v1.CancelLease) -> Lease:
         now = self.clock()
-        lease = self._lease(tenant, lease_id)
+        lease = self.store.tenant_lease(tenant, lease_id)
         changed: list[Aggregate] = []
         cache: dict[UUID, Aggregate] = {}
         # a gang is withdrawn or stopped whole (members on their way out already go)
-        for member in self._with_gang(lease, *CANCELLABLE):
+        for member in self.gangs.with_gang(lease, *CANCELLABLE):
             member.cancel(now, body.reason or "cancelled")
             changed.append(member)
             if not member.holds_capacity:
-                changed += self._settle(member, now, cache=cache)
-        self.save(*list({a.id: a for a in changed}.values()))
+                changed += self.accounts.settle(member, now, cache=cache)
+        self.store.save(*list({a.id: a for a in changed}.values()))
         return lease
 
     @retried
@@ -389,51 +343,51 @@ class LeaseCommands(GangCommands):
         Returns what was done, or None when nothing was due (a renewed lease)."""
         now = self.clock()
         try:
-            lease = self.find(Lease, UUID(lease_id))
+            lease = self.store.find(Lease, UUID(lease_id))
         except ValueError:
             return None
         if lease is None:
             return None
         if lease.state is LeaseState.HELD:  # a backoff over, or a dependency's lease ended
-            return resolve_held(self, lease, now)
+            return self.workflows.resolve_held(lease, now)
         reason = lease.expiry_due(now)
         if reason is None:
             return None
         if lease.state is LeaseState.QUEUED:
             # waited its queue timeout: it leaves the queue, and a gang's waiting members too
-            members = self._with_gang(lease, LeaseState.QUEUED)
+            members = self.gangs.with_gang(lease, LeaseState.QUEUED)
             for member in members:
                 member.reject(now, reason, ["queue_timeout_seconds"])
-            self.save(*members)
+            self.store.save(*members)
             return reason
         if lease.state is LeaseState.RESERVED:
             lease.void_reservation(now)
             # the tenant's policy remembers it, in the same save (Pool.admit_after_voids)
-            policy = self.find(TenantPolicy, TenantPolicy.create_id(lease.pool_id,
+            policy = self.store.find(TenantPolicy, TenantPolicy.create_id(lease.pool_id,
                                                                    lease.tenant_id))
-            noted = self._pool_settings(lease.pool_id).note_voided_reservation(policy, now)
-            self.save(lease, *self._settle(lease, now), policy if noted else None)
+            noted = self.store.pool_settings(lease.pool_id).note_voided_reservation(policy, now)
+            self.store.save(lease, *self.accounts.settle(lease, now), policy if noted else None)
             return "voided"
         lease.expire(now, reason)
         lease.begin_reconciliation(now)
         # a gang member's running peers go with it (one notice, one grace), in this save
-        peers = self._gang_peers_noticed(
-            [lease], now, self._pool(lease.pool_id).config.preemption.grace_seconds
+        peers = self.gangs.peers_noticed(
+            [lease], now, self.store.pool(lease.pool_id).config.preemption.grace_seconds
         ) if lease.gang is not None else []
-        self.save(lease, *peers)
+        self.store.save(lease, *peers)
         return f"expired:{reason}"
 
     def lease_next_due(self, lease_id: str) -> float | None:
         """When the lease's deadline timer should next fire (None: nothing pending)."""
         try:
-            lease = self.find(Lease, UUID(lease_id))
+            lease = self.store.find(Lease, UUID(lease_id))
         except ValueError:
             return None
         due = None if lease is None else lease.next_due_at()
         return due if due is not None and due > self.clock() else None
 
     def get(self, tenant: str, lease_id: str) -> Lease:
-        return self._lease(tenant, lease_id)
+        return self.store.tenant_lease(tenant, lease_id)
 
     async def request_leases_async(self, tenant: str, req: v1.LeaseRequest, *,
                                    trace_parent: str | None = None) -> list[Lease] | None:
@@ -443,7 +397,7 @@ class LeaseCommands(GangCommands):
         (one request, one token)."""
         charged: list[tuple[str, str]] = []
         try:
-            made = await self.on_loop(lambda: self.request_leases(
+            made = await self.store.on_loop(lambda: self.request_leases(
                 tenant, req, trace_parent=trace_parent, charged=charged))
         except RateLimited:
             raise
@@ -460,6 +414,6 @@ class LeaseCommands(GangCommands):
         where a read here once held the loop, and every answer due on it, for 45 s."""
         if not charged:
             return
-        hit = self._policies.get(Pool.create_id(pool_id))
-        if hit is not None:
-            self.request_rate.give_back(charged, hit[0])
+        pool = self.store.cached_now(Pool.create_id(pool_id))
+        if pool is not None:
+            self.request_rate.give_back(charged, pool)

@@ -1,4 +1,5 @@
-"""The application's node commands: registration, enrollment, state, heartbeats, job reports."""
+"""The node service: registration, enrollment, state, heartbeats, the jobs a node reports, and
+the node's liveness timer."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ from domain.errors import DomainError, NodeClaimRefused
 from domain.gang import GANG_MEMBER_LOST
 from domain.lease import WORKLOAD_STATES, Lease, LeaseState
 from domain.node import Node, NodeState
-from domain.pool import Pool
 from domain.resources import NodeCapabilities, NodeId, PoolId
 from schemas import v1
-from workers.application.core import retried
-from workers.application.leases import LeaseCommands
+from workers.application.accounts import AccountService
+from workers.application.core import Store, retried
+from workers.application.gangs import GangService
 from workers.errors import UnknownLease, UnknownNode
 
 # a heartbeat listing more leases than this is answered on a thread: reading and copying
@@ -25,16 +26,23 @@ from workers.errors import UnknownLease, UnknownNode
 BEAT_READS_ON_LOOP = 64
 
 
-class NodeCommands(LeaseCommands):
+class NodeService:
     """Node registration, enrollment, state, heartbeats and the jobs they report."""
+
+    def __init__(self, store: Store, clock: Callable[[], float], *, gangs: GangService,
+                 accounts: AccountService) -> None:
+        self.store = store
+        self.clock = clock
+        self.gangs = gangs
+        self.accounts = accounts
 
     @retried
     def register_node(self, reg: v1.NodeRegistration, *,
                       capabilities: NodeCapabilities | None = None) -> Node:
         now = self.clock()
-        self._pool(reg.pool_id)
+        self.store.pool(reg.pool_id)
         caps = capabilities or reg.capabilities.to_domain()
-        node = self.find(Node, Node.create_id(reg.node_id))
+        node = self.store.find(Node, Node.create_id(reg.node_id))
         if node is None:
             node = Node.register(
                 node_id=NodeId(reg.node_id), pool_id=PoolId(reg.pool_id),
@@ -42,7 +50,7 @@ class NodeCommands(LeaseCommands):
             )
         elif node.capabilities != caps or node.state is NodeState.LOST:
             node.reregister(caps, now)  # a lost node comes back ready
-        self.save(node)
+        self.store.save(node)
         return node
 
     @retried
@@ -51,18 +59,18 @@ class NodeCommands(LeaseCommands):
         once (no placements) instead of after the node timeout; its next registration brings
         it back. A node still holding leases is left as it is: their workloads may still run,
         and the agent re-adopts them when it starts again."""
-        node = self.find(Node, Node.create_id(node_id))
+        node = self.store.find(Node, Node.create_id(node_id))
         if node is None:
             raise UnknownNode(f"no node {node_id!r}")
         if not node.allocations and node.state is not NodeState.LOST:
             node.mark_lost(self.clock(), reason)
-            self.save(node)
+            self.store.save(node)
         return node
 
     @retried
     def node_state(self, node_id: str, verb: str, reason: str = "") -> Node:
         now = self.clock()
-        node = self.find(Node, Node.create_id(node_id))
+        node = self.store.find(Node, Node.create_id(node_id))
         if node is None:
             raise UnknownNode(f"no node {node_id!r}")
         actions: dict[str, Callable[[], None]] = {
@@ -75,7 +83,7 @@ class NodeCommands(LeaseCommands):
         }
         actions[verb]()
         leases = self._drain_leases(node, now, reason) if verb == "drain" else []
-        self.save(node, *leases)
+        self.store.save(node, *leases)
         return node
 
     def _drain_leases(self, node: Node, now: float, reason: str) -> list[Lease]:
@@ -83,10 +91,10 @@ class NodeCommands(LeaseCommands):
         pool's grace (its deadline) and goes back in the queue to run elsewhere; the agent
         stops it and the capacity is freed on its confirmation. A lease that may not be
         preempted is left to finish."""
-        grace = self._pool(node.pool_id).config.preemption.grace_seconds
+        grace = self.store.pool(node.pool_id).config.preemption.grace_seconds
         out: list[Lease] = []
         for lid in node.allocations:
-            lease = self.find(Lease, UUID(lid))
+            lease = self.store.find(Lease, UUID(lid))
             if lease is None or lease.state is not LeaseState.RUNNING:
                 continue
             try:
@@ -96,12 +104,12 @@ class NodeCommands(LeaseCommands):
                 continue
             out.append(lease)
         # a gang member's peers on other nodes go with it, with the same grace
-        return out + self._gang_peers_noticed(out, now, grace, requeue=True,
+        return out + self.gangs.peers_noticed(out, now, grace, requeue=True,
                                               reason=f"drain:{reason}" if reason else "drain")
 
     def _node_lease(self, node_id: str, lease_id: str) -> Lease:
         # an agent speaks only for leases placed on its own node
-        return self._lease_if(lease_id, lambda lease: lease.node_id == node_id,
+        return self.store.lease_if(lease_id, lambda lease: lease.node_id == node_id,
                               f"on node {node_id!r}")
 
     def lease_on_node(self, node_id: str, lease_id: str) -> Lease:
@@ -119,8 +127,8 @@ class NodeCommands(LeaseCommands):
         now = self.clock()
         lease = self._node_lease(node_id, lease_id)
         lease.confirm_stopped(now, epoch=body.epoch)
-        others = [] if lease.holds_capacity else self._settle(lease, now, node_id)
-        self.save(lease, *others)
+        others = [] if lease.holds_capacity else self.accounts.settle(lease, now, node_id)
+        self.store.save(lease, *others)
         return lease
 
     def register_own_node(self, node_id: str, reg: v1.NodeRegistration) -> Node:
@@ -128,7 +136,7 @@ class NodeCommands(LeaseCommands):
         its enrollment, and with the enrollment's trust level, never its own."""
         if reg.node_id != node_id:
             raise UnknownNode(f"agent of node {node_id!r} cannot register {reg.node_id!r}")
-        enrollment = self.find(Enrollment, Enrollment.create_id(node_id))
+        enrollment = self.store.find(Enrollment, Enrollment.create_id(node_id))
         if enrollment is None:
             raise NodeClaimRefused(f"node {node_id!r} is not enrolled: the operator enrolls it "
                                    "(`pool admin node creds NODE --pool POOL …`)",
@@ -140,17 +148,17 @@ class NodeCommands(LeaseCommands):
     def enroll_node(self, cmd: v1.NodeEnrollment) -> Enrollment:
         """The operator's terms for a node, recorded before its agent may register."""
         now = self.clock()
-        self._pool(cmd.pool_id)
+        self.store.pool(cmd.pool_id)
         terms: dict[str, Any] = {
             "pool_id": PoolId(cmd.pool_id), "trust_level": cmd.trust_level,
             "max_gpus": cmd.max_gpus, "max_cpu_millis": cmd.max_cpu_millis,
             "max_memory_mib": cmd.max_memory_mib, "gpu_model": cmd.gpu_model, "now": now}
-        got = self.find(Enrollment, Enrollment.create_id(cmd.node_id))
+        got = self.store.find(Enrollment, Enrollment.create_id(cmd.node_id))
         if got is None:
             got = Enrollment.enroll(node_id=NodeId(cmd.node_id), **terms)
         elif not got.change(**terms):
             return got
-        self.save(got)
+        self.store.save(got)
         return got
 
     def node_heartbeat(self, node_id: str, hb: v1.NodeHeartbeat) -> dict[str, Any]:
@@ -158,7 +166,7 @@ class NodeCommands(LeaseCommands):
         save; the node's own heartbeat is a second one, so the scheduler allocating on a busy
         node (a write to the node) never makes the leases' heartbeats fail. Returns, per lease,
         whether it is still live here, so the agent stops what must not run."""
-        node = self.find(Node, Node.create_id(node_id))
+        node = self.store.find(Node, Node.create_id(node_id))
         if node is None or hb.node_id != node_id:
             raise UnknownNode(f"no node {node_id!r}; register first")
         if node.state is NodeState.LOST:
@@ -169,7 +177,7 @@ class NodeCommands(LeaseCommands):
             changed: list[Aggregate] = []
             out = {b.lease_id: self._beat(node_id, b, now, changed) for b in hb.leases}
             if changed:
-                self.save(*changed)
+                self.store.save(*changed)
             return out
 
         # the node as just read: each step's first try uses it, and a try that a concurrent
@@ -177,24 +185,24 @@ class NodeCommands(LeaseCommands):
         known: list[Node] = [node]
 
         def beat_node() -> Node:
-            fresh = known.pop() if known else self.find(Node, Node.create_id(node_id))
+            fresh = known.pop() if known else self.store.find(Node, Node.create_id(node_id))
             assert fresh is not None
-            pool = self._cached(Pool.create_id(fresh.pool_id), lambda: self._pool(fresh.pool_id))
+            pool = self.store.pool_settings(fresh.pool_id)
             timeout = pool.config.node_timeout_seconds
             if fresh.state is not NodeState.LOST and fresh.heartbeat_is_news(self.clock(),
                                                                             timeout):
                 fresh.heartbeat(self.clock())
-                self.save(fresh)
+                self.store.save(fresh)
             return fresh
 
-        leases = self.retrying(beat_leases) if hb.leases else {}
-        node = self.retrying(beat_node)
+        leases = self.store.retrying(beat_leases) if hb.leases else {}
+        node = self.store.retrying(beat_node)
         if node.state is NodeState.LOST:
             return {"node_state": str(node.state), "register": True, "leases": leases}
         if any(lid not in leases for lid in node.allocations):
             # only then can a lease under reconciliation be one the agent no longer runs
             known.append(node)
-            leases.update(self.retrying(lambda: self._reconcile_unlisted(
+            leases.update(self.store.retrying(lambda: self._reconcile_unlisted(
                 node_id, set(leases), known.pop() if known else None)))
         return {"node_state": str(node.state), "leases": leases}
 
@@ -212,7 +220,7 @@ class NodeCommands(LeaseCommands):
                 ids.append(UUID(beat.lease_id))
             except ValueError:
                 return None
-        return await self.on_loop(lambda: self.node_heartbeat(node_id, hb), reads=ids,
+        return await self.store.on_loop(lambda: self.node_heartbeat(node_id, hb), reads=ids,
                                   runs=4, saves=3)
 
     def _reconcile_unlisted(self, node_id: str, listed: set[str],
@@ -222,27 +230,27 @@ class NodeCommands(LeaseCommands):
         `node`: the node as the heartbeat just read or saved it (else it is read)."""
         now = self.clock()
         if node is None:
-            node = self.find(Node, Node.create_id(node_id))
+            node = self.store.find(Node, Node.create_id(node_id))
         if node is None:
             return {}
         cache: dict[UUID, Aggregate] = {node.id: node}
         changed: list[Aggregate] = []
         out: dict[str, dict[str, Any]] = {}
         unlisted = [UUID(lid) for lid in node.allocations if lid not in listed]
-        last = self.last_topics(unlisted) if unlisted else None
+        last = self.store.last_topics(unlisted) if unlisted else None
         if last is not None:
             # a lease whose last event is its reservation awaits its commit, no agent runs
             # it: passed over without loading it (a node may hold many such)
             unlisted = [u for u in unlisted if not (last[u] or "").endswith(".LeaseReserved")]
         for uid in unlisted:
             lid = str(uid)
-            lease = self.find(Lease, uid)
+            lease = self.store.find(Lease, uid)
             if lease is not None and lease.state in (LeaseState.EXPIRED, LeaseState.RECONCILING):
                 lease.confirm_stopped(now)
-                changed += [lease, *self._settle(lease, now, node_id, cache)]
+                changed += [lease, *self.accounts.settle(lease, now, node_id, cache)]
                 out[lid] = {"live": False, "state": str(lease.state), "code": "reconciled"}
         if changed:
-            self.save(*list({a.id: a for a in changed}.values()))
+            self.store.save(*list({a.id: a for a in changed}.values()))
         return out
 
     def _beat(self, node_id: str, beat: v1.LeaseBeat, now: float,
@@ -268,7 +276,7 @@ class NodeCommands(LeaseCommands):
     def job_started(self, node_id: str, lease_id: str, body: v1.JobStarted) -> Lease:
         lease = self._node_lease(node_id, lease_id)
         lease.job_started(self.clock(), epoch=body.epoch)
-        self.save(lease)
+        self.store.save(lease)
         return lease
 
     @retried
@@ -290,17 +298,17 @@ class NodeCommands(LeaseCommands):
             lease.release(now, exit_code, epoch=epoch)
         else:
             lease.confirm_stopped(now, epoch=epoch)
-        others = [] if lease.holds_capacity else self._settle(lease, now, node_id)
-        self.save(lease, *others)
+        others = [] if lease.holds_capacity else self.accounts.settle(lease, now, node_id)
+        self.store.save(lease, *others)
         return lease
 
     def node_next_due(self, node_id: str) -> float | None:
         """When the node's liveness timer should next fire: its heartbeat going stale, or,
         once lost, the release of its leases."""
-        node = self.find(Node, Node.create_id(node_id))
+        node = self.store.find(Node, Node.create_id(node_id))
         if node is None:
             return None
-        cfg = self._pool(node.pool_id).config
+        cfg = self.store.pool(node.pool_id).config
         if node.state is NodeState.LOST:
             due = None if not node.allocations or node.lost_at is None else (
                 node.lost_at + cfg.lost_node_release_seconds)
@@ -315,10 +323,10 @@ class NodeCommands(LeaseCommands):
         its leases expire into reconciliation; once lost past `lost_node_release_seconds`, its
         reconciling leases are released without the agent's word. Returns what changed."""
         now = self.clock()
-        node = self.find(Node, Node.create_id(node_id))
+        node = self.store.find(Node, Node.create_id(node_id))
         if node is None:
             return []
-        cfg = self._pool(node.pool_id).config
+        cfg = self.store.pool(node.pool_id).config
         done: list[str] = []
         changed: list[Aggregate] = []
         if node.state is not NodeState.LOST:
@@ -328,7 +336,7 @@ class NodeCommands(LeaseCommands):
             changed.append(node)
             done.append("node_lost")
             for lid in list(node.allocations):
-                lease = self.find(Lease, UUID(lid))
+                lease = self.store.find(Lease, UUID(lid))
                 if lease is not None and lease.state in WORKLOAD_STATES:
                     lease.expire(now, "node_lost")
                     lease.begin_reconciliation(now)
@@ -338,19 +346,19 @@ class NodeCommands(LeaseCommands):
                     lease.begin_reconciliation(now)
                     changed.append(lease)
             lost = [a for a in changed if isinstance(a, Lease)]
-            for member in self._gang_peers_noticed(lost, now, cfg.preemption.grace_seconds):
+            for member in self.gangs.peers_noticed(lost, now, cfg.preemption.grace_seconds):
                 changed.append(member)
                 done.append(f"{GANG_MEMBER_LOST}:{member.id}")
         elif now - (node.lost_at or now) >= cfg.lost_node_release_seconds:
             cache: dict[UUID, Aggregate] = {node.id: node}
             for lid in list(node.allocations):
-                lease = self.find(Lease, UUID(lid))
+                lease = self.store.find(Lease, UUID(lid))
                 if lease is None or lease.state not in (LeaseState.RECONCILING,
                                                         LeaseState.EXPIRED):
                     continue
                 lease.confirm_stopped(now)
-                changed += [lease, *self._settle(lease, now, node_id, cache)]
+                changed += [lease, *self.accounts.settle(lease, now, node_id, cache)]
                 done.append(f"released:{lid}")
         if changed:
-            self.save(*list({a.id: a for a in changed}.values()))
+            self.store.save(*list({a.id: a for a in changed}.values()))
         return done
