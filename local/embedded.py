@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 from bus.local import auth as bus_auth
 
 if TYPE_CHECKING:  # the servers are loaded only by the start: a tenant's `pool` needs neither
-    from bus.connguard import Caps, ConnectionGuard
+    from bus.caps import Caps
+    from bus.connguard import ConnectionGuard
     from bus.local.auth import AuthConfig, Credentials
     from bus.local.server import NatsServer
     from projections.postgres.embedded import EmbeddedPostgres
@@ -171,7 +172,8 @@ def start(home: Path | None = None, *, with_postgres: bool = True) -> Embedded:
 
 
 def _start(home: Path, *, with_postgres: bool) -> Embedded:
-    from bus.connguard import Caps, ConnectionGuard, tenant_caps
+    from bus.caps import Caps
+    from bus.connguard import ConnectionGuard, tenant_caps
     from bus.local.server import NatsServer, free_port
 
     caps = Caps.from_env()  # a bad cap is refused before anything starts

@@ -13,7 +13,8 @@ from typing import Any
 import nats
 import pytest
 
-from bus.connguard import Caps, ConnectionGuard, InvalidLimit, tenant_caps
+from bus.caps import Caps, InvalidLimit
+from bus.connguard import ConnectionGuard, tenant_caps
 from bus.local.auth import AuthConfig, guard_url, url_with_credentials
 from bus.local.server import NatsServer
 
