@@ -81,17 +81,17 @@ def render_accounts(pool_users: list[dict[str, object]],
         t_exports: list[dict[str, object]] = []
         for c in crossing:
             if c.kind == "service":
-                exports.append({"service": c.subject,
+                exports.append({"service": c.subject, "accounts": [account],
                                 **({"response": "stream"} if c.streamed else {})})
                 t_imports.append({"service": {"account": POOL_ACCOUNT, "subject": c.subject}})
             elif c.to_pool:
                 t_exports.append({"stream": c.subject, "accounts": [POOL_ACCOUNT]})
                 imports.append({"stream": {"account": account, "subject": c.subject}})
             else:
-                exports.append({"stream": c.subject})
+                exports.append({"stream": c.subject, "accounts": [account]})
                 t_imports.append({"stream": {"account": POOL_ACCOUNT, "subject": c.subject}})
         shadow = f"{NO_JETSTREAM_PREFIX}.{tenant}"
-        exports.append({"service": shadow})
+        exports.append({"service": shadow, "accounts": [account]})
         t_imports.append({"service": {"account": POOL_ACCOUNT, "subject": shadow},
                           "to": JS_API_INFO})
         accounts[account] = {"users": [user], "limits": dict(limits), "imports": t_imports,
