@@ -68,8 +68,8 @@ def reply_allowed(subject: str, reply: str) -> bool:
     if prefix is None or len(reply) > _MAX_REPLY_LENGTH:
         return False
     if prefix.startswith(TENANT_INBOXES + ".") and reply.startswith(SERVICE_REPLIES + "."):
-        # a tenant's command from its own account: the server named this reply, not the
-        # tenant (who may publish pool.cmd.<tenant> in POOL itself? only the operator)
+        # a tenant's command from its own account: the server named this reply (no client
+        # may name a `_R_` reply) and routes its answer to the tenant that asked, only there
         prefix = SERVICE_REPLIES
     elif not reply.startswith(prefix + "."):
         return False

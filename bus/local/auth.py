@@ -231,7 +231,9 @@ PERMISSIONS: dict[str, Rule] = {
          f"{FEED_LIVE_PREFIX}.{{name}}.>", f"{SESSION_PREFIX}.{{name}}.*.*.out"),
         "its own commands and queries, its own replies, telemetry and lease feed; its own "
         "file buckets: work directories read and written, artifacts read; its own sessions' "
-        "bytes to the node (`in`) and back (`out`)"),
+        "bytes to the node (`in`) and back (`out`). In an account of its own (ADR 026): each "
+        "of these crosses into the plane's account by an import, and every answer comes back "
+        "into the tenant's"),
     "guard": Rule(
         ("$SYS.REQ.SERVER.PING.CONNZ", "$SYS.REQ.SERVER.*.CONNZ", "$SYS.REQ.SERVER.*.KICK"),
         ("$SYS.ACCOUNT.*.CONNECT", "$SYS.ACCOUNT.*.DISCONNECT", "_INBOX.>"),
@@ -246,7 +248,8 @@ PERMISSIONS: dict[str, Rule] = {
         (f"{NODE_INBOXES}.{{name}}.>", "pool.agent.{name}.>", f"{SESSION_PREFIX}.*.{{name}}.*.in"),
         "its own reports and telemetry; pulls and acks its own work queue only; reads "
         "tenants' work directories and writes their jobs' artifacts, never a stream's config; "
-        "the sessions the plane sent it (its own node token): reads `in`, writes `out`"),
+        "the sessions the plane sent it (its own node token): reads `in`, writes `out`; in the "
+        "plane's account (not yet one of its own)"),
 }
 
 
