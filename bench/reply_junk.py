@@ -1,5 +1,6 @@
 """`pool bench reply-junk`: how fast one tenant's client makes the server store its answers in
-the event log by naming a log subject as the reply subject (docs/security.md, "Not covered")."""
+the event log by naming a log subject as the reply subject: none since each tenant is in an
+account of its own (ADR 027; docs/security.md, "Not covered yet", for the nodes)."""
 
 from __future__ import annotations
 

@@ -8,22 +8,16 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bus.errors import BusError
+from bus.caps import Caps
 from bus.runtime import close_runtime, get_runtime
 
 log = logging.getLogger(__name__)
 
-# what a tenant's user may hold, all its connections together (docs/security.md's limits)
-MAX_CONNECTIONS = 64
-MAX_SUBSCRIPTIONS = 4096
-CONNECTIONS_ENV = "POOL_TENANT_MAX_CONNECTIONS"
-SUBSCRIPTIONS_ENV = "POOL_TENANT_MAX_SUBSCRIPTIONS"
 # how often every capped user's connections are counted again from the servers themselves: a
 # missed advisory (the guard restarting, a reconnect) and subscriptions, which have none
 SWEEP_SECONDS = 5.0
@@ -34,43 +28,6 @@ PAGE = 1024  # CONNZ's own default page
 CONNECT = "$SYS.ACCOUNT.*.CONNECT"
 DISCONNECT = "$SYS.ACCOUNT.*.DISCONNECT"
 PING_CONNZ = "$SYS.REQ.SERVER.PING.CONNZ"
-
-
-class InvalidLimit(BusError, ValueError):
-    """A connection or subscription cap that is not a whole number of at least 1."""
-
-    code = "invalid_limit"
-
-
-@dataclass(frozen=True)
-class Caps:
-    """What one user may hold at once, over all its connections to the servers."""
-
-    max_connections: int = MAX_CONNECTIONS
-    max_subscriptions: int = MAX_SUBSCRIPTIONS
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Caps:
-        """POOL_TENANT_MAX_CONNECTIONS and POOL_TENANT_MAX_SUBSCRIPTIONS, or the defaults."""
-        env = os.environ if environ is None else environ
-
-        def read(name: str, default: int) -> int:
-            raw = env.get(name, "").strip()
-            if not raw:
-                return default
-            try:
-                value = int(raw)
-            except ValueError:
-                value = 0
-            if value < 1:
-                raise InvalidLimit(f"{name}={raw!r}: a whole number of at least 1 is needed")
-            return value
-
-        return cls(read(CONNECTIONS_ENV, MAX_CONNECTIONS), read(SUBSCRIPTIONS_ENV, MAX_SUBSCRIPTIONS))
-
-    def describe(self) -> str:
-        return (f"{self.max_connections} connections and {self.max_subscriptions} subscriptions "
-                f"per tenant user ({CONNECTIONS_ENV}, {SUBSCRIPTIONS_ENV})")
 
 
 @dataclass

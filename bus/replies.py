@@ -17,6 +17,11 @@ INBOX_ROOT = "_INBOX"
 TENANT_INBOXES = f"{INBOX_ROOT}.t"
 NODE_INBOXES = f"{INBOX_ROOT}.n"
 ADMIN_INBOXES = f"{INBOX_ROOT}.a"
+# the reply subjects nats-server itself names in the exporting account for a request that
+# crossed a service import: how a tenant's command reaches the plane from its own account
+# (ADR 027). The tenant's own reply subject stays in its account; the answer to this one is
+# routed back to it there, and nowhere else
+SERVICE_REPLIES = "_R_"
 
 # a reply subject's tokens as nats clients make them: no wildcards, no spaces, nothing empty
 _REPLY_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
@@ -57,11 +62,16 @@ def expected_inbox(subject: str) -> str | None:
 
 def reply_allowed(subject: str, reply: str) -> bool:
     """Whether a request on `subject` may be answered on `reply`: strictly inside the
-    requester's own inbox prefix, made of plain tokens."""
+    requester's own inbox prefix, or for a tenant's command the server's own `_R_` reply of
+    a service import; made of plain tokens."""
     prefix = expected_inbox(subject)
     if prefix is None or len(reply) > _MAX_REPLY_LENGTH:
         return False
-    if not reply.startswith(prefix + "."):
+    if prefix.startswith(TENANT_INBOXES + ".") and reply.startswith(SERVICE_REPLIES + "."):
+        # a tenant's command from its own account: the server named this reply (no client
+        # may name a `_R_` reply) and routes its answer to the tenant that asked, only there
+        prefix = SERVICE_REPLIES
+    elif not reply.startswith(prefix + "."):
         return False
     rest = reply[len(prefix) + 1:].split(".")
     return all(_REPLY_TOKEN.match(t) for t in rest)

@@ -13,8 +13,9 @@ from cli.output import EXIT_OK, Subparsers, UsageError
 
 
 def cmd_guard(args: argparse.Namespace) -> int:
+    from bus.caps import Caps
     from bus.connection import USER_ENV
-    from bus.connguard import Caps, ConnectionGuard, tenant_caps
+    from bus.connguard import ConnectionGuard, tenant_caps
     from bus.local.auth import GUARD_USER, redact
 
     url = args.nats_url or os.environ.get("POOL_NATS_URL", "")

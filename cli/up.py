@@ -209,7 +209,8 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
     import os
 
     from bus.admin import describe_streams
-    from bus.connguard import Caps, ConnectionGuard, tenant_caps
+    from bus.caps import Caps
+    from bus.connguard import ConnectionGuard, tenant_caps
     from bus.local import auth as bus_auth
     from bus.local.auth import redact
     from bus.local.cluster import NatsCluster

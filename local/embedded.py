@@ -9,7 +9,6 @@ import contextlib
 import fcntl
 import json
 import os
-import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -20,7 +19,8 @@ from typing import TYPE_CHECKING
 from bus.local import auth as bus_auth
 
 if TYPE_CHECKING:  # the servers are loaded only by the start: a tenant's `pool` needs neither
-    from bus.connguard import Caps, ConnectionGuard
+    from bus.caps import Caps
+    from bus.connguard import ConnectionGuard
     from bus.local.auth import AuthConfig, Credentials
     from bus.local.server import NatsServer
     from projections.postgres.embedded import EmbeddedPostgres
@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # the servers are loaded only by the start: a tenant's `pool`
 DEFAULT_NATS_PORT = 14222
 AUTH_FILE = "auth.json"
 AUTH_INCLUDE = "auth.conf"  # next to the server's configuration in $POOL_HOME/nats
+SERVER_NAME = "pool-embedded"  # the server's configuration and log are named after it
 INSTANCE_LOCK = "instance.lock"  # held by the one `pool up` of this home for its whole life
 
 
@@ -80,7 +81,7 @@ class Embedded:
         # drops every connection still in its handshake at a reload with "Authorization Violation"
         if not rewritten or self.nats.proc is None or self.nats.proc.poll() is not None:
             return False
-        self.nats.proc.send_signal(signal.SIGHUP)
+        self.nats.reload(rewritten)
         return True
 
     def stop(self) -> None:
@@ -171,7 +172,9 @@ def start(home: Path | None = None, *, with_postgres: bool = True) -> Embedded:
 
 
 def _start(home: Path, *, with_postgres: bool) -> Embedded:
-    from bus.connguard import Caps, ConnectionGuard, tenant_caps
+    from bus.caps import Caps
+    from bus.connguard import ConnectionGuard, tenant_caps
+    from bus.local.accounts import adopt_global_store
     from bus.local.server import NatsServer, free_port
 
     caps = Caps.from_env()  # a bad cap is refused before anything starts
@@ -186,15 +189,20 @@ def _start(home: Path, *, with_postgres: bool) -> Embedded:
         port = int(os.environ.get("POOL_NATS_PORT", DEFAULT_NATS_PORT))
         with _auth_lock(home):
             auth = bus_auth.load_or_create(home / AUTH_FILE)
+            if auth.tenant_caps != caps:  # this start's caps, for every later render too
+                auth.tenant_caps = caps
+                bus_auth.save(auth, home / AUTH_FILE)
             _render_include(home, auth)
         include = f'include "{AUTH_INCLUDE}"'
+        # a home from before tenants had accounts of their own: its streams go to POOL's
+        adopt_global_store(home / "nats" / "jetstream")
         try:
-            server = NatsServer(store_dir=home / "nats", port=port, server_name="pool-embedded",
+            server = NatsServer(store_dir=home / "nats", port=port, server_name=SERVER_NAME,
                                 extra_config=include)
             server.start()
         except Exception:  # noqa: BLE001 - whatever failed there, a free port is tried next
             # the preferred port is taken by something that is not ours: take a free one
-            server = NatsServer(store_dir=home / "nats", port=free_port(), server_name="pool-embedded",
+            server = NatsServer(store_dir=home / "nats", port=free_port(), server_name=SERVER_NAME,
                                 extra_config=include)
             server.start()
         nats_url = server.url
@@ -328,17 +336,18 @@ def _auth_lock(home: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _render_include(home: Path, auth: AuthConfig | None = None) -> bool:
-    """Write the server's users from auth.json; whether the file changed."""
+def _render_include(home: Path, auth: AuthConfig | None = None) -> int:
+    """Write the server's accounts and users from auth.json; how many reloads apply them
+    (0: the file is unchanged)."""
     auth = auth or bus_auth.load(home / AUTH_FILE)
     if auth is None:
-        return False
+        return 0
     return bus_auth.write_server_include(auth, home / "nats" / AUTH_INCLUDE)
 
 
-def _reload_running_server(home: Path, *, reload: bool = True) -> int | None:
-    """SIGHUP the embedded nats-server recorded in endpoints.json (only look, without
-    `reload`); its pid, or None if none runs."""
+def _reload_running_server(home: Path, *, reload: int = 1) -> int | None:
+    """SIGHUP the embedded nats-server recorded in endpoints.json `reload` times (only look,
+    with 0); its pid, or None if none runs."""
     pid = _read_endpoints(home).get("nats_pid")
     if not isinstance(pid, int):
         return None
@@ -348,8 +357,12 @@ def _reload_running_server(home: Path, *, reload: bool = True) -> int | None:
             return None  # a stale endpoints.json: that pid is someone else's now
     except OSError:
         return None  # gone
+    from bus.local.server import reload_server
+
     try:
-        os.kill(pid, signal.SIGHUP if reload else 0)
+        os.kill(pid, 0)
+        if reload:
+            reload_server(pid, home / "nats" / f"{SERVER_NAME}.log", reload)
     except ProcessLookupError:
         return None
     return pid
@@ -385,14 +398,14 @@ def _add_user(kind: str, name: str, home: Path | None, rotate: bool) -> Credenti
         # another spelling of an existing name must not be handed that name's user
         creds = users.get(bus_auth.checked_name(kind, name))
         changed = creds is None or rotate
-        rewritten = False
+        rewritten = 0
         if changed:
             creds = auth.add_tenant(name) if kind == "tenant" else auth.add_node(name)
             bus_auth.save(auth, path)
             rewritten = _render_include(home, auth)
     assert creds is not None
     # `pool up` may have rendered the same file first and reloaded the server itself
-    running = _reload_running_server(home, reload=rewritten if changed else False) is not None
+    running = _reload_running_server(home, reload=rewritten if changed else 0) is not None
     if changed and running:
         _wait_usable(home, creds)
     if kind == "tenant" and running:

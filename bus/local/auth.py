@@ -12,11 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
+from bus.caps import Caps
 from bus.errors import NameCollision
+from bus.local.accounts import Crossing, crossings, reloads_to_apply, render_accounts
 from bus.replies import (
     ADMIN_INBOXES,
     INBOX_ROOT,
     NODE_INBOXES,
+    SERVICE_REPLIES,
     TENANT_INBOXES,
     admin_inbox,
     tenant_inbox,
@@ -165,11 +168,13 @@ PERMISSIONS: dict[str, Rule] = {
         "makes and changes the streams and KV buckets (`pool up`, `pool cluster init`), runs "
         "simulated fleets and benchmarks; trusted, used by no role of the control plane"),
     "responder": Rule(
-        (f"{TENANT_INBOXES}.>", f"{NODE_INBOXES}.>", f"{ADMIN_INBOXES}.>"),
+        (f"{TENANT_INBOXES}.>", f"{NODE_INBOXES}.>", f"{ADMIN_INBOXES}.>",
+         f"{SERVICE_REPLIES}.>"),
         ("pool.cmd.>", "pool.node.>", "pool.admin.>", f"{OPS_PREFIX}.>"),
         "the command responders' connection (and the scheduler's, answering `why`, queue "
         "positions and an operator's `pool.ops` questions): receives commands, publishes "
-        "replies into inboxes and nowhere else (never the log, timers, work queues, JetStream "
+        "replies into inboxes (a tenant's, from its own account, the server's `_R_` reply of its "
+        "service import) and nowhere else (never the log, timers, work queues, JetStream "
         "or KV)"),
     "commands": Rule(
         ("pool.evt.>", *_READS_LOG, *_SNAPSHOTS, *_READS_TELEMETRY, *_READS_FEED, *_kv(WEBHOOK_BUCKET, watch=True), *_kv(SECRETS_BUCKET, watch=True)),
@@ -226,7 +231,9 @@ PERMISSIONS: dict[str, Rule] = {
          f"{FEED_LIVE_PREFIX}.{{name}}.>", f"{SESSION_PREFIX}.{{name}}.*.*.out"),
         "its own commands and queries, its own replies, telemetry and lease feed; its own "
         "file buckets: work directories read and written, artifacts read; its own sessions' "
-        "bytes to the node (`in`) and back (`out`)"),
+        "bytes to the node (`in`) and back (`out`). In an account of its own (ADR 027): each "
+        "of these crosses into the plane's account by an import, and every answer comes back "
+        "into the tenant's"),
     "guard": Rule(
         ("$SYS.REQ.SERVER.PING.CONNZ", "$SYS.REQ.SERVER.*.CONNZ", "$SYS.REQ.SERVER.*.KICK"),
         ("$SYS.ACCOUNT.*.CONNECT", "$SYS.ACCOUNT.*.DISCONNECT", "_INBOX.>"),
@@ -241,7 +248,8 @@ PERMISSIONS: dict[str, Rule] = {
         (f"{NODE_INBOXES}.{{name}}.>", "pool.agent.{name}.>", f"{SESSION_PREFIX}.*.{{name}}.*.in"),
         "its own reports and telemetry; pulls and acks its own work queue only; reads "
         "tenants' work directories and writes their jobs' artifacts, never a stream's config; "
-        "the sessions the plane sent it (its own node token): reads `in`, writes `out`"),
+        "the sessions the plane sent it (its own node token): reads `in`, writes `out`; in the "
+        "plane's account (not yet one of its own)"),
 }
 
 
@@ -357,6 +365,9 @@ class AuthConfig:
     guard: Credentials = field(
         default_factory=lambda: Credentials(GUARD_USER, _password())
     )
+    # each tenant's account's limits: kept with the users, so whoever renders them (`pool up`,
+    # the CLI adding a user) renders the caps `pool up` was started with
+    tenant_caps: Caps = field(default_factory=Caps.from_env)
 
     def add_tenant(self, tenant: str, password: str | None = None) -> Credentials:
         tenant = checked_name("tenant", tenant)
@@ -371,9 +382,11 @@ class AuthConfig:
         return c
 
     def render(self) -> str:
-        """The server's users: the system account with the guard's user alone, then the
-        `authorization` block; every user with its bcrypt-hashed password (the server never
-        sees them in plain) and its permissions from PERMISSIONS."""
+        """The server's accounts (ADR 027): the system account with the guard's user alone;
+        POOL with the operator, the responders, the roles and the nodes; one account per
+        tenant with its user, importing from POOL what its permissions name. Every user with
+        its bcrypt-hashed password (the server never sees them in plain) and its permissions
+        from PERMISSIONS; each tenant's account capped at the connection guard's caps."""
         users: list[dict[str, object]] = []
 
         tenants = tuple(sorted(self.tenants))
@@ -392,15 +405,23 @@ class AuthConfig:
         add("responder", self.responder)
         for role in ROLES:
             add(role, self.roles[role])
-        for tenant, c in sorted(self.tenants.items()):
-            add("tenant", c, tenant)
         for node, c in sorted(self.nodes.items()):
             add("node", c, node)
-        # the server's config format accepts JSON values
+        rule = PERMISSIONS["tenant"]
+        assert rule.publish is not None and rule.subscribe is not None
+        own: dict[str, tuple[dict[str, object], list[Crossing]]] = {}
+        for tenant, c in sorted(self.tenants.items()):
+            own[tenant] = (user("tenant", c, tenant), crossings(
+                tuple(s.replace("{name}", tenant) for s in rule.publish),
+                tuple(s.replace("{name}", tenant) for s in rule.subscribe)))
+        caps = self.tenant_caps
+        accounts = render_accounts(users, own, {"max_connections": caps.max_connections,
+                                                "max_subscriptions": caps.max_subscriptions})
         # the server's own system account by its own name: a server started before it had
         # users reloads into this one (naming another with `system_account` needs a restart)
-        system = json.dumps({SYSTEM_ACCOUNT: {"users": [user("guard", self.guard)]}}, indent=1)
-        return f"accounts: {system}\nauthorization {{ users: {json.dumps(users, indent=1)} }}"
+        accounts[SYSTEM_ACCOUNT] = {"users": [user("guard", self.guard)]}
+        # the server's config format accepts JSON values
+        return f"accounts: {json.dumps(accounts, indent=1)}"
 
 
 # -- persistence: $POOL_HOME/auth.json (mode 0600) and the server's included auth.conf ---------
@@ -428,6 +449,8 @@ def to_dict(auth: AuthConfig) -> dict[str, object]:
         "tenants": {k: c(v) for k, v in sorted(auth.tenants.items())},
         "nodes": {k: c(v) for k, v in sorted(auth.nodes.items())},
         "guard": c(auth.guard),
+        "tenant_caps": {"max_connections": auth.tenant_caps.max_connections,
+                        "max_subscriptions": auth.tenant_caps.max_subscriptions},
     }
 
 
@@ -451,6 +474,9 @@ def from_dict(data: dict[str, object]) -> AuthConfig:
         nodes={str(k): c(v) for k, v in nodes.items()},
         guard=c(data["guard"]) if data.get("guard") else Credentials(GUARD_USER, _password()),
     )
+    caps = data.get("tenant_caps")
+    if isinstance(caps, dict):
+        auth.tenant_caps = Caps(int(caps["max_connections"]), int(caps["max_subscriptions"]))
     return auth
 
 
@@ -479,17 +505,19 @@ def load_or_create(path: Path) -> AuthConfig:
     return auth
 
 
-def write_server_include(auth: AuthConfig, path: Path) -> bool:
-    """The authorization block as its own file, `include`d by the server's configuration;
-    whether the file changed (an unchanged one needs no reload)."""
+def write_server_include(auth: AuthConfig, path: Path) -> int:
+    """The accounts and users as their own file, `include`d by the server's configuration;
+    how many reloads a server running the file as it was needs to apply it (0: unchanged;
+    2: a tenant's account is new, `reloads_to_apply`)."""
     text = auth.render() + "\n"
     try:
-        if path.read_text() == text:
-            return False
+        before = path.read_text()
     except OSError:
-        pass  # none yet
-    write_private(path, text)
-    return True
+        before = ""  # none yet
+    reloads = reloads_to_apply(before.strip(), text.strip())
+    if reloads:
+        write_private(path, text)
+    return reloads
 
 
 def url_with_credentials(url: str, creds: Credentials) -> str:

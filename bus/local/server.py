@@ -166,6 +166,11 @@ class NatsServer:
                 self.proc.wait()
         self.proc = None
 
+    def reload(self, times: int = 1) -> None:
+        """Apply its configuration (SIGHUP) `times` times, each once the last is done."""
+        if self.proc is not None and self.proc.poll() is None:
+            reload_server(self.proc.pid, self.log_path, times)
+
     def kill(self) -> None:
         """SIGKILL, for fault tests: no clean shutdown, no flush."""
         if self.proc is not None and self.proc.poll() is None:
@@ -178,3 +183,24 @@ class NatsServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+RELOADED = b"Reloaded server configuration"
+
+
+def reload_server(pid: int, log_path: Path, times: int = 1, timeout: float = 10.0) -> None:
+    """SIGHUP the server `pid` `times` times, each after its log (`log_path`) says the last
+    reload is done: a second signal while one is being handled may be lost."""
+    for _ in range(times):
+        try:
+            offset = log_path.stat().st_size
+        except OSError:
+            offset = -1  # no log to read: the signal alone
+        os.kill(pid, signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        while offset >= 0 and time.monotonic() < deadline:
+            with open(log_path, "rb") as f:
+                f.seek(offset)
+                if RELOADED in f.read():
+                    break
+            time.sleep(0.02)

@@ -93,7 +93,7 @@ def run(ws: Workspace, size: dict[str, Any], o: Outcome) -> None:
     """`pool up` with users; tenant alpha floods its own and others' subjects with crafted reply
     subjects, then opens connections past its cap, and tries colliding names while beta and
     gamma request leases."""
-    from bus.connguard import Caps
+    from bus.caps import Caps
     from bus.local.auth import url_with_credentials
     from client.api import PoolClient
     from local.embedded import tenant_credentials

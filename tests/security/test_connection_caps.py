@@ -4,6 +4,7 @@ connections together, enforced through the server (the connection guard, ADR 023
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Iterator
@@ -13,7 +14,8 @@ from typing import Any
 import nats
 import pytest
 
-from bus.connguard import Caps, ConnectionGuard, InvalidLimit, tenant_caps
+from bus.caps import Caps, InvalidLimit
+from bus.connguard import ConnectionGuard, tenant_caps
 from bus.local.auth import AuthConfig, guard_url, url_with_credentials
 from bus.local.server import NatsServer
 
@@ -275,23 +277,20 @@ def test_pool_guard_holds_tenants_of_servers_it_did_not_start(
 def test_a_server_started_before_the_guard_s_user_takes_it_at_a_reload(tmp_path: Path) -> None:
     """An upgraded `pool up` (or `pool admin tenant creds`) re-renders the users of a server
     that is already running and reloads it: the guard's user must load without a restart."""
-    import signal
-
     from bus.local.auth import write_server_include
 
     auth = AuthConfig()
     auth.add_tenant("alpha")
     include = tmp_path / "nats" / "auth.conf"
     include.parent.mkdir(parents=True)
-    # the users as they were rendered before the system account had one
-    before = auth.render().split("\nauthorization ", 1)[1]
-    include.write_text("authorization " + before + "\n")
+    # the users as they were rendered before the system account had one (and before tenants
+    # had accounts of their own: every user in the global account)
+    users = [{"user": c.user, "password": c.password_hash()}
+             for c in (auth.service, *auth.tenants.values())]
+    include.write_text(f"authorization {{ users: {json.dumps(users)} }}\n")
     with NatsServer(store_dir=tmp_path / "nats", server_name="pool-old",
                     extra_config='include "auth.conf"') as server:
-        assert write_server_include(auth, include)
-        assert server.proc is not None
-        server.proc.send_signal(signal.SIGHUP)
-        time.sleep(1)
+        server.reload(write_server_include(auth, include))
         assert "Failed to reload" not in server.log_path.read_text()
         guard = ConnectionGuard(guard_url(server.url, auth), tenant_caps(Caps(max_connections=1)),
                                 sweep_seconds=3600).start()

@@ -1,4 +1,6 @@
-"""A tenant cannot make the service publish anywhere but the tenant's own inbox."""
+"""A tenant cannot make the service publish anywhere but the tenant's own inbox: from its own
+account its reply never reaches the plane's (ADR 027), and within the plane's account a reply
+outside the requester's inbox is refused."""
 
 from __future__ import annotations
 
@@ -6,10 +8,12 @@ import asyncio
 from typing import Any
 
 import nats
+import pytest
 
 from bus.admin import ensure_all_streams
 from bus.local.auth import AuthConfig, inbox_prefix
 from bus.local.server import NatsServer
+from bus.replies import node_inbox, reply_allowed
 from tests.security.conftest import service_url
 from workers.plane import ControlPlane
 
@@ -45,7 +49,7 @@ async def _attack(server: NatsServer, auth: AuthConfig) -> dict[str, Any]:
     return {"landed": landed, "own": own.data}
 
 
-def test_a_reply_subject_outside_the_tenants_inbox_gets_no_answer(
+def test_a_reply_subject_outside_the_tenants_inbox_lands_nowhere_in_the_plane(
     secured: tuple[NatsServer, AuthConfig],
 ) -> None:
     server, auth = secured
@@ -55,6 +59,73 @@ def test_a_reply_subject_outside_the_tenants_inbox_gets_no_answer(
         out = asyncio.run(_attack(server, auth))
         assert out["landed"] == []
         assert b"lease_not_found" in out["own"]
-        assert cp.commands is not None and cp.commands.refused.count == len(TARGETS) + 1
+        # each crafted reply crossed into the plane's account as the server's own `_R_`
+        # reply, so the plane answered it: back into alpha's own account, nowhere else
+        assert cp.commands is not None and cp.commands.refused.count == 0
+    finally:
+        cp.stop()
+
+
+@pytest.mark.parametrize(("subject", "reply", "allowed"), [
+    ("pool.cmd.alpha.lease.l1.get", "_R_.aB3dEf.xY9zQw", True),
+    ("pool.cmd.alpha.lease.l1.get", "_R_.aB3dEf.xY9zQw.TENANT_alpha.shash.T", True),
+    ("pool.cmd.alpha.lease.l1.get", f"{inbox_prefix('alpha')}.r1", True),
+    ("pool.cmd.alpha.lease.l1.get", f"{inbox_prefix('beta')}.r1", False),
+    ("pool.cmd.alpha.lease.l1.get", "_R_", False),
+    ("pool.cmd.alpha.lease.l1.get", "_R_.>", False),
+    ("pool.cmd.alpha.lease.l1.get", "_R_.*.x", False),
+    ("pool.cmd.alpha.lease.l1.get", "_R_..x", False),
+    ("pool.cmd.alpha.lease.l1.get", "_R_x.a", False),
+    ("pool.cmd.alpha.lease.l1.get", "pool.evt.account.alpha", False),
+    # the server's replies come from a tenant's service import only: a node or an operator
+    # shares the plane's account, so a `_R_` reply there was named by the client itself
+    ("pool.node.gpu-7.heartbeat", "_R_.aB3dEf.xY9zQw", False),
+    ("pool.admin.tenant.alpha", "_R_.aB3dEf.xY9zQw", False),
+    ("pool.ops.queue", "_R_.aB3dEf.xY9zQw", False),
+])
+def test_a_servers_service_reply_is_answered_for_tenants_commands_only(
+        subject: str, reply: str, allowed: bool) -> None:
+    assert reply_allowed(subject, reply) is allowed
+
+
+def test_no_client_may_name_a_service_reply_itself(
+    secured: tuple[NatsServer, AuthConfig],
+) -> None:
+    """The plane answers a `_R_` reply on a tenant's command: only the server names one (a
+    client's publish with such a reply is a permissions violation, the operator's too), so
+    such a reply always leads back to the tenant whose import it crossed."""
+    server, auth = secured
+    ensure_all_streams(service_url(server, auth))
+    cp = ControlPlane(service_url(server, auth), roles=["commands"], data_plane=False).start()
+
+    async def go() -> tuple[list[str], list[str]]:
+        errors: list[str] = []
+
+        async def on_error(e: Exception) -> None:
+            errors.append(str(e))
+
+        svc = await nats.connect(service_url(server, auth), error_cb=on_error)
+        landed: list[str] = []
+
+        async def watch(msg: Any) -> None:
+            landed.append(msg.subject)
+
+        await svc.subscribe("_R_.>", cb=watch)
+        n = auth.nodes["gpu-7"]
+        node = await nats.connect(server.url, user=n.user, password=n.password,
+                                  inbox_prefix=node_inbox("gpu-7").encode(), error_cb=on_error)
+        await node.publish("pool.node.gpu-7.heartbeat", b"{}", reply="_R_.aB3dEf.xY9zQw")
+        await svc.publish("pool.cmd.alpha.lease.l1.get", b"{}", reply="_R_.aB3dEf.xY9zQw")
+        for c in (node, svc):
+            await c.flush()
+        await asyncio.sleep(1)
+        for c in (node, svc):
+            await c.close()
+        return landed, errors
+
+    try:
+        landed, errors = asyncio.run(go())
+        assert landed == []
+        assert sum("permissions violation" in e.lower() for e in errors) == 2, errors
     finally:
         cp.stop()

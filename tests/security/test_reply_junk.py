@@ -1,6 +1,9 @@
-"""A tenant names any reply subject and the server answers there: a PubAck or a JetStream API
-answer aimed at a stream's subject is stored in that stream. Each reader of such a stream skips
-the junk (and counts it where a count exists); no loop stops, no state is replaced."""
+"""A client of the plane's account names any reply subject and the server answers there: a
+PubAck or a JetStream API answer aimed at a stream's subject is stored in that stream. A tenant
+can no longer do it (its replies stay in its own account, ADR 027:
+tests/security/test_tenant_accounts.py); a node agent, still in the plane's account, can. Each
+reader of such a stream skips the junk (and counts it where a count exists); no loop stops, no
+state is replaced."""
 
 from __future__ import annotations
 
@@ -18,8 +21,8 @@ from bus.junk import junk_values
 from bus.leader import LeaderElection
 from bus.local.auth import AuthConfig, url_with_credentials
 from bus.local.server import NatsServer
-from bus.objects import ensure_tenant_buckets_sync, work_bucket
-from bus.replies import tenant_inbox
+from bus.objects import artifacts_bucket, ensure_tenant_buckets_sync, work_bucket
+from bus.replies import node_inbox, tenant_inbox
 from bus.runtime import BusRuntime
 from tests.security.conftest import service_url
 from workers.plane import ControlPlane
@@ -41,9 +44,19 @@ def made_plane(secured: tuple[NatsServer, AuthConfig]) -> Plane:
     return server, auth, url
 
 
+NODE = "gpu-7"  # the secured server's node: it shares the plane's account (ADR 027)
+
+
+async def _node(plane: Plane) -> Any:
+    server, auth, _ = plane
+    return await nats.connect(url_with_credentials(server.url, auth.nodes[NODE]),
+                              inbox_prefix=node_inbox(NODE).encode())
+
+
 def aim_live(plane: Plane, target: str, body: bytes, *, tenant: str = "alpha") -> None:
-    """As `tenant`, store `body` in its own bucket and have a direct get of it answered on
-    `target`: delivered to whoever listens there, the asker's body and headers, not stored."""
+    """As `tenant`, store `body` in its own bucket; as the node, have a direct get of it
+    answered on `target`: delivered to whoever listens there, the asker's body and headers,
+    not stored."""
     server, auth, _ = plane
 
     async def go() -> None:
@@ -53,22 +66,23 @@ def aim_live(plane: Plane, target: str, body: bytes, *, tenant: str = "alpha") -
         for _ in range(3):  # its sequence past the reader's: a stored message's is too
             await nc.jetstream().publish(chunk, body, stream=stream,
                                          headers={"Nats-Last-Sequence": "0"})
-        await nc.publish(f"$JS.API.DIRECT.GET.{stream}.{chunk}", b"", reply=target)
-        await nc.flush()
         await nc.close()
+        node = await _node(plane)
+        await node.publish(f"$JS.API.DIRECT.GET.{stream}.{chunk}", b"", reply=target)
+        await node.flush()
+        await node.close()
 
     asyncio.run(go())
 
 
 def aim(plane: Plane, target: str, *, how: str = "puback", tenant: str = "alpha") -> None:
-    """As `tenant`, have the server answer on `target`: a PubAck of a store in the tenant's own
-    bucket, or its bucket stream's info; waits until the answer is stored there."""
-    server, auth, url = plane
+    """As the node, have the server answer on `target`: a PubAck of a store in `tenant`'s
+    artifacts bucket, or that bucket stream's info; waits until the answer is stored there."""
+    _, _, url = plane
 
     async def go() -> None:
-        nc = await nats.connect(url_with_credentials(server.url, auth.tenants[tenant]),
-                                inbox_prefix=tenant_inbox(tenant).encode())
-        bucket = work_bucket(tenant)
+        nc = await _node(plane)
+        bucket = artifacts_bucket(tenant)
         svc = await nats.connect(url)
         try:
             stream = await _stream_of(svc, target)
