@@ -38,6 +38,7 @@ from bus.streams import (
     ensure_kv_bucket,
     ensure_stream,
     schedule_stream_config,
+    through_reloads,
 )
 from bus.subjects import AGENT_STREAM, SCHEDULE_STREAM, token
 from bus.telemetry import ensure_telemetry_stream
@@ -51,6 +52,7 @@ POSITIONS_BUCKET = "pool_positions"
 ARM_TIMEOUT_S = 30.0
 
 
+@through_reloads
 async def ensure_data_plane_streams(js: Any, *, replicas: int = 1) -> None:
     await ensure_stream(js, agent_stream_config(replicas=replicas))
     await ensure_stream(js, schedule_stream_config(replicas=replicas))
@@ -71,6 +73,17 @@ async def ensure_data_plane_streams(js: Any, *, replicas: int = 1) -> None:
 
 def agent_consumer_name(node_id: str) -> str:
     return f"agent-{token(node_id)}"
+
+
+@through_reloads
+async def ensure_agent_queue(js: Any, node_id: str) -> None:
+    """The durable consumer node `node_id`'s agent reads its commands from (kept if made)."""
+    try:
+        await js.add_consumer(AGENT_STREAM, ConsumerConfig(
+            durable_name=agent_consumer_name(node_id), ack_policy=AckPolicy.EXPLICIT,
+            filter_subject=f"pool.agent.{token(node_id)}.>", ack_wait=60, max_deliver=-1))
+    except BadRequestError:
+        pass
 
 
 def _rfc3339(at: float) -> str:
@@ -130,14 +143,7 @@ class ControlLink:
             return
 
         async def go() -> None:
-            js = await self.rt.jetstream()
-            try:
-                await js.add_consumer(AGENT_STREAM, ConsumerConfig(
-                    durable_name=name, filter_subject=f"pool.agent.{token(node_id)}.>",
-                    ack_policy=AckPolicy.EXPLICIT, ack_wait=60, max_deliver=-1,
-                ))
-            except BadRequestError:
-                pass
+            await ensure_agent_queue(await self.rt.jetstream(), node_id)
 
         self.rt.run(go())
         self._consumers.add(name)
@@ -479,14 +485,9 @@ class FleetLink(_Link):
             self._js = self._nc.jetstream()
             await ensure_data_plane_streams(self._js)
             for node in nodes:
-                name = agent_consumer_name(node)
-                try:
-                    await self._js.add_consumer(AGENT_STREAM, ConsumerConfig(
-                        durable_name=name, filter_subject=f"pool.agent.{token(node)}.>",
-                        ack_policy=AckPolicy.EXPLICIT, ack_wait=60, max_deliver=-1))
-                except BadRequestError:
-                    pass
-                self._subs[node] = await self._js.pull_subscribe_bind(name, AGENT_STREAM)
+                await ensure_agent_queue(self._js, node)
+                self._subs[node] = await through_reloads(self._js.pull_subscribe_bind)(
+                    agent_consumer_name(node), AGENT_STREAM)
 
         self._run(go(), 120)
         return self

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 
+import stamina
 from nats.js import JetStreamContext
 from nats.js.api import (
     DiscardPolicy,
@@ -15,7 +16,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
 from bus.subjects import (
     AGENT_STREAM,
@@ -97,6 +98,13 @@ def snapshot_stream_name(events_stream: str) -> str:
     """The snapshot stream beside event stream `events_stream`: POOL_SNAPSHOTS beside
     POOL_EVENTS, `<name>_SNAPSHOTS` beside any other (a test's own log)."""
     return SNAPSHOTS_STREAM if events_stream == EVENTS_STREAM else f"{events_stream}_SNAPSHOTS"
+
+
+# A reload that adds a tenant's account (ADR 027) wires every account's JetStream API again:
+# for a few milliseconds its requests find no responder (503, seen about once a reload). The
+# management calls made at a process's start, all idempotent, are tried again through it.
+through_reloads = stamina.retry(on=ServiceUnavailableError, attempts=20, timeout=10.0,
+                                wait_initial=0.02, wait_max=0.5)
 
 
 async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:

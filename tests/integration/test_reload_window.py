@@ -1,0 +1,52 @@
+"""A tenant added to a running server (ADR 027) costs the plane's account's JetStream API a few
+milliseconds without a responder at each reload: the management calls a process makes at its
+start go through that window (the demo's fleet once failed to start in it)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import nats
+
+from bus.agentbus import ensure_agent_queue
+from bus.local.auth import AuthConfig, url_with_credentials, write_server_include
+from bus.local.server import NatsServer
+from bus.streams import agent_stream_config, ensure_stream
+
+
+def test_agent_queues_are_made_through_reloads_that_add_tenants(tmp_path: Path) -> None:
+    auth = AuthConfig()
+    auth.add_tenant("alpha")
+    include = tmp_path / "nats" / "auth.conf"
+    include.parent.mkdir(parents=True)
+    write_server_include(auth, include)
+    with NatsServer(store_dir=tmp_path / "nats", server_name="pool-reloads",
+                    extra_config='include "auth.conf"') as server:
+
+        def grow() -> None:
+            for i in range(4):
+                time.sleep(0.3)
+                auth.add_tenant(f"t{i}")
+                server.reload(write_server_include(auth, include))
+
+        async def made_while_growing() -> int:
+            nc = await nats.connect(url_with_credentials(server.url, auth.service))
+            js: Any = nc.jetstream()
+            await ensure_stream(js, agent_stream_config())
+            grower = threading.Thread(target=grow)
+            grower.start()
+            made = 0
+            try:
+                while grower.is_alive():  # a 503 here would end the test with its error
+                    await ensure_agent_queue(js, f"n{made % 50}")
+                    made += 1
+            finally:
+                grower.join()
+                await nc.close()
+            return made
+
+        assert asyncio.run(made_while_growing()) > 100
