@@ -61,7 +61,8 @@ _SOURCES = ("domain", "workers/scheduler", "workers/pending.py", "workers/reserv
 
 class Folded(Protocol):
     """What the checkpoint reads and writes: a fold of the log with its position (the
-    scheduler, workers.scheduler.Folding; the dispatcher, workers.dispatcher.Dispatcher).
+    scheduler, workers.scheduler.Scheduler, or its fold; the dispatcher,
+    workers.dispatcher.Dispatcher).
 
     A fold may define `checkpoint_state()` (its state as a dict, or None while it is in the
     middle of something) and `restore_checkpoint(state)`; without them the checkpoint is every
