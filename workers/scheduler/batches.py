@@ -37,8 +37,7 @@ class BatchWriter:
         """A batch is in flight (a checkpoint waits for it)."""
         return self.inflight is not None
 
-    def save(self, aggs: list[Aggregate], report: CycleReport,
-             ends: dict[Any, tuple[int, int]] | None = None) -> bool:
+    def save(self, aggs: list[Aggregate], report: CycleReport) -> bool:
         """Save `aggs` now and wait for the acknowledgement (the sweep's changes)."""
         unique = list({a.id: a for a in aggs}.values())
         if not unique:
@@ -51,7 +50,6 @@ class BatchWriter:
         if not settled:  # planned on top of a refused batch: void, as `_commit_batch` does
             self._void(unique, [], report)
             return False
-        self._hint_ends(unique, ends)
         try:
             recordings = self.app.save(*unique)
             report.batches += 1
@@ -91,8 +89,7 @@ class BatchWriter:
             batch.append(acc)
         self._commit_batch(batch, placing, report, plan.ends)
 
-    def _hint_ends(self, aggs: list[Aggregate], ends: dict[Any, tuple[int, int]] | None
-                   ) -> None:
+    def _hint_ends(self, aggs: list[Aggregate], ends: dict[Any, tuple[int, int]]) -> None:
         """Tell the recorder where the subjects of the compact leases this save promoted end
         (their record kept it): past its bound of remembered subjects, a backlog's oldest
         requests were forgotten, and each batch was held up by a look-up of ~900 subjects."""
