@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from domain.lease import Lease, LeaseState
 from domain.node import Node
 from domain.policy import reasons as R
@@ -90,3 +92,24 @@ def test_a_fair_planner_gives_the_next_node_to_the_tenant_with_less() -> None:
     fold = _fold(*_pool(nodes=2), *leases)
     (plan,) = list(Planner().plan(fold, fold.pools["p"], NOW))
     assert {lease.tenant_id for lease in plan.reserved} == {"alpha", "beta"}
+
+
+def test_a_pass_yields_a_plan_each_time_one_fills_a_batch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers.scheduler import placing
+
+    monkeypatch.setattr(placing, "MAX_MESSAGES_PER_BATCH", 6)
+    leases = [_lease("alpha", f"a{i}", 1000, NOW - 20 + i) for i in range(12)]
+    fold = _fold(*_pool(nodes=4), *leases)
+    planned = Planner().plan(fold, fold.pools["p"], NOW)
+    plans = list(planned)
+    # each but the last closed by the placement that reached the limit (its lease, node and
+    # account events at most past it), as a batch is under JetStream's
+    assert len(plans) > 2 and all(6 <= p.messages < 6 + 3 for p in plans[:-1])
+    assert plans[-1].messages < 6 + 3
+    placed = [str(lease.id) for p in plans for lease in p.reserved]
+    assert sorted(placed) == sorted(str(x.id) for x in leases)  # each once, none lost
+    assert planned.waiting == 0
+    # each plan records its own nodes' placements: none is in two plans
+    for p in plans:
+        assert sum(len(v) for v in p.allocations.values()) == len(p.reserved)
