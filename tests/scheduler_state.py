@@ -62,16 +62,17 @@ def _key(k: Any) -> Any:
 def fold_of(scheduler: Any) -> dict[str, Any]:
     """Everything the scheduler's checkpoint holds, as plain data; its memory of aggregates
     compared lease by lease whether held whole or compactly."""
-    out = {k: plain(v) for k, v in vars(scheduler).items()
+    fold = scheduler.fold  # the scheduler's fold state (its other parts are not the fold)
+    out = {k: plain(v) for k, v in vars(fold).items()
            if k not in NOT_THE_FOLD and k not in ("aggregates", "_fold")}
     memory = scheduler.aggregates
     out["aggregates"] = {str(k): plain(v) for k, v in sorted(memory.items(), key=lambda kv: kv[0])}
     out["held_compactly"] = sorted(str(k) for k in memory.queued)
-    # the methods its pools hold are its own, never another scheduler's
+    # the methods its pools hold are its fold's own, never another scheduler's
     for ps in scheduler.pools.values():
         for part in vars(ps).values():
             for v in getattr(part, "__dict__", {}).values():
-                assert not inspect.ismethod(v) or v.__self__ is scheduler
+                assert not inspect.ismethod(v) or v.__self__ is fold
     return out
 
 

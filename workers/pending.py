@@ -147,6 +147,11 @@ class QueuedLease:
         return None if value is None else int(value)
 
     @property
+    def avoid_node(self) -> str | None:
+        """Never set on a lease held compactly: only a retry (a later event) names one."""
+        return None
+
+    @property
     def _workflow(self) -> dict[str, Any]:
         value = self.requested[_WORKFLOW_AT]
         return value if type(value) is dict else {}

@@ -18,8 +18,6 @@ from domain.resources import Resources
 from workers.application import WEIGHT_SCALE
 
 if TYPE_CHECKING:
-    from eventsourcing.domain import Aggregate
-
     from domain.policy.fairness import DecayedUsage, FairQueue
     from domain.pool import Pool
     from domain.quota import QuotaBook
@@ -42,18 +40,27 @@ class PoolState(Protocol):
     def table(self) -> Any: ...
 
 
-class Scheduler(Protocol):
-    """What of the scheduler the gate uses (workers.scheduler.Scheduler)."""
+class Held(Protocol):
+    """What of the scheduler's fold the gate reads (workers.scheduler.folding)."""
 
     aggregates: LeaseMemory
-    _usage: dict[str, tuple[str, Resources]]
-    _plans_left: int
+    usage: dict[str, tuple[str, Resources]]
 
-    def _hold_and_available(self, pool: Pool, tenant: str,
-                            lease: Lease | QueuedLease) -> tuple[int, int]: ...
 
-    def _notice_victims(self, ps: Any, plan: PreemptionPlan, now: float, report: Any, *,
-                        reason: str = ...) -> list[Lease]: ...
+class Planning(Protocol):
+    """What of the planner's pass over a pool the gate uses (workers.scheduler.placing)."""
+
+    @property
+    def state(self) -> Held: ...
+
+    def hold_and_available(self, pool: Pool, tenant: str,
+                           lease: Lease | QueuedLease) -> tuple[int, int]: ...
+
+    def take_plan_budget(self) -> bool: ...
+
+    def notice(self, ps: Any, plan: PreemptionPlan, now: float, *,
+               reason: str = ...) -> list[Lease]: ...
+
 
 _LEAVING = frozenset({LeaseState.PREEMPTING, LeaseState.STOPPING})
 
@@ -64,12 +71,12 @@ def may_be_victim(ps: PoolState, lease: Lease) -> bool:
             and ps.pool.config.class_preemptible(lease.priority_class))
 
 
-def quota_wait(s: Scheduler, ps: PoolState, req: PendingRequest, lease: Lease | QueuedLease,
-               now: float, batch: list[Aggregate], report: Any) -> dict[str, Any] | None:
+def quota_wait(s: Planning, ps: PoolState, req: PendingRequest, lease: Lease | QueuedLease,
+               now: float) -> dict[str, Any] | None:
     """None when the request fits its tenant's quota; else why it waits, naming whose
     borrowing blocks it, and credits too when it could not pay either. An owner asking only
-    for its own nominal quota has borrowers' leases noticed (reason `reclaiming_quota`,
-    added to `batch`), unless the cohort says never."""
+    for its own nominal quota has borrowers' leases noticed (reason `reclaiming_quota`, in
+    the pass's plan), unless the cohort says never."""
     assert ps.queue is not None
     usage = ps.queue.usages()
     res = req.shape.resources
@@ -77,7 +84,7 @@ def quota_wait(s: Scheduler, ps: PoolState, req: PendingRequest, lease: Lease | 
     if verdict.fits:
         return None
     why: dict[str, Any] = {"tenant": [R.QUOTA_EXCEEDED], "quota": verdict.to_dict()}
-    hold, available = s._hold_and_available(ps.pool, req.tenant, lease)
+    hold, available = s.hold_and_available(ps.pool, req.tenant, lease)
     if hold > available:  # both reasons apply: name both, and reclaim nothing for it
         why["tenant"].append(R.INSUFFICIENT_CREDITS)
         why.update(hold_microcredits=hold, available_microcredits=available)
@@ -86,17 +93,17 @@ def quota_wait(s: Scheduler, ps: PoolState, req: PendingRequest, lease: Lease | 
     cohort = ps.book.cohorts.get(quota.cohort or "")
     if not verdict.may_reclaim or cohort is None or cohort.reclaim == "never":
         return why
-    if s._plans_left <= 0:  # a scan of the cohort's leases is bounded per cycle, as plans are
+    # a scan of the cohort's leases is bounded per cycle, as preemption plans are
+    if not s.take_plan_budget():
         return why
-    s._plans_left -= 1
     members = {m.tenant for m in ps.book.members(cohort.name)} - {req.tenant}
     running: list[RunningLease] = []
     leaving: list[str] = []
     after = dict(usage)
-    for lid, (tenant, amount) in list(s._usage.items()):
+    for lid, (tenant, amount) in list(s.state.usage.items()):
         if tenant not in members:
             continue
-        other = s.aggregates.get(UUID(lid))
+        other = s.state.aggregates.get(UUID(lid))
         if not isinstance(other, Lease) or other.pool_id != ps.pool.pool_id:
             continue
         if other.state in _LEAVING:
@@ -128,20 +135,20 @@ def quota_wait(s: Scheduler, ps: PoolState, req: PendingRequest, lease: Lease | 
     else:
         return why  # borrowers it may not preempt hold the rest: wait for them to finish
     plan = PreemptionPlan("", tuple(chosen), sum(v.work_lost(now) for v in chosen))
-    noticed = s._notice_victims(ps, plan, now, report, reason=RECLAIMING_QUOTA)
-    batch += noticed
+    noticed = s.notice(ps, plan, now, reason=RECLAIMING_QUOTA)
     why["tenant"].append(R.WAITING_FOR_RECLAIM)
     why["reclaim"] = {"victims": sorted(leaving + [str(v.id) for v in noticed])}
     return why
 
 
-def restart_job(s: Scheduler, ps: PoolState, lease: Lease, node_id: str, now: float) -> bool:
+def restart_job(aggregates: LeaseMemory, ps: PoolState, lease: Lease, node_id: str,
+                now: float) -> bool:
     """Commit a just-reserved lease whose interrupted job restarts on its own, the pool's image
     policy checked again against the new node. False (left reserved for the tenant to commit
     or let lapse) when the policy now refuses the job."""
     job = lease.job
     assert job is not None
-    node = s.aggregates.get(Node.create_id(node_id))
+    node = aggregates.get(Node.create_id(node_id))
     try:
         ps.pool.admit_image(job.spec.image or None, signature=job.spec.image_signature,
                             size_bytes=job.spec.image_size_bytes, tenant=lease.tenant_id,

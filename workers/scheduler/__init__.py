@@ -2,7 +2,9 @@
 batch per cycle (docs/architecture.md#the-scheduler).
 """
 
+from workers.scheduler.folding import SchedulerFold
 from workers.scheduler.loop import Scheduler
+from workers.scheduler.planner import Plan, Planner
 from workers.scheduler.state import (
     ENDED_REMEMBERED,
     GC_THRESHOLDS,
@@ -23,7 +25,10 @@ __all__ = [
     "NOTIFICATION_PAGE",
     "CycleReport",
     "PendingPreemption",
+    "Plan",
+    "Planner",
     "PoolState",
     "Scheduler",
+    "SchedulerFold",
     "tune_gc",
 ]

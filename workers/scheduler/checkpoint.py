@@ -10,6 +10,7 @@ import copyreg
 import gc
 import hashlib
 import hmac
+import inspect
 import io
 import json
 import logging
@@ -45,7 +46,7 @@ TRANSIENT = frozenset({
     "_prefetch", "_read_timeout", "_holds", "_held", "_ends", "pages_read_ahead",
     "pages_read_ahead_unused", "checkpoints", "max_examined_per_cycle", "backfill",
     "max_preemption_plans_per_cycle", "_plans_left", "decisions",
-})
+})  # (the scheduler's fold, workers.scheduler.folding, has only some of them now)
 # what a checkpoint may be made of, by module: the fold's own types and plain data
 _MODULES = ("domain", "workers", "eventsourcing", "numpy", "collections", "datetime", "uuid",
             "decimal", "enum", "copyreg", "_codecs")
@@ -60,7 +61,8 @@ _SOURCES = ("domain", "workers/scheduler", "workers/pending.py", "workers/reserv
 
 class Folded(Protocol):
     """What the checkpoint reads and writes: a fold of the log with its position (the
-    scheduler, workers.scheduler.Folding; the dispatcher, workers.dispatcher.Dispatcher).
+    scheduler, workers.scheduler.Scheduler, or its fold; the dispatcher,
+    workers.dispatcher.Dispatcher).
 
     A fold may define `checkpoint_state()` (its state as a dict, or None while it is in the
     middle of something) and `restore_checkpoint(state)`; without them the checkpoint is every
@@ -132,12 +134,15 @@ def _parts(s: Any) -> list[Any]:
 
 
 def _bound_methods(s: Any) -> list[tuple[Any, str, str]]:
-    """(object, attribute, method name) for each method of `s` its pools' parts hold."""
+    """(object, attribute, method name) for each method its pools' parts hold that `s`
+    answers by that name (its own, or its fold's)."""
     return [(part, attr, value.__name__) for part in _parts(s)
-            for attr, value in vars(part).items() if getattr(value, "__self__", None) is s]
+            for attr, value in vars(part).items()
+            if inspect.ismethod(value) and getattr(s, value.__name__, None) == value]
 
 
-def _rebind(s: Any) -> None:
+def rebind(s: Any) -> None:
+    """The methods a restored checkpoint's pools held, bound again to `s` by name."""
     for part in _parts(s):
         for attr, value in list(vars(part).items()):
             if isinstance(value, _Bound):
@@ -230,7 +235,7 @@ class Checkpointer:
         else:
             for name, value in state.items():
                 setattr(s, name, value)
-            _rebind(s)
+            rebind(s)
         # the fold is long-lived: out of the cyclic collector's sight, as after a replay
         gc.freeze()
         self.restored_at = self.last_position = s.position

@@ -1,4 +1,5 @@
-"""The scheduler's fold of the log into memory (pools, nodes, leases, the queue)."""
+"""The scheduler's fold state: the log read and folded into pools, nodes, leases and the
+queue (what the planner plans on)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import concurrent.futures
 import contextlib
 import gc
 import heapq
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,31 +21,33 @@ from domain.fold import Fold
 from domain.lease import Lease, LeaseState
 from domain.node import Node
 from domain.policy import reasons as R
+from domain.policy.backfill import LeaseEnd, lease_end_estimate
 from domain.policy.fairness import PendingRequest
 from domain.pool import Pool, TenantPolicy
 from domain.reservation import CapacityReservation
-from domain.resources import LeaseId, Resources
+from domain.resources import Resources
 from workers.pending import LeaseMemory, QueuedLease
 from workers.quotas import remember_usage
 from workers.reservations import Windows
-from workers.scheduler.checkpoint import Checkpointer
+from workers.scheduler.checkpoint import TRANSIENT, Checkpointer, rebind
 from workers.scheduler.decisions import DecisionRecorder
 from workers.scheduler.state import (
     DEADLINES_SLACK,
     ENDED_REMEMBERED,
     LONG_LIVED_FOLD,
     NOTIFICATION_PAGE,
-    InFlight,
     PendingPreemption,
     PoolState,
 )
 
 
-class Folding:
-    """The scheduler's memory: the log folded into pools, nodes, leases and the fair queue."""
+class SchedulerFold:
+    """The scheduler's fold state: the log folded into pools, nodes, leases and the fair queue.
 
+    `app` is where the log is read (`catch_up`); None: a fold fed by `apply` alone, as a
+    simulator or a test builds one in memory."""
 
-    def __init__(self, app: Any, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, app: Any = None, *, clock: Callable[[], float] = time.time) -> None:
         self.app = app
         self.clock = clock
         self.position = 0
@@ -54,7 +56,7 @@ class Folding:
         self.aggregates = LeaseMemory()
         self._fold = Fold(self.aggregates)
         # the last ended leases, kept only to answer `why` about them
-        self._ended: collections.OrderedDict[str, tuple[str, dict[str, Any]]] = (
+        self.ended: collections.OrderedDict[str, tuple[str, dict[str, Any]]] = (
             collections.OrderedDict())
         # which pools this scheduler places and sweeps (workers.pool_leaders: those it leads)
         self.leads: Callable[[str], bool] = lambda _pool_id: True
@@ -67,50 +69,31 @@ class Folding:
         # (due_at, lease_id) for reservations and running leases: the deadline sweep. An
         # ended lease's entries are dropped by `_compact_deadlines` once the heap has doubled
         # since the last compaction, so it stays within twice the live leases' entries
-        self._deadlines: list[tuple[float, str]] = []
-        self._deadlines_kept = 0  # its size after the last compaction
-        self._usage: dict[str, tuple[str, Resources]] = {}  # lease -> (tenant, resources)
+        self.deadlines: list[tuple[float, str]] = []
+        self.deadlines_kept = 0  # its size after the last compaction
+        self.usage: dict[str, tuple[str, Resources]] = {}  # lease -> (tenant, resources)
         # array (`max_running`) -> its leases holding capacity: the throttle's count
-        self._array_holding: dict[str, set[str]] = {}
+        self.array_holding: dict[str, set[str]] = {}
         # requester lease -> the preemption started for it; one at a time per request
-        self._preempting_for: dict[str, PendingPreemption] = {}
-        self.max_examined_per_cycle = 5000
-        # EASY backfill (domain.policy.backfill): off, a later request may take capacity a
-        # blocked wide one is gathering; waiting requests get a position and a start estimate
-        # either way
-        self.backfill = True
+        self.preempting_for: dict[str, PendingPreemption] = {}
         # advance reservations and maintenance windows, kept out of others' placements
         self.windows = Windows()
-        # planning a preemption walks every busy node's leases: bound that work per cycle
-        self.max_preemption_plans_per_cycle = 32
-        self._plans_left = 0
-        self._lock = threading.RLock()
-        # placements of the batch being built: (lease, reserved at, ns) for their `place` spans
-        self._placing: list[tuple[Lease, int]] = []
-        # the batch whose acknowledgement is awaited while the next one is planned
-        self._inflight: InFlight | None = None
         # (first, last) notification ids of our acknowledged batches not yet passed by
         # catch_up, in log order: catch_up steps over them instead of reading them back
         self._own: collections.deque[tuple[int, int]] = collections.deque()
         # the mapper's to_domain_event, without its walk over the whole decoded state where
         # the stored event holds just one transcoded value (its timestamp); anything else
         # goes through the mapper
-        self._decode = EventDecoder(app.mapper)
+        self._decode = EventDecoder(app.mapper) if app is not None else None
         self._read_ahead: concurrent.futures.ThreadPoolExecutor | None = None
         # bus.jetstream's read-ahead pages, told to remember every subject they pass (as
         # direct gets do), so that writing to an aggregate only read needs no look-up first
-        self._prefetch = getattr(app.recorder, "prefetch", None)
+        self._prefetch = getattr(app.recorder, "prefetch", None) if app is not None else None
         if self._prefetch is not None:
             app.recorder.remember_subjects_read = True
         # a read that does not finish fails the cycle (the run loop logs it and goes on)
-        self._read_timeout = float(getattr(app.recorder, "timeout", 10.0)) + 20.0
-        # the credit holds of the batch being built, per tenant, recorded when it closes:
-        # (transfer id, lease, amount) each, and their sum
-        self._holds: dict[str, list[tuple[str, LeaseId, int]]] = {}
-        self._held: dict[str, int] = {}
-        # compact leases promoted for the batch being planned: (version, sequence) of their
-        # last event, handed to the recorder with the save (`Batching._hint_ends`)
-        self._ends: dict[UUID, tuple[int, int]] = {}
+        self._read_timeout = (float(getattr(app.recorder, "timeout", 10.0)) + 20.0
+                              if app is not None else 30.0)
         # the last catch-up stopped at a read-ahead page that was short, without an empty
         # page to say the log held no more: the next cycle follows without waiting
         self.maybe_behind = False
@@ -145,6 +128,8 @@ class Folding:
         self.maybe_behind = False
         own = self._own
         decode = self._decode
+        if decode is None:  # a fold built in memory: nothing to read
+            return 0
         # the next page, asked for while this one is folded: the server and the bus thread
         # read it in the meantime (a catch-up spent a third of its time waiting for reads)
         ahead: tuple[int, int, concurrent.futures.Future[Any]] | None = None
@@ -206,6 +191,33 @@ class Folding:
             position = max(position, last)
         return position + 1, NOTIFICATION_PAGE
 
+    def saved(self, ids: list[int]) -> None:
+        """Remember where an acknowledged batch of ours sits in the log (an atomic batch is
+        contiguous; anything else is simply read back as before): catch-up steps over it."""
+        if (ids and ids[-1] - ids[0] + 1 == len(ids) and ids[0] > self.position
+                and (not self._own or self._own[-1][1] < ids[0])):
+            self._own.append((ids[0], ids[-1]))
+
+    def checkpoint_state(self) -> dict[str, Any] | None:
+        """The fold as a checkpoint holds it: every attribute but the reading machinery and
+        the settings given by whoever made it (None before anything was folded)."""
+        if not self.position:
+            return None
+        return {k: v for k, v in vars(self).items() if k not in TRANSIENT}
+
+    def restore_checkpoint(self, state: dict[str, Any]) -> None:
+        """Take a checkpoint's fold (`checkpoint_state` of another process)."""
+        for name, value in state.items():
+            setattr(self, name, value)
+        rebind(self)
+
+    def lease_end(self, lease_id: str) -> LeaseEnd | None:
+        """A lease holding capacity: its amount and estimated end (what backfill asks)."""
+        lease = self.aggregates.get(UUID(lease_id))
+        if not isinstance(lease, Lease):
+            return None
+        return lease.resources, lease_end_estimate(lease)
+
     def close(self) -> None:
         """Stop the read-ahead thread, if any (not waiting for a cycle in progress: that ends
         on its own, its reads failing once the bus is closed)."""
@@ -235,14 +247,14 @@ class Folding:
         if compact is not False:  # a request, or its queueing: held compactly
             if isinstance(compact, QueuedLease):
                 compact.end = end
-                self._queue(compact)
+                self.enqueue(compact)
             return
         agg = self._fold.step(event)
         if agg is None:
             return  # our own write coming back, already applied in memory
-        self._index(agg)
+        self.index(agg)
 
-    def _index(self, agg: Aggregate) -> None:
+    def index(self, agg: Aggregate) -> None:
         if isinstance(agg, Pool):
             ps = self.pools.get(agg.pool_id)
             if ps is None:
@@ -296,27 +308,27 @@ class Folding:
         ps = self.pools.get(lease.pool_id)
         if ps is None or ps.queue is None:
             if lease.is_terminal:
-                self._forget(lease)
+                self.forget(lease)
             return
         lid = str(lease.id)
-        self._track(ps, lease)
+        self.track(ps, lease)
         if lease.state is LeaseState.QUEUED:
-            self._queue(lease)
+            self.enqueue(lease)
             return
         if lid in ps.queue:
             ps.queue.remove(lid)
         if lease.is_terminal:
-            self._forget(lease)
+            self.forget(lease)
             return
         self.reasons.pop(lid, None)
         if self.decisions is not None:
             self.decisions.forget(lid)
-        self._preempting_for.pop(lid, None)
+        self.preempting_for.pop(lid, None)
         due = lease.next_due_at()
         if due is not None:
-            heapq.heappush(self._deadlines, (due, lid))
+            heapq.heappush(self.deadlines, (due, lid))
 
-    def _queue(self, lease: Lease | QueuedLease) -> None:
+    def enqueue(self, lease: Lease | QueuedLease) -> None:
         """Put a queued lease in its pool's fair queue (once)."""
         if isinstance(lease, Lease):
             self.aggregates.compact(lease)  # e.g. re-read after a refused save
@@ -334,7 +346,7 @@ class Folding:
             seq=self._seq,
         ))
 
-    def _forget(self, lease: Lease) -> None:
+    def forget(self, lease: Lease) -> None:
         """An ended lease leaves memory (a preempted one stays: it may be requeued); its
         state and reasons are kept a while for `why`."""
         if lease.state is LeaseState.PREEMPTED:
@@ -345,22 +357,23 @@ class Folding:
             self.decisions.forget(lid)
         if reasons is None and lease.state is LeaseState.REJECTED:
             reasons = {"rejection_code": lease.rejection_code}
-        self._ended[lid] = (lease.tenant_id, {"lease_id": lid, "state": str(lease.state),
+        self.ended[lid] = (lease.tenant_id, {"lease_id": lid, "state": str(lease.state),
                                               "reasons": reasons or {}})
-        if len(self._ended) > ENDED_REMEMBERED:
-            self._ended.popitem(last=False)
-        self._preempting_for.pop(lid, None)
+        if len(self.ended) > ENDED_REMEMBERED:
+            self.ended.popitem(last=False)
+        self.preempting_for.pop(lid, None)
         self.aggregates.pop(lease.id, None)
         # nor does the application's cache of it (a re-read after a refused batch put it
         # there) or the recorder's memory of where its subject ends
-        cache = self.app.repository.cache
-        if cache is not None:
-            with contextlib.suppress(KeyError):
-                cache.get(lease.id, evict=True)
-        forget = getattr(self.app.recorder, "forget", None)
-        if forget is not None:
-            forget(lease.id)
-        if len(self._deadlines) > 2 * self._deadlines_kept + DEADLINES_SLACK:
+        if self.app is not None:
+            cache = self.app.repository.cache
+            if cache is not None:
+                with contextlib.suppress(KeyError):
+                    cache.get(lease.id, evict=True)
+            forget = getattr(self.app.recorder, "forget", None)
+            if forget is not None:
+                forget(lease.id)
+        if len(self.deadlines) > 2 * self.deadlines_kept + DEADLINES_SLACK:
             self._compact_deadlines()
 
     def _compact_deadlines(self) -> None:
@@ -369,41 +382,41 @@ class Folding:
         as long as a commit timeout or a maximum runtime. Amortised: it runs only once the heap
         has doubled since the last time."""
         held = self.aggregates
-        live = {(due, lid) for due, lid in self._deadlines if UUID(lid) in held}
-        self._deadlines = list(live)
-        heapq.heapify(self._deadlines)
-        self._deadlines_kept = len(self._deadlines)
+        live = {(due, lid) for due, lid in self.deadlines if UUID(lid) in held}
+        self.deadlines = list(live)
+        heapq.heapify(self.deadlines)
+        self.deadlines_kept = len(self.deadlines)
 
-    def _throttled(self, array: str, lease: Lease | QueuedLease) -> dict[str, Any] | None:
+    def throttled(self, array: str, lease: Lease | QueuedLease) -> dict[str, Any] | None:
         """Why a lease of a throttled array waits: `max_running` of it hold capacity already;
         None when it may be placed."""
         limit = lease.max_running
-        holding = self._array_holding.get(array)
+        holding = self.array_holding.get(array)
         if limit is None or holding is None or len(holding) < limit:
             return None
         return {"tenant": [R.ARRAY_THROTTLED], "max_running": limit, "array_id": array}
 
-    def _track(self, ps: PoolState, lease: Lease) -> None:
+    def track(self, ps: PoolState, lease: Lease) -> None:
         """Keep each tenant's usage (the DRF numerator) = its capacity-holding leases, and
         each throttled array's leases that hold capacity."""
         self.windows.track(lease)
         lid = str(lease.id)
         if lease.array_id is not None:
-            holding = self._array_holding.setdefault(lease.array_id, set())
+            holding = self.array_holding.setdefault(lease.array_id, set())
             if lease.holds_capacity:
                 holding.add(lid)
             else:
                 holding.discard(lid)
                 if not holding:
-                    del self._array_holding[lease.array_id]
-        tracked = self._usage.get(lid)
+                    del self.array_holding[lease.array_id]
+        tracked = self.usage.get(lid)
         holds = lease.holds_capacity
         assert ps.queue is not None
         if holds and tracked is None:
-            self._usage[lid] = (lease.tenant_id, lease.resources)
+            self.usage[lid] = (lease.tenant_id, lease.resources)
             ps.queue.add_usage(lease.tenant_id, lease.resources)
         elif not holds and tracked is not None:
-            del self._usage[lid]
+            del self.usage[lid]
             ps.queue.released(tracked[0], tracked[1])
         else:
             return

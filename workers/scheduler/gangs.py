@@ -1,69 +1,89 @@
-"""The scheduler's gangs: every member of a gang reserved in one atomic batch, or none."""
+"""The planner's gangs: every member of a gang reserved in one plan (one atomic batch), or
+none."""
 
 from __future__ import annotations
 
 import dataclasses
 import heapq
-import time
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID
 
-from eventsourcing.domain import Aggregate
-
 from domain.account import Account
-from domain.errors import DomainError
-from domain.gang import GANG_MEMBER_LOST, GangMembership
+from domain.gang import GangMembership
 from domain.lease import Lease, LeaseState
-from domain.node import Node
 from domain.policy import reasons as R
 from domain.policy.backfill import Backfill, placed_end_estimate
 from domain.policy.fairness import PendingRequest
 from domain.policy.gang import Candidate, MemberPlacement, place_gang, place_members
-from domain.policy.preemption import choose_victims
+from domain.policy.preemption import PreemptionPlan, choose_victims
+from domain.pool import Pool
 from domain.reservation import Withheld
 from domain.resources import ZERO, LeaseId, NodeId, Resources, Shape
-from domain.topology import topology_of
 from workers.pending import QueuedLease
 from workers.quotas import quota_wait
-from workers.scheduler.batches import Batching
+from workers.scheduler.plan import (
+    Plan,
+    PlanState,
+    Settings,
+    add_hold,
+    devices_for,
+    topology,
+    whole,
+)
+from workers.scheduler.preemption import Preemption
 from workers.scheduler.state import (
     LEAVING,
-    MAX_MESSAGES_PER_BATCH,
-    CycleReport,
     PendingPreemption,
-    Placed,
     PoolState,
     allowed_trust,
     class_rank,
-    node_uuid,
 )
+
+
+class Pass(Protocol):
+    """What of the planner's pass over a pool a gang's placement uses (PoolPass)."""
+
+    planner: Settings
+    state: PlanState
+    ps: PoolState
+    now: float
+    plan: Plan
+    unplaced: list[PendingRequest]
+    preemption: Preemption
+
+    def hold_and_available(self, pool: Pool, tenant: str,
+                           lease: Lease | QueuedLease) -> tuple[int, int]: ...
+
+    def take_plan_budget(self) -> bool: ...
+
+    def notice(self, ps: PoolState, plan: PreemptionPlan, now: float, *,
+               reason: str = ...) -> list[Lease]: ...
 
 Member = Lease | QueuedLease
 GANG_BROKEN = "gang_broken"
 GANG_MEMBERS_LEAVING = "gang_members_leaving"
 
 
-class Ganging(Batching):
+class Gangs:
     """A gang is placed when the fair queue reaches any of its members: all of them at once
-    (the others leave the queue with it), in one batch, or all wait with one reason."""
+    (the others leave the queue with it), in one plan, or all wait with one reason. One per
+    pool pass (`p`)."""
 
-    def _place_gang(self, ps: PoolState, req: PendingRequest, lease: Member,
-                    gang: GangMembership, now: float, batch: list[Aggregate],
-                    allocs: dict[str, list[Placed]], report: CycleReport,
-                    unplaced: list[PendingRequest]) -> list[Aggregate]:
-        """Place `req`'s whole gang, reject it whole, or leave every member waiting; returns
-        the batch to go on with (a new one when this gang needed the room of a fresh one)."""
+    def __init__(self, p: Pass) -> None:
+        self.p = p
+        self.state = p.state
+        self._topology = topology(p.state)
+
+    def place(self, req: PendingRequest, lease: Member, gang: GangMembership) -> None:
+        """Place `req`'s whole gang, reject it whole, or leave every member waiting (the pass
+        gave it a plan with room for every member's lease, node and account event)."""
+        p = self.p
+        ps, now, plan, unplaced = p.ps, p.now, p.plan, p.unplaced
         members, waiting = self._gather_gang(ps, req, lease, gang)
-        # room for every member's lease, node and account event in one batch: close this one
-        # first when the gang would not fit in what is left of it
-        if (len(batch) + len(allocs) + len(self._holds) + 2 * gang.size + 1
-                >= MAX_MESSAGES_PER_BATCH):
-            self._close_batch(batch, allocs, now, report)
-            batch = []
         queued = [m for m in members if m is not None and m.state is LeaseState.QUEUED]
         if len(queued) < gang.size:
-            self._gang_incomplete(gang, members, queued, waiting, now, batch, report, unplaced)
-            return batch
+            self._gang_incomplete(gang, members, queued, waiting, now, plan, unplaced)
+            return
         pool = ps.pool
         allowed = allowed_trust(pool, queued[0].requested_shape.runtime, req.tenant)
         shapes = [m.requested_shape for m in queued]
@@ -71,25 +91,24 @@ class Ganging(Batching):
         if ps.book.limited(req.tenant):
             whole_req = dataclasses.replace(
                 req, shape=dataclasses.replace(req.shape, resources=total))
-            why_quota = quota_wait(self, ps, whole_req, lease, now, batch, report)
+            why_quota = quota_wait(p, ps, whole_req, lease, now)
             if why_quota is not None:
                 self._gang_waits(waiting, why_quota, unplaced)
-                return batch
+                return
         blocked = ps.gang_holds.blocked(now, except_for=gang.gang_id)
         blocked |= self._kept_from(ps, gang, lease, shapes, now)
         decision = place_members(gang.spec(), shapes, ps.table, self._topology,
                                  packing=pool.config.packing, allowed_trust_levels=allowed,
                                  blocked=blocked)
         if decision.never_fits:
-            self._reject_gang(ps, queued, decision, now, batch, report)
+            self._reject_gang(ps, queued, decision, now, plan)
         elif not decision.placed:
             why = self._gang_capacity_wait(ps, req, gang, shapes, total, allowed, blocked,
-                                           decision, now, batch, report)
+                                           decision, now, plan)
             self._gang_waits(waiting, why, unplaced)
         else:
-            self._reserve_gang(ps, req, gang, queued, decision.nodes, now, batch, allocs,
-                               report, waiting, unplaced)
-        return batch
+            self._reserve_gang(ps, req, gang, queued, decision.nodes, now, plan, waiting,
+                               unplaced)
 
     def _gather_gang(self, ps: PoolState, req: PendingRequest, lease: Member,
                      gang: GangMembership) -> tuple[list[Member | None], list[PendingRequest]]:
@@ -100,7 +119,7 @@ class Ganging(Batching):
         ids = gang.member_ids(lease.tenant_id)
         members: list[Member | None] = []
         for uid in ids:
-            got = self.aggregates.peek(uid)
+            got = self.state.aggregates.peek(uid)
             members.append(got if isinstance(got, (Lease, QueuedLease)) else None)
         waiting = [req]
         for uid in ids:
@@ -113,8 +132,7 @@ class Ganging(Batching):
 
     def _gang_incomplete(self, gang: GangMembership, members: list[Member | None],
                          queued: list[Member], waiting: list[PendingRequest], now: float,
-                         batch: list[Aggregate], report: CycleReport,
-                         unplaced: list[PendingRequest]) -> None:
+                         plan: Plan, unplaced: list[PendingRequest]) -> None:
         """A gang with members not queued: rejected whole when one ended on its own (it can
         never be whole again), else it waits for those still leaving an earlier placement."""
         # ended members have left memory (None) or are terminal
@@ -123,41 +141,40 @@ class Ganging(Batching):
             why = f"{GANG_BROKEN}: {gang.size - len(queued) - between} of {gang.size} " \
                   "member(s) ended"
             for m in queued:
-                whole = self._promoted(m)
-                whole.reject(now, GANG_BROKEN, [why])
-                self.reasons[str(m.id)] = {"gang": why, "never_satisfiable": True}
-                batch.append(whole)
-                report.rejected += 1
+                got = whole(self.state, plan, m)
+                got.reject(now, GANG_BROKEN, [why])
+                self._reason(plan, str(m.id), {"gang": why, "never_satisfiable": True})
+                plan.aggregates.append(got)
+                plan.rejected.append(str(m.id))
             return
         why = (f"{GANG_MEMBERS_LEAVING}: {gang.size - len(queued)} of {gang.size} member(s) "
                "still hold an earlier placement")
         self._gang_waits(waiting, {"tenant": [R.WAITING_FOR_CAPACITY], "gang": why}, unplaced)
 
     def _reject_gang(self, ps: PoolState, queued: list[Member], decision: MemberPlacement,
-                     now: float, batch: list[Aggregate], report: CycleReport) -> None:
+                     now: float, plan: Plan) -> None:
         """A gang no nodes of the pool could ever take together: every member rejected."""
         never = {"gang": decision.reason, "filters": decision.filters,
                  "nodes_total": len(ps.table), "never_satisfiable": True}
         for m in queued:
-            whole = self._promoted(m)
-            whole.reject(now, "unschedulable", sorted({*decision.filters,
-                                                       str(decision.reason)}))
-            self.reasons[str(m.id)] = dict(never)
-            batch.append(whole)
-            report.rejected += 1
+            got = whole(self.state, plan, m)
+            got.reject(now, "unschedulable", sorted({*decision.filters, str(decision.reason)}))
+            self._reason(plan, str(m.id), dict(never))
+            plan.aggregates.append(got)
+            plan.rejected.append(str(m.id))
 
     def _gang_capacity_wait(self, ps: PoolState, req: PendingRequest, gang: GangMembership,
                             shapes: list[Shape], total: Resources,
                             allowed: tuple[str, ...] | None, blocked: set[str],
-                            decision: MemberPlacement, now: float, batch: list[Aggregate],
-                            report: CycleReport) -> dict[str, Any]:
+                            decision: MemberPlacement, now: float, plan: Plan
+                            ) -> dict[str, Any]:
         """Why a gang that fits no nodes together now waits; victims may be noticed on its
-        behalf (added to `batch`), and its best nodes held for it (the starvation guard)."""
+        behalf (added to `plan`), and its best nodes held for it (the starvation guard)."""
         waits: dict[str, Any] = {
             "tenant": [R.WAITING_FOR_CAPACITY], "gang": decision.reason,
             "filters": decision.filters, "nodes_total": len(ps.table)}
         preempting = self._gang_preemption(ps, req, gang, shapes, total, allowed, blocked,
-                                           now, batch, report)
+                                           now, plan)
         if preempting is not None:
             waits["tenant"] = [R.WAITING_FOR_PREEMPTION]
             waits["preemption"] = preempting
@@ -167,17 +184,15 @@ class Ganging(Batching):
         return waits
 
     def _reserve_gang(self, ps: PoolState, req: PendingRequest, gang: GangMembership,
-                      queued: list[Member], nodes: tuple[str, ...], now: float,
-                      batch: list[Aggregate], allocs: dict[str, list[Placed]],
-                      report: CycleReport, waiting: list[PendingRequest],
-                      unplaced: list[PendingRequest]) -> None:
+                      queued: list[Member], nodes: tuple[str, ...], now: float, plan: Plan,
+                      waiting: list[PendingRequest], unplaced: list[PendingRequest]) -> None:
         """Every member reserved on its node, once the tenant can pay for all of them and
         each node has its member's GPU devices; else all of them wait. Its hold ends."""
         pool = ps.pool
         holds = [pool.hold_for(m.requested_shape, m.maximum_runtime_seconds)
                  for m in queued]
-        acc = self.aggregates.get(_account_id(req.tenant))
-        available = (acc.available - self._held.get(req.tenant, 0)
+        acc = self.state.aggregates.get(_account_id(req.tenant))
+        available = (acc.available - plan.held.get(req.tenant, 0)
                      if isinstance(acc, Account) else 0)
         if sum(holds) > available:
             self._gang_waits(waiting, {"tenant": [R.INSUFFICIENT_CREDITS],
@@ -186,7 +201,7 @@ class Ganging(Batching):
             return
         devices: list[tuple[str, ...]] = []
         for m, node_id in zip(queued, nodes, strict=True):
-            got = self._devices_for(node_id, m.requested_shape, allocs)
+            got = devices_for(self.state, plan, node_id, m.requested_shape)
             if got is None:
                 self._gang_waits(waiting, {"tenant": [R.WAITING_FOR_CAPACITY],
                                            "devices": f"too few free GPU devices of node "
@@ -194,51 +209,53 @@ class Ganging(Batching):
                 return
             devices.append(got)
         for m, node_id, hold, devs in zip(queued, nodes, holds, devices, strict=True):
-            self._reserve_member(ps, m, node_id, hold, devs, now, batch, allocs, report)
+            self._reserve_member(ps, m, node_id, hold, devs, now, plan)
         ps.gang_holds.release(gang.gang_id)
         ps.gang_hold_need.pop(gang.gang_id, None)
 
     def _gang_preemption(self, ps: PoolState, req: PendingRequest, gang: GangMembership,
                          shapes: list[Shape], total: Resources,
                          allowed: tuple[str, ...] | None, blocked: set[str], now: float,
-                         batch: list[Aggregate], report: CycleReport) -> dict[str, Any] | None:
+                         plan: Plan) -> dict[str, Any] | None:
         """Preemption on a waiting gang's behalf, when the pool allows it: the busy nodes
         whose running leases the policy would give up for one member (as for a lone request:
         lower classes, or tenants over their share), counted as fitting beside the free ones;
         if the gang policy then finds it nodes, the victims on those nodes are noticed (added
-        to `batch`) and the gang waits for them. One plan at a time per gang; returns where it
+        to `plan`) and the gang waits for them. One plan at a time per gang; returns where it
         stands, for `why`, or None."""
         prem = ps.pool.config.preemption
         if not prem.enabled:
             return None
-        pending = self._preempting_for.get(gang.gang_id)
+        pending = self.state.preempting_for.get(gang.gang_id)
         if pending is not None:
             leaving = [v for v in pending.victims
-                       if isinstance(vl := self.aggregates.get(UUID(v)), Lease)
+                       if isinstance(vl := self.state.aggregates.get(UUID(v)), Lease)
                        and vl.state in LEAVING]
             if leaving:
                 return {"node_id": pending.node_id, "victims": list(pending.victims)}
-            del self._preempting_for[gang.gang_id]
-        if self._plans_left <= 0:
+            del self.state.preempting_for[gang.gang_id]
+        planner = self.p.planner
+        if planner.plans_left <= 0:
             return None
-        self._plans_left -= 1
+        planner.plans_left -= 1
         shape = max(shapes, key=lambda sh: (sh.resources.gpu_count, sh.resources.cpu_millis,
                                             sh.resources.memory_mib))
         fr = ps.table.filter(shape, allowed_trust_levels=allowed)
         busy = [c for i in fr.busy
                 if (nid := ps.table.node_id_at(int(i))) not in blocked
-                and (c := self._candidate(ps, nid)).leases]
+                and (c := self.p.preemption.candidate(ps, nid)).leases]
         if not busy:
             return None
-        whole = dataclasses.replace(req, shape=dataclasses.replace(req.shape, resources=total))
-        over = self._tenants_over_share(ps, whole, busy)
+        whole_req = dataclasses.replace(
+            req, shape=dataclasses.replace(req.shape, resources=total))
+        over = self.p.preemption.tenants_over_share(ps, whole_req, busy)
         rank = class_rank(ps.pool, req.priority_class)
         plans = {}
         for c in busy:
-            plan = choose_victims(shape, [c], rank, over, prem.min_runtime_seconds, now,
-                                  requester_tenant=req.tenant)
-            if plan is not None and plan.victims:
-                plans[c.node_id] = plan
+            chosen = choose_victims(shape, [c], rank, over, prem.min_runtime_seconds, now,
+                                    requester_tenant=req.tenant)
+            if chosen is not None and chosen.victims:
+                plans[c.node_id] = chosen
         if not plans:
             return None
         free = [ps.table.node_id_at(int(i)) for i in fr.eligible]
@@ -251,13 +268,13 @@ class Ganging(Batching):
         noticed: list[Lease] = []
         for node_id in decision.nodes:
             if node_id in plans:
-                noticed += self._notice_victims(ps, plans[node_id], now, report)
+                noticed += self.p.preemption.notice(ps, plans[node_id], now, plan)
         if not noticed:
             return None
-        batch += noticed
+        plan.aggregates += noticed
         nodes = sorted({str(v.node_id) for v in noticed})
         pending = PendingPreemption(",".join(nodes), tuple(str(v.id) for v in noticed))
-        self._preempting_for[gang.gang_id] = pending
+        self.state.preempting_for[gang.gang_id] = pending
         return {"node_id": pending.node_id, "victims": list(pending.victims)}
 
     def _kept_from(self, ps: PoolState, gang: GangMembership, lease: Member,
@@ -278,7 +295,7 @@ class Ganging(Batching):
         end = placed_end_estimate(now, cfg.commit_timeout_seconds,
                                   lease.maximum_runtime_seconds)
         own = (f"gang:{gang.gang_id}" if gang.gang_id in ps.gang_holds.holds
-               else self.windows.usable(ps.pool.pool_id, lease, now))
+               else self.state.windows.usable(ps.pool.pool_id, lease, now))
         return {n for n in nodes if not bf.admits(n, need, end, window=own, heads=False)}
 
     def _gang_hold(self, ps: PoolState, gang: GangMembership, nodes: tuple[str, ...],
@@ -297,97 +314,36 @@ class Ganging(Batching):
         since, held = holds.holds[gang.gang_id]
         return {"nodes": sorted(held), "until": since + holds.max_hold_seconds}
 
-    def _hold_for_gangs(self, ps: PoolState, bf: Backfill, now: float) -> None:
-        """At a cycle's start: drop the holds of gangs no longer queued (placed, cancelled,
-        rejected) or past their time, and give backfill what the rest keep on each node, so
-        lone placements stay out of it as they stay out of a maintenance window."""
-        holds = ps.gang_holds
-        if not holds.holds:
-            return
-        assert ps.queue is not None
-        for gang_id in list(holds.holds):
-            if gang_id not in ps.queue:  # the lead's lease id is the gang's id
-                holds.release(gang_id)
-        holds.blocked(now)  # lets holds past their time lapse
-        for gang_id in list(ps.gang_hold_need):
-            if gang_id not in holds.holds:
-                del ps.gang_hold_need[gang_id]
-        bf.withhold_also(
-            Withheld(reservation_id=f"gang:{gang_id}", node_id=node_id, start_at=now,
-                     resources=ps.gang_hold_need[gang_id],
-                     end_at=since + holds.max_hold_seconds)
-            for gang_id, (since, nodes) in holds.holds.items()
-            if gang_id in ps.gang_hold_need
-            for node_id in sorted(nodes) if node_id in ps.table)
-
     def _reserve_member(self, ps: PoolState, member: Member, node_id: str, hold: int,
-                        devices: tuple[str, ...], now: float, batch: list[Aggregate],
-                        allocs: dict[str, list[Placed]], report: CycleReport) -> None:
+                        devices: tuple[str, ...], now: float, plan: Plan) -> None:
         """One member reserved on its node, as a lone placement is (no job restarts on its
         own: a gang's jobs start on the holder's commit, which tells each its peers' nodes)."""
-        lease = self._promoted(member)
+        lease = whole(self.state, plan, member)
         lid = LeaseId(str(lease.id))
         epoch = lease.reserve(now, node_id=NodeId(node_id),
                               commit_timeout_seconds=ps.pool.config.commit_timeout_seconds,
                               hold_microcredits=hold, devices=devices)
         res: Resources = lease.requested_shape.resources
-        allocs.setdefault(node_id, []).append((lid, res, devices))
-        batch.append(lease)
+        plan.allocations.setdefault(node_id, []).append((lid, res, devices))
+        plan.aggregates.append(lease)
         if hold:
-            self._holds.setdefault(lease.tenant_id, []).append((f"hold-{lid}-{epoch}", lid, hold))
-            self._held[lease.tenant_id] = self._held.get(lease.tenant_id, 0) + hold
+            add_hold(plan, lease.tenant_id, lid, epoch, hold)
         ps.table.allocate(node_id, lid, res, tenant=lease.tenant_id)
         if ps.backfill is not None:
             ps.backfill.placed(lid)
-        self._track(ps, lease)
-        self.reasons.pop(lid, None)
-        heapq.heappush(self._deadlines, (lease.reservation_deadline or now, lid))
-        self._placing.append((lease, time.time_ns()))
-        report.placed += 1
-
-    def _gang_peers_expired(self, lease: Lease, now: float, report: CycleReport
-                            ) -> list[Lease]:
-        """A gang member expired (its heartbeats or its node lost): its running peers get one
-        preemption notice with the pool's grace (`gang_member_lost`), back in line with it
-        when the gang asked to be requeued, else ended."""
-        ps = self.pools.get(lease.pool_id)
-        if ps is None or lease.gang is None:
-            return []
-        grace = ps.pool.config.preemption.grace_seconds
-        out: list[Lease] = []
-        for uid in lease.gang.member_ids(lease.tenant_id):
-            peer = self.aggregates.get(uid)
-            if (uid == lease.id or not isinstance(peer, Lease)
-                    or peer.state is not LeaseState.RUNNING):
-                continue
-            try:
-                due = peer.notice_preemption(now, grace_seconds=grace,
-                                             requeue=peer.requeue_when_preempted,
-                                             reason=GANG_MEMBER_LOST)
-            except DomainError:
-                continue
-            heapq.heappush(self._deadlines, (due, str(uid)))
-            report.preempted += 1
-            out.append(peer)
-        return out
-
-    def _promoted(self, member: Member) -> Lease:
-        """The whole Lease of a member held compactly (to record its events)."""
-        if isinstance(member, QueuedLease):
-            whole = self.aggregates.promote(member.id)
-            assert isinstance(whole, Lease)
-            return whole
-        return member
+        self.state.track(ps, lease)
+        self.state.reasons.pop(lid, None)
+        heapq.heappush(self.state.deadlines, (lease.reservation_deadline or now, lid))
+        plan.reserved.append(lease)
 
     def _gang_waits(self, waiting: list[PendingRequest], why: dict[str, Any],
                     unplaced: list[PendingRequest]) -> None:
         for r in waiting:
-            self.reasons[r.lease_id] = dict(why)
+            self._reason(self.p.plan, r.lease_id, dict(why))
             unplaced.append(r)
 
-    def _topology(self, node_id: str) -> dict[str, str]:
-        node = self.aggregates.get(node_uuid(node_id))
-        return topology_of(node.capabilities) if isinstance(node, Node) else {}
+    def _reason(self, plan: Plan, lease_id: str, why: dict[str, Any]) -> None:
+        self.state.reasons[lease_id] = plan.reasons[lease_id] = why
 
 
 # a member on its way back to the queue (or not yet in it): its gang waits for it
@@ -404,3 +360,27 @@ def _largest(shapes: list[Shape]) -> Resources:
 
 def _account_id(tenant: str) -> UUID:
     return Account.create_id(tenant)
+
+
+def hold_for_gangs(ps: PoolState, bf: Backfill, now: float) -> None:
+    """At a cycle's start: drop the holds of gangs no longer queued (placed, cancelled,
+    rejected) or past their time, and give backfill what the rest keep on each node, so
+    lone placements stay out of it as they stay out of a maintenance window."""
+    holds = ps.gang_holds
+    if not holds.holds:
+        return
+    assert ps.queue is not None
+    for gang_id in list(holds.holds):
+        if gang_id not in ps.queue:  # the lead's lease id is the gang's id
+            holds.release(gang_id)
+    holds.blocked(now)  # lets holds past their time lapse
+    for gang_id in list(ps.gang_hold_need):
+        if gang_id not in holds.holds:
+            del ps.gang_hold_need[gang_id]
+    bf.withhold_also(
+        Withheld(reservation_id=f"gang:{gang_id}", node_id=node_id, start_at=now,
+                 resources=ps.gang_hold_need[gang_id],
+                 end_at=since + holds.max_hold_seconds)
+        for gang_id, (since, nodes) in holds.holds.items()
+        if gang_id in ps.gang_hold_need
+        for node_id in sorted(nodes) if node_id in ps.table)

@@ -1,32 +1,110 @@
-"""The scheduler's cycle, deadline sweep, run loop and `why` answers."""
+"""The scheduler: its fold state, planner, batch writer and deadline sweeper composed into
+the cycle, the run loop and the `why` answers."""
 
 from __future__ import annotations
 
-import heapq
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.domain import Aggregate
-
 from bus import observability
+from domain.dependency import WAITING_FOR_DEPENDENCY
+from domain.lease import Lease, LeaseState
 from workers import metrics
 from workers.pending import QueuedLease
-from workers.scheduler.placing import Placing
-from workers.scheduler.state import OTHERS_DEADLINE_RETRY_SECONDS, CycleReport
-
-log = logging.getLogger(__name__)
-from domain.dependency import WAITING_FOR_DEPENDENCY
-from domain.errors import DomainError
-from domain.lease import Lease, LeaseState
-from domain.pool import TenantPolicy
+from workers.scheduler.batches import BatchWriter
+from workers.scheduler.folding import SchedulerFold
+from workers.scheduler.planner import Planner
+from workers.scheduler.state import CycleReport, PoolState
+from workers.scheduler.sweep import DeadlineSweeper
 from workers.wake import IdleWait, Signal
 
+log = logging.getLogger(__name__)
 
-class Scheduler(Placing):
-    """Follows the log through `app`, decides placements, saves them through `app`."""
+
+class _Of:
+    """An attribute of the scheduler that is one of a part's (read and written there)."""
+
+    def __init__(self, part: str, name: str | None = None) -> None:
+        self.part, self.name = part, name
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = self.name or name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return getattr(getattr(obj, self.part), self.name)  # type: ignore[arg-type]
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(getattr(obj, self.part), self.name, value)  # type: ignore[arg-type]
+
+
+class Scheduler:
+    """Follows the log through `app` (its fold), plans placements (its planner), saves them
+    through `app` (its batch writer) and voids or expires what came due (its sweeper)."""
+
+    # the fold's state and settings, as callers have always reached them
+    app = _Of("fold")
+    clock = _Of("fold")
+    position = _Of("fold")
+    stop_after = _Of("fold")
+    aggregates = _Of("fold")
+    pools = _Of("fold")
+    reasons = _Of("fold")
+    windows = _Of("fold")
+    leads = _Of("fold")
+    decisions = _Of("fold")
+    checkpoints = _Of("fold")
+    maybe_behind = _Of("fold")
+    pages_read_ahead = _Of("fold")
+    pages_read_ahead_unused = _Of("fold")
+    lease_end = _Of("fold")  # the method its pools' backfills hold (checkpoint rebinds it)
+    # the planner's settings
+    backfill = _Of("planner")
+    max_examined_per_cycle = _Of("planner")
+    max_preemption_plans_per_cycle = _Of("planner")
+    # parts of the fold and the writer that tests look into
+    _own = _Of("fold")
+    _prefetch = _Of("fold")
+    _ended = _Of("fold", "ended")
+    _usage = _Of("fold", "usage")
+    _deadlines = _Of("fold", "deadlines")
+    _inflight = _Of("writer", "inflight")
+
+    def __init__(self, app: Any, *, clock: Callable[[], float] = time.time,
+                 planner: Planner | None = None) -> None:
+        self.fold = SchedulerFold(app, clock=clock)
+        self.planner = planner if planner is not None else Planner()
+        self.writer = BatchWriter(self.fold)
+        self.sweeper = DeadlineSweeper(self.fold, self.writer)
+        self._lock = threading.RLock()
+
+    def catch_up(self, *, until_short: bool = False) -> int:
+        """Fold every event after `position` (workers.scheduler.folding)."""
+        return self.fold.catch_up(until_short=until_short)
+
+    def apply(self, event: Any, end: int = 0) -> None:
+        self.fold.apply(event, end)
+
+    def close(self) -> None:
+        self.fold.close()
+
+    def _next_read(self, position: int) -> tuple[int, int]:
+        return self.fold._next_read(position)
+
+    def checkpoint_state(self) -> dict[str, Any] | None:
+        """The fold, for a checkpoint: None while a batch is in flight (its outcome, and so
+        the fold, are not known yet)."""
+        if self.writer.busy:
+            return None
+        return self.fold.checkpoint_state()
+
+    def restore_checkpoint(self, state: dict[str, Any]) -> None:
+        self.fold.restore_checkpoint(state)
 
     def cycle(self, *, settle: bool = True) -> CycleReport:
         """Catch up, sweep deadlines, place what fits; one atomic batch per ≤900 messages.
@@ -36,18 +114,19 @@ class Scheduler(Placing):
         top of it (or by `settle`). With the default, every batch is acknowledged (or
         voided) when this returns."""
         with self._lock:
-            self.catch_up(until_short=True)
+            fold = self.fold
+            fold.catch_up(until_short=True)
             report = CycleReport()
-            now = self.clock()
-            self._plans_left = self.max_preemption_plans_per_cycle
-            self._sweep(now, report)
-            for ps in self.pools.values():
-                if self.leads(ps.pool.pool_id):
+            now = fold.clock()
+            self.planner.begin_cycle()
+            self.sweeper.sweep(now, report)
+            for ps in fold.pools.values():
+                if fold.leads(ps.pool.pool_id):
                     self._place_pool(ps, now, report)
-            if self.decisions is not None:
-                self.decisions.flush()  # one batch per pool, bounded; the rest next cycle
+            if fold.decisions is not None:
+                fold.decisions.flush()  # one batch per pool, bounded; the rest next cycle
             if settle:
-                self._settle(report)
+                self.writer.settle(report)
             observability.record_cycle(report)
             metrics.record_cycle(report)
             return report
@@ -57,68 +136,17 @@ class Scheduler(Placing):
         re-read if it was refused)."""
         with self._lock:
             report = CycleReport()
-            self._settle(report)
+            self.writer.settle(report)
             observability.record_cycle(report)
             metrics.record_cycle(report)
             return report
 
-    def _sweep(self, now: float, report: CycleReport) -> None:
-        """Void uncommitted reservations and expire silent leases whose time has come."""
-        batch: list[Aggregate] = []
-        others: list[tuple[float, str]] = []
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _due, lid = heapq.heappop(self._deadlines)
-            lease = self.aggregates.get(UUID(lid))
-            if not isinstance(lease, Lease) or lease.state is LeaseState.HELD:
-                continue  # a held lease's timer is the reconciler's (it queues it)
-            if not self.leads(lease.pool_id):
-                # another scheduler's pool: looked at again later, in case this one takes it
-                others.append((now + OTHERS_DEADLINE_RETRY_SECONDS, lid))
-                continue
-            reason = lease.expiry_due(now)
-            if reason is None:
-                self._note_overdue(lease, now, report)
-                continue
-            try:
-                if lease.state is LeaseState.RESERVED:
-                    lease.void_reservation(now)
-                    batch += self._return_capacity(lease, now, charge=False)
-                    batch += self._note_void(lease, now)
-                    report.voided += 1
-                else:
-                    # never recycled silently: capacity stays held until the agent confirms
-                    lease.expire(now, reason)
-                    lease.begin_reconciliation(now)
-                    report.expired += 1
-                    if lease.gang is not None:  # its running peers go with it, in this save
-                        batch += self._gang_peers_expired(lease, now, report)
-            except DomainError:
-                continue
-            batch.append(lease)
-            if len(batch) >= 900:
-                self._save(batch, report)
-                batch = []
-        for item in others:
-            heapq.heappush(self._deadlines, item)
-        self._save(batch, report)
-
-    def _note_void(self, lease: Lease, now: float) -> list[Aggregate]:
-        """The tenant's policy, noting the reservation that timed out (Pool.admit_after_voids
-        refuses its requests past the pool's limit); nothing without a policy or a limit."""
-        ps = self.pools.get(lease.pool_id)
-        policy = self.aggregates.get(TenantPolicy.create_id(lease.pool_id, lease.tenant_id))
-        if ps is None or not isinstance(policy, TenantPolicy):
-            return []
-        return [policy] if ps.pool.note_voided_reservation(policy, now) else []
-
-    def _note_overdue(self, lease: Lease, now: float, report: CycleReport) -> None:
-        """A victim past its grace without a stop confirmation keeps its capacity: no expiry
-        reason covers it (only its lease deadline or lost heartbeats do, and the sweep applies
-        those), so the requester keeps waiting and `why` names the overdue victim."""
-        if lease.preemption_overdue(now):
-            report.overdue += 1
-            log.warning("lease %s is past its preemption grace and not confirmed stopped",
-                        lease.id)
+    def _place_pool(self, ps: PoolState, now: float, report: CycleReport) -> None:
+        """A pool's queue planned, each plan sent as the next is planned."""
+        planned = self.planner.plan(self.fold, ps, now)
+        for plan in planned:
+            self.writer.send(plan, now, report)
+        report.waiting += planned.waiting
 
     def why(self, tenant: str, lease_id: str) -> dict[str, Any] | None:
         """Why a lease waits (or was rejected); None if this tenant has no such lease."""
@@ -134,7 +162,7 @@ class Scheduler(Placing):
                     reason = WAITING_FOR_DEPENDENCY if flow.get("after") else None
                     return {"lease_id": lease_id, "state": "held" if reason else "requested",
                             "reasons": self._held_reasons(reason, flow.get("after"))}
-                ended = self._ended.get(lease_id)
+                ended = self.fold.ended.get(lease_id)
                 return dict(ended[1]) if ended is not None and ended[0] == tenant else None
             if lease.tenant_id != tenant:
                 return None
@@ -210,9 +238,8 @@ class Scheduler(Placing):
     def next_due_in(self) -> float | None:
         """Seconds until the deadline sweep has work (None: no deadline held)."""
         with self._lock:
-            if not self._deadlines:
-                return None
-            return self._deadlines[0][0] - self.clock()
+            due = self.sweeper.next_due_at()
+            return None if due is None else due - self.clock()
 
     def run(self, stop: threading.Event, *, interval: float | None = None,
             until: Callable[[], bool] = lambda: False, signal: Signal | None = None) -> None:

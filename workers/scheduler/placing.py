@@ -1,34 +1,38 @@
-"""The scheduler's placement of one pool's queue in a cycle."""
+"""The planner's pass over one pool's queue: fit, fair order, backfill, waits and their
+reasons, and the plans it fills (workers.scheduler.planner)."""
 
 from __future__ import annotations
 
 import heapq
-import time
+from collections.abc import Iterator
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.domain import Aggregate
-
 from domain.lease import Lease, LeaseState
 from domain.policy import reasons as R
-from domain.policy.backfill import (
-    Backfill,
-    LeaseEnd,
-    band_of,
-    lease_end_estimate,
-    placed_end_estimate,
-)
+from domain.policy.backfill import Backfill, band_of, placed_end_estimate
 from domain.policy.fairness import FairQueue, PendingRequest
 from domain.policy.placement import FilterResult
+from domain.policy.preemption import PREEMPTED, PreemptionPlan
+from domain.pool import Pool
 from domain.resources import LeaseId, NodeId, Shape
 from workers.pending import QueuedLease
 from workers.quotas import apply_history, quota_wait, restart_job
-from workers.scheduler.gangs import Ganging
+from workers.scheduler import state as state_module
+from workers.scheduler.gangs import Gangs, hold_for_gangs
+from workers.scheduler.plan import (
+    Plan,
+    PlanState,
+    Settings,
+    add_hold,
+    devices_for,
+    hold_and_available,
+    whole,
+)
+from workers.scheduler.preemption import Preemption
 from workers.scheduler.state import (
     MAX_MESSAGES_PER_BATCH,
-    CycleReport,
     PendingPreemption,
-    Placed,
     PoolState,
     allowed_trust,
 )
@@ -38,8 +42,59 @@ from workers.scheduler.state import (
 Where = tuple[Backfill | None, Any, Lease | QueuedLease, str, tuple[str, ...] | None, Any, float]
 
 
-class Placing(Ganging):
-    """One pool's queue placed in a cycle: fit, fair order, backfill, waits and their reasons."""
+class PoolPass:
+    """One pass over a pool's queue at `now` (workers.scheduler.planner): fit, fair order,
+    backfill, gangs, preemption, waits and their reasons. Iterate it for its plans."""
+
+    def __init__(self, planner: Settings, state: PlanState, ps: PoolState, now: float) -> None:
+        self.planner = planner
+        self.state = state
+        self.ps = ps
+        self.now = now
+        self.plan = Plan(ps.pool.pool_id)  # the plan being filled
+        self.unplaced: list[PendingRequest] = []  # waiting, in the order examined
+        self.starts: dict[str, float | None] = {}  # waiting request → estimated start
+        self.waiting = 0  # requests left in line, once the pass is over
+        self.preemption = Preemption(state)
+        self.gangs = Gangs(self)
+
+    def __iter__(self) -> Iterator[Plan]:
+        """The pass: backfill set up, one walk over the queue yielding each plan as it fills
+        (the last, perhaps empty, at the end), then the requests left waiting back in line,
+        told their place."""
+        queue = self.ps.queue
+        if queue is None or not len(queue):
+            return
+        bf, guarded = self._begin_pool()
+        yield from self._pass_over_queue(queue, bf, guarded)
+        self._requeue(bf)
+        self.waiting = len(self.unplaced)
+
+    def _flush(self) -> Plan:
+        plan, self.plan = self.plan, Plan(self.ps.pool.pool_id)
+        return plan
+
+    # what quotas' reclaim asks of a pass (workers.quotas.Planning) -----------------------
+
+    def hold_and_available(self, pool: Pool, tenant: str,
+                           lease: Lease | QueuedLease) -> tuple[int, int]:
+        return hold_and_available(self.state, self.plan, pool, tenant, lease)
+
+    def take_plan_budget(self) -> bool:
+        """One preemption plan of the cycle's budget taken; False when it is spent."""
+        if self.planner.plans_left <= 0:
+            return False
+        self.planner.plans_left -= 1
+        return True
+
+    def notice(self, ps: PoolState, plan: PreemptionPlan, now: float, *,
+               reason: str = PREEMPTED) -> list[Lease]:
+        """The plan's victims noticed, their events in the plan being filled."""
+        noticed = self.preemption.notice(ps, plan, now, self.plan, reason=reason)
+        self.plan.aggregates += noticed
+        return noticed
+
+    # ------------------------------------------------------------------------------------
 
     def _place_one(self, ps: PoolState, bf: Backfill | None, shape: Any,
                    lease: Lease | QueuedLease, lease_id: str,
@@ -55,48 +110,33 @@ class Placing(Ganging):
                                            lease.maximum_runtime_seconds),
                 packing=cfg.packing,  # type: ignore[arg-type]
                 allowed_trust_levels=allowed, lease_id=lease_id,
-                window=self.windows.usable(ps.pool.pool_id, lease, now),
+                window=self.state.windows.usable(ps.pool.pool_id, lease, now),
                 band=band, offered_later=ps.queue.__contains__)
         got, result = ps.table.place_fast(
             shape, packing=cfg.packing,  # type: ignore[arg-type]
             allowed_trust_levels=allowed)
         return got, result, False
 
-    def _place_pool(self, ps: PoolState, now: float, report: CycleReport) -> None:
-        """A pool's queue placed in a cycle: backfill set up, one pass over the queue, and the
-        requests left waiting back in line, told their place."""
-        queue = ps.queue
-        if queue is None or not len(queue):
-            return
-        bf, guarded = self._begin_pool(ps, now)
-        unplaced: list[PendingRequest] = []
-        starts: dict[str, float | None] = {}  # waiting request → estimated start
-        self._pass_over_queue(ps, queue, bf, guarded, now, report, unplaced, starts)
-        self._requeue(ps, bf, unplaced, starts, now)
-        report.waiting += len(unplaced)
-
-    def _pass_over_queue(self, ps: PoolState, queue: FairQueue, bf: Backfill, guarded: bool,
-                         now: float, report: CycleReport, unplaced: list[PendingRequest],
-                         starts: dict[str, float | None]) -> None:
+    def _pass_over_queue(self, queue: FairQueue, bf: Backfill, guarded: bool
+                         ) -> Iterator[Plan]:
         """Each request in fair order, until the queue is empty or the cycle's examination
-        budget is spent: reserved (in batches), rejected, or left waiting in `unplaced` with
-        its reasons (and in `starts`, the start it may expect)."""
+        budget is spent: reserved (a plan yielded each time one is full), rejected, or left
+        waiting in `unplaced` with its reasons (and in `starts`, the start it may expect)."""
+        ps, now, unplaced, starts = self.ps, self.now, self.unplaced, self.starts
+        state = self.state
         pool = ps.pool
         cfg = pool.config
         ranks, aging = dict(cfg.priority_classes), float(cfg.aging_seconds_per_rank)
-        batch: list[Aggregate] = []
-        # node id → the placements on it not yet recorded: one node event per node per batch
-        # (`Node.allocate_many`), written when the batch closes, not one event per placement
-        allocs: dict[str, list[Placed]] = {}
         examined = 0
         # (isolation, tenant) → the node trust levels the pool's image policy allows it
         # (None: any), asked once per cycle rather than at every placement
         trust_of: dict[tuple[str, str], tuple[str, ...] | None] = {}
         # one pop at a time: each placement changes its tenant's share before the next pick
-        while examined < self.max_examined_per_cycle and (req := queue.pop(now)) is not None:
+        limit = self.planner.max_examined_per_cycle
+        while examined < limit and (req := queue.pop(now)) is not None:
             examined += 1
-            # a compact QueuedLease until it is rejected or reserved (`_whole`)
-            lease = self.aggregates.peek(UUID(req.lease_id))
+            # a compact QueuedLease until it is rejected or reserved (`planner.whole`)
+            lease = state.aggregates.peek(UUID(req.lease_id))
             if (not isinstance(lease, (Lease, QueuedLease))
                     or lease.state is not LeaseState.QUEUED):
                 continue
@@ -106,12 +146,15 @@ class Placing(Ganging):
                 continue
             gang = lease.gang
             if gang is not None:  # all members at once, or none (workers.scheduler.gangs)
-                batch = self._place_gang(ps, req, lease, gang, now, batch, allocs, report,
-                                         unplaced)
+                # room for every member's lease, node and account event in one plan: this one
+                # goes first when the gang would not fit in what is left of it
+                if self.plan.messages + 2 * gang.size + 1 >= state_module.MAX_MESSAGES_PER_BATCH:
+                    yield self._flush()
+                self.gangs.place(req, lease, gang)
                 continue
             shape = lease.requested_shape
             if ps.book.limited(req.tenant) and (
-                    why := quota_wait(self, ps, req, lease, now, batch, report)) is not None:
+                    why := quota_wait(self, ps, req, lease, now)) is not None:
                 self._wait(req, why, unplaced)
                 continue
             # the pool's image policy decides which node trust levels this isolation may use
@@ -121,14 +164,14 @@ class Placing(Ganging):
             else:
                 allowed = trust_of[trust_key] = allowed_trust(pool, shape.runtime, req.tenant)
             array = lease.array_id
-            if array is not None and (why := self._throttled(array, lease)) is not None:
+            if array is not None and (why := state.throttled(array, lease)) is not None:
                 self._wait(req, why, unplaced)
                 continue
             band = (band_of(req.priority_class, req.enqueued_at, now, ranks, aging) if guarded
                     else None)
             where = (bf if guarded else None, shape, lease, req.lease_id, allowed, band, now)
             # a retry keeps off the node its last attempt ended on, unless nothing else fits
-            avoid = getattr(lease, "avoid_node", None)
+            avoid = lease.avoid_node
             if avoid and avoid in ps.table and ps.table.state_of(avoid) == "ready":
                 node_id, fr, held = self._place_avoiding(ps, avoid, where)
             else:
@@ -137,38 +180,34 @@ class Placing(Ganging):
                 if held:
                     self._held_back(ps, bf, req, fr, now, allowed, unplaced, starts)
                     continue
-                self._not_placed(ps, bf, req, lease, fr, now, allowed, batch, report, unplaced,
-                                 starts)
-            elif not self._reserve(ps, bf, req, lease, shape, node_id, band, now, batch,
-                                   allocs, report, unplaced):
+                self._not_placed(ps, bf, req, lease, fr, now, allowed, unplaced, starts)
+            elif not self._reserve(ps, bf, req, lease, shape, node_id, band, now, unplaced):
                 continue  # it waits after all, for credits or GPU devices
-            # one entry of `batch` per event, plus one event per node placed on and one per
-            # account holding credits
-            if len(batch) + len(allocs) + len(self._holds) >= MAX_MESSAGES_PER_BATCH:
-                self._close_batch(batch, allocs, now, report)
-                batch = []
-        self._close_batch(batch, allocs, now, report)  # in flight until the next is sent
+            # one event per lease, plus one per node placed on and one per account holding
+            # credits
+            if self.plan.messages >= MAX_MESSAGES_PER_BATCH:
+                yield self._flush()
+        yield self._flush()  # the last, perhaps empty (its save settles the one before)
 
-    def _begin_pool(self, ps: PoolState, now: float) -> tuple[Backfill, bool]:
+    def _begin_pool(self) -> tuple[Backfill, bool]:
         """A pool's cycle begun: its usage brought up to date, and its backfill given the
         windows in force, the gangs' holds and the blocked heads' reservations. Returns the
         backfill, and whether placements go through its admission this cycle."""
+        ps, now, windows = self.ps, self.now, self.state.windows
         assert ps.queue is not None
         ps.refresh_totals()
         if ps.decay.half_life_seconds:
             apply_history(ps, now)
-        self._holds.clear()  # as the cycle's `allocs`: nothing of a batch that never closed
-        self._held.clear()
         pool_id = ps.pool.pool_id
         if ps.backfill is None:
-            ps.backfill = Backfill(ps.table, self._lease_end)
+            ps.backfill = Backfill(ps.table, self.state.lease_end)
         bf = ps.backfill
         # windows first: the heads' reservations, made again by `begin`, stay out of them
-        self.windows.apply(pool_id, bf, now)
-        self._hold_for_gangs(ps, bf, now)  # a waiting head gang keeps its gathered nodes
+        windows.apply(pool_id, bf, now)
+        hold_for_gangs(ps, bf, now)  # a waiting head gang keeps its gathered nodes
         bf.begin(now, queued=ps.queue.__contains__)
         # windows are kept through backfill's admission, so it is used while any is in force
-        guarded = (self.backfill or self.windows.in_force(pool_id)
+        guarded = (self.planner.backfill or windows.in_force(pool_id)
                    or bool(ps.gang_holds.holds))
         return bf, guarded
 
@@ -196,58 +235,56 @@ class Placing(Ganging):
         reasons): it waits, with the start it may expect."""
         pool = ps.pool
         why = fr.wait_reasons([R.WAITING_FOR_RESERVATION]).to_dict()
-        self.windows.explain(pool.pool_id, why)
+        self.state.windows.explain(pool.pool_id, why)
         self._wait(req, why, unplaced)
         starts[req.lease_id] = self._start_estimate(bf, req, fr, pool.config, now, allowed)
 
     def _not_placed(self, ps: PoolState, bf: Backfill, req: PendingRequest,
                     lease: Lease | QueuedLease, fr: FilterResult, now: float,
-                    allowed: tuple[str, ...] | None, batch: list[Aggregate],
-                    report: CycleReport, unplaced: list[PendingRequest],
+                    allowed: tuple[str, ...] | None, unplaced: list[PendingRequest],
                     starts: dict[str, float | None]) -> None:
         """A request no node takes now: rejected when no node of the pool ever could, else it
         waits for credits or for capacity (with the start it may expect, and victims noticed
         on its behalf where the pool preempts)."""
         pool = ps.pool
         if fr.never_satisfiable:
-            lease = self._whole(lease)
+            lease = whole(self.state, self.plan, lease)
             lease.reject(now, "unschedulable", sorted(fr.failures))
             self._rejected(pool.pool_id, req, fr.wait_reasons().to_dict(), now)
-            batch.append(lease)
-            report.rejected += 1
+            self.plan.aggregates.append(lease)
+            self.plan.rejected.append(req.lease_id)
             return
-        hold, available = self._hold_and_available(pool, req.tenant, lease)
+        hold, available = self.hold_and_available(pool, req.tenant, lease)
         if hold > available:
             # it could not pay even once capacity is free: say both, and preempt no one on
             # behalf of a request that would still wait
             why = fr.wait_reasons([R.INSUFFICIENT_CREDITS]).to_dict()
             why.update(hold_microcredits=hold, available_microcredits=available)
         else:
-            why = self._capacity_wait(ps, req, lease, fr, now, batch, report)
+            why = self._capacity_wait(ps, req, lease, fr, now)
             starts[req.lease_id] = self._start_estimate(bf, req, fr, pool.config, now, allowed)
         self._wait(req, why, unplaced)
 
     def _reserve(self, ps: PoolState, bf: Backfill, req: PendingRequest,
                  lease: Lease | QueuedLease, shape: Shape, node_id: str, band: Any, now: float,
-                 batch: list[Aggregate], allocs: dict[str, list[Placed]], report: CycleReport,
                  unplaced: list[PendingRequest]) -> bool:
         """A request reserved on the node found for it, once its tenant can pay and the node
-        has the GPU devices: the lease's event in `batch`, its node's and account's kept in
-        `allocs` and the holds for when the batch closes. False: it waits instead."""
-        pool = ps.pool
-        hold, available = self._hold_and_available(pool, req.tenant, lease)
+        has the GPU devices: the lease's event in the plan, its node's and account's kept in
+        its allocations and holds for when the plan is saved. False: it waits instead."""
+        pool, plan, state = ps.pool, self.plan, self.state
+        hold, available = self.hold_and_available(pool, req.tenant, lease)
         if hold > available:
             self._wait(req, {"tenant": [R.INSUFFICIENT_CREDITS],
                              "hold_microcredits": hold, "available_microcredits": available},
                        unplaced)
             return False
-        devices = self._devices_for(node_id, shape, allocs)
+        devices = devices_for(state, plan, node_id, shape)
         if devices is None:
             self._wait(req, {"tenant": [R.WAITING_FOR_CAPACITY],
                              "devices": f"too few free GPU devices of node {node_id} fit"},
                        unplaced)
             return False
-        lease = self._whole(lease)
+        lease = whole(state, plan, lease)
         restart = lease.restarts_on_placement
         epoch = lease.reserve(
             now,
@@ -256,43 +293,38 @@ class Placing(Ganging):
             hold_microcredits=hold,
             devices=devices,
         )
-        if restart and restart_job(self, ps, lease, node_id, now):
-            heapq.heappush(self._deadlines, (lease.next_due_at() or now, req.lease_id))
+        if restart and restart_job(state.aggregates, ps, lease, node_id, now):
+            heapq.heappush(state.deadlines, (lease.next_due_at() or now, req.lease_id))
         lid = LeaseId(req.lease_id)
         res = shape.resources
-        on_node = allocs.get(node_id)
+        on_node = plan.allocations.get(node_id)
         if on_node is None:
-            allocs[node_id] = [(lid, res, devices)]
+            plan.allocations[node_id] = [(lid, res, devices)]
         else:
             on_node.append((lid, res, devices))
-        batch.append(lease)
+        plan.aggregates.append(lease)
         if hold:
-            # recorded when the batch closes, with the tenant's other holds of the batch,
+            # recorded when the plan is saved, with the tenant's other holds of the plan,
             # as ONE event on its account (`Account.hold_many`)
-            holds = self._holds.get(req.tenant)
-            if holds is None:
-                holds = self._holds[req.tenant] = []
-            holds.append((f"hold-{lid}-{epoch}", lid, hold))
-            self._held[req.tenant] = self._held.get(req.tenant, 0) + hold
+            add_hold(plan, req.tenant, lid, epoch, hold)
         ps.table.allocate(node_id, req.lease_id, res, tenant=req.tenant)
         bf.placed(req.lease_id)
-        self._track(ps, lease)
+        state.track(ps, lease)
         self._reserved(ps, bf, req, band, node_id, now)  # its reasons go, its terms stay
-        heapq.heappush(self._deadlines, (lease.reservation_deadline or now, req.lease_id))
+        heapq.heappush(state.deadlines, (lease.reservation_deadline or now, req.lease_id))
         # every placement: its span (when traced) and its wait (metrics) once it is saved
-        self._placing.append((lease, time.time_ns()))
-        report.placed += 1
+        plan.reserved.append(lease)
         return True
 
-    def _requeue(self, ps: PoolState, bf: Backfill, unplaced: list[PendingRequest],
-                 starts: dict[str, float | None], now: float) -> None:
+    def _requeue(self, bf: Backfill) -> None:
         """The pass's waiting requests back in line, in the order they were examined (those
         still queued), each told its place in the queue and the start it may expect."""
+        ps, now, starts = self.ps, self.now, self.starts
         assert ps.queue is not None
         queue, pool_id = ps.queue, ps.pool.pool_id
         position = 0
-        for req in unplaced:
-            lease = self.aggregates.peek(UUID(req.lease_id))
+        for req in self.unplaced:
+            lease = self.state.aggregates.peek(UUID(req.lease_id))
             if isinstance(lease, (Lease, QueuedLease)) and lease.state is LeaseState.QUEUED:
                 queue.requeue(req)
                 position += 1
@@ -314,18 +346,12 @@ class Placing(Ganging):
                                      if r.band >= band and r.lease_id != req.lease_id]
         return terms
 
-    def _lease_end(self, lease_id: str) -> LeaseEnd | None:
-        lease = self.aggregates.get(UUID(lease_id))
-        if not isinstance(lease, Lease):
-            return None
-        return lease.resources, lease_end_estimate(lease)
-
     def _start_estimate(self, bf: Backfill, req: PendingRequest, fr: FilterResult,
                         cfg: Any, now: float, allowed: tuple[str, ...] | None) -> float | None:
         """When a request that waits for capacity may start: its reservation's start if it
         is (or now becomes) its band's head and backfill is on, else the earliest time the
         running leases' deadlines free enough for it on one node (a bound, not a promise)."""
-        if self.backfill:
+        if self.planner.backfill:
             band = band_of(req.priority_class, req.enqueued_at, now,
                            dict(cfg.priority_classes), float(cfg.aging_seconds_per_rank))
             held = bf.blocked(req.lease_id, req.shape, band, allowed)
@@ -342,44 +368,37 @@ class Placing(Ganging):
         """Add the request's place in the pool's queue (1 = next) and its start estimate to
         its reasons, for `why`; and record the reasons if they changed."""
         lease_id = req.lease_id
-        why = self.reasons.get(lease_id)
+        why = self.state.reasons.get(lease_id)
         if why is None:
             return
-        reserved = bf.reservation_of(lease_id) if self.backfill else None
+        reserved = bf.reservation_of(lease_id) if self.planner.backfill else None
         why["queue"] = {"position": position, "estimated_start_at": start,
                         "reserved": reserved is not None}
         if reserved is not None:
             why["queue"]["reserved_node_id"] = reserved.node_id
-        if self.decisions is not None:
-            self.decisions.waiting(pool_id, req.tenant, lease_id, why, now)
+        decisions = self.state.decisions
+        if decisions is not None:
+            decisions.waiting(pool_id, req.tenant, lease_id, why, now)
 
     def _rejected(self, pool_id: str, req: PendingRequest, why: dict[str, Any],
                   now: float) -> None:
         """A request no node of the pool can ever take: its reasons kept, and recorded."""
-        self.reasons[req.lease_id] = why
-        if self.decisions is not None:
-            self.decisions.left(pool_id, req.tenant, req.lease_id, "rejected", now, reasons=why)
+        self.state.reasons[req.lease_id] = self.plan.reasons[req.lease_id] = why
+        decisions = self.state.decisions
+        if decisions is not None:
+            decisions.left(pool_id, req.tenant, req.lease_id, "rejected", now, reasons=why)
 
     def _reserved(self, ps: PoolState, bf: Backfill, req: PendingRequest, band: Any,
                   node_id: str, now: float) -> None:
         """A placed request: its wait reasons dropped, the terms that chose it recorded."""
-        self.reasons.pop(req.lease_id, None)
-        if self.decisions is not None:
-            self.decisions.left(ps.pool.pool_id, req.tenant, req.lease_id, "reserved", now,
+        self.state.reasons.pop(req.lease_id, None)
+        decisions = self.state.decisions
+        if decisions is not None:
+            decisions.left(ps.pool.pool_id, req.tenant, req.lease_id, "reserved", now,
                                 node_id=node_id, terms=self._terms(ps, bf, req, band, now))
 
-    def _whole(self, lease: Lease | QueuedLease) -> Lease:
-        """The Lease itself, rebuilt from its compact record if it is one (to record events)."""
-        if isinstance(lease, QueuedLease):
-            if lease.end:  # where its subject ends, for the save (`Batching._hint_ends`)
-                self._ends[lease.id] = (lease.version, lease.end)
-            whole = self.aggregates.promote(lease.id)
-            assert isinstance(whole, Lease)
-            return whole
-        return lease
-
     def _wait(self, req: PendingRequest, reasons: dict[str, Any], unplaced: list[PendingRequest]) -> None:
-        self.reasons[req.lease_id] = reasons
+        self.state.reasons[req.lease_id] = self.plan.reasons[req.lease_id] = reasons
         unplaced.append(req)
 
     def _capacity_wait(
@@ -389,26 +408,23 @@ class Placing(Ganging):
         lease: Lease | QueuedLease,
         fr: FilterResult,
         now: float,
-        batch: list[Aggregate],
-        report: CycleReport,
     ) -> dict[str, Any]:
-        """Why a request that fits no node now waits; may notice victims on its behalf (added
-        to `batch`, so they land with the cycle's placements)."""
+        """Why a request that fits no node now waits; may notice victims on its behalf (in
+        the plan, so they land with the cycle's placements)."""
         if not ps.pool.config.preemption.enabled:
             return fr.wait_reasons([R.WAITING_FOR_CAPACITY]).to_dict()
-        pending = self._pending_preemption(req.lease_id)
-        if pending is None and self._plans_left > 0:
-            self._plans_left -= 1
-            plan = self._plan_preemption(ps, req, lease, fr, now)
-            noticed = [] if plan is None else self._notice_victims(ps, plan, now, report)
+        pending = self.preemption.pending(req.lease_id)
+        if pending is None and self.planner.plans_left > 0:
+            self.planner.plans_left -= 1
+            plan = self.preemption.plan_for(ps, req, lease, fr, now)
+            noticed = [] if plan is None else self.notice(ps, plan, now)
             if plan is not None and noticed:
-                batch += noticed
                 pending = PendingPreemption(plan.node_id, tuple(str(v.id) for v in noticed))
-                self._preempting_for[req.lease_id] = pending
+                self.state.preempting_for[req.lease_id] = pending
         if pending is None:
             return fr.wait_reasons([R.WAITING_FOR_CAPACITY]).to_dict()
         overdue = [v for v in pending.victims
-                   if isinstance(vl := self.aggregates.get(UUID(v)), Lease)
+                   if isinstance(vl := self.state.aggregates.get(UUID(v)), Lease)
                    and vl.preemption_overdue(now)]
         out = fr.wait_reasons([R.WAITING_FOR_PREEMPTION]).to_dict()
         out["preemption"] = {"node_id": pending.node_id, "victims": list(pending.victims),

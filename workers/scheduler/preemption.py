@@ -1,15 +1,16 @@
-"""The scheduler's preemption: victims planned and noticed for waiting requests."""
+"""The planner's preemption: victims chosen and noticed for waiting requests (no I/O: the
+notices are leases' events in the plan)."""
 
 from __future__ import annotations
 
 import heapq
 import logging
+from typing import TYPE_CHECKING
 from uuid import UUID
 
 from workers.pending import QueuedLease
 from workers.quotas import may_be_victim
-from workers.scheduler.folding import Folding
-from workers.scheduler.state import LEAVING, CycleReport, PendingPreemption, PoolState, class_rank
+from workers.scheduler.state import LEAVING, PendingPreemption, PoolState, class_rank
 
 log = logging.getLogger(__name__)
 from domain.errors import DomainError
@@ -26,33 +27,39 @@ from domain.policy.preemption import (
 )
 from domain.resources import ZERO, Resources
 
+if TYPE_CHECKING:
+    from workers.scheduler.plan import Plan, PlanState
 
-class Preempting(Folding):
-    """Preemption planned for a waiting request: victims chosen and noticed."""
 
-    def _pending_preemption(self, lease_id: str) -> PendingPreemption | None:
+class Preemption:
+    """Preemption planned for a waiting request over `state`: victims chosen and noticed."""
+
+    def __init__(self, state: PlanState) -> None:
+        self.state = state
+
+    def pending(self, lease_id: str) -> PendingPreemption | None:
         """The request's earlier preemption while any of its victims still holds capacity on
         that node; preempting again meanwhile would stop more work than the request needs."""
-        pending = self._preempting_for.get(lease_id)
+        pending = self.state.preempting_for.get(lease_id)
         if pending is None:
             return None
         for vid in pending.victims:
-            victim = self.aggregates.get(UUID(vid))
+            victim = self.state.aggregates.get(UUID(vid))
             # a victim back in `running` means the notice never landed (a lost save): replan
             if (isinstance(victim, Lease) and victim.state in LEAVING
                     and victim.node_id == pending.node_id):
                 return pending
-        del self._preempting_for[lease_id]  # all freed: placement (or a new plan) takes over
+        del self.state.preempting_for[lease_id]  # all freed: placement (or a new plan) takes over
         return None
 
-    def _plan_preemption(
+    def plan_for(
         self, ps: PoolState, req: PendingRequest, lease: Lease | QueuedLease, fr: FilterResult,
         now: float,
     ) -> PreemptionPlan | None:
         if not fr.busy.size:
             return None
         candidates = [
-            c for i in fr.busy if (c := self._candidate(ps, ps.table.node_id_at(int(i)))).leases
+            c for i in fr.busy if (c := self.candidate(ps, ps.table.node_id_at(int(i)))).leases
         ]
         if not candidates:
             return None
@@ -60,19 +67,19 @@ class Preempting(Folding):
             lease.requested_shape,
             candidates,
             class_rank(ps.pool, req.priority_class),
-            self._tenants_over_share(ps, req, candidates),
+            self.tenants_over_share(ps, req, candidates),
             ps.pool.config.preemption.min_runtime_seconds,
             now,
             requester_tenant=req.tenant,
         )
         return plan if plan is not None and plan.victims else None
 
-    def _candidate(self, ps: PoolState, node_id: str) -> NodeCandidate:
+    def candidate(self, ps: PoolState, node_id: str) -> NodeCandidate:
         """A busy node as the preemption policy sees it: only running, preemptible leases
         can be victims (reserved ones have no work to lose yet, preempting ones are going)."""
         victims: list[RunningLease] = []
         for lid in ps.table.leases_on(node_id):
-            lease = self.aggregates.get(UUID(lid))
+            lease = self.state.aggregates.get(UUID(lid))
             if (not isinstance(lease, Lease) or lease.state is not LeaseState.RUNNING
                     or not may_be_victim(ps, lease) or lease.started_at is None):
                 continue
@@ -89,7 +96,7 @@ class Preempting(Folding):
             ))
         return NodeCandidate(node_id, ps.table.free_resources(node_id), tuple(victims))
 
-    def _tenants_over_share(
+    def tenants_over_share(
         self, ps: PoolState, req: PendingRequest, candidates: list[NodeCandidate]
     ) -> set[str]:
         """Tenants whose weighted dominant share exceeds the requester's once this request is
@@ -107,8 +114,8 @@ class Preempting(Folding):
         tenants = {v.tenant for c in candidates for v in c.leases} - {req.tenant}
         return {t for t in tenants if share(t) > mine}
 
-    def _notice_victims(
-        self, ps: PoolState, plan: PreemptionPlan, now: float, report: CycleReport,
+    def notice(
+        self, ps: PoolState, plan: PreemptionPlan, now: float, out_plan: Plan,
         *, reason: str = PREEMPTED,
     ) -> list[Lease]:
         """Notice each victim (the ones the domain accepted are returned, to be saved)."""
@@ -116,8 +123,8 @@ class Preempting(Folding):
         out: list[Lease] = []
         chosen = set(plan.victim_ids)
         # a gang member's whole gang goes with it: one notice, one grace for every member
-        for vid in with_members(plan.victim_ids, self.aggregates.get):
-            victim = self.aggregates.get(UUID(vid))
+        for vid in with_members(plan.victim_ids, self.state.aggregates.get):
+            victim = self.state.aggregates.get(UUID(vid))
             if not isinstance(victim, Lease) or (
                     vid not in chosen and victim.state is not LeaseState.RUNNING):
                 continue
@@ -135,6 +142,6 @@ class Preempting(Folding):
                 continue
             out.append(victim)
             # our own write is not re-indexed on catch-up: wake the sweep at the grace deadline
-            heapq.heappush(self._deadlines, (grace_deadline, vid))
-            report.preempted += 1
+            heapq.heappush(self.state.deadlines, (grace_deadline, vid))
+            out_plan.preempted += 1
         return out
