@@ -182,6 +182,8 @@ class Table:
         self._memo: dict[Any, Memo] = {}
         self._lease_vectors: dict[tuple[Resources, int], tuple[IntArray, list[int]]] = {}
         self._dirty: list[int] = []
+        # place_fast answers a shape that fits nowhere from its memory (fast.NodeTable._missed)
+        self.misses_remembered = True
         self._fd_counts = np.zeros(0, dtype=np.int64)
         self._fd_tenant_counts: dict[str, IntArray] = {}
 
