@@ -194,3 +194,10 @@ class NodeTable(Ranking):
         key |= int(dominant * Q20) << (POS_BITS + 14)
         key |= int(mean * Q14) << POS_BITS
         return key
+
+
+def remember_misses(on: bool) -> None:
+    """Whether every node table answers a shape that fits nowhere from its memory (on) or
+    filters every node each time (off): set at process start by workers.fastpaths, never read
+    from the environment here."""
+    NodeTable.misses_remembered = bool(on)

@@ -145,6 +145,9 @@ class Table:
     so indices are only meaningful until the next `remove_node`; ids are stable.
     """
 
+    # place_fast answers a shape that fits nowhere from its memory (fast.NodeTable._missed):
+    # the table's half of the one fast-path switch (`remember_misses`, workers.fastpaths)
+    misses_remembered: bool = True
 
     def __init__(self, initial_capacity: int = 64) -> None:
         cap = max(1, initial_capacity)
@@ -182,8 +185,6 @@ class Table:
         self._memo: dict[Any, Memo] = {}
         self._lease_vectors: dict[tuple[Resources, int], tuple[IntArray, list[int]]] = {}
         self._dirty: list[int] = []
-        # place_fast answers a shape that fits nowhere from its memory (fast.NodeTable._missed)
-        self.misses_remembered = True
         self._fd_counts = np.zeros(0, dtype=np.int64)
         self._fd_tenant_counts: dict[str, IntArray] = {}
 
