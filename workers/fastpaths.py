@@ -1,5 +1,6 @@
 """The one switch of the plane's fast paths, POOL_FAST_PATHS=on|off, read once at process start:
-the domain's lean trigger and fold (ADR 012) and the commands answered on the bus's loop (ADR 010)."""
+the domain's lean trigger and fold (ADR 012), the commands answered on the bus's loop (ADR 010)
+and the node table's memory of shapes that fit nowhere."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from domain.fold import use_lean_paths
+from domain.policy.placement import remember_misses
 
 ENV = "POOL_FAST_PATHS"
 _VALUES = {"": True, "on": True, "off": False}
@@ -33,6 +35,7 @@ def configure(env: Mapping[str, str]) -> bool:
     global ON
     ON = parse(env.get(ENV))
     use_lean_paths(ON)
+    remember_misses(ON)
     return ON
 
 

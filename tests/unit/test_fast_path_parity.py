@@ -15,6 +15,7 @@ from bus.transcoder import MsgspecTranscoder
 from domain import Account, Lease, Node, NodeCapabilities, NodeId, PoolId, Resources
 from domain.errors import DomainError
 from domain.fold import Fold, lean_paths, use_lean_paths
+from domain.policy.placement import NodeTable
 from domain.resources import Shape, TenantId
 from workers import fastpaths
 
@@ -125,7 +126,9 @@ def test_the_switch_reaches_the_domain_and_refuses_a_value_it_does_not_know() ->
     try:
         assert fastpaths.configure({"POOL_FAST_PATHS": "off"}) is False
         assert lean_paths() is False and fastpaths.ON is False
+        assert NodeTable().misses_remembered is False
         assert fastpaths.configure({"POOL_FAST_PATHS": "ON"}) is True and lean_paths()
+        assert NodeTable().misses_remembered is True
         assert fastpaths.configure({}) is True  # unset: on
         with pytest.raises(fastpaths.FastPathsSettingError) as refused:
             fastpaths.configure({"POOL_FAST_PATHS": "fast"})

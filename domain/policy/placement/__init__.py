@@ -2,7 +2,7 @@
 Its cost is measured by bench/placement_micro.py.
 """
 
-from domain.policy.placement.fast import NodeTable
+from domain.policy.placement.fast import NodeTable, remember_misses
 from domain.policy.placement.table import (
     NODE_STATES,
     PREFERENCE_KINDS,
@@ -11,4 +11,5 @@ from domain.policy.placement.table import (
     Packing,
 )
 
-__all__ = ["NODE_STATES", "PREFERENCE_KINDS", "FilterResult", "NodeState", "NodeTable", "Packing"]
+__all__ = ["NODE_STATES", "PREFERENCE_KINDS", "FilterResult", "NodeState", "NodeTable", "Packing",
+           "remember_misses"]

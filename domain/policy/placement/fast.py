@@ -30,6 +30,12 @@ class Memo:
     candidates: BoolArray  # ready and statically fit: only these can become eligible
     seen: int  # how much of the dirty-row log is folded in
     result: FilterResult
+    # while no node takes the shape: the filter's result, exact as of `counted` (a position
+    # in the dirty-row log), and its per-reason capacity masks, brought up to date from the
+    # rows touched since rather than by filtering every node again (`_missed`)
+    missed: FilterResult
+    masks: dict[str, BoolArray]
+    counted: int
     # (key, row) of every row with a key, smallest first; an entry whose key is no longer the
     # row's is stale and skipped when it comes to the top. Ties go to the lower row, as argmin's
     heap: list[tuple[int, int]] = field(default_factory=list)
@@ -74,14 +80,15 @@ class NodeTable(Ranking):
         memo_key = (shape, trust)
         memo = self._memo.get(memo_key)
         if memo is None:
-            result = self.filter(shape, allowed_trust_levels=allowed_trust_levels)
+            result, masks = self._filter_masks(shape, allowed_trust_levels)
             keys = np.full(self._n, NO_KEY, dtype=np.int64)
             if result.eligible.size:
                 keys[result.eligible] = self._rank_keys(shape, result.eligible, packing, None)
             candidates = np.zeros(self._n, dtype=np.bool_)
             candidates[result.eligible] = True
             candidates[result.busy] = True
-            memo = Memo(keys, candidates, len(self._dirty), result)
+            memo = Memo(keys, candidates, len(self._dirty), result, result, masks,
+                        len(self._dirty))
             memo.rebuild_heap()
             self._memo[memo_key] = memo
         elif len(self._dirty) - memo.seen <= SCALAR_ROWS:
@@ -108,9 +115,26 @@ class NodeTable(Ranking):
             memo.rebuild_heap()
         best = memo.best()
         if best < 0:
-            del self._memo[memo_key]
-            return None, self.filter(shape, allowed_trust_levels=allowed_trust_levels)
+            return None, self._missed(memo_key, memo, shape, allowed_trust_levels)
         return self._ids[best], memo.result
+
+    def _missed(self, memo_key: object, memo: Memo, shape: Shape,
+                allowed_trust_levels: Iterable[str] | None) -> FilterResult:
+        """What `filter` says now of a shape no node takes. A queue holds many requests of
+        one shape, and once one fits nowhere the rest of a cycle's do too (its placements
+        only take capacity): the first filters every node, the others recount the capacity
+        of the rows allocated or freed since. `misses_remembered` False filters each time
+        (the plain path the parity tests hold this one to)."""
+        if not self.misses_remembered:
+            del self._memo[memo_key]
+            return self.filter(shape, allowed_trust_levels=allowed_trust_levels)
+        if memo.missed.eligible.size:  # last filtered while something fitted: not a miss
+            memo.missed, memo.masks = self._filter_masks(shape, allowed_trust_levels)
+        elif memo.counted < len(self._dirty):
+            rows = np.unique(np.asarray(self._dirty[memo.counted:], dtype=np.int64))
+            memo.missed = self._recount(shape, memo.missed, memo.masks, rows)
+        memo.counted = len(self._dirty)
+        return memo.missed
 
     def _row_key(self, shape: Shape, i: int) -> int:
         """One row's best-fit key exactly as `_rank_keys` computes it (same float operations
@@ -170,3 +194,10 @@ class NodeTable(Ranking):
         key |= int(dominant * Q20) << (POS_BITS + 14)
         key |= int(mean * Q14) << POS_BITS
         return key
+
+
+def remember_misses(on: bool) -> None:
+    """Whether every node table answers a shape that fits nowhere from its memory (on) or
+    filters every node each time (off): set at process start by workers.fastpaths, never read
+    from the environment here."""
+    NodeTable.misses_remembered = bool(on)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 import numpy as np
 
@@ -12,6 +13,7 @@ from domain.policy.placement.table import (
     READY,
     BoolArray,
     FilterResult,
+    IntArray,
     Table,
     reason_for_dimension,
     requested_egress_rank,
@@ -43,22 +45,28 @@ class Filtering(Table):
         shape does not constrain cost nothing. `allowed_trust_levels` (e.g. {"trusted"} for a
         tenant that refuses marketplace nodes) counts failures as isolation_unavailable.
         """
+        return self._filter_masks(shape, allowed_trust_levels)[0]
+
+    def _filter_masks(self, shape: Shape, allowed_trust_levels: Iterable[str] | None
+                      ) -> tuple[FilterResult, dict[str, BoolArray]]:
+        """`filter`, and per capacity reason the nodes failing it (what `_recount` updates)."""
         n = self._n
         empty = np.zeros(0, dtype=np.int64)
         if n == 0:
-            return FilterResult(0, empty, {}, False, 0, empty)
+            return FilterResult(0, empty, {}, False, 0, empty), {}
         failures: dict[str, int] = {}
 
         ready = self._ready(n, failures)
         static_ok = self._static_ok(shape, n, allowed_trust_levels, failures)
-        fits_empty, fits_now = self._fits(shape, n, failures)
+        fits_empty, fits_now, by_code = self._fits(shape, n, failures)
 
         could = static_ok & fits_empty
         fit_when_empty = int(np.count_nonzero(could))
         ok_now = could & ready
         eligible = np.flatnonzero(ok_now & fits_now).astype(np.int64, copy=False)
         busy = np.flatnonzero(ok_now & ~fits_now).astype(np.int64, copy=False)
-        return FilterResult(n, eligible, failures, fit_when_empty == 0, fit_when_empty, busy)
+        return (FilterResult(n, eligible, failures, fit_when_empty == 0, fit_when_empty, busy),
+                by_code)
 
     def _ready(self, n: int, failures: dict[str, int]) -> BoolArray:
         """The nodes ready for placements; the others counted by their state's reason."""
@@ -121,8 +129,8 @@ class Filtering(Table):
             static(R.ZONE_MISMATCH, self._zone[:n] != self._codes["zone"].lookup(shape.zone))
         return static_ok
 
-    def _fits(self, shape: Shape, n: int,
-              failures: dict[str, int]) -> tuple[BoolArray, BoolArray]:
+    def _fits(self, shape: Shape, n: int, failures: dict[str, int]
+              ) -> tuple[BoolArray, BoolArray, dict[str, BoolArray]]:
         """Per node whether `shape`'s resources fit it empty and fit it now; the nodes too busy
         or too small counted per capacity reason."""
         # Capacity: "never fits" (allocatable < request) versus "busy" (free < request).
@@ -153,4 +161,38 @@ class Filtering(Table):
                 c = int(np.count_nonzero(mask))
                 if c:
                     failures[code] = c
-        return fits_empty, fits_now
+        return fits_empty, fits_now, by_code
+
+    def _recount(self, shape: Shape, result: FilterResult, by_code: dict[str, BoolArray],
+                 rows: IntArray) -> FilterResult:
+        """`result` (no node eligible) brought up to date after allocations and frees on
+        `rows` alone, its capacity masks `by_code` updated in place: what `filter` would
+        return now, provided no node, state or dimension changed and none of `rows` fits.
+        Only the capacity counts can move: eligibility, `busy` and the static counts do not
+        depend on what is allocated where no node fits."""
+        used = self._used
+        partition_dim = (
+            partition_dimension(shape.gpu_partition) if shape.gpu_partition != "none" else None
+        )
+        fresh: dict[str, BoolArray] = {}
+        for dim, col, amount in self._request(shape.resources):
+            if col is None:  # as `_fits` counts a dimension no node has ever offered
+                fail = np.full(rows.size, dim != partition_dim, dtype=np.bool_)
+            else:
+                alloc = self._alloc[rows, col]
+                fail = (alloc - used[rows, col]) < amount
+                if dim == partition_dim:
+                    fail = fail & (alloc > 0)
+            code = reason_for_dimension(dim)
+            prev = fresh.get(code)
+            fresh[code] = fail if prev is None else prev | fail
+        for code, fail in fresh.items():
+            by_code[code][rows] = fail
+        failures = {c: k for c, k in result.failures.items() if c not in R.CAPACITY_REASONS}
+        for code in R.CAPACITY_REASONS:
+            mask = by_code.get(code)
+            if mask is not None:
+                c = int(np.count_nonzero(mask))
+                if c:
+                    failures[code] = c
+        return replace(result, failures=failures)

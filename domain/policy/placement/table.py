@@ -145,6 +145,9 @@ class Table:
     so indices are only meaningful until the next `remove_node`; ids are stable.
     """
 
+    # place_fast answers a shape that fits nowhere from its memory (fast.NodeTable._missed):
+    # the table's half of the one fast-path switch (`remember_misses`, workers.fastpaths)
+    misses_remembered: bool = True
 
     def __init__(self, initial_capacity: int = 64) -> None:
         cap = max(1, initial_capacity)
