@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -129,3 +131,17 @@ def test_a_single_row_is_scored_exactly_as_the_vectorised_ranking_scores_it(
             keys = t._rank_keys(s, eligible, "best-fit", None)
             for row, key in zip(eligible.tolist(), keys.tolist(), strict=True):
                 assert t._row_key(s, row) == key
+
+
+def test_the_table_remembers_a_bounded_number_of_shapes(monkeypatch: Any) -> None:
+    """Past `MEMO_SHAPES` shapes the oldest memory goes, and what the table says stays exact."""
+    from domain.policy.placement import fast
+
+    monkeypatch.setattr(fast, "MEMO_SHAPES", 4)
+    table, fresh = _table(8), _table(8)
+    shapes = [Shape.build(cpu_millis=100 * (k + 1), memory_mib=64) for k in range(10)]
+    shapes.append(Shape.build(cpu_millis=99_000, memory_mib=64))  # fits nowhere
+    for shape in shapes * 2:
+        node, result = table.place_fast(shape)
+        assert node == fresh.place(shape)[0] and result.failures == fresh.filter(shape).failures
+        assert len(table._memo) <= 4

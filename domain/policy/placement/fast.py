@@ -23,6 +23,11 @@ from domain.policy.placement.table import (
 )
 from domain.resources import Shape
 
+# shapes (with trust levels) a table remembers at once, the oldest dropped past them: each costs
+# a few arrays as long as the table (about 110 KB at 10,000 nodes), and a shape that misses is
+# kept until the nodes change
+MEMO_SHAPES = 256
+
 
 @dataclass
 class Memo:
@@ -90,6 +95,8 @@ class NodeTable(Ranking):
             memo = Memo(keys, candidates, len(self._dirty), result, result, masks,
                         len(self._dirty))
             memo.rebuild_heap()
+            if len(self._memo) >= MEMO_SHAPES:
+                del self._memo[next(iter(self._memo))]
             self._memo[memo_key] = memo
         elif len(self._dirty) - memo.seen <= SCALAR_ROWS:
             # the common case (a placement or two since the last call): re-score those rows
