@@ -47,6 +47,8 @@ opentelemetry-api==1.45.2
 numpy==2.4.6
 nvidia-ml-py==13.615.71
 prometheus_client==0.26.0
+stamina==26.1.0
+tenacity==9.2.1
 "
 # bwrap links libselinux and libcap (libselinux links libpcre2-8); a bare image may lack them
 DEBS="bubblewrap libcap2 libselinux1 libpcre2-8-0"
