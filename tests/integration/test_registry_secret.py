@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -150,7 +151,10 @@ def test_a_private_image_is_pulled_with_the_registry_secret_and_refused_without(
     assert refused.returncode != 0 and refused.stdout == ""
     lid = refused.stderr.split("lease ", 1)[1].split()[0]
     with PoolClient(plane.url, "alpha") as alpha:  # the start's failure sample says why
-        got = alpha.replay_telemetry({"lease": lid, "kind": "failure"})["result"]["samples"]
+        deadline = time.monotonic() + 10  # published beside the end's report: stored soon after
+        while not (got := alpha.replay_telemetry({"lease": lid, "kind": "failure"})[
+                "result"]["samples"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
     assert [s["event"]["attrs"]["reason"] for s in got] == ["registry_unauthorized"], got
 
     pulled = _pool(*run, "--registry-secret", "regcred", "--", "/bin/echo", "pulled")

@@ -173,9 +173,13 @@ def test_a_failed_jobs_regular_files_are_kept_and_its_links_and_fifos_are_not(
         lid = alpha.request_lease(lease_body("partial", max_runtime=120, runtime="sandboxed",
                                              cpu_millis=500, memory_mib=256))["lease"]["lease_id"]
         kept = alpha.files().list(artifacts_bucket("alpha"), f"{lid}/")
-        end = alpha.call("pool.cmd.alpha.telemetry.replay", {"lease": lid, "kind": "failure"})
+        deadline = time.monotonic() + 10  # published beside the end's report: stored soon after
+        while not (ends := alpha.call("pool.cmd.alpha.telemetry.replay", {
+                "lease": lid, "kind": "failure"})["result"]["samples"]) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
     assert [(o.name, o.size_bytes) for o in kept] == [(f"{lid}/out/p.txt", 8)]
-    attrs = end["result"]["samples"][-1]["event"]["attrs"]
+    attrs = ends[-1]["event"]["attrs"]
     assert attrs["exit_code"] == 3 and attrs["artifacts"] == 1
     assert attrs["artifacts_left_out_not_regular"] == 2  # the link and the FIFO
 
@@ -260,10 +264,14 @@ def test_a_hostile_archive_is_refused_by_the_agent(stack: Stack, tmp_path: Path,
         while (lease := alpha.lease(lid, "get")["lease"])["state"] not in ("released",):
             assert time.monotonic() < deadline + 15, lease
             time.sleep(0.05)
-        # the tenant is told why, in the lease's failure sample
-        replay = alpha.call("pool.cmd.alpha.telemetry.replay", {"lease": lid, "kind": "failure"})
+        # the tenant is told why, in the lease's failure sample (published beside the
+        # agent's report of the end, so it may be stored a moment after the release)
+        while not (samples := alpha.call("pool.cmd.alpha.telemetry.replay", {
+                "lease": lid, "kind": "failure"})["result"]["samples"]):
+            assert time.monotonic() < deadline + 20
+            time.sleep(0.05)
     assert lease["end_reason"] == "failed" and lease["exit_code"] is None
-    reasons = [s["event"]["attrs"] for s in replay["result"]["samples"]]
+    reasons = [s["event"]["attrs"] for s in samples]
     assert [(r["reason"], r["phase"]) for r in reasons] == [("workdir_rejected", "workdir")]
     assert not (tmp_path.parent / "escaped.txt").exists()
 
