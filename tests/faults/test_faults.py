@@ -14,9 +14,15 @@ from chaos.harness import percentile
 from chaos.suite import NAMES, run_scenario
 from projections.decisions import check_placements
 
+# judged on their timing beside a run of the same load alone (a p99 within 2×, a failover's
+# time): the README's test command runs these after the rest, with nothing beside them
+ALONE = {1, 10}
+
 
 @pytest.mark.faults
-@pytest.mark.parametrize("number", sorted(NAMES), ids=[f"{n}-{NAMES[n]}" for n in sorted(NAMES)])
+@pytest.mark.parametrize("number", [
+    pytest.param(n, marks=[pytest.mark.alone] if n in ALONE else [], id=f"{n}-{NAMES[n]}")
+    for n in sorted(NAMES)])
 def test_the_quick_fault_scenario_holds(number: int) -> None:
     outcome = run_scenario(number, quick=True)
     if outcome.skipped is not None:
