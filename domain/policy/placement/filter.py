@@ -155,12 +155,7 @@ class Filtering(Table):
             code = reason_for_dimension(dim)
             prev = by_code.get(code)
             by_code[code] = fail if prev is None else prev | fail
-        for code in R.CAPACITY_REASONS:
-            mask = by_code.get(code)
-            if mask is not None:
-                c = int(np.count_nonzero(mask))
-                if c:
-                    failures[code] = c
+        _count_capacity(by_code, failures)
         return fits_empty, fits_now, by_code
 
     def _recount(self, shape: Shape, result: FilterResult, by_code: dict[str, BoolArray],
@@ -189,10 +184,15 @@ class Filtering(Table):
         for code, fail in fresh.items():
             by_code[code][rows] = fail
         failures = {c: k for c, k in result.failures.items() if c not in R.CAPACITY_REASONS}
-        for code in R.CAPACITY_REASONS:
-            mask = by_code.get(code)
-            if mask is not None:
-                c = int(np.count_nonzero(mask))
-                if c:
-                    failures[code] = c
+        _count_capacity(by_code, failures)
         return replace(result, failures=failures)
+
+
+def _count_capacity(by_code: dict[str, BoolArray], failures: dict[str, int]) -> None:
+    """Each capacity reason's count of failing nodes from its mask, where any fail."""
+    for code in R.CAPACITY_REASONS:
+        mask = by_code.get(code)
+        if mask is not None:
+            c = int(np.count_nonzero(mask))
+            if c:
+                failures[code] = c
