@@ -42,8 +42,8 @@ PAUSE_SHARE = 100
 # the scheduler's attributes that are not its fold: connections, threads, settings given by
 # whoever made it, the batch being built; everything else in the scheduler is checkpointed
 TRANSIENT = frozenset({
-    "app", "clock", "leads", "_lock", "_placing", "_inflight", "_decode", "_read_ahead",
-    "_prefetch", "_read_timeout", "_holds", "_held", "_ends", "pages_read_ahead",
+    "app", "recorder", "clock", "leads", "_lock", "_placing", "_inflight", "_decode",
+    "_read_ahead", "_prefetch", "_read_timeout", "_holds", "_held", "_ends", "pages_read_ahead",
     "pages_read_ahead_unused", "checkpoints", "max_examined_per_cycle", "backfill",
     "max_preemption_plans_per_cycle", "_plans_left", "decisions",
 })  # (the scheduler's fold, workers.scheduler.folding, has only some of them now)
