@@ -5,6 +5,7 @@ What each turns into agent commands and timers: docs/architecture.md#the-work-qu
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
@@ -226,6 +227,10 @@ class Dispatcher:
         if self.checkpoints is not None and not self.position:
             self.checkpoints.restore(self)  # then only the events after it are folded
         self._started = True
+
+    # a checkpoint is taken on the dispatcher's own thread, between steps (after_cycle): no
+    # other thread changes its fold, so none is locked out meanwhile
+    checkpoint_lock = contextlib.nullcontext()
 
     def checkpoint_state(self) -> dict[str, Any] | None:
         """The fold a checkpoint holds; None while orders, timers or feed records decided

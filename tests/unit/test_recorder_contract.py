@@ -1,6 +1,7 @@
 """The log's recorder is one contract (bus.recorders.LogRecorder): bus.jetstream's recorder
 implements it, any other is given the plain path, and no product module asks a recorder what
-it has (`getattr(recorder, "prefetch", None)` and the like)."""
+it has (`getattr(recorder, "prefetch", None)` and the like), nor a fold what the checkpoint
+needs of it (workers.scheduler.checkpoint.Checkpointed)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from eventsourcing.popo import POPOApplicationRecorder
 from bus.jetstream import JetStreamApplicationRecorder
 from bus.recorders import LogRecorder, PlainLogRecorder, log_recorder
 from bus.runtime import BusRuntime
+from workers.scheduler.checkpoint import Checkpointed
 
 ROOT = Path(__file__).resolve().parents[2]
 # the product (tooling, bench/ chaos/ sim/, may do as it likes)
@@ -25,10 +27,12 @@ PRODUCT = ("domain", "schemas", "bus", "workers", "projections", "agents", "clie
 MEMBERS = frozenset(
     {n for n in vars(LogRecorder) if not n.startswith("_")} | set(LogRecorder.__annotations__))
 METHODS = sorted(n for n in MEMBERS if callable(getattr(LogRecorder, n, None)))
+# what a checkpointed fold gives (its `_lock` was asked for before `checkpoint_lock`)
+FOLD_MEMBERS = frozenset({"checkpoint_state", "restore_checkpoint", "checkpoint_lock", "_lock"})
 
 
 def _probes(source: str, where: str = "<string>") -> list[str]:
-    """Each `getattr`/`hasattr` of a recorder, or of anything for one of the contract's
+    """Each `getattr`/`hasattr` of a recorder, or of anything for one of the contracts'
     members, in `source`."""
     out = []
     for node in ast.walk(ast.parse(source, where)):
@@ -37,7 +41,7 @@ def _probes(source: str, where: str = "<string>") -> list[str]:
             continue
         target, name = node.args[0], node.args[1]
         of_recorder = ast.unparse(target).lower().endswith("recorder")
-        of_member = isinstance(name, ast.Constant) and name.value in MEMBERS
+        of_member = isinstance(name, ast.Constant) and name.value in MEMBERS | FOLD_MEMBERS
         if of_recorder or of_member:
             out.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
     return out
@@ -49,15 +53,26 @@ prefetch = getattr(recorder, "prefetch", None)
 timeout = float(getattr(self.app.recorder, "timeout", 10.0))
 watch = getattr(self.store.log_recorder, name)
 ok = hasattr(rec, "read_records")
+own = getattr(s, "checkpoint_state", None)
 fine = getattr(lease, "gang", None)
 """
-    assert len(_probes(probing)) == 4
+    assert len(_probes(probing)) == 5
 
 
-def test_no_product_module_probes_a_recorder_for_a_capability() -> None:
+def test_no_product_module_probes_a_recorder_or_a_fold_for_a_capability() -> None:
     found = [probe for package in PRODUCT for path in sorted((ROOT / package).rglob("*.py"))
              for probe in _probes(path.read_text(), str(path.relative_to(ROOT)))]
-    assert not found, "call the LogRecorder member (bus.recorders):\n" + "\n".join(found)
+    assert not found, ("call the member of bus.recorders.LogRecorder or "
+                       "workers.scheduler.checkpoint.Checkpointed:\n" + "\n".join(found))
+
+
+def test_the_checkpointed_folds_are_the_contract() -> None:
+    from workers.dispatcher import Dispatcher
+    from workers.scheduler import Scheduler
+
+    for fold in (Scheduler, Dispatcher):
+        for name in ("checkpoint_state", "restore_checkpoint", "checkpoint_lock"):
+            assert name in dir(fold) and name in dir(Checkpointed), (fold, name)
 
 
 @pytest.fixture()
