@@ -16,6 +16,7 @@ from typing import Any
 
 from bench.bus_rates import raw_atomic_rate
 from bus.local.server import NatsServer
+from bus.recorders import log_recorder
 from domain.account import Account
 from domain.lease import Lease, LeaseState
 from domain.node import Node
@@ -331,7 +332,7 @@ def _run(url: str, db: str, schema: str, size: dict[str, Any],
     # the projector's, the rebuild's and the audit's way: pages read ahead (bus.jetstream's
     # prefetch, a pull consumer)
     t5 = time.perf_counter()
-    for _page in read_pages(producer.recorder, 1, 1000, stop=top):
+    for _page in read_pages(log_recorder(producer.recorder), 1, 1000, stop=top):
         pass
     ahead_s = time.perf_counter() - t5
     ahead_rate = top / ahead_s if ahead_s else 0.0

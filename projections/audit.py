@@ -16,6 +16,7 @@ import psycopg
 from eventsourcing.persistence import Notification
 from eventsourcing.utils import resolve_topic
 
+from bus.recorders import log_recorder
 from bus.transcoder import EventDecoder
 from domain.lease import Lease
 from domain.node import Node
@@ -31,10 +32,8 @@ from projections.views import (
     Folder,
     gc_paused,
     positions,
-    read_pages,
 )
 
-BATCH = 1000
 # non-credit notifications held for folding on demand; past this many, all are folded
 _PENDING_LIMIT = 200_000
 
@@ -94,21 +93,12 @@ CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0
 Record = tuple[int, str, bool, int, str, bytes]
 
 
-def _records(recorder: Any, top: int, start: int = 1) -> Iterator[Sequence[Record]]:
-    """The log from `start` (its first event) up to `top`, page by page, as log records: the
-    recorder's bulk record read when it has one (bus.jetstream), else its notifications."""
-    read_records = getattr(recorder, "read_records", None)
-    if read_records is not None:
-        yield from read_records(start, top)
-        return
-    for page in read_pages(recorder, start, BATCH, stop=top):
-        yield [(n.id, str(n.originator_id), isinstance(n.originator_id, UUID),
-                n.originator_version, n.topic, n.state) for n in page]
-
-
 class CreditAudit:
     def __init__(self, app: Any, *, tenant: str | None = None) -> None:
         self.app = app
+        # the log as the audit reads it: bulk records (bus.jetstream), or notifications made
+        # into records (bus.recorders' plain path)
+        self.recorder = log_recorder(app.recorder)
         self.tenant = tenant
         self.folder = Folder(app)
         self.decode_event = EventDecoder(app.mapper)
@@ -143,11 +133,12 @@ class CreditAudit:
 
     def _run(self, view_position: int | None) -> AuditReport:
         top = self.stop if self.stop is not None else (
-            self.app.recorder.max_notification_id() or 0)
+            self.recorder.max_notification_id() or 0)
         self.report.position = top
         self.report.view_position = view_position
         # the next page is read while this one is folded
-        for page in _records(self.app.recorder, top, self.start) if top >= self.start else ():
+        pages = self.recorder.read_records(self.start, top) if top >= self.start else ()
+        for page in pages:
             if (view_position is not None and self._snapshot is None
                     and page[-1][0] > view_position):
                 # the figures as of the view's position, then the rest of the page

@@ -10,8 +10,8 @@ from typing import Any
 # what is not the fold: connections, threads, settings, the batch being built (spelt here
 # apart from the checkpoint's own list, so that a list that drops a part of the fold fails)
 NOT_THE_FOLD = frozenset({
-    "app", "clock", "leads", "_lock", "_placing", "_inflight", "_decode", "_read_ahead",
-    "_prefetch", "_read_timeout", "_holds", "_held", "pages_read_ahead",
+    "app", "recorder", "clock", "leads", "_lock", "_placing", "_inflight", "_decode",
+    "_read_ahead", "_prefetch", "_read_timeout", "_holds", "_held", "pages_read_ahead",
     "pages_read_ahead_unused", "checkpoints", "max_examined_per_cycle", "backfill",
     "max_preemption_plans_per_cycle", "_plans_left", "decisions",
 })

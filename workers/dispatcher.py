@@ -5,6 +5,7 @@ What each turns into agent commands and timers: docs/architecture.md#the-work-qu
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
@@ -17,6 +18,7 @@ from eventsourcing.domain import Aggregate
 
 from bus.agentbus import ControlLink
 from bus.headers import HDR_TRACEPARENT
+from bus.recorders import log_recorder
 from bus.transcoder import EventDecoder
 from domain.fold import Fold
 from domain.lease import Lease, LeaseState
@@ -178,6 +180,8 @@ class Dispatcher:
     def __init__(self, app: Any, link: ControlLink, *,
                  feed: FeedPublisher | None = None) -> None:
         self.app = app
+        # the log as this fold reads it (bus.recorders: bus.jetstream's, or the plain path)
+        self.recorder = log_recorder(app.recorder)
         self.link = link
         # the tenants' lease feed, told of every lease event this fold applies
         self.feed = feed
@@ -223,6 +227,10 @@ class Dispatcher:
         if self.checkpoints is not None and not self.position:
             self.checkpoints.restore(self)  # then only the events after it are folded
         self._started = True
+
+    # a checkpoint is taken on the dispatcher's own thread, between steps (after_cycle): no
+    # other thread changes its fold, so none is locked out meanwhile
+    checkpoint_lock = contextlib.nullcontext()
 
     def checkpoint_state(self) -> dict[str, Any] | None:
         """The fold a checkpoint holds; None while orders, timers or feed records decided
@@ -311,16 +319,16 @@ class Dispatcher:
         """The notifications after `position`, a page at a time, to the end of the log. The
         first is asked for and awaited (or was asked for by the step before). Each next one
         is asked for before the page before it is yielded, through the recorder's read-ahead
-        (bus.jetstream's `prefetch`, a pull consumer) when it has one: it is read while that
+        (bus.jetstream's `prefetch`, a pull consumer) when it `reads_ahead`: it is read while that
         page is folded and its orders, timers and feed records are stored, which a follower
         that keeps up with a steady log would otherwise wait for in turn. Such a page may hold
         fewer events than are stored, so they are read until one is empty. Under a steady log
         that never happens: past STEP_MAX_S, a short page (no backlog behind it) ends the step
         and the read asked for after it is left to the next step (`_ahead`), so a step still
         ends, and with it what a step's end does (timers, position, checkpoint)."""
-        recorder = self.app.recorder
-        prefetch = getattr(recorder, "prefetch", None)
-        timeout = float(getattr(recorder, "timeout", 10.0)) + 20.0
+        recorder = self.recorder
+        prefetch = recorder.prefetch if recorder.reads_ahead else None
+        timeout = recorder.timeout + 20.0
         carried, self._ahead = self._ahead, None
         if carried is not None and carried[0] == self.position + 1:
             page = carried[1].result(timeout)

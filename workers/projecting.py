@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from bus.recorders import log_recorder
 from projections.errors import PositionMoved
 from projections.views import DEFAULT_BATCH, DEFAULT_SCHEMA, VIEWS, PoolViews
 from projections.views.retention import PRUNE_BATCH, history_max_age_from_env
@@ -42,6 +43,7 @@ class Projector:
         # the application over the log it folds (its own: stop() closes it), made by the
         # composition root (workers/bootstrap.py)
         self.app = app
+        self.recorder = log_recorder(app.recorder)  # bus.recorders
         if history_max_age_s is None:  # as `pool serve` and `pool up` run it
             history_max_age_s = history_max_age_from_env()
         self.views = PoolViews(self.app, database_url, schema=schema, views=views,
@@ -57,7 +59,7 @@ class Projector:
     def step(self) -> int:
         """Apply at most one batch; returns the number of notifications fetched."""
         start = self.views.position() + 1
-        batch = self.app.recorder.select_notifications(start, self.batch_size)
+        batch = self.recorder.select_notifications(start, self.batch_size)
         if batch:
             self.views.process(batch, read_from=start)
             self.position = batch[-1].id
@@ -85,8 +87,7 @@ class Projector:
         collection pauses the projector for the whole heap right after."""
         stop = stop or self._stop
         self.views.setup()
-        watch = getattr(self.app.recorder, "watch", None)
-        unwatch = watch(self._wake.set) if watch is not None else None
+        unwatch = self.recorder.watch(self._wake.set)
         stages = _Stages(self)
         try:
             while not stop.is_set():
@@ -114,8 +115,7 @@ class Projector:
                 log.warning("projector's last write failed", exc_info=True)
         finally:
             stages.close()
-            if unwatch is not None:
-                unwatch()
+            unwatch()
 
     def prune_when_due(self) -> bool:
         """Once caught up (no write in flight): one batch of the views' past past its
@@ -156,8 +156,8 @@ class _Stages:
     def __init__(self, projector: Projector) -> None:
         self.projector = projector
         self.views = projector.views
-        self.recorder = projector.app.recorder
-        self.prefetch = getattr(self.recorder, "prefetch", None)
+        self.recorder = projector.recorder
+        self.prefetch = self.recorder.prefetch if self.recorder.reads_ahead else None
         self.ahead: tuple[int, Any] | None = None  # (start, the read of the batch from there)
         # of the next read: larger while behind (CATCH_UP_FACTOR)
         self.size = projector.batch_size

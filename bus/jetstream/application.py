@@ -48,6 +48,12 @@ from bus.runtime import translated
 
 
 class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecorder):
+    """The application recorder, and the plane's `bus.recorders.LogRecorder`: its reads ahead
+    (`prefetch`, `read_records`), watches, saves in flight or awaited on the bus's loop."""
+
+    reads_ahead = True  # `prefetch` pages come from a pull consumer (may be short)
+    awaits_on_loop = True  # the *_async calls run on the runtime's loop
+
     def insert_events(
         self, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:

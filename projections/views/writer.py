@@ -12,6 +12,7 @@ from uuid import UUID
 
 import psycopg
 
+from bus.recorders import LogRecorder, log_recorder
 from bus.transcoder import EventDecoder
 from domain.account import Account
 from domain.fold import Fold
@@ -131,6 +132,7 @@ class PoolViews:
                  views: Sequence[str] = VIEWS,
                  history_max_age_s: float = HISTORY_MAX_AGE_S) -> None:
         self.app = app
+        self.recorder = log_recorder(app.recorder)  # bus.recorders
         self.history_max_age_s = history_max_age_s
         self.database_url = database_url
         self.schema = schema
@@ -395,7 +397,7 @@ class PoolViews:
                     return total
                 inflight: concurrent.futures.Future[int] | None = None
                 try:
-                    for page in read_pages(self.app.recorder, start, batch_size, stop=stop):
+                    for page in read_pages(self.recorder, start, batch_size, stop=stop):
                         prepared = self.prepare(page, pos)
                         if inflight is not None:
                             total += inflight.result()
@@ -430,19 +432,15 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def read_pages(recorder: Any, start: int, batch_size: int,
+def read_pages(recorder: LogRecorder, start: int, batch_size: int,
                stop: int | None = None) -> Iterator[Sequence[Any]]:
-    """Pages of notifications from `start` up to the end of the log (or `stop`); while the
-    caller works on one page the next is already being read, when the recorder can read ahead
-    (bus.jetstream's `prefetch`), else pages are read one after the other."""
-    prefetch = getattr(recorder, "prefetch", None)
+    """Pages of notifications from `start` up to the end of the log (or `stop`), read until
+    one is empty; while the caller works on one page the next is already being read when the
+    recorder reads ahead (bus.jetstream's `prefetch`), else (bus.recorders' plain path) pages
+    are read one after the other."""
 
-    def fetch(at: int) -> Any:
-        if prefetch is not None:
-            return prefetch(at, batch_size, stop)
-        done: concurrent.futures.Future[Sequence[Any]] = concurrent.futures.Future()
-        done.set_result(recorder.select_notifications(at, batch_size, stop=stop))
-        return done
+    def fetch(at: int) -> concurrent.futures.Future[list[Any]]:
+        return recorder.prefetch(at, batch_size, stop)
 
     ahead = fetch(start)
     while True:

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from bus.local.server import NatsServer
+from bus.recorders import PlainLogRecorder
 from client.api import PoolClient
 from domain.account import Account
 from domain.resources import LeaseId
@@ -171,17 +172,9 @@ def test_the_audit_reports_the_same_from_bulk_records_and_from_notifications(
     cp.app.save(acc)
     top = cp.app.recorder.max_notification_id() or 0
 
-    class NoRecords:  # the recorder's reads, less read_records
-        def __init__(self, recorder: object) -> None:
-            self.recorder = recorder
-
-        def __getattr__(self, name: str) -> object:
-            if name == "read_records":
-                raise AttributeError(name)
-            return getattr(self.recorder, name)
-
     app = PoolApp(env=app_env(cp.nats_url))  # a reader that has written nothing (as the CLI's)
-    plain = types.SimpleNamespace(recorder=NoRecords(app.recorder), mapper=app.mapper,
+    # the plain path (bus.recorders): notifications read page by page, made into records
+    plain = types.SimpleNamespace(recorder=PlainLogRecorder(app.recorder), mapper=app.mapper,
                                   repository=app.repository)
     reports = []
     for target in (app, plain):

@@ -14,6 +14,7 @@ from bus.admin import ensure_all_streams
 from bus.agentbus import Armed, ControlLink
 from bus.connection import connect
 from bus.local.server import NatsServer
+from bus.recorders import PlainLogRecorder
 from bus.subjects import SCHEDULE_STREAM
 from domain.lease import JobSpec, Lease
 from domain.resources import NodeId, PoolId, Shape, TenantId
@@ -50,13 +51,15 @@ class _Link(ControlLink):
         super().save_position(name, position)
 
 
-class _Reader:
-    """The app's recorder, noting in the journal each page asked for and each read ahead."""
+class _Reader(PlainLogRecorder):
+    """The app's recorder, noting in the journal each page asked for and each read ahead
+    (its own read-ahead's)."""
+
+    reads_ahead = True
 
     def __init__(self, recorder: Any, journal: list[str]) -> None:
-        self.recorder = recorder
+        super().__init__(recorder, timeout=recorder.timeout)
         self.journal = journal
-        self.timeout = recorder.timeout
 
     def select_notifications(self, *args: Any, **kwargs: Any) -> Any:
         self.journal.append("read")

@@ -11,6 +11,7 @@ from bus.admin import ensure_all_streams
 from bus.agentbus import Armed
 from bus.errors import BusUnavailable
 from bus.local.server import NatsServer
+from bus.recorders import PlainLogRecorder
 from domain.lease import JobSpec, Lease
 from domain.resources import NodeId, PoolId, Shape, TenantId
 from workers.application import PoolApp
@@ -50,13 +51,6 @@ class _Link:
             self.fail_at = None
             raise BusUnavailable("the bus is down for a moment")
         self.sent.append(msg_id)
-
-
-class _NoReadAhead:
-    """A recorder that can only be asked for one page at a time."""
-
-    def __init__(self, recorder: Any) -> None:
-        self.select_notifications = recorder.select_notifications
 
 
 def _running_leases(app: PoolApp) -> None:
@@ -103,7 +97,8 @@ def test_a_catch_up_read_ahead_sends_what_a_plain_one_does_each_order_once(
     plain_app = PoolApp(env=app_env(fresh_nats.url))
     readers = [PoolApp(env=app_env(fresh_nats.url)) for _ in range(2)]
     try:
-        plain_app.recorder = _NoReadAhead(plain_app.recorder)  # type: ignore[assignment]
+        # the plain path: one exact page at a time, asked for when the one before is done
+        plain_app.recorder = PlainLogRecorder(plain_app.recorder)  # type: ignore[assignment]
         plain_link = _Link()
         plain = Dispatcher(plain_app, plain_link)  # type: ignore[arg-type]
         assert _catch_up(plain) == top

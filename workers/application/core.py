@@ -31,6 +31,7 @@ from eventsourcing.persistence import (
 )
 
 from bus.errors import BusTimeout
+from bus.recorders import LogRecorder, log_recorder, snapshots_available
 from domain.account import Account
 from domain.copies import copy_aggregate
 from domain.fold import lean_paths
@@ -111,7 +112,7 @@ class PendingSave:
         `save` would; the recordings are only built if the app listens for them."""
         if self._ids is not None:
             return
-        timeout = float(getattr(self.app.recorder, "timeout", 10.0)) + 5
+        timeout = self.app.log_recorder.timeout + 5
         try:
             ids = self._future.result(timeout)
         except concurrent.futures.TimeoutError:
@@ -195,6 +196,9 @@ class Store(Application[UUID]):
             self.name = name
         self.snapshotting = Snapshots(self, {})
         super().__init__(env)
+        # the log's recorder as the plane uses it (bus.recorders): the fast paths below call
+        # it directly; over another persistence module, its plain path
+        self.log_recorder: LogRecorder = log_recorder(self.recorder)
         if self.snapshots is not None:
             self.snapshotting.intervals = snapshot_intervals(self.env)
         # pools and tenant policies as requests read them (see cached): id → (it, good until)
@@ -236,16 +240,8 @@ class Store(Application[UUID]):
         a subject must wait for this one's result first, else its expectation is stale."""
         pe = self._collect(aggs)
         stored = [self.mapper.to_stored_event(e) for e in pe.events]
-        submit = getattr(self.recorder, "insert_events_nowait", None)
-        if submit is None:  # another persistence module: save now, answer later
-            future: concurrent.futures.Future[list[int]] = concurrent.futures.Future()
-            try:
-                future.set_result(list(self.recorder.insert_events(stored) or []))
-            except Exception as e:  # noqa: BLE001 - handed to whoever asks for the result
-                future.set_exception(e)
-        else:
-            future = submit(stored)
-        return PendingSave(self, pe, stored, future)
+        # (over another persistence module: saved now, answered later)
+        return PendingSave(self, pe, stored, self.log_recorder.insert_events_nowait(stored))
 
     async def on_loop(self, command: Callable[[], R], *, reads: Sequence[UUID] = (),
                       runs: int = 1, saves: int = 1) -> R | None:
@@ -259,10 +255,10 @@ class Store(Application[UUID]):
         times, or a save was refused: the caller then runs the command on a thread, which
         answers every case. A command allowed more than one save must be one that a thread may
         run again after its earlier saves landed (each save is atomic, the run is not)."""
-        insert = getattr(self.recorder, "insert_async", None)
-        select = getattr(self.recorder, "select_async", None)
-        if insert is None or select is None or not isinstance(self.repository, PoolRepository):
+        recorder = self.log_recorder
+        if not recorder.awaits_on_loop or not isinstance(self.repository, PoolRepository):
             return None
+        insert, select = recorder.insert_async, recorder.select_async
         run = _OnLoop()
         if reads and not await self._read_on_loop(run, select, reads):
             return None
@@ -312,10 +308,10 @@ class Store(Application[UUID]):
                 return False
             run.read[aggregate_id] = aggregate
         if topics:
-            last_topics = getattr(self.recorder, "last_topics_async", None)
-            if last_topics is None:
+            last = await self.log_recorder.last_topics_async(topics)
+            if last is None:
                 return False
-            run.topics.update(await last_topics(topics))
+            run.topics.update(last)
         return True
 
     def last_topics(self, aggregate_ids: Sequence[UUID]) -> dict[UUID, str | None] | None:
@@ -327,8 +323,7 @@ class Store(Application[UUID]):
             if missing:
                 raise NeedsRead("last topics", topics=missing)
             return {i: run.topics[i] for i in aggregate_ids}
-        read = getattr(self.recorder, "last_topics", None)
-        return None if read is None else read(aggregate_ids)
+        return self.log_recorder.last_topics(aggregate_ids)
 
     def _collect(self, objs: tuple[Any, ...]) -> ProcessingEvent[UUID]:
         """The events and aggregates of a save: aggregates known by their class when the fast
@@ -348,8 +343,9 @@ class Store(Application[UUID]):
         return pe
 
     def construct_snapshot_store(self) -> EventStore[UUID]:
-        return SnapshotStore(self.mapper, self.factory.aggregate_recorder(purpose="snapshots"),
-                             self.snapshotting)
+        recorder = self.factory.aggregate_recorder(purpose="snapshots")
+        return SnapshotStore(self.mapper, recorder, self.snapshotting,
+                             available=snapshots_available(recorder))
 
     def _take_snapshots(self, processing_event: ProcessingEvent[UUID]) -> None:
         """Queue a snapshot of each saved aggregate that is due one (taken on a thread): only
@@ -437,16 +433,19 @@ class Store(Application[UUID]):
                 self._refresh(aggregate_id, load)
                 return hit[0]  # type: ignore[no-any-return]
             raise NeedsRead(f"policy {aggregate_id}")
-        watch = getattr(self.recorder, "watch_appends", None)
-        if watch is None:
-            return load()
         with self._policies_lock:
-            if aggregate_id not in self._policy_watches:
+            watched = aggregate_id in self._policy_watches
+            if not watched:
                 def forget(key: UUID = aggregate_id) -> None:
                     self._policy_changes[key] = self._policy_changes.get(key, 0) + 1
                     self._policies.pop(key, None)
 
-                self._policy_watches[aggregate_id] = watch(aggregate_id, forget)
+                unwatch = self.log_recorder.watch_appends(aggregate_id, forget)
+                if unwatch is not None:
+                    self._policy_watches[aggregate_id] = unwatch
+                    watched = True
+        if not watched:  # a recorder that cannot watch (bus.recorders' plain path)
+            return load()
         changes = self._policy_changes.get(aggregate_id, 0)
         value = load()
         if self._policy_changes.get(aggregate_id, 0) == changes:  # nothing stored meanwhile

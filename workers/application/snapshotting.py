@@ -7,7 +7,7 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import chain
 from typing import Any
 from uuid import UUID
@@ -51,9 +51,13 @@ class SnapshotStore(EventStore[UUID]):
     no upcast, a newer one, one that does not decode) is passed over, so the aggregate loads
     from its whole history; the version of the one it gives is remembered (`known`)."""
 
-    def __init__(self, mapper: Any, recorder: Any, known: Snapshots) -> None:
+    def __init__(self, mapper: Any, recorder: Any, known: Snapshots, *,
+                 available: Callable[[], bool]) -> None:
         super().__init__(mapper, recorder)
         self.known = known
+        # whether snapshots can be read and saved now (bus.recorders.snapshots_available:
+        # bus.jetstream's snapshot stream may be missing)
+        self.available = available
 
     def get(self, originator_id: UUID, *, gt: int | None = None, lte: int | None = None,
             desc: bool = False, limit: int | None = None) -> Iterator[Any]:
@@ -156,11 +160,10 @@ class Snapshots:
         """Whether the latest stored snapshot (read, not decoded) is within `interval` of
         `version`: another process took it, or this one before it started. A scheduler that
         starts with many long-lived aggregates asks once about each, and loads none of them."""
-        store = self.app.snapshots
+        store: SnapshotStore | None = self.app.snapshots
         if store is None:
             return True
-        available = getattr(store.recorder, "available", None)
-        if available is not None and not available():
+        if not store.available():
             # no snapshot stream (said once, by the recorder): no load for nothing, and none
             # asked for again before another interval of its events
             self.seen(aggregate_id, version)

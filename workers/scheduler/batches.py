@@ -96,9 +96,8 @@ class BatchWriter:
         if not ends:
             return
         hints = {a.id: ends[a.id] for a in aggs if a.id in ends}
-        remember = getattr(self.app.recorder, "remember_ends", None)
-        if hints and remember is not None:
-            remember(hints)
+        if hints and self.fold.recorder is not None:
+            self.fold.recorder.remember_ends(hints)
 
     def _reload(self, aggs: list[Aggregate]) -> None:
         fold = self.fold

@@ -42,8 +42,8 @@ PAUSE_SHARE = 100
 # the scheduler's attributes that are not its fold: connections, threads, settings given by
 # whoever made it, the batch being built; everything else in the scheduler is checkpointed
 TRANSIENT = frozenset({
-    "app", "clock", "leads", "_lock", "_placing", "_inflight", "_decode", "_read_ahead",
-    "_prefetch", "_read_timeout", "_holds", "_held", "_ends", "pages_read_ahead",
+    "app", "recorder", "clock", "leads", "_lock", "_placing", "_inflight", "_decode",
+    "_read_ahead", "_prefetch", "_read_timeout", "_holds", "_held", "_ends", "pages_read_ahead",
     "pages_read_ahead_unused", "checkpoints", "max_examined_per_cycle", "backfill",
     "max_preemption_plans_per_cycle", "_plans_left", "decisions",
 })  # (the scheduler's fold, workers.scheduler.folding, has only some of them now)
@@ -62,15 +62,23 @@ _SOURCES = ("domain", "workers/scheduler", "workers/pending.py", "workers/reserv
 class Folded(Protocol):
     """What the checkpoint reads and writes: a fold of the log with its position (the
     scheduler, workers.scheduler.Scheduler, or its fold; the dispatcher,
-    workers.dispatcher.Dispatcher).
-
-    A fold may define `checkpoint_state()` (its state as a dict, or None while it is in the
-    middle of something) and `restore_checkpoint(state)`; without them the checkpoint is every
-    attribute not in the Checkpointer's `transient`, taken under `_lock` when no batch is in
-    flight (`_inflight`) or being built (`_placing`)."""
+    workers.dispatcher.Dispatcher): its state as a dict (None while it is in the middle of
+    something), and that state put back (False: not taken, it said why)."""
 
     position: int
     app: Any
+
+    def checkpoint_state(self) -> dict[str, Any] | None: ...
+
+    def restore_checkpoint(self, state: dict[str, Any]) -> bool | None: ...
+
+
+class Checkpointed(Folded, Protocol):
+    """A fold whose checkpoint is taken (`Checkpointer.take`): under its `checkpoint_lock`,
+    held from its state to its pickle, so that nothing changes the fold meanwhile."""
+
+    @property
+    def checkpoint_lock(self) -> contextlib.AbstractContextManager[Any]: ...
 
 
 class Store(Protocol):
@@ -187,10 +195,9 @@ class Checkpointer:
                  every_events: int = EVERY_EVENTS, every_seconds: float = EVERY_SECONDS,
                  busy_limit_seconds: float = BUSY_LIMIT_SECONDS,
                  may_write: Callable[[], bool] = lambda: True,
-                 purpose: str = "scheduler", transient: frozenset[str] = TRANSIENT) -> None:
+                 purpose: str = "scheduler") -> None:
         self.store = store
         self.purpose = purpose  # whose fold: in the log lines and in what the MAC signs
-        self.transient = transient
         self.key = key
         self.every_events = every_events
         self.every_seconds = every_seconds
@@ -228,14 +235,8 @@ class Checkpointer:
         if state is None:
             log.info("no %s checkpoint: replaying the log from the start", self.purpose)
             return False
-        restore = getattr(s, "restore_checkpoint", None)
-        if restore is not None:
-            if restore(state) is False:
-                return False  # it said why
-        else:
-            for name, value in state.items():
-                setattr(s, name, value)
-            rebind(s)
+        if s.restore_checkpoint(state) is False:
+            return False  # it said why
         # the fold is long-lived: out of the cyclic collector's sight, as after a replay
         gc.freeze()
         self.restored_at = self.last_position = s.position
@@ -291,7 +292,7 @@ class Checkpointer:
             return False  # a deep fold pauses placing for long: at most 1/PAUSE_SHARE of the time
         return idle or waited >= self.busy_limit_seconds
 
-    def after_cycle(self, s: Folded, *, idle: bool) -> bool:
+    def after_cycle(self, s: Checkpointed, *, idle: bool) -> bool:
         """Take a checkpoint if one is due: at an idle moment, or past the busy limit. The
         fold is pickled under the scheduler's lock (that is the copy); compressing, signing
         and storing happen on a thread of their own. True when one was taken."""
@@ -311,19 +312,13 @@ class Checkpointer:
         self._writer.start()
         return True
 
-    def take(self, s: Folded) -> tuple[int, bytes] | None:
+    def take(self, s: Checkpointed) -> tuple[int, bytes] | None:
         """(position, pickled fold) now, or None while a batch is in flight or being built."""
         t0 = time.perf_counter()
-        with getattr(s, "_lock", contextlib.nullcontext()):
-            own = getattr(s, "checkpoint_state", None)
-            if own is not None:
-                state = own() if s.position else None
-                if state is None:
-                    return None
-            elif s._inflight is not None or s._placing or not s.position:  # type: ignore[attr-defined]
+        with s.checkpoint_lock:
+            state = s.checkpoint_state() if s.position else None
+            if state is None:
                 return None
-            else:
-                state = {k: v for k, v in vars(s).items() if k not in self.transient}
             bound = _bound_methods(s)
             try:
                 for part, attr, name in bound:
@@ -345,7 +340,7 @@ class Checkpointer:
         self._last_at = time.monotonic()
         return position, data
 
-    def write_now(self, s: Folded) -> bool:
+    def write_now(self, s: Checkpointed) -> bool:
         """Take and store a checkpoint at once, in this thread (tests, tools)."""
         taken = self.take(s)
         if taken is None:

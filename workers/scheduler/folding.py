@@ -15,6 +15,7 @@ from uuid import UUID
 
 from eventsourcing.domain import Aggregate
 
+from bus.recorders import LogRecorder, log_recorder
 from bus.transcoder import EventDecoder
 from domain.cohort import Cohort
 from domain.fold import Fold
@@ -86,14 +87,18 @@ class SchedulerFold:
         # goes through the mapper
         self._decode = EventDecoder(app.mapper) if app is not None else None
         self._read_ahead: concurrent.futures.ThreadPoolExecutor | None = None
+        # the log as this fold reads and writes it (bus.recorders); None: a fold in memory
+        self.recorder: LogRecorder | None = (log_recorder(app.recorder) if app is not None
+                                             else None)
         # bus.jetstream's read-ahead pages, told to remember every subject they pass (as
         # direct gets do), so that writing to an aggregate only read needs no look-up first
-        self._prefetch = getattr(app.recorder, "prefetch", None) if app is not None else None
-        if self._prefetch is not None:
-            app.recorder.remember_subjects_read = True
+        self._prefetch = (self.recorder.prefetch
+                          if self.recorder is not None and self.recorder.reads_ahead else None)
+        if self.recorder is not None and self._prefetch is not None:
+            self.recorder.remember_subjects_read = True
         # a read that does not finish fails the cycle (the run loop logs it and goes on)
-        self._read_timeout = (float(getattr(app.recorder, "timeout", 10.0)) + 20.0
-                              if app is not None else 30.0)
+        self._read_timeout = (self.recorder.timeout + 20.0 if self.recorder is not None
+                              else 30.0)
         # the last catch-up stopped at a read-ahead page that was short, without an empty
         # page to say the log held no more: the next cycle follows without waiting
         self.maybe_behind = False
@@ -231,9 +236,10 @@ class SchedulerFold:
         the server and far less to this process) when it has one, else `select_notifications`
         on a thread of ours."""
         if self._prefetch is not None:
-            return self._prefetch(start, limit, start + limit - 1)  # type: ignore[no-any-return]
+            return self._prefetch(start, limit, start + limit - 1)
+        assert self.recorder is not None  # a fold in memory reads nothing (_catch_up)
         return self._reader().submit(
-            self.app.recorder.select_notifications, start=start, limit=limit)
+            self.recorder.select_notifications, start=start, limit=limit)
 
     def _reader(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._read_ahead is None:
@@ -370,9 +376,8 @@ class SchedulerFold:
             if cache is not None:
                 with contextlib.suppress(KeyError):
                     cache.get(lease.id, evict=True)
-            forget = getattr(self.app.recorder, "forget", None)
-            if forget is not None:
-                forget(lease.id)
+            if self.recorder is not None:
+                self.recorder.forget(lease.id)
         if len(self.deadlines) > 2 * self.deadlines_kept + DEADLINES_SLACK:
             self._compact_deadlines()
 

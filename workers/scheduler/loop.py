@@ -96,6 +96,11 @@ class Scheduler:
     def _next_read(self, position: int) -> tuple[int, int]:
         return self.fold._next_read(position)
 
+    @property
+    def checkpoint_lock(self) -> threading.RLock:
+        """Held while a checkpoint is taken (workers.scheduler.checkpoint): the cycle's lock."""
+        return self._lock
+
     def checkpoint_state(self) -> dict[str, Any] | None:
         """The fold, for a checkpoint: None while a batch is in flight (its outcome, and so
         the fold, are not known yet)."""
