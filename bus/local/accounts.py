@@ -55,13 +55,15 @@ def node_account(node: str) -> str:
 @dataclass(frozen=True)
 class Crossing:
     """One subject that crosses between POOL and a tenant's or node's account. A `service`
-    goes from the account that publishes it to the one that exports it, and its answers come
-    back (the server names the reply in the exporter, `_R_.…`, so the asker's own reply subject
-    never reaches it): from the account to POOL, or `to_pool` (a session's bytes, read in this
-    account) from POOL to the account. Service imports chain, stream imports do not: a
-    tenant's session `in` crosses into POOL and on into the node's account, a node's `out`
-    into POOL and on into the tenant's. A `stream` flows from POOL into the account only.
-    `streamed`: a service answered by several messages (a batched direct get, a pull)."""
+    goes from the importing account to the exporting one, and its answers come back (the
+    server names the reply in the exporter, `_R_.…`, so the asker's own reply subject never
+    reaches it): POOL exports it and the account imports it (what the account publishes), or,
+    `to_pool`, the account exports it to POOL, which imports it (what the account reads of
+    what another tenant's or node's account publishes). Service imports chain, stream imports
+    do not: a tenant's session `in` crosses into POOL and on into the node's account, a node's
+    `out` and telemetry into POOL and on into the tenant's. A `stream` flows from POOL into
+    the account only. `streamed`: a service answered by several messages (a batched direct
+    get, a pull)."""
 
     subject: str
     kind: Literal["service", "stream"]
