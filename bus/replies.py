@@ -62,14 +62,16 @@ def expected_inbox(subject: str) -> str | None:
 
 def reply_allowed(subject: str, reply: str) -> bool:
     """Whether a request on `subject` may be answered on `reply`: strictly inside the
-    requester's own inbox prefix, or for a tenant's command the server's own `_R_` reply of
-    a service import; made of plain tokens."""
+    requester's own inbox prefix, or for a tenant's command or a node's report the server's own
+    `_R_` reply of a service import; made of plain tokens."""
     prefix = expected_inbox(subject)
     if prefix is None or len(reply) > _MAX_REPLY_LENGTH:
         return False
-    if prefix.startswith(TENANT_INBOXES + ".") and reply.startswith(SERVICE_REPLIES + "."):
-        # a tenant's command from its own account: the server named this reply (no client
-        # may name a `_R_` reply) and routes its answer to the tenant that asked, only there
+    if prefix.startswith((TENANT_INBOXES + ".", NODE_INBOXES + ".")) \
+            and reply.startswith(SERVICE_REPLIES + "."):
+        # a tenant's command or a node's report from its own account: the server named this
+        # reply (no client may name a `_R_` reply) and routes its answer to the tenant or
+        # node that asked, only there
         prefix = SERVICE_REPLIES
     elif not reply.startswith(prefix + "."):
         return False

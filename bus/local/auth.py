@@ -14,7 +14,15 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from bus.caps import Caps
 from bus.errors import NameCollision
-from bus.local.accounts import Crossing, crossings, reloads_to_apply, render_accounts
+from bus.local.accounts import (
+    Crossing,
+    Member,
+    crossings,
+    node_account,
+    reloads_to_apply,
+    render_accounts,
+    tenant_account,
+)
 from bus.replies import (
     ADMIN_INBOXES,
     INBOX_ROOT,
@@ -248,8 +256,10 @@ PERMISSIONS: dict[str, Rule] = {
         (f"{NODE_INBOXES}.{{name}}.>", "pool.agent.{name}.>", f"{SESSION_PREFIX}.*.{{name}}.*.in"),
         "its own reports and telemetry; pulls and acks its own work queue only; reads "
         "tenants' work directories and writes their jobs' artifacts, never a stream's config; "
-        "the sessions the plane sent it (its own node token): reads `in`, writes `out`; in the "
-        "plane's account (not yet one of its own)"),
+        "the sessions the plane sent it (its own node token): reads `in`, writes `out`. In an "
+        "account of its own (ADR 028): each of these crosses into the plane's account by an "
+        "import, every answer comes back into the node's, and a session's bytes and its "
+        "telemetry go on to the tenant's account"),
 }
 
 
@@ -298,6 +308,14 @@ def permissions(kind: str, name: str = "", tenants: tuple[str, ...] = ()
                     else [a]
             out[direction] = {"allow": subjects}
     return out
+
+
+def _crossings(kind: str, name: str, tenants: tuple[str, ...]) -> list[Crossing]:
+    """What crosses between POOL and the account of a user of `kind` named `name`: what its
+    permissions name (accounts.crossings)."""
+    allow = {d: tuple(b["allow"]) for d, b in (permissions(kind, name, tenants) or {}).items()
+             if isinstance(b, dict)}
+    return crossings(allow.get("publish", ()), allow.get("subscribe", ()))
 
 
 def permission_matrix() -> str:
@@ -382,9 +400,9 @@ class AuthConfig:
         return c
 
     def render(self) -> str:
-        """The server's accounts (ADR 027): the system account with the guard's user alone;
-        POOL with the operator, the responders, the roles and the nodes; one account per
-        tenant with its user, importing from POOL what its permissions name. Every user with
+        """The server's accounts (ADR 027, 028): the system account with the guard's user
+        alone; POOL with the operator, the responders and the roles; one account per tenant
+        and one per node with its user, importing from POOL what its permissions name. Every user with
         its bcrypt-hashed password (the server never sees them in plain) and its permissions
         from PERMISSIONS; each tenant's account capped at the connection guard's caps."""
         users: list[dict[str, object]] = []
@@ -405,18 +423,17 @@ class AuthConfig:
         add("responder", self.responder)
         for role in ROLES:
             add(role, self.roles[role])
-        for node, c in sorted(self.nodes.items()):
-            add("node", c, node)
-        rule = PERMISSIONS["tenant"]
-        assert rule.publish is not None and rule.subscribe is not None
-        own: dict[str, tuple[dict[str, object], list[Crossing]]] = {}
-        for tenant, c in sorted(self.tenants.items()):
-            own[tenant] = (user("tenant", c, tenant), crossings(
-                tuple(s.replace("{name}", tenant) for s in rule.publish),
-                tuple(s.replace("{name}", tenant) for s in rule.subscribe)))
         caps = self.tenant_caps
-        accounts = render_accounts(users, own, {"max_connections": caps.max_connections,
-                                                "max_subscriptions": caps.max_subscriptions})
+        limits = {"max_connections": caps.max_connections,
+                  "max_subscriptions": caps.max_subscriptions}
+        members: dict[str, Member] = {}
+        for tenant, c in sorted(self.tenants.items()):
+            members[tenant_account(tenant)] = Member(
+                user("tenant", c, tenant), _crossings("tenant", tenant, tenants), limits)
+        for node, c in sorted(self.nodes.items()):
+            members[node_account(node)] = Member(
+                user("node", c, node), _crossings("node", node, tenants))
+        accounts = render_accounts(users, members)
         # the server's own system account by its own name: a server started before it had
         # users reloads into this one (naming another with `system_account` needs a restart)
         accounts[SYSTEM_ACCOUNT] = {"users": [user("guard", self.guard)]}

@@ -77,13 +77,16 @@ def test_a_reply_subject_outside_the_tenants_inbox_lands_nowhere_in_the_plane(
     ("pool.cmd.alpha.lease.l1.get", "_R_..x", False),
     ("pool.cmd.alpha.lease.l1.get", "_R_x.a", False),
     ("pool.cmd.alpha.lease.l1.get", "pool.evt.account.alpha", False),
-    # the server's replies come from a tenant's service import only: a node or an operator
-    # shares the plane's account, so a `_R_` reply there was named by the client itself
-    ("pool.node.gpu-7.heartbeat", "_R_.aB3dEf.xY9zQw", False),
+    # a node's report from its own account (ADR 028): the server's reply, as a tenant's
+    ("pool.node.gpu-7.heartbeat", "_R_.aB3dEf.xY9zQw", True),
+    ("pool.node.gpu-7.heartbeat", "_R_.>", False),
+    ("pool.node.gpu-7.heartbeat", f"{node_inbox('gpu-7')}.r1", True),
+    # the server's replies come from a tenant's or node's service import only: an operator
+    # shares the plane's account, where a `_R_` reply is never named
     ("pool.admin.tenant.alpha", "_R_.aB3dEf.xY9zQw", False),
     ("pool.ops.queue", "_R_.aB3dEf.xY9zQw", False),
 ])
-def test_a_servers_service_reply_is_answered_for_tenants_commands_only(
+def test_a_servers_service_reply_is_answered_for_tenants_and_nodes_only(
         subject: str, reply: str, allowed: bool) -> None:
     assert reply_allowed(subject, reply) is allowed
 

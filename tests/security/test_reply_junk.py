@@ -1,9 +1,10 @@
 """A client of the plane's account names any reply subject and the server answers there: a
 PubAck or a JetStream API answer aimed at a stream's subject is stored in that stream. A tenant
-can no longer do it (its replies stay in its own account, ADR 027:
-tests/security/test_tenant_accounts.py); a node agent, still in the plane's account, can. Each
-reader of such a stream skips the junk (and counts it where a count exists); no loop stops, no
-state is replaced."""
+or a node can no longer do it (its replies stay in its own account, ADR 027 and 028:
+tests/security/test_tenant_accounts.py, test_node_accounts.py); only the plane's own users,
+the operator's among them, still can. Each reader of such a stream skips the junk (and counts
+it where a count exists), as it would were one of them wrong or taken: no loop stops, no state
+is replaced."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from bus.leader import LeaderElection
 from bus.local.auth import AuthConfig, url_with_credentials
 from bus.local.server import NatsServer
 from bus.objects import artifacts_bucket, ensure_tenant_buckets_sync, work_bucket
-from bus.replies import node_inbox, tenant_inbox
+from bus.replies import tenant_inbox
 from bus.runtime import BusRuntime
 from tests.security.conftest import service_url
 from workers.plane import ControlPlane
@@ -44,17 +45,14 @@ def made_plane(secured: tuple[NatsServer, AuthConfig]) -> Plane:
     return server, auth, url
 
 
-NODE = "gpu-7"  # the secured server's node: it shares the plane's account (ADR 027)
-
-
-async def _node(plane: Plane) -> Any:
-    server, auth, _ = plane
-    return await nats.connect(url_with_credentials(server.url, auth.nodes[NODE]),
-                              inbox_prefix=node_inbox(NODE).encode())
+async def _aimer(plane: Plane) -> Any:
+    """Who aims: a client of the plane's account (the operator's; a node's answers stay in its
+    own account since ADR 028)."""
+    return await nats.connect(plane[2])
 
 
 def aim_live(plane: Plane, target: str, body: bytes, *, tenant: str = "alpha") -> None:
-    """As `tenant`, store `body` in its own bucket; as the node, have a direct get of it
+    """As `tenant`, store `body` in its own bucket; as the aimer, have a direct get of it
     answered on `target`: delivered to whoever listens there, the asker's body and headers,
     not stored."""
     server, auth, _ = plane
@@ -67,7 +65,7 @@ def aim_live(plane: Plane, target: str, body: bytes, *, tenant: str = "alpha") -
             await nc.jetstream().publish(chunk, body, stream=stream,
                                          headers={"Nats-Last-Sequence": "0"})
         await nc.close()
-        node = await _node(plane)
+        node = await _aimer(plane)
         await node.publish(f"$JS.API.DIRECT.GET.{stream}.{chunk}", b"", reply=target)
         await node.flush()
         await node.close()
@@ -76,12 +74,12 @@ def aim_live(plane: Plane, target: str, body: bytes, *, tenant: str = "alpha") -
 
 
 def aim(plane: Plane, target: str, *, how: str = "puback", tenant: str = "alpha") -> None:
-    """As the node, have the server answer on `target`: a PubAck of a store in `tenant`'s
+    """As the aimer, have the server answer on `target`: a PubAck of a store in `tenant`'s
     artifacts bucket, or that bucket stream's info; waits until the answer is stored there."""
     _, _, url = plane
 
     async def go() -> None:
-        nc = await _node(plane)
+        nc = await _aimer(plane)
         bucket = artifacts_bucket(tenant)
         svc = await nats.connect(url)
         try:
