@@ -1,6 +1,8 @@
 """The planner with place_fast's memory of shapes that fit nowhere, against the plain path
 (`NodeTable.misses_remembered` False): the same fold planned both ways gives the same plans,
-reasons and start estimates, cycle after cycle, on a varied generated workload."""
+reasons and start estimates, cycle after cycle, on a varied generated workload. And the
+planner without start estimates (`estimate_starts` False, as the policy simulator plans)
+against the planner with them: the same plans, the estimates aside."""
 
 from __future__ import annotations
 
@@ -127,3 +129,37 @@ def _more(seed: int, cycle: int, now: float) -> list[Any]:
         aggs.append(Node.register(node_id=NodeId(f"new{cycle}"), pool_id=PoolId("p"),
                                   capabilities=caps, now=now))
     return [e for agg in aggs for e in agg.collect_events()]
+
+
+def _unestimated(said: list[str]) -> tuple[list[str], int]:
+    """`_said` with every waiting request's estimated start blanked but a backfill head's
+    (its reservation's start), and how many were blanked."""
+    *plans, last = said
+    after = json.loads(last)
+    blanked = 0
+    for why in after["reasons"].values():
+        queue = why.get("queue")
+        if queue is not None and not queue["reserved"]:
+            blanked += queue["estimated_start_at"] is not None
+            queue["estimated_start_at"] = None
+    return [*plans, json.dumps(after)], blanked
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_planner_without_start_estimates_places_exactly_as_one_with(seed: int) -> None:
+    events = _events(seed, preempt=seed % 2 == 1)
+    with_, without = _fold(events, remembered=True), _fold(events, remembered=True)
+    backfill = seed % 3 != 0
+    planners = [Planner(backfill=backfill), Planner(backfill=backfill, estimate_starts=False)]
+    estimated = 0
+    for cycle in range(3):
+        now = NOW + 60 * cycle
+        said, blanked = _unestimated(_said(with_, planners[0], now))
+        estimated += blanked
+        unsaid, none = _unestimated(_said(without, planners[1], now))
+        assert none == 0  # no estimate but a head's reservation start
+        assert said == unsaid, cycle
+        for event in _more(seed, cycle, now):
+            with_.apply(event)
+            without.apply(event)
+    assert estimated > 0  # the workload has waits that the estimates explain

@@ -350,13 +350,16 @@ class PoolPass:
                         cfg: Any, now: float, allowed: tuple[str, ...] | None) -> float | None:
         """When a request that waits for capacity may start: its reservation's start if it
         is (or now becomes) its band's head and backfill is on, else the earliest time the
-        running leases' deadlines free enough for it on one node (a bound, not a promise)."""
+        running leases' deadlines free enough for it on one node (a bound, not a promise);
+        None for that walk when the planner's `estimate_starts` is off."""
         if self.planner.backfill:
             band = band_of(req.priority_class, req.enqueued_at, now,
                            dict(cfg.priority_classes), float(cfg.aging_seconds_per_rank))
             held = bf.blocked(req.lease_id, req.shape, band, allowed)
             if held is not None:
                 return held.start_at
+        if not self.planner.estimate_starts:
+            return None  # no walk: the estimate only explains a wait, it places nothing
         key = (req.shape, allowed)
         if key not in bf.estimates:  # once per shape a cycle: the walk visits every candidate
             found = bf.earliest(req.shape.resources, [*fr.eligible.tolist(), *fr.busy.tolist()])

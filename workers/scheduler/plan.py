@@ -31,6 +31,7 @@ class Settings(Protocol):
 
     backfill: bool
     max_examined_per_cycle: int
+    estimate_starts: bool
     plans_left: int
 
 

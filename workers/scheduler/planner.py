@@ -23,12 +23,17 @@ class Planner:
     """The placement policy's settings, and `plan`: one pass over a pool's queue."""
 
     def __init__(self, *, backfill: bool = True, max_examined_per_cycle: int = 5000,
-                 max_preemption_plans_per_cycle: int = 32) -> None:
+                 max_preemption_plans_per_cycle: int = 32, estimate_starts: bool = True) -> None:
         # EASY backfill (domain.policy.backfill): off, a later request may take capacity a
         # blocked wide one is gathering; waiting requests get a position and a start
         # estimate either way
         self.backfill = backfill
         self.max_examined_per_cycle = max_examined_per_cycle
+        # a waiting request's estimated start (its reasons' `queue`, for `why`) is a walk over
+        # every candidate node's leases once per shape a cycle; off (the policy simulator,
+        # which reads no reasons), only a backfill head's reservation start is given, and the
+        # placements are the same (tests/unit/test_planner_misses.py)
+        self.estimate_starts = estimate_starts
         # planning a preemption walks every busy node's leases: bound that work per cycle
         self.max_preemption_plans_per_cycle = max_preemption_plans_per_cycle
         self.plans_left = 0
