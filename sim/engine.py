@@ -127,10 +127,11 @@ class Simulator:
         self.on_cycle = on_cycle
         self.clock = VirtualClock(0.0)
         self.fold = SchedulerFold(clock=self.clock)
-        # no start estimates: they explain waits (`why`), which no one asks here
+        # no start estimates, and a pass stops once nothing more fits: both only explain
+        # waits (`why`), which no one asks here
         self.planner = Planner(backfill=policy.backfill,
                                max_examined_per_cycle=MAX_EXAMINED_PER_CYCLE,
-                               estimate_starts=False)
+                               estimate_starts=False, stop_when_nothing_fits=True)
         self.ps = self._build_pool()
         self.table = self.ps.table
         self.totals = self.table.totals(ready_only=True)

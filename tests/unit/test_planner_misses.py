@@ -163,3 +163,50 @@ def test_a_planner_without_start_estimates_places_exactly_as_one_with(seed: int)
             with_.apply(event)
             without.apply(event)
     assert estimated > 0  # the workload has waits that the estimates explain
+
+
+def _crowded(seed: int) -> list[Any]:
+    """A few nodes and many more requests of a few shapes than they hold."""
+    rnd = random.Random(seed)
+    cfg = PoolConfig(priority_classes=(("low", 1), ("high", 10)), default_priority_class="low")
+    aggs: list[Any] = [Pool.create(pool_id=PoolId("p"), now=NOW, config=cfg)]
+    aggs += [TenantPolicy.set(pool_id=PoolId("p"), tenant_id=TenantId(t), now=NOW)
+             for t in TENANTS]
+    for i in range(rnd.randint(3, 6)):
+        caps = NodeCapabilities(allocatable=Resources(
+            cpu_millis=4000 * rnd.randint(1, 4), memory_mib=8192 * rnd.randint(1, 4),
+            gpu_count=rnd.choice((0, 2))), gpu_model="a100", zone=f"z{i % 3}")
+        aggs.append(Node.register(node_id=NodeId(f"n{i}"), pool_id=PoolId("p"),
+                                  capabilities=caps, now=NOW))
+    for k in range(rnd.randint(40, 120)):
+        aggs.append(_request(rnd.choice(TENANTS), f"r{k}", rnd.choice(SHAPES[:7]),
+                             NOW - 500 + k, rnd.choice(("low", "high"))))
+    return [e for agg in aggs for e in agg.collect_events()]
+
+
+def _placed(said: list[str]) -> list[str]:
+    """`_said`'s plans without their reasons (a pass stopped early leaves the requests it
+    did not pop their last reasons), and nothing of the fold's reasons."""
+    out = []
+    for text in said[:-1]:
+        plan = json.loads(text)
+        del plan["reasons"]
+        out.append(json.dumps(plan))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_pass_that_stops_once_nothing_fits_places_exactly_as_a_full_one(seed: int) -> None:
+    # half on a crowded pool, without gangs, microVMs (trust-limited) or a never-fitting
+    # shape, where passes do stop early
+    events = _events(seed, preempt=False) if seed % 2 else _crowded(seed)
+    full, stopping = _fold(events, remembered=True), _fold(events, remembered=True)
+    planners = [Planner(backfill=False), Planner(backfill=False, stop_when_nothing_fits=True)]
+    for cycle in range(4):
+        now = NOW + 60 * cycle
+        assert _placed(_said(full, planners[0], now)) == \
+            _placed(_said(stopping, planners[1], now)), cycle
+        assert len(full.pools["p"].queue or ()) == len(stopping.pools["p"].queue or ())
+        for event in _more(seed, cycle, now):
+            full.apply(event)
+            stopping.apply(event)
