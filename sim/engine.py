@@ -118,10 +118,12 @@ class Simulator:
             raise ValueError("cycle_seconds must be positive")
         self.workload = workload
         self.policy = policy
-        # the policy's half-life is the pool's setting the scheduler reads (0: current usage)
+        # the policy's half-life is the pool's setting the scheduler reads (0: current usage);
+        # preemption is not simulated (docs/audit.md): no victim is noticed
         decay = policy.half_life_seconds if policy.order == "drf" else 0.0
-        self.config = replace(config or PoolConfig(maximum_runtime_seconds=30 * 86_400),
-                              fair_share_half_life_seconds=int(decay))
+        cfg = config or PoolConfig(maximum_runtime_seconds=30 * 86_400)
+        self.config = replace(cfg, fair_share_half_life_seconds=int(decay),
+                              preemption=replace(cfg.preemption, enabled=False))
         self.cycle_seconds = cycle_seconds
         self.quotas = dict(quotas or {})
         self.on_cycle = on_cycle
