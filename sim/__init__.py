@@ -1,4 +1,4 @@
-"""The policy simulator: the domain and the scheduler's policy on a virtual clock, fed by a
+"""The policy simulator: the live scheduler's planner on a virtual clock, fed by a
 synthetic or logged workload, measured by `sim.metrics`.
 """
 

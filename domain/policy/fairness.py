@@ -355,6 +355,10 @@ class FairQueue:
         for r in requests:
             self.push(r)
 
+    def requests(self) -> Iterable[PendingRequest]:
+        """Every queued request, in no particular order (read-only)."""
+        return self._requests.values()
+
     def requests_of(self, tenant: str) -> list[PendingRequest]:
         """The tenant's queued requests, in no particular order: a walk over its own slots
         only, not the whole queue."""

@@ -81,7 +81,7 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "gateway": ("domain", "schemas", "bus", "client", "workers.routes", "projections"),
     "cli": EVERYTHING,
     "local": EVERYTHING,
-    "sim": ("domain",),
+    "sim": ("domain", "workers.scheduler"),
     "bench": EVERYTHING,
     "chaos": EVERYTHING,
 }

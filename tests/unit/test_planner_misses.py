@@ -1,6 +1,8 @@
 """The planner with place_fast's memory of shapes that fit nowhere, against the plain path
 (`NodeTable.misses_remembered` False): the same fold planned both ways gives the same plans,
-reasons and start estimates, cycle after cycle, on a varied generated workload."""
+reasons and start estimates, cycle after cycle, on a varied generated workload. And the
+planner without start estimates (`estimate_starts` False, as the policy simulator plans)
+against the planner with them: the same plans, the estimates aside."""
 
 from __future__ import annotations
 
@@ -127,3 +129,84 @@ def _more(seed: int, cycle: int, now: float) -> list[Any]:
         aggs.append(Node.register(node_id=NodeId(f"new{cycle}"), pool_id=PoolId("p"),
                                   capabilities=caps, now=now))
     return [e for agg in aggs for e in agg.collect_events()]
+
+
+def _unestimated(said: list[str]) -> tuple[list[str], int]:
+    """`_said` with every waiting request's estimated start blanked but a backfill head's
+    (its reservation's start), and how many were blanked."""
+    *plans, last = said
+    after = json.loads(last)
+    blanked = 0
+    for why in after["reasons"].values():
+        queue = why.get("queue")
+        if queue is not None and not queue["reserved"]:
+            blanked += queue["estimated_start_at"] is not None
+            queue["estimated_start_at"] = None
+    return [*plans, json.dumps(after)], blanked
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_planner_without_start_estimates_places_exactly_as_one_with(seed: int) -> None:
+    events = _events(seed, preempt=seed % 2 == 1)
+    with_, without = _fold(events, remembered=True), _fold(events, remembered=True)
+    backfill = seed % 3 != 0
+    planners = [Planner(backfill=backfill), Planner(backfill=backfill, estimate_starts=False)]
+    estimated = 0
+    for cycle in range(3):
+        now = NOW + 60 * cycle
+        said, blanked = _unestimated(_said(with_, planners[0], now))
+        estimated += blanked
+        unsaid, none = _unestimated(_said(without, planners[1], now))
+        assert none == 0  # no estimate but a head's reservation start
+        assert said == unsaid, cycle
+        for event in _more(seed, cycle, now):
+            with_.apply(event)
+            without.apply(event)
+    assert estimated > 0  # the workload has waits that the estimates explain
+
+
+def _crowded(seed: int) -> list[Any]:
+    """A few nodes and many more requests of a few shapes than they hold."""
+    rnd = random.Random(seed)
+    cfg = PoolConfig(priority_classes=(("low", 1), ("high", 10)), default_priority_class="low")
+    aggs: list[Any] = [Pool.create(pool_id=PoolId("p"), now=NOW, config=cfg)]
+    aggs += [TenantPolicy.set(pool_id=PoolId("p"), tenant_id=TenantId(t), now=NOW)
+             for t in TENANTS]
+    for i in range(rnd.randint(3, 6)):
+        caps = NodeCapabilities(allocatable=Resources(
+            cpu_millis=4000 * rnd.randint(1, 4), memory_mib=8192 * rnd.randint(1, 4),
+            gpu_count=rnd.choice((0, 2))), gpu_model="a100", zone=f"z{i % 3}")
+        aggs.append(Node.register(node_id=NodeId(f"n{i}"), pool_id=PoolId("p"),
+                                  capabilities=caps, now=NOW))
+    for k in range(rnd.randint(40, 120)):
+        aggs.append(_request(rnd.choice(TENANTS), f"r{k}", rnd.choice(SHAPES[:7]),
+                             NOW - 500 + k, rnd.choice(("low", "high"))))
+    return [e for agg in aggs for e in agg.collect_events()]
+
+
+def _placed(said: list[str]) -> list[str]:
+    """`_said`'s plans without their reasons (a pass stopped early leaves the requests it
+    did not pop their last reasons), and nothing of the fold's reasons."""
+    out = []
+    for text in said[:-1]:
+        plan = json.loads(text)
+        del plan["reasons"]
+        out.append(json.dumps(plan))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_pass_that_stops_once_nothing_fits_places_exactly_as_a_full_one(seed: int) -> None:
+    # half on a crowded pool, without gangs, microVMs (trust-limited) or a never-fitting
+    # shape, where passes do stop early
+    events = _events(seed, preempt=False) if seed % 2 else _crowded(seed)
+    full, stopping = _fold(events, remembered=True), _fold(events, remembered=True)
+    planners = [Planner(backfill=False), Planner(backfill=False, stop_when_nothing_fits=True)]
+    for cycle in range(4):
+        now = NOW + 60 * cycle
+        assert _placed(_said(full, planners[0], now)) == \
+            _placed(_said(stopping, planners[1], now)), cycle
+        assert len(full.pools["p"].queue or ()) == len(stopping.pools["p"].queue or ())
+        for event in _more(seed, cycle, now):
+            full.apply(event)
+            stopping.apply(event)

@@ -167,3 +167,28 @@ def test_a_logged_lease_replays_with_the_runtime_it_was_observed_to_run() -> Non
     assert ran.wide  # one GPU of a one-GPU node is the whole node
     result = Simulator(wl, DRF, cycle_seconds=1.0).run()
     assert all(o.ended_at is not None for o in result.outcomes)
+
+
+def test_a_pool_that_preempts_replays_without_preemption() -> None:
+    # preemption is not simulated (docs/audit.md): a high-priority request waits for a node
+    # to free instead of noticing the low one running there, and every request runs once
+    from domain.poolconfig import PoolConfig, PreemptionSettings
+
+    node = SimNode("n", NodeCapabilities(allocatable=Resources(gpu_count=1)))
+    reqs = (SimRequest("low", "t", 0.0, ONE, 600.0, 600, priority_class="low"),
+            SimRequest("high", "u", 60.0, ONE, 60.0, 60, priority_class="high"))
+    wl = Workload((node,), (Tenant("t", "", 1.0), Tenant("u", "", 1.0)), reqs, 100.0)
+    cfg = PoolConfig(priority_classes=(("low", 0), ("high", 10)), default_priority_class="low",
+                     preemption=PreemptionSettings(enabled=True))
+    states: set[str] = set()
+
+    def look(now: float, placed: int) -> None:
+        states.update(str(a.state) for a in sim.fold.aggregates.values()
+                      if isinstance(a, Lease))
+
+    sim = Simulator(wl, DRF, config=cfg, cycle_seconds=60.0, on_cycle=look)
+    result = sim.run()
+    started = {o.request.request_id: o.started_at for o in result.outcomes}
+    assert started == {"low": 0.0, "high": 600.0}
+    assert "preempting" not in states and "running" in states  # no victim noticed
+    _never_over_capacity(wl, result)

@@ -4,6 +4,7 @@ reasons, and the plans it fills (workers.scheduler.planner)."""
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 from uuid import UUID
@@ -40,6 +41,46 @@ from workers.scheduler.state import (
 # what `_place_one` is given: backfill (None: the fast path), shape, lease, its id, the
 # trust levels allowed, its band, now
 Where = tuple[Backfill | None, Any, Lease | QueuedLease, str, tuple[str, ...] | None, Any, float]
+
+
+class NothingFits:
+    """A pass's early stop (`Planner.stop_when_nothing_fits`, used without backfill's admission
+    and preemption): capacity only shrinks within a pass, so once every shape still queued
+    has fit nowhere (among the nodes of the trust its request may use) no later request is
+    placed, and popping on would only make more waits, whose reasons and positions the
+    requests left unpopped keep from the cycle before."""
+
+    def __init__(self, queue: FairQueue, pool: Pool,
+                 trust: dict[tuple[str, str], tuple[str, ...] | None]) -> None:
+        self.pool = pool
+        self.trust = trust  # the pass's: (isolation, tenant) → trust levels allowed
+        self.left: Counter[tuple[Shape, tuple[str, ...] | None]] = Counter(
+            self.key(r) for r in queue.requests())
+        self.missed: set[tuple[Shape, tuple[str, ...] | None]] = set()
+        self.open = len(self.left)  # keys still queued that have not missed
+
+    def key(self, req: PendingRequest) -> tuple[Shape, tuple[str, ...] | None]:
+        """The request's shape and the node trust levels it may use (None: any)."""
+        at = (req.shape.runtime, req.tenant)
+        if at not in self.trust:
+            self.trust[at] = allowed_trust(self.pool, req.shape.runtime, req.tenant)
+        return req.shape, self.trust[at]
+
+    def popped(self, req: PendingRequest) -> None:
+        key = self.key(req)
+        self.left[key] -= 1
+        if self.left[key] == 0 and key not in self.missed:
+            self.open -= 1
+
+    def miss(self, req: PendingRequest, allowed: tuple[str, ...] | None) -> None:
+        key = (req.shape, allowed)
+        if key not in self.missed:
+            self.missed.add(key)
+            if self.left[key] > 0:
+                self.open -= 1
+
+    def done(self) -> bool:
+        return self.open <= 0 and bool(self.missed)
 
 
 class PoolPass:
@@ -133,8 +174,13 @@ class PoolPass:
         trust_of: dict[tuple[str, str], tuple[str, ...] | None] = {}
         # one pop at a time: each placement changes its tenant's share before the next pick
         limit = self.planner.max_examined_per_cycle
-        while examined < limit and (req := queue.pop(now)) is not None:
+        stop = (NothingFits(queue, pool, trust_of) if self.planner.stop_when_nothing_fits
+                and not guarded and not cfg.preemption.enabled else None)
+        while (examined < limit and not (stop is not None and stop.done())
+               and (req := queue.pop(now)) is not None):
             examined += 1
+            if stop is not None:
+                stop.popped(req)
             # a compact QueuedLease until it is rejected or reserved (`planner.whole`)
             lease = state.aggregates.peek(UUID(req.lease_id))
             if (not isinstance(lease, (Lease, QueuedLease))
@@ -180,6 +226,8 @@ class PoolPass:
                 if held:
                     self._held_back(ps, bf, req, fr, now, allowed, unplaced, starts)
                     continue
+                if stop is not None and not fr.never_satisfiable:
+                    stop.miss(req, allowed)
                 self._not_placed(ps, bf, req, lease, fr, now, allowed, unplaced, starts)
             elif not self._reserve(ps, bf, req, lease, shape, node_id, band, now, unplaced):
                 continue  # it waits after all, for credits or GPU devices
@@ -350,13 +398,16 @@ class PoolPass:
                         cfg: Any, now: float, allowed: tuple[str, ...] | None) -> float | None:
         """When a request that waits for capacity may start: its reservation's start if it
         is (or now becomes) its band's head and backfill is on, else the earliest time the
-        running leases' deadlines free enough for it on one node (a bound, not a promise)."""
+        running leases' deadlines free enough for it on one node (a bound, not a promise);
+        None for that walk when the planner's `estimate_starts` is off."""
         if self.planner.backfill:
             band = band_of(req.priority_class, req.enqueued_at, now,
                            dict(cfg.priority_classes), float(cfg.aging_seconds_per_rank))
             held = bf.blocked(req.lease_id, req.shape, band, allowed)
             if held is not None:
                 return held.start_at
+        if not self.planner.estimate_starts:
+            return None  # no walk: the estimate only explains a wait, it places nothing
         key = (req.shape, allowed)
         if key not in bf.estimates:  # once per shape a cycle: the walk visits every candidate
             found = bf.earliest(req.shape.resources, [*fr.eligible.tolist(), *fr.busy.tolist()])

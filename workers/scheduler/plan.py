@@ -31,6 +31,8 @@ class Settings(Protocol):
 
     backfill: bool
     max_examined_per_cycle: int
+    estimate_starts: bool
+    stop_when_nothing_fits: bool
     plans_left: int
 
 

@@ -23,12 +23,23 @@ class Planner:
     """The placement policy's settings, and `plan`: one pass over a pool's queue."""
 
     def __init__(self, *, backfill: bool = True, max_examined_per_cycle: int = 5000,
-                 max_preemption_plans_per_cycle: int = 32) -> None:
+                 max_preemption_plans_per_cycle: int = 32, estimate_starts: bool = True,
+                 stop_when_nothing_fits: bool = False) -> None:
         # EASY backfill (domain.policy.backfill): off, a later request may take capacity a
         # blocked wide one is gathering; waiting requests get a position and a start
         # estimate either way
         self.backfill = backfill
         self.max_examined_per_cycle = max_examined_per_cycle
+        # a waiting request's estimated start (its reasons' `queue`, for `why`) is a walk over
+        # every candidate node's leases once per shape a cycle; off (the policy simulator,
+        # which reads no reasons), only a backfill head's reservation start is given, and the
+        # placements are the same (tests/unit/test_planner_misses.py)
+        self.estimate_starts = estimate_starts
+        # stop a pass without backfill or preemption once every shape still queued fit
+        # nowhere (placing.NothingFits): the same placements, but the requests left unpopped
+        # keep the last cycle's reasons and positions, so only for a planner that no one asks
+        # `why` of (the policy simulator); tests/unit/test_planner_misses.py
+        self.stop_when_nothing_fits = stop_when_nothing_fits
         # planning a preemption walks every busy node's leases: bound that work per cycle
         self.max_preemption_plans_per_cycle = max_preemption_plans_per_cycle
         self.plans_left = 0
