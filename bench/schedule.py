@@ -26,6 +26,7 @@ from domain.resources import NodeCapabilities, NodeId, PoolId, Resources, Shape,
 from workers.application import PoolApp
 from workers.bootstrap import app_env
 from workers.scheduler import Scheduler, tune_gc
+from workers.scheduler.planner import Planner
 
 TENANTS = (("alpha", 3), ("beta", 2), ("gamma", 1))
 # the figure's name wherever it is shown: it is not what a user's request sees (bench e2e is)
@@ -41,6 +42,23 @@ def make_node(i: int, now: float) -> Node:
     )
     return Node.register(node_id=NodeId(f"n{i:05d}"), pool_id=PoolId("bench"),
                          capabilities=caps, now=now)
+
+
+# `unplaceable` requests ask for more CPU than a bench node has; one node of twice the size,
+# cordoned, could hold them, so they wait (are not rejected as fitting no node ever)
+BIG_CPU_MILLIS = 48000
+
+
+def _big_cordoned_node(i: int, now: float) -> Node:
+    """A node that could hold an `unplaceable` request, cordoned so it holds none."""
+    caps = NodeCapabilities(
+        allocatable=Resources(cpu_millis=2 * 32000, memory_mib=131072, local_disk_gib=500),
+        zone="z0", failure_domain="z0-big",
+    )
+    node = Node.register(node_id=NodeId(f"n{i:05d}"), pool_id=PoolId("bench"),
+                         capabilities=caps, now=now)
+    node.cordon(now, "bench: requests wait for it")
+    return node
 
 
 def _requests(shape: Shape, first: int, end: int) -> list[Lease]:
@@ -80,16 +98,22 @@ def run_schedule_bench(
     *, nodes: int = 10000, requests: int = 100000, quick: bool = False,
     rate: float = 1000.0, steady_seconds: float = 10.0, priced: bool = False,
     progress: Callable[[str], None] | None = None, half_life_seconds: int = 0,
+    unplaceable: int = 0,
 ) -> dict[str, Any]:
     if quick:
         nodes, requests = min(nodes, 500), min(requests, 3000)
         rate, steady_seconds = min(rate, 500.0), min(steady_seconds, 3.0)
+    budget = Planner().max_examined_per_cycle
+    if not 0 <= unplaceable < budget:
+        # a cycle examines the waiting ones first: as many as it examines, and the backlog
+        # behind them would never be reached
+        raise ValueError(f"unplaceable: 0 to {budget - 1} (a cycle examines {budget})")
     say = progress or (lambda _s: None)
     with tempfile.TemporaryDirectory(prefix="pool-bench-sched-") as tmp:
         server = NatsServer(store_dir=Path(tmp), server_name="pool-bench-sched").start()
         try:
             return _run(server.url, nodes, requests, rate, steady_seconds, say, priced=priced,
-                        half_life_seconds=half_life_seconds)
+                        half_life_seconds=half_life_seconds, unplaceable=unplaceable)
         finally:
             from bus.runtime import close_runtime
 
@@ -99,7 +123,7 @@ def run_schedule_bench(
 
 def _run(url: str, nodes: int, requests: int, rate: float, steady_seconds: float,
          say: Callable[[str], None], *, priced: bool = False,
-         half_life_seconds: int = 0) -> dict[str, Any]:
+         half_life_seconds: int = 0, unplaceable: int = 0) -> dict[str, Any]:
     from bus.admin import ensure_all_streams
 
     ensure_all_streams(url)
@@ -124,6 +148,8 @@ def _run(url: str, nodes: int, requests: int, rate: float, steady_seconds: float
     say(f"bench schedule: registering {nodes} nodes")
     for start in range(0, nodes, 999):
         producer.save(*[make_node(i, now) for i in range(start, min(nodes, start + 999))])
+    if unplaceable:
+        producer.save(_big_cordoned_node(nodes, now))
 
     sched_app = PoolApp(env=app_env(url))
     scheduler = Scheduler(sched_app)
@@ -211,6 +237,14 @@ def _run(url: str, nodes: int, requests: int, rate: float, steady_seconds: float
     # backlog: the same number again, all written to the log first, then the scheduler alone
     # is timed from reading them (its catch-up) to the last durable reservation
     say(f"bench schedule: a backlog of {requests} queued requests, scheduler timed alone")
+    if unplaceable:
+        # a deep queue: requests that wait for the cordoned node, every cycle, ahead of the
+        # backlog (older, so each tenant's come first in its fair order)
+        say(f"bench schedule: {unplaceable} requests that fit no node ahead of it")
+        big = Shape.build(cpu_millis=BIG_CPU_MILLIS, memory_mib=2048)
+        first = 3 * requests  # idempotency keys apart from the backlog's and the steady's
+        for start in range(first, first + unplaceable, SUBMIT_BATCH):
+            producer.save(*_requests(big, start, min(first + unplaceable, start + SUBMIT_BATCH)))
     produce(first=requests)
     reserved_at.clear()
     written[0] = 0
@@ -222,6 +256,8 @@ def _run(url: str, nodes: int, requests: int, rate: float, steady_seconds: float
         if not scheduler.cycle().placed:
             break
     backlog_s = max(reserved_at.values(), default=t1) - t1
+    queue = scheduler.pools["bench"].queue
+    waiting = len(queue) if queue is not None else 0  # the unplaceable, if they waited
     placed = len(reserved_at)
     # what the placements cost the scheduler's process, whatever else the machine runs: on a
     # shared machine the wall-clock rate swings with its load, this much less
@@ -250,6 +286,8 @@ def _run(url: str, nodes: int, requests: int, rate: float, steady_seconds: float
         f"{'pool prices (each placement holds credits)':54} {'yes' if priced else 'none':>12}",
         f"{'fair-share half-life (s; 0: current usage only)':54} {half_life_seconds:12,}",
         f"{'requests':54} {requests:12,}",
+        f"{'  queued ahead of the backlog, fitting no node':54} {unplaceable:12,}",
+        f"{'  still waiting when the backlog was placed':54} {waiting:12,}",
         f"{'backlog requests placed':54} {placed:12,}",
         f"{BACKLOG_LABEL:54} {backlog_rate:12,.0f}",
         f"{'  of which reading the backlog from the log (s)':54} {backlog_read_s:12.3f}",
@@ -267,7 +305,8 @@ def _run(url: str, nodes: int, requests: int, rate: float, steady_seconds: float
         f"machine: {os.cpu_count()} cores; nats-server 2.15 file storage, sync_interval always",
     ]
     return {"nodes": nodes, "requests": requests, "placed": placed, "priced": priced,
-            "half_life_seconds": half_life_seconds,
+            "half_life_seconds": half_life_seconds, "unplaceable": unplaceable,
+            "waiting_at_end": waiting,
             "steady_rate": rate, "steady_placed": steady_placed,
             "steady_placements_per_s": steady_rate, "backlog_placements_per_s": backlog_rate,
             "latency_p50_s": pct(0.5), "latency_p99_s": pct(0.99), "rss_mib": rss_mib,

@@ -36,10 +36,12 @@ def cmd_bench_eventlog(args: argparse.Namespace) -> int:
 def cmd_bench_schedule(args: argparse.Namespace) -> int:
     from bench.schedule import run_schedule_bench
 
+    if not 0 <= args.unplaceable < 5000:
+        raise UsageError("--unplaceable must be 0-4999 (a cycle examines 5,000 requests)")
     result = run_schedule_bench(
         nodes=args.nodes, requests=args.requests, quick=args.quick, rate=args.rate,
         steady_seconds=args.steady_seconds, priced=args.priced,
-        half_life_seconds=args.half_life,
+        half_life_seconds=args.half_life, unplaceable=args.unplaceable,
         progress=None if args.json else (lambda s: print(s, file=sys.stderr, flush=True)),
     )
     return _report(result, args.json)
@@ -261,6 +263,13 @@ def _add_schedule(bench: Subparsers) -> None:
     sb.add_argument("--half-life", type=int, default=0, metavar="SECONDS",
                     help="the pool's fair-share half-life: decayed usage tracked and ordered "
                          "on (default 0: current usage only)")
+    sb.add_argument("--unplaceable", type=int, default=0, metavar="N",
+                    help="a deep queue: N requests that fit no node now (48 cores; the one "
+                         "node that could hold them is cordoned) queued ahead of the backlog, "
+                         "so every cycle examines them first and they wait; shows what the "
+                         "node table's memory of shapes that fit nowhere saves "
+                         "(POOL_FAST_PATHS=off to compare; below 5,000, a cycle's "
+                         "examination budget; default 0)")
     sb.add_argument("--json", action="store_true")
     sb.set_defaults(func=cmd_bench_schedule)
 

@@ -110,6 +110,10 @@ class Backfill:
         self.estimates: dict[object, float | None] = {}
         # node → capacity kept there for advance reservations and maintenance windows
         self._windows: dict[str, list[Withheld]] = {}
+        # (shape, trust) → the table's `layout` when no ready node could ever hold it: no
+        # reservation for it until a node, state or tag changes (a deep queue of requests
+        # that fit nowhere asked `_reserve` to filter every node again for each of them)
+        self._nowhere: dict[tuple[Shape, tuple[str, ...] | None], int] = {}
 
     def withhold(self, withheld: Iterable[Withheld]) -> None:
         """This cycle's advance reservations and maintenance windows (domain.reservation):
@@ -135,6 +139,7 @@ class Backfill:
         self._by_node.clear()
         self._earliest.clear()
         self.estimates.clear()
+        self._nowhere.clear()
         for key in sorted(self._heads, key=lambda k: (-k[0], k[1])):
             head = self._heads[key]
             if not queued(head.lease_id) or not self._reserve(key, head):
@@ -248,6 +253,9 @@ class Backfill:
     def _reserve(self, key: tuple[int, int], head: _Head) -> Reservation | None:
         fr = self.table.filter(head.shape, allowed_trust_levels=head.allowed_trust_levels)
         candidates = np.concatenate([fr.eligible, fr.busy])
+        if not candidates.size:  # no ready node could ever hold it (`_nowhere`)
+            self._nowhere[(head.shape, head.allowed_trust_levels)] = self.table.layout
+            return None
         found = self.earliest(head.shape.resources, candidates, skip_reserved=True)
         if found is None:
             return None
@@ -271,6 +279,8 @@ class Backfill:
             return None
         key = (band, min(set(range(self.depth)) - taken))
         trust = None if allowed_trust_levels is None else tuple(sorted(allowed_trust_levels))
+        if self._nowhere.get((shape, trust)) == self.table.layout:
+            return None  # what `_reserve` would find again: no ready node could hold it
         head = _Head(lease_id, shape, trust)
         r = self._reserve(key, head)
         if r is not None:

@@ -35,6 +35,17 @@ def test_the_schedule_bench_places_every_request_it_submits(priced: bool) -> Non
     assert 1.0 < per_placement < 1.2
 
 
+def test_the_schedule_bench_places_its_backlog_past_a_deep_queue_that_waits() -> None:
+    # --unplaceable: requests that fit no node now, ahead of the backlog; every cycle examines
+    # them and they wait (the cordoned node could hold them: not rejected as never fitting)
+    result = run_schedule_bench(quick=True, steady_seconds=0.5, unplaceable=400)
+    assert result["placed"] == result["requests"] == 3000
+    assert result["unplaceable"] == result["waiting_at_end"] == 400
+    assert "queued ahead of the backlog, fitting no node" in result["table"]
+    with pytest.raises(ValueError, match="unplaceable"):
+        run_schedule_bench(quick=True, unplaceable=5000)  # no cycle would reach the backlog
+
+
 def test_the_agent_bench_starts_every_workload_it_sends() -> None:
     from bench.agent import run_agent_bench
 

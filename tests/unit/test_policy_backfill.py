@@ -264,3 +264,28 @@ def test_an_expired_lease_awaiting_its_agent_has_no_end_estimate() -> None:
     lease.expire(20.0 + 3600, "deadline")
     lease.begin_reconciliation(20.0 + 3600)
     assert lease_end_estimate(lease) is None  # held until the agent confirms, however long
+
+
+def test_a_shape_no_ready_node_could_hold_is_filtered_once_until_a_node_changes() -> None:
+    # a deep queue of requests only a cordoned node could hold: the first finds no node to
+    # reserve, the rest are told so without filtering every node again for each of them,
+    # until a node's state changes (then it is reserved as before)
+    pool = Pool(("small", 4), ("big", 8))
+    pool.table.set_state("big", "cordoned")
+    pool.run("small", "x", 4, end=100.0)
+    bf = pool.backfill()
+    filters = []
+    real = pool.table.filter
+
+    def counted(*args: object, **kw: object) -> object:
+        filters.append(args)
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    pool.table.filter = counted  # type: ignore[method-assign]
+    assert [bf.blocked(f"r{i}", shape(6), band=0) for i in range(50)] == [None] * 50
+    assert len(filters) == 1
+    pool.run("small", "y", 0, end=None)  # an allocation: who could ever hold it is the same
+    assert bf.blocked("r50", shape(6), band=0) is None and len(filters) == 1
+    pool.table.set_state("big", "ready")
+    r = bf.blocked("r51", shape(6), band=0)
+    assert r is not None and (r.node_id, r.start_at) == ("big", 0.0) and len(filters) == 2

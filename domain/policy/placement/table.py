@@ -185,6 +185,10 @@ class Table:
         self._memo: dict[Any, Memo] = {}
         self._lease_vectors: dict[tuple[Resources, int], tuple[IntArray, list[int]]] = {}
         self._dirty: list[int] = []
+        # bumped by every change but an allocation's (nodes, states, dimensions, tags): which
+        # nodes a shape could ever use while ready (`filter`'s eligible and busy together)
+        # changes only with it
+        self.layout = 0
         self._fd_counts = np.zeros(0, dtype=np.int64)
         self._fd_tenant_counts: dict[str, IntArray] = {}
 
@@ -501,5 +505,6 @@ class Table:
 
     def _invalidate(self) -> None:
         # anything but an allocation change (nodes, states, dimensions, tags) re-plans from scratch
+        self.layout += 1
         self._memo.clear()
         self._dirty.clear()
