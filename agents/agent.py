@@ -21,13 +21,14 @@ from agents import gpubind, secrets
 from agents.assignment import refusals, workload_spec
 from agents.checkpoints import DEFAULT_RETENTION_SECONDS, CheckpointSweeper
 from agents.ledger import Ledger
+from agents.link import Link
 from agents.notice import NoticeRefused, latest_mtime, write_notice
 from agents.output import OutputShipper, Stream
 from agents.probe import NodeProbe, Reserve
 from agents.runtimes.contract import Runtime, WorkloadError, WorkloadHandle
 from agents.sessions import Sessions
 from agents.workdir import JobFiles
-from bus.agentbus import AgentCommand, AgentLink
+from bus.agentbus import AgentCommand
 from bus.errors import BusError
 from bus.subjects import telemetry_subject
 from domain.lease import TERMINAL_STATES
@@ -91,7 +92,7 @@ _DEFAULT_RESERVE = Reserve()  # frozen: one shared default is safe
 class Agent:
     """One node's agent. `run(stop)` until the event is set; `step()` for tests."""
 
-    def __init__(self, link: AgentLink, runtime: Runtime, *, node_id: str, pool_id: str,
+    def __init__(self, link: Link, runtime: Runtime, *, node_id: str, pool_id: str,
                  probe: NodeProbe, state_dir: Path, labels: dict[str, str] | None = None,
                  reserve: Reserve = _DEFAULT_RESERVE, trust_level: str = "trusted",
                  heartbeat_interval: float = 2.0, utilization_every: int = 5,
@@ -123,8 +124,7 @@ class Agent:
         self._stopping: list[threading.Thread] = []
         self._lock = threading.RLock()
         self._devices: dict[str, dict[str, Any]] | None = None
-        files = getattr(link, "files", None)
-        self.files = JobFiles(self.state_dir / "files", files() if files is not None else None)
+        self.files = JobFiles(self.state_dir / "files", link.files())
         self.sessions = Sessions(self)  # exec and port-forward into the running jobs
 
         def removed(n: int) -> None:
@@ -138,14 +138,12 @@ class Agent:
     # -- identity and capabilities ------------------------------------------------------------
 
     def capabilities(self) -> dict[str, Any]:
-        binds = getattr(self.runtime, "binds_gpus", None)
-        # only the egress the runtime really enforces (a runtime that says nothing: none)
-        egress = getattr(self.runtime, "network_egress", None)
+        # only the egress the runtime really enforces
         return self.probe.capabilities(reserve=self.reserve,
                                        runtimes=self.runtime.isolation_classes(),
                                        labels=self.labels, trust_level=self.trust_level,
-                                       network_egress=egress() if egress else "none",
-                                       binds_gpus=bool(binds()) if binds is not None else False,
+                                       network_egress=self.runtime.network_egress(),
+                                       binds_gpus=self.runtime.binds_gpus(),
                                        time_slice_replicas=self.time_slice_replicas)
 
     def _own_devices(self) -> dict[str, dict[str, Any]]:
@@ -430,11 +428,11 @@ class Agent:
 
     def _follow(self, lid: str, run: Running) -> None:
         """A thread that learns of the job's exit and output as they happen (where the runtime
-        can tell: `wait`) and reports them at once; the loop's round is the fallback."""
+        can tell: `can_wait`) and reports them at once; the loop's round is the fallback."""
         self._ship(lid, run)
-        wait = getattr(self.runtime, "wait", None)
-        if wait is None:
+        if not self.runtime.can_wait:
             return
+        wait = self.runtime.wait
 
         def follow() -> None:
             while True:
@@ -508,10 +506,10 @@ class Agent:
         """Hand the job's output to the shipper: `output` telemetry its tenant may read
         (`pool lease logs`), at most `max_output_bytes` of it; once its job has exited and all
         of it is shipped, the end is reported from the shipper's thread."""
-        read = getattr(self.runtime, "read_output", None)
-        if read is None:
+        if not self.runtime.can_read_output:
             run.output_shipped = True
             return
+        read = self.runtime.read_output
 
         def send(text: str) -> None:
             self._telemetry(run.pool_id, run.tenant, lid, "output",

@@ -82,9 +82,11 @@ class Sessions:
         if run.stopping:
             return "lease_stopping", "the lease's job is stopping"
         # an attach reads the job's output and writes its stdin; exec and forward enter it
-        need = ("read_output", "stdin") if order.kind == "attach" else ("enter",)
-        if any(getattr(self.agent.runtime, n, None) is None for n in need):
-            return "exec_unsupported", (f"the {self.agent.runtime.name} runtime cannot "
+        runtime = self.agent.runtime
+        can = (runtime.can_read_output and runtime.stdin is not None
+               if order.kind == "attach" else runtime.can_enter)
+        if not can:
+            return "exec_unsupported", (f"the {runtime.name} runtime cannot "
                                         f"{'attach' if order.kind == 'attach' else 'be entered'}")
         if sum(1 for s in self.live.values() if s.lease_id == order.lease_id) \
                 >= MAX_SESSIONS_PER_LEASE:
@@ -221,9 +223,7 @@ class Session:
 
     def enter(self) -> SandboxEntry | None:
         """The handles into the job's sandbox that exec and forward run in."""
-        runtime: Any = self.agent.runtime  # one with an `enter` (Sessions._refusal)
-        entry: SandboxEntry = runtime.enter(self.run_.handle)
-        return entry
+        return self.agent.runtime.enter(self.run_.handle)  # one that can (Sessions._refusal)
 
     def still_here(self) -> bool:
         """Whether the session goes on: while the lease's job is this agent's and running."""
@@ -466,10 +466,9 @@ class AttachSession(Session):
 
     def _follow(self) -> None:
         runtime, handle = self.agent.runtime, self.run_.handle
-        read: Any = getattr(runtime, "read_output", None)
         exited: int | None = None
-        while read is not None and not self.done.is_set():
-            data, self.offset = read(handle, self.offset, READ_BYTES)
+        while runtime.can_read_output and not self.done.is_set():
+            data, self.offset = runtime.read_output(handle, self.offset, READ_BYTES)
             if data:
                 self.send(wire.STDOUT, data)
                 continue
@@ -488,7 +487,7 @@ class AttachSession(Session):
     def handle(self, kind: bytes, conn: int | None, payload: bytes) -> None:
         """Input goes to the session's feed (agents/stdinfeed.py): this thread never waits
         for the job to read, so a close, a ping or the job's end are still seen."""
-        pipes = getattr(self.agent.runtime, "stdin", None)
+        pipes = self.agent.runtime.stdin
         if kind not in (wire.STDIN, wire.EOF) or pipes is None:
             return
         if self.feed is None:

@@ -19,7 +19,14 @@ from typing import Any
 
 from agents.agent import Agent
 from agents.probe import Gpu, GpuProbe, NodeProbe, Reserve
-from agents.runtimes.contract import Usage, WorkloadHandle, WorkloadSpec
+from agents.runtimes.contract import (
+    Runtime,
+    Unsupported,
+    Usage,
+    WorkloadHandle,
+    WorkloadSpec,
+)
+from agents.runtimes.enter import SandboxEntry
 from bus.agentbus import FleetLink, NodeLink
 from bus.errors import BusError
 from bus.local.server import MAX_SUBSCRIPTIONS_PER_CONNECTION
@@ -29,11 +36,23 @@ log = logging.getLogger(__name__)
 _SLEEP = re.compile(r"\bsleep\s+(\d+(?:\.\d+)?)")
 
 
+class SimLink(NodeLink):
+    """A simulated node's link: it has no file store, so its jobs that ask for files are
+    refused (agents/workdir.py)."""
+
+    def files(self) -> None:
+        """None: no store."""
+
+
 class SleepRuntime:
     """A stand-in runtime for simulated nodes: a job 'runs' for the seconds of its `sleep N`
     (or POOL_SIM_SECONDS), exits with POOL_SIM_EXIT (default 0), and stops at once."""
 
     name = "simulated"
+    can_wait = False  # polled by the agent's round
+    can_read_output = False  # a sleep writes nothing
+    can_enter = False
+    stdin = None
 
     def __init__(self, classes: tuple[str, ...] = ("container", "sandboxed"),
                  clock: Callable[[], float] = time.time) -> None:
@@ -46,6 +65,9 @@ class SleepRuntime:
 
     def binds_gpus(self) -> bool:
         return True  # simulated devices: the bound ids are recorded, nothing else to bind
+
+    def network_egress(self) -> str:
+        return "none"
 
     def start(self, spec: WorkloadSpec) -> WorkloadHandle:
         env = dict(spec.env)
@@ -76,6 +98,15 @@ class SleepRuntime:
 
     def usage(self, handle: WorkloadHandle) -> Usage:
         return Usage(cpu_millis_used=random.randint(100, 900), memory_mib_used=256)
+
+    def wait(self, handle: WorkloadHandle, timeout: float) -> str | None:
+        raise Unsupported("a simulated job is polled (can_wait)")
+
+    def read_output(self, handle: WorkloadHandle, offset: int, limit: int) -> tuple[bytes, int]:
+        raise Unsupported("a simulated job writes nothing (can_read_output)")
+
+    def enter(self, handle: WorkloadHandle) -> SandboxEntry:
+        raise Unsupported("a simulated job has no sandbox (can_enter)")
 
 
 @dataclass(frozen=True)
@@ -192,8 +223,9 @@ class SimulatedFleet:
         ids = [n.node_id for n in self.nodes]
         self.link.connect(ids)
         for n in self.nodes:
-            link = self.link.node(n.node_id)
-            agent = Agent(link, SleepRuntime(n.classes), node_id=n.node_id,  # type: ignore[arg-type]
+            link = SimLink(self.link, n.node_id)
+            runtime: Runtime = SleepRuntime(n.classes)  # checked against the contract here
+            agent = Agent(link, runtime, node_id=n.node_id,  # type: ignore[arg-type]
                           pool_id=self.pool_id, probe=n.probe,
                           state_dir=self.state_dir / n.node_id, labels=n.labels,
                           reserve=Reserve(0, 0, 0), trust_level=n.trust,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
 
+from agents.runtimes.contract import StdinSink
 from bus import sessions as wire
 
 # what one session may have taken and not yet written: the tenant's flow-control window and
@@ -26,7 +26,7 @@ class StdinFeed:
     in the job's stdin (the session acknowledges them to the tenant only then), `failed(e)`
     when the job's stdin is gone. After the session ends, what it took is still written."""
 
-    def __init__(self, pipes: Any, key: str, took: Callable[[int], None],
+    def __init__(self, pipes: StdinSink, key: str, took: Callable[[int], None],
                  failed: Callable[[Exception], None], done: threading.Event, name: str) -> None:
         self.pipes, self.key, self.took, self.failed = pipes, key, took, failed
         self.done, self.name = done, name

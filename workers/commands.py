@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from opentelemetry.trace import SpanKind, use_span
@@ -24,6 +24,10 @@ from workers.application import PoolApp
 from workers.errors import ServiceError, UnknownSubject
 from workers.routes import NODE_VERBS, QUERY_VIEWS, ROUTES, Router, subscriptions
 from workers.telemetry_binding import LeaseNodes
+
+if TYPE_CHECKING:
+    from workers.secrets.desk import SecretDesk
+    from workers.webhooks.desk import WebhookDesk
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +83,12 @@ class CommandHandler:
                  views_schema: str | None = None,
                  telemetry_pages: Callable[..., Any] | None = None,
                  feed_pages: Callable[..., Any] | None = None,
-                 webhooks: Any = None, secrets: Any = None) -> None:
+                 webhooks: WebhookDesk | None = None,
+                 secrets: SecretDesk | None = None) -> None:
         self.app = app
-        # workers.webhooks.desk.WebhookDesk: what webhook commands are answered with
+        # what webhook commands are answered with
         self.webhooks = webhooks
-        # workers.secrets.desk.SecretDesk: secret commands, a commit's secret versions, and
-        # the nodes' fetches
+        # secret commands, a commit's secret versions, and the nodes' fetches
         self.secrets = secrets
         self.database_url = database_url
         self.views_schema = views_schema

@@ -9,12 +9,14 @@ from schemas import v1
 
 if TYPE_CHECKING:
     from workers.routes import Context, Params
+    from workers.secrets.desk import SecretDesk
+    from workers.webhooks.desk import WebhookDesk
 
 
-def webhook_desk(ctx: Context) -> Any:
+def webhook_desk(ctx: Context) -> WebhookDesk:
     from workers.errors import WebhooksUnavailable
 
-    desk = getattr(ctx, "webhooks", None)  # the command service's workers.webhooks.desk
+    desk = ctx.webhooks  # the command service's, None elsewhere
     if desk is None:
         raise WebhooksUnavailable("webhooks are not served here")
     return desk
@@ -40,10 +42,10 @@ def webhook_deliveries(ctx: Context, p: Params, cmd: Any) -> v1.Envelope:
     return v1.Envelope.success(result=webhook_desk(ctx).deliveries(p["tenant"], cmd))
 
 
-def secret_desk(ctx: Context) -> Any:
+def secret_desk(ctx: Context) -> SecretDesk:
     from workers.errors import SecretsUnavailable
 
-    desk = getattr(ctx, "secrets", None)  # the command service's workers.secrets.desk
+    desk = ctx.secrets  # the command service's, None elsewhere
     if desk is None:
         raise SecretsUnavailable("secrets are not served here")
     return desk

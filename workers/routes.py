@@ -22,6 +22,8 @@ from workers.errors import UnknownSubject
 
 if TYPE_CHECKING:
     from workers.application import PoolApp
+    from workers.secrets.desk import SecretDesk
+    from workers.webhooks.desk import WebhookDesk
 
 # who answers (or sends) a route: the command responders, the same responders only with a
 # database (queries), the scheduler processes, a node agent (orders the plane sends), or nobody
@@ -47,6 +49,13 @@ class Context(Protocol):
     def queue_positions(self, tenant: str) -> v1.Envelope: ...
 
     def pool_shares(self, pool_id: str) -> v1.Envelope: ...
+
+    # the command service's desks (workers.desks): None where the service has none
+    @property
+    def webhooks(self) -> WebhookDesk | None: ...
+
+    @property
+    def secrets(self) -> SecretDesk | None: ...
 
 
 Handler = Callable[[Context, Params, Any], v1.Envelope]

@@ -25,6 +25,8 @@ class _WhyContext:
     """The route table's Context for the scheduler's routes: `why` and queue positions, from
     its reasons, or for a pool another process leads, from that leader's (`desk`)."""
 
+    webhooks = secrets = None  # the command service's desks: not served here
+
     def __init__(self, app: PoolApp, scheduler: Scheduler, desk: LeadDesk | None = None,
                  decisions: DecisionReader | None = None) -> None:
         self.app = app

@@ -1,11 +1,15 @@
-"""The runtime contract: how a node agent starts, watches, stops and re-adopts a workload.
+"""The runtime contract: how a node agent starts, watches, stops and re-adopts a workload,
+and what more a runtime can do for it (follow, read, enter, feed a job), said by flags.
 One suite runs against every runtime: tests/contract/test_runtime_contract.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from agents.runtimes.enter import SandboxEntry
 
 
 class WorkloadError(Exception):
@@ -23,6 +27,12 @@ class RuntimeUnavailable(WorkloadError):
     """The runtime's engine or binary is not usable on this machine."""
 
     code = "runtime_unavailable"
+
+
+class Unsupported(WorkloadError):
+    """Asked of a runtime what its flags say it cannot do (`can_wait`, `can_enter`, ...)."""
+
+    code = "unsupported"
 
 
 class ImageRejected(WorkloadError):
@@ -116,10 +126,33 @@ class Usage:
     memory_mib_used: int | None = None
 
 
+class StdinSink(Protocol):
+    """The write ends of the stdin of a runtime's jobs started with one, by workload key."""
+
+    def write(self, key: str, data: bytes) -> None:
+        """All of `data` to the job's stdin (waiting while it does not read); StdinClosed
+        (agents/runtimes/stdin.py) when it has none."""
+        ...
+
+    def close(self, key: str) -> None:
+        """The end of the job's input."""
+        ...
+
+
 class Runtime(Protocol):
-    """A way to run workloads on this node inside a given isolation boundary."""
+    """A way to run workloads on this node inside a given isolation boundary. Every runtime
+    has every member: what one cannot do its flags say (the agent asks them, never the
+    runtime's attributes), and the method raises Unsupported if called all the same."""
 
     name: str
+    can_wait: bool  # `wait` tells a job's exit and output as they happen (else: polled)
+    can_read_output: bool  # `read_output` gives the job's stdout and stderr (logs, attach)
+    can_enter: bool  # `enter` opens the running job's sandbox (exec, port-forward)
+
+    @property
+    def stdin(self) -> StdinSink | None:
+        """The jobs' stdin (`pool lease attach -i`); None: every job's is /dev/null."""
+        ...
 
     def isolation_classes(self) -> tuple[str, ...]:
         """The runtime classes this runtime really provides here (probed, not assumed)."""
@@ -128,6 +161,11 @@ class Runtime(Protocol):
     def binds_gpus(self) -> bool:
         """Whether a workload here can be given exactly its own GPU devices and no other: a
         runtime that cannot does not offer GPU shapes at all."""
+        ...
+
+    def network_egress(self) -> str:
+        """The most open egress this runtime enforces (`open`), else `none`: a job asking for
+        egress is refused where it cannot be enforced."""
         ...
 
     def start(self, spec: WorkloadSpec) -> WorkloadHandle:
@@ -152,4 +190,19 @@ class Runtime(Protocol):
 
     def usage(self, handle: WorkloadHandle) -> Usage:
         """A utilization sample for the running workload."""
+        ...
+
+    def wait(self, handle: WorkloadHandle, timeout: float) -> str | None:
+        """Block until the workload exits ("exited") or writes output ("output"), or `timeout`
+        seconds pass (None); a workload forgotten meanwhile counts as exited. `can_wait`."""
+        ...
+
+    def read_output(self, handle: WorkloadHandle, offset: int, limit: int) -> tuple[bytes, int]:
+        """Up to `limit` bytes of the job's stdout and stderr from `offset`, and the offset
+        after them (the same offset when nothing new was written). `can_read_output`."""
+        ...
+
+    def enter(self, handle: WorkloadHandle) -> SandboxEntry:
+        """Handles on the running workload's sandbox, to run a command or open a connection
+        inside it (agents/sessions.py); a WorkloadError when it is not running. `can_enter`."""
         ...

@@ -23,6 +23,7 @@ from agents.runtimes import dockerlogs, dockernet, egress, memfiles
 from agents.runtimes.contract import (
     ImageRejected,
     RuntimeUnavailable,
+    Unsupported,
     Usage,
     WorkloadError,
     WorkloadHandle,
@@ -30,6 +31,7 @@ from agents.runtimes.contract import (
     job_env,
 )
 from agents.runtimes.dockerstdin import DockerStdin
+from agents.runtimes.enter import SandboxEntry
 
 LABEL_LEASE = "computepool.lease"
 LABEL_EPOCH = "computepool.epoch"
@@ -147,6 +149,9 @@ class DockerRuntime:
     """
 
     name = "docker"
+    can_wait = False  # its jobs are polled
+    can_read_output = True
+    can_enter = False  # no exec or port-forward into a container
 
     def __init__(self, state_dir: Path | str | None = None, *, node_id: str | None = None,
                  client: docker.DockerClient | None = None, timeout_seconds: int = 120) -> None:
@@ -536,6 +541,12 @@ class DockerRuntime:
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
             raise OSError(f"the Docker engine does not answer: {e}") from e
         return dockerlogs.stamped_entries(raw if isinstance(raw, bytes) else b"")
+
+    def wait(self, handle: WorkloadHandle, timeout: float) -> str | None:
+        raise Unsupported("the docker runtime's jobs are polled (can_wait)")
+
+    def enter(self, handle: WorkloadHandle) -> SandboxEntry:
+        raise Unsupported("the docker runtime cannot be entered (can_enter)")
 
     def logs(self, handle: WorkloadHandle, *, tail: int | Literal["all"] = "all") -> str:
         """The workload's stdout and stderr (the last `tail` lines), for failure reports."""

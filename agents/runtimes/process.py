@@ -181,6 +181,9 @@ class ProcessRuntime:
     """Runs workloads as sandboxed processes; state (pid and exit files) under `state_dir`."""
 
     name = "process"
+    can_wait = True  # pidfd and inotify (agents/runtimes/events.py)
+    can_read_output = True
+    can_enter = True
 
     def __init__(self, state_dir: Path, *, bwrap: str | None = None,
                  cgroups: Cgroups | None = None, slirp: str | None = "",

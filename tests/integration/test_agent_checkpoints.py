@@ -46,6 +46,9 @@ class PlaneStandIn:
     def fetch(self, timeout: float = 0.0) -> list[Any]:
         return []
 
+    def files(self) -> None:
+        return None  # no file store: no job here asks for files
+
 
 def _agent(tmp_path: Path, state: str = "running") -> tuple[Agent, PlaneStandIn]:
     link = PlaneStandIn(state)

@@ -44,6 +44,9 @@ class RecordingLink:
     def fetch(self, timeout: float = 0.0) -> list[Any]:
         return []
 
+    def files(self) -> None:
+        return None  # no file store: no job here asks for files
+
     def first(self, kind: str, ending: str) -> tuple[float, bytes] | None:
         with self.lock:
             return next(((at, body) for at, k, what, body in self.sent

@@ -47,6 +47,9 @@ class RecordingLink:
     def fetch(self, timeout: float = 0.0) -> list[Any]:
         return []
 
+    def files(self) -> None:
+        return None  # no file store: no job here asks for files
+
     def exited(self) -> bool:
         with self.lock:
             return any(k == "request" and w.endswith(".exited") for _, k, w, _ in self.sent)
