@@ -9,6 +9,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -108,7 +109,7 @@ def test_an_old_folder_goes_and_a_fresh_one_stays(tmp_path: Path) -> None:
 
 def test_a_running_lease_s_folder_stays_however_old(tmp_path: Path) -> None:
     agent, _ = _agent(tmp_path)
-    lid = "00000000-0000-4000-8000-000000000001"
+    lid = str(uuid.uuid4())  # a job's cgroup is named by it, machine-wide
     agent.start(_assignment(lid, ["sh", "-c", "echo 1 > /checkpoint/step && exec sleep 600"]),
                 time.monotonic())
     folder = agent.checkpoints.folder(lid)
@@ -124,7 +125,7 @@ def test_a_running_lease_s_folder_stays_however_old(tmp_path: Path) -> None:
 def test_a_lease_that_ended_for_good_loses_its_fresh_folder_at_the_next_tick(
         tmp_path: Path) -> None:
     agent, _ = _agent(tmp_path, state="released")
-    lid = "00000000-0000-4000-8000-000000000002"
+    lid = str(uuid.uuid4())  # a job's cgroup is named by it, machine-wide
     agent.start(_assignment(lid, ["sh", "-c", "echo 1 > /checkpoint/step"]), time.monotonic())
     folder = agent.checkpoints.folder(lid)
     _wait_for(lambda: not agent.running)  # its exit reported: the plane said released
@@ -136,7 +137,7 @@ def test_a_lease_that_ended_for_good_loses_its_fresh_folder_at_the_next_tick(
 
 def test_a_requeued_lease_keeps_its_folder_for_its_next_placement(tmp_path: Path) -> None:
     agent, _ = _agent(tmp_path, state="queued")  # preempted and requeued: it may come back
-    lid = "00000000-0000-4000-8000-000000000003"
+    lid = str(uuid.uuid4())  # a job's cgroup is named by it, machine-wide
     agent.start(_assignment(lid, ["sh", "-c", "echo 1 > /checkpoint/step"]), time.monotonic())
     _wait_for(lambda: not agent.running)
     assert agent.checkpoints.sweep() == 0
@@ -158,7 +159,7 @@ def test_what_a_job_planted_is_removed_as_entries_never_followed_or_opened(
              " && echo x > /checkpoint/locked/in/f && chmod 0 /checkpoint/locked/in"
              " /checkpoint/locked && cd /checkpoint && python3 -c \"import os\n"
              "for _ in range(1500): os.mkdir('d'); os.chdir('d')\nopen('deep', 'w')\"")
-    lid = "00000000-0000-4000-8000-000000000004"
+    lid = str(uuid.uuid4())  # a job's cgroup is named by it, machine-wide
     folder = agent.checkpoints.folder(lid)
     # should the agent leave it, the tree still goes (pytest's own clean-up recurses)
     request.addfinalizer(lambda: os.path.lexists(folder) and remove_tree(folder))
