@@ -1,5 +1,6 @@
-"""What one tenant's NATS user may hold at once (connections, subscriptions): the caps the
-connection guard enforces and each tenant's account carries as its limits (ADR 023, 026).
+"""What one tenant's or node's NATS user may hold at once (connections, subscriptions): the
+caps the connection guard enforces and each tenant's and node's account carries as its limits
+(ADR 023, 027, 028).
 """
 
 from __future__ import annotations
@@ -15,6 +16,15 @@ MAX_CONNECTIONS = 64
 MAX_SUBSCRIPTIONS = 4096
 CONNECTIONS_ENV = "POOL_TENANT_MAX_CONNECTIONS"
 SUBSCRIPTIONS_ENV = "POOL_TENANT_MAX_SUBSCRIPTIONS"
+# what a node agent's user may hold. A real agent holds one connection, with two subscriptions
+# (its inbox, its work queue's pull) and one more for each session open on it (at most 16 a
+# lease): 8 connections leave room for a restarted agent's stale ones until the server's pings
+# end them; 2,048 subscriptions for a connection at the server's per-connection cap (1,000) and
+# a stale one of the same size
+NODE_MAX_CONNECTIONS = 8
+NODE_MAX_SUBSCRIPTIONS = 2048
+NODE_CONNECTIONS_ENV = "POOL_NODE_MAX_CONNECTIONS"
+NODE_SUBSCRIPTIONS_ENV = "POOL_NODE_MAX_SUBSCRIPTIONS"
 
 
 class InvalidLimit(BusError, ValueError):
@@ -32,7 +42,21 @@ class Caps:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Caps:
-        """POOL_TENANT_MAX_CONNECTIONS and POOL_TENANT_MAX_SUBSCRIPTIONS, or the defaults."""
+        """A tenant's caps: POOL_TENANT_MAX_CONNECTIONS and POOL_TENANT_MAX_SUBSCRIPTIONS, or
+        the defaults; InvalidLimit naming the variable for a value that is not a whole number
+        of at least 1."""
+        return cls._read(environ, (CONNECTIONS_ENV, MAX_CONNECTIONS),
+                         (SUBSCRIPTIONS_ENV, MAX_SUBSCRIPTIONS))
+
+    @classmethod
+    def nodes_from_env(cls, environ: Mapping[str, str] | None = None) -> Caps:
+        """A node agent's caps: POOL_NODE_MAX_CONNECTIONS and POOL_NODE_MAX_SUBSCRIPTIONS, or
+        the defaults; InvalidLimit as `from_env`."""
+        return cls._read(environ, (NODE_CONNECTIONS_ENV, NODE_MAX_CONNECTIONS),
+                         (NODE_SUBSCRIPTIONS_ENV, NODE_MAX_SUBSCRIPTIONS))
+
+    @classmethod
+    def _read(cls, environ: Mapping[str, str] | None, *settings: tuple[str, int]) -> Caps:
         env = os.environ if environ is None else environ
 
         def read(name: str, default: int) -> int:
@@ -47,8 +71,23 @@ class Caps:
                 raise InvalidLimit(f"{name}={raw!r}: a whole number of at least 1 is needed")
             return value
 
-        return cls(read(CONNECTIONS_ENV, MAX_CONNECTIONS), read(SUBSCRIPTIONS_ENV, MAX_SUBSCRIPTIONS))
+        return cls(*(read(name, default) for name, default in settings))
 
-    def describe(self) -> str:
+    @classmethod
+    def saved(cls, data: object, default: Caps) -> Caps:
+        """Caps as `to_dict` saved them (auth.json), or `default` where there are none."""
+        if not isinstance(data, dict):
+            return default
+        return cls(int(data["max_connections"]), int(data["max_subscriptions"]))
+
+    def to_dict(self) -> dict[str, int]:
+        """The caps by nats-server's names: an account's `limits`, and as auth.json keeps them."""
+        return {"max_connections": self.max_connections,
+                "max_subscriptions": self.max_subscriptions}
+
+    def describe(self, kind: str = "tenant") -> str:
+        """The caps and the settings that set them, for a `kind` ("tenant" or "node") user."""
+        names = (CONNECTIONS_ENV, SUBSCRIPTIONS_ENV) if kind == "tenant" else (
+            NODE_CONNECTIONS_ENV, NODE_SUBSCRIPTIONS_ENV)
         return (f"{self.max_connections} connections and {self.max_subscriptions} subscriptions "
-                f"per tenant user ({CONNECTIONS_ENV}, {SUBSCRIPTIONS_ENV})")
+                f"per {kind} user ({', '.join(names)})")

@@ -1,5 +1,6 @@
-"""The connection guard: caps the connections and subscriptions of each tenant's NATS user,
-enforced through the server's system account (connect advisories, CONNZ, KICK). ADR 023.
+"""The connection guard: caps the connections and subscriptions of each tenant's and each node
+agent's NATS user, enforced through the server's system account (connect advisories, CONNZ,
+KICK). ADR 023, 028.
 """
 
 from __future__ import annotations
@@ -226,9 +227,20 @@ class ConnectionGuard:
                 log.warning("connection guard: sweep failed: %r", e)
 
 
-def tenant_caps(caps: Caps) -> Callable[[str], Caps | None]:
-    """`caps` for every tenant's user (named `tenant-<tenant>`), none for anyone else: the
-    operator, the plane's roles and the node agents are trusted or enrolled by the operator."""
-    from bus.local.auth import TENANT_USER_PREFIX
+def user_caps(tenant: Caps, node: Caps | None = None) -> Callable[[str], Caps | None]:
+    """`tenant` for every tenant's user (named `tenant-<tenant>`), `node` for every node
+    agent's (`node-<node>`; None: nodes uncapped), none for anyone else: the operator and the
+    plane's roles are trusted."""
+    from bus.local.auth import NODE_USER_PREFIX, TENANT_USER_PREFIX
 
-    return lambda user: caps if user.startswith(TENANT_USER_PREFIX) else None
+    def caps_of(user: str) -> Caps | None:
+        if user.startswith(TENANT_USER_PREFIX):
+            return tenant
+        return node if user.startswith(NODE_USER_PREFIX) else None
+
+    return caps_of
+
+
+def tenant_caps(caps: Caps) -> Callable[[str], Caps | None]:
+    """`caps` for every tenant's user, none for anyone else (`user_caps` without nodes')."""
+    return user_caps(caps)

@@ -15,14 +15,14 @@ from cli.output import EXIT_OK, Subparsers, UsageError
 def cmd_guard(args: argparse.Namespace) -> int:
     from bus.caps import Caps
     from bus.connection import USER_ENV
-    from bus.connguard import ConnectionGuard, tenant_caps
+    from bus.connguard import ConnectionGuard, user_caps
     from bus.local.auth import GUARD_USER, redact
 
     url = args.nats_url or os.environ.get("POOL_NATS_URL", "")
     if not url:
         raise UsageError("no NATS server: set POOL_NATS_URL / --nats-url (with the guard's "
                          f"user, {GUARD_USER}, in the URL or POOL_NATS_USER and its password)")
-    caps = Caps.from_env()
+    caps, node_caps = Caps.from_env(), Caps.nodes_from_env()
     if not args.sweep_seconds > 0:
         raise UsageError("--sweep-seconds must be more than 0")
     if "@" not in url and not os.environ.get(USER_ENV):
@@ -31,8 +31,10 @@ def cmd_guard(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    guard = ConnectionGuard(url, tenant_caps(caps), sweep_seconds=args.sweep_seconds).start()
-    print(f"guarding {redact(url)}: {caps.describe()}; Ctrl-C to stop", flush=True)
+    guard = ConnectionGuard(url, user_caps(caps, node_caps),
+                            sweep_seconds=args.sweep_seconds).start()
+    print(f"guarding {redact(url)}: {caps.describe()}; {node_caps.describe('node')}; Ctrl-C to "
+          "stop", flush=True)
     try:
         while not stop.wait(0.5):
             pass
@@ -46,15 +48,17 @@ def register(sub: Subparsers) -> None:
     from bus.connguard import SWEEP_SECONDS
 
     g = sub.add_parser(
-        "guard", help="hold each tenant's NATS user to its connection and subscription caps",
+        "guard",
+        help="hold each tenant's and node's NATS user to its connection and subscription caps",
         description="Close a tenant's NATS connections past POOL_TENANT_MAX_CONNECTIONS (the "
         "newest go) and, counted every --sweep-seconds, past POOL_TENANT_MAX_SUBSCRIPTIONS "
-        "(the connection holding the most goes), on every server of POOL_NATS_URL. Speaks as "
+        "(the connection holding the most goes), on every server of POOL_NATS_URL; a node "
+        "agent's past POOL_NODE_MAX_CONNECTIONS and POOL_NODE_MAX_SUBSCRIPTIONS. Speaks as "
         "the servers' system account user, pool-guard (`pool cluster auth` writes its "
         "password to .env as POOL_GUARD_PASSWORD). `pool up` and `pool cluster up` run one "
         "themselves. docs/adr/023-connection-caps-by-a-guard.md")
     g.add_argument("--nats-url", help="the servers (default: POOL_NATS_URL)")
     g.add_argument("--sweep-seconds", type=float, default=SWEEP_SECONDS, metavar="SECONDS",
-                   help="how often every tenant's connections and subscriptions are counted "
-                   f"again from the servers (default {SWEEP_SECONDS:g})")
+                   help="how often every tenant's and node's connections and subscriptions are "
+                   f"counted again from the servers (default {SWEEP_SECONDS:g})")
     g.set_defaults(func=cmd_guard)

@@ -65,7 +65,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("serve", "cli.serve:register_serve",
      "run the command service and the scheduler (or some of the roles)"),
     ("guard", "cli.guard:register",
-     "hold each tenant's NATS user to its connection and subscription caps"),
+     "hold each tenant's and node's NATS user to its connection and subscription caps"),
     ("gateway", "cli.gateway:register",
      "serve the HTTP API, its OpenAPI document and the web dashboard"),
     ("login", "cli.contexts:register",

@@ -102,6 +102,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             "http_url": http.url if http is not None else None,
             "scheduler_pid": child.pid if child is not None else None,
             "tenant_caps": vars(emb.caps) if emb.caps is not None else None,
+            "node_caps": vars(emb.node_caps) if emb.node_caps is not None else None,
         }
         token = next((n.split()[3] for n in http_notes if n.startswith("http: admin token")),
                      None)
@@ -210,7 +211,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
 
     from bus.admin import describe_streams
     from bus.caps import Caps
-    from bus.connguard import ConnectionGuard, tenant_caps
+    from bus.connguard import ConnectionGuard, user_caps
     from bus.local import auth as bus_auth
     from bus.local.auth import redact
     from bus.local.cluster import NatsCluster
@@ -220,7 +221,8 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
         raise UsageError("--nats-nodes must be at least 1 (3 or 5 for a quorum that survives loss)")
     home = Path(args.home).resolve() if args.home else embedded.pool_home()
     root = home / "cluster"
-    caps = Caps.from_env()  # a bad cap is refused before anything starts
+    # a bad cap is refused before anything starts
+    caps, node_caps = Caps.from_env(), Caps.nodes_from_env()
     lock_fd = embedded.hold_instance_lock(root)  # one `pool cluster up` per home
     state = root / "cluster.json"
     stop = threading.Event()
@@ -228,6 +230,9 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     # the same users as `pool up`: every role its own, passwords kept in auth.json (0600)
     auth = bus_auth.load_or_create(root / embedded.AUTH_FILE)
+    if (auth.tenant_caps, auth.node_caps) != (caps, node_caps):  # the accounts' limits too
+        auth.tenant_caps, auth.node_caps = caps, node_caps
+        bus_auth.save(auth, root / embedded.AUTH_FILE)
     cluster = NatsCluster(root, nodes=args.nats_nodes,
                           ports=_cluster_ports(state, args.nats_nodes), auth=auth)
     plane: Any = None
@@ -235,7 +240,8 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
     pg: Any = None
     try:
         cluster.start()
-        guard = ConnectionGuard(bus_auth.guard_url(cluster.url, auth), tenant_caps(caps)).start()
+        guard = ConnectionGuard(bus_auth.guard_url(cluster.url, auth),
+                                user_caps(caps, node_caps)).start()
         state.write_text(json.dumps({"urls": cluster.urls, "ports": [s.port for s in
                                                                      cluster.servers]}) + "\n")
         replicas = min(args.replicas, args.nats_nodes)
@@ -267,6 +273,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             "control_plane": plane is not None,
             "streams": streams,
             "tenant_caps": vars(caps),
+            "node_caps": vars(node_caps),
         }
         if args.json:
             print(json.dumps(info), flush=True)
@@ -298,7 +305,8 @@ def _print_cluster_ready(info: dict[str, Any], cluster: Any, caps: Any, streams:
         print(f"nats: {s.url} ({s.server_name}, JetStream in {s.store_dir})")
     print(f"cluster: {cluster.cluster_name}, {len(cluster.servers)} servers, meta leader "
           f"{info['meta_leader']}; users required (loopback only)")
-    print(f"limits: {caps.describe()}, kept by the connection guard")
+    print(f"limits: {caps.describe()}; {auth.node_caps.describe('node')}; kept by the "
+          "connection guard")
     for st in streams:
         print(f"stream: {st['name']} (R{st['replicas']}, {st['messages']} messages)")
     if info["database_url"]:

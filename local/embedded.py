@@ -55,9 +55,11 @@ class Embedded:
     service_url: str = ""  # nats_url with the service user's credentials (or nats_url: no auth)
     responder_url: str = ""  # with the responders' (inboxes only); "" without auth
     role_urls: dict[str, str] = field(default_factory=dict)  # each role's user; {} without auth
-    # the server's companion, holding each tenant's user to its caps (ADR 023); None without auth
+    # the server's companion, holding each tenant's and node's user to its caps (ADR 023, 028);
+    # None without auth
     guard: ConnectionGuard | None = None
     caps: Caps | None = None
+    node_caps: Caps | None = None
     auth_mtime: float = 0.0
     lock_fd: int | None = None  # the instance lock, released last by stop()
 
@@ -173,11 +175,12 @@ def start(home: Path | None = None, *, with_postgres: bool = True) -> Embedded:
 
 def _start(home: Path, *, with_postgres: bool) -> Embedded:
     from bus.caps import Caps
-    from bus.connguard import ConnectionGuard, tenant_caps
+    from bus.connguard import ConnectionGuard, user_caps
     from bus.local.accounts import adopt_global_store
     from bus.local.server import NatsServer, free_port
 
-    caps = Caps.from_env()  # a bad cap is refused before anything starts
+    # a bad cap is refused before anything starts
+    caps, node_caps = Caps.from_env(), Caps.nodes_from_env()
     nats_url = os.environ.get("POOL_NATS_URL")
     server: NatsServer | None = None
     notes: list[str] = []
@@ -189,8 +192,9 @@ def _start(home: Path, *, with_postgres: bool) -> Embedded:
         port = int(os.environ.get("POOL_NATS_PORT", DEFAULT_NATS_PORT))
         with _auth_lock(home):
             auth = bus_auth.load_or_create(home / AUTH_FILE)
-            if auth.tenant_caps != caps:  # this start's caps, for every later render too
-                auth.tenant_caps = caps
+            # this start's caps, for every later render too
+            if (auth.tenant_caps, auth.node_caps) != (caps, node_caps):
+                auth.tenant_caps, auth.node_caps = caps, node_caps
                 bus_auth.save(auth, home / AUTH_FILE)
             _render_include(home, auth)
         include = f'include "{AUTH_INCLUDE}"'
@@ -238,16 +242,17 @@ def _start(home: Path, *, with_postgres: bool) -> Embedded:
                      f"{home / 'pg'}; password in {home / 'pg.password'}, mode 0600)")
     emb = Embedded(home, nats_url, database_url, server, pg, notes)
     if server is not None:
-        emb.caps = caps
-        emb.guard = ConnectionGuard(bus_auth.guard_url(nats_url, auth), tenant_caps(caps))
+        emb.caps, emb.node_caps = caps, node_caps
+        emb.guard = ConnectionGuard(bus_auth.guard_url(nats_url, auth),
+                                    user_caps(caps, node_caps))
         try:
             emb.guard.start()
         except Exception:
             emb.guard = None
             emb.stop()
             raise
-        notes.append(f"limits: {caps.describe()}; past them a connection is closed by the "
-                     "connection guard")
+        notes.append(f"limits: {caps.describe()}; {node_caps.describe('node')}; past them a "
+                     "connection is closed by the connection guard")
         emb.service_url = service_url
         emb.responder_url = responder_url
         emb.role_urls = roles

