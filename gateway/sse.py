@@ -32,6 +32,9 @@ FINAL_STATES = frozenset(str(s) for s in TERMINAL_STATES)
 # the largest stream sequence a replay takes (its after_seq)
 MAX_SEQUENCE = 2**63 - 1
 TELEMETRY_KINDS = ("queue", "startup", "execution", "utilization", "failure", "output")
+# a lease the command service reports ended may not have its terminal record in the feed yet
+# (the feed is written after the command): how long its stream waits for that record
+FEED_LAG_SECONDS = 10.0
 
 
 def _last_event_id(request: Request[Any, Any, Any]) -> int:
@@ -122,13 +125,16 @@ async def _lease_events(gw: Gateway, request: Request[Any, Any, Any], who: Princ
         return problems.from_error(first.get("error"), instance=request.url.path)
     ended = (first.get("lease") or {}).get("state") in FINAL_STATES
     url, prefix = gw.upstream.connection_for(who)
+    # an ended lease's stream says what is stored and ends, once the feed holds its end
+    stored_end = ended and await _feed_holds_end(url, who.tenant, lease_id, prefix)
+    lagging = ended and not stored_end
 
     async def events() -> AsyncIterator[ServerSentEventMessage]:
         queue: asyncio.Queue[Any] = asyncio.Queue()
 
         async def pump() -> None:
             items = follow(url, who.tenant, lease=lease_id, after=after, inbox_prefix=prefix,
-                           until_caught_up=ended)
+                           until_caught_up=stored_end)
             try:
                 async for item in items:
                     await queue.put(item)
@@ -139,11 +145,16 @@ async def _lease_events(gw: Gateway, request: Request[Any, Any, Any], who: Princ
                 await queue.put(None)
 
         task = asyncio.ensure_future(pump())
+        # the feed behind an ended lease: its end comes soon, or (gone from the feed) never
+        give_up = time.monotonic() + FEED_LAG_SECONDS if lagging else None
         try:
             while True:
+                wait = KEEPALIVE_SECONDS if give_up is None else give_up - time.monotonic()
                 try:
-                    item = await asyncio.wait_for(queue.get(), KEEPALIVE_SECONDS)
+                    item = await asyncio.wait_for(queue.get(), max(0.0, wait))
                 except TimeoutError:
+                    if give_up is not None:
+                        return
                     yield ServerSentEventMessage(comment="keepalive")
                     continue
                 if item is None:
@@ -164,6 +175,21 @@ async def _lease_events(gw: Gateway, request: Request[Any, Any, Any], who: Princ
             await asyncio.gather(task, return_exceptions=True)
 
     return counted_stream(gw, who, events())
+
+
+async def _feed_holds_end(url: str, tenant: str, lease_id: str, prefix: str | None) -> bool:
+    """Whether the tenant's feed already holds the lease's terminal record."""
+    from bus.feed import follow
+
+    items = follow(url, tenant, lease=lease_id, after=0, inbox_prefix=prefix,
+                   until_caught_up=True)
+    try:
+        async for item in items:
+            if item.record is not None and item.record.state in FINAL_STATES:
+                return True
+    finally:
+        await items.aclose()
+    return False
 
 
 async def _telemetry(gw: Gateway, request: Request[Any, Any, Any],

@@ -4,6 +4,7 @@ each resumed from Last-Event-ID."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -62,6 +63,43 @@ def test_a_lease_stream_shows_each_change_and_resumes_after_the_last_seen(stack:
         assert bad.status_code == 422 and bad.json()["code"] == "invalid_field"
     with stack.client("beta") as c:  # another tenant's lease reads as missing
         assert c.get(f"/v1/compute-leases/{lid}/events").status_code == 404
+
+
+def test_an_ended_lease_s_stream_waits_for_its_end_to_reach_the_feed(
+        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command service says a lease ended before the feed holds its terminal record (the
+    feed is written after the command): a stream opened in between still ends with it."""
+    from workers.feed import FeedPublisher
+
+    release = threading.Event()
+    flush = FeedPublisher.flush
+
+    def held(self: FeedPublisher, position: int) -> None:
+        release.wait(30)
+        flush(self, position)
+
+    with stack.client("alpha") as c:
+        lid = c.post("/v1/compute-leases", json=BODY).json()["lease_id"]
+        with c.stream("GET", f"/v1/compute-leases/{lid}/events") as r:
+            first = sse_events(r, 1)[0]
+        monkeypatch.setattr(FeedPublisher, "flush", held)
+        try:
+            assert c.post(f"/v1/compute-leases/{lid}/cancel", json={}).status_code == 200
+            got: list[list[dict[str, str]]] = []
+
+            def read() -> None:
+                with c.stream("GET", f"/v1/compute-leases/{lid}/events",
+                              headers={"Last-Event-ID": first["id"]}) as r:
+                    got.append(sse_events(r, 10))
+
+            reader = threading.Thread(target=read)
+            reader.start()
+            time.sleep(0.5)  # the stream is open while the feed lacks the end
+        finally:
+            release.set()
+        reader.join(30)
+        states = [json.loads(e["data"])["state"] for e in got[0]]
+        assert states and states[-1] == "cancelled"
 
 
 def test_telemetry_streams_only_the_tenants_own_and_resumes_by_sequence(stack: Stack) -> None:
