@@ -9,6 +9,7 @@ import concurrent.futures
 import contextlib
 import json
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Self, TypeVar
 
@@ -228,26 +229,28 @@ class Service:
                 reply = await self._within(self.fast(msg.subject, msg.data, headers), due,
                                            on_error=None)
             if reply is None:
-                work = loop.run_in_executor(
-                    self._pool, self.handler, msg.subject, msg.data, headers
-                )
-                reply = await self._within(work, due, on_error=INTERNAL_ERROR) or INTERNAL_ERROR
+                turn = _Turn(self.handler, msg.subject, msg.data, headers)
+                work = loop.run_in_executor(self._pool, turn.run)
+                reply = await self._within(work, due, on_error=INTERNAL_ERROR,
+                                           turn=turn) or INTERNAL_ERROR
             self.handled += 1
             await self._publish(msg.reply, reply)
         finally:
             self._slots.release()
 
     async def _within(self, work: Awaitable[bytes | None], due: float,
-                      on_error: bytes | None) -> bytes | None:
-        """`work`'s answer, or `bus_timeout` once `due` has passed (the work goes on, unheard),
-        or `on_error` when it fails: a handler bug must not stop the service."""
+                      on_error: bytes | None, turn: _Turn | None = None) -> bytes | None:
+        """`work`'s answer, or `bus_timeout` once `due` has passed (the work goes on, unheard,
+        if its `turn` began; else it never will), or `on_error` when it fails: a handler bug
+        must not stop the service."""
         fut = asyncio.ensure_future(work)
         try:
             return await asyncio.wait_for(asyncio.shield(fut),
                                           timeout=max(0.0, due - self._on.time()))
         except TimeoutError:
             fut.add_done_callback(_consumed)
-            return _timed_out(self.answer_within_seconds, started=True)
+            started = turn is None or turn.began_or_drop()
+            return _timed_out(self.answer_within_seconds, started=started)
         except Exception:  # noqa: BLE001 - see the docstring
             return on_error
 
@@ -277,6 +280,31 @@ class Service:
             if self._own_loop is not None:
                 self._own_loop.close()
             self._pool.shutdown(wait=True)
+
+
+class _Turn:
+    """One command's run on a worker thread, which may still be waiting for a free thread
+    when its answer is due: then it is dropped, never run, and answered as not started."""
+
+    def __init__(self, handler: Handler,
+                 subject: str, body: bytes, headers: dict[str, str]) -> None:
+        self._call = (handler, subject, body, headers)
+        self._lock = threading.Lock()
+        self._began = self._dropped = False
+
+    def run(self) -> bytes | None:
+        with self._lock:
+            if self._dropped:
+                return None
+            self._began = True
+        handler, subject, body, headers = self._call
+        return handler(subject, body, headers)
+
+    def began_or_drop(self) -> bool:
+        """Whether the handler began; if not, it never will."""
+        with self._lock:
+            self._dropped = not self._began
+            return self._began
 
 
 def _consumed(fut: asyncio.Future[Any]) -> None:

@@ -44,8 +44,10 @@ def test_requests_waiting_for_a_busy_worker_are_answered_by_the_same_deadline(
     """The clock runs from arrival: a request queued behind a stuck worker is not given a
     fresh deadline once it reaches one (in a quorum loss such waits added up past 45 s)."""
     release = threading.Event()
+    ran: list[str] = []
 
     def handler(subject: str, body: bytes, headers: dict[str, str]) -> bytes:
+        ran.append(subject)
         release.wait(10)
         return b'{"ok": true, "result": {}}'
 
@@ -72,6 +74,52 @@ def test_requests_waiting_for_a_busy_worker_are_answered_by_the_same_deadline(
         assert all(r["error"]["code"] == "bus_timeout" for _, r in answers)
         assert max(s for s, _ in answers) < 1.5, sorted(s for s, _ in answers)
         assert {r["error"]["reasons"]["started"] for _, r in answers} == {True, False}
+        release.set()
+        time.sleep(0.5)  # a command answered as not started never runs, even once freed
+        assert len(ran) == sum(r["error"]["reasons"]["started"] for _, r in answers)
+    finally:
+        release.set()
+        for c in clients:
+            c.close()
+        service.stop()
+
+
+def test_a_command_handed_to_a_stuck_worker_pool_is_answered_not_started_and_never_runs(
+        nats_url: str, unique: str) -> None:
+    """The first command's worker is stuck past its deadline, which frees its slot; a second,
+    arriving later, takes the slot but no thread is free before its own deadline: it is not
+    started, so its client may simply retry, and it must then never run."""
+    release = threading.Event()
+    ran: list[bytes] = []
+
+    def handler(subject: str, body: bytes, headers: dict[str, str]) -> bytes:
+        ran.append(body)
+        release.wait(10)
+        return b'{"ok": true, "result": {}}'
+
+    tenant = f"t{unique}"
+    subject = f"pool.cmd.{tenant}.deadline-turn"
+    service = Service(nats_url, [subject], handler, queue=f"q-{unique}", threads=1,
+                      answer_within_seconds=0.5).start()
+    clients = [Client(nats_url, inbox_prefix=tenant_inbox(tenant)) for _ in range(2)]
+    answers: dict[bytes, dict] = {}
+
+    def ask(client: Client, body: bytes) -> None:
+        answers[body] = json.loads(client.request(subject, body, timeout=5))
+
+    try:
+        first = threading.Thread(target=ask, args=(clients[0], b"first"))
+        first.start()
+        time.sleep(0.3)  # the second arrives while the first still runs
+        second = threading.Thread(target=ask, args=(clients[1], b"second"))
+        second.start()
+        first.join(10)
+        second.join(10)
+        assert answers[b"first"]["error"]["reasons"]["started"] is True
+        assert answers[b"second"]["error"]["reasons"]["started"] is False, answers
+        release.set()
+        time.sleep(0.5)
+        assert ran == [b"first"]
     finally:
         release.set()
         for c in clients:
