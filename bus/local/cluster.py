@@ -118,10 +118,7 @@ class NatsCluster:
     def start(self, timeout: float = 30.0, *, tries: int = 3) -> Self:
         """Start every server, then wait for a meta leader with all peers current. A port
         taken between its choice and the server's bind (another process's, on a busy machine)
-        makes a server exit at start: the first start then tries again on new ports. With
-        users, a store whose streams are in the global account (made before accounts) has them
-        moved to POOL first (`_park_global_streams`)."""
-        parked = self._park_global_streams(timeout)
+        makes a server exit at start: the first start then tries again on new ports."""
         for attempt in range(tries):
             try:
                 for s in self.servers:
@@ -132,10 +129,6 @@ class NatsCluster:
                 if len(self.running()) < len(self.servers):
                     # the others are healthy without it: a quorum needs no third server
                     raise BusUnavailable("a server of the cluster exited as it started")
-                if parked is not None:
-                    from bus.local.global_store import restore_sync
-
-                    restore_sync(self.service_url, parked)
                 return self
             except BusUnavailable:
                 self.stop()
@@ -146,23 +139,6 @@ class NatsCluster:
                 self.stop()
                 raise
         return self
-
-    def _park_global_streams(self, timeout: float) -> Path | None:
-        """Where the streams of a store from before accounts wait to be restored into POOL
-        (None: nothing to move). The cluster runs once as it was, without users, on loopback
-        ports of its own, while each stream is snapshotted and deleted (ADR 027); a move cut
-        short is finished at the next start, from the snapshots kept."""
-        from bus.local.global_store import PARKED, has_global_streams, park_sync
-
-        folder = self.store_root / PARKED
-        if self.auth is None:
-            return None
-        if has_global_streams([s.store_dir for s in self.servers]):
-            old = NatsCluster(self.store_root, len(self.servers), host=self._host,
-                              cluster_name=self.cluster_name)
-            with old.start(timeout):
-                park_sync(old.url, folder)
-        return folder if folder.is_dir() else None
 
     def _port_was_taken(self) -> bool:
         """Whether a server's log says one of its ports was already in use."""
