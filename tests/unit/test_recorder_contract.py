@@ -5,7 +5,6 @@ needs of it (workers.scheduler.checkpoint.Checkpointed)."""
 
 from __future__ import annotations
 
-import ast
 import inspect
 import uuid
 from pathlib import Path
@@ -18,6 +17,7 @@ from eventsourcing.popo import POPOApplicationRecorder
 from bus.jetstream import JetStreamApplicationRecorder
 from bus.recorders import LogRecorder, PlainLogRecorder, log_recorder
 from bus.runtime import BusRuntime
+from tests.probes import probes
 from workers.scheduler.checkpoint import Checkpointed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,17 +34,8 @@ FOLD_MEMBERS = frozenset({"checkpoint_state", "restore_checkpoint", "checkpoint_
 def _probes(source: str, where: str = "<string>") -> list[str]:
     """Each `getattr`/`hasattr` of a recorder, or of anything for one of the contracts'
     members, in `source`."""
-    out = []
-    for node in ast.walk(ast.parse(source, where)):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2):
-            continue
-        target, name = node.args[0], node.args[1]
-        of_recorder = ast.unparse(target).lower().endswith("recorder")
-        of_member = isinstance(name, ast.Constant) and name.value in MEMBERS | FOLD_MEMBERS
-        if of_recorder or of_member:
-            out.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
-    return out
+    return probes(source, where, of_target=lambda text: text.endswith("recorder"),
+                  members=MEMBERS | FOLD_MEMBERS)
 
 
 def test_the_probe_check_sees_the_probing_it_forbids() -> None:

@@ -6,7 +6,6 @@ is declared, and called as it is (mypy --strict checks the calls)."""
 
 from __future__ import annotations
 
-import ast
 import inspect
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 
 from agents.link import Link
 from agents.runtimes.contract import Runtime
+from tests.probes import probes
 from workers.routes import Context
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,21 +30,15 @@ def _members(proto: type) -> set[str]:
 MEMBERS = frozenset(_members(Runtime) | _members(Link) | _members(Context)) - {"name"}
 
 
+def _of_target(text: str) -> bool:
+    last = text.rsplit(".", 1)[-1]
+    return last in TARGETS or last.endswith(tuple(f"_{t}" for t in TARGETS))
+
+
 def _probes(source: str, where: str = "<string>") -> list[str]:
     """Each `getattr`/`hasattr` of a runtime, link or context, or of anything for one of
     their contracts' members, in `source`."""
-    out = []
-    for node in ast.walk(ast.parse(source, where)):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2):
-            continue
-        target, name = node.args[0], node.args[1]
-        last = ast.unparse(target).lower().rsplit(".", 1)[-1]
-        of_target = last in TARGETS or last.endswith(tuple(f"_{t}" for t in TARGETS))
-        of_member = isinstance(name, ast.Constant) and name.value in MEMBERS
-        if of_target or of_member:
-            out.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
-    return out
+    return probes(source, where, of_target=_of_target, members=MEMBERS)
 
 
 def test_the_contracts_name_what_the_agent_used_to_probe_for() -> None:
